@@ -1,0 +1,48 @@
+# Glassbox: two commands for a newcomer.
+#   make run   set everything up and start the app on the bundled starter models
+#   make test  set everything up (plus dev tools) and run the checks and the tests
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# The CPU build of torch is installed first, so that nothing later pulls a multi-GB CUDA wheel.
+# Elsewhere: make run TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu"
+TORCH_SPEC ?= torch==2.13.0
+TORCH_PIP_ARGS ?=
+PIP := $(PY) -m pip --disable-pip-version-check
+
+.PHONY: run test lint bench installer clean screenshots
+
+$(PY):
+	$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
+		(echo "Glassbox needs Python 3.11 or newer (set PYTHON=python3.11)"; exit 1)
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+
+$(VENV)/.torch: | $(PY)
+	$(PIP) install $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
+	touch $@
+
+$(VENV)/.run-deps: pyproject.toml $(VENV)/.torch
+	$(PIP) install -e ".[demo]"
+	touch $@
+
+$(VENV)/.dev-deps: pyproject.toml $(VENV)/.run-deps
+	$(PIP) install -e ".[demo,dev]"
+	touch $@
+
+run: $(VENV)/.run-deps
+	$(VENV)/bin/glassbox
+
+lint: $(VENV)/.dev-deps
+	$(VENV)/bin/ruff check app engine rag tests
+	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy engine rag
+
+test: lint
+	QT_QPA_PLATFORM=offscreen $(PY) -m pytest
+
+bench: $(VENV)/.dev-deps
+	$(PY) -m pytest tests/bench -s -p no:cacheprovider
+
+clean:
+	rm -rf $(VENV) build dist .pytest_cache .mypy_cache .ruff_cache

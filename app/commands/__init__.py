@@ -1,0 +1,1 @@
+"""Subcommands of the ``glassbox`` command line, one module per group."""

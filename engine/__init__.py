@@ -1,0 +1,1 @@
+"""Glassbox engine: everything about models, headless (no Qt)."""

@@ -1,0 +1,75 @@
+"""Typed errors raised by the engine.
+
+Every error the engine raises for bad input or a failed operation is an ``EngineError``; its
+``str()`` is one line that names the file (where there is one) and the reason, fit to print after
+``glassbox: error:``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class EngineError(Exception):
+    """Base class of every error the engine raises on purpose."""
+
+
+class ModelFileError(EngineError):
+    """A model file cannot be used: missing, not GGUF, malformed, truncated.
+
+    Args:
+        path: the file.
+        reason: one line saying what is wrong (and the remedy, where there is one).
+    """
+
+    def __init__(self, path: Path | str, reason: str) -> None:
+        self.path = Path(path)
+        self.reason = reason
+        super().__init__(f"{self.path}: {reason}")
+
+
+class ModelLoadError(EngineError):
+    """llama.cpp refused to load a model that passed the header checks."""
+
+
+class EngineCrashed(EngineError):
+    """The inference worker process died (native crash, abort, out-of-memory kill).
+
+    Args:
+        exitcode: the worker's exit code; negative for a signal (``-9`` is SIGKILL).
+        during: what the worker was doing.
+    """
+
+    def __init__(self, exitcode: int | None, during: str) -> None:
+        self.exitcode = exitcode
+        self.during = during
+        if exitcode is not None and exitcode < 0:
+            import signal
+
+            try:
+                how = f"killed by {signal.Signals(-exitcode).name}"
+            except ValueError:
+                how = f"killed by signal {-exitcode}"
+        else:
+            how = f"exit code {exitcode}"
+        super().__init__(f"the inference worker crashed during {during} ({how}); the conversation is safe")
+
+
+class ContextOverflow(EngineError):
+    """The conversation does not fit the context window and the policy says refuse."""
+
+
+class TemplateError(EngineError):
+    """A chat template failed to render or was rejected as unsafe."""
+
+
+class Cancelled(EngineError):
+    """The operation was cancelled by the user."""
+
+
+class DownloadError(EngineError):
+    """A download failed; the message says why and what to do."""
+
+
+class QuantizeError(EngineError):
+    """Quantization or conversion failed."""
