@@ -1,0 +1,535 @@
+"""The inference runtime: llama-cpp-python in a spawned child process.
+
+llama.cpp is native code: a hostile GGUF, a ``GGML_ABORT`` or an out-of-memory kill takes the
+process down with it. So the model lives in a child process (``multiprocessing`` spawn context,
+one per loaded model) and the parent talks to it over a pipe. When the child dies, the parent
+raises :class:`~engine.errors.EngineCrashed` with the exit signal, and the next request can start a
+fresh worker.
+
+The worker offers primitives only: tokenize, token pieces, and generate-from-tokens with prefix
+reuse of its KV cache. Templates, the context budget and stats live in the parent
+(:mod:`engine.session`).
+
+Cancellation: each request carries a ``threading.Event`` in the parent. The parent forwards it to a
+shared ``multiprocessing`` event that the child checks between prompt batches and between tokens,
+so Stop lands within one batch while prefilling and within one token while decoding.
+"""
+
+from __future__ import annotations
+
+import codecs
+import multiprocessing
+import multiprocessing.connection
+import os
+import threading
+import time
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from engine.errors import Cancelled, EngineCrashed, EngineError, ModelLoadError
+from engine.events import PrefillProgress, Token
+
+_POLL_S = 0.02
+_LOAD_TIMEOUT_S = 600.0
+
+
+class LoadParams(BaseModel):
+    """How to load a model. Picklable: it crosses to the worker process."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model_path: Path
+    n_ctx: int = Field(default=4096, ge=16)
+    n_threads: int | None = Field(default=None, ge=1)
+    n_batch: int = Field(default=512, ge=1)
+    n_gpu_layers: int = Field(default=0, ge=-1)
+    seed: int = 0xFFFFFFFF
+    swa_full: bool | None = None
+
+
+class GenerationParams(BaseModel):
+    """Sampling settings for one reply. ``temperature=0`` is greedy (deterministic)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_tokens: int = Field(default=512, ge=1)
+    temperature: float = Field(default=0.7, ge=0.0)
+    top_k: int = Field(default=40, ge=0)
+    top_p: float = Field(default=0.95, gt=0.0, le=1.0)
+    min_p: float = Field(default=0.05, ge=0.0, le=1.0)
+    repeat_penalty: float = Field(default=1.0, gt=0.0)
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the worker reports once the model is loaded."""
+
+    path: str
+    architecture: str
+    n_ctx: int
+    n_ctx_train: int
+    n_vocab: int
+    n_params: int
+    model_bytes: int
+    n_layers: int
+    n_gpu_layers: int
+    gpu_offload_supported: bool
+    bos_token: str | None
+    eos_token: str | None
+    add_bos: bool
+    chat_template: str | None
+    metadata: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class WorkerResult:
+    """Counters and timings of one generation, measured inside the worker."""
+
+    reason: str  # "stop" | "length" | "cancelled"
+    text: str
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    n_past: int
+    ttft_ms: float
+    prefill_ms: float
+    decode_ms: float
+
+
+@dataclass(frozen=True)
+class _WorkerError:
+    kind: str
+    message: str
+
+
+# --------------------------------------------------------------------------- the child side
+
+
+class _Worker:
+    """Runs in the child process: owns the ``Llama`` object."""
+
+    def __init__(self, params: LoadParams) -> None:
+        import llama_cpp
+
+        self._llama_cpp = llama_cpp
+        self.params = params
+        self.llm = llama_cpp.Llama(
+            model_path=str(params.model_path),
+            n_ctx=params.n_ctx,
+            n_batch=params.n_batch,
+            n_ubatch=params.n_batch,
+            n_threads=params.n_threads,
+            n_threads_batch=params.n_threads,
+            n_gpu_layers=params.n_gpu_layers,
+            seed=params.seed,
+            swa_full=params.swa_full,
+            verbose=False,
+        )
+
+    def info(self) -> ModelInfo:
+        llm = self.llm
+        meta = dict(llm.metadata)
+        arch = meta.get("general.architecture", "unknown")
+        vocab = llm._model.vocab
+        bos_id = llm.token_bos()
+        eos_id = llm.token_eos()
+
+        def piece(token_id: int) -> str | None:
+            if token_id < 0:
+                return None
+            return llm._model.token_get_text(token_id)
+
+        return ModelInfo(
+            path=str(self.params.model_path),
+            architecture=arch,
+            n_ctx=llm.n_ctx(),
+            n_ctx_train=llm._model.n_ctx_train(),
+            n_vocab=llm.n_vocab(),
+            n_params=int(llm._model.n_params()),
+            model_bytes=int(llm._model.size()),
+            n_layers=int(meta.get(f"{arch}.block_count", "0") or 0),
+            n_gpu_layers=self.params.n_gpu_layers,
+            gpu_offload_supported=bool(self._llama_cpp.llama_supports_gpu_offload()),
+            bos_token=piece(bos_id),
+            eos_token=piece(eos_id),
+            add_bos=bool(self._llama_cpp.llama_vocab_get_add_bos(vocab)),
+            chat_template=meta.get("tokenizer.chat_template"),
+            metadata={k: v for k, v in meta.items() if len(v) <= 4096},
+        )
+
+    def tokenize(self, text: str, add_bos: bool, special: bool) -> list[int]:
+        return list(self.llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=special))
+
+    def pieces(self, tokens: Sequence[int]) -> list[str]:
+        model = self.llm._model
+        return [model.token_to_piece(t, special=True).decode("utf-8", errors="replace") for t in tokens]
+
+    def _reuse_prefix(self, tokens: Sequence[int]) -> int:
+        """Keeps the KV cache for the longest common prefix with the last sequence; returns its length."""
+        llm = self.llm
+        cached = llm._input_ids[: llm.n_tokens]
+        prefix = 0
+        for a, b in zip(cached, tokens, strict=False):
+            if a != b:
+                break
+            prefix += 1
+        # At least one token must be evaluated to get fresh logits for sampling.
+        prefix = min(prefix, len(tokens) - 1)
+        if prefix < llm.n_tokens and not llm._ctx.kv_cache_seq_rm(-1, prefix, -1):
+            # Partial removal unsupported (some sliding-window/recurrent caches): start over.
+            llm._ctx.kv_cache_clear()
+            prefix = 0
+        llm.n_tokens = max(prefix, 0)
+        return llm.n_tokens
+
+    def generate(
+        self,
+        tokens: Sequence[int],
+        params: GenerationParams,
+        cancel: Any,
+        send: Any,
+    ) -> WorkerResult:
+        llm = self.llm
+        lc = self._llama_cpp
+        t0 = time.perf_counter()
+        if not tokens:
+            raise EngineError("empty prompt")
+        n_ctx = llm.n_ctx()
+        if len(tokens) >= n_ctx:
+            raise EngineError(f"prompt of {len(tokens)} tokens does not fit the context window of {n_ctx}")
+        cached = self._reuse_prefix(tokens)
+        new = list(tokens[cached:])
+        n_batch = self.params.n_batch
+        done = 0
+        send(PrefillProgress(0, len(new)))
+        for start in range(0, len(new), n_batch):
+            if cancel.is_set():
+                return WorkerResult("cancelled", "", len(tokens), cached, 0, llm.n_tokens,
+                                    0.0, (time.perf_counter() - t0) * 1000, 0.0)
+            batch = new[start : start + n_batch]
+            llm.eval(batch)
+            done += len(batch)
+            send(PrefillProgress(done, len(new)))
+        t_prefill = time.perf_counter()
+
+        if params.seed is not None:
+            llm.set_seed(params.seed)
+        llm._sampler = llm._init_sampler(
+            top_k=params.top_k,
+            top_p=params.top_p,
+            min_p=params.min_p,
+            temp=params.temperature,
+            repeat_penalty=params.repeat_penalty,
+        )
+        vocab = llm._model.vocab
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        text = ""
+        emitted = 0
+        stops = [s for s in params.stop if s]
+        max_new = min(params.max_tokens, n_ctx - llm.n_tokens)
+        reason = "length"
+        n_out = 0
+        t_first = 0.0
+        try:
+            while n_out < max_new:
+                token = llm.sample()
+                if n_out == 0:
+                    t_first = time.perf_counter()
+                if lc.llama_vocab_is_eog(vocab, token):
+                    reason = "stop"
+                    break
+                n_out += 1
+                text += decoder.decode(llm._model.token_to_piece(token, special=False))
+                hit = _find_stop(text, stops)
+                if hit is not None:
+                    text = text[:hit]
+                    reason = "stop"
+                    if len(text) > emitted:
+                        send(Token(text[emitted:], token))
+                        emitted = len(text)
+                    break
+                safe = len(text) - _partial_stop_len(text, stops)
+                if safe > emitted:
+                    send(Token(text[emitted:safe], token))
+                    emitted = safe
+                if cancel.is_set():
+                    reason = "cancelled"
+                    break
+                if n_out >= max_new:
+                    break
+                llm.eval([token])
+            else:
+                reason = "length"
+        finally:
+            llm._sampler = None
+        text += decoder.decode(b"", final=True)
+        if reason != "stop" and len(text) > emitted:
+            send(Token(text[emitted:], -1))
+        t_end = time.perf_counter()
+        if not t_first:
+            t_first = t_end
+        return WorkerResult(
+            reason=reason,
+            text=text,
+            prompt_tokens=len(tokens),
+            cached_tokens=cached,
+            completion_tokens=n_out,
+            n_past=llm.n_tokens,
+            ttft_ms=(t_first - t0) * 1000,
+            prefill_ms=(t_prefill - t0) * 1000,
+            decode_ms=(t_end - t_first) * 1000,
+        )
+
+
+def _find_stop(text: str, stops: Sequence[str]) -> int | None:
+    hits = [i for i in (text.find(s) for s in stops) if i >= 0]
+    return min(hits) if hits else None
+
+
+def _partial_stop_len(text: str, stops: Sequence[str]) -> int:
+    """Length of the longest tail of ``text`` that could still grow into a stop string."""
+    best = 0
+    for stop in stops:
+        for n in range(min(len(stop) - 1, len(text)), 0, -1):
+            if text.endswith(stop[:n]):
+                best = max(best, n)
+                break
+    return best
+
+
+def _worker_main(conn: multiprocessing.connection.Connection, cancel: Any, params: LoadParams) -> None:
+    """Entry point of the worker process."""
+    if os.environ.get("GLASSBOX_TEST_CRASH_ON_LOAD"):
+        os.abort()  # lets tests prove that a native abort during load is survived
+    try:
+        worker = _Worker(params)
+        conn.send(("loaded", worker.info()))
+    except Exception as exc:  # noqa: BLE001 - everything must reach the parent as a typed error
+        conn.send(("error", _WorkerError("load", f"{params.model_path}: llama.cpp could not load it ({exc})")))
+        return
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return
+        op = message[0]
+        try:
+            if op == "close":
+                worker.llm.close()
+                return
+            if op == "tokenize":
+                conn.send(("result", worker.tokenize(message[1], message[2], message[3])))
+            elif op == "pieces":
+                conn.send(("result", worker.pieces(message[1])))
+            elif op == "reset":
+                worker.llm._ctx.kv_cache_clear()
+                worker.llm.n_tokens = 0
+                conn.send(("result", None))
+            elif op == "generate":
+                result = worker.generate(message[1], message[2], cancel, lambda event: conn.send(("event", event)))
+                conn.send(("result", result))
+            elif op == "crash":  # test hook: a native-style death mid-request
+                os.kill(os.getpid(), 9)
+            else:
+                conn.send(("error", _WorkerError("protocol", f"unknown request {op!r}")))
+        except EngineError as exc:
+            conn.send(("error", _WorkerError("engine", str(exc))))
+        except Exception as exc:  # noqa: BLE001
+            conn.send(("error", _WorkerError("engine", f"{type(exc).__name__}: {exc}")))
+
+
+# --------------------------------------------------------------------------- the parent side
+
+
+class InferenceWorker:
+    """Parent-side handle of one worker process with one loaded model.
+
+    One owner at a time: the methods are not meant to be called concurrently (the session
+    serialises requests with a lock).
+    """
+
+    def __init__(self, params: LoadParams) -> None:
+        self.params = params
+        self._ctx = multiprocessing.get_context("spawn")
+        self._cancel = self._ctx.Event()
+        self._conn: multiprocessing.connection.Connection | None = None
+        self._proc: multiprocessing.process.BaseProcess | None = None
+        self.info: ModelInfo | None = None
+
+    # lifetime ---------------------------------------------------------------------------
+    def start(self, cancel: threading.Event | None = None) -> ModelInfo:
+        """Spawns the worker and loads the model. Raises ModelLoadError or EngineCrashed."""
+        parent, child = self._ctx.Pipe(duplex=True)
+        proc = self._ctx.Process(
+            target=_worker_main, args=(child, self._cancel, self.params), name="glassbox-inference", daemon=True
+        )
+        proc.start()
+        child.close()
+        self._conn, self._proc = parent, proc
+        deadline = time.monotonic() + _LOAD_TIMEOUT_S
+        while True:
+            if cancel is not None and cancel.is_set():
+                self.close(kill=True)
+                raise Cancelled("model load cancelled")
+            if self._poll(_POLL_S):
+                break
+            if time.monotonic() > deadline:
+                self.close(kill=True)
+                raise ModelLoadError(f"{self.params.model_path}: loading took longer than {_LOAD_TIMEOUT_S:.0f} s")
+        kind, payload = self._recv("model load")
+        if kind == "error":
+            self.close(kill=True)
+            raise ModelLoadError(payload.message)
+        assert isinstance(payload, ModelInfo)
+        self.info = payload
+        return payload
+
+    @property
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.is_alive()
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def close(self, kill: bool = False, timeout: float = 5.0) -> None:
+        """Ends the worker: politely (close request) unless ``kill``; always reaps it."""
+        proc, conn = self._proc, self._conn
+        self._proc = self._conn = None
+        if proc is None:
+            return
+        if not kill and proc.is_alive() and conn is not None:
+            try:
+                conn.send(("close",))
+            except (OSError, BrokenPipeError):
+                pass
+            proc.join(timeout)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(timeout)
+        if conn is not None:
+            conn.close()
+
+    def __enter__(self) -> InferenceWorker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # requests ---------------------------------------------------------------------------
+    def tokenize(self, text: str, add_bos: bool = False, special: bool = True) -> list[int]:
+        return self._call(("tokenize", text, add_bos, special), "tokenization")  # type: ignore[no-any-return]
+
+    def pieces(self, tokens: Sequence[int]) -> list[str]:
+        return self._call(("pieces", list(tokens)), "detokenization")  # type: ignore[no-any-return]
+
+    def reset_cache(self) -> None:
+        self._call(("reset",), "cache reset")
+
+    def crash_for_test(self) -> None:
+        """Test hook: the worker kills itself with SIGKILL while handling a request."""
+        self._send(("crash",), "a test crash")
+
+    def generate(
+        self, tokens: Sequence[int], params: GenerationParams, cancel: threading.Event | None = None
+    ) -> Generator[PrefillProgress | Token, None, WorkerResult]:
+        """Streams events; the generator's return value is the :class:`WorkerResult`."""
+        self._cancel.clear()
+        self._send(("generate", list(tokens), params), "generation")
+        forwarded = False
+        finished = False
+        try:
+            while True:
+                if cancel is not None and cancel.is_set() and not forwarded:
+                    self._cancel.set()
+                    forwarded = True
+                if not self._poll(_POLL_S):
+                    continue
+                kind, payload = self._recv("generation")
+                if kind == "event":
+                    yield payload
+                elif kind == "result":
+                    finished = True
+                    assert isinstance(payload, WorkerResult)
+                    return payload
+                else:
+                    finished = True
+                    raise EngineError(payload.message)
+        except EngineCrashed:
+            finished = True
+            raise
+        finally:
+            if not finished:
+                self._abandon()
+
+    def _abandon(self) -> None:
+        """The consumer stopped listening mid-generation: cancel it and drain to the result."""
+        if self._conn is None:
+            return
+        self._cancel.set()
+        deadline = time.monotonic() + 10.0
+        try:
+            while time.monotonic() < deadline:
+                if self._poll(_POLL_S) and self._recv("generation")[0] in ("result", "error"):
+                    return
+        except EngineCrashed:
+            return
+        self.close(kill=True)
+
+    # plumbing ---------------------------------------------------------------------------
+    def _send(self, message: tuple[Any, ...], during: str) -> None:
+        if self._conn is None or self._proc is None:
+            raise EngineCrashed(None, during) if self.info is not None else EngineError("no model is loaded")
+        try:
+            self._conn.send(message)
+        except (OSError, BrokenPipeError):
+            raise self._crashed(during) from None
+
+    def _poll(self, timeout: float) -> bool:
+        assert self._conn is not None and self._proc is not None
+        try:
+            if self._conn.poll(timeout):
+                return True
+        except (OSError, EOFError):
+            raise self._crashed("a request") from None
+        if not self._proc.is_alive():
+            # Drain anything sent just before dying.
+            try:
+                if self._conn.poll(0):
+                    return True
+            except (OSError, EOFError):
+                pass
+            raise self._crashed("a request")
+        return False
+
+    def _recv(self, during: str) -> tuple[str, Any]:
+        assert self._conn is not None
+        try:
+            message = self._conn.recv()
+        except (EOFError, OSError):
+            raise self._crashed(during) from None
+        return message[0], message[1]
+
+    def _call(self, message: tuple[Any, ...], during: str) -> Any:
+        self._send(message, during)
+        while not self._poll(_POLL_S):
+            pass
+        kind, payload = self._recv(during)
+        if kind == "error":
+            raise EngineError(payload.message)
+        return payload
+
+    def _crashed(self, during: str) -> EngineCrashed:
+        proc = self._proc
+        code: int | None = None
+        if proc is not None:
+            proc.join(2.0)
+            code = proc.exitcode
+        self.close(kill=True)
+        return EngineCrashed(code, during)

