@@ -1,0 +1,553 @@
+"""Chat templates: the model's own (sandboxed, time-limited Jinja) or a known fallback.
+
+A GGUF file may carry a Jinja chat template (``tokenizer.chat_template``). That text comes from
+whoever published the file, so it is untrusted code. It is rendered only in a
+:class:`jinja2.sandbox.ImmutableSandboxedEnvironment` subclass that also enforces a deadline and size
+limits:
+
+* every attribute access, item access, call, intercepted operator and loop step checks the deadline
+  (loops are guarded by rewriting each ``{% for %}``'s iterable in the parsed template, so even
+  empty nested loops over long strings are stopped);
+* ``range`` is replaced by a lazy, deadline-checked, capped range;
+* ``*``, ``**``, ``%`` and ``+`` refuse results that would be huge (checked *before* computing),
+  call arguments above :data:`MAX_INT_ARG` are refused (``"x"|center(10**9)``), and every string or
+  list a template reads or builds is checked against a size limit, as is the output.
+
+:func:`select_template` test-renders the GGUF template once on a small conversation. A syntax
+error, a sandbox violation, a timeout, an exception or an output that does not contain the messages
+makes it fall back to a format chosen from the template's own markers or, failing that, the
+architecture; :attr:`ChatTemplate.reason` says which and why.
+
+The rendered prompt includes the BOS token text where the format starts with it (as the GGUF
+templates do), so tokenize it with ``special=True`` and without adding another BOS when
+``prompt.startswith(bos_token)``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+import jinja2
+from jinja2 import nodes
+from jinja2.exceptions import SecurityError
+from jinja2.runtime import LoopContext
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from markupsafe import Markup
+
+from engine.errors import TemplateError
+
+MAX_RANGE = 100_000
+"""Largest ``range()`` a template may create (the same cap as Jinja's own sandbox)."""
+
+MAX_INT_ARG = 1_000_000
+"""Largest integer argument a template may pass to a call or filter (``center(10**9)``...)."""
+
+MIN_SIZE_LIMIT = 1_000_000
+"""Floor of the per-render size limit (characters or items); it grows with the input size."""
+
+_BIG_WIDTH = re.compile(r"\d{7,}")
+
+_SAMPLE_SYSTEM = "You are a helpful assistant."
+_SAMPLE_TURNS = (
+    {"role": "user", "content": "Hello there, who are you?"},
+    {"role": "assistant", "content": "I am an assistant. How can I help?"},
+    {"role": "user", "content": "What is two plus two?"},
+)
+
+FallbackName = Literal["chatml", "gemma", "llama3", "mistral", "phi3", "plain"]
+
+
+class _TemplateTimeout(SecurityError):
+    """The render passed its deadline."""
+
+
+class _TemplateRaised(Exception):
+    """The template called ``raise_exception(message)``."""
+
+
+def _raise_exception(message: object) -> None:
+    raise _TemplateRaised(str(message))
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+def _tojson(
+    value: Any, indent: int | None = None, ensure_ascii: bool = False, sort_keys: bool = False
+) -> Markup:
+    # The Hugging Face flavour of tojson (ensure_ascii/sort_keys), which chat templates rely on.
+    return Markup(json.dumps(value, indent=indent, ensure_ascii=ensure_ascii, sort_keys=sort_keys))
+
+
+class _Limits(threading.local):
+    """Per-thread render state: the deadline and the size limit of the render in progress."""
+
+    deadline: float = float("inf")
+    max_size: int = MIN_SIZE_LIMIT
+
+
+class _GuardedEnvironment(ImmutableSandboxedEnvironment):
+    """The immutable sandbox plus a deadline and size limits (see the module docstring)."""
+
+    intercepted_binops = frozenset({"*", "**", "%", "+"})
+
+    def __init__(self) -> None:
+        super().__init__(
+            extensions=["jinja2.ext.loopcontrols", "jinja2.ext.do"],
+            trim_blocks=True,
+            lstrip_blocks=True,
+            keep_trailing_newline=False,
+            autoescape=False,
+        )
+        self.limits = _Limits()
+        self.globals["range"] = self._range
+        self.globals["raise_exception"] = _raise_exception
+        self.globals["strftime_now"] = _strftime_now
+        self.filters["tojson"] = _tojson
+        # Wrap every filter and test so that each application checks the deadline and its arguments.
+        self.filters = {name: self._guard_callable(fn) for name, fn in self.filters.items()}
+        self.tests = {name: self._guard_callable(fn) for name, fn in self.tests.items()}
+
+    # ---------------------------------------------------------------- checks
+    def check(self) -> None:
+        """Raise when the render in progress has passed its deadline."""
+        if time.monotonic() > self.limits.deadline:
+            raise _TemplateTimeout("the chat template took too long to render")
+
+    def _check_size(self, value: Any) -> Any:
+        if isinstance(value, str | list | tuple | dict) and len(value) > self.limits.max_size:
+            raise SecurityError(f"the chat template built a value of {len(value)} items or characters")
+        return value
+
+    def _check_args(self, args: Iterable[Any]) -> None:
+        for arg in args:
+            if isinstance(arg, int) and not isinstance(arg, bool) and abs(arg) > MAX_INT_ARG:
+                raise SecurityError(f"the chat template passed an integer argument too large ({arg})")
+
+    def _guard_callable(self, fn: Any) -> Callable[..., Any]:
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            self.check()
+            self._check_args(args[1:])
+            self._check_args(kwargs.values())
+            return self._check_size(fn(*args, **kwargs))
+
+        # Keep jinja's pass_context / pass_environment markers working.
+        guarded.__dict__.update(getattr(fn, "__dict__", {}))
+        return guarded
+
+    def guard_iter(self, iterable: Iterable[Any]) -> Iterator[Any]:
+        """Yield from ``iterable``, checking the deadline before each item."""
+        for item in iterable:
+            self.check()
+            yield item
+
+    def _range(self, *args: int) -> Iterator[int]:
+        self._check_args(args)
+        numbers = range(*args)
+        if len(numbers) > MAX_RANGE:
+            raise SecurityError(f"the chat template asked for a range of {len(numbers)} items")
+        return self.guard_iter(numbers)
+
+    # ---------------------------------------------------------------- sandbox hooks
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        self.check()
+        return self._check_size(super().getattr(obj, attribute))
+
+    def getitem(self, obj: Any, argument: Any) -> Any:
+        self.check()
+        return self._check_size(super().getitem(obj, argument))
+
+    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
+        __self.check()
+        __self._check_args(args)
+        __self._check_args(kwargs.values())
+        if isinstance(__obj, LoopContext) and args:
+            # A recursive loop's `loop(children)` iterates its argument outside the rewritten For.
+            args = (__self.guard_iter(args[0]), *args[1:])
+        return __self._check_size(super().call(__context, __obj, *args, **kwargs))
+
+    def wrap_str_format(self, value: Any) -> Callable[..., str] | None:
+        f_self = getattr(value, "__self__", None)
+        if isinstance(f_self, str) and _BIG_WIDTH.search(f_self):
+            raise SecurityError("the chat template used a huge format width")
+        return super().wrap_str_format(value)
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        self.check()
+        limit = self.limits.max_size
+        if operator == "*":
+            for seq, times in ((left, right), (right, left)):
+                sized = isinstance(seq, str | list | tuple) and isinstance(times, int)
+                if sized and len(seq) * times > limit:
+                    raise SecurityError("the chat template tried to build a huge sequence")
+        elif operator == "**":
+            if (
+                isinstance(right, int | float)
+                and abs(right) > 64
+                and not (isinstance(left, int | float) and abs(left) <= 1)
+            ):
+                raise SecurityError("the chat template tried to compute a huge power")
+        elif operator == "%":
+            if isinstance(left, str) and _BIG_WIDTH.search(left):
+                raise SecurityError("the chat template used a huge format width")
+            self._check_args(right if isinstance(right, tuple) else (right,))
+        elif operator == "+" and _seq_len(left) + _seq_len(right) > limit:
+            raise SecurityError("the chat template tried to build a huge sequence")
+        return super().call_binop(context, operator, left, right)
+
+    # ---------------------------------------------------------------- compiling
+    def compile_guarded(self, source: str) -> jinja2.Template:
+        """Parse ``source`` and wrap every for-loop's iterable in :meth:`guard_iter`.
+
+        ``environment.guard_iter`` cannot be shadowed by a template variable, and the call goes
+        through :meth:`call`, so it is deadline-checked too.
+        """
+        tree = self.parse(source)
+        for loop in tree.find_all(nodes.For):
+            loop.iter = nodes.Call(
+                nodes.EnvironmentAttribute("guard_iter"), [loop.iter], [], None, None, lineno=loop.lineno
+            )
+        return self.from_string(tree)
+
+    def render_guarded(self, template: jinja2.Template, context: dict[str, Any], timeout_s: float) -> str:
+        """Render ``template`` with a deadline ``timeout_s`` from now and the size limits."""
+        input_size = sum(len(m.get("content") or "") for m in context.get("messages", ()))
+        self.limits.max_size = MIN_SIZE_LIMIT + 4 * input_size
+        self.limits.deadline = time.monotonic() + timeout_s
+        try:
+            parts: list[str] = []
+            total = 0
+            for chunk in template.generate(context):
+                self.check()
+                total += len(chunk)
+                if total > self.limits.max_size:
+                    raise SecurityError(
+                        f"the chat template produced more than {self.limits.max_size} characters"
+                    )
+                parts.append(chunk)
+            return "".join(parts)
+        finally:
+            self.limits.deadline = float("inf")
+
+
+def _seq_len(value: Any) -> int:
+    return len(value) if isinstance(value, str | list | tuple) else 0
+
+
+def _describe(exc: BaseException) -> str:
+    """One line describing why a template failed."""
+    if isinstance(exc, _TemplateTimeout):
+        return str(exc)
+    if isinstance(exc, _TemplateRaised):
+        return f"the template refused the conversation: {exc}"
+    if isinstance(exc, SecurityError):
+        return f"unsafe operation blocked by the sandbox: {exc}"
+    if isinstance(exc, jinja2.TemplateSyntaxError):
+        return f"syntax error on line {exc.lineno}: {exc.message}"
+    if isinstance(exc, RecursionError):
+        return "the template recursed too deeply"
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return f"{type(exc).__name__}: {text}"[:300]
+
+
+@dataclass(frozen=True)
+class ChatTemplate:
+    """A chat format: the model's own Jinja template or a built-in fallback.
+
+    Attributes:
+        name: ``"gguf"`` for the model's own, else the fallback's name (``"chatml"``, ``"gemma"``,
+            ``"llama3"``, ``"mistral"``, ``"phi3"``, ``"plain"``).
+        source: ``"gguf"`` or ``"fallback"``.
+        reason: why this one was chosen, for the inspector and the logs.
+        stop: extra stop strings for generation.
+        fold_system: the system prompt is prepended to the first user message instead of being its
+            own message (the format, or the model's template, has no system role).
+    """
+
+    name: str
+    source: Literal["gguf", "fallback"]
+    reason: str
+    stop: tuple[str, ...]
+    fold_system: bool = False
+    timeout_s: float = 2.0
+    bos_token: str = ""
+    eos_token: str = ""
+    _env: _GuardedEnvironment | None = field(default=None, repr=False, compare=False)
+    _template: jinja2.Template | None = field(default=None, repr=False, compare=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def render(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> str:
+        """Render ``messages`` (dicts with ``role`` and ``content``) into one prompt string.
+
+        Args:
+            messages: the conversation; roles ``system``, ``user``, ``assistant``.
+            add_generation_prompt: end with the header that starts the assistant's reply.
+
+        Returns:
+            The prompt text, including the BOS token text where the format starts with it.
+
+        Raises:
+            TemplateError: the model's template refused the conversation, broke a sandbox rule or
+                ran past its time limit.
+        """
+        plain = [{"role": str(m["role"]), "content": str(m.get("content") or "")} for m in messages]
+        if self.fold_system:
+            plain = _fold_system(plain)
+        if self._template is None or self._env is None:
+            return _render_fallback(self.name, plain, add_generation_prompt, self.bos_token, self.eos_token)
+        context = {
+            "messages": plain,
+            "add_generation_prompt": add_generation_prompt,
+            "bos_token": self.bos_token,
+            "eos_token": self.eos_token,
+            "tools": None,
+        }
+        try:
+            with self._lock:
+                return self._env.render_guarded(self._template, context, self.timeout_s)
+        except Exception as exc:
+            raise TemplateError(f"chat template: {_describe(exc)}") from exc
+
+
+def _fold_system(messages: list[dict[str, str]]) -> list[dict[str, str]]:
+    """Prepend system messages to the first user message (separated by a blank line)."""
+    system = "\n\n".join(m["content"] for m in messages if m["role"] == "system" and m["content"])
+    rest = [dict(m) for m in messages if m["role"] != "system"]
+    if not system:
+        return rest
+    for message in rest:
+        if message["role"] == "user":
+            message["content"] = f"{system}\n\n{message['content']}"
+            return rest
+    return [{"role": "user", "content": system}, *rest]
+
+
+# ---------------------------------------------------------------- fallbacks
+_FALLBACK_STOPS: dict[str, tuple[str, ...]] = {
+    "chatml": ("<|im_end|>",),
+    "gemma": ("<end_of_turn>",),
+    "llama3": ("<|eot_id|>",),
+    "mistral": (),
+    "phi3": ("<|end|>",),
+    "plain": ("\nUser:",),
+}
+_FOLDS_SYSTEM = {"gemma", "mistral"}
+
+
+def _render_fallback(
+    name: str, messages: list[dict[str, str]], add_generation_prompt: bool, bos: str, eos: str
+) -> str:
+    out: list[str] = []
+    if name == "chatml":
+        out.extend(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+        if add_generation_prompt:
+            out.append("<|im_start|>assistant\n")
+    elif name == "gemma":
+        out.append(bos)
+        for m in messages:
+            role = "model" if m["role"] == "assistant" else "user"
+            out.append(f"<start_of_turn>{role}\n{m['content']}<end_of_turn>\n")
+        if add_generation_prompt:
+            out.append("<start_of_turn>model\n")
+    elif name == "llama3":
+        out.append(bos or "<|begin_of_text|>")
+        for m in messages:
+            out.append(f"<|start_header_id|>{m['role']}<|end_header_id|>\n\n{m['content']}<|eot_id|>")
+        if add_generation_prompt:
+            out.append("<|start_header_id|>assistant<|end_header_id|>\n\n")
+    elif name == "mistral":
+        out.append(bos)
+        for m in messages:
+            if m["role"] == "assistant":
+                out.append(f" {m['content']}{eos}")
+            else:
+                out.append(f"[INST] {m['content']} [/INST]")
+    elif name == "phi3":
+        out.append(bos)
+        out.extend(f"<|{m['role']}|>\n{m['content']}<|end|>\n" for m in messages)
+        if add_generation_prompt:
+            out.append("<|assistant|>\n")
+    elif name == "plain":
+        out.append(bos)
+        labels = {"system": "System", "user": "User", "assistant": "Assistant"}
+        out.extend(f"{labels.get(m['role'], m['role'].title())}: {m['content']}\n\n" for m in messages)
+        if add_generation_prompt:
+            out.append("Assistant:")
+    else:
+        raise TemplateError(f"chat template: unknown fallback format {name!r}")
+    return "".join(out)
+
+
+def fallback_template(
+    name: FallbackName, reason: str, bos_token: str | None = None, eos_token: str | None = None
+) -> ChatTemplate:
+    """A built-in chat format.
+
+    Args:
+        name: the format.
+        reason: why it is used (shown to the user).
+        bos_token: the model's BOS text, written at the start where the format has one.
+        eos_token: the model's EOS text (ends assistant turns in the ``mistral`` format).
+
+    Returns:
+        The template.
+
+    Raises:
+        TemplateError: ``name`` is not a known format.
+    """
+    if name not in _FALLBACK_STOPS:
+        raise TemplateError(f"chat template: unknown fallback format {name!r}")
+    eos = eos_token or ""
+    stop = _FALLBACK_STOPS[name] + ((eos,) if eos and eos not in _FALLBACK_STOPS[name] else ())
+    return ChatTemplate(
+        name=name,
+        source="fallback",
+        reason=reason,
+        stop=stop,
+        fold_system=name in _FOLDS_SYSTEM,
+        bos_token=bos_token or "",
+        eos_token=eos,
+    )
+
+
+_MARKERS: tuple[tuple[str, FallbackName], ...] = (
+    ("<start_of_turn>", "gemma"),
+    ("<|start_header_id|>", "llama3"),
+    ("<|im_start|>", "chatml"),
+    ("[INST]", "mistral"),
+    ("<|assistant|>", "phi3"),
+)
+
+
+def guess_format(gguf_template: str | None, architecture: str, bos_token: str | None) -> FallbackName:
+    """The built-in format that best matches a model.
+
+    The markers of the model's own template win (even a rejected one says which format the model
+    was trained on); then the architecture; then ChatML, the most common format.
+
+    Args:
+        gguf_template: the template text from the GGUF, if any.
+        architecture: ``general.architecture``.
+        bos_token: the BOS token text.
+
+    Returns:
+        The format's name.
+    """
+    if gguf_template:
+        for marker, name in _MARKERS:
+            if marker in gguf_template:
+                return name
+    arch = architecture.lower()
+    if arch.startswith("gemma"):
+        return "gemma"
+    if arch.startswith(("qwen", "chatml")):
+        return "chatml"
+    if arch.startswith("phi3"):
+        return "phi3"
+    if arch.startswith("mistral"):
+        return "mistral"
+    if arch.startswith("llama") and bos_token == "<|begin_of_text|>":
+        return "llama3"
+    return "chatml"
+
+
+def _contains_turns(rendered: str, with_system: bool) -> bool:
+    texts = [m["content"] for m in _SAMPLE_TURNS if m["role"] == "user"]
+    if with_system:
+        texts.append(_SAMPLE_SYSTEM)
+    return all(text in rendered for text in texts)
+
+
+def select_template(
+    gguf_template: str | None,
+    architecture: str,
+    bos_token: str | None,
+    eos_token: str | None,
+    *,
+    timeout_s: float = 2.0,
+) -> ChatTemplate:
+    """Choose the chat format for a model.
+
+    The GGUF template is compiled in the guarded sandbox and test-rendered on a small conversation
+    with a system prompt; if it rejects the system role but accepts the conversation without one,
+    it is used with the system prompt folded into the first user turn. Otherwise (no template,
+    syntax error, sandbox violation, timeout, exception, output missing the messages) a built-in
+    format is used (:func:`guess_format`).
+
+    Args:
+        gguf_template: ``tokenizer.chat_template`` from the GGUF, or ``None``.
+        architecture: ``general.architecture``.
+        bos_token: the BOS token text, or ``None``.
+        eos_token: the EOS token text, or ``None``.
+        timeout_s: the time limit of each render.
+
+    Returns:
+        The template, with ``reason`` saying why it was chosen.
+    """
+    bos, eos = bos_token or "", eos_token or ""
+    if not gguf_template or not gguf_template.strip():
+        name = guess_format(None, architecture, bos_token)
+        return fallback_template(
+            name, f"the model has no chat template; using the {name} format for {architecture!r}", bos, eos
+        )
+    env = _GuardedEnvironment()
+    try:
+        compiled = env.compile_guarded(gguf_template)
+    except Exception as exc:  # noqa: BLE001 - any failure to compile untrusted text means "reject it"
+        return _reject(gguf_template, architecture, bos, eos, _describe(exc))
+    stop = _stops_for(gguf_template, eos)
+    candidate = ChatTemplate(
+        "gguf", "gguf", "the model's own chat template", stop, False, timeout_s, bos, eos, env, compiled
+    )
+    sample = [{"role": "system", "content": _SAMPLE_SYSTEM}, *_SAMPLE_TURNS]
+    try:
+        rendered = candidate.render(sample)
+    except TemplateError as exc:
+        cause = exc.__cause__
+        if not isinstance(cause, _TemplateRaised):
+            return _reject(gguf_template, architecture, bos, eos, _describe(cause or exc))
+        folded = ChatTemplate(
+            "gguf",
+            "gguf",
+            f"the model's own chat template (it rejects a system role: {cause}; the system prompt "
+            "is folded into the first user message)",
+            stop,
+            True,
+            timeout_s,
+            bos,
+            eos,
+            env,
+            compiled,
+        )
+        try:
+            rendered = folded.render(sample)
+        except TemplateError as exc2:
+            return _reject(gguf_template, architecture, bos, eos, _describe(exc2.__cause__ or exc2))
+        if not _contains_turns(rendered, with_system=True):
+            return _reject(gguf_template, architecture, bos, eos, "its output does not contain the messages")
+        return folded
+    if not _contains_turns(rendered, with_system=True):
+        return _reject(gguf_template, architecture, bos, eos, "its output does not contain the messages")
+    return candidate
+
+
+def _stops_for(template: str, eos: str) -> tuple[str, ...]:
+    stops = [stop for marker, name in _MARKERS if marker in template for stop in _FALLBACK_STOPS[name]]
+    if eos and eos not in stops:
+        stops.append(eos)
+    return tuple(dict.fromkeys(stops))
+
+
+def _reject(template: str, architecture: str, bos: str, eos: str, why: str) -> ChatTemplate:
+    name = guess_format(template, architecture, bos)
+    return fallback_template(
+        name, f"the model's chat template was rejected ({why}); using the {name} format", bos, eos
+    )
