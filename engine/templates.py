@@ -30,7 +30,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Literal
 
@@ -173,6 +173,11 @@ class _GuardedEnvironment(ImmutableSandboxedEnvironment):
             # A recursive loop's `loop(children)` iterates its argument outside the rewritten For.
             args = (__self.guard_iter(args[0]), *args[1:])
         return __self._check_size(super().call(__context, __obj, *args, **kwargs))
+
+    def unsafe_undefined(self, obj: Any, attribute: str) -> jinja2.Undefined:
+        # Jinja returns a silent Undefined here, so `{{ x.__class__ }}` would print nothing and the
+        # template would pass; refusing outright lets select_template() reject it with a reason.
+        raise SecurityError(f"access to attribute {attribute!r} of a {type(obj).__name__!r} object is unsafe")
 
     def wrap_str_format(self, value: Any) -> Callable[..., str] | None:
         f_self = getattr(value, "__self__", None)
@@ -504,39 +509,35 @@ def select_template(
     except Exception as exc:  # noqa: BLE001 - any failure to compile untrusted text means "reject it"
         return _reject(gguf_template, architecture, bos, eos, _describe(exc))
     stop = _stops_for(gguf_template, eos)
-    candidate = ChatTemplate(
+    sample = [{"role": "system", "content": _SAMPLE_SYSTEM}, *_SAMPLE_TURNS]
+    own = ChatTemplate(
         "gguf", "gguf", "the model's own chat template", stop, False, timeout_s, bos, eos, env, compiled
     )
-    sample = [{"role": "system", "content": _SAMPLE_SYSTEM}, *_SAMPLE_TURNS]
     try:
-        rendered = candidate.render(sample)
+        rendered = own.render(sample)
     except TemplateError as exc:
         cause = exc.__cause__
         if not isinstance(cause, _TemplateRaised):
             return _reject(gguf_template, architecture, bos, eos, _describe(cause or exc))
-        folded = ChatTemplate(
-            "gguf",
-            "gguf",
-            f"the model's own chat template (it rejects a system role: {cause}; the system prompt "
-            "is folded into the first user message)",
-            stop,
-            True,
-            timeout_s,
-            bos,
-            eos,
-            env,
-            compiled,
-        )
-        try:
-            rendered = folded.render(sample)
-        except TemplateError as exc2:
-            return _reject(gguf_template, architecture, bos, eos, _describe(exc2.__cause__ or exc2))
-        if not _contains_turns(rendered, with_system=True):
+        why = f"it rejects a system role: {cause}"
+    else:
+        if _contains_turns(rendered, with_system=True):
+            return own
+        if not _contains_turns(rendered, with_system=False):
             return _reject(gguf_template, architecture, bos, eos, "its output does not contain the messages")
-        return folded
+        why = "it drops the system prompt"
+    folded = replace(
+        own,
+        reason=f"the model's own chat template ({why}; the system prompt goes into the first user message)",
+        fold_system=True,
+    )
+    try:
+        rendered = folded.render(sample)
+    except TemplateError as exc:
+        return _reject(gguf_template, architecture, bos, eos, _describe(exc.__cause__ or exc))
     if not _contains_turns(rendered, with_system=True):
         return _reject(gguf_template, architecture, bos, eos, "its output does not contain the messages")
-    return candidate
+    return folded
 
 
 def _stops_for(template: str, eos: str) -> tuple[str, ...]:
