@@ -1,0 +1,740 @@
+"""Safe, bounded inspection of GGUF model files.
+
+This reader never trusts the file. It is pure Python (not the ``gguf`` package, which memory-maps
+the file and trusts its counts), it never recurses, it caps every count and length before acting
+on it, it checks every offset and size against the file's real size with exact integer arithmetic,
+and it never loads tensor data. Large arrays (a 262,144-token vocabulary) are walked, not
+materialised: only small scalars, the chat template and a few token strings (BOS/EOS) are kept.
+
+Every problem raises :class:`engine.errors.ModelFileError` whose ``str()`` is one line,
+``"<file>: <reason>"``. The reasons a user may meet:
+
+* ``the file is empty (0 bytes): download it again``
+* ``this is a Git LFS pointer, not the model: download the real file``
+* ``this is an HTML page, not a model (wrong URL?): download the file itself``
+* ``this is a safetensors file, not GGUF: convert it first (glassbox models convert)``
+* ``old GGML format (ggjt), not supported: convert it to GGUF``
+* ``model needs a newer engine (GGUF v4)``
+* ``model file is incomplete (X of Y bytes): download it again``
+* ``model file is malformed: <what exactly>``
+
+The layout (GGUF v2/v3, little-endian): magic ``GGUF``, ``u32`` version, ``u64`` tensor count,
+``u64`` key/value count, the key/value pairs, one info record per tensor (name, dims, type,
+offset), padding to ``general.alignment`` (default 32), then the tensor data, where each tensor's
+offset is relative to the data start and the tensors follow each other, each padded to the
+alignment (the same rule llama.cpp's ``gguf.cpp`` enforces).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import struct
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from engine.errors import ModelFileError
+
+__all__ = [
+    "FILE_TYPE_NAMES",
+    "GGML_TYPES",
+    "GgufHeaderNeedsMoreBytes",
+    "GgufInfo",
+    "describe_non_gguf",
+    "format_bytes",
+    "format_params",
+    "parse_gguf_prefix",
+    "read_gguf_info",
+    "sniff_model_file",
+]
+
+GGUF_MAGIC = b"GGUF"
+SUPPORTED_VERSIONS = (2, 3)
+
+# Caps. Real models stay far below each; a file above one is rejected as malformed before the
+# reader allocates or loops on the count it claims.
+MAX_KV = 1 << 16
+MAX_TENSORS = 1 << 16
+MAX_KEY_LEN = (1 << 16) - 1
+MAX_STRING_LEN = 16 << 20
+MAX_ARRAY_LEN = 1 << 24
+MAX_TENSOR_NAME = 63  # GGML_MAX_NAME (64) including the terminating NUL
+MAX_DIMS = 4  # GGML_MAX_DIMS
+MAX_ALIGNMENT = 1 << 20
+MAX_BLOCK_COUNT = 512
+MAX_INT64 = (1 << 63) - 1
+METADATA_STRING_CHARS = 256
+SMALL_ARRAY_LEN = 4096  # integer/bool arrays up to this length are kept (per-layer head counts)
+TOKEN_CHECKPOINT_EVERY = 4096  # token-array offsets remembered for cheap id -> string look-ups
+
+# GGUF value types: id -> (name, fixed size in bytes, struct format) ; strings and arrays are 0.
+_VALUE_TYPES: dict[int, tuple[str, int, str]] = {
+    0: ("UINT8", 1, "<B"),
+    1: ("INT8", 1, "<b"),
+    2: ("UINT16", 2, "<H"),
+    3: ("INT16", 2, "<h"),
+    4: ("UINT32", 4, "<I"),
+    5: ("INT32", 4, "<i"),
+    6: ("FLOAT32", 4, "<f"),
+    7: ("BOOL", 1, "<B"),
+    8: ("STRING", 0, ""),
+    9: ("ARRAY", 0, ""),
+    10: ("UINT64", 8, "<Q"),
+    11: ("INT64", 8, "<q"),
+    12: ("FLOAT64", 8, "<d"),
+}
+_T_UINT32, _T_BOOL, _T_STRING, _T_ARRAY = 4, 7, 8, 9
+_FLOAT_TYPES = (6, 12)
+
+# ggml tensor types: id -> (name, elements per block, bytes per block). Ids that ggml removed
+# (4, 5, 31-33, 36-38) are absent, so a file using them is rejected.
+GGML_TYPES: dict[int, tuple[str, int, int]] = {
+    0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 6: ("Q5_0", 32, 22),
+    7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 9: ("Q8_1", 32, 36), 10: ("Q2_K", 256, 84),
+    11: ("Q3_K", 256, 110), 12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210),
+    15: ("Q8_K", 256, 292), 16: ("IQ2_XXS", 256, 66), 17: ("IQ2_XS", 256, 74), 18: ("IQ3_XXS", 256, 98),
+    19: ("IQ1_S", 256, 50), 20: ("IQ4_NL", 32, 18), 21: ("IQ3_S", 256, 110), 22: ("IQ2_S", 256, 82),
+    23: ("IQ4_XS", 256, 136), 24: ("I8", 1, 1), 25: ("I16", 1, 2), 26: ("I32", 1, 4), 27: ("I64", 1, 8),
+    28: ("F64", 1, 8), 29: ("IQ1_M", 256, 56), 30: ("BF16", 1, 2), 34: ("TQ1_0", 256, 54),
+    35: ("TQ2_0", 256, 66), 39: ("MXFP4", 32, 17), 40: ("NVFP4", 64, 36), 41: ("Q1_0", 128, 18),
+}
+
+# llama.cpp's LLAMA_FTYPE_MOSTLY_* names, as stored in general.file_type.
+FILE_TYPE_NAMES: dict[int, str] = {
+    0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 4: "Q4_1_SOME_F16", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1",
+    10: "Q2_K", 11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S",
+    17: "Q5_K_M", 18: "Q6_K", 19: "IQ2_XXS", 20: "IQ2_XS", 21: "Q2_K_S", 22: "IQ3_XS", 23: "IQ3_XXS",
+    24: "IQ1_S", 25: "IQ4_NL", 26: "IQ3_S", 27: "IQ3_M", 28: "IQ2_S", 29: "IQ2_M", 30: "IQ4_XS",
+    31: "IQ1_M", 32: "BF16", 36: "TQ1_0", 37: "TQ2_0", 38: "MXFP4_MOE", 39: "NVFP4", 40: "Q1_0",
+}
+FILE_TYPE_GUESSED = 1024
+
+_OLD_GGML_MAGICS = {b"ggml": "ggml", b"ggmf": "ggmf", b"ggjt": "ggjt", b"ggla": "ggla", b"ggsn": "ggsn"}
+_BLOCK_RE = re.compile(r"blk\.(\d+)\.")
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+
+Scalar = str | int | float | bool
+
+
+class GgufHeaderNeedsMoreBytes(ModelFileError):
+    """Raised by :func:`parse_gguf_prefix` when the header reaches past the bytes it was given.
+
+    Args:
+        path: the file or URL the prefix came from.
+        needed: how many leading bytes of the file are needed (at least).
+    """
+
+    def __init__(self, path: Path | str, needed: int) -> None:
+        self.needed = needed
+        super().__init__(path, f"the header needs at least {needed} bytes; fetch more of the file")
+
+
+@dataclass(frozen=True)
+class GgufInfo:
+    """What the header says about a model, without loading it.
+
+    ``layer_bytes[i]`` is the size of the tensors of block ``i`` (``blk.i.*``); ``other_bytes`` is
+    everything else (token embedding, output norm and head). ``expert_bytes`` is the part of
+    ``tensor_bytes`` in mixture-of-experts tensors (``*_exps``), of which only
+    ``expert_used_count / expert_count`` is read per token.
+    """
+
+    path: Path
+    file_size: int
+    version: int
+    architecture: str
+    name: str | None
+    n_params: int
+    n_layers: int | None
+    n_heads: int | None
+    n_kv_heads: int | None
+    head_dim_k: int | None
+    head_dim_v: int | None
+    embedding_length: int | None
+    context_length: int | None
+    sliding_window: int | None
+    file_type: str
+    chat_template: str | None
+    bos_token: str | None
+    eos_token: str | None
+    n_tensors: int
+    tensor_data_offset: int
+    tensor_bytes: int
+    layer_bytes: list[int]
+    other_bytes: int
+    expert_count: int | None
+    metadata: dict[str, Scalar]
+    expert_used_count: int | None = None
+    expert_bytes: int = 0
+    embedding_bytes: int = 0
+    tied_embeddings: bool = False
+    vocab_size: int | None = None
+    kv_heads_per_layer: list[int] | None = None
+    sliding_window_pattern: list[bool] | None = None
+    alignment: int = 32
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def has_chat_template(self) -> bool:
+        """Whether the file carries its own chat template."""
+        return bool(self.chat_template)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (paths as strings)."""
+        out = asdict(self)
+        out["path"] = str(self.path)
+        out["has_chat_template"] = self.has_chat_template
+        out.pop("extra", None)
+        return out
+
+
+_TensorRow = tuple[str, int, int, int]  # name, element count, ggml type, data bytes
+
+
+class _Truncated(Exception):
+    """Internal: the file ends before byte ``needed``."""
+
+    def __init__(self, needed: int) -> None:
+        super().__init__(needed)
+        self.needed = needed
+
+
+class _Malformed(Exception):
+    """Internal: the file breaks a rule; the message says which."""
+
+
+class _Reader:
+    """A forward reader over a file of known size, with its own read-ahead buffer.
+
+    Every read checks ``pos + n <= size`` first, so a count or length from the file can never make
+    it read (or allocate) past the end.
+    """
+
+    _CHUNK = 1 << 20
+
+    def __init__(self, fh: BinaryIO, size: int) -> None:
+        self._fh = fh
+        self.size = size
+        self.pos = 0
+        self._buf = b""
+        self._buf_start = 0
+
+    def _window(self, n: int) -> tuple[bytes, int]:
+        end = self.pos + n
+        if end > self.size:
+            raise _Truncated(end)
+        rel = self.pos - self._buf_start
+        if rel < 0 or rel + n > len(self._buf):
+            self._fh.seek(self.pos)
+            self._buf = self._fh.read(max(n, self._CHUNK))
+            self._buf_start = self.pos
+            rel = 0
+            if len(self._buf) < n:  # the file shrank, or a prefix ended early
+                raise _Truncated(end)
+        return self._buf, rel
+
+    def u32(self) -> int:
+        buf, rel = self._window(4)
+        self.pos += 4
+        return int(_U32.unpack_from(buf, rel)[0])
+
+    def u64(self) -> int:
+        buf, rel = self._window(8)
+        self.pos += 8
+        return int(_U64.unpack_from(buf, rel)[0])
+
+    def scalar(self, vtype: int) -> int | float | bool:
+        _, size, fmt = _VALUE_TYPES[vtype]
+        buf, rel = self._window(size)
+        self.pos += size
+        value = struct.unpack_from(fmt, buf, rel)[0]
+        if vtype == _T_BOOL:
+            return bool(value)
+        return float(value) if vtype in _FLOAT_TYPES else int(value)
+
+    def raw(self, n: int) -> bytes:
+        buf, rel = self._window(n)
+        self.pos += n
+        return buf[rel : rel + n]
+
+    def skip(self, n: int) -> None:
+        end = self.pos + n
+        if end > self.size:
+            raise _Truncated(end)
+        self.pos = end
+
+    def string(self, cap: int, what: str) -> str:
+        length = self.u64()
+        if length > cap:
+            raise _Malformed(f"{what} claims a string of {length} bytes (limit {cap})")
+        return self.raw(length).decode("utf-8", errors="replace")
+
+    def skip_strings(self, count: int, what: str) -> list[int]:
+        """Walks ``count`` strings without keeping them; returns every N-th start offset."""
+        marks: list[int] = []
+        unpack = _U64.unpack_from
+        for k in range(count):
+            if k % TOKEN_CHECKPOINT_EVERY == 0:
+                marks.append(self.pos)
+            rel = self.pos - self._buf_start
+            if rel >= 0 and rel + 8 <= len(self._buf):
+                length = int(unpack(self._buf, rel)[0])
+                self.pos += 8
+            else:
+                length = self.u64()
+            if length > MAX_STRING_LEN:
+                raise _Malformed(f"{what}[{k}] claims a string of {length} bytes (limit {MAX_STRING_LEN})")
+            end = self.pos + length
+            if end > self.size:
+                raise _Truncated(end)
+            self.pos = end
+        return marks
+
+
+@dataclass
+class _StringArray:
+    count: int
+    marks: list[int]
+
+
+def sniff_model_file(path: Path | str) -> str | None:
+    """Names what a file is when it is clearly not GGUF (see :func:`describe_non_gguf`).
+
+    Args:
+        path: the file.
+
+    Returns:
+        A one-line reason, or None when the file starts like GGUF.
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    with Path(path).open("rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        return describe_non_gguf(fh.read(4096), size)
+
+
+def describe_non_gguf(head: bytes, file_size: int) -> str | None:
+    """Names what a file is when it is clearly not GGUF, from its first bytes.
+
+    Args:
+        head: the first bytes of the file (at least 64 are best; up to a few KiB help HTML).
+        file_size: the whole file's size.
+
+    Returns:
+        A one-line reason (e.g. "this is a Git LFS pointer, not the model: download the real
+        file"), or None when the file starts like GGUF (or is too short to tell).
+    """
+    if file_size == 0:
+        return "the file is empty (0 bytes): download it again"
+    if head.startswith(GGUF_MAGIC):
+        return None
+    if len(head) < 4 and GGUF_MAGIC.startswith(head):
+        return None  # the parser reports it as incomplete
+    stripped = head.lstrip(b"\xef\xbb\xbf \t\r\n")
+    lowered = stripped[:2048].lower()
+    if stripped.startswith(b"version https://git-lfs"):
+        return "this is a Git LFS pointer, not the model: download the real file"
+    if lowered.startswith((b"<!doctype html", b"<html", b"<head", b"<body")) or b"<html" in lowered:
+        return "this is an HTML page, not a model (wrong URL?): download the file itself"
+    if head[:4] in (b"PK\x03\x04", b"PK\x05\x06"):
+        return "this is a zip archive (for example a PyTorch checkpoint), not a GGUF model"
+    if len(head) >= 9 and head[8:9] == b"{":
+        header_len = int(_U64.unpack_from(head, 0)[0])
+        if 2 <= header_len <= file_size - 8:
+            return "this is a safetensors file, not GGUF: convert it first (glassbox models convert)"
+    if head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):
+        return "this is a Python pickle (PyTorch) file, an unsafe format Glassbox never loads"
+    for magic in (head[:4], head[:4][::-1]):
+        if magic in _OLD_GGML_MAGICS:
+            return f"old GGML format ({_OLD_GGML_MAGICS[magic]}), not supported: convert it to GGUF"
+    if head[:4].lower() == b"gguf" or head[:4] == b"FUGG":
+        return f"not a GGUF file (wrong magic {head[:4]!r})"
+    sample = head[:512]
+    if sample and all(32 <= b < 127 or b in (9, 10, 13) for b in sample):
+        return "this is a text file, not a GGUF model"
+    return f"not a GGUF file (it starts with 0x{head[:4].hex()})"
+
+
+def read_gguf_info(path: Path | str) -> GgufInfo:
+    """Reads and checks a GGUF file's header, without loading any tensor data.
+
+    Args:
+        path: the ``.gguf`` file.
+
+    Returns:
+        What the header says (see :class:`GgufInfo`).
+
+    Raises:
+        ModelFileError: the file is missing, unreadable, not GGUF, malformed or incomplete; its
+            ``reason`` says which, in one line.
+    """
+    path = Path(path)
+    try:
+        with path.open("rb") as fh:
+            st = os.fstat(fh.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise ModelFileError(path, "not a regular file")
+            return _parse(fh, st.st_size, path, prefix_only=False)
+    except FileNotFoundError:
+        raise ModelFileError(path, "no such file") from None
+    except IsADirectoryError:
+        raise ModelFileError(path, "is a folder, not a model file") from None
+    except PermissionError:
+        raise ModelFileError(path, "permission denied") from None
+    except OSError as exc:
+        raise ModelFileError(path, f"cannot read the file ({exc.strerror or exc})") from None
+
+
+def parse_gguf_prefix(prefix: bytes, file_size: int, source: Path | str) -> GgufInfo:
+    """Parses a GGUF header from the first bytes of a (remote) file, e.g. an HTTP range request.
+
+    Tensor data is not checked (it is not there); everything in the header is, against the real
+    ``file_size``.
+
+    Args:
+        prefix: the first bytes of the file.
+        file_size: the whole file's size (from the server).
+        source: a name for messages (URL or repo/file).
+
+    Raises:
+        GgufHeaderNeedsMoreBytes: the header goes past ``prefix``; ``needed`` says how far (at
+            least; call again with more).
+        ModelFileError: the header is bad.
+    """
+    import io
+
+    return _parse(io.BytesIO(prefix), file_size, Path(str(source)), prefix_only=True, prefix_len=len(prefix))
+
+
+def _parse(
+    fh: BinaryIO, file_size: int, path: Path, *, prefix_only: bool, prefix_len: int | None = None
+) -> GgufInfo:
+    head = fh.read(4096)
+    fh.seek(0)
+    reason = describe_non_gguf(head, file_size)
+    if reason is not None:
+        raise ModelFileError(path, reason)
+    limit = file_size if prefix_len is None else min(file_size, prefix_len)
+    reader = _Reader(fh, limit)
+    try:
+        return _Parser(reader, path, file_size, prefix_only).parse()
+    except _Truncated as exc:
+        if prefix_len is not None and prefix_len < file_size and exc.needed <= file_size:
+            raise GgufHeaderNeedsMoreBytes(path, exc.needed) from None
+        raise ModelFileError(path, _incomplete(file_size, exc.needed, header=True)) from None
+    except _Malformed as exc:
+        raise ModelFileError(path, f"model file is malformed: {exc}") from None
+
+
+def _incomplete(have: int, need: int, *, header: bool) -> str:
+    of = f"{have} of at least {need}" if header else f"{have} of {need}"
+    return f"model file is incomplete ({of} bytes): download it again"
+
+
+class _Parser:
+    """One pass over header, key/values and tensor infos."""
+
+    def __init__(self, reader: _Reader, path: Path, file_size: int, prefix_only: bool) -> None:
+        self.r = reader
+        self.path = path
+        self.file_size = file_size
+        self.prefix_only = prefix_only
+        self.scalars: dict[str, Scalar] = {}
+        self.small_arrays: dict[str, list[int | float | bool]] = {}
+        self.string_arrays: dict[str, _StringArray] = {}
+        self.array_lengths: dict[str, int] = {}
+        self.chat_template: str | None = None
+        self.seen_keys: set[str] = set()
+
+    # -- header and key/values -------------------------------------------------------------
+    def parse(self) -> GgufInfo:
+        r = self.r
+        r.skip(4)  # magic, already checked
+        version = r.u32()
+        if version not in SUPPORTED_VERSIONS:
+            raise ModelFileError(self.path, _version_reason(version))
+        n_tensors = r.u64()
+        n_kv = r.u64()
+        if n_tensors > MAX_TENSORS:
+            raise _Malformed(f"it claims {n_tensors} tensors (limit {MAX_TENSORS})")
+        if n_kv > MAX_KV:
+            raise _Malformed(f"it claims {n_kv} metadata keys (limit {MAX_KV})")
+        for _ in range(n_kv):
+            self._read_kv()
+        arch = self.scalars.get("general.architecture")
+        if not isinstance(arch, str) or not arch:
+            raise _Malformed("general.architecture is missing")
+        alignment = self._alignment()
+        tensors = self._read_tensor_infos(n_tensors, alignment)
+        data_offset = _align(r.pos, alignment)
+        return self._build(version, arch, alignment, tensors, data_offset)
+
+    def _read_kv(self) -> None:
+        r = self.r
+        key = r.string(MAX_KEY_LEN, "a metadata key")
+        if not key:
+            raise _Malformed("a metadata key is empty")
+        if key in self.seen_keys:
+            raise _Malformed(f"duplicate metadata key {key!r}")
+        self.seen_keys.add(key)
+        vtype = r.u32()
+        if vtype not in _VALUE_TYPES:
+            raise _Malformed(f"metadata key {key!r} has invalid type {vtype}")
+        if vtype == _T_ARRAY:
+            self._read_array(key)
+        elif vtype == _T_STRING:
+            value = r.string(MAX_STRING_LEN, f"metadata key {key!r}")
+            if key == "tokenizer.chat_template":
+                self.chat_template = value
+            else:
+                self.scalars[key] = value
+        else:
+            self.scalars[key] = r.scalar(vtype)
+
+    def _read_array(self, key: str) -> None:
+        r = self.r
+        etype = r.u32()
+        if etype not in _VALUE_TYPES:
+            raise _Malformed(f"array {key!r} has invalid element type {etype}")
+        if etype == _T_ARRAY:
+            raise _Malformed(f"array {key!r} contains arrays (not supported)")
+        count = r.u64()
+        if count > MAX_ARRAY_LEN:
+            raise _Malformed(f"array {key!r} claims {count} entries (limit {MAX_ARRAY_LEN})")
+        self.array_lengths[key] = count
+        if etype == _T_STRING:
+            marks = r.skip_strings(count, key)
+            self.string_arrays[key] = _StringArray(count, marks)
+            return
+        size = _VALUE_TYPES[etype][1]
+        if count <= SMALL_ARRAY_LEN:
+            self.small_arrays[key] = [r.scalar(etype) for _ in range(count)]
+        else:
+            r.skip(count * size)
+
+    def _alignment(self) -> int:
+        if "general.alignment" not in self.scalars:
+            return 32
+        value = self.scalars["general.alignment"]
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _Malformed("general.alignment is not an integer")
+        if value <= 0 or value & (value - 1) or value > MAX_ALIGNMENT:
+            raise _Malformed(f"general.alignment {value} is not a power of two up to {MAX_ALIGNMENT}")
+        return value
+
+    # -- tensors ------------------------------------------------------------------------------
+    def _read_tensor_infos(self, n_tensors: int, alignment: int) -> list[_TensorRow]:
+        """Returns (name, n_elements, type, nbytes) per tensor, checking offsets as it goes."""
+        r = self.r
+        seen: set[str] = set()
+        out: list[_TensorRow] = []
+        expected_offset = 0
+        for _ in range(n_tensors):
+            name = r.string(MAX_TENSOR_NAME * 4, "a tensor name")
+            if len(name.encode()) > MAX_TENSOR_NAME:
+                raise _Malformed(f"tensor name {name[:40]!r}... is longer than {MAX_TENSOR_NAME} bytes")
+            if name in seen:
+                raise _Malformed(f"duplicate tensor {name!r}")
+            seen.add(name)
+            n_dims = r.u32()
+            if n_dims > MAX_DIMS:
+                raise _Malformed(f"tensor {name!r} has {n_dims} dimensions (limit {MAX_DIMS})")
+            dims = [r.u64() for _ in range(n_dims)]
+            n_elements = 1
+            for d in dims:
+                if d == 0 or d > MAX_INT64:
+                    raise _Malformed(f"tensor {name!r} has an invalid dimension {d}")
+                n_elements *= d
+                if n_elements > MAX_INT64:
+                    raise _Malformed(f"tensor {name!r} has a shape whose size overflows ({dims})")
+            ttype = r.u32()
+            if ttype not in GGML_TYPES:
+                raise _Malformed(f"tensor {name!r} has an invalid type {ttype}")
+            tname, block, block_bytes = GGML_TYPES[ttype]
+            if dims and dims[0] % block:
+                raise _Malformed(f"tensor {name!r} row of {dims[0]} is not a multiple of the {tname} block")
+            nbytes = n_elements // block * block_bytes
+            offset = r.u64()
+            if offset % alignment:
+                raise _Malformed(f"tensor {name!r} data offset {offset} is not aligned to {alignment}")
+            if offset != expected_offset:
+                raise _Malformed(f"tensor {name!r} data offset {offset} should be {expected_offset}")
+            expected_offset = offset + _align(nbytes, alignment)
+            if expected_offset > self.file_size:
+                # Not yet knowing where the data starts, a tensor already past the file's end
+                # is reported here: it keeps the later arithmetic small.
+                raise _Truncated(expected_offset)
+            out.append((name, n_elements, ttype, nbytes))
+        return out
+
+    def _check_data(self, tensors: list[_TensorRow], data_offset: int, alignment: int) -> int:
+        """Returns the end of the last tensor's data; raises if it is past the file's end."""
+        end = self.r.pos
+        offset = 0
+        for _name, _n, _t, nbytes in tensors:
+            end = data_offset + offset + nbytes
+            offset += _align(nbytes, alignment)
+        if end > self.file_size and not self.prefix_only:
+            raise ModelFileError(self.path, _incomplete(self.file_size, end, header=False))
+        return end
+
+    # -- result ---------------------------------------------------------------------------------
+    def _int(self, key: str) -> int | None:
+        value = self.scalars.get(key)
+        if isinstance(value, bool) or not isinstance(value, int):
+            values = self.small_arrays.get(key)
+            ints = [v for v in values or [] if isinstance(v, int) and not isinstance(v, bool)]
+            return max(ints) if ints else None
+        return value
+
+    def _build(
+        self, version: int, arch: str, alignment: int, tensors: list[_TensorRow], data_offset: int
+    ) -> GgufInfo:
+        self._check_data(tensors, data_offset, alignment)
+        n_layers = self._int(f"{arch}.block_count")
+        if n_layers is not None and not 0 <= n_layers <= MAX_BLOCK_COUNT:
+            raise _Malformed(f"{arch}.block_count is {n_layers} (limit {MAX_BLOCK_COUNT})")
+        layer_bytes: list[int] = [0] * (n_layers or 0)
+        other = expert = embedding = 0
+        type_bytes: dict[int, int] = {}
+        n_params = 0
+        names: set[str] = set()
+        for name, n_elements, ttype, nbytes in tensors:
+            names.add(name)
+            n_params += n_elements
+            type_bytes[ttype] = type_bytes.get(ttype, 0) + nbytes
+            if "_exps" in name:
+                expert += nbytes
+            if name == "token_embd.weight":
+                embedding = nbytes
+            m = _BLOCK_RE.match(name)
+            if m is None:
+                other += nbytes
+                continue
+            index = int(m.group(1))
+            if index >= MAX_BLOCK_COUNT or (n_layers is not None and index >= n_layers):
+                raise _Malformed(f"tensor {name!r} belongs to block {index}, beyond the block count")
+            if index >= len(layer_bytes):
+                layer_bytes.extend([0] * (index + 1 - len(layer_bytes)))
+            layer_bytes[index] += nbytes
+        n_heads = self._int(f"{arch}.attention.head_count")
+        n_kv_heads = self._int(f"{arch}.attention.head_count_kv")
+        if n_kv_heads is None and n_heads is not None:
+            n_kv_heads = n_heads
+        embd = self._int(f"{arch}.embedding_length")
+        per_head = embd // n_heads if embd and n_heads else None
+        head_k = self._int(f"{arch}.attention.key_length") or per_head
+        head_v = self._int(f"{arch}.attention.value_length") or per_head
+        ftype_value = self._int("general.file_type")
+        if ftype_value is not None and ftype_value != FILE_TYPE_GUESSED:
+            file_type = FILE_TYPE_NAMES.get(ftype_value, f"type {ftype_value}")
+        elif type_bytes:
+            file_type = GGML_TYPES[max(type_bytes, key=lambda t: type_bytes[t])][0]
+        else:
+            file_type = "unknown"
+        kv_layers = self.small_arrays.get(f"{arch}.attention.head_count_kv")
+        pattern = self.small_arrays.get(f"{arch}.attention.sliding_window_pattern")
+        tokens = self.string_arrays.get("tokenizer.ggml.tokens")
+        model_name = self.scalars.get("general.name")
+        cut = METADATA_STRING_CHARS
+        metadata = {k: v[:cut] if isinstance(v, str) else v for k, v in self.scalars.items()}
+        return GgufInfo(
+            path=self.path,
+            file_size=self.file_size,
+            version=version,
+            architecture=arch,
+            name=model_name if isinstance(model_name, str) else None,
+            n_params=n_params,
+            n_layers=n_layers,
+            n_heads=n_heads,
+            n_kv_heads=n_kv_heads,
+            head_dim_k=head_k,
+            head_dim_v=head_v,
+            embedding_length=embd,
+            context_length=self._int(f"{arch}.context_length"),
+            sliding_window=self._int(f"{arch}.attention.sliding_window"),
+            file_type=file_type,
+            chat_template=self.chat_template,
+            bos_token=self._token("tokenizer.ggml.bos_token_id"),
+            eos_token=self._token("tokenizer.ggml.eos_token_id"),
+            n_tensors=len(tensors),
+            tensor_data_offset=data_offset,
+            tensor_bytes=sum(t[3] for t in tensors),
+            layer_bytes=layer_bytes,
+            other_bytes=other,
+            expert_count=self._int(f"{arch}.expert_count"),
+            metadata=metadata,
+            expert_used_count=self._int(f"{arch}.expert_used_count"),
+            expert_bytes=expert,
+            embedding_bytes=embedding,
+            tied_embeddings="output.weight" not in names,
+            vocab_size=tokens.count if tokens else None,
+            kv_heads_per_layer=[int(v) for v in kv_layers] if kv_layers and len(kv_layers) > 1 else None,
+            sliding_window_pattern=[bool(v) for v in pattern] if pattern and len(pattern) > 1 else None,
+            alignment=alignment,
+            extra={"array_lengths": dict(self.array_lengths)},
+        )
+
+    def _token(self, id_key: str) -> str | None:
+        """The token string for the id in ``id_key``, walking at most one checkpoint's strings."""
+        token_id = self._int(id_key)
+        tokens = self.string_arrays.get("tokenizer.ggml.tokens")
+        if token_id is None or tokens is None or not 0 <= token_id < tokens.count:
+            return None
+        r = self.r
+        saved = r.pos
+        try:
+            r.pos = tokens.marks[token_id // TOKEN_CHECKPOINT_EVERY]
+            for _ in range(token_id % TOKEN_CHECKPOINT_EVERY):
+                r.skip(r.u64())
+            text = r.string(MAX_STRING_LEN, "a token")
+        except _Truncated:
+            return None
+        finally:
+            r.pos = saved
+        return text[:METADATA_STRING_CHARS]
+
+
+def _version_reason(version: int) -> str:
+    if version == 1:
+        return "GGUF v1 is too old, not supported: convert the model again with a current llama.cpp"
+    if version == 0:
+        return "model file is malformed: GGUF version 0"
+    swapped = int.from_bytes(version.to_bytes(4, "little"), "big")
+    if swapped in (1, 2, 3):
+        return f"this is a big-endian GGUF (v{swapped}), not supported on this machine"
+    if version < 1000:
+        return f"model needs a newer engine (GGUF v{version})"
+    return f"model file is malformed: GGUF version {version}"
+
+
+def _align(value: int, alignment: int) -> int:
+    return (value + alignment - 1) // alignment * alignment
+
+
+def format_params(n_params: int) -> str:
+    """A human parameter count: ``"268M"``, ``"7.2B"``."""
+    if n_params <= 0:
+        return "0"
+    units = [(1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")]
+    for scale, unit in units:
+        if n_params >= scale:
+            value = n_params / scale
+            digits = 0 if value >= 100 else 1
+            return f"{value:.{digits}f}{unit}"
+    return str(n_params)
+
+
+def format_bytes(n_bytes: int | float) -> str:
+    """A human size in binary units: ``"241.3 MiB"``."""
+    value = float(n_bytes)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GiB"  # pragma: no cover - loop always returns
+
