@@ -1,0 +1,224 @@
+"""The context-window budget: what goes into the prompt, what is dropped, and where the tokens go.
+
+The prompt is built from, in order:
+
+1. **The system message** (pinned, never dropped): the system prompt, then a blank line, then the
+   documents block (retrieved passages) when there is one. Documents go into the system message
+   because every chat format has a place for it there (the formats without a system role fold it
+   into the first user turn), and because a pinned prefix keeps the KV cache reusable.
+2. **History**, kept newest first. When it does not fit, policy ``"rolling"`` drops the oldest whole
+   turns (a user message and the replies after it) and reports how many messages went; policy
+   ``"refuse"`` raises :class:`~engine.errors.ContextOverflow`. Nothing is ever truncated silently.
+3. **The new user message.**
+4. **The reply reserve**: tokens kept free for the answer, at most a quarter of a tiny window.
+
+``count_tokens`` renders the chat template and tokenizes the whole prompt. It is called
+O(log n) times: once without history, once with all of it, then a binary search over how many
+oldest turns to drop.
+
+The ``breakdown`` (keys ``system``, ``documents``, ``history``, ``current``, ``reserve``, ``free``)
+sums to ``n_ctx`` exactly, and all but ``reserve`` and ``free`` sum to ``prompt_tokens``:
+
+* ``system`` and ``documents`` are the two texts tokenized on their own;
+* ``history`` is exactly what the kept history adds to the prompt (its text plus its role headers);
+* ``current`` is the rest: the new message plus the template's fixed overhead (BOS, the system
+  message's header, the new message's header and the assistant header that starts the reply).
+  Where tokenizing the pieces separately gives more tokens than the joined prompt, the excess is
+  taken back from ``current`` first, then ``documents``, then ``system``, so the sum stays exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from engine.errors import ContextOverflow, EngineError
+
+OverflowPolicy = Literal["rolling", "refuse"]
+Role = Literal["system", "user", "assistant"]
+
+BREAKDOWN_KEYS = ("system", "documents", "history", "current", "reserve", "free")
+
+
+@dataclass(frozen=True)
+class Message:
+    """One chat message."""
+
+    role: Role
+    content: str
+
+
+@dataclass(frozen=True)
+class ContextPlan:
+    """What to render and how the context window is spent.
+
+    Attributes:
+        messages: in order: the system message (system prompt and documents; absent when both are
+            empty), the kept history, the new user message.
+        evicted: history messages dropped (oldest first, whole turns).
+        prompt_tokens: tokens of the rendered prompt.
+        breakdown: tokens per part; keys ``system``, ``documents``, ``history``, ``current``,
+            ``reserve``, ``free``; the values sum to the context window size.
+    """
+
+    messages: list[Message]
+    evicted: int
+    prompt_tokens: int
+    breakdown: dict[str, int]
+
+    @property
+    def reserve(self) -> int:
+        """Tokens kept free for the reply."""
+        return self.breakdown["reserve"]
+
+
+def effective_reserve(n_ctx: int, reply_reserve: int) -> int:
+    """The reply reserve actually kept: ``reply_reserve``, but at most a quarter of the window."""
+    return max(0, min(reply_reserve, n_ctx // 4))
+
+
+def _turns(history: Sequence[Message]) -> list[list[Message]]:
+    """Split history into turns: each starts at a user message and runs until the next one."""
+    turns: list[list[Message]] = []
+    for message in history:
+        if message.role == "user" or not turns:
+            turns.append([message])
+        else:
+            turns[-1].append(message)
+    return turns
+
+
+def _system_message(system: str | None, documents: str | None) -> Message | None:
+    parts = [part for part in (system, documents) if part]
+    return Message("system", "\n\n".join(parts)) if parts else None
+
+
+def plan_context(
+    *,
+    system: str | None,
+    documents: str | None,
+    history: Sequence[Message],
+    user: str,
+    n_ctx: int,
+    reply_reserve: int,
+    count_tokens: Callable[[Sequence[Message]], int],
+    count_text: Callable[[str], int],
+    policy: OverflowPolicy = "rolling",
+) -> ContextPlan:
+    """Fit a conversation into the context window.
+
+    Args:
+        system: the system prompt (pinned).
+        documents: the retrieved documents block (pinned after the system prompt).
+        history: earlier messages, oldest first.
+        user: the new user message.
+        n_ctx: the context window in tokens.
+        reply_reserve: tokens to keep free for the reply (capped at ``n_ctx // 4``).
+        count_tokens: renders the chat template for messages and counts the prompt's tokens.
+        count_text: counts the tokens of a plain text.
+        policy: ``"rolling"`` drops the oldest turns when history does not fit; ``"refuse"`` raises.
+
+    Returns:
+        The plan.
+
+    Raises:
+        ContextOverflow: the documents block, or the system prompt, documents and new message
+            together, do not fit even without history; or history does not fit and the policy is
+            ``"refuse"``. The message gives the numbers and what to do.
+        EngineError: ``n_ctx`` is not positive, ``reply_reserve`` is negative or ``policy`` is
+            unknown.
+    """
+    if n_ctx <= 0:
+        raise EngineError(f"context window must be positive, got {n_ctx}")
+    if reply_reserve < 0:
+        raise EngineError(f"reply reserve must not be negative, got {reply_reserve}")
+    if policy not in ("rolling", "refuse"):
+        raise EngineError(f"unknown overflow policy {policy!r} (use 'rolling' or 'refuse')")
+    reserve = effective_reserve(n_ctx, reply_reserve)
+    budget = n_ctx - reserve
+    where = f"the context window is {n_ctx} (reserve {reserve})"
+
+    documents_tokens = count_text(documents) if documents else 0
+    if documents_tokens > budget:
+        raise ContextOverflow(
+            f"the documents block needs {documents_tokens} tokens but {where}: "
+            "use fewer or shorter passages or raise the context length"
+        )
+    head = _system_message(system, documents)
+    lead = [head] if head is not None else []
+    current = Message("user", user)
+    base_tokens = count_tokens([*lead, current])
+    if base_tokens > budget:
+        raise ContextOverflow(
+            f"the system prompt, documents and new message need {base_tokens} tokens but {where}: "
+            "shorten them or raise the context length"
+        )
+
+    turns = _turns(history)
+    counted: dict[int, int] = {len(turns): base_tokens}
+
+    def tokens_without(dropped: int) -> int:
+        if dropped not in counted:
+            kept = [m for turn in turns[dropped:] for m in turn]
+            counted[dropped] = count_tokens([*lead, *kept, current])
+        return counted[dropped]
+
+    dropped = 0
+    if turns and tokens_without(0) > budget:
+        if policy == "refuse":
+            raise ContextOverflow(
+                f"conversation needs {tokens_without(0)} tokens but {where}: start a new chat, "
+                "raise the context length or switch the overflow policy to rolling"
+            )
+        # Smallest number of oldest turns to drop so that the rest fits (dropping all always fits).
+        low, high = 1, len(turns)
+        while low < high:
+            middle = (low + high) // 2
+            if tokens_without(middle) <= budget:
+                high = middle
+            else:
+                low = middle + 1
+        dropped = low
+
+    kept = [m for turn in turns[dropped:] for m in turn]
+    prompt_tokens = tokens_without(dropped)
+    breakdown = _breakdown(
+        system_tokens=count_text(system) if system else 0,
+        documents_tokens=documents_tokens,
+        base_tokens=base_tokens,
+        prompt_tokens=prompt_tokens,
+        reserve=reserve,
+        n_ctx=n_ctx,
+    )
+    return ContextPlan(
+        messages=[*lead, *kept, current],
+        evicted=sum(len(turn) for turn in turns[:dropped]),
+        prompt_tokens=prompt_tokens,
+        breakdown=breakdown,
+    )
+
+
+def _breakdown(
+    *,
+    system_tokens: int,
+    documents_tokens: int,
+    base_tokens: int,
+    prompt_tokens: int,
+    reserve: int,
+    n_ctx: int,
+) -> dict[str, int]:
+    """Per-part token counts that add up exactly (see the module docstring)."""
+    parts = {
+        "system": system_tokens,
+        "documents": documents_tokens,
+        "history": max(prompt_tokens - base_tokens, 0),
+        "current": max(base_tokens - system_tokens - documents_tokens, 0),
+    }
+    # Tokenizing the pieces apart can give more tokens than the joined prompt: take the excess back.
+    excess = sum(parts.values()) - prompt_tokens
+    for key in ("current", "history", "documents", "system"):
+        taken = min(max(excess, 0), parts[key])
+        parts[key] -= taken
+        excess -= taken
+    return {**parts, "reserve": reserve, "free": n_ctx - prompt_tokens - reserve}

@@ -1,0 +1,222 @@
+"""The context budget, with a fake tokenizer: a token per word, 3 per header, 1 BOS, 2 for the reply."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+
+import pytest
+
+from engine.context import BREAKDOWN_KEYS, ContextPlan, Message, effective_reserve, plan_context
+from engine.errors import ContextOverflow, EngineError
+
+HEADER, BOS, REPLY_HEADER = 3, 1, 2
+
+
+def words(text: str) -> int:
+    return len(text.split())
+
+
+class FakeTokenizer:
+    """Counts like a chat template would: BOS + per-message header + words + the reply header."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def count_tokens(self, messages: Sequence[Message]) -> int:
+        self.calls += 1
+        return BOS + sum(HEADER + words(m.content) for m in messages) + REPLY_HEADER
+
+
+def turn(i: int, size: int = 10) -> list[Message]:
+    return [
+        Message("user", " ".join([f"q{i}"] * size)),
+        Message("assistant", " ".join([f"a{i}"] * size)),
+    ]
+
+
+def history_of(n: int, size: int = 10) -> list[Message]:
+    return [m for i in range(n) for m in turn(i, size)]
+
+
+def plan(history: Sequence[Message], *, n_ctx: int, reserve: int = 0, **kwargs: object) -> ContextPlan:
+    tok = kwargs.pop("tok", None) or FakeTokenizer()
+    assert isinstance(tok, FakeTokenizer)
+    args: dict[str, object] = {"system": "be kind", "documents": None, "user": "hello there", **kwargs}
+    return plan_context(
+        history=history,
+        n_ctx=n_ctx,
+        reply_reserve=reserve,
+        count_tokens=tok.count_tokens,
+        count_text=words,
+        **args,  # type: ignore[arg-type]
+    )
+
+
+def check_breakdown(result: ContextPlan, n_ctx: int) -> None:
+    assert tuple(result.breakdown) == BREAKDOWN_KEYS
+    assert sum(result.breakdown.values()) == n_ctx
+    parts = sum(result.breakdown[k] for k in ("system", "documents", "history", "current"))
+    assert parts == result.prompt_tokens
+    assert all(v >= 0 for v in result.breakdown.values())
+
+
+def test_everything_fits_and_the_breakdown_is_exact() -> None:
+    history = history_of(2)
+    result = plan(history, n_ctx=1000, reserve=100, documents="doc one two three")
+    assert result.evicted == 0
+    assert result.messages[0] == Message("system", "be kind\n\ndoc one two three")
+    assert result.messages[1:-1] == history
+    assert result.messages[-1] == Message("user", "hello there")
+    # BOS + system(3+6) + 4 history messages (3+10 each) + user (3+2) + reply header
+    assert result.prompt_tokens == 1 + 9 + 4 * 13 + 5 + 2
+    assert result.breakdown == {
+        "system": 2,
+        "documents": 4,
+        "history": 52,
+        "current": result.prompt_tokens - 2 - 4 - 52,
+        "reserve": 100,
+        "free": 1000 - result.prompt_tokens - 100,
+    }
+    check_breakdown(result, 1000)
+
+
+def test_no_system_and_no_documents_means_no_system_message() -> None:
+    result = plan([], n_ctx=100, system=None)
+    assert result.messages == [Message("user", "hello there")]
+    assert result.breakdown["system"] == 0
+    assert result.breakdown["history"] == 0
+    check_breakdown(result, 100)
+
+
+def test_documents_without_system_prompt_form_the_system_message() -> None:
+    result = plan([], n_ctx=100, system=None, documents="some passage")
+    assert result.messages[0] == Message("system", "some passage")
+    assert result.breakdown["documents"] == 2
+    check_breakdown(result, 100)
+
+
+def test_rolling_drops_the_oldest_whole_turns_and_reports_them() -> None:
+    history = history_of(10)  # each turn costs 26 tokens
+    # fixed part: BOS 1 + system 5 + user 5 + reply 2 = 13; budget 150 - 20 = 130 -> 4 turns fit
+    result = plan(history, n_ctx=150, reserve=20)
+    assert result.evicted == 12
+    assert result.messages[1:-1] == history[12:]
+    assert result.prompt_tokens == 13 + 4 * 26
+    assert result.prompt_tokens <= 150 - 20
+    check_breakdown(result, 150)
+
+
+def test_rolling_keeps_as_much_history_as_fits() -> None:
+    rng = random.Random(7)
+    for _ in range(200):
+        history = [
+            Message("user" if i % 2 == 0 else "assistant", " ".join(["w"] * rng.randint(0, 30)))
+            for i in range(rng.randint(0, 30))
+        ]
+        n_ctx = rng.randint(40, 600)
+        reserve = rng.randint(0, 80)
+        try:
+            result = plan(history, n_ctx=n_ctx, reserve=reserve)
+        except ContextOverflow:
+            assert n_ctx - effective_reserve(n_ctx, reserve) < 1 + 5 + 5 + 2
+            continue
+        budget = n_ctx - effective_reserve(n_ctx, reserve)
+        assert result.prompt_tokens <= budget
+        kept = result.messages[1:-1]
+        assert kept == history[result.evicted :]
+        assert not kept or kept[0].role == "user"
+        if result.evicted:
+            # Keeping the newest dropped turn as well would not have fitted.
+            previous_start = max(i for i in range(result.evicted) if history[i].role == "user")
+            more = [result.messages[0], *history[previous_start:], result.messages[-1]]
+            assert FakeTokenizer().count_tokens(more) > budget
+        check_breakdown(result, n_ctx)
+
+
+def test_count_tokens_is_called_a_logarithmic_number_of_times() -> None:
+    tok = FakeTokenizer()
+    result = plan(history_of(1000), n_ctx=2000, reserve=100, tok=tok)
+    assert result.evicted > 0
+    assert tok.calls <= 2 + math.ceil(math.log2(1000)) + 1
+
+
+def test_a_turn_with_several_replies_is_dropped_as_a_whole() -> None:
+    history = [
+        Message("assistant", "greeting before any question"),
+        Message("user", "one two"),
+        Message("assistant", "three four"),
+        Message("assistant", "five six"),
+        Message("user", "seven"),
+        Message("assistant", "eight"),
+    ]
+    # fixed 13, last turn 3+1+3+1 = 8, middle turn 5+5+5 = 15, first 3+4 = 7; budget 13+8+15 = 36
+    result = plan(history, n_ctx=36)
+    assert result.evicted == 1
+    result = plan(history, n_ctx=35)
+    assert result.evicted == 4
+    assert result.messages[1:-1] == history[4:]
+
+
+def test_refuse_policy_raises_with_the_numbers() -> None:
+    with pytest.raises(ContextOverflow) as caught:
+        plan(history_of(10), n_ctx=150, reserve=20, policy="refuse")
+    assert str(caught.value) == (
+        "conversation needs 273 tokens but the context window is 150 (reserve 20): start a new chat, "
+        "raise the context length or switch the overflow policy to rolling"
+    )
+
+
+def test_refuse_policy_is_fine_when_everything_fits() -> None:
+    result = plan(history_of(2), n_ctx=500, policy="refuse")
+    assert result.evicted == 0
+
+
+def test_documents_that_cannot_fit_are_refused_with_the_numbers() -> None:
+    documents = " ".join(["passage"] * 200)
+    with pytest.raises(
+        ContextOverflow, match=r"documents block needs 200 tokens but the context window is 128"
+    ):
+        plan([], n_ctx=128, reserve=32, documents=documents)
+
+
+def test_pinned_parts_that_cannot_fit_are_refused_even_when_rolling() -> None:
+    with pytest.raises(ContextOverflow, match=r"need 67 tokens but the context window is 64 \(reserve 16\)"):
+        plan(history_of(3), n_ctx=64, reserve=100, user=" ".join(["w"] * 56))
+
+
+def test_tiny_window_caps_the_reserve_at_a_quarter() -> None:
+    result = plan([], n_ctx=40, reserve=512)
+    assert result.breakdown["reserve"] == 10
+    assert result.reserve == 10
+    check_breakdown(result, 40)
+
+
+def test_breakdown_stays_exact_when_pieces_tokenize_longer_than_the_prompt() -> None:
+    # count_text overestimates (e.g. merges across boundaries in the joined prompt).
+    tok = FakeTokenizer()
+    result = plan_context(
+        system="a b c",
+        documents="d e f g",
+        history=history_of(1),
+        user="h",
+        n_ctx=200,
+        reply_reserve=10,
+        count_tokens=tok.count_tokens,
+        count_text=lambda text: words(text) + 20,
+    )
+    check_breakdown(result, 200)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"n_ctx": 0}, "context window must be positive"),
+        ({"n_ctx": 100, "reserve": -1}, "reply reserve must not be negative"),
+        ({"n_ctx": 100, "policy": "truncate"}, "unknown overflow policy"),
+    ],
+)
+def test_bad_arguments_are_typed_errors(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(EngineError, match=message):
+        plan([], **kwargs)  # type: ignore[arg-type]
