@@ -1,0 +1,813 @@
+"""Talking to the Hugging Face Hub: search for GGUF models and list a repository's files.
+
+Everything goes through one small HTTP layer over ``http.client`` (``open_url``), which the
+downloader (``engine.downloads``) shares. It follows redirects itself so that the token is only
+ever sent to the Hub's own host (never to a CDN it redirects to), keeps the headers of the first
+hop (``X-Repo-Commit``, ``X-Linked-Etag``, ``X-Linked-Size``), honours ``HTTPS_PROXY``/``NO_PROXY``
+and exposes the socket, so a watchdog can cut a stalled or cancelled transfer at once.
+
+HTTP failures become typed errors with one-line messages: ``GatedRepoError`` (401/403),
+``RepoNotFoundError`` (404), ``RateLimitedError`` (429, after retries that honour ``Retry-After``)
+and ``OfflineError`` (connection refused, DNS failure, timeout). All are ``DownloadError``.
+
+``huggingface_hub`` is deliberately not used: the Hub HTTP API is small and stable, and owning
+the client gives one place for retries, error messages and token handling.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import random
+import re
+import socket
+import ssl
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from engine.errors import DownloadError
+
+DEFAULT_ENDPOINT = "https://huggingface.co"
+USER_AGENT = "glassbox/0.1"
+SortKey = Literal["downloads", "likes", "recent"]
+_SORT_FIELDS: dict[str, str] = {"downloads": "downloads", "likes": "likes", "recent": "lastModified"}
+_MAX_JSON_BYTES = 64 * 2**20
+_MAX_REDIRECTS = 10
+_MAX_TREE_PAGES = 200
+_MAX_RETRY_AFTER_S = 300.0
+_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
+_REVISION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$")
+PICKLE_SUFFIXES = frozenset({".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle"})
+_WINDOWS_RESERVED = frozenset(
+    {"con", "prn", "aux", "nul"} | {f"com{i}" for i in range(1, 10)} | {f"lpt{i}" for i in range(1, 10)}
+)
+# Quant names as llama.cpp and the big GGUF publishers write them, longest alternatives first.
+_QUANT = re.compile(
+    r"(?<![A-Za-z0-9])("
+    r"UD-)?("
+    r"IQ[1-4]_(?:XXS|XS|NL|S|M)"
+    r"|Q[2-8]_K(?:_(?:XXL|XL|L|M|S))?"
+    r"|Q[4-8]_[01](?:_L)?"
+    r"|TQ[12]_0|MXFP4(?:_MOE)?|BF16|FP16|F16|FP32|F32"
+    r")(?![A-Za-z0-9])",
+    re.IGNORECASE,
+)
+_SPLIT = re.compile(r"^(?P<stem>.+)-(?P<part>\d{5})-of-(?P<total>\d{5})\.gguf$", re.IGNORECASE)
+
+
+# ---------------------------------------------------------------------------------------- errors
+
+
+class GatedRepoError(DownloadError):
+    """401/403: the repository is gated or private (or the token is wrong)."""
+
+
+class RepoNotFoundError(DownloadError):
+    """404: no such repository, revision or file."""
+
+
+class RateLimitedError(DownloadError):
+    """429 that persisted through the retries.
+
+    Args:
+        message: the one-line message.
+        retry_after_s: what the server last asked us to wait, when it said.
+    """
+
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        self.retry_after_s = retry_after_s
+        super().__init__(message)
+
+
+class OfflineError(DownloadError):
+    """The endpoint cannot be reached at all (connection refused, DNS failure, timeout)."""
+
+
+class HubHTTPError(DownloadError):
+    """Any other unexpected HTTP status (5xx after retries, odd 4xx).
+
+    Args:
+        message: the one-line message.
+        status: the HTTP status code.
+    """
+
+    def __init__(self, message: str, status: int) -> None:
+        self.status = status
+        super().__init__(message)
+
+
+# ----------------------------------------------------------------------------- names and checks
+
+
+def resolve_endpoint(endpoint: str | None = None) -> str:
+    """The Hub endpoint to use: ``endpoint``, else ``$HF_ENDPOINT``, else huggingface.co.
+
+    Raises:
+        DownloadError: the endpoint is not an http(s) URL.
+    """
+    chosen = (endpoint or os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).strip().rstrip("/")
+    parts = urllib.parse.urlsplit(chosen)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise DownloadError(f"{chosen}: not a valid Hugging Face endpoint (expected http:// or https://)")
+    return chosen
+
+
+def hf_token() -> str | None:
+    """The access token from ``$HF_TOKEN`` (never logged, never sent to another host)."""
+    token = os.environ.get("HF_TOKEN", "").strip()
+    return token or None
+
+
+def check_repo_id(repo: str) -> str:
+    """Returns ``repo`` if it looks like ``owner/name``.
+
+    Raises:
+        DownloadError: anything else (spaces, slashes, ``..``, URL syntax).
+    """
+    if not _REPO_ID.match(repo) or ".." in repo:
+        raise DownloadError(f"{repo}: not a Hugging Face repository id (expected owner/name)")
+    return repo
+
+
+def check_revision(revision: str) -> str:
+    """Returns ``revision`` if it is a plausible branch, tag or commit name.
+
+    Raises:
+        DownloadError: empty, ``..``, or characters that have no place in a git ref.
+    """
+    if not _REVISION.match(revision) or ".." in revision or revision.endswith("/"):
+        raise DownloadError(f"{revision}: not a valid revision (branch, tag or commit)")
+    return revision
+
+
+def unsafe_name_reason(filename: str) -> str | None:
+    """Why ``filename`` (a path inside a repository) is unsafe to write locally, or None if safe.
+
+    Unsafe: empty, absolute, ``..`` or ``.`` parts, backslashes, drive letters and other colons,
+    NUL and control characters, Windows reserved names, over-long parts or paths.
+    """
+    if not filename:
+        return "empty file name"
+    if "\x00" in filename or any(ord(c) < 32 or ord(c) == 127 for c in filename):
+        return "control character in file name"
+    if "\\" in filename:
+        return "backslash in file name"
+    if ":" in filename:
+        return "drive letter or colon in file name"
+    if filename.startswith("/"):
+        return "absolute path"
+    if len(filename.encode("utf-8")) > 1024:
+        return "file name too long"
+    for part in filename.split("/"):
+        if part in ("", ".", ".."):
+            return "relative path component (.., . or //)"
+        if len(part.encode("utf-8")) > 255:
+            return "file name too long"
+        if part.split(".")[0].lower() in _WINDOWS_RESERVED or part.endswith((" ", ".")):
+            return "reserved or invalid file name on Windows"
+    return None
+
+
+def check_filename(filename: str) -> str:
+    """Returns ``filename`` if it is safe to create below a destination folder.
+
+    Raises:
+        DownloadError: the name is unsafe (see ``unsafe_name_reason``); raised before any request.
+    """
+    reason = unsafe_name_reason(filename)
+    if reason is not None:
+        raise DownloadError(f"{filename!r}: unsafe file name in the repository ({reason}); refusing it")
+    return filename
+
+
+def parse_quant(filename: str) -> str | None:
+    """The quantization type named in ``filename`` (``Q4_K_M``, ``IQ4_XS``, ``BF16``...), or None.
+
+    The last match wins (names like ``Llama-3-8B-Q4_K_M.gguf``); ``FP16`` reads as ``F16``;
+    Unsloth's dynamic quants keep their ``UD-`` prefix.
+    """
+    base = filename.rsplit("/", 1)[-1]
+    matches = list(_QUANT.finditer(base))
+    if not matches:
+        return None
+    last = matches[-1]
+    name = last.group(2).upper()
+    name = {"FP16": "F16", "FP32": "F32"}.get(name, name)
+    return f"UD-{name}" if last.group(1) else name
+
+
+def parse_split(filename: str) -> tuple[int, int] | None:
+    """``(part, total)`` for a split GGUF part (``-00001-of-00003.gguf``), else None."""
+    match = _SPLIT.match(filename.rsplit("/", 1)[-1])
+    if match is None:
+        return None
+    part, total = int(match["part"]), int(match["total"])
+    if total < 1 or not 1 <= part <= total:
+        return None
+    return part, total
+
+
+# ------------------------------------------------------------------------------------ data types
+
+
+@dataclass(frozen=True)
+class RepoSummary:
+    """One search hit."""
+
+    id: str
+    downloads: int
+    likes: int
+    last_modified: str | None
+    gated: bool
+    private: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ModelFile:
+    """One file of a repository.
+
+    ``sha256`` is the LFS hash (None for small files stored in git); ``quant`` is parsed from the
+    name; ``split`` is ``(part, total)`` for split GGUF parts.
+    """
+
+    filename: str
+    size: int
+    sha256: str | None
+    quant: str | None = None
+    split: tuple[int, int] | None = None
+    is_mmproj: bool = False
+
+    @property
+    def is_gguf(self) -> bool:
+        return self.filename.lower().endswith(".gguf")
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["split"] = list(self.split) if self.split else None
+        return data
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    """One downloadable model: a single GGUF, or all parts of a split GGUF.
+
+    ``mmproj`` lists the vision projector files that go with it (same folder, or the repo root).
+    ``complete`` is False when a split part is missing from the listing.
+    """
+
+    name: str
+    quant: str | None
+    files: tuple[ModelFile, ...]
+    mmproj: tuple[ModelFile, ...] = ()
+    complete: bool = True
+
+    @property
+    def total_size(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "quant": self.quant,
+            "total_size": self.total_size,
+            "complete": self.complete,
+            "files": [f.to_dict() for f in self.files],
+            "mmproj": [f.to_dict() for f in self.mmproj],
+        }
+
+
+@dataclass(frozen=True)
+class RepoFiles:
+    """What a repository offers at one revision.
+
+    Args:
+        repo: ``owner/name``.
+        revision: the revision asked for.
+        commit: the commit sha it resolved to, when the Hub said.
+        files: every (safe) file.
+        choices: the GGUF models, split parts grouped, mmproj paired.
+        mmproj: all vision projector files.
+        has_safetensors: safetensors weights present (convertible to GGUF).
+        unsafe_names: names rejected as unsafe; never downloadable.
+        gated: the repository asks users to accept a licence.
+    """
+
+    repo: str
+    revision: str
+    commit: str | None
+    files: tuple[ModelFile, ...]
+    choices: tuple[ModelChoice, ...]
+    mmproj: tuple[ModelFile, ...] = ()
+    has_safetensors: bool = False
+    unsafe_names: tuple[str, ...] = ()
+    gated: bool = False
+
+    def find(self, filename: str) -> ModelFile | None:
+        """The file called ``filename``, if listed."""
+        return next((f for f in self.files if f.filename == filename), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "repo": self.repo,
+            "revision": self.revision,
+            "commit": self.commit,
+            "gated": self.gated,
+            "has_safetensors": self.has_safetensors,
+            "unsafe_names": list(self.unsafe_names),
+            "choices": [c.to_dict() for c in self.choices],
+            "mmproj": [f.to_dict() for f in self.mmproj],
+            "files": [f.to_dict() for f in self.files],
+        }
+
+
+# ------------------------------------------------------------------------------------------ HTTP
+
+
+@dataclass
+class HttpResponse:
+    """An open response after redirects.
+
+    Args:
+        status: the final status code.
+        headers: the final response's headers (lower-case names).
+        first_headers: the first hop's headers (the Hub's own: ``x-repo-commit``, ``x-linked-etag``).
+        url: the final URL.
+        body: the ``http.client`` response, to be read.
+        sock: the socket under it (shut it down to unblock a read from another thread).
+    """
+
+    status: int
+    headers: dict[str, str]
+    first_headers: dict[str, str]
+    url: str
+    body: http.client.HTTPResponse
+    conn: http.client.HTTPConnection
+    sock: socket.socket | None = None
+    closed: bool = field(default=False)
+
+    def close(self) -> None:
+        """Closes the response and its connection; safe to call twice."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self.body.close()
+        finally:
+            self.conn.close()
+
+
+def _proxy_for(parts: urllib.parse.SplitResult) -> urllib.parse.SplitResult | None:
+    host = parts.hostname or ""
+    if host in ("localhost", "127.0.0.1", "::1") or host.startswith("127."):
+        return None
+    proxy = urllib.request.getproxies().get(parts.scheme)
+    if not proxy or urllib.request.proxy_bypass(host):
+        return None
+    if "://" not in proxy:
+        proxy = f"http://{proxy}"
+    return urllib.parse.urlsplit(proxy)
+
+
+def _connect(parts: urllib.parse.SplitResult, timeout: float) -> tuple[http.client.HTTPConnection, bool]:
+    """A connection for ``parts``; the flag says whether requests must use the absolute URL."""
+    host = parts.hostname or ""
+    port = parts.port
+    proxy = _proxy_for(parts)
+    if proxy is None:
+        if parts.scheme == "https":
+            return http.client.HTTPSConnection(host, port, timeout=timeout,
+                                               context=ssl.create_default_context()), False
+        return http.client.HTTPConnection(host, port, timeout=timeout), False
+    proxy_headers: dict[str, str] = {}
+    if proxy.username:
+        import base64
+
+        raw = f"{urllib.parse.unquote(proxy.username)}:{urllib.parse.unquote(proxy.password or '')}"
+        proxy_headers["Proxy-Authorization"] = "Basic " + base64.b64encode(raw.encode()).decode()
+    if parts.scheme == "https":
+        # CONNECT through the proxy, then TLS to the Hub itself (certificate checked for its name).
+        tunnel = http.client.HTTPSConnection(proxy.hostname or "", proxy.port, timeout=timeout,
+                                             context=ssl.create_default_context())
+        tunnel.set_tunnel(host, port, headers=proxy_headers)
+        return tunnel, False
+    return http.client.HTTPConnection(proxy.hostname or "", proxy.port, timeout=timeout), True
+
+
+def _lower(headers: Iterable[tuple[str, str]]) -> dict[str, str]:
+    return {k.lower(): v for k, v in headers}
+
+
+def open_url(
+    url: str,
+    *,
+    endpoint: str,
+    headers: Mapping[str, str] | None = None,
+    timeout: float = 30.0,
+    method: str = "GET",
+    on_socket: Callable[[socket.socket | None], None] | None = None,
+) -> HttpResponse:
+    """Opens ``url`` and follows redirects; the caller reads and closes the response.
+
+    The ``Authorization`` header (from ``$HF_TOKEN``) goes only to the endpoint's own host.
+    Connection errors raise ``OfflineError`` naming the endpoint; HTTP errors are returned, not
+    raised (see ``raise_for_status``).
+
+    Args:
+        url: absolute http(s) URL.
+        endpoint: the Hub endpoint (to decide where the token may go, and for messages).
+        headers: extra request headers.
+        timeout: socket timeout in seconds (connect and each read).
+        method: ``GET`` or ``HEAD``.
+        on_socket: called with each hop's socket once connected, before the request is sent
+            (the downloader's watchdog uses it to cut a connection that hangs).
+    """
+    endpoint_host = urllib.parse.urlsplit(endpoint).netloc.lower()
+    token = hf_token()
+    first_headers: dict[str, str] | None = None
+    current = url
+    for _ in range(_MAX_REDIRECTS + 1):
+        parts = urllib.parse.urlsplit(current)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise DownloadError(f"{current}: the server redirected to an unsupported URL")
+        request_headers = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity"}
+        request_headers.update(headers or {})
+        if token and parts.netloc.lower() == endpoint_host:
+            request_headers["Authorization"] = f"Bearer {token}"
+        try:
+            conn, absolute = _connect(parts, timeout)
+            conn.connect()
+            sock = conn.sock
+            if on_socket is not None:
+                on_socket(sock)
+            path_query = urllib.parse.urlunsplit(("", "", parts.path or "/", parts.query, ""))
+            target = current if absolute else path_query
+            conn.request(method, target, headers=request_headers)
+            resp = conn.getresponse()
+        except (OSError, http.client.HTTPException) as exc:
+            raise OfflineError(f"offline: cannot reach {endpoint} ({_describe_oserror(exc)})") from None
+        hop_headers = _lower(resp.getheaders())
+        if first_headers is None:
+            first_headers = hop_headers
+        if resp.status in (301, 302, 303, 307, 308) and "location" in hop_headers:
+            resp.read(65536)
+            resp.close()
+            conn.close()
+            current = urllib.parse.urljoin(current, hop_headers["location"])
+            continue
+        return HttpResponse(resp.status, hop_headers, first_headers, current, resp, conn, sock)
+    raise DownloadError(f"{url}: too many redirects")
+
+
+def _describe_oserror(exc: BaseException) -> str:
+    if isinstance(exc, socket.gaierror):
+        return "name lookup failed"
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(exc, TimeoutError | socket.timeout):
+        return "timed out"
+    text = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+    return str(text).splitlines()[0] if str(text) else type(exc).__name__
+
+
+def retry_after_seconds(headers: Mapping[str, str]) -> float | None:
+    """The ``Retry-After`` header in seconds (delta-seconds or an HTTP date), capped; None if absent."""
+    value = headers.get("retry-after")
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        from email.utils import parsedate_to_datetime
+
+        try:
+            when = parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        seconds = when.timestamp() - time.time()
+    return max(0.0, min(seconds, _MAX_RETRY_AFTER_S))
+
+
+def status_error(status: int, what: str, endpoint: str, headers: Mapping[str, str]) -> DownloadError:
+    """The typed, one-line error for an HTTP failure ``status`` while fetching ``what``."""
+    if status in (401, 403):
+        return GatedRepoError(
+            f"{what}: gated or private: accept the licence on the model page and set HF_TOKEN"
+        )
+    if status == 404:
+        return RepoNotFoundError(f"{what}: no such repository/file (HTTP 404)")
+    if status == 429:
+        wait = retry_after_seconds(headers)
+        hint = f"; try again in {wait:.0f} s" if wait else "; try again later"
+        return RateLimitedError(f"{what}: rate limited by {endpoint}{hint}", wait)
+    return HubHTTPError(f"{what}: the server answered HTTP {status}", status)
+
+
+def backoff_delay(attempt: int, base_s: float, max_s: float) -> float:
+    """Exponential backoff with jitter: about ``base_s * 2**(attempt-1)``, capped at ``max_s``."""
+    delay: float = min(max_s, base_s * (2 ** max(0, attempt - 1)))
+    return delay * random.uniform(0.5, 1.0)  # jitter, not security
+
+
+def is_retryable_status(status: int) -> bool:
+    """Whether an HTTP status is worth retrying (rate limits and server-side failures)."""
+    return status in (408, 425, 429, 500, 502, 503, 504)
+
+
+def get_json(
+    url: str,
+    *,
+    endpoint: str,
+    what: str,
+    retries: int = 4,
+    backoff_s: float = 1.0,
+    timeout: float = 30.0,
+    sleep: Callable[[float], None] = time.sleep,
+) -> tuple[Any, dict[str, str]]:
+    """GETs a JSON document, retrying rate limits and server errors.
+
+    Args:
+        url: the API URL.
+        endpoint: the Hub endpoint (token scope and messages).
+        what: what is being fetched, for messages (a repo id, or "search").
+        retries: how many times to retry 429/5xx and dropped connections.
+        backoff_s: first backoff delay; doubles each retry (``Retry-After`` wins when larger).
+        timeout: socket timeout.
+        sleep: the sleep function (tests pass a fake).
+
+    Returns:
+        The decoded document and the response headers.
+
+    Raises:
+        DownloadError: a typed subclass for 401/403/404/429/offline, or a bad document.
+    """
+    attempt = 0
+    while True:
+        attempt += 1
+        response: HttpResponse | None = None
+        try:
+            response = open_url(url, endpoint=endpoint, headers={"Accept": "application/json"},
+                                timeout=timeout)
+            if response.status == 200:
+                raw = response.body.read(_MAX_JSON_BYTES + 1)
+                if len(raw) > _MAX_JSON_BYTES:
+                    raise DownloadError(f"{what}: the server's answer is too large")
+                try:
+                    return json.loads(raw), response.headers
+                except ValueError:
+                    raise DownloadError(f"{what}: the server did not answer with JSON") from None
+            error = status_error(response.status, what, endpoint, response.headers)
+            if not is_retryable_status(response.status) or attempt > retries:
+                raise error
+            wait = max(backoff_delay(attempt, backoff_s, 60.0), retry_after_seconds(response.headers) or 0.0)
+        except OfflineError:
+            if attempt > retries:
+                raise
+            wait = backoff_delay(attempt, backoff_s, 60.0)
+        except (OSError, http.client.HTTPException) as exc:
+            if attempt > retries:
+                raise OfflineError(f"offline: cannot reach {endpoint} ({_describe_oserror(exc)})") from None
+            wait = backoff_delay(attempt, backoff_s, 60.0)
+        finally:
+            if response is not None:
+                response.close()
+        sleep(wait)
+
+
+def _next_link(headers: Mapping[str, str], endpoint: str) -> str | None:
+    """The ``rel="next"`` URL of a paginated answer, only if it stays on the endpoint's host."""
+    link = headers.get("link", "")
+    for item in link.split(","):
+        match = re.match(r'\s*<([^>]+)>\s*;.*rel="?next"?', item)
+        if match:
+            url: str = urllib.parse.urljoin(endpoint + "/", match.group(1))
+            if urllib.parse.urlsplit(url).netloc.lower() == urllib.parse.urlsplit(endpoint).netloc.lower():
+                return url
+    return None
+
+
+# ----------------------------------------------------------------------------------- public API
+
+
+def search_models(
+    query: str,
+    sort: SortKey = "downloads",
+    limit: int = 20,
+    endpoint: str | None = None,
+    *,
+    retries: int = 4,
+    backoff_s: float = 1.0,
+) -> list[RepoSummary]:
+    """Searches the Hub for GGUF model repositories.
+
+    Args:
+        query: words to search for in repository names.
+        sort: ``downloads``, ``likes`` or ``recent`` (last modified), always descending.
+        limit: at most this many results (1..1000).
+        endpoint: the Hub endpoint; default ``$HF_ENDPOINT`` or https://huggingface.co.
+        retries: retries for rate limits and server errors.
+        backoff_s: first backoff delay.
+
+    Raises:
+        DownloadError: bad arguments, or a typed HTTP/offline error.
+    """
+    if sort not in _SORT_FIELDS:
+        raise DownloadError(f"{sort}: unknown sort order (use downloads, likes or recent)")
+    if not 1 <= limit <= 1000:
+        raise DownloadError(f"{limit}: the search limit must be between 1 and 1000")
+    base = resolve_endpoint(endpoint)
+    params: list[tuple[str, str]] = [
+        ("search", query.strip()),
+        ("filter", "gguf"),
+        ("sort", _SORT_FIELDS[sort]),
+        ("direction", "-1"),
+        ("limit", str(limit)),
+    ]
+    params += [("expand", name) for name in ("downloads", "likes", "lastModified", "gated", "private")]
+    url = f"{base}/api/models?{urllib.parse.urlencode(params)}"
+    document, _ = get_json(url, endpoint=base, what="search", retries=retries, backoff_s=backoff_s)
+    if not isinstance(document, list):
+        raise DownloadError("search: unexpected answer from the Hub (not a list)")
+    results: list[RepoSummary] = []
+    for item in document[:limit]:
+        if not isinstance(item, dict) or not isinstance(item.get("id") or item.get("modelId"), str):
+            continue
+        gated = item.get("gated", False)
+        results.append(
+            RepoSummary(
+                id=str(item.get("id") or item.get("modelId")),
+                downloads=_int(item.get("downloads")),
+                likes=_int(item.get("likes")),
+                last_modified=_str_or_none(item.get("lastModified") or item.get("createdAt")),
+                gated=bool(gated) and gated != "false",
+                private=item.get("private") is True,
+            )
+        )
+    return results
+
+
+def _int(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def _str_or_none(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def resolve_commit(
+    repo: str,
+    revision: str = "main",
+    endpoint: str | None = None,
+    *,
+    retries: int = 4,
+    backoff_s: float = 1.0,
+) -> tuple[str | None, bool]:
+    """The commit sha that ``revision`` points to, and whether the repository is gated.
+
+    Raises:
+        DownloadError: a typed HTTP/offline error (404 for a missing repo or revision).
+    """
+    base = resolve_endpoint(endpoint)
+    check_repo_id(repo)
+    check_revision(revision)
+    url = f"{base}/api/models/{repo}/revision/{urllib.parse.quote(revision, safe='')}"
+    document, _ = get_json(url, endpoint=base, what=repo, retries=retries, backoff_s=backoff_s)
+    if not isinstance(document, dict):
+        raise DownloadError(f"{repo}: unexpected answer from the Hub")
+    sha = document.get("sha")
+    gated = document.get("gated", False)
+    commit = sha if isinstance(sha, str) and re.fullmatch(r"[0-9a-f]{40}", sha) else None
+    return commit, bool(gated) and gated != "false"
+
+
+def list_repo_files(
+    repo: str,
+    revision: str = "main",
+    endpoint: str | None = None,
+    *,
+    retries: int = 4,
+    backoff_s: float = 1.0,
+) -> RepoFiles:
+    """Lists a repository's files with sizes, LFS sha256, quant types, split groups and mmproj pairs.
+
+    Args:
+        repo: ``owner/name``.
+        revision: branch, tag or commit.
+        endpoint: the Hub endpoint; default ``$HF_ENDPOINT`` or https://huggingface.co.
+        retries: retries for rate limits and server errors.
+        backoff_s: first backoff delay.
+
+    Raises:
+        DownloadError: the repository has only pickle weights; or a typed HTTP/offline error.
+    """
+    base = resolve_endpoint(endpoint)
+    check_repo_id(repo)
+    check_revision(revision)
+    commit, gated = resolve_commit(repo, revision, base, retries=retries, backoff_s=backoff_s)
+    ref = urllib.parse.quote(commit or revision, safe="")
+    url: str | None = f"{base}/api/models/{repo}/tree/{ref}?recursive=true"
+    entries: list[dict[str, Any]] = []
+    pages = 0
+    while url is not None:
+        pages += 1
+        if pages > _MAX_TREE_PAGES:
+            raise DownloadError(f"{repo}: the repository lists too many files")
+        document, headers = get_json(url, endpoint=base, what=repo, retries=retries, backoff_s=backoff_s)
+        if not isinstance(document, list):
+            raise DownloadError(f"{repo}: unexpected answer from the Hub (file list)")
+        entries += [e for e in document if isinstance(e, dict)]
+        url = _next_link(headers, base)
+    return build_repo_files(repo, revision, commit, entries, gated=gated)
+
+
+def build_repo_files(
+    repo: str, revision: str, commit: str | None, entries: Iterable[Mapping[str, Any]], *, gated: bool = False
+) -> RepoFiles:
+    """Turns tree entries (``type``, ``path``, ``size``, ``lfs.oid``) into a ``RepoFiles``.
+
+    Raises:
+        DownloadError: the weights are pickle files only.
+    """
+    files: list[ModelFile] = []
+    unsafe: list[str] = []
+    for entry in entries:
+        path = entry.get("path")
+        if entry.get("type", "file") != "file" or not isinstance(path, str):
+            continue
+        if unsafe_name_reason(path) is not None:
+            unsafe.append(path)
+            continue
+        lfs = entry.get("lfs") if isinstance(entry.get("lfs"), dict) else None
+        sha = lfs.get("oid") if lfs else None
+        sha = sha.lower() if isinstance(sha, str) and re.fullmatch(r"[0-9a-fA-F]{64}", sha) else None
+        size = _int(lfs.get("size") if lfs else None) or _int(entry.get("size"))
+        is_gguf = path.lower().endswith(".gguf")
+        files.append(
+            ModelFile(
+                filename=path,
+                size=size,
+                sha256=sha,
+                quant=parse_quant(path) if is_gguf else None,
+                split=parse_split(path) if is_gguf else None,
+                is_mmproj=is_gguf and "mmproj" in path.rsplit("/", 1)[-1].lower(),
+            )
+        )
+    suffixes = {os.path.splitext(f.filename)[1].lower() for f in files}
+    has_gguf = ".gguf" in suffixes
+    has_safetensors = ".safetensors" in suffixes
+    if not has_gguf and not has_safetensors and suffixes & PICKLE_SUFFIXES:
+        raise DownloadError(
+            f"{repo}: contains only pickle weights (unsafe to load); Glassbox only uses GGUF or safetensors"
+        )
+    mmproj = tuple(f for f in files if f.is_mmproj)
+    choices = _group_choices([f for f in files if f.is_gguf and not f.is_mmproj], mmproj)
+    return RepoFiles(
+        repo=repo,
+        revision=revision,
+        commit=commit,
+        files=tuple(files),
+        choices=choices,
+        mmproj=mmproj,
+        has_safetensors=has_safetensors,
+        unsafe_names=tuple(unsafe),
+        gated=gated,
+    )
+
+
+def _folder(filename: str) -> str:
+    return filename.rsplit("/", 1)[0] if "/" in filename else ""
+
+
+def _group_choices(ggufs: list[ModelFile], mmproj: tuple[ModelFile, ...]) -> tuple[ModelChoice, ...]:
+    groups: dict[str, list[ModelFile]] = {}
+    totals: dict[str, int] = {}
+    for f in ggufs:
+        if f.split is None:
+            groups[f.filename] = [f]
+            continue
+        match = _SPLIT.match(f.filename.rsplit("/", 1)[-1])
+        stem = f"{_folder(f.filename)}/{match['stem']}" if match and _folder(f.filename) else (
+            match["stem"] if match else f.filename)
+        key = f"{stem}.gguf"
+        groups.setdefault(key, []).append(f)
+        totals[key] = max(totals.get(key, 0), f.split[1])
+    choices: list[ModelChoice] = []
+    for name, parts in groups.items():
+        parts.sort(key=lambda f: f.split[0] if f.split else 0)
+        present = {f.split[0] for f in parts if f.split}
+        complete = name not in totals or present == set(range(1, totals[name] + 1))
+        folder = _folder(parts[0].filename)
+        paired = tuple(m for m in mmproj if _folder(m.filename) == folder) or tuple(
+            m for m in mmproj if _folder(m.filename) == ""
+        )
+        choices.append(ModelChoice(name=name, quant=parts[0].quant, files=tuple(parts), mmproj=paired,
+                                   complete=complete))
+    choices.sort(key=lambda c: (c.total_size, c.name))
+    return tuple(choices)
