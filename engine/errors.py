@@ -73,3 +73,17 @@ class DownloadError(EngineError):
 
 class QuantizeError(EngineError):
     """Quantization or conversion failed."""
+
+
+class HistoryError(EngineError):
+    """The chat history database cannot be used: not SQLite, corrupt, unreadable, disk full.
+
+    Args:
+        path: the database file.
+        reason: one line saying what is wrong (and the remedy, where there is one).
+    """
+
+    def __init__(self, path: Path | str, reason: str) -> None:
+        self.path = Path(path)
+        self.reason = reason
+        super().__init__(f"{self.path}: {reason}")
