@@ -864,4 +864,19 @@ def download_file(
             disk_margin_bytes=disk_margin_bytes, backoff_s=backoff_s, max_backoff_s=max_backoff_s,
             checksum_retries=checksum_retries, fd=fd,
         )
-        return job.run()
+        try:
+            return job.run()
+        except BaseException:
+            # Still holding the lock: an empty partial is ours to remove (nothing to resume).
+            _drop_if_empty(partial)
+            raise
+
+
+def _drop_if_empty(partial: Path) -> None:
+    """Removes a partial file with no bytes (and its metadata): nothing to resume, nothing to keep."""
+    try:
+        if partial.stat().st_size == 0:
+            partial.unlink()
+            partial.with_name(partial.name + ".json").unlink(missing_ok=True)
+    except OSError:
+        pass

@@ -83,6 +83,7 @@ class FakeHub:
         self.lock = threading.Lock()
         self.cdn_host = cdn_host
         self.blobs: dict[str, bytes] = {}
+        self.snapshots: dict[tuple[str, str], FakeRepo] = {}  # older commits stay reachable
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _make_handler(self))
         self._server.daemon_threads = True
         self._server.block_on_close = False
@@ -113,6 +114,9 @@ class FakeHub:
             repo.commit = digest.hexdigest()
         for data in files.values():
             self.blobs[hashlib.sha256(data).hexdigest()] = data
+        previous = self.repos.get(repo_id)
+        if previous is not None:
+            self.snapshots[(repo_id, previous.commit)] = previous
         self.repos[repo_id] = repo
         return repo
 
@@ -168,7 +172,7 @@ def _make_handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                 headers["Retry-After"] = f"{retry_after:g}"
             self._send_json({"error": f"status {status}"}, status, headers)
 
-        def _repo(self, repo_id: str) -> FakeRepo | None:
+        def _repo(self, repo_id: str, rev: str) -> FakeRepo | None:
             repo = hub.repos.get(repo_id)
             if repo is None:
                 self._error(404)
@@ -176,13 +180,12 @@ def _make_handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             if repo.gated and self.headers.get("Authorization") != f"Bearer {repo.token}":
                 self._error(401)
                 return None
-            return repo
-
-        def _revision_ok(self, repo: FakeRepo, rev: str) -> bool:
             if rev in ("main", repo.commit):
-                return True
-            self._error(404)
-            return False
+                return repo
+            old = hub.snapshots.get((repo_id, rev))
+            if old is None:
+                self._error(404)
+            return old
 
         # ---------------------------------------------------------------- routes
         def do_HEAD(self) -> None:
@@ -235,15 +238,15 @@ def _make_handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             ])
 
         def _revision(self, repo_id: str, rev: str) -> None:
-            repo = self._repo(repo_id)
-            if repo is None or not self._revision_ok(repo, rev):
+            repo = self._repo(repo_id, rev)
+            if repo is None:
                 return
             self._send_json({"id": repo_id, "sha": repo.commit, "gated": "manual" if repo.gated else False,
                              "private": False, "siblings": [{"rfilename": p} for p in repo.files]})
 
         def _tree(self, repo_id: str, rev: str, query: dict[str, list[str]]) -> None:
-            repo = self._repo(repo_id)
-            if repo is None or not self._revision_ok(repo, rev):
+            repo = self._repo(repo_id, rev)
+            if repo is None:
                 return
             entries: list[dict[str, Any]] = []
             folders = sorted({p.rsplit("/", 1)[0] for p in repo.files if "/" in p})
@@ -265,8 +268,8 @@ def _make_handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             self._send_json(page, headers=headers)
 
         def _resolve(self, repo_id: str, rev: str, name: str) -> None:
-            repo = self._repo(repo_id)
-            if repo is None or not self._revision_ok(repo, rev):
+            repo = self._repo(repo_id, rev)
+            if repo is None:
                 return
             data = repo.files.get(name)
             if data is None:
