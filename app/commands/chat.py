@@ -24,6 +24,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: a
     parser.add_argument("--prompt", help="answer this once (default: read user turns from stdin, one per line)")
     parser.add_argument("--system", help="system prompt")
     parser.add_argument("--kb", action="append", default=[], metavar="NAME", help="answer from this knowledge base")
+    parser.add_argument("--chroma-url", metavar="URL", help="knowledge bases on a Chroma server (http://host:port)")
     parser.add_argument("--n-ctx", type=_positive, default=4096, help="context window in tokens (default 4096)")
     parser.add_argument("--max-tokens", type=_positive, default=512, help="reply length limit (default 512)")
     parser.add_argument("--temperature", type=float, default=0.7, help="0 is greedy and deterministic")
@@ -179,4 +180,4 @@ def _retriever(args: argparse.Namespace, paths: Paths) -> Any:
     """Returns ``fn(query, session) -> (documents_block, sources)`` over the named knowledge bases."""
     from app.knowledge_glue import make_retriever
 
-    return make_retriever(paths, args.kb, getattr(args, "chroma_url", None))
+    return make_retriever(paths, args.kb, args.chroma_url)

@@ -1,0 +1,55 @@
+"""Where the two halves meet: knowledge-base passages (rag) become the documents part of a chat
+turn (engine). This is the only place that knows both; engine and rag never import each other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Protocol
+
+from app.paths import Paths
+
+#: The share of the context window that retrieved passages may take.
+DOCUMENTS_SHARE = 0.35
+
+
+class _Counting(Protocol):
+    """What the glue needs from a chat session (local or remote)."""
+
+    def count_text(self, text: str) -> int: ...
+
+    @property
+    def info(self) -> Any: ...
+
+
+Retriever = Callable[[str, _Counting], tuple[str | None, list[dict[str, Any]]]]
+
+
+def documents_budget(n_ctx: int) -> int:
+    """Tokens the documents block may take in a window of ``n_ctx`` tokens."""
+    return max(64, int(n_ctx * DOCUMENTS_SHARE))
+
+
+def make_retriever(
+    paths: Paths, names: Sequence[str], chroma_url: str | None = None, embedder_path: Path | None = None
+) -> Retriever:
+    """Returns ``fn(query, session) -> (documents_block_or_None, sources)`` over ``names``.
+
+    Sources are plain dicts (n, path, page, snippet, score, heading), ready for JSON and history.
+    """
+    from rag.knowledge import KnowledgeBases, retrieve_context
+
+    kbs = KnowledgeBases(paths.knowledge, embedder_path=embedder_path, chroma_url=chroma_url)
+    for name in names:
+        kbs.get(name)  # fail early, with the KB's own message, for an unknown name
+
+    def retrieve(query: str, session: _Counting) -> tuple[str | None, list[dict[str, Any]]]:
+        n_ctx = session.info.n_ctx if session.info is not None else 4096
+        block = retrieve_context(kbs, list(names), query, documents_budget(n_ctx), session.count_text)
+        if not block.sources:
+            return None, []
+        return block.text, [asdict(source) for source in block.sources]
+
+    return retrieve
