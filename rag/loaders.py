@@ -1,0 +1,729 @@
+"""Turn one document file into text sections: format detection by content, then a parser per format.
+
+Everything here runs in-process and trusts nothing about the file: callers that handle untrusted
+documents run :func:`load_document` in a killable child (``rag.parsing``). Every failure is a
+:class:`~rag.errors.DocumentError` whose reason starts with ``"skipped: "``.
+
+The document's full text is the concatenation of its section texts separated by ``"\\n\\n"``; each
+:class:`Section` records its character span in it, so chunks and citations can point at exact text.
+"""
+
+from __future__ import annotations
+
+import codecs
+import csv
+import io
+import json
+import re
+import zipfile
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import IO, Any
+
+from rag.errors import DocumentError
+from rag.markup import Block, SectionKind, html_sections, markdown_sections, rst_sections
+
+SEPARATOR = "\n\n"
+MB = 2**20
+
+# Zip-based formats (DOCX, EPUB): limits checked on the central directory before any member is read.
+ZIP_MAX_UNCOMPRESSED_BYTES = 256 * MB
+ZIP_MAX_RATIO = 100
+ZIP_MAX_MEMBERS = 10_000
+# PDF: per-stream decompression limit handed to pypdf (its default is 75 MB).
+PDF_MAX_STREAM_BYTES = 64 * MB
+# Rows of a CSV file are grouped into sections of about this many characters (header repeated).
+CSV_SECTION_CHARS = 600
+
+_SNIFF_BYTES = 8192
+_READ_CHARS = 1 << 20
+_ZERO_WIDTH = dict.fromkeys(map(ord, "\x00\u200b\u2060\ufeff"))
+
+_MARKDOWN_EXT = {".md", ".markdown", ".mdown", ".mkd", ".mdx"}
+_RST_EXT = {".rst", ".rest"}
+_CSV_EXT = {".csv", ".tsv"}
+_JSON_EXT = {".json", ".jsonl", ".ndjson", ".geojson"}
+_HTML_EXT = {".html", ".htm", ".xhtml"}
+_CODE_EXT = {
+    ".py", ".pyi", ".pyw", ".js", ".mjs", ".cjs", ".jsx", ".ts", ".tsx", ".c", ".h", ".cc", ".cpp", ".cxx",
+    ".hpp", ".hh", ".hxx", ".java", ".kt", ".kts", ".scala", ".go", ".rs", ".rb", ".sh", ".bash", ".zsh",
+    ".fish", ".ps1", ".bat", ".php", ".pl", ".pm", ".lua", ".r", ".jl", ".swift", ".m", ".mm", ".cs",
+    ".fs", ".vb", ".sql", ".css", ".scss", ".less", ".vue", ".svelte", ".dart", ".ex", ".exs", ".erl",
+    ".hs", ".ml", ".clj", ".el", ".toml", ".yaml", ".yml", ".ini", ".cfg", ".conf", ".xml", ".cmake",
+    ".gradle", ".proto", ".tf", ".zig", ".nim", ".groovy", ".asm", ".s", ".f90", ".pas",
+}  # fmt: skip
+_CODE_NAMES = {"makefile", "dockerfile", "cmakelists.txt", "gemfile", "rakefile", "jenkinsfile", "justfile"}
+_BINARY_MAGIC = (
+    b"\x89PNG", b"\xff\xd8\xff", b"GIF8", b"GGUF", b"SQLite format 3", b"\x7fELF", b"MZ", b"\x1f\x8b",
+    b"7z\xbc\xaf", b"Rar!", b"BZh", b"\xfd7zXZ", b"OggS", b"ID3", b"fLaC", b"\xca\xfe\xba\xbe",
+    b"\xcf\xfa\xed\xfe", b"\xd0\xcf\x11\xe0", b"RIFF", b"\x00\x00\x01\x00", b"wOFF", b"(\xb5/\xfd",
+)  # fmt: skip
+_BOMS = (
+    (codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codecs.BOM_UTF8, "utf-8-sig"),
+    (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"),
+)  # fmt: skip
+_TIE_TO_CP1252 = {"cp1250", "iso8859_2", "mac_latin2", "cp1257", "iso8859_4", "iso8859_10", "iso8859_13"}
+_CONTROL_BYTES = frozenset(range(32)) - {9, 10, 12, 13, 27} | {127}
+_DEF_LINE = re.compile(
+    r"^\s*(?:export\s+|pub(?:\(\w+\))?\s+|public\s+|private\s+|protected\s+|static\s+|async\s+|abstract\s+"
+    r"|final\s+|default\s+)*(?:def|class|function|fn|func|struct|enum|impl|trait|interface|type|module"
+    r"|namespace|object|record|sub|procedure|macro_rules!)\b"
+)
+
+
+@dataclass(frozen=True)
+class Section:
+    """A structural piece of a document.
+
+    Attributes:
+        text: The section's text (never empty).
+        page: 1-based page number for paged formats (PDF), else None.
+        heading: The nearest heading path, e.g. ``"Install > Linux"``, or None.
+        kind: ``"text"``, ``"heading"``, ``"code"`` or ``"table"``.
+        start: Offset of ``text`` in :meth:`ParsedDocument.full_text`.
+        end: ``start + len(text)``.
+    """
+
+    text: str
+    page: int | None
+    heading: str | None
+    kind: SectionKind
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class ParsedDocument:
+    """A document as sections of text.
+
+    Attributes:
+        path: The file it came from.
+        kind: The detected format (``"text"``, ``"markdown"``, ``"rst"``, ``"code"``, ``"csv"``,
+            ``"json"``, ``"html"``, ``"pdf"``, ``"docx"`` or ``"epub"``).
+        sections: Sections in document order, with spans into :meth:`full_text`.
+        n_pages: Page count for PDFs, else None.
+    """
+
+    path: Path
+    kind: str
+    sections: list[Section]
+    n_pages: int | None
+
+    def full_text(self) -> str:
+        """The whole text: section texts joined by blank lines; section spans index into it."""
+        return SEPARATOR.join(section.text for section in self.sections)
+
+
+class _Builder:
+    """Collects sections, assigns their spans and enforces the character cap."""
+
+    def __init__(self, path: Path, max_chars: int) -> None:
+        self.path = path
+        self.max_chars = max_chars
+        self.sections: list[Section] = []
+        self._offset = 0
+
+    def add(self, text: str, kind: SectionKind = "text", heading: str | None = None,
+            page: int | None = None) -> None:  # fmt: skip
+        text = text.strip()
+        if not text:
+            return
+        start = self._offset + (len(SEPARATOR) if self.sections else 0)
+        end = start + len(text)
+        if end > self.max_chars:
+            raise DocumentError(self.path, f"skipped: too much text (over {self.max_chars:,} characters)")
+        self.sections.append(Section(text, page, heading, kind, start, end))
+        self._offset = end
+
+    def build(self, kind: str, n_pages: int | None = None) -> ParsedDocument:
+        if not self.sections:
+            raise DocumentError(self.path, "skipped: empty (no text found)")
+        return ParsedDocument(self.path, kind, self.sections, n_pages)
+
+
+# ---------------------------------------------------------------------------------------- detection
+
+
+def _open_error(path: Path, exc: OSError) -> DocumentError:
+    """Map an OS error on opening or reading ``path`` to a one-line DocumentError."""
+    if isinstance(exc, FileNotFoundError):
+        return DocumentError(path, "skipped: file not found (moved or deleted?)")
+    if isinstance(exc, PermissionError):
+        return DocumentError(path, "skipped: permission denied")
+    if isinstance(exc, IsADirectoryError):
+        return DocumentError(path, "skipped: not a regular file")
+    return DocumentError(path, f"skipped: cannot read the file ({exc.strerror or exc})")
+
+
+def _read_head(path: Path) -> bytes:
+    try:
+        if not path.is_file():
+            if not path.exists():
+                raise FileNotFoundError(2, "No such file", str(path))
+            raise IsADirectoryError(21, "Not a regular file", str(path))
+        with path.open("rb") as fh:
+            return fh.read(_SNIFF_BYTES)
+    except OSError as exc:
+        raise _open_error(path, exc) from exc
+
+
+def _zip_kind(path: Path) -> str:
+    try:
+        with zipfile.ZipFile(path) as zf:
+            names = set(zf.namelist())
+            if (
+                "mimetype" in names
+                and zf.getinfo("mimetype").file_size < 100
+                and zf.read("mimetype").strip() == b"application/epub+zip"
+            ):
+                return "epub"
+            if "[Content_Types].xml" in names and any(n.startswith("word/") for n in names):
+                return "docx"
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, EOFError) as exc:
+        raise DocumentError(path, f"skipped: corrupt or unsupported archive ({exc})") from exc
+    except OSError as exc:
+        raise _open_error(path, exc) from exc
+    raise DocumentError(path, "skipped: unsupported file type (a zip archive that is not DOCX or EPUB)")
+
+
+def _looks_utf16(sample: bytes) -> str | None:
+    """Return ``"utf-16-le"``/``"utf-16-be"`` if ``sample`` is BOM-less UTF-16 text, else None."""
+    if len(sample) < 4:
+        return None
+    even, odd = sample[0::2], sample[1::2]
+    for zeros, codec in ((odd, "utf-16-le"), (even, "utf-16-be")):
+        if zeros.count(0) >= 0.4 * len(zeros) and (even if zeros is odd else odd).count(0) == 0:
+            text = sample[: len(sample) // 2 * 2].decode(codec, errors="replace")
+            printable = sum(ch.isprintable() or ch in "\t\r\n" for ch in text)
+            if printable >= 0.95 * len(text):
+                return codec
+    return None
+
+
+def sniff_encoding(sample: bytes) -> str | None:
+    """Guess the text encoding of ``sample`` (the start of a file), or None if it looks binary.
+
+    Args:
+        sample: The first few KB of the file.
+
+    Returns:
+        A Python codec name, or None for binary content.
+    """
+    for bom, codec in _BOMS:
+        if sample.startswith(bom):
+            return codec
+    if b"\x00" in sample:
+        return _looks_utf16(sample)
+    if sample and sum(b in _CONTROL_BYTES for b in sample) > 0.05 * len(sample):
+        return None
+    try:
+        codecs.getincrementaldecoder("utf-8")().decode(sample, final=False)
+    except UnicodeDecodeError:
+        pass
+    else:
+        return "utf-8"
+    from charset_normalizer import from_bytes
+
+    matches = list(from_bytes(sample))
+    if not matches:
+        return "cp1252"
+    best = matches[0]
+    # Short Western European text often ties between cp1250 (Central European) and cp1252, and
+    # charset-normalizer lists cp1250 first; on a tie the more common cp1252 reads è, à, ñ correctly.
+    tie = any(m.encoding == "cp1252" and m.chaos <= best.chaos for m in matches)
+    if best.encoding in _TIE_TO_CP1252 and tie:
+        return "cp1252"
+    return str(best.encoding)
+
+
+def detect_kind(path: Path) -> str:
+    """Detect a document's format, by content first and by extension second.
+
+    Args:
+        path: The file.
+
+    Returns:
+        One of ``"text"``, ``"markdown"``, ``"rst"``, ``"code"``, ``"csv"``, ``"json"``, ``"html"``,
+        ``"pdf"``, ``"docx"``, ``"epub"``.
+
+    Raises:
+        DocumentError: The file is binary, an unsupported archive, missing or unreadable.
+    """
+    head = _read_head(path)
+    if b"%PDF-" in head[:1024]:
+        return "pdf"
+    if head.startswith(b"PK\x03\x04"):
+        return _zip_kind(path)
+    if head.startswith(_BINARY_MAGIC) or (head and sniff_encoding(head) is None):
+        raise DocumentError(path, "skipped: binary file (unsupported file type)")
+    ext, name = path.suffix.lower(), path.name.lower()
+    for exts, kind in ((_MARKDOWN_EXT, "markdown"), (_RST_EXT, "rst"), (_CSV_EXT, "csv"),
+                       (_JSON_EXT, "json"), (_HTML_EXT, "html"), (_CODE_EXT, "code")):  # fmt: skip
+        if ext in exts:
+            return kind
+    if name in _CODE_NAMES:
+        return "code"
+    start = head.lstrip()[:64].lower()
+    if start.startswith((b"<!doctype html", b"<html")):
+        return "html"
+    return "text"
+
+
+# ---------------------------------------------------------------------------------------- text files
+
+
+def _open_text(path: Path) -> IO[str]:
+    head = _read_head(path)
+    encoding = sniff_encoding(head) or "utf-8"
+    try:
+        return path.open(encoding=encoding, errors="replace", newline=None)
+    except OSError as exc:
+        raise _open_error(path, exc) from exc
+
+
+def read_text(path: Path, max_chars: int) -> str:
+    """Read a text file whatever its encoding, in bounded steps, never past ``max_chars``.
+
+    The encoding comes from a BOM, else UTF-8, else charset-normalizer; undecodable bytes become
+    U+FFFD; NUL and zero-width characters are dropped; newlines are normalised to ``"\\n"``.
+
+    Args:
+        path: The file.
+        max_chars: The most characters accepted.
+
+    Returns:
+        The decoded text.
+
+    Raises:
+        DocumentError: The file is unreadable or holds more than ``max_chars`` characters.
+    """
+    parts: list[str] = []
+    total = 0
+    with _open_text(path) as fh:
+        while True:
+            try:
+                part = fh.read(_READ_CHARS)
+            except OSError as exc:
+                raise _open_error(path, exc) from exc
+            if not part:
+                break
+            part = part.translate(_ZERO_WIDTH)
+            total += len(part)
+            if total > max_chars:
+                raise DocumentError(path, f"skipped: too much text (over {max_chars:,} characters)")
+            parts.append(part)
+    return "".join(parts)
+
+
+def _paragraphs(text: str) -> Iterator[str]:
+    yield from re.split(r"\n[ \t]*\n", text)
+
+
+def _load_text(path: Path, build: _Builder) -> None:
+    for para in _paragraphs(read_text(path, build.max_chars)):
+        build.add(para)
+
+
+def _code_heading(block: str) -> str | None:
+    for line in block.splitlines()[:8]:
+        if _DEF_LINE.match(line):
+            return line.strip().rstrip("{:").strip()[:100]
+    return None
+
+
+def _load_code(path: Path, build: _Builder) -> None:
+    """Split source code into top-level blocks: a new block starts at an unindented line after a blank."""
+    block: list[str] = []
+    blank_before = False
+
+    def flush() -> None:
+        text = "\n".join(block)
+        build.add(text, "code", _code_heading(text))
+        block.clear()
+
+    for line in read_text(path, build.max_chars).split("\n"):
+        starts_block = blank_before and line[:1] not in ("", " ", "\t", "}", ")", "]")
+        if starts_block and block:
+            flush()
+        block.append(line.rstrip())
+        blank_before = not line.strip()
+    flush()
+
+
+def _load_markup(path: Path, build: _Builder, parse: Callable[[str], Iterable[Block]]) -> None:
+    for kind, text, heading in parse(read_text(path, build.max_chars)):
+        build.add(text, kind, heading)
+
+
+def _load_csv(path: Path, build: _Builder) -> None:
+    text = read_text(path, build.max_chars)
+    try:
+        dialect: type[csv.Dialect] | csv.Dialect = csv.Sniffer().sniff(text[:4096], delimiters=",;\t|")
+    except csv.Error:
+        dialect = csv.excel_tab if path.suffix.lower() == ".tsv" else csv.excel
+    rows = (" | ".join(cell.strip() for cell in row) for row in csv.reader(io.StringIO(text), dialect))
+    rows = (row for row in rows if row.strip(" |"))
+    header = next(rows, None)
+    if header is None:
+        return
+    group: list[str] = []
+    size = 0
+    for row in rows:
+        if group and size + len(row) > CSV_SECTION_CHARS:
+            build.add("\n".join([header, *group]), "table")
+            group, size = [], 0
+        group.append(row)
+        size += len(row) + 1
+    build.add("\n".join([header, *group]), "table")
+
+
+def _flatten_json(value: Any, prefix: str, out: list[str], depth: int = 0) -> None:
+    if depth > 200:
+        raise RecursionError
+    if isinstance(value, dict):
+        if not value:
+            out.append(f"{prefix}: {{}}")
+        for key, item in value.items():
+            _flatten_json(item, f"{prefix}.{key}" if prefix else str(key), out, depth + 1)
+    elif isinstance(value, list):
+        if not value:
+            out.append(f"{prefix}: []")
+        for i, item in enumerate(value):
+            _flatten_json(item, f"{prefix}[{i}]", out, depth + 1)
+    else:
+        shown = value if isinstance(value, str) else json.dumps(value)
+        out.append(f"{prefix}: {shown}" if prefix else str(shown))
+
+
+def _load_json(path: Path, build: _Builder) -> None:
+    """JSON as ``key.path[0]: value`` lines, one section per top-level key (or item); JSON Lines too."""
+    text = read_text(path, build.max_chars)
+    try:
+        values: list[Any] = [json.loads(text)]
+        lines_mode = False
+    except json.JSONDecodeError:
+        try:
+            values = [json.loads(line) for line in text.splitlines() if line.strip()]
+            lines_mode = True
+        except json.JSONDecodeError:
+            for para in _paragraphs(text):  # not JSON after all: index it as plain text
+                build.add(para)
+            return
+    try:
+        for n, value in enumerate(values, 1):
+            items: Iterable[tuple[Any, Any]] = []
+            if isinstance(value, dict):
+                items = value.items()
+            elif isinstance(value, list):
+                items = enumerate(value)
+            if not items:
+                lines: list[str] = []
+                _flatten_json(value, "", lines)
+                build.add("\n".join(lines), "text", f"line {n}" if lines_mode else None)
+                continue
+            for key, item in items:
+                name = f"[{key}]" if isinstance(key, int) else str(key)
+                lines = []
+                _flatten_json(item, name, lines)
+                build.add("\n".join(lines), "text", f"line {n} > {name}" if lines_mode else name)
+    except RecursionError as exc:
+        raise DocumentError(path, "skipped: JSON nested too deeply") from exc
+
+
+# ---------------------------------------------------------------------------------------- zip formats
+
+
+def check_zip(path: Path, zf: zipfile.ZipFile) -> None:
+    """Refuse zip bombs before reading any member: member count, total size and ratio limits.
+
+    Args:
+        path: The archive's path (for the error message).
+        zf: The open archive.
+
+    Raises:
+        DocumentError: The archive would unpack to too much data.
+    """
+    infos = zf.infolist()
+    if len(infos) > ZIP_MAX_MEMBERS:
+        raise DocumentError(path, f"skipped: archive has {len(infos):,} members (possible zip bomb)")
+    total = sum(info.file_size for info in infos)
+    if total > ZIP_MAX_UNCOMPRESSED_BYTES:
+        raise DocumentError(
+            path,
+            f"skipped: archive unpacks to {total / MB:,.0f} MB, "
+            f"limit {ZIP_MAX_UNCOMPRESSED_BYTES / MB:,.0f} MB (possible zip bomb)",
+        )
+    for info in infos:
+        ratio = info.file_size // max(info.compress_size, 1)
+        if info.file_size > MB and ratio > ZIP_MAX_RATIO:
+            raise DocumentError(
+                path, f"skipped: archive member {info.filename!r} expands {ratio:,} times (possible zip bomb)"
+            )
+
+
+def _open_zip(path: Path) -> zipfile.ZipFile:
+    try:
+        zf = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, EOFError) as exc:
+        raise DocumentError(path, f"skipped: corrupt archive ({exc})") from exc
+    except OSError as exc:
+        raise _open_error(path, exc) from exc
+    try:
+        check_zip(path, zf)
+    except DocumentError:
+        zf.close()
+        raise
+    return zf
+
+
+def _load_docx(path: Path, build: _Builder) -> None:
+    import docx
+    from docx.opc.exceptions import PackageNotFoundError
+    from docx.table import Table
+    from docx.text.paragraph import Paragraph
+
+    _open_zip(path).close()
+    try:
+        document = docx.Document(str(path))
+        headings: list[tuple[int, str]] = []
+        for block in document.iter_inner_content():
+            if isinstance(block, Paragraph):
+                style = block.style.name if block.style is not None else ""
+                level = _docx_heading_level(style or "")
+                text = block.text
+                if level is not None and text.strip():
+                    headings = [(lvl, t) for lvl, t in headings if lvl < level] + [(level, text.strip())]
+                    build.add(text, "heading", _path(headings))
+                else:
+                    build.add(text, "text", _path(headings))
+            elif isinstance(block, Table):
+                rows = []
+                for row in block.rows:
+                    cells: list[str] = []
+                    for cell in row.cells:  # merged cells repeat: keep one copy
+                        value = " ".join(cell.text.split())
+                        if not cells or cells[-1] != value:
+                            cells.append(value)
+                    rows.append(" | ".join(cells))
+                build.add("\n".join(r for r in rows if r.strip(" |")), "table", _path(headings))
+    except (PackageNotFoundError, KeyError, ValueError, zipfile.BadZipFile, EOFError) as exc:
+        raise DocumentError(path, f"skipped: corrupt DOCX ({exc})") from exc
+    except SyntaxError as exc:  # lxml.etree.XMLSyntaxError derives from SyntaxError
+        raise DocumentError(path, f"skipped: corrupt DOCX (bad XML: {exc})") from exc
+
+
+def _docx_heading_level(style: str) -> int | None:
+    if style == "Title":
+        return 0
+    match = re.fullmatch(r"Heading\s*(\d)", style)
+    return int(match.group(1)) if match else None
+
+
+def _path(headings: list[tuple[int, str]]) -> str | None:
+    return " > ".join(text for _, text in headings) or None
+
+
+def _read_member(path: Path, zf: zipfile.ZipFile, name: str) -> str:
+    try:
+        with zf.open(name) as fh:
+            data = fh.read(ZIP_MAX_UNCOMPRESSED_BYTES + 1)
+    except (KeyError, zipfile.BadZipFile, EOFError, ValueError, OSError) as exc:
+        raise DocumentError(path, f"skipped: corrupt EPUB ({exc})") from exc
+    if len(data) > ZIP_MAX_UNCOMPRESSED_BYTES:
+        raise DocumentError(path, "skipped: archive member too large (possible zip bomb)")
+    return data.decode(sniff_encoding(data[:_SNIFF_BYTES]) or "utf-8", errors="replace")
+
+
+def _epub_spine(path: Path, zf: zipfile.ZipFile) -> list[str]:
+    """Chapter member names in reading order (the OPF spine), else every XHTML member sorted."""
+    import xml.etree.ElementTree as ET
+
+    names = zf.namelist()
+    fallback = sorted(n for n in names if n.lower().endswith((".xhtml", ".html", ".htm")))
+    try:
+        container = ET.fromstring(_read_member(path, zf, "META-INF/container.xml"))
+        rootfile = next(el for el in container.iter() if el.tag.endswith("rootfile"))
+        opf_name = rootfile.attrib["full-path"]
+        opf = ET.fromstring(_read_member(path, zf, opf_name))
+    except (DocumentError, ET.ParseError, StopIteration, KeyError):
+        return fallback
+    base = PurePosixPath(opf_name).parent
+    manifest = {el.get("id"): el.get("href", "") for el in opf.iter() if el.tag.rsplit("}", 1)[-1] == "item"}
+    spine = [manifest.get(el.get("idref")) for el in opf.iter() if el.tag.endswith("itemref")]
+    chapters = [str(base / href.split("#")[0]).removeprefix("./") for href in spine if href]
+    chapters = [name for name in chapters if name in names]
+    return chapters or fallback
+
+
+def _load_epub(path: Path, build: _Builder) -> None:
+    with _open_zip(path) as zf:
+        for name in _epub_spine(path, zf):
+            for kind, text, heading in html_sections(_read_member(path, zf, name)):
+                build.add(text, kind, heading)
+
+
+# ---------------------------------------------------------------------------------------- PDF
+
+
+def _pdf_outline(reader: Any) -> list[tuple[int, str]]:
+    """(page index, heading path) for each outline (bookmark) entry, sorted by page; [] if none."""
+    from pypdf.errors import PyPdfError
+
+    found: list[tuple[int, str]] = []
+
+    def walk(items: list[Any], trail: tuple[str, ...]) -> None:
+        last: tuple[str, ...] = trail
+        for item in items:
+            if isinstance(item, list):
+                walk(item, last)
+                continue
+            page = reader.get_destination_page_number(item)
+            last = (*trail, str(item.title).strip())
+            if page is not None and page >= 0:
+                found.append((page, " > ".join(last)))
+
+    try:
+        walk(reader.outline, ())
+    except (PyPdfError, KeyError, ValueError, TypeError, AttributeError, IndexError, RecursionError):
+        return []
+    return sorted(found, key=lambda entry: entry[0])
+
+
+def _load_pdf(path: Path, build: _Builder) -> int:
+    from pypdf import PasswordType, PdfReader, apply_configuration
+    from pypdf.errors import DependencyError, FileNotDecryptedError, LimitReachedError, PyPdfError
+
+    limit = PDF_MAX_STREAM_BYTES
+    corrupt = (PyPdfError, KeyError, ValueError, TypeError, AttributeError, IndexError, AssertionError,
+               RecursionError, EOFError, OverflowError, ZeroDivisionError, UnicodeError)  # fmt: skip
+    try:
+        with apply_configuration(
+            None,
+            zlib_maximum_output_length=limit,
+            lzw_maximum_output_length=limit,
+            run_length_maximum_output_length=limit,
+            array_based_stream_maximum_output_length=limit,
+            maximum_declared_stream_length=limit,
+        ):
+            reader = PdfReader(path)
+            if reader.is_encrypted and reader.decrypt("") == PasswordType.NOT_DECRYPTED:
+                raise DocumentError(path, "skipped: password-protected")
+            n_pages = len(reader.pages)
+            outline = _pdf_outline(reader)
+            good_pages = 0
+            for index, page in enumerate(reader.pages):
+                try:
+                    text = page.extract_text()
+                except LimitReachedError:
+                    raise
+                except corrupt:
+                    continue  # one damaged page does not lose the rest
+                good_pages += 1
+                heading = None
+                for first_page, title in outline:
+                    if first_page > index:
+                        break
+                    heading = title
+                text = re.sub(r"[ \t]+\n", "\n", text.translate(_ZERO_WIDTH))
+                for para in _paragraphs(text):
+                    build.add(para, "text", heading, index + 1)
+    except FileNotDecryptedError as exc:
+        raise DocumentError(path, "skipped: password-protected") from exc
+    except DependencyError as exc:
+        reason = (
+            "skipped: encrypted with AES; reading it needs the 'cryptography' package (missing component)"
+        )
+        raise DocumentError(path, reason) from exc
+    except LimitReachedError as exc:
+        raise DocumentError(path, f"skipped: could not be parsed safely (possible PDF bomb: {exc})") from exc
+    except MemoryError:
+        raise
+    except OSError as exc:
+        raise _open_error(path, exc) from exc
+    except corrupt as exc:
+        reason = f"skipped: corrupt PDF ({type(exc).__name__}: {exc})".split("\n")[0]
+        raise DocumentError(path, reason) from exc
+    if not build.sections:
+        if n_pages and good_pages == 0:
+            raise DocumentError(path, "skipped: corrupt PDF (no page could be read)")
+        if n_pages:
+            raise DocumentError(path, "skipped: no text layer (scanned?); OCR is not supported")
+    return n_pages
+
+
+# ---------------------------------------------------------------------------------------- entry point
+
+
+def load_document(
+    path: Path, *, max_chars: int = 20_000_000, max_file_bytes: int | None = None
+) -> ParsedDocument:
+    """Parse one document in this process.
+
+    Untrusted files should go through :func:`rag.parsing.parse_document`, which runs this in a
+    killable child process with time and memory limits.
+
+    Args:
+        path: The file.
+        max_chars: The most characters of text accepted (the document is skipped beyond it).
+        max_file_bytes: If given, files larger than this are skipped without being read.
+
+    Returns:
+        The parsed document, with at least one section.
+
+    Raises:
+        DocumentError: The file was skipped; ``reason`` starts with ``"skipped: "``.
+    """
+    path = Path(path)
+    if max_file_bytes is not None:
+        check_size(path, max_file_bytes)
+    kind = detect_kind(path)
+    build = _Builder(path, max_chars)
+    n_pages: int | None = None
+    if kind == "pdf":
+        n_pages = _load_pdf(path, build)
+    elif kind == "docx":
+        _load_docx(path, build)
+    elif kind == "epub":
+        _load_epub(path, build)
+    elif kind == "markdown":
+        _load_markup(path, build, markdown_sections)
+    elif kind == "rst":
+        _load_markup(path, build, rst_sections)
+    elif kind == "html":
+        _load_markup(path, build, html_sections)
+    elif kind == "code":
+        _load_code(path, build)
+    elif kind == "csv":
+        _load_csv(path, build)
+    elif kind == "json":
+        _load_json(path, build)
+    else:
+        _load_text(path, build)
+    return build.build(kind, n_pages)
+
+
+def check_size(path: Path, max_file_bytes: int) -> int:
+    """Return the file's size, or raise if it is missing, not a file, or over ``max_file_bytes``.
+
+    Args:
+        path: The file.
+        max_file_bytes: The size limit.
+
+    Returns:
+        The size in bytes.
+
+    Raises:
+        DocumentError: The file is missing, unreadable, not a regular file, or too large.
+    """
+    try:
+        stat = path.stat()
+    except OSError as exc:
+        raise _open_error(path, exc) from exc
+    if not path.is_file():
+        raise DocumentError(path, "skipped: not a regular file")
+    if stat.st_size > max_file_bytes:
+        raise DocumentError(
+            path, f"skipped: too large: {stat.st_size / MB:,.1f} MB, limit {max_file_bytes / MB:,.0f} MB"
+        )
+    return stat.st_size
