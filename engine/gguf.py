@@ -65,6 +65,7 @@ MAX_DIMS = 4  # GGML_MAX_DIMS
 MAX_ALIGNMENT = 1 << 20
 MAX_BLOCK_COUNT = 512
 MAX_INT64 = (1 << 63) - 1
+MAX_PLAUSIBLE_BYTES = 1 << 50
 METADATA_STRING_CHARS = 256
 SMALL_ARRAY_LEN = 4096  # integer/bool arrays up to this length are kept (per-layer head counts)
 TOKEN_CHECKPOINT_EVERY = 4096  # token-array offsets remembered for cheap id -> string look-ups
@@ -88,8 +89,8 @@ _VALUE_TYPES: dict[int, tuple[str, int, str]] = {
 _T_UINT32, _T_BOOL, _T_STRING, _T_ARRAY = 4, 7, 8, 9
 _FLOAT_TYPES = (6, 12)
 
-# ggml tensor types: id -> (name, elements per block, bytes per block). Ids that ggml removed
-# (4, 5, 31-33, 36-38) are absent, so a file using them is rejected.
+# ggml tensor types (ggml.h of the pinned llama.cpp): id -> (name, elements per block, bytes per block).
+# Ids that ggml removed (4, 5, 31-33, 36-38) are absent, so a file using them is rejected.
 GGML_TYPES: dict[int, tuple[str, int, int]] = {
     0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 6: ("Q5_0", 32, 22),
     7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 9: ("Q8_1", 32, 36), 10: ("Q2_K", 256, 84),
@@ -99,6 +100,7 @@ GGML_TYPES: dict[int, tuple[str, int, int]] = {
     23: ("IQ4_XS", 256, 136), 24: ("I8", 1, 1), 25: ("I16", 1, 2), 26: ("I32", 1, 4), 27: ("I64", 1, 8),
     28: ("F64", 1, 8), 29: ("IQ1_M", 256, 56), 30: ("BF16", 1, 2), 34: ("TQ1_0", 256, 54),
     35: ("TQ2_0", 256, 66), 39: ("MXFP4", 32, 17), 40: ("NVFP4", 64, 36), 41: ("Q1_0", 128, 18),
+    42: ("Q2_0", 64, 18),
 }
 
 # llama.cpp's LLAMA_FTYPE_MOSTLY_* names, as stored in general.file_type.
@@ -107,7 +109,7 @@ FILE_TYPE_NAMES: dict[int, str] = {
     10: "Q2_K", 11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S",
     17: "Q5_K_M", 18: "Q6_K", 19: "IQ2_XXS", 20: "IQ2_XS", 21: "Q2_K_S", 22: "IQ3_XS", 23: "IQ3_XXS",
     24: "IQ1_S", 25: "IQ4_NL", 26: "IQ3_S", 27: "IQ3_M", 28: "IQ2_S", 29: "IQ2_M", 30: "IQ4_XS",
-    31: "IQ1_M", 32: "BF16", 36: "TQ1_0", 37: "TQ2_0", 38: "MXFP4_MOE", 39: "NVFP4", 40: "Q1_0",
+    31: "IQ1_M", 32: "BF16", 36: "TQ1_0", 37: "TQ2_0", 38: "MXFP4_MOE", 39: "NVFP4", 40: "Q1_0", 41: "Q2_0",
 }
 FILE_TYPE_GUESSED = 1024
 
@@ -564,10 +566,8 @@ class _Parser:
             if offset != expected_offset:
                 raise _Malformed(f"tensor {name!r} data offset {offset} should be {expected_offset}")
             expected_offset = offset + _align(nbytes, alignment)
-            if expected_offset > self.file_size:
-                # Not yet knowing where the data starts, a tensor already past the file's end
-                # is reported here: it keeps the later arithmetic small.
-                raise _Truncated(expected_offset)
+            if expected_offset > MAX_PLAUSIBLE_BYTES:  # a lie, not a cut: no model is a petabyte
+                raise _Malformed(f"tensor {name!r} claims data up to byte {expected_offset}")
             out.append((name, n_elements, ttype, nbytes))
         return out
 
