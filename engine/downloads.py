@@ -400,6 +400,7 @@ class _Download:
         self.done = 0
         self.hasher = hashlib.sha256()
         self.attempt = 0
+        self.high_water = 0  # the most bytes ever held: progress means passing it
         self.last_checkpoint = time.monotonic()
         self.space_checked_for: int | None = None
 
@@ -437,6 +438,7 @@ class _Download:
     def reset(self) -> None:
         """Back to byte 0 (the partial is truncated, the hash restarted)."""
         os.ftruncate(self.fd, 0)
+        os.lseek(self.fd, 0, os.SEEK_SET)
         self.done = 0
         self.hasher = hashlib.sha256()
         self.reporter.done = 0
@@ -486,7 +488,7 @@ class _Download:
                 break
             self.hasher.update(chunk)
             remaining -= len(chunk)
-        self.done = length - remaining
+        self.done = self.high_water = length - remaining
         os.ftruncate(self.fd, self.done)
         os.lseek(self.fd, self.done, os.SEEK_SET)
         self.reporter.done = self.done
@@ -661,7 +663,6 @@ class _Download:
     def stream(self, response: HttpResponse, watchdog: _Watchdog) -> bool:
         """Copies the body to the partial file while hashing it."""
         body = response.body
-        start = self.done
         total = self.total
         reporter = self.reporter
         reporter.emit("downloading")
@@ -673,7 +674,7 @@ class _Download:
             except (OSError, http.client.HTTPException) as exc:
                 chunk, failure = b"", exc
             if not chunk:
-                return self.stream_ended(watchdog, failure, start)
+                return self.stream_ended(watchdog, failure)
             watchdog.touch()
             self.write(chunk)
             self.hasher.update(chunk)
@@ -687,8 +688,11 @@ class _Download:
                 raise _Paused
         return True
 
-    def stream_ended(self, watchdog: _Watchdog, failure: BaseException | None, start: int) -> bool:
-        progressed = self.done - start >= _PROGRESS_BYTES
+    def stream_ended(self, watchdog: _Watchdog, failure: BaseException | None) -> bool:
+        # An attempt that only re-fetched bytes we had before (a server ignoring Range) is no
+        # progress: otherwise such a server could keep us retrying forever.
+        progressed = self.done - self.high_water >= _PROGRESS_BYTES
+        self.high_water = max(self.high_water, self.done)
         self.checkpoint(force=True)
         reason = watchdog.reason
         if reason == "cancel" or self.cancel.is_set():
@@ -880,3 +884,146 @@ def _drop_if_empty(partial: Path) -> None:
             partial.with_name(partial.name + ".json").unlink(missing_ok=True)
     except OSError:
         pass
+
+
+# ------------------------------------------------------------------------------------ the queue
+
+QueueState = Literal["queued", "paused", "failed"]
+_QUEUE_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class QueueItem:
+    """A download the user asked for that has not finished yet.
+
+    ``key`` identifies it (repo, revision, file and destination); ``error`` is the last failure.
+    """
+
+    repo: str
+    filename: str
+    dest_dir: str
+    revision: str = "main"
+    expected_sha256: str | None = None
+    expected_size: int | None = None
+    state: QueueState = "queued"
+    error: str | None = None
+    added_at: float = 0.0
+
+    @property
+    def key(self) -> str:
+        return f"{self.repo}@{self.revision}:{self.filename}>{self.dest_dir}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class DownloadQueue:
+    """Queued and paused downloads, remembered across restarts in one JSON file.
+
+    The queue only remembers; whoever runs downloads (the GUI's download worker) takes
+    ``next_queued()``, calls ``download_file`` and removes or updates the item. The partial
+    bytes and their resume metadata live next to the files, so a remembered item resumes where
+    it stopped. Thread-safe; the file is rewritten atomically on every change, and a corrupt file
+    is set aside (``<name>.corrupt-<time>``) rather than losing the app.
+
+    Args:
+        state_file: where the queue lives (its folder is created when first written).
+    """
+
+    def __init__(self, state_file: Path) -> None:
+        self.state_file = Path(state_file)
+        self._lock = threading.Lock()
+        self._items: list[QueueItem] = self._load()
+
+    def _load(self) -> list[QueueItem]:
+        try:
+            document = json.loads(self.state_file.read_text(encoding="utf-8"))
+            if not isinstance(document, dict) or document.get("format") != _QUEUE_FORMAT:
+                raise ValueError("unknown queue format")
+            return [self._item(raw) for raw in document.get("items", [])]
+        except FileNotFoundError:
+            return []
+        except (OSError, ValueError, TypeError, KeyError):
+            with contextlib.suppress(OSError):
+                os.replace(self.state_file, self.state_file.with_name(
+                    f"{self.state_file.name}.corrupt-{int(time.time())}"))
+            return []
+
+    @staticmethod
+    def _item(raw: Any) -> QueueItem:
+        if not isinstance(raw, dict):
+            raise TypeError("queue item is not an object")
+        item = QueueItem(**{k: raw[k] for k in QueueItem.__dataclass_fields__ if k in raw})
+        check_filename(item.filename)
+        if item.state not in ("queued", "paused", "failed"):
+            raise ValueError(f"unknown state {item.state!r}")
+        return item
+
+    def _save(self) -> None:
+        self.state_file.parent.mkdir(parents=True, exist_ok=True)
+        document = {"format": _QUEUE_FORMAT, "items": [i.to_dict() for i in self._items]}
+        write_json_atomic(self.state_file, document)
+
+    def items(self) -> list[QueueItem]:
+        """All items, oldest first."""
+        with self._lock:
+            return list(self._items)
+
+    def add(
+        self,
+        repo: str,
+        filename: str,
+        dest_dir: Path,
+        *,
+        revision: str = "main",
+        expected_sha256: str | None = None,
+        expected_size: int | None = None,
+    ) -> QueueItem:
+        """Queues a download (or returns the item already queued for the same file).
+
+        Raises:
+            DownloadError: a bad repo id, revision or unsafe file name.
+        """
+        check_repo_id(repo)
+        check_revision(revision)
+        check_filename(filename)
+        item = QueueItem(repo, filename, str(Path(dest_dir)), revision, expected_sha256, expected_size,
+                         added_at=time.time())
+        with self._lock:
+            for existing in self._items:
+                if existing.key == item.key:
+                    return existing
+            self._items.append(item)
+            self._save()
+        return item
+
+    def remove(self, key: str) -> bool:
+        """Forgets an item (its partial file stays; see ``discard_partial``). True if it was there."""
+        with self._lock:
+            kept = [i for i in self._items if i.key != key]
+            if len(kept) == len(self._items):
+                return False
+            self._items = kept
+            self._save()
+            return True
+
+    def set_state(self, key: str, state: QueueState, error: str | None = None) -> QueueItem:
+        """Marks an item queued, paused or failed (with the error's one-line message).
+
+        Raises:
+            KeyError: no such item.
+        """
+        from dataclasses import replace
+
+        with self._lock:
+            for index, item in enumerate(self._items):
+                if item.key == key:
+                    self._items[index] = replace(item, state=state, error=error)
+                    self._save()
+                    return self._items[index]
+        raise KeyError(key)
+
+    def next_queued(self) -> QueueItem | None:
+        """The oldest item in state ``queued``, if any."""
+        with self._lock:
+            return next((i for i in self._items if i.state == "queued"), None)

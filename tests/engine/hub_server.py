@@ -84,7 +84,7 @@ class FakeHub:
         self.cdn_host = cdn_host
         self.blobs: dict[str, bytes] = {}
         self.snapshots: dict[tuple[str, str], FakeRepo] = {}  # older commits stay reachable
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _make_handler(self))
+        self._server = _QuietServer(("127.0.0.1", 0), _make_handler(self))
         self._server.daemon_threads = True
         self._server.block_on_close = False
         self.port = self._server.server_address[1]
@@ -140,6 +140,16 @@ class FakeHub:
                     self.faults.status[i] = (needle, status, times - 1, retry_after)
                     return status, retry_after
         return None
+
+
+class _QuietServer(ThreadingHTTPServer):
+    """Clients that hang up (killed downloads, cut connections) are normal here, not errors."""
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        import sys
+
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
 
 
 def random_bytes(n: int, seed: int = 0) -> bytes:
