@@ -9,7 +9,8 @@ limits:
   (loops are guarded by rewriting each ``{% for %}``'s iterable in the parsed template, so even
   empty nested loops over long strings are stopped);
 * ``range`` is replaced by a lazy, deadline-checked, capped range;
-* ``*``, ``**``, ``%`` and ``+`` refuse results that would be huge (checked *before* computing),
+* ``*``, ``**``, ``%``, ``+`` and ``~`` refuse results that would be huge (checked *before*
+  computing),
   call arguments above :data:`MAX_INT_ARG` are refused (``"x"|center(10**9)``), and every string or
   list a template reads or builds is checked against a size limit, as is the output.
 
@@ -87,11 +88,8 @@ def _tojson(
     return Markup(json.dumps(value, indent=indent, ensure_ascii=ensure_ascii, sort_keys=sort_keys))
 
 
-class _Limits(threading.local):
-    """Per-thread render state: the deadline and the size limit of the render in progress."""
-
-    deadline: float = float("inf")
-    max_size: int = MIN_SIZE_LIMIT
+_CHECK_EVERY = 32
+"""The deadline is read every this many sandbox hook calls (each takes microseconds)."""
 
 
 class _GuardedEnvironment(ImmutableSandboxedEnvironment):
@@ -107,7 +105,11 @@ class _GuardedEnvironment(ImmutableSandboxedEnvironment):
             keep_trailing_newline=False,
             autoescape=False,
         )
-        self.limits = _Limits()
+        # One render at a time per environment (render_guarded holds the lock), so plain attributes.
+        self.lock = threading.Lock()
+        self.deadline = float("inf")
+        self.max_size = MIN_SIZE_LIMIT
+        self._ticks = 0
         self.globals["range"] = self._range
         self.globals["raise_exception"] = _raise_exception
         self.globals["strftime_now"] = _strftime_now
@@ -119,11 +121,12 @@ class _GuardedEnvironment(ImmutableSandboxedEnvironment):
     # ---------------------------------------------------------------- checks
     def check(self) -> None:
         """Raise when the render in progress has passed its deadline."""
-        if time.monotonic() > self.limits.deadline:
+        self._ticks += 1
+        if self._ticks % _CHECK_EVERY == 0 and time.monotonic() > self.deadline:
             raise _TemplateTimeout("the chat template took too long to render")
 
     def _check_size(self, value: Any) -> Any:
-        if isinstance(value, str | list | tuple | dict) and len(value) > self.limits.max_size:
+        if isinstance(value, (str, list, tuple, dict)) and len(value) > self.max_size:
             raise SecurityError(f"the chat template built a value of {len(value)} items or characters")
         return value
 
@@ -157,16 +160,27 @@ class _GuardedEnvironment(ImmutableSandboxedEnvironment):
         return self.guard_iter(numbers)
 
     # ---------------------------------------------------------------- sandbox hooks
+    # Reads need no size check: every value a template builds was checked when it was built.
     def getattr(self, obj: Any, attribute: str) -> Any:
         self.check()
-        return self._check_size(super().getattr(obj, attribute))
+        return super().getattr(obj, attribute)
 
     def getitem(self, obj: Any, argument: Any) -> Any:
         self.check()
-        return self._check_size(super().getitem(obj, argument))
+        return super().getitem(obj, argument)
+
+    def guard_concat(self, *parts: Any) -> str:
+        """The ``~`` operator, refusing a result over the size limit before building it."""
+        texts = [str(part) for part in parts]
+        if sum(map(len, texts)) > self.max_size:
+            raise SecurityError("the chat template tried to build a huge string")
+        return "".join(texts)
 
     def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
         __self.check()
+        if getattr(__obj, "__self__", None) is __self:
+            # Our own guards (range, loops, ~) check their arguments and results themselves.
+            return __context.call(__obj, *args, **kwargs)
         __self._check_args(args)
         __self._check_args(kwargs.values())
         if isinstance(__obj, LoopContext) and args:
@@ -187,7 +201,7 @@ class _GuardedEnvironment(ImmutableSandboxedEnvironment):
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
         self.check()
-        limit = self.limits.max_size
+        limit = self.max_size
         if operator == "*":
             for seq, times in ((left, right), (right, left)):
                 sized = isinstance(seq, str | list | tuple) and isinstance(times, int)
@@ -204,15 +218,17 @@ class _GuardedEnvironment(ImmutableSandboxedEnvironment):
             if isinstance(left, str) and _BIG_WIDTH.search(left):
                 raise SecurityError("the chat template used a huge format width")
             self._check_args(right if isinstance(right, tuple) else (right,))
-        elif operator == "+" and _seq_len(left) + _seq_len(right) > limit:
-            raise SecurityError("the chat template tried to build a huge sequence")
+        elif operator == "+":
+            if _seq_len(left) + _seq_len(right) > limit:
+                raise SecurityError("the chat template tried to build a huge sequence")
+            return left + right
         return super().call_binop(context, operator, left, right)
 
     # ---------------------------------------------------------------- compiling
     def compile_guarded(self, source: str) -> jinja2.Template:
-        """Parse ``source`` and wrap every for-loop's iterable in :meth:`guard_iter`.
+        """Parse ``source``, wrapping loops in :meth:`guard_iter` and ``~`` in :meth:`guard_concat`.
 
-        ``environment.guard_iter`` cannot be shadowed by a template variable, and the call goes
+        ``environment.guard_*`` cannot be shadowed by a template variable, and the call goes
         through :meth:`call`, so it is deadline-checked too.
         """
         tree = self.parse(source)
@@ -220,31 +236,43 @@ class _GuardedEnvironment(ImmutableSandboxedEnvironment):
             loop.iter = nodes.Call(
                 nodes.EnvironmentAttribute("guard_iter"), [loop.iter], [], None, None, lineno=loop.lineno
             )
+        for concat in tree.find_all(nodes.Concat):
+            concat.nodes = [
+                nodes.Call(
+                    nodes.EnvironmentAttribute("guard_concat"),
+                    concat.nodes,
+                    [],
+                    None,
+                    None,
+                    lineno=concat.lineno,
+                )
+            ]
         return self.from_string(tree)
 
     def render_guarded(self, template: jinja2.Template, context: dict[str, Any], timeout_s: float) -> str:
         """Render ``template`` with a deadline ``timeout_s`` from now and the size limits."""
         input_size = sum(len(m.get("content") or "") for m in context.get("messages", ()))
-        self.limits.max_size = MIN_SIZE_LIMIT + 4 * input_size
-        self.limits.deadline = time.monotonic() + timeout_s
-        try:
-            parts: list[str] = []
-            total = 0
-            for chunk in template.generate(context):
-                self.check()
-                total += len(chunk)
-                if total > self.limits.max_size:
-                    raise SecurityError(
-                        f"the chat template produced more than {self.limits.max_size} characters"
-                    )
-                parts.append(chunk)
-            return "".join(parts)
-        finally:
-            self.limits.deadline = float("inf")
+        with self.lock:
+            self.max_size = MIN_SIZE_LIMIT + 4 * input_size
+            self.deadline = time.monotonic() + timeout_s
+            try:
+                parts: list[str] = []
+                total = 0
+                for chunk in template.generate(context):
+                    self.check()
+                    total += len(chunk)
+                    if total > self.max_size:
+                        raise SecurityError(
+                            f"the chat template produced more than {self.max_size} characters"
+                        )
+                    parts.append(chunk)
+                return "".join(parts)
+            finally:
+                self.deadline = float("inf")
 
 
 def _seq_len(value: Any) -> int:
-    return len(value) if isinstance(value, str | list | tuple) else 0
+    return len(value) if isinstance(value, (str, list, tuple)) else 0
 
 
 def _describe(exc: BaseException) -> str:
@@ -287,7 +315,6 @@ class ChatTemplate:
     eos_token: str = ""
     _env: _GuardedEnvironment | None = field(default=None, repr=False, compare=False)
     _template: jinja2.Template | None = field(default=None, repr=False, compare=False)
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def render(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> str:
         """Render ``messages`` (dicts with ``role`` and ``content``) into one prompt string.
@@ -316,8 +343,7 @@ class ChatTemplate:
             "tools": None,
         }
         try:
-            with self._lock:
-                return self._env.render_guarded(self._template, context, self.timeout_s)
+            return self._env.render_guarded(self._template, context, self.timeout_s)
         except Exception as exc:
             raise TemplateError(f"chat template: {_describe(exc)}") from exc
 

@@ -124,6 +124,10 @@ def test_template_with_common_hf_features_renders() -> None:
     assert template.source == "gguf", template.reason
     rendered = template.render([{"role": "user", "content": " x "}])
     assert rendered == f"<s>USER:x|{time.strftime('%Y')[:2]}|null\nASSISTANT:"
+    concat = select_template(
+        "{% for m in messages %}{{ m.role ~ ':' ~ 12345678 ~ m.content }}{% endfor %}", "x", None, None
+    )
+    assert concat.render([{"role": "user", "content": "x"}]) == "user:12345678x"
 
 
 def test_template_rejecting_system_role_folds_it_into_the_first_user_turn() -> None:
@@ -162,6 +166,7 @@ def test_template_refusing_a_conversation_at_render_time_is_one_line_error() -> 
     "payload",
     [
         "{{ ''.__class__.__mro__[1].__subclasses__() }}",
+        "{{ ('' ~ cycler).__class__ }}",
         "{{ cycler.__init__.__globals__.os.system('touch CANARY') }}",
         "{{ joiner.__init__.__globals__['os'].popen('touch CANARY').read() }}",
         "{{ namespace.__init__.__globals__.os.system('touch CANARY') }}",
@@ -252,6 +257,8 @@ def test_time_limit_also_applies_when_rendering_later() -> None:
     [
         "{% set ns = namespace(s='xy') %}{% for i in range(60) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
         "{{ 'x' * 1000000000 }}",
+        "{% set a = 'x' * 500000 %}{% set b = a ~ a %}{% set c = b ~ b %}{% set d = c ~ c %}{{ d ~ d }}",
+        "{% set a = 'x' * 500000 %}{% set b = a + a %}{% set c = b + b %}{% set d = c + c %}{{ d + d }}",
         "{{ 'x' | center(1000000000) }}",
         "{{ '{:>999999999}'.format(1) }}",
         "{{ '%999999999d' % 1 }}",
@@ -287,3 +294,53 @@ def test_chat_template_is_frozen() -> None:
     assert isinstance(template, ChatTemplate)
     with pytest.raises(AttributeError):
         template.name = "other"  # type: ignore[misc]
+
+
+GEMMA3_STYLE = """{{ bos_token }}
+{%- if messages[0]['role'] == 'system' -%}
+    {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}
+    {%- set loop_messages = messages[1:] -%}
+{%- else -%}
+    {%- set first_user_prefix = "" -%}
+    {%- set loop_messages = messages -%}
+{%- endif -%}
+{%- for message in loop_messages -%}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}
+        {{ raise_exception("Conversation roles must alternate user/assistant/user/assistant/...") }}
+    {%- endif -%}
+    {%- if (message['role'] == 'assistant') -%}
+        {%- set role = "model" -%}
+    {%- else -%}
+        {%- set role = message['role'] -%}
+    {%- endif -%}
+    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else "") }}
+    {%- if message['content'] is string -%}
+        {{ message['content'] | trim }}
+    {%- endif -%}
+    {{ '<end_of_turn>\n' }}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{ '<start_of_turn>model\n' }}
+{%- endif -%}
+"""
+"""A fixture in the style of the Gemma 3 instruction-tuned models' template."""
+
+
+def test_gemma_fallback_matches_a_gemma_style_model_template() -> None:
+    template = select_template(GEMMA3_STYLE, "gemma3", "<bos>", "<eos>")
+    assert (template.source, template.fold_system) == ("gguf", False), template.reason
+    assert template.stop == ("<end_of_turn>", "<eos>")
+    assert template.render(CONVO) == EXPECTED["gemma"]
+    with pytest.raises(TemplateError, match="roles must alternate"):
+        template.render([{"role": "assistant", "content": "first"}])
+
+
+def test_rendering_a_long_conversation_is_fast() -> None:
+    template = select_template(GEMMA3_STYLE, "gemma3", "<bos>", "<eos>")
+    long = [{"role": "system", "content": "s"}] + [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"message {i} " * 50} for i in range(400)
+    ]
+    started = time.perf_counter()
+    rendered = template.render(long)
+    assert time.perf_counter() - started < 0.5
+    assert rendered.count("<start_of_turn>") == 401
