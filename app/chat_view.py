@@ -1,0 +1,447 @@
+"""The chat transcript: message cards, streaming, branches, sources and the eviction marker.
+
+Each message is a card with a rich-text body (safe Markdown, :mod:`app.markdown_render`), an action
+row (copy, edit, regenerate, ‹ 1/2 › between branches) and, for replies, a stats line and its
+sources. The streaming reply is re-rendered at most ~30 times a second (the worker coalesces
+tokens); the view follows the bottom only while the user has not scrolled up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import QEvent, QObject, Qt, QTimer, QUrl, Signal, Slot
+from PySide6.QtGui import QDesktopServices, QGuiApplication
+from PySide6.QtWidgets import (
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QScrollArea,
+    QSizePolicy,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.markdown_render import COPY_SCHEME, LIGHT_CODE, CodeColors, plain_html, render_markdown
+from app.workers.history_service import DisplayMessage
+
+SOURCE_SCHEME = "gb-source"
+
+
+def format_stats_line(stats: dict[str, Any] | None) -> str:
+    """A one-line summary of a reply's stats (tokens, TTFT, speeds)."""
+    if not stats:
+        return ""
+    parts = [f"{stats.get('completion_tokens', 0)} tokens"]
+    if stats.get("ttft_ms"):
+        parts.append(f"TTFT {stats['ttft_ms']:.0f} ms")
+    if stats.get("decode_tps"):
+        parts.append(f"{stats['decode_tps']:.1f} tok/s")
+    if stats.get("cached_tokens"):
+        parts.append(f"{stats['cached_tokens']} reused from cache")
+    reason = stats.get("finish_reason")
+    if reason and reason != "stop":
+        parts.append({"length": "hit max tokens", "cancelled": "stopped"}.get(str(reason), str(reason)))
+    return " · ".join(parts)
+
+
+def format_stats_tooltip(stats: dict[str, Any] | None, model: str | None) -> str:
+    """The full per-message stats shown on hover."""
+    if not stats:
+        return model or ""
+    rows = [
+        ("Model", model or "?"),
+        ("Prompt tokens", f"{stats.get('prompt_tokens', 0)} ({stats.get('cached_tokens', 0)} reused)"),
+        ("Reply tokens", str(stats.get("completion_tokens", 0))),
+        ("Time to first token", f"{stats.get('ttft_ms', 0):.0f} ms"),
+        ("Prefill", f"{stats.get('prefill_tps', 0):.1f} tok/s"),
+        ("Decode", f"{stats.get('decode_tps', 0):.1f} tok/s"),
+        ("Context used", f"{stats.get('context_used', 0)} / {stats.get('n_ctx', 0)}"),
+        ("Evicted messages", str(stats.get("evicted_messages", 0))),
+    ]
+    return (
+        "<table>"
+        + "".join(f"<tr><td>{k}&nbsp;&nbsp;</td><td><b>{v}</b></td></tr>" for k, v in rows)
+        + "</table>"
+    )
+
+
+def source_label(source: dict[str, Any], number: int) -> str:
+    """``[1] report.pdf, p. 3 — “snippet…”`` for a source dict (path, page, snippet, score)."""
+    import html
+
+    path = str(source.get("path") or source.get("file") or "?")
+    name = Path(path).name
+    page = source.get("page")
+    where = f", p. {page}" if page not in (None, "", 0) else ""
+    snippet = " ".join(str(source.get("snippet") or source.get("text") or "").split())
+    if len(snippet) > 110:
+        snippet = snippet[:110] + "…"
+    return f'[{number}] <a href="{SOURCE_SCHEME}:{number - 1}">{html.escape(name)}{where}</a>' + (
+        f" — “{html.escape(snippet)}”" if snippet else ""
+    )
+
+
+def open_source(source: dict[str, Any]) -> bool:
+    """Opens a cited file with the system viewer (a PDF at its page where the viewer takes #page=)."""
+    path = source.get("path") or source.get("file")
+    if not path:
+        return False
+    url = QUrl.fromLocalFile(str(path))
+    page = source.get("page")
+    if page and str(path).lower().endswith(".pdf"):
+        url.setFragment(f"page={page}")
+    return bool(QDesktopServices.openUrl(url))
+
+
+class MessageCard(QFrame):
+    """One message: role, body, actions, stats and sources.
+
+    Signals:
+        action_triggered(str, int): ("copy" | "edit" | "regenerate" | "prev" | "next"), message id.
+        source_activated(object): the source dict the user clicked.
+    """
+
+    action_triggered = Signal(str, int)
+    source_activated = Signal(object)
+
+    def __init__(
+        self, message: DisplayMessage, colors: CodeColors, assistant_name: str, parent: QWidget | None = None
+    ):
+        super().__init__(parent)
+        self.setObjectName("messageCard")
+        self.message = message
+        self._colors = colors
+        self._code_blocks: tuple[str, ...] = ()
+        self._text = message.content
+        is_user = message.role == "user"
+
+        outer = QHBoxLayout(self)
+        outer.setContentsMargins(16, 6, 16, 6)
+        bubble = QFrame()
+        bubble.setObjectName("userBubble" if is_user else "assistantBubble")
+        inner = QVBoxLayout(bubble)
+        inner.setContentsMargins(14, 10, 14, 8)
+        inner.setSpacing(4)
+        if is_user:
+            outer.addStretch(1)
+            bubble.setMaximumWidth(720)
+        outer.addWidget(bubble, 0 if is_user else 1)
+
+        role = QLabel("You" if is_user else (message.model or assistant_name or "Assistant"))
+        role.setObjectName("roleLabel")
+        inner.addWidget(role)
+
+        self.body = QLabel()
+        self.body.setObjectName("messageBody")
+        self.body.setWordWrap(True)
+        self.body.setTextFormat(Qt.TextFormat.RichText)
+        self.body.setTextInteractionFlags(
+            Qt.TextInteractionFlag.TextSelectableByMouse | Qt.TextInteractionFlag.LinksAccessibleByMouse
+        )
+        self.body.setOpenExternalLinks(False)
+        self.body.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
+        self.body.linkActivated.connect(self._on_body_link_activated)
+        inner.addWidget(self.body)
+
+        self.sources_box = QLabel()
+        self.sources_box.setObjectName("sourceLink")
+        self.sources_box.setWordWrap(True)
+        self.sources_box.setTextFormat(Qt.TextFormat.RichText)
+        self.sources_box.linkActivated.connect(self._on_sources_link_activated)
+        self.sources_box.setVisible(False)
+        inner.addWidget(self.sources_box)
+
+        actions = QHBoxLayout()
+        actions.setSpacing(2)
+        self.stats_label = QLabel()
+        self.stats_label.setObjectName("statsLine")
+        self.prev_button = self._tool("‹", "Previous branch", "prev")
+        self.branch_label = QLabel()
+        self.branch_label.setObjectName("statsLine")
+        self.next_button = self._tool("›", "Next branch", "next")
+        actions.addWidget(self.prev_button)
+        actions.addWidget(self.branch_label)
+        actions.addWidget(self.next_button)
+        self.copy_button = self._tool("Copy", "Copy this message", "copy")
+        actions.addWidget(self.copy_button)
+        if is_user:
+            self.edit_button: QToolButton | None = self._tool(
+                "Edit", "Edit and resend as a new branch", "edit"
+            )
+            actions.addWidget(self.edit_button)
+            self.regen_button: QToolButton | None = None
+        else:
+            self.edit_button = None
+            self.regen_button = self._tool(
+                "Regenerate", "Generate another reply (keeps this one)", "regenerate"
+            )
+            actions.addWidget(self.regen_button)
+        actions.addSpacing(8)
+        actions.addWidget(self.stats_label)
+        actions.addStretch(1)
+        inner.addLayout(actions)
+        self._actions = [b for b in (self.copy_button, self.edit_button, self.regen_button) if b is not None]
+        self.update_message(message)
+        self._show_actions(False)
+
+    def _tool(self, text: str, tip: str, action: str) -> QToolButton:
+        button = QToolButton()
+        button.setText(text)
+        button.setToolTip(tip)
+        button.setAutoRaise(True)
+        button.setObjectName(f"action_{action}")
+        button.clicked.connect(lambda: self.action_triggered.emit(action, self.message.id))
+        return button
+
+    def update_message(self, message: DisplayMessage) -> None:
+        """Shows a (re)loaded stored message."""
+        self.message = message
+        self.set_text(message.content, final=True)
+        stats = message.stats
+        line = format_stats_line(stats)
+        if message.state == "partial" and "stopped" not in line:
+            line = (line + " · " if line else "") + "stopped (partial)"
+        if message.state == "error":
+            line = f"error: {message.error or 'generation failed'}"
+        if message.state == "pending":
+            line = "interrupted (partial)" if message.content else "…"
+        self.stats_label.setText(line)
+        self.setToolTip(format_stats_tooltip(stats, message.model) if message.role == "assistant" else "")
+        many = message.sibling_count > 1
+        for widget in (self.prev_button, self.branch_label, self.next_button):
+            widget.setVisible(many)
+        if many:
+            self.branch_label.setText(f"{message.sibling_index + 1}/{message.sibling_count}")
+            self.prev_button.setEnabled(message.sibling_index > 0)
+            self.next_button.setEnabled(message.sibling_index < message.sibling_count - 1)
+        self.set_sources(message.sources or [])
+
+    def set_text(self, text: str, final: bool = False) -> None:
+        """Renders the body (Markdown for replies, verbatim for the user)."""
+        self._text = text
+        if self.message.role == "user":
+            self.body.setText(plain_html(text))
+            return
+        if not text and not final:
+            self.body.setText(f'<span style="color:{self._colors.muted};">…</span>')
+            return
+        rendered = render_markdown(text, self._colors)
+        self._code_blocks = rendered.code_blocks
+        self.body.setText(rendered.html)
+
+    @property
+    def text(self) -> str:
+        return self._text
+
+    def set_sources(self, sources: Sequence[dict[str, Any]]) -> None:
+        self._sources = list(sources)
+        if not sources:
+            self.sources_box.setVisible(False)
+            return
+        lines = [source_label(s, i + 1) for i, s in enumerate(sources)]
+        self.sources_box.setText("<b>Sources</b><br>" + "<br>".join(lines))
+        self.sources_box.setVisible(True)
+
+    def set_streaming(self, streaming: bool) -> None:
+        for button in self._actions:
+            button.setEnabled(not streaming)
+        if streaming:
+            self.stats_label.setText("generating…")
+
+    @Slot(str)
+    def _on_body_link_activated(self, link: str) -> None:
+        if link.startswith(f"{COPY_SCHEME}:"):
+            index = int(link.split(":", 1)[1])
+            if 0 <= index < len(self._code_blocks):
+                QGuiApplication.clipboard().setText(self._code_blocks[index])
+            return
+        QDesktopServices.openUrl(QUrl(link))
+
+    @Slot(str)
+    def _on_sources_link_activated(self, link: str) -> None:
+        if link.startswith(f"{SOURCE_SCHEME}:"):
+            index = int(link.split(":", 1)[1])
+            if 0 <= index < len(self._sources):
+                self.source_activated.emit(self._sources[index])
+
+    def _show_actions(self, visible: bool) -> None:
+        for button in self._actions:
+            button.setVisible(True)
+            button.setProperty("hovered", visible)
+
+    def enterEvent(self, event: QEvent) -> None:
+        self.stats_label.setVisible(True)
+        super().enterEvent(event)
+
+
+class ChatView(QScrollArea):
+    """The scrolling transcript.
+
+    Signals:
+        copy_requested(int), edit_requested(int, str), regenerate_requested(int),
+        branch_requested(int): the sibling message id to switch to.
+        source_activated(object): a clicked source dict.
+    """
+
+    edit_requested = Signal(int, str)
+    regenerate_requested = Signal(int)
+    branch_requested = Signal(int)
+    source_activated = Signal(object)
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("transcript")
+        self.setWidgetResizable(True)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self._body = QWidget()
+        self._body.setObjectName("transcriptBody")
+        self._layout = QVBoxLayout(self._body)
+        self._layout.setContentsMargins(0, 12, 0, 12)
+        self._layout.setSpacing(2)
+        self._layout.addStretch(1)
+        self.setWidget(self._body)
+        self._colors = LIGHT_CODE
+        self._assistant_name = "Assistant"
+        self.cards: list[MessageCard] = []
+        self.marker: QLabel | None = None
+        self._streaming: MessageCard | None = None
+        self._stream_text: list[str] = []
+        self._follow = True
+        self.empty = QLabel(
+            "Ask anything.\nThe inspector on the right shows what the model is doing while it answers.\n"
+            "Drop files or folders on the window to chat with your documents."
+        )
+        self.empty.setObjectName("emptyState")
+        self.empty.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self._layout.insertWidget(0, self.empty)
+        self.verticalScrollBar().valueChanged.connect(self._on_scrollbar_value_changed)
+        self.verticalScrollBar().rangeChanged.connect(self._on_scrollbar_range_changed)
+        self._render_timer = QTimer(self)
+        self._render_timer.setSingleShot(True)
+        self._render_timer.setInterval(33)
+        self._render_timer.timeout.connect(self._render_stream)
+
+    def set_colors(self, colors: CodeColors) -> None:
+        self._colors = colors
+
+    def set_assistant_name(self, name: str) -> None:
+        self._assistant_name = name
+
+    # ------------------------------------------------------------------ whole thread
+    def set_thread(self, messages: Sequence[DisplayMessage], evicted: int = 0) -> None:
+        """Shows a conversation's current branch; ``evicted`` older messages get a marker after them."""
+        streaming_id = self._streaming.message.id if self._streaming is not None else None
+        for card in self.cards:
+            card.setParent(None)
+            card.deleteLater()
+        self.cards.clear()
+        if self.marker is not None:
+            self.marker.setParent(None)
+            self.marker.deleteLater()
+            self.marker = None
+        self._streaming = None
+        position = 0
+        for index, message in enumerate(messages):
+            if evicted and index == evicted:
+                self.marker = QLabel(
+                    f"⤒ {evicted} earlier message{'s' if evicted != 1 else ''} no longer fit in the context "
+                    "window and were not sent to the model"
+                )
+                self.marker.setObjectName("evictionMarker")
+                self.marker.setAlignment(Qt.AlignmentFlag.AlignCenter)
+                self._layout.insertWidget(position, self.marker)
+                position += 1
+            card = self._make_card(message)
+            self._layout.insertWidget(position, card)
+            position += 1
+            if message.id == streaming_id and message.state == "pending":
+                self._streaming = card
+                card.set_streaming(True)
+                card.set_text("".join(self._stream_text))
+        self.empty.setVisible(not messages)
+        if self._follow:
+            QTimer.singleShot(0, self.scroll_to_bottom)
+
+    def _make_card(self, message: DisplayMessage) -> MessageCard:
+        card = MessageCard(message, self._colors, self._assistant_name)
+        card.action_triggered.connect(self._on_card_action_triggered)
+        card.source_activated.connect(self.source_activated)
+        self.cards.append(card)
+        return card
+
+    # ------------------------------------------------------------------ streaming
+    def begin_stream(self, reply_id: int) -> None:
+        """Marks the card of ``reply_id`` as the one receiving text."""
+        self._stream_text = []
+        self._follow = True
+        for card in self.cards:
+            if card.message.id == reply_id:
+                self._streaming = card
+                card.set_streaming(True)
+                card.set_text("")
+        self.scroll_to_bottom()
+
+    def append_stream(self, text: str) -> None:
+        """Adds streamed text; the card re-renders at most every 33 ms."""
+        self._stream_text.append(text)
+        if not self._render_timer.isActive():
+            self._render_timer.start()
+
+    def end_stream(self) -> None:
+        self._render_timer.stop()
+        self._render_stream()
+        if self._streaming is not None:
+            self._streaming.set_streaming(False)
+        self._streaming = None
+
+    def _render_stream(self) -> None:
+        if self._streaming is not None:
+            self._streaming.set_text("".join(self._stream_text))
+
+    @property
+    def streamed_text(self) -> str:
+        return "".join(self._stream_text)
+
+    # ------------------------------------------------------------------ scrolling
+    def scroll_to_bottom(self) -> None:
+        bar = self.verticalScrollBar()
+        bar.setValue(bar.maximum())
+
+    @Slot(int)
+    def _on_scrollbar_value_changed(self, value: int) -> None:
+        bar = self.verticalScrollBar()
+        self._follow = value >= bar.maximum() - 24
+
+    @Slot(int, int)
+    def _on_scrollbar_range_changed(self, _minimum: int, maximum: int) -> None:
+        if self._follow:
+            self.verticalScrollBar().setValue(maximum)
+
+    # ------------------------------------------------------------------ actions
+    @Slot(str, int)
+    def _on_card_action_triggered(self, action: str, message_id: int) -> None:
+        card = next((c for c in self.cards if c.message.id == message_id), None)
+        if card is None:
+            return
+        message = card.message
+        if action == "copy":
+            QGuiApplication.clipboard().setText(card.text)
+        elif action == "edit":
+            self.edit_requested.emit(message_id, message.content)
+        elif action == "regenerate":
+            self.regenerate_requested.emit(message_id)
+        elif action in ("prev", "next"):
+            step = -1 if action == "prev" else 1
+            target = message.sibling_index + step
+            if 0 <= target < len(message.sibling_ids):
+                self.branch_requested.emit(message.sibling_ids[target])
+
+    def card_for(self, message_id: int) -> MessageCard | None:
+        return next((c for c in self.cards if c.message.id == message_id), None)
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
+        return super().eventFilter(watched, event)

@@ -1,0 +1,560 @@
+"""The inspector: what the model is doing, live (issue 5, "our signature").
+
+* Context map: a stacked bar of the context window (system, documents, history, current message,
+  reply reserve, free) with token counts.
+* Speed: prefill and decode tokens per second, a live decode chart, time to first token, tokens
+  reused from the KV cache.
+* Memory: KV cache and weights, and the memory wall meter: achieved decode bandwidth against this
+  machine's measured bandwidth. Decode reads every weight once per token, so tokens per second can
+  never beat bandwidth / model size.
+* Tokens: the last prompt as the model saw it, in coloured pieces with their ids on hover.
+
+All painting is QPainter on small widgets; nothing here computes more than a few numbers.
+"""
+
+from __future__ import annotations
+
+import html
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from PySide6.QtCore import QEvent, QPoint, QRectF, QSize, Qt
+from PySide6.QtGui import QColor, QFont, QHelpEvent, QPainter, QPainterPath, QPaintEvent, QPen
+from PySide6.QtWidgets import (
+    QFrame,
+    QGridLayout,
+    QLabel,
+    QScrollArea,
+    QTabWidget,
+    QTextBrowser,
+    QToolTip,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.theme import LIGHT, ThemeColors
+
+SEGMENTS: tuple[tuple[str, str], ...] = (
+    ("system", "System prompt"),
+    ("documents", "Documents"),
+    ("history", "History"),
+    ("current", "Current message"),
+    ("reserve", "Reply reserve"),
+    ("free", "Free"),
+)
+WALL_EXPLANATION = (
+    "Decode reads every weight once per token, so memory bandwidth caps the speed: "
+    "tokens/s ≤ bandwidth ÷ (weights + KV cache in use)."
+)
+
+
+def format_bytes(n: float | int | None) -> str:
+    """1536 → '1.5 KiB'."""
+    if n is None:
+        return "—"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"  # pragma: no cover
+
+
+def format_tps(value: float | None) -> str:
+    return "—" if not value else f"{value:.1f} tok/s"
+
+
+def _get(stats: Any, key: str, default: Any = None) -> Any:
+    if stats is None:
+        return default
+    if isinstance(stats, Mapping):
+        return stats.get(key, default)
+    return getattr(stats, key, default)
+
+
+class ContextBar(QWidget):
+    """A stacked horizontal bar of the context budget."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.budget: dict[str, int] = {}
+        self.colors = LIGHT
+        self.setMinimumHeight(22)
+        self.setMouseTracking(True)
+
+    def sizeHint(self) -> QSize:
+        return QSize(240, 22)
+
+    def set_budget(self, budget: Mapping[str, int]) -> None:
+        self.budget = {k: int(v) for k, v in budget.items()}
+        self.update()
+
+    def _spans(self) -> list[tuple[str, float, float]]:
+        total = sum(max(self.budget.get(key, 0), 0) for key, _ in SEGMENTS)
+        if total <= 0:
+            return []
+        spans = []
+        x = 0.0
+        width = float(self.width())
+        for key, _label in SEGMENTS:
+            part = max(self.budget.get(key, 0), 0) / total * width
+            if part > 0:
+                spans.append((key, x, part))
+                x += part
+        return spans
+
+    def paintEvent(self, _event: QPaintEvent) -> None:
+        painter = QPainter(self)
+        painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+        rect = QRectF(0, 0, self.width(), self.height())
+        clip = QPainterPath()
+        clip.addRoundedRect(rect, 6, 6)
+        painter.setClipPath(clip)
+        painter.fillRect(rect, QColor(self.colors.seg_free))
+        for key, x, w in self._spans():
+            painter.fillRect(QRectF(x, 0, w, self.height()), QColor(self.colors.segment(key)))
+        painter.end()
+
+    def event(self, event: QEvent) -> bool:
+        if event.type() == QEvent.Type.ToolTip and isinstance(event, QHelpEvent):
+            for key, x, w in self._spans():
+                if x <= event.pos().x() <= x + w:
+                    label = dict(SEGMENTS)[key]
+                    QToolTip.showText(event.globalPos(), f"{label}: {self.budget.get(key, 0)} tokens", self)
+                    return True
+            QToolTip.hideText()
+            return True
+        return super().event(event)
+
+
+class SpeedChart(QWidget):
+    """A small line chart of decode tokens/s over the current generation."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.samples: list[float] = []
+        self.colors = LIGHT
+        self.setMinimumHeight(70)
+
+    def sizeHint(self) -> QSize:
+        return QSize(240, 80)
+
+    def set_samples(self, samples: Sequence[float]) -> None:
+        self.samples = list(samples)[-120:]
+        self.update()
+
+    def paintEvent(self, _event: QPaintEvent) -> None:
+        painter = QPainter(self)
+        painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+        w, h = float(self.width()), float(self.height())
+        painter.setPen(QPen(QColor(self.colors.border), 1))
+        painter.setBrush(QColor(self.colors.surface_alt))
+        painter.drawRoundedRect(QRectF(0.5, 0.5, w - 1, h - 1), 6, 6)
+        if len(self.samples) < 2:
+            painter.setPen(QColor(self.colors.muted))
+            painter.drawText(
+                QRectF(0, 0, w, h), Qt.AlignmentFlag.AlignCenter, "decode speed appears while generating"
+            )
+            painter.end()
+            return
+        top = max(self.samples) * 1.15 or 1.0
+        pad = 6.0
+        step = (w - 2 * pad) / (len(self.samples) - 1)
+        path = QPainterPath()
+        for i, value in enumerate(self.samples):
+            x = pad + i * step
+            y = h - pad - (value / top) * (h - 2 * pad)
+            if i == 0:
+                path.moveTo(x, y)
+            else:
+                path.lineTo(x, y)
+        area = QPainterPath(path)
+        area.lineTo(pad + (len(self.samples) - 1) * step, h - pad)
+        area.lineTo(pad, h - pad)
+        area.closeSubpath()
+        fill = QColor(self.colors.accent)
+        fill.setAlpha(40)
+        painter.fillPath(area, fill)
+        painter.setPen(QPen(QColor(self.colors.accent), 2))
+        painter.drawPath(path)
+        painter.setPen(QColor(self.colors.muted))
+        painter.setFont(QFont(self.font().family(), 8))
+        painter.drawText(
+            QRectF(pad, 2, w - 2 * pad, 14), Qt.AlignmentFlag.AlignRight, f"peak {max(self.samples):.0f}"
+        )
+        painter.end()
+
+
+class WallMeter(QWidget):
+    """The memory wall meter: achieved bandwidth as a share of the machine's measured bandwidth."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.achieved: float | None = None
+        self.limit: float | None = None
+        self.colors = LIGHT
+        self.setMinimumHeight(26)
+
+    def sizeHint(self) -> QSize:
+        return QSize(240, 26)
+
+    def set_values(self, achieved: float | None, limit: float | None) -> None:
+        self.achieved, self.limit = achieved, limit
+        self.update()
+
+    @property
+    def ratio(self) -> float | None:
+        if not self.achieved or not self.limit:
+            return None
+        return self.achieved / self.limit
+
+    def paintEvent(self, _event: QPaintEvent) -> None:
+        painter = QPainter(self)
+        painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+        w, h = float(self.width()), float(self.height())
+        painter.setPen(Qt.PenStyle.NoPen)
+        painter.setBrush(QColor(self.colors.surface_alt))
+        painter.drawRoundedRect(QRectF(0, 0, w, h), 6, 6)
+        ratio = self.ratio
+        if ratio is not None:
+            shown = min(ratio, 1.0)
+            color = (
+                self.colors.ok if ratio < 0.6 else self.colors.warning if ratio < 0.9 else self.colors.danger
+            )
+            painter.setBrush(QColor(color))
+            painter.drawRoundedRect(QRectF(0, 0, max(w * shown, 8), h), 6, 6)
+            painter.setPen(QColor(self.colors.text))
+            painter.drawText(
+                QRectF(8, 0, w - 16, h), Qt.AlignmentFlag.AlignVCenter, f"{ratio * 100:.0f}% of the wall"
+            )
+        else:
+            painter.setPen(QColor(self.colors.muted))
+            painter.drawText(QRectF(8, 0, w - 16, h), Qt.AlignmentFlag.AlignVCenter, "no measurement yet")
+        painter.end()
+
+
+class TokensView(QTextBrowser):
+    """The last prompt as coloured token pieces; hovering a piece shows its id."""
+
+    PALETTE_LIGHT = ("#dbeafe", "#fde68a", "#bbf7d0", "#fbcfe8", "#ddd6fe", "#fed7aa")
+    PALETTE_DARK = ("#1e3a5f", "#5c4813", "#14532d", "#5b2145", "#3b2f6b", "#5a3514")
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setOpenLinks(False)
+        self.setOpenExternalLinks(False)
+        self.token_ids: list[int] = []
+        self.pieces: list[str] = []
+        self.dark = False
+        self.setPlaceholderText("The prompt appears here after the first reply.")
+
+    def set_tokens(self, token_ids: Sequence[int], pieces: Sequence[str], limit: int = 4000) -> None:
+        """Shows the prompt (the last ``limit`` tokens of a long one)."""
+        self.token_ids, self.pieces = list(token_ids), list(pieces)
+        palette = self.PALETTE_DARK if self.dark else self.PALETTE_LIGHT
+        start = max(0, len(self.token_ids) - limit)
+        parts: list[str] = []
+        if start:
+            parts.append(f"<i>… {start} earlier tokens not shown …</i><br>")
+        for i in range(start, len(self.token_ids)):
+            piece = self.pieces[i] if i < len(self.pieces) else ""
+            text = html.escape(piece).replace("\n", "↵<br>").replace(" ", "&nbsp;") or "∅"
+            color = palette[i % len(palette)]
+            parts.append(
+                f'<a href="tok:{i}" style="background-color:{color}; text-decoration:none; color:inherit;">'
+                f"{text}</a>"
+            )
+        self.setHtml('<div style="font-family: monospace; line-height: 150%;">' + "".join(parts) + "</div>")
+
+    def token_at(self, pos: QPoint) -> int | None:
+        """Index of the token under a viewport position, or None."""
+        anchor = self.anchorAt(pos)
+        if anchor.startswith("tok:"):
+            return int(anchor[4:])
+        return None
+
+    def viewportEvent(self, event: QEvent) -> bool:
+        if event.type() == QEvent.Type.ToolTip and isinstance(event, QHelpEvent):
+            index = self.token_at(event.pos())
+            if index is not None and index < len(self.token_ids):
+                piece = self.pieces[index] if index < len(self.pieces) else ""
+                QToolTip.showText(
+                    event.globalPos(), f"token #{index}  id {self.token_ids[index]}  {piece!r}", self
+                )
+            else:
+                QToolTip.hideText()
+            return True
+        return super().viewportEvent(event)
+
+
+def _metric(label: str) -> tuple[QLabel, QLabel]:
+    value = QLabel("—")
+    value.setObjectName("metricValue")
+    caption = QLabel(label)
+    caption.setObjectName("metricLabel")
+    return value, caption
+
+
+class InspectorPanel(QFrame):
+    """The side panel. Every number shown is kept in ``shown`` (for tests and screenshots)."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("inspector")
+        self.setAttribute(Qt.WidgetAttribute.WA_StyledBackground, True)
+        self.setMinimumWidth(300)
+        self.shown: dict[str, str] = {}
+        self.colors = LIGHT
+        self._live: list[float] = []
+        self._last_sample: tuple[float, int] | None = None
+        self.model_bytes: int | None = None
+        self.machine_bandwidth: float | None = None
+
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(0, 0, 0, 0)
+        title = QLabel("INSPECTOR")
+        title.setObjectName("sectionTitle")
+        title.setContentsMargins(14, 12, 14, 0)
+        outer.addWidget(title)
+        self.tabs = QTabWidget()
+        outer.addWidget(self.tabs, 1)
+
+        live = QWidget()
+        lay = QVBoxLayout(live)
+        lay.setContentsMargins(14, 8, 14, 14)
+        lay.setSpacing(8)
+
+        # context map
+        lay.addWidget(self._section("CONTEXT WINDOW"))
+        self.context_summary = QLabel("no turn yet")
+        self.context_summary.setObjectName("metricLabel")
+        lay.addWidget(self.context_summary)
+        self.context_bar = ContextBar()
+        lay.addWidget(self.context_bar)
+        legend = QGridLayout()
+        legend.setHorizontalSpacing(10)
+        legend.setVerticalSpacing(2)
+        self.legend_labels: dict[str, QLabel] = {}
+        for i, (key, label) in enumerate(SEGMENTS):
+            swatch = QLabel("■")
+            swatch.setObjectName(f"swatch_{key}")
+            name = QLabel(label)
+            value = QLabel("—")
+            value.setAlignment(Qt.AlignmentFlag.AlignRight)
+            self.legend_labels[key] = value
+            legend.addWidget(swatch, i, 0)
+            legend.addWidget(name, i, 1)
+            legend.addWidget(value, i, 2)
+        legend.setColumnStretch(1, 1)
+        legend.setColumnMinimumWidth(0, 16)
+        lay.addLayout(legend)
+        self.evicted_label = QLabel("")
+        self.evicted_label.setObjectName("explain")
+        self.evicted_label.setWordWrap(True)
+        lay.addWidget(self.evicted_label)
+
+        # speed
+        lay.addWidget(self._section("SPEED"))
+        grid = QGridLayout()
+        grid.setVerticalSpacing(0)
+        self.metrics: dict[str, QLabel] = {}
+        for i, (key, label) in enumerate(
+            (
+                ("decode_tps", "decode tok/s"),
+                ("prefill_tps", "prefill tok/s"),
+                ("ttft_ms", "time to first token"),
+                ("cached_tokens", "tokens reused from KV cache"),
+            )
+        ):
+            value, caption = _metric(label)
+            self.metrics[key] = value
+            grid.addWidget(value, (i // 2) * 2, i % 2)
+            grid.addWidget(caption, (i // 2) * 2 + 1, i % 2)
+        lay.addLayout(grid)
+        self.chart = SpeedChart()
+        lay.addWidget(self.chart)
+        self.phase_label = QLabel("")
+        self.phase_label.setObjectName("explain")
+        lay.addWidget(self.phase_label)
+
+        # memory
+        lay.addWidget(self._section("MEMORY"))
+        mgrid = QGridLayout()
+        mgrid.setVerticalSpacing(0)
+        for i, (key, label) in enumerate(
+            (
+                ("model_bytes", "model weights"),
+                ("kv_cache_bytes", "KV cache (allocated)"),
+                ("bandwidth_gbps", "decode bandwidth"),
+                ("machine_bandwidth_gbps", "machine bandwidth"),
+            )
+        ):
+            value, caption = _metric(label)
+            self.metrics[key] = value
+            mgrid.addWidget(value, (i // 2) * 2, i % 2)
+            mgrid.addWidget(caption, (i // 2) * 2 + 1, i % 2)
+        lay.addLayout(mgrid)
+        wall_title = QLabel("Memory wall")
+        wall_title.setObjectName("metricLabel")
+        lay.addWidget(wall_title)
+        self.wall = WallMeter()
+        lay.addWidget(self.wall)
+        explain = QLabel(WALL_EXPLANATION)
+        explain.setObjectName("explain")
+        explain.setWordWrap(True)
+        lay.addWidget(explain)
+        self.ceiling_label = QLabel("")
+        self.ceiling_label.setObjectName("explain")
+        self.ceiling_label.setWordWrap(True)
+        lay.addWidget(self.ceiling_label)
+        lay.addStretch(1)
+
+        scroll = QScrollArea()
+        scroll.setWidgetResizable(True)
+        scroll.setFrameShape(QFrame.Shape.NoFrame)
+        scroll.setWidget(live)
+        self.tabs.addTab(scroll, "Live")
+
+        self.tokens_view = TokensView()
+        tokens_page = QWidget()
+        tl = QVBoxLayout(tokens_page)
+        tl.setContentsMargins(8, 8, 8, 8)
+        self.tokens_caption = QLabel(
+            "The last prompt, exactly as the model saw it. Hover a piece for its id."
+        )
+        self.tokens_caption.setObjectName("explain")
+        self.tokens_caption.setWordWrap(True)
+        tl.addWidget(self.tokens_caption)
+        tl.addWidget(self.tokens_view, 1)
+        self.tabs.addTab(tokens_page, "Tokens")
+        self.set_colors(LIGHT)
+
+    def _section(self, text: str) -> QLabel:
+        label = QLabel(text)
+        label.setObjectName("sectionTitle")
+        label.setContentsMargins(0, 6, 0, 0)
+        return label
+
+    # ------------------------------------------------------------------ theme
+    def set_colors(self, colors: ThemeColors) -> None:
+        self.colors = colors
+        for widget in (self.context_bar, self.chart, self.wall):
+            widget.colors = colors
+            widget.update()
+        for key, _ in SEGMENTS:
+            swatch = self.findChild(QLabel, f"swatch_{key}")
+            if swatch is not None:
+                swatch.setStyleSheet(f"color: {colors.segment(key)}; font-size: 13pt;")
+        self.tokens_view.dark = colors.name == "dark"
+        if self.tokens_view.token_ids:
+            self.tokens_view.set_tokens(self.tokens_view.token_ids, self.tokens_view.pieces)
+
+    # ------------------------------------------------------------------ data
+    def _show(self, key: str, text: str, label: QLabel | None = None) -> None:
+        self.shown[key] = text
+        target = label if label is not None else self.metrics.get(key)
+        if target is not None:
+            target.setText(text)
+
+    def set_model(self, model_bytes: int | None, n_ctx: int | None, machine_bandwidth: float | None) -> None:
+        """A model was loaded: weights, window size and the machine's bandwidth."""
+        self.model_bytes = model_bytes
+        self.machine_bandwidth = machine_bandwidth
+        self._show("model_bytes", format_bytes(model_bytes))
+        self._show(
+            "machine_bandwidth_gbps", f"{machine_bandwidth:.1f} GB/s" if machine_bandwidth else "not measured"
+        )
+        if n_ctx:
+            self.context_summary.setText(f"{n_ctx} tokens in the window")
+            self.context_bar.set_budget({"free": n_ctx})
+            for key, _ in SEGMENTS:
+                self.legend_labels[key].setText(str(n_ctx) if key == "free" else "0")
+        self.wall.set_values(None, machine_bandwidth)
+        if model_bytes and machine_bandwidth:
+            ceiling = machine_bandwidth * 1e9 / model_bytes
+            self.ceiling_label.setText(f"Ceiling for this model on this machine: ≈ {ceiling:.0f} tok/s.")
+
+    def set_machine_bandwidth(self, gbps: float) -> None:
+        """The machine's measured memory bandwidth arrived (probed after the first load)."""
+        self.set_model(self.model_bytes, None, gbps)
+
+    def set_stats(self, stats: Any) -> None:
+        """Shows a finished turn's stats (``engine.events.Stats`` or its dict)."""
+        if stats is None:
+            return
+        budget = dict(_get(stats, "budget", {}) or {})
+        n_ctx = int(_get(stats, "n_ctx", 0) or 0)
+        used = int(_get(stats, "context_used", 0) or 0)
+        if budget:
+            self.context_bar.set_budget(budget)
+            for key, _ in SEGMENTS:
+                self._show(f"budget.{key}", str(int(budget.get(key, 0))), self.legend_labels[key])
+        self._show("context_used", f"{used} of {n_ctx} tokens used", self.context_summary)
+        evicted = int(_get(stats, "evicted_messages", 0) or 0)
+        self.shown["evicted_messages"] = str(evicted)
+        self.evicted_label.setText(
+            f"⚠ {evicted} older message{'s' if evicted != 1 else ''} evicted to fit (rolling window)"
+            if evicted
+            else ""
+        )
+        self._show("decode_tps", format_tps(_get(stats, "decode_tps")))
+        self._show("prefill_tps", format_tps(_get(stats, "prefill_tps")))
+        self._show("ttft_ms", f"{float(_get(stats, 'ttft_ms', 0) or 0):.0f} ms")
+        cached = int(_get(stats, "cached_tokens", 0) or 0)
+        prompt = int(_get(stats, "prompt_tokens", 0) or 0)
+        self._show("cached_tokens", f"{cached} / {prompt}")
+        self._show("model_bytes", format_bytes(_get(stats, "model_bytes")))
+        kv_used = _get(stats, "kv_used_bytes")
+        kv_total = _get(stats, "kv_cache_bytes")
+        self._show("kv_cache_bytes", format_bytes(kv_total))
+        self.shown["kv_used_bytes"] = format_bytes(kv_used)
+        self.metrics["kv_cache_bytes"].setToolTip(f"{format_bytes(kv_used)} in use by this conversation")
+        achieved = float(_get(stats, "bandwidth_gbps", 0.0) or 0.0)
+        machine = _get(stats, "machine_bandwidth_gbps") or self.machine_bandwidth
+        self._show("bandwidth_gbps", f"{achieved:.1f} GB/s")
+        if machine:
+            self._show("machine_bandwidth_gbps", f"{float(machine):.1f} GB/s")
+        self.wall.set_values(achieved or None, float(machine) if machine else None)
+        ratio = self.wall.ratio
+        self.shown["wall_ratio"] = f"{ratio * 100:.0f}%" if ratio is not None else "—"
+        decode = float(_get(stats, "decode_tps", 0.0) or 0.0)
+        model_bytes = _get(stats, "model_bytes")
+        if machine and model_bytes:
+            ceiling = float(machine) * 1e9 / (float(model_bytes) + float(kv_used or 0))
+            self.ceiling_label.setText(
+                f"Ceiling ≈ {ceiling:.0f} tok/s on this machine; achieved {decode:.1f} tok/s "
+                f"({decode / ceiling * 100:.0f}% of it)."
+            )
+        self.phase_label.setText(f"template: {_get(stats, 'template', '')}")
+
+    # ------------------------------------------------------------------ live
+    def begin_generation(self) -> None:
+        self._live = []
+        self._last_sample = None
+        self.chart.set_samples([])
+        self.phase_label.setText("reading the prompt…")
+
+    def set_prefill(self, done: int, total: int) -> None:
+        self.phase_label.setText(f"reading the prompt: {done} / {total} tokens")
+
+    def live_sample(self, tokens: int) -> None:
+        """Called ~4 times a second while generating with the tokens received so far."""
+        now = time.perf_counter()
+        if self._last_sample is not None:
+            then, before = self._last_sample
+            if now > then and tokens > before:
+                rate = (tokens - before) / (now - then)
+                self._live.append(rate)
+                self.chart.set_samples(self._live)
+                self.metrics["decode_tps"].setText(f"{rate:.1f} tok/s")
+                self.phase_label.setText(f"generating: {tokens} tokens")
+        self._last_sample = (now, tokens)
+
+    def set_prompt_view(self, view: Any) -> None:
+        ids = list(getattr(view, "token_ids", []) or [])
+        pieces = list(getattr(view, "pieces", []) or [])
+        self.tokens_view.set_tokens(ids, pieces)
+        self.tokens_caption.setText(
+            f"The last prompt, exactly as the model saw it: {len(ids)} tokens. Hover a piece for its id."
+        )

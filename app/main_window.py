@@ -1,0 +1,983 @@
+"""The main window and ``run_gui`` (the ``glassbox`` command without a subcommand).
+
+The window is built from light widgets only and shown before anything slow happens: history,
+the model scan, the starter model and the model load all start after the first paint, on workers.
+Importing this module imports no llama_cpp, torch, sentence_transformers, chromadb or
+huggingface_hub (a test checks it).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer, Slot
+from PySide6.QtGui import QAction, QCloseEvent, QDragEnterEvent, QDropEvent, QIcon, QKeySequence
+from PySide6.QtWidgets import (
+    QApplication,
+    QButtonGroup,
+    QComboBox,
+    QFileDialog,
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QMainWindow,
+    QPushButton,
+    QSplitter,
+    QStackedWidget,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.chat_view import ChatView, open_source
+from app.composer import Composer
+from app.inspector import InspectorPanel
+from app.paths import Paths
+from app.settings import Settings, load_settings, save_settings
+from app.sidebar import Sidebar
+from app.tasks import describe_error, run_in_background, shutdown_background
+from app.theme import RESOURCES, apply_theme, resolve_theme
+from app.workers.chat_adapter import ChatAdapter, ChatState, ModelState, TurnContext, model_label
+from app.workers.history_service import HistoryService
+from app.workers.llm_worker import LoadedModel, LoadRequest, SessionFactory
+
+log = logging.getLogger(__name__)
+SHUTDOWN_DEADLINE_S = 5.0
+
+
+def list_model_files(folder: Path) -> list[Path]:
+    """GGUF files in the models folder (sorted, no partial downloads)."""
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.rglob("*.gguf") if p.is_file() and not p.name.startswith("."))
+
+
+class Toast(QFrame):
+    """A transient message with an optional action (e.g. "Chat deleted · Undo")."""
+
+    def __init__(self, parent: QWidget) -> None:
+        super().__init__(parent)
+        self.setObjectName("toast")
+        self.setAttribute(Qt.WidgetAttribute.WA_StyledBackground, True)
+        layout = QHBoxLayout(self)
+        layout.setContentsMargins(12, 6, 6, 6)
+        self.label = QLabel()
+        self.label.setObjectName("toastLabel")
+        self.action = QPushButton()
+        layout.addWidget(self.label)
+        layout.addWidget(self.action)
+        self._timer = QTimer(self)
+        self._timer.setSingleShot(True)
+        self._timer.timeout.connect(self.hide)
+        self._callback: Any = None
+        self.action.clicked.connect(self._on_action_clicked)
+        self.hide()
+
+    def show_message(
+        self, text: str, action: str | None = None, callback: Any = None, ms: int = 8000
+    ) -> None:
+        self.label.setText(text)
+        self._callback = callback
+        self.action.setVisible(action is not None)
+        self.action.setText(action or "")
+        self.adjustSize()
+        self.reposition()
+        self.show()
+        self.raise_()
+        self._timer.start(ms)
+
+    def reposition(self) -> None:
+        parent = self.parentWidget()
+        if parent is not None:
+            self.move((parent.width() - self.width()) // 2, parent.height() - self.height() - 90)
+
+    @Slot()
+    def _on_action_clicked(self) -> None:
+        callback, self._callback = self._callback, None
+        self.hide()
+        if callback is not None:
+            callback()
+
+
+class MainWindow(QMainWindow):
+    """Glassbox's window: navigation rail, chat page (sidebar, transcript, inspector), models, knowledge.
+
+    Args:
+        paths: where data lives.
+        settings: the loaded settings.
+        safe_mode: do not auto-load a model.
+        safe_reason: why safe mode is on (shown to the user).
+        session_factory: engine session builder (tests inject fakes).
+        history_factory: history store builder (tests may inject fakes).
+    """
+
+    def __init__(
+        self,
+        paths: Paths,
+        settings: Settings,
+        *,
+        safe_mode: bool = False,
+        safe_reason: str | None = None,
+        session_factory: SessionFactory | None = None,
+        history_factory: Any = None,
+        settings_warning: str | None = None,
+        probe_bandwidth: bool = True,
+    ) -> None:
+        super().__init__()
+        self.paths = paths
+        self.settings = settings
+        self.safe_mode = safe_mode
+        self.safe_reason = safe_reason
+        self.settings_warning = settings_warning
+        self.probe_bandwidth = probe_bandwidth
+        self.models: list[Path] = []
+        self._closing = False
+        self._pending_delete: int | None = None
+        self.setWindowTitle("Glassbox")
+        icon = RESOURCES / "icons" / "glassbox.svg"
+        if icon.exists():
+            self.setWindowIcon(QIcon(str(icon)))
+        self.resize(1320, 820)
+        self.setAcceptDrops(True)
+
+        self.history = HistoryService(paths.history_db, history_factory)
+        self.chat = ChatAdapter(self.history, session_factory, parent=self)
+        self.colors = resolve_theme(settings.theme)
+
+        root = QWidget()
+        root_layout = QHBoxLayout(root)
+        root_layout.setContentsMargins(0, 0, 0, 0)
+        root_layout.setSpacing(0)
+        root_layout.addWidget(self._build_nav_rail())
+        self.pages = QStackedWidget()
+        root_layout.addWidget(self.pages, 1)
+        self.setCentralWidget(root)
+
+        self.pages.addWidget(self._build_chat_page())
+        self.models_page = self._build_placeholder_page("Models", "The model library appears here.")
+        self.pages.addWidget(self.models_page)
+        self.knowledge_page = self._build_placeholder_page("Knowledge", "Knowledge bases appear here.")
+        self.pages.addWidget(self.knowledge_page)
+
+        self.toast = Toast(self)
+        self.statusBar().showMessage("Starting…")
+        self._wire()
+        self._build_shortcuts()
+        self.apply_colors()
+        self._restore_geometry()
+        self._live_timer = QTimer(self)
+        self._live_timer.setInterval(250)
+        self._live_timer.timeout.connect(self._on_live_timer_timeout)
+
+    # ------------------------------------------------------------------ layout
+    def _build_nav_rail(self) -> QWidget:
+        rail = QFrame()
+        rail.setObjectName("navRail")
+        rail.setAttribute(Qt.WidgetAttribute.WA_StyledBackground, True)
+        rail.setFixedWidth(96)
+        layout = QVBoxLayout(rail)
+        layout.setContentsMargins(0, 12, 0, 12)
+        layout.setSpacing(4)
+        brand = QLabel("◈")
+        brand.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        brand.setStyleSheet("font-size: 20pt;")
+        brand.setToolTip("Glassbox")
+        layout.addWidget(brand)
+        layout.addSpacing(8)
+        self.nav_group = QButtonGroup(self)
+        self.nav_buttons: dict[str, QToolButton] = {}
+        for index, (key, text, tip) in enumerate(
+            (
+                ("chat", "Chat", "Chat (Ctrl+1)"),
+                ("models", "Models", "Models (Ctrl+2)"),
+                ("knowledge", "Knowledge", "Knowledge (Ctrl+3)"),
+            )
+        ):
+            button = QToolButton()
+            button.setText(text)
+            button.setToolTip(tip)
+            button.setCheckable(True)
+            button.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextUnderIcon)
+            icon = RESOURCES / "icons" / f"{key}.svg"
+            if icon.exists():
+                button.setIcon(QIcon(str(icon)))
+            button.setObjectName(f"nav_{key}")
+            button.setMinimumWidth(84)
+            self.nav_group.addButton(button, index)
+            self.nav_buttons[key] = button
+            layout.addWidget(button, 0, Qt.AlignmentFlag.AlignHCenter)
+        self.nav_buttons["chat"].setChecked(True)
+        self.nav_group.idClicked.connect(self._on_nav_group_id_clicked)
+        layout.addStretch(1)
+        self.settings_button = QToolButton()
+        self.settings_button.setText("Settings")
+        self.settings_button.setToolTip("Settings (Ctrl+,)")
+        self.settings_button.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextUnderIcon)
+        icon = RESOURCES / "icons" / "settings.svg"
+        if icon.exists():
+            self.settings_button.setIcon(QIcon(str(icon)))
+        self.settings_button.clicked.connect(self.open_settings)
+        layout.addWidget(self.settings_button, 0, Qt.AlignmentFlag.AlignHCenter)
+        return rail
+
+    def _build_placeholder_page(self, title: str, text: str) -> QWidget:
+        page = QWidget()
+        layout = QVBoxLayout(page)
+        label = QLabel(f"<h2>{title}</h2><p>{text}</p>")
+        label.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        layout.addWidget(label)
+        return page
+
+    def _build_chat_page(self) -> QWidget:
+        self.splitter = QSplitter(Qt.Orientation.Horizontal)
+        self.splitter.setHandleWidth(1)
+        self.sidebar = Sidebar()
+        self.sidebar.setMinimumWidth(220)
+        self.splitter.addWidget(self.sidebar)
+
+        center = QWidget()
+        column = QVBoxLayout(center)
+        column.setContentsMargins(0, 0, 0, 0)
+        column.setSpacing(0)
+        header = QFrame()
+        header.setObjectName("chatHeader")
+        header.setAttribute(Qt.WidgetAttribute.WA_StyledBackground, True)
+        hl = QVBoxLayout(header)
+        hl.setContentsMargins(16, 8, 16, 8)
+        hl.setSpacing(2)
+        row = QHBoxLayout()
+        self.model_picker = QComboBox()
+        self.model_picker.setObjectName("modelPicker")
+        self.model_picker.setMinimumWidth(320)
+        self.model_picker.setToolTip("The model to chat with")
+        self.model_picker.setPlaceholderText("No models yet")
+        row.addWidget(self.model_picker, 1)
+        self.load_button = QPushButton("Load")
+        self.load_button.setToolTip("Load the selected model (Ctrl+L)")
+        self.load_button.clicked.connect(self._on_load_button_clicked)
+        row.addWidget(self.load_button)
+        self.model_status = QLabel("No model loaded")
+        self.model_status.setObjectName("modelStatus")
+        row.addWidget(self.model_status)
+        row.addStretch(0)
+        self.chat_settings_button = QPushButton("System prompt…")
+        self.chat_settings_button.setToolTip("This chat's system prompt and sampling preset")
+        self.chat_settings_button.clicked.connect(self.open_conversation_settings)
+        row.addWidget(self.chat_settings_button)
+        self.inspector_button = QPushButton("Inspector")
+        self.inspector_button.setCheckable(True)
+        self.inspector_button.setChecked(self.settings.show_inspector)
+        self.inspector_button.setToolTip("Show or hide the inspector (Ctrl+I)")
+        self.inspector_button.toggled.connect(self._on_inspector_button_toggled)
+        row.addWidget(self.inspector_button)
+        hl.addLayout(row)
+        self.starter_note = QLabel(
+            "Starter model: a tiny base model for trying the app. It continues text rather than following "
+            "instructions; load a chat model from Models for real answers."
+        )
+        self.starter_note.setObjectName("starterNote")
+        self.starter_note.setWordWrap(True)
+        self.starter_note.setVisible(False)
+        hl.addWidget(self.starter_note)
+        column.addWidget(header)
+
+        self.banner = QLabel()
+        self.banner.setObjectName("errorBanner")
+        self.banner.setWordWrap(True)
+        self.banner.setVisible(False)
+        self.banner.setContentsMargins(0, 0, 0, 0)
+        column.addWidget(self.banner)
+
+        self.chat_view = ChatView()
+        column.addWidget(self.chat_view, 1)
+        self.composer = Composer()
+        self.composer.set_ready(False, "Preparing…")
+        column.addWidget(self.composer)
+        self.splitter.addWidget(center)
+
+        self.inspector = InspectorPanel()
+        self.splitter.addWidget(self.inspector)
+        self.inspector.setVisible(self.settings.show_inspector)
+        self.splitter.setStretchFactor(0, 0)
+        self.splitter.setStretchFactor(1, 1)
+        self.splitter.setStretchFactor(2, 0)
+        self.splitter.setSizes([250, 720, 340])
+        return self.splitter
+
+    def _wire(self) -> None:
+        chat = self.chat
+        chat.state_changed.connect(self._on_chat_state_changed)
+        chat.model_state_changed.connect(self._on_chat_model_state_changed)
+        chat.model_loaded.connect(self._on_chat_model_loaded)
+        chat.conversations_changed.connect(self.sidebar.set_conversations)
+        chat.conversation_opened.connect(self._on_chat_conversation_opened)
+        chat.reply_started.connect(self._on_chat_reply_started)
+        chat.reply_delta.connect(self._on_chat_reply_delta)
+        chat.prefill_progressed.connect(self._on_chat_prefill_progressed)
+        chat.reply_finished.connect(self._on_chat_reply_finished)
+        chat.stats_updated.connect(self.inspector.set_stats)
+        chat.prompt_view_updated.connect(self.inspector.set_prompt_view)
+        chat.bandwidth_measured.connect(self.inspector.set_machine_bandwidth)
+        chat.error_occurred.connect(self.show_error)
+
+        self.composer.send_requested.connect(self._on_composer_send_requested)
+        self.composer.stop_requested.connect(chat.stop)
+        self.chat_view.edit_requested.connect(self.composer.begin_edit)
+        self.chat_view.regenerate_requested.connect(self._on_chat_view_regenerate_requested)
+        self.chat_view.branch_requested.connect(chat.select_branch)
+        self.chat_view.source_activated.connect(self._on_chat_view_source_activated)
+
+        self.sidebar.new_requested.connect(self.new_chat)
+        self.sidebar.conversation_selected.connect(self._on_sidebar_conversation_selected)
+        self.sidebar.hit_selected.connect(self._on_sidebar_hit_selected)
+        self.sidebar.rename_requested.connect(self._on_sidebar_rename_requested)
+        self.sidebar.delete_requested.connect(self.delete_conversation)
+        self.sidebar.search_requested.connect(self._on_sidebar_search_requested)
+        self.sidebar.export_requested.connect(self.export_conversation)
+        self.model_picker.activated.connect(self._on_model_picker_activated)
+
+    def _build_shortcuts(self) -> None:
+        def add(name: str, keys: QKeySequence | str, slot: Any) -> QAction:
+            action = QAction(name, self)
+            action.setShortcut(QKeySequence(keys))
+            action.setShortcutContext(Qt.ShortcutContext.WindowShortcut)
+            action.triggered.connect(slot)
+            self.addAction(action)
+            return action
+
+        self.shortcuts = {
+            "new": add("New chat", "Ctrl+N", self.new_chat),
+            "search": add("Search chats", "Ctrl+K", self._focus_search),
+            "stop": add("Stop", "Esc", self.chat.stop),
+            "regenerate": add("Regenerate", "Ctrl+Shift+R", self.regenerate_last),
+            "inspector": add("Toggle inspector", "Ctrl+I", self.inspector_button.toggle),
+            "settings": add("Settings", "Ctrl+,", self.open_settings),
+            "load": add("Load model", "Ctrl+L", self._on_load_button_clicked),
+            "export": add("Export chat", "Ctrl+E", lambda: self.export_conversation(None, "md")),
+            "focus": add("Focus composer", "Ctrl+/", self.composer.edit.setFocus),
+        }
+        for index, key in enumerate(("chat", "models", "knowledge")):
+            self.shortcuts[f"page_{key}"] = add(key, f"Ctrl+{index + 1}", lambda i=index: self.show_page(i))
+        QWidget.setTabOrder(self.composer.edit, self.composer.send_button)
+        QWidget.setTabOrder(self.composer.send_button, self.sidebar.search)
+        QWidget.setTabOrder(self.sidebar.search, self.sidebar.list)
+        QWidget.setTabOrder(self.sidebar.list, self.model_picker)
+
+    # ------------------------------------------------------------------ start-up (after first paint)
+    def start(self) -> None:
+        """Loads the history, finds the models and (unless in safe mode) loads one, all on workers."""
+        if self.safe_reason:
+            self.show_error(self.safe_reason)
+        if self.settings_warning:
+            self.statusBar().showMessage(self.settings_warning, 15000)
+        self.history.call(lambda s: s.recover_pending(), None, lambda e: self.show_error(describe_error(e)))
+        self.history.call(
+            lambda s: s.list_conversations(), self._on_first_conversations, self._on_history_failed
+        )
+        self.refresh_models(first_start=True)
+
+    def _on_history_failed(self, exc: BaseException) -> None:
+        self.show_error(f"Chat history unavailable: {describe_error(exc)}")
+
+    def _on_first_conversations(self, conversations: list[Any]) -> None:
+        self.sidebar.set_conversations(conversations)
+        if conversations:
+            self.sidebar.set_current(conversations[0].id)
+            self.chat.open_conversation(conversations[0].id)
+
+    def models_folder(self) -> Path:
+        return self.settings.models_folder(self.paths.models)
+
+    def refresh_models(self, first_start: bool = False) -> None:
+        folder = self.models_folder()
+
+        def scan() -> list[Path]:
+            return list_model_files(folder)
+
+        run_in_background(
+            scan, lambda found: self._on_models_scanned(found, first_start), self._on_scan_failed
+        )
+
+    def _on_scan_failed(self, exc: BaseException) -> None:
+        self.show_error(f"Model folder unavailable: {describe_error(exc)}")
+        self.composer.set_ready(False, "No model folder")
+
+    def _on_models_scanned(self, found: list[Path], first_start: bool) -> None:
+        self.set_models(found)
+        if not found and first_start:
+            self._install_starter()
+            return
+        if first_start:
+            self._auto_load()
+        elif self.chat.model_state is not ModelState.LOADED:
+            self.composer.set_ready(False, "Pick a model and press Load")
+
+    def set_models(self, found: list[Path]) -> None:
+        current = self.model_picker.currentData()
+        self.models = list(found)
+        self.model_picker.clear()
+        for path in found:
+            self.model_picker.addItem(model_label(path), str(path))
+        if current is not None:
+            index = self.model_picker.findData(current)
+            if index >= 0:
+                self.model_picker.setCurrentIndex(index)
+        self.load_button.setEnabled(bool(found))
+
+    def _install_starter(self) -> None:
+        from engine.starter import starter_package_available
+
+        if not starter_package_available():
+            self.composer.set_ready(False, "No models yet: download one from the Models page.")
+            self.statusBar().showMessage("No models installed. Open Models → Discover to download one.")
+            return
+        self.model_status.setText("Preparing the starter model…")
+        self.composer.set_ready(False, "Preparing the starter model (one time, ~250 MB)…")
+        folder = self.models_folder()
+
+        def install() -> Any:
+            from engine.starter import install_starter_model
+
+            return install_starter_model(folder)
+
+        def done(model: Any) -> None:
+            if model is None:
+                self.composer.set_ready(False, "The starter model is not installed.")
+                return
+            self.set_models(list_model_files(folder) or [model.path])
+            self._auto_load(prefer=model.path)
+
+        run_in_background(install, done, lambda e: self.show_error(f"Starter model: {describe_error(e)}"))
+
+    def _auto_load(self, prefer: Path | None = None) -> None:
+        if self.safe_mode:
+            self.composer.set_ready(
+                False, "Safe mode: no model was loaded automatically. Pick one and press Load."
+            )
+            self.model_status.setText("Safe mode")
+            return
+        if not self.settings.auto_load_model or not self.models:
+            self.composer.set_ready(False, "Pick a model and press Load")
+            return
+        target = prefer
+        if target is None and self.settings.last_model:
+            last = Path(self.settings.last_model)
+            target = last if last in self.models else None
+        if target is None:
+            target = self.models[0]
+        index = self.model_picker.findData(str(target))
+        if index >= 0:
+            self.model_picker.setCurrentIndex(index)
+        self.load_model(target)
+
+    # ------------------------------------------------------------------ models
+    def load_request_for(self, path: Path) -> LoadRequest:
+        gpu = self.settings.gpu_layers
+        n_gpu_layers = 0 if gpu == "auto" else int(gpu)
+        if gpu == "auto":
+            n_gpu_layers = self._auto_gpu_layers(path)
+        return LoadRequest(
+            model_path=path,
+            n_ctx=self.settings.n_ctx,
+            n_threads=self.settings.n_threads,
+            n_gpu_layers=n_gpu_layers,
+            overflow_policy=self.settings.overflow_policy,
+            reply_reserve=self.settings.reply_reserve,
+            label=model_label(path),
+            breadcrumb=self.paths.breadcrumb,
+            bandwidth_cache=self.paths.bandwidth_cache if self.probe_bandwidth else None,
+        )
+
+    def _auto_gpu_layers(self, path: Path) -> int:
+        """Layers to offload for "auto" (0 when the engine cannot tell or the build is CPU-only)."""
+        try:
+            from engine import fit, hardware
+            from engine.gguf import read_gguf_info
+
+            hw = hardware.probe_hardware()
+            if not hw.gpu_offload_supported:
+                return 0
+            return int(fit.auto_gpu_layers(read_gguf_info(path), self.settings.n_ctx, hw))
+        except Exception as exc:  # noqa: BLE001 - the estimate is advisory; CPU always works
+            log.info("auto GPU layers unavailable: %s", exc)
+            return 0
+
+    def load_model(self, path: Path) -> None:
+        self.chat.load_model(self.load_request_for(path))
+        self.settings.last_model = str(path)
+        self.save_settings()
+
+    @Slot()
+    def _on_load_button_clicked(self) -> None:
+        loaded = self.chat.loaded
+        if (
+            self.chat.model_state is ModelState.LOADED
+            and loaded is not None
+            and Path(self.model_picker.currentData() or "") == loaded.path
+        ):
+            self.chat.unload_model()
+            return
+        data = self.model_picker.currentData()
+        if data:
+            self.load_model(Path(data))
+
+    @Slot(int)
+    def _on_model_picker_activated(self, index: int) -> None:
+        data = self.model_picker.itemData(index)
+        loaded = self.chat.loaded
+        if data and (loaded is None or loaded.path != Path(data)):
+            self.load_model(Path(data))
+
+    @Slot(object, str)
+    def _on_chat_model_state_changed(self, state: ModelState, detail: str) -> None:
+        if state is ModelState.LOADING:
+            self.model_status.setText("⟳ Loading…")
+            self.composer.set_ready(False, f"Loading {detail}…")
+            self.load_button.setText("Load")
+        elif state is ModelState.LOADED:
+            self.model_status.setText("● Loaded")
+            self.composer.set_ready(True)
+            self.composer.set_state_text("")
+            self.load_button.setText("Eject")
+        elif state is ModelState.FAILED:
+            self.model_status.setText("✕ Failed")
+            self.composer.set_ready(False, detail)
+            self.load_button.setText("Load")
+        else:
+            self.model_status.setText("No model loaded")
+            self.composer.set_ready(False, "No model loaded")
+            self.load_button.setText("Load")
+            self.starter_note.setVisible(False)
+
+    @Slot(object)
+    def _on_chat_model_loaded(self, loaded: LoadedModel) -> None:
+        from engine.starter import STARTER_MODEL_FILE
+
+        info = loaded.info
+        self.starter_note.setVisible(loaded.path.name == STARTER_MODEL_FILE)
+        self.chat_view.set_assistant_name(loaded.label)
+        self.inspector.set_model(
+            getattr(info, "model_bytes", None), getattr(info, "n_ctx", None), loaded.machine_bandwidth_gbps
+        )
+        self.statusBar().showMessage(f"Loaded {loaded.label} in {loaded.load_ms / 1000:.1f} s", 8000)
+        self.banner.setVisible(False)
+
+    # ------------------------------------------------------------------ chat
+    def turn_context(self) -> TurnContext:
+        from engine.runtime import GenerationParams
+
+        conv = self.chat.conversation
+        conv_settings = dict(getattr(conv, "settings", None) or {})
+        preset = self.settings.preset(conv_settings.get("preset"))
+        system = getattr(conv, "system_prompt", None)
+        if system is None:
+            system = self.settings.default_system_prompt or None
+        params = GenerationParams(
+            max_tokens=preset.max_tokens,
+            temperature=preset.temperature,
+            top_k=preset.top_k,
+            top_p=preset.top_p,
+            min_p=preset.min_p,
+            repeat_penalty=preset.repeat_penalty,
+        )
+        kbs = tuple(getattr(conv, "knowledge_bases", None) or ())
+        return TurnContext(system=system, params=params, knowledge_bases=kbs)
+
+    @Slot(str, object)
+    def _on_composer_send_requested(self, text: str, editing: int | None) -> None:
+        if not self.chat.send(text, self.turn_context(), edit_of=editing):
+            self.show_error("The model is not ready yet.")
+
+    @Slot(int)
+    def _on_chat_view_regenerate_requested(self, message_id: int) -> None:
+        self.chat.regenerate(message_id, self.turn_context())
+
+    def regenerate_last(self) -> None:
+        for message in reversed(self.chat.thread_messages):
+            if message.role == "assistant":
+                self.chat.regenerate(message.id, self.turn_context())
+                return
+
+    @Slot(object, object)
+    def _on_chat_conversation_opened(self, conversation: Any, messages: list[Any]) -> None:
+        stats = messages[-1].stats if messages and messages[-1].role == "assistant" else None
+        evicted = int((stats or {}).get("evicted_messages", 0) or 0)
+        self.chat_view.set_thread(messages, evicted=evicted)
+        self.sidebar.set_current(conversation.id if conversation is not None else None)
+        title = getattr(conversation, "title", "") or "New chat"
+        self.setWindowTitle(f"{title} — Glassbox")
+        if stats and not self.chat.busy:
+            self.inspector.set_stats(stats)
+
+    @Slot(int)
+    def _on_chat_reply_started(self, reply_id: int) -> None:
+        self.chat_view.begin_stream(reply_id)
+        self.inspector.begin_generation()
+        self._live_timer.start()
+
+    @Slot(str, int)
+    def _on_chat_reply_delta(self, text: str, _count: int) -> None:
+        self.chat_view.append_stream(text)
+
+    @Slot(int, int)
+    def _on_chat_prefill_progressed(self, done: int, total: int) -> None:
+        self.inspector.set_prefill(done, total)
+        self.composer.set_state_text(f"Reading the prompt… {done}/{total} tokens")
+
+    @Slot(object)
+    def _on_chat_reply_finished(self, _outcome: Any) -> None:
+        self.chat_view.end_stream()
+
+    @Slot()
+    def _on_live_timer_timeout(self) -> None:
+        tokens, _elapsed, _first = self.chat.live_tokens()
+        self.inspector.live_sample(tokens)
+
+    @Slot(object)
+    def _on_chat_state_changed(self, state: ChatState) -> None:
+        busy = state in (
+            ChatState.PROCESSING_PROMPT,
+            ChatState.GENERATING,
+            ChatState.RETRIEVING,
+            ChatState.CANCELLING,
+        )
+        self.composer.set_busy(busy and self.chat.busy)
+        if state is ChatState.IDLE:
+            self._live_timer.stop()
+            self.chat_view.end_stream()
+            if self.chat.model_state is ModelState.LOADED:
+                self.composer.set_state_text("")
+        elif state is not ChatState.LOADING_MODEL:
+            self.composer.set_state_text(state.value + "…")
+
+    @Slot(object)
+    def _on_chat_view_source_activated(self, source: dict[str, Any]) -> None:
+        if not open_source(source):
+            self.show_error(f"Could not open {source.get('path', 'the file')}")
+
+    # ------------------------------------------------------------------ conversations
+    def new_chat(self) -> None:
+        if self.chat.busy:
+            return
+        self.chat.new_conversation()
+        self.composer.edit.setFocus()
+
+    @Slot(int)
+    def _on_sidebar_conversation_selected(self, conversation_id: int) -> None:
+        if self.chat.busy:
+            self.show_error("Stop the current reply before switching chats.")
+            return
+        self.chat.open_conversation(conversation_id)
+
+    @Slot(int, int)
+    def _on_sidebar_hit_selected(self, conversation_id: int, message_id: int) -> None:
+        if self.chat.busy:
+            return
+
+        def open_branch(store: Any) -> None:
+            store.select_branch(message_id)
+
+        self.history.call(
+            open_branch, lambda _r: self.chat.open_conversation(conversation_id), self._on_history_failed
+        )
+
+    @Slot(int, str)
+    def _on_sidebar_rename_requested(self, conversation_id: int, title: str) -> None:
+        def rename(store: Any) -> None:
+            store.rename(conversation_id, title)
+
+        def done(_r: None) -> None:
+            self.chat.refresh_conversations()
+            if self.chat.conversation is not None and self.chat.conversation.id == conversation_id:
+                self.chat.reload_thread()
+
+        self.history.call(rename, done, self._on_history_failed)
+
+    def delete_conversation(self, conversation_id: int) -> None:
+        """Soft-deletes a chat; the toast offers Undo."""
+        if (
+            self.chat.busy
+            and self.chat.conversation is not None
+            and self.chat.conversation.id == conversation_id
+        ):
+            self.chat.stop()
+
+        def delete(store: Any) -> None:
+            store.delete(conversation_id)
+
+        def done(_r: None) -> None:
+            self._pending_delete = conversation_id
+            self.chat.refresh_conversations()
+            if self.chat.conversation is not None and self.chat.conversation.id == conversation_id:
+                self.chat.conversation = None
+                self.chat.thread_messages = []
+                self.chat_view.set_thread([])
+                self.setWindowTitle("Glassbox")
+            self.toast.show_message("Chat deleted.", "Undo", lambda: self.undo_delete(conversation_id))
+
+        self.history.call(delete, done, self._on_history_failed)
+
+    def undo_delete(self, conversation_id: int) -> None:
+        def restore(store: Any) -> None:
+            store.restore(conversation_id)
+
+        def done(_r: None) -> None:
+            self._pending_delete = None
+            self.chat.refresh_conversations()
+            self.chat.open_conversation(conversation_id)
+
+        self.history.call(restore, done, self._on_history_failed)
+
+    @Slot(str)
+    def _on_sidebar_search_requested(self, query: str) -> None:
+        if not query:
+            self.chat.refresh_conversations()
+            return
+        self.history.call(
+            lambda s: s.search(query),
+            lambda hits: self.sidebar.show_hits(query, hits),
+            self._on_history_failed,
+        )
+
+    def _focus_search(self) -> None:
+        self.show_page(0)
+        self.sidebar.search.setFocus()
+        self.sidebar.search.selectAll()
+
+    def export_conversation(self, conversation_id: int | None, fmt: str) -> None:
+        """Asks for a file name and exports the chat's current branch."""
+        from app.export import FORMATS, export_conversation
+        from app.workers.history_service import display_thread
+
+        conv_id = (
+            conversation_id if conversation_id is not None else getattr(self.chat.conversation, "id", None)
+        )
+        if conv_id is None:
+            return
+        path_text, _filter = QFileDialog.getSaveFileName(
+            self,
+            "Export chat",
+            str(Path.home() / f"chat-{conv_id}.{fmt}"),
+            ";;".join(FORMATS.values()),
+            FORMATS.get(fmt, ""),
+        )
+        if not path_text:
+            return
+        path = Path(path_text)
+        chosen = path.suffix.lstrip(".").lower()
+        chosen = {"markdown": "md", "htm": "html"}.get(chosen, chosen)
+        if chosen not in FORMATS:
+            chosen = fmt
+            path = path.with_suffix(f".{fmt}")
+
+        def write(store: Any) -> Path:
+            conv = store.get_conversation(conv_id)
+            export_conversation(path, chosen, conv.title, display_thread(store, conv_id), conv.system_prompt)
+            return path
+
+        self.history.call(
+            write,
+            lambda p: self.statusBar().showMessage(f"Exported to {p}", 8000),
+            lambda e: self.show_error(f"Export failed: {describe_error(e)}"),
+        )
+
+    def open_conversation_settings(self) -> None:
+        from app.conversation_settings import ConversationSettingsDialog
+
+        conv = self.chat.conversation
+        dialog = ConversationSettingsDialog(self.settings, conv, self)
+        if dialog.exec():
+            system, preset = dialog.values()
+            if conv is None:
+                self.chat.new_conversation(system_prompt=system, settings={"preset": preset})
+            else:
+                settings = dict(conv.settings or {})
+                settings["preset"] = preset
+                self.chat.update_conversation(system_prompt=system, settings=settings)
+
+    # ------------------------------------------------------------------ settings & theme
+    def open_settings(self) -> None:
+        from app.settings_dialog import SettingsDialog
+
+        dialog = SettingsDialog(self.settings, self)
+        if not dialog.exec():
+            return
+        old = self.settings
+        self.settings = dialog.result_settings()
+        self.save_settings()
+        if self.settings.theme != old.theme:
+            self.colors = resolve_theme(self.settings.theme)
+            self.apply_colors()
+        if self.settings.models_folder(self.paths.models) != old.models_folder(self.paths.models):
+            self.refresh_models()
+        engine_keys = ("n_ctx", "n_threads", "gpu_layers", "overflow_policy", "reply_reserve")
+        if self.chat.loaded is not None and any(
+            getattr(old, k) != getattr(self.settings, k) for k in engine_keys
+        ):
+            self.statusBar().showMessage("Reloading the model with the new settings…", 5000)
+            self.load_model(self.chat.loaded.path)
+
+    def save_settings(self) -> None:
+        try:
+            save_settings(self.settings, self.paths.settings_file)
+        except OSError as exc:
+            self.show_error(f"Could not save settings: {describe_error(exc)}")
+
+    def apply_colors(self) -> None:
+        app = QApplication.instance()
+        if isinstance(app, QApplication):
+            apply_theme(app, self.colors)
+        self.chat_view.set_colors(self.colors.code)
+        self.inspector.set_colors(self.colors)
+        if self.chat.thread_messages:
+            self.chat_view.set_thread(self.chat.thread_messages)
+
+    # ------------------------------------------------------------------ misc UI
+    def show_page(self, index: int) -> None:
+        self.pages.setCurrentIndex(index)
+        button = self.nav_group.button(index)
+        if button is not None:
+            button.setChecked(True)
+
+    @Slot(int)
+    def _on_nav_group_id_clicked(self, index: int) -> None:
+        self.pages.setCurrentIndex(index)
+
+    @Slot(bool)
+    def _on_inspector_button_toggled(self, checked: bool) -> None:
+        self.inspector.setVisible(checked)
+        self.settings.show_inspector = checked
+
+    def show_error(self, message: str) -> None:
+        """Shows a one-line error above the transcript (and in the status bar)."""
+        self.banner.setText(message)
+        self.banner.setVisible(True)
+        self.statusBar().showMessage(message, 15000)
+        QTimer.singleShot(15000, lambda: self.banner.text() == message and self.banner.setVisible(False))
+
+    def activate_from_second_launch(self) -> None:
+        """Another launch asked us to come forward."""
+        if self.isMinimized():
+            self.showNormal()
+        self.show()
+        self.raise_()
+        self.activateWindow()
+
+    def resizeEvent(self, event: Any) -> None:
+        super().resizeEvent(event)
+        self.toast.reposition()
+
+    # ------------------------------------------------------------------ drag and drop
+    def dragEnterEvent(self, event: QDragEnterEvent) -> None:
+        if event.mimeData().hasUrls() and any(u.isLocalFile() for u in event.mimeData().urls()):
+            event.acceptProposedAction()
+
+    def dropEvent(self, event: QDropEvent) -> None:
+        paths = [Path(u.toLocalFile()) for u in event.mimeData().urls() if u.isLocalFile()]
+        if paths:
+            event.acceptProposedAction()
+            self.add_documents(paths)
+
+    def add_documents(self, paths: list[Path]) -> None:
+        """Adds dropped files to the current conversation's knowledge base (see knowledge panel)."""
+        handler = getattr(self, "knowledge_drop_handler", None)
+        if handler is None:
+            self.show_error("Documents are not available in this build.")
+            return
+        handler(paths)
+
+    # ------------------------------------------------------------------ geometry & shutdown
+    def _restore_geometry(self) -> None:
+        qs = QSettings(str(self.paths.config / "window.ini"), QSettings.Format.IniFormat)
+        geometry = qs.value("geometry")
+        if isinstance(geometry, QByteArray):
+            self.restoreGeometry(geometry)
+        state = qs.value("splitter")
+        if isinstance(state, QByteArray):
+            self.splitter.restoreState(state)
+
+    def _save_geometry(self) -> None:
+        qs = QSettings(str(self.paths.config / "window.ini"), QSettings.Format.IniFormat)
+        qs.setValue("geometry", self.saveGeometry())
+        qs.setValue("splitter", self.splitter.saveState())
+        qs.sync()
+
+    def shutdown(self) -> bool:
+        """Cancels work, waits with a deadline, closes everything. True when all stopped in time."""
+        if self._closing:
+            return True
+        self._closing = True
+        self._live_timer.stop()
+        self._save_geometry()
+        self.save_settings()
+        extra = getattr(self, "extra_shutdown", None)
+        if extra is not None:
+            extra()
+        clean = self.chat.shutdown(SHUTDOWN_DEADLINE_S)
+        shutdown_background(wait=False)
+        return clean
+
+    def closeEvent(self, event: QCloseEvent) -> None:
+        self.shutdown()
+        event.accept()
+
+
+def _safe_mode_reason(paths: Paths) -> str | None:
+    """If the last run crashed during risky work, says what crashed (and clears the breadcrumb)."""
+    crumb = paths.breadcrumb
+    if not crumb.exists():
+        return None
+    try:
+        data = json.loads(crumb.read_text(encoding="utf-8"))
+        what = f"{data.get('attempting', 'work')} {Path(str(data.get('path', '?'))).name}"
+    except (OSError, ValueError, AttributeError):
+        what = "risky work"
+    crumb.unlink(missing_ok=True)
+    return (
+        f"Glassbox stopped unexpectedly last time during: {what}. Started in safe mode (no model auto-load)."
+    )
+
+
+def run_gui(paths: Paths, safe_mode: bool = False) -> int:
+    """Starts the desktop app; returns the exit code.
+
+    Args:
+        paths: where data lives (``--home`` already applied).
+        safe_mode: do not load a model automatically.
+    """
+    from app.single_instance import SingleInstance
+
+    app = QApplication.instance() or QApplication(sys.argv[:1])
+    assert isinstance(app, QApplication)
+    app.setApplicationName("Glassbox")
+    app.setOrganizationName("Glassbox")
+    app.setDesktopFileName("glassbox")
+    paths.ensure()
+    instance = SingleInstance(paths.lock_file)
+    if not instance.acquire():
+        if instance.notify_running():
+            print("glassbox: already running; brought its window forward", file=sys.stderr)  # noqa: T201
+            return 0
+        print(f"glassbox: error: {paths.lock_file}: another Glassbox holds this data folder", file=sys.stderr)  # noqa: T201
+        return 1
+    reason = _safe_mode_reason(paths)
+    loaded = load_settings(paths.settings_file)
+    window = MainWindow(
+        paths,
+        loaded.settings,
+        safe_mode=safe_mode or reason is not None,
+        safe_reason=reason,
+        settings_warning=loaded.warning,
+    )
+    instance.activation_requested.connect(window.activate_from_second_launch)
+    window.show()
+    QTimer.singleShot(0, window.start)
+    try:
+        return int(app.exec())
+    finally:
+        window.shutdown()
+        instance.release()

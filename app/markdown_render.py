@@ -1,0 +1,136 @@
+# ruff: noqa: ARG001 - markdown-it render rules have a fixed signature
+"""Model output to safe rich text (ROBUSTNESS.md U3, OWASP LLM05).
+
+Markdown is rendered by markdown-it-py with raw HTML disabled, so nothing the model writes becomes
+active markup. Images are never loaded: they render as their alt text. Links keep only http(s) and
+mailto targets and open only on an explicit click. Code blocks get a header with the language and a
+"Copy" link (``gb-copy:N``); tables get borders that Qt's rich-text engine understands.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from markdown_it import MarkdownIt
+
+COPY_SCHEME = "gb-copy"
+SAFE_LINK_SCHEMES = ("http://", "https://", "mailto:")
+
+
+@dataclass(frozen=True)
+class CodeColors:
+    """Colours for code blocks and tables (they follow the theme)."""
+
+    code_bg: str = "#f3f4f6"
+    code_header_bg: str = "#e5e7eb"
+    code_fg: str = "#111827"
+    muted: str = "#6b7280"
+    border: str = "#d1d5db"
+    link: str = "#2563eb"
+
+
+DARK_CODE = CodeColors(
+    code_bg="#161b22",
+    code_header_bg="#21262d",
+    code_fg="#e6edf3",
+    muted="#8b949e",
+    border="#30363d",
+    link="#58a6ff",
+)
+LIGHT_CODE = CodeColors()
+
+
+@dataclass(frozen=True)
+class RenderedMarkdown:
+    """The rich-text HTML for a Qt label and the raw text of each code block (for Copy)."""
+
+    html: str
+    code_blocks: tuple[str, ...]
+
+
+def _code_block(code: str, language: str, index: int, colors: CodeColors) -> str:
+    lang = html.escape(language or "code")
+    body = html.escape(code.rstrip("\n"))
+    return (
+        f'<table width="100%" cellspacing="0" cellpadding="6" bgcolor="{colors.code_bg}" '
+        f'style="border: 1px solid {colors.border}; margin-top: 4px; margin-bottom: 6px;">'
+        f'<tr><td bgcolor="{colors.code_header_bg}">'
+        f'<span style="color:{colors.muted}; font-size: small;">{lang}'
+        f'</span>&nbsp;&nbsp;&nbsp;<a href="{COPY_SCHEME}:{index}" style="color:{colors.link}; '
+        f'text-decoration: none; font-size: small;">Copy</a></td></tr>'
+        f'<tr><td><pre style="color:{colors.code_fg}; margin: 0;">{body}</pre></td></tr></table>'
+    )
+
+
+@lru_cache(maxsize=4)
+def _parser(colors: CodeColors) -> MarkdownIt:
+    md = MarkdownIt("commonmark", {"html": False, "linkify": False, "typographer": False})
+    md.enable(["table", "strikethrough"])
+
+    def fence(self: Any, tokens: Sequence[Any], idx: int, options: Any, env: dict[str, Any]) -> str:
+        token = tokens[idx]
+        blocks: list[str] = env.setdefault("code_blocks", [])
+        blocks.append(token.content)
+        language = token.info.split()[0] if token.info else ""
+        return _code_block(token.content, language, len(blocks) - 1, colors)
+
+    def image(self: Any, tokens: Sequence[Any], idx: int, options: Any, env: dict[str, Any]) -> str:
+        token = tokens[idx]
+        alt = html.escape("".join(child.content for child in token.children or []) or "image")
+        return f'<span style="color:{colors.muted};">[image: {alt}]</span>'
+
+    def link_open(self: Any, tokens: Sequence[Any], idx: int, options: Any, env: dict[str, Any]) -> str:
+        href = str(tokens[idx].attrGet("href") or "")
+        safe = href.lower().startswith(SAFE_LINK_SCHEMES)
+        env.setdefault("link_stack", []).append(safe)
+        if not safe:
+            return "<span>"
+        return f'<a href="{html.escape(href, quote=True)}" style="color:{colors.link};">'
+
+    def link_close(self: Any, tokens: Sequence[Any], idx: int, options: Any, env: dict[str, Any]) -> str:
+        stack: list[bool] = env.setdefault("link_stack", [])
+        safe = stack.pop() if stack else False
+        return "</a>" if safe else "</span>"
+
+    def table_open(self: Any, tokens: Sequence[Any], idx: int, options: Any, env: dict[str, Any]) -> str:
+        return (
+            f'<table border="1" cellspacing="0" cellpadding="5" '
+            f'style="border-color:{colors.border}; border-collapse: collapse; margin: 4px 0;">\n'
+        )
+
+    def code_inline(self: Any, tokens: Sequence[Any], idx: int, options: Any, env: dict[str, Any]) -> str:
+        content = html.escape(tokens[idx].content)
+        return f'<code style="background-color:{colors.code_bg};">&nbsp;{content}&nbsp;</code>'
+
+    md.add_render_rule("fence", fence)
+    md.add_render_rule("code_block", fence)
+    md.add_render_rule("image", image)
+    md.add_render_rule("link_open", link_open)
+    md.add_render_rule("link_close", link_close)
+    md.add_render_rule("table_open", table_open)
+    md.add_render_rule("code_inline", code_inline)
+    return md
+
+
+def render_markdown(text: str, colors: CodeColors = LIGHT_CODE) -> RenderedMarkdown:
+    """Renders model output as safe rich text.
+
+    Args:
+        text: Markdown (possibly incomplete, while streaming).
+        colors: the theme's code and table colours.
+
+    Returns:
+        The HTML and the code blocks' raw text.
+    """
+    env: dict[str, Any] = {}
+    body = _parser(colors).render(text, env)
+    return RenderedMarkdown(html=body, code_blocks=tuple(env.get("code_blocks", [])))
+
+
+def plain_html(text: str) -> str:
+    """Text shown verbatim (user messages): escaped, line breaks kept."""
+    return html.escape(text).replace("\n", "<br>")

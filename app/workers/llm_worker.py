@@ -1,0 +1,327 @@
+"""The LLM worker: one QThread owning the engine's ChatSession (STYLE.md rules 2, 8, 9, 11).
+
+Requests arrive as queued signals carrying immutable request objects; each generation carries its
+own ``threading.Event`` that the GUI sets directly for Stop. Tokens are coalesced here, on the
+worker thread, into at most ~30 updates per second, so a fast model never floods the GUI's event
+queue.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from PySide6.QtCore import QObject, Signal, Slot
+
+log = logging.getLogger(__name__)
+
+COALESCE_S = 1 / 30
+"""Minimum time between two text updates sent to the GUI."""
+
+
+@dataclass(frozen=True)
+class LoadRequest:
+    """Load (or replace) the model.
+
+    Args:
+        model_path: the GGUF file.
+        n_ctx: context length.
+        n_threads: CPU threads (None: llama.cpp decides).
+        n_gpu_layers: layers to offload (0 on CPU-only builds).
+        overflow_policy: "rolling" or "refuse".
+        reply_reserve: tokens kept free for the reply.
+        label: the name shown in the UI.
+        breadcrumb: file written before the load and removed after it (crash detection).
+        bandwidth_cache: where the measured memory bandwidth is cached (None: skip the probe).
+    """
+
+    model_path: Path
+    n_ctx: int = 4096
+    n_threads: int | None = None
+    n_gpu_layers: int = 0
+    overflow_policy: str = "rolling"
+    reply_reserve: int = 512
+    label: str = ""
+    breadcrumb: Path | None = None
+    bandwidth_cache: Path | None = None
+    cancel: threading.Event = field(default_factory=threading.Event, compare=False)
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """Generate one reply.
+
+    Args:
+        request_id: echoed in every signal about this request.
+        history: earlier turns as ``(role, content)`` pairs, oldest first.
+        user: the new user message.
+        params: an ``engine.runtime.GenerationParams``.
+        system: the system prompt.
+        documents: the retrieved documents block, if any.
+        cancel: set by the GUI thread to stop.
+    """
+
+    request_id: int
+    history: tuple[tuple[str, str], ...]
+    user: str
+    params: Any
+    system: str | None = None
+    documents: str | None = None
+    cancel: threading.Event = field(default_factory=threading.Event, compare=False)
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A loaded model, as the GUI sees it."""
+
+    path: Path
+    label: str
+    info: Any  # engine.runtime.ModelInfo
+    load_ms: float
+    machine_bandwidth_gbps: float | None
+
+
+@dataclass(frozen=True)
+class GenerationOutcome:
+    """The end of a generation: the reason, the whole text, and the engine's Stats."""
+
+    request_id: int
+    reason: str
+    text: str
+    stats: Any  # engine.events.Stats
+    elapsed_ms: float
+
+
+class SessionLike(Protocol):
+    """What the worker needs from ``engine.session.ChatSession`` (fakes implement it in tests)."""
+
+    def load(self, cancel: threading.Event | None = None) -> Any: ...
+
+    def stream(
+        self,
+        history: Sequence[Any],
+        user: str,
+        params: Any = None,
+        *,
+        system: str | None = None,
+        documents: str | None = None,
+        cancel: threading.Event | None = None,
+    ) -> Iterator[Any]: ...
+
+    def prompt_view(self) -> Any: ...
+
+    def close(self) -> None: ...
+
+
+SessionFactory = Callable[[LoadRequest, "float | None"], SessionLike]
+
+
+def default_session_factory(request: LoadRequest, bandwidth: float | None) -> SessionLike:
+    """Builds the real engine session (imports the engine lazily; llama_cpp stays in the child)."""
+    from engine.runtime import LoadParams
+    from engine.session import ChatSession
+
+    params = LoadParams(
+        model_path=request.model_path,
+        n_ctx=request.n_ctx,
+        n_threads=request.n_threads,
+        n_gpu_layers=request.n_gpu_layers,
+    )
+    return ChatSession(
+        params,
+        machine_bandwidth_gbps=bandwidth,
+        overflow_policy=request.overflow_policy,  # type: ignore[arg-type]
+        reply_reserve=request.reply_reserve,
+    )
+
+
+def measure_bandwidth(cache: Path | None) -> float | None:
+    """The machine's memory bandwidth in GB/s from the cached probe, or None when unavailable."""
+    if cache is None:
+        return None
+    try:
+        from engine.hardware import cached_memory_bandwidth
+    except ImportError:
+        return None
+    try:
+        return float(cached_memory_bandwidth(cache))
+    except (OSError, ValueError) as exc:
+        log.warning("memory bandwidth probe failed: %s", exc)
+        return None
+
+
+def write_breadcrumb(path: Path, what: str, target: Path) -> None:
+    """Records risky work about to start, so the next launch can tell what crashed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"attempting": what, "path": str(target), "at": time.time()}), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def clear_breadcrumb(path: Path) -> None:
+    """Removes the breadcrumb: the risky work ended (well or with a handled error)."""
+    path.unlink(missing_ok=True)
+
+
+class LlmWorker(QObject):
+    """Owns the ChatSession; lives on the ``glassbox-llm`` thread.
+
+    Args:
+        session_factory: builds a session for a LoadRequest (the real engine by default).
+
+    Signals:
+        model_loaded(object): a :class:`LoadedModel`.
+        model_load_failed(object): the exception (EngineError, OSError, ...).
+        model_unloaded(): the session was closed.
+        prefill_progressed(int, int, int): request id, tokens evaluated, total new tokens.
+        tokens_received(int, str, int): request id, coalesced text delta, number of tokens in it.
+        generation_finished(object): a :class:`GenerationOutcome`.
+        generation_failed(int, object): request id, the exception.
+        prompt_view_ready(object): ``engine.session.PromptView`` of the last prompt.
+        bandwidth_measured(float): the machine's memory bandwidth in GB/s (probed once, cached).
+    """
+
+    model_loaded = Signal(object)
+    model_load_failed = Signal(object)
+    model_unloaded = Signal()
+    prefill_progressed = Signal(int, int, int)
+    tokens_received = Signal(int, str, int)
+    generation_finished = Signal(object)
+    generation_failed = Signal(int, object)
+    prompt_view_ready = Signal(object)
+    bandwidth_measured = Signal(float)
+
+    def __init__(self, session_factory: SessionFactory | None = None) -> None:
+        super().__init__()
+        self._factory = session_factory or default_session_factory
+        self._session: SessionLike | None = None
+        self._bandwidth: float | None = None
+        self._bandwidth_done = False
+
+    # slots (run on the worker thread) --------------------------------------------------
+    @Slot(object)
+    def _on_load_requested(self, request: LoadRequest) -> None:
+        self._close_session()
+        started = time.perf_counter()
+        if request.breadcrumb is not None:
+            write_breadcrumb(request.breadcrumb, "load model", request.model_path)
+        try:
+            session = self._factory(request, self._bandwidth)
+            info = session.load(request.cancel)
+        except Exception as exc:  # noqa: BLE001 - boundary: every failure becomes a signal (STYLE.md rule 18)
+            if request.breadcrumb is not None:
+                clear_breadcrumb(request.breadcrumb)
+            self.model_load_failed.emit(exc)
+            return
+        if request.breadcrumb is not None:
+            clear_breadcrumb(request.breadcrumb)
+        self._session = session
+        load_ms = (time.perf_counter() - started) * 1000
+        label = request.label or request.model_path.name
+        self.model_loaded.emit(LoadedModel(request.model_path, label, info, load_ms, self._bandwidth))
+        if not self._bandwidth_done and request.bandwidth_cache is not None:
+            # After the load, so the first reply is not delayed; cached for later runs.
+            self._bandwidth = measure_bandwidth(request.bandwidth_cache)
+            self._bandwidth_done = True
+            if self._bandwidth is not None:
+                if hasattr(session, "machine_bandwidth_gbps"):
+                    session.machine_bandwidth_gbps = self._bandwidth
+                self.bandwidth_measured.emit(self._bandwidth)
+
+    @Slot()
+    def _on_unload_requested(self) -> None:
+        self._close_session()
+        self.model_unloaded.emit()
+
+    @Slot(object)
+    def _on_generate_requested(self, request: GenerateRequest) -> None:
+        session = self._session
+        if session is None:
+            from engine.errors import EngineError
+
+            self.generation_failed.emit(request.request_id, EngineError("no model is loaded"))
+            return
+        started = time.perf_counter()
+        pending: list[str] = []
+        pending_tokens = 0
+        last_emit = 0.0
+        last_prefill = 0.0
+        try:
+            from engine.context import Message
+            from engine.events import Finished, PrefillProgress, Token
+
+            history = [Message(role, content) for role, content in request.history]  # type: ignore[arg-type]
+            events = session.stream(
+                history,
+                request.user,
+                request.params,
+                system=request.system,
+                documents=request.documents,
+                cancel=request.cancel,
+            )
+            for event in events:
+                now = time.perf_counter()
+                if isinstance(event, Token):
+                    pending.append(event.text)
+                    pending_tokens += 1
+                    if now - last_emit >= COALESCE_S:
+                        self.tokens_received.emit(request.request_id, "".join(pending), pending_tokens)
+                        pending.clear()
+                        pending_tokens = 0
+                        last_emit = now
+                elif isinstance(event, PrefillProgress):
+                    if now - last_prefill >= COALESCE_S or event.done >= event.total:
+                        self.prefill_progressed.emit(request.request_id, event.done, event.total)
+                        last_prefill = now
+                elif isinstance(event, Finished):
+                    if pending:
+                        self.tokens_received.emit(request.request_id, "".join(pending), pending_tokens)
+                        pending.clear()
+                    elapsed = (time.perf_counter() - started) * 1000
+                    outcome = GenerationOutcome(
+                        request.request_id, event.reason, event.text, event.stats, elapsed
+                    )
+                    self.generation_finished.emit(outcome)
+        except Exception as exc:  # noqa: BLE001 - boundary: EngineCrashed, ContextOverflow, ... become a signal
+            if pending:
+                self.tokens_received.emit(request.request_id, "".join(pending), pending_tokens)
+            self.generation_failed.emit(request.request_id, exc)
+            return
+        self._emit_prompt_view(session)
+
+    def _emit_prompt_view(self, session: SessionLike) -> None:
+        try:
+            view = session.prompt_view()
+        except Exception as exc:  # noqa: BLE001 - the prompt view is a nicety; never fail a turn for it
+            log.warning("prompt view unavailable: %s", exc)
+            return
+        self.prompt_view_ready.emit(view)
+
+    @Slot()
+    def _on_shutdown_requested(self) -> None:
+        self._close_session()
+
+    def _close_session(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            try:
+                session.close()
+            except Exception as exc:  # noqa: BLE001 - closing must never raise into Qt
+                log.warning("closing the model failed: %s", exc)
+
+    def kill_for_shutdown(self) -> None:
+        """Last resort at exit when the thread did not stop in time: kill the inference child."""
+        session = self._session
+        worker = getattr(session, "worker", None)
+        if worker is not None:
+            try:
+                worker.close(kill=True, timeout=1.0)
+            except Exception as exc:  # noqa: BLE001 - best effort at exit
+                log.warning("killing the inference worker failed: %s", exc)
