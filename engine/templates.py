@@ -40,6 +40,7 @@ from jinja2 import nodes
 from jinja2.exceptions import SecurityError
 from jinja2.runtime import LoopContext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.utils import generate_lorem_ipsum
 from markupsafe import Markup
 
 from engine.errors import TemplateError
@@ -49,6 +50,9 @@ MAX_RANGE = 100_000
 
 MAX_INT_ARG = 1_000_000
 """Largest integer argument a template may pass to a call or filter (``center(10**9)``...)."""
+
+ALLOCATION_FACTOR = 64
+"""A render may build at most this many times its size limit in all (strings, lists, joins)."""
 
 MIN_SIZE_LIMIT = 1_000_000
 """Floor of the per-render size limit (characters or items); it grows with the input size."""
@@ -81,6 +85,16 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+def _identity(value: Any) -> Any:
+    return value
+
+
+def _lipsum(n: int = 5, html: bool = True, min: int = 20, max: int = 100) -> str:  # noqa: A002 - jinja's names
+    if n > 20 or max > 200:
+        raise SecurityError("the chat template asked for too much lorem ipsum")
+    return generate_lorem_ipsum(n=n, html=html, min=min, max=max)
+
+
 def _tojson(
     value: Any, indent: int | None = None, ensure_ascii: bool = False, sort_keys: bool = False
 ) -> Markup:
@@ -110,10 +124,13 @@ class _GuardedEnvironment(ImmutableSandboxedEnvironment):
         self.deadline = float("inf")
         self.max_size = MIN_SIZE_LIMIT
         self._ticks = 0
+        self.produced = 0
         self.globals["range"] = self._range
         self.globals["raise_exception"] = _raise_exception
         self.globals["strftime_now"] = _strftime_now
+        self.globals["lipsum"] = _lipsum
         self.filters["tojson"] = _tojson
+        self.filters["glassbox_size_guard"] = _identity
         # Wrap every filter and test so that each application checks the deadline and its arguments.
         self.filters = {name: self._guard_callable(fn) for name, fn in self.filters.items()}
         self.tests = {name: self._guard_callable(fn) for name, fn in self.tests.items()}
@@ -126,9 +143,17 @@ class _GuardedEnvironment(ImmutableSandboxedEnvironment):
             raise _TemplateTimeout("the chat template took too long to render")
 
     def _check_size(self, value: Any) -> Any:
-        if isinstance(value, (str, list, tuple, dict)) and len(value) > self.max_size:
-            raise SecurityError(f"the chat template built a value of {len(value)} items or characters")
+        if isinstance(value, (str, list, tuple, dict)):
+            self._count(len(value))
         return value
+
+    def _count(self, size: int) -> None:
+        """Refuse a value over the size limit, or a render that built too much in all."""
+        if size > self.max_size:
+            raise SecurityError(f"the chat template built a value of {size} items or characters")
+        self.produced += size
+        if self.produced > ALLOCATION_FACTOR * self.max_size:
+            raise SecurityError(f"the chat template built more than {self.produced} characters in all")
 
     def _check_args(self, args: Iterable[Any]) -> None:
         for arg in args:
@@ -172,8 +197,7 @@ class _GuardedEnvironment(ImmutableSandboxedEnvironment):
     def guard_concat(self, *parts: Any) -> str:
         """The ``~`` operator, refusing a result over the size limit before building it."""
         texts = [str(part) for part in parts]
-        if sum(map(len, texts)) > self.max_size:
-            raise SecurityError("the chat template tried to build a huge string")
+        self._count(sum(map(len, texts)))
         return "".join(texts)
 
     def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
@@ -201,12 +225,10 @@ class _GuardedEnvironment(ImmutableSandboxedEnvironment):
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
         self.check()
-        limit = self.max_size
         if operator == "*":
             for seq, times in ((left, right), (right, left)):
-                sized = isinstance(seq, str | list | tuple) and isinstance(times, int)
-                if sized and len(seq) * times > limit:
-                    raise SecurityError("the chat template tried to build a huge sequence")
+                if isinstance(seq, str | list | tuple) and isinstance(times, int):
+                    self._count(max(len(seq) * times, 0))
         elif operator == "**":
             if (
                 isinstance(right, int | float)
@@ -219,8 +241,7 @@ class _GuardedEnvironment(ImmutableSandboxedEnvironment):
                 raise SecurityError("the chat template used a huge format width")
             self._check_args(right if isinstance(right, tuple) else (right,))
         elif operator == "+":
-            if _seq_len(left) + _seq_len(right) > limit:
-                raise SecurityError("the chat template tried to build a huge sequence")
+            self._count(_seq_len(left) + _seq_len(right))
             return left + right
         return super().call_binop(context, operator, left, right)
 
@@ -236,6 +257,12 @@ class _GuardedEnvironment(ImmutableSandboxedEnvironment):
             loop.iter = nodes.Call(
                 nodes.EnvironmentAttribute("guard_iter"), [loop.iter], [], None, None, lineno=loop.lineno
             )
+        for block in tree.find_all(nodes.AssignBlock):
+            # `{% set x %}...{% endset %}` captures output without any hook: size-check the capture.
+            if block.filter is None:
+                block.filter = nodes.Filter(
+                    None, "glassbox_size_guard", [], [], None, None, lineno=block.lineno
+                )
         for concat in tree.find_all(nodes.Concat):
             concat.nodes = [
                 nodes.Call(
@@ -255,6 +282,7 @@ class _GuardedEnvironment(ImmutableSandboxedEnvironment):
         with self.lock:
             self.max_size = MIN_SIZE_LIMIT + 4 * input_size
             self.deadline = time.monotonic() + timeout_s
+            self.produced = 0
             try:
                 parts: list[str] = []
                 total = 0

@@ -265,6 +265,10 @@ def test_time_limit_also_applies_when_rendering_later() -> None:
         "{{ '%*d' % (999999999, 1) }}",
         "{{ 10 ** 100000000 }}",
         "{{ messages | tojson(indent=999999999) }}",
+        "{% set a = 'x' * 500000 %}{% set b %}{{ a }}{{ a }}{{ a }}{% endset %}"
+        "{% set c %}{{ b }}{{ b }}{% endset %}",
+        "{{ (['x'] * 900000) | map('center', 999999) | join }}",
+        "{{ lipsum(999999) }}",
     ],
 )
 def test_memory_blowups_are_refused(source: str) -> None:
