@@ -213,16 +213,18 @@ def sniff_encoding(sample: bytes) -> str | None:
     for bom, codec in _BOMS:
         if sample.startswith(bom):
             return codec
-    if b"\x00" in sample:
-        return _looks_utf16(sample)
+    nuls = sample.count(0)
+    if nuls:
+        utf16 = _looks_utf16(sample)
+        if utf16 is not None or nuls > max(1, len(sample) // 200):
+            return utf16
+        sample = sample.replace(b"\x00", b"")  # a stray NUL in text (I7) is dropped when reading
     if sample and sum(b in _CONTROL_BYTES for b in sample) > 0.05 * len(sample):
         return None
-    try:
-        codecs.getincrementaldecoder("utf-8")().decode(sample, final=False)
-    except UnicodeDecodeError:
-        pass
-    else:
-        return "utf-8"
+    decoded = codecs.getincrementaldecoder("utf-8")(errors="replace").decode(sample, final=False)
+    bad = decoded.count("\ufffd")
+    if bad == 0 or sum(ch > "\x7f" for ch in decoded) - bad >= bad:
+        return "utf-8"  # valid, or mostly valid UTF-8 with a few broken bytes (those become U+FFFD)
     from charset_normalizer import from_bytes
 
     matches = list(from_bytes(sample))
@@ -400,17 +402,17 @@ def _load_json(path: Path, build: _Builder) -> None:
     """JSON as ``key.path[0]: value`` lines, one section per top-level key (or item); JSON Lines too."""
     text = read_text(path, build.max_chars)
     try:
-        values: list[Any] = [json.loads(text)]
-        lines_mode = False
-    except json.JSONDecodeError:
         try:
-            values = [json.loads(line) for line in text.splitlines() if line.strip()]
-            lines_mode = True
+            values: list[Any] = [json.loads(text)]
+            lines_mode = False
         except json.JSONDecodeError:
-            for para in _paragraphs(text):  # not JSON after all: index it as plain text
-                build.add(para)
-            return
-    try:
+            try:
+                values = [json.loads(line) for line in text.splitlines() if line.strip()]
+                lines_mode = True
+            except json.JSONDecodeError:
+                for para in _paragraphs(text):  # not JSON after all: index it as plain text
+                    build.add(para)
+                return
         for n, value in enumerate(values, 1):
             items: Iterable[tuple[Any, Any]] = []
             if isinstance(value, dict):

@@ -122,7 +122,9 @@ def write_docx(path: Path) -> Path:
     document.add_heading("Linux", level=2)
     document.add_paragraph("Use the AppImage on Linux.")
     table = document.add_table(rows=3, cols=2)
-    for row, (name, value) in zip(table.rows, [("Setting", "Value"), ("threads", "4"), ("context", "4096")]):
+    for row, (name, value) in zip(
+        table.rows, [("Setting", "Value"), ("threads", "4"), ("context", "4096")], strict=False
+    ):
         row.cells[0].text, row.cells[1].text = name, value
     document.add_heading("Usage", level=1)
     document.add_paragraph("Drop files on the window.")
@@ -141,14 +143,16 @@ def write_zip_bomb_docx(path: Path, member_bytes: int = 24 * 2**20) -> Path:
 def write_epub(path: Path, chapters: list[tuple[str, str]]) -> Path:
     """An EPUB 3 (zip with mimetype, container, OPF spine) with one XHTML file per (title, body)."""
     manifest = "".join(
-        f'<item id="c{n}" href="text/ch{n}.xhtml" media-type="application/xhtml+xml"/>' for n in range(len(chapters))
+        f'<item id="c{n}" href="text/ch{n}.xhtml" media-type="application/xhtml+xml"/>'
+        for n in range(len(chapters))
     )
     spine = "".join(f'<itemref idref="c{n}"/>' for n in reversed(range(len(chapters))))
     with zipfile.ZipFile(path, "w") as zf:
         zf.writestr("mimetype", "application/epub+zip", compress_type=zipfile.ZIP_STORED)
         zf.writestr(
             "META-INF/container.xml",
-            '<?xml version="1.0"?><container version="1.0" xmlns="urn:oasis:names:tc:opendocument:xmlns:container">'
+            '<?xml version="1.0"?><container version="1.0" '
+            'xmlns="urn:oasis:names:tc:opendocument:xmlns:container">'
             '<rootfiles><rootfile full-path="OEBPS/content.opf" media-type="application/oebps-package+xml"/>'
             "</rootfiles></container>",
         )
