@@ -568,9 +568,10 @@ def get_json(
                 raise error
             wait = max(backoff_delay(attempt, backoff_s, 60.0), retry_after_seconds(response.headers) or 0.0)
         except OfflineError:
-            if attempt > retries:
+            # Unreachable is usually not transient (no network, no DNS): one quick retry, then say so.
+            if attempt > min(retries, 1):
                 raise
-            wait = backoff_delay(attempt, backoff_s, 60.0)
+            wait = min(backoff_s, 1.0)
         except (OSError, http.client.HTTPException) as exc:
             if attempt > retries:
                 raise OfflineError(f"offline: cannot reach {endpoint} ({_describe_oserror(exc)})") from None

@@ -1,0 +1,166 @@
+"""``glassbox models search | files | download`` from outside, against the loopback fake Hub."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
+from hub_server import FakeHub, random_bytes
+
+from app.commands.models_hub import ProgressPrinter
+from engine.downloads import DownloadProgress
+
+ROOT = Path(__file__).resolve().parents[2]
+REPO = "acme/tiny-GGUF"
+Q4 = random_bytes(2 * 2**20 + 7, 1)
+PARTS = [random_bytes(300_000, 10 + i) for i in range(3)]
+
+
+@pytest.fixture(scope="module")
+def hub() -> Iterator[FakeHub]:
+    with FakeHub() as server:
+        server.add_repo(REPO, {
+            "tiny-Q4_K_M.gguf": Q4,
+            "big/tiny-F16-00001-of-00003.gguf": PARTS[0],
+            "big/tiny-F16-00002-of-00003.gguf": PARTS[1],
+            "big/tiny-F16-00003-of-00003.gguf": PARTS[2],
+            "mmproj-tiny-f16.gguf": b"projector",
+        }, downloads=9, likes=4)
+        server.add_repo("acme/other-GGUF", {"o-Q8_0.gguf": b"x" * 10}, downloads=99)
+        server.add_repo("acme/pickled", {"pytorch_model.bin": b"pickle"})
+        server.add_repo("acme/broken-split-GGUF", {"s-00001-of-00002.gguf": b"a"})
+        yield server
+
+
+def glassbox(*args: str, home: Path, endpoint: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_ENDPOINT": endpoint, "PYTHONUNBUFFERED": "1"}
+    env.pop("HF_TOKEN", None)
+    return subprocess.run([sys.executable, "-m", "app", *args, "--home", str(home)], capture_output=True,
+                          text=True, timeout=timeout, env=env, check=False)
+
+
+def one_line_error(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("glassbox: error: ")
+    assert "Traceback" not in result.stderr
+    return lines[0]
+
+
+def test_download_json_prints_path_and_sha256(hub: FakeHub, tmp_path: Path) -> None:
+    result = glassbox("models", "download", REPO, "tiny-Q4_K_M.gguf", "--json", home=tmp_path,
+                      endpoint=hub.url)
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    path = Path(document["path"])
+    assert path == tmp_path / "data" / "models" / "acme" / "tiny-GGUF" / "tiny-Q4_K_M.gguf"
+    assert document["sha256"] == hashlib.sha256(Q4).hexdigest()
+    assert path.read_bytes() == Q4
+    assert document["revision"] == hub.repos[REPO].commit
+    # progress goes to stderr, never to stdout
+    assert "downloading tiny-Q4_K_M.gguf" in result.stderr
+    assert "done tiny-Q4_K_M.gguf" in result.stderr
+    assert not list(path.parent.glob("*.partial*"))
+
+
+def test_download_of_a_split_model_fetches_every_part_and_the_mmproj(hub: FakeHub, tmp_path: Path) -> None:
+    result = glassbox("models", "download", REPO, "big/tiny-F16.gguf", "--with-mmproj", "--json",
+                      "--to", str(tmp_path / "out"), home=tmp_path, endpoint=hub.url)
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    names = [Path(f["path"]).name for f in document["files"]]
+    assert names == ["tiny-F16-00001-of-00003.gguf", "tiny-F16-00002-of-00003.gguf",
+                     "tiny-F16-00003-of-00003.gguf", "mmproj-tiny-f16.gguf"]
+    assert document["path"] == str(tmp_path / "out" / "big" / "tiny-F16-00001-of-00003.gguf")
+    for part, data in zip(document["files"], PARTS, strict=False):
+        assert Path(part["path"]).read_bytes() == data
+
+
+def test_download_human_output_names_the_file(hub: FakeHub, tmp_path: Path) -> None:
+    result = glassbox("models", "download", "acme/other-GGUF", "o-Q8_0.gguf", home=tmp_path, endpoint=hub.url)
+    assert result.returncode == 0, result.stderr
+    path, sha = result.stdout.split("  sha256 ")
+    assert Path(path).read_bytes() == b"x" * 10
+    assert sha.strip() == hashlib.sha256(b"x" * 10).hexdigest()
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (("acme/tiny-GGUF", "nope.gguf"), "nope.gguf: no such file in acme/tiny-GGUF"),
+    (("acme/tiny-GGUF", "../evil.gguf"), "unsafe file name"),
+    (("acme/tiny-GGUF", "C:\\evil.gguf"), "unsafe file name"),
+    (("nobody/nothing", "x.gguf"), "nobody/nothing: no such repository/file"),
+    (("acme/pickled", "pytorch_model.bin"), "contains only pickle weights (unsafe to load)"),
+    (("acme/broken-split-GGUF", "s.gguf"), "s.gguf: part 2 of 2 is missing in acme/broken-split-GGUF"),
+    (("not a repo", "x.gguf"), "not a Hugging Face repository id"),
+])
+def test_download_errors_are_one_line_with_exit_1(hub: FakeHub, tmp_path: Path, args: tuple[str, str],
+                                                  expected: str) -> None:
+    assert expected in one_line_error(glassbox("models", "download", *args, home=tmp_path, endpoint=hub.url))
+
+
+def test_download_when_offline_says_so(tmp_path: Path) -> None:
+    with FakeHub() as server:
+        endpoint = server.url
+    line = one_line_error(glassbox("models", "download", REPO, "tiny-Q4_K_M.gguf", home=tmp_path,
+                                   endpoint=endpoint))
+    assert f"offline: cannot reach {endpoint}" in line
+
+
+def test_search_json_and_table(hub: FakeHub, tmp_path: Path) -> None:
+    result = glassbox("models", "search", "acme", "--json", home=tmp_path, endpoint=hub.url)
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert [r["id"] for r in document["results"]] == ["acme/other-GGUF", "acme/tiny-GGUF",
+                                                       "acme/broken-split-GGUF"]
+    assert document["results"][1]["likes"] == 4
+    table = glassbox("models", "search", "acme", "--sort", "likes", "--limit", "1", home=tmp_path,
+                     endpoint=hub.url)
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert lines[0].split() == ["REPOSITORY", "DOWNLOADS", "LIKES", "UPDATED"]
+    assert lines[1].split()[0] == "acme/tiny-GGUF"
+    assert len(lines) == 2
+
+
+def test_search_bad_usage_exits_2(hub: FakeHub, tmp_path: Path) -> None:
+    result = glassbox("models", "search", "x", "--sort", "stars", home=tmp_path, endpoint=hub.url)
+    assert result.returncode == 2
+    assert "glassbox: error:" in result.stderr
+
+
+def test_files_lists_quants_groups_and_mmproj(hub: FakeHub, tmp_path: Path) -> None:
+    result = glassbox("models", "files", REPO, "--json", home=tmp_path, endpoint=hub.url)
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    choices = {c["name"]: c for c in document["choices"]}
+    assert set(choices) == {"tiny-Q4_K_M.gguf", "big/tiny-F16.gguf"}
+    assert choices["big/tiny-F16.gguf"]["total_size"] == 900_000
+    assert choices["big/tiny-F16.gguf"]["quant"] == "F16"
+    assert [m["filename"] for m in choices["tiny-Q4_K_M.gguf"]["mmproj"]] == ["mmproj-tiny-f16.gguf"]
+    table = glassbox("models", "files", REPO, home=tmp_path, endpoint=hub.url)
+    assert table.returncode == 0, table.stderr
+    assert "big/tiny-F16.gguf" in table.stdout
+    assert "Q4_K_M" in table.stdout
+    assert "2.0 MiB" in table.stdout
+
+
+def test_progress_printer_redraws_on_a_terminal() -> None:
+    out = io.StringIO()
+    printer = ProgressPrinter(out, tty=True)
+    printer(DownloadProgress("m.gguf", 0, 100, 0.0, None, "connecting", 1))
+    printer(DownloadProgress("m.gguf", 50, 100, 2048.0, 25.0, "downloading", 2, ""))
+    printer(DownloadProgress("m.gguf", 100, 100, 0.0, None, "done", 2))
+    text = out.getvalue()
+    assert text.count("\r\x1b[2K") == 3
+    assert " 50.0% (50 B of 100 B)  2.0 KiB/s  ETA 25 s  attempt 2" in text
+    assert text.endswith("\n")
