@@ -198,7 +198,10 @@ class HistoryStore:
         self.path = Path(path)
         self._lock = threading.RLock()
         self._check_header()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise HistoryError(self.path, f"cannot create the folder: {exc.strerror or exc}") from exc
         try:
             self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=10)
         except sqlite3.Error as exc:
@@ -235,8 +238,8 @@ class HistoryStore:
         try:
             with self.path.open("rb") as handle:
                 header = handle.read(len(SQLITE_MAGIC))
-        except FileNotFoundError:
-            return
+        except (FileNotFoundError, NotADirectoryError):
+            return  # a new history (a folder in the way is reported when it is created)
         except OSError as exc:
             raise HistoryError(self.path, f"cannot read the chat history: {exc.strerror or exc}") from exc
         if header and header != SQLITE_MAGIC:

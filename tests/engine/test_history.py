@@ -402,3 +402,24 @@ def test_a_file_that_is_not_a_usable_database_is_reported_and_left_alone(
     assert "\n" not in message
     assert db_path.read_bytes() == content
     assert sorted(p.name for p in db_path.parent.iterdir()) == ["history.sqlite3"]
+
+
+def test_a_full_disk_is_reported_and_earlier_messages_survive(db_path: Path) -> None:
+    with HistoryStore(db_path) as store:
+        conv = store.create_conversation()
+        kept = store.add_message(conv.id, "user", "saved before the disk filled up")
+        pages = store._conn.execute("PRAGMA page_count").fetchone()[0]
+        store._conn.execute(f"PRAGMA max_page_count = {pages + 2}")  # simulates SQLITE_FULL
+        with pytest.raises(HistoryError, match="could not save: the disk is full"):
+            store.add_message(conv.id, "assistant", "x" * 200_000)
+        assert [m.id for m in store.thread(conv.id)] == [kept.id]
+    with HistoryStore(db_path) as store:
+        assert [m.content for m in store.thread(conv.id)] == ["saved before the disk filled up"]
+        assert store.integrity_check() == "ok"
+
+
+def test_a_folder_that_cannot_be_created_is_a_typed_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    with pytest.raises(HistoryError, match="cannot create the folder"):
+        HistoryStore(blocker / "data" / "history.sqlite3")
