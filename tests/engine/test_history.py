@@ -305,7 +305,6 @@ _WRITER = textwrap.dedent(
 )
 
 
-@pytest.mark.slow
 def test_kill_9_mid_write_loses_nothing_that_was_committed(db_path: Path, tmp_path: Path) -> None:
     script = tmp_path / "writer.py"
     script.write_text(_WRITER)
