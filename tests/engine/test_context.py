@@ -220,3 +220,30 @@ def test_breakdown_stays_exact_when_pieces_tokenize_longer_than_the_prompt() -> 
 def test_bad_arguments_are_typed_errors(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(EngineError, match=message):
         plan([], **kwargs)  # type: ignore[arg-type]
+
+
+def test_plan_with_a_real_template_renderer_fits_and_adds_up() -> None:
+    from engine.templates import fallback_template
+
+    template = fallback_template("gemma", "test", "<bos>", "<eos>")
+
+    def count_rendered(messages: Sequence[Message]) -> int:
+        # A whitespace "tokenizer" over the real rendered prompt (headers and BOS included).
+        rendered = template.render([{"role": m.role, "content": m.content} for m in messages])
+        return len(rendered.replace("<", " <").replace(">", "> ").split())
+
+    history = history_of(30)
+    result = plan_context(
+        system="You are terse.",
+        documents="[1] notes.md: the sky is blue",
+        history=history,
+        user="what colour is the sky?",
+        n_ctx=300,
+        reply_reserve=64,
+        count_tokens=count_rendered,
+        count_text=lambda text: len(text.split()),
+    )
+    assert 0 < result.evicted < len(history)
+    assert result.evicted % 2 == 0
+    assert result.prompt_tokens == count_rendered(result.messages) <= 300 - 64
+    check_breakdown(result, 300)
