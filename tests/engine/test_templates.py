@@ -348,3 +348,25 @@ def test_rendering_a_long_conversation_is_fast() -> None:
     rendered = template.render(long)
     assert time.perf_counter() - started < 0.5
     assert rendered.count("<start_of_turn>") == 401
+
+
+@pytest.mark.model
+def test_gemma_fallback_tokenizes_to_the_starter_models_special_tokens(starter_model: Path) -> None:
+    llama_cpp = pytest.importorskip("llama_cpp")
+    model = llama_cpp.Llama(str(starter_model), vocab_only=True, verbose=False)
+    try:
+        template = select_template(None, "gemma3", "<bos>", "<eos>")
+        prompt = template.render(CONVO)
+        ids = model.tokenize(prompt.encode(), add_bos=False, special=True)
+        start, end = (
+            model.tokenize(t.encode(), add_bos=False, special=True)
+            for t in ("<start_of_turn>", "<end_of_turn>")
+        )
+        assert len(start) == 1
+        assert len(end) == 1
+        assert ids[0] == model.token_bos()
+        assert ids.count(model.token_bos()) == 1
+        assert ids.count(start[0]) == 4
+        assert ids.count(end[0]) == 3
+    finally:
+        model.close()
