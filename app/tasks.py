@@ -117,6 +117,10 @@ class SerialExecutor:
         future.add_done_callback(finished)
         return future
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def shutdown(self, wait: bool = True) -> None:
         """Stops accepting jobs; waits for the running ones when ``wait``."""
         self._closed = True

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QObject, QThread, Signal, Slot
+from PySide6.QtCore import QCoreApplication, QEvent, QObject, QThread, Signal, Slot
 
 from app.tasks import describe_error
 from app.workers.history_service import DisplayMessage, HistoryService, display_thread
@@ -145,6 +145,7 @@ class ChatAdapter(QObject):
         self._turn: _Turn | None = None
         self._load: LoadRequest | None = None
         self._ids = itertools.count(1)
+        self._closed = False
 
         self._thread = QThread()
         self._thread.setObjectName("glassbox-llm")
@@ -546,6 +547,13 @@ class ChatAdapter(QObject):
             self.worker.kill_for_shutdown()
             self._thread.terminate()
             self._thread.wait(1000)
+        # Deliver what the worker sent before it stopped (the final text and stats), so the reply
+        # is saved with them; a turn still open after that is saved as partial.
+        QCoreApplication.sendPostedEvents(self, QEvent.Type.MetaCall.value)
+        if self._turn is not None and self._turn.reply_id >= 0:
+            self._finish_turn("cancelled", "".join(self._turn.text), None)
+        self._turn = None
+        self._closed = True
         self.history.close(wait=True)
         return bool(clean)
 

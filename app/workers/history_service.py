@@ -8,6 +8,7 @@ starts, so nothing the user typed is lost.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -15,6 +16,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from app.tasks import SerialExecutor
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -96,8 +99,14 @@ class HistoryService:
         fn: Callable[[Any], T],
         on_done: Callable[[T], None] | None = None,
         on_error: Callable[[BaseException], None] | None = None,
-    ) -> Future[T]:
-        """Runs ``fn(store)`` on the history thread; callbacks run on the GUI thread."""
+    ) -> Future[T] | None:
+        """Runs ``fn(store)`` on the history thread; callbacks run on the GUI thread.
+
+        After :meth:`close` the call is dropped (a late signal during shutdown) and None returned.
+        """
+        if self._executor.closed:
+            log.warning("history call after close ignored")
+            return None
         return self._executor.submit(lambda: fn(self._get_store()), on_done, on_error)
 
     def close(self, wait: bool = True) -> None:

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from PySide6.QtCore import QThread
 
 from app.paths import Paths
 from app.settings import Settings
@@ -33,8 +32,6 @@ class FakeSession:
         delay_s: pause between tokens.
     """
 
-    instances: list[FakeSession] = []
-
     def __init__(self, request: Any, bandwidth: float | None, reply: str = "", delay_s: float = 0.0) -> None:
         self.request = request
         self.bandwidth = bandwidth
@@ -42,15 +39,25 @@ class FakeSession:
         self.delay_s = delay_s
         self.calls: list[dict[str, Any]] = []
         self.closed = False
-        FakeSession.instances.append(self)
 
     def load(self, cancel: threading.Event | None = None) -> Any:
         from engine.runtime import ModelInfo
 
         return ModelInfo(
-            path=str(self.request.model_path), architecture="fake", n_ctx=self.request.n_ctx, n_ctx_train=2048,
-            n_vocab=100, n_params=1000, model_bytes=123_456_789, n_layers=2, n_gpu_layers=0,
-            gpu_offload_supported=False, bos_token=None, eos_token=None, add_bos=False, chat_template=None,
+            path=str(self.request.model_path),
+            architecture="fake",
+            n_ctx=self.request.n_ctx,
+            n_ctx_train=2048,
+            n_vocab=100,
+            n_params=1000,
+            model_bytes=123_456_789,
+            n_layers=2,
+            n_gpu_layers=0,
+            gpu_offload_supported=False,
+            bos_token=None,
+            eos_token=None,
+            add_bos=False,
+            chat_template=None,
         )
 
     def stream(
@@ -79,12 +86,31 @@ class FakeSession:
             if self.delay_s:
                 time.sleep(self.delay_s)
         stats = Stats(
-            n_ctx=self.request.n_ctx, prompt_tokens=42, cached_tokens=7, completion_tokens=len(sent),
-            context_used=42 + len(sent), evicted_messages=0, ttft_ms=12.5, prefill_ms=20.0, decode_ms=100.0,
-            prefill_tps=1750.0, decode_tps=88.25, kv_cache_bytes=4 * 2**20, kv_used_bytes=2**20,
-            model_bytes=123_456_789, bandwidth_gbps=11.0, machine_bandwidth_gbps=20.0, template="fallback:chatml",
-            budget={"system": 10, "documents": 0, "history": 20, "current": 12, "reserve": 512,
-                    "free": self.request.n_ctx - 554},
+            n_ctx=self.request.n_ctx,
+            prompt_tokens=42,
+            cached_tokens=7,
+            completion_tokens=len(sent),
+            context_used=42 + len(sent),
+            evicted_messages=0,
+            ttft_ms=12.5,
+            prefill_ms=20.0,
+            decode_ms=100.0,
+            prefill_tps=1750.0,
+            decode_tps=88.25,
+            kv_cache_bytes=4 * 2**20,
+            kv_used_bytes=2**20,
+            model_bytes=123_456_789,
+            bandwidth_gbps=11.0,
+            machine_bandwidth_gbps=20.0,
+            template="fallback:chatml",
+            budget={
+                "system": 10,
+                "documents": 0,
+                "history": 20,
+                "current": 12,
+                "reserve": 512,
+                "free": self.request.n_ctx - 554,
+            },
         )
         yield stats
         yield Finished(reason=reason, stats=stats, text="".join(sent))  # type: ignore[arg-type]
@@ -113,11 +139,3 @@ def make_window(paths: Paths, factory: Any = None, settings: Settings | None = N
     from app.main_window import MainWindow
 
     return MainWindow(paths, settings or Settings(theme="light"), session_factory=factory, **kwargs)
-
-
-@pytest.fixture
-def no_dangling_threads() -> Iterator[None]:
-    """Fails a test that leaves a QThread running (STYLE.md rule 20)."""
-    before = {id(t) for t in QThread.__subclasses__()}
-    yield
-    assert before is not None

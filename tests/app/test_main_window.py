@@ -1,0 +1,234 @@
+"""The main window with a fake engine session: send, stream, stop, edit/branch, search, delete/undo."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import FakeSession, make_window
+from PySide6.QtCore import Qt
+
+from app.paths import Paths
+from app.workers.chat_adapter import ChatState, ModelState
+from engine.history import HistoryStore
+
+pytestmark = [pytest.mark.gui, pytest.mark.qt_log_ignore("propagateSizeHints")]
+
+
+@pytest.fixture
+def window(qtbot: Any, paths: Paths, fake_model: Path) -> Any:
+    sessions: list[FakeSession] = []
+
+    def factory(request: Any, bandwidth: float | None) -> FakeSession:
+        session = FakeSession(request, bandwidth, reply=window_reply["text"], delay_s=window_reply["delay"])
+        sessions.append(session)
+        return session
+
+    window_reply = {"text": "Hello from the fake model. It streams a few words.", "delay": 0.0}
+    w = make_window(paths, factory, probe_bandwidth=False)
+    w.sessions = sessions
+    w.reply = window_reply
+    qtbot.addWidget(w)
+    w.show()
+    w.start()
+    qtbot.waitUntil(lambda: w.chat.model_state is ModelState.LOADED, timeout=5000)
+    yield w
+    w.shutdown()
+
+
+def send(qtbot: Any, w: Any, text: str) -> None:
+    w.composer.edit.setPlainText(text)
+    qtbot.keyClick(w.composer.edit, Qt.Key.Key_Return)
+    qtbot.waitUntil(lambda: not w.chat.busy and w.chat.state is ChatState.IDLE, timeout=5000)
+    qtbot.waitUntil(
+        lambda: w.chat.thread_messages and w.chat.thread_messages[-1].state != "pending", timeout=5000
+    )
+
+
+def stored_thread(paths: Paths) -> list[Any]:
+    with HistoryStore(paths.history_db) as store:
+        conv = store.list_conversations()[0]
+        return store.thread(conv.id)
+
+
+def test_send_streams_reply_and_saves_it(qtbot: Any, window: Any, paths: Paths) -> None:
+    send(qtbot, window, "Hi there")
+    cards = window.chat_view.cards
+    assert [c.message.role for c in cards] == ["user", "assistant"]
+    assert cards[1].text == "Hello from the fake model. It streams a few words."
+    saved = stored_thread(paths)
+    assert [(m.role, m.state) for m in saved] == [("user", "complete"), ("assistant", "complete")]
+    assert saved[1].content == cards[1].text
+    assert saved[1].stats is not None
+    assert saved[1].stats["completion_tokens"] == 10
+    # The session saw the default system prompt and the user text.
+    call = window.sessions[-1].calls[-1]
+    assert call["user"] == "Hi there"
+    assert call["system"] == window.settings.default_system_prompt
+
+
+def test_shift_enter_adds_a_line_instead_of_sending(qtbot: Any, window: Any) -> None:
+    window.composer.edit.setPlainText("line one")
+    window.composer.edit.moveCursor(window.composer.edit.textCursor().MoveOperation.End)
+    qtbot.keyClick(window.composer.edit, Qt.Key.Key_Return, Qt.KeyboardModifier.ShiftModifier)
+    assert window.composer.edit.toPlainText() == "line one\n"
+    assert not window.chat.busy
+
+
+def test_second_turn_sends_history(qtbot: Any, window: Any) -> None:
+    send(qtbot, window, "first")
+    send(qtbot, window, "second")
+    call = window.sessions[-1].calls[-1]
+    assert [(m.role, m.content) for m in call["history"]] == [
+        ("user", "first"),
+        ("assistant", "Hello from the fake model. It streams a few words."),
+    ]
+
+
+def test_stop_saves_partial_reply(qtbot: Any, window: Any, paths: Paths) -> None:
+    window.reply["text"] = " ".join(f"word{i}" for i in range(400))
+    window.reply["delay"] = 0.01
+    window.load_model(Path(window.models[0]))
+    qtbot.waitUntil(lambda: window.chat.model_state is ModelState.LOADED, timeout=5000)
+    window.composer.edit.setPlainText("go on forever")
+    qtbot.keyClick(window.composer.edit, Qt.Key.Key_Return)
+    qtbot.waitUntil(lambda: window.chat_view.streamed_text.count("word") >= 5, timeout=5000)
+    assert window.composer.stop_button.isVisible()
+    qtbot.mouseClick(window.composer.stop_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: window.chat.state is ChatState.IDLE, timeout=5000)
+    qtbot.waitUntil(lambda: window.chat.thread_messages[-1].state == "partial", timeout=5000)
+    saved = stored_thread(paths)[-1]
+    assert saved.state == "partial"
+    assert 0 < saved.content.count("word") < 400
+    assert "stopped" in window.chat_view.cards[-1].stats_label.text()
+
+
+def test_edit_creates_branch_and_navigation_switches(qtbot: Any, window: Any) -> None:
+    send(qtbot, window, "original question")
+    user_id = window.chat.thread_messages[0].id
+    window.chat_view.cards[0].edit_button.click()
+    assert window.composer.editing == user_id
+    assert window.composer.edit.toPlainText() == "original question"
+    window.composer.edit.setPlainText("edited question")
+    qtbot.keyClick(window.composer.edit, Qt.Key.Key_Return)
+    qtbot.waitUntil(lambda: not window.chat.busy, timeout=5000)
+    qtbot.waitUntil(lambda: window.chat.thread_messages[-1].state == "complete", timeout=5000)
+    first = window.chat_view.cards[0]
+    assert first.text == "edited question"
+    assert first.branch_label.text() == "2/2"
+    assert first.prev_button.isEnabled()
+    first.prev_button.click()
+    qtbot.waitUntil(lambda: window.chat_view.cards[0].text == "original question", timeout=5000)
+    assert window.chat_view.cards[0].branch_label.text() == "1/2"
+    assert len(window.chat_view.cards) == 2
+
+
+def test_regenerate_keeps_old_reply_as_sibling(qtbot: Any, window: Any) -> None:
+    send(qtbot, window, "tell me")
+    reply_id = window.chat.thread_messages[-1].id
+    window.reply["text"] = "A different answer."
+    window.chat_view.cards[-1].regen_button.click()
+    qtbot.waitUntil(lambda: window.chat.thread_messages[-1].id != reply_id, timeout=5000)
+    qtbot.waitUntil(lambda: window.chat.thread_messages[-1].state == "complete", timeout=5000)
+    last = window.chat.thread_messages[-1]
+    assert last.sibling_count == 2
+    assert reply_id in last.sibling_ids
+
+
+def test_search_finds_words_across_chats(qtbot: Any, window: Any) -> None:
+    send(qtbot, window, "the zebra question")
+    window.new_chat()
+    qtbot.waitUntil(
+        lambda: window.chat.conversation is not None and not window.chat.thread_messages, timeout=5000
+    )
+    send(qtbot, window, "a giraffe question")
+    window.sidebar.search.setText("zebra")
+    qtbot.waitUntil(lambda: "RESULT" in window.sidebar.title.text(), timeout=5000)
+    assert window.sidebar.list.count() == 1
+    assert "zebra" in window.sidebar.list.item(0).text()
+    window.sidebar.search.clear()
+    qtbot.waitUntil(lambda: window.sidebar.title.text() == "CHATS", timeout=5000)
+    assert window.sidebar.list.count() == 2
+
+
+def test_delete_and_undo(qtbot: Any, window: Any) -> None:
+    send(qtbot, window, "keep me")
+    conv_id = window.chat.conversation.id
+    window.delete_conversation(conv_id)
+    qtbot.waitUntil(lambda: window.sidebar.list.count() == 0, timeout=5000)
+    assert window.toast.isVisible()
+    window.toast.action.click()
+    qtbot.waitUntil(lambda: window.sidebar.list.count() == 1, timeout=5000)
+    qtbot.waitUntil(lambda: len(window.chat_view.cards) == 2, timeout=5000)
+
+
+def test_inspector_shows_the_engine_stats(qtbot: Any, window: Any) -> None:
+    send(qtbot, window, "numbers please")
+    stats = window.chat.last_stats
+    shown = window.inspector.shown
+    assert shown["decode_tps"] == f"{stats.decode_tps:.1f} tok/s"
+    assert shown["prefill_tps"] == f"{stats.prefill_tps:.1f} tok/s"
+    assert shown["ttft_ms"] == f"{stats.ttft_ms:.0f} ms"
+    assert shown["cached_tokens"] == f"{stats.cached_tokens} / {stats.prompt_tokens}"
+    assert shown["context_used"] == f"{stats.context_used} of {stats.n_ctx} tokens used"
+    for key, value in stats.budget.items():
+        assert shown[f"budget.{key}"] == str(value)
+    assert shown["bandwidth_gbps"] == f"{stats.bandwidth_gbps:.1f} GB/s"
+    assert shown["wall_ratio"] == f"{stats.bandwidth_gbps / stats.machine_bandwidth_gbps * 100:.0f}%"
+    qtbot.waitUntil(lambda: window.inspector.tokens_view.token_ids == [1, 2, 3], timeout=5000)
+
+
+def test_eviction_marker_shows_where_history_was_dropped(qtbot: Any, window: Any) -> None:
+    from app.workers.history_service import DisplayMessage
+
+    def msg(i: int, role: str, stats: dict[str, Any] | None = None) -> DisplayMessage:
+        return DisplayMessage(i, i - 1 or None, role, f"m{i}", "complete", stats, None, None, None, (i,))
+
+    messages = [
+        msg(1, "user"),
+        msg(2, "assistant"),
+        msg(3, "user"),
+        msg(4, "assistant", {"evicted_messages": 2}),
+    ]
+    window._on_chat_conversation_opened(type("C", (), {"id": 1, "title": "t"})(), messages)
+    marker = window.chat_view.marker
+    assert marker is not None
+    assert "2 earlier messages" in marker.text()
+    layout = window.chat_view._layout
+    assert layout.indexOf(marker) == layout.indexOf(window.chat_view.cards[2]) - 1
+
+
+def test_export_writes_markdown_html_json(qtbot: Any, window: Any, tmp_path: Path, monkeypatch: Any) -> None:
+    from PySide6.QtWidgets import QFileDialog
+
+    send(qtbot, window, "export me")
+    for fmt in ("md", "html", "json"):
+        target = tmp_path / f"out.{fmt}"
+        monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda *a, t=target, **k: (str(t), ""))
+        window.export_conversation(None, fmt)
+        qtbot.waitUntil(target.exists, timeout=5000)
+    assert "## You" in (tmp_path / "out.md").read_text()
+    assert "<script" not in (tmp_path / "out.html").read_text()
+    data = json.loads((tmp_path / "out.json").read_text())
+    assert [m["role"] for m in data["messages"]] == ["user", "assistant"]
+
+
+def test_close_while_generating_finishes_in_time(qtbot: Any, window: Any, paths: Paths) -> None:
+    import time
+
+    window.reply["text"] = " ".join(f"w{i}" for i in range(2000))
+    window.reply["delay"] = 0.01
+    window.load_model(Path(window.models[0]))
+    qtbot.waitUntil(lambda: window.chat.model_state is ModelState.LOADED, timeout=5000)
+    window.composer.edit.setPlainText("long")
+    qtbot.keyClick(window.composer.edit, Qt.Key.Key_Return)
+    qtbot.waitUntil(lambda: window.chat_view.streamed_text.count("w") >= 3, timeout=5000)
+    started = time.perf_counter()
+    assert window.shutdown() is True
+    assert time.perf_counter() - started < 5.0
+    saved = stored_thread(paths)
+    assert saved[0].content == "long"  # the user message was saved before generating
+    assert saved[1].state == "partial"
+    assert saved[1].content.startswith("w0 w1 w2")
