@@ -128,6 +128,7 @@ def plan_context(
             ``"refuse"``. The message gives the numbers and what to do.
         EngineError: ``n_ctx`` is not positive, ``reply_reserve`` is negative or ``policy`` is
             unknown.
+        TemplateError: raised by ``count_tokens`` when the chat template refuses the messages.
     """
     if n_ctx <= 0:
         raise EngineError(f"context window must be positive, got {n_ctx}")

@@ -5,14 +5,18 @@ whoever published the file, so it is untrusted code. It is rendered only in a
 :class:`jinja2.sandbox.ImmutableSandboxedEnvironment` subclass that also enforces a deadline and size
 limits:
 
-* every attribute access, item access, call, intercepted operator and loop step checks the deadline
-  (loops are guarded by rewriting each ``{% for %}``'s iterable in the parsed template, so even
-  empty nested loops over long strings are stopped);
-* ``range`` is replaced by a lazy, deadline-checked, capped range;
-* ``*``, ``**``, ``%``, ``+`` and ``~`` refuse results that would be huge (checked *before*
-  computing),
-  call arguments above :data:`MAX_INT_ARG` are refused (``"x"|center(10**9)``), and every string or
-  list a template reads or builds is checked against a size limit, as is the output.
+* every attribute access, item access, call, filter, intercepted operator and loop step checks the
+  deadline (loops are guarded by rewriting each ``{% for %}``'s iterable in the parsed template, so
+  even empty nested loops over long strings are stopped);
+* ``range`` is replaced by a lazy, deadline-checked, capped range, and ``lipsum`` is capped;
+* ``*``, ``+`` and ``~`` count the size of what they would build *before* building it, and so do
+  filter and call results, ``{% set %}...{% endset %}`` captures and the output: one value may not
+  exceed the size limit (1M characters or items, plus 4x the conversation's size) and one render
+  may not build more than :data:`ALLOCATION_FACTOR` times that in all;
+* huge powers, format widths of 7+ digits and integer call arguments above :data:`MAX_INT_ARG`
+  (``"x"|center(10**9)``) are refused;
+* attribute access that the sandbox deems unsafe raises at once (Jinja would print an empty
+  Undefined), so a template probing for an escape is rejected rather than half-rendered.
 
 :func:`select_template` test-renders the GGUF template once on a small conversation. A syntax
 error, a sandbox violation, a timeout, an exception or an output that does not contain the messages
