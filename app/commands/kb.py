@@ -1,9 +1,239 @@
-"""``glassbox`` subcommands: not written yet."""
+"""``glassbox kb ...``: knowledge bases from the command line.
+
+``create | add | list | remove | query | drop | reindex``, each with ``--json`` and
+``--chroma-url``. Data lives under ``paths.knowledge``; the embedding model is ``--embedder``,
+else ``$GLASSBOX_EMBEDDER``, else the ``embedder_path`` setting, else the bundled MiniLM.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from app.commands._output import add_json_flag, print_json
+from app.paths import Paths
+
+if TYPE_CHECKING:
+    from rag.ingest import IngestProgress, IngestReport
+    from rag.knowledge import KnowledgeBases
+
+EMBEDDER_ENV = "GLASSBOX_EMBEDDER"
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:
-    """Registers nothing yet."""
+def _out(line: str = "") -> None:
+    sys.stdout.write(line + "\n")
+
+
+def register(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    common: argparse.ArgumentParser,
+) -> None:
+    """Adds the ``kb`` group and its actions."""
+    shared = argparse.ArgumentParser(add_help=False)
+    add_json_flag(shared)
+    shared.add_argument(
+        "--chroma-url", metavar="URL", help="keep vectors on a Chroma server (http://host:port)"
+    )
+    parents = [common, shared]
+    parser = sub.add_parser("kb", parents=[common], help="knowledge bases: index documents and search them")
+    group = parser.add_subparsers(
+        dest="kb_command", metavar="ACTION", required=True, parser_class=type(parser)
+    )
+
+    p = group.add_parser("create", parents=parents, help="create an empty knowledge base")
+    p.add_argument("name")
+    p.add_argument(
+        "--embedder", metavar="DIR", help="sentence-transformers model folder (default: bundled MiniLM)"
+    )
+    p.add_argument(
+        "--chunk-tokens", type=int, metavar="N", help="chunk size in model tokens (default: model max)"
+    )
+    p.add_argument(
+        "--overlap", type=int, default=32, metavar="N", help="tokens shared by neighbouring chunks"
+    )
+    p.set_defaults(handler=_create)
+
+    p = group.add_parser("add", parents=parents, help="index files and folders (incremental)")
+    p.add_argument("name")
+    p.add_argument("paths", nargs="+", metavar="PATH")
+    p.set_defaults(handler=_add)
+
+    p = group.add_parser("list", parents=parents, help="list knowledge bases, or the documents of one")
+    p.add_argument("name", nargs="?")
+    p.set_defaults(handler=_list)
+
+    p = group.add_parser("remove", parents=parents, help="forget a file or folder (your files stay)")
+    p.add_argument("name")
+    p.add_argument("path")
+    p.set_defaults(handler=_remove)
+
+    p = group.add_parser("query", parents=parents, help="search a knowledge base")
+    p.add_argument("name")
+    p.add_argument("text")
+    p.add_argument("--k", type=int, default=5, metavar="K", help="how many passages (default 5)")
+    p.set_defaults(handler=_query)
+
+    p = group.add_parser("drop", parents=parents, help="delete a knowledge base (your files stay)")
+    p.add_argument("name")
+    p.set_defaults(handler=_drop)
+
+    p = group.add_parser(
+        "reindex", parents=parents, help="rebuild a knowledge base, optionally with another model"
+    )
+    p.add_argument("name")
+    p.add_argument("--embedder", metavar="DIR", help="switch to this sentence-transformers model folder")
+    p.set_defaults(handler=_reindex)
+
+
+def _setting_embedder(paths: Paths) -> Path | None:
+    try:
+        settings = json.loads(paths.settings_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    value = settings.get("embedder_path") if isinstance(settings, dict) else None
+    return Path(value) if isinstance(value, str) and value else None
+
+
+def _embedder(args: argparse.Namespace, paths: Paths) -> Path | None:
+    given = getattr(args, "embedder", None) or os.environ.get(EMBEDDER_ENV)
+    return Path(given).expanduser() if given else _setting_embedder(paths)
+
+
+def _open(args: argparse.Namespace, paths: Paths) -> KnowledgeBases:
+    from rag.knowledge import KnowledgeBases
+
+    return KnowledgeBases(paths.knowledge, _embedder(args, paths), args.chroma_url)
+
+
+def _create(args: argparse.Namespace, paths: Paths) -> int:
+    with _open(args, paths) as kbs:
+        folder = Path(args.embedder).expanduser() if args.embedder else None
+        kb = kbs.create(
+            args.name, embedder_path=folder, max_tokens=args.chunk_tokens, overlap_tokens=args.overlap
+        )
+    if args.json:
+        print_json(dataclasses.asdict(kb))
+    else:
+        _out(f"created {kb.name} ({kb.embedder_id}, {kb.dimension} dims, {kb.max_tokens}-token chunks)")
+    return 0
+
+
+class _ProgressLine:
+    """One self-overwriting progress line on a terminal, at most ~10 updates per second."""
+
+    def __init__(self) -> None:
+        self._last = 0.0
+
+    def __call__(self, p: IngestProgress) -> None:
+        now = time.monotonic()
+        final = p.state in ("done", "cancelled")
+        if not final and now - self._last < 0.1:
+            return
+        self._last = now
+        eta = f" eta {p.eta_s:.0f}s" if p.eta_s else ""
+        name = Path(p.current_file).name if p.current_file else ""
+        line = f"{p.state} {p.files_done}/{p.files_total} files, {p.chunks_done} chunks{eta} {name}"
+        sys.stderr.write("\r" + line[:100].ljust(100) + ("\n" if final else ""))
+        sys.stderr.flush()
+
+
+def _report(report: IngestReport, name: str, as_json: bool) -> int:
+    if as_json:
+        document = dataclasses.asdict(report)
+        document["failures"] = [{"path": p, "reason": r} for p, r in report.failures]
+        print_json({"kb": name, **document})
+    else:
+        for path, reason in report.failures:
+            _out(f"  {reason}: {path}")
+        _out(f"{name}: {report.summary()}")
+    return 130 if report.cancelled else 0
+
+
+def _add(args: argparse.Namespace, paths: Paths) -> int:
+    progress = _ProgressLine() if sys.stderr.isatty() else None
+    with _open(args, paths) as kbs:
+        report = kbs.add(args.name, [Path(p) for p in args.paths], progress=progress)
+    return _report(report, args.name, args.json)
+
+
+def _reindex(args: argparse.Namespace, paths: Paths) -> int:
+    progress = _ProgressLine() if sys.stderr.isatty() else None
+    with _open(args, paths) as kbs:
+        folder = Path(args.embedder).expanduser() if args.embedder else None
+        report = kbs.reindex(args.name, embedder_path=folder, progress=progress)
+    return _report(report, args.name, args.json)
+
+
+def _list(args: argparse.Namespace, paths: Paths) -> int:
+    with _open(args, paths) as kbs:
+        if args.name:
+            kb = kbs.get(args.name)
+            docs = kbs.documents(args.name)
+            if args.json:
+                print_json({"kb": dataclasses.asdict(kb), "documents": [dataclasses.asdict(d) for d in docs]})
+                return 0
+            _out(f"{kb.name}: {len(docs)} documents, model {kb.embedder_id}")
+            for d in docs:
+                reason = f" ({d.reason})" if d.reason else ""
+                _out(f"  {d.state:<8} {d.n_chunks:>6} chunks  {d.path}{reason}")
+            return 0
+        summaries = kbs.list()
+    if args.json:
+        print_json([{**dataclasses.asdict(s.info), **dataclasses.asdict(s.stats)} for s in summaries])
+        return 0
+    if not summaries:
+        _out("no knowledge bases (create one with: glassbox kb create NAME)")
+    for s in summaries:
+        docs = sum(s.stats.documents.values())
+        _out(f"{s.info.name}: {docs} documents, {s.stats.embedded} chunks, model {s.info.embedder_id}")
+    return 0
+
+
+def _remove(args: argparse.Namespace, paths: Paths) -> int:
+    with _open(args, paths) as kbs:
+        removed = kbs.remove(args.name, Path(args.path))
+    if args.json:
+        print_json({"kb": args.name, "removed": removed})
+    else:
+        _out(f"{args.name}: removed {removed} document{'s' if removed != 1 else ''}")
+    return 0
+
+
+def _drop(args: argparse.Namespace, paths: Paths) -> int:
+    with _open(args, paths) as kbs:
+        kbs.drop(args.name)
+    if args.json:
+        print_json({"kb": args.name, "dropped": True})
+    else:
+        _out(f"dropped {args.name}")
+    return 0
+
+
+def _passage_json(passage: Any) -> dict[str, Any]:
+    return dataclasses.asdict(passage)
+
+
+def _query(args: argparse.Namespace, paths: Paths) -> int:
+    if args.k < 1:
+        sys.stderr.write("glassbox: error: --k must be at least 1\n")
+        return 2
+    with _open(args, paths) as kbs:
+        passages = kbs.query(args.name, args.text, k=args.k)
+    if args.json:
+        print_json({"kb": args.name, "query": args.text, "passages": [_passage_json(p) for p in passages]})
+        return 0
+    if not passages:
+        _out("no matching passages")
+    for n, p in enumerate(passages, start=1):
+        page = f" p.{p.page}" if p.page is not None else ""
+        dense = f"dense {p.dense_score:.3f} #{p.dense_rank}" if p.dense_score is not None else "dense -"
+        bm25 = f"bm25 {p.bm25_score:.2f} #{p.bm25_rank}" if p.bm25_score is not None else "bm25 -"
+        _out(f"[{n}] {p.path}{page}  fused {p.fused_score:.4f} ({dense}, {bm25})")
+        _out("    " + " ".join(p.text.split())[:300])
+    return 0

@@ -1,0 +1,471 @@
+"""Indexing: scan -> parse -> chunk -> embed -> store, incremental, batched and interruptible.
+
+Every step is committed to the registry before the next begins, so a killed indexer resumes
+where it stopped: queued documents are parsed again, stored chunks that were never embedded are
+embedded, and Chroma is reconciled against the registry (vectors it misses are re-embedded,
+vectors nobody owns are deleted). Upserts are idempotent, so nothing is ever stored twice.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from rag.embeddings import Embedder
+from rag.errors import DocumentError, KnowledgeBaseError
+from rag.registry import ChunkLike, DocState, DocumentRecord, KnowledgeBaseInfo, Registry
+from rag.store import VectorStore
+
+MAX_FILES = 200_000  # a folder walk stops here instead of eating the machine (ROBUSTNESS I8)
+_HASH_BLOCK = 1 << 20
+
+
+class Parser(Protocol):
+    """What ingest needs from ``rag.parsing.ParserPool``."""
+
+    def parse(self, path: Path, timeout_s: float = 60.0) -> Any: ...
+
+
+class Chunker(Protocol):
+    """What ingest needs from ``rag.chunking.chunk_document``."""
+
+    def __call__(
+        self,
+        doc: Any,
+        *,
+        count_tokens: Callable[[str], int],
+        max_tokens: int,
+        overlap_tokens: int,
+    ) -> Sequence[ChunkLike]: ...
+
+
+@dataclass(frozen=True)
+class IngestProgress:
+    """A progress report; ``state`` is scanning, indexing, embedding, paused, done or cancelled."""
+
+    files_done: int
+    files_total: int
+    chunks_done: int
+    current_file: str | None
+    eta_s: float | None
+    state: str
+
+
+@dataclass
+class IngestReport:
+    """What one run did; ``failures`` lists ``(path, reason)`` of skipped and failed files."""
+
+    indexed: int = 0
+    unchanged: int = 0
+    duplicates: int = 0
+    skipped: int = 0
+    errors: int = 0
+    removed: int = 0
+    chunks_added: int = 0
+    repaired: int = 0
+    cancelled: bool = False
+    seconds: float = 0.0
+    failures: list[tuple[str, str]] = field(default_factory=list)
+
+    def summary(self) -> str:
+        """One line for people."""
+        parts = [f"{self.indexed} indexed", f"{self.unchanged} unchanged"]
+        for count, label in (
+            (self.duplicates, "duplicates"),
+            (self.skipped, "skipped"),
+            (self.errors, "failed"),
+            (self.removed, "removed"),
+        ):
+            if count:
+                parts.append(f"{count} {label}")
+        line = ", ".join(parts) + f"; {self.chunks_added} chunks in {self.seconds:.1f} s"
+        return line + (" (cancelled)" if self.cancelled else "")
+
+
+def sha256_file(path: Path) -> str:
+    """The hex sha256 of a file, read in blocks."""
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while block := fh.read(_HASH_BLOCK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def walk_files(paths: Sequence[Path]) -> tuple[list[Path], list[Path]]:
+    """Expands files and folders into files, without following symlinks or entering dot-folders.
+
+    Returns:
+        ``(files, folders)``: every file found (absolute, deduplicated) and the folders walked.
+
+    Raises:
+        KnowledgeBaseError: a given path does not exist.
+    """
+    files: dict[Path, None] = {}
+    folders: list[Path] = []
+    for given in paths:
+        path = Path(os.path.abspath(given.expanduser()))
+        if path.is_dir():
+            folders.append(path)
+            for top, dirs, names in os.walk(path, followlinks=False):
+                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+                for name in sorted(names):
+                    file = Path(top, name)
+                    if name.startswith(".") or file.is_symlink():
+                        continue
+                    files.setdefault(file, None)
+                    if len(files) >= MAX_FILES:
+                        raise KnowledgeBaseError(f"{path}: more than {MAX_FILES} files; add smaller folders")
+        elif path.is_file():
+            files.setdefault(path, None)
+        else:
+            raise KnowledgeBaseError(f"{given}: no such file or folder")
+    return list(files), folders
+
+
+class Ingestor:
+    """Indexes files into one knowledge base at a time.
+
+    Args:
+        registry: the document registry (source of truth).
+        store: the vector store.
+        embedder: the knowledge base's embedding model.
+        parser: parses untrusted files in a killable child process.
+        chunker: splits a parsed document into chunks.
+        batch_seconds: target embedding time per committed batch.
+        parse_timeout_s: time limit per document.
+    """
+
+    def __init__(
+        self,
+        registry: Registry,
+        store: VectorStore,
+        embedder: Embedder,
+        parser: Parser,
+        chunker: Chunker,
+        *,
+        batch_seconds: float = 1.5,
+        parse_timeout_s: float = 60.0,
+    ) -> None:
+        self.registry = registry
+        self.store = store
+        self.embedder = embedder
+        self.parser = parser
+        self.chunker = chunker
+        self.batch_seconds = batch_seconds
+        self.parse_timeout_s = parse_timeout_s
+        self._batch = 32
+        self._per_chunk_s: float | None = None
+
+    # ------------------------------------------------------------------ public
+
+    def add(
+        self,
+        kb: KnowledgeBaseInfo,
+        paths: Sequence[Path],
+        *,
+        progress: Callable[[IngestProgress], None] | None = None,
+        cancel: threading.Event | None = None,
+        pause: threading.Event | None = None,
+    ) -> IngestReport:
+        """Adds files and folders; re-adding a folder also drops its files that are gone.
+
+        Raises:
+            KnowledgeBaseError: a path does not exist, or the store fails.
+        """
+        files, folders = walk_files(paths)
+        report = IngestReport()
+        started = time.monotonic()
+        self.reconcile(kb, report)
+        gone = [
+            d.id
+            for folder in folders
+            for d in self.registry.documents(kb.id, under=str(folder))
+            if not Path(d.path).exists()
+        ]
+        if gone:
+            self._forget(kb, gone, report)
+        self._run(kb, files, report, progress, cancel, pause, started)
+        return report
+
+    def refresh(
+        self,
+        kb: KnowledgeBaseInfo,
+        *,
+        progress: Callable[[IngestProgress], None] | None = None,
+        cancel: threading.Event | None = None,
+        pause: threading.Event | None = None,
+    ) -> IngestReport:
+        """Rescans every registered document: changed ones re-indexed, vanished ones removed,
+        interrupted work finished."""
+        report = IngestReport()
+        started = time.monotonic()
+        self.reconcile(kb, report)
+        docs = self.registry.documents(kb.id)
+        gone = [d.id for d in docs if not Path(d.path).is_file()]
+        if gone:
+            self._forget(kb, gone, report)
+        files = [Path(d.path) for d in docs if d.id not in set(gone)]
+        self._run(kb, files, report, progress, cancel, pause, started)
+        return report
+
+    def remove(self, kb: KnowledgeBaseInfo, path: Path) -> int:
+        """Forgets a file, or every file under a folder (the files themselves are untouched).
+
+        Returns:
+            How many documents were removed.
+
+        Raises:
+            KnowledgeBaseError: nothing registered matches ``path``.
+        """
+        target = os.path.abspath(path.expanduser())
+        docs = self.registry.documents(kb.id, under=target)
+        if not docs:
+            raise KnowledgeBaseError(f"{path}: not in knowledge base {kb.name}")
+        self._forget(kb, [d.id for d in docs], IngestReport())
+        return len(docs)
+
+    def reconcile(self, kb: KnowledgeBaseInfo, report: IngestReport | None = None) -> int:
+        """Makes Chroma agree with the registry (after a crash, a lost or rebuilt store).
+
+        Vectors the registry does not know are deleted; chunks the registry marks as embedded
+        but Chroma lacks are marked for embedding again (the next drain embeds them).
+
+        Returns:
+            How many chunks were marked for re-embedding.
+        """
+        self.store.ensure(kb.collection, dimension=kb.dimension, model_id=kb.embedder_id)
+        expected = self.registry.embedded_ids(kb.id)
+        if self.store.count(kb.collection) == len(expected):
+            return 0
+        present = self.store.ids(kb.collection)
+        extra = sorted(present - expected)
+        if extra:
+            self.store.delete(kb.collection, extra)
+        missing = expected - present
+        if missing:
+            self.registry.mark_unembedded(sorted(missing))
+        if report is not None:
+            report.repaired += len(missing)
+        return len(missing)
+
+    def drain(
+        self,
+        kb: KnowledgeBaseInfo,
+        *,
+        cancel: threading.Event | None = None,
+        on_batch: Callable[[int], None] | None = None,
+    ) -> int:
+        """Embeds every stored chunk still missing from the store, batch by batch.
+
+        Returns:
+            How many chunks were embedded.
+        """
+        total = 0
+        while not (cancel is not None and cancel.is_set()):
+            done = self._embed_batch(kb)
+            if not done:
+                break
+            total += done
+            if on_batch is not None:
+                on_batch(total)
+        return total
+
+    # ------------------------------------------------------------------ the pipeline
+
+    def _forget(self, kb: KnowledgeBaseInfo, doc_ids: list[int], report: IngestReport) -> None:
+        orphans = self.registry.remove_documents(doc_ids)
+        if orphans:
+            self.store.delete(kb.collection, orphans)
+        report.removed += len(doc_ids)
+
+    def _plan(self, kb: KnowledgeBaseInfo, files: list[Path], report: IngestReport) -> list[tuple[Path, int]]:
+        """Splits files into unchanged ones (counted) and ones to process (queued in the registry).
+
+        Unchanged means same size and mtime as recorded in a final state: no read, no hash.
+        """
+        known = {d.path: d for d in self.registry.documents(kb.id)}
+        todo: list[tuple[Path, int]] = []
+        queue: list[tuple[str, int, int]] = []
+        for file in files:
+            try:
+                st = file.stat()
+            except OSError:
+                continue  # vanished between the walk and now; the next rescan removes it
+            doc = known.get(str(file))
+            if (
+                doc is not None
+                and doc.size == st.st_size
+                and doc.mtime_ns == st.st_mtime_ns
+                and (
+                    doc.state in (DocState.INDEXED, DocState.SKIPPED, DocState.ERROR)
+                    or (doc.state is DocState.INDEXING and doc.content_id is not None)
+                )
+            ):
+                report.unchanged += 1
+                continue
+            todo.append((file, st.st_size))
+            if (
+                doc is None
+                or doc.state is not DocState.QUEUED
+                or doc.size != st.st_size
+                or doc.mtime_ns != st.st_mtime_ns
+            ):
+                queue.append((str(file), st.st_size, st.st_mtime_ns))
+        if queue:
+            self.registry.queue(kb.id, queue)
+        return todo
+
+    def _run(
+        self,
+        kb: KnowledgeBaseInfo,
+        files: list[Path],
+        report: IngestReport,
+        progress: Callable[[IngestProgress], None] | None,
+        cancel: threading.Event | None,
+        pause: threading.Event | None,
+        started: float,
+    ) -> None:
+        def emit(done: int, current: str | None, state: str, eta: float | None = None) -> None:
+            if progress is not None:
+                progress(IngestProgress(done, len(files), report.chunks_added, current, eta, state))
+
+        emit(0, None, "scanning")
+        todo = self._plan(kb, files, report)
+        total_bytes = sum(size for _, size in todo) or 1
+        done_bytes = 0
+        files_done = report.unchanged
+        work_started = time.monotonic()
+        for file, size in todo:
+            if self._hold(cancel, pause, functools.partial(emit, files_done, None, "paused")):
+                report.cancelled = True
+                break
+            emit(files_done, str(file), "indexing", _eta(work_started, done_bytes, total_bytes))
+            self._index_file(kb, file, report)
+            done_bytes += size
+            files_done += 1
+            while self.registry.count_pending(kb.id) >= self._batch:
+                if self._hold(cancel, pause, functools.partial(emit, files_done, None, "paused")):
+                    break
+                emit(files_done, str(file), "embedding", _eta(work_started, done_bytes, total_bytes))
+                report.chunks_added += self._embed_batch(kb)
+        if not report.cancelled:
+            while True:
+                if self._hold(cancel, pause, functools.partial(emit, files_done, None, "paused")):
+                    report.cancelled = True
+                    break
+                emit(files_done, None, "embedding", None)
+                added = self._embed_batch(kb)
+                if not added:
+                    break
+                report.chunks_added += added
+        report.seconds = time.monotonic() - started
+        emit(files_done, None, "cancelled" if report.cancelled else "done", 0.0)
+
+    @staticmethod
+    def _hold(
+        cancel: threading.Event | None, pause: threading.Event | None, on_pause: Callable[[], None]
+    ) -> bool:
+        """Waits while paused; returns True when cancelled."""
+        if pause is not None and pause.is_set():
+            on_pause()
+            while pause.is_set() and not (cancel is not None and cancel.is_set()):
+                time.sleep(0.05)
+        return cancel is not None and cancel.is_set()
+
+    def _index_file(self, kb: KnowledgeBaseInfo, file: Path, report: IngestReport) -> None:
+        doc = self.registry.document(kb.id, str(file))
+        if doc is None:  # removed concurrently
+            return
+        try:
+            st = file.stat()
+            sha = sha256_file(file)
+        except OSError as exc:
+            self._fail(kb, doc, DocState.ERROR, f"unreadable ({exc.strerror or exc})", report)
+            return
+        if doc.sha256 == sha and doc.content_id is not None:
+            self.registry.link_content(
+                doc.id, doc.content_id, sha256=sha, size=st.st_size, mtime_ns=st.st_mtime_ns
+            )
+            report.unchanged += 1
+            return
+        existing = self.registry.find_content(kb.id, sha)
+        if existing is not None:
+            self._delete_vectors(
+                kb,
+                self.registry.link_content(
+                    doc.id, existing, sha256=sha, size=st.st_size, mtime_ns=st.st_mtime_ns
+                ),
+            )
+            report.duplicates += 1
+            return
+        try:
+            parsed = self.parser.parse(file, timeout_s=self.parse_timeout_s)
+            chunks = self.chunker(
+                parsed,
+                count_tokens=self.embedder.count_tokens,
+                max_tokens=kb.max_tokens,
+                overlap_tokens=kb.overlap_tokens,
+            )
+        except DocumentError as exc:
+            skipped = exc.reason.startswith("skipped")
+            reason = exc.reason.removeprefix("skipped:").strip() if skipped else exc.reason
+            self._fail(kb, doc, DocState.SKIPPED if skipped else DocState.ERROR, reason, report)
+            return
+        chunks = [c for c in chunks if c.text.strip()]
+        if not chunks:
+            self._fail(kb, doc, DocState.SKIPPED, "no extractable text", report)
+            return
+        self._delete_vectors(
+            kb,
+            self.registry.store_content(
+                kb.id, doc.id, sha256=sha, size=st.st_size, mtime_ns=st.st_mtime_ns, chunks=chunks
+            ),
+        )
+        report.indexed += 1
+
+    def _fail(
+        self, kb: KnowledgeBaseInfo, doc: DocumentRecord, state: DocState, reason: str, report: IngestReport
+    ) -> None:
+        self._delete_vectors(kb, self.registry.set_state(doc.id, state, reason))
+        report.failures.append((doc.path, f"{state}: {reason}"))
+        if state is DocState.SKIPPED:
+            report.skipped += 1
+        else:
+            report.errors += 1
+
+    def _delete_vectors(self, kb: KnowledgeBaseInfo, ids: list[int]) -> None:
+        if ids:
+            self.store.delete(kb.collection, ids)
+
+    def _embed_batch(self, kb: KnowledgeBaseInfo) -> int:
+        """Embeds and stores one time-boxed batch of pending chunks, then commits it."""
+        pending = self.registry.pending_chunks(kb.id, self._batch)
+        if not pending:
+            return 0
+        t0 = time.monotonic()
+        vectors = self.embedder.encode([text for _, text in pending])
+        ids = [chunk_id for chunk_id, _ in pending]
+        self.store.upsert(kb.collection, ids, vectors)
+        self.registry.mark_embedded(ids)
+        self._tune(time.monotonic() - t0, len(pending))
+        return len(pending)
+
+    def _tune(self, seconds: float, n: int) -> None:
+        """Sizes the next batch so that it takes about ``batch_seconds``."""
+        per_chunk = seconds / max(n, 1)
+        self._per_chunk_s = per_chunk if self._per_chunk_s is None else 0.5 * (self._per_chunk_s + per_chunk)
+        self._batch = int(min(512, max(8, self.batch_seconds / max(self._per_chunk_s, 1e-4))))
+
+
+def _eta(started: float, done: int, total: int) -> float | None:
+    if done <= 0:
+        return None
+    elapsed = time.monotonic() - started
+    return max(0.0, elapsed * (total - done) / done)

@@ -1,0 +1,183 @@
+"""The vector index: Chroma, local (``PersistentClient``) or remote (``HttpClient``).
+
+Chroma holds only ``id -> vector`` for the chunks the registry marks as embedded; texts and
+metadata live in the registry. So the store can be dropped and rebuilt at any time.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+import numpy as np
+
+from rag.embeddings import Vectors
+from rag.errors import KnowledgeBaseError
+
+T = TypeVar("T")
+
+_PAGE = 5000  # ids fetched per request when listing a collection
+
+
+def parse_chroma_url(url: str) -> tuple[str, int, bool]:
+    """Splits ``http://host:port`` into ``(host, port, ssl)``.
+
+    Raises:
+        KnowledgeBaseError: the URL is not http(s) with a host.
+    """
+    parts = urlsplit(url if "://" in url else f"http://{url}")
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise KnowledgeBaseError(f"{url}: a Chroma URL looks like http://host:port")
+    ssl = parts.scheme == "https"
+    try:
+        port = parts.port or (443 if ssl else 8000)
+    except ValueError:
+        raise KnowledgeBaseError(f"{url}: bad port in the Chroma URL") from None
+    return parts.hostname, port, ssl
+
+
+class VectorStore:
+    """One Chroma client; collections are named by the caller.
+
+    Args:
+        root: folder of a local persistent Chroma (used when ``url`` is None).
+        url: ``http://host:port`` of a Chroma server.
+
+    Raises:
+        KnowledgeBaseError: the store cannot be opened or reached.
+    """
+
+    def __init__(self, root: Path | None = None, *, url: str | None = None) -> None:
+        if root is None and url is None:
+            raise KnowledgeBaseError("chroma: give a folder or a server URL")
+        self.where = url or str(root)
+        self._lock = threading.RLock()
+        self._collections: dict[str, Any] = {}
+        with self._guard("cannot open the Chroma store"):
+            import chromadb
+            from chromadb.config import Settings
+
+            settings = Settings(anonymized_telemetry=False, allow_reset=False)
+            if url is not None:
+                host, port, ssl = parse_chroma_url(url)
+                self._client: Any = chromadb.HttpClient(host=host, port=port, ssl=ssl, settings=settings)
+                self._client.heartbeat()
+            else:
+                assert root is not None
+                root.mkdir(parents=True, exist_ok=True)
+                self._client = chromadb.PersistentClient(path=str(root), settings=settings)
+
+    @contextmanager
+    def _guard(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except KnowledgeBaseError:
+            raise
+        # Chroma and its HTTP stack raise many unrelated exception types; at this boundary they
+        # all mean "the store failed", and callers need one typed, one-line error.
+        except Exception as exc:
+            reason = " ".join(str(exc).split()) or type(exc).__name__
+            raise KnowledgeBaseError(f"{self.where}: {what} ({reason[:300]})") from exc
+
+    def _call(self, what: str, fn: Callable[[], T]) -> T:
+        with self._lock, self._guard(what):
+            return fn()
+
+    def _collection(self, name: str) -> Any:
+        coll = self._collections.get(name)
+        if coll is None:
+            coll = self._call(
+                f"cannot open collection {name}",
+                lambda: self._client.get_or_create_collection(name=name, metadata={"hnsw:space": "cosine"}),
+            )
+            self._collections[name] = coll
+        return coll
+
+    def ensure(self, name: str, *, dimension: int, model_id: str) -> None:
+        """Creates the collection if needed, recording the model and dimension it holds.
+
+        A collection holding vectors of another dimension is dropped and recreated empty: the
+        registry then re-embeds into it, and no query ever raises a dimension error.
+        """
+        coll = self._collection(name)
+        meta = dict(coll.metadata or {})
+        if meta.get("dimension") not in (None, dimension) or meta.get("model_id") not in (None, model_id):
+            self.drop(name)
+            coll = self._collection(name)
+            meta = {}
+        if "dimension" not in meta:
+            meta.update({"hnsw:space": "cosine", "dimension": dimension, "model_id": model_id})
+            self._call(f"cannot label collection {name}", lambda: coll.modify(metadata=_mutable(meta)))
+
+    def upsert(self, name: str, ids: Sequence[int], vectors: Vectors) -> None:
+        """Adds or replaces vectors (idempotent: a retried batch is stored once)."""
+        if not ids:
+            return
+        coll = self._collection(name)
+        self._call("cannot write vectors", lambda: coll.upsert(ids=[str(i) for i in ids], embeddings=vectors))
+
+    def delete(self, name: str, ids: Sequence[int]) -> None:
+        """Removes vectors (unknown ids are ignored)."""
+        coll = self._collection(name)
+        for start in range(0, len(ids), _PAGE):
+            part = [str(i) for i in ids[start : start + _PAGE]]
+            self._call("cannot delete vectors", lambda part=part: coll.delete(ids=part))  # type: ignore[misc]
+
+    def query(self, name: str, vector: Vectors, k: int) -> list[tuple[int, float]]:
+        """Nearest neighbours of one vector.
+
+        Returns:
+            ``(chunk_id, cosine similarity)``, best first.
+        """
+        coll = self._collection(name)
+        result = self._call(
+            "cannot query vectors",
+            lambda: coll.query(
+                query_embeddings=np.asarray(vector, dtype=np.float32).reshape(1, -1),
+                n_results=k,
+                include=["distances"],
+            ),
+        )
+        ids = result["ids"][0] if result["ids"] else []
+        distances = (result.get("distances") or [[]])[0] or [0.0] * len(ids)
+        return [(int(i), 1.0 - float(d)) for i, d in zip(ids, distances, strict=False)]
+
+    def count(self, name: str) -> int:
+        """How many vectors the collection holds."""
+        coll = self._collection(name)
+        return int(self._call("cannot count vectors", coll.count))
+
+    def ids(self, name: str) -> set[int]:
+        """Every chunk id the collection holds."""
+        coll = self._collection(name)
+        found: set[int] = set()
+        offset = 0
+        while True:
+            page = self._call(
+                "cannot list vectors",
+                lambda offset=offset: coll.get(include=[], limit=_PAGE, offset=offset),  # type: ignore[misc]
+            )
+            found.update(int(i) for i in page["ids"])
+            if len(page["ids"]) < _PAGE:
+                return found
+            offset += _PAGE
+
+    def drop(self, name: str) -> None:
+        """Deletes the collection (missing is fine)."""
+        self._collections.pop(name, None)
+        names = self._call("cannot list collections", self._client.list_collections)
+        if name in {getattr(c, "name", c) for c in names}:
+            self._call(f"cannot delete collection {name}", lambda: self._client.delete_collection(name=name))
+
+    def close(self) -> None:
+        """Forgets cached collection handles (Chroma clients have no explicit close)."""
+        self._collections.clear()
+
+
+def _mutable(meta: dict[str, Any]) -> dict[str, Any]:
+    # Chroma refuses to change "hnsw:space" after creation; it was set when the collection was made.
+    return {k: v for k, v in meta.items() if not k.startswith("hnsw:")}
