@@ -1,0 +1,831 @@
+"""``glassbox serve``: an OpenAI-compatible HTTP API over the local engine.
+
+Other tools (editors, scripts, the ``openai`` client) use the models Glassbox manages through:
+
+* ``GET /v1/models``: the served chat model (and the embedding model);
+* ``POST /v1/chat/completions``: streaming (SSE ``data: {...}`` chunks, then ``data: [DONE]``) and
+  not. An extra field ``knowledge_base`` (a name or a list of names) answers from those knowledge
+  bases; the reply then carries ``sources``. Replies also carry llama.cpp-style ``timings``;
+* ``POST /v1/embeddings``: the sentence-transformers embedding model, loaded on first use;
+* ``POST /tokenize`` and ``GET /props`` (llama.cpp's server's shape), so a Glassbox client of this
+  server (:mod:`engine.remote`) gets exact token counts and the context size.
+
+Security (ROBUSTNESS.md 4.9): bound to 127.0.0.1 by default. A host that is not loopback is refused
+unless an API key is set; with a key, every ``/v1`` request needs ``Authorization: Bearer KEY``
+(else 401). Without a key, requests whose ``Host`` header is not a loopback name are refused (a web
+page cannot reach the API through DNS rebinding), and POST bodies must be JSON (a cross-site form
+cannot post one without a CORS preflight, which this server never grants).
+
+One model at a time: requests queue on one lock, so concurrent replies never mix. The stack is the
+standard library's threading HTTP server (no new dependencies), HTTP/1.1 with keep-alive and
+chunked streaming, ``TCP_NODELAY`` so each token leaves at once.
+
+:func:`start_server` returns a :class:`ServerHandle` (``url``, ``stop()``), for the CLI and for the
+GUI's settings toggle.
+"""
+
+from __future__ import annotations
+
+import base64
+import hmac
+import ipaddress
+import json
+import logging
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from app.paths import Paths
+from engine.errors import ContextOverflow, EngineError, ModelFileError, ModelLoadError, TemplateError
+
+log = logging.getLogger("glassbox.serve")
+
+MAX_BODY_BYTES = 16 * 2**20
+MAX_QUEUED = 32
+MAX_EMBED_INPUTS = 2048
+_LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1", "[::1]")
+Retriever = Callable[[str, Any], tuple[str | None, list[dict[str, Any]]]]
+
+
+class ServeError(EngineError):
+    """The server cannot start (unsafe host without a key, port in use, no model)."""
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback addresses (127.0.0.0/8, ::1)."""
+    name = host.strip().strip("[]").lower()
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def check_host(host: str, api_key: str | None) -> None:
+    """Refuses to expose the API beyond this machine without a key (ROBUSTNESS.md 4.9).
+
+    Raises:
+        ServeError: ``host`` is not loopback and there is no API key, or the key is shorter than 8.
+    """
+    if is_loopback(host):
+        return
+    if not api_key:
+        raise ServeError(
+            f"{host}: refusing to serve on a non-loopback address without an API key "
+            "(pass --api-key KEY, or use --host 127.0.0.1)"
+        )
+    if len(api_key) < 8:
+        raise ServeError(f"{host}: the API key is too short for a server on the network (use 8+ characters)")
+
+
+@dataclass
+class ServerHandle:
+    """A running server.
+
+    Attributes:
+        url: the base URL clients use (``http://127.0.0.1:8080``; add ``/v1`` for OpenAI clients).
+        host: the address it is bound to.
+        port: the port it listens on (the real one when 0 was asked for).
+        model: the chat model's id in ``/v1/models``.
+    """
+
+    url: str
+    host: str
+    port: int
+    model: str
+    _stop: Callable[[], None] = field(repr=False)
+    _thread: threading.Thread = field(repr=False)
+
+    def stop(self) -> None:
+        """Stops accepting requests, cancels replies in progress, and unloads the model."""
+        self._stop()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Blocks until the server stops; returns False on timeout."""
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def __enter__(self) -> ServerHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class _HttpError(Exception):
+    """An error answer: status and an OpenAI-style error body."""
+
+    def __init__(
+        self, status: int, message: str, kind: str = "invalid_request_error", code: str | None = None
+    ):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.kind = kind
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.kind, "param": None, "code": self.code}}
+
+
+@dataclass(frozen=True)
+class _ChatRequest:
+    system: str | None
+    history: list[Any]
+    user: str
+    params: Any
+    stream: bool
+    include_usage: bool
+    knowledge_bases: tuple[str, ...]
+
+
+class _State:
+    """Everything the request handlers share; one per server."""
+
+    def __init__(
+        self,
+        paths: Paths,
+        backend: Any,
+        model_id: str,
+        api_key: str | None,
+        loopback: bool,
+        embedder_path: Path | None,
+        default_kbs: tuple[str, ...],
+        chroma_url: str | None,
+    ) -> None:
+        self.paths = paths
+        self.backend = backend
+        self.model_id = model_id
+        self.api_key = api_key
+        self.loopback = loopback
+        self.embedder_path = embedder_path
+        self.default_kbs = default_kbs
+        self.chroma_url = chroma_url
+        self.created = int(time.time())
+        self.lock = threading.Lock()
+        self._counter_lock = threading.Lock()
+        self.queued = 0
+        self.closed = False
+        self.active: set[threading.Event] = set()
+        self._embedder: Any = None
+        self._embed_lock = threading.Lock()
+        self._retrievers: dict[tuple[str, ...], Retriever] = {}
+
+    # the one-model-at-a-time queue -------------------------------------------------------------
+    def enter_queue(self) -> None:
+        with self._counter_lock:
+            if self.closed:
+                raise _HttpError(503, "the server is shutting down", "server_error")
+            if self.queued >= MAX_QUEUED:
+                raise _HttpError(
+                    503, f"too many requests waiting ({MAX_QUEUED}); try again later", "server_error"
+                )
+            self.queued += 1
+
+    def leave_queue(self) -> None:
+        with self._counter_lock:
+            self.queued -= 1
+
+    def cancel_all(self) -> None:
+        with self._counter_lock:
+            self.closed = True
+            for event in self.active:
+                event.set()
+
+    # lazily built helpers ---------------------------------------------------------------------
+    def embedder(self) -> Any:
+        with self._embed_lock:
+            if self._embedder is None:
+                if self.embedder_path is None:
+                    raise _HttpError(501, "no embedding model is installed", "server_error")
+                from rag.embeddings import SentenceTransformerEmbedder
+
+                self._embedder = SentenceTransformerEmbedder(self.embedder_path)
+            return self._embedder
+
+    def retriever(self, names: tuple[str, ...]) -> Retriever:
+        if names not in self._retrievers:
+            try:
+                from app.knowledge_glue import make_retriever
+            except ImportError:
+                raise _HttpError(
+                    501, "knowledge bases are not available in this build", "server_error"
+                ) from None
+            self._retrievers[names] = make_retriever(self.paths, list(names), self.chroma_url)
+        return self._retrievers[names]
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    block_on_close = False
+    state: _State
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "Glassbox"
+    sys_version = ""
+    timeout = 120  # seconds an idle keep-alive connection may hold a thread
+    server: _Server
+    _body_read = False
+
+    def setup(self) -> None:
+        super().setup()
+        # Each token is one small write: without this, Nagle's algorithm delays them.
+        self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the stdlib's name)
+        log.debug("%s %s", self.address_string(), format % args)
+
+    # routing ----------------------------------------------------------------------------------
+    def do_GET(self) -> None:
+        self._dispatch({"/v1/models": self._models, "/props": self._props, "/health": self._health})
+
+    def do_POST(self) -> None:
+        self._dispatch(
+            {
+                "/v1/chat/completions": self._chat,
+                "/v1/embeddings": self._embeddings,
+                "/tokenize": self._tokenize,
+            }
+        )
+
+    def _dispatch(self, routes: dict[str, Callable[[], None]]) -> None:
+        path = self.path.split("?", 1)[0].rstrip("/") or "/"
+        self._body_read = False
+        try:
+            self._check_access()
+            route = routes.get(path)
+            if route is None:
+                raise _HttpError(404, f"no such endpoint: {self.command} {path}", code="not_found")
+            route()
+        except _HttpError as exc:
+            # A body left unread would be taken for the next request: close instead.
+            unread = self.command == "POST" and not self._body_read
+            self._send_json(exc.status, exc.body(), close=unread or exc.status in (401, 403, 411, 413))
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+
+    @property
+    def state(self) -> _State:
+        return self.server.state
+
+    def _check_access(self) -> None:
+        state = self.state
+        if state.api_key is None:
+            host = _host_name(self.headers.get("Host") or "")
+            if host and state.loopback and host not in _LOOPBACK_NAMES:
+                raise _HttpError(
+                    403, f"requests for host {host!r} are refused (loopback only)", code="forbidden"
+                )
+            return
+        if self.path.startswith("/health"):
+            return
+        header = self.headers.get("Authorization") or ""
+        scheme, _, given = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            given.strip().encode(), state.api_key.encode()
+        ):
+            raise _HttpError(401, "invalid or missing API key", code="invalid_api_key")
+
+    # request and response plumbing -----------------------------------------------------------
+    def _read_json(self) -> dict[str, Any]:
+        if self.headers.get("Transfer-Encoding"):
+            raise _HttpError(411, "send the body with a Content-Length")
+        length_text = self.headers.get("Content-Length")
+        if length_text is None:
+            raise _HttpError(411, "send the body with a Content-Length")
+        try:
+            length = int(length_text)
+        except ValueError:
+            raise _HttpError(400, "bad Content-Length") from None
+        if length < 0 or length > MAX_BODY_BYTES:
+            raise _HttpError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes")
+        content_type = (self.headers.get("Content-Type") or "").split(";", 1)[0].strip().lower()
+        body = self.rfile.read(length)
+        self._body_read = True
+        if content_type != "application/json":
+            raise _HttpError(415, "the request body must be JSON (Content-Type: application/json)")
+        try:
+            document = json.loads(body)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise _HttpError(400, f"the request body is not valid JSON ({exc})") from None
+        if not isinstance(document, dict):
+            raise _HttpError(400, "the request body must be a JSON object")
+        return document
+
+    def _send_json(self, status: int, document: dict[str, Any], *, close: bool = False) -> None:
+        data = json.dumps(document, ensure_ascii=False).encode("utf-8")
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        if close:
+            self.send_header("Connection", "close")
+            self.close_connection = True
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _start_sse(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.send_header("X-Accel-Buffering", "no")
+        self.end_headers()
+
+    def _send_event(self, payload: str) -> None:
+        data = f"data: {payload}\n\n".encode()
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))  # one write per chunk
+
+    def _end_sse(self) -> None:
+        self.wfile.write(b"0\r\n\r\n")
+
+    # endpoints --------------------------------------------------------------------------------
+    def _health(self) -> None:
+        self._send_json(200, {"status": "ok"})
+
+    def _models(self) -> None:
+        state = self.state
+        info = _backend_n_ctx(state.backend)
+        data = [
+            {
+                "id": state.model_id,
+                "object": "model",
+                "created": state.created,
+                "owned_by": "glassbox",
+                "context_length": info,
+            }
+        ]
+        if state.embedder_path is not None:
+            data.append(
+                {
+                    "id": _embedder_id(state.embedder_path),
+                    "object": "model",
+                    "created": state.created,
+                    "owned_by": "glassbox",
+                }
+            )
+        self._send_json(200, {"object": "list", "data": data})
+
+    def _props(self) -> None:
+        n_ctx = _backend_n_ctx(self.state.backend)
+        self._send_json(
+            200, {"model_alias": self.state.model_id, "default_generation_settings": {"n_ctx": n_ctx}}
+        )
+
+    def _tokenize(self) -> None:
+        body = self._read_json()
+        content = body.get("content")
+        if not isinstance(content, str):
+            raise _HttpError(400, "'content' must be a string")
+        worker = getattr(self.state.backend, "worker", None)
+        if worker is None:
+            raise _HttpError(404, "this backend has no tokenizer", code="not_found")
+        self.state.enter_queue()
+        try:
+            with self.state.lock:
+                tokens = worker.tokenize(content, add_bos=False, special=True)
+        finally:
+            self.state.leave_queue()
+        self._send_json(200, {"tokens": tokens})
+
+    def _embeddings(self) -> None:
+        body = self._read_json()
+        texts = body.get("input")
+        if isinstance(texts, str):
+            texts = [texts]
+        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+            raise _HttpError(
+                400,
+                "'input' must be a string or a non-empty list of strings (token arrays are not supported)",
+                code="invalid_input",
+            )
+        if len(texts) > MAX_EMBED_INPUTS:
+            raise _HttpError(400, f"at most {MAX_EMBED_INPUTS} inputs per request")
+        encoding = body.get("encoding_format", "float")
+        if encoding not in ("float", "base64"):
+            raise _HttpError(400, "'encoding_format' must be 'float' or 'base64'")
+        embedder = self.state.embedder()
+        from rag.errors import RagError
+
+        try:
+            vectors = embedder.encode(texts)
+            tokens = sum(embedder.count_tokens(t) for t in texts)
+        except RagError as exc:
+            raise _HttpError(500, str(exc), "server_error") from None
+        dimensions = body.get("dimensions")
+        if dimensions is not None and dimensions != vectors.shape[1]:
+            raise _HttpError(
+                400, f"this model makes {vectors.shape[1]}-dimensional vectors, not {dimensions}"
+            )
+        data = []
+        for index, vector in enumerate(vectors):
+            if encoding == "base64":
+                value: Any = base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
+            else:
+                value = [float(x) for x in vector]
+            data.append({"object": "embedding", "index": index, "embedding": value})
+        self._send_json(
+            200,
+            {
+                "object": "list",
+                "data": data,
+                "model": embedder.model_id,
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+            },
+        )
+
+    def _chat(self) -> None:
+        request = _parse_chat(self._read_json(), self.state.default_kbs)
+        state = self.state
+        cancel = threading.Event()
+        state.enter_queue()
+        try:
+            with state.lock:
+                if state.closed:
+                    raise _HttpError(503, "the server is shutting down", "server_error")
+                state.active.add(cancel)
+                try:
+                    self._generate(request, cancel)
+                finally:
+                    state.active.discard(cancel)
+        finally:
+            state.leave_queue()
+
+    def _generate(self, request: _ChatRequest, cancel: threading.Event) -> None:
+        from engine.events import Finished, Token
+
+        state = self.state
+        documents, sources = None, []
+        if request.knowledge_bases:
+            documents, sources = _call_mapped(
+                lambda: state.retriever(request.knowledge_bases)(request.user, state.backend)
+            )
+        events = state.backend.stream(
+            request.history,
+            request.user,
+            request.params,
+            system=request.system,
+            documents=documents,
+            cancel=cancel,
+        )
+        head = _call_mapped(lambda: next(events))  # planning errors become HTTP errors, before any 200
+        completion_id = f"chatcmpl-{uuid.uuid4().hex}"
+        created = int(time.time())
+        if not request.stream:
+            finished = _call_mapped(lambda: _last_finished(head, events))
+            self._send_json(200, _completion(completion_id, created, state.model_id, finished, sources))
+            return
+
+        def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
+            return json.dumps(
+                {
+                    "id": completion_id,
+                    "object": "chat.completion.chunk",
+                    "created": created,
+                    "model": state.model_id,
+                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+                },
+                ensure_ascii=False,
+            )
+
+        self._start_sse()
+        try:
+            self._send_event(chunk({"role": "assistant", "content": ""}))
+            for event in _prepend(head, events):
+                if isinstance(event, Token) and event.text:
+                    self._send_event(chunk({"content": event.text}))
+                elif isinstance(event, Finished):
+                    self._send_event(chunk({}, _openai_finish(event.reason)))
+                    tail: dict[str, Any] = {
+                        "id": completion_id,
+                        "object": "chat.completion.chunk",
+                        "created": created,
+                        "model": state.model_id,
+                        "choices": [],
+                        "timings": _timings(event.stats),
+                    }
+                    if request.include_usage:
+                        tail["usage"] = _usage(event.stats)
+                    if sources:
+                        tail["sources"] = sources
+                    self._send_event(json.dumps(tail, ensure_ascii=False))
+            self._send_event("[DONE]")
+            self._end_sse()
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):
+            # The client went away (its Stop button): stop the model and let the worker settle.
+            cancel.set()
+            _drain(events)
+            self.close_connection = True
+        except (EngineError, _HttpError) as exc:
+            message = exc.message if isinstance(exc, _HttpError) else str(exc)
+            log.warning("generation failed mid-stream: %s", message)
+            try:
+                self._send_event(json.dumps({"error": {"message": message, "type": "server_error"}}))
+                self._send_event("[DONE]")
+                self._end_sse()
+            except OSError:
+                self.close_connection = True
+
+
+# ---------------------------------------------------------------------------- request parsing
+
+
+def _text_content(content: Any, index: int) -> str:
+    if isinstance(content, str):
+        return content
+    if content is None:
+        return ""
+    if isinstance(content, list):
+        parts: list[str] = []
+        for part in content:
+            if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
+                parts.append(part["text"])
+            else:
+                raise _HttpError(
+                    400, f"messages[{index}]: only text content is supported", code="unsupported_content"
+                )
+        return "".join(parts)
+    raise _HttpError(400, f"messages[{index}].content must be a string or a list of text parts")
+
+
+def _parse_chat(body: dict[str, Any], default_kbs: tuple[str, ...]) -> _ChatRequest:
+    from pydantic import ValidationError
+
+    from engine.context import Message
+    from engine.runtime import GenerationParams
+
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise _HttpError(400, "'messages' must be a non-empty list", code="invalid_messages")
+    system_parts: list[str] = []
+    turns: list[Message] = []
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise _HttpError(400, f"messages[{index}] must be an object")
+        role = message.get("role")
+        text = _text_content(message.get("content"), index)
+        if role in ("system", "developer"):
+            system_parts.append(text)
+        elif role == "user":
+            turns.append(Message("user", text))
+        elif role == "assistant":
+            turns.append(Message("assistant", text))
+        else:
+            raise _HttpError(
+                400, f"messages[{index}]: role {role!r} is not supported (system, user, assistant)"
+            )
+    if not turns or turns[-1].role != "user":
+        raise _HttpError(400, "the last message must be from the user", code="invalid_messages")
+    if body.get("n", 1) != 1:
+        raise _HttpError(400, "only n=1 is supported")
+    stop = body.get("stop")
+    if isinstance(stop, str):
+        stop = [stop]
+    options: dict[str, Any] = {
+        "max_tokens": body.get("max_completion_tokens", body.get("max_tokens")),
+        "temperature": body.get("temperature"),
+        "top_p": body.get("top_p"),
+        "top_k": body.get("top_k"),
+        "min_p": body.get("min_p"),
+        "repeat_penalty": body.get("repeat_penalty"),
+        "seed": body.get("seed"),
+        "stop": tuple(stop) if isinstance(stop, list) else stop,
+    }
+    try:
+        params = GenerationParams(**{k: v for k, v in options.items() if v is not None})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())) or "request"
+        raise _HttpError(400, f"{where}: {first.get('msg', 'invalid value')}", code="invalid_value") from None
+    kbs = body.get("knowledge_base")
+    if isinstance(kbs, str):
+        kbs = [kbs]
+    if kbs is None:
+        kbs = list(default_kbs)
+    if not isinstance(kbs, list) or not all(isinstance(k, str) and k for k in kbs):
+        raise _HttpError(400, "'knowledge_base' must be a name or a list of names")
+    stream_options = body.get("stream_options")
+    include_usage = isinstance(stream_options, dict) and bool(stream_options.get("include_usage"))
+    return _ChatRequest(
+        system="\n\n".join(system_parts) if system_parts else None,
+        history=turns[:-1],
+        user=turns[-1].content,
+        params=params,
+        stream=bool(body.get("stream", False)),
+        include_usage=include_usage,
+        knowledge_bases=tuple(kbs),
+    )
+
+
+# ---------------------------------------------------------------------------- responses
+
+
+def _call_mapped(fn: Callable[[], Any]) -> Any:
+    """Runs ``fn``, turning the engine's and rag's typed errors into HTTP errors."""
+    from rag.errors import RagError
+
+    try:
+        return fn()
+    except ContextOverflow as exc:
+        raise _HttpError(400, str(exc), code="context_length_exceeded") from None
+    except TemplateError as exc:
+        raise _HttpError(400, str(exc), code="template_error") from None
+    except (ModelFileError, ModelLoadError) as exc:
+        raise _HttpError(503, str(exc), "server_error", code="model_unavailable") from None
+    except EngineError as exc:
+        raise _HttpError(500, str(exc), "server_error") from None
+    except RagError as exc:
+        raise _HttpError(400, str(exc), code="knowledge_base_error") from None
+
+
+def _prepend(head: Any, events: Iterator[Any]) -> Iterator[Any]:
+    yield head
+    yield from events
+
+
+def _last_finished(head: Any, events: Iterator[Any]) -> Any:
+    from engine.events import Finished
+
+    finished = None
+    for event in _prepend(head, events):
+        if isinstance(event, Finished):
+            finished = event
+    if finished is None:
+        raise EngineError("the engine ended without finishing the reply")
+    return finished
+
+
+def _drain(events: Iterator[Any]) -> None:
+    try:
+        for _ in events:
+            pass
+    except EngineError as exc:
+        log.warning("after a client disconnect: %s", exc)
+
+
+def _openai_finish(reason: str) -> str:
+    return "length" if reason == "length" else "stop"
+
+
+def _usage(stats: Any) -> dict[str, Any]:
+    return {
+        "prompt_tokens": stats.prompt_tokens,
+        "completion_tokens": stats.completion_tokens,
+        "total_tokens": stats.prompt_tokens + stats.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": stats.cached_tokens},
+    }
+
+
+def _timings(stats: Any) -> dict[str, Any]:
+    """llama.cpp's server's ``timings`` shape, so its clients read our figures too."""
+    return {
+        "prompt_n": stats.prompt_tokens - stats.cached_tokens,
+        "cache_n": stats.cached_tokens,
+        "prompt_ms": stats.prefill_ms,
+        "prompt_per_second": stats.prefill_tps,
+        "predicted_n": stats.completion_tokens,
+        "predicted_ms": stats.decode_ms,
+        "predicted_per_second": stats.decode_tps,
+    }
+
+
+def _completion(
+    completion_id: str, created: int, model: str, finished: Any, sources: list[dict[str, Any]]
+) -> dict[str, Any]:
+    document: dict[str, Any] = {
+        "id": completion_id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": finished.text},
+                "finish_reason": _openai_finish(finished.reason),
+                "logprobs": None,
+            }
+        ],
+        "usage": _usage(finished.stats),
+        "timings": _timings(finished.stats),
+    }
+    if sources:
+        document["sources"] = sources
+    return document
+
+
+def _backend_n_ctx(backend: Any) -> int | None:
+    info = getattr(backend, "info", None)
+    n_ctx = getattr(info, "n_ctx", None)
+    return n_ctx if isinstance(n_ctx, int) and n_ctx > 0 else None
+
+
+def _host_name(header: str) -> str:
+    """The host part of a ``Host`` header (``[::1]:8080`` gives ``[::1]``), lower-cased."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header.split("]", 1)[0] + "]"
+    return header.split(":", 1)[0]
+
+
+def _embedder_id(path: Path) -> str:
+    return path.parent.name if path.name in ("model", "models") else path.name
+
+
+# ---------------------------------------------------------------------------- start and stop
+
+
+def start_server(
+    paths: Paths,
+    host: str = "127.0.0.1",
+    port: int = 8080,
+    api_key: str | None = None,
+    model_path: Path | None = None,
+    *,
+    n_ctx: int = 4096,
+    n_threads: int | None = None,
+    n_gpu_layers: int = 0,
+    knowledge_bases: tuple[str, ...] = (),
+    chroma_url: str | None = None,
+    embedder_path: Path | None = None,
+    backend: Any = None,
+    machine_bandwidth_gbps: float | None = None,
+) -> ServerHandle:
+    """Loads the model and serves it on ``host:port`` in a background thread.
+
+    Args:
+        paths: the app's folders (knowledge bases live there).
+        host: the address to bind; anything but loopback requires ``api_key``.
+        port: the port; 0 picks a free one (read it from the handle).
+        api_key: when set, every ``/v1`` request must send ``Authorization: Bearer <api_key>``.
+        model_path: the GGUF to serve (ignored when ``backend`` is given).
+        n_ctx: the context window.
+        n_threads: CPU threads for llama.cpp (None: its choice).
+        n_gpu_layers: layers to offload to the GPU.
+        knowledge_bases: knowledge bases used when a request names none.
+        chroma_url: a Chroma server for the knowledge bases, if they live on one.
+        embedder_path: the sentence-transformers folder for ``/v1/embeddings`` (None: no embeddings).
+        backend: an already built chat backend (``ChatSession`` or ``RemoteSession``) to serve
+            instead of loading ``model_path``; the server closes it when it stops.
+        machine_bandwidth_gbps: reported in Stats.
+
+    Returns:
+        The running server's handle.
+
+    Raises:
+        ServeError: a non-loopback host without an API key, a short key, no model, or the port is taken.
+        ModelFileError, ModelLoadError, EngineCrashed: the model cannot be loaded.
+    """
+    check_host(host, api_key)
+    loopback = is_loopback(host)
+    if backend is None:
+        if model_path is None:
+            raise ServeError("serve: no model given")
+        from engine.runtime import LoadParams
+        from engine.session import ChatSession
+
+        load = LoadParams(model_path=model_path, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers)
+        backend = ChatSession(load, machine_bandwidth_gbps=machine_bandwidth_gbps)
+        model_id = model_path.stem
+    else:
+        model_id = getattr(backend, "model", None) or (model_path.stem if model_path else "glassbox")
+    backend.load()
+    server_class = _Server6 if ":" in host.strip("[]") else _Server
+    try:
+        server = server_class((host.strip("[]"), port), _Handler)
+    except OSError as exc:
+        backend.close()
+        raise ServeError(f"{host}:{port}: cannot listen there ({exc.strerror or exc})") from None
+    state = _State(paths, backend, model_id, api_key, loopback, embedder_path, knowledge_bases, chroma_url)
+    server.state = state
+    bound_port = int(server.server_address[1])
+    url_host = f"[{host.strip('[]')}]" if server_class is _Server6 else host
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.2}, name="glassbox-serve", daemon=True
+    )
+    thread.start()
+    stopped = threading.Event()
+
+    def stop() -> None:
+        if stopped.is_set():
+            return
+        stopped.set()
+        state.cancel_all()
+        server.shutdown()
+        server.server_close()
+        thread.join(5.0)
+        backend.close()  # waits for a reply in progress to see its cancel
+
+    log.info("serving %s on http://%s:%d", model_id, url_host, bound_port)
+    return ServerHandle(f"http://{url_host}:{bound_port}", host, bound_port, model_id, stop, thread)
