@@ -31,7 +31,7 @@ import os
 import re
 import stat
 import struct
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -191,6 +191,23 @@ class GgufInfo:
         out["has_chat_template"] = self.has_chat_template
         out.pop("extra", None)
         return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> GgufInfo:
+        """Rebuilds an instance from :meth:`to_dict` output (e.g. a cache).
+
+        Raises:
+            TypeError, ValueError, KeyError: the dict is not a well-formed ``to_dict`` result.
+        """
+        names = {f.name for f in fields(cls)} - {"extra"}
+        kwargs = {k: v for k, v in data.items() if k in names}
+        kwargs["path"] = Path(str(data["path"]))
+        if not isinstance(kwargs.get("layer_bytes"), list) or not isinstance(kwargs.get("metadata"), dict):
+            raise ValueError("layer_bytes and metadata must be a list and a dict")
+        for key in ("file_size", "n_params", "tensor_bytes", "n_tensors", "other_bytes"):
+            if not isinstance(kwargs.get(key), int):
+                raise TypeError(f"{key} must be an integer")
+        return cls(**kwargs)
 
 
 _TensorRow = tuple[str, int, int, int]  # name, element count, ggml type, data bytes

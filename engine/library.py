@@ -1,0 +1,558 @@
+"""The local model library: the models folder plus folders the user adds, indexed in place.
+
+Nothing is copied. The models folder is *owned* (downloads, quantizations and the starter model
+land there, and only files there can be deleted from the app); added folders (an LM Studio folder,
+the Hugging Face cache) are only read. A folder that is missing (an unplugged drive) stays in the
+library, shown as unavailable, with the models last seen in it.
+
+Two small JSON files, both written atomically (temp file, fsync, rename):
+
+* the **manifest** (``models/manifest.json``): per model, where it came from (repo, revision,
+  sha256, quantized_from, label) and a cache of its header summary keyed by size and mtime, so a
+  scan re-reads only files that changed and can still describe files on a missing drive;
+* the **folder list** (``config/model_folders.json``): the added folders.
+
+A corrupt manifest is moved aside (``manifest.json.corrupt-<time>``), never silently overwritten.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.errors import ModelFileError
+from engine.gguf import GgufInfo, read_gguf_info
+
+__all__ = ["PROVENANCE_FIELDS", "FolderStatus", "LibraryEntry", "ModelLibrary"]
+
+MANIFEST_VERSION = 1
+PROVENANCE_FIELDS = ("repo", "revision", "sha256", "quantized_from", "label", "source")
+MAX_FILES_PER_FOLDER = 10_000
+MAX_DEPTH = 8  # LM Studio: publisher/repo/file; HF cache: models--a--b/snapshots/rev/file
+FINGERPRINT_BYTES = 1 << 20
+_SPLIT_RE = re.compile(r"^(?P<stem>.+)-(?P<part>\d{5})-of-(?P<total>\d{5})\.gguf$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class LibraryEntry:
+    """One model in the library.
+
+    ``info`` is the header summary (None when the header failed; ``error`` says why).
+    ``duplicates`` lists other paths holding the same file (same sha256 when the manifest knows it,
+    else the same size and first/last MiB). ``parts`` lists the shards of a split GGUF.
+    """
+
+    name: str
+    path: Path
+    folder: Path
+    size: int
+    available: bool
+    owned: bool
+    architecture: str | None = None
+    params: int | None = None
+    quant: str | None = None
+    context_length: int | None = None
+    has_chat_template: bool = False
+    title: str | None = None
+    provenance: dict[str, str] = field(default_factory=dict)
+    error: str | None = None
+    duplicates: list[Path] = field(default_factory=list)
+    parts: list[Path] = field(default_factory=list)
+    info: GgufInfo | None = None
+
+    @property
+    def label(self) -> str:
+        """What to show the user: the manifest's label, else the file name."""
+        return self.provenance.get("label") or self.name
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready summary (without the full header)."""
+        return {
+            "name": self.name,
+            "label": self.label,
+            "path": str(self.path),
+            "folder": str(self.folder),
+            "size": self.size,
+            "available": self.available,
+            "owned": self.owned,
+            "architecture": self.architecture,
+            "params": self.params,
+            "quant": self.quant,
+            "context_length": self.context_length,
+            "has_chat_template": self.has_chat_template,
+            "title": self.title,
+            "provenance": dict(self.provenance),
+            "error": self.error,
+            "duplicates": [str(p) for p in self.duplicates],
+            "parts": [str(p) for p in self.parts],
+        }
+
+
+@dataclass(frozen=True)
+class FolderStatus:
+    """A library folder: the models folder (``owned``) or one the user added."""
+
+    path: Path
+    owned: bool
+    available: bool
+    n_models: int = 0
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return {"path": str(self.path), "owned": self.owned, "available": self.available,
+                "n_models": self.n_models, "error": self.error}
+
+
+class ModelLibrary:
+    """The models folder plus user-added folders.
+
+    Args:
+        models_dir: the owned models folder (created on first write).
+        extra_dirs: more folders to index in place (in addition to those in ``folders_file``).
+        manifest_path: the manifest JSON (provenance and header cache).
+        folders_file: where :meth:`add_folder` keeps the added folders; None keeps them in memory.
+    """
+
+    def __init__(
+        self,
+        models_dir: Path,
+        extra_dirs: Sequence[Path] = (),
+        manifest_path: Path | None = None,
+        *,
+        folders_file: Path | None = None,
+    ) -> None:
+        self.models_dir = _absolute(models_dir)
+        self.manifest_path = manifest_path or self.models_dir / "manifest.json"
+        self.folders_file = folders_file
+        self._extra = [_absolute(d) for d in extra_dirs]
+        self._lock = threading.Lock()
+
+    # ---------------------------------------------------------------- folders
+    @property
+    def extra_dirs(self) -> list[Path]:
+        """Added folders: the constructor's plus the saved ones, in order, without repeats."""
+        seen: list[Path] = []
+        for folder in [*self._extra, *self._saved_folders()]:
+            if folder not in seen and folder != self.models_dir:
+                seen.append(folder)
+        return seen
+
+    def folders(self) -> list[FolderStatus]:
+        """The models folder and each added folder, with whether it is there now."""
+        out = []
+        for folder, owned in [(self.models_dir, True), *((d, False) for d in self.extra_dirs)]:
+            available = folder.is_dir() or (owned and not folder.exists())
+            error = None if available else "unavailable (missing or not a folder)"
+            out.append(FolderStatus(folder, owned, available, 0, error))
+        return out
+
+    def add_folder(self, folder: Path) -> Path:
+        """Indexes ``folder`` in place from now on; returns its absolute path.
+
+        Raises:
+            ModelFileError: it is not an existing folder, or no folder list file was given.
+        """
+        folder = _absolute(folder)
+        if not folder.is_dir():
+            raise ModelFileError(folder, "no such folder")
+        if self.folders_file is None:
+            if folder not in self._extra:
+                self._extra.append(folder)
+            return folder
+        saved = self._saved_folders()
+        if folder not in saved and folder != self.models_dir:
+            folders = [str(p) for p in [*saved, folder]]
+            _write_json_atomic(self.folders_file, {"version": 1, "folders": folders})
+        return folder
+
+    def remove_folder(self, folder: Path) -> None:
+        """Stops indexing ``folder``; its files are not touched.
+
+        Raises:
+            ModelFileError: the folder is not in the library (or is the models folder).
+        """
+        folder = _absolute(folder)
+        if folder == self.models_dir:
+            raise ModelFileError(folder, "the models folder cannot be removed from the library")
+        saved = self._saved_folders()
+        if folder not in saved and folder not in self._extra:
+            raise ModelFileError(folder, "not a library folder")
+        self._extra = [d for d in self._extra if d != folder]
+        if folder in saved and self.folders_file is not None:
+            _write_json_atomic(
+                self.folders_file, {"version": 1, "folders": [str(p) for p in saved if p != folder]}
+            )
+
+    def _saved_folders(self) -> list[Path]:
+        if self.folders_file is None:
+            return []
+        try:
+            data = json.loads(self.folders_file.read_text(encoding="utf-8"))
+            return [_absolute(Path(p)) for p in data["folders"] if isinstance(p, str)]
+        except (OSError, ValueError, KeyError, TypeError):
+            return []
+
+    # ---------------------------------------------------------------- scanning
+    def scan(self) -> list[LibraryEntry]:
+        """Every model in every folder, once. Never raises for a bad file or a missing folder.
+
+        Files that fail the header check are listed with ``error``; models last seen in a folder
+        that is now missing are listed with ``available=False``.
+        """
+        with self._lock:
+            manifest = self._load_manifest()
+            before = json.dumps(manifest, sort_keys=True)
+            entries: list[LibraryEntry] = []
+            for status in self.folders():
+                if status.available:
+                    entries += self._scan_folder(status.path, status.owned, manifest)
+                else:
+                    entries += self._remembered(status.path, manifest)
+            entries = self._merge_duplicates(entries)
+            if json.dumps(manifest, sort_keys=True) != before:
+                with contextlib.suppress(OSError):
+                    self._save_manifest(manifest)
+        return entries
+
+    def find(self, name_or_path: str | Path) -> LibraryEntry | None:
+        """The entry for a path, a file name or a file name without ``.gguf`` (case-insensitive).
+
+        When several folders hold a model of that name, the owned one wins, then the first found.
+        """
+        matches = self._matches(name_or_path, self.scan())
+        matches.sort(key=lambda e: not e.owned)
+        return matches[0] if matches else None
+
+    def _matches(self, name_or_path: str | Path, entries: list[LibraryEntry]) -> list[LibraryEntry]:
+        text = str(name_or_path)
+        as_path = _absolute(Path(text))
+        lowered = text.lower()
+        by_path = [e for e in entries if as_path == e.path or as_path in e.duplicates or as_path in e.parts]
+        if by_path:
+            return by_path
+        return [
+            e for e in entries
+            if lowered in (e.name.lower(), e.name.lower().removesuffix(".gguf"), e.label.lower())
+        ]
+
+    def _scan_folder(self, folder: Path, owned: bool, manifest: dict[str, Any]) -> list[LibraryEntry]:
+        files = list(_gguf_files(folder))
+        splits: dict[tuple[Path, str, int], dict[int, Path]] = {}
+        singles: list[Path] = []
+        for path in files:
+            m = _SPLIT_RE.match(path.name)
+            if m:
+                key = (path.parent, m["stem"], int(m["total"]))
+                splits.setdefault(key, {})[int(m["part"])] = path
+            else:
+                singles.append(path)
+        entries = [self._entry(path, folder, owned, manifest) for path in singles]
+        for (_parent, _stem, total), parts in sorted(splits.items(), key=lambda kv: str(kv[0])):
+            entries.append(self._split_entry(parts, total, folder, owned, manifest))
+        return entries
+
+    def _entry(self, path: Path, folder: Path, owned: bool, manifest: dict[str, Any]) -> LibraryEntry:
+        key = self._key(path)
+        record = manifest["models"].get(key, {})
+        provenance = {k: str(v) for k, v in record.items() if k in PROVENANCE_FIELDS and v is not None}
+        try:
+            st = path.stat()
+        except OSError as exc:
+            return LibraryEntry(path.name, path, folder, 0, False, owned, provenance=provenance,
+                                error=f"cannot read the file ({exc.strerror or exc})")
+        info, error = self._header(path, key, st, manifest)
+        return _make_entry(path, folder, st.st_size, True, owned, provenance, info, error)
+
+    def _split_entry(
+        self, parts: dict[int, Path], total: int, folder: Path, owned: bool, manifest: dict[str, Any]
+    ) -> LibraryEntry:
+        ordered = [parts[i] for i in sorted(parts)]
+        first = parts.get(1, ordered[0])
+        size = 0
+        for part in ordered:
+            with contextlib.suppress(OSError):
+                size += part.stat().st_size
+        missing = sorted(set(range(1, total + 1)) - set(parts))
+        key = self._key(first)
+        record = manifest["models"].get(key, {})
+        provenance = {k: str(v) for k, v in record.items() if k in PROVENANCE_FIELDS and v is not None}
+        info: GgufInfo | None = None
+        error: str | None = None
+        if missing:
+            error = f"part {missing[0]} of {total} is missing"
+        else:
+            try:
+                info, error = self._header(first, key, first.stat(), manifest)
+            except OSError as exc:
+                error = f"cannot read the file ({exc.strerror or exc})"
+        entry = _make_entry(first, folder, size, True, owned, provenance, info, error)
+        return _replace(entry, parts=ordered)
+
+    def _header(
+        self, path: Path, key: str, st: os.stat_result, manifest: dict[str, Any]
+    ) -> tuple[GgufInfo | None, str | None]:
+        """The header summary, from the cache when size and mtime are unchanged."""
+        cache = manifest["cache"]
+        cached = cache.get(key)
+        stamp = (st.st_size, st.st_mtime_ns)
+        if isinstance(cached, dict) and (cached.get("size"), cached.get("mtime_ns")) == stamp:
+            if cached.get("error"):
+                return None, str(cached["error"])
+            with contextlib.suppress(TypeError, ValueError, KeyError, AttributeError):
+                return GgufInfo.from_dict({**cached["info"], "path": str(path)}), None
+        try:
+            info = read_gguf_info(path)
+        except ModelFileError as exc:
+            cache[key] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "error": exc.reason}
+            return None, exc.reason
+        cache[key] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "info": info.to_dict()}
+        return info, None
+
+    def _remembered(self, folder: Path, manifest: dict[str, Any]) -> list[LibraryEntry]:
+        """Models last seen in a folder that is missing now, from the manifest's cache."""
+        out = []
+        for key, cached in sorted(manifest["cache"].items()):
+            path = self._path(key)
+            if not _is_within(path, folder) or not isinstance(cached, dict):
+                continue
+            record = manifest["models"].get(key, {})
+            provenance = {k: str(v) for k, v in record.items() if k in PROVENANCE_FIELDS and v is not None}
+            info = None
+            with contextlib.suppress(TypeError, ValueError, KeyError, AttributeError):
+                info = GgufInfo.from_dict({**cached["info"], "path": str(path)})
+            size = int(cached.get("size") or 0)
+            entry = _make_entry(path, folder, size, False, False, provenance, info, None)
+            out.append(_replace(entry, error="unavailable: its folder is missing (unplugged drive?)"))
+        return out
+
+    @staticmethod
+    def _merge_duplicates(entries: list[LibraryEntry]) -> list[LibraryEntry]:
+        """Shows each file once: same sha256 (manifest), else same size and first/last MiB."""
+        candidates = [e for e in entries if e.available and not e.parts]
+        sizes: dict[int, int] = {}
+        for e in candidates:
+            sizes[e.size] = sizes.get(e.size, 0) + 1
+        fingerprints: dict[Path, str] = {}
+        for e in candidates:
+            if sizes[e.size] > 1:  # only files whose size collides are worth hashing
+                with contextlib.suppress(OSError):
+                    fingerprints[e.path] = f"{e.size}:{_fingerprint(e.path, e.size)}"
+        # A copy known by sha256 lends its key to identical copies known only by fingerprint.
+        fp_to_sha = {
+            fingerprints[e.path]: e.provenance["sha256"].lower()
+            for e in candidates
+            if e.provenance.get("sha256") and e.path in fingerprints
+        }
+        groups: dict[str, list[LibraryEntry]] = {}
+        for e in entries:
+            key = f"path:{e.path}"
+            if e.provenance.get("sha256") and e in candidates:
+                key = f"sha:{e.provenance['sha256'].lower()}"
+            elif e.path in fingerprints:
+                fp = fingerprints[e.path]
+                key = f"sha:{fp_to_sha[fp]}" if fp in fp_to_sha else f"fp:{fp}"
+            groups.setdefault(key, []).append(e)
+        merged: list[LibraryEntry] = []
+        for group in groups.values():
+            group = sorted(group, key=lambda e: (not e.owned, not e.provenance, str(e.path)))
+            head = group[0]
+            if len(group) > 1:
+                provenance = dict(head.provenance)
+                for other in group[1:]:
+                    for k, v in other.provenance.items():
+                        provenance.setdefault(k, v)
+                head = _replace(head, duplicates=[e.path for e in group[1:]], provenance=provenance)
+            merged.append(head)
+        return merged
+
+    # ---------------------------------------------------------------- provenance and removal
+    def record_provenance(self, path: Path, **fields: str | None) -> None:
+        """Records where a model came from (``repo``, ``revision``, ``sha256``, ``quantized_from``,
+        ``label``, ``source``). Fields given as None are removed.
+
+        Raises:
+            ValueError: an unknown field name.
+        """
+        unknown = set(fields) - set(PROVENANCE_FIELDS)
+        if unknown:
+            raise ValueError(f"unknown provenance fields: {', '.join(sorted(unknown))}")
+        with self._lock:
+            manifest = self._load_manifest()
+            record = manifest["models"].setdefault(self._key(_absolute(path)), {})
+            for k, v in fields.items():
+                if v is None:
+                    record.pop(k, None)
+                else:
+                    record[k] = str(v)
+            record.setdefault("added_at", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+            self._save_manifest(manifest)
+
+    def remove(self, name_or_path: str | Path) -> list[Path]:
+        """Deletes a model the library owns (all parts of a split model); returns what was deleted.
+
+        Raises:
+            ModelFileError: no such model, more than one match, or a file outside the models
+                folder (Glassbox never deletes files it did not put there).
+        """
+        entries = self.scan()
+        matches = self._matches(name_or_path, entries)
+        if not matches:
+            raise ModelFileError(str(name_or_path), "no such model in the library (see glassbox models list)")
+        owned = [e for e in matches if e.owned]
+        if not owned:
+            raise ModelFileError(
+                matches[0].path,
+                "not in the models folder: Glassbox only deletes files it owns; remove the folder from the "
+                "library or delete the file yourself",
+            )
+        if len(owned) > 1:
+            raise ModelFileError(str(name_or_path), f"{len(owned)} models have that name: give the path")
+        entry = owned[0]
+        as_path = _absolute(Path(str(name_or_path)))
+        target = as_path if as_path in entry.duplicates else entry.path
+        if not _is_within(target, self.models_dir):
+            raise ModelFileError(target, "not in the models folder: Glassbox only deletes files it owns")
+        doomed = [target] if target != entry.path or not entry.parts else entry.parts
+        deleted = []
+        for path in doomed:
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                continue
+            deleted.append(path)
+        with self._lock:
+            manifest = self._load_manifest()
+            for path in doomed:
+                manifest["models"].pop(self._key(path), None)
+                manifest["cache"].pop(self._key(path), None)
+            self._save_manifest(manifest)
+        return deleted
+
+    # ---------------------------------------------------------------- manifest
+    def _key(self, path: Path) -> str:
+        """Owned files are keyed relative to the models folder, so the data folder can move."""
+        path = _absolute(path)
+        if _is_within(path, self.models_dir):
+            return path.relative_to(self.models_dir).as_posix()
+        return str(path)
+
+    def _path(self, key: str) -> Path:
+        candidate = Path(key)
+        return candidate if candidate.is_absolute() else self.models_dir / candidate
+
+    def _load_manifest(self) -> dict[str, Any]:
+        empty: dict[str, Any] = {"version": MANIFEST_VERSION, "models": {}, "cache": {}}
+        try:
+            text = self.manifest_path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return empty
+        except OSError:
+            return empty
+        try:
+            data = json.loads(text)
+            if not isinstance(data, dict) or not isinstance(data.get("models", {}), dict):
+                raise ValueError("not a manifest")
+        except ValueError:
+            aside = self.manifest_path.with_name(f"{self.manifest_path.name}.corrupt-{int(time.time())}")
+            with contextlib.suppress(OSError):
+                os.replace(self.manifest_path, aside)
+            return empty
+        cache = data.get("cache")
+        return {
+            "version": MANIFEST_VERSION,
+            "models": {k: v for k, v in data.get("models", {}).items() if isinstance(v, dict)},
+            "cache": cache if isinstance(cache, dict) else {},
+        }
+
+    def _save_manifest(self, manifest: dict[str, Any]) -> None:
+        _write_json_atomic(self.manifest_path, manifest)
+
+
+# -------------------------------------------------------------------- helpers
+def _make_entry(
+    path: Path, folder: Path, size: int, available: bool, owned: bool,
+    provenance: dict[str, str], info: GgufInfo | None, error: str | None,
+) -> LibraryEntry:
+    if info is None:
+        return LibraryEntry(path.name, path, folder, size, available, owned, provenance=provenance,
+                            error=error)
+    return LibraryEntry(
+        name=path.name, path=path, folder=folder, size=size, available=available, owned=owned,
+        architecture=info.architecture, params=info.n_params, quant=info.file_type,
+        context_length=info.context_length, has_chat_template=info.has_chat_template, title=info.name,
+        provenance=provenance, error=error, info=info,
+    )
+
+
+def _replace(entry: LibraryEntry, **changes: Any) -> LibraryEntry:
+    import dataclasses
+
+    return dataclasses.replace(entry, **changes)
+
+
+def _gguf_files(folder: Path) -> Iterator[Path]:
+    """``*.gguf`` files under ``folder`` (symlinks followed for files, not for folders), skipping
+    hidden and temporary files; at most MAX_FILES_PER_FOLDER, at most MAX_DEPTH deep."""
+    count = 0
+    root_depth = len(folder.parts)
+    for dirpath, dirnames, filenames in os.walk(folder, onerror=lambda _e: None):
+        here = Path(dirpath)
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        if len(here.parts) - root_depth >= MAX_DEPTH:
+            dirnames[:] = []
+        for name in sorted(filenames):
+            if name.startswith(".") or not name.lower().endswith(".gguf"):
+                continue
+            path = here / name
+            if not path.is_file():  # a dangling symlink
+                continue
+            yield path
+            count += 1
+            if count >= MAX_FILES_PER_FOLDER:
+                return
+
+
+def _fingerprint(path: Path, size: int) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        digest.update(fh.read(FINGERPRINT_BYTES))
+        if size > FINGERPRINT_BYTES:
+            fh.seek(max(FINGERPRINT_BYTES, size - FINGERPRINT_BYTES))
+            digest.update(fh.read(FINGERPRINT_BYTES))
+    return digest.hexdigest()
+
+
+def _absolute(path: Path) -> Path:
+    return Path(os.path.abspath(Path(path).expanduser()))
+
+
+def _is_within(path: Path, folder: Path) -> bool:
+    try:
+        path.relative_to(folder)
+    except ValueError:
+        return False
+    return True
+
+
+def _write_json_atomic(path: Path, document: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        with tmp.open("w", encoding="utf-8") as fh:
+            json.dump(document, fh, indent=1, sort_keys=True)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
