@@ -35,6 +35,7 @@ MessageState = Literal["complete", "partial", "pending", "error"]
 STATES: Final = ("complete", "partial", "pending", "error")
 ROLES: Final = ("system", "user", "assistant")
 SQLITE_MAGIC: Final = b"SQLite format 3\x00"
+MIN_PREFIX: Final = 3
 
 _UNSET: Any = object()
 _T = TypeVar("_T")
@@ -158,6 +159,9 @@ MIGRATIONS: Final = (
 def fts_query(text: str) -> str:
     """Turn free text into a safe FTS5 query: every word quoted, all required, the last a prefix.
 
+    The last word is a prefix (search as you type) once it has :data:`MIN_PREFIX` characters;
+    shorter prefixes match most of the history and are slow to rank.
+
     Quoting makes operators (``AND``, ``(``, ``*``, ``:``, ``"``) plain text, so no input can be a
     syntax error.
 
@@ -171,7 +175,8 @@ def fts_query(text: str) -> str:
     if not words:
         return ""
     quoted = ['"' + w.replace('"', '""') + '"' for w in words]
-    quoted[-1] += "*"
+    if len(words[-1]) >= MIN_PREFIX:
+        quoted[-1] += "*"
     return " ".join(quoted)
 
 
@@ -706,19 +711,31 @@ class HistoryStore:
         match = fts_query(query)
         if not match or limit <= 0:
             return []
-        rows = self._query(
-            lambda c: c.execute(
-                """SELECT m.conversation_id, c.title, m.id,
-                          snippet(messages_fts, 0, '**', '**', '…', 16), m.role
-                   FROM messages_fts
-                   JOIN messages m ON m.id = messages_fts.rowid
+
+        def run(conn: sqlite3.Connection) -> list[SearchHit]:
+            # Rank first, then build snippets for the hits kept only: snippet() is the costly part.
+            ranked = conn.execute(
+                """SELECT m.id, m.conversation_id, c.title, m.role
+                   FROM messages_fts f
+                   JOIN messages m ON m.id = f.rowid
                    JOIN conversations c ON c.id = m.conversation_id
                    WHERE messages_fts MATCH ? AND c.deleted_at IS NULL
-                   ORDER BY rank LIMIT ?""",
+                   ORDER BY f.rank LIMIT ?""",
                 (match, limit),
             ).fetchall()
-        )
-        return [SearchHit(row[0], row[1], row[2], row[3], row[4]) for row in rows]
+            if not ranked:
+                return []
+            marks = ", ".join("?" * len(ranked))
+            snippets = dict(
+                conn.execute(
+                    f"""SELECT rowid, snippet(messages_fts, 0, '**', '**', '…', 16) FROM messages_fts
+                        WHERE messages_fts MATCH ? AND rowid IN ({marks})""",
+                    (match, *(row[0] for row in ranked)),
+                ).fetchall()
+            )
+            return [SearchHit(row[1], row[2], row[0], snippets.get(row[0], ""), row[3]) for row in ranked]
+
+        return self._query(run)
 
     def recover_pending(self) -> int:
         """At startup: replies left ``pending`` by a crash become ``partial``.

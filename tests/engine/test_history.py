@@ -247,6 +247,7 @@ def test_odd_search_queries_never_raise(store: HistoryStore, query: str) -> None
 def test_fts_query_quotes_every_word() -> None:
     assert fts_query('foo AND ("bar') == '"foo" "AND" "(""bar"*'
     assert fts_query("( * )") == ""
+    assert fts_query("to be") == '"to" "be"'  # short last word: no prefix
 
 
 def test_database_uses_wal_full_sync_and_foreign_keys(store: HistoryStore, db_path: Path) -> None:
