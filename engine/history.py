@@ -279,7 +279,8 @@ class HistoryStore:
             try:
                 yield self._conn
             except BaseException:
-                self._conn.execute("ROLLBACK")
+                if self._conn.in_transaction:  # SQLite may have rolled back already (disk full, I/O)
+                    self._conn.execute("ROLLBACK")
                 raise
             self._conn.execute("COMMIT")
 
@@ -306,7 +307,8 @@ class HistoryStore:
                     "INSERT INTO migrations (name, applied_at) VALUES (?, ?)", (migration.name, time.time())
                 )
             except BaseException:
-                conn.execute("ROLLBACK")
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
                 raise
             conn.execute("COMMIT")
 
