@@ -225,25 +225,47 @@ class ModelLibrary:
         return entries
 
     def find(self, name_or_path: str | Path) -> LibraryEntry | None:
-        """The entry for a path, a file name or a file name without ``.gguf`` (case-insensitive).
+        """The entry for a path, a file name, a file name without ``.gguf`` or a label
+        (case-insensitive). A name or path that is a duplicate's gives that copy's view of the entry.
 
-        When several folders hold a model of that name, the owned one wins, then the first found.
+        When several files match, an owned one wins, then the first found.
         """
         matches = self._matches(name_or_path, self.scan())
-        matches.sort(key=lambda e: not e.owned)
-        return matches[0] if matches else None
+        matches.sort(key=lambda m: not _is_within(m[1], self.models_dir))
+        if not matches:
+            return None
+        entry, path = matches[0]
+        if path == entry.path or path in entry.parts:
+            return entry
+        others = [entry.path, *(d for d in entry.duplicates if d != path)]
+        return _replace(
+            entry, name=path.name, path=path, owned=_is_within(path, self.models_dir),
+            folder=self._folder_of(path), duplicates=others,
+        )
 
-    def _matches(self, name_or_path: str | Path, entries: list[LibraryEntry]) -> list[LibraryEntry]:
-        text = str(name_or_path)
-        as_path = _absolute(Path(text))
-        lowered = text.lower()
-        by_path = [e for e in entries if as_path == e.path or as_path in e.duplicates or as_path in e.parts]
+    def _matches(
+        self, name_or_path: str | Path, entries: list[LibraryEntry]
+    ) -> list[tuple[LibraryEntry, Path]]:
+        """(entry, the file that matched) pairs: exact paths first, else names and labels."""
+        as_path = _absolute(Path(str(name_or_path)))
+        by_path = [(e, p) for e in entries for p in (e.path, *e.duplicates, *e.parts) if p == as_path]
         if by_path:
             return by_path
-        return [
-            e for e in entries
-            if lowered in (e.name.lower(), e.name.lower().removesuffix(".gguf"), e.label.lower())
-        ]
+        wanted = str(name_or_path).lower()
+        out = []
+        for e in entries:
+            for p in (e.path, *e.duplicates):
+                name = p.name.lower()
+                by_label = p == e.path and wanted == e.label.lower()
+                if wanted in (name, name.removesuffix(".gguf")) or by_label:
+                    out.append((e, p))
+        return out
+
+    def _folder_of(self, path: Path) -> Path:
+        for folder in [self.models_dir, *self.extra_dirs]:
+            if _is_within(path, folder):
+                return folder
+        return path.parent
 
     def _scan_folder(self, folder: Path, owned: bool, manifest: dict[str, Any]) -> list[LibraryEntry]:
         files = list(_gguf_files(folder))
@@ -404,25 +426,22 @@ class ModelLibrary:
             ModelFileError: no such model, more than one match, or a file outside the models
                 folder (Glassbox never deletes files it did not put there).
         """
-        entries = self.scan()
-        matches = self._matches(name_or_path, entries)
+        matches = self._matches(name_or_path, self.scan())
         if not matches:
             raise ModelFileError(str(name_or_path), "no such model in the library (see glassbox models list)")
-        owned = [e for e in matches if e.owned]
+        owned = [(e, p) for e, p in matches if _is_within(p, self.models_dir)]
         if not owned:
             raise ModelFileError(
-                matches[0].path,
+                matches[0][1],
                 "not in the models folder: Glassbox only deletes files it owns; remove the folder from the "
                 "library or delete the file yourself",
             )
         if len(owned) > 1:
             raise ModelFileError(str(name_or_path), f"{len(owned)} models have that name: give the path")
-        entry = owned[0]
-        as_path = _absolute(Path(str(name_or_path)))
-        target = as_path if as_path in entry.duplicates else entry.path
-        if not _is_within(target, self.models_dir):
+        entry, target = owned[0]
+        doomed = entry.parts if entry.parts and (target == entry.path or target in entry.parts) else [target]
+        if not all(_is_within(p, self.models_dir) for p in doomed):
             raise ModelFileError(target, "not in the models folder: Glassbox only deletes files it owns")
-        doomed = [target] if target != entry.path or not entry.parts else entry.parts
         deleted = []
         for path in doomed:
             try:

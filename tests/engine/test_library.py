@@ -176,6 +176,28 @@ def test_remove_only_deletes_owned_files(lib: ModelLibrary, tmp_path: Path) -> N
     assert [e.name for e in lib.scan()] == ["theirs.gguf"]
 
 
+def test_a_duplicate_outside_is_found_by_name_but_never_deleted(lib: ModelLibrary, tmp_path: Path) -> None:
+    mine = _model(lib.models_dir / "mine.gguf")
+    extra = tmp_path / "elsewhere"
+    extra.mkdir()
+    theirs = extra / "theirs.gguf"
+    shutil.copyfile(mine, theirs)
+    lib.add_folder(extra)
+    found = lib.find("theirs")
+    assert found is not None
+    assert (found.path, found.owned, found.folder, found.duplicates) == (theirs, False, extra, [mine])
+    with pytest.raises(ModelFileError, match="only deletes files it owns"):
+        lib.remove("theirs")
+    with pytest.raises(ModelFileError, match="only deletes files it owns"):
+        lib.remove(theirs)
+    assert mine.exists()
+    assert theirs.exists()
+    assert lib.remove("mine") == [mine]
+    assert theirs.exists()
+    (entry,) = lib.scan()
+    assert entry.path == theirs
+
+
 def test_remove_refuses_ambiguous_names(lib: ModelLibrary) -> None:
     _model(lib.models_dir / "a" / "same.gguf")
     _model(lib.models_dir / "b" / "same.gguf", name="Other bytes")
