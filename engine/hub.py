@@ -627,8 +627,7 @@ def search_models(
     params: list[tuple[str, str]] = [
         ("search", query.strip()),
         ("filter", "gguf"),
-        ("sort", _SORT_FIELDS[sort]),
-        ("direction", "-1"),
+        ("sort", _SORT_FIELDS[sort]),  # the Hub sorts descending
         ("limit", str(limit)),
     ]
     params += [("expand", name) for name in ("downloads", "likes", "lastModified", "gated", "private")]

@@ -2,7 +2,7 @@
 
 It speaks the endpoints Glassbox uses, the way the real Hub answers them:
 
-- ``GET /api/models?search=&filter=gguf&sort=&direction=-1&limit=`` (repos with a ``.gguf`` file);
+- ``GET /api/models?search=&filter=gguf&sort=&limit=&expand=...`` (repos with a ``.gguf`` file);
 - ``GET /api/models/{repo}/revision/{rev}`` (``sha``, ``gated``, ``siblings``);
 - ``GET /api/models/{repo}/tree/{rev}?recursive=true`` (``path``, ``size``, ``oid``, ``lfs.oid``,
   paginated with a ``Link: <...>; rel="next"`` header when ``page_size`` is small);

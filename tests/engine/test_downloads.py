@@ -457,6 +457,19 @@ def test_pause_stops_the_transfer_and_resumes_when_cleared(hub: FakeHub, dest: P
     assert_clean(dest)
 
 
+def test_a_partial_that_is_already_complete_is_only_verified(hub: FakeHub, dest: Path) -> None:
+    # killed after the last byte but before the rename: the server answers 416 to the resume
+    dest.mkdir()
+    _, partial, meta = partial_paths(dest, NAME)
+    partial.write_bytes(DATA)
+    meta.write_text(json.dumps({"format": 1, "repo": REPO, "filename": NAME, "revision": "main",
+                                "commit": hub.repos[REPO].commit, "expected_sha256": SHA,
+                                "expected_size": None, "total": SIZE, "done": SIZE}), encoding="utf-8")
+    assert download(hub, dest).sha256 == SHA
+    assert ranges(hub) == [f"bytes={SIZE}-"]
+    assert_clean(dest)
+
+
 def test_garbage_metadata_restarts_safely(hub: FakeHub, dest: Path) -> None:
     _, partial, meta = partial_paths(dest, NAME)
     dest.mkdir()

@@ -155,7 +155,7 @@ def test_search_sorts_and_filters(hub: FakeHub) -> None:
     assert method == "GET"
     assert "filter=gguf" in path
     assert "sort=downloads" in path
-    assert "direction=-1" in path
+    assert "expand=lastModified" in path
 
 
 def test_search_uses_hf_endpoint_from_environment(hub: FakeHub, monkeypatch: pytest.MonkeyPatch) -> None:
