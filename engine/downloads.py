@@ -130,6 +130,11 @@ def check_disk_space(folder: Path, need: int, filename: str) -> None:
         )
 
 
+def _agree(ours: object, theirs: object) -> bool:
+    """Two optional facts agree when either is unknown or they are equal."""
+    return ours is None or theirs is None or ours == theirs
+
+
 def _write_all(fd: int, data: bytes | memoryview) -> None:
     """Writes all of ``data`` to ``fd`` (a raw, unbuffered descriptor: ENOSPC surfaces here)."""
     view = memoryview(data)
@@ -524,8 +529,9 @@ class _Download:
             and meta.get("filename") == self.filename
             and meta.get("revision") == self.revision
             and meta.get("endpoint") in (None, self.endpoint)
-            and self.expected_sha256 in (None, meta.get("expected_sha256"))
-            and self.expected_size in (None, meta.get("expected_size"))
+            and _agree(self.expected_sha256, meta.get("expected_sha256"))
+            and _agree(self.expected_size, meta.get("expected_size"))
+            and _agree(self.expected_size, meta.get("total"))
             and isinstance(meta.get("done"), int)
         )
         if meta is None or not usable:
@@ -536,6 +542,8 @@ class _Download:
         self.commit = commit if isinstance(commit, str) and _COMMIT.match(commit) else self.commit
         if self.expected_sha256 is None and isinstance(meta.get("expected_sha256"), str):
             self.expected_sha256 = meta["expected_sha256"]
+        if self.expected_size is None and isinstance(meta.get("expected_size"), int):
+            self.expected_size = meta["expected_size"]
         etag = meta.get("etag")
         self.etag = etag if isinstance(etag, str) else None
         total = meta.get("total")

@@ -419,6 +419,17 @@ def test_cancel_keeps_the_partial_and_a_later_call_resumes(hub: FakeHub, dest: P
     assert_clean(dest)
 
 
+def test_resume_with_listing_facts_added_later_still_resumes(hub: FakeHub, dest: Path) -> None:
+    hub.faults.throttle_bps = 8 * 2**20
+    cancel = threading.Event()
+    with pytest.raises(Cancelled):
+        download(hub, dest, cancel=cancel, progress=lambda r: cancel.set() if r.done >= 2**20 else None)
+    hub.faults.throttle_bps = 0
+    result = download(hub, dest, expected_sha256=SHA.upper(), expected_size=SIZE)
+    assert result.sha256 == SHA
+    assert str(ranges(hub)[-1]).startswith("bytes=")
+
+
 def test_cancel_while_stalled_takes_effect_at_once(hub: FakeHub, dest: Path) -> None:
     hub.faults.stall_after = 2**20
     hub.faults.stall_s = 5.0
