@@ -292,24 +292,32 @@ class _Reader:
         return self.raw(length).decode("utf-8", errors="replace")
 
     def skip_strings(self, count: int, what: str) -> list[int]:
-        """Walks ``count`` strings without keeping them; returns every N-th start offset."""
+        """Walks ``count`` strings without keeping them; returns every N-th start offset.
+
+        The hot loop of the reader (a vocabulary has up to a few hundred thousand entries), so it
+        works on local variables and refills the buffer only when a length prefix crosses its end.
+        """
         marks: list[int] = []
         unpack = _U64.unpack_from
-        for k in range(count):
-            if k % TOKEN_CHECKPOINT_EVERY == 0:
-                marks.append(self.pos)
-            rel = self.pos - self._buf_start
-            if rel >= 0 and rel + 8 <= len(self._buf):
-                length = int(unpack(self._buf, rel)[0])
-                self.pos += 8
-            else:
-                length = self.u64()
-            if length > MAX_STRING_LEN:
-                raise _Malformed(f"{what}[{k}] claims a string of {length} bytes (limit {MAX_STRING_LEN})")
-            end = self.pos + length
-            if end > self.size:
-                raise _Truncated(end)
-            self.pos = end
+        size = self.size
+        pos = self.pos
+        buf, base = self._buf, self._buf_start
+        end_of_buf = base + len(buf)
+        for first in range(0, count, TOKEN_CHECKPOINT_EVERY):
+            marks.append(pos)
+            for _ in range(min(TOKEN_CHECKPOINT_EVERY, count - first)):
+                if pos + 8 > end_of_buf or pos < base:
+                    self.pos = pos
+                    self._window(8)
+                    buf, base = self._buf, self._buf_start
+                    end_of_buf = base + len(buf)
+                length = unpack(buf, pos - base)[0]
+                if length > MAX_STRING_LEN:
+                    raise _Malformed(f"{what} claims a string of {length} bytes (limit {MAX_STRING_LEN})")
+                pos += 8 + length
+                if pos > size:
+                    raise _Truncated(pos)
+        self.pos = pos
         return marks
 
 
