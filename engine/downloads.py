@@ -197,6 +197,43 @@ def discard_partial(dest_dir: Path, filename: str) -> bool:
     return removed
 
 
+@dataclass(frozen=True)
+class PartialDownload:
+    """An unfinished download found on disk (``find_partials``): resume it or discard it."""
+
+    path: Path  # the final path it will have
+    repo: str
+    filename: str
+    revision: str
+    done: int
+    total: int | None
+    updated_at: float | None
+
+
+def find_partials(root: Path) -> list[PartialDownload]:
+    """Unfinished downloads under ``root`` (from their resume metadata), oldest first.
+
+    For the GUI after a restart: offer to resume them (``download_file`` with the same repo,
+    file and revision) or to discard them (``discard_partial``).
+    """
+    found: list[PartialDownload] = []
+    for meta_path in Path(root).rglob("*" + META_SUFFIX):
+        meta = _read_meta(meta_path)
+        if meta is None or not all(isinstance(meta.get(k), str) for k in ("repo", "filename", "revision")):
+            continue
+        final = meta_path.with_name(meta_path.name[: -len(META_SUFFIX)])
+        total = meta.get("total")
+        updated = meta.get("updated_at")
+        done = meta.get("done")
+        found.append(PartialDownload(
+            path=final, repo=meta["repo"], filename=meta["filename"], revision=meta["revision"],
+            done=done if isinstance(done, int) else 0, total=total if isinstance(total, int) else None,
+            updated_at=float(updated) if isinstance(updated, int | float) else None,
+        ))
+    found.sort(key=lambda p: p.updated_at or 0.0)
+    return found
+
+
 # -------------------------------------------------------------------------------- lock and watch
 
 

@@ -26,6 +26,7 @@ from engine.downloads import (
     DownloadQueue,
     discard_partial,
     download_file,
+    find_partials,
     partial_paths,
     read_partial_meta,
 )
@@ -514,12 +515,17 @@ def test_resume_sticks_to_the_commit_it_started_with(hub: FakeHub, dest: Path) -
     assert result.revision == old_commit
 
 
-def test_discard_partial_removes_both_files(hub: FakeHub, dest: Path) -> None:
+def test_partials_are_found_and_discarded(hub: FakeHub, dest: Path) -> None:
     hub.faults.throttle_bps = 8 * 2**20
     cancel = threading.Event()
     with pytest.raises(Cancelled):
         download(hub, dest, cancel=cancel, progress=lambda r: cancel.set() if r.done else None)
+    (found,) = find_partials(dest.parent)
+    assert found.path == dest / NAME
+    assert (found.repo, found.filename, found.revision, found.total) == (REPO, NAME, "main", SIZE)
+    assert 0 < found.done < SIZE
     assert discard_partial(dest, NAME)
+    assert find_partials(dest) == []
     assert not discard_partial(dest, NAME)
     assert list(dest.iterdir()) == []
 
