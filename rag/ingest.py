@@ -30,7 +30,7 @@ _HASH_BLOCK = 1 << 20
 class Parser(Protocol):
     """What ingest needs from ``rag.parsing.ParserPool``."""
 
-    def parse(self, path: Path, timeout_s: float = 60.0) -> Any: ...
+    def parse(self, path: Path, timeout_s: float = 60.0, *, cancel: threading.Event | None = None) -> Any: ...
 
 
 class Chunker(Protocol):
@@ -347,7 +347,9 @@ class Ingestor:
                 report.cancelled = True
                 break
             emit(files_done, str(file), "indexing", _eta(work_started, done_bytes, total_bytes))
-            self._index_file(kb, file, report)
+            if not self._index_file(kb, file, report, cancel):
+                report.cancelled = True
+                break
             done_bytes += size
             files_done += 1
             while self.registry.count_pending(kb.id) >= self._batch:
@@ -379,22 +381,29 @@ class Ingestor:
                 time.sleep(0.05)
         return cancel is not None and cancel.is_set()
 
-    def _index_file(self, kb: KnowledgeBaseInfo, file: Path, report: IngestReport) -> None:
+    def _index_file(
+        self, kb: KnowledgeBaseInfo, file: Path, report: IngestReport, cancel: threading.Event | None
+    ) -> bool:
+        """Indexes one queued file (chunks stored, embedding left to the drain).
+
+        Returns:
+            False when cancelled while parsing (the file stays queued), else True.
+        """
         doc = self.registry.document(kb.id, str(file))
         if doc is None:  # removed concurrently
-            return
+            return True
         try:
             st = file.stat()
             sha = sha256_file(file)
         except OSError as exc:
             self._fail(kb, doc, DocState.ERROR, f"unreadable ({exc.strerror or exc})", report)
-            return
+            return True
         if doc.sha256 == sha and doc.content_id is not None:
             self.registry.link_content(
                 doc.id, doc.content_id, sha256=sha, size=st.st_size, mtime_ns=st.st_mtime_ns
             )
             report.unchanged += 1
-            return
+            return True
         existing = self.registry.find_content(kb.id, sha)
         if existing is not None:
             self._delete_vectors(
@@ -404,9 +413,9 @@ class Ingestor:
                 ),
             )
             report.duplicates += 1
-            return
+            return True
         try:
-            parsed = self.parser.parse(file, timeout_s=self.parse_timeout_s)
+            parsed = self.parser.parse(file, timeout_s=self.parse_timeout_s, cancel=cancel)
             chunks = self.chunker(
                 parsed,
                 count_tokens=self.embedder.count_tokens,
@@ -414,14 +423,16 @@ class Ingestor:
                 overlap_tokens=kb.overlap_tokens,
             )
         except DocumentError as exc:
+            if cancel is not None and cancel.is_set():
+                return False
             skipped = exc.reason.startswith("skipped")
             reason = exc.reason.removeprefix("skipped:").strip() if skipped else exc.reason
             self._fail(kb, doc, DocState.SKIPPED if skipped else DocState.ERROR, reason, report)
-            return
+            return True
         chunks = [c for c in chunks if c.text.strip()]
         if not chunks:
             self._fail(kb, doc, DocState.SKIPPED, "no extractable text", report)
-            return
+            return True
         self._delete_vectors(
             kb,
             self.registry.store_content(
@@ -429,6 +440,7 @@ class Ingestor:
             ),
         )
         report.indexed += 1
+        return True
 
     def _fail(
         self, kb: KnowledgeBaseInfo, doc: DocumentRecord, state: DocState, reason: str, report: IngestReport
