@@ -25,8 +25,18 @@ def register(
     sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
 ) -> None:
     """Registers ``serve`` and ``endpoints``."""
+    del common  # its --home default (None) would reset a --home given before the command
+    # Each level takes --home, but must not reset one given earlier (argparse copies a sub-parser's
+    # defaults over the values already parsed): SUPPRESS leaves it unset unless given here.
+    nested = argparse.ArgumentParser(add_help=False)
+    nested.add_argument(
+        "--home",
+        metavar="DIR",
+        default=argparse.SUPPRESS,
+        help="keep all data under DIR (default: the user's folders)",
+    )
     serve = sub.add_parser(
-        "serve", parents=[common], help="serve a local model over an OpenAI-compatible API"
+        "serve", parents=[nested], help="serve a local model over an OpenAI-compatible API"
     )
     serve.add_argument(
         "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; others need --api-key)"
@@ -54,25 +64,25 @@ def register(
     add_json_flag(serve)
     serve.set_defaults(handler=run_serve)
 
-    endpoints = sub.add_parser("endpoints", parents=[common], help="saved remote OpenAI-compatible servers")
+    endpoints = sub.add_parser("endpoints", parents=[nested], help="saved remote OpenAI-compatible servers")
     actions = endpoints.add_subparsers(
         dest="endpoints_command", metavar="ACTION", required=True, parser_class=type(endpoints)
     )
-    add = actions.add_parser("add", parents=[common], help="save a server: URL [--api-key K] [--name N]")
+    add = actions.add_parser("add", parents=[nested], help="save a server: URL [--api-key K] [--name N]")
     add.add_argument("url", help="the server's base URL, e.g. http://192.168.1.5:8080 (with or without /v1)")
     add.add_argument("--api-key", metavar="KEY", help="bearer key (stored with owner-only permissions)")
     add.add_argument("--name", help="a short name for it (default: host-port)")
     add.add_argument("--no-check", action="store_true", help="save without contacting the server")
     add_json_flag(add)
     add.set_defaults(handler=run_endpoints_add)
-    listing = actions.add_parser("list", parents=[common], help="list saved servers (keys masked)")
+    listing = actions.add_parser("list", parents=[nested], help="list saved servers (keys masked)")
     add_json_flag(listing)
     listing.set_defaults(handler=run_endpoints_list)
-    remove = actions.add_parser("remove", parents=[common], help="forget a saved server")
+    remove = actions.add_parser("remove", parents=[nested], help="forget a saved server")
     remove.add_argument("name")
     add_json_flag(remove)
     remove.set_defaults(handler=run_endpoints_remove)
-    models = actions.add_parser("models", parents=[common], help="list the models a saved server offers")
+    models = actions.add_parser("models", parents=[nested], help="list the models a saved server offers")
     models.add_argument("name")
     add_json_flag(models)
     models.set_defaults(handler=run_endpoints_models)
