@@ -115,6 +115,7 @@ FILE_TYPE_GUESSED = 1024
 
 _OLD_GGML_MAGICS = {b"ggml": "ggml", b"ggmf": "ggmf", b"ggjt": "ggjt", b"ggla": "ggla", b"ggsn": "ggsn"}
 _BLOCK_RE = re.compile(r"blk\.(\d+)\.")
+_ARCH_RE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 
@@ -313,7 +314,8 @@ class _Reader:
                     end_of_buf = base + len(buf)
                 length = unpack(buf, pos - base)[0]
                 if length > MAX_STRING_LEN:
-                    raise _Malformed(f"{what} claims a string of {length} bytes (limit {MAX_STRING_LEN})")
+                    limit = MAX_STRING_LEN
+                    raise _Malformed(f"array {what!r} claims a string of {length} bytes (limit {limit})")
                 pos += 8 + length
                 if pos > size:
                     raise _Truncated(pos)
@@ -495,6 +497,8 @@ class _Parser:
         arch = self.scalars.get("general.architecture")
         if not isinstance(arch, str) or not arch:
             raise _Malformed("general.architecture is missing")
+        if not _ARCH_RE.fullmatch(arch):
+            raise _Malformed(f"general.architecture {arch[:40]!r} is not a valid name")
         alignment = self._alignment()
         tensors = self._read_tensor_infos(n_tensors, alignment)
         data_offset = _align(r.pos, alignment)

@@ -98,9 +98,9 @@ def run_list(args: argparse.Namespace, paths: Paths) -> int:
         _out(_table(rows))
         for e in entries:
             if e.error:
-                _out(f"  {e.name}: {e.error}")
+                _out(_clean(f"  {e.name}: {e.error}"))
             if e.duplicates:
-                _out(f"  {e.name}: also at {', '.join(str(p) for p in e.duplicates)}")
+                _out(_clean(f"  {e.name}: also at {', '.join(str(p) for p in e.duplicates)}"))
     for folder in library.folders():
         if not folder.available:
             _out(f"folder unavailable: {folder.path}")
@@ -313,7 +313,14 @@ def _size(n: int) -> str:
     return format_bytes(n)
 
 
+def _clean(text: str) -> str:
+    """Escapes control characters: names and tokens come from untrusted files and must not drive
+    the terminal (ANSI escapes) or break lines."""
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+
+
 def _table(rows: list[list[str]]) -> str:
+    rows = [[_clean(cell) for cell in row] for row in rows]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)) for r in rows)
     return "\n".join(line.rstrip() for line in lines)
@@ -321,7 +328,7 @@ def _table(rows: list[list[str]]) -> str:
 
 def _key_values(lines: list[tuple[str, str]]) -> str:
     width = max(len(k) for k, _ in lines) + 1
-    return "\n".join(f"{(k + ':').ljust(width)} {v}" for k, v in lines)
+    return "\n".join(f"{(k + ':').ljust(width)} {_clean(v)}" for k, v in lines)
 
 
 def _out(text: str) -> None:

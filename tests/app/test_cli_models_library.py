@@ -83,6 +83,20 @@ def test_info_human_and_json(home: Path, tmp_path: Path, capsys: pytest.CaptureF
     assert doc["has_chat_template"] is True
 
 
+def test_info_escapes_control_characters_from_the_file(
+    home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gguf_fixtures import STRING, default_kvs, kv
+
+    evil = kv("general.name", STRING, "evil\x1b[31m\nname")
+    kvs = [k if b"general.name" not in k else evil for k in default_kvs()]
+    model = build(kvs).write(tmp_path / "evil.gguf")
+    code, out, _ = _run(capsys, "models", "info", str(model), "--home", str(home))
+    assert code == 0
+    assert "\x1b" not in out
+    assert "name:              evil\\x1b[31m\\nname" in out.splitlines()
+
+
 def test_info_by_library_name(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     build().write(_models(home) / "tiny-model.gguf")
     code, out, _ = _run(capsys, "models", "info", "tiny-model", "--json", "--home", str(home))

@@ -199,6 +199,10 @@ CASES: dict[str, tuple[Callable[[], bytes], str]] = {
         "duplicate metadata key 'general.name'",
     ),
     "missing architecture": (lambda: build(default_kvs()[1:]).data, "general.architecture is missing"),
+    "architecture with a newline": (
+        lambda: build([kv("general.architecture", STRING, "llama\n"), *default_kvs()[1:]]).data,
+        "general.architecture 'llama\\n' is not a valid name",
+    ),
     "absurd block count": (
         lambda: build([*default_kvs()[:3], kv("llama.block_count", UINT32, 100000), *default_kvs()[4:]]).data,
         "block_count is 100000",

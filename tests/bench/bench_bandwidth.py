@@ -1,0 +1,63 @@
+"""Memory bandwidth probe and the fit estimator's decode-speed prediction vs llama.cpp's real speed.
+
+Run explicitly: ``pytest tests/bench/bench_bandwidth.py -s``.
+
+1. ``measure_memory_bandwidth`` five times (its spread shows how noisy the machine is).
+2. The starter model decoding 64 greedy tokens in raw llama-cpp-python (in a child process), vs
+   ``expected_decode_tps`` from the header and the measured bandwidth. Decode is memory-bound, so
+   the measured rate should be a sizeable fraction of the prediction (the prediction is a ceiling:
+   compute, threads and cache effects take their share).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from engine.fit import expected_decode_tps
+from engine.gguf import read_gguf_info
+from engine.hardware import measure_memory_bandwidth
+
+_DECODE = textwrap.dedent(
+    """
+    import json, sys, time
+    from llama_cpp import Llama
+    llm = Llama(model_path=sys.argv[1], n_ctx=512, n_threads=int(sys.argv[2]), verbose=False)
+    tokens = llm.tokenize(b"The history of the river town begins")
+    llm.eval(tokens)
+    start = time.perf_counter()
+    n = 0
+    for _ in range(64):
+        token = llm.sample(temp=0.0)
+        llm.eval([token])
+        n += 1
+    print(json.dumps({"tps": n / (time.perf_counter() - start), "n_past": llm.n_tokens}))
+    """
+)
+
+
+def test_bandwidth_and_decode_prediction(starter_model: Path) -> None:
+    runs = [measure_memory_bandwidth(seconds=0.5) for _ in range(5)]
+    gbps = max(runs)
+    print(f"\nmemory bandwidth GB/s: runs {', '.join(f'{r:.1f}' for r in runs)}; "
+          f"median {statistics.median(runs):.1f}, best {gbps:.1f}")
+    pytest.importorskip("llama_cpp")
+    import os
+
+    threads = max(1, min(4, os.cpu_count() or 1))
+    done = subprocess.run(
+        [sys.executable, "-c", _DECODE, str(starter_model), str(threads)],
+        capture_output=True, text=True, timeout=300, check=True,
+    )
+    measured = json.loads(done.stdout.strip().splitlines()[-1])
+    info = read_gguf_info(starter_model)
+    predicted = expected_decode_tps(info, measured["n_past"], gbps)
+    print(f"starter decode: measured {measured['tps']:.1f} tok/s, bandwidth ceiling {predicted:.1f} tok/s "
+          f"({measured['tps'] / predicted:.0%} of the ceiling, {threads} threads)")
+    assert measured["tps"] > 0
