@@ -21,6 +21,9 @@ What it guards against (USERS.md 1-2, ROBUSTNESS.md D1-D7, R4):
 - unsafe names (``..``, absolute, drive letters, UNC, backslashes, NUL) are refused before any
   request; pickle weights are refused outright;
 - two downloads of the same file at once: the second one fails fast with a clear message.
+
+The helper threads (progress, watchdog, hashing, fdatasync) live in ``engine.transfer``; the
+remembered queue and leftover partials in ``engine.download_queue``; HTTP in ``engine.hub_http``.
 """
 
 from __future__ import annotations
@@ -37,59 +40,48 @@ import sys
 import threading
 import time
 import urllib.parse
-from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from engine.errors import Cancelled, DownloadError
-from engine.hub import (
-    PICKLE_SUFFIXES,
+from engine.hub import PICKLE_SUFFIXES, check_filename, check_repo_id, check_revision
+from engine.hub_http import (
     HttpResponse,
     OfflineError,
     backoff_delay,
-    check_filename,
-    check_repo_id,
-    check_revision,
     is_retryable_status,
     open_url,
     resolve_endpoint,
     retry_after_seconds,
     status_error,
 )
+from engine.transfer import (
+    BackgroundHasher,
+    BackgroundSync,
+    DownloadProgress,
+    DownloadState,
+    ProgressCallback,
+    Reporter,
+    Watchdog,
+)
 
-DownloadState = Literal["connecting", "downloading", "paused", "retrying", "verifying", "done"]
+__all__ = [
+    "META_SUFFIX", "PARTIAL_SUFFIX", "DownloadProgress", "DownloadResult", "DownloadState",
+    "ProgressCallback", "check_disk_space", "discard_partial", "download_file", "partial_paths",
+    "read_meta_file", "read_partial_meta", "write_json_atomic",
+]
+
 PARTIAL_SUFFIX = ".partial"
 META_SUFFIX = ".partial.json"
 _META_FORMAT = 1
 _CHUNK = 1 << 20
 _CHECKPOINT_S = 1.0
-_PROGRESS_INTERVAL_S = 0.1
-_SPEED_WINDOW_S = 5.0
 _PROGRESS_BYTES = 64 * 1024
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 _NO_SPACE = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
-
-
-@dataclass(frozen=True)
-class DownloadProgress:
-    """One progress report.
-
-    ``total`` is 0 while unknown; ``eta_s`` is None while the speed is unknown or zero;
-    ``attempt`` counts connection attempts (1 for the first). ``state`` is ``paused`` while the
-    pause event is set (an addition to the states the GUI brief listed).
-    """
-
-    filename: str
-    done: int
-    total: int
-    speed_bps: float
-    eta_s: float | None
-    state: DownloadState
-    attempt: int
-    message: str = ""
 
 
 @dataclass(frozen=True)
@@ -108,7 +100,6 @@ class DownloadResult:
         return data
 
 
-ProgressCallback = Callable[[DownloadProgress], None]
 
 
 def _gib(n: int) -> str:
@@ -175,10 +166,11 @@ def write_json_atomic(path: Path, document: Any, *, durable: bool = True) -> Non
 
 def read_partial_meta(dest_dir: Path, filename: str) -> dict[str, Any] | None:
     """The resume metadata of an unfinished download, or None (absent or unreadable)."""
-    return _read_meta(partial_paths(dest_dir, filename)[2])
+    return read_meta_file(partial_paths(dest_dir, filename)[2])
 
 
-def _read_meta(meta: Path) -> dict[str, Any] | None:
+def read_meta_file(meta: Path) -> dict[str, Any] | None:
+    """The resume metadata in ``meta`` (a ``*.partial.json``), or None if absent or unreadable."""
     try:
         document = json.loads(meta.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -197,44 +189,7 @@ def discard_partial(dest_dir: Path, filename: str) -> bool:
     return removed
 
 
-@dataclass(frozen=True)
-class PartialDownload:
-    """An unfinished download found on disk (``find_partials``): resume it or discard it."""
-
-    path: Path  # the final path it will have
-    repo: str
-    filename: str
-    revision: str
-    done: int
-    total: int | None
-    updated_at: float | None
-
-
-def find_partials(root: Path) -> list[PartialDownload]:
-    """Unfinished downloads under ``root`` (from their resume metadata), oldest first.
-
-    For the GUI after a restart: offer to resume them (``download_file`` with the same repo,
-    file and revision) or to discard them (``discard_partial``).
-    """
-    found: list[PartialDownload] = []
-    for meta_path in Path(root).rglob("*" + META_SUFFIX):
-        meta = _read_meta(meta_path)
-        if meta is None or not all(isinstance(meta.get(k), str) for k in ("repo", "filename", "revision")):
-            continue
-        final = meta_path.with_name(meta_path.name[: -len(META_SUFFIX)])
-        total = meta.get("total")
-        updated = meta.get("updated_at")
-        done = meta.get("done")
-        found.append(PartialDownload(
-            path=final, repo=meta["repo"], filename=meta["filename"], revision=meta["revision"],
-            done=done if isinstance(done, int) else 0, total=total if isinstance(total, int) else None,
-            updated_at=float(updated) if isinstance(updated, int | float) else None,
-        ))
-    found.sort(key=lambda p: p.updated_at or 0.0)
-    return found
-
-
-# -------------------------------------------------------------------------------- lock and watch
+# ------------------------------------------------------------------------------------------ lock
 
 
 @contextlib.contextmanager
@@ -279,188 +234,6 @@ def _try_lock(fd: int) -> None:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
-class _Reporter:
-    """Turns byte counts into throttled ``DownloadProgress`` calls with a moving-average speed."""
-
-    def __init__(self, filename: str, callback: ProgressCallback | None) -> None:
-        self.filename = filename
-        self.callback = callback
-        self.samples: deque[tuple[float, int]] = deque()
-        self.last_emit = 0.0
-        self.lock = threading.Lock()
-        self.state: DownloadState = "connecting"
-        self.done = 0
-        self.total = 0
-        self.attempt = 1
-
-    def speed(self, now: float) -> float:
-        while self.samples and now - self.samples[0][0] > _SPEED_WINDOW_S:
-            self.samples.popleft()
-        if not self.samples:
-            return 0.0
-        t0, d0 = self.samples[0]
-        return (self.done - d0) / (now - t0) if now - t0 > 0.2 else 0.0
-
-    def emit(self, state: DownloadState, message: str = "", *, force: bool = True) -> None:
-        now = time.monotonic()
-        with self.lock:
-            if state == "downloading":
-                self.samples.append((now, self.done))
-            else:
-                self.samples.clear()
-            if not force and state == self.state and now - self.last_emit < _PROGRESS_INTERVAL_S:
-                return
-            self.state = state
-            self.last_emit = now
-            if self.callback is None:
-                return
-            speed = self.speed(now) if state == "downloading" else 0.0
-            eta = (self.total - self.done) / speed if speed > 0 and self.total >= self.done else None
-            report = DownloadProgress(self.filename, self.done, self.total, speed, eta, state, self.attempt,
-                                      message)
-            self.callback(report)
-
-    def idle_tick(self) -> None:
-        """Called by the watchdog while no bytes arrive: the shown speed decays instead of freezing."""
-        if self.state == "downloading" and time.monotonic() - self.last_emit >= 1.0:
-            self.emit("downloading", "waiting for data")
-
-
-class _Watchdog:
-    """A thread that shuts the current socket down on cancel, pause or a stall.
-
-    Shutting the socket down wakes a blocked read at once (it returns EOF); ``reason`` then says
-    why the stream ended.
-    """
-
-    def __init__(self, cancel: threading.Event, pause: threading.Event, stall_s: float,
-                 reporter: _Reporter) -> None:
-        self.cancel = cancel
-        self.pause = pause
-        self.stall_s = stall_s
-        self.reporter = reporter
-        self.lock = threading.Lock()
-        self.sock: Any = None
-        self.last_byte = time.monotonic()
-        self.reason: str | None = None
-        self.stopped = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="download-watchdog", daemon=True)
-
-    def __enter__(self) -> _Watchdog:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stopped.set()
-        self.thread.join()
-
-    def arm(self, sock: object) -> None:
-        with self.lock:
-            self.sock = sock
-            self.reason = None
-            self.last_byte = time.monotonic()
-
-    def disarm(self) -> None:
-        with self.lock:
-            self.sock = None
-
-    def touch(self) -> None:
-        self.last_byte = time.monotonic()
-
-    def _run(self) -> None:
-        interval = min(0.05, self.stall_s / 4)
-        while not self.stopped.wait(interval):
-            with self.lock:
-                if self.sock is None:
-                    continue
-                if self.cancel.is_set():
-                    reason = "cancel"
-                elif self.pause.is_set():
-                    reason = "pause"
-                elif time.monotonic() - self.last_byte > self.stall_s:
-                    reason = "stall"
-                else:
-                    reason = None
-                if reason is not None:
-                    self.reason = reason
-                    self._cut()
-                    continue
-            self.reporter.idle_tick()
-
-    def _cut(self) -> None:
-        import socket
-
-        sock, self.sock = self.sock, None
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)
-
-
-class _BackgroundHasher:
-    """sha256 in a helper thread, so hashing overlaps the network and the disk.
-
-    ``hashlib`` releases the GIL on large buffers; the bounded queue keeps memory to a few
-    chunks. ``hexdigest`` waits for the queue to drain; ``close`` abandons the work.
-    """
-
-    def __init__(self) -> None:
-        import queue
-
-        self._hash = hashlib.sha256()
-        self._queue: queue.Queue[bytes | None] = queue.Queue(maxsize=8)
-        self._thread = threading.Thread(target=self._run, name="download-sha256", daemon=True)
-        self._thread.start()
-        self._digest: str | None = None
-
-    def _run(self) -> None:
-        while (chunk := self._queue.get()) is not None:
-            self._hash.update(chunk)
-
-    def update(self, chunk: bytes) -> None:
-        self._queue.put(chunk)
-
-    def hexdigest(self) -> str:
-        if self._digest is None:
-            self._queue.put(None)
-            self._thread.join()
-            self._digest = self._hash.hexdigest()
-        return self._digest
-
-    def close(self) -> None:
-        if self._thread.is_alive():
-            self._queue.put(None)
-            self._thread.join()
-
-
-class _BackgroundSync:
-    """Flushes the partial file to disk in a helper thread while the download runs.
-
-    Without it the final fsync would write the whole file at once (about 20 % of the time of a
-    fast download); with it only the last moments' bytes remain for the final fsync.
-    """
-
-    def __init__(self, fd: int, interval_s: float = 0.5) -> None:
-        self._fd = fd
-        self._interval_s = interval_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="download-sync", daemon=True)
-
-    def __enter__(self) -> _BackgroundSync:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        sync = getattr(os, "fdatasync", os.fsync)
-        while not self._stop.wait(self._interval_s):
-            try:
-                sync(self._fd)
-            except OSError:
-                return
-
-
 class _Retry(Exception):
     """One attempt failed in a way worth retrying."""
 
@@ -482,7 +255,7 @@ class _Download:
 
     def __init__(self, *, repo: str, filename: str, dest_dir: Path, revision: str, endpoint: str,
                  expected_sha256: str | None, expected_size: int | None, cancel: threading.Event,
-                 pause: threading.Event, reporter: _Reporter, max_retries: int, stall_timeout_s: float,
+                 pause: threading.Event, reporter: Reporter, max_retries: int, stall_timeout_s: float,
                  disk_margin_bytes: int, backoff_s: float, max_backoff_s: float, checksum_retries: int,
                  fd: int) -> None:
         self.repo = repo
@@ -507,7 +280,7 @@ class _Download:
         self.etag: str | None = None
         self.total: int | None = expected_size
         self.done = 0
-        self.hasher = _BackgroundHasher()
+        self.hasher = BackgroundHasher()
         self.attempt = 0
         self.high_water = 0  # the most bytes ever held: progress means passing it
         self.last_checkpoint = time.monotonic()
@@ -554,11 +327,11 @@ class _Download:
         os.lseek(self.fd, 0, os.SEEK_SET)
         self.done = 0
         self.hasher.close()
-        self.hasher = _BackgroundHasher()
+        self.hasher = BackgroundHasher()
         self.reporter.done = 0
 
     def load_resume_point(self) -> None:
-        meta = _read_meta(self.meta_path)
+        meta = read_meta_file(self.meta_path)
         size = os.fstat(self.fd).st_size
         usable = (
             meta is not None
@@ -628,8 +401,8 @@ class _Download:
         self.check_space()
         failures = 0
         checksum_retries = self.checksum_retries
-        with _Watchdog(self.cancel, self.pause, self.stall_timeout_s, self.reporter) as watchdog, \
-                _BackgroundSync(self.fd):
+        with Watchdog(self.cancel, self.pause, self.stall_timeout_s, self.reporter) as watchdog, \
+                BackgroundSync(self.fd):
             while True:
                 self.wait_while_paused()
                 self.check_cancel()
@@ -683,7 +456,7 @@ class _Download:
                 return
             self.cancel.wait(min(left, 0.1))
 
-    def attempt_once(self, watchdog: _Watchdog) -> bool:
+    def attempt_once(self, watchdog: Watchdog) -> bool:
         """One request; True when every byte is in (or, with no known size, the body ended)."""
         self.attempt += 1
         self.reporter.attempt = self.attempt
@@ -784,7 +557,7 @@ class _Download:
             return int(match.group(3)) if match.group(3) != "*" else -1
         raise status_error(status, f"{self.repo}/{self.filename}", self.endpoint, headers)
 
-    def stream(self, response: HttpResponse, watchdog: _Watchdog) -> bool:
+    def stream(self, response: HttpResponse, watchdog: Watchdog) -> bool:
         """Copies the body to the partial file while hashing it."""
         body = response.body
         total = self.total
@@ -812,7 +585,7 @@ class _Download:
                 raise _Paused
         return True
 
-    def stream_ended(self, watchdog: _Watchdog, failure: BaseException | None) -> bool:
+    def stream_ended(self, watchdog: Watchdog, failure: BaseException | None) -> bool:
         # An attempt that only re-fetched bytes we had before (a server ignoring Range) is no
         # progress: otherwise such a server could keep us retrying forever.
         progressed = self.done - self.high_water >= _PROGRESS_BYTES
@@ -968,7 +741,7 @@ def download_file(
     base = resolve_endpoint(endpoint)
     cancel = cancel if cancel is not None else threading.Event()
     pause = pause if pause is not None else threading.Event()
-    reporter = _Reporter(filename, progress)
+    reporter = Reporter(filename, progress)
     final, partial, _ = partial_paths(Path(dest_dir), filename)
     if final.is_file() and expected_sha256 is not None:
         reporter.emit("verifying", "checking the file already there")
@@ -1008,146 +781,3 @@ def _drop_if_empty(partial: Path) -> None:
             partial.with_name(partial.name + ".json").unlink(missing_ok=True)
     except OSError:
         pass
-
-
-# ------------------------------------------------------------------------------------ the queue
-
-QueueState = Literal["queued", "paused", "failed"]
-_QUEUE_FORMAT = 1
-
-
-@dataclass(frozen=True)
-class QueueItem:
-    """A download the user asked for that has not finished yet.
-
-    ``key`` identifies it (repo, revision, file and destination); ``error`` is the last failure.
-    """
-
-    repo: str
-    filename: str
-    dest_dir: str
-    revision: str = "main"
-    expected_sha256: str | None = None
-    expected_size: int | None = None
-    state: QueueState = "queued"
-    error: str | None = None
-    added_at: float = 0.0
-
-    @property
-    def key(self) -> str:
-        return f"{self.repo}@{self.revision}:{self.filename}>{self.dest_dir}"
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-class DownloadQueue:
-    """Queued and paused downloads, remembered across restarts in one JSON file.
-
-    The queue only remembers; whoever runs downloads (the GUI's download worker) takes
-    ``next_queued()``, calls ``download_file`` and removes or updates the item. The partial
-    bytes and their resume metadata live next to the files, so a remembered item resumes where
-    it stopped. Thread-safe; the file is rewritten atomically on every change, and a corrupt file
-    is set aside (``<name>.corrupt-<time>``) rather than losing the app.
-
-    Args:
-        state_file: where the queue lives (its folder is created when first written).
-    """
-
-    def __init__(self, state_file: Path) -> None:
-        self.state_file = Path(state_file)
-        self._lock = threading.Lock()
-        self._items: list[QueueItem] = self._load()
-
-    def _load(self) -> list[QueueItem]:
-        try:
-            document = json.loads(self.state_file.read_text(encoding="utf-8"))
-            if not isinstance(document, dict) or document.get("format") != _QUEUE_FORMAT:
-                raise ValueError("unknown queue format")
-            return [self._item(raw) for raw in document.get("items", [])]
-        except FileNotFoundError:
-            return []
-        except (OSError, ValueError, TypeError, KeyError):
-            with contextlib.suppress(OSError):
-                os.replace(self.state_file, self.state_file.with_name(
-                    f"{self.state_file.name}.corrupt-{int(time.time())}"))
-            return []
-
-    @staticmethod
-    def _item(raw: Any) -> QueueItem:
-        if not isinstance(raw, dict):
-            raise TypeError("queue item is not an object")
-        item = QueueItem(**{k: raw[k] for k in QueueItem.__dataclass_fields__ if k in raw})
-        check_filename(item.filename)
-        if item.state not in ("queued", "paused", "failed"):
-            raise ValueError(f"unknown state {item.state!r}")
-        return item
-
-    def _save(self) -> None:
-        self.state_file.parent.mkdir(parents=True, exist_ok=True)
-        document = {"format": _QUEUE_FORMAT, "items": [i.to_dict() for i in self._items]}
-        write_json_atomic(self.state_file, document)
-
-    def items(self) -> list[QueueItem]:
-        """All items, oldest first."""
-        with self._lock:
-            return list(self._items)
-
-    def add(
-        self,
-        repo: str,
-        filename: str,
-        dest_dir: Path,
-        *,
-        revision: str = "main",
-        expected_sha256: str | None = None,
-        expected_size: int | None = None,
-    ) -> QueueItem:
-        """Queues a download (or returns the item already queued for the same file).
-
-        Raises:
-            DownloadError: a bad repo id, revision or unsafe file name.
-        """
-        check_repo_id(repo)
-        check_revision(revision)
-        check_filename(filename)
-        item = QueueItem(repo, filename, str(Path(dest_dir)), revision, expected_sha256, expected_size,
-                         added_at=time.time())
-        with self._lock:
-            for existing in self._items:
-                if existing.key == item.key:
-                    return existing
-            self._items.append(item)
-            self._save()
-        return item
-
-    def remove(self, key: str) -> bool:
-        """Forgets an item (its partial file stays; see ``discard_partial``). True if it was there."""
-        with self._lock:
-            kept = [i for i in self._items if i.key != key]
-            if len(kept) == len(self._items):
-                return False
-            self._items = kept
-            self._save()
-            return True
-
-    def set_state(self, key: str, state: QueueState, error: str | None = None) -> QueueItem:
-        """Marks an item queued, paused or failed (with the error's one-line message).
-
-        Raises:
-            KeyError: no such item.
-        """
-        from dataclasses import replace
-
-        with self._lock:
-            for index, item in enumerate(self._items):
-                if item.key == key:
-                    self._items[index] = replace(item, state=state, error=error)
-                    self._save()
-                    return self._items[index]
-        raise KeyError(key)
-
-    def next_queued(self) -> QueueItem | None:
-        """The oldest item in state ``queued``, if any."""
-        with self._lock:
-            return next((i for i in self._items if i.state == "queued"), None)

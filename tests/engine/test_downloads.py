@@ -21,12 +21,11 @@ import pytest
 from hub_server import FakeHub, random_bytes
 
 import engine.downloads as downloads
+from engine.download_queue import DownloadQueue, find_partials
 from engine.downloads import (
     DownloadProgress,
-    DownloadQueue,
     discard_partial,
     download_file,
-    find_partials,
     partial_paths,
     read_partial_meta,
 )

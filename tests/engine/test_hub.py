@@ -22,10 +22,10 @@ from engine.hub import (
     parse_quant,
     parse_split,
     resolve_endpoint,
-    retry_after_seconds,
     search_models,
     unsafe_name_reason,
 )
+from engine.hub_http import retry_after_seconds
 
 
 @pytest.fixture
