@@ -800,13 +800,18 @@ def start_server(
         model_id = model_path.stem
     else:
         model_id = getattr(backend, "model", None) or (model_path.stem if model_path else "glassbox")
-    backend.load()
     server_class = _Server6 if ":" in host.strip("[]") else _Server
-    try:
+    try:  # bind first: a taken port fails at once, before a model load
         server = server_class((host.strip("[]"), port), _Handler)
     except OSError as exc:
         backend.close()
         raise ServeError(f"{host}:{port}: cannot listen there ({exc.strerror or exc})") from None
+    try:
+        backend.load()
+    except BaseException:
+        server.server_close()
+        backend.close()
+        raise
     state = _State(paths, backend, model_id, api_key, loopback, embedder_path, knowledge_bases, chroma_url)
     server.state = state
     bound_port = int(server.server_address[1])

@@ -301,6 +301,15 @@ def test_client_disconnect_cancels_the_reply(tmp_path: Path) -> None:
         assert reply.choices[0].message.content == "b a"
 
 
+def test_port_in_use_is_a_clear_error(fake_server: tuple[ServerHandle, FakeBackend], tmp_path: Path) -> None:
+    handle, _ = fake_server
+    second = FakeBackend()
+    with pytest.raises(ServeError) as caught:
+        start_server(Paths.resolve(tmp_path), port=handle.port, backend=second)
+    assert str(caught.value).startswith(f"127.0.0.1:{handle.port}: cannot listen there")
+    assert second.closed
+
+
 def test_stop_closes_backend_and_port(tmp_path: Path) -> None:
     backend = FakeBackend()
     handle = start_server(Paths.resolve(tmp_path), port=0, backend=backend)
