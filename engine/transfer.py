@@ -63,6 +63,7 @@ class Reporter:
         self.attempt = 1
 
     def speed(self, now: float) -> float:
+        """Bytes per second over the last few seconds (0 until there is a fair sample)."""
         while self.samples and now - self.samples[0][0] > _SPEED_WINDOW_S:
             self.samples.popleft()
         if not self.samples:
@@ -71,6 +72,7 @@ class Reporter:
         return (self.done - d0) / (now - t0) if now - t0 > 0.2 else 0.0
 
     def emit(self, state: DownloadState, message: str = "", *, force: bool = True) -> None:
+        """Reports ``state``; unforced ``downloading`` reports are throttled to about 10 a second."""
         now = time.monotonic()
         with self.lock:
             if state == "downloading":
@@ -154,7 +156,10 @@ class Watchdog:
                     self.reason = reason
                     self._cut()
                     continue
-            self.reporter.idle_tick()
+            try:
+                self.reporter.idle_tick()
+            except Exception:  # noqa: BLE001 - a failing progress callback must not kill the watchdog
+                continue
 
     def _cut(self) -> None:
         import socket
