@@ -454,11 +454,10 @@ class RemoteSession:
             "max_tokens": params.max_tokens,
             "temperature": params.temperature,
             "top_p": params.top_p,
-            # Not in OpenAI's API, but llama.cpp, llama-cpp-python, vLLM and Ollama read them.
-            "top_k": params.top_k,
-            "min_p": params.min_p,
-            "repeat_penalty": params.repeat_penalty,
         }
+        if self.info is not None and self.info.tokenizer != "estimate":
+            # llama.cpp's family reads these too; strict servers (OpenAI's own) reject unknown fields.
+            payload.update(top_k=params.top_k, min_p=params.min_p, repeat_penalty=params.repeat_penalty)
         if params.seed is not None:
             payload["seed"] = params.seed
         if params.stop:

@@ -272,6 +272,7 @@ def test_stream_uses_server_usage_and_timings(scripted: Callable[[dict[str, Rout
     assert sent["stream"] is True
     assert sent["stream_options"] == {"include_usage": True}
     assert sent["temperature"] == 0
+    assert sent["top_k"] == 40  # a llama.cpp-family server reads the extra sampling fields
     assert sent["max_tokens"] == 16
 
 
@@ -290,6 +291,9 @@ def test_stream_without_usage_or_tokenizer_is_marked_estimated(
     assert finished.stats.budget["n_ctx_unknown"] == 1
     assert finished.stats.completion_tokens == 2  # counted from the deltas
     assert finished.stats.budget["current"] >= 10  # 40 characters at ~4 per token
+    sent = server.requests[-1][1]
+    assert "top_k" not in sent  # an unknown server may be strict about non-OpenAI fields
+    assert "repeat_penalty" not in sent
 
 
 def test_rolling_window_and_refusal_use_known_context(
