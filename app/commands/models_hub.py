@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -20,6 +21,7 @@ from app.paths import Paths
 
 if TYPE_CHECKING:
     from engine.downloads import DownloadProgress, DownloadResult
+    from engine.fit import FitEstimate
     from engine.hub import ModelFile, RepoFiles
 
 
@@ -53,6 +55,8 @@ def register(
                           help="download into DIR (default: the models folder, under owner/repo)")
     download.add_argument("--with-mmproj", action="store_true",
                           help="also download the vision projector (mmproj) that goes with the model")
+    download.add_argument("--force", action="store_true",
+                          help="download even if the model looks too big for this machine")
     _endpoint_flag(download)
     add_json_flag(download)
     download.set_defaults(handler=run_download)
@@ -114,7 +118,7 @@ def run_search(args: argparse.Namespace, paths: Paths) -> int:  # noqa: ARG001 -
 # ----------------------------------------------------------------------------------- files
 
 
-def run_files(args: argparse.Namespace, paths: Paths) -> int:  # noqa: ARG001 - the handler signature
+def run_files(args: argparse.Namespace, paths: Paths) -> int:
     """``models files``."""
     from engine.hub import list_repo_files
 
@@ -132,13 +136,20 @@ def run_files(args: argparse.Namespace, paths: Paths) -> int:  # noqa: ARG001 - 
                 if listing.has_safetensors else "nothing Glassbox can load")
         out.write(f"no GGUF models in this repository; {hint}\n")
         return 0
-    rows = [["FILE", "QUANT", "SIZE", "PARTS", "MMPROJ"]]
+    rows = [["FILE", "QUANT", "SIZE", "PARTS", "FIT", "MMPROJ"]]
+    fit_of = fit_checker(paths)
     for choice in listing.choices:
         parts = str(len(choice.files)) if choice.complete else f"{len(choice.files)} (incomplete)"
+        fit = fit_of(choice.total_size) if choice.total_size else None
         rows.append([choice.name, choice.quant or "?", human_size(choice.total_size), parts,
-                     ", ".join(m.filename for m in choice.mmproj)])
+                     _FIT_LABELS[fit.verdict] if fit else "?", ", ".join(m.filename for m in choice.mmproj)])
     _table(rows, out)
+    out.write("FIT is a rough estimate from the file size (the KV cache is not included); "
+              "`glassbox models fit FILE` gives the exact figure after download.\n")
     return 0
+
+
+_FIT_LABELS = {"gpu": "GPU", "partial": "partial offload", "ram": "RAM", "no": "won't fit"}
 
 
 # -------------------------------------------------------------------------------- download
@@ -246,20 +257,36 @@ def select_files(listing: RepoFiles, wanted: str, with_mmproj: bool) -> list[Mod
 
 
 def _record_provenance(paths: Paths, result: DownloadResult) -> None:
-    """Tells the model library where a download came from, if the library offers it."""
-    try:
-        from engine.library import ModelLibrary  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        return
+    """Tells the model library where a download came from (repo, commit, sha256)."""
     from engine.errors import EngineError
+    from engine.library import ModelLibrary
 
     try:
         library = ModelLibrary(paths.models, [], paths.models / "manifest.json")
-        record = getattr(library, "record_provenance", None)
-        if record is not None:
-            record(result.path, repo=result.repo, revision=result.revision, sha256=result.sha256)
-    except (EngineError, OSError, TypeError) as exc:
+        library.record_provenance(result.path, repo=result.repo, revision=result.revision,
+                                  sha256=result.sha256, source="huggingface")
+    except (EngineError, OSError, ValueError) as exc:
+        # The model is downloaded and verified; only the label is missing. Say so, carry on.
         sys.stderr.write(f"glassbox: warning: could not record where {result.path.name} came from: {exc}\n")
+
+
+def fit_checker(paths: Paths) -> Callable[[int], FitEstimate]:
+    """A rough "will it fit" from a file size on this machine (before any byte is downloaded).
+
+    The hardware is probed once; the memory bandwidth is taken only if measured before (``models
+    fit`` caches it), never measured here.
+    """
+    import contextlib
+    import json
+
+    from engine.fit import estimate_fit_from_size
+    from engine.hardware import probe_hardware
+
+    hardware = probe_hardware()
+    bandwidth = None
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        bandwidth = float(json.loads(paths.bandwidth_cache.read_text(encoding="utf-8"))["gbps"])
+    return lambda size: estimate_fit_from_size(size, hardware, bandwidth)
 
 
 def run_download(args: argparse.Namespace, paths: Paths) -> int:
@@ -278,6 +305,13 @@ def run_download(args: argparse.Namespace, paths: Paths) -> int:
     dest.mkdir(parents=True, exist_ok=True)
     margin = 512 * 2**20
     check_disk_space(dest, sum(f.size for f in files) + margin, args.file)
+    model_size = sum(f.size for f in files if not f.is_mmproj)
+    if model_size and not args.force:
+        from engine.errors import DownloadError
+
+        fit = fit_checker(paths)(model_size)
+        if fit.verdict == "no":
+            raise DownloadError(f"{args.file}: {fit.message}; pass --force to download it anyway")
     printer = ProgressPrinter(sys.stderr)
     results: list[DownloadResult] = []
     try:

@@ -71,6 +71,11 @@ def test_download_json_prints_path_and_sha256(hub: FakeHub, tmp_path: Path) -> N
     assert "downloading tiny-Q4_K_M.gguf" in result.stderr
     assert "done tiny-Q4_K_M.gguf" in result.stderr
     assert not list(path.parent.glob("*.partial*"))
+    # provenance for the model library: repo, commit and sha256
+    manifest = json.loads((tmp_path / "data" / "models" / "manifest.json").read_text(encoding="utf-8"))
+    (record,) = manifest["models"].values()
+    assert (record["repo"], record["revision"], record["sha256"]) == (REPO, document["revision"],
+                                                                      document["sha256"])
 
 
 def test_download_of_a_split_model_fetches_every_part_and_the_mmproj(hub: FakeHub, tmp_path: Path) -> None:
@@ -152,6 +157,31 @@ def test_files_lists_quants_groups_and_mmproj(hub: FakeHub, tmp_path: Path) -> N
     assert "big/tiny-F16.gguf" in table.stdout
     assert "Q4_K_M" in table.stdout
     assert "2.0 MiB" in table.stdout
+    header = table.stdout.splitlines()[1].split()
+    assert header == ["FILE", "QUANT", "SIZE", "PARTS", "FIT", "MMPROJ"]
+    assert "RAM" in table.stdout or "GPU" in table.stdout  # a 2 MiB model fits anywhere
+
+
+def test_download_refuses_a_model_too_big_for_the_machine_unless_forced(
+    hub: FakeHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from app import cli
+    from app.commands import models_hub
+    from engine.fit import FitEstimate
+
+    def too_big(paths: object) -> object:
+        message = "won't fit: about 2 MiB, 1 MiB usable"
+        return lambda size: FitEstimate(size, 0, 0, size, "no", 0, message, None)
+
+    monkeypatch.setattr(models_hub, "fit_checker", too_big)
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    args = ["models", "download", REPO, "tiny-Q4_K_M.gguf", "--home", str(tmp_path), "--json"]
+    assert cli.main(args) == 1
+    err = capsys.readouterr().err
+    assert "glassbox: error: tiny-Q4_K_M.gguf: won't fit: about 2 MiB, 1 MiB usable; pass --force" in err
+    assert not list((tmp_path / "data" / "models").rglob("*.gguf*"))
+    assert cli.main([*args, "--force"]) == 0
+    assert json.loads(capsys.readouterr().out)["sha256"] == hashlib.sha256(Q4).hexdigest()
 
 
 def test_progress_printer_redraws_on_a_terminal() -> None:
