@@ -108,7 +108,9 @@ class SentenceTransformerEmbedder:
         self.folder = folder
         self._device = device
         self._model: SentenceTransformer | None = None
-        self._lock = threading.Lock()
+        # Hugging Face fast tokenizers are not safe to share between threads ("Already borrowed"),
+        # and an ingest thread and a query may use the model at once: one user at a time.
+        self._lock = threading.RLock()
         self.model_id = model_id_for(folder)
 
     def _load(self) -> SentenceTransformer:
@@ -120,7 +122,8 @@ class SentenceTransformerEmbedder:
                 import torch
                 from transformers.utils import logging as hf_logging
 
-                hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call] # the CLI prints its own progress
+                # The CLI prints its own progress.
+                hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
                 from sentence_transformers import SentenceTransformer
 
                 device = self._device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -129,8 +132,9 @@ class SentenceTransformerEmbedder:
                         str(self.folder), device=device, trust_remote_code=False, local_files_only=True
                     )
                 except (OSError, ValueError, RuntimeError) as exc:
+                    reason = " ".join(str(exc).split())[:300]
                     raise KnowledgeBaseError(
-                        f"{self.folder}: cannot load the embedding model ({exc})"
+                        f"{self.folder}: cannot load the embedding model ({reason})"
                     ) from exc
             return self._model
 
@@ -153,16 +157,19 @@ class SentenceTransformerEmbedder:
         """Embeds texts as L2-normalized float32 rows."""
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)
-        vectors: Any = self._load().encode(
-            list(texts),
-            batch_size=batch_size,
-            normalize_embeddings=True,
-            convert_to_numpy=True,
-            show_progress_bar=False,
-        )
+        model = self._load()
+        with self._lock:
+            vectors: Any = model.encode(
+                list(texts),
+                batch_size=batch_size,
+                normalize_embeddings=True,
+                convert_to_numpy=True,
+                show_progress_bar=False,
+            )
         return np.asarray(vectors, dtype=np.float32)
 
     def count_tokens(self, text: str) -> int:
         """How many tokens of this model ``text`` takes (without the special tokens)."""
         tokenizer = self._load().tokenizer
-        return len(tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
+        with self._lock:
+            return len(tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])

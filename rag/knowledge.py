@@ -90,7 +90,10 @@ class KnowledgeBases:
         self._parser = parser
         self._own_parser = parser is None
         self._chunker = chunker
-        self._mutex = threading.RLock()
+        self._mutex = threading.RLock()  # guards the embedder table
+        # One writer at a time (add, remove, reindex); queries take no lock, so they are answered
+        # between the committed batches of a running ingest.
+        self._writing = threading.RLock()
         self.registry = Registry(root / "registry.sqlite3")
         try:
             self.store = VectorStore(root / "chroma", url=chroma_url)
@@ -219,9 +222,10 @@ class KnowledgeBases:
 
     def drop(self, name: str) -> None:
         """Deletes a knowledge base and its vectors (never the user's files)."""
-        kb = self.get(name)
-        self.registry.drop_kb(kb.id)
-        self.store.drop(kb.collection)
+        with self._writing:
+            kb = self.get(name)
+            self.registry.drop_kb(kb.id)
+            self.store.drop(kb.collection)
 
     # ------------------------------------------------------------------ documents
 
@@ -236,13 +240,13 @@ class KnowledgeBases:
     ) -> IngestReport:
         """Indexes files and folders (incremental: unchanged files cost a ``stat``)."""
         kb = self.get(name)
-        with self._mutex:
+        with self._writing:
             return self._ingestor(kb).add(kb, paths, progress=progress, cancel=cancel, pause=pause)
 
     def remove(self, name: str, path: Path) -> int:
         """Forgets a file or every file under a folder; returns how many."""
         kb = self.get(name)
-        with self._mutex:
+        with self._writing:
             return self._ingestor(kb).remove(kb, path)
 
     def refresh(
@@ -255,7 +259,7 @@ class KnowledgeBases:
     ) -> IngestReport:
         """Rescans the registered files and finishes interrupted work (the startup check)."""
         kb = self.get(name)
-        with self._mutex:
+        with self._writing:
             return self._ingestor(kb).refresh(kb, progress=progress, cancel=cancel, pause=pause)
 
     def reindex(
@@ -273,7 +277,7 @@ class KnowledgeBases:
         models never meet and no dimension error can happen.
         """
         kb = self.get(name)
-        with self._mutex:
+        with self._writing:
             old_collection = kb.collection
             if embedder_path is not None:
                 folder = Path(os.path.abspath(embedder_path))
@@ -297,7 +301,7 @@ class KnowledgeBases:
         interrupted indexing. Cheap when nothing is wrong."""
         reports: dict[str, IngestReport] = {}
         for kb in self.registry.list_kbs():
-            with self._mutex:
+            with self._writing:
                 reports[kb.name] = self._ingestor(kb).refresh(kb)
         return reports
 
@@ -306,8 +310,7 @@ class KnowledgeBases:
     def query(self, name: str, text: str, *, k: int = 5) -> builtins.list[Passage]:
         """The ``k`` best distinct passages of one knowledge base for ``text``."""
         kb = self.get(name)
-        with self._mutex:
-            return self.retriever.search(kb, self._kb_embedder(kb), text, k=k)
+        return self.retriever.search(kb, self._kb_embedder(kb), text, k=k)
 
     def query_many(self, names: Sequence[str], text: str, *, k: int = 5) -> builtins.list[Passage]:
         """The ``k`` best distinct passages across several knowledge bases (fused scores)."""

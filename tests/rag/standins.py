@@ -85,7 +85,7 @@ class FakeEmbedder:
     Args:
         dimension: vector length.
         model_id: the id recorded with the collection.
-        delay_s: sleep per ``encode`` call (to widen windows in kill tests).
+        delay_s: sleep per text encoded (to widen windows in kill tests).
     """
 
     def __init__(self, dimension: int = 64, model_id: str = "fake-bow", delay_s: float = 0.0) -> None:
@@ -97,7 +97,7 @@ class FakeEmbedder:
 
     def encode(self, texts: Sequence[str], *, batch_size: int = 32) -> np.ndarray:
         if self.delay_s:
-            time.sleep(self.delay_s)
+            time.sleep(self.delay_s * len(texts))
         self.encoded += len(texts)
         out = np.zeros((len(texts), self.dimension), dtype=np.float32)
         for row, text in enumerate(texts):
