@@ -36,6 +36,7 @@ from PySide6.QtWidgets import (
 from app.chat_view import ChatView, open_source
 from app.composer import Composer
 from app.inspector import InspectorPanel
+from app.knowledge_panel import KnowledgePanel, progress_text
 from app.paths import Paths
 from app.settings import Settings, load_settings, save_settings
 from app.sidebar import Sidebar
@@ -43,6 +44,7 @@ from app.tasks import describe_error, run_in_background, shutdown_background
 from app.theme import RESOURCES, apply_theme, resolve_theme
 from app.workers.chat_adapter import ChatAdapter, ChatState, ModelState, TurnContext, model_label
 from app.workers.history_service import HistoryService
+from app.workers.knowledge_worker import IndexJob, KnowledgeAdapter
 from app.workers.llm_worker import LoadedModel, LoadRequest, SessionFactory
 
 log = logging.getLogger(__name__)
@@ -113,6 +115,7 @@ class MainWindow(QMainWindow):
         safe_reason: why safe mode is on (shown to the user).
         session_factory: engine session builder (tests inject fakes).
         history_factory: history store builder (tests may inject fakes).
+        kb_factory: KnowledgeBases builder (tests share one loaded embedder).
     """
 
     def __init__(
@@ -124,6 +127,7 @@ class MainWindow(QMainWindow):
         safe_reason: str | None = None,
         session_factory: SessionFactory | None = None,
         history_factory: Any = None,
+        kb_factory: Any = None,
         settings_warning: str | None = None,
         probe_bandwidth: bool = True,
     ) -> None:
@@ -145,7 +149,11 @@ class MainWindow(QMainWindow):
         self.setAcceptDrops(True)
 
         self.history = HistoryService(paths.history_db, history_factory)
-        self.chat = ChatAdapter(self.history, session_factory, parent=self)
+        embedder = Path(settings.embedding_model) if settings.embedding_model else None
+        self.knowledge = KnowledgeAdapter(paths.knowledge, embedder, kb_factory, parent=self)
+        self.chat = ChatAdapter(
+            self.history, session_factory, retriever_factory=self.knowledge.chat_retriever, parent=self
+        )
         self.colors = resolve_theme(settings.theme)
 
         root = QWidget()
@@ -160,7 +168,7 @@ class MainWindow(QMainWindow):
         self.pages.addWidget(self._build_chat_page())
         self.models_page = self._build_placeholder_page("Models", "The model library appears here.")
         self.pages.addWidget(self.models_page)
-        self.knowledge_page = self._build_placeholder_page("Knowledge", "Knowledge bases appear here.")
+        self.knowledge_page = KnowledgePanel(self.knowledge)
         self.pages.addWidget(self.knowledge_page)
 
         self.toast = Toast(self)
@@ -275,6 +283,15 @@ class MainWindow(QMainWindow):
         self.inspector_button.toggled.connect(self._on_inspector_button_toggled)
         row.addWidget(self.inspector_button)
         hl.addLayout(row)
+        docs_row = QHBoxLayout()
+        self.docs_label = QLabel("")
+        self.docs_label.setObjectName("stateLabel")
+        self.index_label = QLabel("")
+        self.index_label.setObjectName("stateLabel")
+        docs_row.addWidget(self.docs_label)
+        docs_row.addStretch(1)
+        docs_row.addWidget(self.index_label)
+        hl.addLayout(docs_row)
         self.starter_note = QLabel(
             "Starter model: a tiny base model for trying the app. It continues text rather than following "
             "instructions; load a chat model from Models for real answers."
@@ -323,6 +340,11 @@ class MainWindow(QMainWindow):
         chat.prompt_view_updated.connect(self.inspector.set_prompt_view)
         chat.bandwidth_measured.connect(self.inspector.set_machine_bandwidth)
         chat.error_occurred.connect(self.show_error)
+        chat.sources_found.connect(self._on_chat_sources_found)
+        self.knowledge.error_occurred.connect(self.show_error)
+        self.knowledge.job_started.connect(self._on_knowledge_job_started)
+        self.knowledge.progress_changed.connect(self._on_knowledge_progress_changed)
+        self.knowledge.job_finished.connect(self._on_knowledge_job_finished)
 
         self.composer.send_requested.connect(self._on_composer_send_requested)
         self.composer.stop_requested.connect(chat.stop)
@@ -610,6 +632,8 @@ class MainWindow(QMainWindow):
         self.sidebar.set_current(conversation.id if conversation is not None else None)
         title = getattr(conversation, "title", "") or "New chat"
         self.setWindowTitle(f"{title} — Glassbox")
+        kbs = list(getattr(conversation, "knowledge_bases", None) or [])
+        self.docs_label.setText(f"Documents: {', '.join(kbs)}" if kbs else "")
         if stats and not self.chat.busy:
             self.inspector.set_stats(stats)
 
@@ -883,12 +907,50 @@ class MainWindow(QMainWindow):
             self.add_documents(paths)
 
     def add_documents(self, paths: list[Path]) -> None:
-        """Adds dropped files to the current conversation's knowledge base (see knowledge panel)."""
-        handler = getattr(self, "knowledge_drop_handler", None)
-        if handler is None:
-            self.show_error("Documents are not available in this build.")
+        """Adds dropped files or folders to the current chat's knowledge base (created on first drop)."""
+        conv = self.chat.conversation
+        if conv is None:
+            # A new chat to hold the documents; continue once it exists.
+            def create(store: Any) -> tuple[Any, list[Any]]:
+                return store.create_conversation(title="Documents"), []
+
+            def created(result: tuple[Any, list[Any]]) -> None:
+                self.chat._after_create(result)
+                self.add_documents(paths)
+
+            self.history.call(create, created, self._on_history_failed)
             return
-        handler(paths)
+        kbs = list(conv.knowledge_bases or [])
+        name = kbs[0] if kbs else f"chat-{conv.id}"
+        self.knowledge.ensure(name)
+        if name not in kbs:
+            self.chat.update_conversation(knowledge_bases=[*kbs, name])
+            self.docs_label.setText(f"Documents: {', '.join([*kbs, name])}")
+        self.knowledge.add(name, paths)
+        self.statusBar().showMessage(f"Indexing {len(paths)} item(s) into {name}…", 5000)
+
+    @Slot(object)
+    def _on_knowledge_job_started(self, job: IndexJob) -> None:
+        self.index_label.setText(f"{job.label}…")
+
+    @Slot(object, object)
+    def _on_knowledge_progress_changed(self, job: IndexJob, progress: Any) -> None:
+        self.index_label.setText(f"{job.kb}: {progress_text(progress)}")
+
+    @Slot(object, object)
+    def _on_knowledge_job_finished(self, job: IndexJob, report: Any) -> None:
+        if report is None:
+            self.index_label.setText("")
+            return
+        line = report.summary() if hasattr(report, "summary") else "done"
+        self.index_label.setText(f"{job.kb}: {line}")
+        QTimer.singleShot(10000, lambda: self.index_label.setText(""))
+
+    @Slot(object)
+    def _on_chat_sources_found(self, sources: list[dict[str, Any]]) -> None:
+        card = self.chat_view._streaming
+        if card is not None:
+            card.set_sources(sources)
 
     # ------------------------------------------------------------------ geometry & shutdown
     def _restore_geometry(self) -> None:
@@ -914,10 +976,8 @@ class MainWindow(QMainWindow):
         self._live_timer.stop()
         self._save_geometry()
         self.save_settings()
-        extra = getattr(self, "extra_shutdown", None)
-        if extra is not None:
-            extra()
         clean = self.chat.shutdown(SHUTDOWN_DEADLINE_S)
+        self.knowledge.shutdown(wait=True)
         shutdown_background(wait=False)
         return clean
 

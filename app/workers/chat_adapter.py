@@ -13,7 +13,7 @@ import itertools
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -63,8 +63,8 @@ class TurnContext:
     knowledge_bases: tuple[str, ...] = ()
 
 
-Retriever = Callable[[tuple[str, ...], str], tuple[str | None, list[dict[str, Any]]]]
-"""``(kb_names, query) -> (documents_block, sources)``; runs on a background thread."""
+RetrieverFactory = Callable[[tuple[str, ...]], Callable[[str, Any], tuple[str | None, list[dict[str, Any]]]]]
+"""``kb_names -> retrieve(query, session) -> (documents_block, sources)``; retrieve runs on the LLM thread."""
 
 
 @dataclass
@@ -87,7 +87,7 @@ class ChatAdapter(QObject):
     Args:
         history: the history service.
         session_factory: passed to the LlmWorker (tests inject fakes).
-        retriever: turns a query into a documents block and sources (None: no documents).
+        retriever_factory: builds the documents retriever for a turn's knowledge bases.
 
     Signals:
         state_changed(object): the new :class:`ChatState`.
@@ -103,6 +103,7 @@ class ChatAdapter(QObject):
         prompt_view_updated(object): ``engine.session.PromptView`` of the last prompt.
         error_occurred(str): a one-line message for the user.
         bandwidth_measured(float): the machine's memory bandwidth (GB/s).
+        sources_found(object): the sources (list of dicts) the running reply is given.
         load_requested(object), generate_requested(object), unload_requested(),
         shutdown_requested(): commands to the worker (queued).
     """
@@ -120,6 +121,7 @@ class ChatAdapter(QObject):
     prompt_view_updated = Signal(object)
     error_occurred = Signal(str)
     bandwidth_measured = Signal(float)
+    sources_found = Signal(object)
 
     load_requested = Signal(object)
     generate_requested = Signal(object)
@@ -130,12 +132,12 @@ class ChatAdapter(QObject):
         self,
         history: HistoryService,
         session_factory: SessionFactory | None = None,
-        retriever: Retriever | None = None,
+        retriever_factory: RetrieverFactory | None = None,
         parent: QObject | None = None,
     ) -> None:
         super().__init__(parent)
         self.history = history
-        self.retriever = retriever
+        self.retriever_factory = retriever_factory
         self.state = ChatState.IDLE
         self.model_state = ModelState.NONE
         self.loaded: LoadedModel | None = None
@@ -164,6 +166,9 @@ class ChatAdapter(QObject):
         self.worker.generation_failed.connect(self._on_worker_generation_failed)
         self.worker.prompt_view_ready.connect(self.prompt_view_updated)
         self.worker.bandwidth_measured.connect(self.bandwidth_measured)
+        self.worker.retrieval_started.connect(self._on_worker_retrieval_started)
+        self.worker.sources_found.connect(self._on_worker_sources_found)
+        self.worker.retrieval_failed.connect(self._on_worker_retrieval_failed)
         self._thread.start()
 
     # ------------------------------------------------------------------ state
@@ -399,46 +404,11 @@ class ChatAdapter(QObject):
         if request.cancel.is_set():
             self._finish_turn("cancelled", "", None)
             return
-        if context.knowledge_bases and self.retriever is not None:
-            self._set_state(ChatState.RETRIEVING)
-            self._retrieve(turn, context.knowledge_bases)
-            return
+        if context.knowledge_bases and self.retriever_factory is not None:
+            request = replace(request, retrieve=self.retriever_factory(context.knowledge_bases))
+            turn.request = request
         self._set_state(ChatState.PROCESSING_PROMPT)
         self.generate_requested.emit(request)
-
-    def _retrieve(self, turn: _Turn, names: tuple[str, ...]) -> None:
-        from app.tasks import run_in_background
-
-        retriever = self.retriever
-        assert retriever is not None
-
-        def done(result: tuple[str | None, list[dict[str, Any]]]) -> None:
-            if self._turn is not turn:
-                return
-            documents, sources = result
-            turn.sources = list(sources)
-            request = GenerateRequest(
-                request_id=turn.request.request_id,
-                history=turn.request.history,
-                user=turn.request.user,
-                params=turn.request.params,
-                system=turn.request.system,
-                documents=documents,
-                cancel=turn.request.cancel,
-            )
-            turn.request = request
-            if request.cancel.is_set():
-                self._finish_turn("cancelled", "", None)
-                return
-            self._set_state(ChatState.PROCESSING_PROMPT)
-            self.generate_requested.emit(request)
-
-        def failed(exc: BaseException) -> None:
-            if self._turn is turn:
-                self.error_occurred.emit(f"Documents not used: {describe_error(exc)}")
-                done((None, []))
-
-        run_in_background(lambda: retriever(names, turn.request.user), done, failed)
 
     def stop(self) -> None:
         """Stops the running turn: sets its cancel event directly (STYLE.md rule 9)."""
@@ -451,6 +421,24 @@ class ChatAdapter(QObject):
         if turn.reply_id < 0:
             self._turn = None  # the save is still queued; _start_generation sees the stop
             self._set_state(ChatState.IDLE)
+
+    @Slot(int)
+    def _on_worker_retrieval_started(self, request_id: int) -> None:
+        if self._turn is not None and self._turn.request.request_id == request_id:
+            self._set_state(ChatState.RETRIEVING)
+
+    @Slot(int, object)
+    def _on_worker_sources_found(self, request_id: int, sources: list[dict[str, Any]]) -> None:
+        if self._turn is not None and self._turn.request.request_id == request_id:
+            self._turn.sources = list(sources)
+            self.sources_found.emit(list(sources))
+            self._set_state(ChatState.PROCESSING_PROMPT)
+
+    @Slot(int, object)
+    def _on_worker_retrieval_failed(self, request_id: int, exc: BaseException) -> None:
+        if self._turn is not None and self._turn.request.request_id == request_id:
+            self.error_occurred.emit(f"Documents not used: {describe_error(exc)}")
+            self._set_state(ChatState.PROCESSING_PROMPT)
 
     @Slot(int, int, int)
     def _on_worker_prefill_progressed(self, request_id: int, done: int, total: int) -> None:

@@ -66,6 +66,8 @@ class GenerateRequest:
         system: the system prompt.
         documents: the retrieved documents block, if any.
         cancel: set by the GUI thread to stop.
+        retrieve: ``(query, session) -> (documents, sources)``, run on this thread before generating
+            (it needs the session's tokenizer to fit the passages).
     """
 
     request_id: int
@@ -75,6 +77,9 @@ class GenerateRequest:
     system: str | None = None
     documents: str | None = None
     cancel: threading.Event = field(default_factory=threading.Event, compare=False)
+    retrieve: Callable[[str, Any], tuple[str | None, list[dict[str, Any]]]] | None = field(
+        default=None, compare=False
+    )
 
 
 @dataclass(frozen=True)
@@ -186,6 +191,9 @@ class LlmWorker(QObject):
         generation_failed(int, object): request id, the exception.
         prompt_view_ready(object): ``engine.session.PromptView`` of the last prompt.
         bandwidth_measured(float): the machine's memory bandwidth in GB/s (probed once, cached).
+        retrieval_started(int): request id; documents are being searched.
+        sources_found(int, object): request id and the sources (list of dicts) given to the model.
+        retrieval_failed(int, object): request id and the exception; the reply goes on without them.
     """
 
     model_loaded = Signal(object)
@@ -197,6 +205,9 @@ class LlmWorker(QObject):
     generation_failed = Signal(int, object)
     prompt_view_ready = Signal(object)
     bandwidth_measured = Signal(float)
+    retrieval_started = Signal(int)
+    sources_found = Signal(int, object)
+    retrieval_failed = Signal(int, object)
 
     def __init__(self, session_factory: SessionFactory | None = None) -> None:
         super().__init__()
@@ -258,12 +269,21 @@ class LlmWorker(QObject):
             from engine.events import Finished, PrefillProgress, Token
 
             history = [Message(role, content) for role, content in request.history]  # type: ignore[arg-type]
+            documents = request.documents
+            if request.retrieve is not None and not request.cancel.is_set():
+                self.retrieval_started.emit(request.request_id)
+                try:
+                    documents, sources = request.retrieve(request.user, session)
+                except Exception as exc:  # noqa: BLE001 - documents are optional: answer without them
+                    self.retrieval_failed.emit(request.request_id, exc)
+                else:
+                    self.sources_found.emit(request.request_id, sources)
             events = session.stream(
                 history,
                 request.user,
                 request.params,
                 system=request.system,
-                documents=request.documents,
+                documents=documents,
                 cancel=request.cancel,
             )
             for event in events:

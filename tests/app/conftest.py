@@ -40,6 +40,13 @@ class FakeSession:
         self.calls: list[dict[str, Any]] = []
         self.closed = False
 
+    @property
+    def info(self) -> Any:
+        return self.load()
+
+    def count_text(self, text: str) -> int:
+        return len(text.split())
+
     def load(self, cancel: threading.Event | None = None) -> Any:
         from engine.runtime import ModelInfo
 
