@@ -32,7 +32,7 @@ class DownloadProgress:
 
     ``total`` is 0 while unknown; ``eta_s`` is None while the speed is unknown or zero;
     ``attempt`` counts connection attempts (1 for the first). ``state`` is ``paused`` while the
-    pause event is set (an addition to the states the GUI brief listed).
+    pause event holds the transfer.
     """
 
     filename: str
