@@ -4,21 +4,24 @@ How a document becomes chunks:
 
 1. Sections are grouped into runs with the same page and heading; a chunk never crosses a group,
    so each chunk has one page and one heading to cite.
-2. Each section becomes *pieces*, the smallest units a chunk is built from, each counted once with
-   ``count_tokens``: sentences for prose; whole blocks for code, tables and headings when they fit
-   (else blank-line blocks, then lines). A piece still over ``max_tokens`` is halved at the
-   whitespace nearest its middle, and only a single over-long word is cut between characters.
+2. Each section becomes *pieces*, the smallest units a chunk is built from: sentences for prose;
+   whole blocks for code, tables and headings when they fit (else blank-line blocks, then lines).
+   A piece over ``max_tokens`` is halved at the whitespace nearest its middle; only a single
+   over-long word is cut between characters.
 3. Pieces are packed greedily up to ``max_tokens``. When the next piece does not fit, the chunk
    ends at the strongest boundary (section > paragraph > line > sentence > word) in its second
-   half. The next chunk starts with the last pieces of the previous one, up to ``overlap_tokens``.
-4. Each chunk's text is ``full_text[start:end]`` exactly, and is counted once more to guarantee
-   the bound even for tokenizers where counts are not additive.
+   half. The next chunk starts with the last pieces of the previous one, about ``overlap_tokens``.
 
-``count_tokens`` is therefore called about twice per sentence, never on growing prefixes.
+Counting is the expensive part (a tokenizer call costs ~0.1–0.5 ms), so it is done once per
+paragraph or block, not per sentence: a paragraph's count is spread over its sentences by their
+length. Every chunk is then counted exactly once, and pieces are dropped from its end (or a lone
+piece split with exact counts) until it fits, so ``count_tokens(chunk.text) <= max_tokens`` always
+holds, even for tokenizers whose counts are not additive.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -57,50 +60,61 @@ class Chunk:
 class _Piece(NamedTuple):
     start: int
     end: int
-    tokens: int
+    tokens: int  # exact if ``exact``, else estimated from the enclosing paragraph's count
     strength: int  # how good a place to cut the boundary *before* this piece is
+    exact: bool
 
 
 class _Splitter:
-    """Cuts sections into counted pieces, each within ``max_tokens``."""
+    """Cuts sections into pieces whose (estimated) token counts are within ``max_tokens``."""
 
     def __init__(self, text: str, count_tokens: Callable[[str], int], max_tokens: int) -> None:
         self.text = text
         self.count = count_tokens
         self.max_tokens = max_tokens
+        self.known: dict[tuple[int, int], int] = {}  # exact counts already paid for, by span
 
-    def _span(self, start: int, end: int) -> tuple[int, int]:
-        """Shrink a span to exclude leading and trailing whitespace."""
+    def exact_count(self, start: int, end: int) -> int:
+        tokens = self.known.get((start, end))
+        if tokens is None:
+            tokens = self.known[start, end] = self.count(self.text[start:end])
+        return tokens
+
+    def pieces(self, start: int, end: int, strength: int, ratio: float | None) -> Iterator[_Piece]:
+        """``[start, end)`` as one piece if it fits, else its halves (cut at whitespace if any).
+
+        With ``ratio`` (tokens per character) counts are estimated; without, they are exact.
+        """
         text = self.text
         while start < end and text[start].isspace():
             start += 1
         while end > start and text[end - 1].isspace():
             end -= 1
-        return start, end
-
-    def piece(self, start: int, end: int, strength: int, tokens: int | None = None) -> Iterator[_Piece]:
-        """Yield ``[start, end)`` as one piece if it fits, else halves of it (at whitespace if any)."""
-        start, end = self._span(start, end)
         if start >= end:
             return
-        if tokens is None:
-            tokens = self.count(self.text[start:end])
+        if ratio is None:
+            tokens = self.exact_count(start, end)
+        else:
+            tokens = max(1, math.ceil((end - start) * ratio))
         if tokens <= self.max_tokens or end - start == 1:
-            yield _Piece(start, end, tokens, strength)
+            yield _Piece(start, end, tokens, strength, ratio is None)
             return
         mid = (start + end) // 2
-        after = _SPACE.search(self.text, mid, end)
-        before = max(self.text.rfind(ch, start, mid) for ch in " \n\t")
+        after = _SPACE.search(text, mid, end)
+        before = max(text.rfind(ch, start, mid) for ch in " \n\t")
         if after is None and before <= start:
-            yield from self.piece(start, mid, strength)
-            yield from self.piece(mid, end, _CHAR)
+            yield from self.pieces(start, mid, strength, ratio)
+            yield from self.pieces(mid, end, _CHAR, ratio)
             return
         if after is not None and (before <= start or after.start() - mid <= mid - before):
             cut, resume = after.start(), after.end()
         else:
             cut, resume = before, before + 1
-        yield from self.piece(start, cut, strength)
-        yield from self.piece(resume, end, _WORD)
+        yield from self.pieces(start, cut, strength, ratio)
+        yield from self.pieces(resume, end, _WORD, ratio)
+
+    def _ratio(self, start: int, end: int) -> float:
+        return self.exact_count(start, end) / max(1, end - start)
 
     def prose(self, section: Section, strength: int) -> Iterator[_Piece]:
         """Sentences of a text section; the first of each paragraph carries a paragraph boundary."""
@@ -108,34 +122,40 @@ class _Splitter:
         for n, (para_start, para_end) in enumerate(
             _split(text, _PARAGRAPH_BREAK, section.start, section.end)
         ):
-            pos, boundary = para_start, strength if n == 0 else _PARAGRAPH
-            for match in _SENTENCE_END.finditer(text, para_start, para_end):
-                yield from self.piece(pos, match.end(), boundary)
-                pos, boundary = match.end(), _SENTENCE
-            if pos < para_end:
-                yield from self.piece(pos, para_end, boundary)
+            boundary = strength if n == 0 else _PARAGRAPH
+            ends = [m.end() for m in _SENTENCE_END.finditer(text, para_start, para_end)]
+            if not ends or ends[-1] < para_end:
+                ends.append(para_end)
+            if len(ends) == 1:  # one sentence: count it exactly
+                yield from self.pieces(para_start, para_end, boundary, None)
+                continue
+            ratio = self._ratio(para_start, para_end)
+            pos = para_start
+            for end in ends:
+                yield from self.pieces(pos, end, boundary, ratio)
+                pos, boundary = end, _SENTENCE
 
     def block(self, section: Section, strength: int) -> Iterator[_Piece]:
         """A code block, table or heading: whole if it fits, else blank-line blocks, then lines."""
-        tokens = self.count(section.text)
+        tokens = self.exact_count(section.start, section.end)
         if tokens <= self.max_tokens:
-            yield _Piece(section.start, section.end, tokens, strength)
+            yield _Piece(section.start, section.end, tokens, strength, True)
             return
+        ratio = tokens / max(1, section.end - section.start)
         for n, (para_start, para_end) in enumerate(
             _split(self.text, _PARAGRAPH_BREAK, section.start, section.end)
         ):
             para_strength = strength if n == 0 else _PARAGRAPH
-            tokens = self.count(self.text[para_start:para_end])
-            if tokens <= self.max_tokens:
-                yield _Piece(para_start, para_end, tokens, para_strength)
+            if (para_end - para_start) * ratio <= self.max_tokens:
+                yield from self.pieces(para_start, para_end, para_strength, ratio)
                 continue
             lines = _split(self.text, _NEWLINE, para_start, para_end)
             for m, (line_start, line_end) in enumerate(lines):
-                yield from self.piece(line_start, line_end, para_strength if m == 0 else _LINE)
+                yield from self.pieces(line_start, line_end, para_strength if m == 0 else _LINE, ratio)
 
 
 def _split(text: str, pattern: re.Pattern[str], start: int, end: int) -> list[tuple[int, int]]:
-    """Spans of ``text[start:end]`` between matches of ``pattern``."""
+    """Whitespace-trimmed, non-empty spans of ``text[start:end]`` between matches of ``pattern``."""
     spans = []
     pos = start
     for match in pattern.finditer(text, start, end):
@@ -153,16 +173,12 @@ def _split(text: str, pattern: re.Pattern[str], start: int, end: int) -> list[tu
     return trimmed
 
 
-def _pack(
-    pieces: list[_Piece],
-    text: str,
-    count_tokens: Callable[[str], int],
-    max_tokens: int,
-    overlap_tokens: int,
-) -> Iterator[tuple[int, int]]:
-    """Yield (start, end) spans of chunks made of consecutive pieces."""
-    i, n = 0, len(pieces)
-    while i < n:
+def _pack(pieces: list[_Piece], splitter: _Splitter, overlap_tokens: int) -> Iterator[tuple[int, int]]:
+    """Yield (start, end) spans of chunks made of consecutive pieces; ``pieces`` is edited in place."""
+    max_tokens = splitter.max_tokens
+    i = 0
+    while i < len(pieces):
+        n = len(pieces)
         total, j = 0, i
         while j < n and total + pieces[j].tokens <= max_tokens:
             total += pieces[j].tokens
@@ -170,48 +186,48 @@ def _pack(
         j = max(j, i + 1)
         k = j
         if j < n:  # choose the strongest boundary in the second half of the chunk
-            acc = 0
-            best = pieces[j].strength
+            acc, best = 0, pieces[j].strength
             for m in range(i + 1, j):
                 acc += pieces[m - 1].tokens
                 if acc * 2 >= max_tokens and pieces[m].strength > best:
                     best, k = pieces[m].strength, m
-        while k - 1 > i and count_tokens(text[pieces[i].start : pieces[k - 1].end]) > max_tokens:
-            k -= 1  # counts were not additive (separators, merges): drop pieces until it fits
+        # Verify with one exact count; drop pieces from the end while the estimate was too low.
+        while k - 1 > i and splitter.exact_count(pieces[i].start, pieces[k - 1].end) > max_tokens:
+            k -= 1
+        first = pieces[i]
+        if k - 1 == i and not first.exact and splitter.exact_count(first.start, first.end) > max_tokens:
+            pieces[i : i + 1] = list(splitter.pieces(first.start, first.end, first.strength, None))
+            continue  # a lone piece whose estimate was too low: split it with exact counts, repack
         yield pieces[i].start, pieces[k - 1].end
-        if k >= n:
+        if k >= len(pieces):
             return
-        m, overlap = k, 0
-        while (
-            m - 1 > i
-            and overlap + pieces[m - 1].tokens <= overlap_tokens
-            and overlap + pieces[m - 1].tokens + pieces[k].tokens <= max_tokens
-        ):
-            overlap += pieces[m - 1].tokens
-            m -= 1
-        if m == k and overlap_tokens:  # the last sentence is too long to repeat whole: repeat its last words
-            tail = _tail(
-                pieces[k - 1], text, count_tokens, min(overlap_tokens, max_tokens - pieces[k].tokens)
-            )
-            if tail is not None:
-                m -= 1
-                pieces[m] = tail  # only pieces from m on are read again
-        i = m
+        i = _overlap_start(pieces, i, k, splitter, overlap_tokens)
 
 
-def _tail(piece: _Piece, text: str, count_tokens: Callable[[str], int], budget: int) -> _Piece | None:
-    """The longest word-aligned end of ``piece`` found within ``budget`` tokens (a few counts), or None."""
-    if budget < 1:
-        return None
-    starts = [match.end() for match in _SPACE.finditer(text, piece.start, piece.end)]
-    words = max(1, budget * 3 // 4)  # about 1.3 tokens per word in English WordPiece
-    while words and starts:
-        start = starts[-min(words, len(starts))]
-        tokens = count_tokens(text[start : piece.end])
-        if tokens <= budget:
-            return _Piece(start, piece.end, tokens, _WORD)
-        words //= 2
-    return None
+def _overlap_start(pieces: list[_Piece], i: int, k: int, splitter: _Splitter, overlap_tokens: int) -> int:
+    """Where the chunk after pieces[i:k] starts: back over about ``overlap_tokens`` of whole pieces.
+
+    If the last piece alone is too long to repeat, its last words are repeated instead (the piece
+    list gets a shortened copy of it at k - 1).
+    """
+    room = min(overlap_tokens, splitter.max_tokens - pieces[k].tokens)
+    m, overlap = k, 0
+    while m - 1 > i and overlap + pieces[m - 1].tokens <= room:
+        overlap += pieces[m - 1].tokens
+        m -= 1
+    if m < k or room < 1:
+        return m
+    last = pieces[k - 1]
+    starts = [match.end() for match in _SPACE.finditer(splitter.text, last.start, last.end)]
+    if not starts:
+        return k
+    per_char = last.tokens / max(1, last.end - last.start)
+    chars = int(room / max(per_char, 1e-9))
+    start = next((s for s in starts if last.end - s <= chars), None)
+    if start is None:
+        return k
+    pieces[k - 1] = _Piece(start, last.end, max(1, math.ceil((last.end - start) * per_char)), _WORD, False)
+    return k - 1
 
 
 def chunk_document(
@@ -226,10 +242,11 @@ def chunk_document(
     Args:
         doc: The parsed document.
         count_tokens: Counts tokens as the embedding model will (e.g. its tokenizer without
-            special tokens; then leave room for them in ``max_tokens``).
+            special tokens; then leave room for them in ``max_tokens``). Called about once per
+            paragraph plus once per chunk.
         max_tokens: The largest chunk, in tokens (256 is all-MiniLM-L6-v2's max_seq_length).
-        overlap_tokens: How many tokens of the previous chunk (whole sentences or lines) the next
-            chunk repeats, within one heading and page.
+        overlap_tokens: About how many tokens of the previous chunk (whole sentences or lines, or
+            the last words of a long sentence) the next chunk repeats, within one heading and page.
 
     Returns:
         Chunks in document order; ``doc.full_text()[c.start:c.end] == c.text`` for each.
@@ -248,9 +265,10 @@ def chunk_document(
     key: tuple[int | None, str | None] | None = None
 
     def flush(page: int | None, heading: str | None) -> None:
-        for start, end in _pack(group, text, count_tokens, max_tokens, overlap_tokens):
+        for start, end in _pack(group, splitter, overlap_tokens):
             chunks.append(Chunk(text[start:end], page, heading, start, end, len(chunks)))
         group.clear()
+        splitter.known.clear()
 
     for section in doc.sections:
         if (section.page, section.heading) != key:
