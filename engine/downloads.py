@@ -200,7 +200,11 @@ def _locked_partial(partial: Path, filename: str) -> Iterator[int]:
     the locked file: another process may have just finished and renamed it into place.
     """
     for _ in range(5):
-        fd = os.open(partial, os.O_RDWR | os.O_CREAT | getattr(os, "O_BINARY", 0), 0o644)
+        try:
+            fd = os.open(partial, os.O_RDWR | os.O_CREAT | getattr(os, "O_BINARY", 0), 0o644)
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            raise DownloadError(f"{partial}: cannot create the download file: {reason}") from None
         try:
             _try_lock(fd)
         except OSError:
@@ -319,7 +323,10 @@ class _Download:
         if not force and now - self.last_checkpoint < _CHECKPOINT_S:
             return
         self.last_checkpoint = now
-        self.save_meta()
+        # A failed checkpoint only makes a later resume start earlier; a full disk shows at the
+        # next write anyway.
+        with contextlib.suppress(OSError):
+            self.save_meta()
 
     def reset(self) -> None:
         """Back to byte 0 (the partial is truncated, the hash restarted)."""
@@ -484,7 +491,7 @@ class _Download:
                 self.size_mismatch(body_total)
             self.reporter.total = self.total or 0
             self.check_space()
-            self.save_meta()
+            self.checkpoint(force=True)
             return self.stream(response, watchdog)
         finally:
             watchdog.disarm()
@@ -611,16 +618,23 @@ class _Download:
             with contextlib.suppress(OSError):
                 os.ftruncate(self.fd, self.done)
                 os.lseek(self.fd, self.done, os.SEEK_SET)
-            with contextlib.suppress(OSError):
-                self.save_meta()
-            if exc.errno in _NO_SPACE:
-                need = max(0, (self.total or self.done) - self.done) + self.disk_margin_bytes
-                free = shutil.disk_usage(self.folder).free
-                raise DownloadError(
-                    f"not enough disk space for {self.filename}: need {_gib(need)} GiB, {_gib(free)} GiB "
-                    f"free on {self.folder} (the partial download is kept: free some space, then retry)"
-                ) from None
-            raise DownloadError(f"{self.partial}: cannot write: {exc.strerror or exc}") from None
+            raise self.write_error(exc) from None
+
+    def write_error(self, exc: OSError) -> DownloadError:
+        """The one-line error for a failed write, sync or rename; the partial is kept for later."""
+        with contextlib.suppress(OSError):
+            self.save_meta()
+        if exc.errno in _NO_SPACE:
+            need = max(0, (self.total or self.done) - self.done) + self.disk_margin_bytes
+            try:
+                free = f"{_gib(shutil.disk_usage(self.folder).free)} GiB"
+            except OSError:
+                free = "no space"
+            return DownloadError(
+                f"not enough disk space for {self.filename}: need {_gib(need)} GiB, {free} "
+                f"free on {self.folder} (the partial download is kept: free some space, then retry)"
+            )
+        return DownloadError(f"{self.partial}: cannot write: {exc.strerror or exc}")
 
     # ---------------------------------------------------------------------- the end
     mismatch_message = ""
@@ -653,11 +667,15 @@ class _Download:
             self.meta_path.unlink()
 
     def finish(self) -> DownloadResult:
-        os.fsync(self.fd)
         digest = self.hasher.hexdigest()
-        if sys.platform == "win32":
-            os.close(self.fd)
-        os.replace(self.partial, self.final)
+        try:
+            # Delayed allocation can report a full disk only here.
+            os.fsync(self.fd)
+            if sys.platform == "win32":
+                os.close(self.fd)  # Windows cannot rename an open file
+            os.replace(self.partial, self.final)
+        except OSError as exc:
+            raise self.write_error(exc) from None
         _fsync_dir(self.folder)
         with contextlib.suppress(FileNotFoundError):
             self.meta_path.unlink()

@@ -390,6 +390,29 @@ def test_disk_full_while_writing_keeps_the_partial_for_later(hub: FakeHub, dest:
     assert_clean(dest)
 
 
+def test_disk_full_reported_by_the_final_fsync_is_the_same_clear_error(
+    hub: FakeHub, dest: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(downloads.os, "fsync", full)
+    with pytest.raises(DownloadError, match=f"not enough disk space for {NAME}: need"):
+        download(hub, dest)
+    assert not (dest / NAME).exists()
+    monkeypatch.undo()
+    assert download(hub, dest).sha256 == SHA
+    assert_clean(dest)
+
+
+def test_unwritable_folder_is_a_clear_error(hub: FakeHub, tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("x", encoding="utf-8")
+    with pytest.raises(DownloadError, match="cannot create the folder"):
+        download(hub, blocker / "models")
+    assert hub.requests == []
+
+
 # ----------------------------------------------------------------------- cancel, pause, resume
 
 
