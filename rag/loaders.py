@@ -63,6 +63,8 @@ _BOMS = (
     (codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codecs.BOM_UTF8, "utf-8-sig"),
     (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"),
 )  # fmt: skip
+_PARSER_BUGS = (ValueError, TypeError, KeyError, IndexError, AttributeError, AssertionError, LookupError,
+                RecursionError, EOFError, OverflowError, ZeroDivisionError)  # fmt: skip
 _TIE_TO_CP1252 = {"cp1250", "iso8859_2", "mac_latin2", "cp1257", "iso8859_4", "iso8859_10", "iso8859_13"}
 _CONTROL_BYTES = frozenset(range(32)) - {9, 10, 12, 13, 27} | {127}
 _DEF_LINE = re.compile(
@@ -253,7 +255,8 @@ def detect_kind(path: Path) -> str:
         DocumentError: The file is binary, an unsupported archive, missing or unreadable.
     """
     head = _read_head(path)
-    if b"%PDF-" in head[:1024]:
+    pdf_at = head.find(b"%PDF-", 0, 1024)  # the spec allows junk before the header; text may quote it
+    if pdf_at == 0 or (pdf_at > 0 and path.suffix.lower() == ".pdf"):
         return "pdf"
     if head.startswith(b"PK\x03\x04"):
         return _zip_kind(path)
@@ -364,14 +367,20 @@ def _load_csv(path: Path, build: _Builder) -> None:
         dialect: type[csv.Dialect] | csv.Dialect = csv.Sniffer().sniff(text[:4096], delimiters=",;\t|")
     except csv.Error:
         dialect = csv.excel_tab if path.suffix.lower() == ".tsv" else csv.excel
-    rows = (" | ".join(cell.strip() for cell in row) for row in csv.reader(io.StringIO(text), dialect))
-    rows = (row for row in rows if row.strip(" |"))
-    header = next(rows, None)
-    if header is None:
+    try:
+        cells = csv.reader(io.StringIO(text), dialect)
+        rows = [
+            line for line in (" | ".join(cell.strip() for cell in row) for row in cells) if line.strip(" |")
+        ]
+    except csv.Error:  # e.g. a field over csv.field_size_limit(): still worth indexing as text
+        for para in _paragraphs(text):
+            build.add(para)
         return
+    if not rows:
+        return
+    header, size = rows[0], 0
     group: list[str] = []
-    size = 0
-    for row in rows:
+    for row in rows[1:]:
         if group and size + len(row) > CSV_SECTION_CHARS:
             build.add("\n".join([header, *group]), "table")
             group, size = [], 0
@@ -682,26 +691,30 @@ def load_document(
     kind = detect_kind(path)
     build = _Builder(path, max_chars)
     n_pages: int | None = None
-    if kind == "pdf":
-        n_pages = _load_pdf(path, build)
-    elif kind == "docx":
-        _load_docx(path, build)
-    elif kind == "epub":
-        _load_epub(path, build)
-    elif kind == "markdown":
-        _load_markup(path, build, markdown_sections)
-    elif kind == "rst":
-        _load_markup(path, build, rst_sections)
-    elif kind == "html":
-        _load_markup(path, build, html_sections)
-    elif kind == "code":
-        _load_code(path, build)
-    elif kind == "csv":
-        _load_csv(path, build)
-    elif kind == "json":
-        _load_json(path, build)
-    else:
-        _load_text(path, build)
+    try:
+        if kind == "pdf":
+            n_pages = _load_pdf(path, build)
+        elif kind == "docx":
+            _load_docx(path, build)
+        elif kind == "epub":
+            _load_epub(path, build)
+        elif kind == "markdown":
+            _load_markup(path, build, markdown_sections)
+        elif kind == "rst":
+            _load_markup(path, build, rst_sections)
+        elif kind == "html":
+            _load_markup(path, build, html_sections)
+        elif kind == "code":
+            _load_code(path, build)
+        elif kind == "csv":
+            _load_csv(path, build)
+        elif kind == "json":
+            _load_json(path, build)
+        else:
+            _load_text(path, build)
+    except _PARSER_BUGS as exc:  # a parser tripping over odd input: skip the file, never a traceback
+        reason = f"skipped: could not be parsed ({type(exc).__name__}: {exc})".split("\n")[0]
+        raise DocumentError(path, reason) from exc
     return build.build(kind, n_pages)
 
 

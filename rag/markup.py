@@ -32,6 +32,8 @@ class _Headings:
 
 # ---------------------------------------------------------------------------------------- Markdown
 
+_FRONT_MATTER = re.compile(r"\A(?:---|\+\+\+)[ \t]*\n(.*?)\n(?:---|\+\+\+|\.\.\.)[ \t]*(?:\n|\Z)", re.DOTALL)
+
 
 def markdown_sections(text: str) -> Iterator[Block]:
     """Split Markdown into top-level blocks (CommonMark + tables, via markdown-it-py).
@@ -48,6 +50,10 @@ def markdown_sections(text: str) -> Iterator[Block]:
     """
     from markdown_it import MarkdownIt
 
+    front = _FRONT_MATTER.match(text)
+    if front:  # YAML/TOML front matter: metadata text, not a heading or a rule
+        yield "text", front.group(1), None
+        text = text[front.end() :]
     lines = text.split("\n")
     headings = _Headings()
     tokens = MarkdownIt("commonmark").enable("table").parse(text)
@@ -141,7 +147,7 @@ def rst_sections(text: str) -> Iterator[Block]:
             i += 1
             continue
         para.append(line)
-        if line.rstrip().endswith("::") and (not nxt.strip()):
+        if line.rstrip().endswith("::") and not nxt.strip() and not line.lstrip().startswith(".."):
             yield from flush()
             literal_next = True
             i += 2

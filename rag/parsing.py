@@ -70,6 +70,7 @@ def _limit_memory(max_memory_bytes: int) -> None:
 def _child_main(conn: Connection, loader: Loader, max_memory_bytes: int) -> None:
     """Serve parse requests until the pipe closes. Replies are ``("ok", doc)`` or ``("error", reason)``."""
     _limit_memory(max_memory_bytes)
+    logging.getLogger("pypdf").setLevel(logging.ERROR)  # malformed-PDF chatter; failures come back as reasons
     while True:
         try:
             path, max_chars = conn.recv()

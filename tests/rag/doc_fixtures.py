@@ -151,20 +151,21 @@ def write_epub(path: Path, chapters: list[tuple[str, str]]) -> Path:
         zf.writestr("mimetype", "application/epub+zip", compress_type=zipfile.ZIP_STORED)
         zf.writestr(
             "META-INF/container.xml",
-            '<?xml version="1.0"?><container version="1.0" '
+            '<?xml version="1.0" encoding="UTF-8"?><container version="1.0" '
             'xmlns="urn:oasis:names:tc:opendocument:xmlns:container">'
             '<rootfiles><rootfile full-path="OEBPS/content.opf" media-type="application/oebps-package+xml"/>'
             "</rootfiles></container>",
         )
         zf.writestr(
             "OEBPS/content.opf",
-            '<?xml version="1.0"?><package xmlns="http://www.idpf.org/2007/opf" version="3.0">'
+            '<?xml version="1.0" encoding="UTF-8"?>'
+            '<package xmlns="http://www.idpf.org/2007/opf" version="3.0">'
             f"<manifest>{manifest}</manifest><spine>{spine}</spine></package>",
         )
         for n, (title, body) in enumerate(chapters):
             zf.writestr(
                 f"OEBPS/text/ch{n}.xhtml",
-                f'<?xml version="1.0"?><html xmlns="http://www.w3.org/1999/xhtml"><head><title>{title}</title>'
+                f'<?xml version="1.0" encoding="UTF-8"?><html xmlns="http://www.w3.org/1999/xhtml"><head><title>{title}</title>'
                 f"</head><body><h1>{title}</h1><p>{body}</p></body></html>",
                 compress_type=zipfile.ZIP_DEFLATED,
             )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import zipfile
 from pathlib import Path
 
@@ -78,6 +79,19 @@ def test_markdown_headings_code_and_tables(tmp_path: Path) -> None:
     assert_spans(doc)
 
 
+def test_markdown_front_matter_is_not_a_heading(tmp_path: Path) -> None:
+    path = tmp_path / "post.md"
+    path.write_text("---\ntitle: Release notes\ntags: [a, b]\n---\n\nBody text.\n\n## Changes\n\nMore.\n")
+    doc = load_document(path)
+    assert [(s.kind, s.heading, s.text) for s in doc.sections] == [
+        ("text", None, "title: Release notes\ntags: [a, b]"),
+        ("text", None, "Body text."),
+        ("heading", "Changes", "Changes"),
+        ("text", "Changes", "More."),
+    ]
+    assert_spans(doc)
+
+
 def test_rst_titles_and_literal_blocks(tmp_path: Path) -> None:
     path = tmp_path / "manual.rst"
     path.write_text(
@@ -93,6 +107,14 @@ def test_rst_titles_and_literal_blocks(tmp_path: Path) -> None:
     assert ("heading", "Title > Other", "Other") in got  # same style as "Section": same level
     assert ("text", "Title > Other", "End.") in got
     assert_spans(doc)
+
+
+def test_rst_directive_body_is_text_not_code(tmp_path: Path) -> None:
+    path = tmp_path / "note.rst"
+    path.write_text("Intro.\n\n.. note::\n\n   Remember the backups.\n")
+    doc = load_document(path)
+    assert [s.kind for s in doc.sections] == ["text", "text", "text"]
+    assert doc.sections[-1].text == "Remember the backups."
 
 
 def test_source_code_split_at_top_level_definitions(tmp_path: Path) -> None:
@@ -136,6 +158,15 @@ def test_csv_rows_grouped_with_header_repeated(tmp_path: Path) -> None:
     assert rows[0] == "p0 | 0 | Town, 0"
     assert len(rows) == 300
     assert_spans(doc)
+
+
+def test_csv_with_a_giant_field_falls_back_to_text(tmp_path: Path) -> None:
+    path = tmp_path / "odd.csv"
+    path.write_text('id,blob\n1,"' + "x" * 200_000 + '"\n')
+    doc = load_document(path)
+    assert doc.kind == "csv"
+    assert doc.sections[0].kind == "text"
+    assert len(doc.full_text()) > 200_000
 
 
 def test_json_key_paths(tmp_path: Path) -> None:
@@ -251,6 +282,9 @@ def test_detection_by_content_beats_extension(tmp_path: Path) -> None:
     assert detect_kind(docx) == "docx"
     epub = write_epub(tmp_path / "real.epub", [("A", "b")]).rename(tmp_path / "book.zip")
     assert detect_kind(epub) == "epub"
+    quoting = tmp_path / "about-pdf.md"
+    quoting.write_text("# PDF headers\n\nEvery PDF starts with %PDF-1.7 or similar.\n")
+    assert detect_kind(quoting) == "markdown"
     page = tmp_path / "page"
     page.write_text("<!DOCTYPE html><html><body><p>hi</p></body></html>")
     assert detect_kind(page) == "html"
@@ -398,6 +432,17 @@ def test_empty_formats(tmp_path: Path) -> None:
 def test_missing_file_and_directory(tmp_path: Path) -> None:
     assert skipped(tmp_path / "gone.txt") == "skipped: file not found (moved or deleted?)"
     assert skipped(tmp_path) == "skipped: not a regular file"
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root reads any file")
+def test_unreadable_file_for_real(tmp_path: Path) -> None:
+    path = tmp_path / "secret.txt"
+    path.write_text("top secret")
+    path.chmod(0)
+    try:
+        assert skipped(path) == "skipped: permission denied"
+    finally:
+        path.chmod(0o600)
 
 
 def test_unreadable_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
