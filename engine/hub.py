@@ -462,23 +462,25 @@ def _folder(filename: str) -> str:
 
 
 def _group_choices(ggufs: list[ModelFile], mmproj: tuple[ModelFile, ...]) -> tuple[ModelChoice, ...]:
-    groups: dict[str, list[ModelFile]] = {}
-    totals: dict[str, int] = {}
+    """One choice per single GGUF and per split set; mmproj files paired by folder."""
+    singles = {f.filename: [f] for f in ggufs if f.split is None}
+    splits: dict[str, list[ModelFile]] = {}
     for f in ggufs:
-        if f.split is None:
-            groups[f.filename] = [f]
-            continue
-        match = _SPLIT.match(f.filename.rsplit("/", 1)[-1])
-        stem = f"{_folder(f.filename)}/{match['stem']}" if match and _folder(f.filename) else (
-            match["stem"] if match else f.filename)
-        key = f"{stem}.gguf"
-        groups.setdefault(key, []).append(f)
-        totals[key] = max(totals.get(key, 0), f.split[1])
+        match = _SPLIT.match(f.filename.rsplit("/", 1)[-1]) if f.split else None
+        if match is not None:
+            folder = _folder(f.filename)
+            splits.setdefault(f"{folder}/{match['stem']}" if folder else match["stem"], []).append(f)
+    groups = dict(singles)
+    for stem, parts in splits.items():
+        parts.sort(key=lambda f: f.split[0] if f.split else 0)
+        # Named like the whole model; a real file of that name keeps it, the set takes its first part's.
+        name = f"{stem}.gguf" if f"{stem}.gguf" not in singles else parts[0].filename
+        groups[name] = parts
     choices: list[ModelChoice] = []
     for name, parts in groups.items():
-        parts.sort(key=lambda f: f.split[0] if f.split else 0)
+        total = max((f.split[1] for f in parts if f.split), default=0)
         present = {f.split[0] for f in parts if f.split}
-        complete = name not in totals or present == set(range(1, totals[name] + 1))
+        complete = total == 0 or present == set(range(1, total + 1))
         folder = _folder(parts[0].filename)
         paired = tuple(m for m in mmproj if _folder(m.filename) == folder) or tuple(
             m for m in mmproj if _folder(m.filename) == ""

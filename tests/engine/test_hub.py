@@ -211,6 +211,17 @@ def test_split_parts_are_grouped_and_mmproj_paired(hub: FakeHub) -> None:
     assert document["choices"][0]["total_size"] > 0
 
 
+def test_a_single_file_and_a_split_set_with_the_same_stem_stay_apart() -> None:
+    from engine.hub import build_repo_files
+
+    entries = [{"type": "file", "path": p, "size": 10} for p in
+               ("m.gguf", "m-00001-of-00002.gguf", "m-00002-of-00002.gguf")]
+    files = build_repo_files("a/b", "main", None, entries)
+    by_name = {c.name: [f.filename for f in c.files] for c in files.choices}
+    assert by_name == {"m.gguf": ["m.gguf"],
+                       "m-00001-of-00002.gguf": ["m-00001-of-00002.gguf", "m-00002-of-00002.gguf"]}
+
+
 def test_listing_follows_pagination() -> None:
     with FakeHub(page_size=2) as server:
         names = {f"m-{i:02d}-Q4_0.gguf": random_bytes(10, i) for i in range(7)}
