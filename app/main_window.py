@@ -37,6 +37,7 @@ from app.chat_view import ChatView, open_source
 from app.composer import Composer
 from app.inspector import InspectorPanel
 from app.knowledge_panel import KnowledgePanel, progress_text
+from app.model_panel import ModelPanel
 from app.paths import Paths
 from app.settings import Settings, load_settings, save_settings
 from app.sidebar import Sidebar
@@ -46,6 +47,7 @@ from app.workers.chat_adapter import ChatAdapter, ChatState, ModelState, TurnCon
 from app.workers.history_service import HistoryService
 from app.workers.knowledge_worker import IndexJob, KnowledgeAdapter
 from app.workers.llm_worker import LoadedModel, LoadRequest, SessionFactory
+from app.workers.models_worker import ModelsAdapter
 
 log = logging.getLogger(__name__)
 SHUTDOWN_DEADLINE_S = 5.0
@@ -151,6 +153,10 @@ class MainWindow(QMainWindow):
         self.history = HistoryService(paths.history_db, history_factory)
         embedder = Path(settings.embedding_model) if settings.embedding_model else None
         self.knowledge = KnowledgeAdapter(paths.knowledge, embedder, kb_factory, parent=self)
+        folder = settings.models_folder(paths.models)
+        self.models_adapter = ModelsAdapter(
+            folder, folder / "manifest.json", paths.config / "model_folders.json", parent=self
+        )
         self.chat = ChatAdapter(
             self.history, session_factory, retriever_factory=self.knowledge.chat_retriever, parent=self
         )
@@ -166,7 +172,7 @@ class MainWindow(QMainWindow):
         self.setCentralWidget(root)
 
         self.pages.addWidget(self._build_chat_page())
-        self.models_page = self._build_placeholder_page("Models", "The model library appears here.")
+        self.models_page = ModelPanel(self.models_adapter, settings.n_ctx)
         self.pages.addWidget(self.models_page)
         self.knowledge_page = KnowledgePanel(self.knowledge)
         self.pages.addWidget(self.knowledge_page)
@@ -231,14 +237,6 @@ class MainWindow(QMainWindow):
         self.settings_button.clicked.connect(self.open_settings)
         layout.addWidget(self.settings_button, 0, Qt.AlignmentFlag.AlignHCenter)
         return rail
-
-    def _build_placeholder_page(self, title: str, text: str) -> QWidget:
-        page = QWidget()
-        layout = QVBoxLayout(page)
-        label = QLabel(f"<h2>{title}</h2><p>{text}</p>")
-        label.setAlignment(Qt.AlignmentFlag.AlignCenter)
-        layout.addWidget(label)
-        return page
 
     def _build_chat_page(self) -> QWidget:
         self.splitter = QSplitter(Qt.Orientation.Horizontal)
@@ -342,6 +340,11 @@ class MainWindow(QMainWindow):
         chat.error_occurred.connect(self.show_error)
         chat.sources_found.connect(self._on_chat_sources_found)
         self.knowledge.error_occurred.connect(self.show_error)
+        self.models_adapter.error_occurred.connect(self.show_error)
+        self.models_adapter.library_changed.connect(self._on_models_library_changed)
+        self.models_page.load_requested.connect(self._on_models_page_load_requested)
+        self.models_page.unload_requested.connect(self.chat.unload_model)
+        chat.bandwidth_measured.connect(self._on_chat_bandwidth_measured)
         self.knowledge.job_started.connect(self._on_knowledge_job_started)
         self.knowledge.progress_changed.connect(self._on_knowledge_progress_changed)
         self.knowledge.job_finished.connect(self._on_knowledge_job_finished)
@@ -576,6 +579,24 @@ class MainWindow(QMainWindow):
             self.starter_note.setVisible(False)
 
     @Slot(object)
+    def _on_models_library_changed(self, entries: list[Any]) -> None:
+        self.set_models([e.path for e in entries if not e.error and e.available])
+
+    @Slot(object)
+    def _on_models_page_load_requested(self, path: Path) -> None:
+        index = self.model_picker.findData(str(path))
+        if index < 0:
+            self.model_picker.addItem(model_label(path), str(path))
+            index = self.model_picker.count() - 1
+        self.model_picker.setCurrentIndex(index)
+        self.load_model(path)
+        self.show_page(0)
+
+    @Slot(float)
+    def _on_chat_bandwidth_measured(self, gbps: float) -> None:
+        self.models_adapter.bandwidth_gbps = gbps
+
+    @Slot(object)
     def _on_chat_model_loaded(self, loaded: LoadedModel) -> None:
         from engine.starter import STARTER_MODEL_FILE
 
@@ -586,6 +607,9 @@ class MainWindow(QMainWindow):
             getattr(info, "model_bytes", None), getattr(info, "n_ctx", None), loaded.machine_bandwidth_gbps
         )
         self.statusBar().showMessage(f"Loaded {loaded.label} in {loaded.load_ms / 1000:.1f} s", 8000)
+        self.models_page.set_loaded(loaded.path)
+        if loaded.machine_bandwidth_gbps:
+            self.models_adapter.bandwidth_gbps = loaded.machine_bandwidth_gbps
         self.banner.setVisible(False)
 
     # ------------------------------------------------------------------ chat
@@ -978,6 +1002,7 @@ class MainWindow(QMainWindow):
         self.save_settings()
         clean = self.chat.shutdown(SHUTDOWN_DEADLINE_S)
         self.knowledge.shutdown(wait=True)
+        self.models_adapter.shutdown(wait=False)
         shutdown_background(wait=False)
         return clean
 

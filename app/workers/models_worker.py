@@ -1,0 +1,337 @@
+"""The models adapter: library scans, fit verdicts, downloads, quantization and quality checks.
+
+Every call into the engine runs off the GUI thread: scans and Hub queries on the shared
+background pool, downloads one at a time on ``glassbox-download`` (each with its own cancel and
+pause events), quantization on ``glassbox-quantize`` (the engine runs the native part in a child
+process, so Cancel really stops it). Progress is throttled before it reaches the GUI.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import QObject, Signal
+
+from app.tasks import SerialExecutor, call_on_gui_thread, describe_error, run_in_background
+
+PROGRESS_INTERVAL_S = 0.2
+
+
+@dataclass
+class Transfer:
+    """One queued or running download (or quantization): its events and last progress."""
+
+    key: str
+    label: str
+    kind: str  # "download" | "quantize"
+    cancel: threading.Event = field(default_factory=threading.Event)
+    pause: threading.Event = field(default_factory=threading.Event)
+    state: str = "queued"
+    done: int = 0
+    total: int = 0
+    speed_bps: float = 0.0
+    eta_s: float | None = None
+    message: str = ""
+    result: Any = None
+
+
+class ModelsAdapter(QObject):
+    """Fronts the model library, the Hub, downloads and quantization.
+
+    Args:
+        models_dir: the owned models folder.
+        manifest: the library manifest file.
+        folders_file: where added folders are kept.
+        endpoint: the Hub endpoint (None: ``$HF_ENDPOINT`` or huggingface.co).
+
+    Signals:
+        library_changed(object): list of ``engine.library.LibraryEntry``.
+        hardware_ready(object): ``engine.hardware.HardwareInfo``.
+        search_finished(str, object): the query and its ``RepoSummary`` list.
+        files_listed(str, object): a repo and its ``RepoFiles``.
+        transfer_changed(object): a :class:`Transfer` (progress, state).
+        error_occurred(str): a one-line message.
+    """
+
+    library_changed = Signal(object)
+    hardware_ready = Signal(object)
+    search_finished = Signal(str, object)
+    files_listed = Signal(str, object)
+    transfer_changed = Signal(object)
+    error_occurred = Signal(str)
+
+    def __init__(
+        self,
+        models_dir: Path,
+        manifest: Path,
+        folders_file: Path,
+        endpoint: str | None = None,
+        parent: QObject | None = None,
+    ) -> None:
+        super().__init__(parent)
+        self.models_dir = models_dir
+        self.manifest = manifest
+        self.folders_file = folders_file
+        self.endpoint = endpoint
+        self.hardware: Any = None
+        self.bandwidth_gbps: float | None = None
+        self.entries: list[Any] = []
+        self.transfers: dict[str, Transfer] = {}
+        self._downloads = SerialExecutor("glassbox-download")
+        self._quantize = SerialExecutor("glassbox-quantize")
+        self._closed = False
+
+    def library(self) -> Any:
+        from engine.library import ModelLibrary
+
+        return ModelLibrary(self.models_dir, manifest_path=self.manifest, folders_file=self.folders_file)
+
+    def _fail(self, prefix: str) -> Callable[[BaseException], None]:
+        return lambda exc: self.error_occurred.emit(f"{prefix}: {describe_error(exc)}")
+
+    # ------------------------------------------------------------------ library
+    def scan(self) -> None:
+        """Rescans the library (library_changed)."""
+
+        def done(entries: list[Any]) -> None:
+            self.entries = entries
+            self.library_changed.emit(entries)
+
+        run_in_background(lambda: self.library().scan(), done, self._fail("Model library"))
+
+    def probe(self) -> None:
+        """Probes the hardware once (for fit badges)."""
+
+        def work() -> Any:
+            from engine.hardware import probe_hardware
+
+            return probe_hardware()
+
+        def done(hw: Any) -> None:
+            self.hardware = hw
+            self.hardware_ready.emit(hw)
+
+        run_in_background(work, done, self._fail("Hardware probe"))
+
+    def fit(self, entry: Any, n_ctx: int) -> Any:
+        """The fit estimate for a library entry (None when unknown). Cheap: pure arithmetic."""
+        if self.hardware is None or entry.info is None:
+            return None
+        from engine.fit import estimate_fit
+
+        try:
+            return estimate_fit(
+                entry.info,
+                self.hardware,
+                min(n_ctx, entry.context_length or n_ctx),
+                bandwidth_gbps=self.bandwidth_gbps,
+            )
+        except (ValueError, ArithmeticError):
+            return None
+
+    def fit_for_size(self, size: int) -> Any:
+        """A rough fit verdict for a file not downloaded yet."""
+        if self.hardware is None or size <= 0:
+            return None
+        from engine.fit import estimate_fit_from_size
+
+        return estimate_fit_from_size(size, self.hardware, self.bandwidth_gbps)
+
+    def add_folder(self, folder: Path) -> None:
+        run_in_background(
+            lambda: self.library().add_folder(folder), lambda _r: self.scan(), self._fail("Add folder")
+        )
+
+    def delete(self, path: Path) -> None:
+        """Deletes a model file the library owns (the caller asked for confirmation)."""
+        run_in_background(lambda: self.library().remove(path), lambda _r: self.scan(), self._fail("Delete"))
+
+    # ------------------------------------------------------------------ Hub
+    def search(self, query: str) -> None:
+        def work() -> Any:
+            from engine.hub import search_models
+
+            return search_models(query, limit=30, endpoint=self.endpoint)
+
+        run_in_background(work, lambda hits: self.search_finished.emit(query, hits), self._fail("Search"))
+
+    def list_files(self, repo: str) -> None:
+        def work() -> Any:
+            from engine.hub import list_repo_files
+
+            return list_repo_files(repo, endpoint=self.endpoint)
+
+        run_in_background(work, lambda files: self.files_listed.emit(repo, files), self._fail(repo))
+
+    # ------------------------------------------------------------------ downloads
+    def download(self, repo: str, choice: Any, commit: str | None = None) -> Transfer:
+        """Queues every file of a model choice (split parts and mmproj included)."""
+        key = f"{repo}/{choice.name}"
+        if key in self.transfers and self.transfers[key].state not in ("done", "error", "cancelled"):
+            return self.transfers[key]
+        transfer = Transfer(key=key, label=f"{choice.name} ({repo})", kind="download")
+        transfer.total = sum(f.size for f in (*choice.files, *choice.mmproj))
+        self.transfers[key] = transfer
+        self.transfer_changed.emit(transfer)
+        files = list(choice.files) + list(choice.mmproj)
+        dest = self.models_dir / repo.replace("/", "__")
+        revision = commit or "main"
+        last = [0.0]
+
+        def work() -> list[Any]:
+            from engine.downloads import download_file
+
+            dest.mkdir(parents=True, exist_ok=True)
+            results = []
+            base = 0
+            for model_file in files:
+                if transfer.cancel.is_set():
+                    break
+
+                def progress(update: Any, base: int = base) -> None:
+                    now = time.perf_counter()
+                    if now - last[0] < PROGRESS_INTERVAL_S and update.state not in ("done", "paused"):
+                        return
+                    last[0] = now
+                    transfer.done = base + update.done
+                    transfer.speed_bps = update.speed_bps
+                    transfer.eta_s = update.eta_s
+                    transfer.state = str(update.state)
+                    transfer.message = update.message
+                    call_on_gui_thread(lambda: self.transfer_changed.emit(transfer))
+
+                results.append(
+                    download_file(
+                        repo,
+                        model_file.filename,
+                        dest,
+                        revision=revision,
+                        endpoint=self.endpoint,
+                        expected_sha256=model_file.sha256,
+                        expected_size=model_file.size or None,
+                        cancel=transfer.cancel,
+                        pause=transfer.pause,
+                        progress=progress,
+                    )
+                )
+                base += model_file.size
+            return results
+
+        def done(results: list[Any]) -> None:
+            transfer.state = "cancelled" if transfer.cancel.is_set() else "done"
+            transfer.done = transfer.total if transfer.state == "done" else transfer.done
+            transfer.result = results
+            self.transfer_changed.emit(transfer)
+            if results:
+                run_in_background(lambda: _record(self.library(), repo, results), lambda _r: self.scan())
+
+        def failed(exc: BaseException) -> None:
+            from engine.errors import Cancelled
+
+            transfer.state = "cancelled" if isinstance(exc, Cancelled) else "error"
+            transfer.message = describe_error(exc)
+            self.transfer_changed.emit(transfer)
+
+        self._downloads.submit(work, done, failed)
+        return transfer
+
+    # ------------------------------------------------------------------ quantization
+    def quantize(self, src: Path, qtype: str, dst: Path) -> Transfer:
+        """Quantizes ``src`` to ``qtype`` at ``dst`` (atomic; Cancel kills the child process)."""
+        transfer = Transfer(key=f"quantize:{dst}", label=f"{src.name} → {qtype}", kind="quantize")
+        self.transfers[transfer.key] = transfer
+        self.transfer_changed.emit(transfer)
+        last = [0.0]
+
+        def progress(update: Any) -> None:
+            now = time.perf_counter()
+            transfer.done, transfer.total = update.done_tensors, update.total_tensors
+            transfer.state = "quantizing"
+            transfer.message = update.tensor_name
+            if now - last[0] >= PROGRESS_INTERVAL_S:
+                last[0] = now
+                call_on_gui_thread(lambda: self.transfer_changed.emit(transfer))
+
+        def work() -> Any:
+            from engine.quantize import quantize_model
+
+            return quantize_model(src, dst, qtype, cancel=transfer.cancel, progress=progress)
+
+        def done(result: Any) -> None:
+            transfer.state = "done"
+            transfer.result = result
+            transfer.message = (
+                f"{result.dst_bytes / 2**20:.0f} MiB, {result.ratio:.1f}x smaller, {result.seconds:.0f} s"
+            )
+            self.transfer_changed.emit(transfer)
+            run_in_background(
+                lambda: self.library().record_provenance(dst, quantized_from=str(src)), lambda _r: self.scan()
+            )
+
+        def failed(exc: BaseException) -> None:
+            from engine.errors import Cancelled
+
+            transfer.state = "cancelled" if isinstance(exc, Cancelled) else "error"
+            transfer.message = describe_error(exc)
+            self.transfer_changed.emit(transfer)
+
+        self._quantize.submit(work, done, failed)
+        return transfer
+
+    def check_quality(
+        self, source: Path, result: Path, qtype: str, on_done: Callable[[Any], None]
+    ) -> Transfer:
+        """Compares perplexity of a model and its quantization on a built-in text."""
+        transfer = Transfer(key=f"quality:{result}", label=f"Quality check {result.name}", kind="quality")
+        transfer.state = "running"
+        self.transfers[transfer.key] = transfer
+        self.transfer_changed.emit(transfer)
+
+        def work() -> Any:
+            from engine.perplexity import quality_check
+
+            return quality_check(source, result, _QUALITY_TEXT, qtype=qtype, cancel=transfer.cancel)
+
+        def done(report: Any) -> None:
+            transfer.state = "done"
+            transfer.message = report.summary()
+            self.transfer_changed.emit(transfer)
+            on_done(report)
+
+        def failed(exc: BaseException) -> None:
+            transfer.state = "error"
+            transfer.message = describe_error(exc)
+            self.transfer_changed.emit(transfer)
+
+        self._quantize.submit(work, done, failed)
+        return transfer
+
+    def shutdown(self, wait: bool = True) -> None:
+        """Cancels downloads and quantizations (downloads keep their resumable partial file)."""
+        if self._closed:
+            return
+        self._closed = True
+        for transfer in self.transfers.values():
+            transfer.pause.clear()
+            transfer.cancel.set()
+        self._downloads.shutdown(wait=wait)
+        self._quantize.shutdown(wait=wait)
+
+
+def _record(library: Any, repo: str, results: list[Any]) -> None:
+    for result in results:
+        library.record_provenance(result.path, repo=repo, revision=result.revision, sha256=result.sha256)
+
+
+_QUALITY_TEXT = (
+    "The history of the printing press begins in the fifteenth century, when movable metal type made "
+    "it possible to reproduce books quickly and cheaply. Within a few decades presses were running in "
+    "hundreds of towns across Europe, and the price of books fell sharply. Literacy spread, scholars "
+    "shared their work more widely, and new ideas travelled faster than ever before. Newspapers, "
+    "pamphlets and scientific journals followed, changing how people learned about the world."
+)
