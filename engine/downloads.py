@@ -456,8 +456,9 @@ class _Download:
             self.cancel.wait(0.05)
 
     def sleep(self, seconds: float) -> None:
+        """Waits out a backoff; cancel or pause end the wait early."""
         deadline = time.monotonic() + seconds
-        while not self.cancel.is_set():
+        while not self.cancel.is_set() and not self.pause.is_set():
             left = deadline - time.monotonic()
             if left <= 0:
                 return
