@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 
@@ -247,3 +248,54 @@ def test_plan_with_a_real_template_renderer_fits_and_adds_up() -> None:
     assert result.evicted % 2 == 0
     assert result.prompt_tokens == count_rendered(result.messages) <= 300 - 64
     check_breakdown(result, 300)
+
+
+@pytest.mark.model
+def test_plan_with_the_starter_models_tokenizer_at_n_ctx_256(starter_model: Path) -> None:
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from engine.templates import select_template
+
+    model = llama_cpp.Llama(str(starter_model), vocab_only=True, verbose=False)
+    try:
+        template = select_template(None, "gemma3", "<bos>", "<eos>")
+
+        def count_tokens(messages: Sequence[Message]) -> int:
+            prompt = template.render([{"role": m.role, "content": m.content} for m in messages])
+            return len(model.tokenize(prompt.encode(), add_bos=False, special=True))
+
+        def count_text(text: str) -> int:
+            return len(model.tokenize(text.encode(), add_bos=False, special=False))
+
+        history = [
+            Message(
+                "user" if i % 2 == 0 else "assistant", f"Turn {i}: tell me something about the number {i}."
+            )
+            for i in range(40)
+        ]
+        result = plan_context(
+            system="You are a helpful assistant.",
+            documents=None,
+            history=history,
+            user="And what about the number forty?",
+            n_ctx=256,
+            reply_reserve=64,
+            count_tokens=count_tokens,
+            count_text=count_text,
+        )
+        assert 0 < result.evicted < len(history)
+        assert result.prompt_tokens == count_tokens(result.messages) <= 256 - 64
+        check_breakdown(result, 256)
+        with pytest.raises(ContextOverflow, match="switch the overflow policy to rolling"):
+            plan_context(
+                system=None,
+                documents=None,
+                history=history,
+                user="x",
+                n_ctx=256,
+                reply_reserve=64,
+                count_tokens=count_tokens,
+                count_text=count_text,
+                policy="refuse",
+            )
+    finally:
+        model.close()
