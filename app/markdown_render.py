@@ -15,8 +15,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from markdown_it import MarkdownIt
-
 COPY_SCHEME = "gb-copy"
 SAFE_LINK_SCHEMES = ("http://", "https://", "mailto:")
 
@@ -67,7 +65,9 @@ def _code_block(code: str, language: str, index: int, colors: CodeColors) -> str
 
 
 @lru_cache(maxsize=4)
-def _parser(colors: CodeColors) -> MarkdownIt:
+def _parser(colors: CodeColors) -> Any:
+    from markdown_it import MarkdownIt  # imported on first render: keeps start-up light
+
     md = MarkdownIt("commonmark", {"html": False, "linkify": False, "typographer": False})
     md.enable(["table", "strikethrough"])
 

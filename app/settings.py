@@ -16,6 +16,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
+# Glassbox uses no pydantic plugins; skipping their entry-point scan saves ~0.1 s at start-up.
+os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
+
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 SCHEMA_VERSION = 1
