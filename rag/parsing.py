@@ -38,6 +38,7 @@ DEFAULT_MAX_FILE_BYTES = 512 * MB
 DEFAULT_MAX_MEMORY_BYTES = 2 * 2**30
 DEFAULT_MAX_CHARS = 20_000_000
 _POLL_S = 0.1
+_STARTUP_TIMEOUT_S = 60.0
 
 
 class Loader(Protocol):
@@ -47,6 +48,10 @@ class Loader(Protocol):
     """
 
     def __call__(self, path: Path, *, max_chars: int) -> ParsedDocument: ...
+
+
+class _StartError(Exception):
+    """The child process did not come up."""
 
 
 class ParseCancelled(DocumentError):
@@ -71,6 +76,7 @@ def _child_main(conn: Connection, loader: Loader, max_memory_bytes: int) -> None
     """Serve parse requests until the pipe closes. Replies are ``("ok", doc)`` or ``("error", reason)``."""
     _limit_memory(max_memory_bytes)
     logging.getLogger("pypdf").setLevel(logging.ERROR)  # malformed-PDF chatter; failures come back as reasons
+    conn.send(("ready", None))
     while True:
         try:
             path, max_chars = conn.recv()
@@ -152,16 +158,31 @@ class ParserPool:
         process.start()
         child_conn.close()
         self._process, self._conn = process, parent_conn
+        # Handshake, so that a child that cannot even start (e.g. the parent's __main__ cannot be
+        # re-imported under spawn) is told apart from a parser crash, and start-up time is not
+        # charged to the first file's timeout.
+        try:
+            if not parent_conn.poll(_STARTUP_TIMEOUT_S):
+                raise _StartError(f"no answer within {_STARTUP_TIMEOUT_S:g} s")
+            parent_conn.recv()
+        except (EOFError, OSError) as exc:
+            code = self._stop_child(grace_s=2.0)
+            raise _StartError(_exit_text(code)) from exc
+        except _StartError:
+            self._stop_child()
+            raise
         return parent_conn
 
-    def _stop_child(self) -> int | None:
-        """Kill the child (if any) and return its exit code."""
+    def _stop_child(self, grace_s: float = 0.0) -> int | None:
+        """Kill the child (if any), after ``grace_s`` for it to exit by itself; return its exit code."""
         process, conn = self._process, self._conn
         self._process = self._conn = None
         if conn is not None:
             conn.close()
         if process is None:
             return None
+        if grace_s:
+            process.join(grace_s)
         if process.is_alive():
             process.kill()
         process.join(5)
@@ -191,14 +212,17 @@ class ParserPool:
         path = Path(path)
         check_size(path, self.max_file_bytes)
         with self._lock:
-            conn = self._ensure_child()
             try:
-                conn.send((str(path), self.max_chars))
-            except (OSError, EOFError) as exc:  # the child died between files: one retry with a new one
-                log.info("parser child gone (%s); restarting", exc)
-                self._stop_child()
                 conn = self._ensure_child()
-                conn.send((str(path), self.max_chars))
+                try:
+                    conn.send((str(path), self.max_chars))
+                except (OSError, EOFError) as exc:  # the child died between files: one retry with a new one
+                    log.info("parser child gone (%s); restarting", exc)
+                    self._stop_child()
+                    conn = self._ensure_child()
+                    conn.send((str(path), self.max_chars))
+            except _StartError as exc:
+                raise DocumentError(path, f"skipped: the parser process could not start ({exc})") from exc
             deadline = time.monotonic() + timeout_s
             while not conn.poll(min(_POLL_S, max(0.0, deadline - time.monotonic()))):
                 if cancel is not None and cancel.is_set():
@@ -210,8 +234,8 @@ class ParserPool:
             try:
                 status, payload = conn.recv()
             except (EOFError, OSError) as exc:
-                code = self._stop_child()
-                raise DocumentError(path, _crash_reason(code)) from exc
+                code = self._stop_child(grace_s=2.0)
+                raise DocumentError(path, f"skipped: the parser crashed ({_exit_text(code)})") from exc
             if status == "memory":
                 self._stop_child()
             if status == "ok":
@@ -225,10 +249,11 @@ class ParserPool:
             self._stop_child()
 
 
-def _crash_reason(exit_code: int | None) -> str:
+def _exit_text(exit_code: int | None) -> str:
+    """``"signal 11"`` for a process killed by a signal, else ``"exit code N"``."""
     if exit_code is not None and exit_code < 0:
-        return f"skipped: the parser crashed (signal {-exit_code})"
-    return f"skipped: the parser crashed (exit code {exit_code})"
+        return f"signal {-exit_code}"
+    return f"exit code {exit_code}"
 
 
 def parse_document(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+import types
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -122,6 +123,22 @@ def test_unexpected_parser_error_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(DocumentError) as info:
         parse_document(path, loader=buggy_loader)
     assert str(info.value) == f"{path}: skipped: could not be parsed (ZeroDivisionError: parser bug"
+
+
+def test_a_child_that_cannot_start_is_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loader's module exists only in this process, so the spawned child fails while starting."""
+    ghost = types.ModuleType("ghost_loader_module")
+
+    def ghost_loader(path: Path, *, max_chars: int) -> None:
+        raise AssertionError("never runs")
+
+    ghost_loader.__module__, ghost_loader.__qualname__ = ghost.__name__, "ghost_loader"
+    ghost.ghost_loader = ghost_loader  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, ghost.__name__, ghost)
+    path = note(tmp_path / "a.txt")
+    with pytest.raises(DocumentError) as info:
+        parse_document(path, loader=ghost_loader)  # type: ignore[arg-type]
+    assert info.value.reason == "skipped: the parser process could not start (exit code 1)"
 
 
 def test_cancel_kills_the_child_quickly(tmp_path: Path) -> None:
