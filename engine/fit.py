@@ -17,11 +17,15 @@ downloaded (a header read with HTTP range requests) and before it is loaded. The
   An unknown architecture with a window is counted as all-global, which over-estimates. MLA models
   (DeepSeek 2/3) cache ``kv_lora_rank + rope dims`` per token and layer.
 * **Compute and output buffers**: llama.cpp reserves the graph for a full micro-batch of
-  ``n_ubatch`` tokens, all producing logits, so the buffers are dominated by
-  ``n_ubatch x n_vocab x 4`` bytes of logits (counted twice: the compute buffer and the output
-  buffer), plus the attention scores ``n_ubatch x n_ctx x n_heads x 4`` (without flash attention)
-  and the activations ``n_ubatch x (4 x n_embd + 2 x n_ff) x 4``. Checked against the figures
-  llama.cpp logs for the starter model (see ``tests/engine/test_fit.py``).
+  ``n_ubatch`` tokens, all producing logits, and its allocator reuses memory between stages, so
+  the compute buffer is the larger of the logits stage, ``n_ubatch x n_vocab x 4`` bytes, and the
+  attention stage, ``n_ubatch x n_ctx x n_heads x 4`` (scores, without flash attention) plus
+  ``n_ubatch x (4 x n_embd + 2 x n_ff) x 4`` (activations); plus two hidden-state copies,
+  ``2 x n_ubatch x n_embd x 4``, and the output buffer, ``n_vocab x 4``. For the starter model at
+  4096 tokens this gives 515.5 MiB; llama.cpp logs 514.5 + 1.0 MiB (checked in
+  ``tests/engine/test_fit.py``). It is a reservation: most of the logits buffer is never touched
+  when only the last token's logits are needed, so the resident memory is lower (the starter's
+  worker peaks near 0.5 GiB where the estimate says 0.95 GiB).
 * **Overhead**: the worker process, llama.cpp contexts and the tokenizer: a flat 150 MiB.
 
 Reserves: RAM keeps ``max(1.5 GiB, 10% of RAM)`` free for the system and the app; each GPU keeps
@@ -208,10 +212,13 @@ def compute_buffer_bytes(
     embd = info.embedding_length or 0
     ff = _meta_int(info, f"{info.architecture}.feed_forward_length") or 4 * embd
     heads = info.n_heads or 0
-    logits = 2 * n_tokens * vocab * 4
+    logits = n_tokens * vocab * 4
     scores = 0 if flash_attn else n_tokens * _pad(n_ctx, CTX_PAD) * heads * 4
     activations = n_tokens * (4 * embd + 2 * ff) * 4
-    return logits + scores + activations
+    hidden = 2 * n_tokens * embd * 4
+    output = vocab * 4
+    # The graph allocator reuses memory between stages: the peak is the larger stage.
+    return max(logits, scores + activations) + hidden + output
 
 
 def decode_bytes_per_token(info: GgufInfo) -> int:
