@@ -417,13 +417,13 @@ def _render_fallback(
         out.append(bos)
         for m in messages:
             role = "model" if m["role"] == "assistant" else "user"
-            out.append(f"<start_of_turn>{role}\n{m['content']}<end_of_turn>\n")
+            out.append(f"<start_of_turn>{role}\n{m['content'].strip()}<end_of_turn>\n")
         if add_generation_prompt:
             out.append("<start_of_turn>model\n")
     elif name == "llama3":
         out.append(bos or "<|begin_of_text|>")
         for m in messages:
-            out.append(f"<|start_header_id|>{m['role']}<|end_header_id|>\n\n{m['content']}<|eot_id|>")
+            out.append(f"<|start_header_id|>{m['role']}<|end_header_id|>\n\n{m['content'].strip()}<|eot_id|>")
         if add_generation_prompt:
             out.append("<|start_header_id|>assistant<|end_header_id|>\n\n")
     elif name == "mistral":
@@ -453,6 +453,9 @@ def fallback_template(
     name: FallbackName, reason: str, bos_token: str | None = None, eos_token: str | None = None
 ) -> ChatTemplate:
     """A built-in chat format.
+
+    ``gemma`` and ``llama3`` strip the whitespace around each message's text, as those models' own
+    templates do; the others keep the text as it is.
 
     Args:
         name: the format.

@@ -62,6 +62,13 @@ def test_fallback_without_generation_prompt_ends_after_the_last_turn() -> None:
     assert template.render(CONVO[:3], add_generation_prompt=False).endswith("Hello!<|im_end|>\n")
 
 
+@pytest.mark.parametrize(("name", "trims"), [("gemma", True), ("llama3", True), ("chatml", False)])
+def test_gemma_and_llama3_strip_message_text_like_their_own_templates(name: str, trims: bool) -> None:
+    template = fallback_template(name, "test", "<bos>", "<eos>")  # type: ignore[arg-type]
+    padded = [CONVO[0]] + [{"role": m["role"], "content": f"\n {m['content']} \n"} for m in CONVO[1:]]
+    assert (template.render(padded) == EXPECTED[name]) is trims
+
+
 def test_folded_system_prompt_without_a_user_turn_becomes_one() -> None:
     template = fallback_template("gemma", "test", "<bos>")
     assert template.render([{"role": "system", "content": "S"}]) == (
