@@ -363,6 +363,8 @@ class ChatTemplate:
                 ran past its time limit.
         """
         plain = [{"role": str(m["role"]), "content": str(m.get("content") or "")} for m in messages]
+        if self._template is None and self.name in _STRIPS_TEXT:
+            plain = [{"role": m["role"], "content": m["content"].strip()} for m in plain]
         if self.fold_system:
             plain = _fold_system(plain)
         if self._template is None or self._env is None:
@@ -403,6 +405,7 @@ _FALLBACK_STOPS: dict[str, tuple[str, ...]] = {
     "plain": ("\nUser:",),
 }
 _FOLDS_SYSTEM = {"gemma", "mistral"}
+_STRIPS_TEXT = {"gemma", "llama3"}
 
 
 def _render_fallback(
@@ -417,13 +420,13 @@ def _render_fallback(
         out.append(bos)
         for m in messages:
             role = "model" if m["role"] == "assistant" else "user"
-            out.append(f"<start_of_turn>{role}\n{m['content'].strip()}<end_of_turn>\n")
+            out.append(f"<start_of_turn>{role}\n{m['content']}<end_of_turn>\n")
         if add_generation_prompt:
             out.append("<start_of_turn>model\n")
     elif name == "llama3":
         out.append(bos or "<|begin_of_text|>")
         for m in messages:
-            out.append(f"<|start_header_id|>{m['role']}<|end_header_id|>\n\n{m['content'].strip()}<|eot_id|>")
+            out.append(f"<|start_header_id|>{m['role']}<|end_header_id|>\n\n{m['content']}<|eot_id|>")
         if add_generation_prompt:
             out.append("<|start_header_id|>assistant<|end_header_id|>\n\n")
     elif name == "mistral":
