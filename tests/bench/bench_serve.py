@@ -156,6 +156,8 @@ def bench_remote(model: Path, args: argparse.Namespace) -> dict[str, Any]:
         str(args.n_ctx),
         "--verbose",
         "False",
+        "--chat_format",
+        "gemma",  # the starter GGUF has no template; without this the server uses llama-2's
     ]
     if args.threads:
         command += ["--n_threads", str(args.threads), "--n_threads_batch", str(args.threads)]

@@ -421,6 +421,10 @@ def llama_server(starter_model: Path, tmp_path_factory: pytest.TempPathFactory) 
                 str(port),
                 "--n_ctx",
                 "1024",
+                # The starter GGUF has no chat template; without this the server falls back to
+                # llama-2's format, where this base model answers with nothing at all.
+                "--chat_format",
+                "gemma",
                 "--verbose",
                 "False",
             ],
