@@ -176,7 +176,7 @@ def _split(text: str, pattern: re.Pattern[str], start: int, end: int) -> list[tu
 def _pack(pieces: list[_Piece], splitter: _Splitter, overlap_tokens: int) -> Iterator[tuple[int, int]]:
     """Yield (start, end) spans of chunks made of consecutive pieces; ``pieces`` is edited in place."""
     max_tokens = splitter.max_tokens
-    i = 0
+    i = fresh = 0  # pieces before ``fresh`` were in the previous chunk (the overlap)
     while i < len(pieces):
         n = len(pieces)
         total, j = 0, i
@@ -194,6 +194,9 @@ def _pack(pieces: list[_Piece], splitter: _Splitter, overlap_tokens: int) -> Ite
         # Verify with one exact count; drop pieces from the end while the estimate was too low.
         while k - 1 > i and splitter.exact_count(pieces[i].start, pieces[k - 1].end) > max_tokens:
             k -= 1
+        if k <= fresh:  # only repeated pieces would be left: give up the overlap instead
+            i = fresh
+            continue
         first = pieces[i]
         if k - 1 == i and not first.exact and splitter.exact_count(first.start, first.end) > max_tokens:
             pieces[i : i + 1] = list(splitter.pieces(first.start, first.end, first.strength, None))
@@ -201,6 +204,7 @@ def _pack(pieces: list[_Piece], splitter: _Splitter, overlap_tokens: int) -> Ite
         yield pieces[i].start, pieces[k - 1].end
         if k >= len(pieces):
             return
+        fresh = k
         i = _overlap_start(pieces, i, k, splitter, overlap_tokens)
 
 

@@ -54,10 +54,11 @@ _CODE_EXT = {
     ".gradle", ".proto", ".tf", ".zig", ".nim", ".groovy", ".asm", ".s", ".f90", ".pas",
 }  # fmt: skip
 _CODE_NAMES = {"makefile", "dockerfile", "cmakelists.txt", "gemfile", "rakefile", "jenkinsfile", "justfile"}
+# Only magics that cannot start a text file; binaries with ASCII magics (GGUF, SQLite, MZ, RIFF, ...)
+# are caught by their NUL and control bytes instead, so a note that starts with "GGUF" stays text.
 _BINARY_MAGIC = (
-    b"\x89PNG", b"\xff\xd8\xff", b"GIF8", b"GGUF", b"SQLite format 3", b"\x7fELF", b"MZ", b"\x1f\x8b",
-    b"7z\xbc\xaf", b"Rar!", b"BZh", b"\xfd7zXZ", b"OggS", b"ID3", b"fLaC", b"\xca\xfe\xba\xbe",
-    b"\xcf\xfa\xed\xfe", b"\xd0\xcf\x11\xe0", b"RIFF", b"\x00\x00\x01\x00", b"wOFF", b"(\xb5/\xfd",
+    b"\x89PNG", b"\xff\xd8\xff", b"\x7fELF", b"\x1f\x8b", b"7z\xbc\xaf", b"\xfd7zXZ", b"\xca\xfe\xba\xbe",
+    b"\xcf\xfa\xed\xfe", b"\xd0\xcf\x11\xe0", b"(\xb5/\xfd", b"\x00\x00\x01\x00",
 )  # fmt: skip
 _BOMS = (
     (codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codecs.BOM_UTF8, "utf-8-sig"),

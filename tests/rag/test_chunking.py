@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import random
 import re
 import time
 from collections.abc import Callable
@@ -13,6 +14,7 @@ from doc_fixtures import LOREM, word_count, write_pdf
 
 from rag.chunking import Chunk, chunk_document
 from rag.loaders import ParsedDocument, Section, load_document
+from rag.markup import SectionKind
 
 MD_GUIDE = (
     "# Install\n\n"
@@ -149,7 +151,7 @@ def test_pdf_pages_are_kept_apart(tmp_path: Path) -> None:
     doc = load_document(write_pdf(tmp_path / "r.pdf", [LOREM * 4, LOREM * 4, "Last page."], ["A", "B", "C"]))
     chunks = chunk_document(doc, count_tokens=word_count, max_tokens=48, overlap_tokens=8)
     check_invariants(doc, chunks, word_count, 48)
-    assert [c.page for c in chunks] == sorted(c.page for c in chunks)
+    assert [c.page for c in chunks] == sorted(c.page or 0 for c in chunks)
     assert {c.page for c in chunks} == {1, 2, 3}
     assert {(c.page, c.heading) for c in chunks} == {(1, "A"), (2, "B"), (3, "C")}
     assert chunks[-1].text == "Last page."
@@ -190,6 +192,41 @@ def test_speed_on_a_megabyte(tmp_path: Path) -> None:
     assert len(doc.full_text()) > 1_000_000
     assert elapsed < 3.0, elapsed  # word_count itself is most of it
     assert len(chunks) > 1000
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_random_documents_keep_every_invariant(seed: int) -> None:
+    """Random sections, lengths, limits and non-additive counters: bounds, spans, coverage, progress."""
+    rng = random.Random(seed)
+    vocabulary = ["alpha", "beta.", "gamma!", "eps?", "東京。", "3.14", "e.g.", "\n", "\n\n", "\t", "x" * 90]
+    counters: list[Callable[[str], int]] = [
+        word_count,
+        lambda s: (len(s) + 3) // 4,
+        lambda s: len(s.split()) + 3 * s.count("\n"),
+    ]
+    for _ in range(25):
+        sections: list[Section] = []
+        pos = 0
+        for _ in range(rng.randint(1, 6)):
+            text = " ".join(rng.choice(vocabulary) for _ in range(rng.randint(1, 150))).strip()
+            if text:
+                start = pos + (2 if sections else 0)
+                kind: SectionKind = rng.choice(["text", "text", "code", "table", "heading"])
+                page, heading = rng.choice([None, 1]), rng.choice([None, "A"])
+                sections.append(Section(text, page, heading, kind, start, start + len(text)))
+                pos = start + len(text)
+        if not sections:
+            continue
+        doc = ParsedDocument(Path("random.txt"), "text", sections, None)
+        for count in counters:
+            max_tokens = rng.choice([4, 16, 64])
+            chunks = chunk_document(
+                doc, count_tokens=count, max_tokens=max_tokens, overlap_tokens=max_tokens // 4
+            )
+            check_invariants(doc, chunks, count, max_tokens)
+            for before, after in itertools.pairwise(chunks):
+                assert before.start < after.start
+                assert before.end < after.end  # never a chunk that only repeats its neighbour
 
 
 def test_parameters_are_validated() -> None:

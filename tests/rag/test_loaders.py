@@ -285,6 +285,9 @@ def test_detection_by_content_beats_extension(tmp_path: Path) -> None:
     quoting = tmp_path / "about-pdf.md"
     quoting.write_text("# PDF headers\n\nEvery PDF starts with %PDF-1.7 or similar.\n")
     assert detect_kind(quoting) == "markdown"
+    about_gguf = tmp_path / "gguf-notes.txt"
+    about_gguf.write_text("GGUF files hold quantized weights.\nMZ-80 was a computer.")
+    assert detect_kind(about_gguf) == "text"
     page = tmp_path / "page"
     page.write_text("<!DOCTYPE html><html><body><p>hi</p></body></html>")
     assert detect_kind(page) == "html"
@@ -299,6 +302,8 @@ def test_detection_by_content_beats_extension(tmp_path: Path) -> None:
         b"SQLite format 3\x00",
         b"\x7fELF\x02\x01",
         b"\xff\xd8\xff\xe0",
+        b"MZ\x90\x00\x03\x00\x00\x00",
+        b"RIFF\x24\x08\x00\x00WAVEfmt ",
     ],
 )
 def test_binary_files_are_skipped(tmp_path: Path, head: bytes) -> None:
