@@ -1,0 +1,114 @@
+"""``glassbox models quantize | convert | quant-types``: exit codes, JSON, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
+from tiny_models import write_tiny_llama_gguf
+
+from app.cli import main
+
+
+@pytest.fixture(scope="module")
+def tiny_f16(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_llama_gguf(tmp_path_factory.mktemp("cli") / "tiny-F16.gguf", dtype="F16")
+
+
+def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_quant_types_json(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, out, _ = _run(capsys, "models", "quant-types", "--json", "--home", str(tmp_path))
+    assert code == 0
+    types = {t["name"]: t for t in json.loads(out)}
+    assert types["Q4_K_M"]["available"] is True
+    assert types["IQ2_XXS"]["needs_imatrix"] is True
+    assert types["IQ2_XXS"]["available"] is False
+
+    code, out, _ = _run(capsys, "models", "quant-types", "--home", str(tmp_path))
+    assert code == 0
+    assert any(line.startswith("Q4_K_M") for line in out.splitlines())
+
+
+@pytest.mark.model
+def test_quantize_into_the_models_folder_with_quality_check(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, tiny_f16: Path
+) -> None:
+    home = tmp_path / "home"
+    code, out, err = _run(
+        capsys, "models", "quantize", str(tiny_f16), "--type", "q8_0", "--check-quality", "--threads", "1",
+        "--json", "--home", str(home),
+    )  # fmt: skip
+    assert code == 0, err
+    document = json.loads(out)  # exactly one JSON document on stdout: the child's log went elsewhere
+    path = Path(document["path"])
+    assert path == home / "data" / "models" / "tiny-Q8_0.gguf"
+    assert path.is_file()
+    assert document["qtype"] == "Q8_0"
+    assert document["source_type"] == "F16"
+    quality = document["quality"]
+    assert math.isfinite(quality["source_perplexity"])
+    assert math.isfinite(quality["result_perplexity"])
+    assert quality["summary"].startswith("Q8_0: ")
+
+    # The same output again is refused, in one line, without touching the file.
+    before = path.stat().st_mtime_ns
+    code, out, err = _run(capsys, "models", "quantize", str(tiny_f16), "--type", "Q8_0", "--home", str(home))
+    assert code == 1
+    assert out == ""
+    assert err.startswith("glassbox: error: ")
+    assert err.count("\n") == 1
+    assert "already exists" in err
+    assert path.stat().st_mtime_ns == before
+
+    # An already quantized source needs --allow-requantize.
+    code, _, err = _run(capsys, "models", "quantize", str(path), "--type", "Q4_K_M", "--home", str(home))
+    assert code == 1
+    assert "already quantized (Q8_0)" in err
+    code, out, err = _run(
+        capsys, "models", "quantize", str(path), "--type", "Q4_K_M", "--allow-requantize", "--home", str(home)
+    )
+    assert code == 0, err
+    assert "Q4_K_M:" in out
+
+
+def test_bad_input_is_one_line_not_a_traceback(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"not a model at all")
+    code, _, err = _run(capsys, "models", "quantize", str(junk), "--type", "Q4_K_M", "--home", str(tmp_path))
+    assert code == 1
+    assert err.startswith(f"glassbox: error: {junk}: ")
+    assert err.count("\n") == 1
+
+    code, _, err = _run(capsys, "models", "quantize", str(junk), "--type", "Q9_X", "--home", str(tmp_path))
+    assert code == 1
+    assert "unknown quantization type 'Q9_X'" in err
+
+    pickles = tmp_path / "pickles"
+    pickles.mkdir()
+    (pickles / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
+    (pickles / "pytorch_model.bin").write_bytes(b"\x80\x04")
+    code, out, err = _run(capsys, "models", "convert", str(pickles), "--json", "--home", str(tmp_path))
+    assert code == 1
+    assert out == ""
+    assert "only pickle weights" in err
+    assert err.count("\n") == 1
+
+
+def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["models", "quantize", "x.gguf", "--home", str(tmp_path)])  # --type is required
+    assert exc.value.code == 2
+    with pytest.raises(SystemExit) as exc:
+        main(["models", "convert", "d", "--outtype", "q4_0", "--home", str(tmp_path)])
+    assert exc.value.code == 2
+    capsys.readouterr()

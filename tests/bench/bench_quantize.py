@@ -1,0 +1,86 @@
+"""Quantization time: ``engine.quantize.quantize_model`` vs the raw ``llama_model_quantize`` call.
+
+Run explicitly: ``pytest tests/bench/bench_quantize.py -s`` (``BENCH_QUANT_LAYERS`` sets the model
+depth, default 4, about 100 MB of F16; ``BENCH_QUANT_RUNS`` the runs per side, default 5;
+``BENCH_QUANT_TYPE`` the type, default Q4_K_M; ``BENCH_QUANT_THREADS`` default 2).
+
+Glassbox's side pays for everything a user gets: header validation, the free-space check, a spawned
+child process (interpreter start and ``import llama_cpp``), stderr piped back and parsed per
+tensor, the result re-validated, fsync and rename. The raw side is one in-process call with
+llama-cpp-python already imported. Runs alternate (ours, raw, ours, ...); the printed ratio is
+median raw time / median Glassbox time (throughput ratio). Budget (issue 3): >= 0.95.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
+from tiny_models import write_tiny_llama_gguf
+
+from engine.quantize import find_quant_type, quantize_model
+
+LAYERS = int(os.environ.get("BENCH_QUANT_LAYERS", "4"))
+RUNS = int(os.environ.get("BENCH_QUANT_RUNS", "5"))
+QTYPE = os.environ.get("BENCH_QUANT_TYPE", "Q4_K_M")
+THREADS = int(os.environ.get("BENCH_QUANT_THREADS", "2"))
+
+
+def _raw_quantize(src: Path, dst: Path, ftype: int) -> float:
+    import llama_cpp.llama_cpp as native
+
+    params = native.llama_model_quantize_default_params()
+    params.nthread = THREADS
+    params.ftype = ftype
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)  # the same log lines go somewhere, as on our side
+    try:
+        started = time.perf_counter()
+        rc = native.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
+        seconds = time.perf_counter() - started
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+    assert rc == 0
+    return seconds
+
+
+def test_quantize_vs_raw(tmp_path: Path) -> None:
+    src = tmp_path / "bench-F16.gguf"
+    write_tiny_llama_gguf(src, dtype="F16", n_embd=1024, n_ff=2816, n_layer=LAYERS)
+    qt = find_quant_type(QTYPE)
+    import llama_cpp.llama_cpp as native
+
+    native.llama_backend_init()
+    ours: list[float] = []
+    raw: list[float] = []
+    tensors = 0
+    for i in range(RUNS):
+        dst = tmp_path / f"ours-{i}.gguf"
+        started = time.perf_counter()
+        result = quantize_model(src, dst, qt.name, threads=THREADS)
+        ours.append(time.perf_counter() - started)
+        dst.unlink()
+        raw_dst = tmp_path / f"raw-{i}.gguf"
+        raw.append(_raw_quantize(src, raw_dst, qt.ftype))
+        assert abs(raw_dst.stat().st_size - result.dst_bytes) < 4096
+        raw_dst.unlink()
+        tensors = 9 * LAYERS + 3
+    ratio = statistics.median(raw) / statistics.median(ours)
+    size_mb = src.stat().st_size / 1e6
+    print()
+    print(f"model {size_mb:.0f} MB F16, {tensors} tensors -> {qt.name}, {THREADS} threads, {RUNS} runs each")
+    for label, times in (("glassbox (child process)", ours), ("raw llama_model_quantize", raw)):
+        print(f"{label}  median {statistics.median(times):.3f} s  runs {[round(t, 3) for t in times]}")
+    print(f"ratio (raw / glassbox)    {ratio:.3f}   budget >= 0.95")
+    medians = {"ours_s": statistics.median(ours), "raw_s": statistics.median(raw)}
+    print(json.dumps({"ratio": round(ratio, 4), **medians}))
+    assert ratio > 0
