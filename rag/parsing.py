@@ -130,6 +130,7 @@ class ParserPool:
         self._process: multiprocessing.process.BaseProcess | None = None
         self._conn: Connection | None = None
         self._lock = threading.Lock()
+        self._closing = threading.Event()
 
     def __enter__(self) -> ParserPool:
         return self
@@ -207,7 +208,7 @@ class ParserPool:
 
         Raises:
             DocumentError: The file was skipped (reason starts with ``"skipped: "``).
-            ParseCancelled: ``cancel`` was set.
+            ParseCancelled: ``cancel`` was set, or :meth:`close` was called meanwhile.
         """
         path = Path(path)
         check_size(path, self.max_file_bytes)
@@ -222,10 +223,12 @@ class ParserPool:
                     conn = self._ensure_child()
                     conn.send((str(path), self.max_chars))
             except _StartError as exc:
+                if self._closing.is_set():
+                    raise ParseCancelled(path, "cancelled: the parser was closed") from exc
                 raise DocumentError(path, f"skipped: the parser process could not start ({exc})") from exc
             deadline = time.monotonic() + timeout_s
             while not conn.poll(min(_POLL_S, max(0.0, deadline - time.monotonic()))):
-                if cancel is not None and cancel.is_set():
+                if (cancel is not None and cancel.is_set()) or self._closing.is_set():
                     self._stop_child()
                     raise ParseCancelled(path, "cancelled")
                 if time.monotonic() >= deadline:
@@ -234,6 +237,9 @@ class ParserPool:
             try:
                 status, payload = conn.recv()
             except (EOFError, OSError) as exc:
+                if self._closing.is_set():
+                    self._stop_child()
+                    raise ParseCancelled(path, "cancelled: the parser was closed") from exc
                 code = self._stop_child(grace_s=2.0)
                 raise DocumentError(path, f"skipped: the parser crashed ({_exit_text(code)})") from exc
             if status == "memory":
@@ -244,9 +250,17 @@ class ParserPool:
             raise DocumentError(path, str(payload))
 
     def close(self) -> None:
-        """Stop the child process. The pool can still be used; the next parse starts a new child."""
+        """Stop the child process, at once even if another thread is parsing (it gets :class:`ParseCancelled`).
+
+        The pool can still be used afterwards; the next parse starts a new child.
+        """
+        self._closing.set()
+        process = self._process
+        if process is not None and process.is_alive():
+            process.kill()  # wakes a parse in flight on another thread without waiting for its lock
         with self._lock:
             self._stop_child()
+            self._closing.clear()
 
 
 def _exit_text(exit_code: int | None) -> str:

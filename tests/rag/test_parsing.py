@@ -154,6 +154,30 @@ def test_cancel_kills_the_child_quickly(tmp_path: Path) -> None:
         assert pool.pid is None
 
 
+def test_close_from_another_thread_interrupts_a_parse(tmp_path: Path) -> None:
+    pool = ParserPool(loader=hanging_loader)
+    pool.parse(note(tmp_path / "warm.txt"))
+    outcome: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            pool.parse(note(tmp_path / "hang.txt"), timeout_s=60)
+        except DocumentError as exc:
+            outcome.append(exc)
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    time.sleep(0.5)
+    started = time.monotonic()
+    pool.close()
+    worker.join(10)
+    assert not worker.is_alive()
+    assert time.monotonic() - started < 5
+    assert len(outcome) == 1
+    assert isinstance(outcome[0], ParseCancelled)
+    assert pool.pid is None
+
+
 def test_close_stops_the_child(tmp_path: Path) -> None:
     pool = ParserPool()
     pool.parse(note(tmp_path / "a.txt"))
