@@ -38,16 +38,9 @@ from typing import Any, BinaryIO
 from engine.errors import ModelFileError
 
 __all__ = [
-    "FILE_TYPE_NAMES",
-    "GGML_TYPES",
-    "GgufHeaderNeedsMoreBytes",
-    "GgufInfo",
-    "describe_non_gguf",
-    "format_bytes",
-    "format_params",
-    "parse_gguf_prefix",
-    "read_gguf_info",
-    "sniff_model_file",
+    "FILE_TYPE_NAMES", "GGML_TYPES", "LLAMA_CPP_ARCHITECTURES", "GgufHeaderNeedsMoreBytes", "GgufInfo",
+    "describe_non_gguf", "format_bytes", "format_params", "parse_gguf_prefix", "read_gguf_info",
+    "sniff_model_file", "unsupported_reason",
 ]
 
 GGUF_MAGIC = b"GGUF"
@@ -112,6 +105,27 @@ FILE_TYPE_NAMES: dict[int, str] = {
     31: "IQ1_M", 32: "BF16", 36: "TQ1_0", 37: "TQ2_0", 38: "MXFP4_MOE", 39: "NVFP4", 40: "Q1_0", 41: "Q2_0",
 }
 FILE_TYPE_GUESSED = 1024
+
+# Architectures the pinned llama.cpp (llama-cpp-python 0.3.36, src/llama-arch.cpp) can load.
+# Update with the pin; a file outside this set gets "model needs a newer engine".
+_ARCHITECTURE_NAMES = """
+    afmoe apertus arcee arctic arwkv7 baichuan bailingmoe bailingmoe2 bailingmoe3 bert bitnet bloom
+    chameleon chatglm clip codeshell cogvlm cohere2 cohere2moe command-r dbrx deci deepseek deepseek2
+    deepseek2-ocr deepseek32 deepseek4 dflash dots1 dots3note dream eagle3 ernie4_5 ernie4_5-moe
+    eurobert exaone exaone-moe exaone4 falcon falcon-h1 gemma gemma-embedding gemma2 gemma3 gemma3n
+    gemma4 gemma4-assistant glm-dsa glm4 glm4moe glm5-next gpt-oss gpt2 gptj gptneox granite granite_swa
+    granitehybrid granitemoe graniteswitch grok grovemoe hrm_text hunyuan-dense hunyuan-moe hunyuan_vl
+    hy_v3 hy_v4 internlm2 jais jais2 jamba jina-bert-v2 jina-bert-v3 kimi-k3 kimi-linear laguna lfm2
+    lfm2moe llada llada-moe llama llama-embed llama4 maincoder mamba mamba2 maple mellum mimo2 minicpm
+    minicpm3 minimax-01 minimax-m2 minimax-m3 mistral3 mistral4 modern-bert mpt muse-glimmer nanbeige
+    nemotron nemotron_h nemotron_h_moe neo-bert nomic-bert nomic-bert-moe olmo olmo2 olmoe openelm orion
+    paddleocr pangu-embedded phi2 phi3 phimoe plamo plamo2 plamo3 plm pockettts qwen qwen2 qwen2moe
+    qwen2vl qwen3 qwen35 qwen35moe qwen3moe qwen3next qwen3tts qwen3vl qwen3vlmoe qwen4exp refact rnd1
+    rwkv6 rwkv6qwen2 rwkv7 seed_oss smallthinker smollm3 spark2_5 stablelm starcoder starcoder2 step35
+    t5 t5encoder talkie wavtokenizer-dec xverse
+"""
+LLAMA_CPP_ARCHITECTURES = frozenset(_ARCHITECTURE_NAMES.split())
+NOT_CHAT_ARCHITECTURES = {"clip": "a vision projector (mmproj) that goes with a chat model"}
 
 _OLD_GGML_MAGICS = {b"ggml": "ggml", b"ggmf": "ggmf", b"ggjt": "ggjt", b"ggla": "ggla", b"ggsn": "ggsn"}
 _BLOCK_RE = re.compile(r"blk\.(\d+)\.")
@@ -726,6 +740,20 @@ class _Parser:
         finally:
             r.pos = saved
         return text[:METADATA_STRING_CHARS]
+
+
+def unsupported_reason(info: GgufInfo) -> str | None:
+    """Why the bundled llama.cpp cannot chat with this model, or None when it can.
+
+    The header itself may be perfectly valid: this is about the engine (issue M4 in
+    ROBUSTNESS.md), so :func:`read_gguf_info` does not raise for it.
+    """
+    arch = info.architecture
+    if arch in NOT_CHAT_ARCHITECTURES:
+        return f"this is {NOT_CHAT_ARCHITECTURES[arch]}, not a model to chat with"
+    if arch not in LLAMA_CPP_ARCHITECTURES:
+        return f"model needs a newer engine (architecture {arch!r}, GGUF v{info.version})"
+    return None
 
 
 def _version_reason(version: int) -> str:

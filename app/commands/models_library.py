@@ -120,9 +120,11 @@ def run_info(args: argparse.Namespace, paths: Paths) -> int:
 def run_fit(args: argparse.Namespace, paths: Paths) -> int:
     """``models fit PATH``."""
     from engine.fit import estimate_fit
+    from engine.gguf import unsupported_reason
     from engine.hardware import cached_memory_bandwidth, probe_hardware
 
     info = _read(args.path, paths)
+    unsupported = unsupported_reason(info)
     n_ctx = args.n_ctx or min(DEFAULT_FIT_CTX, info.context_length or DEFAULT_FIT_CTX)
     hw = probe_hardware()
     try:
@@ -138,10 +140,12 @@ def run_fit(args: argparse.Namespace, paths: Paths) -> int:
     if args.json:
         print_json({
             "path": str(info.path), **estimate.to_dict(), "bandwidth_gbps": bandwidth,
-            "hardware": hw.to_dict(),
+            "unsupported": unsupported, "hardware": hw.to_dict(),
         })
         return 0
     _out(estimate.message)
+    if unsupported:
+        _out(f"but: {unsupported}")
     _out(_key_values(_fit_lines(info, estimate, hw, bandwidth)))
     return 0
 
@@ -223,16 +227,23 @@ def _fit_dict(estimate: FitEstimate | None) -> dict[str, Any] | None:
 
 
 def _fit_word(estimate: FitEstimate | None, entry: LibraryEntry) -> str:
+    from engine.gguf import unsupported_reason
+
     if not entry.available:
         return "unavailable"
     if entry.error or estimate is None:
         return "error"
+    if entry.info is not None and unsupported_reason(entry.info):
+        return "unsupported"
     if estimate.verdict == "partial":
         return f"partial ({estimate.gpu_layers})"
     return {"gpu": "GPU", "ram": "RAM", "no": "won't fit"}[estimate.verdict]
 
 
 def _info_lines(info: GgufInfo) -> list[tuple[str, str]]:
+    from engine.gguf import unsupported_reason
+
+    unsupported = unsupported_reason(info)
     heads = "-" if info.n_heads is None else f"{info.n_heads} (KV {info.n_kv_heads})"
     dims = "-" if info.head_dim_k is None else f"{info.head_dim_k} / {info.head_dim_v}"
     template = "no (a default is used)"
@@ -256,6 +267,7 @@ def _info_lines(info: GgufInfo) -> list[tuple[str, str]]:
         ("chat template", template),
         ("BOS / EOS", f"{info.bos_token or '-'} / {info.eos_token or '-'}"),
         ("tensors", f"{info.n_tensors} ({_size(info.tensor_bytes)} from byte {info.tensor_data_offset})"),
+        ("runs here", f"no: {unsupported}" if unsupported else "yes"),
     ]
     if info.expert_count:
         lines.append(("experts", f"{info.expert_used_count or '?'} of {info.expert_count} per token"))

@@ -76,6 +76,7 @@ def test_info_human_and_json(home: Path, tmp_path: Path, capsys: pytest.CaptureF
     assert "architecture:" in out
     assert "llama" in out
     assert "chat template:" in out
+    assert "runs here:         yes" in out.splitlines()
     code, out, _ = _run(capsys, "models", "info", str(model), "--json", "--home", str(home))
     assert code == 0
     doc = json.loads(out)
@@ -148,6 +149,7 @@ def test_fit_json_uses_the_estimator_and_cached_bandwidth(
     assert doc["bandwidth_gbps"] == 20.0
     assert doc["verdict"] in ("gpu", "ram")
     assert "total_ram" in doc["hardware"]
+    assert doc["unsupported"] is None
     code, out, _ = _run(
         capsys, "models", "fit", str(model), "--cache-type", "q8_0", "--json", "--home", str(home)
     )

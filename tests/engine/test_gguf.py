@@ -39,6 +39,7 @@ from engine.gguf import (
     parse_gguf_prefix,
     read_gguf_info,
     sniff_model_file,
+    unsupported_reason,
 )
 
 
@@ -139,6 +140,17 @@ def test_per_layer_head_counts_take_the_maximum(tmp_path: Path) -> None:
     info = read_gguf_info(build(kvs).write(tmp_path / "m.gguf"))
     assert info.n_kv_heads == 2
     assert info.kv_heads_per_layer == [2, 0]
+
+
+def test_architectures_the_engine_cannot_run(tmp_path: Path) -> None:
+    assert unsupported_reason(read_gguf_info(build().write(tmp_path / "ok.gguf"))) is None
+    future = [kv("general.architecture", STRING, "llama9"), *default_kvs(arch="llama9")[1:]]
+    info = read_gguf_info(build(future).write(tmp_path / "future.gguf"))  # a valid file...
+    assert unsupported_reason(info) == "model needs a newer engine (architecture 'llama9', GGUF v3)"
+    projector = read_gguf_info(build([kv("general.architecture", STRING, "clip")]).write(tmp_path / "p.gguf"))
+    reason = unsupported_reason(projector)
+    assert reason is not None
+    assert "vision projector" in reason
 
 
 def test_header_from_a_prefix(tmp_path: Path) -> None:
