@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import signal
 import threading
 import time
 from multiprocessing.connection import Connection
@@ -75,6 +76,7 @@ def _limit_memory(max_memory_bytes: int) -> None:
 def _child_main(conn: Connection, loader: Loader, max_memory_bytes: int) -> None:
     """Serve parse requests until the pipe closes. Replies are ``("ok", doc)`` or ``("error", reason)``."""
     _limit_memory(max_memory_bytes)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C is the parent's to handle; it stops us
     logging.getLogger("pypdf").setLevel(logging.ERROR)  # malformed-PDF chatter; failures come back as reasons
     conn.send(("ready", None))
     while True:
@@ -102,10 +104,10 @@ def _child_main(conn: Connection, loader: Loader, max_memory_bytes: int) -> None
 
 
 class ParserPool:
-    """One reusable parser child process (spawning costs about 0.3 s), restarted after a crash or timeout.
+    """One reusable parser child process (spawning costs about 0.5 s), restarted after a crash or timeout.
 
-    Not thread-safe for concurrent calls from several threads; calls are serialised by a lock.
-    Use it as a context manager, or call :meth:`close`.
+    Calls from several threads are serialised by a lock (one child parses one file at a time);
+    :meth:`close` may be called from any thread. Use it as a context manager, or call :meth:`close`.
 
     Args:
         max_file_bytes: Files larger than this are skipped before any parsing.
