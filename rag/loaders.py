@@ -370,9 +370,7 @@ def _load_csv(path: Path, build: _Builder) -> None:
         dialect = csv.excel_tab if path.suffix.lower() == ".tsv" else csv.excel
     try:
         cells = csv.reader(io.StringIO(text), dialect)
-        rows = [
-            line for line in (" | ".join(cell.strip() for cell in row) for row in cells) if line.strip(" |")
-        ]
+        rows = [line for line in (" | ".join(cell.strip() for cell in row) for row in cells) if line.strip(" |")]
     except csv.Error:  # e.g. a field over csv.field_size_limit(): still worth indexing as text
         for para in _paragraphs(text):
             build.add(para)
@@ -513,16 +511,18 @@ def _load_docx(path: Path, build: _Builder) -> None:
                 rows = []
                 for row in block.rows:
                     cells: list[str] = []
-                    for cell in row.cells:  # merged cells repeat: keep one copy
-                        value = " ".join(cell.text.split())
-                        if not cells or cells[-1] != value:
-                            cells.append(value)
+                    seen: set[int] = set()
+                    for cell in row.cells:  # a merged cell is listed once per grid column: keep one copy
+                        element = id(getattr(cell, "_tc", cell))
+                        if element not in seen:
+                            seen.add(element)
+                            cells.append(" ".join(cell.text.split()))
                     rows.append(" | ".join(cells))
                 build.add("\n".join(r for r in rows if r.strip(" |")), "table", _path(headings))
     except (PackageNotFoundError, KeyError, ValueError, zipfile.BadZipFile, EOFError) as exc:
-        raise DocumentError(path, f"skipped: corrupt DOCX ({exc})") from exc
+        raise DocumentError(path, f"skipped: corrupt DOCX ({exc})".split("\n")[0]) from exc
     except SyntaxError as exc:  # lxml.etree.XMLSyntaxError derives from SyntaxError
-        raise DocumentError(path, f"skipped: corrupt DOCX (bad XML: {exc})") from exc
+        raise DocumentError(path, f"skipped: corrupt DOCX (bad XML: {exc})".split("\n")[0]) from exc
 
 
 def _docx_heading_level(style: str) -> int | None:
@@ -643,9 +643,7 @@ def _load_pdf(path: Path, build: _Builder) -> int:
     except FileNotDecryptedError as exc:
         raise DocumentError(path, "skipped: password-protected") from exc
     except DependencyError as exc:
-        reason = (
-            "skipped: encrypted with AES; reading it needs the 'cryptography' package (missing component)"
-        )
+        reason = "skipped: encrypted with AES; reading it needs the 'cryptography' package (missing component)"
         raise DocumentError(path, reason) from exc
     except LimitReachedError as exc:
         raise DocumentError(path, f"skipped: could not be parsed safely (possible PDF bomb: {exc})") from exc
@@ -667,9 +665,7 @@ def _load_pdf(path: Path, build: _Builder) -> int:
 # ---------------------------------------------------------------------------------------- entry point
 
 
-def load_document(
-    path: Path, *, max_chars: int = 20_000_000, max_file_bytes: int | None = None
-) -> ParsedDocument:
+def load_document(path: Path, *, max_chars: int = 20_000_000, max_file_bytes: int | None = None) -> ParsedDocument:
     """Parse one document in this process.
 
     Untrusted files should go through :func:`rag.parsing.parse_document`, which runs this in a

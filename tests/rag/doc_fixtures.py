@@ -112,7 +112,7 @@ def write_corrupt_pdf(path: Path) -> Path:
 
 
 def write_docx(path: Path) -> Path:
-    """A DOCX with a title, two heading levels, paragraphs and a table."""
+    """A DOCX with a title, two heading levels, paragraphs and a table with a merged row."""
     import docx
 
     document = docx.Document()
@@ -121,11 +121,13 @@ def write_docx(path: Path) -> Path:
     document.add_paragraph("Download the installer and run it.")
     document.add_heading("Linux", level=2)
     document.add_paragraph("Use the AppImage on Linux.")
-    table = document.add_table(rows=3, cols=2)
+    table = document.add_table(rows=4, cols=2)
     for row, (name, value) in zip(
         table.rows, [("Setting", "Value"), ("threads", "4"), ("context", "4096")], strict=False
     ):
         row.cells[0].text, row.cells[1].text = name, value
+    merged = table.rows[3].cells[0].merge(table.rows[3].cells[1])
+    merged.text = "same"
     document.add_heading("Usage", level=1)
     document.add_paragraph("Drop files on the window.")
     document.save(str(path))
@@ -143,8 +145,7 @@ def write_zip_bomb_docx(path: Path, member_bytes: int = 24 * 2**20) -> Path:
 def write_epub(path: Path, chapters: list[tuple[str, str]]) -> Path:
     """An EPUB 3 (zip with mimetype, container, OPF spine) with one XHTML file per (title, body)."""
     manifest = "".join(
-        f'<item id="c{n}" href="text/ch{n}.xhtml" media-type="application/xhtml+xml"/>'
-        for n in range(len(chapters))
+        f'<item id="c{n}" href="text/ch{n}.xhtml" media-type="application/xhtml+xml"/>' for n in range(len(chapters))
     )
     spine = "".join(f'<itemref idref="c{n}"/>' for n in reversed(range(len(chapters))))
     with zipfile.ZipFile(path, "w") as zf:

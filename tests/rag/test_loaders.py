@@ -120,8 +120,7 @@ def test_rst_directive_body_is_text_not_code(tmp_path: Path) -> None:
 def test_source_code_split_at_top_level_definitions(tmp_path: Path) -> None:
     path = tmp_path / "tool.py"
     path.write_text(
-        "import os\n\n\n@cache\ndef helper(x):\n    y = x\n\n    return y\n\n\n"
-        "class Tool:\n    pass\n\nLIMIT = 3\n"
+        "import os\n\n\n@cache\ndef helper(x):\n    y = x\n\n    return y\n\n\nclass Tool:\n    pass\n\nLIMIT = 3\n"
     )
     doc = load_document(path)
     assert doc.kind == "code"
@@ -131,9 +130,7 @@ def test_source_code_split_at_top_level_definitions(tmp_path: Path) -> None:
         ("code", "class Tool"),
         ("code", None),
     ]
-    assert (
-        doc.sections[1].text == "@cache\ndef helper(x):\n    y = x\n\n    return y"
-    )  # blank line inside kept
+    assert doc.sections[1].text == "@cache\ndef helper(x):\n    y = x\n\n    return y"  # blank line inside kept
     assert_spans(doc)
 
 
@@ -250,15 +247,13 @@ def test_docx_headings_paragraphs_tables(tmp_path: Path) -> None:
         ("heading", "Field guide > Install", "Install"),
         ("text", "Field guide > Install", "Download the installer and run it."),
     ]
-    assert ("table", "Field guide > Install > Linux", "Setting | Value\nthreads | 4\ncontext | 4096") in got
+    assert ("table", "Field guide > Install > Linux", "Setting | Value\nthreads | 4\ncontext | 4096\nsame") in got
     assert got[-1] == ("text", "Field guide > Usage", "Drop files on the window.")
     assert_spans(doc)
 
 
 def test_epub_chapters_in_spine_order(tmp_path: Path) -> None:
-    path = write_epub(
-        tmp_path / "book.epub", [("One", "First chapter."), ("Two", "Second <b>bold</b> chapter.")]
-    )
+    path = write_epub(tmp_path / "book.epub", [("One", "First chapter."), ("Two", "Second <b>bold</b> chapter.")])
     doc = load_document(path)
     assert doc.kind == "epub"
     # write_epub lists the chapters in reverse in the spine: the spine, not the file names, decides.
@@ -355,9 +350,7 @@ def test_encrypted_pdf(tmp_path: Path) -> None:
     assert skipped(write_encrypted_pdf(tmp_path / "locked.pdf")) == "skipped: password-protected"
 
 
-def test_aes_pdf_without_cryptography_is_a_missing_component(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_aes_pdf_without_cryptography_is_a_missing_component(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from pypdf import PdfReader
     from pypdf.errors import DependencyError
 
