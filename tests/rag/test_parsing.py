@@ -101,6 +101,7 @@ def test_hang_is_killed_and_the_batch_goes_on(tmp_path: Path) -> None:
     assert time.monotonic() - started < 15
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 def test_crash_is_reported_with_its_signal(tmp_path: Path) -> None:
     with ParserPool(loader=crashing_loader) as pool:
         with pytest.raises(DocumentError) as info:
