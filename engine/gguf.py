@@ -509,9 +509,12 @@ class _Parser:
         for _ in range(n_kv):
             self._read_kv()
         arch = self.scalars.get("general.architecture")
-        if not isinstance(arch, str) or not arch:
+        split_no = self.scalars.get("split.no")
+        if arch is None and isinstance(split_no, int) and split_no > 0:
+            arch = ""  # parts 2.. of a split model carry only split.* keys (gguf-split)
+        elif not isinstance(arch, str) or not arch:
             raise _Malformed("general.architecture is missing")
-        if not _ARCH_RE.fullmatch(arch):
+        elif not _ARCH_RE.fullmatch(arch):
             raise _Malformed(f"general.architecture {arch[:40]!r} is not a valid name")
         alignment = self._alignment()
         tensors = self._read_tensor_infos(n_tensors, alignment)

@@ -18,6 +18,7 @@ A corrupt manifest is moved aside (``manifest.json.corrupt-<time>``), never sile
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -32,7 +33,10 @@ from typing import Any
 from engine.errors import ModelFileError
 from engine.gguf import GgufInfo, read_gguf_info
 
-__all__ = ["PROVENANCE_FIELDS", "FolderStatus", "LibraryEntry", "ModelLibrary"]
+__all__ = [
+    "PROVENANCE_FIELDS", "FolderStatus", "LibraryEntry", "ModelLibrary", "merge_split_infos", "read_model_info",
+    "split_parts",
+]
 
 MANIFEST_VERSION = 1
 PROVENANCE_FIELDS = ("repo", "revision", "sha256", "quantized_from", "label", "source")
@@ -313,10 +317,18 @@ class ModelLibrary:
         if missing:
             error = f"part {missing[0]} of {total} is missing"
         else:
-            try:
-                info, error = self._header(first, key, first.stat(), manifest)
-            except OSError as exc:
-                error = f"cannot read the file ({exc.strerror or exc})"
+            infos: list[GgufInfo] = []
+            for part in ordered:
+                try:
+                    part_info, error = self._header(part, self._key(part), part.stat(), manifest)
+                except OSError as exc:
+                    part_info, error = None, f"cannot read {part.name} ({exc.strerror or exc})"
+                if part_info is None:
+                    error = f"{part.name}: {error}" if part != first else error
+                    break
+                infos.append(part_info)
+            else:
+                info = merge_split_infos(infos)
         entry = _make_entry(first, folder, size, True, owned, provenance, info, error)
         return _replace(entry, parts=ordered)
 
@@ -497,6 +509,51 @@ class ModelLibrary:
         _write_json_atomic(self.manifest_path, manifest)
 
 
+# -------------------------------------------------------------------- split models
+def split_parts(path: Path) -> list[Path] | None:
+    """All parts of a split GGUF (``name-00001-of-00003.gguf``), or None for a single file."""
+    m = _SPLIT_RE.match(path.name)
+    if m is None:
+        return None
+    total = int(m["total"])
+    width = len(m["part"])
+    return [path.with_name(f"{m['stem']}-{i:0{width}d}-of-{m['total']}.gguf") for i in range(1, total + 1)]
+
+
+def merge_split_infos(infos: Sequence[GgufInfo]) -> GgufInfo:
+    """One header for a split model: the first part's metadata with every part's tensors."""
+    first = infos[0]
+    n_layers = max((len(i.layer_bytes) for i in infos), default=0)
+    layer_bytes = [sum(i.layer_bytes[k] for i in infos if k < len(i.layer_bytes)) for k in range(n_layers)]
+    return dataclasses.replace(
+        first,
+        file_size=sum(i.file_size for i in infos),
+        n_params=sum(i.n_params for i in infos),
+        n_tensors=sum(i.n_tensors for i in infos),
+        tensor_bytes=sum(i.tensor_bytes for i in infos),
+        layer_bytes=layer_bytes,
+        other_bytes=sum(i.other_bytes for i in infos),
+        expert_bytes=sum(i.expert_bytes for i in infos),
+        embedding_bytes=max(i.embedding_bytes for i in infos),
+        tied_embeddings=all(i.tied_embeddings for i in infos),
+    )
+
+
+def read_model_info(path: Path) -> GgufInfo:
+    """:func:`engine.gguf.read_gguf_info`, reading all parts of a split model given its first part.
+
+    Raises:
+        ModelFileError: a bad header in any part, or a missing part ("part 2 of 3 is missing").
+    """
+    parts = split_parts(path)
+    if parts is None or path != parts[0]:
+        return read_gguf_info(path)
+    for i, part in enumerate(parts, start=1):
+        if not part.exists():
+            raise ModelFileError(path, f"part {i} of {len(parts)} is missing ({part.name})")
+    return merge_split_infos([read_gguf_info(p) for p in parts])
+
+
 # -------------------------------------------------------------------- helpers
 def _make_entry(
     path: Path, folder: Path, size: int, available: bool, owned: bool,
@@ -514,8 +571,6 @@ def _make_entry(
 
 
 def _replace(entry: LibraryEntry, **changes: Any) -> LibraryEntry:
-    import dataclasses
-
     return dataclasses.replace(entry, **changes)
 
 

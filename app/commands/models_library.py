@@ -197,17 +197,17 @@ def run_folders(args: argparse.Namespace, paths: Paths) -> int:
 
 # ---------------------------------------------------------------------- helpers
 def _read(spec: str, paths: Paths) -> GgufInfo:
-    """A path, else a library name (a path that exists always wins)."""
+    """A path, else a library name (a path that exists always wins); all parts of a split model."""
     from engine.errors import ModelFileError
-    from engine.gguf import read_gguf_info
+    from engine.library import read_model_info
 
     path = Path(spec).expanduser()
     if path.exists() or path.suffix.lower() == ".gguf" or "/" in spec or "\\" in spec:
-        return read_gguf_info(path)
+        return read_model_info(path)
     entry = open_library(paths).find(spec)
     if entry is None:
         raise ModelFileError(spec, "no such file, and no model by that name in the library")
-    return read_gguf_info(entry.path)
+    return read_model_info(entry.path)
 
 
 def _entry_fit(entry: LibraryEntry, hw: HardwareInfo) -> FitEstimate | None:

@@ -9,11 +9,12 @@ import shutil
 from pathlib import Path
 
 import pytest
-from gguf_fixtures import STRING, build, default_kvs, kv
+from gguf_fixtures import STRING, UINT16, build, default_kvs, default_tensors, kv
 
 from engine import library as library_module
 from engine.errors import ModelFileError
-from engine.library import ModelLibrary
+from engine.gguf import read_gguf_info
+from engine.library import ModelLibrary, read_model_info, split_parts
 
 
 def _model(path: Path, name: str = "Tiny Test") -> Path:
@@ -206,17 +207,43 @@ def test_remove_refuses_ambiguous_names(lib: ModelLibrary) -> None:
     assert lib.remove(lib.models_dir / "b" / "same.gguf") == [lib.models_dir / "b" / "same.gguf"]
 
 
+def _split(folder: Path, stem: str, total: int) -> list[Path]:
+    """A model split like gguf-split does: part 1 has the metadata, the others only split.* keys."""
+    tensors = default_tensors()
+    per_part = -(-len(tensors) // total)
+    paths = []
+    for i in range(total):
+        kvs = [kv("split.no", UINT16, i), kv("split.count", UINT16, total)]
+        if i == 0:
+            kvs = default_kvs() + kvs
+        path = folder / f"{stem}-{i + 1:05d}-of-{total:05d}.gguf"
+        folder.mkdir(parents=True, exist_ok=True)
+        paths.append(build(kvs, tensors[i * per_part : (i + 1) * per_part]).write(path))
+    return paths
+
+
 def test_split_models_are_one_entry_and_a_missing_part_is_named(lib: ModelLibrary) -> None:
-    for i in (1, 2, 3):
-        _model(lib.models_dir / f"big-{i:05d}-of-00003.gguf")
-    _model(lib.models_dir / "half-00001-of-00002.gguf")
+    parts = _split(lib.models_dir, "big", 3)
+    half = _split(lib.models_dir, "half", 2)
+    half[1].unlink()
+    whole = read_gguf_info(build().write(lib.models_dir.parent / "whole.gguf"))
     entries = {e.name: e for e in lib.scan()}
     assert set(entries) == {"big-00001-of-00003.gguf", "half-00001-of-00002.gguf"}
     big = entries["big-00001-of-00003.gguf"]
-    assert len(big.parts) == 3
-    assert big.size == sum(p.stat().st_size for p in big.parts)
+    assert big.parts == parts
+    assert big.size == sum(p.stat().st_size for p in parts)
     assert big.error is None
+    assert big.info is not None
+    # the merged header counts every part's tensors, as one file would
+    assert (big.params, big.info.tensor_bytes, big.info.layer_bytes) == (
+        whole.n_params, whole.tensor_bytes, whole.layer_bytes
+    )
+    assert read_model_info(parts[0]).n_params == whole.n_params
+    assert read_gguf_info(parts[1]).architecture == ""  # a later part alone has no metadata
+    assert split_parts(parts[2]) == parts
     assert entries["half-00001-of-00002.gguf"].error == "part 2 of 2 is missing"
+    with pytest.raises(ModelFileError, match="part 2 of 2 is missing"):
+        read_model_info(half[0])
     assert len(lib.remove("big-00001-of-00003.gguf")) == 3
     assert not any(lib.models_dir.glob("big-*"))
 
