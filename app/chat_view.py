@@ -62,11 +62,7 @@ def format_stats_tooltip(stats: dict[str, Any] | None, model: str | None) -> str
         ("Context used", f"{stats.get('context_used', 0)} / {stats.get('n_ctx', 0)}"),
         ("Evicted messages", str(stats.get("evicted_messages", 0))),
     ]
-    return (
-        "<table>"
-        + "".join(f"<tr><td>{k}&nbsp;&nbsp;</td><td><b>{v}</b></td></tr>" for k, v in rows)
-        + "</table>"
-    )
+    return "<table>" + "".join(f"<tr><td>{k}&nbsp;&nbsp;</td><td><b>{v}</b></td></tr>" for k, v in rows) + "</table>"
 
 
 def source_label(source: dict[str, Any], number: int) -> str:
@@ -108,9 +104,7 @@ class MessageCard(QFrame):
     action_triggered = Signal(str, int)
     source_activated = Signal(object)
 
-    def __init__(
-        self, message: DisplayMessage, colors: CodeColors, assistant_name: str, parent: QWidget | None = None
-    ):
+    def __init__(self, message: DisplayMessage, colors: CodeColors, assistant_name: str, parent: QWidget | None = None):
         super().__init__(parent)
         self.setObjectName("messageCard")
         self.message = message
@@ -128,7 +122,7 @@ class MessageCard(QFrame):
         inner.setSpacing(4)
         if is_user:
             outer.addStretch(1)
-            bubble.setMaximumWidth(720)
+            bubble.setMaximumWidth(640)
         outer.addWidget(bubble, 0 if is_user else 1)
 
         role = QLabel("You" if is_user else (message.model or assistant_name or "Assistant"))
@@ -169,16 +163,12 @@ class MessageCard(QFrame):
         self.copy_button = self._tool("Copy", "Copy this message", "copy")
         actions.addWidget(self.copy_button)
         if is_user:
-            self.edit_button: QToolButton | None = self._tool(
-                "Edit", "Edit and resend as a new branch", "edit"
-            )
+            self.edit_button: QToolButton | None = self._tool("Edit", "Edit and resend as a new branch", "edit")
             actions.addWidget(self.edit_button)
             self.regen_button: QToolButton | None = None
         else:
             self.edit_button = None
-            self.regen_button = self._tool(
-                "Regenerate", "Generate another reply (keeps this one)", "regenerate"
-            )
+            self.regen_button = self._tool("Regenerate", "Generate another reply (keeps this one)", "regenerate")
             actions.addWidget(self.regen_button)
         actions.addSpacing(8)
         actions.addWidget(self.stats_label)
@@ -225,6 +215,10 @@ class MessageCard(QFrame):
         self._text = text
         if self.message.role == "user":
             self.body.setText(plain_html(text))
+            # A wrapped label asks for its minimum width; size the bubble to the text instead.
+            metrics = self.body.fontMetrics()
+            longest = max((metrics.horizontalAdvance(line) for line in text.splitlines() or [""]), default=0)
+            self.body.setMinimumWidth(min(longest + 8, 560))
             return
         if not text and not final:
             self.body.setText(f'<span style="color:{self._colors.muted};">…</span>')

@@ -57,9 +57,7 @@ class ConversationSettingsDialog(QDialog):
         note = QLabel("The system prompt is pinned: it is never evicted from the context window.")
         note.setObjectName("explain")
         layout.addWidget(note)
-        buttons = QDialogButtonBox(
-            QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel
-        )
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
         layout.addWidget(buttons)

@@ -41,8 +41,7 @@ def to_html(title: str, messages: Sequence[Any], system_prompt: str | None = Non
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'>",
         f"<title>{html.escape(title)}</title>",
-        "<meta http-equiv='Content-Security-Policy' "
-        "content=\"default-src 'none'; style-src 'unsafe-inline'\">",
+        "<meta http-equiv='Content-Security-Policy' content=\"default-src 'none'; style-src 'unsafe-inline'\">",
         "<style>body{font-family:system-ui,sans-serif;max-width:760px;margin:2em auto;color:#1f2328}"
         ".user{background:#eef2ff;border-radius:10px;padding:8px 14px}.role{color:#6b7280;font-weight:600}"
         "pre{background:#f3f4f6;padding:8px;overflow:auto}table{border-collapse:collapse}"
@@ -52,11 +51,7 @@ def to_html(title: str, messages: Sequence[Any], system_prompt: str | None = Non
     if system_prompt:
         parts.append(f"<p><i>System prompt:</i> {html.escape(system_prompt)}</p>")
     for m in messages:
-        body = (
-            html.escape(m.content).replace("\n", "<br>")
-            if m.role == "user"
-            else render_markdown(m.content).html
-        )
+        body = html.escape(m.content).replace("\n", "<br>") if m.role == "user" else render_markdown(m.content).html
         cls = "user" if m.role == "user" else "assistant"
         parts.append(f"<div class='{cls}'><p class='role'>{html.escape(_role(m.role))}</p>{body}</div>")
     parts.append("</body></html>")

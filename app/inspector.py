@@ -153,9 +153,7 @@ class SpeedChart(QWidget):
         painter.drawRoundedRect(QRectF(0.5, 0.5, w - 1, h - 1), 6, 6)
         if len(self.samples) < 2:
             painter.setPen(QColor(self.colors.muted))
-            painter.drawText(
-                QRectF(0, 0, w, h), Qt.AlignmentFlag.AlignCenter, "decode speed appears while generating"
-            )
+            painter.drawText(QRectF(0, 0, w, h), Qt.AlignmentFlag.AlignCenter, "decode speed appears while generating")
             painter.end()
             return
         top = max(self.samples) * 1.15 or 1.0
@@ -180,9 +178,7 @@ class SpeedChart(QWidget):
         painter.drawPath(path)
         painter.setPen(QColor(self.colors.muted))
         painter.setFont(QFont(self.font().family(), 8))
-        painter.drawText(
-            QRectF(pad, 2, w - 2 * pad, 14), Qt.AlignmentFlag.AlignRight, f"peak {max(self.samples):.0f}"
-        )
+        painter.drawText(QRectF(pad, 2, w - 2 * pad, 14), Qt.AlignmentFlag.AlignRight, f"peak {max(self.samples):.0f}")
         painter.end()
 
 
@@ -219,15 +215,14 @@ class WallMeter(QWidget):
         ratio = self.ratio
         if ratio is not None:
             shown = min(ratio, 1.0)
-            color = (
-                self.colors.ok if ratio < 0.6 else self.colors.warning if ratio < 0.9 else self.colors.danger
-            )
+            color = self.colors.ok if ratio < 0.6 else self.colors.warning if ratio < 0.9 else self.colors.danger
             painter.setBrush(QColor(color))
             painter.drawRoundedRect(QRectF(0, 0, max(w * shown, 8), h), 6, 6)
-            painter.setPen(QColor(self.colors.text))
-            painter.drawText(
-                QRectF(8, 0, w - 16, h), Qt.AlignmentFlag.AlignVCenter, f"{ratio * 100:.0f}% of the wall"
-            )
+            # Text sits on the fill once the bar is long enough: white on the light theme's strong
+            # colours, near-black on the dark theme's pale ones.
+            on_fill = "#ffffff" if self.colors.name == "light" else "#111318"
+            painter.setPen(QColor(on_fill if shown >= 0.3 else self.colors.text))
+            painter.drawText(QRectF(8, 0, w - 16, h), Qt.AlignmentFlag.AlignVCenter, f"{ratio * 100:.0f}% of the wall")
         else:
             painter.setPen(QColor(self.colors.muted))
             painter.drawText(QRectF(8, 0, w - 16, h), Qt.AlignmentFlag.AlignVCenter, "no measurement yet")
@@ -262,8 +257,7 @@ class TokensView(QTextBrowser):
             text = html.escape(piece).replace("\n", "↵<br>").replace(" ", "&nbsp;") or "∅"
             color = palette[i % len(palette)]
             parts.append(
-                f'<a href="tok:{i}" style="background-color:{color}; text-decoration:none; color:inherit;">'
-                f"{text}</a>"
+                f'<a href="tok:{i}" style="background-color:{color}; text-decoration:none; color:inherit;">{text}</a>'
             )
         self.setHtml('<div style="font-family: monospace; line-height: 150%;">' + "".join(parts) + "</div>")
 
@@ -279,9 +273,7 @@ class TokensView(QTextBrowser):
             index = self.token_at(event.pos())
             if index is not None and index < len(self.token_ids):
                 piece = self.pieces[index] if index < len(self.pieces) else ""
-                QToolTip.showText(
-                    event.globalPos(), f"token #{index}  id {self.token_ids[index]}  {piece!r}", self
-                )
+                QToolTip.showText(event.globalPos(), f"token #{index}  id {self.token_ids[index]}  {piece!r}", self)
             else:
                 QToolTip.hideText()
             return True
@@ -303,7 +295,7 @@ class InspectorPanel(QFrame):
         super().__init__(parent)
         self.setObjectName("inspector")
         self.setAttribute(Qt.WidgetAttribute.WA_StyledBackground, True)
-        self.setMinimumWidth(300)
+        self.setMinimumWidth(320)
         self.shown: dict[str, str] = {}
         self.colors = LIGHT
         self._live: list[float] = []
@@ -364,7 +356,7 @@ class InspectorPanel(QFrame):
                 ("decode_tps", "decode tok/s"),
                 ("prefill_tps", "prefill tok/s"),
                 ("ttft_ms", "time to first token"),
-                ("cached_tokens", "tokens reused from KV cache"),
+                ("cached_tokens", "reused from KV cache"),
             )
         ):
             value, caption = _metric(label)
@@ -413,6 +405,7 @@ class InspectorPanel(QFrame):
         scroll = QScrollArea()
         scroll.setWidgetResizable(True)
         scroll.setFrameShape(QFrame.Shape.NoFrame)
+        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         scroll.setWidget(live)
         self.tabs.addTab(scroll, "Live")
 
@@ -420,9 +413,7 @@ class InspectorPanel(QFrame):
         tokens_page = QWidget()
         tl = QVBoxLayout(tokens_page)
         tl.setContentsMargins(8, 8, 8, 8)
-        self.tokens_caption = QLabel(
-            "The last prompt, exactly as the model saw it. Hover a piece for its id."
-        )
+        self.tokens_caption = QLabel("The last prompt, exactly as the model saw it. Hover a piece for its id.")
         self.tokens_caption.setObjectName("explain")
         self.tokens_caption.setWordWrap(True)
         tl.addWidget(self.tokens_caption)
@@ -462,9 +453,7 @@ class InspectorPanel(QFrame):
         self.model_bytes = model_bytes
         self.machine_bandwidth = machine_bandwidth
         self._show("model_bytes", format_bytes(model_bytes))
-        self._show(
-            "machine_bandwidth_gbps", f"{machine_bandwidth:.1f} GB/s" if machine_bandwidth else "not measured"
-        )
+        self._show("machine_bandwidth_gbps", f"{machine_bandwidth:.1f} GB/s" if machine_bandwidth else "not measured")
         if n_ctx:
             self.context_summary.setText(f"{n_ctx} tokens in the window")
             self.context_bar.set_budget({"free": n_ctx})
@@ -494,9 +483,7 @@ class InspectorPanel(QFrame):
         evicted = int(_get(stats, "evicted_messages", 0) or 0)
         self.shown["evicted_messages"] = str(evicted)
         self.evicted_label.setText(
-            f"⚠ {evicted} older message{'s' if evicted != 1 else ''} evicted to fit (rolling window)"
-            if evicted
-            else ""
+            f"⚠ {evicted} older message{'s' if evicted != 1 else ''} evicted to fit (rolling window)" if evicted else ""
         )
         self._show("decode_tps", format_tps(_get(stats, "decode_tps")))
         self._show("prefill_tps", format_tps(_get(stats, "prefill_tps")))

@@ -178,9 +178,7 @@ class KnowledgePanel(QWidget):
         rl.addLayout(qrow)
         self.results = QTextBrowser()
         self.results.setOpenLinks(False)
-        self.results.setPlaceholderText(
-            "Passages appear here with their dense, keyword (BM25) and fused scores."
-        )
+        self.results.setPlaceholderText("Passages appear here with their dense, keyword (BM25) and fused scores.")
         rl.addWidget(self.results, 1)
         splitter.addWidget(right)
         splitter.setSizes([260, 900])
@@ -209,11 +207,10 @@ class KnowledgePanel(QWidget):
         for summary in summaries:
             name = summary.info.name
             docs = sum(summary.stats.documents.values())
-            item = QListWidgetItem(f"{name}\n{docs} documents · {summary.stats.chunks} chunks")
+            noun = "document" if docs == 1 else "documents"
+            item = QListWidgetItem(f"{name}\n{docs} {noun} · {summary.stats.chunks} chunks")
             item.setData(Qt.ItemDataRole.UserRole, name)
-            item.setToolTip(
-                f"Embedding model: {summary.info.embedder_id} ({summary.info.dimension} dimensions)"
-            )
+            item.setToolTip(f"Embedding model: {summary.info.embedder_id} ({summary.info.dimension} dimensions)")
             self.kb_list.addItem(item)
             if name == keep:
                 self.kb_list.setCurrentItem(item)
@@ -254,9 +251,8 @@ class KnowledgePanel(QWidget):
             self.docs.setItem(row, 2, chunks)
             self.docs.setItem(row, 3, QTableWidgetItem(doc.reason or ""))
         summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no documents yet"
-        self.summary.setText(
-            f"{len(docs)} documents: {summary}. Drop files or folders on the window to add more."
-        )
+        noun = "document" if len(docs) == 1 else "documents"
+        self.summary.setText(f"{len(docs)} {noun}: {summary}. Drop files or folders on the window to add more.")
 
     @Slot(object)
     def _on_adapter_job_started(self, job: IndexJob) -> None:

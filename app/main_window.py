@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer, Slot
+from PySide6.QtCore import QByteArray, QSettings, QSize, Qt, QTimer, Slot
 from PySide6.QtGui import QAction, QCloseEvent, QDragEnterEvent, QDropEvent, QIcon, QKeySequence
 from PySide6.QtWidgets import (
     QApplication,
@@ -81,9 +81,7 @@ class Toast(QFrame):
         self.action.clicked.connect(self._on_action_clicked)
         self.hide()
 
-    def show_message(
-        self, text: str, action: str | None = None, callback: Any = None, ms: int = 8000
-    ) -> None:
+    def show_message(self, text: str, action: str | None = None, callback: Any = None, ms: int = 8000) -> None:
         self.label.setText(text)
         self._callback = callback
         self.action.setVisible(action is not None)
@@ -192,14 +190,18 @@ class MainWindow(QMainWindow):
         rail = QFrame()
         rail.setObjectName("navRail")
         rail.setAttribute(Qt.WidgetAttribute.WA_StyledBackground, True)
-        rail.setFixedWidth(96)
+        rail.setFixedWidth(104)
         layout = QVBoxLayout(rail)
         layout.setContentsMargins(0, 12, 0, 12)
         layout.setSpacing(4)
-        brand = QLabel("◈")
+        brand = QLabel()
         brand.setAlignment(Qt.AlignmentFlag.AlignCenter)
-        brand.setStyleSheet("font-size: 20pt;")
         brand.setToolTip("Glassbox")
+        logo = RESOURCES / "icons" / "glassbox.svg"
+        if logo.exists():
+            brand.setPixmap(QIcon(str(logo)).pixmap(36, 36, QIcon.Mode.Normal))
+        else:
+            brand.setText("Glassbox")
         layout.addWidget(brand)
         layout.addSpacing(8)
         self.nav_group = QButtonGroup(self)
@@ -220,7 +222,8 @@ class MainWindow(QMainWindow):
             if icon.exists():
                 button.setIcon(QIcon(str(icon)))
             button.setObjectName(f"nav_{key}")
-            button.setMinimumWidth(84)
+            button.setIconSize(QSize(22, 22))
+            button.setMinimumWidth(94)
             self.nav_group.addButton(button, index)
             self.nav_buttons[key] = button
             layout.addWidget(button, 0, Qt.AlignmentFlag.AlignHCenter)
@@ -234,6 +237,7 @@ class MainWindow(QMainWindow):
         icon = RESOURCES / "icons" / "settings.svg"
         if icon.exists():
             self.settings_button.setIcon(QIcon(str(icon)))
+        self.settings_button.setIconSize(QSize(22, 22))
         self.settings_button.clicked.connect(self.open_settings)
         layout.addWidget(self.settings_button, 0, Qt.AlignmentFlag.AlignHCenter)
         return rail
@@ -400,10 +404,10 @@ class MainWindow(QMainWindow):
         if self.settings_warning:
             self.statusBar().showMessage(self.settings_warning, 15000)
         self.history.call(lambda s: s.recover_pending(), None, lambda e: self.show_error(describe_error(e)))
-        self.history.call(
-            lambda s: s.list_conversations(), self._on_first_conversations, self._on_history_failed
-        )
+        self.history.call(lambda s: s.list_conversations(), self._on_first_conversations, self._on_history_failed)
         self.refresh_models(first_start=True)
+        if not self.settings_warning:
+            self.statusBar().showMessage("Ready", 3000)
 
     def _on_history_failed(self, exc: BaseException) -> None:
         self.show_error(f"Chat history unavailable: {describe_error(exc)}")
@@ -423,9 +427,7 @@ class MainWindow(QMainWindow):
         def scan() -> list[Path]:
             return list_model_files(folder)
 
-        run_in_background(
-            scan, lambda found: self._on_models_scanned(found, first_start), self._on_scan_failed
-        )
+        run_in_background(scan, lambda found: self._on_models_scanned(found, first_start), self._on_scan_failed)
 
     def _on_scan_failed(self, exc: BaseException) -> None:
         self.show_error(f"Model folder unavailable: {describe_error(exc)}")
@@ -474,15 +476,14 @@ class MainWindow(QMainWindow):
                 self.composer.set_ready(False, "The starter model is not installed.")
                 return
             self.set_models(list_model_files(folder) or [model.path])
+            self.models_adapter.scan()
             self._auto_load(prefer=model.path)
 
         run_in_background(install, done, lambda e: self.show_error(f"Starter model: {describe_error(e)}"))
 
     def _auto_load(self, prefer: Path | None = None) -> None:
         if self.safe_mode:
-            self.composer.set_ready(
-                False, "Safe mode: no model was loaded automatically. Pick one and press Load."
-            )
+            self.composer.set_ready(False, "Safe mode: no model was loaded automatically. Pick one and press Load.")
             self.model_status.setText("Safe mode")
             return
         if not self.settings.auto_load_model or not self.models:
@@ -729,9 +730,7 @@ class MainWindow(QMainWindow):
         def open_branch(store: Any) -> None:
             store.select_branch(message_id)
 
-        self.history.call(
-            open_branch, lambda _r: self.chat.open_conversation(conversation_id), self._on_history_failed
-        )
+        self.history.call(open_branch, lambda _r: self.chat.open_conversation(conversation_id), self._on_history_failed)
 
     @Slot(int, str)
     def _on_sidebar_rename_requested(self, conversation_id: int, title: str) -> None:
@@ -747,11 +746,7 @@ class MainWindow(QMainWindow):
 
     def delete_conversation(self, conversation_id: int) -> None:
         """Soft-deletes a chat; the toast offers Undo."""
-        if (
-            self.chat.busy
-            and self.chat.conversation is not None
-            and self.chat.conversation.id == conversation_id
-        ):
+        if self.chat.busy and self.chat.conversation is not None and self.chat.conversation.id == conversation_id:
             self.chat.stop()
 
         def delete(store: Any) -> None:
@@ -801,9 +796,7 @@ class MainWindow(QMainWindow):
         from app.export import FORMATS, export_conversation
         from app.workers.history_service import display_thread
 
-        conv_id = (
-            conversation_id if conversation_id is not None else getattr(self.chat.conversation, "id", None)
-        )
+        conv_id = conversation_id if conversation_id is not None else getattr(self.chat.conversation, "id", None)
         if conv_id is None:
             return
         path_text, _filter = QFileDialog.getSaveFileName(
@@ -863,9 +856,7 @@ class MainWindow(QMainWindow):
         if self.settings.models_folder(self.paths.models) != old.models_folder(self.paths.models):
             self.refresh_models()
         engine_keys = ("n_ctx", "n_threads", "gpu_layers", "overflow_policy", "reply_reserve")
-        if self.chat.loaded is not None and any(
-            getattr(old, k) != getattr(self.settings, k) for k in engine_keys
-        ):
+        if self.chat.loaded is not None and any(getattr(old, k) != getattr(self.settings, k) for k in engine_keys):
             self.statusBar().showMessage("Reloading the model with the new settings…", 5000)
             self.load_model(self.chat.loaded.path)
 
@@ -1022,9 +1013,7 @@ def _safe_mode_reason(paths: Paths) -> str | None:
     except (OSError, ValueError, AttributeError):
         what = "risky work"
     crumb.unlink(missing_ok=True)
-    return (
-        f"Glassbox stopped unexpectedly last time during: {what}. Started in safe mode (no model auto-load)."
-    )
+    return f"Glassbox stopped unexpectedly last time during: {what}. Started in safe mode (no model auto-load)."
 
 
 def run_gui(paths: Paths, safe_mode: bool = False) -> int:

@@ -356,9 +356,7 @@ class ModelPanel(QWidget):
         entry = self.selected_entry()
         source = entry.provenance.get("quantized_from") if entry is not None else None
         if entry is None or not source:
-            self.library_status.setText(
-                "Pick a model you quantized here: the check compares it with its source."
-            )
+            self.library_status.setText("Pick a model you quantized here: the check compares it with its source.")
             return
         self.library_status.setText(f"Checking the quality of {entry.name} against {Path(source).name}…")
         self.adapter.check_quality(

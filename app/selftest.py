@@ -15,8 +15,7 @@ from collections.abc import Callable
 from app.paths import Paths
 
 DOCUMENT = (
-    "Glassbox self-test document.\n\n"
-    "The lighthouse keeper counts forty-two steps to the lamp room every evening.\n"
+    "Glassbox self-test document.\n\nThe lighthouse keeper counts forty-two steps to the lamp room every evening.\n"
 )
 
 

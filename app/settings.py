@@ -150,10 +150,7 @@ def load_settings(path: Path) -> SettingsLoad:
         reason = _first_line(exc)
         return SettingsLoad(
             settings=Settings(),
-            warning=(
-                f"{path}: settings could not be read ({reason}); "
-                f"using defaults, old file kept as {backup.name}"
-            ),
+            warning=(f"{path}: settings could not be read ({reason}); using defaults, old file kept as {backup.name}"),
         )
     if newer:
         settings = settings.model_copy(update={"schema_version": SCHEMA_VERSION})

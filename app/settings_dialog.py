@@ -87,17 +87,13 @@ class SettingsDialog(QDialog):
         self.auto_load.setChecked(settings.auto_load_model)
         form.addRow(self.auto_load)
         layout.addLayout(form)
-        buttons = QDialogButtonBox(
-            QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel
-        )
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
         layout.addWidget(buttons)
 
     def _browse_models(self) -> None:
-        folder = QFileDialog.getExistingDirectory(
-            self, "Models folder", self.models_dir.text() or str(Path.home())
-        )
+        folder = QFileDialog.getExistingDirectory(self, "Models folder", self.models_dir.text() or str(Path.home()))
         if folder:
             self.models_dir.setText(folder)
 
@@ -106,9 +102,7 @@ class SettingsDialog(QDialog):
         gpu = self.gpu_layers.value()
         return self._settings.model_copy(
             update={
-                "models_dir": Path(self.models_dir.text()).expanduser()
-                if self.models_dir.text().strip()
-                else None,
+                "models_dir": Path(self.models_dir.text()).expanduser() if self.models_dir.text().strip() else None,
                 "n_threads": self.threads.value() or None,
                 "gpu_layers": "auto" if gpu == -2 else gpu,
                 "n_ctx": self.n_ctx.value(),

@@ -234,9 +234,7 @@ class ChatAdapter(QObject):
     # ------------------------------------------------------------------ conversations
     def refresh_conversations(self) -> None:
         """Reloads the conversation list (emits conversations_changed)."""
-        self.history.call(
-            lambda s: s.list_conversations(), self.conversations_changed.emit, self._on_history_error
-        )
+        self.history.call(lambda s: s.list_conversations(), self.conversations_changed.emit, self._on_history_error)
 
     def open_conversation(self, conversation_id: int) -> None:
         """Shows a conversation (its current branch)."""
@@ -246,9 +244,7 @@ class ChatAdapter(QObject):
 
         self.history.call(load, self._on_history_opened, self._on_history_error)
 
-    def new_conversation(
-        self, system_prompt: str | None = None, settings: dict[str, Any] | None = None
-    ) -> None:
+    def new_conversation(self, system_prompt: str | None = None, settings: dict[str, Any] | None = None) -> None:
         """Creates and opens an empty conversation."""
 
         def create(store: Any) -> tuple[Any, list[DisplayMessage]]:
@@ -379,9 +375,7 @@ class ChatAdapter(QObject):
         self.conversation_opened.emit(conversation, messages)
         self.refresh_conversations()
         if placeholder is None:  # stopped before the save came back
-            self.history.call(
-                lambda s: s.finish_message(reply_id, "", state="partial"), None, self._on_history_error
-            )
+            self.history.call(lambda s: s.finish_message(reply_id, "", state="partial"), None, self._on_history_error)
             return
         # messages ends with [..., user, pending reply]; history is everything before the user turn.
         user_msg = messages[-2]

@@ -158,9 +158,7 @@ class KnowledgeAdapter(QObject):
 
     def drop(self, name: str) -> None:
         """Deletes a knowledge base's index (never the user's files)."""
-        self._submit(
-            self._index, lambda: self.kbs().drop(name), lambda _r: self.refresh(), self._fail(f"Drop {name}")
-        )
+        self._submit(self._index, lambda: self.kbs().drop(name), lambda _r: self.refresh(), self._fail(f"Drop {name}"))
 
     def add(self, name: str, paths: Sequence[Path], on_done: Callable[[Any], None] | None = None) -> IndexJob:
         """Indexes files or folders into ``name``; returns the job (pause/cancel it through its events)."""
@@ -169,9 +167,7 @@ class KnowledgeAdapter(QObject):
         job = IndexJob(name, f"Adding {label} to {name}")
         return self._run_job(
             job,
-            lambda progress: self.kbs().add(
-                name, files, progress=progress, cancel=job.cancel, pause=job.pause
-            ),
+            lambda progress: self.kbs().add(name, files, progress=progress, cancel=job.cancel, pause=job.pause),
             on_done,
         )
 
@@ -191,9 +187,7 @@ class KnowledgeAdapter(QObject):
             self.load_documents(name)
             self.refresh()
 
-        self._submit(
-            self._index, lambda: self.kbs().remove(name, path), done, self._fail(f"Remove {path.name}")
-        )
+        self._submit(self._index, lambda: self.kbs().remove(name, path), done, self._fail(f"Remove {path.name}"))
 
     def _run_job(
         self,
@@ -230,9 +224,7 @@ class KnowledgeAdapter(QObject):
         return job
 
     # ------------------------------------------------------------------ chat
-    def chat_retriever(
-        self, names: Sequence[str]
-    ) -> Callable[[str, Any], tuple[str | None, list[dict[str, Any]]]]:
+    def chat_retriever(self, names: Sequence[str]) -> Callable[[str, Any], tuple[str | None, list[dict[str, Any]]]]:
         """A function for the LLM worker: ``(query, session) -> (documents block, sources)``.
 
         It runs on the LLM thread (which owns the session's tokenizer), using this adapter's

@@ -77,9 +77,7 @@ class GenerateRequest:
     system: str | None = None
     documents: str | None = None
     cancel: threading.Event = field(default_factory=threading.Event, compare=False)
-    retrieve: Callable[[str, Any], tuple[str | None, list[dict[str, Any]]]] | None = field(
-        default=None, compare=False
-    )
+    retrieve: Callable[[str, Any], tuple[str | None, list[dict[str, Any]]]] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -305,9 +303,7 @@ class LlmWorker(QObject):
                         self.tokens_received.emit(request.request_id, "".join(pending), pending_tokens)
                         pending.clear()
                     elapsed = (time.perf_counter() - started) * 1000
-                    outcome = GenerationOutcome(
-                        request.request_id, event.reason, event.text, event.stats, elapsed
-                    )
+                    outcome = GenerationOutcome(request.request_id, event.reason, event.text, event.stats, elapsed)
                     self.generation_finished.emit(outcome)
         except Exception as exc:  # noqa: BLE001 - boundary: EngineCrashed, ContextOverflow, ... become a signal
             if pending:

@@ -143,9 +143,7 @@ class ModelsAdapter(QObject):
         return estimate_fit_from_size(size, self.hardware, self.bandwidth_gbps)
 
     def add_folder(self, folder: Path) -> None:
-        run_in_background(
-            lambda: self.library().add_folder(folder), lambda _r: self.scan(), self._fail("Add folder")
-        )
+        run_in_background(lambda: self.library().add_folder(folder), lambda _r: self.scan(), self._fail("Add folder"))
 
     def delete(self, path: Path) -> None:
         """Deletes a model file the library owns (the caller asked for confirmation)."""
@@ -283,9 +281,7 @@ class ModelsAdapter(QObject):
         self._quantize.submit(work, done, failed)
         return transfer
 
-    def check_quality(
-        self, source: Path, result: Path, qtype: str, on_done: Callable[[Any], None]
-    ) -> Transfer:
+    def check_quality(self, source: Path, result: Path, qtype: str, on_done: Callable[[Any], None]) -> Transfer:
         """Compares perplexity of a model and its quantization on a built-in text."""
         transfer = Transfer(key=f"quality:{result}", label=f"Quality check {result.name}", kind="quality")
         transfer.state = "running"

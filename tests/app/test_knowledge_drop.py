@@ -38,9 +38,7 @@ def test_dropped_file_is_indexed_and_cited(
 
     from app.settings import Settings
 
-    w = make_window(
-        paths, factory, Settings(theme="light", embedding_model=str(embedder_path)), probe_bandwidth=False
-    )
+    w = make_window(paths, factory, Settings(theme="light", embedding_model=str(embedder_path)), probe_bandwidth=False)
     qtbot.addWidget(w)
     w.show()
     w.start()

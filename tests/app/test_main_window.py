@@ -42,9 +42,7 @@ def send(qtbot: Any, w: Any, text: str) -> None:
     w.composer.edit.setPlainText(text)
     qtbot.keyClick(w.composer.edit, Qt.Key.Key_Return)
     qtbot.waitUntil(lambda: not w.chat.busy and w.chat.state is ChatState.IDLE, timeout=5000)
-    qtbot.waitUntil(
-        lambda: w.chat.thread_messages and w.chat.thread_messages[-1].state != "pending", timeout=5000
-    )
+    qtbot.waitUntil(lambda: w.chat.thread_messages and w.chat.thread_messages[-1].state != "pending", timeout=5000)
 
 
 def stored_thread(paths: Paths) -> list[Any]:
@@ -140,9 +138,7 @@ def test_regenerate_keeps_old_reply_as_sibling(qtbot: Any, window: Any) -> None:
 def test_search_finds_words_across_chats(qtbot: Any, window: Any) -> None:
     send(qtbot, window, "the zebra question")
     window.new_chat()
-    qtbot.waitUntil(
-        lambda: window.chat.conversation is not None and not window.chat.thread_messages, timeout=5000
-    )
+    qtbot.waitUntil(lambda: window.chat.conversation is not None and not window.chat.thread_messages, timeout=5000)
     send(qtbot, window, "a giraffe question")
     window.sidebar.search.setText("zebra")
     qtbot.waitUntil(lambda: "RESULT" in window.sidebar.title.text(), timeout=5000)

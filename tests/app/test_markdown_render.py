@@ -21,9 +21,7 @@ def test_markdown_images_are_never_loaded() -> None:
 
 
 def test_only_safe_links_are_clickable() -> None:
-    out = render_markdown(
-        "[ok](https://example.org) [bad](javascript:alert(1)) [file](file:///etc/passwd)"
-    ).html
+    out = render_markdown("[ok](https://example.org) [bad](javascript:alert(1)) [file](file:///etc/passwd)").html
     assert 'href="https://example.org"' in out
     assert 'href="javascript' not in out
     assert 'href="file' not in out

@@ -25,9 +25,7 @@ PAYLOAD = random_bytes(1_500_000, 7)
 @pytest.fixture
 def hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
     with FakeHub() as server:
-        server.add_repo(
-            "acme/tiny-GGUF", {"tiny-Q4_K_M.gguf": PAYLOAD, "README.md": b"hi"}, downloads=12, likes=3
-        )
+        server.add_repo("acme/tiny-GGUF", {"tiny-Q4_K_M.gguf": PAYLOAD, "README.md": b"hi"}, downloads=12, likes=3)
         monkeypatch.setenv("HF_ENDPOINT", server.url)
         yield server
 
@@ -45,13 +43,9 @@ def window(qtbot: Any, paths: Paths) -> Any:
     w.shutdown()
 
 
-def test_library_lists_models_with_fit_and_loads_from_the_table(
-    qtbot: Any, window: Any, paths: Paths
-) -> None:
+def test_library_lists_models_with_fit_and_loads_from_the_table(qtbot: Any, window: Any, paths: Paths) -> None:
     panel = window.models_page
-    qtbot.waitUntil(
-        lambda: panel.library.rowCount() == 1 and window.models_adapter.hardware is not None, timeout=10000
-    )
+    qtbot.waitUntil(lambda: panel.library.rowCount() == 1 and window.models_adapter.hardware is not None, timeout=10000)
     qtbot.waitUntil(
         lambda: panel.library.item(0, 6) is not None and "●" in panel.library.item(0, 6).text(), timeout=5000
     )
@@ -78,9 +72,7 @@ def test_download_from_the_hub_through_the_panel(qtbot: Any, window: Any, hub: F
     assert panel.files.item(0, 1).text() == "Q4_K_M"
     panel.files.selectRow(0)
     panel.download_button.click()
-    qtbot.waitUntil(
-        lambda: panel.queue.rowCount() == 1 and "done" in panel.queue.item(0, 3).text(), timeout=30000
-    )
+    qtbot.waitUntil(lambda: panel.queue.rowCount() == 1 and "done" in panel.queue.item(0, 3).text(), timeout=30000)
     target = next(paths.models.rglob("tiny-Q4_K_M.gguf"))
     assert target.read_bytes() == PAYLOAD
     assert not list(paths.models.rglob("*.partial"))
@@ -97,9 +89,7 @@ def test_quantize_through_the_dialog(qtbot: Any, window: Any, paths: Paths) -> N
     qtbot.addWidget(dialog)
     row = next(i for i, t in enumerate(dialog.types) if t.name == "Q8_0")
     dialog.table.selectRow(row)
-    assert dialog.table.item(row, 1).text().endswith("MiB") or dialog.table.item(row, 1).text().endswith(
-        "KiB"
-    )
+    assert dialog.table.item(row, 1).text().endswith("MiB") or dialog.table.item(row, 1).text().endswith("KiB")
     dialog.start_button.click()
     qtbot.waitUntil(
         lambda: dialog.transfer is not None and dialog.transfer.state in ("done", "error", "cancelled"),

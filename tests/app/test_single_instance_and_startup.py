@@ -94,9 +94,7 @@ print(heavy, round(shown, 3))
 w.shutdown()
 """
     env = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "PYTHONPATH": str(ROOT)}
-    out = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60, cwd=ROOT
-    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     heavy, shown = out.stdout.strip().rsplit(" ", 1)
     assert heavy == "[]"
