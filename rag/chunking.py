@@ -119,9 +119,7 @@ class _Splitter:
     def prose(self, section: Section, strength: int) -> Iterator[_Piece]:
         """Sentences of a text section; the first of each paragraph carries a paragraph boundary."""
         text = self.text
-        for n, (para_start, para_end) in enumerate(
-            _split(text, _PARAGRAPH_BREAK, section.start, section.end)
-        ):
+        for n, (para_start, para_end) in enumerate(_split(text, _PARAGRAPH_BREAK, section.start, section.end)):
             boundary = strength if n == 0 else _PARAGRAPH
             ends = [m.end() for m in _SENTENCE_END.finditer(text, para_start, para_end)]
             if not ends or ends[-1] < para_end:
@@ -142,9 +140,7 @@ class _Splitter:
             yield _Piece(section.start, section.end, tokens, strength, True)
             return
         ratio = tokens / max(1, section.end - section.start)
-        for n, (para_start, para_end) in enumerate(
-            _split(self.text, _PARAGRAPH_BREAK, section.start, section.end)
-        ):
+        for n, (para_start, para_end) in enumerate(_split(self.text, _PARAGRAPH_BREAK, section.start, section.end)):
             para_strength = strength if n == 0 else _PARAGRAPH
             if (para_end - para_start) * ratio <= self.max_tokens:
                 yield from self.pieces(para_start, para_end, para_strength, ratio)
@@ -259,9 +255,7 @@ def chunk_document(
         ValueError: ``max_tokens < 1`` or ``overlap_tokens`` not in ``[0, max_tokens)``.
     """
     if max_tokens < 1 or not 0 <= overlap_tokens < max_tokens:
-        raise ValueError(
-            f"need 1 <= max_tokens and 0 <= overlap_tokens < max_tokens: {max_tokens}, {overlap_tokens}"
-        )
+        raise ValueError(f"need 1 <= max_tokens and 0 <= overlap_tokens < max_tokens: {max_tokens}, {overlap_tokens}")
     text = doc.full_text()
     splitter = _Splitter(text, count_tokens, max_tokens)
     chunks: list[Chunk] = []

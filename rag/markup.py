@@ -106,9 +106,7 @@ def rst_sections(text: str) -> Iterator[Block]:
     while i < len(lines):
         line = lines[i]
         nxt = lines[i + 1] if i + 1 < len(lines) else ""
-        over = (
-            bool(_RST_ADORNMENT.match(line)) and i + 2 < len(lines) and lines[i + 2].rstrip() == line.rstrip()
-        )
+        over = bool(_RST_ADORNMENT.match(line)) and i + 2 < len(lines) and lines[i + 2].rstrip() == line.rstrip()
         title_line = lines[i + 1] if over else line
         under = lines[i + 2] if over else nxt
         if (

@@ -33,9 +33,7 @@ def doc_from(tmp_path: Path, name: str, text: str) -> ParsedDocument:
     return load_document(path)
 
 
-def check_invariants(
-    doc: ParsedDocument, chunks: list[Chunk], count: Callable[[str], int], max_tokens: int
-) -> None:
+def check_invariants(doc: ParsedDocument, chunks: list[Chunk], count: Callable[[str], int], max_tokens: int) -> None:
     full = doc.full_text()
     assert chunks, "no chunks"
     for n, chunk in enumerate(chunks):
@@ -220,9 +218,7 @@ def test_random_documents_keep_every_invariant(seed: int) -> None:
         doc = ParsedDocument(Path("random.txt"), "text", sections, None)
         for count in counters:
             max_tokens = rng.choice([4, 16, 64])
-            chunks = chunk_document(
-                doc, count_tokens=count, max_tokens=max_tokens, overlap_tokens=max_tokens // 4
-            )
+            chunks = chunk_document(doc, count_tokens=count, max_tokens=max_tokens, overlap_tokens=max_tokens // 4)
             check_invariants(doc, chunks, count, max_tokens)
             for before, after in itertools.pairwise(chunks):
                 assert before.start < after.start
