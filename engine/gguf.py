@@ -39,7 +39,7 @@ from engine.errors import ModelFileError
 
 __all__ = [
     "FILE_TYPE_NAMES", "GGML_TYPES", "LLAMA_CPP_ARCHITECTURES", "GgufHeaderNeedsMoreBytes", "GgufInfo",
-    "describe_non_gguf", "format_bytes", "format_params", "parse_gguf_prefix", "read_gguf_info",
+    "describe_non_gguf", "parse_gguf_prefix", "read_gguf_info",
     "sniff_model_file", "unsupported_reason",
 ]
 
@@ -490,6 +490,7 @@ class _Parser:
         self.small_arrays: dict[str, list[int | float | bool]] = {}
         self.string_arrays: dict[str, _StringArray] = {}
         self.array_lengths: dict[str, int] = {}
+        self.array_types: dict[str, int] = {}
         self.chat_template: str | None = None
         self.seen_keys: set[str] = set()
 
@@ -516,6 +517,7 @@ class _Parser:
             raise _Malformed("general.architecture is missing")
         elif not _ARCH_RE.fullmatch(arch):
             raise _Malformed(f"general.architecture {arch[:40]!r} is not a valid name")
+        self._check_tokenizer()
         alignment = self._alignment()
         tensors = self._read_tensor_infos(n_tensors, alignment)
         data_offset = _align(r.pos, alignment)
@@ -554,6 +556,7 @@ class _Parser:
         if count > MAX_ARRAY_LEN:
             raise _Malformed(f"array {key!r} claims {count} entries (limit {MAX_ARRAY_LEN})")
         self.array_lengths[key] = count
+        self.array_types[key] = etype
         if etype == _T_STRING:
             marks = r.skip_strings(count, key)
             self.string_arrays[key] = _StringArray(count, marks)
@@ -563,6 +566,19 @@ class _Parser:
             self.small_arrays[key] = [r.scalar(etype) for _ in range(count)]
         else:
             r.skip(count * size)
+
+    def _check_tokenizer(self) -> None:
+        """Wrongly typed tokenizer arrays abort llama.cpp (a failed type assertion): refuse them."""
+        expected = {"tokens": _T_STRING, "merges": _T_STRING, "scores": 6, "token_type": 5}
+        for name, etype in expected.items():
+            key = f"tokenizer.ggml.{name}"
+            if key in self.scalars or (key in self.array_types and self.array_types[key] != etype):
+                raise _Malformed(f"{key} must be an array of {_VALUE_TYPES[etype][0]}")
+        n_tokens = self.array_lengths.get("tokenizer.ggml.tokens")
+        for name in ("scores", "token_type"):
+            count = self.array_lengths.get(f"tokenizer.ggml.{name}")
+            if count is not None and count != n_tokens:
+                raise _Malformed(f"tokenizer.ggml.{name} has {count} entries for {n_tokens} tokens")
 
     def _alignment(self) -> int:
         if "general.alignment" not in self.scalars:
@@ -774,27 +790,4 @@ def _version_reason(version: int) -> str:
 
 def _align(value: int, alignment: int) -> int:
     return (value + alignment - 1) // alignment * alignment
-
-
-def format_params(n_params: int) -> str:
-    """A human parameter count: ``"268M"``, ``"7.2B"``."""
-    if n_params <= 0:
-        return "0"
-    units = [(1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")]
-    for scale, unit in units:
-        if n_params >= scale:
-            value = n_params / scale
-            digits = 0 if value >= 100 else 1
-            return f"{value:.{digits}f}{unit}"
-    return str(n_params)
-
-
-def format_bytes(n_bytes: int | float) -> str:
-    """A human size in binary units: ``"241.3 MiB"``."""
-    value = float(n_bytes)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(value) < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} GiB"  # pragma: no cover - loop always returns
 

@@ -314,13 +314,18 @@ def _positive(text: str) -> int:
 
 
 def _params(n: int | None) -> str:
-    from engine.gguf import format_params
-
-    return "-" if n is None else format_params(n)
+    """A human parameter count: ``"268M"``, ``"7.2B"``."""
+    if n is None:
+        return "-"
+    for scale, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= scale:
+            value = n / scale
+            return f"{value:.{0 if value >= 100 else 1}f}{unit}"
+    return str(n)
 
 
 def _size(n: int) -> str:
-    from engine.gguf import format_bytes
+    from engine.fit import format_bytes
 
     return format_bytes(n)
 

@@ -127,6 +127,7 @@ def test_list_shows_models_errors_and_fit(home: Path, capsys: pytest.CaptureFixt
     header, *rows = out.splitlines()
     assert header.split() == ["NAME", "ARCH", "PARAMS", "QUANT", "SIZE", "CTX", "FIT", "WHERE"]
     assert any(r.startswith("tiny.gguf") and "llama" in r for r in rows)
+    assert any(r.startswith("tiny.gguf") and " 34.0K " in r for r in rows)  # parameters
     assert any("page.gguf: this is an HTML page" in r for r in rows)
 
 

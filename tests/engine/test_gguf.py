@@ -14,6 +14,7 @@ from gguf_fixtures import (
     ARRAY,
     F16,
     F32,
+    FLOAT32,
     INT32,
     Q4_0,
     STRING,
@@ -34,8 +35,6 @@ from engine.errors import ModelFileError
 from engine.gguf import (
     GgufHeaderNeedsMoreBytes,
     describe_non_gguf,
-    format_bytes,
-    format_params,
     parse_gguf_prefix,
     read_gguf_info,
     sniff_model_file,
@@ -169,6 +168,10 @@ def _tensors_with(name: str, dims: list[int], ttype: int) -> list[tuple[str, lis
     return [*default_tensors()[:-1], (name, dims, ttype)]
 
 
+def _without(key: str) -> list[bytes]:
+    return [k for k in default_kvs() if gstr(key) not in k]
+
+
 def _one_tensor(info: bytes) -> bytes:
     return build(raw_tensor_infos=info, n_tensors=1, tensors=[]).data
 
@@ -211,6 +214,18 @@ CASES: dict[str, tuple[Callable[[], bytes], str]] = {
         "duplicate metadata key 'general.name'",
     ),
     "missing architecture": (lambda: build(default_kvs()[1:]).data, "general.architecture is missing"),
+    "tokens not strings": (
+        lambda: build([*_without("tokenizer.ggml.tokens"), kv("tokenizer.ggml.tokens", ARRAY, (INT32, [1, 2]))]).data,
+        "tokenizer.ggml.tokens must be an array of STRING",
+    ),
+    "tokens as a scalar": (
+        lambda: build([*_without("tokenizer.ggml.tokens"), kv("tokenizer.ggml.tokens", STRING, "a b")]).data,
+        "tokenizer.ggml.tokens must be an array of STRING",
+    ),
+    "scores of another length": (
+        lambda: build([*_without("tokenizer.ggml.scores"), kv("tokenizer.ggml.scores", ARRAY, (FLOAT32, [0.0]))]).data,
+        "tokenizer.ggml.scores has 1 entries for 8 tokens",
+    ),
     "architecture with a newline": (
         lambda: build([kv("general.architecture", STRING, "llama\n"), *default_kvs()[1:]]).data,
         "general.architecture 'llama\\n' is not a valid name",
@@ -373,13 +388,6 @@ def test_sniffing_without_parsing(tmp_path: Path) -> None:
     assert sniff_model_file(lfs) == "this is a Git LFS pointer, not the model: download the real file"
     assert sniff_model_file(build().write(tmp_path / "ok.gguf")) is None
     assert describe_non_gguf(b"", 0) == "the file is empty (0 bytes): download it again"
-
-
-def test_formatting_helpers() -> None:
-    assert format_params(268_098_176) == "268M"
-    assert format_params(7_241_732_096) == "7.2B"
-    assert format_bytes(253_113_024) == "241.4 MiB"
-    assert format_bytes(512) == "512 B"
 
 
 def test_fuzzed_files_never_escape_as_other_exceptions(tmp_path: Path) -> None:
