@@ -290,6 +290,8 @@ def _fit_lines(
         ("GPUs", gpus + ("" if hw.gpu_offload_supported else "; this llama.cpp build has no GPU offload")),
         ("GPU layers (auto)", str(est.gpu_layers)),
     ]
+    if est.cache_type not in ("f32", "f16", "bf16"):
+        lines.append(("note", "llama.cpp needs flash attention for a quantized V cache"))
     if bandwidth:
         lines.append(("memory bandwidth", f"{bandwidth:.1f} GB/s (measured)"))
     if est.expected_decode_tps is not None:
