@@ -47,29 +47,53 @@ class VectorStore:
         root: folder of a local persistent Chroma (used when ``url`` is None).
         url: ``http://host:port`` of a Chroma server.
 
+    The client is opened on first use (or by :meth:`connect`); every method raises
+    :class:`KnowledgeBaseError` when the store cannot be opened, reached or written.
+
     Raises:
-        KnowledgeBaseError: the store cannot be opened or reached.
+        KnowledgeBaseError: ``url`` is malformed.
     """
 
     def __init__(self, root: Path | None = None, *, url: str | None = None) -> None:
         if root is None and url is None:
             raise KnowledgeBaseError("chroma: give a folder or a server URL")
         self.where = url or str(root)
+        self._root = root
+        self._server = parse_chroma_url(url) if url is not None else None
         self._lock = threading.RLock()
         self._collections: dict[str, Any] = {}
-        with self._guard("cannot open the Chroma store"):
-            import chromadb
-            from chromadb.config import Settings
+        self._client_instance: Any = None
 
-            settings = Settings(anonymized_telemetry=False, allow_reset=False)
-            if url is not None:
-                host, port, ssl = parse_chroma_url(url)
-                self._client: Any = chromadb.HttpClient(host=host, port=port, ssl=ssl, settings=settings)
-                self._client.heartbeat()
-            else:
-                assert root is not None
-                root.mkdir(parents=True, exist_ok=True)
-                self._client = chromadb.PersistentClient(path=str(root), settings=settings)
+    def connect(self) -> None:
+        """Opens the client now (it is otherwise opened on first use, so that listing knowledge
+        bases never pays for importing Chroma).
+
+        Raises:
+            KnowledgeBaseError: the store cannot be opened or the server does not answer.
+        """
+        with self._lock:
+            if self._client_instance is not None:
+                return
+            with self._guard("cannot open the Chroma store"):
+                import chromadb
+                from chromadb.config import Settings
+
+                settings = Settings(anonymized_telemetry=False, allow_reset=False)
+                if self._server is not None:
+                    host, port, ssl = self._server
+                    client: Any = chromadb.HttpClient(host=host, port=port, ssl=ssl, settings=settings)
+                    client.heartbeat()
+                else:
+                    assert self._root is not None
+                    self._root.mkdir(parents=True, exist_ok=True)
+                    client = chromadb.PersistentClient(path=str(self._root), settings=settings)
+                self._client_instance = client
+
+    @property
+    def _client(self) -> Any:
+        if self._client_instance is None:
+            self.connect()
+        return self._client_instance
 
     @contextmanager
     def _guard(self, what: str) -> Iterator[None]:
@@ -174,8 +198,10 @@ class VectorStore:
             self._call(f"cannot delete collection {name}", lambda: self._client.delete_collection(name=name))
 
     def close(self) -> None:
-        """Forgets cached collection handles (Chroma clients have no explicit close)."""
-        self._collections.clear()
+        """Forgets the client and its collection handles (Chroma clients have no explicit close)."""
+        with self._lock:
+            self._collections.clear()
+            self._client_instance = None
 
 
 def _mutable(meta: dict[str, Any]) -> dict[str, Any]:

@@ -83,7 +83,7 @@ def test_parse_chroma_url() -> None:
 def test_unreachable_server_is_one_line_error() -> None:
     port = _free_port()  # nothing listens there
     with pytest.raises(KnowledgeBaseError) as info:
-        VectorStore(url=f"http://127.0.0.1:{port}")
+        VectorStore(url=f"http://127.0.0.1:{port}").connect()
     message = str(info.value)
     assert message.startswith(f"http://127.0.0.1:{port}: cannot open the Chroma store")
     assert "\n" not in message
