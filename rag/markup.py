@@ -204,6 +204,7 @@ class _HtmlBlocks(HTMLParser):
             if tag == "table":
                 self._table += 1
             elif tag == "tr" and self._table == 1:
+                self._cell_end()
                 self._rows.append([])
             elif tag in ("td", "th") and self._table == 1:
                 self._cell_start()
@@ -225,6 +226,7 @@ class _HtmlBlocks(HTMLParser):
             self._text.append("\n")
 
     def _cell_start(self) -> None:
+        self._cell_end()  # end tags of cells are optional in HTML
         if not self._rows:
             self._rows.append([])
         self._rows[-1].append("")
@@ -269,6 +271,7 @@ class _HtmlBlocks(HTMLParser):
 
     def close(self) -> None:
         super().close()
+        self._skip = 0  # an unclosed <script> or <style> must not swallow what came before it
         if self._table:
             self._table = 1
             self.handle_endtag("table")

@@ -221,6 +221,26 @@ def test_html_visible_text_only(tmp_path: Path) -> None:
     assert_spans(doc)
 
 
+def test_malformed_html_never_crashes(tmp_path: Path) -> None:
+    path = tmp_path / "tag-soup.htm"
+    path.write_text("<div><p>open <b>bold <table><tr><td>cell<td>next<h2>inside</p></div><pre>x<script>never closed")
+    doc = load_document(path)
+    full = doc.full_text()
+    assert "open bold" in full
+    assert "cell | next" in full
+    assert "never closed" not in full
+    assert_spans(doc)
+
+
+def test_epub_without_container_reads_every_chapter(tmp_path: Path) -> None:
+    path = tmp_path / "bare.epub"
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("mimetype", "application/epub+zip")
+        zf.writestr("b.xhtml", "<html><body><p>Second file.</p></body></html>")
+        zf.writestr("a.xhtml", "<html><body><p>First file.</p></body></html>")
+    assert load_document(path).full_text() == "First file.\n\nSecond file."
+
+
 def test_pdf_pages_and_outline_headings(tmp_path: Path) -> None:
     path = write_pdf(
         tmp_path / "report.pdf",
