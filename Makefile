@@ -42,7 +42,7 @@ test: lint
 	QT_QPA_PLATFORM=offscreen $(PY) -m pytest
 
 bench: $(VENV)/.dev-deps
-	$(PY) -m pytest tests/bench -s -p no:cacheprovider
+	QT_QPA_PLATFORM=offscreen $(PY) -m pytest tests/bench/bench_*.py -s -p no:cacheprovider
 
 clean:
 	rm -rf $(VENV) build dist .pytest_cache .mypy_cache .ruff_cache

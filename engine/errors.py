@@ -40,9 +40,10 @@ class EngineCrashed(EngineError):
         during: what the worker was doing.
     """
 
-    def __init__(self, exitcode: int | None, during: str) -> None:
+    def __init__(self, exitcode: int | None, during: str, cause: str | None = None) -> None:
         self.exitcode = exitcode
         self.during = during
+        self.cause = cause
         if exitcode is not None and exitcode < 0:
             import signal
 
@@ -52,7 +53,10 @@ class EngineCrashed(EngineError):
                 how = f"killed by signal {-exitcode}"
         else:
             how = f"exit code {exitcode}"
-        super().__init__(f"the inference worker crashed during {during} ({how}); the conversation is safe")
+        said = f": {cause}" if cause else ""
+        super().__init__(
+            f"the inference worker crashed during {during} ({how}){said}; the conversation is safe"
+        )
 
 
 class ContextOverflow(EngineError):

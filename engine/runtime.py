@@ -21,6 +21,7 @@ import codecs
 import multiprocessing
 import multiprocessing.connection
 import os
+import tempfile
 import threading
 import time
 from collections.abc import Generator, Sequence
@@ -119,7 +120,8 @@ class _Worker:
 
         self._llama_cpp = llama_cpp
         self.params = params
-        self.llm = llama_cpp.Llama(
+        # Typed as Any: llama-cpp-python's internals are partly untyped, and we use a few of them.
+        self.llm: Any = llama_cpp.Llama(
             model_path=str(params.model_path),
             n_ctx=params.n_ctx,
             n_batch=params.n_batch,
@@ -132,6 +134,16 @@ class _Worker:
             verbose=False,
         )
 
+    @property
+    def n_ctx(self) -> int:
+        """The usable context window.
+
+        WORKAROUND: llama.cpp rounds the context up to a multiple of 256, but llama-cpp-python
+        0.3.36 sizes its token buffer to the requested length: going past it raises deep inside
+        ``Llama.eval``. The smaller of the two is what can really be used.
+        """
+        return int(min(self.llm.n_ctx(), len(self.llm.input_ids)))
+
     def info(self) -> ModelInfo:
         llm = self.llm
         meta = dict(llm.metadata)
@@ -143,12 +155,12 @@ class _Worker:
         def piece(token_id: int) -> str | None:
             if token_id < 0:
                 return None
-            return llm._model.token_get_text(token_id)
+            return str(llm._model.token_get_text(token_id))
 
         return ModelInfo(
             path=str(self.params.model_path),
             architecture=arch,
-            n_ctx=llm.n_ctx(),
+            n_ctx=self.n_ctx,
             n_ctx_train=llm._model.n_ctx_train(),
             n_vocab=llm.n_vocab(),
             n_params=int(llm._model.n_params()),
@@ -163,12 +175,29 @@ class _Worker:
             metadata={k: v for k, v in meta.items() if len(v) <= 4096},
         )
 
+    def piece(self, token: int, special: bool) -> bytes:
+        """The bytes of one token.
+
+        WORKAROUND: ``LlamaModel.token_to_piece`` in llama-cpp-python 0.3.36 returns its whole
+        32-byte buffer, NUL padding included; use the length llama.cpp returns instead.
+        """
+        import ctypes
+
+        lc = self._llama_cpp
+        vocab = self.llm._model.vocab
+        size = 64
+        while True:
+            buf = ctypes.create_string_buffer(size)
+            n = lc.llama_token_to_piece(vocab, token, buf, size, 0, special)
+            if n >= 0:
+                return buf.raw[:n]
+            size = -n
+
     def tokenize(self, text: str, add_bos: bool, special: bool) -> list[int]:
         return list(self.llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=special))
 
     def pieces(self, tokens: Sequence[int]) -> list[str]:
-        model = self.llm._model
-        return [model.token_to_piece(t, special=True).decode("utf-8", errors="replace") for t in tokens]
+        return [self.piece(t, special=True).decode("utf-8", errors="replace") for t in tokens]
 
     def _reuse_prefix(self, tokens: Sequence[int]) -> int:
         """Keeps the KV cache for the longest common prefix with the last sequence; returns its length."""
@@ -186,7 +215,7 @@ class _Worker:
             llm._ctx.kv_cache_clear()
             prefix = 0
         llm.n_tokens = max(prefix, 0)
-        return llm.n_tokens
+        return int(llm.n_tokens)
 
     def generate(
         self,
@@ -200,7 +229,7 @@ class _Worker:
         t0 = time.perf_counter()
         if not tokens:
             raise EngineError("empty prompt")
-        n_ctx = llm.n_ctx()
+        n_ctx = self.n_ctx
         if len(tokens) >= n_ctx:
             raise EngineError(f"prompt of {len(tokens)} tokens does not fit the context window of {n_ctx}")
         cached = self._reuse_prefix(tokens)
@@ -245,7 +274,7 @@ class _Worker:
                     reason = "stop"
                     break
                 n_out += 1
-                text += decoder.decode(llm._model.token_to_piece(token, special=False))
+                text += decoder.decode(self.piece(token, special=False))
                 hit = _find_stop(text, stops)
                 if hit is not None:
                     text = text[:hit]
@@ -303,8 +332,18 @@ def _partial_stop_len(text: str, stops: Sequence[str]) -> int:
     return best
 
 
-def _worker_main(conn: multiprocessing.connection.Connection, cancel: Any, params: LoadParams) -> None:
-    """Entry point of the worker process."""
+def _worker_main(
+    conn: multiprocessing.connection.Connection, cancel: Any, params: LoadParams, log_path: str | None
+) -> None:
+    """Entry point of the worker process.
+
+    llama.cpp writes its log, and its last words before an abort, to file descriptor 2: that goes
+    to ``log_path`` so the terminal stays clean and the parent can quote the cause of a crash.
+    """
+    if log_path is not None:
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(fd, 2)
+        os.close(fd)
     if os.environ.get("GLASSBOX_TEST_CRASH_ON_LOAD"):
         os.abort()  # lets tests prove that a native abort during load is survived
     try:
@@ -334,8 +373,6 @@ def _worker_main(conn: multiprocessing.connection.Connection, cancel: Any, param
             elif op == "generate":
                 result = worker.generate(message[1], message[2], cancel, lambda event: conn.send(("event", event)))
                 conn.send(("result", result))
-            elif op == "crash":  # test hook: a native-style death mid-request
-                os.kill(os.getpid(), 9)
             else:
                 conn.send(("error", _WorkerError("protocol", f"unknown request {op!r}")))
         except EngineError as exc:
@@ -354,20 +391,30 @@ class InferenceWorker:
     serialises requests with a lock).
     """
 
-    def __init__(self, params: LoadParams) -> None:
+    def __init__(self, params: LoadParams, log_path: Path | None = None) -> None:
         self.params = params
+        self.log_path = log_path
         self._ctx = multiprocessing.get_context("spawn")
         self._cancel = self._ctx.Event()
         self._conn: multiprocessing.connection.Connection | None = None
         self._proc: multiprocessing.process.BaseProcess | None = None
+        self._own_log = False
         self.info: ModelInfo | None = None
 
     # lifetime ---------------------------------------------------------------------------
     def start(self, cancel: threading.Event | None = None) -> ModelInfo:
         """Spawns the worker and loads the model. Raises ModelLoadError or EngineCrashed."""
+        if self.log_path is None:
+            fd, name = tempfile.mkstemp(prefix="glassbox-worker-", suffix=".log")
+            os.close(fd)
+            self.log_path = Path(name)
+            self._own_log = True
         parent, child = self._ctx.Pipe(duplex=True)
         proc = self._ctx.Process(
-            target=_worker_main, args=(child, self._cancel, self.params), name="glassbox-inference", daemon=True
+            target=_worker_main,
+            args=(child, self._cancel, self.params, str(self.log_path)),
+            name="glassbox-inference",
+            daemon=True,
         )
         proc.start()
         child.close()
@@ -415,6 +462,10 @@ class InferenceWorker:
             proc.join(timeout)
         if conn is not None:
             conn.close()
+        if self._own_log and self.log_path is not None:
+            self.log_path.unlink(missing_ok=True)
+            self.log_path = None
+            self._own_log = False
 
     def __enter__(self) -> InferenceWorker:
         return self
@@ -431,10 +482,6 @@ class InferenceWorker:
 
     def reset_cache(self) -> None:
         self._call(("reset",), "cache reset")
-
-    def crash_for_test(self) -> None:
-        """Test hook: the worker kills itself with SIGKILL while handling a request."""
-        self._send(("crash",), "a test crash")
 
     def generate(
         self, tokens: Sequence[int], params: GenerationParams, cancel: threading.Event | None = None
@@ -531,5 +578,24 @@ class InferenceWorker:
         if proc is not None:
             proc.join(2.0)
             code = proc.exitcode
+        cause = _last_words(self.log_path)
         self.close(kill=True)
-        return EngineCrashed(code, during)
+        return EngineCrashed(code, during, cause)
+
+
+def _last_words(log_path: Path | None) -> str | None:
+    """The last error-looking line llama.cpp wrote before the worker died, if any."""
+    if log_path is None:
+        return None
+    try:
+        with log_path.open("rb") as log:
+            log.seek(0, os.SEEK_END)
+            log.seek(max(0, log.tell() - 8192))
+            lines = log.read().decode("utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    markers = ("error", "assert", "abort", "failed", "out of memory")
+    for line in reversed(lines):
+        if any(marker in line.lower() for marker in markers):
+            return line.strip()[:300]
+    return None

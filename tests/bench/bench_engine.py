@@ -1,0 +1,25 @@
+"""Engine vs raw llama-cpp-python on the starter model: prefill and decode, interleaved, median ratio.
+
+Run: ``make bench`` or ``pytest tests/bench/bench_engine.py -s``. Prints the table and the ratios;
+the budget (DESIGN.md) is >= 0.97 for both.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from engine.bench import run_bench
+
+
+def test_engine_vs_raw(starter_model: Path) -> None:
+    report = run_bench(starter_model, rounds=7, max_tokens=96, n_ctx=2048)
+    doc = report.to_dict()
+    print()
+    print(f"{'':8}{'prefill tok/s':>15}{'decode tok/s':>15}{'TTFT ms':>10}")
+    for side in ("engine", "raw"):
+        d = doc[side]
+        print(f"{side:8}{d['prefill_tps']:15.1f}{d['decode_tps']:15.1f}{d['ttft_ms']:10.1f}")
+    print(f"ratio   {doc['prefill_ratio']:15.3f}{doc['decode_ratio']:15.3f}")
+    print(json.dumps({k: doc[k] for k in ("prefill_ratio", "decode_ratio", "threads", "n_ctx", "max_tokens")}))
+    assert doc["prefill_ratio"] > 0 and doc["decode_ratio"] > 0
