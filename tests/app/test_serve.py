@@ -406,7 +406,7 @@ def model_server(starter_model: Path, tmp_path_factory: pytest.TempPathFactory) 
 PROMPTS = ["The capital of France is", "Water boils at", "Once upon a time, a"]
 
 
-def _ask(handle: ServerHandle, prompt: str, stream: bool, max_tokens: int = 12) -> str:
+def _ask(handle: ServerHandle, prompt: str, stream: bool, max_tokens: int = 8) -> str:
     client = _client(handle)
     messages = [{"role": "user", "content": prompt}]
     if not stream:
@@ -462,6 +462,7 @@ def test_concurrent_requests_get_their_own_replies(model_server: ServerHandle) -
 
 
 @pytest.mark.model
+@pytest.mark.slow  # loads torch and the embedding model
 def test_embeddings_through_openai_client(model_server: ServerHandle) -> None:
     import numpy as np
 
