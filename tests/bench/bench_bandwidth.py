@@ -53,14 +53,15 @@ def test_bandwidth_and_decode_prediction(starter_model: Path) -> None:
     pytest.importorskip("llama_cpp")
     import os
 
-    threads = max(1, min(4, os.cpu_count() or 1))
-    done = subprocess.run(
-        [sys.executable, "-c", _DECODE, str(starter_model), str(threads)],
-        capture_output=True, text=True, timeout=300, check=True,
-    )
-    measured = json.loads(done.stdout.strip().splitlines()[-1])
     info = read_gguf_info(starter_model)
-    predicted = expected_decode_tps(info, measured["n_past"], gbps)
-    print(f"starter decode: measured {measured['tps']:.1f} tok/s, bandwidth ceiling {predicted:.1f} tok/s "
-          f"({measured['tps'] / predicted:.0%} of the ceiling, {threads} threads)")
-    assert measured["tps"] > 0
+    # One thread and up to four: on a small, busy machine extra threads spin-wait and lose.
+    for threads in sorted({1, max(1, min(4, os.cpu_count() or 1))}):
+        done = subprocess.run(
+            [sys.executable, "-c", _DECODE, str(starter_model), str(threads)],
+            capture_output=True, text=True, timeout=300, check=True,
+        )
+        measured = json.loads(done.stdout.strip().splitlines()[-1])
+        predicted = expected_decode_tps(info, measured["n_past"], gbps)
+        print(f"starter decode, {threads} thread(s): measured {measured['tps']:.1f} tok/s, bandwidth ceiling "
+              f"{predicted:.1f} tok/s ({measured['tps'] / predicted:.0%} of the ceiling)")
+        assert measured["tps"] > 0
