@@ -45,6 +45,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from engine.atomic import write_json_atomic
 from engine.errors import Cancelled, DownloadError
 from engine.hub import PICKLE_SUFFIXES, check_filename, check_repo_id, check_revision
 from engine.hub_http import (
@@ -147,21 +148,6 @@ def _fsync_dir(folder: Path) -> None:
         pass
     finally:
         os.close(fd)
-
-
-def write_json_atomic(path: Path, document: Any, *, durable: bool = True) -> None:
-    """Writes ``document`` to ``path`` atomically (temp file, fsync unless not ``durable``, rename)."""
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(document, fh, indent=1)
-            fh.flush()
-            if durable:
-                os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
 
 
 def read_partial_meta(dest_dir: Path, filename: str) -> dict[str, Any] | None:

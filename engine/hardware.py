@@ -14,13 +14,14 @@ import os
 import platform
 import shutil
 import subprocess
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+
+from engine.atomic import write_text_atomic
 
 __all__ = [
     "GpuInfo",
@@ -289,20 +290,5 @@ def cached_memory_bandwidth(
     gbps = float(measure())
     record = {"gbps": round(gbps, 3), "measured_at": now().isoformat(), "cpu": cpu}
     with contextlib.suppress(OSError):
-        _write_atomic(cache_file, json.dumps(record, indent=2) + "\n")
+        write_text_atomic(cache_file, json.dumps(record, indent=2) + "\n")
     return gbps
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.atomic import write_json_atomic
 from engine.errors import ModelFileError
 from engine.gguf import GgufInfo, read_gguf_info
 
@@ -176,7 +177,7 @@ class ModelLibrary:
         saved = self._saved_folders()
         if folder not in saved and folder != self.models_dir:
             folders = [str(p) for p in [*saved, folder]]
-            _write_json_atomic(self.folders_file, {"version": 1, "folders": folders})
+            write_json_atomic(self.folders_file, {"version": 1, "folders": folders})
         return folder
 
     def remove_folder(self, folder: Path) -> None:
@@ -193,7 +194,7 @@ class ModelLibrary:
             raise ModelFileError(folder, "not a library folder")
         self._extra = [d for d in self._extra if d != folder]
         if folder in saved and self.folders_file is not None:
-            _write_json_atomic(
+            write_json_atomic(
                 self.folders_file, {"version": 1, "folders": [str(p) for p in saved if p != folder]}
             )
 
@@ -506,7 +507,7 @@ class ModelLibrary:
         }
 
     def _save_manifest(self, manifest: dict[str, Any]) -> None:
-        _write_json_atomic(self.manifest_path, manifest)
+        write_json_atomic(self.manifest_path, manifest)
 
 
 # -------------------------------------------------------------------- split models
@@ -616,17 +617,3 @@ def _is_within(path: Path, folder: Path) -> bool:
     except ValueError:
         return False
     return True
-
-
-def _write_json_atomic(path: Path, document: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    try:
-        with tmp.open("w", encoding="utf-8") as fh:
-            json.dump(document, fh, indent=1, sort_keys=True)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
