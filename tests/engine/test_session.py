@@ -153,3 +153,52 @@ def test_prompt_view_shows_the_last_prompt_tokens(session: ChatSession) -> None:
     view = session.prompt_view()
     assert len(view.token_ids) == len(view.pieces) > 3
     assert "Hello" in "".join(view.pieces)
+
+
+def test_gpu_out_of_memory_at_load_retries_with_fewer_layers(
+    starter_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import engine.session as session_module
+    from engine.errors import ModelLoadError
+    from engine.runtime import ModelInfo
+
+    tried: list[int] = []
+
+    class FakeWorker:
+        def __init__(self, params: LoadParams) -> None:
+            self.params = params
+            self.alive = True
+
+        def start(self, cancel: object = None) -> ModelInfo:
+            tried.append(self.params.n_gpu_layers)
+            if self.params.n_gpu_layers > 4:
+                raise ModelLoadError(f"{self.params.model_path}: cudaMalloc failed: out of memory")
+            return ModelInfo(str(self.params.model_path), "gemma3", 256, 32768, 262144, 1, 1, 18,
+                             self.params.n_gpu_layers, True, "<bos>", "<eos>", True, None)
+
+        def close(self, kill: bool = False) -> None:
+            self.alive = False
+
+    monkeypatch.setattr(session_module, "InferenceWorker", FakeWorker)
+    chat = ChatSession(LoadParams(model_path=starter_model, n_gpu_layers=19))
+    info = chat.load()
+    assert tried == [19, 9, 4]
+    assert info.n_gpu_layers == 4
+    assert chat.load_params.n_gpu_layers == 4
+    assert chat.offload_note is not None and "retrying with 4" in chat.offload_note
+
+
+def test_cpu_load_failure_is_not_retried(starter_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import engine.session as session_module
+    from engine.errors import ModelLoadError
+
+    class Refusing:
+        def __init__(self, params: LoadParams) -> None:
+            self.params = params
+
+        def start(self, cancel: object = None) -> None:
+            raise ModelLoadError(f"{self.params.model_path}: llama.cpp could not load it")
+
+    monkeypatch.setattr(session_module, "InferenceWorker", Refusing)
+    with pytest.raises(ModelLoadError, match="could not load"):
+        ChatSession(LoadParams(model_path=starter_model)).load()
