@@ -341,9 +341,7 @@ def convert_checkpoint(
     dst = Path(dst)
     key = outtype.strip().lower()
     if key not in CONVERT_OUTTYPES:
-        raise QuantizeError(
-            f"unknown conversion type {outtype!r}; choose one of {', '.join(CONVERT_OUTTYPES)}"
-        )
+        raise QuantizeError(f"unknown conversion type {outtype!r}; choose one of {', '.join(CONVERT_OUTTYPES)}")
     file_type, bytes_per_param = CONVERT_OUTTYPES[key]
     checkpoint = check_hf_folder(folder)
     if dst.suffix.lower() != ".gguf":
@@ -384,9 +382,7 @@ def convert_checkpoint(
                 keep_lines=60,
             )
         except TimeoutError:
-            raise QuantizeError(
-                f"{folder}: conversion took longer than {timeout:g} s and was stopped"
-            ) from None
+            raise QuantizeError(f"{folder}: conversion took longer than {timeout:g} s and was stopped") from None
         if outcome.exitcode != 0 or not tmp.is_file():
             raise QuantizeError(_failure(folder, checkpoint.architecture, outcome))
         try:

@@ -130,9 +130,7 @@ def _perplexity_child(model_path: str, text: str, n_ctx: int, threads: int) -> t
                     raise RuntimeError("llama_decode failed")
                 for j, target in wanted:
                     ptr = native.llama_get_logits_ith(ctx, j)
-                    logits = np.ctypeslib.as_array(
-                        ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(n_vocab,)
-                    )
+                    logits = np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(n_vocab,))
                     top = float(logits.max())
                     nll += top + math.log(float(np.exp(logits - top).sum())) - float(logits[target])
                     scored += 1
@@ -183,9 +181,7 @@ def perplexity(
             _perplexity_child, (str(model_path), text, n_ctx, threads or 0), cancel=cancel, timeout=timeout
         )
     except TimeoutError:
-        raise EngineError(
-            f"{model_path}: perplexity took longer than {timeout:g} s and was stopped"
-        ) from None
+        raise EngineError(f"{model_path}: perplexity took longer than {timeout:g} s and was stopped") from None
     except Cancelled:
         raise Cancelled(f"{model_path}: perplexity cancelled") from None
     if outcome.crashed:

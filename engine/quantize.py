@@ -335,9 +335,7 @@ def run_logged_child(
     ctx = multiprocessing.get_context("spawn")
     log_r, log_w = ctx.Pipe(duplex=False)
     res_r, res_w = ctx.Pipe(duplex=False)
-    process = ctx.Process(
-        target=_child_main, args=(target, tuple(args), log_w, res_w, env or {}), daemon=True
-    )
+    process = ctx.Process(target=_child_main, args=(target, tuple(args), log_w, res_w, env or {}), daemon=True)
     started = time.monotonic()
     tail: list[str] = []
     pending = b""
@@ -564,9 +562,7 @@ def quantize_model(
         except ModelFileError as exc:
             raise QuantizeError(f"{src}: llama.cpp wrote an unreadable file ({exc.reason})") from None
         if result_info.n_tensors != info.n_tensors:
-            raise QuantizeError(
-                f"{src}: the result has {result_info.n_tensors} tensors instead of {info.n_tensors}"
-            )
+            raise QuantizeError(f"{src}: the result has {result_info.n_tensors} tensors instead of {info.n_tensors}")
         _fsync(tmp)
         os.replace(tmp, dst)
     except Cancelled:

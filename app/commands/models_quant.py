@@ -16,9 +16,7 @@ from app.commands._output import add_json_flag, print_json
 from app.paths import Paths
 
 
-def register(
-    sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
-) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:
     quant = sub.add_parser("quantize", parents=[common], help="quantize a GGUF model to a smaller type")
     quant.add_argument("src", metavar="SRC", help="an F32/F16/BF16 GGUF file")
     quant.add_argument(
@@ -46,13 +44,9 @@ def register(
         "convert", parents=[common], help="convert a Hugging Face safetensors checkpoint folder to GGUF"
     )
     conv.add_argument("hf_dir", metavar="HF_DIR", help="folder with config.json, tokenizer and *.safetensors")
-    conv.add_argument(
-        "--outtype", choices=["f16", "bf16", "q8_0"], default="f16", help="output type (default f16)"
-    )
+    conv.add_argument("--outtype", choices=["f16", "bf16", "q8_0"], default="f16", help="output type (default f16)")
     conv.add_argument("--out", metavar="DST", help="output .gguf (default: the models folder)")
-    conv.add_argument(
-        "--timeout", type=_positive, default=3 * 3600, help="seconds before giving up (default 3 h)"
-    )
+    conv.add_argument("--timeout", type=_positive, default=3 * 3600, help="seconds before giving up (default 3 h)")
     conv.add_argument("--overwrite", action="store_true", help="replace DST if it exists")
     add_json_flag(conv)
     conv.set_defaults(handler=run_convert)
@@ -148,9 +142,7 @@ def run_quantize(args: argparse.Namespace, paths: Paths) -> int:
         )
     finally:
         bar.end()
-    _record(
-        paths, result.path, quantized_from=str(result.source.resolve()), source=f"quantized to {result.qtype}"
-    )
+    _record(paths, result.path, quantized_from=str(result.source.resolve()), source=f"quantized to {result.qtype}")
     document: dict[str, Any] = result.to_dict()
     quality = None
     if args.check_quality:
@@ -177,9 +169,7 @@ def run_convert(args: argparse.Namespace, paths: Paths) -> int:
     from engine.convert import ConvertProgress, convert_checkpoint, default_convert_path
 
     folder = Path(args.hf_dir).expanduser()
-    dst = (
-        Path(args.out).expanduser() if args.out else default_convert_path(folder, args.outtype, paths.models)
-    )
+    dst = Path(args.out).expanduser() if args.out else default_convert_path(folder, args.outtype, paths.models)
     bar = _Progress("converting:")
 
     def on_progress(p: ConvertProgress) -> None:

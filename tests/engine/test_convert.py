@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import struct
 import threading
 from pathlib import Path
@@ -131,9 +133,7 @@ def test_folder_checks(tmp_path: Path) -> None:
     with pytest.raises(ModelFileError, match=r"no model\*\.safetensors weights"):
         check_hf_folder(no_weights)
     bad_index = _hf_folder(tmp_path / "bi")
-    (bad_index / "model.safetensors.index.json").write_text(
-        json.dumps({"weight_map": {"w": "../../etc/passwd"}})
-    )
+    (bad_index / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"w": "../../etc/passwd"}}))
     with pytest.raises(ModelFileError, match="unsafe file name"):
         check_hf_folder(bad_index)
     bad_weights = _hf_folder(tmp_path / "bw", weights=False)
@@ -154,10 +154,7 @@ def test_bad_outtype_and_default_name(tmp_path: Path) -> None:
     folder = _hf_folder(tmp_path / "My Model")
     with pytest.raises(QuantizeError, match="unknown conversion type 'q4_k_m'"):
         convert_checkpoint(folder, tmp_path / "x.gguf", outtype="q4_k_m")
-    assert (
-        default_convert_path(folder, "q8_0", tmp_path / "models")
-        == tmp_path / "models" / "My_Model-Q8_0.gguf"
-    )
+    assert default_convert_path(folder, "q8_0", tmp_path / "models") == tmp_path / "models" / "My_Model-Q8_0.gguf"
 
 
 def test_cancel_before_the_converter_finishes_leaves_no_file(tmp_path: Path) -> None:
@@ -174,9 +171,22 @@ def test_cancel_before_the_converter_finishes_leaves_no_file(tmp_path: Path) -> 
 # --------------------------------------------------------------------------- a real conversion
 
 
+_CACHE = Path(os.environ.get("GLASSBOX_TEST_CACHE", Path(__file__).resolve().parents[2] / ".home" / "test-cache"))
+
+
 @pytest.fixture(scope="module")
 def hf_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_hf_llama(tmp_path_factory.mktemp("hf") / "tiny-llama")
+    """The tiny transformers checkpoint, written once per machine (importing torch is the slow part)."""
+    cached = _CACHE / "tiny-hf-llama-v1"
+    if not (cached / "model.safetensors").is_file():
+        fresh = write_tiny_hf_llama(tmp_path_factory.mktemp("hf") / "tiny-llama")
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        staging = cached.with_name(f"{cached.name}.tmp-{os.getpid()}")
+        shutil.rmtree(staging, ignore_errors=True)
+        shutil.copytree(fresh, staging)
+        shutil.rmtree(cached, ignore_errors=True)
+        os.replace(staging, cached)
+    return cached
 
 
 @pytest.mark.model
@@ -203,8 +213,6 @@ def test_convert_tiny_llama_then_quantize_and_generate(hf_llama: Path, tmp_path:
 @pytest.mark.slow
 def test_custom_code_is_never_run(hf_llama: Path, tmp_path: Path) -> None:
     """The converter asks for ``trust_remote_code=True`` for this tokenizer class; the child says no."""
-    import shutil
-
     folder = tmp_path / "custom"
     shutil.copytree(hf_llama, folder)
     marker = tmp_path / "ran.txt"

@@ -49,9 +49,7 @@ def tiny_f16(models_dir: Path) -> Path:
 @pytest.fixture(scope="module")
 def bigger_f16(models_dir: Path) -> Path:
     """About 40 MB: slow enough (a second or so) that a cancel or a kill lands mid-way."""
-    return write_tiny_llama_gguf(
-        models_dir / "bigger-F16.gguf", dtype="F16", n_embd=512, n_ff=1536, n_layer=6
-    )
+    return write_tiny_llama_gguf(models_dir / "bigger-F16.gguf", dtype="F16", n_embd=512, n_ff=1536, n_layer=6)
 
 
 @pytest.fixture(scope="module")
