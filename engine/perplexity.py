@@ -204,8 +204,12 @@ def quality_check(
     n_ctx: int = 256,
     threads: int | None = None,
     cancel: threading.Event | None = None,
+    size_ratio: float | None = None,
 ) -> QualityReport:
     """Compares the perplexity of ``source`` and its quantized ``result`` on ``text``.
+
+    ``size_ratio`` defaults to the two files' sizes; pass the quantization's own ratio for a split
+    source.
 
     Raises:
         ModelLoadError, EngineError, Cancelled: as :func:`perplexity`.
@@ -214,5 +218,5 @@ def quality_check(
     result = Path(result)
     before = perplexity(source, text, n_ctx, threads, cancel=cancel)
     after = perplexity(result, text, n_ctx, threads, cancel=cancel)
-    ratio = source.stat().st_size / max(result.stat().st_size, 1)
+    ratio = size_ratio if size_ratio is not None else source.stat().st_size / max(result.stat().st_size, 1)
     return QualityReport(qtype=qtype, size_ratio=ratio, source_perplexity=before, result_perplexity=after)

@@ -32,6 +32,7 @@ from typing import Any
 
 from engine.errors import Cancelled, ModelFileError, QuantizeError
 from engine.gguf import read_gguf_info
+from engine.library import read_model_info, split_parts
 
 # --------------------------------------------------------------------------- the types on offer
 
@@ -196,7 +197,8 @@ def default_output_path(src: Path, qtype: str, folder: Path | None = None) -> Pa
 
     ``gemma-2b-F16.gguf`` quantized to Q4_K_M becomes ``gemma-2b-Q4_K_M.gguf``.
     """
-    stem = re.sub(r"[-_.](?:f32|f16|bf16|q\d\w*|iq\d\w*|tq\d\w*)$", "", src.stem, flags=re.IGNORECASE)
+    stem = re.sub(r"-\d{5}-of-\d{5}$", "", src.stem)
+    stem = re.sub(r"[-_.](?:f32|f16|bf16|q\d\w*|iq\d\w*|tq\d\w*)$", "", stem, flags=re.IGNORECASE)
     return (folder if folder is not None else src.parent) / f"{stem or 'model'}-{qtype}.gguf"
 
 
@@ -526,7 +528,11 @@ def quantize_model(
             f"{qt.name} needs an importance matrix, which Glassbox does not compute; "
             "choose a type without one (for example Q4_K_M, IQ4_XS or Q3_K_M)"
         )
-    info = read_gguf_info(src)
+    # A split source (name-00001-of-00003.gguf) is read whole; llama.cpp writes one file.
+    info = read_model_info(src)
+    parts = split_parts(src)
+    if parts is not None and src != parts[0]:
+        raise QuantizeError(f"{src}: part of a split model; quantize its first part ({parts[0].name})")
     if info.file_type not in UNQUANTIZED_TYPES and not allow_requantize:
         raise QuantizeError(
             f"{src}: already quantized ({info.file_type}); quantize from the F16/BF16/F32 original, "
@@ -571,7 +577,7 @@ def quantize_model(
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
     seconds = time.perf_counter() - started
-    src_bytes = src.stat().st_size
+    src_bytes = info.file_size
     dst_bytes = dst.stat().st_size
     return QuantizeResult(
         path=dst,

@@ -151,7 +151,9 @@ def run_quantize(args: argparse.Namespace, paths: Paths) -> int:
         text = perplexity_text_path().read_text(encoding="utf-8")
         if sys.stderr.isatty():
             sys.stderr.write("measuring perplexity of source and result...\n")
-        quality = quality_check(src, result.path, text, qtype=result.qtype, threads=args.threads)
+        quality = quality_check(
+            src, result.path, text, qtype=result.qtype, threads=args.threads, size_ratio=result.ratio
+        )
         document["quality"] = quality.to_dict()
     if args.json:
         print_json(document)

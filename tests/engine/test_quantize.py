@@ -146,6 +146,21 @@ def test_quantized_source_needs_allow_requantize(tiny_q8: Path, tmp_path: Path) 
     assert read_gguf_info(result.path).file_type == "Q4_K_M"
 
 
+@pytest.mark.model
+def test_a_split_source_is_quantized_whole(tmp_path: Path) -> None:
+    write_tiny_llama_gguf(tmp_path / "split-F16.gguf", dtype="F16", split_max_tensors=8)
+    parts = sorted(tmp_path.iterdir())
+    assert [p.name for p in parts] == [f"split-F16-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
+    dst = default_output_path(parts[0], "Q8_0")
+    assert dst.name == "split-Q8_0.gguf"
+
+    result = quantize_model(parts[0], dst, "Q8_0", threads=1)
+    assert read_gguf_info(dst).n_tensors == tensor_count(2)
+    assert result.src_bytes == sum(p.stat().st_size for p in parts)
+    with pytest.raises(QuantizeError, match=r"part of a split model; quantize its first part \(split-F16-00001"):
+        quantize_model(parts[1], tmp_path / "x.gguf", "Q8_0")
+
+
 def test_imatrix_types_are_refused_up_front(tiny_f32: Path, tmp_path: Path) -> None:
     with pytest.raises(QuantizeError, match="IQ2_XXS needs an importance matrix"):
         quantize_model(tiny_f32, tmp_path / "x.gguf", "IQ2_XXS")
