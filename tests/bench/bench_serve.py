@@ -36,23 +36,23 @@ sys.path.insert(0, str(ROOT))
 
 from app.paths import Paths  # noqa: E402
 from app.serve import start_server  # noqa: E402
-from engine.events import Token  # noqa: E402
+from engine.events import Finished, Token  # noqa: E402
 from engine.remote import RemoteSession  # noqa: E402
 from engine.runtime import GenerationParams, LoadParams  # noqa: E402
 from engine.session import ChatSession  # noqa: E402
 from engine.starter import install_starter_model  # noqa: E402
 
 PROMPT = "Write a long story about a lighthouse keeper and the sea. Once upon a time,"
-Sample = tuple[int, float, float]  # tokens, decode tokens/s, end-to-end tokens/s
+Sample = tuple[int, float, float, float]  # tokens, decode tok/s, end-to-end tok/s, worker-measured decode tok/s
 
 
-def _rates(count: int, start: float, first: float, last: float) -> Sample:
+def _rates(count: int, start: float, first: float, last: float) -> tuple[int, float, float]:
     decode = (count - 1) / (last - first) if count > 1 and last > first else 0.0
     total = count / (last - start) if last > start else 0.0
     return count, decode, total
 
 
-def _timed(tokens: Iterator[Any]) -> Sample:
+def _timed(tokens: Iterator[Any], worker: dict[str, float] | None = None) -> Sample:
     start = time.perf_counter()
     first = last = 0.0
     count = 0
@@ -61,13 +61,17 @@ def _timed(tokens: Iterator[Any]) -> Sample:
         if not count:
             first = last
         count += 1
-    return _rates(count, start, first, last)
+    return (*_rates(count, start, first, last), (worker or {}).get("tps", 0.0))
 
 
 def sse_contents(
-    client: httpx.Client, url: str, payload: dict[str, Any], headers: dict[str, str]
+    client: httpx.Client,
+    url: str,
+    payload: dict[str, Any],
+    headers: dict[str, str],
+    worker: dict[str, float] | None = None,
 ) -> Iterator[str]:
-    """A minimal, direct SSE client: yields each content delta."""
+    """A minimal, direct SSE client: yields each content delta (and notes the server's decode rate)."""
     with client.stream("POST", url, json=payload, headers=headers) as response:
         response.raise_for_status()
         for line in response.iter_lines():
@@ -76,7 +80,10 @@ def sse_contents(
             data = line[6:]
             if data == "[DONE]":
                 return
-            for choice in json.loads(data).get("choices") or []:
+            chunk = json.loads(data)
+            if worker is not None and "timings" in chunk:
+                worker["tps"] = float(chunk["timings"].get("predicted_per_second") or 0.0)
+            for choice in chunk.get("choices") or []:
                 content = (choice.get("delta") or {}).get("content")
                 if content:
                     yield content
@@ -95,6 +102,7 @@ def interleave(runs: int, sides: dict[str, Callable[[], Sample]]) -> dict[str, d
             "tokens": statistics.median(s[0] for s in samples),
             "decode_tps": round(statistics.median(s[1] for s in samples), 2),
             "end_to_end_tps": round(statistics.median(s[2] for s in samples), 2),
+            "worker_decode_tps": round(statistics.median(s[3] for s in samples), 2),
         }
         for name, samples in results.items()
     }
@@ -105,9 +113,7 @@ def bench_serve(model: Path, args: argparse.Namespace) -> dict[str, Any]:
     load = LoadParams(model_path=model, n_ctx=args.n_ctx, n_threads=args.threads)
     with tempfile.TemporaryDirectory() as home, ChatSession(load) as direct:
         direct.load()
-        handle = start_server(
-            Paths.resolve(home), port=0, model_path=model, n_ctx=args.n_ctx, n_threads=args.threads
-        )
+        handle = start_server(Paths.resolve(home), port=0, model_path=model, n_ctx=args.n_ctx, n_threads=args.threads)
         client = httpx.Client(timeout=300)
         payload = {
             "model": handle.model,
@@ -120,10 +126,21 @@ def bench_serve(model: Path, args: argparse.Namespace) -> dict[str, Any]:
         try:
 
             def engine_side() -> Sample:
-                return _timed(e for e in direct.stream([], PROMPT, params) if isinstance(e, Token) and e.text)
+                worker: dict[str, float] = {}
+
+                def tokens() -> Iterator[Token]:
+                    for event in direct.stream([], PROMPT, params):
+                        if isinstance(event, Token) and event.text:
+                            yield event
+                        elif isinstance(event, Finished):
+                            worker["tps"] = event.stats.decode_tps
+
+                return _timed(tokens(), worker)
 
             def serve_side() -> Sample:
-                return _timed(sse_contents(client, f"{handle.url}/v1/chat/completions", payload, {}))
+                worker: dict[str, float] = {}
+                url = f"{handle.url}/v1/chat/completions"
+                return _timed(sse_contents(client, url, payload, {}, worker), worker)
 
             return interleave(args.runs, {"engine_direct": engine_side, "glassbox_serve": serve_side})
         finally:
@@ -185,9 +202,7 @@ def bench_remote(model: Path, args: argparse.Namespace) -> dict[str, Any]:
 
             def direct_side() -> Sample:
                 return _timed(
-                    sse_contents(
-                        client, f"{url}/v1/chat/completions", payload, {"Accept": "text/event-stream"}
-                    )
+                    sse_contents(client, f"{url}/v1/chat/completions", payload, {"Accept": "text/event-stream"})
                 )
 
             return interleave(args.runs, {"httpx_direct": direct_side, "remote_backend": remote_side})
@@ -254,6 +269,7 @@ def main() -> int:
             print(
                 f"{name:16} tokens {figures['tokens']:5.0f}  decode {figures['decode_tps']:8.2f} tok/s  "
                 f"end-to-end {figures['end_to_end_tps']:8.2f} tok/s"
+                + (f"  (worker decode {figures['worker_decode_tps']:.2f})" if figures["worker_decode_tps"] else "")
             )
         print(
             f"{pair} ratio: decode {report[f'{pair}_ratio_decode']}  "
