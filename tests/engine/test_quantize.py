@@ -161,6 +161,17 @@ def test_a_split_source_is_quantized_whole(tmp_path: Path) -> None:
         quantize_model(parts[1], tmp_path / "x.gguf", "Q8_0")
 
 
+@pytest.mark.model
+def test_a_llama_cpp_failure_is_reported_verbatim(tmp_path: Path) -> None:
+    src = write_tiny_llama_gguf(tmp_path / "odd-F16.gguf", dtype="F16", arch="nonsense")
+    with pytest.raises(QuantizeError) as err:
+        quantize_model(src, tmp_path / "o.gguf", "Q8_0", threads=1)
+    assert _one_line(err.value) == (
+        f"{src}: quantization to Q8_0 failed before the first tensor: unknown model architecture: 'nonsense'"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["odd-F16.gguf"]
+
+
 def test_imatrix_types_are_refused_up_front(tiny_f32: Path, tmp_path: Path) -> None:
     with pytest.raises(QuantizeError, match="IQ2_XXS needs an importance matrix"):
         quantize_model(tiny_f32, tmp_path / "x.gguf", "IQ2_XXS")

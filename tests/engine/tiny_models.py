@@ -139,6 +139,7 @@ def write_tiny_llama_gguf(
     n_ctx: int = 512,
     seed: int = 0,
     split_max_tensors: int = 0,
+    arch: str = "llama",
 ) -> Path:
     """Writes a random llama-architecture GGUF that llama.cpp loads, in F32, F16 or BF16.
 
@@ -148,6 +149,7 @@ def write_tiny_llama_gguf(
         n_embd, n_ff, n_layer, n_head, n_head_kv, n_ctx: the shape.
         seed: weights are reproducible.
         split_max_tensors: write a split model (``<stem>-00001-of-0000N.gguf``, ...) instead.
+        arch: the architecture name written (anything but ``llama`` makes llama.cpp refuse it).
 
     Returns:
         ``path``.
@@ -160,7 +162,7 @@ def write_tiny_llama_gguf(
     head_dim = n_embd // n_head
     rng = np.random.default_rng(seed)
 
-    writer = gguf.GGUFWriter(str(path), "llama", split_max_tensors=split_max_tensors)
+    writer = gguf.GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
     writer.add_name("glassbox-tiny-llama")
     writer.add_file_type(ftype)
     writer.add_context_length(n_ctx)
