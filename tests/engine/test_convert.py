@@ -234,3 +234,15 @@ def test_custom_code_is_never_run(hf_llama: Path, tmp_path: Path) -> None:
     assert "\n" not in message
     assert not marker.exists()
     assert not (tmp_path / "evil.gguf").exists()
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_an_unsupported_architecture_is_named(tmp_path: Path) -> None:
+    folder = _hf_folder(tmp_path / "foo")
+    (folder / "config.json").write_text(json.dumps({"architectures": ["FooForCausalLM"], "model_type": "foo"}))
+    with pytest.raises(QuantizeError) as err:
+        convert_checkpoint(folder, tmp_path / "foo.gguf", timeout=300)
+    assert str(err.value) == f"{folder}: conversion failed: FooForCausalLM is not supported by the converter"
+    assert not (tmp_path / "foo.gguf").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["foo"]  # no temporary file either
