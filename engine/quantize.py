@@ -295,6 +295,8 @@ def _read_some(conn: multiprocessing.connection.Connection) -> bytes:
 
 def _stop(process: Any, grace: float = 2.0) -> None:
     """Terminate, then kill after ``grace`` seconds."""
+    if process.pid is None:
+        return  # never started
     if process.is_alive():
         process.terminate()
         process.join(grace)
