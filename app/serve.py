@@ -731,6 +731,10 @@ def _backend_n_ctx(backend: Any) -> int | None:
     return n_ctx if isinstance(n_ctx, int) and n_ctx > 0 else None
 
 
+def _nothing() -> None:
+    pass
+
+
 def _host_name(header: str) -> str:
     """The host part of a ``Host`` header (``[::1]:8080`` gives ``[::1]``), lower-cased."""
     header = header.strip().lower()
@@ -776,8 +780,9 @@ def start_server(
         knowledge_bases: knowledge bases used when a request names none.
         chroma_url: a Chroma server for the knowledge bases, if they live on one.
         embedder_path: the sentence-transformers folder for ``/v1/embeddings`` (None: no embeddings).
-        backend: an already built chat backend (``ChatSession`` or ``RemoteSession``) to serve
-            instead of loading ``model_path``; the server closes it when it stops.
+        backend: an already loaded chat backend (``ChatSession`` or ``RemoteSession``) to serve
+            instead of loading ``model_path``, e.g. the GUI's own session: the caller keeps owning
+            it (the server never closes it), and its lock keeps the GUI's and the API's turns apart.
         machine_bandwidth_gbps: reported in Stats.
 
     Returns:
@@ -798,19 +803,22 @@ def start_server(
         load = LoadParams(model_path=model_path, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers)
         backend = ChatSession(load, machine_bandwidth_gbps=machine_bandwidth_gbps)
         model_id = model_path.stem
+        owned = True
     else:
         model_id = getattr(backend, "model", None) or (model_path.stem if model_path else "glassbox")
+        owned = False
+    release = backend.close if owned else _nothing
     server_class = _Server6 if ":" in host.strip("[]") else _Server
     try:  # bind first: a taken port fails at once, before a model load
         server = server_class((host.strip("[]"), port), _Handler)
     except OSError as exc:
-        backend.close()
+        release()
         raise ServeError(f"{host}:{port}: cannot listen there ({exc.strerror or exc})") from None
     try:
         backend.load()
     except BaseException:
         server.server_close()
-        backend.close()
+        release()
         raise
     state = _State(paths, backend, model_id, api_key, loopback, embedder_path, knowledge_bases, chroma_url)
     server.state = state
@@ -830,7 +838,7 @@ def start_server(
         server.shutdown()
         server.server_close()
         thread.join(5.0)
-        backend.close()  # waits for a reply in progress to see its cancel
+        release()  # waits for a reply in progress to see its cancel
 
     log.info("serving %s on http://%s:%d", model_id, url_host, bound_port)
     return ServerHandle(f"http://{url_host}:{bound_port}", host, bound_port, model_id, stop, thread)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Sequence
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from engine.context import Message
 from engine.events import Event
@@ -50,3 +50,13 @@ class ChatBackend(Protocol):
     def close(self) -> None:
         """Releases the model or the connection."""
         ...
+
+
+if TYPE_CHECKING:
+    from engine.remote import RemoteSession
+    from engine.session import ChatSession
+
+
+def _both_backends_conform(local: ChatSession, remote: RemoteSession) -> tuple[ChatBackend, ChatBackend]:
+    """Never called: mypy proves here that both sessions satisfy :class:`ChatBackend`."""
+    return local, remote

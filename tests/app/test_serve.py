@@ -307,7 +307,7 @@ def test_port_in_use_is_a_clear_error(fake_server: tuple[ServerHandle, FakeBacke
     with pytest.raises(ServeError) as caught:
         start_server(Paths.resolve(tmp_path), port=handle.port, backend=second)
     assert str(caught.value).startswith(f"127.0.0.1:{handle.port}: cannot listen there")
-    assert second.closed
+    assert not second.closed  # the caller owns a backend it passed in
 
 
 def test_stop_closes_backend_and_port(tmp_path: Path) -> None:
@@ -316,7 +316,7 @@ def test_stop_closes_backend_and_port(tmp_path: Path) -> None:
     port = handle.port
     handle.stop()
     handle.stop()  # idempotent
-    assert backend.closed
+    assert not backend.closed  # the caller owns a backend it passed in
     assert handle.wait(5)
     with pytest.raises(ConnectionRefusedError):
         http.client.HTTPConnection("127.0.0.1", port, timeout=2).request("GET", "/health")
