@@ -23,6 +23,9 @@ from rag.errors import DocumentError, KnowledgeBaseError
 from rag.registry import ChunkLike, DocState, DocumentRecord, KnowledgeBaseInfo, Registry
 from rag.store import VectorStore
 
+# Smallest embedding batch: below one full encoder batch (32) the CPU matmuls lose efficiency, so
+# on a slow machine a batch takes longer than ``batch_seconds`` rather than fewer chunks.
+MIN_BATCH = 32
 MAX_FILES = 200_000  # a folder walk stops here instead of eating the machine (ROBUSTNESS I8)
 _HASH_BLOCK = 1 << 20
 
@@ -160,7 +163,7 @@ class Ingestor:
         self.chunker = chunker
         self.batch_seconds = batch_seconds
         self.parse_timeout_s = parse_timeout_s
-        self._batch = 32
+        self._batch = MIN_BATCH
         self._per_chunk_s: float | None = None
 
     # ------------------------------------------------------------------ public
@@ -371,9 +374,7 @@ class Ingestor:
         emit(files_done, None, "cancelled" if report.cancelled else "done", 0.0)
 
     @staticmethod
-    def _hold(
-        cancel: threading.Event | None, pause: threading.Event | None, on_pause: Callable[[], None]
-    ) -> bool:
+    def _hold(cancel: threading.Event | None, pause: threading.Event | None, on_pause: Callable[[], None]) -> bool:
         """Waits while paused; returns True when cancelled."""
         if pause is not None and pause.is_set():
             on_pause()
@@ -399,18 +400,14 @@ class Ingestor:
             self._fail(kb, doc, DocState.ERROR, f"unreadable ({exc.strerror or exc})", report)
             return True
         if doc.sha256 == sha and doc.content_id is not None:
-            self.registry.link_content(
-                doc.id, doc.content_id, sha256=sha, size=st.st_size, mtime_ns=st.st_mtime_ns
-            )
+            self.registry.link_content(doc.id, doc.content_id, sha256=sha, size=st.st_size, mtime_ns=st.st_mtime_ns)
             report.unchanged += 1
             return True
         existing = self.registry.find_content(kb.id, sha)
         if existing is not None:
             self._delete_vectors(
                 kb,
-                self.registry.link_content(
-                    doc.id, existing, sha256=sha, size=st.st_size, mtime_ns=st.st_mtime_ns
-                ),
+                self.registry.link_content(doc.id, existing, sha256=sha, size=st.st_size, mtime_ns=st.st_mtime_ns),
             )
             report.duplicates += 1
             return True
@@ -473,7 +470,7 @@ class Ingestor:
         """Sizes the next batch so that it takes about ``batch_seconds``."""
         per_chunk = seconds / max(n, 1)
         self._per_chunk_s = per_chunk if self._per_chunk_s is None else 0.5 * (self._per_chunk_s + per_chunk)
-        self._batch = int(min(512, max(8, self.batch_seconds / max(self._per_chunk_s, 1e-4))))
+        self._batch = int(min(512, max(MIN_BATCH, self.batch_seconds / max(self._per_chunk_s, 1e-4))))
 
 
 def _eta(started: float, done: int, total: int) -> float | None:
