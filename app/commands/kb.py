@@ -2,14 +2,13 @@
 
 ``create | add | list | remove | query | drop | reindex``, each with ``--json`` and
 ``--chroma-url``. Data lives under ``paths.knowledge``; the embedding model is ``--embedder``,
-else ``$GLASSBOX_EMBEDDER``, else the ``embedder_path`` setting, else the bundled MiniLM.
+else ``$GLASSBOX_EMBEDDER``, else the ``embedding_model`` setting, else the bundled MiniLM.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import sys
 import time
@@ -37,26 +36,16 @@ def register(
     """Adds the ``kb`` group and its actions."""
     shared = argparse.ArgumentParser(add_help=False)
     add_json_flag(shared)
-    shared.add_argument(
-        "--chroma-url", metavar="URL", help="keep vectors on a Chroma server (http://host:port)"
-    )
+    shared.add_argument("--chroma-url", metavar="URL", help="keep vectors on a Chroma server (http://host:port)")
     parents = [common, shared]
     parser = sub.add_parser("kb", parents=[common], help="knowledge bases: index documents and search them")
-    group = parser.add_subparsers(
-        dest="kb_command", metavar="ACTION", required=True, parser_class=type(parser)
-    )
+    group = parser.add_subparsers(dest="kb_command", metavar="ACTION", required=True, parser_class=type(parser))
 
     p = group.add_parser("create", parents=parents, help="create an empty knowledge base")
     p.add_argument("name")
-    p.add_argument(
-        "--embedder", metavar="DIR", help="sentence-transformers model folder (default: bundled MiniLM)"
-    )
-    p.add_argument(
-        "--chunk-tokens", type=int, metavar="N", help="chunk size in model tokens (default: model max)"
-    )
-    p.add_argument(
-        "--overlap", type=int, default=32, metavar="N", help="tokens shared by neighbouring chunks"
-    )
+    p.add_argument("--embedder", metavar="DIR", help="sentence-transformers model folder (default: bundled MiniLM)")
+    p.add_argument("--chunk-tokens", type=int, metavar="N", help="chunk size in model tokens (default: model max)")
+    p.add_argument("--overlap", type=int, default=32, metavar="N", help="tokens shared by neighbouring chunks")
     p.set_defaults(handler=_create)
 
     p = group.add_parser("add", parents=parents, help="index files and folders (incremental)")
@@ -83,21 +72,17 @@ def register(
     p.add_argument("name")
     p.set_defaults(handler=_drop)
 
-    p = group.add_parser(
-        "reindex", parents=parents, help="rebuild a knowledge base, optionally with another model"
-    )
+    p = group.add_parser("reindex", parents=parents, help="rebuild a knowledge base, optionally with another model")
     p.add_argument("name")
     p.add_argument("--embedder", metavar="DIR", help="switch to this sentence-transformers model folder")
     p.set_defaults(handler=_reindex)
 
 
 def _setting_embedder(paths: Paths) -> Path | None:
-    try:
-        settings = json.loads(paths.settings_file.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    value = settings.get("embedder_path") if isinstance(settings, dict) else None
-    return Path(value) if isinstance(value, str) and value else None
+    from app.settings import load_settings
+
+    value = load_settings(paths.settings_file).settings.embedding_model
+    return Path(value).expanduser() if value else None
 
 
 def _embedder(args: argparse.Namespace, paths: Paths) -> Path | None:
@@ -114,9 +99,7 @@ def _open(args: argparse.Namespace, paths: Paths) -> KnowledgeBases:
 def _create(args: argparse.Namespace, paths: Paths) -> int:
     with _open(args, paths) as kbs:
         folder = Path(args.embedder).expanduser() if args.embedder else None
-        kb = kbs.create(
-            args.name, embedder_path=folder, max_tokens=args.chunk_tokens, overlap_tokens=args.overlap
-        )
+        kb = kbs.create(args.name, embedder_path=folder, max_tokens=args.chunk_tokens, overlap_tokens=args.overlap)
     if args.json:
         print_json(dataclasses.asdict(kb))
     else:
