@@ -18,7 +18,7 @@ from app.paths import Paths
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:
     quant = sub.add_parser("quantize", parents=[common], help="quantize a GGUF model to a smaller type")
-    quant.add_argument("src", metavar="SRC", help="an F32/F16/BF16 GGUF file")
+    quant.add_argument("src", metavar="SRC", help="an F32/F16/BF16 GGUF: a path or a name in the models folder")
     quant.add_argument(
         "--type",
         dest="qtype",
@@ -120,9 +120,10 @@ def _record(paths: Paths, path: Path, **fields: str) -> None:
 
 
 def run_quantize(args: argparse.Namespace, paths: Paths) -> int:
+    from app.commands.chat import resolve_model
     from engine.quantize import QuantizeProgress, default_output_path, find_quant_type, quantize_model
 
-    src = Path(args.src).expanduser()
+    src = resolve_model(args.src, paths)
     qt = find_quant_type(args.qtype)
     dst = Path(args.out).expanduser() if args.out else default_output_path(src, qt.name, paths.models)
     bar = _Progress(f"quantizing to {qt.name}:")
@@ -142,7 +143,7 @@ def run_quantize(args: argparse.Namespace, paths: Paths) -> int:
         )
     finally:
         bar.end()
-    _record(paths, result.path, quantized_from=str(result.source.resolve()), source=f"quantized to {result.qtype}")
+    _record(paths, result.path, quantized_from=str(result.source.resolve()), source="quantized")
     document: dict[str, Any] = result.to_dict()
     quality = None
     if args.check_quality:

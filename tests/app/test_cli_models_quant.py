@@ -55,6 +55,14 @@ def test_quantize_into_the_models_folder_with_quality_check(
     assert path.is_file()
     assert document["qtype"] == "Q8_0"
     assert document["source_type"] == "F16"
+    # The library knows where it came from.
+    from app.commands.models_library import open_library
+    from app.paths import Paths
+
+    entry = open_library(Paths.resolve(home)).find(path)
+    assert entry is not None
+    assert entry.provenance["quantized_from"] == str(tiny_f16.resolve())
+    assert entry.provenance["source"] == "quantized"
     quality = document["quality"]
     assert math.isfinite(quality["source_perplexity"])
     assert math.isfinite(quality["result_perplexity"])
@@ -70,8 +78,8 @@ def test_quantize_into_the_models_folder_with_quality_check(
     assert "already exists" in err
     assert path.stat().st_mtime_ns == before
 
-    # An already quantized source needs --allow-requantize.
-    code, _, err = _run(capsys, "models", "quantize", str(path), "--type", "Q4_K_M", "--home", str(home))
+    # An already quantized source needs --allow-requantize. A name in the models folder will do.
+    code, _, err = _run(capsys, "models", "quantize", "tiny-Q8_0", "--type", "Q4_K_M", "--home", str(home))
     assert code == 1
     assert "already quantized (Q8_0)" in err
     code, out, err = _run(
