@@ -36,13 +36,23 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from app.openai_wire import (
+    ChatRequest,
+    HttpError,
+    completion_document,
+    finish_reason,
+    map_errors,
+    parse_chat,
+    timings_document,
+    usage_document,
+)
 from app.paths import Paths
-from engine.errors import ContextOverflow, EngineError, ModelFileError, ModelLoadError, TemplateError
+from engine.errors import EngineError
 
 log = logging.getLogger("glassbox.serve")
 
@@ -50,7 +60,6 @@ MAX_BODY_BYTES = 16 * 2**20
 MAX_QUEUED = 32
 MAX_EMBED_INPUTS = 2048
 _LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1", "[::1]")
-Retriever = Callable[[str, Any], tuple[str | None, list[dict[str, Any]]]]
 
 
 class ServeError(EngineError):
@@ -119,33 +128,6 @@ class ServerHandle:
         self.stop()
 
 
-class _HttpError(Exception):
-    """An error answer: status and an OpenAI-style error body."""
-
-    def __init__(
-        self, status: int, message: str, kind: str = "invalid_request_error", code: str | None = None
-    ):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.kind = kind
-        self.code = code
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.kind, "param": None, "code": self.code}}
-
-
-@dataclass(frozen=True)
-class _ChatRequest:
-    system: str | None
-    history: list[Any]
-    user: str
-    params: Any
-    stream: bool
-    include_usage: bool
-    knowledge_bases: tuple[str, ...]
-
-
 class _State:
     """Everything the request handlers share; one per server."""
 
@@ -159,6 +141,7 @@ class _State:
         embedder_path: Path | None,
         default_kbs: tuple[str, ...],
         chroma_url: str | None,
+        knowledge: Any,
     ) -> None:
         self.paths = paths
         self.backend = backend
@@ -176,17 +159,16 @@ class _State:
         self.active: set[threading.Event] = set()
         self._embedder: Any = None
         self._embed_lock = threading.Lock()
-        self._retrievers: dict[tuple[str, ...], Retriever] = {}
+        self._knowledge = knowledge  # a rag.knowledge.KnowledgeBases, opened on first use
+        self._own_knowledge = knowledge is None
 
     # the one-model-at-a-time queue -------------------------------------------------------------
     def enter_queue(self) -> None:
         with self._counter_lock:
             if self.closed:
-                raise _HttpError(503, "the server is shutting down", "server_error")
+                raise HttpError(503, "the server is shutting down", "server_error")
             if self.queued >= MAX_QUEUED:
-                raise _HttpError(
-                    503, f"too many requests waiting ({MAX_QUEUED}); try again later", "server_error"
-                )
+                raise HttpError(503, f"too many requests waiting ({MAX_QUEUED}); try again later", "server_error")
             self.queued += 1
 
     def leave_queue(self) -> None:
@@ -204,22 +186,37 @@ class _State:
         with self._embed_lock:
             if self._embedder is None:
                 if self.embedder_path is None:
-                    raise _HttpError(501, "no embedding model is installed", "server_error")
+                    raise HttpError(501, "no embedding model is installed", "server_error")
                 from rag.embeddings import SentenceTransformerEmbedder
 
                 self._embedder = SentenceTransformerEmbedder(self.embedder_path)
             return self._embedder
 
-    def retriever(self, names: tuple[str, ...]) -> Retriever:
-        if names not in self._retrievers:
-            try:
-                from app.knowledge_glue import make_retriever
-            except ImportError:
-                raise _HttpError(
-                    501, "knowledge bases are not available in this build", "server_error"
-                ) from None
-            self._retrievers[names] = make_retriever(self.paths, list(names), self.chroma_url)
-        return self._retrievers[names]
+    def retrieve(self, names: tuple[str, ...], query: str) -> tuple[str | None, list[dict[str, Any]]]:
+        """The cited documents block for ``query`` from ``names``, and its sources (called under ``lock``).
+
+        One ``KnowledgeBases`` serves every request: it holds the knowledge folder's lock, so a
+        second one in the same process would be refused.
+        """
+        from app.knowledge_glue import documents_budget
+        from rag.knowledge import KnowledgeBases, retrieve_context
+
+        if self._knowledge is None:
+            self._knowledge = KnowledgeBases(
+                self.paths.knowledge, embedder_path=self.embedder_path, chroma_url=self.chroma_url
+            )
+        for name in names:
+            self._knowledge.get(name)  # an unknown name fails with the knowledge base's own message
+        n_ctx = _backend_n_ctx(self.backend) or 4096
+        block = retrieve_context(self._knowledge, list(names), query, documents_budget(n_ctx), self.backend.count_text)
+        if not block.sources:
+            return None, []
+        return block.text, [asdict(source) for source in block.sources]
+
+    def close_knowledge(self) -> None:
+        if self._knowledge is not None and self._own_knowledge:
+            self._knowledge.close()
+            self._knowledge = None
 
 
 class _Server(ThreadingHTTPServer):
@@ -268,9 +265,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._check_access()
             route = routes.get(path)
             if route is None:
-                raise _HttpError(404, f"no such endpoint: {self.command} {path}", code="not_found")
+                raise HttpError(404, f"no such endpoint: {self.command} {path}", code="not_found")
             route()
-        except _HttpError as exc:
+        except HttpError as exc:
             # A body left unread would be taken for the next request: close instead.
             unread = self.command == "POST" and not self._body_read
             self._send_json(exc.status, exc.body(), close=unread or exc.status in (401, 403, 411, 413))
@@ -286,43 +283,39 @@ class _Handler(BaseHTTPRequestHandler):
         if state.api_key is None:
             host = _host_name(self.headers.get("Host") or "")
             if host and state.loopback and host not in _LOOPBACK_NAMES:
-                raise _HttpError(
-                    403, f"requests for host {host!r} are refused (loopback only)", code="forbidden"
-                )
+                raise HttpError(403, f"requests for host {host!r} are refused (loopback only)", code="forbidden")
             return
         if self.path.startswith("/health"):
             return
         header = self.headers.get("Authorization") or ""
         scheme, _, given = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-            given.strip().encode(), state.api_key.encode()
-        ):
-            raise _HttpError(401, "invalid or missing API key", code="invalid_api_key")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), state.api_key.encode()):
+            raise HttpError(401, "invalid or missing API key", code="invalid_api_key")
 
     # request and response plumbing -----------------------------------------------------------
     def _read_json(self) -> dict[str, Any]:
         if self.headers.get("Transfer-Encoding"):
-            raise _HttpError(411, "send the body with a Content-Length")
+            raise HttpError(411, "send the body with a Content-Length")
         length_text = self.headers.get("Content-Length")
         if length_text is None:
-            raise _HttpError(411, "send the body with a Content-Length")
+            raise HttpError(411, "send the body with a Content-Length")
         try:
             length = int(length_text)
         except ValueError:
-            raise _HttpError(400, "bad Content-Length") from None
+            raise HttpError(400, "bad Content-Length") from None
         if length < 0 or length > MAX_BODY_BYTES:
-            raise _HttpError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes")
+            raise HttpError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes")
         content_type = (self.headers.get("Content-Type") or "").split(";", 1)[0].strip().lower()
         body = self.rfile.read(length)
         self._body_read = True
         if content_type != "application/json":
-            raise _HttpError(415, "the request body must be JSON (Content-Type: application/json)")
+            raise HttpError(415, "the request body must be JSON (Content-Type: application/json)")
         try:
             document = json.loads(body)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise _HttpError(400, f"the request body is not valid JSON ({exc})") from None
+            raise HttpError(400, f"the request body is not valid JSON ({exc})") from None
         if not isinstance(document, dict):
-            raise _HttpError(400, "the request body must be a JSON object")
+            raise HttpError(400, "the request body must be a JSON object")
         return document
 
     def _send_json(self, status: int, document: dict[str, Any], *, close: bool = False) -> None:
@@ -380,18 +373,16 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _props(self) -> None:
         n_ctx = _backend_n_ctx(self.state.backend)
-        self._send_json(
-            200, {"model_alias": self.state.model_id, "default_generation_settings": {"n_ctx": n_ctx}}
-        )
+        self._send_json(200, {"model_alias": self.state.model_id, "default_generation_settings": {"n_ctx": n_ctx}})
 
     def _tokenize(self) -> None:
         body = self._read_json()
         content = body.get("content")
         if not isinstance(content, str):
-            raise _HttpError(400, "'content' must be a string")
+            raise HttpError(400, "'content' must be a string")
         worker = getattr(self.state.backend, "worker", None)
         if worker is None:
-            raise _HttpError(404, "this backend has no tokenizer", code="not_found")
+            raise HttpError(404, "this backend has no tokenizer", code="not_found")
         self.state.enter_queue()
         try:
             with self.state.lock:
@@ -406,16 +397,16 @@ class _Handler(BaseHTTPRequestHandler):
         if isinstance(texts, str):
             texts = [texts]
         if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
-            raise _HttpError(
+            raise HttpError(
                 400,
                 "'input' must be a string or a non-empty list of strings (token arrays are not supported)",
                 code="invalid_input",
             )
         if len(texts) > MAX_EMBED_INPUTS:
-            raise _HttpError(400, f"at most {MAX_EMBED_INPUTS} inputs per request")
+            raise HttpError(400, f"at most {MAX_EMBED_INPUTS} inputs per request")
         encoding = body.get("encoding_format", "float")
         if encoding not in ("float", "base64"):
-            raise _HttpError(400, "'encoding_format' must be 'float' or 'base64'")
+            raise HttpError(400, "'encoding_format' must be 'float' or 'base64'")
         embedder = self.state.embedder()
         from rag.errors import RagError
 
@@ -423,12 +414,10 @@ class _Handler(BaseHTTPRequestHandler):
             vectors = embedder.encode(texts)
             tokens = sum(embedder.count_tokens(t) for t in texts)
         except RagError as exc:
-            raise _HttpError(500, str(exc), "server_error") from None
+            raise HttpError(500, str(exc), "server_error") from None
         dimensions = body.get("dimensions")
         if dimensions is not None and dimensions != vectors.shape[1]:
-            raise _HttpError(
-                400, f"this model makes {vectors.shape[1]}-dimensional vectors, not {dimensions}"
-            )
+            raise HttpError(400, f"this model makes {vectors.shape[1]}-dimensional vectors, not {dimensions}")
         data = []
         for index, vector in enumerate(vectors):
             if encoding == "base64":
@@ -447,14 +436,14 @@ class _Handler(BaseHTTPRequestHandler):
         )
 
     def _chat(self) -> None:
-        request = _parse_chat(self._read_json(), self.state.default_kbs)
+        request = parse_chat(self._read_json(), self.state.default_kbs)
         state = self.state
         cancel = threading.Event()
         state.enter_queue()
         try:
             with state.lock:
                 if state.closed:
-                    raise _HttpError(503, "the server is shutting down", "server_error")
+                    raise HttpError(503, "the server is shutting down", "server_error")
                 state.active.add(cancel)
                 try:
                     self._generate(request, cancel)
@@ -463,15 +452,13 @@ class _Handler(BaseHTTPRequestHandler):
         finally:
             state.leave_queue()
 
-    def _generate(self, request: _ChatRequest, cancel: threading.Event) -> None:
+    def _generate(self, request: ChatRequest, cancel: threading.Event) -> None:
         from engine.events import Finished, Token
 
         state = self.state
         documents, sources = None, []
         if request.knowledge_bases:
-            documents, sources = _call_mapped(
-                lambda: state.retriever(request.knowledge_bases)(request.user, state.backend)
-            )
+            documents, sources = map_errors(lambda: state.retrieve(request.knowledge_bases, request.user))
         events = state.backend.stream(
             request.history,
             request.user,
@@ -480,12 +467,12 @@ class _Handler(BaseHTTPRequestHandler):
             documents=documents,
             cancel=cancel,
         )
-        head = _call_mapped(lambda: next(events))  # planning errors become HTTP errors, before any 200
+        head = map_errors(lambda: next(events))  # planning errors become HTTP errors, before any 200
         completion_id = f"chatcmpl-{uuid.uuid4().hex}"
         created = int(time.time())
         if not request.stream:
-            finished = _call_mapped(lambda: _last_finished(head, events))
-            self._send_json(200, _completion(completion_id, created, state.model_id, finished, sources))
+            finished = map_errors(lambda: _last_finished(head, events))
+            self._send_json(200, completion_document(completion_id, created, state.model_id, finished, sources))
             return
 
         def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
@@ -507,17 +494,17 @@ class _Handler(BaseHTTPRequestHandler):
                 if isinstance(event, Token) and event.text:
                     self._send_event(chunk({"content": event.text}))
                 elif isinstance(event, Finished):
-                    self._send_event(chunk({}, _openai_finish(event.reason)))
+                    self._send_event(chunk({}, finish_reason(event.reason)))
                     tail: dict[str, Any] = {
                         "id": completion_id,
                         "object": "chat.completion.chunk",
                         "created": created,
                         "model": state.model_id,
                         "choices": [],
-                        "timings": _timings(event.stats),
+                        "timings": timings_document(event.stats),
                     }
                     if request.include_usage:
-                        tail["usage"] = _usage(event.stats)
+                        tail["usage"] = usage_document(event.stats)
                     if sources:
                         tail["sources"] = sources
                     self._send_event(json.dumps(tail, ensure_ascii=False))
@@ -528,8 +515,8 @@ class _Handler(BaseHTTPRequestHandler):
             cancel.set()
             _drain(events)
             self.close_connection = True
-        except (EngineError, _HttpError) as exc:
-            message = exc.message if isinstance(exc, _HttpError) else str(exc)
+        except (EngineError, HttpError) as exc:
+            message = exc.message if isinstance(exc, HttpError) else str(exc)
             log.warning("generation failed mid-stream: %s", message)
             try:
                 self._send_event(json.dumps({"error": {"message": message, "type": "server_error"}}))
@@ -537,117 +524,6 @@ class _Handler(BaseHTTPRequestHandler):
                 self._end_sse()
             except OSError:
                 self.close_connection = True
-
-
-# ---------------------------------------------------------------------------- request parsing
-
-
-def _text_content(content: Any, index: int) -> str:
-    if isinstance(content, str):
-        return content
-    if content is None:
-        return ""
-    if isinstance(content, list):
-        parts: list[str] = []
-        for part in content:
-            if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
-                parts.append(part["text"])
-            else:
-                raise _HttpError(
-                    400, f"messages[{index}]: only text content is supported", code="unsupported_content"
-                )
-        return "".join(parts)
-    raise _HttpError(400, f"messages[{index}].content must be a string or a list of text parts")
-
-
-def _parse_chat(body: dict[str, Any], default_kbs: tuple[str, ...]) -> _ChatRequest:
-    from pydantic import ValidationError
-
-    from engine.context import Message
-    from engine.runtime import GenerationParams
-
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise _HttpError(400, "'messages' must be a non-empty list", code="invalid_messages")
-    system_parts: list[str] = []
-    turns: list[Message] = []
-    for index, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise _HttpError(400, f"messages[{index}] must be an object")
-        role = message.get("role")
-        text = _text_content(message.get("content"), index)
-        if role in ("system", "developer"):
-            system_parts.append(text)
-        elif role == "user":
-            turns.append(Message("user", text))
-        elif role == "assistant":
-            turns.append(Message("assistant", text))
-        else:
-            raise _HttpError(
-                400, f"messages[{index}]: role {role!r} is not supported (system, user, assistant)"
-            )
-    if not turns or turns[-1].role != "user":
-        raise _HttpError(400, "the last message must be from the user", code="invalid_messages")
-    if body.get("n", 1) != 1:
-        raise _HttpError(400, "only n=1 is supported")
-    stop = body.get("stop")
-    if isinstance(stop, str):
-        stop = [stop]
-    options: dict[str, Any] = {
-        "max_tokens": body.get("max_completion_tokens", body.get("max_tokens")),
-        "temperature": body.get("temperature"),
-        "top_p": body.get("top_p"),
-        "top_k": body.get("top_k"),
-        "min_p": body.get("min_p"),
-        "repeat_penalty": body.get("repeat_penalty"),
-        "seed": body.get("seed"),
-        "stop": tuple(stop) if isinstance(stop, list) else stop,
-    }
-    try:
-        params = GenerationParams(**{k: v for k, v in options.items() if v is not None})
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ())) or "request"
-        raise _HttpError(400, f"{where}: {first.get('msg', 'invalid value')}", code="invalid_value") from None
-    kbs = body.get("knowledge_base")
-    if isinstance(kbs, str):
-        kbs = [kbs]
-    if kbs is None:
-        kbs = list(default_kbs)
-    if not isinstance(kbs, list) or not all(isinstance(k, str) and k for k in kbs):
-        raise _HttpError(400, "'knowledge_base' must be a name or a list of names")
-    stream_options = body.get("stream_options")
-    include_usage = isinstance(stream_options, dict) and bool(stream_options.get("include_usage"))
-    return _ChatRequest(
-        system="\n\n".join(system_parts) if system_parts else None,
-        history=turns[:-1],
-        user=turns[-1].content,
-        params=params,
-        stream=bool(body.get("stream", False)),
-        include_usage=include_usage,
-        knowledge_bases=tuple(kbs),
-    )
-
-
-# ---------------------------------------------------------------------------- responses
-
-
-def _call_mapped(fn: Callable[[], Any]) -> Any:
-    """Runs ``fn``, turning the engine's and rag's typed errors into HTTP errors."""
-    from rag.errors import RagError
-
-    try:
-        return fn()
-    except ContextOverflow as exc:
-        raise _HttpError(400, str(exc), code="context_length_exceeded") from None
-    except TemplateError as exc:
-        raise _HttpError(400, str(exc), code="template_error") from None
-    except (ModelFileError, ModelLoadError) as exc:
-        raise _HttpError(503, str(exc), "server_error", code="model_unavailable") from None
-    except EngineError as exc:
-        raise _HttpError(500, str(exc), "server_error") from None
-    except RagError as exc:
-        raise _HttpError(400, str(exc), code="knowledge_base_error") from None
 
 
 def _prepend(head: Any, events: Iterator[Any]) -> Iterator[Any]:
@@ -673,56 +549,6 @@ def _drain(events: Iterator[Any]) -> None:
             pass
     except EngineError as exc:
         log.warning("after a client disconnect: %s", exc)
-
-
-def _openai_finish(reason: str) -> str:
-    return "length" if reason == "length" else "stop"
-
-
-def _usage(stats: Any) -> dict[str, Any]:
-    return {
-        "prompt_tokens": stats.prompt_tokens,
-        "completion_tokens": stats.completion_tokens,
-        "total_tokens": stats.prompt_tokens + stats.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": stats.cached_tokens},
-    }
-
-
-def _timings(stats: Any) -> dict[str, Any]:
-    """llama.cpp's server's ``timings`` shape, so its clients read our figures too."""
-    return {
-        "prompt_n": stats.prompt_tokens - stats.cached_tokens,
-        "cache_n": stats.cached_tokens,
-        "prompt_ms": stats.prefill_ms,
-        "prompt_per_second": stats.prefill_tps,
-        "predicted_n": stats.completion_tokens,
-        "predicted_ms": stats.decode_ms,
-        "predicted_per_second": stats.decode_tps,
-    }
-
-
-def _completion(
-    completion_id: str, created: int, model: str, finished: Any, sources: list[dict[str, Any]]
-) -> dict[str, Any]:
-    document: dict[str, Any] = {
-        "id": completion_id,
-        "object": "chat.completion",
-        "created": created,
-        "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": finished.text},
-                "finish_reason": _openai_finish(finished.reason),
-                "logprobs": None,
-            }
-        ],
-        "usage": _usage(finished.stats),
-        "timings": _timings(finished.stats),
-    }
-    if sources:
-        document["sources"] = sources
-    return document
 
 
 def _backend_n_ctx(backend: Any) -> int | None:
@@ -762,6 +588,7 @@ def start_server(
     n_gpu_layers: int = 0,
     knowledge_bases: tuple[str, ...] = (),
     chroma_url: str | None = None,
+    knowledge: Any = None,
     embedder_path: Path | None = None,
     backend: Any = None,
     machine_bandwidth_gbps: float | None = None,
@@ -779,6 +606,9 @@ def start_server(
         n_gpu_layers: layers to offload to the GPU.
         knowledge_bases: knowledge bases used when a request names none.
         chroma_url: a Chroma server for the knowledge bases, if they live on one.
+        knowledge: an open ``rag.knowledge.KnowledgeBases`` to answer from (the GUI passes its own:
+            the knowledge folder has one owner per process); the caller keeps owning it. None: the
+            server opens one on the first request that names a knowledge base.
         embedder_path: the sentence-transformers folder for ``/v1/embeddings`` (None: no embeddings).
         backend: an already loaded chat backend (``ChatSession`` or ``RemoteSession``) to serve
             instead of loading ``model_path``, e.g. the GUI's own session: the caller keeps owning
@@ -820,7 +650,7 @@ def start_server(
         server.server_close()
         release()
         raise
-    state = _State(paths, backend, model_id, api_key, loopback, embedder_path, knowledge_bases, chroma_url)
+    state = _State(paths, backend, model_id, api_key, loopback, embedder_path, knowledge_bases, chroma_url, knowledge)
     server.state = state
     bound_port = int(server.server_address[1])
     url_host = f"[{host.strip('[]')}]" if server_class is _Server6 else host
@@ -839,6 +669,7 @@ def start_server(
         server.server_close()
         thread.join(5.0)
         release()  # waits for a reply in progress to see its cancel
+        state.close_knowledge()
 
     log.info("serving %s on http://%s:%d", model_id, url_host, bound_port)
     return ServerHandle(f"http://{url_host}:{bound_port}", host, bound_port, model_id, stop, thread)

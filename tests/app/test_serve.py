@@ -295,9 +295,7 @@ def test_client_disconnect_cancels_the_reply(tmp_path: Path) -> None:
             time.sleep(0.02)
         assert backend.active == 0
         # The next request is served normally.
-        reply = _client(handle).chat.completions.create(
-            model="m", messages=[{"role": "user", "content": "a b"}]
-        )
+        reply = _client(handle).chat.completions.create(model="m", messages=[{"role": "user", "content": "a b"}])
         assert reply.choices[0].message.content == "b a"
 
 
@@ -360,8 +358,7 @@ def test_endpoints_cli_add_list_remove(tmp_path: Path, capsys: pytest.CaptureFix
     assert "already exists" in capsys.readouterr().err
     assert main(["endpoints", "--home", home, "add", "ftp://x", "--no-check"]) == 1
     assert (
-        capsys.readouterr().err.strip()
-        == "glassbox: error: ftp://x: not an http:// or https:// URL with a host name"
+        capsys.readouterr().err.strip() == "glassbox: error: ftp://x: not an http:// or https:// URL with a host name"
     )
     assert main(["endpoints", "--home", home, "remove", "lab"]) == 0
     assert main(["endpoints", "--home", home, "remove", "lab"]) == 1
@@ -387,10 +384,15 @@ def test_endpoints_add_checks_and_lists_models(
 
 
 @pytest.fixture(scope="module")
-def model_server(starter_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
+def serve_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("serve-home")
+
+
+@pytest.fixture(scope="module")
+def model_server(starter_model: Path, serve_home: Path) -> Iterator[ServerHandle]:
     from engine.starter import starter_embedder_path
 
-    home = tmp_path_factory.mktemp("serve-home")
+    home = serve_home
     handle = start_server(
         Paths.resolve(home),
         port=0,
@@ -410,9 +412,7 @@ def _ask(handle: ServerHandle, prompt: str, stream: bool, max_tokens: int = 8) -
     client = _client(handle)
     messages = [{"role": "user", "content": prompt}]
     if not stream:
-        reply = client.chat.completions.create(
-            model="m", messages=messages, temperature=0, max_tokens=max_tokens
-        )
+        reply = client.chat.completions.create(model="m", messages=messages, temperature=0, max_tokens=max_tokens)
         return reply.choices[0].message.content or ""
     chunks = client.chat.completions.create(
         model="m", messages=messages, temperature=0, max_tokens=max_tokens, stream=True
@@ -467,9 +467,7 @@ def test_embeddings_through_openai_client(model_server: ServerHandle) -> None:
     import numpy as np
 
     client = _client(model_server)
-    result = client.embeddings.create(
-        model="any", input=["a cat sat on the mat", "a kitten on a rug", "tax law"]
-    )
+    result = client.embeddings.create(model="any", input=["a cat sat on the mat", "a kitten on a rug", "tax law"])
     vectors = np.array([d.embedding for d in result.data])  # the client asked for base64 and decoded it
     assert vectors.shape == (3, 384)
     assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-3)
@@ -489,7 +487,7 @@ def test_remote_session_reads_glassbox_serve(model_server: ServerHandle) -> None
         events = list(remote.stream([], PROMPTS[1], GenerationParams(temperature=0, max_tokens=12)))
     finished = events[-1]
     assert isinstance(finished, Finished)
-    assert finished.text == _ask(model_server, PROMPTS[1], stream=False)
+    assert finished.text == _ask(model_server, PROMPTS[1], stream=False, max_tokens=12)
     assert "estimated" not in finished.stats.budget
     assert finished.stats.n_ctx == 512
     assert finished.stats.completion_tokens > 0
@@ -524,9 +522,7 @@ def test_cli_serve_subprocess_starts_answers_and_stops(starter_model: Path, tmp_
         started = json.loads(process.stdout.readline())
         assert started["url"].startswith("http://127.0.0.1:")
         assert started["api_key_required"] is False
-        client = openai.OpenAI(
-            base_url=started["openai_base_url"], api_key="unused", max_retries=0, timeout=60
-        )
+        client = openai.OpenAI(base_url=started["openai_base_url"], api_key="unused", max_retries=0, timeout=60)
         assert [m.id for m in client.models.list().data] == [started["model"]]
         process.send_signal(signal.SIGTERM)
         assert process.wait(30) == 0
@@ -534,3 +530,36 @@ def test_cli_serve_subprocess_starts_answers_and_stops(starter_model: Path, tmp_
         if process.poll() is None:
             process.kill()
             process.wait(10)
+
+
+@pytest.mark.model
+@pytest.mark.slow  # indexes a document with the embedding model
+def test_knowledge_base_field_gives_a_cited_answer(
+    model_server: ServerHandle,
+    serve_home: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    note = tmp_path / "launch.txt"
+    note.write_text("The launch code of the Glassbox rocket is PELICAN-42. It is kept in the blue safe.\n")
+    monkeypatch.setenv("GLASSBOX_HOME", str(serve_home))  # the server's profile
+    assert main(["kb", "create", "notes"]) == 0
+    assert main(["kb", "add", "notes", str(note)]) == 0
+    capsys.readouterr()
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "What is the launch code of the rocket?"}],
+        "temperature": 0,
+        "max_tokens": 8,
+        "knowledge_base": "notes",
+    }
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"}
+    status, reply = _raw(model_server, "POST", "/v1/chat/completions", json.dumps(body).encode(), headers)
+    assert status == 200, reply
+    assert [Path(source["path"]).name for source in reply["sources"]] == ["launch.txt"]
+    assert reply["usage"]["prompt_tokens"] > 20  # the passage went into the prompt
+    body["knowledge_base"] = ["no-such-kb"]
+    status, reply = _raw(model_server, "POST", "/v1/chat/completions", json.dumps(body).encode(), headers)
+    assert status == 400
+    assert "no-such-kb" in reply["error"]["message"]
