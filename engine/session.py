@@ -61,6 +61,7 @@ class ChatSession:
         self.last_prompt: list[int] = []
         self.last_plan: ContextPlan | None = None
         self.offload_note: str | None = None
+        self._prompt_tokens: dict[str, list[int]] = {}
         self._lock = threading.Lock()
 
     # lifetime -------------------------------------------------------------------------------
@@ -126,10 +127,19 @@ class ChatSession:
         return len(self._worker.tokenize(text, add_bos=False, special=False)) if text else 0
 
     def _tokenize_prompt(self, prompt: str) -> list[int]:
+        """Tokens of a rendered prompt; the last few are remembered, since planning the context
+        renders and counts the very prompt that is then sent (one pipe round trip saved a turn)."""
+        cached = self._prompt_tokens.get(prompt)
+        if cached is not None:
+            return cached
         assert self._worker is not None and self.info is not None
         bos = self.info.bos_token
         add_bos = self.info.add_bos and not (bos and prompt.startswith(bos))
-        return self._worker.tokenize(prompt, add_bos=add_bos, special=True)
+        tokens = self._worker.tokenize(prompt, add_bos=add_bos, special=True)
+        if len(self._prompt_tokens) >= 8:
+            self._prompt_tokens.pop(next(iter(self._prompt_tokens)))
+        self._prompt_tokens[prompt] = tokens
+        return tokens
 
     def count_messages(self, messages: Sequence[Message]) -> int:
         assert self.template is not None
