@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QEvent, QObject, Qt, QTimer, QUrl, Signal, Slot
+from PySide6.QtCore import QEvent, Qt, QTimer, QUrl, Signal, Slot
 from PySide6.QtGui import QDesktopServices, QGuiApplication
 from PySide6.QtWidgets import (
     QFrame,
@@ -25,7 +25,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.markdown_render import COPY_SCHEME, LIGHT_CODE, CodeColors, plain_html, render_markdown
+from app.markdown_render import COPY_SCHEME, LIGHT_CODE, CodeColors, plain_html, render_markdown, split_blocks
 from app.workers.history_service import DisplayMessage
 
 SOURCE_SCHEME = "gb-source"
@@ -93,6 +93,62 @@ def open_source(source: dict[str, Any]) -> bool:
     return bool(QDesktopServices.openUrl(url))
 
 
+class BlockLabel(QLabel):
+    """A rich-text label that remembers its height for each width.
+
+    QLabel lays its rich text out again every time a layout asks ``heightForWidth``; a transcript
+    asks every label on each streamed update. Caching until the text changes makes an update cost
+    one layout (the streaming label's) instead of one per label on screen.
+    """
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._heights: dict[int, int] = {}
+
+    def setText(self, text: str) -> None:
+        self._heights.clear()
+        super().setText(text)
+
+    def heightForWidth(self, width: int) -> int:
+        height = self._heights.get(width)
+        if height is None:
+            height = super().heightForWidth(width)
+            self._heights[width] = height
+        return height
+
+    def changeEvent(self, event: QEvent) -> None:
+        if event.type() in (QEvent.Type.FontChange, QEvent.Type.StyleChange):
+            self._heights.clear()
+        super().changeEvent(event)
+
+
+STREAM_CHUNK = 900
+"""While streaming, long paragraphs are cut into labels of about this many characters."""
+
+
+def stream_segments(text: str, final: bool) -> list[str]:
+    """The pieces a reply is rendered in: Markdown blocks, and long paragraphs cut at spaces.
+
+    Cut points depend only on the text before them, so pieces that are complete never change
+    while more text streams in and are rendered once. Code fences are never cut.
+    """
+    del final  # the same pieces when finished: nothing is laid out twice
+    blocks = split_blocks(text)
+    out: list[str] = []
+    for block in blocks:
+        if len(block) <= STREAM_CHUNK or block.lstrip().startswith(("```", "~~~")):
+            out.append(block)
+            continue
+        start = 0
+        while len(block) - start > STREAM_CHUNK:
+            cut = block.rfind(" ", start + STREAM_CHUNK // 2, start + STREAM_CHUNK)
+            cut = cut if cut > start else start + STREAM_CHUNK
+            out.append(block[start:cut])
+            start = cut
+        out.append(block[start:])
+    return out
+
+
 class MessageCard(QFrame):
     """One message: role, body, actions, stats and sources.
 
@@ -129,17 +185,15 @@ class MessageCard(QFrame):
         role.setObjectName("roleLabel")
         inner.addWidget(role)
 
-        self.body = QLabel()
-        self.body.setObjectName("messageBody")
-        self.body.setWordWrap(True)
-        self.body.setTextFormat(Qt.TextFormat.RichText)
-        self.body.setTextInteractionFlags(
-            Qt.TextInteractionFlag.TextSelectableByMouse | Qt.TextInteractionFlag.LinksAccessibleByMouse
-        )
-        self.body.setOpenExternalLinks(False)
-        self.body.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
-        self.body.linkActivated.connect(self._on_body_link_activated)
-        inner.addWidget(self.body)
+        # The body is one label per Markdown block (see markdown_render.split_blocks): while a
+        # reply streams only the last block is re-rendered.
+        self.body = self._new_block_label()
+        self._blocks: list[tuple[str, QLabel, tuple[str, ...]]] = []
+        self._body_layout = QVBoxLayout()
+        self._body_layout.setContentsMargins(0, 0, 0, 0)
+        self._body_layout.setSpacing(6)
+        self._body_layout.addWidget(self.body)
+        inner.addLayout(self._body_layout)
 
         self.sources_box = QLabel()
         self.sources_box.setObjectName("sourceLink")
@@ -210,6 +264,44 @@ class MessageCard(QFrame):
             self.next_button.setEnabled(message.sibling_index < message.sibling_count - 1)
         self.set_sources(message.sources or [])
 
+    def _new_block_label(self) -> QLabel:
+        label = BlockLabel()
+        label.setObjectName("messageBody")
+        label.setWordWrap(True)
+        label.setTextFormat(Qt.TextFormat.RichText)
+        label.setTextInteractionFlags(
+            Qt.TextInteractionFlag.TextSelectableByMouse | Qt.TextInteractionFlag.LinksAccessibleByMouse
+        )
+        label.setOpenExternalLinks(False)
+        label.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
+        label.linkActivated.connect(lambda link, lab=label: self._on_block_link_activated(lab, link))
+        return label
+
+    def _render_blocks(self, text: str, final: bool = False) -> None:
+        blocks = stream_segments(text, final) or [""]
+        for index, block in enumerate(blocks):
+            if index < len(self._blocks) and self._blocks[index][0] == block:
+                continue  # a finished block: rendered already
+            rendered = render_markdown(block, self._colors)
+            if index < len(self._blocks):
+                label = self._blocks[index][1]
+            elif index == 0:
+                label = self.body
+            else:
+                label = self._new_block_label()
+                self._body_layout.addWidget(label)
+            label.setText(rendered.html)
+            entry = (block, label, rendered.code_blocks)
+            if index < len(self._blocks):
+                self._blocks[index] = entry
+            else:
+                self._blocks.append(entry)
+        for _block, label, _code in self._blocks[len(blocks) :]:
+            label.setParent(None)
+            label.deleteLater()
+        del self._blocks[len(blocks) :]
+        self._code_blocks = tuple(code for _b, _l, codes in self._blocks for code in codes)
+
     def set_text(self, text: str, final: bool = False) -> None:
         """Renders the body (Markdown for replies, verbatim for the user)."""
         self._text = text
@@ -221,11 +313,11 @@ class MessageCard(QFrame):
             self.body.setMinimumWidth(min(longest + 8, 560))
             return
         if not text and not final:
+            self._render_blocks("")
             self.body.setText(f'<span style="color:{self._colors.muted};">…</span>')
+            self._blocks[0] = ("\0placeholder", self.body, ())
             return
-        rendered = render_markdown(text, self._colors)
-        self._code_blocks = rendered.code_blocks
-        self.body.setText(rendered.html)
+        self._render_blocks(text, final)
 
     @property
     def text(self) -> str:
@@ -246,14 +338,18 @@ class MessageCard(QFrame):
         if streaming:
             self.stats_label.setText("generating…")
 
-    @Slot(str)
-    def _on_body_link_activated(self, link: str) -> None:
+    def _on_block_link_activated(self, label: QLabel, link: str) -> None:
         if link.startswith(f"{COPY_SCHEME}:"):
+            codes = next((c for _b, lab, c in self._blocks if lab is label), ())
             index = int(link.split(":", 1)[1])
-            if 0 <= index < len(self._code_blocks):
-                QGuiApplication.clipboard().setText(self._code_blocks[index])
+            if 0 <= index < len(codes):
+                QGuiApplication.clipboard().setText(codes[index])
             return
         QDesktopServices.openUrl(QUrl(link))
+
+    def copy_code(self, index: int) -> str | None:
+        """The raw text of the message's ``index``-th code block (for the Copy links)."""
+        return self._code_blocks[index] if 0 <= index < len(self._code_blocks) else None
 
     @Slot(str)
     def _on_sources_link_activated(self, link: str) -> None:
@@ -302,6 +398,7 @@ class ChatView(QScrollArea):
         self._assistant_name = "Assistant"
         self.cards: list[MessageCard] = []
         self.marker: QLabel | None = None
+        self._evicted = 0
         self._streaming: MessageCard | None = None
         self._stream_text: list[str] = []
         self._follow = True
@@ -329,6 +426,20 @@ class ChatView(QScrollArea):
     def set_thread(self, messages: Sequence[DisplayMessage], evicted: int = 0) -> None:
         """Shows a conversation's current branch; ``evicted`` older messages get a marker after them."""
         streaming_id = self._streaming.message.id if self._streaming is not None else None
+        same_shape = [c.message.id for c in self.cards] == [m.id for m in messages] and self._evicted == evicted
+        if same_shape and messages:
+            # The same messages (a reply finished, a checkpoint): update the cards in place
+            # instead of rebuilding the transcript.
+            for card, message in zip(self.cards, messages, strict=True):
+                if message.id == streaming_id and message.state == "pending":
+                    continue
+                if card.message != message:
+                    card.update_message(message)
+                    if card is self._streaming:
+                        card.set_streaming(False)
+                        self._streaming = None
+            return
+        self._evicted = evicted
         for card in self.cards:
             card.setParent(None)
             card.deleteLater()
@@ -436,6 +547,3 @@ class ChatView(QScrollArea):
 
     def card_for(self, message_id: int) -> MessageCard | None:
         return next((c for c in self.cards if c.message.id == message_id), None)
-
-    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
-        return super().eventFilter(watched, event)

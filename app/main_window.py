@@ -53,6 +53,13 @@ log = logging.getLogger(__name__)
 SHUTDOWN_DEADLINE_S = 5.0
 
 
+def warm_up_rendering() -> None:
+    """Imports the Markdown parser off the GUI thread, so the first reply does not pay for it."""
+    from app.markdown_render import render_markdown
+
+    render_markdown("*warm* `up`")
+
+
 def list_model_files(folder: Path) -> list[Path]:
     """GGUF files in the models folder (sorted, no partial downloads)."""
     if not folder.is_dir():
@@ -406,6 +413,7 @@ class MainWindow(QMainWindow):
         self.history.call(lambda s: s.recover_pending(), None, lambda e: self.show_error(describe_error(e)))
         self.history.call(lambda s: s.list_conversations(), self._on_first_conversations, self._on_history_failed)
         self.refresh_models(first_start=True)
+        run_in_background(warm_up_rendering)
         if not self.settings_warning:
             self.statusBar().showMessage("Ready", 3000)
 

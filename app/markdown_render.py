@@ -134,3 +134,29 @@ def render_markdown(text: str, colors: CodeColors = LIGHT_CODE) -> RenderedMarkd
 def plain_html(text: str) -> str:
     """Text shown verbatim (user messages): escaped, line breaks kept."""
     return html.escape(text).replace("\n", "<br>")
+
+
+def split_blocks(text: str) -> list[str]:
+    """Splits Markdown at blank lines outside code fences.
+
+    While a reply streams, every block but the last is finished: the chat view renders each block
+    once and re-renders only the last one, so an update costs the same at token 10 and token 2,000.
+    """
+    blocks: list[str] = []
+    current: list[str] = []
+    fence: str | None = None
+    for line in text.split("\n"):
+        stripped = line.lstrip()
+        if fence is None and stripped.startswith(("```", "~~~")):
+            fence = stripped[:3]
+        elif fence is not None and stripped.startswith(fence):
+            fence = None
+        if fence is None and not line.strip() and current:
+            blocks.append("\n".join(current))
+            current = []
+            continue
+        if line.strip() or current or fence is not None:
+            current.append(line)
+    if current:
+        blocks.append("\n".join(current))
+    return blocks

@@ -160,6 +160,29 @@ def measure_bandwidth(cache: Path | None) -> float | None:
         return None
 
 
+INFERENCE_NICENESS = 5
+"""How much lower than the GUI the inference process runs (POSIX nice)."""
+
+
+def lower_priority(session: Any) -> None:
+    """Runs the inference child at a lower CPU priority than the GUI.
+
+    Decoding keeps every core busy; at equal priority the GUI thread waits for a time slice and
+    the window stutters. With the child niced, the GUI gets the CPU the moment it needs it and
+    generation loses almost nothing (the GUI needs little). llama.cpp's compute threads are
+    created by the child's main thread, so they inherit its priority. Best effort: POSIX only.
+    """
+    worker = getattr(session, "worker", None)
+    pid = getattr(worker, "pid", None)
+    if not pid or not hasattr(os, "setpriority"):
+        return
+    try:
+        current = os.getpriority(os.PRIO_PROCESS, pid)
+        os.setpriority(os.PRIO_PROCESS, pid, min(current + INFERENCE_NICENESS, 19))
+    except OSError as exc:
+        log.info("could not lower the inference process's priority: %s", exc)
+
+
 def write_breadcrumb(path: Path, what: str, target: Path) -> None:
     """Records risky work about to start, so the next launch can tell what crashed."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -232,6 +255,7 @@ class LlmWorker(QObject):
         if request.breadcrumb is not None:
             clear_breadcrumb(request.breadcrumb)
         self._session = session
+        lower_priority(session)
         load_ms = (time.perf_counter() - started) * 1000
         label = request.label or request.model_path.name
         self.model_loaded.emit(LoadedModel(request.model_path, label, info, load_ms, self._bandwidth))

@@ -1,0 +1,158 @@
+"""The main window on the real starter model: a streamed reply saved, Stop, the inspector showing
+the engine's numbers, and the event loop never stalling while the model generates."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import make_window
+from PySide6.QtCore import Qt, QTimer
+
+from app.paths import Paths
+from app.settings import SamplingPreset, Settings
+from app.workers.chat_adapter import ChatState, ModelState
+from engine.history import HistoryStore
+
+pytestmark = [pytest.mark.gui, pytest.mark.model, pytest.mark.qt_log_ignore("propagateSizeHints")]
+
+
+@pytest.fixture
+def window(qtbot: Any, paths: Paths, starter_model: Path) -> Any:
+    settings = Settings(
+        theme="light",
+        models_dir=starter_model.parent,
+        n_ctx=1024,
+        reply_reserve=128,
+        presets=[SamplingPreset(name="Test", temperature=0.0, top_k=1, top_p=1.0, min_p=0.0, max_tokens=40)],
+        default_preset="Test",
+    )
+    w = make_window(paths, None, settings, probe_bandwidth=False)
+    qtbot.addWidget(w)
+    w.show()
+    w.start()
+    qtbot.waitUntil(lambda: w.chat.model_state in (ModelState.LOADED, ModelState.FAILED), timeout=120_000)
+    assert w.chat.model_state is ModelState.LOADED, w.composer.state_label.text()
+    yield w
+    w.shutdown()
+
+
+def send_and_wait(qtbot: Any, w: Any, text: str) -> None:
+    w.composer.edit.setPlainText(text)
+    qtbot.keyClick(w.composer.edit, Qt.Key.Key_Return)
+    qtbot.waitUntil(lambda: w.chat.busy, timeout=5000)
+    qtbot.waitUntil(lambda: not w.chat.busy and w.chat.state is ChatState.IDLE, timeout=120_000)
+    qtbot.waitUntil(
+        lambda: bool(w.chat.thread_messages) and w.chat.thread_messages[-1].state != "pending", timeout=10_000
+    )
+
+
+def test_reply_streams_is_saved_and_inspector_matches_stats(qtbot: Any, window: Any, paths: Paths) -> None:
+    deltas: list[str] = []
+    window.chat.reply_delta.connect(lambda text, _n: deltas.append(text))
+    send_and_wait(qtbot, window, "The capital of France is")
+    assert len(deltas) >= 2  # it streamed, in several updates
+    reply = window.chat.thread_messages[-1]
+    assert reply.state == "complete"
+    assert reply.content.strip()
+    assert window.chat_view.cards[-1].text == reply.content
+    with HistoryStore(paths.history_db) as store:
+        saved = store.thread(window.chat.conversation.id)
+    assert [m.role for m in saved] == ["user", "assistant"]
+    assert saved[1].content == reply.content
+    stats = window.chat.last_stats
+    assert saved[1].stats["completion_tokens"] == stats.completion_tokens
+    shown = window.inspector.shown
+    assert shown["decode_tps"] == f"{stats.decode_tps:.1f} tok/s"
+    assert shown["prefill_tps"] == f"{stats.prefill_tps:.1f} tok/s"
+    assert shown["ttft_ms"] == f"{stats.ttft_ms:.0f} ms"
+    assert shown["context_used"] == f"{stats.context_used} of {stats.n_ctx} tokens used"
+    assert sum(int(shown[f"budget.{k}"]) for k in stats.budget) == stats.n_ctx
+    qtbot.waitUntil(lambda: len(window.inspector.tokens_view.token_ids) == stats.prompt_tokens, timeout=10_000)
+
+    # A follow-up turn reuses the first turn's tokens from the KV cache.
+    send_and_wait(qtbot, window, "And the capital of Italy is")
+    assert window.chat.last_stats.cached_tokens > 0
+    assert window.inspector.shown["cached_tokens"].startswith(f"{window.chat.last_stats.cached_tokens} /")
+
+
+def test_stop_lands_fast_and_keeps_the_partial_reply(qtbot: Any, window: Any, paths: Paths) -> None:
+    window.settings.presets[0] = window.settings.presets[0].model_copy(update={"max_tokens": 400})
+    window.composer.edit.setPlainText("Once upon a time, in a land far away,")
+    qtbot.keyClick(window.composer.edit, Qt.Key.Key_Return)
+    qtbot.waitUntil(lambda: len(window.chat_view.streamed_text) > 10, timeout=60_000)
+    started = time.perf_counter()
+    qtbot.mouseClick(window.composer.stop_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: window.chat.state is ChatState.IDLE, timeout=10_000)
+    stop_s = time.perf_counter() - started
+    qtbot.waitUntil(lambda: window.chat.thread_messages[-1].state == "partial", timeout=10_000)
+    assert stop_s < 1.0
+    with HistoryStore(paths.history_db) as store:
+        saved = store.thread(window.chat.conversation.id)[-1]
+    assert saved.state == "partial"
+    assert saved.content
+    assert saved.stats["finish_reason"] == "cancelled"
+
+
+def heartbeat_gaps(qtbot: Any, seconds: float) -> list[float]:
+    """Gaps between 10 ms heartbeats while the event loop idles for ``seconds``."""
+    gaps: list[float] = []
+    last = [time.perf_counter()]
+
+    def beat() -> None:
+        now = time.perf_counter()
+        gaps.append(now - last[0])
+        last[0] = now
+
+    timer = QTimer()
+    timer.setInterval(10)
+    timer.timeout.connect(beat)
+    timer.start()
+    qtbot.wait(int(seconds * 1000))
+    timer.stop()
+    return gaps
+
+
+def test_event_loop_never_stalls_during_generation(qtbot: Any, window: Any) -> None:
+    """A 10 ms heartbeat on the GUI thread: the longest gap while the model generates.
+
+    The budget is 50 ms, and the 99th percentile must meet it outright. On a shared, overloaded
+    machine the OS alone delays even an idle event loop, so the same heartbeat is first measured
+    idle for 3 s; twice what the idle loop loses beyond one tick (the generation runs ~10x longer,
+    so it meets more of that jitter) is allowed on top of the worst gap. On a quiet machine the
+    allowance is zero. All numbers are printed.
+    """
+    window.settings.presets[0] = window.settings.presets[0].model_copy(update={"max_tokens": 160})
+    idle_worst_ms = max(heartbeat_gaps(qtbot, 3.0)) * 1000
+    allowance_ms = 2 * max(0.0, idle_worst_ms - 10.0)
+    gaps: list[float] = []
+    last = [time.perf_counter()]
+
+    def beat() -> None:
+        now = time.perf_counter()
+        gaps.append(now - last[0])
+        last[0] = now
+
+    timer = QTimer()
+    timer.setInterval(10)
+    timer.timeout.connect(beat)
+    window.composer.edit.setPlainText("Write a long story about a lighthouse keeper and the sea.")
+    qtbot.keyClick(window.composer.edit, Qt.Key.Key_Return)
+    last[0] = time.perf_counter()
+    timer.start()
+    qtbot.waitUntil(lambda: window.chat.busy, timeout=5000)
+    qtbot.waitUntil(lambda: not window.chat.busy, timeout=120_000)
+    timer.stop()
+    tokens = window.chat.last_stats.completion_tokens if window.chat.last_stats else 0
+    ordered = sorted(gaps)
+    worst_ms = ordered[-1] * 1000
+    p99_ms = ordered[int(len(ordered) * 0.99)] * 1000
+    print(
+        f"\nevent-loop stall during generation: worst gap {worst_ms:.1f} ms, p99 {p99_ms:.1f} ms over "
+        f"{len(gaps)} beats, {tokens} tokens; idle worst {idle_worst_ms:.1f} ms"
+    )
+    assert tokens > 20
+    assert p99_ms <= 50.0
+    assert worst_ms <= 50.0 + allowance_ms
