@@ -1,0 +1,46 @@
+"""``glassbox --self-test``: passes on an installed app, fails with one line when a part is missing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from app.paths import Paths
+from app.selftest import run_self_test
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_missing_starter_model_fails_with_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    import engine.starter
+
+    monkeypatch.setattr(engine.starter, "install_starter_model", lambda _folder: None)
+    assert run_self_test(Paths.resolve(tmp_path)) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert err[0].startswith("glassbox: self-test failed: starter model:")
+    assert not any(tmp_path.iterdir())  # the given home is never touched
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_self_test_passes_end_to_end(tmp_path: Path, starter_model: Path) -> None:
+    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "PYTHONPATH": str(ROOT)}
+    result = subprocess.run(
+        [sys.executable, "-m", "app", "--self-test", "--home", str(tmp_path / "home")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "self-test passed" in result.stdout
+    assert "generate 5 tokens" in result.stdout
+    assert not (tmp_path / "home").exists()
