@@ -224,6 +224,18 @@ class _Server(ThreadingHTTPServer):
     block_on_close = False
     state: _State
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """Logs instead of printing a traceback on stderr; a client hanging up is routine."""
+        import sys
+
+        del request
+
+        exc = sys.exc_info()[1]
+        if isinstance(exc, ConnectionError | TimeoutError):
+            log.debug("client %s went away: %s", client_address, exc)
+        else:
+            log.error("request from %s failed", client_address, exc_info=exc)
+
 
 class _Server6(_Server):
     address_family = socket.AF_INET6

@@ -5,7 +5,7 @@
 Two pairs, each measured side by side with interleaved runs and compared by median:
 
 1. ``glassbox serve`` (streamed through its OpenAI API with a plain httpx SSE client) vs the local
-   engine's ``ChatSession.stream`` directly. Target: serve / direct >= 0.95.
+   engine's ``ChatSession.stream`` directly, on the same loaded session. Target: serve / direct >= 0.95.
 2. the remote backend (``RemoteSession`` against ``llama_cpp.server``) vs a direct httpx SSE
    client of the same server with the same request. Target: remote / direct >= 0.95.
 
@@ -113,7 +113,9 @@ def bench_serve(model: Path, args: argparse.Namespace) -> dict[str, Any]:
     load = LoadParams(model_path=model, n_ctx=args.n_ctx, n_threads=args.threads)
     with tempfile.TemporaryDirectory() as home, ChatSession(load) as direct:
         direct.load()
-        handle = start_server(Paths.resolve(home), port=0, model_path=model, n_ctx=args.n_ctx, n_threads=args.threads)
+        # The server serves the very same session (one worker process for both sides), so the
+        # pair differs only by the HTTP path: two worker processes differ by ±10% on a busy machine.
+        handle = start_server(Paths.resolve(home), port=0, backend=direct, model_path=model)
         client = httpx.Client(timeout=300)
         payload = {
             "model": handle.model,
