@@ -156,6 +156,51 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class _InstantBackend:
+    """A backend that has every token ready at once: what is left is the HTTP path's own cost."""
+
+    model = "instant"
+
+    def load(self, cancel: Any = None) -> None:
+        return None
+
+    def count_text(self, text: str) -> int:
+        return len(text.split())
+
+    def close(self) -> None:
+        return None
+
+    def stream(self, history: Any, user: str, params: Any = None, **_: Any) -> Iterator[Any]:
+        from engine.events import Stats
+
+        text = ""
+        for i in range(params.max_tokens):
+            piece = f" w{i}"
+            text += piece
+            yield Token(piece, i)
+        stats = Stats(completion_tokens=params.max_tokens)
+        yield stats
+        yield Finished("length", stats, text)
+
+
+def bench_http_path(tokens: int = 2000) -> dict[str, float]:
+    """Tokens per second ``glassbox serve`` can stream when the model costs nothing."""
+    with tempfile.TemporaryDirectory() as home:
+        handle = start_server(Paths.resolve(home), port=0, backend=_InstantBackend())
+        payload = {"messages": [{"role": "user", "content": "go"}], "stream": True, "max_tokens": tokens}
+        try:
+            with httpx.Client(timeout=60) as client:
+                rates = []
+                for _ in range(3):
+                    start = time.perf_counter()
+                    count = sum(1 for _ in sse_contents(client, f"{handle.url}/v1/chat/completions", payload, {}))
+                    rates.append(count / (time.perf_counter() - start))
+        finally:
+            handle.stop()
+    best = max(rates)
+    return {"tokens_per_second": round(best, 1), "us_per_token": round(1e6 / best, 1)}
+
+
 def bench_remote(model: Path, args: argparse.Namespace) -> dict[str, Any]:
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
@@ -232,7 +277,7 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--n-ctx", type=int, default=512)
     parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--only", choices=["serve", "remote"], help="run one pair only")
+    parser.add_argument("--only", choices=["serve", "http", "remote"], help="run one pair only")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     model = args.model
@@ -252,6 +297,15 @@ def main() -> int:
         report["serve_ratio_end_to_end"] = round(
             serve["glassbox_serve"]["end_to_end_tps"] / serve["engine_direct"]["end_to_end_tps"], 3
         )
+    if args.only in (None, "http"):
+        http_path = bench_http_path()
+        report["http_path"] = http_path
+        if "serve" in report:
+            # What the HTTP path alone would cost at the engine's decode rate.
+            per_token = http_path["us_per_token"] / 1e6
+            report["serve_ratio_implied"] = round(
+                1 / (1 + per_token * report["serve"]["engine_direct"]["decode_tps"]), 4
+            )
     if args.only in (None, "remote"):
         remote = bench_remote(model, args)
         report["remote"] = remote
@@ -264,6 +318,12 @@ def main() -> int:
     if args.json:
         print(json.dumps(report))
         return 0
+    if "http_path" in report:
+        figures = report["http_path"]
+        print(
+            f"http path alone: {figures['tokens_per_second']:.0f} tok/s ({figures['us_per_token']} us/token)"
+            + (f"; implied serve ratio {report['serve_ratio_implied']}" if "serve_ratio_implied" in report else "")
+        )
     for pair in ("serve", "remote"):
         if pair not in report:
             continue
