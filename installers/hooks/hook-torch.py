@@ -32,7 +32,13 @@ _SKIP_FILES = [
     "**/include/**",
     "**/share/cmake/**",
     "**/testing/_internal/**",
-    "**/bin/protoc*",
+    # torch's C++ test programs (about 120 MB); bin/torch_shm_manager stays: `import torch` checks it.
+    "test/**",
+    "bin/protoc*",
+    "bin/test_*",
+    "bin/*Test",
+    "bin/*.ptl",
+    "bin/upgrader_models/**",
 ]
 # Shared libraries only used by torch's own C++ tests.
 _TEST_LIBS = ("libjitbackend_test", "libtorchbind_test", "libbackend_with_compiler", "libaoti_custom_ops")
