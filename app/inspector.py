@@ -223,11 +223,15 @@ class WallMeter(QWidget):
             color = self.colors.ok if ratio < 0.6 else self.colors.warning if ratio < 0.9 else self.colors.danger
             painter.setBrush(QColor(color))
             painter.drawRoundedRect(QRectF(0, 0, max(w * shown, 8), h), 6, 6)
-            # Text sits on the fill once the bar is long enough: white on the light theme's strong
-            # colours, near-black on the dark theme's pale ones.
-            on_fill = "#ffffff" if self.colors.name == "light" else "#111318"
-            painter.setPen(QColor(on_fill if shown >= 0.3 else self.colors.text))
-            painter.drawText(QRectF(8, 0, w - 16, h), Qt.AlignmentFlag.AlignVCenter, f"{ratio * 100:.0f}% of the wall")
+            # The label is drawn twice: in the text colour, then clipped to the fill in a colour
+            # that reads on it (white on the light theme's strong colours, near-black on the dark
+            # theme's pale ones), so every letter has contrast wherever the fill ends.
+            text = f"{ratio * 100:.0f}% of the wall"
+            painter.setPen(QColor(self.colors.text))
+            painter.drawText(QRectF(8, 0, w - 16, h), Qt.AlignmentFlag.AlignVCenter, text)
+            painter.setClipRect(QRectF(0, 0, max(w * shown, 8), h))
+            painter.setPen(QColor("#ffffff" if self.colors.name == "light" else "#111318"))
+            painter.drawText(QRectF(8, 0, w - 16, h), Qt.AlignmentFlag.AlignVCenter, text)
         else:
             painter.setPen(QColor(self.colors.muted))
             painter.drawText(QRectF(8, 0, w - 16, h), Qt.AlignmentFlag.AlignVCenter, "no measurement yet")

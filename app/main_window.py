@@ -43,7 +43,14 @@ from app.settings import Settings, load_settings, save_settings
 from app.sidebar import Sidebar
 from app.tasks import describe_error, run_in_background, shutdown_background
 from app.theme import RESOURCES, apply_theme, resolve_theme
-from app.workers.chat_adapter import ChatAdapter, ChatState, ModelState, TurnContext, model_label
+from app.workers.chat_adapter import (
+    ChatAdapter,
+    ChatState,
+    ModelState,
+    TurnContext,
+    model_label,
+    model_tooltip,
+)
 from app.workers.history_service import HistoryService
 from app.workers.knowledge_worker import IndexJob, KnowledgeAdapter
 from app.workers.llm_worker import LoadedModel, LoadRequest, SessionFactory
@@ -457,6 +464,9 @@ class MainWindow(QMainWindow):
         self.model_picker.clear()
         for path in found:
             self.model_picker.addItem(model_label(path), str(path))
+            self.model_picker.setItemData(
+                self.model_picker.count() - 1, model_tooltip(path), Qt.ItemDataRole.ToolTipRole
+            )
         if current is not None:
             index = self.model_picker.findData(current)
             if index >= 0:

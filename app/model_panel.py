@@ -32,6 +32,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.inspector import format_bytes
+from app.workers.chat_adapter import model_label, model_tooltip
 from app.workers.models_worker import ModelsAdapter, Transfer
 
 VERDICT_TEXT = {"gpu": "fits on GPU", "partial": "partial offload", "ram": "fits in RAM", "no": "won't fit"}
@@ -285,8 +286,9 @@ class ModelPanel(QWidget):
             )
         self.library.setRowCount(len(entries))
         for row, entry in enumerate(entries):
-            name = entry.label + ("  (loaded)" if self.loaded_path == entry.path else "")
-            tip = str(entry.path)
+            label = entry.provenance.get("label") or model_label(entry.path)
+            name = label + ("  (loaded)" if self.loaded_path == entry.path else "")
+            tip = model_tooltip(entry.path)
             if entry.provenance:
                 tip += "\n" + "\n".join(f"{k}: {v}" for k, v in entry.provenance.items())
             if entry.duplicates:

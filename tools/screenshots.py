@@ -150,7 +150,7 @@ def shoot(out: Path, width: int, height: int, with_model: bool) -> int:
 
     from app.main_window import MainWindow
     from app.paths import Paths
-    from app.settings import Settings
+    from app.settings import SamplingPreset, Settings
     from app.theme import DARK, LIGHT, apply_theme
     from app.workers.chat_adapter import ModelState
 
@@ -163,7 +163,10 @@ def shoot(out: Path, width: int, height: int, with_model: bool) -> int:
     install_starter_model(home.models)  # the first-start copy, done up front so every page has it
     doc = home.data / "ardmore-lighthouse.md"
     doc.write_text(SAMPLE_DOC, encoding="utf-8")
-    settings = Settings(theme="light", auto_load_model=with_model)
+    # The starter is a tiny base model: a little sampling variety and a repeat penalty keep its
+    # continuation readable, and a short reply keeps the screenshot tidy.
+    preset = SamplingPreset(name="Screenshot", temperature=0.8, repeat_penalty=1.3, max_tokens=90)
+    settings = Settings(theme="light", auto_load_model=with_model, presets=[preset], default_preset="Screenshot")
     window = MainWindow(home, settings, probe_bandwidth=True)
     window.resize(width, height)
     window.show()
@@ -180,9 +183,10 @@ def shoot(out: Path, width: int, height: int, with_model: bool) -> int:
         loaded = wait_until(app, lambda: window.chat.model_state in (ModelState.LOADED, ModelState.FAILED), 300)
         if loaded and window.chat.model_state is ModelState.LOADED:
             wait_until(app, lambda: window.chat.conversation is not None, 10)
+            before = window.chat.conversation.id if window.chat.conversation is not None else None
             window.new_chat()
-            wait_until(app, lambda: window.chat.conversation is not None and not window.chat.thread_messages, 10)
-            window.composer.edit.setPlainText("The lighthouse keeper climbed the stairs and")
+            wait_until(app, lambda: window.chat.conversation is not None and window.chat.conversation.id != before, 10)
+            window.composer.edit.setPlainText("Tell me a short story about a lighthouse keeper.")
             window.composer._on_edit_submitted()
             wait_until(app, lambda: window.chat.busy, 10)
             wait_until(app, lambda: not window.chat.busy, 300)

@@ -564,8 +564,23 @@ def _last_stats(messages: list[DisplayMessage]) -> dict[str, Any] | None:
     return None
 
 
+STARTER_SHORT_LABEL = "Gemma 3 270M · starter (tiny base model)"
+
+
 def model_label(path: Path) -> str:
-    """The name shown for a model file (the starter model is labelled honestly)."""
+    """The short name shown for a model file.
+
+    The starter model's short name says what it is; the full honest label
+    (``engine.starter.STARTER_MODEL_LABEL``) is its tooltip, and a note under the model picker
+    explains it while it is loaded.
+    """
+    from engine.starter import STARTER_MODEL_FILE
+
+    return STARTER_SHORT_LABEL if path.name == STARTER_MODEL_FILE else path.stem
+
+
+def model_tooltip(path: Path) -> str:
+    """The long description of a model file (the path; the starter's honest label)."""
     from engine.starter import STARTER_MODEL_FILE, STARTER_MODEL_LABEL
 
-    return STARTER_MODEL_LABEL if path.name == STARTER_MODEL_FILE else path.stem
+    return f"{STARTER_MODEL_LABEL}\n{path}" if path.name == STARTER_MODEL_FILE else str(path)
