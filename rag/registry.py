@@ -329,9 +329,7 @@ class Registry:
         """Documents per state and chunk counts of one knowledge base."""
         states = {
             str(s): int(str(n))
-            for s, n in self._rows(
-                "SELECT state, count(*) FROM documents WHERE kb_id = ? GROUP BY state", (kb_id,)
-            )
+            for s, n in self._rows("SELECT state, count(*) FROM documents WHERE kb_id = ? GROUP BY state", (kb_id,))
         }
         total, embedded = self._rows(
             "SELECT count(*), coalesce(sum(embedded), 0) FROM chunks WHERE kb_id = ?", (kb_id,)
@@ -391,10 +389,7 @@ class Registry:
             The ids of the chunks that were embedded (to delete from the store).
         """
         with self._tx() as db:
-            ids = [
-                int(r[0])
-                for r in db.execute("SELECT id FROM chunks WHERE kb_id = ? AND embedded = 1", (kb_id,))
-            ]
+            ids = [int(r[0]) for r in db.execute("SELECT id FROM chunks WHERE kb_id = ? AND embedded = 1", (kb_id,))]
             db.execute(
                 "UPDATE documents SET state = 'queued', reason = NULL, content_id = NULL,"
                 " sha256 = NULL WHERE kb_id = ?",
@@ -419,9 +414,7 @@ class Registry:
             orphans: list[int] = []
             if state in (DocState.SKIPPED, DocState.ERROR):
                 orphans = self._detach(db, doc_id)
-            db.execute(
-                "UPDATE documents SET state = ?, reason = ? WHERE id = ?", (str(state), reason, doc_id)
-            )
+            db.execute("UPDATE documents SET state = ?, reason = ? WHERE id = ?", (str(state), reason, doc_id))
         return orphans
 
     def find_content(self, kb_id: int, sha256: str) -> int | None:
@@ -441,16 +434,13 @@ class Registry:
         if users:
             return []
         ids = [
-            int(r[0])
-            for r in db.execute("SELECT id FROM chunks WHERE content_id = ? AND embedded = 1", (content_id,))
+            int(r[0]) for r in db.execute("SELECT id FROM chunks WHERE content_id = ? AND embedded = 1", (content_id,))
         ]
         db.execute("DELETE FROM chunks WHERE content_id = ?", (content_id,))
         db.execute("DELETE FROM contents WHERE id = ?", (content_id,))
         return ids
 
-    def link_content(
-        self, doc_id: int, content_id: int, *, sha256: str, size: int, mtime_ns: int
-    ) -> list[int]:
+    def link_content(self, doc_id: int, content_id: int, *, sha256: str, size: int, mtime_ns: int) -> list[int]:
         """Points a document at content already stored (a duplicate file).
 
         Returns:
@@ -498,10 +488,7 @@ class Registry:
             db.executemany(
                 "INSERT INTO chunks(kb_id, content_id, idx, text, page, heading, start_char, end_char)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                [
-                    (kb_id, content_id, i, c.text, c.page, c.heading, c.start, c.end)
-                    for i, c in enumerate(chunks)
-                ],
+                [(kb_id, content_id, i, c.text, c.page, c.heading, c.start, c.end) for i, c in enumerate(chunks)],
             )
             db.execute(
                 "UPDATE documents SET content_id = ?, sha256 = ?, size = ?, mtime_ns = ?, state = 'indexing',"
@@ -537,9 +524,7 @@ class Registry:
 
     def count_pending(self, kb_id: int) -> int:
         """How many chunks still wait for their embedding."""
-        return int(
-            str(self._rows("SELECT count(*) FROM chunks WHERE kb_id = ? AND embedded = 0", (kb_id,))[0][0])
-        )
+        return int(str(self._rows("SELECT count(*) FROM chunks WHERE kb_id = ? AND embedded = 0", (kb_id,))[0][0]))
 
     def mark_embedded(self, chunk_ids: Sequence[int]) -> None:
         """Records that these chunks are in the store; finished documents become ``indexed``."""
@@ -550,9 +535,7 @@ class Registry:
             marks = ",".join("?" * len(chunk_ids))
             contents = [
                 r[0]
-                for r in db.execute(
-                    f"SELECT DISTINCT content_id FROM chunks WHERE id IN ({marks})", list(chunk_ids)
-                )
+                for r in db.execute(f"SELECT DISTINCT content_id FROM chunks WHERE id IN ({marks})", list(chunk_ids))
             ]
             for content_id in contents:
                 db.execute(
@@ -564,10 +547,7 @@ class Registry:
 
     def embedded_ids(self, kb_id: int) -> set[int]:
         """Ids of all chunks the registry believes are in the store."""
-        return {
-            int(str(r[0]))
-            for r in self._rows("SELECT id FROM chunks WHERE kb_id = ? AND embedded = 1", (kb_id,))
-        }
+        return {int(str(r[0])) for r in self._rows("SELECT id FROM chunks WHERE kb_id = ? AND embedded = 1", (kb_id,))}
 
     def mark_unembedded(self, chunk_ids: Iterable[int]) -> None:
         """Records that these chunks are missing from the store (they will be embedded again)."""
@@ -601,6 +581,28 @@ class Registry:
         match = fts_query(query)
         if not match:
             return []
+        # Ranking the FTS index alone is several times faster than ranking its join with chunks,
+        # so rank a few more hits than needed, then keep this knowledge base's embedded ones; only
+        # when other knowledge bases crowd them out is the slower joined query used.
+        over = max(4 * k, 50)
+        ranked = self._rows(
+            "SELECT rowid, -bm25(chunks_fts, 1.0, 0.5) FROM chunks_fts WHERE chunks_fts MATCH ?"
+            " ORDER BY bm25(chunks_fts, 1.0, 0.5) LIMIT ?",
+            (match, over),
+        )
+        if not ranked:
+            return []
+        marks = ",".join("?" * len(ranked))
+        mine = {
+            int(str(r[0]))
+            for r in self._rows(
+                f"SELECT id FROM chunks WHERE id IN ({marks}) AND kb_id = ? AND embedded = 1",
+                [r[0] for r in ranked] + [kb_id],
+            )
+        }
+        hits = [(int(str(i)), float(str(s))) for i, s in ranked if int(str(i)) in mine][:k]
+        if len(hits) >= k or len(ranked) < over:
+            return hits
         rows = self._rows(
             "SELECT c.id, -bm25(chunks_fts, 1.0, 0.5) AS score FROM chunks_fts"
             " JOIN chunks c ON c.id = chunks_fts.rowid"

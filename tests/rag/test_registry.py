@@ -60,6 +60,27 @@ def test_bm25_survives_hostile_queries(tmp_path: Path) -> None:
         assert reg.document(kb.id, "/doc.txt").state is DocState.INDEXED  # type: ignore[union-attr]
 
 
+def test_bm25_finds_a_small_kb_crowded_out_by_a_big_one(tmp_path: Path) -> None:
+    with Registry(tmp_path / "r.sqlite3") as reg:
+        kbs = [
+            reg.create_kb(
+                name, embedder_id="m", embedder_path="/m", dimension=4, max_tokens=64, overlap_tokens=8, collection=name
+            )
+            for name in ("big", "small")
+        ]
+        for kb, texts in ((kbs[0], ["apple apple apple pie"] * 80), (kbs[1], ["one apple among many other words"])):
+            reg.queue(kb.id, [("/d", 1, 1)])
+            doc = reg.document(kb.id, "/d")
+            assert doc is not None
+            chunks = [type("C", (), {"text": t, "page": None, "heading": None, "start": 0, "end": 1})() for t in texts]
+            reg.store_content(kb.id, doc.id, sha256=kb.name, size=1, mtime_ns=1, chunks=chunks)
+            reg.mark_embedded([i for i, _ in reg.pending_chunks(kb.id, 100)])
+        small = reg.bm25(kbs[1].id, "apple", 5)
+        assert len(small) == 1
+        assert len(reg.bm25(kbs[0].id, "apple", 5)) == 5
+        assert reg.bm25(kbs[0].id, "banana", 5) == []
+
+
 def test_names_are_validated_and_unique(tmp_path: Path) -> None:
     with Registry(tmp_path / "r.sqlite3") as reg:
         args = {
