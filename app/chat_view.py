@@ -230,7 +230,6 @@ class MessageCard(QFrame):
         inner.addLayout(actions)
         self._actions = [b for b in (self.copy_button, self.edit_button, self.regen_button) if b is not None]
         self.update_message(message)
-        self._show_actions(False)
 
     def _tool(self, text: str, tip: str, action: str) -> QToolButton:
         button = QToolButton()
@@ -357,15 +356,6 @@ class MessageCard(QFrame):
             index = int(link.split(":", 1)[1])
             if 0 <= index < len(self._sources):
                 self.source_activated.emit(self._sources[index])
-
-    def _show_actions(self, visible: bool) -> None:
-        for button in self._actions:
-            button.setVisible(True)
-            button.setProperty("hovered", visible)
-
-    def enterEvent(self, event: QEvent) -> None:
-        self.stats_label.setVisible(True)
-        super().enterEvent(event)
 
 
 class ChatView(QScrollArea):

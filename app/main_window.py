@@ -914,7 +914,12 @@ class MainWindow(QMainWindow):
         self.banner.setText(message)
         self.banner.setVisible(True)
         self.statusBar().showMessage(message, 15000)
-        QTimer.singleShot(15000, lambda: self.banner.text() == message and self.banner.setVisible(False))
+
+        def hide_if_unchanged() -> None:
+            if self.banner.text() == message:
+                self.banner.setVisible(False)
+
+        QTimer.singleShot(15000, hide_if_unchanged)
 
     def activate_from_second_launch(self) -> None:
         """Another launch asked us to come forward."""

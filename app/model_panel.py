@@ -492,10 +492,10 @@ class ModelPanel(QWidget):
             bar.setTextVisible(False)
             self.queue.setCellWidget(row, 1, bar)
             self.queue.setCellWidget(row, 4, self._transfer_buttons(transfer))
-        bar = self.queue.cellWidget(row, 1)
-        if isinstance(bar, QProgressBar):
-            bar.setRange(0, max(transfer.total, 1))
-            bar.setValue(min(transfer.done, max(transfer.total, 1)))
+        cell = self.queue.cellWidget(row, 1)
+        if isinstance(cell, QProgressBar):
+            cell.setRange(0, max(transfer.total, 1))
+            cell.setValue(min(transfer.done, max(transfer.total, 1)))
         self.queue.setItem(row, 2, _item(format_speed(transfer.speed_bps), align_right=True))
         status = f"{transfer.state} · {format_bytes(transfer.done)} of {format_bytes(transfer.total)}"
         eta = format_eta(transfer.eta_s) if transfer.state == "downloading" else ""
@@ -524,7 +524,12 @@ class ModelPanel(QWidget):
 
         pause.toggled.connect(toggle)
         cancel = QPushButton("Cancel")
-        cancel.clicked.connect(lambda: (transfer.pause.clear(), transfer.cancel.set()))
+
+        def stop() -> None:
+            transfer.pause.clear()
+            transfer.cancel.set()
+
+        cancel.clicked.connect(stop)
         row.addWidget(pause)
         row.addWidget(cancel)
         return box

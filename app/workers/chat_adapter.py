@@ -374,8 +374,18 @@ class ChatAdapter(QObject):
         self.thread_messages = messages
         self.conversation_opened.emit(conversation, messages)
         self.refresh_conversations()
-        if placeholder is None:  # stopped before the save came back
-            self.history.call(lambda s: s.finish_message(reply_id, "", state="partial"), None, self._on_history_error)
+        if placeholder is None:  # stopped before the save came back: keep the question, mark the reply
+
+            def cancel(store: Any) -> list[DisplayMessage]:
+                store.finish_message(reply_id, "", state="partial", stats={"finish_reason": "cancelled"})
+                return display_thread(store, conversation.id)
+
+            def shown(updated: list[DisplayMessage]) -> None:
+                if self.conversation is not None and self.conversation.id == conversation.id:
+                    self.thread_messages = updated
+                    self.conversation_opened.emit(self.conversation, updated)
+
+            self.history.call(cancel, shown, self._on_history_error)
             return
         # messages ends with [..., user, pending reply]; history is everything before the user turn.
         user_msg = messages[-2]

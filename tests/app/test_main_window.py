@@ -228,3 +228,47 @@ def test_close_while_generating_finishes_in_time(qtbot: Any, window: Any, paths:
     assert saved[0].content == "long"  # the user message was saved before generating
     assert saved[1].state == "partial"
     assert saved[1].content.startswith("w0 w1 w2")
+
+
+def test_per_conversation_system_prompt_and_preset(qtbot: Any, window: Any, monkeypatch: Any) -> None:
+    from app.conversation_settings import ConversationSettingsDialog
+
+    send(qtbot, window, "first")
+
+    def accept(dialog: ConversationSettingsDialog) -> int:
+        dialog.use_default.setChecked(False)
+        dialog.prompt.setPlainText("Answer like a pirate.")
+        dialog.preset.setCurrentIndex(dialog.preset.findData("Precise (greedy)"))
+        return 1
+
+    monkeypatch.setattr(ConversationSettingsDialog, "exec", accept)
+    window.open_conversation_settings()
+    qtbot.waitUntil(lambda: window.chat.conversation.system_prompt == "Answer like a pirate.", timeout=5000)
+    send(qtbot, window, "second")
+    call = window.sessions[-1].calls[-1]
+    assert call["system"] == "Answer like a pirate."
+    context = window.turn_context()
+    assert context.params.temperature == 0.0
+    assert window.chat.conversation.settings["preset"] == "Precise (greedy)"
+
+
+def test_keyboard_shortcuts_new_chat_and_stop(qtbot: Any, window: Any) -> None:
+    send(qtbot, window, "hello")
+    first = window.chat.conversation.id
+    qtbot.keyClick(window, Qt.Key.Key_N, Qt.KeyboardModifier.ControlModifier)
+    qtbot.waitUntil(lambda: window.chat.conversation.id != first, timeout=5000)
+    assert window.chat_view.cards == []
+    window.reply["text"] = " ".join(f"t{i}" for i in range(500))
+    window.reply["delay"] = 0.01
+    window.load_model(Path(window.models[0]))
+    qtbot.waitUntil(lambda: window.chat.model_state is ModelState.LOADED, timeout=5000)
+    window.composer.edit.setPlainText("go")
+    qtbot.keyClick(window.composer.edit, Qt.Key.Key_Return)
+    qtbot.waitUntil(lambda: "t3 " in window.chat_view.streamed_text, timeout=5000)
+    qtbot.keyClick(window.composer.edit, Qt.Key.Key_Escape)
+    qtbot.waitUntil(lambda: window.chat.state is ChatState.IDLE, timeout=5000)
+    qtbot.waitUntil(
+        lambda: bool(window.chat.thread_messages) and window.chat.thread_messages[-1].state == "partial",
+        timeout=5000,
+    )
+    assert "t499" not in window.chat.thread_messages[-1].content
