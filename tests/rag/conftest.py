@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from standins import CountingParser, MakeKbs
 
 from rag.embeddings import Embedder, SentenceTransformerEmbedder
 from rag.knowledge import KnowledgeBases
@@ -28,25 +29,8 @@ def parser_pool() -> Iterator[ParserPool]:
         yield pool
 
 
-class CountingParser:
-    """Wraps a parser and counts the files it was asked to parse."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.parsed: list[Path] = []
-
-    def parse(self, path: Path, timeout_s: float = 60.0, *, cancel: Any = None) -> Any:
-        self.parsed.append(path)
-        return self.inner.parse(path, timeout_s, cancel=cancel)
-
-
-MakeKbs = Callable[..., KnowledgeBases]
-
-
 @pytest.fixture
-def make_kbs(
-    tmp_path: Path, minilm: SentenceTransformerEmbedder, parser_pool: ParserPool
-) -> Iterator[MakeKbs]:
+def make_kbs(tmp_path: Path, minilm: SentenceTransformerEmbedder, parser_pool: ParserPool) -> Iterator[MakeKbs]:
     """Opens ``KnowledgeBases`` under ``tmp_path`` sharing the session's model and parser.
 
     Keyword arguments: ``root`` (default ``tmp_path/"kb"``), ``embedders`` (folder -> embedder,

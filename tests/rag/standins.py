@@ -9,10 +9,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from rag.errors import DocumentError
+from rag.knowledge import KnowledgeBases
+
+MakeKbs = Callable[..., KnowledgeBases]
 
 
 @dataclass(frozen=True)
@@ -117,3 +121,15 @@ def write(folder: Path, name: str, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text, encoding="utf-8")
     return path
+
+
+class CountingParser:
+    """Wraps a parser and counts the files it was asked to parse."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.parsed: list[Path] = []
+
+    def parse(self, path: Path, timeout_s: float = 60.0, *, cancel: Any = None) -> Any:
+        self.parsed.append(path)
+        return self.inner.parse(path, timeout_s, cancel=cancel)

@@ -13,8 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import MakeKbs
-from standins import FakeEmbedder, TextParser, paragraph_chunks, write
+from standins import FakeEmbedder, MakeKbs, TextParser, paragraph_chunks, write
 
 from rag.errors import KnowledgeBaseError
 from rag.ingest import IngestProgress
@@ -72,9 +71,7 @@ def test_real_formats_states_and_page_citations(tmp_path: Path, make_kbs: MakeKb
     from fpdf import FPDF
 
     docs = tmp_path / "docs"
-    write(
-        docs, "guide.md", "# Setup\n\nInstall the widget with the blue lever.\n\n## Care\n\nOil it monthly.\n"
-    )
+    write(docs, "guide.md", "# Setup\n\nInstall the widget with the blue lever.\n\n## Care\n\nOil it monthly.\n")
     write(docs, "empty.txt", "")
     (docs / "image.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(200))
     pdf = FPDF()
@@ -290,11 +287,7 @@ def test_kill_9_during_indexing_converges_without_duplicates(tmp_path: Path) -> 
         report = kbs.add("k", [docs])
         kb = kbs.get("k")
         expected = sum(
-            len(
-                paragraph_chunks(
-                    TextParser().parse(f), count_tokens=fake.count_tokens, max_tokens=kb.max_tokens
-                )
-            )
+            len(paragraph_chunks(TextParser().parse(f), count_tokens=fake.count_tokens, max_tokens=kb.max_tokens))
             for f in files
         )
         registry_ids = kbs.registry.embedded_ids(kb.id)

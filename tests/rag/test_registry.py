@@ -7,8 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import CountingParser, MakeKbs
-from standins import FakeEmbedder, TextParser, paragraph_chunks, write
+from standins import CountingParser, FakeEmbedder, MakeKbs, TextParser, paragraph_chunks, write
 
 import rag.ingest
 from rag.errors import KnowledgeBaseError

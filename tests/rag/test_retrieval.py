@@ -6,8 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import MakeKbs
-from standins import write
+from standins import MakeKbs, write
 
 from rag.citations import PREAMBLE, Source, build_context_block, map_citations
 from rag.knowledge import retrieve_context
@@ -95,8 +94,7 @@ def test_near_duplicates_are_removed() -> None:
 
 def test_fuse_keeps_each_stage_rank_and_score() -> None:
     records = {
-        i: ChunkRecord(i, i, 0, f"text number {i} " + "x" * i, None, None, 0, 5, f"/doc{i}.txt")
-        for i in (1, 2, 3)
+        i: ChunkRecord(i, i, 0, f"text number {i} " + "x" * i, None, None, 0, 5, f"/doc{i}.txt") for i in (1, 2, 3)
     }
     passages = fuse(
         "kb",
@@ -137,9 +135,7 @@ def _words(text: str) -> int:
 
 def test_context_block_is_fenced_numbered_and_fits_the_budget() -> None:
     passages = [
-        Passage(
-            1, "kb", "/docs/report.pdf", 3, "Results", "Revenue grew 12% in 2025.", 0, 25, 0.8, 3.0, 0.03
-        ),
+        Passage(1, "kb", "/docs/report.pdf", 3, "Results", "Revenue grew 12% in 2025.", 0, 25, 0.8, 3.0, 0.03),
         Passage(2, "kb", "/docs/notes.md", None, None, "word " * 400, 0, 2000, 0.5, None, 0.02),
         Passage(3, "kb", "/docs/faq.txt", None, None, "Refunds take five days.", 0, 23, None, 2.0, 0.01),
     ]
@@ -168,14 +164,8 @@ def test_prompt_injection_stays_inside_the_fence() -> None:
     passage = Passage(1, "kb", "/evil.md", None, None, attack, 0, len(attack), 0.9, 1.0, 0.05)
     block = build_context_block([passage], 500, _words)
     lines = block.text.split("\n")
-    begin = [
-        i
-        for i, line in enumerate(lines)
-        if re.fullmatch(r"<<<BEGIN UNTRUSTED DOCUMENT EXCERPTS \w+>>>", line)
-    ]
-    end = [
-        i for i, line in enumerate(lines) if re.fullmatch(r"<<<END UNTRUSTED DOCUMENT EXCERPTS \w+>>>", line)
-    ]
+    begin = [i for i, line in enumerate(lines) if re.fullmatch(r"<<<BEGIN UNTRUSTED DOCUMENT EXCERPTS \w+>>>", line)]
+    end = [i for i, line in enumerate(lines) if re.fullmatch(r"<<<END UNTRUSTED DOCUMENT EXCERPTS \w+>>>", line)]
     assert len(begin) == 1
     assert len(end) == 1
     injected = next(i for i, line in enumerate(lines) if "ignore all previous instructions" in line)

@@ -12,8 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import MakeKbs
-from standins import write
+from standins import MakeKbs, write
 
 from rag.errors import KnowledgeBaseError
 from rag.store import VectorStore, parse_chroma_url
@@ -56,9 +55,7 @@ def chroma_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                 pass
             if server.poll() is not None or time.monotonic() > deadline:
                 log.close()
-                pytest.fail(
-                    f"chroma run did not come up: {(data / 'server.log').read_text(errors='replace')[-2000:]}"
-                )
+                pytest.fail(f"chroma run did not come up: {(data / 'server.log').read_text(errors='replace')[-2000:]}")
             time.sleep(0.2)
         yield url
     finally:
