@@ -8,6 +8,7 @@ once the model is loaded and the port is open, then serves until interrupted (Ct
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -19,11 +20,10 @@ from app.commands._output import add_json_flag, print_json
 from app.paths import Paths
 
 ENDPOINTS_FILE = "endpoints.json"
+API_KEY_ENV = "GLASSBOX_SERVE_API_KEY"
 
 
-def register(
-    sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
-) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:
     """Registers ``serve`` and ``endpoints``."""
     del common  # its --home default (None) would reset a --home given before the command
     # Each level takes --home, but must not reset one given earlier (argparse copies a sub-parser's
@@ -35,19 +35,17 @@ def register(
         default=argparse.SUPPRESS,
         help="keep all data under DIR (default: the user's folders)",
     )
-    serve = sub.add_parser(
-        "serve", parents=[nested], help="serve a local model over an OpenAI-compatible API"
-    )
-    serve.add_argument(
-        "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; others need --api-key)"
-    )
+    serve = sub.add_parser("serve", parents=[nested], help="serve a local model over an OpenAI-compatible API")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; others need --api-key)")
     serve.add_argument("--port", type=_port, default=8080, help="port (default 8080; 0 picks a free one)")
     serve.add_argument(
-        "--api-key", metavar="KEY", help="require 'Authorization: Bearer KEY' on every request"
+        "--api-key",
+        metavar="KEY",
+        default=os.environ.get(API_KEY_ENV) or None,
+        help=f"require 'Authorization: Bearer KEY' on every request (or set ${API_KEY_ENV}: unlike a "
+        "command-line argument, other users cannot read it in the process list)",
     )
-    serve.add_argument(
-        "--model", default="starter", help="a GGUF path, a model name from the library, or 'starter'"
-    )
+    serve.add_argument("--model", default="starter", help="a GGUF path, a model name from the library, or 'starter'")
     serve.add_argument(
         "--kb",
         action="append",
@@ -55,11 +53,10 @@ def register(
         metavar="NAME",
         help="answer from this knowledge base when a request names none",
     )
-    serve.add_argument(
-        "--n-ctx", type=_positive, default=4096, help="context window in tokens (default 4096)"
-    )
+    serve.add_argument("--n-ctx", type=_positive, default=4096, help="context window in tokens (default 4096)")
     serve.add_argument("--threads", type=_positive, help="CPU threads (default: llama.cpp's choice)")
     serve.add_argument("--gpu-layers", type=int, default=0, help="layers to offload to the GPU")
+    serve.add_argument("--chroma-url", metavar="URL", help="knowledge bases live on this Chroma server")
     serve.add_argument("--no-embeddings", action="store_true", help="do not offer /v1/embeddings")
     add_json_flag(serve)
     serve.set_defaults(handler=run_serve)
@@ -155,6 +152,7 @@ def run_serve(args: argparse.Namespace, paths: Paths) -> int:
         n_threads=args.threads,
         n_gpu_layers=args.gpu_layers,
         knowledge_bases=tuple(args.kb),
+        chroma_url=args.chroma_url,
         embedder_path=None if args.no_embeddings else _embedder_path(paths),
     )
     stop = threading.Event()
@@ -244,9 +242,7 @@ def run_endpoints_models(args: argparse.Namespace, paths: Paths) -> int:
             {
                 "endpoint": endpoint.name,
                 "url": endpoint.url,
-                "models": [
-                    {"id": m.id, "owned_by": m.owned_by, "context_length": m.context_length} for m in models
-                ],
+                "models": [{"id": m.id, "owned_by": m.owned_by, "context_length": m.context_length} for m in models],
             }
         )
         return 0

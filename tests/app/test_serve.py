@@ -126,6 +126,10 @@ def _raw(
         connection.close()
 
 
+def _env_without_key() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k != "GLASSBOX_SERVE_API_KEY"}
+
+
 # ----------------------------------------------------------------------------- security
 
 
@@ -151,6 +155,7 @@ def test_cli_refuses_non_loopback_without_key(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "app", "--home", str(tmp_path), "serve", "--host", "0.0.0.0", "--port", "0"],
         capture_output=True,
+        env=_env_without_key(),
         text=True,
         timeout=60,
         cwd=ROOT,
@@ -495,7 +500,7 @@ def test_remote_session_reads_glassbox_serve(model_server: ServerHandle) -> None
 
 @pytest.mark.model
 def test_cli_serve_subprocess_starts_answers_and_stops(starter_model: Path, tmp_path: Path) -> None:
-    env = {**os.environ, "GLASSBOX_HOME": str(tmp_path)}
+    env = {**_env_without_key(), "GLASSBOX_HOME": str(tmp_path)}
     process = subprocess.Popen(
         [
             sys.executable,
@@ -563,3 +568,12 @@ def test_knowledge_base_field_gives_a_cited_answer(
     status, reply = _raw(model_server, "POST", "/v1/chat/completions", json.dumps(body).encode(), headers)
     assert status == 400
     assert "no-such-kb" in reply["error"]["message"]
+
+
+def test_api_key_from_environment_keeps_it_out_of_the_process_list(monkeypatch: pytest.MonkeyPatch) -> None:
+    from app.cli import build_parser
+
+    monkeypatch.setenv("GLASSBOX_SERVE_API_KEY", KEY)
+    assert build_parser().parse_args(["serve", "--host", "0.0.0.0"]).api_key == KEY
+    monkeypatch.delenv("GLASSBOX_SERVE_API_KEY")
+    assert build_parser().parse_args(["serve"]).api_key is None
