@@ -459,7 +459,7 @@ class ChatView(QScrollArea):
                 card.set_text("".join(self._stream_text))
         self.empty.setVisible(not messages)
         if self._follow:
-            QTimer.singleShot(0, self.scroll_to_bottom)
+            QTimer.singleShot(0, self, self.scroll_to_bottom)
 
     def _make_card(self, message: DisplayMessage) -> MessageCard:
         card = MessageCard(message, self._colors, self._assistant_name)

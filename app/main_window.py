@@ -195,6 +195,13 @@ class MainWindow(QMainWindow):
         self._build_shortcuts()
         self.apply_colors()
         self._restore_geometry()
+        # Timers owned by the window, so they die with it (a bare singleShot would outlive it).
+        self._banner_timer = QTimer(self)
+        self._banner_timer.setSingleShot(True)
+        self._banner_timer.timeout.connect(lambda: self.banner.setVisible(False))
+        self._index_timer = QTimer(self)
+        self._index_timer.setSingleShot(True)
+        self._index_timer.timeout.connect(lambda: self.index_label.setText(""))
         self._live_timer = QTimer(self)
         self._live_timer.setInterval(250)
         self._live_timer.timeout.connect(self._on_live_timer_timeout)
@@ -915,11 +922,7 @@ class MainWindow(QMainWindow):
         self.banner.setVisible(True)
         self.statusBar().showMessage(message, 15000)
 
-        def hide_if_unchanged() -> None:
-            if self.banner.text() == message:
-                self.banner.setVisible(False)
-
-        QTimer.singleShot(15000, hide_if_unchanged)
+        self._banner_timer.start(15000)
 
     def activate_from_second_launch(self) -> None:
         """Another launch asked us to come forward."""
@@ -982,7 +985,7 @@ class MainWindow(QMainWindow):
             return
         line = report.summary() if hasattr(report, "summary") else "done"
         self.index_label.setText(f"{job.kb}: {line}")
-        QTimer.singleShot(10000, lambda: self.index_label.setText(""))
+        self._index_timer.start(10000)
 
     @Slot(object)
     def _on_chat_sources_found(self, sources: list[dict[str, Any]]) -> None:
