@@ -24,7 +24,10 @@ class _Parser(argparse.ArgumentParser):
 
 def _common() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--home", metavar="DIR", help="keep all data under DIR (default: the user's folders)")
+    # SUPPRESS: a sub-parser built from these parents must not reset a --home given before the subcommand.
+    common.add_argument(
+        "--home", metavar="DIR", default=argparse.SUPPRESS, help="keep all data under DIR (default: the user's folders)"
+    )
     return common
 
 
@@ -53,7 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     multiprocessing.freeze_support()
     parser = build_parser()
     args = parser.parse_args(argv)
-    paths = Paths.resolve(args.home)
+    paths = Paths.resolve(getattr(args, "home", None))
     handler: Handler | None = getattr(args, "handler", None)
     if handler is None:
         if args.self_test:

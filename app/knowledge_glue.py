@@ -33,20 +33,28 @@ def documents_budget(n_ctx: int) -> int:
 
 
 def make_retriever(
-    paths: Paths, names: Sequence[str], chroma_url: str | None = None, embedder_path: Path | None = None
+    paths: Paths,
+    names: Sequence[str],
+    chroma_url: str | None = None,
+    embedder_path: Path | None = None,
+    *,
+    kbs: Any = None,
 ) -> Retriever:
     """Returns ``fn(query, session) -> (documents_block_or_None, sources)`` over ``names``.
 
     Sources are plain dicts (n, path, page, snippet, score, heading), ready for JSON and history.
+    Pass ``kbs`` (a ``rag.knowledge.KnowledgeBases``) to share one already open: it holds the
+    knowledge folder's lock, so a process opens it once.
     """
     from rag.knowledge import KnowledgeBases, retrieve_context
 
-    kbs = KnowledgeBases(paths.knowledge, embedder_path=embedder_path, chroma_url=chroma_url)
+    if kbs is None:
+        kbs = KnowledgeBases(paths.knowledge, embedder_path=embedder_path, chroma_url=chroma_url)
     for name in names:
         kbs.get(name)  # fail early, with the KB's own message, for an unknown name
 
     def retrieve(query: str, session: _Counting) -> tuple[str | None, list[dict[str, Any]]]:
-        n_ctx = session.info.n_ctx if session.info is not None else 4096
+        n_ctx = getattr(session.info, "n_ctx", None) or 4096  # a remote server may not say
         block = retrieve_context(kbs, list(names), query, documents_budget(n_ctx), session.count_text)
         if not block.sources:
             return None, []

@@ -36,7 +36,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -198,20 +198,15 @@ class _State:
         One ``KnowledgeBases`` serves every request: it holds the knowledge folder's lock, so a
         second one in the same process would be refused.
         """
-        from app.knowledge_glue import documents_budget
-        from rag.knowledge import KnowledgeBases, retrieve_context
+        from app.knowledge_glue import make_retriever
+        from rag.knowledge import KnowledgeBases
 
         if self._knowledge is None:
             self._knowledge = KnowledgeBases(
                 self.paths.knowledge, embedder_path=self.embedder_path, chroma_url=self.chroma_url
             )
-        for name in names:
-            self._knowledge.get(name)  # an unknown name fails with the knowledge base's own message
-        n_ctx = _backend_n_ctx(self.backend) or 4096
-        block = retrieve_context(self._knowledge, list(names), query, documents_budget(n_ctx), self.backend.count_text)
-        if not block.sources:
-            return None, []
-        return block.text, [asdict(source) for source in block.sources]
+        retriever = make_retriever(self.paths, names, kbs=self._knowledge)
+        return retriever(query, self.backend)
 
     def close_knowledge(self) -> None:
         if self._knowledge is not None and self._own_knowledge:
