@@ -36,8 +36,6 @@ from PySide6.QtWidgets import (
 from app.chat_view import ChatView, open_source
 from app.composer import Composer
 from app.inspector import InspectorPanel
-from app.knowledge_panel import KnowledgePanel, progress_text
-from app.model_panel import ModelPanel
 from app.paths import Paths
 from app.settings import Settings, load_settings, save_settings
 from app.sidebar import Sidebar
@@ -184,10 +182,11 @@ class MainWindow(QMainWindow):
         self.setCentralWidget(root)
 
         self.pages.addWidget(self._build_chat_page())
-        self.models_page = ModelPanel(self.models_adapter, settings.n_ctx)
-        self.pages.addWidget(self.models_page)
-        self.knowledge_page = KnowledgePanel(self.knowledge)
-        self.pages.addWidget(self.knowledge_page)
+        # The Models and Knowledge pages are built the first time they are shown (start-up cost).
+        self._models_page: Any = None
+        self._knowledge_page: Any = None
+        self.pages.addWidget(QWidget())
+        self.pages.addWidget(QWidget())
 
         self.toast = Toast(self)
         self.statusBar().showMessage("Starting…")
@@ -367,8 +366,6 @@ class MainWindow(QMainWindow):
         self.knowledge.error_occurred.connect(self.show_error)
         self.models_adapter.error_occurred.connect(self.show_error)
         self.models_adapter.library_changed.connect(self._on_models_library_changed)
-        self.models_page.load_requested.connect(self._on_models_page_load_requested)
-        self.models_page.unload_requested.connect(self.chat.unload_model)
         chat.bandwidth_measured.connect(self._on_chat_bandwidth_measured)
         self.knowledge.job_started.connect(self._on_knowledge_job_started)
         self.knowledge.progress_changed.connect(self._on_knowledge_progress_changed)
@@ -604,6 +601,40 @@ class MainWindow(QMainWindow):
             self.load_button.setText("Load")
             self.starter_note.setVisible(False)
 
+    @property
+    def models_page(self) -> Any:
+        """The Models page (``app.model_panel.ModelPanel``), built on first use."""
+        if self._models_page is None:
+            from app.model_panel import ModelPanel
+
+            page = ModelPanel(self.models_adapter, self.settings.n_ctx)
+            page.load_requested.connect(self._on_models_page_load_requested)
+            page.unload_requested.connect(self.chat.unload_model)
+            if self.chat.loaded is not None:
+                page.loaded_path = self.chat.loaded.path
+            self._replace_page(1, page)
+            self._models_page = page
+        return self._models_page
+
+    @property
+    def knowledge_page(self) -> Any:
+        """The Knowledge page (``app.knowledge_panel.KnowledgePanel``), built on first use."""
+        if self._knowledge_page is None:
+            from app.knowledge_panel import KnowledgePanel
+
+            page = KnowledgePanel(self.knowledge)
+            self._replace_page(2, page)
+            self._knowledge_page = page
+        return self._knowledge_page
+
+    def _replace_page(self, index: int, page: QWidget) -> None:
+        current = self.pages.currentIndex()
+        old = self.pages.widget(index)
+        self.pages.insertWidget(index, page)
+        self.pages.removeWidget(old)
+        old.deleteLater()
+        self.pages.setCurrentIndex(current)
+
     @Slot(object)
     def _on_models_library_changed(self, entries: list[Any]) -> None:
         self.set_models([e.path for e in entries if not e.error and e.available])
@@ -633,7 +664,8 @@ class MainWindow(QMainWindow):
             getattr(info, "model_bytes", None), getattr(info, "n_ctx", None), loaded.machine_bandwidth_gbps
         )
         self.statusBar().showMessage(f"Loaded {loaded.label} in {loaded.load_ms / 1000:.1f} s", 8000)
-        self.models_page.set_loaded(loaded.path)
+        if self._models_page is not None:
+            self._models_page.set_loaded(loaded.path)
         if loaded.machine_bandwidth_gbps:
             self.models_adapter.bandwidth_gbps = loaded.machine_bandwidth_gbps
         self.banner.setVisible(False)
@@ -901,7 +933,14 @@ class MainWindow(QMainWindow):
             self.chat_view.set_thread(self.chat.thread_messages)
 
     # ------------------------------------------------------------------ misc UI
+    def _ensure_page(self, index: int) -> None:
+        if index == 1:
+            _ = self.models_page
+        elif index == 2:
+            _ = self.knowledge_page
+
     def show_page(self, index: int) -> None:
+        self._ensure_page(index)
         self.pages.setCurrentIndex(index)
         button = self.nav_group.button(index)
         if button is not None:
@@ -909,6 +948,7 @@ class MainWindow(QMainWindow):
 
     @Slot(int)
     def _on_nav_group_id_clicked(self, index: int) -> None:
+        self._ensure_page(index)
         self.pages.setCurrentIndex(index)
 
     @Slot(bool)
@@ -976,6 +1016,8 @@ class MainWindow(QMainWindow):
 
     @Slot(object, object)
     def _on_knowledge_progress_changed(self, job: IndexJob, progress: Any) -> None:
+        from app.knowledge_panel import progress_text
+
         self.index_label.setText(f"{job.kb}: {progress_text(progress)}")
 
     @Slot(object, object)
