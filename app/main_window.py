@@ -1084,6 +1084,24 @@ def _safe_mode_reason(paths: Paths) -> str | None:
     return f"Glassbox stopped unexpectedly last time during: {what}. Started in safe mode (no model auto-load)."
 
 
+def _quit_on_signals(app: QApplication) -> None:
+    """Ctrl+C or SIGTERM closes the app the normal way (work cancelled, everything saved).
+
+    Python handles signals only when it runs, so a cheap timer lets it run while Qt waits.
+    """
+    import signal
+
+    def quit_app(_signum: int, _frame: object) -> None:
+        app.quit()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, quit_app)
+    ticker = QTimer(app)
+    ticker.setInterval(250)
+    ticker.timeout.connect(lambda: None)
+    ticker.start()
+
+
 def run_gui(paths: Paths, safe_mode: bool = False) -> int:
     """Starts the desktop app; returns the exit code.
 
@@ -1116,6 +1134,7 @@ def run_gui(paths: Paths, safe_mode: bool = False) -> int:
         settings_warning=loaded.warning,
     )
     instance.activation_requested.connect(window.activate_from_second_launch)
+    _quit_on_signals(app)
     window.show()
     QTimer.singleShot(0, window.start)
     try:
