@@ -239,6 +239,7 @@ def shoot(out: Path, width: int, height: int, with_model: bool) -> int:
 
     apply_theme(app, LIGHT)
     window.colors = LIGHT
+    window.settings.theme = "system"
     window.apply_colors()
     dialog = SettingsDialog(window.settings, window)
     dialog.show()
