@@ -8,7 +8,6 @@ huggingface_hub (a test checks it).
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 from pathlib import Path
@@ -20,7 +19,6 @@ from PySide6.QtWidgets import (
     QApplication,
     QButtonGroup,
     QComboBox,
-    QFileDialog,
     QFrame,
     QHBoxLayout,
     QLabel,
@@ -36,11 +34,15 @@ from PySide6.QtWidgets import (
 from app.chat_view import ChatView, open_source
 from app.composer import Composer
 from app.inspector import InspectorPanel
+from app.lifecycle import quit_on_signals, safe_mode_reason
 from app.paths import Paths
 from app.settings import Settings, load_settings, save_settings
 from app.sidebar import Sidebar
 from app.tasks import describe_error, run_in_background, shutdown_background
 from app.theme import RESOURCES, apply_theme, resolve_theme
+from app.toast import Toast
+from app.window_conversations import ConversationActions
+from app.window_documents import DocumentActions
 from app.workers.chat_adapter import (
     ChatAdapter,
     ChatState,
@@ -50,7 +52,7 @@ from app.workers.chat_adapter import (
     model_tooltip,
 )
 from app.workers.history_service import HistoryService
-from app.workers.knowledge_worker import IndexJob, KnowledgeAdapter
+from app.workers.knowledge_worker import KnowledgeAdapter
 from app.workers.llm_worker import LoadedModel, LoadRequest, SessionFactory
 from app.workers.models_worker import ModelsAdapter
 
@@ -72,52 +74,7 @@ def list_model_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.rglob("*.gguf") if p.is_file() and not p.name.startswith("."))
 
 
-class Toast(QFrame):
-    """A transient message with an optional action (e.g. "Chat deleted · Undo")."""
-
-    def __init__(self, parent: QWidget) -> None:
-        super().__init__(parent)
-        self.setObjectName("toast")
-        self.setAttribute(Qt.WidgetAttribute.WA_StyledBackground, True)
-        layout = QHBoxLayout(self)
-        layout.setContentsMargins(12, 6, 6, 6)
-        self.label = QLabel()
-        self.label.setObjectName("toastLabel")
-        self.action = QPushButton()
-        layout.addWidget(self.label)
-        layout.addWidget(self.action)
-        self._timer = QTimer(self)
-        self._timer.setSingleShot(True)
-        self._timer.timeout.connect(self.hide)
-        self._callback: Any = None
-        self.action.clicked.connect(self._on_action_clicked)
-        self.hide()
-
-    def show_message(self, text: str, action: str | None = None, callback: Any = None, ms: int = 8000) -> None:
-        self.label.setText(text)
-        self._callback = callback
-        self.action.setVisible(action is not None)
-        self.action.setText(action or "")
-        self.adjustSize()
-        self.reposition()
-        self.show()
-        self.raise_()
-        self._timer.start(ms)
-
-    def reposition(self) -> None:
-        parent = self.parentWidget()
-        if parent is not None:
-            self.move((parent.width() - self.width()) // 2, parent.height() - self.height() - 90)
-
-    @Slot()
-    def _on_action_clicked(self) -> None:
-        callback, self._callback = self._callback, None
-        self.hide()
-        if callback is not None:
-            callback()
-
-
-class MainWindow(QMainWindow):
+class MainWindow(ConversationActions, DocumentActions, QMainWindow):
     """Glassbox's window: navigation rail, chat page (sidebar, transcript, inspector), models, knowledge.
 
     Args:
@@ -428,9 +385,6 @@ class MainWindow(QMainWindow):
         if not self.settings_warning:
             self.statusBar().showMessage("Ready", 3000)
 
-    def _on_history_failed(self, exc: BaseException) -> None:
-        self.show_error(f"Chat history unavailable: {describe_error(exc)}")
-
     def _on_first_conversations(self, conversations: list[Any]) -> None:
         self.sidebar.set_conversations(conversations)
         if conversations:
@@ -631,8 +585,9 @@ class MainWindow(QMainWindow):
         current = self.pages.currentIndex()
         old = self.pages.widget(index)
         self.pages.insertWidget(index, page)
-        self.pages.removeWidget(old)
-        old.deleteLater()
+        if old is not None:
+            self.pages.removeWidget(old)
+            old.deleteLater()
         self.pages.setCurrentIndex(current)
 
     @Slot(object)
@@ -765,138 +720,6 @@ class MainWindow(QMainWindow):
         if not open_source(source):
             self.show_error(f"Could not open {source.get('path', 'the file')}")
 
-    # ------------------------------------------------------------------ conversations
-    def new_chat(self) -> None:
-        if self.chat.busy:
-            return
-        self.chat.new_conversation()
-        self.composer.edit.setFocus()
-
-    @Slot(int)
-    def _on_sidebar_conversation_selected(self, conversation_id: int) -> None:
-        if self.chat.busy:
-            self.show_error("Stop the current reply before switching chats.")
-            return
-        self.chat.open_conversation(conversation_id)
-
-    @Slot(int, int)
-    def _on_sidebar_hit_selected(self, conversation_id: int, message_id: int) -> None:
-        if self.chat.busy:
-            return
-
-        def open_branch(store: Any) -> None:
-            store.select_branch(message_id)
-
-        self.history.call(open_branch, lambda _r: self.chat.open_conversation(conversation_id), self._on_history_failed)
-
-    @Slot(int, str)
-    def _on_sidebar_rename_requested(self, conversation_id: int, title: str) -> None:
-        def rename(store: Any) -> None:
-            store.rename(conversation_id, title)
-
-        def done(_r: None) -> None:
-            self.chat.refresh_conversations()
-            if self.chat.conversation is not None and self.chat.conversation.id == conversation_id:
-                self.chat.reload_thread()
-
-        self.history.call(rename, done, self._on_history_failed)
-
-    def delete_conversation(self, conversation_id: int) -> None:
-        """Soft-deletes a chat; the toast offers Undo."""
-        if self.chat.busy and self.chat.conversation is not None and self.chat.conversation.id == conversation_id:
-            self.chat.stop()
-
-        def delete(store: Any) -> None:
-            store.delete(conversation_id)
-
-        def done(_r: None) -> None:
-            self._pending_delete = conversation_id
-            self.chat.refresh_conversations()
-            if self.chat.conversation is not None and self.chat.conversation.id == conversation_id:
-                self.chat.conversation = None
-                self.chat.thread_messages = []
-                self.chat_view.set_thread([])
-                self.setWindowTitle("Glassbox")
-            self.toast.show_message("Chat deleted.", "Undo", lambda: self.undo_delete(conversation_id))
-
-        self.history.call(delete, done, self._on_history_failed)
-
-    def undo_delete(self, conversation_id: int) -> None:
-        def restore(store: Any) -> None:
-            store.restore(conversation_id)
-
-        def done(_r: None) -> None:
-            self._pending_delete = None
-            self.chat.refresh_conversations()
-            self.chat.open_conversation(conversation_id)
-
-        self.history.call(restore, done, self._on_history_failed)
-
-    @Slot(str)
-    def _on_sidebar_search_requested(self, query: str) -> None:
-        if not query:
-            self.chat.refresh_conversations()
-            return
-        self.history.call(
-            lambda s: s.search(query),
-            lambda hits: self.sidebar.show_hits(query, hits),
-            self._on_history_failed,
-        )
-
-    def _focus_search(self) -> None:
-        self.show_page(0)
-        self.sidebar.search.setFocus()
-        self.sidebar.search.selectAll()
-
-    def export_conversation(self, conversation_id: int | None, fmt: str) -> None:
-        """Asks for a file name and exports the chat's current branch."""
-        from app.export import FORMATS, export_conversation
-        from app.workers.history_service import display_thread
-
-        conv_id = conversation_id if conversation_id is not None else getattr(self.chat.conversation, "id", None)
-        if conv_id is None:
-            return
-        path_text, _filter = QFileDialog.getSaveFileName(
-            self,
-            "Export chat",
-            str(Path.home() / f"chat-{conv_id}.{fmt}"),
-            ";;".join(FORMATS.values()),
-            FORMATS.get(fmt, ""),
-        )
-        if not path_text:
-            return
-        path = Path(path_text)
-        chosen = path.suffix.lstrip(".").lower()
-        chosen = {"markdown": "md", "htm": "html"}.get(chosen, chosen)
-        if chosen not in FORMATS:
-            chosen = fmt
-            path = path.with_suffix(f".{fmt}")
-
-        def write(store: Any) -> Path:
-            conv = store.get_conversation(conv_id)
-            export_conversation(path, chosen, conv.title, display_thread(store, conv_id), conv.system_prompt)
-            return path
-
-        self.history.call(
-            write,
-            lambda p: self.statusBar().showMessage(f"Exported to {p}", 8000),
-            lambda e: self.show_error(f"Export failed: {describe_error(e)}"),
-        )
-
-    def open_conversation_settings(self) -> None:
-        from app.conversation_settings import ConversationSettingsDialog
-
-        conv = self.chat.conversation
-        dialog = ConversationSettingsDialog(self.settings, conv, self)
-        if dialog.exec():
-            system, preset = dialog.values()
-            if conv is None:
-                self.chat.new_conversation(system_prompt=system, settings={"preset": preset})
-            else:
-                settings = dict(conv.settings or {})
-                settings["preset"] = preset
-                self.chat.update_conversation(system_prompt=system, settings=settings)
-
     # ------------------------------------------------------------------ settings & theme
     def open_settings(self) -> None:
         from app.settings_dialog import SettingsDialog
@@ -976,7 +799,7 @@ class MainWindow(QMainWindow):
         super().resizeEvent(event)
         self.toast.reposition()
 
-    # ------------------------------------------------------------------ drag and drop
+    # ------------------------------------------------------------------ drag and drop (see DocumentActions)
     def dragEnterEvent(self, event: QDragEnterEvent) -> None:
         if event.mimeData().hasUrls() and any(u.isLocalFile() for u in event.mimeData().urls()):
             event.acceptProposedAction()
@@ -986,54 +809,6 @@ class MainWindow(QMainWindow):
         if paths:
             event.acceptProposedAction()
             self.add_documents(paths)
-
-    def add_documents(self, paths: list[Path]) -> None:
-        """Adds dropped files or folders to the current chat's knowledge base (created on first drop)."""
-        conv = self.chat.conversation
-        if conv is None:
-            # A new chat to hold the documents; continue once it exists.
-            def create(store: Any) -> tuple[Any, list[Any]]:
-                return store.create_conversation(title="Documents"), []
-
-            def created(result: tuple[Any, list[Any]]) -> None:
-                self.chat._after_create(result)
-                self.add_documents(paths)
-
-            self.history.call(create, created, self._on_history_failed)
-            return
-        kbs = list(conv.knowledge_bases or [])
-        name = kbs[0] if kbs else f"chat-{conv.id}"
-        self.knowledge.ensure(name)
-        if name not in kbs:
-            self.chat.update_conversation(knowledge_bases=[*kbs, name])
-            self.docs_label.setText(f"Documents: {', '.join([*kbs, name])}")
-        self.knowledge.add(name, paths)
-        self.statusBar().showMessage(f"Indexing {len(paths)} item(s) into {name}…", 5000)
-
-    @Slot(object)
-    def _on_knowledge_job_started(self, job: IndexJob) -> None:
-        self.index_label.setText(f"{job.label}…")
-
-    @Slot(object, object)
-    def _on_knowledge_progress_changed(self, job: IndexJob, progress: Any) -> None:
-        from app.knowledge_panel import progress_text
-
-        self.index_label.setText(f"{job.kb}: {progress_text(progress)}")
-
-    @Slot(object, object)
-    def _on_knowledge_job_finished(self, job: IndexJob, report: Any) -> None:
-        if report is None:
-            self.index_label.setText("")
-            return
-        line = report.summary() if hasattr(report, "summary") else "done"
-        self.index_label.setText(f"{job.kb}: {line}")
-        self._index_timer.start(10000)
-
-    @Slot(object)
-    def _on_chat_sources_found(self, sources: list[dict[str, Any]]) -> None:
-        card = self.chat_view._streaming
-        if card is not None:
-            card.set_sources(sources)
 
     # ------------------------------------------------------------------ geometry & shutdown
     def _restore_geometry(self) -> None:
@@ -1070,38 +845,6 @@ class MainWindow(QMainWindow):
         event.accept()
 
 
-def _safe_mode_reason(paths: Paths) -> str | None:
-    """If the last run crashed during risky work, says what crashed (and clears the breadcrumb)."""
-    crumb = paths.breadcrumb
-    if not crumb.exists():
-        return None
-    try:
-        data = json.loads(crumb.read_text(encoding="utf-8"))
-        what = f"{data.get('attempting', 'work')} {Path(str(data.get('path', '?'))).name}"
-    except (OSError, ValueError, AttributeError):
-        what = "risky work"
-    crumb.unlink(missing_ok=True)
-    return f"Glassbox stopped unexpectedly last time during: {what}. Started in safe mode (no model auto-load)."
-
-
-def _quit_on_signals(app: QApplication) -> None:
-    """Ctrl+C or SIGTERM closes the app the normal way (work cancelled, everything saved).
-
-    Python handles signals only when it runs, so a cheap timer lets it run while Qt waits.
-    """
-    import signal
-
-    def quit_app(_signum: int, _frame: object) -> None:
-        app.quit()
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, quit_app)
-    ticker = QTimer(app)
-    ticker.setInterval(250)
-    ticker.timeout.connect(lambda: None)
-    ticker.start()
-
-
 def run_gui(paths: Paths, safe_mode: bool = False) -> int:
     """Starts the desktop app; returns the exit code.
 
@@ -1124,7 +867,7 @@ def run_gui(paths: Paths, safe_mode: bool = False) -> int:
             return 0
         print(f"glassbox: error: {paths.lock_file}: another Glassbox holds this data folder", file=sys.stderr)  # noqa: T201
         return 1
-    reason = _safe_mode_reason(paths)
+    reason = safe_mode_reason(paths)
     loaded = load_settings(paths.settings_file)
     window = MainWindow(
         paths,
@@ -1134,7 +877,7 @@ def run_gui(paths: Paths, safe_mode: bool = False) -> int:
         settings_warning=loaded.warning,
     )
     instance.activation_requested.connect(window.activate_from_second_launch)
-    _quit_on_signals(app)
+    quit_on_signals(app)
     window.show()
     QTimer.singleShot(0, window.start)
     try:

@@ -48,10 +48,10 @@ def test_stale_lock_from_a_dead_process_is_taken_over(tmp_path: Path) -> None:
 def test_breadcrumb_from_a_crashed_load_starts_safe_mode(qtbot: Any, paths: Paths, fake_model: Path) -> None:
     from conftest import FakeSession, make_window
 
-    from app.main_window import _safe_mode_reason
+    from app.lifecycle import safe_mode_reason
 
     paths.breadcrumb.write_text(json.dumps({"attempting": "load model", "path": str(fake_model)}))
-    reason = _safe_mode_reason(paths)
+    reason = safe_mode_reason(paths)
     assert reason is not None
     assert "fake-model.gguf" in reason
     assert "safe mode" in reason

@@ -1,0 +1,177 @@
+"""The main window's conversation actions: new, open, search, rename, delete with undo, export,
+per-chat settings. A mixin of :class:`app.main_window.MainWindow` (kept apart for size)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+from PySide6.QtCore import Slot
+from PySide6.QtWidgets import QFileDialog
+
+from app.tasks import describe_error
+
+if TYPE_CHECKING:
+    from PySide6.QtWidgets import QStatusBar, QWidget
+
+    from app.chat_view import ChatView
+    from app.composer import Composer
+    from app.settings import Settings
+    from app.sidebar import Sidebar
+    from app.toast import Toast
+    from app.workers.chat_adapter import ChatAdapter
+    from app.workers.history_service import HistoryService
+
+
+class ConversationActions:
+    """Conversation actions of the main window (needs the attributes annotated below)."""
+
+    chat: ChatAdapter
+    history: HistoryService
+    sidebar: Sidebar
+    chat_view: ChatView
+    composer: Composer
+    toast: Toast
+    settings: Settings
+    _pending_delete: int | None
+
+    if TYPE_CHECKING:  # provided by MainWindow / QMainWindow; declared for the type checker only
+
+        def show_error(self, message: str) -> None: ...
+        def show_page(self, index: int) -> None: ...
+        def setWindowTitle(self, title: str) -> None: ...
+        def statusBar(self) -> QStatusBar: ...
+
+    def _on_history_failed(self, exc: BaseException) -> None:
+        self.show_error(f"Chat history unavailable: {describe_error(exc)}")
+
+    def new_chat(self) -> None:
+        if self.chat.busy:
+            return
+        self.chat.new_conversation()
+        self.composer.edit.setFocus()
+
+    @Slot(int)
+    def _on_sidebar_conversation_selected(self, conversation_id: int) -> None:
+        if self.chat.busy:
+            self.show_error("Stop the current reply before switching chats.")
+            return
+        self.chat.open_conversation(conversation_id)
+
+    @Slot(int, int)
+    def _on_sidebar_hit_selected(self, conversation_id: int, message_id: int) -> None:
+        if self.chat.busy:
+            return
+
+        def open_branch(store: Any) -> None:
+            store.select_branch(message_id)
+
+        self.history.call(open_branch, lambda _r: self.chat.open_conversation(conversation_id), self._on_history_failed)
+
+    @Slot(int, str)
+    def _on_sidebar_rename_requested(self, conversation_id: int, title: str) -> None:
+        def rename(store: Any) -> None:
+            store.rename(conversation_id, title)
+
+        def done(_r: None) -> None:
+            self.chat.refresh_conversations()
+            if self.chat.conversation is not None and self.chat.conversation.id == conversation_id:
+                self.chat.reload_thread()
+
+        self.history.call(rename, done, self._on_history_failed)
+
+    def delete_conversation(self, conversation_id: int) -> None:
+        """Soft-deletes a chat; the toast offers Undo."""
+        if self.chat.busy and self.chat.conversation is not None and self.chat.conversation.id == conversation_id:
+            self.chat.stop()
+
+        def delete(store: Any) -> None:
+            store.delete(conversation_id)
+
+        def done(_r: None) -> None:
+            self._pending_delete = conversation_id
+            self.chat.refresh_conversations()
+            if self.chat.conversation is not None and self.chat.conversation.id == conversation_id:
+                self.chat.conversation = None
+                self.chat.thread_messages = []
+                self.chat_view.set_thread([])
+                self.setWindowTitle("Glassbox")
+            self.toast.show_message("Chat deleted.", "Undo", lambda: self.undo_delete(conversation_id))
+
+        self.history.call(delete, done, self._on_history_failed)
+
+    def undo_delete(self, conversation_id: int) -> None:
+        def restore(store: Any) -> None:
+            store.restore(conversation_id)
+
+        def done(_r: None) -> None:
+            self._pending_delete = None
+            self.chat.refresh_conversations()
+            self.chat.open_conversation(conversation_id)
+
+        self.history.call(restore, done, self._on_history_failed)
+
+    @Slot(str)
+    def _on_sidebar_search_requested(self, query: str) -> None:
+        if not query:
+            self.chat.refresh_conversations()
+            return
+        self.history.call(
+            lambda s: s.search(query),
+            lambda hits: self.sidebar.show_hits(query, hits),
+            self._on_history_failed,
+        )
+
+    def _focus_search(self) -> None:
+        self.show_page(0)
+        self.sidebar.search.setFocus()
+        self.sidebar.search.selectAll()
+
+    def export_conversation(self, conversation_id: int | None, fmt: str) -> None:
+        """Asks for a file name and exports the chat's current branch."""
+        from app.export import FORMATS, export_conversation
+        from app.workers.history_service import display_thread
+
+        conv_id = conversation_id if conversation_id is not None else getattr(self.chat.conversation, "id", None)
+        if conv_id is None:
+            return
+        path_text, _filter = QFileDialog.getSaveFileName(
+            cast("QWidget", self),
+            "Export chat",
+            str(Path.home() / f"chat-{conv_id}.{fmt}"),
+            ";;".join(FORMATS.values()),
+            FORMATS.get(fmt, ""),
+        )
+        if not path_text:
+            return
+        path = Path(path_text)
+        chosen = path.suffix.lstrip(".").lower()
+        chosen = {"markdown": "md", "htm": "html"}.get(chosen, chosen)
+        if chosen not in FORMATS:
+            chosen = fmt
+            path = path.with_suffix(f".{fmt}")
+
+        def write(store: Any) -> Path:
+            conv = store.get_conversation(conv_id)
+            export_conversation(path, chosen, conv.title, display_thread(store, conv_id), conv.system_prompt)
+            return path
+
+        self.history.call(
+            write,
+            lambda p: self.statusBar().showMessage(f"Exported to {p}", 8000),
+            lambda e: self.show_error(f"Export failed: {describe_error(e)}"),
+        )
+
+    def open_conversation_settings(self) -> None:
+        from app.conversation_settings import ConversationSettingsDialog
+
+        conv = self.chat.conversation
+        dialog = ConversationSettingsDialog(self.settings, conv, cast("QWidget", self))
+        if dialog.exec():
+            system, preset = dialog.values()
+            if conv is None:
+                self.chat.new_conversation(system_prompt=system, settings={"preset": preset})
+            else:
+                settings = dict(conv.settings or {})
+                settings["preset"] = preset
+                self.chat.update_conversation(system_prompt=system, settings=settings)
