@@ -274,12 +274,20 @@ def _tree_kib(root: Path) -> int:
     return sum(p.stat().st_size for p in root.rglob("*") if p.is_file() and not p.is_symlink()) // 1024 + 1
 
 
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:  # another file system, or links not allowed
+        shutil.copy2(src, dst)
+
+
 def stage_deb(bundle: Path, stage: Path, version: str, arch: str) -> Path:
     """Lays out the .deb's file tree under ``stage`` (returns it): /opt/glassbox, the launcher,
     the desktop entry, the icon and DEBIAN/ with control, postinst and postrm."""
     linux = INSTALLERS / "linux"
     shutil.rmtree(stage, ignore_errors=True)
-    shutil.copytree(bundle, stage / "opt" / "glassbox", symlinks=True)
+    # Hard links, not copies: the bundle is ~1.4 GB and dpkg-deb only reads it.
+    shutil.copytree(bundle, stage / "opt" / "glassbox", symlinks=True, copy_function=_link_or_copy)
     launcher = stage / "usr" / "bin" / "glassbox"
     launcher.parent.mkdir(parents=True)
     shutil.copy2(linux / "glassbox", launcher)
