@@ -6,6 +6,8 @@ README.md explains the GPU variant), and no headers, CMake files, test libraries
 bytecode and source (``pyz+py``), because TorchScript and ``inspect`` read the source.
 """
 
+import os
+
 from PyInstaller import compat
 from PyInstaller.utils.hooks import PY_DYLIB_PATTERNS, collect_data_files, collect_dynamic_libs, collect_submodules
 
@@ -53,7 +55,7 @@ datas = collect_data_files("torch", excludes=_SKIP_FILES)
 binaries = [
     (src, dest)
     for src, dest in collect_dynamic_libs("torch", search_patterns=[*PY_DYLIB_PATTERNS, "*.so.*"])
-    if not src.rsplit("/", 1)[-1].startswith(_TEST_LIBS)
+    if not os.path.basename(src).startswith(_TEST_LIBS)
 ]
 if compat.is_linux:
     # As in the contrib hook: symlinks from torch/lib to the bundle's top confuse torch's own
