@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import FakeSession, make_window
+from gui_support import FakeSession, make_window
 from PySide6.QtCore import Qt
 
 from app.paths import Paths

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import FakeSession, make_window
+from gui_support import FakeSession, make_window
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
 from hub_server import FakeHub, random_bytes

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import make_window
+from gui_support import make_window
 from PySide6.QtCore import Qt, QTimer
 
 from app.paths import Paths

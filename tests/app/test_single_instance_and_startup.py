@@ -46,7 +46,7 @@ def test_stale_lock_from_a_dead_process_is_taken_over(tmp_path: Path) -> None:
 
 
 def test_breadcrumb_from_a_crashed_load_starts_safe_mode(qtbot: Any, paths: Paths, fake_model: Path) -> None:
-    from conftest import FakeSession, make_window
+    from gui_support import FakeSession, make_window
 
     from app.lifecycle import safe_mode_reason
 

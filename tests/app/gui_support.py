@@ -1,0 +1,135 @@
+"""GUI test helpers shared by several test files: a fake engine session (llm's MockModel style)
+and the main window factory. Imported by name (``from gui_support import ...``): test files must
+not import ``conftest``, which is ambiguous when several folders have one.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from app.paths import Paths
+from app.settings import Settings
+from engine.events import Finished, PrefillProgress, Stats, Token
+
+
+@dataclass(frozen=True)
+class PromptView:
+    """Same shape as engine.session.PromptView."""
+
+    token_ids: list[int]
+    pieces: list[str]
+
+
+class FakeSession:
+    """Streams a canned reply word by word; honours cancel; records what it was asked.
+
+    Args:
+        reply: the text to stream (split on spaces).
+        delay_s: pause between tokens.
+    """
+
+    def __init__(self, request: Any, bandwidth: float | None, reply: str = "", delay_s: float = 0.0) -> None:
+        self.request = request
+        self.bandwidth = bandwidth
+        self.reply = reply or "Hello from the fake model. It streams a few words."
+        self.delay_s = delay_s
+        self.calls: list[dict[str, Any]] = []
+        self.closed = False
+
+    @property
+    def info(self) -> Any:
+        return self.load()
+
+    def count_text(self, text: str) -> int:
+        return len(text.split())
+
+    def load(self, cancel: threading.Event | None = None) -> Any:
+        from engine.runtime import ModelInfo
+
+        return ModelInfo(
+            path=str(self.request.model_path),
+            architecture="fake",
+            n_ctx=self.request.n_ctx,
+            n_ctx_train=2048,
+            n_vocab=100,
+            n_params=1000,
+            model_bytes=123_456_789,
+            n_layers=2,
+            n_gpu_layers=0,
+            gpu_offload_supported=False,
+            bos_token=None,
+            eos_token=None,
+            add_bos=False,
+            chat_template=None,
+        )
+
+    def stream(
+        self,
+        history: Sequence[Any],
+        user: str,
+        params: Any = None,
+        *,
+        system: str | None = None,
+        documents: str | None = None,
+        cancel: threading.Event | None = None,
+    ) -> Iterator[Any]:
+        self.calls.append({"history": list(history), "user": user, "system": system, "documents": documents})
+        yield PrefillProgress(5, 10)
+        yield PrefillProgress(10, 10)
+        words = self.reply.split(" ")
+        sent: list[str] = []
+        reason = "stop"
+        for i, word in enumerate(words):
+            if cancel is not None and cancel.is_set():
+                reason = "cancelled"
+                break
+            piece = word if i == 0 else " " + word
+            sent.append(piece)
+            yield Token(piece, i)
+            if self.delay_s:
+                time.sleep(self.delay_s)
+        stats = Stats(
+            n_ctx=self.request.n_ctx,
+            prompt_tokens=42,
+            cached_tokens=7,
+            completion_tokens=len(sent),
+            context_used=42 + len(sent),
+            evicted_messages=0,
+            ttft_ms=12.5,
+            prefill_ms=20.0,
+            decode_ms=100.0,
+            prefill_tps=1750.0,
+            decode_tps=88.25,
+            kv_cache_bytes=4 * 2**20,
+            kv_used_bytes=2**20,
+            model_bytes=123_456_789,
+            bandwidth_gbps=11.0,
+            machine_bandwidth_gbps=20.0,
+            template="fallback:chatml",
+            budget={
+                "system": 10,
+                "documents": 0,
+                "history": 20,
+                "current": 12,
+                "reserve": 512,
+                "free": self.request.n_ctx - 554,
+            },
+        )
+        yield stats
+        yield Finished(reason=reason, stats=stats, text="".join(sent))  # type: ignore[arg-type]
+
+    def prompt_view(self) -> PromptView:
+        return PromptView([1, 2, 3], ["<bos>", "Hello", " world"])
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def make_window(paths: Paths, factory: Any = None, settings: Settings | None = None, **kwargs: Any) -> Any:
+    from app.main_window import MainWindow
+
+    return MainWindow(paths, settings or Settings(theme="light"), session_factory=factory, **kwargs)
