@@ -50,5 +50,8 @@ test: lint
 bench: $(VENV)/.dev-deps
 	QT_QPA_PLATFORM=offscreen $(PY) -m pytest tests/bench/bench_*.py -s -p no:cacheprovider
 
+screenshots: $(VENV)/.dev-deps
+	$(PY) tools/screenshots.py
+
 clean:
 	rm -rf $(VENV) build dist .pytest_cache .mypy_cache .ruff_cache
