@@ -19,13 +19,17 @@ from app.paths import Paths
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:
-    parser = sub.add_parser("chat", parents=[common], help="chat with a local model in the terminal")
-    parser.add_argument("--model", required=True, help="a GGUF path, a model name from the library, or 'starter'")
+    parser = sub.add_parser("chat", parents=[common], help="chat with a local or remote model in the terminal")
+    parser.add_argument("--model", help="a GGUF path, a model name from the library, or 'starter'; with "
+                        "--endpoint, the server's model id (default: the server's first model)")
+    parser.add_argument("--endpoint", metavar="NAME",
+                        help="chat with a model on this saved OpenAI-compatible endpoint instead of a local one")
     parser.add_argument("--prompt", help="answer this once (default: read user turns from stdin, one per line)")
     parser.add_argument("--system", help="system prompt")
     parser.add_argument("--kb", action="append", default=[], metavar="NAME", help="answer from this knowledge base")
     parser.add_argument("--chroma-url", metavar="URL", help="knowledge bases on a Chroma server (http://host:port)")
-    parser.add_argument("--n-ctx", type=_positive, default=4096, help="context window in tokens (default 4096)")
+    parser.add_argument("--n-ctx", type=_positive, default=None,
+                        help="context window in tokens (default 4096; with --endpoint, what the server reports)")
     parser.add_argument("--max-tokens", type=_positive, default=512, help="reply length limit (default 512)")
     parser.add_argument("--temperature", type=float, default=0.7, help="0 is greedy and deterministic")
     parser.add_argument("--seed", type=int, help="sampling seed")
@@ -94,20 +98,20 @@ def _bandwidth(paths: Paths) -> float | None:
 
 def run(args: argparse.Namespace, paths: Paths) -> int:
     from engine.context import Message
-    from engine.runtime import GenerationParams, LoadParams
-    from engine.session import ChatSession
+    from engine.runtime import GenerationParams
 
-    model = resolve_model(args.model, paths)
+    if args.endpoint is None and not args.model:
+        print("glassbox: error: chat needs --model (or --endpoint NAME for a remote server)", file=sys.stderr)
+        return 2
     try:
-        gpu_layers = _gpu_layers(args.gpu_layers, model, args.n_ctx)
+        session = _remote_session(args, paths) if args.endpoint is not None else _local_session(args, paths)
     except argparse.ArgumentTypeError as exc:
         print(f"glassbox: error: {exc}", file=sys.stderr)
         return 2
-    load = LoadParams(model_path=model, n_ctx=args.n_ctx, n_threads=args.threads, n_gpu_layers=gpu_layers)
     params = GenerationParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
     retriever = _retriever(args, paths) if args.kb else None
     history: list[Message] = []
-    with ChatSession(load, machine_bandwidth_gbps=_bandwidth(paths), overflow_policy=args.overflow) as session:
+    with session:
         session.load()
         for user in _turns(args):
             documents, sources = retriever(user, session) if retriever else (None, [])
@@ -118,6 +122,29 @@ def run(args: argparse.Namespace, paths: Paths) -> int:
                 _print_sources(sources)
             history += [Message("user", user), Message("assistant", reply)]
     return 0
+
+
+def _local_session(args: argparse.Namespace, paths: Paths) -> Any:
+    """A ChatSession for ``--model`` (a path, a library name or 'starter'). Raises ModelFileError."""
+    from engine.runtime import LoadParams
+    from engine.session import ChatSession
+
+    model = resolve_model(args.model, paths)
+    n_ctx = args.n_ctx or 4096
+    gpu_layers = _gpu_layers(args.gpu_layers, model, n_ctx)
+    load = LoadParams(model_path=model, n_ctx=n_ctx, n_threads=args.threads, n_gpu_layers=gpu_layers)
+    return ChatSession(load, machine_bandwidth_gbps=_bandwidth(paths), overflow_policy=args.overflow)
+
+
+def _remote_session(args: argparse.Namespace, paths: Paths) -> Any:
+    """A RemoteSession on the saved endpoint ``--endpoint``. Raises EngineError for an unknown name."""
+    from engine.endpoints import EndpointStore
+    from engine.remote import RemoteSession
+
+    endpoint = EndpointStore(paths.config / "endpoints.json").get(args.endpoint)
+    return RemoteSession(
+        endpoint.url, args.model or None, endpoint.api_key, n_ctx=args.n_ctx, overflow_policy=args.overflow
+    )
 
 
 def _turns(args: argparse.Namespace) -> Iterator[str]:

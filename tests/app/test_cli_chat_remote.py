@@ -1,0 +1,83 @@
+"""``glassbox chat --endpoint NAME``: the CLI chats with a saved OpenAI-compatible server.
+
+Runs in-process against the scripted loopback server of ``tests/engine/test_remote.py`` (fast, no
+model needed).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from app.cli import main
+from engine.endpoints import EndpointStore
+from tests.engine.test_remote import ScriptedServer, delta, models_route, sse
+
+
+@pytest.fixture
+def server() -> Iterator[ScriptedServer]:
+    scripted = ScriptedServer({
+        "/v1/models": models_route("tiny-a", "tiny-b"),
+        "/v1/chat/completions": lambda body: (200, sse(delta("Hel"), delta("lo!"), delta(finish="stop"))),
+    })
+    yield scripted
+    scripted.close()
+
+
+def test_chat_endpoint_streams_the_servers_reply(
+    server: ScriptedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from app.paths import Paths
+
+    paths = Paths.resolve(str(tmp_path))
+    paths.config.mkdir(parents=True, exist_ok=True)
+    EndpointStore(paths.config / "endpoints.json").add(server.url, name="lab", api_key="sk-secret-key-1234")
+    code = main(["chat", "--endpoint", "lab", "--model", "tiny-b", "--prompt", "Say hello",
+                 "--temperature", "0", "--json", "--home", str(tmp_path)])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    doc = json.loads(out.out)
+    assert doc["text"] == "Hello!"
+    assert doc["finish_reason"] == "stop"
+    chats = [(body, headers) for path, body, headers in server.requests if path == "/v1/chat/completions"]
+    assert len(chats) == 1
+    body, headers = chats[0]
+    assert body["model"] == "tiny-b"
+    assert body["messages"][-1] == {"role": "user", "content": "Say hello"}
+    assert headers.get("Authorization") == "Bearer sk-secret-key-1234"
+
+
+def test_chat_endpoint_without_model_uses_the_servers_first(
+    server: ScriptedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from app.paths import Paths
+
+    paths = Paths.resolve(str(tmp_path))
+    paths.config.mkdir(parents=True, exist_ok=True)
+    EndpointStore(paths.config / "endpoints.json").add(server.url, name="lab")
+    code = main(["chat", "--endpoint", "lab", "--prompt", "hi", "--home", str(tmp_path)])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    assert out.out == "Hello!\n"
+    body = next(body for path, body, _ in server.requests if path == "/v1/chat/completions")
+    assert body["model"] == "tiny-a"
+
+
+def test_chat_unknown_endpoint_is_one_line_exit_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["chat", "--endpoint", "nowhere", "--prompt", "hi", "--home", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err.startswith("glassbox: error: nowhere: no saved endpoint by that name")
+    assert err.count("\n") == 1
+
+
+def test_chat_without_model_or_endpoint_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["chat", "--prompt", "hi", "--home", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "--model" in err and "--endpoint" in err
