@@ -481,14 +481,20 @@ class InspectorPanel(QFrame):
         """Shows a finished turn's stats (``engine.events.Stats`` or its dict)."""
         if stats is None:
             return
-        budget = dict(_get(stats, "budget", {}) or {})
+        raw = dict(_get(stats, "budget", {}) or {})
+        # A remote backend adds flags (``estimated``, ``n_ctx_unknown``): not parts of the window.
+        budget = {key: int(raw[key]) for key, _ in SEGMENTS if key in raw}
         n_ctx = int(_get(stats, "n_ctx", 0) or 0)
         used = int(_get(stats, "context_used", 0) or 0)
         if budget:
             self.context_bar.set_budget(budget)
             for key, _ in SEGMENTS:
                 self._show(f"budget.{key}", str(int(budget.get(key, 0))), self.legend_labels[key])
-        self._show("context_used", f"{used} of {n_ctx} tokens used", self.context_summary)
+        window = "an unknown window size" if raw.get("n_ctx_unknown") else f"{n_ctx}"
+        summary = f"{used} of {window} tokens used"
+        if raw.get("estimated"):
+            summary += " (estimated: the server has no tokenizer endpoint)"
+        self._show("context_used", summary, self.context_summary)
         evicted = int(_get(stats, "evicted_messages", 0) or 0)
         self.shown["evicted_messages"] = str(evicted)
         self.evicted_label.setText(

@@ -125,8 +125,12 @@ class MainWindow(ConversationActions, DocumentActions, QMainWindow):
             folder, folder / "manifest.json", paths.config / "model_folders.json", parent=self
         )
         self.chat = ChatAdapter(
-            self.history, session_factory, retriever_factory=self.knowledge.chat_retriever, parent=self
+            self.history, session_factory, retriever_factory=self.knowledge.chat_retriever, parent=self,
+            endpoints_file=paths.config / "endpoints.json",
         )
+        from app.endpoints_dialog import RemoteIntegration
+
+        self.remote = RemoteIntegration(self)
         self.colors = resolve_theme(settings.theme)
 
         root = QWidget()
@@ -247,6 +251,10 @@ class MainWindow(ConversationActions, DocumentActions, QMainWindow):
         self.load_button.setToolTip("Load the selected model (Ctrl+L)")
         self.load_button.clicked.connect(self._on_load_button_clicked)
         row.addWidget(self.load_button)
+        self.add_endpoint_button = QPushButton("Add endpoint…")
+        self.add_endpoint_button.setToolTip("Chat with models on an OpenAI-compatible server (vLLM, Ollama, …)")
+        self.add_endpoint_button.clicked.connect(lambda: self.remote.add_endpoint())
+        row.addWidget(self.add_endpoint_button)
         self.model_status = QLabel("No model loaded")
         self.model_status.setObjectName("modelStatus")
         row.addWidget(self.model_status)
@@ -381,6 +389,7 @@ class MainWindow(ConversationActions, DocumentActions, QMainWindow):
         self.history.call(lambda s: s.recover_pending(), None, lambda e: self.show_error(describe_error(e)))
         self.history.call(lambda s: s.list_conversations(), self._on_first_conversations, self._on_history_failed)
         self.refresh_models(first_start=True)
+        self.remote.refresh_models()
         run_in_background(warm_up_rendering)
         if not self.settings_warning:
             self.statusBar().showMessage("Ready", 3000)
@@ -420,7 +429,7 @@ class MainWindow(ConversationActions, DocumentActions, QMainWindow):
         current = self.model_picker.currentData()
         self.models = list(found)
         self.model_picker.clear()
-        for path in found:
+        for path in [*found, *self.remote.remote_models]:
             self.model_picker.addItem(model_label(path), str(path))
             self.model_picker.setItemData(
                 self.model_picker.count() - 1, model_tooltip(path), Qt.ItemDataRole.ToolTipRole
@@ -429,7 +438,7 @@ class MainWindow(ConversationActions, DocumentActions, QMainWindow):
             index = self.model_picker.findData(current)
             if index >= 0:
                 self.model_picker.setCurrentIndex(index)
-        self.load_button.setEnabled(bool(found))
+        self.load_button.setEnabled(self.model_picker.count() > 0)
 
     def _install_starter(self) -> None:
         from engine.starter import starter_package_available
@@ -724,12 +733,13 @@ class MainWindow(ConversationActions, DocumentActions, QMainWindow):
     def open_settings(self) -> None:
         from app.settings_dialog import SettingsDialog
 
-        dialog = SettingsDialog(self.settings, self)
+        dialog = SettingsDialog(self.settings, self, server_url=self.remote.server_url)
         if not dialog.exec():
             return
         old = self.settings
         self.settings = dialog.result_settings()
         self.save_settings()
+        self.remote.apply_server_settings()
         if self.settings.theme != old.theme:
             self.colors = resolve_theme(self.settings.theme)
             self.apply_colors()
@@ -834,6 +844,7 @@ class MainWindow(ConversationActions, DocumentActions, QMainWindow):
         self._live_timer.stop()
         self._save_geometry()
         self.save_settings()
+        self.remote.shutdown()
         clean = self.chat.shutdown(SHUTDOWN_DEADLINE_S)
         self.knowledge.shutdown(wait=True)
         self.models_adapter.shutdown(wait=False)

@@ -86,6 +86,12 @@ class Settings(BaseModel):
     presets: list[SamplingPreset] = Field(default_factory=lambda: list(DEFAULT_PRESETS))
     default_preset: str = "Balanced"
     show_inspector: bool = True
+    api_server_enabled: bool = False
+    """Serve the loaded model as an OpenAI-compatible API on loopback (``glassbox serve`` in the app)."""
+    api_server_port: int = Field(default=8080, ge=0, le=65535)
+    """0 picks a free port."""
+    api_server_key: str | None = None
+    """When set, API requests must send ``Authorization: Bearer <key>`` (the file is then 0600)."""
 
     def preset(self, name: str | None) -> SamplingPreset:
         """The preset called ``name``, else the default one, else the first."""
@@ -173,6 +179,8 @@ def save_settings(settings: Settings, path: Path) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with tmp.open("w", encoding="utf-8") as out:
+            if settings.api_server_key:
+                os.chmod(tmp, 0o600)  # the file now holds a secret: owner-only, before writing it
             out.write(text)
             out.flush()
             os.fsync(out.fileno())

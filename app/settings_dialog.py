@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -11,7 +12,9 @@ from PySide6.QtWidgets import (
     QDialogButtonBox,
     QFileDialog,
     QFormLayout,
+    QGroupBox,
     QHBoxLayout,
+    QLabel,
     QLineEdit,
     QPlainTextEdit,
     QPushButton,
@@ -26,7 +29,7 @@ from app.settings import Settings
 class SettingsDialog(QDialog):
     """Models folder, threads, GPU layers, context length, overflow policy, system prompt, embedder, theme."""
 
-    def __init__(self, settings: Settings, parent: QWidget | None = None) -> None:
+    def __init__(self, settings: Settings, parent: QWidget | None = None, server_url: str | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("Settings")
         self.setMinimumWidth(560)
@@ -87,10 +90,32 @@ class SettingsDialog(QDialog):
         self.auto_load.setChecked(settings.auto_load_model)
         form.addRow(self.auto_load)
         layout.addLayout(form)
+        layout.addWidget(self._server_section(settings, server_url))
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
         layout.addWidget(buttons)
+
+    def _server_section(self, settings: Settings, server_url: str | None) -> QGroupBox:
+        box = QGroupBox("Local API server")
+        form = QFormLayout(box)
+        self.server_enabled = QCheckBox("Serve the loaded model as an OpenAI-compatible API on this computer")
+        self.server_enabled.setChecked(settings.api_server_enabled)
+        form.addRow(self.server_enabled)
+        self.server_port = QSpinBox()
+        self.server_port.setRange(0, 65535)
+        self.server_port.setSpecialValueText("any free port")
+        self.server_port.setValue(settings.api_server_port)
+        form.addRow("Port:", self.server_port)
+        self.server_key = QLineEdit(settings.api_server_key or "")
+        self.server_key.setEchoMode(QLineEdit.EchoMode.Password)
+        self.server_key.setPlaceholderText("optional: clients must send it as a Bearer token")
+        form.addRow("API key:", self.server_key)
+        self.server_url = QLabel(f"Running at {server_url}" if server_url else "Not running")
+        self.server_url.setObjectName("apiServerUrl")
+        self.server_url.setTextInteractionFlags(self.server_url.textInteractionFlags() | _selectable())
+        form.addRow("Status:", self.server_url)
+        return box
 
     def _browse_models(self) -> None:
         folder = QFileDialog.getExistingDirectory(self, "Models folder", self.models_dir.text() or str(Path.home()))
@@ -111,5 +136,12 @@ class SettingsDialog(QDialog):
                 "embedding_model": self.embedder.text().strip(),
                 "theme": self.theme.currentData(),
                 "auto_load_model": self.auto_load.isChecked(),
+                "api_server_enabled": self.server_enabled.isChecked(),
+                "api_server_port": self.server_port.value(),
+                "api_server_key": self.server_key.text().strip() or None,
             }
         )
+
+
+def _selectable() -> Qt.TextInteractionFlag:
+    return Qt.TextInteractionFlag.TextSelectableByMouse
