@@ -232,3 +232,73 @@ def test_inspector_shows_estimated_remote_budget(qtbot: Any, window: Any) -> Non
     assert set(window.inspector.context_bar.budget) <= {"system", "documents", "history", "current", "reserve",
                                                        "free"}
     assert window.inspector.shown["context_used"].startswith("35 of 2048 tokens used (estimated")
+
+
+def test_real_remote_session_end_to_end_in_the_window(qtbot: Any, paths: Paths, fake_model: Path) -> None:
+    from tests.engine.test_remote import ScriptedServer, delta, models_route, sse
+
+    server = ScriptedServer({
+        "/v1/models": models_route("served-model"),
+        "/v1/chat/completions": lambda body: (200, sse(delta("Over "), delta("the wire."), delta(finish="stop"))),
+    })
+    try:
+        EndpointStore(paths.config / "endpoints.json").add(server.url, name="box", api_key="sk-box-key-0042")
+        w = make_window(paths, lambda r, b: FakeSession(r, b), probe_bandwidth=False)
+        qtbot.addWidget(w)
+        w.show()
+        w.start()
+        qtbot.waitUntil(lambda: "served-model · box (remote)" in picker_entries(w), timeout=10000)
+        qtbot.waitUntil(lambda: w.chat.model_state is ModelState.LOADED, timeout=5000)
+        index = picker_entries(w).index("served-model · box (remote)")
+        w.model_picker.setCurrentIndex(index)
+        w._on_model_picker_activated(index)
+        qtbot.waitUntil(lambda: w.chat.loaded is not None and w.chat.loaded.label.endswith("(remote)"), timeout=10000)
+        w.composer.edit.setPlainText("Ping")
+        qtbot.keyClick(w.composer.edit, Qt.Key.Key_Return)
+        qtbot.waitUntil(
+            lambda: bool(w.chat.thread_messages) and w.chat.thread_messages[-1].state == "complete", timeout=10000
+        )
+        assert w.chat_view.cards[-1].text == "Over the wire."
+        body, headers = next((b, h) for p, b, h in server.requests if p == "/v1/chat/completions")
+        assert body["model"] == "served-model" and body["messages"][-1]["content"] == "Ping"
+        assert headers.get("Authorization") == "Bearer sk-box-key-0042"
+        qtbot.waitUntil(lambda: "tokens used" in w.inspector.shown.get("context_used", ""), timeout=5000)
+    finally:
+        if "w" in locals():
+            w.shutdown()
+        server.close()
+
+
+def test_server_follows_the_loaded_model(qtbot: Any, window: Any) -> None:
+    remote = window.remote
+    window.settings = window.settings.model_copy(update={"api_server_enabled": True, "api_server_port": 0})
+    remote.apply_server_settings()
+    qtbot.waitUntil(lambda: remote.server_url is not None, timeout=10000)
+    first = remote.server
+    qtbot.waitUntil(lambda: "big-model · lab (remote)" in picker_entries(window), timeout=5000)
+    window.load_model(remote_model_path("lab", "big-model"))
+    qtbot.waitUntil(lambda: bool(window.remote_sessions) and remote._server_backend is window.remote_sessions[0],
+                    timeout=10000)
+    assert remote.server is not first
+    with pytest.raises(urllib.error.URLError):
+        get_json(f"{first.url}/v1/models")
+    assert get_json(f"{remote.server_url}/models")["data"]
+    window.chat.unload_model()
+    qtbot.waitUntil(lambda: remote.server is None, timeout=5000)
+    assert remote.server_status.text() == "API server: waiting for a model"
+
+
+def test_settings_dialog_edits_the_server_section(qtbot: Any) -> None:
+    from app.settings_dialog import SettingsDialog
+
+    dialog = SettingsDialog(Settings(), server_url="http://127.0.0.1:8123/v1")
+    qtbot.addWidget(dialog)
+    assert dialog.server_url.text() == "Running at http://127.0.0.1:8123/v1"
+    assert not dialog.server_enabled.isChecked()
+    dialog.server_enabled.setChecked(True)
+    dialog.server_port.setValue(9001)
+    dialog.server_key.setText("  secret-key-0001 ")
+    result = dialog.result_settings()
+    assert (result.api_server_enabled, result.api_server_port, result.api_server_key) == (True, 9001, "secret-key-0001")
+    dialog.server_key.setText("")
+    assert dialog.result_settings().api_server_key is None
