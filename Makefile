@@ -10,7 +10,7 @@ TORCH_SPEC ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 PIP := $(PY) -m pip --disable-pip-version-check
 
-.PHONY: run test lint bench installer clean screenshots
+.PHONY: run test lint bench installer installer-check clean screenshots
 
 $(PY):
 	$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
@@ -49,6 +49,14 @@ test: lint
 
 bench: $(VENV)/.dev-deps
 	QT_QPA_PLATFORM=offscreen $(PY) -m pytest tests/bench/bench_*.py -s -p no:cacheprovider
+
+# The frozen one-folder app (PyInstaller), its --self-test, then .tar.gz/.deb on Linux.
+installer: $(VENV)/.dev-deps
+	$(PY) installers/build.py
+
+# CI: build the bundle and run its self-test, without packing (saves minutes).
+installer-check: $(VENV)/.dev-deps
+	$(PY) installers/build.py --no-package
 
 screenshots: $(VENV)/.dev-deps
 	$(PY) tools/screenshots.py
