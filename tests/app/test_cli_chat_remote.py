@@ -14,7 +14,11 @@ import pytest
 
 from app.cli import main
 from engine.endpoints import EndpointStore
-from tests.engine.test_remote import ScriptedServer, delta, models_route, sse
+from tests.engine import test_remote
+from tests.engine.test_remote import ALIAS, ScriptedServer, delta, models_route, sse
+
+llama_server = test_remote.llama_server
+"""llama-cpp-python's server with the starter model (a module fixture of the engine's remote tests)."""
 
 
 @pytest.fixture
@@ -81,3 +85,27 @@ def test_chat_without_model_or_endpoint_is_a_usage_error(
     err = capsys.readouterr().err
     assert code == 2
     assert "--model" in err and "--endpoint" in err
+
+
+@pytest.mark.model
+def test_chat_endpoint_against_llama_cpp_server(
+    llama_server: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The real thing: llama-cpp-python's OpenAI-compatible server with the starter model."""
+    from app.paths import Paths
+
+    paths = Paths.resolve(str(tmp_path))
+    paths.config.mkdir(parents=True, exist_ok=True)
+    EndpointStore(paths.config / "endpoints.json").add(llama_server, name="llama")
+    args = ["chat", "--endpoint", "llama", "--model", ALIAS, "--prompt", "The capital of France is",
+            "--temperature", "0", "--max-tokens", "8", "--n-ctx", "1024", "--json", "--home", str(tmp_path)]
+    code = main(args)
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    first = json.loads(out.out)
+    assert first["text"].strip()
+    assert first["finish_reason"] in ("stop", "length")
+    assert 0 < first["completion_tokens"] <= 8
+    assert first["n_ctx"] == 1024
+    assert main(args) == 0
+    assert json.loads(capsys.readouterr().out)["text"] == first["text"], "greedy replies must repeat"
