@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,8 @@ def write_text_atomic(path: Path, text: str, *, durable: bool = True, mode: int 
         path: the file to write; its folder is created if missing.
         text: the new contents (UTF-8).
         durable: fsync the data before renaming (skip only for files that are cheap to lose).
-        mode: permission bits for the new file (e.g. ``0o600`` for secrets); default: umask.
+        mode: permission bits for the new file; default: the temporary file's own, owner-only
+            (0600), so secrets are never readable by others, not even for a moment.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -38,6 +40,24 @@ def write_text_atomic(path: Path, text: str, *, durable: bool = True, mode: int 
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+    if durable:
+        fsync_dir(path.parent)
+
+
+def fsync_dir(folder: Path) -> None:
+    """Makes a rename in ``folder`` durable (POSIX); a no-op where folders cannot be opened (Windows)."""
+    if sys.platform == "win32":
+        return
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def write_json_atomic(path: Path, document: Any, *, durable: bool = True, sort_keys: bool = False) -> None:

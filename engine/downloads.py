@@ -45,7 +45,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.atomic import write_json_atomic
+from engine.atomic import fsync_dir, write_json_atomic
 from engine.errors import Cancelled, DownloadError
 from engine.hub import PICKLE_SUFFIXES, check_filename, check_repo_id, check_revision
 from engine.hub_http import (
@@ -133,21 +133,6 @@ def _write_all(fd: int, data: bytes | memoryview) -> None:
     while view:
         written = os.write(fd, view)
         view = view[written:]
-
-
-def _fsync_dir(folder: Path) -> None:
-    if sys.platform == "win32":
-        return
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def read_partial_meta(dest_dir: Path, filename: str) -> dict[str, Any] | None:
@@ -663,7 +648,7 @@ class _Download:
             os.replace(self.partial, self.final)
         except OSError as exc:
             raise self.write_error(exc) from None
-        _fsync_dir(self.folder)
+        fsync_dir(self.folder)
         with contextlib.suppress(FileNotFoundError):
             self.meta_path.unlink()
         self.reporter.emit("done", str(self.final))

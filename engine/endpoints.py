@@ -13,14 +13,13 @@ The file format::
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from engine.atomic import write_text_atomic
 from engine.errors import EngineError
 
 FILE_VERSION = 1
@@ -180,32 +179,5 @@ class EndpointStore:
             "version": FILE_VERSION,
             "endpoints": [{"name": e.name, "url": e.url, "api_key": e.api_key} for e in endpoints],
         }
-        data = json.dumps(document, indent=2).encode("utf-8")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        # mkstemp creates the file 0600 from the start: the key is never world-readable.
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
-        tmp = Path(tmp_name)
-        try:
-            with os.fdopen(fd, "wb") as out:
-                out.write(data)
-                out.flush()
-                os.fsync(out.fileno())
-            os.chmod(tmp, 0o600)
-            os.replace(tmp, self.path)
-        finally:
-            tmp.unlink(missing_ok=True)
-        _fsync_dir(self.path.parent)
-
-
-def _fsync_dir(folder: Path) -> None:
-    """Makes the rename durable (POSIX); a no-op where directories cannot be opened (Windows)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        # Owner-only (0600) from the first byte: the API keys are never readable by others.
+        write_text_atomic(self.path, json.dumps(document, indent=2), mode=0o600)
