@@ -39,6 +39,7 @@ from engine.context import Message, OverflowPolicy, plan_context
 from engine.errors import ContextOverflow, EngineError, ModelLoadError
 from engine.events import Event, Finished, FinishReason, PrefillProgress, Stats, Token
 from engine.runtime import GenerationParams
+from engine.session import PromptView
 
 TokenizerKind = Literal["llama.cpp", "llama-cpp-python", "estimate"]
 
@@ -304,6 +305,10 @@ class RemoteSession:
         n_ctx = self._n_ctx_override or match.context_length or self._probe_props_n_ctx() or 0
         self.info = RemoteInfo(self.base_url, self.model, n_ctx, self._probe_tokenizer())
         return self.info
+
+    def prompt_view(self) -> PromptView:
+        """The last prompt's tokens: a remote server does not show them, so the view is empty."""
+        return PromptView([], [])
 
     def close(self) -> None:
         """Closes the connection pool. A generation in progress ends with an error."""
