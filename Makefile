@@ -59,7 +59,7 @@ installer-check: $(VENV)/.dev-deps
 	$(PY) installers/build.py --no-package
 
 screenshots: $(VENV)/.dev-deps
-	$(PY) tools/screenshots.py
+	$(PY) tests/screenshots.py
 
 clean:
 	rm -rf $(VENV) build dist .pytest_cache .mypy_cache .ruff_cache

@@ -1,4 +1,4 @@
-"""Screenshots of every panel of the real app, for the README: ``python tools/screenshots.py``.
+"""Screenshots of every panel of the real app, for the README: ``python tests/screenshots.py``.
 
 Starts Xvfb (when there is no display and Xvfb is installed; otherwise Qt's offscreen platform),
 opens Glassbox on a temporary home seeded with a sample chat and a small knowledge base, loads the
@@ -248,7 +248,7 @@ def shoot(out: Path, width: int, height: int, with_model: bool) -> int:
 
     window.shutdown()
     window.close()
-    print(f"saved {len(saved)} screenshots to {out}: {', '.join(saved)}")  # noqa: T201
+    print(f"saved {len(saved)} screenshots to {out}: {', '.join(saved)}")
     return 0
 
 
