@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from app.commands._output import add_json_flag, print_json
 from app.paths import Paths
+from engine.fit import format_bytes
 
 if TYPE_CHECKING:
     from engine.downloads import DownloadProgress, DownloadResult
@@ -77,15 +78,6 @@ def _limit(text: str) -> int:
     return value
 
 
-def human_size(n: float) -> str:
-    """``1536`` -> ``1.5 KiB``."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"  # pragma: no cover - unreachable
-
-
 def _table(rows: list[list[str]], out: TextIO) -> None:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
@@ -141,7 +133,7 @@ def run_files(args: argparse.Namespace, paths: Paths) -> int:
     for choice in listing.choices:
         parts = str(len(choice.files)) if choice.complete else f"{len(choice.files)} (incomplete)"
         fit = fit_of(choice.total_size) if choice.total_size else None
-        rows.append([choice.name, choice.quant or "?", human_size(choice.total_size), parts,
+        rows.append([choice.name, choice.quant or "?", format_bytes(choice.total_size), parts,
                      _FIT_LABELS[fit.verdict] if fit else "?", ", ".join(m.filename for m in choice.mmproj)])
     _table(rows, out)
     out.write("FIT is a rough estimate from the file size (the KV cache is not included); "
@@ -202,11 +194,11 @@ class ProgressPrinter:
         parts = [f"{report.state} {report.filename}"]
         if report.total:
             parts.append(f"{100 * report.done / report.total:5.1f}% "
-                         f"({human_size(report.done)} of {human_size(report.total)})")
+                         f"({format_bytes(report.done)} of {format_bytes(report.total)})")
         elif report.done:
-            parts.append(human_size(report.done))
+            parts.append(format_bytes(report.done))
         if report.state == "downloading" and report.speed_bps > 0:
-            parts.append(f"{human_size(report.speed_bps)}/s")
+            parts.append(f"{format_bytes(report.speed_bps)}/s")
             if report.eta_s is not None:
                 parts.append(f"ETA {_duration(report.eta_s)}")
         if report.attempt > 1:

@@ -14,6 +14,7 @@ from typing import Any
 
 from app.commands._output import add_json_flag, print_json
 from app.paths import Paths
+from engine.fit import format_bytes
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:
@@ -90,13 +91,6 @@ class _Progress:
             sys.stderr.flush()
 
 
-def _size(n: int) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} B"
-
-
 def _say(line: str) -> None:
     sys.stdout.write(line + "\n")
 
@@ -160,7 +154,7 @@ def run_quantize(args: argparse.Namespace, paths: Paths) -> int:
         print_json(document)
         return 0
     _say(f"wrote {result.path}")
-    sizes = f"{_size(result.src_bytes)} -> {_size(result.dst_bytes)}"
+    sizes = f"{format_bytes(result.src_bytes)} -> {format_bytes(result.dst_bytes)}"
     _say(f"{result.qtype}: {result.ratio:.1f}x smaller ({sizes}) in {result.seconds:.1f} s")
     if quality is not None:
         ppl = f"{quality.source_perplexity:.2f} -> {quality.result_perplexity:.2f}"
@@ -196,7 +190,7 @@ def run_convert(args: argparse.Namespace, paths: Paths) -> int:
     _say(f"wrote {result.path}")
     _say(
         f"{result.architecture} -> GGUF {result.outtype}: {result.n_tensors} tensors, "
-        f"{_size(result.dst_bytes)}, in {result.seconds:.1f} s"
+        f"{format_bytes(result.dst_bytes)}, in {result.seconds:.1f} s"
     )
     return 0
 
