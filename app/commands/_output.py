@@ -1,7 +1,8 @@
-"""Shared output helpers for subcommands: JSON on stdout, progress on stderr."""
+"""Shared helpers for subcommands: JSON on stdout, and argument types."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from typing import Any
@@ -16,3 +17,14 @@ def print_json(document: Any) -> None:
 
 def add_json_flag(parser: Any) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number above zero, with a one-line message otherwise."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive number, not {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, not {text}")
+    return value

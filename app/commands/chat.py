@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from app.commands._output import add_json_flag, print_json
+from app.commands._output import add_json_flag, positive_int, print_json
 from app.paths import Paths
 
 
@@ -28,24 +28,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: a
     parser.add_argument("--system", help="system prompt")
     parser.add_argument("--kb", action="append", default=[], metavar="NAME", help="answer from this knowledge base")
     parser.add_argument("--chroma-url", metavar="URL", help="knowledge bases on a Chroma server (http://host:port)")
-    parser.add_argument("--n-ctx", type=_positive, default=None,
+    parser.add_argument("--n-ctx", type=positive_int, default=None,
                         help="context window in tokens (default 4096; with --endpoint, what the server reports)")
-    parser.add_argument("--max-tokens", type=_positive, default=512, help="reply length limit (default 512)")
+    parser.add_argument("--max-tokens", type=positive_int, default=512, help="reply length limit (default 512)")
     parser.add_argument("--temperature", type=float, default=0.7, help="0 is greedy and deterministic")
     parser.add_argument("--seed", type=int, help="sampling seed")
-    parser.add_argument("--threads", type=_positive, help="CPU threads (default: llama.cpp's choice)")
+    parser.add_argument("--threads", type=positive_int, help="CPU threads (default: llama.cpp's choice)")
     parser.add_argument("--gpu-layers", default="0", help="layers to offload to the GPU: N, or 'auto'")
     parser.add_argument("--overflow", choices=["rolling", "refuse"], default="rolling",
                         help="when the conversation outgrows the window: drop oldest turns, or refuse")
     add_json_flag(parser)
     parser.set_defaults(handler=run)
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number, not {text}")
-    return value
 
 
 def resolve_model(spec: str, paths: Paths) -> Path:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from app.commands._output import add_json_flag, print_json
+from app.commands._output import add_json_flag, positive_int, print_json
 from app.paths import Paths
 
 if TYPE_CHECKING:
@@ -41,7 +41,7 @@ def register(
     fit = sub.add_parser("fit", parents=[common], help="will this model fit on this machine, and how fast")
     fit.add_argument("path", metavar="PATH", help="a .gguf file, or the name of a model in the library")
     fit.add_argument(
-        "--n-ctx", type=_positive, metavar="N",
+        "--n-ctx", type=positive_int, metavar="N",
         help=f"context length (default: {DEFAULT_FIT_CTX}, or the model's if smaller)",
     )
     fit.add_argument("--cache-type", default="f16", choices=_cache_types(), help="KV cache type")
@@ -303,16 +303,6 @@ def _cache_types() -> Sequence[str]:
     from engine.fit import CACHE_TYPES
 
     return CACHE_TYPES
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive number, not {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number, not {text}")
-    return value
 
 
 def _params(n: int | None) -> str:

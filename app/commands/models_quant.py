@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from app.commands._output import add_json_flag, print_json
+from app.commands._output import add_json_flag, positive_int, print_json
 from app.paths import Paths
 from engine.fit import format_bytes
 
@@ -36,7 +36,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: a
         action="store_true",
         help="compare the perplexity of source and result on a short shipped text",
     )
-    quant.add_argument("--threads", type=_positive, help="CPU threads (default: all)")
+    quant.add_argument("--threads", type=positive_int, help="CPU threads (default: all)")
     quant.add_argument("--overwrite", action="store_true", help="replace DST if it exists")
     add_json_flag(quant)
     quant.set_defaults(handler=run_quantize)
@@ -47,7 +47,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: a
     conv.add_argument("hf_dir", metavar="HF_DIR", help="folder with config.json, tokenizer and *.safetensors")
     conv.add_argument("--outtype", choices=["f16", "bf16", "q8_0"], default="f16", help="output type (default f16)")
     conv.add_argument("--out", metavar="DST", help="output .gguf (default: the models folder)")
-    conv.add_argument("--timeout", type=_positive, default=3 * 3600, help="seconds before giving up (default 3 h)")
+    conv.add_argument("--timeout", type=positive_int, default=3 * 3600, help="seconds before giving up (default 3 h)")
     conv.add_argument("--overwrite", action="store_true", help="replace DST if it exists")
     add_json_flag(conv)
     conv.set_defaults(handler=run_convert)
@@ -55,16 +55,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: a
     types = sub.add_parser("quant-types", parents=[common], help="list the quantization types on offer")
     add_json_flag(types)
     types.set_defaults(handler=run_quant_types)
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive number, not {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number, not {text}")
-    return value
 
 
 class _Progress:

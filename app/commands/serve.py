@@ -16,7 +16,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from app.commands._output import add_json_flag, print_json
+from app.commands._output import add_json_flag, positive_int, print_json
 from app.paths import Paths
 
 ENDPOINTS_FILE = "endpoints.json"
@@ -53,8 +53,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: a
         metavar="NAME",
         help="answer from this knowledge base when a request names none",
     )
-    serve.add_argument("--n-ctx", type=_positive, default=4096, help="context window in tokens (default 4096)")
-    serve.add_argument("--threads", type=_positive, help="CPU threads (default: llama.cpp's choice)")
+    serve.add_argument("--n-ctx", type=positive_int, default=4096, help="context window in tokens (default 4096)")
+    serve.add_argument("--threads", type=positive_int, help="CPU threads (default: llama.cpp's choice)")
     serve.add_argument("--gpu-layers", type=int, default=0, help="layers to offload to the GPU")
     serve.add_argument("--chroma-url", metavar="URL", help="knowledge bases live on this Chroma server")
     serve.add_argument("--no-embeddings", action="store_true", help="do not offer /v1/embeddings")
@@ -90,16 +90,6 @@ def _say(text: str, *, err: bool = False) -> None:
     stream = sys.stderr if err else sys.stdout
     stream.write(f"{text}\n")
     stream.flush()
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number, not {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number, not {text}")
-    return value
 
 
 def _port(text: str) -> int:
