@@ -243,7 +243,8 @@ class MainWindow(ConversationActions, DocumentActions, QMainWindow):
         row = QHBoxLayout()
         self.model_picker = QComboBox()
         self.model_picker.setObjectName("modelPicker")
-        self.model_picker.setMinimumWidth(320)
+        # The header row sets the window's minimum width: let the picker give way on small screens.
+        self.model_picker.setMinimumWidth(200)
         self.model_picker.setToolTip("The model to chat with")
         self.model_picker.setPlaceholderText("No models yet")
         row.addWidget(self.model_picker, 1)
@@ -890,6 +891,7 @@ def run_gui(paths: Paths, safe_mode: bool = False) -> int:
     instance.activation_requested.connect(window.activate_from_second_launch)
     quit_on_signals(app)
     window.show()
+    window.composer.edit.setFocus()  # a user can type at once
     QTimer.singleShot(0, window.start)
     try:
         return int(app.exec())
