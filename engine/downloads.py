@@ -256,6 +256,7 @@ class _Download:
         self.total: int | None = expected_size
         self.done = 0
         self.hasher = BackgroundHasher()
+        self.writeback = BackgroundSync(fd)
         self.attempt = 0
         self.high_water = 0  # the most bytes ever held: progress means passing it
         self.last_checkpoint = time.monotonic()
@@ -380,7 +381,7 @@ class _Download:
         failures = 0
         checksum_retries = self.checksum_retries
         with Watchdog(self.cancel, self.pause, self.stall_timeout_s, self.reporter) as watchdog, \
-                BackgroundSync(self.fd):
+                self.writeback:
             while True:
                 self.wait_while_paused()
                 self.check_cancel()
@@ -553,6 +554,7 @@ class _Download:
                 return self.stream_ended(watchdog, failure)
             watchdog.touch()
             self.write(chunk)
+            self.writeback.wrote(len(chunk))
             self.hasher.update(chunk)
             self.done += len(chunk)
             reporter.done = self.done

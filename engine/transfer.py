@@ -204,15 +204,20 @@ class BackgroundHasher:
 
 
 class BackgroundSync:
-    """Flushes the partial file to disk in a helper thread while the download runs.
+    """Writes the partial file back to disk in a helper thread while the download runs.
 
-    Without it the final fsync would write the whole file at once (about 20 % of the time of a
-    fast download); with it only the last moments' bytes remain for the final fsync.
+    The download loop calls ``wrote`` after each write; once a few MiB are dirty the thread
+    flushes them (``fdatasync`` releases the GIL), so disk writeback overlaps the network and
+    the final fsync before the rename only has the last few MiB left. Without it that fsync
+    wrote the whole file at once: 0.33 s of a 0.72 s loopback download of 200 MiB here.
     """
 
-    def __init__(self, fd: int, interval_s: float = 0.5) -> None:
+    def __init__(self, fd: int, *, dirty_bytes: int = 4 << 20, interval_s: float = 1.0) -> None:
         self._fd = fd
+        self._dirty_limit = dirty_bytes
         self._interval_s = interval_s
+        self._dirty = 0
+        self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="download-sync", daemon=True)
 
@@ -222,11 +227,23 @@ class BackgroundSync:
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
+        self._wake.set()
         self._thread.join()
+
+    def wrote(self, n: int) -> None:
+        """Counts ``n`` more dirty bytes; wakes the thread once enough are waiting."""
+        self._dirty += n
+        if self._dirty >= self._dirty_limit:
+            self._dirty = 0
+            self._wake.set()
 
     def _run(self) -> None:
         sync = getattr(os, "fdatasync", os.fsync)
-        while not self._stop.wait(self._interval_s):
+        while True:
+            self._wake.wait(self._interval_s)
+            if self._stop.is_set():
+                return
+            self._wake.clear()
             try:
                 sync(self._fd)
             except OSError:

@@ -631,3 +631,23 @@ def test_queue_survives_a_corrupt_state_file(tmp_path: Path) -> None:
 def test_queue_refuses_unsafe_names(tmp_path: Path) -> None:
     with pytest.raises(DownloadError, match="unsafe file name"):
         DownloadQueue(tmp_path / "q.json").add(REPO, "../x.gguf", tmp_path)
+
+
+def test_background_sync_flushes_once_enough_bytes_are_dirty(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from engine.transfer import BackgroundSync
+
+    synced = threading.Event()
+    calls: list[int] = []
+
+    def fake_sync(fd: int) -> None:
+        calls.append(fd)
+        synced.set()
+
+    monkeypatch.setattr(os, "fdatasync", fake_sync, raising=False)
+    monkeypatch.setattr(os, "fsync", fake_sync)
+    with open(tmp_path / "f", "wb") as fh, BackgroundSync(fh.fileno(), dirty_bytes=1000, interval_s=60) as sync:
+        sync.wrote(999)
+        assert not synced.wait(0.2), "synced before enough bytes were dirty"
+        sync.wrote(1)
+        assert synced.wait(5), "1000 dirty bytes did not start a writeback"
+        assert calls == [fh.fileno()]
