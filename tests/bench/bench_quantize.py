@@ -4,9 +4,10 @@ Run explicitly: ``pytest tests/bench/bench_quantize.py -s`` (``BENCH_QUANT_LAYER
 depth, default 4, about 100 MB of F16; ``BENCH_QUANT_RUNS`` the runs per side, default 5;
 ``BENCH_QUANT_TYPE`` the type, default Q4_K_M; ``BENCH_QUANT_THREADS`` default 2).
 
-Glassbox's side pays for everything a user gets: header validation, the free-space check, a spawned
-child process (interpreter start and ``import llama_cpp``), stderr piped back and parsed per
-tensor, the result re-validated, fsync and rename. The raw side is one in-process call with
+Glassbox's side pays for everything a user gets: header validation, the free-space check, a child
+process (forked from multiprocessing's fork server on POSIX; the server itself starts on the first
+call, which is one of the timed runs) that loads the llama.cpp bindings, stderr piped back and
+parsed per tensor, the result re-validated, fsync and rename. The raw side is one in-process call with
 llama-cpp-python already imported. Runs alternate (ours, raw, ours, ...); the printed ratio is
 median raw time / median Glassbox time (throughput ratio). Budget (issue 3): >= 0.95.
 """
