@@ -38,7 +38,7 @@ class Embedder(Protocol):
     def dimension(self) -> int: ...
     @property
     def max_tokens(self) -> int: ...
-    def encode(self, texts: Sequence[str], *, batch_size: int = 32) -> Vectors: ...
+    def encode(self, texts: Sequence[str], *, batch_size: int | None = None) -> Vectors: ...
     def count_tokens(self, text: str) -> int: ...
 
 
@@ -169,11 +169,20 @@ class SentenceTransformerEmbedder:
         """The model's maximum sequence length, in its own tokens."""
         return int(self._load().max_seq_length or 256)
 
-    def encode(self, texts: Sequence[str], *, batch_size: int = 32) -> Vectors:
-        """Embeds texts as L2-normalized float32 rows."""
+    def encode(self, texts: Sequence[str], *, batch_size: int | None = None) -> Vectors:
+        """Embeds texts as L2-normalized float32 rows.
+
+        ``batch_size`` defaults to 8 on a CPU and 32 on a GPU. sentence-transformers sorts the texts
+        by length and pads each batch to its longest text; on a CPU the matrix products are already
+        efficient at 8 texts of a few hundred tokens, so smaller batches waste less on padding:
+        embedding ingest's windows of 32 chunks took 7.0 s instead of 10.5 s at 32 here
+        (all-MiniLM-L6-v2, chunks of 127-251 tokens, 2 cores).
+        """
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)
         model = self._load()
+        if batch_size is None:
+            batch_size = 8 if model.device.type == "cpu" else 32
         with self._lock:
             self._set_threads(len(texts))
             vectors: Any = model.encode(

@@ -3,7 +3,8 @@
 Run: ``make bench`` or ``python -m pytest tests/bench/bench_rag.py -s``.
 
 * indexing throughput: ``KnowledgeBases.add`` (parse, chunk, embed, store, commit) vs raw
-  ``SentenceTransformer.encode`` of the very same chunks; budget >= 0.8.
+  ``SentenceTransformer.encode`` of the very same chunks at its default batch size; budget >= 0.8.
+  Raw encoding at Glassbox's CPU batch size (8) is printed beside it.
 * query latency at 50,000 chunks: the full hybrid path (query embedding, Chroma, FTS5 BM25, RRF,
   near-duplicate removal, registry lookups); the stored vectors are random unit vectors to save
   time, the texts are synthetic; budget p95 <= 50 ms.
@@ -59,9 +60,10 @@ def test_indexing_throughput_vs_raw_encode(tmp_path: Path, minilm: SentenceTrans
     _corpus(docs, n_docs=15, sentences_per_doc=60)
     model = minilm._load()
 
-    def raw_encode(texts: list[str]) -> float:
+    def raw_encode(texts: list[str], batch_size: int = 32) -> float:
         started = time.perf_counter()
-        model.encode(texts, batch_size=32, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)
+        model.encode(texts, batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True,
+                     show_progress_bar=False)
         return time.perf_counter() - started
 
     with _open(tmp_path / "kb", minilm) as kbs:
@@ -75,12 +77,15 @@ def test_indexing_throughput_vs_raw_encode(tmp_path: Path, minilm: SentenceTrans
         records = kbs.registry.chunks(ids)
         texts = [records[i].text for i in ids]
         raw_runs = [raw_encode(texts)]
+        raw8_runs = [raw_encode(texts, 8)]
         started = time.perf_counter()
         report = kbs.reindex("bench")
         ours = time.perf_counter() - started
         raw_runs.append(raw_encode(texts))
+        raw8_runs.append(raw_encode(texts, 8))
     assert report.chunks_added == len(texts) > 0
     raw = statistics.mean(raw_runs)
+    raw8 = statistics.mean(raw8_runs)
     ratio = raw / ours
     print(
         f"\nindexing: {len(texts)} chunks from {report.indexed} files; ours {ours:.2f} s "
@@ -88,10 +93,16 @@ def test_indexing_throughput_vs_raw_encode(tmp_path: Path, minilm: SentenceTrans
         f"throughput ratio {ratio:.3f} (budget >= 0.8)"
     )
     print(
+        f"  for reference, raw encode at batch_size=8 (the size Glassbox uses on a CPU, less padding) "
+        f"{raw8:.2f} s: ratio {raw8 / ours:.3f}"
+    )
+    print(
         json.dumps(
-            {"indexing_ratio": round(ratio, 3), "chunks": len(texts), "ours_s": round(ours, 2), "raw_s": round(raw, 2)}
+            {"indexing_ratio": round(ratio, 3), "ratio_vs_batch8": round(raw8 / ours, 3), "chunks": len(texts),
+             "ours_s": round(ours, 2), "raw_s": round(raw, 2), "raw8_s": round(raw8, 2)}
         )
     )
+    assert ratio >= 0.8, f"indexing throughput ratio {ratio:.3f} < 0.8"
 
 
 class _Chunk:

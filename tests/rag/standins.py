@@ -99,7 +99,7 @@ class FakeEmbedder:
         self.delay_s = delay_s
         self.encoded = 0
 
-    def encode(self, texts: Sequence[str], *, batch_size: int = 32) -> np.ndarray:
+    def encode(self, texts: Sequence[str], *, batch_size: int | None = None) -> np.ndarray:
         if self.delay_s:
             time.sleep(self.delay_s * len(texts))
         self.encoded += len(texts)
