@@ -107,6 +107,8 @@ class KnowledgeBases:
             close = getattr(parser, "close", None)
             if close is not None:
                 close()
+        if hasattr(self, "retriever"):
+            self.retriever.close()
         if hasattr(self, "store"):
             self.store.close()
         if hasattr(self, "registry"):

@@ -155,6 +155,7 @@ def test_query_latency_at_50k_chunks(tmp_path: Path, minilm: SentenceTransformer
         f"p50 {p50:.1f} ms, p95 {p95:.1f} ms (budget p95 <= 50 ms); build {build:.0f} s"
     )
     print(json.dumps({"chunks": n_chunks, "p50_ms": round(p50, 1), "p95_ms": round(p95, 1)}))
+    assert p95 <= 50, f"query p95 {p95:.1f} ms > 50 ms"
 
 
 @pytest.mark.parametrize("chunk_tokens", [None, 96])

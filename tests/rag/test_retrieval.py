@@ -197,3 +197,45 @@ def test_retrieve_context_across_knowledge_bases(tmp_path: Path, make_kbs: MakeK
     assert Path(block.sources[0].path).name == "coffee.txt"
     assert {Path(s.path).name for s in block.sources} == {"coffee.txt", "tea.txt"}
     assert retrieve_context(kbs, [], "anything", 400, _words).text == ""
+
+
+def test_lexical_search_runs_while_the_query_is_embedded() -> None:
+    """BM25 starts before the query embedding and overlaps it (the embedder waits for BM25 here:
+    run one after the other, the search would time out)."""
+    import threading
+
+    import numpy as np
+
+    from rag.registry import KnowledgeBaseInfo
+    from rag.retrieval import Retriever
+
+    bm25_started = threading.Event()
+    record = ChunkRecord(id=1, content_id=1, index=0, text="alpha", page=None, heading=None, start=0, end=5,
+                         path="/a.txt")
+
+    class Registry:
+        def bm25(self, kb_id: int, query: str, k: int) -> list[tuple[int, float]]:
+            bm25_started.set()
+            return [(1, 2.0)]
+
+        def chunks(self, ids: object) -> dict[int, ChunkRecord]:
+            return {1: record}
+
+    class Store:
+        def query(self, collection: str, vector: object, k: int) -> list[tuple[int, float]]:
+            return [(1, 0.9)]
+
+    class Embedder:
+        def encode(self, texts: list[str], *, batch_size: int | None = None) -> np.ndarray:
+            assert bm25_started.wait(5), "BM25 did not start before the query embedding finished"
+            return np.ones((len(texts), 3), dtype=np.float32)
+
+    kb = KnowledgeBaseInfo(id=1, name="kb", embedder_id="e", embedder_path="/e", dimension=3, max_tokens=64,
+                           overlap_tokens=8, collection="c", created_at=0.0)
+    retriever = Retriever(Registry(), Store())  # type: ignore[arg-type]
+    try:
+        found = retriever.search(kb, Embedder(), "alpha", k=3)  # type: ignore[arg-type]
+    finally:
+        retriever.close()
+    assert [p.id for p in found] == [1]
+    assert found[0].bm25_score == 2.0 and found[0].dense_score == 0.9
