@@ -244,7 +244,7 @@ class MainWindow(ConversationActions, DocumentActions, QMainWindow):
         self.model_picker = QComboBox()
         self.model_picker.setObjectName("modelPicker")
         # The header row sets the window's minimum width: let the picker give way on small screens.
-        self.model_picker.setMinimumWidth(200)
+        self.model_picker.setMinimumWidth(160)
         self.model_picker.setToolTip("The model to chat with")
         self.model_picker.setPlaceholderText("No models yet")
         row.addWidget(self.model_picker, 1)
@@ -256,9 +256,10 @@ class MainWindow(ConversationActions, DocumentActions, QMainWindow):
         self.add_endpoint_button.setToolTip("Chat with models on an OpenAI-compatible server (vLLM, Ollama, …)")
         self.add_endpoint_button.clicked.connect(lambda: self.remote.add_endpoint())
         row.addWidget(self.add_endpoint_button)
+        # The model's state goes on the second line: on the first it made the window wider than a
+        # 1366-px screen.
         self.model_status = QLabel("No model loaded")
         self.model_status.setObjectName("modelStatus")
-        row.addWidget(self.model_status)
         row.addStretch(0)
         self.chat_settings_button = QPushButton("System prompt…")
         self.chat_settings_button.setToolTip("This chat's system prompt and sampling preset")
@@ -276,6 +277,8 @@ class MainWindow(ConversationActions, DocumentActions, QMainWindow):
         self.docs_label.setObjectName("stateLabel")
         self.index_label = QLabel("")
         self.index_label.setObjectName("stateLabel")
+        docs_row.addWidget(self.model_status)
+        docs_row.addSpacing(12)
         docs_row.addWidget(self.docs_label)
         docs_row.addStretch(1)
         docs_row.addWidget(self.index_label)

@@ -272,3 +272,13 @@ def test_keyboard_shortcuts_new_chat_and_stop(qtbot: Any, window: Any) -> None:
         timeout=5000,
     )
     assert "t499" not in window.chat.thread_messages[-1].content
+
+
+def test_window_fits_a_1280_pixel_screen_with_the_inspector_open(qtbot: Any, window: Any) -> None:
+    """A 1280x800 laptop screen shows the whole window: chats, conversation and inspector."""
+    assert window.inspector_button.isChecked()
+    assert window.inspector.isVisible()
+    assert window.minimumSizeHint().width() <= 1280, window.minimumSizeHint()
+    window.resize(1280, 740)
+    qtbot.waitUntil(lambda: window.width() <= 1280, timeout=2000)
+    assert window.inspector.isVisible() and window.inspector.width() >= 300
