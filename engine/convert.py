@@ -11,6 +11,10 @@ Remote code: Glassbox never passes ``trust_remote_code``. The converter asks ``t
 it for a few tokenizers, so inside the child ``transformers``' resolver is wrapped to always
 answer no, dynamic-module loading is disabled, ``torch.load`` (pickle) is disabled, and the Hub
 is offline. A model that needs custom code then fails with a clear message instead of running it.
+
+:func:`convert_and_quantize` is the one step a user asks for: convert to F16 (BF16 for a bfloat16
+checkpoint) into a hidden temporary file, quantize that with :func:`engine.quantize.quantize_model`,
+record provenance, and delete the intermediate; cancel or failure at either stage leaves no file.
 """
 
 from __future__ import annotations
@@ -31,7 +35,16 @@ from typing import Any
 
 from engine.errors import Cancelled, ModelFileError, QuantizeError
 from engine.gguf import read_gguf_info
-from engine.quantize import ChildOutcome, check_free_space, describe_exit, run_logged_child
+from engine.library import ModelLibrary
+from engine.quantize import (
+    ChildOutcome,
+    QuantizeProgress,
+    check_free_space,
+    describe_exit,
+    find_quant_type,
+    quantize_model,
+    run_logged_child,
+)
 
 CONVERT_OUTTYPES: dict[str, tuple[str, float]] = {
     "f16": ("F16", 2.0),
@@ -77,6 +90,8 @@ class HfCheckpoint:
     n_tensors: int
     n_params: int
     has_custom_code: bool
+    dtypes: tuple[str, ...] = ()
+    torch_dtype: str = ""
 
 
 @dataclass(frozen=True)
@@ -241,6 +256,8 @@ def check_hf_folder(folder: Path) -> HfCheckpoint:
         raise ModelFileError(folder, "no model*.safetensors weights found")
     headers = [read_safetensors_header(p) for p in weights]
     custom = "auto_map" in config or any(p.suffix == ".py" for p in files)
+    # transformers 4 writes "torch_dtype", transformers 5 writes "dtype".
+    torch_dtype = config.get("torch_dtype") or config.get("dtype")
     return HfCheckpoint(
         folder=folder,
         architecture=architecture,
@@ -248,6 +265,8 @@ def check_hf_folder(folder: Path) -> HfCheckpoint:
         n_tensors=sum(h.n_tensors for h in headers),
         n_params=sum(h.n_params for h in headers),
         has_custom_code=custom,
+        dtypes=tuple(sorted({d for h in headers for d in h.dtypes})),
+        torch_dtype=torch_dtype if isinstance(torch_dtype, str) else "",
     )
 
 
@@ -430,3 +449,255 @@ def _failure(folder: Path, architecture: str, outcome: ChildOutcome) -> str:
             break
     reason = reason or outcome.error or describe_exit(outcome.exitcode)
     return f"{folder}: conversion failed: {reason}"
+
+
+# --------------------------------------------------------------------------- convert, then quantize
+
+
+@dataclass(frozen=True)
+class PipelineProgress:
+    """Progress of :func:`convert_and_quantize`, stage by stage.
+
+    Attributes:
+        stage: ``"converting"`` or ``"quantizing"``.
+        step: which stage this is, counting from 1; ``steps``: 1 (plain conversion) or 2.
+        phase: the converter's ``"preparing"`` or ``"writing"``, or ``"tensors"`` when quantizing.
+        done: tensors mapped (preparing), percent written (writing) or tensors quantized.
+        total: about how many tensors, or 100 when ``done`` is a percentage.
+        label: the tensor or file being handled.
+    """
+
+    stage: str
+    step: int
+    steps: int
+    phase: str
+    done: int
+    total: int
+    label: str
+
+    @property
+    def text(self) -> str:
+        """One short line: ``"converting: 12/21 tensors"``, ``"quantizing 3/21 tensors"``."""
+        if self.stage == "quantizing":
+            return f"quantizing {self.done}/{self.total} tensors"
+        if self.phase == "writing":
+            return f"converting: writing {self.done}%"
+        return f"converting: {self.done}/{self.total} tensors"
+
+
+@dataclass(frozen=True)
+class ConvertQuantizeResult:
+    """A finished :func:`convert_and_quantize`.
+
+    Attributes:
+        path: the final GGUF.
+        source: the checkpoint folder.
+        qtype: the final file type (``"Q4_K_M"``, ``"F16"`` …).
+        architecture: the GGUF architecture (``"llama"``).
+        n_tensors: tensors in the final file.
+        dst_bytes: size of the final file.
+        intermediate_type: ``"F16"`` or ``"BF16"``, or None when one conversion was enough.
+        intermediate_bytes: size the intermediate file had (0 without one).
+        intermediate: the intermediate file when it was kept, else None.
+        convert_seconds: time spent converting; ``quantize_seconds``: quantizing (0 without).
+        seconds: the whole run.
+        warnings: things that went wrong after the model was written (provenance not recorded).
+    """
+
+    path: Path
+    source: Path
+    qtype: str
+    architecture: str
+    n_tensors: int
+    dst_bytes: int
+    intermediate_type: str | None
+    intermediate_bytes: int
+    intermediate: Path | None
+    convert_seconds: float
+    quantize_seconds: float
+    seconds: float
+    warnings: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **asdict(self),
+            "path": str(self.path),
+            "source": str(self.source),
+            "intermediate": str(self.intermediate) if self.intermediate is not None else None,
+            "warnings": list(self.warnings),
+        }
+
+
+def intermediate_outtype(checkpoint: HfCheckpoint) -> str:
+    """``"bf16"`` for a bfloat16 checkpoint (``torch_dtype`` in config.json, else the weights'
+    dtypes), ``"f16"`` otherwise: the lossless-enough starting point for quantization."""
+    if checkpoint.torch_dtype:
+        return "bf16" if checkpoint.torch_dtype.lower() in ("bfloat16", "bf16") else "f16"
+    floats = {d for d in checkpoint.dtypes if d in ("BF16", "F16", "F32", "F64")}
+    return "bf16" if floats == {"BF16"} else "f16"
+
+
+def convert_and_quantize(
+    folder: Path,
+    qtype: str,
+    *,
+    dst: Path | None = None,
+    out_folder: Path | None = None,
+    keep_intermediate: bool = False,
+    library: ModelLibrary | None = None,
+    threads: int | None = None,
+    cancel: threading.Event | None = None,
+    progress: Callable[[PipelineProgress], None] | None = None,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    overwrite: bool = False,
+) -> ConvertQuantizeResult:
+    """Converts the safetensors checkpoint ``folder`` to GGUF and quantizes it to ``qtype``.
+
+    For ``qtype`` F16, BF16 or Q8_0 the converter writes the result directly. For any other type
+    the checkpoint is first converted to F16 (BF16 when the checkpoint is bfloat16) in a hidden
+    temporary file next to ``dst``, which is quantized with :func:`engine.quantize.quantize_model`
+    and then deleted (``keep_intermediate`` keeps it as ``<name>-F16.gguf`` instead). Free space
+    for the intermediate and the result is checked before anything starts. Cancel or a failure
+    at any stage leaves neither file behind.
+
+    Args:
+        folder: a Hugging Face checkpoint folder (``config.json``, tokenizer, ``*.safetensors``).
+        qtype: ``"F16"``, ``"BF16"``, ``"Q8_0"`` or a type from :func:`engine.quantize.quant_types`
+            that needs no importance matrix (case-insensitive).
+        dst: the output ``.gguf``; default ``<out_folder>/<folder name>-<QTYPE>.gguf``.
+        out_folder: where the default ``dst`` goes (default: next to ``folder``).
+        keep_intermediate: keep the F16/BF16 conversion next to the result.
+        library: where provenance is recorded (converted from ``folder``, quantized to ``qtype``).
+        threads: llama.cpp threads for quantizing; None uses all cores.
+        cancel: set it to stop; the running child is terminated.
+        progress: called from the calling thread with each stage's progress.
+        timeout: seconds before the conversion stage is killed.
+        overwrite: replace an existing result (and kept intermediate).
+
+    Returns:
+        The final file, its sizes and type, and the time each stage took.
+
+    Raises:
+        ModelFileError: the folder fails the checks of :func:`check_hf_folder`.
+        QuantizeError: bad type or destination, not enough space, or a stage failed; the message
+            starts with ``folder``.
+        Cancelled: ``cancel`` was set.
+    """
+    started = time.perf_counter()
+    folder = Path(folder)
+    key = qtype.strip().lower()
+    plain = key in CONVERT_OUTTYPES
+    if plain:
+        name = CONVERT_OUTTYPES[key][0]
+    else:
+        try:
+            qt = find_quant_type(qtype)
+        except QuantizeError as exc:
+            raise QuantizeError(f"{folder}: {exc}") from None
+        if qt.needs_imatrix:
+            raise QuantizeError(
+                f"{folder}: {qt.name} needs an importance matrix, which Glassbox does not compute; "
+                "choose a type without one (for example Q4_K_M, IQ4_XS or Q3_K_M)"
+            )
+        name = qt.name
+    checkpoint = check_hf_folder(folder)
+    dst = Path(dst) if dst is not None else default_convert_path(folder, name, out_folder)
+    source = str(folder.resolve())
+
+    if plain:
+        converted = convert_checkpoint(
+            folder, dst, outtype=key, cancel=cancel, progress=_stage_progress(progress, 1, 1), timeout=timeout,
+            overwrite=overwrite,
+        )  # fmt: skip
+        warnings = _record(library, converted.path, source=f"converted from {source}")
+        return ConvertQuantizeResult(
+            path=converted.path, source=folder, qtype=converted.outtype, architecture=converted.architecture,
+            n_tensors=converted.n_tensors, dst_bytes=converted.dst_bytes, intermediate_type=None,
+            intermediate_bytes=0, intermediate=None, convert_seconds=converted.seconds, quantize_seconds=0.0,
+            seconds=time.perf_counter() - started, warnings=warnings,
+        )  # fmt: skip
+
+    step_key = intermediate_outtype(checkpoint)
+    step_type, step_bytes_per_param = CONVERT_OUTTYPES[step_key]
+    _check_output(dst, overwrite)
+    kept = default_convert_path(folder, step_key, dst.parent) if keep_intermediate else None
+    if kept is not None:
+        _check_output(kept, overwrite)
+    step_bytes = int(checkpoint.n_params * step_bytes_per_param * 1.02)
+    check_free_space(dst.parent, step_bytes + int(qt.estimate_bytes(checkpoint.n_params) * 1.05))
+    # Hidden, so a library scan during the run does not list it; a plain name (no braces), which
+    # the converter would read as a template.
+    intermediate = kept or dst.parent / f".{dst.stem}.{step_type}-{os.getpid()}-{threading.get_ident()}.gguf"
+
+    stage = "converting"
+    written = False
+    succeeded = False
+    try:
+        converted = convert_checkpoint(
+            folder, intermediate, outtype=step_key, cancel=cancel, progress=_stage_progress(progress, 1, 2),
+            timeout=timeout, overwrite=overwrite,
+        )  # fmt: skip
+        written = True
+        stage = "quantizing"
+
+        def on_quantize(p: QuantizeProgress) -> None:
+            if progress is not None:
+                progress(
+                    PipelineProgress("quantizing", 2, 2, "tensors", p.done_tensors, p.total_tensors, p.tensor_name)
+                )
+
+        quantized = quantize_model(
+            intermediate, dst, qt.name, threads=threads, cancel=cancel, progress=on_quantize, overwrite=overwrite
+        )
+        succeeded = True
+    except Cancelled:
+        raise Cancelled(f"{folder}: cancelled while {stage}; no file was written") from None
+    except (QuantizeError, ModelFileError) as exc:
+        text = str(exc)
+        for prefix in (f"{intermediate}: ", f"{folder}: "):
+            text = text.removeprefix(prefix)
+        raise QuantizeError(f"{folder}: {text}") from None
+    finally:
+        if written and not (succeeded and kept is not None):
+            with contextlib.suppress(OSError):
+                intermediate.unlink(missing_ok=True)
+
+    warnings = _record(library, quantized.path, source=f"converted from {source}, quantized to {qt.name}",
+                       quantized_from=str(kept.resolve()) if kept is not None else None)  # fmt: skip
+    if kept is not None:
+        warnings += _record(library, kept, source=f"converted from {source}")
+    return ConvertQuantizeResult(
+        path=quantized.path, source=folder, qtype=quantized.qtype, architecture=converted.architecture,
+        n_tensors=converted.n_tensors, dst_bytes=quantized.dst_bytes, intermediate_type=step_type,
+        intermediate_bytes=converted.dst_bytes, intermediate=kept, convert_seconds=converted.seconds,
+        quantize_seconds=quantized.seconds, seconds=time.perf_counter() - started, warnings=warnings,
+    )  # fmt: skip
+
+
+def _stage_progress(
+    progress: Callable[[PipelineProgress], None] | None, step: int, steps: int
+) -> Callable[[ConvertProgress], None] | None:
+    if progress is None:
+        return None
+    report = progress
+    return lambda p: report(PipelineProgress("converting", step, steps, p.phase, p.done, p.total, p.label))
+
+
+def _check_output(dst: Path, overwrite: bool) -> None:
+    if dst.suffix.lower() != ".gguf":
+        raise QuantizeError(f"{dst}: the output file name must end in .gguf")
+    if not dst.parent.is_dir():
+        raise QuantizeError(f"{dst.parent}: the output folder does not exist")
+    if dst.exists() and not overwrite:
+        raise QuantizeError(f"{dst}: already exists; choose another name or remove it first")
+
+
+def _record(library: ModelLibrary | None, path: Path, **fields: str | None) -> tuple[str, ...]:
+    """Records provenance; the model is written already, so a failure here is only a warning."""
+    if library is None:
+        return ()
+    try:
+        library.record_provenance(path, **fields)
+    except (OSError, ValueError) as exc:
+        return (f"{path}: could not record where this model came from ({exc})",)
+    return ()

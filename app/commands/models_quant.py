@@ -1,5 +1,7 @@
 """``glassbox models quantize | convert | quant-types``: make smaller models, and check their quality.
 
+``convert --quantize TYPE`` converts a Hugging Face checkpoint and quantizes it in one step.
+
 Progress goes to stderr (a one-line counter on a terminal); ``--json`` prints one JSON document on
 stdout. Outputs go to the models folder unless ``--out`` says otherwise, so the library lists them.
 """
@@ -45,7 +47,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: a
         "convert", parents=[common], help="convert a Hugging Face safetensors checkpoint folder to GGUF"
     )
     conv.add_argument("hf_dir", metavar="HF_DIR", help="folder with config.json, tokenizer and *.safetensors")
-    conv.add_argument("--outtype", choices=["f16", "bf16", "q8_0"], default="f16", help="output type (default f16)")
+    kind = conv.add_mutually_exclusive_group()
+    kind.add_argument("--outtype", choices=["f16", "bf16", "q8_0"], help="output type (default f16)")
+    kind.add_argument(
+        "--quantize",
+        metavar="TYPE",
+        help="convert to F16 (BF16 for a bfloat16 checkpoint), then quantize to TYPE, e.g. Q4_K_M",
+    )
+    conv.add_argument(
+        "--keep-intermediate", action="store_true", help="with --quantize: keep the F16/BF16 conversion as well"
+    )
+    conv.add_argument("--threads", type=positive_int, help="CPU threads for quantizing (default: all)")
     conv.add_argument("--out", metavar="DST", help="output .gguf (default: the models folder)")
     conv.add_argument("--timeout", type=positive_int, default=3 * 3600, help="seconds before giving up (default 3 h)")
     conv.add_argument("--overwrite", action="store_true", help="replace DST if it exists")
@@ -67,11 +79,14 @@ class _Progress:
         self._shown = False
 
     def show(self, done: int, total: int, label: str, *, force: bool = False) -> None:
+        self.line(f"{self._verb} {done}/{total} {label}", force=force)
+
+    def line(self, text: str, *, force: bool = False) -> None:
         now = time.monotonic()
         if not self._tty or (not force and now - self._last < 0.1):
             return
         self._last = now
-        sys.stderr.write(f"\r\x1b[K{self._verb} {done}/{total} {label}"[:200])
+        sys.stderr.write(f"\r\x1b[K{text}"[:200])
         sys.stderr.flush()
         self._shown = True
 
@@ -155,8 +170,11 @@ def run_quantize(args: argparse.Namespace, paths: Paths) -> int:
 def run_convert(args: argparse.Namespace, paths: Paths) -> int:
     from engine.convert import ConvertProgress, convert_checkpoint, default_convert_path
 
+    if args.quantize:
+        return _run_convert_and_quantize(args, paths)
+    outtype = args.outtype or "f16"
     folder = Path(args.hf_dir).expanduser()
-    dst = Path(args.out).expanduser() if args.out else default_convert_path(folder, args.outtype, paths.models)
+    dst = Path(args.out).expanduser() if args.out else default_convert_path(folder, outtype, paths.models)
     bar = _Progress("converting:")
 
     def on_progress(p: ConvertProgress) -> None:
@@ -166,7 +184,7 @@ def run_convert(args: argparse.Namespace, paths: Paths) -> int:
         result = convert_checkpoint(
             folder,
             dst,
-            outtype=args.outtype,
+            outtype=outtype,
             progress=on_progress,
             timeout=float(args.timeout),
             overwrite=args.overwrite,
@@ -182,6 +200,50 @@ def run_convert(args: argparse.Namespace, paths: Paths) -> int:
         f"{result.architecture} -> GGUF {result.outtype}: {result.n_tensors} tensors, "
         f"{format_bytes(result.dst_bytes)}, in {result.seconds:.1f} s"
     )
+    return 0
+
+
+def _run_convert_and_quantize(args: argparse.Namespace, paths: Paths) -> int:
+    from app.commands.models_library import open_library
+    from engine.convert import PipelineProgress, convert_and_quantize
+
+    bar = _Progress("")
+
+    def on_progress(p: PipelineProgress) -> None:
+        bar.line(f"{p.step}/{p.steps} {p.text} {p.label}", force=p.done == p.total)
+
+    try:
+        result = convert_and_quantize(
+            Path(args.hf_dir).expanduser(),
+            args.quantize,
+            dst=Path(args.out).expanduser() if args.out else None,
+            out_folder=paths.models,
+            keep_intermediate=args.keep_intermediate,
+            library=open_library(paths),
+            threads=args.threads,
+            progress=on_progress,
+            timeout=float(args.timeout),
+            overwrite=args.overwrite,
+        )
+    finally:
+        bar.end()
+    for warning in result.warnings:
+        sys.stderr.write(f"glassbox: warning: {warning}\n")
+    if args.json:
+        print_json(result.to_dict())
+        return 0
+    _say(f"wrote {result.path}")
+    if result.intermediate is not None:
+        _say(f"kept {result.intermediate}")
+    steps = [result.architecture]
+    if result.intermediate_type is not None:
+        steps.append(
+            f"{result.intermediate_type} ({format_bytes(result.intermediate_bytes)}, {result.convert_seconds:.1f} s)"
+        )
+        steps.append(f"{result.qtype} ({format_bytes(result.dst_bytes)}, {result.quantize_seconds:.1f} s)")
+    else:
+        steps.append(f"{result.qtype} ({format_bytes(result.dst_bytes)}, {result.convert_seconds:.1f} s)")
+    _say(f"{' -> '.join(steps)}: {result.n_tensors} tensors in {result.seconds:.1f} s")
     return 0
 
 

@@ -4,20 +4,38 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
 import sys
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
-from tiny_models import write_tiny_llama_gguf
+from tiny_models import cached_tiny_hf_llama, write_tiny_llama_gguf
 
 from app.cli import main
+from engine.gguf import read_gguf_info
 
 
 @pytest.fixture(scope="module")
 def tiny_f16(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_llama_gguf(tmp_path_factory.mktemp("cli") / "tiny-F16.gguf", dtype="F16")
+
+
+_CACHE = Path(os.environ.get("GLASSBOX_TEST_CACHE", Path(__file__).resolve().parents[2] / ".home" / "test-cache"))
+
+
+@pytest.fixture
+def hf_bf16(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny transformers checkpoint, labelled bfloat16 in its config.json."""
+    folder = tmp_path_factory.mktemp("hf") / "tiny-bf16"
+    shutil.copytree(cached_tiny_hf_llama(_CACHE, tmp_path_factory.mktemp("scratch")), folder)
+    config = json.loads((folder / "config.json").read_text())
+    config.pop("dtype", None)
+    config["torch_dtype"] = "bfloat16"
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
 
 
 def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -89,6 +107,56 @@ def test_quantize_into_the_models_folder_with_quality_check(
     assert "Q4_K_M:" in out
 
 
+@pytest.mark.model
+@pytest.mark.slow
+def test_convert_and_quantize_in_one_command(capsys: pytest.CaptureFixture[str], tmp_path: Path, hf_bf16: Path) -> None:
+    home = tmp_path / "home"
+    code, out, err = _run(
+        capsys, "models", "convert", str(hf_bf16), "--quantize", "Q4_K_M", "--keep-intermediate", "--threads", "2",
+        "--json", "--home", str(home),
+    )  # fmt: skip
+    assert code == 0, err
+    document = json.loads(out)
+    models = home / "data" / "models"
+    path = Path(document["path"])
+    assert path == models / "tiny-bf16-Q4_K_M.gguf"
+    assert read_gguf_info(path).file_type == document["qtype"] == "Q4_K_M"
+    assert document["dst_bytes"] == path.stat().st_size
+    # A bfloat16 checkpoint goes through BF16, which --keep-intermediate keeps beside the result.
+    kept = Path(document["intermediate"])
+    assert kept == models / "tiny-bf16-BF16.gguf"
+    assert read_gguf_info(kept).file_type == document["intermediate_type"] == "BF16"
+    assert document["intermediate_bytes"] == kept.stat().st_size
+    assert document["convert_seconds"] > 0
+    assert document["quantize_seconds"] > 0
+    assert document["seconds"] >= document["convert_seconds"] + document["quantize_seconds"]
+    assert document["warnings"] == []
+    assert sorted(p.name for p in models.iterdir()) == ["manifest.json", kept.name, path.name]
+    from app.commands.models_library import open_library
+    from app.paths import Paths
+
+    library = open_library(Paths.resolve(home))
+    entry = library.find(path)
+    assert entry is not None
+    assert entry.provenance["source"] == f"converted from {hf_bf16.resolve()}, quantized to Q4_K_M"
+    assert entry.provenance["quantized_from"] == str(kept)
+    kept_entry = library.find(kept)
+    assert kept_entry is not None
+    assert kept_entry.provenance["source"] == f"converted from {hf_bf16.resolve()}"
+
+    # Again: refused in one line before anything runs, files untouched.
+    before = path.stat().st_mtime_ns
+    code, out, err = _run(capsys, "models", "convert", str(hf_bf16), "--quantize", "q4_k_m", "--home", str(home))
+    assert (code, out) == (1, "")
+    assert err == f"glassbox: error: {path}: already exists; choose another name or remove it first\n"
+    assert path.stat().st_mtime_ns == before
+
+    code, out, err = _run(capsys, "models", "convert", str(hf_bf16), "--quantize", "IQ2_XXS", "--home", str(home))
+    assert (code, out) == (1, "")
+    assert err.startswith(f"glassbox: error: {hf_bf16}: IQ2_XXS needs an importance matrix")
+    assert err.count("\n") == 1
+
+
 def test_bad_input_is_one_line_not_a_traceback(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     junk = tmp_path / "junk.gguf"
     junk.write_bytes(b"not a model at all")
@@ -118,5 +186,8 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str], tmp_path: Path)
     assert exc.value.code == 2
     with pytest.raises(SystemExit) as exc:
         main(["models", "convert", "d", "--outtype", "q4_0", "--home", str(tmp_path)])
+    assert exc.value.code == 2
+    with pytest.raises(SystemExit) as exc:  # one output type or the other
+        main(["models", "convert", "d", "--outtype", "f16", "--quantize", "Q4_K_M", "--home", str(tmp_path)])
     assert exc.value.code == 2
     capsys.readouterr()

@@ -11,17 +11,22 @@ import threading
 from pathlib import Path
 
 import pytest
-from tiny_models import generate_in_subprocess, write_tiny_hf_llama
+from tiny_models import cached_tiny_hf_llama, generate_in_subprocess, write_tiny_llama_gguf
 
 from engine.convert import (
     ConvertProgress,
+    ConvertResult,
+    PipelineProgress,
     check_hf_folder,
+    convert_and_quantize,
     convert_checkpoint,
     default_convert_path,
+    intermediate_outtype,
     read_safetensors_header,
 )
 from engine.errors import Cancelled, ModelFileError, QuantizeError
 from engine.gguf import read_gguf_info
+from engine.library import ModelLibrary
 from engine.quantize import quantize_model
 
 
@@ -177,16 +182,7 @@ _CACHE = Path(os.environ.get("GLASSBOX_TEST_CACHE", Path(__file__).resolve().par
 @pytest.fixture(scope="module")
 def hf_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny transformers checkpoint, written once per machine (importing torch is the slow part)."""
-    cached = _CACHE / "tiny-hf-llama-v1"
-    if not (cached / "model.safetensors").is_file():
-        fresh = write_tiny_hf_llama(tmp_path_factory.mktemp("hf") / "tiny-llama")
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        staging = cached.with_name(f"{cached.name}.tmp-{os.getpid()}")
-        shutil.rmtree(staging, ignore_errors=True)
-        shutil.copytree(fresh, staging)
-        shutil.rmtree(cached, ignore_errors=True)
-        os.replace(staging, cached)
-    return cached
+    return cached_tiny_hf_llama(_CACHE, tmp_path_factory.mktemp("hf"))
 
 
 @pytest.mark.model
@@ -246,3 +242,138 @@ def test_an_unsupported_architecture_is_named(tmp_path: Path) -> None:
     assert str(err.value) == f"{folder}: conversion failed: FooForCausalLM is not supported by the converter"
     assert not (tmp_path / "foo.gguf").exists()
     assert [p.name for p in tmp_path.iterdir()] == ["foo"]  # no temporary file either
+
+
+# --------------------------------------------------------------------------- convert, then quantize
+
+
+def test_the_intermediate_type_follows_the_checkpoint_dtype(tmp_path: Path) -> None:
+    def folder_with(name: str, config: dict[str, object], dtype: str) -> Path:
+        folder = _hf_folder(tmp_path / name, weights=False)
+        (folder / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], **config}))
+        header = {"w": {"dtype": dtype, "shape": [2, 2], "data_offsets": [0, 8 if dtype != "F32" else 16]}}
+        _safetensors(folder / "model.safetensors", header, bytes(8 if dtype != "F32" else 16))
+        return folder
+
+    assert intermediate_outtype(check_hf_folder(folder_with("a", {"torch_dtype": "bfloat16"}, "BF16"))) == "bf16"
+    assert intermediate_outtype(check_hf_folder(folder_with("b", {"dtype": "bfloat16"}, "F32"))) == "bf16"
+    assert intermediate_outtype(check_hf_folder(folder_with("c", {"torch_dtype": "float16"}, "F16"))) == "f16"
+    assert intermediate_outtype(check_hf_folder(folder_with("d", {"torch_dtype": "float32"}, "F32"))) == "f16"
+    # No dtype in config.json: the weights decide.
+    assert intermediate_outtype(check_hf_folder(folder_with("e", {}, "BF16"))) == "bf16"
+    assert intermediate_outtype(check_hf_folder(folder_with("f", {}, "F32"))) == "f16"
+
+
+def test_bad_requests_are_refused_before_converting(
+    hf_llama: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_conversion(*_args: object, **_kwargs: object) -> ConvertResult:
+        raise AssertionError("the converter must not start")
+
+    monkeypatch.setattr("engine.convert.convert_checkpoint", no_conversion)
+    out = tmp_path / "out"
+    out.mkdir()
+    existing = out / "tiny-Q4_K_M.gguf"
+    existing.write_bytes(b"mine")
+    with pytest.raises(QuantizeError, match="already exists"):
+        convert_and_quantize(hf_llama, "Q4_K_M", dst=existing)
+    assert existing.read_bytes() == b"mine"
+    existing.unlink()
+
+    with pytest.raises(QuantizeError) as err:
+        convert_and_quantize(hf_llama, "IQ2_XXS", out_folder=out)
+    assert str(err.value).startswith(f"{hf_llama}: IQ2_XXS needs an importance matrix")
+    with pytest.raises(QuantizeError) as err:
+        convert_and_quantize(hf_llama, "Q9_X", out_folder=out)
+    assert str(err.value).startswith(f"{hf_llama}: unknown quantization type 'Q9_X'")
+
+    # Free space is checked for the intermediate and the result together.
+    monkeypatch.setattr("engine.quantize.shutil.disk_usage", lambda _p: shutil._ntuple_diskusage(1, 1, 0))
+    with pytest.raises(QuantizeError, match="not enough free space"):
+        convert_and_quantize(hf_llama, "Q4_K_M", out_folder=out)
+    assert list(out.iterdir()) == []
+
+
+def test_a_failed_quantize_stage_removes_the_intermediate(
+    hf_llama: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[Path] = []
+
+    def fake_convert(folder: Path, dst: Path, **_kwargs: object) -> ConvertResult:
+        write_tiny_llama_gguf(dst, dtype="F16")
+        return ConvertResult(dst, folder, "F16", "llama", 21, dst.stat().st_size, 0.1)
+
+    def failing_quantize(src: Path, dst: Path, qtype: str, **_kwargs: object) -> None:
+        assert src.is_file()
+        seen.append(src)
+        raise QuantizeError(f"{src}: quantization to {qtype} failed after 3 of 21 tensors: out of luck")
+
+    monkeypatch.setattr("engine.convert.convert_checkpoint", fake_convert)
+    monkeypatch.setattr("engine.convert.quantize_model", failing_quantize)
+    for keep in (False, True):
+        with pytest.raises(QuantizeError) as err:
+            convert_and_quantize(hf_llama, "Q4_K_M", out_folder=tmp_path, keep_intermediate=keep)
+        # The message names the checkpoint, not the temporary file.
+        assert str(err.value) == f"{hf_llama}: quantization to Q4_K_M failed after 3 of 21 tensors: out of luck"
+        assert list(tmp_path.iterdir()) == []
+    assert seen[0].name.startswith(".tiny-hf-llama-v1-Q4_K_M.F16-")
+    assert seen[1] == tmp_path / "tiny-hf-llama-v1-F16.gguf"
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_convert_and_quantize_in_one_call_then_generate(hf_llama: Path, tmp_path: Path) -> None:
+    models = tmp_path / "models"
+    models.mkdir()
+    library = ModelLibrary(models)
+    events: list[PipelineProgress] = []
+    result = convert_and_quantize(
+        hf_llama, "q4_k_m", out_folder=models, library=library, threads=2, progress=events.append
+    )
+
+    assert result.path == models / "tiny-hf-llama-v1-Q4_K_M.gguf"
+    info = read_gguf_info(result.path)
+    assert (info.architecture, info.file_type, result.qtype) == ("llama", "Q4_K_M", "Q4_K_M")
+    assert result.n_tensors == info.n_tensors == 21
+    assert result.dst_bytes == result.path.stat().st_size
+    assert (result.intermediate_type, result.intermediate) == ("F16", None)  # the checkpoint is float32
+    assert result.intermediate_bytes > result.dst_bytes
+    assert result.convert_seconds > 0
+    assert result.quantize_seconds > 0
+    # The intermediate is gone: only the result and the library manifest are left.
+    assert sorted(p.name for p in models.iterdir()) == ["manifest.json", "tiny-hf-llama-v1-Q4_K_M.gguf"]
+    # Progress names its stage; every converting report comes before the quantizing ones.
+    stages = [e.stage for e in events]
+    assert stages[0] == "converting"
+    assert stages[-1] == "quantizing"
+    assert stages == sorted(stages)
+    assert {(e.stage, e.step, e.steps) for e in events} == {("converting", 1, 2), ("quantizing", 2, 2)}
+    assert events[-1].text == "quantizing 21/21 tensors"
+    entry = library.find(result.path)
+    assert entry is not None
+    assert entry.provenance["source"] == f"converted from {hf_llama.resolve()}, quantized to Q4_K_M"
+    assert "quantized_from" not in entry.provenance  # the intermediate is gone
+
+    out = generate_in_subprocess(result.path, prompt="the river", max_tokens=4)
+    assert out["tokens"] == 4
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_cancel_during_the_quantize_stage_leaves_no_file(hf_llama: Path, tmp_path: Path) -> None:
+    cancel = threading.Event()
+    stages: list[str] = []
+
+    def on_progress(p: PipelineProgress) -> None:
+        stages.append(p.stage)
+        if p.stage == "quantizing":
+            cancel.set()
+
+    with pytest.raises(Cancelled) as err:
+        convert_and_quantize(
+            hf_llama, "Q4_K_M", out_folder=tmp_path, keep_intermediate=True, cancel=cancel, progress=on_progress
+        )
+    assert str(err.value) == f"{hf_llama}: cancelled while quantizing; no file was written"
+    assert "converting" in stages
+    assert "quantizing" in stages
+    assert list(tmp_path.iterdir()) == []  # neither the result nor the (kept) intermediate

@@ -326,3 +326,21 @@ def write_tiny_hf_llama(folder: Path, *, hidden_size: int = 64, n_layer: int = 2
     )
     LlamaForCausalLM(config).save_pretrained(folder, safe_serialization=True)
     return folder
+
+
+def cached_tiny_hf_llama(cache: Path, scratch: Path) -> Path:
+    """:func:`write_tiny_hf_llama`, written once per machine under ``cache`` (importing torch is
+    the slow part); ``scratch`` is an empty folder to build it in."""
+    import os
+    import shutil
+
+    cached = cache / "tiny-hf-llama-v1"
+    if not (cached / "model.safetensors").is_file():
+        fresh = write_tiny_hf_llama(scratch / "tiny-llama")
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        staging = cached.with_name(f"{cached.name}.tmp-{os.getpid()}")
+        shutil.rmtree(staging, ignore_errors=True)
+        shutil.copytree(fresh, staging)
+        shutil.rmtree(cached, ignore_errors=True)
+        os.replace(staging, cached)
+    return cached
