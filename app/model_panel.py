@@ -251,6 +251,9 @@ class ModelPanel(QWidget):
         self.folder_button = QPushButton("Add folder…")
         self.folder_button.setToolTip("Index GGUF files in another folder in place (LM Studio, HF cache …)")
         self.folder_button.clicked.connect(self._on_folder_clicked)
+        self.convert_button = QPushButton("Convert…")
+        self.convert_button.setToolTip("Convert a Hugging Face safetensors checkpoint folder to GGUF, and quantize it")
+        self.convert_button.clicked.connect(self._on_convert_clicked)
         for button in (
             self.load_button,
             self.unload_button,
@@ -260,6 +263,7 @@ class ModelPanel(QWidget):
         ):
             row.addWidget(button)
         row.addStretch(1)
+        row.addWidget(self.convert_button)
         row.addWidget(self.folder_button)
         lay.addLayout(row)
         self.library_status = QLabel("")
@@ -340,6 +344,12 @@ class ModelPanel(QWidget):
             if self.loaded_path == entry.path:
                 self.unload_requested.emit()
             self.adapter.delete(entry.path)
+
+    @Slot()
+    def _on_convert_clicked(self) -> None:
+        from app.convert_dialog import ConvertDialog
+
+        ConvertDialog(self.adapter, parent=self).exec()
 
     @Slot()
     def _on_quantize_clicked(self) -> None:

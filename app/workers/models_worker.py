@@ -281,6 +281,51 @@ class ModelsAdapter(QObject):
         self._quantize.submit(work, done, failed)
         return transfer
 
+    def convert(self, folder: Path, qtype: str, keep_intermediate: bool = False) -> Transfer:
+        """Converts a Hugging Face checkpoint folder to GGUF in the models folder, quantized to
+        ``qtype`` (``engine.convert.convert_and_quantize``; Cancel kills the running stage's child)."""
+        transfer = Transfer(key=f"convert:{folder}:{qtype}", label=f"{folder.name} → {qtype}", kind="convert")
+        self.transfers[transfer.key] = transfer
+        self.transfer_changed.emit(transfer)
+        last = [0.0]
+
+        def progress(update: Any) -> None:
+            now = time.perf_counter()
+            new_stage = update.stage != transfer.state
+            transfer.done, transfer.total = update.done, update.total
+            transfer.state = update.stage
+            transfer.message = f"Step {update.step} of {update.steps}: {update.text}"
+            if new_stage or now - last[0] >= PROGRESS_INTERVAL_S:
+                last[0] = now
+                call_on_gui_thread(lambda: self.transfer_changed.emit(transfer))
+
+        def work() -> Any:
+            from engine.convert import convert_and_quantize
+
+            self.models_dir.mkdir(parents=True, exist_ok=True)
+            return convert_and_quantize(
+                folder, qtype, out_folder=self.models_dir, keep_intermediate=keep_intermediate,
+                library=self.library(), cancel=transfer.cancel, progress=progress,
+            )  # fmt: skip
+
+        def done(result: Any) -> None:
+            transfer.state = "done"
+            transfer.result = result
+            seconds = f"{result.seconds:.0f} s"
+            transfer.message = f"wrote {result.path.name} ({result.dst_bytes / 2**20:.1f} MiB) in {seconds}"
+            self.transfer_changed.emit(transfer)
+            self.scan()
+
+        def failed(exc: BaseException) -> None:
+            from engine.errors import Cancelled
+
+            transfer.state = "cancelled" if isinstance(exc, Cancelled) else "error"
+            transfer.message = describe_error(exc)
+            self.transfer_changed.emit(transfer)
+
+        self._quantize.submit(work, done, failed)
+        return transfer
+
     def check_quality(self, source: Path, result: Path, qtype: str, on_done: Callable[[Any], None]) -> Transfer:
         """Compares perplexity of a model and its quantization on a built-in text."""
         transfer = Transfer(key=f"quality:{result}", label=f"Quality check {result.name}", kind="quality")
