@@ -393,6 +393,10 @@ class MainWindow(ConversationActions, DocumentActions, QMainWindow):
         self.history.call(lambda s: s.recover_pending(), None, lambda e: self.show_error(describe_error(e)))
         self.history.call(lambda s: s.list_conversations(), self._on_first_conversations, self._on_history_failed)
         self.refresh_models(first_start=True)
+        self.models_adapter.unfinished_found.connect(  # they come back as paused rows on Models → Discover
+            lambda n: self.statusBar().showMessage(f"{n} unfinished download(s): Models → Discover to resume", 15000)
+        )
+        self.models_adapter.find_unfinished()
         self.remote.refresh_models()
         run_in_background(warm_up_rendering)
         if not self.settings_warning:

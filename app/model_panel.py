@@ -207,6 +207,9 @@ class ModelPanel(QWidget):
         adapter.search_finished.connect(self._on_adapter_search_finished)
         adapter.files_listed.connect(self._on_adapter_files_listed)
         adapter.transfer_changed.connect(self._on_adapter_transfer_changed)
+        adapter.transfer_removed.connect(self._on_adapter_transfer_removed)
+        for transfer in list(adapter.transfers.values()):  # found or started before this page existed
+            self._on_adapter_transfer_changed(transfer)
 
     def showEvent(self, event: Any) -> None:
         super().showEvent(event)
@@ -214,6 +217,7 @@ class ModelPanel(QWidget):
             self._started = True
             self.adapter.probe()
             self.adapter.scan()
+            self.adapter.find_unfinished()
 
     # ------------------------------------------------------------------ library
     def _build_library(self) -> QWidget:
@@ -433,7 +437,6 @@ class ModelPanel(QWidget):
         self.queue.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
         self.queue.horizontalHeader().setSectionResizeMode(3, QHeaderView.ResizeMode.Stretch)
         lay.addWidget(self.queue, 1)
-        self._queue_rows: dict[str, int] = {}
         return page
 
     @Slot()
@@ -488,61 +491,167 @@ class ModelPanel(QWidget):
         choice = self.repo_files.choices[rows[0].row()]
         self.adapter.download(self.repo_files.repo, choice, self.repo_files.commit)
 
+    def _queue_row(self, key: str) -> int | None:
+        for row in range(self.queue.rowCount()):
+            item = self.queue.item(row, 0)
+            if item is not None and item.data(Qt.ItemDataRole.UserRole) == key:
+                return row
+        return None
+
     @Slot(object)
     def _on_adapter_transfer_changed(self, transfer: Transfer) -> None:
         if transfer.kind != "download":
             return
-        row = self._queue_rows.get(transfer.key)
+        row = self._queue_row(transfer.key)
         if row is None:
             row = self.queue.rowCount()
             self.queue.insertRow(row)
-            self._queue_rows[transfer.key] = row
-            self.queue.setItem(row, 0, _item(transfer.label))
+            name = _item(transfer.label, "\n".join(str(p) for p in transfer.paths))
+            name.setData(Qt.ItemDataRole.UserRole, transfer.key)
+            self.queue.setItem(row, 0, name)
             bar = QProgressBar()
             bar.setTextVisible(False)
             self.queue.setCellWidget(row, 1, bar)
-            self.queue.setCellWidget(row, 4, self._transfer_buttons(transfer))
+            buttons = TransferButtonsWidget(transfer)
+            buttons.resume_requested.connect(self._on_transfer_buttons_resume_requested)
+            buttons.discard_requested.connect(self._on_transfer_buttons_discard_requested)
+            self.queue.setCellWidget(row, 4, buttons)
+            # Cell widgets do not take part in ResizeToContents: size the row and column for them.
+            hint = buttons.sizeHint()
+            self.queue.setRowHeight(row, max(self.queue.rowHeight(row), hint.height() + 6))
+            header = self.queue.horizontalHeader()
+            header.resizeSection(4, max(header.sectionSize(4), hint.width() + 8))
         cell = self.queue.cellWidget(row, 1)
         if isinstance(cell, QProgressBar):
-            cell.setRange(0, max(transfer.total, 1))
-            cell.setValue(min(transfer.done, max(transfer.total, 1)))
-        self.queue.setItem(row, 2, _item(format_speed(transfer.speed_bps), align_right=True))
-        status = f"{transfer.state} · {format_bytes(transfer.done)} of {format_bytes(transfer.total)}"
-        eta = format_eta(transfer.eta_s) if transfer.state == "downloading" else ""
-        if eta:
-            status += f" · {eta}"
-        if transfer.message and transfer.state in ("error", "retrying", "cancelled"):
-            status += f" · {transfer.message}"
-        self.queue.setItem(row, 3, _item(status, transfer.message))
-        buttons = self.queue.cellWidget(row, 4)
-        if buttons is not None and transfer.state in ("done", "error", "cancelled"):
-            buttons.setEnabled(False)
+            # In permille: QProgressBar takes a 32-bit int, and model files pass 2 GiB.
+            cell.setRange(0, 1000)
+            cell.setValue(min(1000, transfer.done * 1000 // transfer.total) if transfer.total > 0 else 0)
+        speed = format_speed(transfer.speed_bps) if transfer.running else ""
+        self.queue.setItem(row, 2, _item(speed, align_right=True))
+        self.queue.setItem(row, 3, _item(transfer_status(transfer), transfer.message))
+        cell_buttons = self.queue.cellWidget(row, 4)
+        if isinstance(cell_buttons, TransferButtonsWidget):
+            cell_buttons.update_for(transfer)
 
-    def _transfer_buttons(self, transfer: Transfer) -> QWidget:
-        box = QWidget()
-        row = QHBoxLayout(box)
+    @Slot(object)
+    def _on_adapter_transfer_removed(self, transfer: Transfer) -> None:
+        row = self._queue_row(transfer.key)
+        if row is not None:
+            self.queue.removeRow(row)
+
+    @Slot(object)
+    def _on_transfer_buttons_resume_requested(self, transfer: Transfer) -> None:
+        self.adapter.resume(transfer)
+
+    @Slot(object)
+    def _on_transfer_buttons_discard_requested(self, transfer: Transfer) -> None:
+        kept = f" ({format_bytes(transfer.done)} downloaded)" if transfer.done else ""
+        answer = QMessageBox.question(
+            self,
+            "Discard download",
+            f"Delete the unfinished download of {transfer.label}{kept}? It cannot be resumed afterwards.",
+        )
+        if answer == QMessageBox.StandardButton.Yes:
+            self.adapter.discard(transfer)
+
+
+def format_progress(done: int, total: int) -> str:
+    """``1.2 of 4.0 GiB``: both numbers in the unit of the total (or just the bytes done)."""
+    if total <= 0:
+        return format_bytes(done)
+    unit, scale = "B", 1
+    for name, size in (("KiB", 2**10), ("MiB", 2**20), ("GiB", 2**30), ("TiB", 2**40)):
+        if total >= size:
+            unit, scale = name, size
+    if scale == 1:
+        return f"{done} of {total} B"
+    return f"{done / scale:.1f} of {total / scale:.1f} {unit}"
+
+
+def transfer_status(transfer: Transfer) -> str:
+    """The Status cell of a download row, e.g. ``paused — 1.2 of 4.0 GiB``."""
+    if transfer.state == "unreadable":
+        size = f" ({format_bytes(transfer.done)} on disk)" if transfer.done else ""
+        return f"can't resume — {transfer.message}{size}"
+    if transfer.state == "discarded":
+        return "discarded"
+    state = transfer.state
+    if transfer.state == "cancelled" and transfer.done:
+        state = "stopped"
+    status = f"{state} — {format_progress(transfer.done, transfer.total)}"
+    eta = format_eta(transfer.eta_s) if transfer.state == "downloading" else ""
+    if eta:
+        status += f" · {eta}"
+    if transfer.message and transfer.state in ("error", "retrying", "cancelled"):
+        status += f" · {transfer.message}"
+    return status
+
+
+class TransferButtonsWidget(QWidget):
+    """A download row's buttons: Pause/Cancel while it runs, Resume/Discard once it stopped.
+
+    Pause and Cancel set the transfer's events directly (STYLE.md rule 9); Resume and Discard go
+    through the panel (Discard asks first).
+
+    Signals:
+        resume_requested(object): the :class:`Transfer` to start again from its partial files.
+        discard_requested(object): the :class:`Transfer` whose partial files to delete.
+    """
+
+    resume_requested = Signal(object)
+    discard_requested = Signal(object)
+
+    def __init__(self, transfer: Transfer, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.transfer = transfer
+        row = QHBoxLayout(self)
         row.setContentsMargins(2, 0, 2, 0)
-        pause = QPushButton("Pause")
-        pause.setCheckable(True)
+        self.pause_button = QPushButton("Pause")
+        self.pause_button.setCheckable(True)
+        self.pause_button.toggled.connect(self._on_pause_button_toggled)
+        self.cancel_button = QPushButton("Cancel")
+        self.cancel_button.setToolTip("Stop the download; the bytes so far are kept to resume later")
+        self.cancel_button.clicked.connect(self._on_cancel_button_clicked)
+        self.resume_button = QPushButton("Resume")
+        self.resume_button.setObjectName("primary")
+        self.resume_button.clicked.connect(lambda: self.resume_requested.emit(self.transfer))
+        self.discard_button = QPushButton("Discard…")
+        self.discard_button.setToolTip("Delete the partial download from disk")
+        self.discard_button.clicked.connect(lambda: self.discard_requested.emit(self.transfer))
+        row.addStretch(1)
+        for button in (self.pause_button, self.cancel_button, self.resume_button, self.discard_button):
+            row.addWidget(button)
+        self.update_for(transfer)
 
-        def toggle(paused: bool) -> None:
-            if paused:
-                transfer.pause.set()
-            else:
-                transfer.pause.clear()
-            pause.setText("Resume" if paused else "Pause")
+    def update_for(self, transfer: Transfer) -> None:
+        """Shows the buttons that fit the transfer's state."""
+        self.transfer = transfer
+        running = transfer.running
+        stopped = not running and transfer.state not in ("done", "discarded")
+        self.pause_button.setVisible(running)
+        self.cancel_button.setVisible(running)
+        self.resume_button.setVisible(stopped and transfer.resumable)
+        self.resume_button.setText("Resume" if transfer.done else "Retry")
+        self.discard_button.setVisible(stopped)
+        if not running and self.pause_button.isChecked():
+            self.pause_button.blockSignals(True)
+            self.pause_button.setChecked(False)
+            self.pause_button.setText("Pause")
+            self.pause_button.blockSignals(False)
+        self.setEnabled(transfer.state not in ("done", "discarded"))
 
-        pause.toggled.connect(toggle)
-        cancel = QPushButton("Cancel")
+    @Slot(bool)
+    def _on_pause_button_toggled(self, paused: bool) -> None:
+        if paused:
+            self.transfer.pause.set()
+        else:
+            self.transfer.pause.clear()
+        self.pause_button.setText("Resume" if paused else "Pause")
 
-        def stop() -> None:
-            transfer.pause.clear()
-            transfer.cancel.set()
-
-        cancel.clicked.connect(stop)
-        row.addWidget(pause)
-        row.addWidget(cancel)
-        return box
+    @Slot()
+    def _on_cancel_button_clicked(self) -> None:
+        self.transfer.pause.clear()
+        self.transfer.cancel.set()
 
 
 def quant_type_names() -> list[str]:

@@ -14,16 +14,27 @@ import os
 import threading
 import time
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
-from engine.downloads import META_SUFFIX, read_meta_file, write_json_atomic
+from engine.downloads import (
+    _META_FORMAT,  # the sidecar's format; this module reads it back
+    META_SUFFIX,
+    PARTIAL_SUFFIX,
+    write_json_atomic,
+)
+from engine.errors import DownloadError
 from engine.hub import check_filename, check_repo_id, check_revision
 
 
 @dataclass(frozen=True)
 class PartialDownload:
-    """An unfinished download found on disk (``find_partials``): resume it or discard it."""
+    """An unfinished download found on disk (``find_partials``): resume it or discard it.
+
+    ``error`` says why it cannot be resumed (its metadata is missing or unreadable); such a
+    partial can only be discarded. ``done`` is what a resume keeps: the bytes both recorded in
+    the metadata and present in the ``.partial`` file.
+    """
 
     path: Path  # the final path it will have
     repo: str
@@ -32,31 +43,113 @@ class PartialDownload:
     done: int
     total: int | None
     updated_at: float | None
+    commit: str | None = None
+    endpoint: str | None = None
+    expected_sha256: str | None = None
+    expected_size: int | None = None
+    error: str | None = None
+
+    @property
+    def resumable(self) -> bool:
+        return self.error is None
+
+    @property
+    def dest_dir(self) -> Path:
+        """The folder to pass to ``download_file`` / ``discard_partial`` with ``filename``."""
+        folder = self.path
+        for _ in PurePosixPath(self.filename).parts:
+            folder = folder.parent
+        return folder
 
 
-def find_partials(root: Path) -> list[PartialDownload]:
+def find_partials(root: Path, *, orphans: bool = False) -> list[PartialDownload]:
     """Unfinished downloads under ``root`` (from their resume metadata), oldest first.
 
     For the GUI after a restart: offer to resume them (``download_file`` with the same repo,
-    file and revision) or to discard them (``discard_partial``).
-    """
-    found: list[PartialDownload] = []
-    for meta_path in Path(root).rglob("*" + META_SUFFIX):
-        meta = read_meta_file(meta_path)
-        if meta is None or not all(isinstance(meta.get(k), str) for k in ("repo", "filename", "revision")):
-            continue
-        final = meta_path.with_name(meta_path.name[: -len(META_SUFFIX)])
-        total = meta.get("total")
-        updated = meta.get("updated_at")
-        done = meta.get("done")
-        found.append(PartialDownload(
-            path=final, repo=meta["repo"], filename=meta["filename"], revision=meta["revision"],
-            done=done if isinstance(done, int) else 0, total=total if isinstance(total, int) else None,
-            updated_at=float(updated) if isinstance(updated, int | float) else None,
-        ))
-    found.sort(key=lambda p: p.updated_at or 0.0)
-    return found
+    file and revision) or to discard them (``discard_partial``). A ``*.partial.json`` that cannot
+    be read is listed too, with ``error`` set, so its bytes can be freed.
 
+    Args:
+        root: the folder to search (recursively); a missing folder has none.
+        orphans: also list ``*.partial`` files without metadata (with ``error`` set). Only for
+            folders Glassbox owns: elsewhere ``.partial`` may be another program's file.
+    """
+    found: dict[Path, PartialDownload] = {}
+    for meta_path in _glob(Path(root), "*" + META_SUFFIX):
+        final = meta_path.with_name(meta_path.name[: -len(META_SUFFIX)])
+        found[final] = _describe(final, meta_path)
+    if orphans:
+        for partial in _glob(Path(root), "*" + PARTIAL_SUFFIX):
+            final = partial.with_name(partial.name[: -len(PARTIAL_SUFFIX)])
+            if final not in found and partial.is_file():
+                found[final] = _unreadable(final, "its resume metadata is missing")
+    return sorted(found.values(), key=lambda p: p.updated_at or 0.0)
+
+
+def _glob(root: Path, pattern: str) -> list[Path]:
+    try:
+        return [p for p in root.rglob(pattern) if p.is_file()]
+    except OSError:  # the folder vanished or cannot be listed: nothing to offer there
+        return []
+
+
+def _partial_size(final: Path) -> tuple[int, float | None]:
+    try:
+        stat = final.with_name(final.name + PARTIAL_SUFFIX).stat()
+    except OSError:
+        return 0, None
+    return stat.st_size, stat.st_mtime
+
+
+def _unreadable(final: Path, reason: str) -> PartialDownload:
+    size, mtime = _partial_size(final)
+    return PartialDownload(path=final, repo="", filename=final.name, revision="", done=size, total=None,
+                           updated_at=mtime, error=reason)
+
+
+def _describe(final: Path, meta_path: Path) -> PartialDownload:
+    """The partial download at ``final`` as its metadata describes it (or why it cannot)."""
+    try:
+        document = json.loads(meta_path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        return _unreadable(final, f"its resume metadata cannot be read: {exc.strerror or exc}")
+    except ValueError:
+        return _unreadable(final, "its resume metadata is corrupt (not JSON)")
+    if not isinstance(document, dict) or document.get("format") != _META_FORMAT:
+        return _unreadable(final, "its resume metadata has an unknown format")
+    fields = {k: document.get(k) for k in ("repo", "filename", "revision")}
+    if not all(isinstance(v, str) and v for v in fields.values()):
+        return _unreadable(final, "its resume metadata does not name the repository and file")
+    repo, filename, revision = (str(fields[k]) for k in ("repo", "filename", "revision"))
+    try:
+        check_repo_id(repo)
+        check_revision(revision)
+        check_filename(filename)
+    except DownloadError as exc:
+        return _unreadable(final, f"its resume metadata is not valid: {exc}")
+    parts = PurePosixPath(filename).parts
+    if final.parts[-len(parts):] != parts:
+        return _unreadable(final, f"its resume metadata names another file ({filename})")
+    size, mtime = _partial_size(final)
+    done = document.get("done")
+    total = _int_or_none(document.get("total"))
+    updated = document.get("updated_at")
+    return PartialDownload(
+        path=final, repo=repo, filename=filename, revision=revision,
+        done=min(done, size) if isinstance(done, int) and done > 0 else 0, total=total,
+        updated_at=float(updated) if isinstance(updated, int | float) else mtime,
+        commit=_str_or_none(document.get("commit")), endpoint=_str_or_none(document.get("endpoint")),
+        expected_sha256=_str_or_none(document.get("expected_sha256")),
+        expected_size=_int_or_none(document.get("expected_size")),
+    )
+
+
+def _str_or_none(value: object) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _int_or_none(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 # ------------------------------------------------------------------------------------ the queue

@@ -11,6 +11,8 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from concurrent import futures
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,15 +22,39 @@ from PySide6.QtCore import QObject, Signal
 from app.tasks import SerialExecutor, call_on_gui_thread, describe_error, run_in_background
 
 PROGRESS_INTERVAL_S = 0.2
+CHECKPOINT_WAIT_S = 3.0
+
+
+@dataclass(frozen=True)
+class FileJob:
+    """One file of a download: what ``engine.downloads.download_file`` needs to start or resume it."""
+
+    repo: str
+    filename: str
+    dest_dir: Path
+    revision: str
+    endpoint: str | None = None
+    expected_sha256: str | None = None
+    expected_size: int | None = None
+
+    @property
+    def path(self) -> Path:
+        return self.dest_dir / self.filename
 
 
 @dataclass
 class Transfer:
-    """One queued or running download (or quantization): its events and last progress."""
+    """One download (or quantization): its events, its files and last progress.
+
+    A download is ``running`` from the moment it is queued until its job ends. A stopped one
+    (cancelled, failed, or found on disk after a restart, state ``paused``) keeps its partial
+    files: ``files`` resume it, ``paths`` are the final paths whose partials Discard deletes.
+    ``files`` is empty for a partial that cannot be resumed (``message`` says why).
+    """
 
     key: str
     label: str
-    kind: str  # "download" | "quantize"
+    kind: str  # "download" | "quantize" | "quality"
     cancel: threading.Event = field(default_factory=threading.Event)
     pause: threading.Event = field(default_factory=threading.Event)
     state: str = "queued"
@@ -38,6 +64,15 @@ class Transfer:
     eta_s: float | None = None
     message: str = ""
     result: Any = None
+    repo: str = ""
+    files: list[FileJob] = field(default_factory=list)
+    paths: list[Path] = field(default_factory=list)
+    running: bool = False
+    restored: bool = False  # found on disk at startup rather than started in this session
+
+    @property
+    def resumable(self) -> bool:
+        return bool(self.files) and not self.running and self.state != "done"
 
 
 class ModelsAdapter(QObject):
@@ -55,6 +90,8 @@ class ModelsAdapter(QObject):
         search_finished(str, object): the query and its ``RepoSummary`` list.
         files_listed(str, object): a repo and its ``RepoFiles``.
         transfer_changed(object): a :class:`Transfer` (progress, state).
+        transfer_removed(object): a stopped :class:`Transfer` whose partial files were discarded.
+        unfinished_found(int): how many unfinished downloads from an earlier session were found.
         error_occurred(str): a one-line message.
     """
 
@@ -63,6 +100,8 @@ class ModelsAdapter(QObject):
     search_finished = Signal(str, object)
     files_listed = Signal(str, object)
     transfer_changed = Signal(object)
+    transfer_removed = Signal(object)
+    unfinished_found = Signal(int)
     error_occurred = Signal(str)
 
     def __init__(
@@ -84,6 +123,7 @@ class ModelsAdapter(QObject):
         self.transfers: dict[str, Transfer] = {}
         self._downloads = SerialExecutor("glassbox-download")
         self._quantize = SerialExecutor("glassbox-quantize")
+        self._running_downloads: list[Future[Any]] = []
         self._closed = False
 
     def library(self) -> Any:
@@ -170,25 +210,128 @@ class ModelsAdapter(QObject):
     def download(self, repo: str, choice: Any, commit: str | None = None) -> Transfer:
         """Queues every file of a model choice (split parts and mmproj included)."""
         key = f"{repo}/{choice.name}"
-        if key in self.transfers and self.transfers[key].state not in ("done", "error", "cancelled"):
-            return self.transfers[key]
-        transfer = Transfer(key=key, label=f"{choice.name} ({repo})", kind="download")
-        transfer.total = sum(f.size for f in (*choice.files, *choice.mmproj))
-        self.transfers[key] = transfer
-        self.transfer_changed.emit(transfer)
-        files = list(choice.files) + list(choice.mmproj)
+        existing = self.transfers.get(key)
+        if existing is not None and existing.running:
+            return existing
         dest = self.models_dir / repo.replace("/", "__")
-        revision = commit or "main"
+        files = [
+            FileJob(repo, f.filename, dest, commit or "main", self.endpoint, f.sha256, f.size or None)
+            for f in (*choice.files, *choice.mmproj)
+        ]
+        transfer = Transfer(key=key, label=f"{choice.name} ({repo})", kind="download", repo=repo, files=files,
+                            paths=[f.path for f in files])
+        transfer.total = sum(f.size for f in (*choice.files, *choice.mmproj))
+        for other in list(self.transfers.values()):
+            # A stopped row for the same files (say, one found at startup): this download takes
+            # over its partials, so the row goes.
+            if other.key != key and other.kind == "download" and not other.running \
+                    and set(other.paths) & set(transfer.paths):
+                del self.transfers[other.key]
+                self.transfer_removed.emit(other)
+        self.transfers[key] = transfer
+        self._submit(transfer)
+        return transfer
+
+    def resume(self, transfer: Transfer) -> None:
+        """Starts a stopped download again; the engine resumes each file from its partial."""
+        if not transfer.resumable or self._closed:
+            return
+        # Fresh events: the previous job's are set, and a late callback must not stop this one.
+        transfer.cancel = threading.Event()
+        transfer.pause = threading.Event()
+        transfer.message = ""
+        self._submit(transfer)
+
+    def discard(self, transfer: Transfer) -> None:
+        """Deletes a stopped download's partial files and metadata (the caller asked to confirm).
+
+        Signals ``transfer_removed`` once the files are gone (on the background pool).
+        """
+        if transfer.running:
+            return
+        busy = {path for t in self.transfers.values() if t.running for path in t.paths}
+        paths = [path for path in transfer.paths if path not in busy]
+
+        def work() -> None:
+            from engine.downloads import discard_partial
+
+            for path in paths:
+                discard_partial(path.parent, path.name)
+
+        def done(_result: None) -> None:
+            self.transfers.pop(transfer.key, None)
+            transfer.state = "discarded"
+            self.transfer_removed.emit(transfer)
+
+        run_in_background(work, done, self._fail(f"Discard {transfer.label}"))
+
+    def find_unfinished(self) -> None:
+        """Looks for downloads a previous session left unfinished (off the GUI thread).
+
+        Searches the models folder and the folders the library indexes (``glassbox models
+        download --to`` may have put partials there); each one becomes a stopped transfer in
+        state ``paused``, or ``unreadable`` when its metadata is gone (then it can only be
+        discarded). Emits ``transfer_changed`` for each new one, then ``unfinished_found``.
+        """
+
+        def work() -> list[Any]:
+            from engine.download_queue import find_partials
+
+            found = {p.path: p for p in find_partials(self.models_dir, orphans=True)}
+            for folder in self.library().extra_dirs:
+                for partial in find_partials(folder):
+                    found.setdefault(partial.path, partial)
+            return sorted(found.values(), key=lambda p: p.updated_at or 0.0)
+
+        run_in_background(work, self._on_partials_found, self._fail("Unfinished downloads"))
+
+    def _on_partials_found(self, partials: list[Any]) -> None:
+        if self._closed:
+            return
+        known = {path for t in self.transfers.values() for path in t.paths}
+        added = 0
+        for partial in partials:
+            if partial.path in known:
+                continue  # a download of this session owns it
+            transfer = Transfer(
+                key=f"partial:{partial.path}",
+                label=f"{partial.path.name} ({partial.repo})" if partial.resumable else partial.path.name,
+                kind="download",
+                state="paused" if partial.resumable else "unreadable",
+                done=partial.done,
+                total=partial.total or partial.expected_size or 0,
+                message=partial.error or "",
+                repo=partial.repo,
+                paths=[partial.path],
+                restored=True,
+            )
+            if partial.resumable:
+                transfer.files = [FileJob(
+                    partial.repo, partial.filename, partial.dest_dir, partial.revision,
+                    partial.endpoint or self.endpoint, partial.expected_sha256, partial.expected_size,
+                )]
+            self.transfers[transfer.key] = transfer
+            self.transfer_changed.emit(transfer)
+            added += 1
+        if added:
+            self.unfinished_found.emit(added)
+
+    def _submit(self, transfer: Transfer) -> None:
+        """Queues ``transfer``'s files on the download thread, one after the other."""
+        transfer.running = True
+        transfer.state = "queued"
+        self.transfer_changed.emit(transfer)
+        files = list(transfer.files)
+        cancel, pause = transfer.cancel, transfer.pause
         last = [0.0]
 
         def work() -> list[Any]:
             from engine.downloads import download_file
 
-            dest.mkdir(parents=True, exist_ok=True)
             results = []
             base = 0
-            for model_file in files:
-                if transfer.cancel.is_set():
+            for job in files:
+                if cancel.is_set():
                     break
 
                 def progress(update: Any, base: int = base) -> None:
@@ -197,46 +340,46 @@ class ModelsAdapter(QObject):
                         return
                     last[0] = now
                     transfer.done = base + update.done
+                    if update.total and len(files) == 1:
+                        transfer.total = update.total
                     transfer.speed_bps = update.speed_bps
                     transfer.eta_s = update.eta_s
                     transfer.state = str(update.state)
                     transfer.message = update.message
                     call_on_gui_thread(lambda: self.transfer_changed.emit(transfer))
 
-                results.append(
-                    download_file(
-                        repo,
-                        model_file.filename,
-                        dest,
-                        revision=revision,
-                        endpoint=self.endpoint,
-                        expected_sha256=model_file.sha256,
-                        expected_size=model_file.size or None,
-                        cancel=transfer.cancel,
-                        pause=transfer.pause,
-                        progress=progress,
-                    )
-                )
-                base += model_file.size
+                job.dest_dir.mkdir(parents=True, exist_ok=True)
+                results.append(download_file(
+                    job.repo, job.filename, job.dest_dir, revision=job.revision, endpoint=job.endpoint,
+                    expected_sha256=job.expected_sha256, expected_size=job.expected_size,
+                    cancel=cancel, pause=pause, progress=progress,
+                ))
+                base += job.expected_size or results[-1].size
             return results
 
         def done(results: list[Any]) -> None:
-            transfer.state = "cancelled" if transfer.cancel.is_set() else "done"
+            transfer.running = False
+            transfer.state = "cancelled" if len(results) < len(files) else "done"
             transfer.done = transfer.total if transfer.state == "done" else transfer.done
+            transfer.speed_bps, transfer.eta_s = 0.0, None
+            transfer.message = "" if transfer.state == "done" else "the partial download is kept"
             transfer.result = results
             self.transfer_changed.emit(transfer)
             if results:
-                run_in_background(lambda: _record(self.library(), repo, results), lambda _r: self.scan())
+                run_in_background(lambda: _record(self.library(), transfer.repo, results), lambda _r: self.scan())
 
         def failed(exc: BaseException) -> None:
             from engine.errors import Cancelled
 
-            transfer.state = "cancelled" if isinstance(exc, Cancelled) else "error"
-            transfer.message = describe_error(exc)
+            transfer.running = False
+            cancelled = isinstance(exc, Cancelled)
+            transfer.state = "cancelled" if cancelled else "error"
+            transfer.speed_bps, transfer.eta_s = 0.0, None
+            transfer.message = "the partial download is kept" if cancelled else describe_error(exc)
             self.transfer_changed.emit(transfer)
 
-        self._downloads.submit(work, done, failed)
-        return transfer
+        self._running_downloads = [f for f in self._running_downloads if not f.done()]
+        self._running_downloads.append(self._downloads.submit(work, done, failed))
 
     # ------------------------------------------------------------------ quantization
     def quantize(self, src: Path, qtype: str, dst: Path) -> Transfer:
@@ -353,7 +496,13 @@ class ModelsAdapter(QObject):
         return transfer
 
     def shutdown(self, wait: bool = True) -> None:
-        """Cancels downloads and quantizations (downloads keep their resumable partial file)."""
+        """Cancels downloads and quantizations; downloads keep their resumable partial files.
+
+        The engine answers a cancel by writing its resume checkpoint and keeping the partial
+        (never deleting it). Even with ``wait=False`` this waits up to ``CHECKPOINT_WAIT_S`` for
+        a running download to do so: the app releases its single-instance lock right after, and
+        the next session should find the partial complete and unlocked.
+        """
         if self._closed:
             return
         self._closed = True
@@ -361,6 +510,9 @@ class ModelsAdapter(QObject):
             transfer.pause.clear()
             transfer.cancel.set()
         self._downloads.shutdown(wait=wait)
+        if not wait:
+            futures.wait([f for f in self._running_downloads if not f.done()], timeout=CHECKPOINT_WAIT_S)
+        self._running_downloads.clear()
         self._quantize.shutdown(wait=wait)
 
 
