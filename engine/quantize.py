@@ -193,6 +193,57 @@ def find_quant_type(name: str) -> QuantType:
     raise QuantizeError(f"unknown quantization type {name!r}; available: {names}")
 
 
+# Work files a killed quantize or convert leaves behind: ``<dst>.tmp-<pid>`` (quantize),
+# ``.glassbox-convert-<pid>-<thread>.tmp`` (convert) and ``.<name>.<F16|BF16|F32>-<pid>-<thread>.gguf``
+# (the intermediate of convert + quantize). Each carries the pid of the process that wrote it.
+_WORK_FILE = re.compile(
+    r"^(?:.+\.gguf\.tmp-(?P<a>\d+)|\.glassbox-convert-(?P<b>\d+)-\d+\.tmp|\..+\.(?:F16|BF16|F32)-(?P<c>\d+)-\d+\.gguf)$"
+)
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    if sys.platform == "win32":  # pragma: no cover - no cheap liveness check there: keep the file
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # someone else's process
+    return True
+
+
+def sweep_work_files(folder: Path, *, min_age_s: float = 300.0) -> list[Path]:
+    """Deletes the temporary files of quantize and convert runs that were killed (their process
+    is gone), so a crash does not keep gigabytes of half-written model in ``folder``.
+
+    Only names that match the work-file patterns exactly, whose writer's pid is not running and
+    that were untouched for ``min_age_s``, are removed. Returns what was deleted.
+    """
+    removed: list[Path] = []
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return removed
+    now = time.time()
+    for name in names:
+        match = _WORK_FILE.match(name)
+        if match is None:
+            continue
+        pid = int(match.group("a") or match.group("b") or match.group("c"))
+        path = folder / name
+        try:
+            if not path.is_file() or now - path.stat().st_mtime < min_age_s or _pid_alive(pid):
+                continue
+            path.unlink()
+        except OSError:
+            continue
+        removed.append(path)
+    return removed
+
+
 def default_output_path(src: Path, qtype: str, folder: Path | None = None) -> Path:
     """``<folder>/<model>-<QTYPE>.gguf``, dropping a type suffix already in the source's name.
 
@@ -596,4 +647,5 @@ __all__ = [
     "quant_types",
     "quantize_model",
     "run_logged_child",
+    "sweep_work_files",
 ]

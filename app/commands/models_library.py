@@ -74,7 +74,10 @@ def open_library(paths: Paths) -> ModelLibrary:
 def run_list(args: argparse.Namespace, paths: Paths) -> int:
     """``models list``."""
     from engine.hardware import probe_hardware
+    from engine.quantize import sweep_work_files
 
+    for stale in sweep_work_files(paths.models):
+        print(f"glassbox: removed {stale}, left by a quantization or conversion that was killed", file=sys.stderr)
     library = open_library(paths)
     entries = library.scan()
     hw = probe_hardware()

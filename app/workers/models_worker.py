@@ -276,7 +276,9 @@ class ModelsAdapter(QObject):
 
         def work() -> list[Any]:
             from engine.download_queue import find_partials
+            from engine.quantize import sweep_work_files
 
+            sweep_work_files(self.models_dir)  # what a killed quantize or convert left behind
             found = {p.path: p for p in find_partials(self.models_dir, orphans=True)}
             for folder in self.library().extra_dirs:
                 for partial in find_partials(folder):

@@ -281,3 +281,41 @@ def test_perplexity_rejects_bad_input(tmp_path: Path) -> None:
         perplexity(tmp_path / "m.gguf", "   ")
     with pytest.raises(ModelLoadError):
         perplexity(tmp_path / "missing.gguf", "some text")
+
+
+def test_sweep_removes_only_work_files_of_dead_processes(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from engine.quantize import sweep_work_files
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True)
+    dead_pid = int(dead.stdout)
+    alive_pid = os.getpid()
+    stale = [
+        tmp_path / f"model-Q4_K_M.gguf.tmp-{dead_pid}",
+        tmp_path / f".glassbox-convert-{dead_pid}-140.tmp",
+        tmp_path / f".tiny-Q4_K_M.F16-{dead_pid}-140.gguf",
+    ]
+    kept = [
+        tmp_path / f"model-Q8_0.gguf.tmp-{alive_pid}",  # its writer still runs
+        tmp_path / "model-Q4_K_M.gguf",  # a model
+        tmp_path / f".notes-{dead_pid}-1.gguf",  # not a name Glassbox writes
+        tmp_path / f"draft.tmp-{dead_pid}",
+    ]
+    old = 1_000_000_000
+    for path in stale + kept:
+        path.write_bytes(b"x" * 10)
+        os.utime(path, (old, old))
+    # Too recent to touch: a pid check cannot see a writer on another machine (a shared folder).
+    fresh = tmp_path / f"fresh.gguf.tmp-{dead_pid}"
+    fresh.write_bytes(b"x")
+
+    removed = sweep_work_files(tmp_path)
+
+    assert sorted(removed) == sorted(stale)
+    assert not any(p.exists() for p in stale)
+    assert all(p.exists() for p in kept) and fresh.exists()
+    assert sweep_work_files(tmp_path / "missing") == []
