@@ -4,6 +4,7 @@ turn (engine). This is the only place that knows both; engine and rag never impo
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -45,13 +46,23 @@ def make_retriever(
     Sources are plain dicts (n, path, page, snippet, score, heading), ready for JSON and history.
     Pass ``kbs`` (a ``rag.knowledge.KnowledgeBases``) to share one already open: it holds the
     knowledge folder's lock, so a process opens it once.
+
+    Chunks of ``names`` still waiting for their embedding (a damaged index that was moved aside,
+    an interrupted run) are embedded first, so that answers use the whole index.
     """
     from rag.knowledge import KnowledgeBases, retrieve_context
 
     if kbs is None:
         kbs = KnowledgeBases(paths.knowledge, embedder_path=embedder_path, chroma_url=chroma_url)
+        if kbs.recovered is not None:
+            sys.stderr.write(
+                f"glassbox: the document index was damaged ({kbs.recovered.reason}); "
+                f"it was moved to {kbs.recovered.moved_to} and is being rebuilt\n"
+            )
     for name in names:
         kbs.get(name)  # fail early, with the KB's own message, for an unknown name
+    if kbs.pending(list(names)):
+        kbs.rebuild(list(names))
 
     def retrieve(query: str, session: _Counting) -> tuple[str | None, list[dict[str, Any]]]:
         n_ctx = getattr(session.info, "n_ctx", None) or 4096  # a remote server may not say

@@ -54,6 +54,11 @@ def format_eta(seconds: float | None) -> str:
 def progress_text(progress: Any) -> str:
     """One line for an IngestProgress."""
     state = str(getattr(progress, "state", ""))
+    chunks_total = getattr(progress, "chunks_total", None)
+    if chunks_total is not None:  # a rebuild re-embeds stored chunks; no files are read
+        line = f"{state}: {getattr(progress, 'chunks_done', 0)} of {chunks_total} chunks"
+        eta = format_eta(getattr(progress, "eta_s", None))
+        return f"{line} · {eta}" if eta and state == "rebuilding" else line
     done, total = getattr(progress, "files_done", 0), getattr(progress, "files_total", 0)
     current = getattr(progress, "current_file", None)
     parts = [f"{state}: {done}/{total} files", f"{getattr(progress, 'chunks_done', 0)} chunks"]
@@ -63,6 +68,16 @@ def progress_text(progress: Any) -> str:
     if eta:
         parts.append(eta)
     return " · ".join(parts)
+
+
+def recovery_text(recovery: Any, progress: Any = None, report: Any = None) -> str:
+    """The one-line notice about a damaged document index (a ``rag.store_health.StoreRecovery``)."""
+    head = f"The document index was damaged ({recovery.reason})"
+    if report is not None:
+        return f"{head}; it was rebuilt from your documents ({report.chunks_added} chunks)."
+    if progress is not None and getattr(progress, "chunks_total", None) is not None:
+        return f"{head}; rebuilding it from your documents: {progress.chunks_done} of {progress.chunks_total} chunks"
+    return f"{head}; rebuilding it from your documents."
 
 
 class KnowledgePanel(QWidget):
@@ -114,6 +129,12 @@ class KnowledgePanel(QWidget):
         self.summary.setObjectName("explain")
         self.summary.setWordWrap(True)
         rl.addWidget(self.summary)
+        self.notice = QLabel("")
+        self.notice.setObjectName("indexNotice")
+        self.notice.setWordWrap(True)
+        self.notice.setToolTip("Your documents and chats are untouched; only the search index is rebuilt.")
+        self.notice.setVisible(False)
+        rl.addWidget(self.notice)
 
         tools = QHBoxLayout()
         self.add_files_button = QPushButton("Add files…")
@@ -189,6 +210,9 @@ class KnowledgePanel(QWidget):
         adapter.progress_changed.connect(self._on_adapter_progress_changed)
         adapter.job_finished.connect(self._on_adapter_job_finished)
         adapter.query_finished.connect(self._on_adapter_query_finished)
+        adapter.store_recovered.connect(self._on_adapter_store_recovered)
+        if adapter.recovery is not None:
+            self._on_adapter_store_recovered(adapter.recovery)
         self._update_buttons()
 
     def showEvent(self, event: Any) -> None:
@@ -223,6 +247,11 @@ class KnowledgePanel(QWidget):
             self.current = None
             self.docs.setRowCount(0)
         self._update_buttons()
+
+    @Slot(object)
+    def _on_adapter_store_recovered(self, recovery: Any) -> None:
+        self.notice.setText(recovery_text(recovery))
+        self.notice.setVisible(True)
 
     @Slot(QListWidgetItem, QListWidgetItem)
     def _on_kb_list_current_item_changed(self, item: QListWidgetItem | None, _previous: Any) -> None:
@@ -263,15 +292,23 @@ class KnowledgePanel(QWidget):
     def _on_adapter_progress_changed(self, job: IndexJob, progress: Any) -> None:
         if job is not self.job:
             self._show_job(job)
-        total = max(int(progress.files_total), 1)
-        self.progress.setRange(0, total)
-        self.progress.setValue(int(progress.files_done))
+        chunks_total = getattr(progress, "chunks_total", None)
+        if chunks_total is not None:
+            self.progress.setRange(0, max(int(chunks_total), 1))
+            self.progress.setValue(int(progress.chunks_done))
+            if self.adapter.recovery is not None and not job.kb:
+                self.notice.setText(recovery_text(self.adapter.recovery, progress))
+        else:
+            self.progress.setRange(0, max(int(progress.files_total), 1))
+            self.progress.setValue(int(progress.files_done))
         self.progress_label.setText(f"{job.label} — {progress_text(progress)}")
 
     @Slot(object, object)
     def _on_adapter_job_finished(self, job: IndexJob, report: Any) -> None:
         if job is self.job:
             self._show_job(None)
+        if report is not None and not job.kb and self.adapter.recovery is not None and not report.cancelled:
+            self.notice.setText(recovery_text(self.adapter.recovery, report=report))
         if report is not None:
             line = report.summary() if hasattr(report, "summary") else str(report)
             self.progress_label.setText(f"{job.label}: {line}")

@@ -205,6 +205,13 @@ class _State:
             self._knowledge = KnowledgeBases(
                 self.paths.knowledge, embedder_path=self.embedder_path, chroma_url=self.chroma_url
             )
+            if self._knowledge.recovered is not None:
+                recovery = self._knowledge.recovered
+                log.warning(
+                    "the document index was damaged (%s); it was moved to %s and is being rebuilt",
+                    recovery.reason,
+                    recovery.moved_to,
+                )
         retriever = make_retriever(self.paths, names, kbs=self._knowledge)
         return retriever(query, self.backend)
 

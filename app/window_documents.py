@@ -65,7 +65,7 @@ class DocumentActions:
     def _on_knowledge_progress_changed(self, job: IndexJob, progress: Any) -> None:
         from app.knowledge_panel import progress_text
 
-        self.index_label.setText(f"{job.kb}: {progress_text(progress)}")
+        self.index_label.setText(f"{job.kb or job.label}: {progress_text(progress)}")
 
     @Slot(object, object)
     def _on_knowledge_job_finished(self, job: IndexJob, report: Any) -> None:
@@ -73,7 +73,7 @@ class DocumentActions:
             self.index_label.setText("")
             return
         line = report.summary() if hasattr(report, "summary") else "done"
-        self.index_label.setText(f"{job.kb}: {line}")
+        self.index_label.setText(f"{job.kb or job.label}: {line}")
         self._index_timer.start(10000)
 
     @Slot(object)

@@ -51,7 +51,8 @@ class Chunker(Protocol):
 
 @dataclass(frozen=True)
 class IngestProgress:
-    """A progress report; ``state`` is scanning, indexing, embedding, paused, done or cancelled."""
+    """A progress report; ``state`` is scanning, indexing, embedding, rebuilding, paused, done or
+    cancelled. ``chunks_total`` is known only when re-embedding stored chunks (a rebuild)."""
 
     files_done: int
     files_total: int
@@ -59,6 +60,7 @@ class IngestProgress:
     current_file: str | None
     eta_s: float | None
     state: str
+    chunks_total: int | None = None
 
 
 @dataclass

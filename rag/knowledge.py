@@ -9,8 +9,11 @@ opens the same Chroma directory.
 from __future__ import annotations
 
 import builtins
+import functools
+import logging
 import os
 import threading
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -24,6 +27,9 @@ from rag.ingest import Chunker, Ingestor, IngestProgress, IngestReport, Parser
 from rag.registry import DocumentRecord, KnowledgeBaseInfo, KnowledgeBaseStats, Registry
 from rag.retrieval import Passage, Retriever, remove_near_duplicates
 from rag.store import VectorStore
+from rag.store_health import DEFAULT_TIMEOUT_S, StoreRecovery, recover_if_damaged, remember_healthy
+
+log = logging.getLogger(__name__)
 
 DEFAULT_OVERLAP_TOKENS = 32
 _SPECIAL_TOKENS = 2  # [CLS] and [SEP] take two of the model's max sequence length
@@ -64,9 +70,16 @@ class KnowledgeBases:
         embedder_factory: builds an embedder from a folder (tests share one loaded model).
         parser: the document parser (default: a ``rag.parsing.ParserPool``, closed by ``close``).
         chunker: the chunker (default: ``rag.chunking.chunk_document``).
+        check_timeout_s: time limit of the local store's health check (None: no check).
+
+    A local Chroma folder is checked when opened (in a child process, skipped while its files are
+    as last found good). A damaged one is moved aside, a fresh one is created, and every chunk is
+    marked for embedding again: :attr:`recovered` then says why and where the old folder went,
+    and :meth:`rebuild` (or any add, refresh or sync) re-embeds the chunks from the registry.
 
     Raises:
-        KnowledgeBaseError: the folder is in use, or the store cannot be opened.
+        KnowledgeBaseError: the folder is in use, the store cannot be opened, or a damaged store
+            cannot be moved aside.
     """
 
     def __init__(
@@ -78,6 +91,7 @@ class KnowledgeBases:
         embedder_factory: Callable[[Path], Embedder] | None = None,
         parser: Parser | None = None,
         chunker: Chunker | None = None,
+        check_timeout_s: float | None = DEFAULT_TIMEOUT_S,
     ) -> None:
         root.mkdir(parents=True, exist_ok=True)
         self.root = root
@@ -92,16 +106,32 @@ class KnowledgeBases:
         # One writer at a time (add, remove, reindex); queries take no lock, so they are answered
         # between the committed batches of a running ingest.
         self._writing = threading.RLock()
+        self.recovered: StoreRecovery | None = None
         try:
+            if chroma_url is None and check_timeout_s is not None:
+                self.recovered = recover_if_damaged(root / "chroma", timeout_s=check_timeout_s)
             self.registry = Registry(root / "registry.sqlite3")
             self.store = VectorStore(root / "chroma", url=chroma_url)
+            if self.recovered is not None:
+                self._requeue_everything()
         except KnowledgeBaseError:
             self.close()
             raise
         self.retriever = Retriever(self.registry, self.store)
 
+    def _requeue_everything(self) -> None:
+        """After the store was replaced: recreate every collection and mark every chunk pending
+        (what ``Ingestor.reconcile`` does against an empty store, without loading a model)."""
+        for kb in self.registry.list_kbs():
+            self.store.ensure(kb.collection, dimension=kb.dimension, model_id=kb.embedder_id)
+            self.registry.mark_unembedded(sorted(self.registry.embedded_ids(kb.id)))
+
     def close(self) -> None:
-        """Closes the parser pool, the registry and the lock."""
+        """Closes the parser pool, the store, the registry and the lock.
+
+        A local store used without an error is recorded as good on the way out, so that the next
+        open does not re-check files this process wrote itself.
+        """
         parser, self._parser = self._parser, None
         if parser is not None and self._own_parser:
             close = getattr(parser, "close", None)
@@ -110,7 +140,10 @@ class KnowledgeBases:
         if hasattr(self, "retriever"):
             self.retriever.close()
         if hasattr(self, "store"):
+            vouch = self.store.local and self.store.connected and not self.store.had_errors
             self.store.close()
+            if vouch and self._lock_handle is not None:
+                remember_healthy(self.root / "chroma")
         if hasattr(self, "registry"):
             self.registry.close()
         if self._lock_handle is not None:
@@ -302,6 +335,64 @@ class KnowledgeBases:
             with self._writing:
                 reports[kb.name] = self._ingestor(kb).refresh(kb)
         return reports
+
+    def pending(self, names: Sequence[str] | None = None) -> int:
+        """How many stored chunks wait for embedding, in ``names`` (default: every knowledge base)."""
+        kbs = [self.get(name) for name in names] if names is not None else self.registry.list_kbs()
+        return sum(self.registry.count_pending(kb.id) for kb in kbs)
+
+    def rebuild(
+        self,
+        names: Sequence[str] | None = None,
+        *,
+        progress: ProgressFn | None = None,
+        cancel: threading.Event | None = None,
+        pause: threading.Event | None = None,
+    ) -> IngestReport:
+        """Embeds every pending chunk from the registry (after :attr:`recovered`, or an interrupted
+        run), without parsing any file again.
+
+        Args:
+            names: the knowledge bases to finish (default: all).
+            progress: called with ``state="rebuilding"`` and ``chunks_done`` of ``chunks_total``.
+            cancel: stops between batches; what was embedded stays.
+            pause: holds between batches while set.
+
+        Returns:
+            A report whose ``chunks_added`` counts the re-embedded chunks.
+        """
+        kbs = [self.get(name) for name in names] if names is not None else self.registry.list_kbs()
+        report = IngestReport()
+        started = time.monotonic()
+        total = sum(self.registry.count_pending(kb.id) for kb in kbs)
+
+        def emit(state: str, eta: float | None = None) -> None:
+            if progress is not None:
+                progress(IngestProgress(0, 0, report.chunks_added, None, eta, state, chunks_total=total))
+
+        def on_batch(before: int, done_in_kb: int) -> None:
+            report.chunks_added = before + done_in_kb
+            elapsed = time.monotonic() - started
+            emit("rebuilding", elapsed * (total - report.chunks_added) / max(report.chunks_added, 1))
+            if pause is not None and pause.is_set():
+                emit("paused")
+                while pause.is_set() and not (cancel is not None and cancel.is_set()):
+                    time.sleep(0.05)
+
+        emit("rebuilding")
+        with self._writing:
+            for kb in kbs:
+                if cancel is not None and cancel.is_set():
+                    break
+                if not self.registry.count_pending(kb.id):
+                    continue
+                self.store.ensure(kb.collection, dimension=kb.dimension, model_id=kb.embedder_id)
+                before = report.chunks_added
+                self._ingestor(kb).drain(kb, cancel=cancel, on_batch=functools.partial(on_batch, before))
+        report.cancelled = cancel is not None and cancel.is_set()
+        report.seconds = time.monotonic() - started
+        emit("cancelled" if report.cancelled else "done", 0.0)
+        return report
 
     # ------------------------------------------------------------------ search
 

@@ -6,6 +6,7 @@ metadata live in the registry. So the store can be dropped and rebuilt at any ti
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -19,6 +20,7 @@ from rag.embeddings import Vectors
 from rag.errors import KnowledgeBaseError
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 _PAGE = 5000  # ids fetched per request when listing a collection
 
@@ -63,6 +65,17 @@ class VectorStore:
         self._lock = threading.RLock()
         self._collections: dict[str, Any] = {}
         self._client_instance: Any = None
+        self.had_errors = False  # a call failed since it was opened: the folder is not vouched for
+
+    @property
+    def local(self) -> bool:
+        """True for a folder on this machine, False for a server."""
+        return self._server is None
+
+    @property
+    def connected(self) -> bool:
+        """True once the client was opened (and not closed since)."""
+        return self._client_instance is not None
 
     def connect(self) -> None:
         """Opens the client now (it is otherwise opened on first use, so that listing knowledge
@@ -104,6 +117,7 @@ class VectorStore:
         # Chroma and its HTTP stack raise many unrelated exception types; at this boundary they
         # all mean "the store failed", and callers need one typed, one-line error.
         except Exception as exc:
+            self.had_errors = True
             reason = " ".join(str(exc).split()) or type(exc).__name__
             raise KnowledgeBaseError(f"{self.where}: {what} ({reason[:300]})") from exc
 
@@ -198,10 +212,21 @@ class VectorStore:
             self._call(f"cannot delete collection {name}", lambda: self._client.delete_collection(name=name))
 
     def close(self) -> None:
-        """Forgets the client and its collection handles (Chroma clients have no explicit close)."""
+        """Closes the client and forgets its collection handles.
+
+        Closing matters for a local folder: chromadb caches one system per path in the process,
+        and a folder moved aside and recreated must not be served by the old one.
+        """
         with self._lock:
+            client, self._client_instance = self._client_instance, None
             self._collections.clear()
-            self._client_instance = None
+            close = getattr(client, "close", None)
+            if close is not None:
+                try:
+                    close()
+                # Closing happens at shutdown or before a rebuild; a failure there changes nothing.
+                except Exception as exc:  # noqa: BLE001
+                    log.warning("%s: closing the Chroma client failed (%s)", self.where, exc)
 
 
 def _mutable(meta: dict[str, Any]) -> dict[str, Any]:

@@ -93,7 +93,25 @@ def _embedder(args: argparse.Namespace, paths: Paths) -> Path | None:
 def _open(args: argparse.Namespace, paths: Paths) -> KnowledgeBases:
     from rag.knowledge import KnowledgeBases
 
-    return KnowledgeBases(paths.knowledge, _embedder(args, paths), args.chroma_url)
+    kbs = KnowledgeBases(paths.knowledge, _embedder(args, paths), args.chroma_url)
+    if kbs.recovered is not None:
+        # ROBUSTNESS P5: the damaged index was moved aside; re-embed from the registry now, so
+        # that this command and the next ones answer from a complete index.
+        sys.stderr.write(
+            f"glassbox: the document index was damaged ({kbs.recovered.reason}); "
+            f"it was moved to {kbs.recovered.moved_to} and is being rebuilt\n"
+        )
+        sys.stderr.flush()
+        from rag.errors import KnowledgeBaseError
+
+        try:
+            kbs.rebuild(progress=_ProgressLine() if sys.stderr.isatty() else None)
+        except KnowledgeBaseError as exc:  # e.g. a knowledge base's model is gone; the command goes on
+            sys.stderr.write(f"glassbox: the rebuild stopped ({exc}); finish it with: glassbox kb reindex NAME\n")
+        except BaseException:
+            kbs.close()
+            raise
+    return kbs
 
 
 def _create(args: argparse.Namespace, paths: Paths) -> int:
@@ -121,7 +139,10 @@ class _ProgressLine:
         self._last = now
         eta = f" eta {p.eta_s:.0f}s" if p.eta_s else ""
         name = Path(p.current_file).name if p.current_file else ""
-        line = f"{p.state} {p.files_done}/{p.files_total} files, {p.chunks_done} chunks{eta} {name}"
+        if p.chunks_total is not None:
+            line = f"{p.state} {p.chunks_done} of {p.chunks_total} chunks{eta}"
+        else:
+            line = f"{p.state} {p.files_done}/{p.files_total} files, {p.chunks_done} chunks{eta} {name}"
         sys.stderr.write("\r" + line[:100].ljust(100) + ("\n" if final else ""))
         sys.stderr.flush()
 
@@ -207,6 +228,9 @@ def _query(args: argparse.Namespace, paths: Paths) -> int:
         sys.stderr.write("glassbox: error: --k must be at least 1\n")
         return 2
     with _open(args, paths) as kbs:
+        if kbs.pending([args.name]):
+            # Chunks an interrupted run left unembedded would be found by keywords only.
+            kbs.rebuild([args.name], progress=_ProgressLine() if sys.stderr.isatty() else None)
         passages = kbs.query(args.name, args.text, k=args.k)
     if args.json:
         print_json({"kb": args.name, "query": args.text, "passages": [_passage_json(p) for p in passages]})

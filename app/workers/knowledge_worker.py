@@ -5,6 +5,11 @@ the GUI thread, so starting the app never imports chromadb or torch. Indexing jo
 re-index) run in order on the ``glassbox-index`` thread with a per-job cancel and pause event;
 listings and test queries run on ``glassbox-kb-query``. Progress from the indexer is throttled to
 ~10 updates a second before it reaches the GUI.
+
+At start-up (the first turn of the event loop) :meth:`KnowledgeAdapter.check_store` opens the
+knowledge bases on the index thread, which checks the local Chroma folder in a child process
+(ROBUSTNESS P5); a damaged folder is moved aside and its chunks are re-embedded from the
+registry as an ordinary job with progress.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QObject, Signal
+from PySide6.QtCore import QObject, QTimer, Signal
 
 from app.tasks import SerialExecutor, call_on_gui_thread, describe_error
 
@@ -27,7 +32,10 @@ PROGRESS_INTERVAL_S = 0.1
 
 @dataclass
 class IndexJob:
-    """One running indexing job: what, and the events the GUI sets to pause or cancel it."""
+    """One running indexing job: what, and the events the GUI sets to pause or cancel it.
+
+    ``kb`` is empty for a rebuild of the whole index.
+    """
 
     kb: str
     label: str
@@ -43,6 +51,7 @@ class KnowledgeAdapter(QObject):
         root: ``paths.knowledge``.
         embedder_path: the embedding model folder (None: the bundled one).
         kb_factory: builds the KnowledgeBases (tests may share a loaded embedder).
+        check_at_start: run :meth:`check_store` once the event loop runs (the app's start-up).
 
     Signals:
         kbs_changed(object): list of ``rag.knowledge.KnowledgeBaseSummary``.
@@ -51,6 +60,8 @@ class KnowledgeAdapter(QObject):
         progress_changed(object, object): the job and an ``rag.ingest.IngestProgress``.
         job_finished(object, object): the job and its ``IngestReport`` (or None on error).
         query_finished(str, object): the query text and its ``Passage`` list.
+        store_recovered(object): the ``rag.store_health.StoreRecovery`` of a damaged index that
+            was moved aside (a rebuild job follows).
         error_occurred(str): a one-line message.
     """
 
@@ -60,6 +71,7 @@ class KnowledgeAdapter(QObject):
     progress_changed = Signal(object, object)
     job_finished = Signal(object, object)
     query_finished = Signal(str, object)
+    store_recovered = Signal(object)
     error_occurred = Signal(str)
 
     def __init__(
@@ -68,6 +80,8 @@ class KnowledgeAdapter(QObject):
         embedder_path: Path | None = None,
         kb_factory: Callable[[], Any] | None = None,
         parent: QObject | None = None,
+        *,
+        check_at_start: bool = True,
     ) -> None:
         super().__init__(parent)
         self.root = root
@@ -78,7 +92,10 @@ class KnowledgeAdapter(QObject):
         self._index = SerialExecutor("glassbox-index")
         self._query = SerialExecutor("glassbox-kb-query")
         self.jobs: list[IndexJob] = []
+        self.recovery: Any = None  # the StoreRecovery of this session, if the index was damaged
         self._closed = False
+        if check_at_start:
+            QTimer.singleShot(0, self.check_store)
 
     # ------------------------------------------------------------------ the store
     def kbs(self) -> Any:
@@ -129,6 +146,36 @@ class KnowledgeAdapter(QObject):
             lambda: self.kbs().query_many(chosen, text, k=k),
             lambda passages: self.query_finished.emit(text, passages),
             self._fail("Test retrieval"),
+        )
+
+    def check_store(self) -> None:
+        """Opens the knowledge bases on the index thread, so the local store is checked now rather
+        than on first use; a damaged store emits ``store_recovered`` and is rebuilt as a job, and
+        chunks an interrupted run left unembedded are embedded. Does nothing before the first
+        knowledge base exists."""
+        if not (self.root / "registry.sqlite3").exists():
+            return
+
+        def opened() -> tuple[Any, int]:
+            kbs = self.kbs()
+            return kbs.recovered, kbs.pending()
+
+        def done(result: tuple[Any, int]) -> None:
+            recovery, pending = result
+            if recovery is not None:
+                self.recovery = recovery
+                self.store_recovered.emit(recovery)
+            if pending:
+                self.rebuild()
+
+        self._submit(self._index, opened, done, self._fail("Document index"))
+
+    def rebuild(self) -> IndexJob:
+        """Embeds every chunk still waiting for it (after a damaged store was replaced)."""
+        label = "Rebuilding the document index" if self.recovery is not None else "Finishing the document index"
+        job = IndexJob("", label)
+        return self._run_job(
+            job, lambda progress: self.kbs().rebuild(progress=progress, cancel=job.cancel, pause=job.pause), None
         )
 
     # ------------------------------------------------------------------ writes (ordered)
@@ -209,7 +256,8 @@ class KnowledgeAdapter(QObject):
             if job in self.jobs:
                 self.jobs.remove(job)
             self.job_finished.emit(job, report)
-            self.load_documents(job.kb)
+            if job.kb:  # a rebuild belongs to no single knowledge base
+                self.load_documents(job.kb)
             self.refresh()
             if on_done is not None:
                 on_done(report)
