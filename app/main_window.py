@@ -8,7 +8,6 @@ huggingface_hub (a test checks it).
 
 from __future__ import annotations
 
-import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -43,20 +42,13 @@ from app.theme import RESOURCES, apply_theme, resolve_theme
 from app.toast import Toast
 from app.window_conversations import ConversationActions
 from app.window_documents import DocumentActions
-from app.workers.chat_adapter import (
-    ChatAdapter,
-    ChatState,
-    ModelState,
-    TurnContext,
-    model_label,
-    model_tooltip,
-)
+from app.window_models import ModelActions
+from app.workers.chat_adapter import ChatAdapter, ChatState, ModelState, TurnContext
 from app.workers.history_service import HistoryService
 from app.workers.knowledge_worker import KnowledgeAdapter
-from app.workers.llm_worker import LoadedModel, LoadRequest, SessionFactory
+from app.workers.llm_worker import SessionFactory
 from app.workers.models_worker import ModelsAdapter
 
-log = logging.getLogger(__name__)
 SHUTDOWN_DEADLINE_S = 5.0
 
 
@@ -67,14 +59,7 @@ def warm_up_rendering() -> None:
     render_markdown("*warm* `up`")
 
 
-def list_model_files(folder: Path) -> list[Path]:
-    """GGUF files in the models folder (sorted, no partial downloads)."""
-    if not folder.is_dir():
-        return []
-    return sorted(p for p in folder.rglob("*.gguf") if p.is_file() and not p.name.startswith("."))
-
-
-class MainWindow(ConversationActions, DocumentActions, QMainWindow):
+class MainWindow(ConversationActions, DocumentActions, ModelActions, QMainWindow):
     """Glassbox's window: navigation rail, chat page (sidebar, transcript, inspector), models, knowledge.
 
     Args:
@@ -408,170 +393,6 @@ class MainWindow(ConversationActions, DocumentActions, QMainWindow):
             self.sidebar.set_current(conversations[0].id)
             self.chat.open_conversation(conversations[0].id)
 
-    def models_folder(self) -> Path:
-        return self.settings.models_folder(self.paths.models)
-
-    def refresh_models(self, first_start: bool = False) -> None:
-        folder = self.models_folder()
-
-        def scan() -> list[Path]:
-            return list_model_files(folder)
-
-        run_in_background(scan, lambda found: self._on_models_scanned(found, first_start), self._on_scan_failed)
-
-    def _on_scan_failed(self, exc: BaseException) -> None:
-        self.show_error(f"Model folder unavailable: {describe_error(exc)}")
-        self.composer.set_ready(False, "No model folder")
-
-    def _on_models_scanned(self, found: list[Path], first_start: bool) -> None:
-        self.set_models(found)
-        if not found and first_start:
-            self._install_starter()
-            return
-        if first_start:
-            self._auto_load()
-        elif self.chat.model_state is not ModelState.LOADED:
-            self.composer.set_ready(False, "Pick a model and press Load")
-
-    def set_models(self, found: list[Path]) -> None:
-        current = self.model_picker.currentData()
-        self.models = list(found)
-        self.model_picker.clear()
-        for path in [*found, *self.remote.remote_models]:
-            self.model_picker.addItem(model_label(path), str(path))
-            self.model_picker.setItemData(
-                self.model_picker.count() - 1, model_tooltip(path), Qt.ItemDataRole.ToolTipRole
-            )
-        if current is not None:
-            index = self.model_picker.findData(current)
-            if index >= 0:
-                self.model_picker.setCurrentIndex(index)
-        self.load_button.setEnabled(self.model_picker.count() > 0)
-
-    def _install_starter(self) -> None:
-        from engine.starter import starter_package_available
-
-        if not starter_package_available():
-            self.composer.set_ready(False, "No models yet: download one from the Models page.")
-            self.statusBar().showMessage("No models installed. Open Models → Discover to download one.")
-            return
-        self.model_status.setText("Preparing the starter model…")
-        self.composer.set_ready(False, "Preparing the starter model (one time, ~250 MB)…")
-        folder = self.models_folder()
-
-        def install() -> Any:
-            from engine.starter import install_starter_model
-
-            return install_starter_model(folder)
-
-        def done(model: Any) -> None:
-            if model is None:
-                self.composer.set_ready(False, "The starter model is not installed.")
-                return
-            self.set_models(list_model_files(folder) or [model.path])
-            self.models_adapter.scan()
-            self._auto_load(prefer=model.path)
-
-        run_in_background(install, done, lambda e: self.show_error(f"Starter model: {describe_error(e)}"))
-
-    def _auto_load(self, prefer: Path | None = None) -> None:
-        if self.safe_mode:
-            self.composer.set_ready(False, "Safe mode: no model was loaded automatically. Pick one and press Load.")
-            self.model_status.setText("Safe mode")
-            return
-        if not self.settings.auto_load_model or not self.models:
-            self.composer.set_ready(False, "Pick a model and press Load")
-            return
-        target = prefer
-        if target is None and self.settings.last_model:
-            last = Path(self.settings.last_model)
-            target = last if last in self.models else None
-        if target is None:
-            target = self.models[0]
-        index = self.model_picker.findData(str(target))
-        if index >= 0:
-            self.model_picker.setCurrentIndex(index)
-        self.load_model(target)
-
-    # ------------------------------------------------------------------ models
-    def load_request_for(self, path: Path) -> LoadRequest:
-        gpu = self.settings.gpu_layers
-        n_gpu_layers = 0 if gpu == "auto" else int(gpu)
-        if gpu == "auto":
-            n_gpu_layers = self._auto_gpu_layers(path)
-        return LoadRequest(
-            model_path=path,
-            n_ctx=self.settings.n_ctx,
-            n_threads=self.settings.n_threads,
-            n_gpu_layers=n_gpu_layers,
-            overflow_policy=self.settings.overflow_policy,
-            reply_reserve=self.settings.reply_reserve,
-            label=model_label(path),
-            breadcrumb=self.paths.breadcrumb,
-            bandwidth_cache=self.paths.bandwidth_cache if self.probe_bandwidth else None,
-        )
-
-    def _auto_gpu_layers(self, path: Path) -> int:
-        """Layers to offload for "auto" (0 when the engine cannot tell or the build is CPU-only)."""
-        try:
-            from engine import fit, hardware
-            from engine.gguf import read_gguf_info
-
-            hw = hardware.probe_hardware()
-            if not hw.gpu_offload_supported:
-                return 0
-            return int(fit.auto_gpu_layers(read_gguf_info(path), self.settings.n_ctx, hw))
-        except Exception as exc:  # noqa: BLE001 - the estimate is advisory; CPU always works
-            log.info("auto GPU layers unavailable: %s", exc)
-            return 0
-
-    def load_model(self, path: Path) -> None:
-        self.chat.load_model(self.load_request_for(path))
-        self.settings.last_model = str(path)
-        self.save_settings()
-
-    @Slot()
-    def _on_load_button_clicked(self) -> None:
-        loaded = self.chat.loaded
-        if (
-            self.chat.model_state is ModelState.LOADED
-            and loaded is not None
-            and Path(self.model_picker.currentData() or "") == loaded.path
-        ):
-            self.chat.unload_model()
-            return
-        data = self.model_picker.currentData()
-        if data:
-            self.load_model(Path(data))
-
-    @Slot(int)
-    def _on_model_picker_activated(self, index: int) -> None:
-        data = self.model_picker.itemData(index)
-        loaded = self.chat.loaded
-        if data and (loaded is None or loaded.path != Path(data)):
-            self.load_model(Path(data))
-
-    @Slot(object, str)
-    def _on_chat_model_state_changed(self, state: ModelState, detail: str) -> None:
-        if state is ModelState.LOADING:
-            self.model_status.setText("⟳ Loading…")
-            self.composer.set_ready(False, f"Loading {detail}…")
-            self.load_button.setText("Load")
-        elif state is ModelState.LOADED:
-            self.model_status.setText("● Loaded")
-            self.composer.set_ready(True)
-            self.composer.set_state_text("")
-            self.load_button.setText("Eject")
-        elif state is ModelState.FAILED:
-            self.model_status.setText("✕ Failed")
-            self.composer.set_ready(False, detail)
-            self.load_button.setText("Load")
-        else:
-            self.model_status.setText("No model loaded")
-            self.composer.set_ready(False, "No model loaded")
-            self.load_button.setText("Load")
-            self.starter_note.setVisible(False)
-
     @property
     def models_page(self) -> Any:
         """The Models page (``app.model_panel.ModelPanel``), built on first use."""
@@ -606,41 +427,6 @@ class MainWindow(ConversationActions, DocumentActions, QMainWindow):
             self.pages.removeWidget(old)
             old.deleteLater()
         self.pages.setCurrentIndex(current)
-
-    @Slot(object)
-    def _on_models_library_changed(self, entries: list[Any]) -> None:
-        self.set_models([e.path for e in entries if not e.error and e.available])
-
-    @Slot(object)
-    def _on_models_page_load_requested(self, path: Path) -> None:
-        index = self.model_picker.findData(str(path))
-        if index < 0:
-            self.model_picker.addItem(model_label(path), str(path))
-            index = self.model_picker.count() - 1
-        self.model_picker.setCurrentIndex(index)
-        self.load_model(path)
-        self.show_page(0)
-
-    @Slot(float)
-    def _on_chat_bandwidth_measured(self, gbps: float) -> None:
-        self.models_adapter.bandwidth_gbps = gbps
-
-    @Slot(object)
-    def _on_chat_model_loaded(self, loaded: LoadedModel) -> None:
-        from engine.starter import STARTER_MODEL_FILE
-
-        info = loaded.info
-        self.starter_note.setVisible(loaded.path.name == STARTER_MODEL_FILE)
-        self.chat_view.set_assistant_name(loaded.label)
-        self.inspector.set_model(
-            getattr(info, "model_bytes", None), getattr(info, "n_ctx", None), loaded.machine_bandwidth_gbps
-        )
-        self.statusBar().showMessage(f"Loaded {loaded.label} in {loaded.load_ms / 1000:.1f} s", 8000)
-        if self._models_page is not None:
-            self._models_page.set_loaded(loaded.path)
-        if loaded.machine_bandwidth_gbps:
-            self.models_adapter.bandwidth_gbps = loaded.machine_bandwidth_gbps
-        self.banner.setVisible(False)
 
     # ------------------------------------------------------------------ chat
     def turn_context(self) -> TurnContext:
