@@ -521,6 +521,10 @@ class ModelPanel(QWidget):
             self.queue.setRowHeight(row, max(self.queue.rowHeight(row), hint.height() + 6))
             header = self.queue.horizontalHeader()
             header.resizeSection(4, max(header.sectionSize(4), hint.width() + 8))
+        name_item = self.queue.item(row, 0)
+        if name_item is not None and name_item.text() != transfer.label:  # another transfer took the row over
+            name_item.setText(transfer.label)
+            name_item.setToolTip("\n".join(str(p) for p in transfer.paths))
         cell = self.queue.cellWidget(row, 1)
         if isinstance(cell, QProgressBar):
             # In permille: QProgressBar takes a 32-bit int, and model files pass 2 GiB.
@@ -546,10 +550,13 @@ class ModelPanel(QWidget):
     @Slot(object)
     def _on_transfer_buttons_discard_requested(self, transfer: Transfer) -> None:
         kept = f" ({format_bytes(transfer.done)} downloaded)" if transfer.done else ""
+        complete = ""
+        if transfer.files_done and len(transfer.paths) > 1:
+            complete = f" The {transfer.files_done} file(s) already complete stay in the models folder."
         answer = QMessageBox.question(
             self,
             "Discard download",
-            f"Delete the unfinished download of {transfer.label}{kept}? It cannot be resumed afterwards.",
+            f"Delete the unfinished download of {transfer.label}{kept}? It cannot be resumed afterwards.{complete}",
         )
         if answer == QMessageBox.StandardButton.Yes:
             self.adapter.discard(transfer)
@@ -579,6 +586,10 @@ def transfer_status(transfer: Transfer) -> str:
     if transfer.state == "cancelled" and transfer.done:
         state = "stopped"
     status = f"{state} — {format_progress(transfer.done, transfer.total)}"
+    count = len(transfer.paths)
+    if transfer.kind == "download" and count > 1:  # a split model (or a model with its mmproj)
+        noun = "parts" if not any("mmproj" in p.name.lower() for p in transfer.paths) else "files"
+        status += f" · {transfer.files_done} of {count} {noun} done"
     eta = format_eta(transfer.eta_s) if transfer.state == "downloading" else ""
     if eta:
         status += f" · {eta}"
@@ -631,7 +642,7 @@ class TransferButtonsWidget(QWidget):
         self.pause_button.setVisible(running)
         self.cancel_button.setVisible(running)
         self.resume_button.setVisible(stopped and transfer.resumable)
-        self.resume_button.setText("Resume" if transfer.done else "Retry")
+        self.resume_button.setText("Resume" if transfer.done or transfer.restored else "Retry")
         self.discard_button.setVisible(stopped)
         if not running and self.pause_button.isChecked():
             self.pause_button.blockSignals(True)

@@ -55,6 +55,11 @@ class Paths:
         return self.data / "knowledge"
 
     @property
+    def download_queue(self) -> Path:
+        """The downloads the user asked for and has not got yet (``engine.download_queue``)."""
+        return self.data / "download_queue.json"
+
+    @property
     def history_db(self) -> Path:
         return self.data / "history.sqlite3"
 

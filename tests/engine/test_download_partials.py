@@ -73,3 +73,56 @@ def test_orphan_partials_only_where_asked(tmp_path: Path) -> None:
 
 def test_a_missing_folder_has_no_partials(tmp_path: Path) -> None:
     assert find_partials(tmp_path / "nope", orphans=True) == []
+
+
+# ------------------------------------------------------------------------------------ the queue
+
+
+def test_check_on_disk_tells_complete_partial_and_not_started_files(tmp_path: Path) -> None:
+    from engine.download_queue import QueueFile, check_on_disk, make_item
+
+    names = [f"m-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
+    item = make_item(REPO, "m.gguf", tmp_path, [QueueFile(n, "b" * 64, 1000) for n in names], revision=COMMIT)
+    (tmp_path / names[0]).write_bytes(b"x" * 1000)
+    write_partial(tmp_path, names[1], b"x" * 300)
+    status = check_on_disk(item)
+    assert [(f.complete, f.done, f.total) for f in status.files] == [(True, 1000, 1000), (False, 300, 1000),
+                                                                     (False, 0, 1000)]
+    assert (status.done, status.total, status.files_done, status.complete) == (1300, 3000, 1, False)
+    (tmp_path / names[0]).write_bytes(b"x" * 999)  # not the promised size: not complete
+    assert not check_on_disk(item).files[0].complete
+
+
+def test_queue_items_list_every_file_and_a_format_1_file_still_loads(tmp_path: Path) -> None:
+    from engine.download_queue import DownloadQueue, QueueFile, make_item
+
+    state = tmp_path / "queue.json"
+    state.write_text(json.dumps({"format": 1, "items": [{
+        "repo": REPO, "filename": "old.gguf", "dest_dir": str(tmp_path), "revision": "main",
+        "expected_sha256": None, "expected_size": 5, "state": "paused", "error": None, "added_at": 1.0,
+    }]}), encoding="utf-8")
+    queue = DownloadQueue(state)
+    (old,) = queue.items()
+    assert (old.name, old.filename, old.expected_size, old.state) == ("old.gguf", "old.gguf", 5, "paused")
+    files = [QueueFile("a-00001-of-00002.gguf", "c" * 64, 10), QueueFile("a-00002-of-00002.gguf", None, 20),
+             QueueFile("mmproj-a.gguf")]
+    first = queue.put(make_item(REPO, "a.gguf", tmp_path, files, revision=COMMIT, endpoint="http://x"))
+    again = queue.put(make_item(REPO, "a.gguf", tmp_path, files[:2], revision=COMMIT))  # the same choice, again
+    assert again.added_at == first.added_at
+    queue.set_state(first.key, "downloading")
+    items = DownloadQueue(state).items()
+    assert [(i.name, len(i.files), i.state) for i in items] == [("old.gguf", 1, "paused"), ("a.gguf", 2, "downloading")]
+    assert items[1].paths == [tmp_path / f.filename for f in files[:2]]
+    assert json.loads(state.read_text(encoding="utf-8"))["format"] == 2
+
+
+def test_a_queue_state_from_a_newer_app_reads_as_paused(tmp_path: Path) -> None:
+    from engine.download_queue import DownloadQueue
+
+    state = tmp_path / "queue.json"
+    state.write_text(json.dumps({"format": 2, "items": [{
+        "repo": REPO, "name": "a.gguf", "dest_dir": str(tmp_path), "files": [{"filename": "a.gguf"}],
+        "state": "verifying-later", "future_field": 1,
+    }]}), encoding="utf-8")
+    (item,) = DownloadQueue(state).items()
+    assert item.state == "paused"
