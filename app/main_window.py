@@ -107,8 +107,9 @@ class MainWindow(ConversationActions, DocumentActions, ModelActions, QMainWindow
         self.knowledge = KnowledgeAdapter(paths.knowledge, embedder, kb_factory, parent=self)
         folder = settings.models_folder(paths.models)
         self.models_adapter = ModelsAdapter(
-            folder, folder / "manifest.json", paths.config / "model_folders.json", parent=self
-        )
+            folder, folder / "manifest.json", paths.config / "model_folders.json", parent=self,
+            queue_file=paths.download_queue,
+        )  # fmt: skip
         self.chat = ChatAdapter(
             self.history, session_factory, retriever_factory=self.knowledge.chat_retriever, parent=self,
             endpoints_file=paths.config / "endpoints.json",

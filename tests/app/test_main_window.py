@@ -282,3 +282,8 @@ def test_window_fits_a_1280_pixel_screen_with_the_inspector_open(qtbot: Any, win
     window.resize(1280, 740)
     qtbot.waitUntil(lambda: window.width() <= 1280, timeout=2000)
     assert window.inspector.isVisible() and window.inspector.width() >= 300
+
+
+def test_download_queue_lives_in_the_data_folder(window: Any, paths: Paths) -> None:
+    assert window.models_adapter.queue_file == paths.download_queue
+    assert paths.download_queue.parent == paths.data
