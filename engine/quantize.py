@@ -330,7 +330,7 @@ def child_context() -> Any:
     if sys.platform == "win32" or getattr(sys, "frozen", False):
         return multiprocessing.get_context("spawn")
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["engine.child_entry"])
+    ctx.set_forkserver_preload(["__main__", "engine.child_entry"])
     return ctx
 
 
