@@ -326,6 +326,11 @@ def child_context() -> Any:
     single-threaded process started on first use with :mod:`engine.child_entry` (stdlib only)
     imported, so forking it is safe even though this process runs Qt and llama.cpp threads. A
     frozen app, and Windows, use spawn.
+
+    Each child still imports the launching script again when the app was started from a script
+    (the ``glassbox`` console script); the server's ``__main__`` preload that would avoid it is
+    ignored by Python 3.11's multiprocessing, so that script imports nothing heavy instead
+    (``app.__main__``).
     """
     if sys.platform == "win32" or getattr(sys, "frozen", False):
         return multiprocessing.get_context("spawn")
