@@ -9,23 +9,22 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from PySide6.QtCore import Qt, Slot
+from PySide6.QtCore import Slot
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
     QDialog,
-    QDialogButtonBox,
     QFileDialog,
     QFormLayout,
     QHBoxLayout,
     QLabel,
     QLineEdit,
-    QProgressBar,
     QPushButton,
     QVBoxLayout,
     QWidget,
 )
 
+from app.job_footer import add_job_footer
 from app.workers.models_worker import ModelsAdapter, Transfer
 
 DEFAULT_TYPE = "Q4_K_M"
@@ -88,20 +87,11 @@ class ConvertDialog(QDialog):
         self.keep_check = QCheckBox("Also keep the F16/BF16 conversion")
         form.addRow("", self.keep_check)
         layout.addLayout(form)
-        self.progress = QProgressBar()
-        self.progress.setVisible(False)
-        self.status = QLabel("")
-        self.status.setTextFormat(Qt.TextFormat.PlainText)
-        self.status.setWordWrap(True)
-        layout.addWidget(self.progress)
-        layout.addWidget(self.status)
-        self.buttons = QDialogButtonBox()
-        self.start_button = self.buttons.addButton("Convert", QDialogButtonBox.ButtonRole.AcceptRole)
-        self.start_button.setObjectName("primary")
-        self.cancel_button = self.buttons.addButton(QDialogButtonBox.StandardButton.Cancel)
+        footer = add_job_footer(layout, "Convert")
+        self.progress, self.status, self.buttons = footer.progress, footer.status, footer.buttons
+        self.start_button, self.cancel_button = footer.start_button, footer.cancel_button
         self.start_button.clicked.connect(self._on_start_button_clicked)
         self.cancel_button.clicked.connect(self._on_cancel_button_clicked)
-        layout.addWidget(self.buttons)
         adapter.transfer_changed.connect(self._on_adapter_transfer_changed)
         self._on_type_combo_current_index_changed()
         self._on_folder_edit_text_changed()

@@ -12,7 +12,6 @@ from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QDialog,
-    QDialogButtonBox,
     QFileDialog,
     QHBoxLayout,
     QHeaderView,
@@ -32,6 +31,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.inspector import format_bytes
+from app.job_footer import add_job_footer
 from app.workers.chat_adapter import model_label, model_tooltip
 from app.workers.models_worker import ModelsAdapter, Transfer
 
@@ -123,19 +123,11 @@ class QuantizeDialog(QDialog):
             if qtype.name == "Q4_K_M":
                 self.table.selectRow(row)
         layout.addWidget(self.table, 1)
-        self.progress = QProgressBar()
-        self.progress.setVisible(False)
-        self.status = QLabel("")
-        self.status.setWordWrap(True)
-        layout.addWidget(self.progress)
-        layout.addWidget(self.status)
-        self.buttons = QDialogButtonBox()
-        self.start_button = self.buttons.addButton("Quantize", QDialogButtonBox.ButtonRole.AcceptRole)
-        self.start_button.setObjectName("primary")
-        self.cancel_button = self.buttons.addButton(QDialogButtonBox.StandardButton.Cancel)
+        footer = add_job_footer(layout, "Quantize")
+        self.progress, self.status, self.buttons = footer.progress, footer.status, footer.buttons
+        self.start_button, self.cancel_button = footer.start_button, footer.cancel_button
         self.start_button.clicked.connect(self._on_start_button_clicked)
         self.cancel_button.clicked.connect(self._on_cancel_button_clicked)
-        layout.addWidget(self.buttons)
         adapter.transfer_changed.connect(self._on_adapter_transfer_changed)
 
     def selected_type(self) -> str | None:

@@ -363,12 +363,7 @@ def convert_checkpoint(
         raise QuantizeError(f"unknown conversion type {outtype!r}; choose one of {', '.join(CONVERT_OUTTYPES)}")
     file_type, bytes_per_param = CONVERT_OUTTYPES[key]
     checkpoint = check_hf_folder(folder)
-    if dst.suffix.lower() != ".gguf":
-        raise QuantizeError(f"{dst}: the output file name must end in .gguf")
-    if not dst.parent.is_dir():
-        raise QuantizeError(f"{dst.parent}: the output folder does not exist")
-    if dst.exists() and not overwrite:
-        raise QuantizeError(f"{dst}: already exists; choose another name or remove it first")
+    _check_output(dst, overwrite)
     check_free_space(dst.parent, int(checkpoint.n_params * bytes_per_param * 1.02))
 
     # The converter treats braces in the output name as a template, so the temporary name is plain.

@@ -599,14 +599,7 @@ class ModelsAdapter(QObject):
                 lambda: self.library().record_provenance(dst, quantized_from=str(src)), lambda _r: self.scan()
             )
 
-        def failed(exc: BaseException) -> None:
-            from engine.errors import Cancelled
-
-            transfer.state = "cancelled" if isinstance(exc, Cancelled) else "error"
-            transfer.message = describe_error(exc)
-            self.transfer_changed.emit(transfer)
-
-        self._quantize.submit(work, done, failed)
+        self._quantize.submit(work, done, self._job_failed(transfer))
         return transfer
 
     def convert(self, folder: Path, qtype: str, keep_intermediate: bool = False) -> Transfer:
@@ -644,6 +637,12 @@ class ModelsAdapter(QObject):
             self.transfer_changed.emit(transfer)
             self.scan()
 
+        self._quantize.submit(work, done, self._job_failed(transfer))
+        return transfer
+
+    def _job_failed(self, transfer: Transfer) -> Callable[[BaseException], None]:
+        """The failure handler of a quantize or convert job: the row says cancelled or the error."""
+
         def failed(exc: BaseException) -> None:
             from engine.errors import Cancelled
 
@@ -651,8 +650,7 @@ class ModelsAdapter(QObject):
             transfer.message = describe_error(exc)
             self.transfer_changed.emit(transfer)
 
-        self._quantize.submit(work, done, failed)
-        return transfer
+        return failed
 
     def check_quality(self, source: Path, result: Path, qtype: str, on_done: Callable[[Any], None]) -> Transfer:
         """Compares perplexity of a model and its quantization on a built-in text."""

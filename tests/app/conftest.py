@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,3 +22,27 @@ def fake_model(paths: Paths) -> Path:
     model = paths.models / "fake-model.gguf"
     model.write_bytes(b"GGUF" + b"\0" * 64)
     return model
+
+
+@pytest.fixture
+def open_panel(qtbot: Any, paths: Paths) -> Iterator[Any]:
+    """Builds the Models page with its adapter on its Discover tab, as the app does at startup; call
+    it again to 'restart' (every adapter is shut down at the end)."""
+    from app.model_panel import ModelPanel
+    from app.workers.models_worker import ModelsAdapter
+
+    adapters: list[ModelsAdapter] = []
+
+    def build() -> tuple[ModelsAdapter, ModelPanel]:
+        adapter = ModelsAdapter(paths.models, paths.models / "manifest.json", paths.config / "model_folders.json",
+                                queue_file=paths.download_queue)
+        panel = ModelPanel(adapter, 2048)
+        qtbot.addWidget(panel)
+        panel.show()
+        panel.tabs.setCurrentIndex(1)
+        adapters.append(adapter)
+        return adapter, panel
+
+    yield build
+    for adapter in adapters:
+        adapter.shutdown(wait=True)

@@ -133,3 +133,12 @@ def make_window(paths: Paths, factory: Any = None, settings: Settings | None = N
     from app.main_window import MainWindow
 
     return MainWindow(paths, settings or Settings(theme="light"), session_factory=factory, **kwargs)
+
+
+def transfer_buttons(panel: Any, row: int = 0) -> Any:
+    """The Pause/Cancel/Resume/Discard buttons of row ``row`` of the Models page's download list."""
+    from app.model_panel import TransferButtonsWidget
+
+    widget = panel.queue.cellWidget(row, 4)
+    assert isinstance(widget, TransferButtonsWidget)
+    return widget

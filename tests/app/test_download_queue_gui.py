@@ -14,10 +14,11 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
+from gui_support import transfer_buttons
 from hub_server import FakeHub, random_bytes
 from tiny_models import write_tiny_llama_gguf
 
-from app.model_panel import ModelPanel, TransferButtonsWidget, format_progress
+from app.model_panel import ModelPanel, format_progress
 from app.paths import Paths
 from app.workers.models_worker import ModelsAdapter, Transfer
 from engine.download_queue import DownloadQueue, QueueFile, make_item
@@ -51,24 +52,6 @@ def hub(monkeypatch: pytest.MonkeyPatch, parts: dict[str, bytes]) -> Iterator[Fa
         yield server
 
 
-@pytest.fixture
-def open_panel(qtbot: Any, paths: Paths) -> Iterator[Any]:
-    """Builds the Models page with its adapter, as the app does at startup (call again to 'restart')."""
-    adapters: list[ModelsAdapter] = []
-
-    def build() -> tuple[ModelsAdapter, ModelPanel]:
-        adapter = ModelsAdapter(paths.models, paths.models / "manifest.json", paths.config / "model_folders.json",
-                                queue_file=paths.download_queue)
-        panel = ModelPanel(adapter, 2048)
-        qtbot.addWidget(panel)
-        panel.show()
-        panel.tabs.setCurrentIndex(1)
-        adapters.append(adapter)
-        return adapter, panel
-
-    yield build
-    for adapter in adapters:
-        adapter.shutdown(wait=True)
 
 
 def queued(paths: Paths) -> list[dict[str, Any]]:
@@ -77,12 +60,6 @@ def queued(paths: Paths) -> list[dict[str, Any]]:
         return []
     items: list[dict[str, Any]] = json.loads(paths.download_queue.read_text(encoding="utf-8"))["items"]
     return items
-
-
-def buttons(panel: ModelPanel, row: int = 0) -> TransferButtonsWidget:
-    widget = panel.queue.cellWidget(row, 4)
-    assert isinstance(widget, TransferButtonsWidget)
-    return widget
 
 
 def start_download(qtbot: Any, adapter: ModelsAdapter, panel: ModelPanel, repo: str) -> Transfer:
@@ -145,7 +122,7 @@ def test_a_split_model_stopped_in_part_one_comes_back_as_one_row_and_resumes_eve
     assert panel.queue.item(0, 3).text() == f"paused — {format_progress(kept, total)} · 0 of 3 parts done"
     assert panel.queue.item(0, 3).text().endswith(" of 5.8 MiB · 0 of 3 parts done")
     assert len(adapter.transfers) == 1
-    row = buttons(panel)
+    row = transfer_buttons(panel)
     assert not row.resume_button.isHidden() and not row.discard_button.isHidden()
     before = len(hub.requests)
 
@@ -202,7 +179,7 @@ def test_discard_of_a_split_row_removes_every_partial_and_its_queue_item(
 
     monkeypatch.setattr(QMessageBox, "question", answer)
     with qtbot.waitSignal(adapter.transfer_removed, timeout=10000):
-        buttons(panel).discard_button.click()
+        transfer_buttons(panel).discard_button.click()
     assert asked and "already complete stay" in asked[0]
     assert not list(folder.rglob("*.partial")) and not list(folder.rglob("*.partial.json"))
     assert queued(paths) == []

@@ -14,9 +14,10 @@ import pytest
 from PySide6.QtCore import Qt
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
+from gui_support import transfer_buttons
 from hub_server import FakeHub, random_bytes
 
-from app.model_panel import ModelPanel, TransferButtonsWidget, format_progress
+from app.model_panel import ModelPanel, format_progress
 from app.paths import Paths
 from app.workers.models_worker import ModelsAdapter
 from engine.downloads import partial_paths, read_partial_meta
@@ -36,29 +37,6 @@ def hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
         yield server
 
 
-@pytest.fixture
-def open_panel(qtbot: Any, paths: Paths) -> Iterator[Any]:
-    """Builds the Models page with its adapter, as the app does at startup (call again to 'restart')."""
-    adapters: list[ModelsAdapter] = []
-
-    def build() -> tuple[ModelsAdapter, ModelPanel]:
-        adapter = ModelsAdapter(paths.models, paths.models / "manifest.json", paths.config / "model_folders.json")
-        panel = ModelPanel(adapter, 2048)
-        qtbot.addWidget(panel)
-        panel.show()
-        panel.tabs.setCurrentIndex(1)
-        adapters.append(adapter)
-        return adapter, panel
-
-    yield build
-    for adapter in adapters:
-        adapter.shutdown(wait=True)
-
-
-def buttons(panel: ModelPanel, row: int = 0) -> TransferButtonsWidget:
-    widget = panel.queue.cellWidget(row, 4)
-    assert isinstance(widget, TransferButtonsWidget)
-    return widget
 
 
 def shown(button: Any) -> bool:
@@ -104,7 +82,7 @@ def test_quitting_mid_download_keeps_the_partial_and_a_restart_resumes_it(
     assert panel.queue.item(0, 0).text() == f"{NAME} ({REPO})"
     assert panel.queue.item(0, 3).text() == f"paused — {format_progress(kept, len(PAYLOAD))}"
     assert panel.queue.item(0, 3).text().endswith(" of 3.0 MiB")
-    row = buttons(panel)
+    row = transfer_buttons(panel)
     assert shown(row.resume_button) and shown(row.discard_button)
     assert not shown(row.pause_button) and not shown(row.cancel_button)
     before = len(hub.requests)
@@ -130,13 +108,13 @@ def test_cancel_keeps_the_partial_with_resume_and_discard_deletes_it(
     adapter, panel = open_panel()
     transfer = start_download(qtbot, adapter, panel)
     qtbot.waitUntil(lambda: transfer.done >= 2**19, timeout=15000)
-    buttons(panel).cancel_button.click()
+    transfer_buttons(panel).cancel_button.click()
     qtbot.waitUntil(lambda: not transfer.running, timeout=10000)
     folder = paths.models / "acme__tiny-GGUF"
     _, partial, meta_file = partial_paths(folder, NAME)
     assert partial.exists() and meta_file.exists()
     assert panel.queue.item(0, 3).text().startswith("stopped — ")
-    row = buttons(panel)
+    row = transfer_buttons(panel)
     assert shown(row.resume_button) and shown(row.discard_button) and not shown(row.cancel_button)
 
     asked: list[str] = []
@@ -168,7 +146,7 @@ def test_corrupt_metadata_shows_the_reason_and_can_only_be_discarded(
     qtbot.waitUntil(lambda: panel.queue.rowCount() == 1, timeout=10000)
     assert panel.queue.item(0, 0).text() == NAME
     assert panel.queue.item(0, 3).text() == "can't resume — its resume metadata is corrupt (not JSON) (4.9 KiB on disk)"
-    row = buttons(panel)
+    row = transfer_buttons(panel)
     assert not shown(row.resume_button) and shown(row.discard_button)
 
     monkeypatch.setattr(QMessageBox, "question", lambda *_a: QMessageBox.StandardButton.No)
