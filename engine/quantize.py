@@ -335,7 +335,11 @@ def child_context() -> Any:
     if sys.platform == "win32" or getattr(sys, "frozen", False):
         return multiprocessing.get_context("spawn")
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["__main__", "engine.child_entry"])
+    preload = ["__main__", "engine.child_entry"]
+    if sys.platform.startswith("linux"):
+        # Not on macOS: Apple's frameworks (Metal) are not safe to use in a forked child.
+        preload.append("engine.native_preload")
+    ctx.set_forkserver_preload(preload)
     return ctx
 
 
