@@ -1,4 +1,5 @@
-"""Export a conversation (its current branch) to Markdown, HTML or JSON. Qt-free."""
+"""Export a conversation (its current branch) to Markdown, HTML, JSON or PDF. Qt-free except PDF
+(:mod:`app.export_pdf`, imported only for a PDF)."""
 
 from __future__ import annotations
 
@@ -6,13 +7,15 @@ import datetime as dt
 import html
 import json
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from app.markdown_render import render_markdown
+from app.markdown_render import COPY_SCHEME, render_markdown
 
-FORMATS = {"md": "Markdown (*.md)", "html": "HTML (*.html)", "json": "JSON (*.json)"}
+_COPY_LINK = re.compile(rf'(?:&nbsp;)*<a href="{COPY_SCHEME}:\d+"[^>]*>Copy</a>')
+FORMATS = {"md": "Markdown (*.md)", "html": "HTML (*.html)", "json": "JSON (*.json)", "pdf": "PDF (*.pdf)"}
 
 
 def _role(role: str) -> str:
@@ -51,7 +54,10 @@ def to_html(title: str, messages: Sequence[Any], system_prompt: str | None = Non
     if system_prompt:
         parts.append(f"<p><i>System prompt:</i> {html.escape(system_prompt)}</p>")
     for m in messages:
-        body = html.escape(m.content).replace("\n", "<br>") if m.role == "user" else render_markdown(m.content).html
+        if m.role == "user":
+            body = "<p>" + html.escape(m.content).replace("\n", "<br>") + "</p>"
+        else:
+            body = _COPY_LINK.sub("", render_markdown(m.content).html)  # no Copy links in a file
         cls = "user" if m.role == "user" else "assistant"
         parts.append(f"<div class='{cls}'><p class='role'>{html.escape(_role(m.role))}</p>{body}</div>")
     parts.append("</body></html>")
@@ -90,13 +96,20 @@ def export_conversation(
         ValueError: unknown format.
         OSError: the file cannot be written.
     """
-    render = {"md": to_markdown, "html": to_html, "json": to_json}.get(fmt)
+    render = {"md": to_markdown, "html": to_html, "json": to_json, "pdf": to_html}.get(fmt)
     if render is None:
         raise ValueError(f"{path}: unknown export format {fmt!r}")
     text = render(title, messages, system_prompt)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        tmp.write_text(text, encoding="utf-8")
+        if fmt == "pdf":
+            from app.export_pdf import write_pdf
+
+            write_pdf(tmp, text, title)
+        else:
+            tmp.write_text(text, encoding="utf-8")
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

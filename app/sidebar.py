@@ -32,7 +32,7 @@ class Sidebar(QWidget):
         hit_selected(int, int): conversation id and message id of a search hit.
         rename_requested(int, str), delete_requested(int): list actions.
         search_requested(str): debounced search text (empty: back to the list).
-        export_requested(int, str): conversation id and format ("md", "html", "json").
+        export_requested(int, str): conversation id and format ("md", "html", "pdf", "json").
     """
 
     new_requested = Signal()
@@ -159,7 +159,9 @@ class Sidebar(QWidget):
         export_menu = menu.addMenu("Export")
         exports = {
             export_menu.addAction(label): fmt
-            for label, fmt in (("Markdown (.md)", "md"), ("HTML (.html)", "html"), ("JSON (.json)", "json"))
+            for label, fmt in (
+                ("Markdown (.md)", "md"), ("HTML (.html)", "html"), ("PDF (.pdf)", "pdf"), ("JSON (.json)", "json")
+            )
         }
         menu.addSeparator()
         delete = menu.addAction("Delete")

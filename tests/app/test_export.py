@@ -1,9 +1,11 @@
-"""Conversation export to Markdown, HTML and JSON."""
+"""Conversation export to Markdown, HTML, JSON and PDF."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -42,6 +44,8 @@ def test_html_is_standalone_and_inert() -> None:
     assert "&lt;b&gt;2+2&lt;/b&gt;" in page
     assert "<strong>4</strong>" in page
     assert "Content-Security-Policy" in page
+    with_code = to_html("Code", [*MESSAGES[:1], dataclasses.replace(MESSAGES[1], content="```python\nprint(1)\n```")])
+    assert "print(1)" in with_code and "gb-copy" not in with_code and ">Copy<" not in with_code
 
 
 def test_json_round_trips(tmp_path: Path) -> None:
@@ -54,5 +58,36 @@ def test_json_round_trips(tmp_path: Path) -> None:
 
 def test_unknown_format_is_a_one_line_error(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="unknown export format") as info:
-        export_conversation(tmp_path / "x.pdf", "pdf", "t", MESSAGES)
+        export_conversation(tmp_path / "x.docx", "docx", "t", MESSAGES)
     assert "\n" not in str(info.value)
+
+
+def test_pdf_is_searchable_text_and_is_written_off_the_gui_thread(qapp: Any, tmp_path: Path) -> None:
+    """Exports run on the history worker: the PDF is laid out in another thread."""
+    import threading
+
+    from pypdf import PdfReader
+
+    long_reply = DisplayMessage(3, 2, "assistant", "\n\n".join(f"Paragraph {i} about harbours." for i in range(120)),
+                                "complete", None, None, "tiny", None, (3,))  # fmt: skip
+    out = tmp_path / "chat.pdf"
+    failures: list[BaseException] = []
+
+    def export() -> None:
+        try:
+            export_conversation(out, "pdf", "Maths", [*MESSAGES, long_reply], "Be exact.")
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+            failures.append(exc)
+
+    worker = threading.Thread(target=export)
+    worker.start()
+    worker.join(60)
+    assert not worker.is_alive() and not failures, failures
+    assert out.read_bytes().startswith(b"%PDF")
+    reader = PdfReader(out)
+    assert len(reader.pages) >= 3  # 120 paragraphs do not fit on one A4 page
+    text = " ".join(" ".join(page.extract_text().split()) for page in reader.pages)
+    assert "Maths" in text and "What is <b>2+2</b>?" in text and "Be exact." in text
+    assert "Paragraph 119 about harbours." in text
+    assert reader.metadata is not None and reader.metadata.title == "Maths"
+    assert not list(tmp_path.glob(".chat.pdf.tmp-*"))
