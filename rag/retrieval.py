@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 from rag.embeddings import Embedder
@@ -154,8 +154,10 @@ class Retriever:
         try:
             vector = embedder.encode([query])[0]
             dense = self.store.query(kb.collection, vector, candidates)
-        finally:
-            lexical = lexical_hits.result()
+        except BaseException:
+            wait([lexical_hits])  # not left running on a registry about to close; its error is not ours
+            raise
+        lexical = lexical_hits.result()
         return fuse(kb.name, self.registry.chunks, dense, lexical, k=k, weights=(dense_weight, bm25_weight))
 
 

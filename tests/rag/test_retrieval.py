@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 from standins import MakeKbs, write
@@ -239,3 +240,32 @@ def test_lexical_search_runs_while_the_query_is_embedded() -> None:
         retriever.close()
     assert [p.id for p in found] == [1]
     assert found[0].bm25_score == 2.0 and found[0].dense_score == 0.9
+
+
+def test_an_embedding_error_is_the_one_reported_and_bm25_is_not_left_running() -> None:
+    import threading
+
+    from rag.registry import KnowledgeBaseInfo
+    from rag.retrieval import Retriever
+
+    bm25_done = threading.Event()
+
+    class Registry:
+        def bm25(self, kb_id: int, query: str, k: int) -> list[tuple[int, float]]:
+            bm25_done.wait(0.2)  # still running when the embedding fails
+            bm25_done.set()
+            raise RuntimeError("database is locked")
+
+    class Embedder:
+        def encode(self, texts: list[str], *, batch_size: int | None = None) -> Any:
+            raise ValueError("/models/minilm: cannot load the embedding model")
+
+    kb = KnowledgeBaseInfo(id=1, name="kb", embedder_id="e", embedder_path="/e", dimension=3, max_tokens=64,
+                           overlap_tokens=8, collection="c", created_at=0.0)
+    retriever = Retriever(Registry(), object())  # type: ignore[arg-type]
+    try:
+        with pytest.raises(ValueError, match="cannot load the embedding model"):
+            retriever.search(kb, Embedder(), "alpha", k=3)  # type: ignore[arg-type]
+        assert bm25_done.is_set()
+    finally:
+        retriever.close()
