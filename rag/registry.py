@@ -522,6 +522,22 @@ class Registry:
             )
         ]
 
+    @staticmethod
+    def has_pending(path: Path) -> bool:
+        """Whether the registry at ``path`` holds chunks waiting for their embedding, read without
+        opening it for writing (no migration, no lock). True when it cannot tell (an unreadable or
+        older file): the caller then opens the knowledge bases properly."""
+        try:
+            db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=5.0)
+        except sqlite3.Error:
+            return True
+        try:
+            return db.execute("SELECT 1 FROM chunks WHERE embedded = 0 LIMIT 1").fetchone() is not None
+        except sqlite3.Error:
+            return True
+        finally:
+            db.close()
+
     def count_pending(self, kb_id: int) -> int:
         """How many chunks still wait for their embedding."""
         return int(str(self._rows("SELECT count(*) FROM chunks WHERE kb_id = ? AND embedded = 0", (kb_id,))[0][0]))

@@ -100,6 +100,13 @@ def forget_healthy(folder: Path) -> None:
         fingerprint_path(folder).unlink()
 
 
+def known_healthy(folder: Path) -> bool:
+    """True when ``folder`` is missing, empty, or exactly as it was when last found good: then
+    :func:`check_store` would return None without a child, and opening the store can wait."""
+    current = fingerprint(folder)
+    return not current or _known_healthy(folder, current)
+
+
 def _known_healthy(folder: Path, current: Fingerprint) -> bool:
     try:
         saved: Any = json.loads(fingerprint_path(folder).read_text(encoding="utf-8"))

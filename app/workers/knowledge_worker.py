@@ -6,8 +6,9 @@ re-index) run in order on the ``glassbox-index`` thread with a per-job cancel an
 listings and test queries run on ``glassbox-kb-query``. Progress from the indexer is throttled to
 ~10 updates a second before it reaches the GUI.
 
-At start-up (the first turn of the event loop) :meth:`KnowledgeAdapter.check_store` opens the
-knowledge bases on the index thread, which checks the local Chroma folder in a child process
+At start-up (the first turn of the event loop) :meth:`KnowledgeAdapter.check_store` looks at the
+local Chroma folder on the index thread: unless it is exactly as last found good and nothing waits
+to be embedded, it opens the knowledge bases, which check the folder in a child process
 (ROBUSTNESS P5); a damaged folder is moved aside and its chunks are re-embedded from the
 registry as an ordinary job with progress.
 """
@@ -149,14 +150,23 @@ class KnowledgeAdapter(QObject):
         )
 
     def check_store(self) -> None:
-        """Opens the knowledge bases on the index thread, so the local store is checked now rather
-        than on first use; a damaged store emits ``store_recovered`` and is rebuilt as a job, and
+        """Checks the local store on the index thread now rather than on first use: unless it is as
+        last found good with nothing waiting, the knowledge bases are opened (which checks the
+        store in a child); a damaged store emits ``store_recovered`` and is rebuilt as a job, and
         chunks an interrupted run left unembedded are embedded. Does nothing before the first
         knowledge base exists."""
         if not (self.root / "registry.sqlite3").exists():
             return
 
         def opened() -> tuple[Any, int]:
+            from rag.registry import Registry
+            from rag.store_health import known_healthy
+
+            # The usual start: the store is as it was last found good and nothing waits to be
+            # embedded. Then opening the knowledge bases (chromadb, about 2 s of CPU beside the
+            # model loading) waits for their first use.
+            if known_healthy(self.root / "chroma") and not Registry.has_pending(self.root / "registry.sqlite3"):
+                return None, 0
             kbs = self.kbs()
             return kbs.recovered, kbs.pending()
 

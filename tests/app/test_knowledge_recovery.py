@@ -66,3 +66,61 @@ def test_damaged_index_is_rebuilt_at_start_with_a_notice(qtbot: Any, tmp_path: P
         assert passages[0].dense_score is not None
     finally:
         adapter.shutdown()
+
+
+def test_a_healthy_index_is_not_opened_at_start(qtbot: Any, tmp_path: Path, embedder_path: Path) -> None:
+    """Start-up leaves chromadb unloaded while the index is as last found good and nothing waits
+    to be embedded; a chunk left waiting makes start-up open the knowledge bases to finish it."""
+    from rag.registry import Registry
+    from rag.store_health import known_healthy
+
+    embedder = SentenceTransformerEmbedder(embedder_path, device="cpu")
+    root = tmp_path / "knowledge"
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "bees.txt").write_text("Honey bees dance to tell their hive where the flowers are.", encoding="utf-8")
+    opened: list[KnowledgeBases] = []
+
+    def open_kbs() -> KnowledgeBases:
+        kbs = KnowledgeBases(root, embedder_path, embedder_factory=lambda _folder: embedder)
+        opened.append(kbs)
+        return kbs
+
+    with open_kbs() as kbs:
+        kbs.create("notes")
+        kbs.add("notes", [docs])
+    opened.clear()
+    assert known_healthy(root / "chroma")
+    assert not Registry.has_pending(root / "registry.sqlite3")
+
+    finished: list[Any] = []
+
+    def start_and_settle() -> KnowledgeAdapter:
+        adapter = KnowledgeAdapter(root, embedder_path, kb_factory=open_kbs)
+        adapter.job_finished.connect(lambda job, _report: finished.append(job))
+        settled: list[bool] = []
+        qtbot.waitUntil(lambda: adapter._index is not None, timeout=1000)
+        qtbot.wait(50)  # the start-up check is queued on the first turn of the event loop
+        adapter._submit(adapter._index, lambda: True, settled.append)  # runs after the check
+        qtbot.waitUntil(lambda: bool(settled), timeout=30_000)
+        return adapter
+
+    adapter = start_and_settle()
+    try:
+        assert opened == []
+        assert finished == []
+    finally:
+        adapter.shutdown()
+
+    with open_kbs() as kbs:
+        kbs.registry.mark_unembedded(sorted(kbs.registry.embedded_ids(kbs.get("notes").id)))
+    opened.clear()
+    assert Registry.has_pending(root / "registry.sqlite3")
+    adapter = start_and_settle()
+    try:
+        assert len(opened) == 1
+        qtbot.waitUntil(lambda: bool(finished), timeout=120_000)
+        assert [job.label for job in finished] == ["Finishing the document index"]
+        assert not Registry.has_pending(root / "registry.sqlite3")
+    finally:
+        adapter.shutdown()
