@@ -97,6 +97,10 @@ def run_bench(
     """Runs ``rounds`` interleaved pairs and returns the report."""
     import llama_cpp
 
+    from engine.cpu_backend import load_backends
+
+    load_backends()  # the same CPU variant the worker chooses (no AMX until proven)
+
     threads = threads or os.cpu_count() or 1
     load = LoadParams(model_path=model, n_ctx=n_ctx, n_threads=threads)
     params = GenerationParams(max_tokens=max_tokens, temperature=0.0)

@@ -73,12 +73,17 @@ def import_native_bindings() -> Any:
     ``import llama_cpp`` also imports the ``Llama`` class, chat formats and Jinja, which costs a
     second of CPU per child on a slow machine; the bindings alone are what the children use. The
     package's ``__init__`` is skipped by registering a bare package module first; if that fails
-    (an unusual installer layout), the normal import is used.
+    (an unusual installer layout), the normal import is used. llama.cpp's CPU backend is loaded
+    first (:func:`engine.cpu_backend.load_backends`).
     """
     import importlib
     import importlib.util
     import types
 
+    from engine.cpu_backend import load_backends
+
+    # The portable build's CPU code is a library chosen at run time: load it before any model.
+    load_backends()
     if "llama_cpp" not in sys.modules:
         try:
             spec = importlib.util.find_spec("llama_cpp")

@@ -38,12 +38,29 @@ class EngineCrashed(EngineError):
     Args:
         exitcode: the worker's exit code; negative for a signal (``-9`` is SIGKILL).
         during: what the worker was doing.
+        cause: what llama.cpp said last, or the diagnosis of a CPU fault.
+        backend: the CPU backend the worker ran (``engine.cpu_backend.BackendInfo``), when known.
+        cpu_fault: SIGILL/SIGSEGV/SIGBUS on load or before the first token: wrong CPU code is the
+            first suspect, and the session retries once with the safe variant.
+        will_repeat: sending again would crash the same way (the safe variant crashed too).
     """
 
-    def __init__(self, exitcode: int | None, during: str, cause: str | None = None) -> None:
+    def __init__(
+        self,
+        exitcode: int | None,
+        during: str,
+        cause: str | None = None,
+        *,
+        backend: object | None = None,
+        cpu_fault: bool = False,
+        will_repeat: bool = False,
+    ) -> None:
         self.exitcode = exitcode
         self.during = during
         self.cause = cause
+        self.backend = backend
+        self.cpu_fault = cpu_fault
+        self.will_repeat = will_repeat
         if exitcode is not None and exitcode < 0:
             import signal
 

@@ -64,6 +64,8 @@ class HardwareInfo:
     cpu_name: str
     gpu_offload_supported: bool
     gpus: list[GpuInfo] = field(default_factory=list)
+    # The CPU code llama.cpp runs on here (engine.cpu_backend.BackendInfo.to_dict()); None: not asked.
+    cpu_backend: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -153,7 +155,14 @@ def cpu_name() -> str:
 
 
 def llama_supports_gpu_offload() -> bool:
-    """Whether the installed llama-cpp-python build can offload layers (CUDA, Metal, Vulkan...)."""
+    """Whether the installed llama-cpp-python build can offload layers (CUDA, Metal, Vulkan...).
+
+    In the portable build the GPU backends are libraries loaded at run time, so they are loaded
+    first (:func:`engine.cpu_backend.load_backends`; nothing runs on them here).
+    """
+    from engine.cpu_backend import load_backends
+
+    load_backends()
     try:
         import llama_cpp
     except ImportError:
@@ -162,6 +171,12 @@ def llama_supports_gpu_offload() -> bool:
         return bool(llama_cpp.llama_supports_gpu_offload())
     except (AttributeError, OSError):
         return False
+
+
+def _backend_dict() -> dict[str, Any]:
+    from engine.cpu_backend import load_backends
+
+    return load_backends().to_dict()
 
 
 def probe_hardware(
@@ -206,6 +221,7 @@ def probe_hardware(
         cpu_count_logical=int(logical),
         cpu_name=name,
         gpu_offload_supported=llama_supports_gpu_offload() if offload is None else offload,
+        cpu_backend=_backend_dict() if offload is None else None,
         gpus=gpus,
     )
 

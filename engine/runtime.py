@@ -18,6 +18,7 @@ so Stop lands within one batch while prefilling and within one token while decod
 from __future__ import annotations
 
 import codecs
+import dataclasses
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -31,6 +32,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from engine.cpu_backend import BackendInfo, BackendPolicy, describe_crash, is_cpu_fault, load_backends
 from engine.errors import Cancelled, EngineCrashed, EngineError, ModelLoadError
 from engine.events import PrefillProgress, Token
 
@@ -50,6 +52,14 @@ class LoadParams(BaseModel):
     n_gpu_layers: int = Field(default=0, ge=-1)
     seed: int = 0xFFFFFFFF
     swa_full: bool | None = None
+    # Which of llama.cpp's CPU variants the worker runs (engine.cpu_backend): a tag forces one;
+    # None chooses the best this CPU runs, except the avoided tags and, unless allowed, AMX.
+    cpu_variant: str | None = None
+    cpu_avoid: tuple[str, ...] = ()
+    allow_amx: bool = False
+
+    def backend_policy(self) -> BackendPolicy:
+        return BackendPolicy(variant=self.cpu_variant, avoid=self.cpu_avoid, allow_amx=self.allow_amx)
 
 
 class GenerationParams(BaseModel):
@@ -86,6 +96,7 @@ class ModelInfo:
     add_bos: bool
     chat_template: str | None
     metadata: dict[str, str] = field(default_factory=dict)
+    cpu_backend: BackendInfo | None = None  # the CPU code llama.cpp runs on (set by the parent)
 
 
 @dataclass(frozen=True)
@@ -344,8 +355,14 @@ def _worker_main(
         fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         os.dup2(fd, 2)
         os.close(fd)
+    backend = load_backends(params.backend_policy())
+    conn.send(("backend", backend))
+    if backend.error is not None:
+        conn.send(("error", _WorkerError("load", f"{params.model_path}: {backend.error}")))
+        return
     if os.environ.get("GLASSBOX_TEST_CRASH_ON_LOAD"):
         os.abort()  # lets tests prove that a native abort during load is survived
+    _test_cpu_fault("load", backend)
     try:
         worker = _Worker(params)
         conn.send(("loaded", worker.info()))
@@ -371,6 +388,7 @@ def _worker_main(
                 worker.llm.n_tokens = 0
                 conn.send(("result", None))
             elif op == "generate":
+                _test_cpu_fault("generate", backend)
                 result = worker.generate(message[1], message[2], cancel, lambda event: conn.send(("event", event)))
                 conn.send(("result", result))
             else:
@@ -379,6 +397,20 @@ def _worker_main(
             conn.send(("error", _WorkerError("engine", str(exc))))
         except Exception as exc:  # noqa: BLE001
             conn.send(("error", _WorkerError("engine", f"{type(exc).__name__}: {exc}")))
+
+
+def _test_cpu_fault(when: str, backend: BackendInfo) -> None:
+    """Lets tests prove that wrong CPU code is diagnosed: ``GLASSBOX_TEST_SIGILL=load|generate``
+    kills the worker with SIGILL there, unless it runs ``GLASSBOX_TEST_SIGILL_SPARE`` (a variant
+    tag: the one a retry falls back to)."""
+    if os.environ.get("GLASSBOX_TEST_SIGILL") != when:
+        return
+    if backend.variant is not None and backend.variant == os.environ.get("GLASSBOX_TEST_SIGILL_SPARE"):
+        return
+    import signal
+
+    os.kill(os.getpid(), signal.SIGILL)
+    time.sleep(5)  # the signal is delivered at once; never reached
 
 
 # --------------------------------------------------------------------------- the parent side
@@ -400,6 +432,8 @@ class InferenceWorker:
         self._proc: multiprocessing.process.BaseProcess | None = None
         self._own_log = False
         self.info: ModelInfo | None = None
+        self.backend: BackendInfo | None = None
+        self._tokens_out = 0  # tokens this worker produced: a crash before the first is a CPU suspect
 
     # lifetime ---------------------------------------------------------------------------
     def start(self, cancel: threading.Event | None = None) -> ModelInfo:
@@ -425,17 +459,20 @@ class InferenceWorker:
                 self.close(kill=True)
                 raise Cancelled("model load cancelled")
             if self._poll(_POLL_S):
-                break
+                kind, payload = self._recv("model load")
+                if kind != "backend":
+                    break
+                self.backend = payload
+                continue
             if time.monotonic() > deadline:
                 self.close(kill=True)
                 raise ModelLoadError(f"{self.params.model_path}: loading took longer than {_LOAD_TIMEOUT_S:.0f} s")
-        kind, payload = self._recv("model load")
         if kind == "error":
             self.close(kill=True)
             raise ModelLoadError(payload.message)
         assert isinstance(payload, ModelInfo)
-        self.info = payload
-        return payload
+        self.info = dataclasses.replace(payload, cpu_backend=self.backend)
+        return self.info
 
     @property
     def alive(self) -> bool:
@@ -500,6 +537,8 @@ class InferenceWorker:
                     continue
                 kind, payload = self._recv("generation")
                 if kind == "event":
+                    if isinstance(payload, Token):
+                        self._tokens_out += 1
                     yield payload
                 elif kind == "result":
                     finished = True
@@ -580,6 +619,9 @@ class InferenceWorker:
             code = proc.exitcode
         cause = _last_words(self.log_path)
         self.close(kill=True)
+        if is_cpu_fault(code) and self._tokens_out == 0:
+            # On load or before the first token: the CPU code itself is the first suspect.
+            return EngineCrashed(code, during, describe_crash(code, self.backend), backend=self.backend, cpu_fault=True)
         return EngineCrashed(code, during, cause)
 
 
@@ -599,3 +641,64 @@ def _last_words(log_path: Path | None) -> str | None:
         if any(marker in line.lower() for marker in markers):
             return line.strip()[:300]
     return None
+
+
+# --------------------------------------------------------------------------- proving a CPU variant
+
+_PROBE_TIMEOUT_S = 300.0
+_PROBE_TEXT = b"The memory wall: every decoded token reads all the weights once. " * 2
+
+
+def _probe_main(model_path: str, tag: str, n_threads: int | None) -> None:
+    """Child side of :func:`probe_variant`: exit 0 when ``tag`` loaded and decoded; 3 when this
+    CPU cannot run it at all; a signal when its code crashed."""
+    fd = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(fd, 2)
+    os.close(fd)
+    backend = load_backends(BackendPolicy(variant=tag, allow_amx=True))
+    if backend.variant != tag:
+        raise SystemExit(3)
+    if os.environ.get("GLASSBOX_TEST_SIGILL") == "probe":
+        import signal
+
+        os.kill(os.getpid(), signal.SIGILL)
+    import llama_cpp
+
+    llm = llama_cpp.Llama(
+        model_path=model_path, n_ctx=256, n_batch=64, n_ubatch=64,
+        n_threads=n_threads, n_threads_batch=n_threads, verbose=False,
+    )
+    tokens = llm.tokenize(_PROBE_TEXT)[:64]
+    llm.eval(tokens)  # a batch: the matrix-matrix kernels, on every thread
+    for _ in range(2):  # and single tokens: the matrix-vector ones
+        llm.eval([llm.sample(temp=0.0)])
+    llm.close()
+
+
+def probe_variant(model_path: Path, tag: str, n_threads: int | None = None) -> str:
+    """Loads ``model_path`` on CPU variant ``tag`` in a child and decodes a few tokens.
+
+    Returns:
+        ``"ok"``, or one line saying how it failed (``"crashed (SIGILL)"``, ...).
+    """
+    ctx = multiprocessing.get_context("spawn")
+    proc = ctx.Process(target=_probe_main, args=(str(model_path), tag, n_threads), name="glassbox-cpu-probe")
+    proc.start()
+    proc.join(_PROBE_TIMEOUT_S)
+    if proc.is_alive():
+        proc.kill()
+        proc.join(5)
+        return f"timed out after {_PROBE_TIMEOUT_S:.0f} s"
+    code = proc.exitcode
+    if code == 0:
+        return "ok"
+    if code == 3:
+        return "this CPU cannot run it"
+    if code is not None and code < 0:
+        import signal
+
+        try:
+            return f"crashed ({signal.Signals(-code).name})"
+        except ValueError:
+            return f"crashed (signal {-code})"
+    return f"failed (exit code {code})"

@@ -11,16 +11,19 @@ fresh worker, so the conversation (kept by the caller) carries on.
 
 from __future__ import annotations
 
+import signal
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from engine.context import ContextPlan, Message, OverflowPolicy, plan_context
+from engine.cpu_backend import AMX_TAGS, BackendInfo, BackendState, safe_variant
 from engine.errors import EngineCrashed, ModelLoadError
 from engine.events import Event, Finished, Stats
 from engine.fit import kv_cache_bytes
 from engine.gguf import GgufInfo, read_gguf_info
-from engine.runtime import GenerationParams, InferenceWorker, LoadParams, ModelInfo, WorkerResult
+from engine.runtime import GenerationParams, InferenceWorker, LoadParams, ModelInfo, WorkerResult, probe_variant
 from engine.templates import ChatTemplate, select_template
 
 
@@ -40,6 +43,8 @@ class ChatSession:
         machine_bandwidth_gbps: this machine's measured memory bandwidth, reported in Stats.
         overflow_policy: "rolling" evicts the oldest turns; "refuse" raises ContextOverflow.
         reply_reserve: tokens kept free for the reply.
+        backend_state: the file where this machine's CPU-variant verdicts are kept (a variant that
+            crashed, whether AMX works); None keeps them for this session only and never enables AMX.
     """
 
     def __init__(
@@ -49,6 +54,7 @@ class ChatSession:
         machine_bandwidth_gbps: float | None = None,
         overflow_policy: OverflowPolicy = "rolling",
         reply_reserve: int = 512,
+        backend_state: Path | None = None,
     ) -> None:
         self.load_params = load
         self.machine_bandwidth_gbps = machine_bandwidth_gbps
@@ -63,6 +69,10 @@ class ChatSession:
         self.offload_note: str | None = None
         self._prompt_tokens: dict[str, list[int]] = {}
         self._lock = threading.Lock()
+        self.backend_state_path = backend_state
+        self._backend_state: BackendState | None = None
+        self.backend: BackendInfo | None = None
+        self.backend_note: str | None = None
 
     # lifetime -------------------------------------------------------------------------------
     def load(self, cancel: threading.Event | None = None) -> ModelInfo:
@@ -83,27 +93,113 @@ class ChatSession:
         return info
 
     def _start_with_fallback(self, cancel: threading.Event | None) -> tuple[InferenceWorker, ModelInfo]:
-        """Starts the worker; when GPU layers fail to load (out of VRAM), retries with fewer.
+        """Starts the worker; when GPU layers fail to load (out of VRAM), retries with fewer; when
+        the CPU code crashes on load, retries once with the safe CPU variant.
 
         Halves the offloaded layers on each failure, down to CPU only, and remembers what worked
-        in ``load_params`` (``offload_note`` says what happened).
+        in ``load_params`` (``offload_note`` and ``backend_note`` say what happened).
         """
-        params = self.load_params
+        params = self._apply_backend_state(self.load_params)
         while True:
             worker = InferenceWorker(params)
             try:
                 info = worker.start(cancel)
-            except (ModelLoadError, EngineCrashed):
+            except EngineCrashed as exc:
+                if exc.cpu_fault:
+                    params = self._after_cpu_fault(exc, params)
+                    continue
                 if params.n_gpu_layers == 0:
                     raise
-                fewer = 0 if params.n_gpu_layers < 0 else params.n_gpu_layers // 2
-                self.offload_note = (
-                    f"loading with {params.n_gpu_layers} GPU layers failed; retrying with {fewer}"
-                )
-                params = params.model_copy(update={"n_gpu_layers": fewer})
+                params = self._fewer_gpu_layers(params)
                 continue
+            except ModelLoadError:
+                if params.n_gpu_layers == 0:
+                    raise
+                params = self._fewer_gpu_layers(params)
+                continue
+            worker, info, params = self._prove_amx(worker, info, params, cancel)
             self.load_params = params
+            self.backend = worker.backend
             return worker, info
+
+    def _fewer_gpu_layers(self, params: LoadParams) -> LoadParams:
+        fewer = 0 if params.n_gpu_layers < 0 else params.n_gpu_layers // 2
+        self.offload_note = f"loading with {params.n_gpu_layers} GPU layers failed; retrying with {fewer}"
+        return params.model_copy(update={"n_gpu_layers": fewer})
+
+    # CPU variants ---------------------------------------------------------------------------
+    def _state(self) -> BackendState:
+        if self._backend_state is None:
+            from engine.hardware import cpu_name
+
+            self._backend_state = BackendState.open(self.backend_state_path, cpu_name())
+        return self._backend_state
+
+    def _apply_backend_state(self, params: LoadParams) -> LoadParams:
+        """What this machine taught us (crashed variants, AMX verdict), unless a variant is forced."""
+        if params.cpu_variant is not None:
+            return params
+        policy = self._state().policy()
+        avoid = tuple(sorted({*params.cpu_avoid, *policy.avoid}))
+        return params.model_copy(update={"cpu_avoid": avoid, "allow_amx": params.allow_amx or policy.allow_amx})
+
+    def _after_cpu_fault(self, exc: EngineCrashed, params: LoadParams) -> LoadParams:
+        """The worker died of SIGILL/SIGSEGV/SIGBUS on load or before its first token: the next
+        load runs the safe CPU variant; when that is what crashed, sending again would too."""
+        backend = exc.backend if isinstance(exc.backend, BackendInfo) else None
+        safe = safe_variant(backend.available) if backend is not None else None
+        if backend is None or backend.variant is None or safe is None or backend.variant == safe.tag:
+            if backend is not None and backend.build == "single":
+                advice = (
+                    "this llama.cpp build has one CPU backend, made for another CPU: reinstall Glassbox "
+                    "(or rebuild with installers/llama_build.py)"
+                )
+            else:
+                advice = (
+                    "that is llama.cpp's safest CPU variant here, so sending again would crash the same "
+                    "way: reinstall Glassbox, and if it persists report it with `glassbox --self-test --json`"
+                )
+            raise EngineCrashed(
+                exc.exitcode, exc.during, f"{exc.cause}; {advice}",
+                backend=backend, cpu_fault=True, will_repeat=True,
+            ) from exc
+        name = signal.Signals(-(exc.exitcode or 0)).name if exc.exitcode else "a crash"
+        if exc.exitcode == -signal.SIGILL:
+            # Only an illegal instruction is certain to be the CPU code's fault: remember it. A
+            # segfault may be the model file's, and must not demote this machine for good.
+            self._state().mark_broken(backend.variant, f"{name} during {exc.during}")
+        self.backend_note = (
+            f"llama.cpp's {backend.variant} CPU code crashed here ({name} during {exc.during}); "
+            f"running its safe {safe.tag} variant ({safe.file}) instead"
+        )
+        return params.model_copy(update={"cpu_variant": safe.tag})
+
+    def _prove_amx(
+        self, worker: InferenceWorker, info: ModelInfo, params: LoadParams, cancel: threading.Event | None
+    ) -> tuple[InferenceWorker, ModelInfo, LoadParams]:
+        """On a CPU with AMX, once per machine and build: a one-token probe in a child decides
+        whether llama.cpp's AMX variant runs here. Until then (and after a failed probe) the worker
+        runs the best variant without AMX; a passing probe reloads on the AMX variant."""
+        backend = worker.backend
+        state = self._state()
+        if backend is None or not backend.amx_untested or state.path is None or state.amx is not None:
+            return worker, info, params
+        tag = next(tag for tag, _ in backend.skipped if tag in AMX_TAGS)
+        verdict = probe_variant(params.model_path, tag, params.n_threads)
+        state.set_amx(verdict)
+        if verdict != "ok":
+            self.backend_note = f"llama.cpp's AMX code ({tag}) failed a probe on this machine ({verdict}); not used"
+            return worker, info, params
+        amx = params.model_copy(update={"allow_amx": True})
+        fresh = InferenceWorker(amx)
+        try:
+            fresh_info = fresh.start(cancel)
+        except (ModelLoadError, EngineCrashed) as exc:
+            state.set_amx(f"failed after the probe: {exc}")
+            return worker, info, params
+        worker.close()
+        self.backend_note = f"llama.cpp's AMX code ({tag}) passed a probe on this machine"
+        return fresh, fresh_info, amx
 
     def close(self) -> None:
         with self._lock:
@@ -195,10 +291,24 @@ class ChatSession:
             run = params.model_copy(update={"stop": stops})
             try:
                 result = yield from self._worker.generate(tokens, run, cancel)
-            except EngineCrashed:
+            except EngineCrashed as exc:
                 self._worker = None
                 self.last_prompt = []
-                raise
+                if not exc.cpu_fault:
+                    raise
+                # Before the first token: once more on the safe CPU variant (raises if that was it).
+                self.load_params = self._after_cpu_fault(exc, self.load_params)
+                self._ensure_worker()
+                worker = self.worker
+                assert worker is not None
+                try:
+                    result = yield from worker.generate(tokens, run, cancel)
+                except EngineCrashed as again:
+                    self._worker = None
+                    if again.cpu_fault:
+                        self._after_cpu_fault(again, self.load_params)
+                    raise
+                self.last_prompt = tokens
             stats = self._stats(result, plan)
             yield stats
             reason = result.reason

@@ -28,6 +28,8 @@ from engine.hardware import measure_memory_bandwidth
 _DECODE = textwrap.dedent(
     """
     import json, sys, time
+    from engine.cpu_backend import load_backends
+    load_backends()  # the portable build's CPU code, as the worker loads it
     from llama_cpp import Llama
     llm = Llama(model_path=sys.argv[1], n_ctx=512, n_threads=int(sys.argv[2]), verbose=False)
     tokens = llm.tokenize(b"The history of the river town begins")

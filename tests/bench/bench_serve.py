@@ -204,10 +204,10 @@ def bench_http_path(tokens: int = 2000) -> dict[str, float]:
 def bench_remote(model: Path, args: argparse.Namespace) -> dict[str, Any]:
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
+    from tests.engine.test_remote import LLAMA_SERVER
+
     command = [
-        sys.executable,
-        "-m",
-        "llama_cpp.server",
+        *LLAMA_SERVER,
         "--model",
         str(model),
         "--model_alias",

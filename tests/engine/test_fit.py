@@ -107,6 +107,8 @@ def test_context_length_is_padded_like_llama_cpp(gemma: GgufInfo) -> None:
 _LOAD = textwrap.dedent(
     """
     import sys
+    from engine.cpu_backend import load_backends
+    load_backends()  # the portable build's CPU code, as the worker loads it
     from llama_cpp import Llama
     llm = Llama(model_path=sys.argv[1], n_ctx=int(sys.argv[2]), n_threads=2, verbose=True,
                 swa_full=sys.argv[3] == "1")

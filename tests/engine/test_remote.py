@@ -396,6 +396,15 @@ def test_endpoint_store_rejects_bad_names_duplicates_and_corrupt_files(tmp_path:
 
 # ----------------------------------------------------------------------------- llama_cpp.server
 
+# llama-cpp-python's own server, as a stand-in for a remote one. The portable llama.cpp build has
+# its CPU code in a library that llama-cpp-python does not load by itself: load it first, as
+# Glassbox's worker does.
+LLAMA_SERVER = (
+    sys.executable,
+    "-c",
+    "import runpy; from engine.cpu_backend import load_backends; load_backends(); "
+    "runpy.run_module('llama_cpp.server', run_name='__main__', alter_sys=True)",
+)
 ALIAS = "gemma-starter"
 
 
@@ -408,9 +417,7 @@ def llama_server(starter_model: Path, tmp_path_factory: pytest.TempPathFactory) 
     with log.open("wb") as out:
         process = subprocess.Popen(
             [
-                sys.executable,
-                "-m",
-                "llama_cpp.server",
+                *LLAMA_SERVER,
                 "--model",
                 str(starter_model),
                 "--model_alias",

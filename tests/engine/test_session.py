@@ -168,6 +168,7 @@ def test_gpu_out_of_memory_at_load_retries_with_fewer_layers(
         def __init__(self, params: LoadParams) -> None:
             self.params = params
             self.alive = True
+            self.backend = None
 
         def start(self, cancel: object = None) -> ModelInfo:
             tried.append(self.params.n_gpu_layers)

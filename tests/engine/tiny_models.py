@@ -246,6 +246,8 @@ def tensor_count(n_layer: int) -> int:
 _GENERATE = textwrap.dedent(
     """
     import json, sys
+    from engine.cpu_backend import load_backends
+    load_backends()  # the portable build's CPU code, as the worker loads it
     from llama_cpp import Llama
     llm = Llama(model_path=sys.argv[1], n_ctx=128, n_threads=1, verbose=False, seed=1)
     tokens = []
