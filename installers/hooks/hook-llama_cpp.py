@@ -6,8 +6,11 @@ ctypes from the folder next to its own ``__file__``, so the libraries must land 
 their ``NEEDED`` entries (``libggml.so.0``, ``libggml-base.so.0``, ``libggml-cpu.so.0``) through
 the ``$ORIGIN`` runpath and places them beside them.
 
-A GPU build of llama-cpp-python (CUDA, Metal, Vulkan) adds backend libraries to the same folder
-(``libggml-cuda.so``, ``ggml-metal``...); they are collected the same way, so one spec serves both.
+The portable build (``installers/llama_build.py``) has no ``libggml-cpu``: one CPU library per CPU
+generation (``libggml-cpu-haswell.so``, ``libggml-cpu-zen4.so``...), which ``engine.cpu_backend``
+loads at run time; nothing links to them, so they are collected by name with the other ``ggml-*``
+libraries. A GPU build adds backend libraries to the same folder (``libggml-cuda.so``,
+``ggml-vulkan.dll``...), collected the same way, so one spec serves both.
 """
 
 from pathlib import Path
@@ -41,7 +44,11 @@ def _native_libraries() -> list[tuple[str, str]]:
 
 
 binaries = _native_libraries()
+# The portable build's marker (installers/llama_build.py): the self-test reports the flags from it.
+_MARKER = Path(get_package_paths("llama_cpp")[1]) / "lib" / "glassbox-build.json"
 # Chat-format helpers and the server's templates are data files inside the package.
 datas = collect_data_files("llama_cpp", excludes=["**/lib/*", "**/*.pyi", "**/py.typed"])
 datas += copy_metadata("llama_cpp_python")
+if _MARKER.is_file():
+    datas.append((str(_MARKER), "llama_cpp/lib"))
 hiddenimports = ["llama_cpp.llama_cpp", "llama_cpp.mtmd_cpp", "llama_cpp._ggml", "llama_cpp.llama_chat_format"]
