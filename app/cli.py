@@ -38,6 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="glassbox", description="Chat with local language models.", parents=[common])
     parser.add_argument("--safe-mode", action="store_true", help="start the app without loading a model")
     parser.add_argument("--self-test", action="store_true", help="run the built-in smoke test and exit")
+    parser.add_argument(
+        "--json", dest="self_test_json", action="store_true", help="with --self-test: one JSON object on stdout"
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for module in (chat, models, kb, bench, serve):
         module.register(sub, common)
@@ -58,11 +61,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     paths = Paths.resolve(getattr(args, "home", None))
     handler: Handler | None = getattr(args, "handler", None)
+    if args.self_test_json and not args.self_test:
+        parser.error("--json before a subcommand goes with --self-test only (put it after the subcommand)")
     if handler is None:
         if args.self_test:
             from app.selftest import run_self_test
 
-            return run_self_test(paths)
+            return run_self_test(paths, as_json=args.self_test_json)
         from app.main_window import run_gui
 
         return run_gui(paths, safe_mode=args.safe_mode)

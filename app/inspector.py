@@ -409,6 +409,13 @@ class InspectorPanel(QFrame):
         self.ceiling_label.setObjectName("explain")
         self.ceiling_label.setWordWrap(True)
         lay.addWidget(self.ceiling_label)
+        # The instructions the decoder runs on are part of its speed: which of llama.cpp's CPU
+        # variants this machine got, and what it uses.
+        self.cpu_label = QLabel("")
+        self.cpu_label.setObjectName("explain")
+        self.cpu_label.setWordWrap(True)
+        self.cpu_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        lay.addWidget(self.cpu_label)
         lay.addStretch(1)
 
         scroll = QScrollArea()
@@ -472,6 +479,23 @@ class InspectorPanel(QFrame):
         if model_bytes and machine_bandwidth:
             ceiling = machine_bandwidth * 1e9 / model_bytes
             self.ceiling_label.setText(f"Ceiling for this model on this machine: ≈ {ceiling:.0f} tok/s.")
+
+    def set_cpu_backend(self, backend: Any, note: str | None = None) -> None:
+        """The CPU code llama.cpp runs (``engine.cpu_backend.BackendInfo``; None: not known)."""
+        if backend is None:
+            self._show("cpu_backend", "", self.cpu_label)
+            return
+        features = " ".join(f for f in backend.features if "=" not in f)
+        text = f"CPU code: {backend.label}" + (f" — {features}" if features else "")
+        if backend.gpu:
+            text += f". GPU: {', '.join(backend.gpu)}"
+        held = [f"{tag} ({why})" for tag, why in backend.skipped]
+        if held:
+            text += f". Not used: {'; '.join(held)}"
+        if note:
+            text += f". {note}"
+        self._show("cpu_backend", text, self.cpu_label)
+        self.cpu_label.setToolTip(text)
 
     def set_machine_bandwidth(self, gbps: float) -> None:
         """The machine's measured memory bandwidth arrived (probed after the first load)."""

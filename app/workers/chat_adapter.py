@@ -505,7 +505,7 @@ class ChatAdapter(QObject):
         message = describe_error(exc)
         text = "".join(turn.text)
         self._finish_turn("error", text, None, error=message)
-        if isinstance(exc, EngineCrashed):
+        if isinstance(exc, EngineCrashed) and not exc.will_repeat:
             self.error_occurred.emit(f"{message}. Send again to restart the model.")
         else:
             self.error_occurred.emit(message)

@@ -40,6 +40,7 @@ class LoadRequest:
         label: the name shown in the UI.
         breadcrumb: file written before the load and removed after it (crash detection).
         bandwidth_cache: where the measured memory bandwidth is cached (None: skip the probe).
+        backend_state: where this machine's CPU-variant verdicts are kept (engine.cpu_backend).
     """
 
     model_path: Path
@@ -51,6 +52,7 @@ class LoadRequest:
     label: str = ""
     breadcrumb: Path | None = None
     bandwidth_cache: Path | None = None
+    backend_state: Path | None = None
     cancel: threading.Event = field(default_factory=threading.Event, compare=False)
 
 
@@ -89,6 +91,7 @@ class LoadedModel:
     info: Any  # engine.runtime.ModelInfo
     load_ms: float
     machine_bandwidth_gbps: float | None
+    backend_note: str | None = None  # e.g. the CPU variant crashed and the safe one runs
 
 
 @dataclass(frozen=True)
@@ -142,6 +145,7 @@ def default_session_factory(request: LoadRequest, bandwidth: float | None) -> Se
         machine_bandwidth_gbps=bandwidth,
         overflow_policy=request.overflow_policy,  # type: ignore[arg-type]
         reply_reserve=request.reply_reserve,
+        backend_state=request.backend_state,
     )
 
 
@@ -258,7 +262,8 @@ class LlmWorker(QObject):
         lower_priority(session)
         load_ms = (time.perf_counter() - started) * 1000
         label = request.label or request.model_path.name
-        self.model_loaded.emit(LoadedModel(request.model_path, label, info, load_ms, self._bandwidth))
+        note = getattr(session, "backend_note", None)
+        self.model_loaded.emit(LoadedModel(request.model_path, label, info, load_ms, self._bandwidth, note))
         if not self._bandwidth_done and request.bandwidth_cache is not None:
             # After the load, so the first reply is not delayed; cached for later runs.
             self._bandwidth = measure_bandwidth(request.bandwidth_cache)

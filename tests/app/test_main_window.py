@@ -287,3 +287,75 @@ def test_window_fits_a_1280_pixel_screen_with_the_inspector_open(qtbot: Any, win
 def test_download_queue_lives_in_the_data_folder(window: Any, paths: Paths) -> None:
     assert window.models_adapter.queue_file == paths.download_queue
     assert paths.download_queue.parent == paths.data
+
+
+class CrashingSession(FakeSession):
+    """Dies like a worker whose CPU code this machine cannot run: before the first token."""
+
+    will_repeat = True
+
+    def stream(self, history: Any, user: str, params: Any = None, **kwargs: Any) -> Any:
+        from engine.cpu_backend import BackendInfo, describe_crash
+        from engine.errors import EngineCrashed
+        from engine.events import PrefillProgress
+
+        yield PrefillProgress(1, 2)
+        backend = BackendInfo("variants", "haswell", "libggml-cpu-haswell.so", ("AVX2",))
+        raise EngineCrashed(
+            -4, "generation", describe_crash(-4, backend), backend=backend, cpu_fault=True, will_repeat=self.will_repeat
+        )
+
+
+@pytest.mark.parametrize("repeats", [True, False])
+def test_a_crash_that_will_repeat_does_not_offer_send_again(
+    qtbot: Any, paths: Paths, fake_model: Path, repeats: bool
+) -> None:
+    def factory(request: Any, bandwidth: float | None) -> FakeSession:
+        session = CrashingSession(request, bandwidth)
+        session.will_repeat = repeats
+        return session
+
+    w = make_window(paths, factory, probe_bandwidth=False)
+    qtbot.addWidget(w)
+    w.show()
+    w.start()
+    qtbot.waitUntil(lambda: w.chat.model_state is ModelState.LOADED, timeout=5000)
+    errors: list[str] = []
+    w.chat.error_occurred.connect(errors.append)
+    send(qtbot, w, "Hello")
+    assert len(errors) == 1
+    said = "llama.cpp was built for CPU instructions this machine cannot run (AVX2, in libggml-cpu-haswell.so)"
+    assert said in errors[0]
+    assert ("Send again" in errors[0]) is not repeats
+    # The conversation is intact: the user's message is saved, the failed reply is marked so.
+    saved = stored_thread(paths)
+    assert (saved[0].role, saved[0].content, saved[0].state) == ("user", "Hello", "complete")
+    assert saved[1].state == "error"
+    w.shutdown()
+
+
+def test_inspector_names_the_cpu_code(qtbot: Any, paths: Paths, fake_model: Path) -> None:
+    from dataclasses import replace
+
+    from engine.cpu_backend import BackendInfo, CpuVariant
+
+    backend = BackendInfo(
+        "variants", "icelake", "libggml-cpu-icelake.so", ("AVX2", "AVX512", "AVX512_VNNI"),
+        (CpuVariant("sapphirerapids", "libggml-cpu-sapphirerapids.so", 2400),),
+        (("sapphirerapids", "AMX not yet proven on this machine (llama.cpp bug)"),),
+    )
+
+    class Session(FakeSession):
+        def load(self, cancel: Any = None) -> Any:
+            return replace(super().load(cancel), cpu_backend=backend)
+
+    w = make_window(paths, lambda r, b: Session(r, b), probe_bandwidth=False)
+    qtbot.addWidget(w)
+    w.show()
+    w.start()
+    qtbot.waitUntil(lambda: w.chat.model_state is ModelState.LOADED, timeout=5000)
+    qtbot.waitUntil(lambda: bool(w.inspector.cpu_label.text()), timeout=5000)
+    text = w.inspector.cpu_label.text()
+    assert text.startswith("CPU code: AVX-512 (icelake) — AVX2 AVX512 AVX512_VNNI")
+    assert "Not used: sapphirerapids (AMX not yet proven on this machine (llama.cpp bug))" in text
+    w.shutdown()

@@ -44,3 +44,41 @@ def test_self_test_passes_end_to_end(tmp_path: Path, starter_model: Path) -> Non
     assert "self-test passed" in result.stdout
     assert "generate 5 tokens" in result.stdout
     assert not (tmp_path / "home").exists()
+    # The first step names the CPU code llama.cpp ran on.
+    assert "tokens on CPU code " in result.stdout
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_self_test_json_names_the_cpu_variant_and_the_build(tmp_path: Path, starter_model: Path) -> None:
+    import json
+
+    from engine.cpu_backend import variant_files
+
+    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "PYTHONPATH": str(ROOT)}
+    result = subprocess.run(
+        [sys.executable, "-m", "app", "--self-test", "--json", "--home", str(tmp_path / "home")],
+        capture_output=True, text=True, env=env, timeout=300, cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["passed"] is True and report["error"] is None
+    assert [step["ok"] for step in report["steps"]] == [True, True, True]
+    backend = report["cpu_backend"]
+    files = variant_files()
+    if files:  # the portable build: the variant it ran is one that is installed
+        assert backend["build"] == "variants"
+        assert files[backend["variant"]].name == backend["file"]
+        assert report["llama_build"] is not None and "-DGGML_NATIVE=OFF" in report["llama_build"]["cmake_args"]
+    else:
+        assert backend["build"] == "single"
+    assert backend["features"] and backend["label"]
+
+
+def test_json_before_a_subcommand_is_refused(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "app", "--json", "models", "list", "--home", str(tmp_path)],
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )
+    assert result.returncode == 2
+    assert "--json before a subcommand goes with --self-test only" in result.stderr
