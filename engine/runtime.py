@@ -675,16 +675,27 @@ def _probe_main(model_path: str, tag: str, n_threads: int | None) -> None:
     llm.close()
 
 
-def probe_variant(model_path: Path, tag: str, n_threads: int | None = None) -> str:
+def probe_variant(
+    model_path: Path, tag: str, n_threads: int | None = None, cancel: threading.Event | None = None
+) -> str:
     """Loads ``model_path`` on CPU variant ``tag`` in a child and decodes a few tokens.
 
     Returns:
         ``"ok"``, or one line saying how it failed (``"crashed (SIGILL)"``, ...).
+
+    Raises:
+        Cancelled: ``cancel`` was set (the child is killed; nothing is concluded).
     """
     ctx = multiprocessing.get_context("spawn")
     proc = ctx.Process(target=_probe_main, args=(str(model_path), tag, n_threads), name="glassbox-cpu-probe")
     proc.start()
-    proc.join(_PROBE_TIMEOUT_S)
+    deadline = time.monotonic() + _PROBE_TIMEOUT_S
+    while proc.is_alive() and time.monotonic() < deadline:
+        if cancel is not None and cancel.is_set():
+            proc.kill()
+            proc.join(5)
+            raise Cancelled("model load cancelled")
+        proc.join(_POLL_S * 5)
     if proc.is_alive():
         proc.kill()
         proc.join(5)

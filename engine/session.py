@@ -185,7 +185,7 @@ class ChatSession:
         if backend is None or not backend.amx_untested or state.path is None or state.amx is not None:
             return worker, info, params
         tag = next(tag for tag, _ in backend.skipped if tag in AMX_TAGS)
-        verdict = probe_variant(params.model_path, tag, params.n_threads)
+        verdict = probe_variant(params.model_path, tag, params.n_threads, cancel)
         state.set_amx(verdict)
         if verdict != "ok":
             self.backend_note = f"llama.cpp's AMX code ({tag}) failed a probe on this machine ({verdict}); not used"

@@ -126,7 +126,10 @@ def _local_session(args: argparse.Namespace, paths: Paths) -> Any:
     n_ctx = args.n_ctx or 4096
     gpu_layers = _gpu_layers(args.gpu_layers, model, n_ctx)
     load = LoadParams(model_path=model, n_ctx=n_ctx, n_threads=args.threads, n_gpu_layers=gpu_layers)
-    return ChatSession(load, machine_bandwidth_gbps=_bandwidth(paths), overflow_policy=args.overflow)
+    return ChatSession(
+        load, machine_bandwidth_gbps=_bandwidth(paths), overflow_policy=args.overflow,
+        backend_state=paths.cpu_backend_state,
+    )
 
 
 def _remote_session(args: argparse.Namespace, paths: Paths) -> Any:

@@ -82,3 +82,19 @@ def test_json_before_a_subcommand_is_refused(tmp_path: Path) -> None:
     )
     assert result.returncode == 2
     assert "--json before a subcommand goes with --self-test only" in result.stderr
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_self_test_explains_a_cpu_crash_that_repeats(tmp_path: Path, starter_model: Path) -> None:
+    # Every CPU variant "crashes" with SIGILL on the first token, as wrong CPU code would.
+    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "PYTHONPATH": str(ROOT), "GLASSBOX_TEST_SIGILL": "generate"}
+    result = subprocess.run(
+        [sys.executable, "-m", "app", "--self-test", "--home", str(tmp_path / "home")],
+        capture_output=True, text=True, env=env, timeout=300, cwd=ROOT,
+    )
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("glassbox: self-test failed: load the starter model and generate 5 tokens: ")
+    assert "(killed by SIGILL): llama.cpp was built for CPU instructions this machine cannot run (" in lines[0]

@@ -31,7 +31,7 @@ import pytest
 
 from engine.cpu_backend import variant_files
 
-ROUNDS = 3
+ROUNDS = 5
 BUDGET = 0.97
 
 _RUN = textwrap.dedent(
@@ -50,17 +50,22 @@ _RUN = textwrap.dedent(
     t_load = time.perf_counter() - t1
     text = b"The history of the river town begins with a ferry, a mill and a market square. " * 20
     prompt = llm.tokenize(text)[:256]
+    # Best of three each: the fastest run is the one least disturbed by the rest of the machine.
     best_prefill = 0.0
-    for _ in range(2):
+    for _ in range(3):
         llm.reset(); llm._ctx.kv_cache_clear()
         t = time.perf_counter()
         llm.eval(prompt)
         best_prefill = max(best_prefill, len(prompt) / (time.perf_counter() - t))
     token = prompt[-1]
-    t = time.perf_counter()
-    for _ in range(32):
-        llm.eval([token])  # decode cost does not depend on the token fed
-    decode = 32 / (time.perf_counter() - t)
+    decode = 0.0
+    for _ in range(3):
+        llm.reset(); llm._ctx.kv_cache_clear()
+        llm.eval(prompt[:32])
+        t = time.perf_counter()
+        for _ in range(32):
+            llm.eval([token])  # decode cost does not depend on the token fed
+        decode = max(decode, 32 / (time.perf_counter() - t))
     print(json.dumps({"variant": backend.variant, "file": backend.file, "prefill": best_prefill, "decode": decode,
                       "choose_ms": t_choose * 1000, "load_ms": t_load * 1000}))
     """
@@ -88,10 +93,13 @@ def test_the_chosen_variant_is_as_fast_as_the_best(starter_model: Path) -> None:
     )
     done = subprocess.run([sys.executable, "-c", scores_code], capture_output=True, text=True, check=True)
     scores = dict(json.loads(done.stdout))
-    haswell = scores.get("haswell", 0)
-    # Every variant this CPU runs from AVX2 up (older ones are far slower and not in contention).
-    contenders = [tag for tag, score in scores.items() if score >= max(haswell, 1)] if haswell else [chosen["variant"]]
-    sides: dict[str, list[dict[str, float | str]]] = {str(tag): [] for tag in contenders}
+    # The chosen variant, the next two by score (the ones that could be faster), and the AVX2
+    # baseline for scale; variants older than AVX2 are far slower and not in contention.
+    runnable = [str(tag) for tag, score in sorted(scores.items(), key=lambda kv: -kv[1]) if score > 0]
+    contenders = [str(chosen["variant"]), *[t for t in runnable if t != chosen["variant"]][:2]]
+    if "haswell" in runnable and "haswell" not in contenders:
+        contenders.append("haswell")
+    sides: dict[str, list[dict[str, float | str]]] = {tag: [] for tag in contenders}
     native = os.environ.get("GLASSBOX_BENCH_NATIVE_LIB")
     if native:
         sides["native build"] = []

@@ -151,7 +151,7 @@ def test_amx_is_used_only_after_a_passing_probe(
             )
             return info
 
-    def probe(model: Path, tag: str, n_threads: int | None = None) -> str:
+    def probe(model: Path, tag: str, n_threads: int | None = None, cancel: Any = None) -> str:
         probed.append(tag)
         return verdict
 
