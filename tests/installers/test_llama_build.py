@@ -116,3 +116,19 @@ def test_install_reuses_only_the_wheel_of_its_own_flag_set(tmp_path: Path, monke
     with pytest.raises(lb.BuildError):
         lb.install(sys.executable, None)
     assert built == [portable]
+
+
+def test_workflows_build_llama_cpp_portable_and_run_the_tests() -> None:
+    import yaml
+
+    workflows = ROOT / ".github" / "workflows"
+    installers = yaml.safe_load((workflows / "installers.yml").read_text(encoding="utf-8"))
+    script = "\n".join(step.get("run", "") for step in installers["jobs"]["build"]["steps"])
+    assert script.index("installers/llama_build.py install") < script.index('pip install -e ".[demo,dev]"')
+    test = yaml.safe_load((workflows / "test.yml").read_text(encoding="utf-8"))
+    # PyYAML reads the bare key `on` as True.
+    assert {"push", "pull_request"} <= set(test.get("on", test.get(True)))
+    runs = [step.get("run", "") for step in test["jobs"]["test"]["steps"]]
+    assert any(run.startswith("make test") for run in runs)
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    assert "installers/llama_build.py install" in makefile
