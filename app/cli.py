@@ -71,13 +71,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         from app.main_window import run_gui
 
         return run_gui(paths, safe_mode=args.safe_mode)
+    from app.paths import ReadOnlyFolder
     from engine.errors import EngineError
     from rag.errors import RagError
 
     try:
         paths.ensure()
         return handler(args, paths)
-    except (EngineError, RagError) as exc:
+    except (EngineError, RagError, ReadOnlyFolder) as exc:
         return _fail(str(exc))
     except OSError as exc:
         where = f"{exc.filename}: " if exc.filename else ""

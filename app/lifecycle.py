@@ -1,4 +1,5 @@
-"""Start-up and shutdown helpers of the desktop app: safe mode after a crash, clean exit on signals."""
+"""Start-up and shutdown helpers of the desktop app: safe mode after a crash, clean exit on signals,
+and the one-line reason a start failed."""
 
 from __future__ import annotations
 
@@ -8,7 +9,19 @@ from pathlib import Path
 from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QApplication
 
-from app.paths import Paths
+from app.paths import Paths, ReadOnlyFolder
+
+
+def start_error(exc: OSError) -> str:
+    """The one line to print after ``glassbox: error:`` when the data folders cannot be set up.
+
+    A read-only folder says so (``the data folder <path> is read-only``); any other error names
+    the file and the reason.
+    """
+    if isinstance(exc, ReadOnlyFolder):
+        return str(exc)
+    where = f"{exc.filename}: " if exc.filename else ""
+    return f"{where}{exc.strerror or exc}"
 
 
 def safe_mode_reason(paths: Paths) -> str | None:

@@ -658,6 +658,7 @@ def run_gui(paths: Paths, safe_mode: bool = False) -> int:
         paths: where data lives (``--home`` already applied).
         safe_mode: do not load a model automatically.
     """
+    from app.lifecycle import start_error
     from app.single_instance import SingleInstance
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
@@ -665,9 +666,14 @@ def run_gui(paths: Paths, safe_mode: bool = False) -> int:
     app.setApplicationName("Glassbox")
     app.setOrganizationName("Glassbox")
     app.setDesktopFileName("glassbox")
-    paths.ensure()
-    instance = SingleInstance(paths.lock_file)
-    if not instance.acquire():
+    try:
+        paths.ensure()
+        instance = SingleInstance(paths.lock_file)
+        acquired = instance.acquire()
+    except OSError as exc:  # ReadOnlyFolder among them: one line, exit code 1, no traceback
+        print(f"glassbox: error: {start_error(exc)}", file=sys.stderr)  # noqa: T201
+        return 1
+    if not acquired:
         if instance.notify_running():
             print("glassbox: already running; brought its window forward", file=sys.stderr)  # noqa: T201
             return 0

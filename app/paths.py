@@ -3,16 +3,50 @@
 Everything lives under four roots from platformdirs (data, cache, config, logs). ``GLASSBOX_HOME``
 or ``--home DIR`` re-roots all four under one folder, so tests and second profiles never touch the
 user's data. Core code (engine, rag) never calls this: it is handed the paths it needs.
+
+The folders are private: ``ensure()`` creates them owner-only (0700) and makes existing ones
+owner-only (saying so in the log), so no other account on the machine can read the chats, the
+indexed documents or the keys inside. A folder that cannot be written (a read-only home or mount)
+is :class:`ReadOnlyFolder`, reported in one line.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.atomic import PRIVATE_FOLDER_MODE, make_private
+
 APP_NAME = "Glassbox"
 HOME_ENV = "GLASSBOX_HOME"
+_NOT_WRITABLE = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
+
+
+class ReadOnlyFolder(OSError):
+    """A folder Glassbox must write to is read-only (a read-only home, mount or permissions).
+
+    ``str()`` is the one line to print after ``glassbox: error:``.
+
+    Args:
+        folder: the read-only folder (the nearest existing one when a folder could not be created).
+    """
+
+    def __init__(self, folder: Path) -> None:
+        super().__init__(errno.EROFS, "the data folder is read-only", str(folder))
+        self.folder = folder
+
+    def __str__(self) -> str:
+        return f"the data folder {self.folder} is read-only"
+
+
+def _nearest_existing(folder: Path) -> Path:
+    """``folder`` or its closest ancestor that exists (where a failed ``mkdir`` was refused)."""
+    for candidate in (folder, *folder.parents):
+        if candidate.exists():
+            return candidate
+    return folder
 
 
 @dataclass(frozen=True)
@@ -42,9 +76,33 @@ class Paths:
         )
 
     def ensure(self) -> Paths:
-        for folder in (self.data, self.cache, self.config, self.logs, self.models, self.knowledge):
-            folder.mkdir(parents=True, exist_ok=True)
+        """Creates the folders owner-only (0700) and makes existing ones owner-only (logged once,
+        when it changes something).
+
+        Raises:
+            ReadOnlyFolder: a folder cannot be created or written (EROFS, EACCES, EPERM).
+            OSError: another reason a folder cannot be created (a file in the way, a full disk).
+        """
+        for folder in self.folders:
+            existed = folder.is_dir()
+            if not existed:
+                try:
+                    folder.mkdir(mode=PRIVATE_FOLDER_MODE, parents=True, exist_ok=True)
+                except OSError as exc:
+                    if exc.errno in _NOT_WRITABLE:
+                        raise ReadOnlyFolder(_nearest_existing(folder)) from exc
+                    raise
+            # POSIX only: Windows marks many writable folders read-only (there it means "customized").
+            if os.name == "posix" and not os.access(folder, os.W_OK | os.X_OK):
+                raise ReadOnlyFolder(folder)
+            if existed:
+                make_private(folder)
         return self
+
+    @property
+    def folders(self) -> tuple[Path, ...]:
+        """Every folder ``ensure()`` creates, parents first."""
+        return (self.data, self.cache, self.config, self.logs, self.models, self.knowledge)
 
     @property
     def models(self) -> Path:

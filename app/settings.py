@@ -5,6 +5,9 @@
 defaults (keeping a copy of the unreadable file) when the file is damaged. ``save_settings`` writes a
 temporary file, fsyncs it and renames it over the old one, so a crash or a full disk never leaves a
 half-written file. ``QSettings`` keeps only window geometry.
+
+The file can hold ``api_server_key``, so it and the kept copy of a damaged one are owner-only
+(0600) from their first byte; older ones left readable by others are made owner-only when read.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from typing import Any, Literal
 os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from engine.atomic import PRIVATE_FILE_MODE, make_private, write_bytes_atomic
 
 SCHEMA_VERSION = 1
 
@@ -91,7 +96,7 @@ class Settings(BaseModel):
     api_server_port: int = Field(default=8080, ge=0, le=65535)
     """0 picks a free port."""
     api_server_key: str | None = None
-    """When set, API requests must send ``Authorization: Bearer <key>`` (the file is then 0600)."""
+    """When set, API requests must send ``Authorization: Bearer <key>`` (the file is always 0600)."""
 
     def preset(self, name: str | None) -> SamplingPreset:
         """The preset called ``name``, else the default one, else the first."""
@@ -130,7 +135,8 @@ def load_settings(path: Path) -> SettingsLoad:
     """Reads the settings file; never raises for a bad file.
 
     A missing file gives the defaults. An unreadable, invalid or unmigratable file is copied to
-    ``<name>.bad`` (so nothing the user wrote is lost) and the defaults are used, with a warning.
+    ``<name>.bad`` (owner-only, so nothing the user wrote is lost) and the defaults are used, with a
+    warning. The file and an older ``<name>.bad`` are made owner-only if others could read them.
 
     Args:
         path: ``paths.settings_file``.
@@ -138,8 +144,11 @@ def load_settings(path: Path) -> SettingsLoad:
     Returns:
         The settings, and a one-line warning when the file could not be used as is.
     """
+    backup = path.with_name(path.name + ".bad")
+    make_private(backup)
     if not path.exists():
         return SettingsLoad(settings=Settings())
+    make_private(path)
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
         if not isinstance(raw, dict):
@@ -148,9 +157,8 @@ def load_settings(path: Path) -> SettingsLoad:
         raw = _migrate(raw, path)
         settings = Settings.model_validate(raw)
     except (OSError, ValueError, ValidationError) as exc:
-        backup = path.with_name(path.name + ".bad")
         try:
-            backup.write_bytes(path.read_bytes())
+            write_bytes_atomic(backup, path.read_bytes(), mode=PRIVATE_FILE_MODE)  # it may hold the API key
         except OSError:
             pass
         reason = _first_line(exc)
@@ -168,19 +176,19 @@ def load_settings(path: Path) -> SettingsLoad:
 
 
 def save_settings(settings: Settings, path: Path) -> None:
-    """Writes the settings atomically: temp file, flush, fsync, rename.
+    """Writes the settings atomically: temp file, flush, fsync, rename; the file is owner-only (0600).
 
     Raises:
         OSError: the folder is not writable or the disk is full; the old file is left intact.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     data = settings.model_dump(mode="json")
     text = json.dumps(data, indent=2, sort_keys=True) + "\n"
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        with tmp.open("w", encoding="utf-8") as out:
-            if settings.api_server_key:
-                os.chmod(tmp, 0o600)  # the file now holds a secret: owner-only, before writing it
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE_MODE)
+        with open(fd, "w", encoding="utf-8") as out:
+            os.chmod(tmp, PRIVATE_FILE_MODE)  # it can hold the API key: owner-only before the first byte
             out.write(text)
             out.flush()
             os.fsync(out.fileno())

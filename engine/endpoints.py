@@ -3,7 +3,8 @@
 They live in one small JSON file in the user's config folder (the app passes its path in). The
 file may hold API keys, so it is always written with owner-only permissions (0600) and atomically
 (a temporary file in the same folder, fsync, rename): a crash never leaves a half-written file, and
-the key is never readable by other users, not even for a moment.
+the key is never readable by other users, not even for a moment. A file that others can read (left
+by an older version, or copied in) is made owner-only when the store is opened.
 
 The file format::
 
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from engine.atomic import write_text_atomic
+from engine.atomic import PRIVATE_FILE_MODE, make_private, write_text_atomic
 from engine.errors import EngineError
 
 FILE_VERSION = 1
@@ -94,6 +95,7 @@ class EndpointStore:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        make_private(path)
 
     def all(self) -> list[Endpoint]:
         """All saved endpoints, in the order they were added.
@@ -180,4 +182,4 @@ class EndpointStore:
             "endpoints": [{"name": e.name, "url": e.url, "api_key": e.api_key} for e in endpoints],
         }
         # Owner-only (0600) from the first byte: the API keys are never readable by others.
-        write_text_atomic(self.path, json.dumps(document, indent=2), mode=0o600)
+        write_text_atomic(self.path, json.dumps(document, indent=2), mode=PRIVATE_FILE_MODE)

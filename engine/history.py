@@ -14,6 +14,10 @@ from it back to the root. Full-text search uses an FTS5 table kept in sync by tr
 One connection serves all threads (``check_same_thread=False``), guarded by a lock. A file that is
 not an SQLite database, or is corrupt, raises :class:`~engine.errors.HistoryError` naming the file;
 it is never overwritten.
+
+The history is private: a new database (and a migration backup) is created owner-only (0600) before
+SQLite opens it, so its ``-wal``, ``-shm`` and journal files get the same mode; a new folder is 0700.
+Files an older version left readable by others are made owner-only when the store opens (logged).
 """
 
 from __future__ import annotations
@@ -29,12 +33,15 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, Literal, TypeVar, cast
 
+from engine.atomic import PRIVATE_FOLDER_MODE, create_private_file, make_private
 from engine.errors import HistoryError
 
 MessageState = Literal["complete", "partial", "pending", "error"]
 STATES: Final = ("complete", "partial", "pending", "error")
 ROLES: Final = ("system", "user", "assistant")
 SQLITE_MAGIC: Final = b"SQLite format 3\x00"
+SIDE_FILES: Final = ("-wal", "-shm", "-journal")
+"""Suffixes of the files SQLite keeps beside a database (they hold its data too)."""
 MIN_PREFIX: Final = 3
 
 _UNSET: Any = object()
@@ -204,9 +211,10 @@ class HistoryStore:
         self._lock = threading.RLock()
         self._check_header()
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.parent.mkdir(mode=PRIVATE_FOLDER_MODE, parents=True, exist_ok=True)
         except OSError as exc:
             raise HistoryError(self.path, f"cannot create the folder: {exc.strerror or exc}") from exc
+        self._make_private()
         try:
             self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=10)
         except sqlite3.Error as exc:
@@ -239,6 +247,19 @@ class HistoryStore:
         self.close()
 
     # ------------------------------------------------------------------ plumbing
+    def _make_private(self) -> None:
+        """Creates a new database file owner-only, or makes an existing one (and its side files and
+        backups) owner-only; SQLite then creates its side files with the database's mode."""
+        try:
+            if create_private_file(self.path):
+                return
+        except OSError as exc:
+            raise HistoryError(self.path, f"cannot create the chat history: {exc.strerror or exc}") from exc
+        companions = [self.path.with_name(self.path.name + suffix) for suffix in SIDE_FILES]
+        companions += sorted(self.path.parent.glob(f"{self.path.name}.bak-v*"))
+        for path in (self.path, *companions):
+            make_private(path)
+
     def _check_header(self) -> None:
         try:
             with self.path.open("rb") as handle:
@@ -318,6 +339,7 @@ class HistoryStore:
             return target  # an earlier attempt already saved this version
         partial = target.with_name(target.name + ".tmp")
         partial.unlink(missing_ok=True)
+        create_private_file(partial)  # a copy of every chat: owner-only, like the history itself
         destination = sqlite3.connect(partial)
         try:
             self._conn.backup(destination)

@@ -24,7 +24,7 @@ from rag.citations import ContextBlock, build_context_block
 from rag.embeddings import Embedder, SentenceTransformerEmbedder, default_embedder_path, model_id_for
 from rag.errors import KnowledgeBaseError
 from rag.ingest import Chunker, Ingestor, IngestProgress, IngestReport, Parser
-from rag.registry import DocumentRecord, KnowledgeBaseInfo, KnowledgeBaseStats, Registry
+from rag.registry import DocumentRecord, KnowledgeBaseInfo, KnowledgeBaseStats, Registry, private_folder
 from rag.retrieval import Passage, Retriever, remove_near_duplicates
 from rag.store import VectorStore
 from rag.store_health import DEFAULT_TIMEOUT_S, StoreRecovery, recover_if_damaged, remember_healthy
@@ -93,7 +93,7 @@ class KnowledgeBases:
         chunker: Chunker | None = None,
         check_timeout_s: float | None = DEFAULT_TIMEOUT_S,
     ) -> None:
-        root.mkdir(parents=True, exist_ok=True)
+        private_folder(root)  # the registry and the index hold the documents' text: owner-only (0700)
         self.root = root
         self._lock_handle = _lock_folder(root)
         self._embedder_path = embedder_path
@@ -111,6 +111,12 @@ class KnowledgeBases:
             if chroma_url is None and check_timeout_s is not None:
                 self.recovered = recover_if_damaged(root / "chroma", timeout_s=check_timeout_s)
             self.registry = Registry(root / "registry.sqlite3")
+            if chroma_url is None:
+                chroma = root / "chroma"
+                try:
+                    private_folder(chroma)  # before Chroma creates it with the umask's mode
+                except OSError as exc:
+                    raise KnowledgeBaseError(f"{chroma}: cannot create the folder ({exc.strerror or exc})") from exc
             self.store = VectorStore(root / "chroma", url=chroma_url)
             if self.recovered is not None:
                 self._requeue_everything()

@@ -7,13 +7,20 @@ can always be rebuilt from this file.
 
 Identical files inside one knowledge base share one ``contents`` row, so the same text is chunked,
 embedded and stored once however many paths point at it.
+
+The registry holds every indexed document's text, so it is private: a new file is created
+owner-only (0600) before SQLite opens it (its ``-wal`` and ``-shm`` files then get the same mode), a
+new folder 0700, and files an older version left readable by others are made owner-only on open.
 """
 
 from __future__ import annotations
 
 import enum
+import logging
+import os
 import re
 import sqlite3
+import stat
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -24,7 +31,13 @@ from typing import Protocol
 
 from rag.errors import KnowledgeBaseError
 
+log = logging.getLogger(__name__)
+
 SCHEMA_VERSION = 1
+PRIVATE_FILE_MODE = 0o600
+PRIVATE_FOLDER_MODE = 0o700
+SIDE_FILES = ("-wal", "-shm", "-journal")
+"""Suffixes of the files SQLite keeps beside a database (they hold its data too)."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -180,6 +193,66 @@ class KnowledgeBaseStats:
     embedded: int
 
 
+def make_private(path: Path) -> bool:
+    """Takes group and other permissions off an existing file or folder (0644 -> 0600, 0755 -> 0700).
+
+    A change, or a failure to change, is logged as a warning naming the path. Missing paths and
+    Windows (no POSIX modes) are left alone. (``engine.atomic`` has the same rule; rag does not
+    import the engine.)
+
+    Returns:
+        True when the mode was changed.
+    """
+    if os.name != "posix":
+        return False
+    try:
+        old = stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        return False
+    if not old & 0o077:
+        return False
+    new = old & ~0o077
+    try:
+        os.chmod(path, new)
+    except OSError as exc:
+        log.warning(
+            "%s: other users can read it (mode %03o) and it could not be made owner-only (%s)",
+            path,
+            old,
+            exc.strerror or exc,
+        )
+        return False
+    log.warning("%s: other users could read it (mode %03o); made it owner-only (%03o)", path, old, new)
+    return True
+
+
+def private_folder(folder: Path) -> None:
+    """Creates ``folder`` (and missing parents) with the folder itself owner-only, or makes an existing
+    one owner-only.
+
+    Raises:
+        OSError: it cannot be created.
+    """
+    if folder.is_dir():
+        make_private(folder)
+    else:
+        folder.mkdir(mode=PRIVATE_FOLDER_MODE, parents=True, exist_ok=True)
+
+
+def _create_private_file(path: Path) -> bool:
+    """Creates ``path`` empty and owner-only unless it exists; True when it was created."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE_MODE)
+    except FileExistsError:
+        return False
+    try:
+        if hasattr(os, "fchmod"):  # exactly 0600, whatever the umask
+            os.fchmod(fd, PRIVATE_FILE_MODE)
+    finally:
+        os.close(fd)
+    return True
+
+
 def fts_query(text: str) -> str:
     """Builds an FTS5 query from the user's words: stop-words dropped, every term quoted.
 
@@ -201,12 +274,21 @@ class Registry:
     """The SQLite registry of one data folder. Thread-safe: one connection behind a lock.
 
     Args:
-        path: the database file (created with its folder).
+        path: the database file (created owner-only, with its folder).
+
+    Raises:
+        KnowledgeBaseError: the file is not a usable registry or cannot be created.
     """
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(mode=PRIVATE_FOLDER_MODE, parents=True, exist_ok=True)
+        try:
+            if not _create_private_file(path):
+                for private in (path, *(path.with_name(path.name + suffix) for suffix in SIDE_FILES)):
+                    make_private(private)
+        except OSError as exc:
+            raise KnowledgeBaseError(f"{path}: cannot create the registry ({exc.strerror or exc})") from exc
         try:
             self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30.0)
             self._db.execute("PRAGMA journal_mode=WAL")
