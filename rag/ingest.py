@@ -11,15 +11,17 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from rag.embeddings import Embedder
 from rag.errors import DocumentError, KnowledgeBaseError
+from rag.loaders import file_type, not_regular
 from rag.registry import ChunkLike, DocState, DocumentRecord, KnowledgeBaseInfo, Registry
 from rag.store import VectorStore
 
@@ -94,44 +96,135 @@ class IngestReport:
         return line + (" (cancelled)" if self.cancelled else "")
 
 
+def display_path(path: Path | str) -> str:
+    """A path as one printable line: undecodable bytes as ``\\xff``, line breaks and other control
+    or invisible characters as ``\\n``, ``\\t``, ``\\u200b``; everything else as it is."""
+    text = os.fsencode(path).decode("utf-8", "backslashreplace")
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
+
+
+def storable(path: Path | str) -> bool:
+    """Whether the registry can hold this path: its name is valid Unicode (UTF-8 on Linux), not bytes
+    Python keeps as surrogate escapes."""
+    try:
+        str(path).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def shown_path(path: Path | str) -> str:
+    """How a path appears in an :class:`IngestReport`: as it is when the registry can hold it, else
+    escaped by :func:`display_path` (the only form that is valid text)."""
+    return str(path) if storable(path) else display_path(path)
+
+
 def sha256_file(path: Path) -> str:
-    """The hex sha256 of a file, read in blocks."""
+    """The hex sha256 of a file, read in blocks.
+
+    The file is opened without blocking, and refused unless it is a regular file, so a path that
+    was swapped for a named pipe never hangs the indexer.
+
+    Raises:
+        OSError: the file cannot be opened or read.
+        DocumentError: it is not a regular file (reason starts with ``"skipped: "``).
+    """
     digest = hashlib.sha256()
-    with path.open("rb") as fh:
+    nonblock = getattr(os, "O_NONBLOCK", 0)
+    fd = os.open(path, os.O_RDONLY | nonblock | getattr(os, "O_BINARY", 0) | getattr(os, "O_NOCTTY", 0))
+    with os.fdopen(fd, "rb") as fh:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise not_regular(path, mode)
+        if nonblock:
+            os.set_blocking(fd, True)
         while block := fh.read(_HASH_BLOCK):
             digest.update(block)
     return digest.hexdigest()
 
 
-def walk_files(paths: Sequence[Path]) -> tuple[list[Path], list[Path]]:
+def _not_regular(mode: int) -> str:
+    return f"not a regular file: {file_type(mode)}"
+
+
+class WalkResult(NamedTuple):
+    """What :func:`walk_files` found."""
+
+    files: list[Path]
+    """Regular files to index (absolute, deduplicated)."""
+    folders: list[Path]
+    """The folders walked."""
+    skipped: list[tuple[str, str]]
+    """``(path, reason)`` of entries left out with a reason (FIFOs, sockets, devices, names that are
+    not valid UTF-8); the path as :func:`shown_path` gives it."""
+
+
+def walk_files(paths: Sequence[Path]) -> WalkResult:
     """Expands files and folders into files, without following symlinks or entering dot-folders.
 
+    Only regular files are kept. Nothing is opened: a named pipe, socket or device file (found in a
+    folder or given directly) is left out with a reason, like a file or folder whose name the
+    registry cannot store (bytes that are not valid UTF-8); dot-files and symlinks inside folders
+    are left out silently, as before.
+
     Returns:
-        ``(files, folders)``: every file found (absolute, deduplicated) and the folders walked.
+        ``(files, folders, skipped)``, see :class:`WalkResult`.
 
     Raises:
-        KnowledgeBaseError: a given path does not exist.
+        KnowledgeBaseError: a given path does not exist, or a folder holds more than ``MAX_FILES`` files.
     """
     files: dict[Path, None] = {}
     folders: list[Path] = []
+    skipped: list[tuple[str, str]] = []
+
+    def check_limit(given: Path) -> None:
+        if len(files) + len(skipped) >= MAX_FILES:
+            raise KnowledgeBaseError(f"{display_path(given)}: more than {MAX_FILES} files; add smaller folders")
+
+    def skip(path: Path, reason: str, given: Path) -> None:
+        skipped.append((shown_path(path), f"{DocState.SKIPPED}: {reason}"))
+        check_limit(given)
+
     for given in paths:
         path = Path(os.path.abspath(given.expanduser()))
-        if path.is_dir():
+        try:
+            mode = path.stat().st_mode
+        except OSError:
+            raise KnowledgeBaseError(f"{display_path(given)}: no such file or folder") from None
+        if not storable(path):
+            skip(path, "the path is not valid UTF-8 (rename it to index it)", path)
+        elif stat.S_ISDIR(mode):
             folders.append(path)
             for top, dirs, names in os.walk(path, followlinks=False):
-                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+                kept: list[str] = []
+                for name in sorted(d for d in dirs if not d.startswith(".")):
+                    if storable(name):
+                        kept.append(name)
+                    else:
+                        skip(Path(top, name), "the folder name is not valid UTF-8 (rename it to index its files)", path)
+                dirs[:] = kept
                 for name in sorted(names):
                     file = Path(top, name)
-                    if name.startswith(".") or file.is_symlink():
+                    if name.startswith("."):
                         continue
-                    files.setdefault(file, None)
-                    if len(files) >= MAX_FILES:
-                        raise KnowledgeBaseError(f"{path}: more than {MAX_FILES} files; add smaller folders")
-        elif path.is_file():
+                    try:
+                        mode = os.lstat(file).st_mode
+                    except OSError:
+                        continue  # vanished during the walk
+                    if stat.S_ISLNK(mode):
+                        continue
+                    if not stat.S_ISREG(mode):
+                        skip(file, _not_regular(mode), path)
+                    elif not storable(name):
+                        skip(file, "the file name is not valid UTF-8 (rename it to index it)", path)
+                    else:
+                        files.setdefault(file, None)
+                        check_limit(path)
+        elif stat.S_ISREG(mode):
             files.setdefault(path, None)
         else:
-            raise KnowledgeBaseError(f"{given}: no such file or folder")
-    return list(files), folders
+            skip(path, _not_regular(mode), path)
+    return WalkResult(list(files), folders, skipped)
 
 
 class Ingestor:
@@ -179,20 +272,25 @@ class Ingestor:
         cancel: threading.Event | None = None,
         pause: threading.Event | None = None,
     ) -> IngestReport:
-        """Adds files and folders; re-adding a folder also drops its files that are gone.
+        """Adds files and folders; re-adding a folder also drops its files that are gone (or are no
+        longer regular files). Entries the walk leaves out with a reason (named pipes, sockets, device
+        files, names that are not valid UTF-8) are counted as skipped and listed in the report's
+        ``failures``; they are not registered.
 
         Raises:
             KnowledgeBaseError: a path does not exist, or the store fails.
         """
-        files, folders = walk_files(paths)
+        files, folders, left_out = walk_files(paths)
         report = IngestReport()
         started = time.monotonic()
+        report.skipped += len(left_out)
+        report.failures.extend(left_out)
         self.reconcile(kb, report)
         gone = [
             d.id
             for folder in folders
             for d in self.registry.documents(kb.id, under=str(folder))
-            if not Path(d.path).exists()
+            if not Path(d.path).is_file()
         ]
         if gone:
             self._forget(kb, gone, report)
@@ -231,9 +329,9 @@ class Ingestor:
             KnowledgeBaseError: nothing registered matches ``path``.
         """
         target = os.path.abspath(path.expanduser())
-        docs = self.registry.documents(kb.id, under=target)
+        docs = self.registry.documents(kb.id, under=target) if storable(target) else []
         if not docs:
-            raise KnowledgeBaseError(f"{path}: not in knowledge base {kb.name}")
+            raise KnowledgeBaseError(f"{display_path(path)}: not in knowledge base {kb.name}")
         self._forget(kb, [d.id for d in docs], IngestReport())
         return len(docs)
 
@@ -304,6 +402,10 @@ class Ingestor:
                 st = file.stat()
             except OSError:
                 continue  # vanished between the walk and now; the next rescan removes it
+            if not stat.S_ISREG(st.st_mode):  # replaced by a pipe or device since the walk: never open it
+                report.skipped += 1
+                report.failures.append((str(file), f"{DocState.SKIPPED}: {_not_regular(st.st_mode)}"))
+                continue
             doc = known.get(str(file))
             if (
                 doc is not None
@@ -401,6 +503,9 @@ class Ingestor:
             sha = sha256_file(file)
         except OSError as exc:
             self._fail(kb, doc, DocState.ERROR, f"unreadable ({exc.strerror or exc})", report)
+            return True
+        except DocumentError as exc:  # swapped for a pipe or device since it was planned
+            self._fail(kb, doc, DocState.SKIPPED, exc.reason.removeprefix("skipped:").strip(), report)
             return True
         if doc.sha256 == sha and doc.content_id is not None:
             self.registry.link_content(doc.id, doc.content_id, sha256=sha, size=st.st_size, mtime_ns=st.st_mtime_ns)

@@ -14,7 +14,9 @@ import codecs
 import csv
 import io
 import json
+import os
 import re
+import stat
 import zipfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -37,7 +39,8 @@ PDF_MAX_STREAM_BYTES = 64 * MB
 CSV_SECTION_CHARS = 600
 
 _SNIFF_BYTES = 8192
-_READ_CHARS = 1 << 20
+_READ_BYTES = 1 << 20  # a multiple of _SNIFF_BYTES: the binary check looks at whole windows
+_FINE_BYTES = 512  # window size when placing where binary content starts
 _ZERO_WIDTH = dict.fromkeys(map(ord, "\x00\u200b\u2060\ufeff"))
 
 _MARKDOWN_EXT = {".md", ".markdown", ".mdown", ".mkd", ".mdx"}
@@ -68,6 +71,9 @@ _PARSER_BUGS = (ValueError, TypeError, KeyError, IndexError, AttributeError, Ass
                 RecursionError, EOFError, OverflowError, ZeroDivisionError)  # fmt: skip
 _TIE_TO_CP1252 = {"cp1250", "iso8859_2", "mac_latin2", "cp1257", "iso8859_4", "iso8859_10", "iso8859_13"}
 _CONTROL_BYTES = frozenset(range(32)) - {9, 10, 12, 13, 27} | {127}
+_NOT_CONTROL = bytes(b for b in range(256) if b not in _CONTROL_BYTES)  # deleted to count control bytes
+_CONTROL_RE = re.compile(b"[" + re.escape(bytes(sorted(_CONTROL_BYTES))) + b"]")
+_CONTROL_CHARS = re.compile("[" + re.escape("".join(map(chr, sorted(_CONTROL_BYTES)))) + "]")
 _DEF_LINE = re.compile(
     r"^\s*(?:export\s+|pub(?:\(\w+\))?\s+|public\s+|private\s+|protected\s+|static\s+|async\s+|abstract\s+"
     r"|final\s+|default\s+)*(?:def|class|function|fn|func|struct|enum|impl|trait|interface|type|module"
@@ -159,16 +165,73 @@ def _open_error(path: Path, exc: OSError) -> DocumentError:
     return DocumentError(path, f"skipped: cannot read the file ({exc.strerror or exc})")
 
 
-def _read_head(path: Path) -> bytes:
+def file_type(mode: int) -> str:
+    """What a non-regular file is, for a reason: ``"a named pipe (FIFO)"``, ``"a socket"``, ...
+
+    Args:
+        mode: ``st_mode`` from ``os.stat`` or ``os.lstat``.
+    """
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    if stat.S_ISFIFO(mode):
+        return "a named pipe (FIFO)"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device file"
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    return "a special file"
+
+
+def not_regular(path: Path, mode: int) -> DocumentError:
+    """The skip for a path that is no regular file (a folder keeps the plain reason)."""
+    if stat.S_ISDIR(mode):
+        return DocumentError(path, "skipped: not a regular file")
+    return DocumentError(path, f"skipped: not a regular file: {file_type(mode)}")
+
+
+def open_regular(path: Path) -> IO[bytes]:
+    """Open a regular file for reading, refusing FIFOs, sockets and devices before opening them.
+
+    The type is checked with ``stat`` first, so opening does not block on a named pipe nor touch a
+    device, and again on the open file, in case the path was swapped for a folder or device in
+    between (a swap for a FIFO in that instant could still block; callers in the parser child are
+    under its timeout).
+
+    Args:
+        path: The file.
+
+    Returns:
+        The file, open in binary mode.
+
+    Raises:
+        DocumentError: The file is missing, unreadable or not a regular file.
+    """
     try:
-        if not path.is_file():
-            if not path.exists():
-                raise FileNotFoundError(2, "No such file", str(path))
-            raise IsADirectoryError(21, "Not a regular file", str(path))
-        with path.open("rb") as fh:
-            return fh.read(_SNIFF_BYTES)
+        mode = path.stat().st_mode
+        if not stat.S_ISREG(mode):
+            raise not_regular(path, mode)
+        fh = path.open("rb")
     except OSError as exc:
         raise _open_error(path, exc) from exc
+    try:
+        mode = os.fstat(fh.fileno()).st_mode
+    except OSError as exc:
+        fh.close()
+        raise _open_error(path, exc) from exc
+    if not stat.S_ISREG(mode):
+        fh.close()
+        raise not_regular(path, mode)
+    return fh
+
+
+def _read_head(path: Path) -> bytes:
+    with open_regular(path) as fh:
+        try:
+            return fh.read(_SNIFF_BYTES)
+        except OSError as exc:
+            raise _open_error(path, exc) from exc
 
 
 def _zip_kind(path: Path) -> str:
@@ -279,13 +342,62 @@ def detect_kind(path: Path) -> str:
 # ---------------------------------------------------------------------------------------- text files
 
 
-def _open_text(path: Path) -> IO[str]:
-    head = _read_head(path)
-    encoding = sniff_encoding(head) or "utf-8"
-    try:
-        return path.open(encoding=encoding, errors="replace", newline=None)
-    except OSError as exc:
-        raise _open_error(path, exc) from exc
+def _looks_binary(nuls: int, controls: int, size: int) -> bool:
+    """The measure of :func:`sniff_encoding`: more than one NUL in 200 bytes (or characters), or more
+    than 5% other control bytes among those that are not NUL."""
+    return nuls > max(1, size // 200) or controls > 0.05 * (size - nuls)
+
+
+def _scan_codec(encoding: str, head: bytes) -> str:
+    """The codec :func:`_binary_at` decodes windows with: UTF-16 and UTF-32 with their byte order
+    made explicit (a window after the first has no BOM), else the normalised codec name."""
+    name = codecs.lookup(encoding).name
+    if name in ("utf-16", "utf-32"):
+        little = head.startswith(codecs.BOM_UTF32_LE if name == "utf-32" else codecs.BOM_UTF16_LE)
+        return name + ("-le" if little else "-be")
+    return name
+
+
+def _binary_at(window: bytes, codec: str, *, first: bool, full: int = _SNIFF_BYTES) -> int | None:
+    """Where binary content starts in ``window`` (a byte offset into it), or None when it reads as text.
+
+    Binary is what :func:`sniff_encoding` calls binary (NULs and control bytes; in UTF-16 and UTF-32
+    the decoded characters are counted, as NUL bytes are normal there) and, in a UTF-8 file, more
+    than 30% of bytes that are no UTF-8. A window after the first is judged as a whole one of
+    ``full`` bytes even when shorter (the end of the file), so a few odd bytes at the end of a text
+    file do not make it binary.
+    """
+    size = len(window) if first else max(len(window), full)
+    if codec.startswith(("utf-16", "utf-32")):
+        unit = 2 if codec.startswith("utf-16") else 4
+        text = window.decode(codec, errors="replace")
+        nuls = text.count("\x00")
+        if not _looks_binary(nuls, len(_CONTROL_CHARS.findall(text)) - nuls, size // unit):
+            return None
+        char = _CONTROL_CHARS.search(text)
+        return char.start() * unit if char is not None else 0
+    nuls = window.count(0)
+    if _looks_binary(nuls, len(window.translate(None, _NOT_CONTROL)) - nuls, size):
+        byte = _CONTROL_RE.search(window)
+        return byte.start() if byte is not None else 0
+    if codec.startswith("utf-8"):
+        invalid = len(window) - len(window.decode("utf-8", errors="ignore").encode("utf-8"))
+        if invalid > 0.3 * size:
+            try:
+                window.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                return exc.start
+    return None
+
+
+def _binary_start(near: bytes, codec: str) -> int | None:
+    """Where binary content starts in ``near`` (a binary window and the text window before it), to
+    the nearest of a few hundred bytes: the first small window of it that reads as binary."""
+    for start in range(0, len(near), _FINE_BYTES):
+        at = _binary_at(near[start : start + _FINE_BYTES], codec, first=False, full=_FINE_BYTES)
+        if at is not None:
+            return start + at
+    return None
 
 
 def read_text(path: Path, max_chars: int) -> str:
@@ -293,6 +405,9 @@ def read_text(path: Path, max_chars: int) -> str:
 
     The encoding comes from a BOM, else UTF-8, else charset-normalizer; undecodable bytes become
     U+FFFD; NUL and zero-width characters are dropped; newlines are normalised to ``"\\n"``.
+    The whole file is checked for binary content, window by window, not only its start: a file that
+    turns into binary after some text is skipped rather than indexed as junk (a stray NUL or control
+    byte in text is fine).
 
     Args:
         path: The file.
@@ -302,23 +417,43 @@ def read_text(path: Path, max_chars: int) -> str:
         The decoded text.
 
     Raises:
-        DocumentError: The file is unreadable or holds more than ``max_chars`` characters.
+        DocumentError: The file is unreadable, not a regular file, holds binary content after its
+            text, or holds more than ``max_chars`` characters.
     """
-    parts: list[str] = []
-    total = 0
-    with _open_text(path) as fh:
+    with open_regular(path) as fh:
+        try:
+            head = fh.read(_SNIFF_BYTES)
+            fh.seek(0)
+        except OSError as exc:
+            raise _open_error(path, exc) from exc
+        encoding = sniff_encoding(head) or "utf-8"
+        scan = _scan_codec(encoding, head)
+        decoder = io.IncrementalNewlineDecoder(codecs.getincrementaldecoder(encoding)(errors="replace"), True)
+        parts: list[str] = []
+        total = offset = 0
+        before = b""  # the last window read as text, to place the start of binary content closely
         while True:
             try:
-                part = fh.read(_READ_CHARS)
+                block = fh.read(_READ_BYTES)
             except OSError as exc:
                 raise _open_error(path, exc) from exc
-            if not part:
-                break
+            for start in range(0, len(block), _SNIFF_BYTES):
+                window = block[start : start + _SNIFF_BYTES]
+                at = _binary_at(window, scan, first=not offset + start)
+                if at is not None:
+                    near = _binary_start(before + window, scan)
+                    at = offset + start + at if near is None else offset + start - len(before) + near
+                    raise DocumentError(path, f"skipped: binary content after byte {at:,}")
+                before = window
+            offset += len(block)
+            part = decoder.decode(block, final=not block)
             part = part.translate(_ZERO_WIDTH)
             total += len(part)
             if total > max_chars:
                 raise DocumentError(path, f"skipped: too much text (over {max_chars:,} characters)")
             parts.append(part)
+            if not block:
+                break
     return "".join(parts)
 
 
@@ -729,13 +864,11 @@ def check_size(path: Path, max_file_bytes: int) -> int:
         DocumentError: The file is missing, unreadable, not a regular file, or too large.
     """
     try:
-        stat = path.stat()
+        st = path.stat()
     except OSError as exc:
         raise _open_error(path, exc) from exc
-    if not path.is_file():
-        raise DocumentError(path, "skipped: not a regular file")
-    if stat.st_size > max_file_bytes:
-        raise DocumentError(
-            path, f"skipped: too large: {stat.st_size / MB:,.1f} MB, limit {max_file_bytes / MB:,.0f} MB"
-        )
-    return stat.st_size
+    if not stat.S_ISREG(st.st_mode):
+        raise not_regular(path, st.st_mode)
+    if st.st_size > max_file_bytes:
+        raise DocumentError(path, f"skipped: too large: {st.st_size / MB:,.1f} MB, limit {max_file_bytes / MB:,.0f} MB")
+    return st.st_size

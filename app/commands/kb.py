@@ -153,8 +153,10 @@ def _report(report: IngestReport, name: str, as_json: bool) -> int:
         document["failures"] = [{"path": p, "reason": r} for p, r in report.failures]
         print_json({"kb": name, **document})
     else:
+        from rag.ingest import display_path  # one line per file, even for a name with a line break
+
         for path, reason in report.failures:
-            _out(f"  {reason}: {path}")
+            _out(f"  {reason}: {display_path(path)}")
         _out(f"{name}: {report.summary()}")
     return 130 if report.cancelled else 0
 
