@@ -1,4 +1,4 @@
-"""The ``glassbox`` command line (DESIGN.md, "The command line contract").
+"""The ``glassbox`` command line (ARCHITECTURE.md, "The command line contract").
 
 Each subcommand group lives in its own module under ``app.commands`` and registers itself here.
 Errors are one line, ``glassbox: error: ...`` on stderr, exit code 1; bad usage exits 2.

@@ -593,7 +593,7 @@ def transfer_status(transfer: Transfer) -> str:
 class TransferButtonsWidget(QWidget):
     """A download row's buttons: Pause/Cancel while it runs, Resume/Discard once it stopped.
 
-    Pause and Cancel set the transfer's events directly (STYLE.md rule 9); Resume and Discard go
+    Pause and Cancel set the transfer's events directly (CONTRIBUTING.md rule 9); Resume and Discard go
     through the panel (Discard asks first).
 
     Signals:

@@ -1,4 +1,4 @@
-"""``glassbox --self-test``: the smoke test of an installed or frozen Glassbox (STYLE.md rule 21).
+"""``glassbox --self-test``: the smoke test of an installed or frozen Glassbox (CONTRIBUTING.md rule 21).
 
 With a temporary home: load the starter model and generate 5 tokens, index a small document and
 query it, then open and close the main window offscreen. Exit 0, or 1 with the reason on stderr.

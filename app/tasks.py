@@ -1,4 +1,4 @@
-"""Short background jobs with callbacks on the GUI thread (STYLE.md rule 8).
+"""Short background jobs with callbacks on the GUI thread (CONTRIBUTING.md rule 8).
 
 ``run_in_background(fn, on_done, on_error)`` runs ``fn`` on a small shared thread pool and calls
 ``on_done(result)`` or ``on_error(exc)`` back on the GUI thread. ``SerialExecutor`` is the same with

@@ -1,4 +1,4 @@
-"""Engine vs raw llama-cpp-python, side by side in one run (DESIGN.md, "Budgets").
+"""Engine vs raw llama-cpp-python, side by side in one run (ARCHITECTURE.md, "Budgets").
 
 Both sides get the same model, threads, context, prompt tokens and greedy sampling, with the KV
 cache cleared before every run, and the runs are interleaved (engine, raw, engine, raw, ...) so

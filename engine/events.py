@@ -1,4 +1,4 @@
-"""The typed events a generation streams back (DESIGN.md, "Engine events").
+"""The typed events a generation streams back (ARCHITECTURE.md, "Engine events").
 
 Plain frozen dataclasses: they cross the pipe from the inference worker and the Qt adapter turns
 them into signals.

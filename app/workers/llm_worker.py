@@ -1,4 +1,4 @@
-"""The LLM worker: one QThread owning the engine's ChatSession (STYLE.md rules 2, 8, 9, 11).
+"""The LLM worker: one QThread owning the engine's ChatSession (CONTRIBUTING.md rules 2, 8, 9, 11).
 
 Requests arrive as queued signals carrying immutable request objects; each generation carries its
 own ``threading.Event`` that the GUI sets directly for Stop. Tokens are coalesced here, on the
@@ -251,7 +251,7 @@ class LlmWorker(QObject):
         try:
             session = self._factory(request, self._bandwidth)
             info = session.load(request.cancel)
-        except Exception as exc:  # noqa: BLE001 - boundary: every failure becomes a signal (STYLE.md rule 18)
+        except Exception as exc:  # noqa: BLE001 - boundary: every failure becomes a signal (CONTRIBUTING.md rule 18)
             if request.breadcrumb is not None:
                 clear_breadcrumb(request.breadcrumb)
             self.model_load_failed.emit(exc)

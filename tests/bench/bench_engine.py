@@ -1,7 +1,7 @@
 """Engine vs raw llama-cpp-python on the starter model: prefill and decode, interleaved, median ratio.
 
 Run: ``make bench`` or ``pytest tests/bench/bench_engine.py -s``. Prints the table and the ratios;
-the budget (DESIGN.md) is >= 0.97 for both.
+the budget (ARCHITECTURE.md) is >= 0.97 for both.
 """
 
 from __future__ import annotations

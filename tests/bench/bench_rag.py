@@ -1,4 +1,4 @@
-"""Knowledge-base benchmarks (DESIGN.md budgets), printed as ratios and percentiles.
+"""Knowledge-base benchmarks (ARCHITECTURE.md budgets), printed as ratios and percentiles.
 
 Run: ``make bench`` or ``python -m pytest tests/bench/bench_rag.py -s``.
 

@@ -7,7 +7,7 @@ Each run is a fresh Python process (offscreen platform), measured from just befo
 spawned until it prints a line after ``show()`` and one event-loop pass. The two sides alternate
 (empty, Glassbox, empty, ...) so machine load affects both alike; medians and their ratio are
 printed. Glassbox starts with a fresh temporary home and no model auto-load (the model loads
-after the window shows, so it does not belong in this number). Budget (DESIGN.md): <= 1.0 s.
+after the window shows, so it does not belong in this number). Budget (ARCHITECTURE.md): <= 1.0 s.
 """
 
 from __future__ import annotations
