@@ -2,9 +2,14 @@
 
 ``Settings`` is a pydantic model with a ``schema_version``. ``load_settings`` reads
 ``paths.settings_file``, runs the registered migrations for older versions, and falls back to the
-defaults (keeping a copy of the unreadable file) when the file is damaged. ``save_settings`` writes a
-temporary file, fsyncs it and renames it over the old one, so a crash or a full disk never leaves a
-half-written file. ``QSettings`` keeps only window geometry.
+defaults (keeping a copy of the unreadable file) when the file is damaged. A value that does not fit
+its setting is replaced by that setting's default alone; every other value is kept. ``save_settings``
+writes a temporary file, fsyncs it and renames it over the old one, so a crash or a full disk never
+leaves a half-written file. ``QSettings`` keeps only window geometry.
+
+What another version wrote is never lost: keys this version does not know are written back as they
+were, a newer file keeps its ``schema_version``, and a newer file's values this version cannot read
+are written back as they were unless the user changes that setting.
 
 The file can hold ``api_server_key``, so it and the kept copy of a damaged one are owner-only
 (0600) from their first byte; older ones left readable by others are made owner-only when read.
@@ -22,7 +27,7 @@ from typing import Any, Literal
 # Glassbox uses no pydantic plugins; skipping their entry-point scan saves ~0.1 s at start-up.
 os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from engine.atomic import PRIVATE_FILE_MODE, make_private, write_bytes_atomic
 
@@ -69,7 +74,8 @@ DEFAULT_PRESETS: tuple[SamplingPreset, ...] = (
 
 
 class Settings(BaseModel):
-    """Everything the user can set. Unknown keys from newer versions are ignored, not lost on read."""
+    """Everything the user can set. Keys from other versions that this one does not know are not used,
+    but they are kept and saved again (:meth:`file_data`)."""
 
     model_config = ConfigDict(extra="ignore", validate_assignment=True)
 
@@ -97,6 +103,22 @@ class Settings(BaseModel):
     """0 picks a free port."""
     api_server_key: str | None = None
     """When set, API requests must send ``Authorization: Bearer <key>`` (the file is always 0600)."""
+
+    _unknown: dict[str, Any] = PrivateAttr(default_factory=dict)
+    """Keys of the file this version does not know, with their values as read."""
+    _unread: dict[str, tuple[Any, Any]] = PrivateAttr(default_factory=dict)
+    """Settings of a newer file this version could not read: ``(value in the file, value used)``."""
+
+    def file_data(self) -> dict[str, Any]:
+        """What ``save_settings`` writes: the settings, plus what the file held that this version did
+        not understand (unknown keys; a newer file's unreadable values the user has not changed)."""
+        data = self.model_dump(mode="json")
+        for key, (raw, used) in self._unread.items():
+            if data.get(key) == used:
+                data[key] = raw
+        for key, value in self._unknown.items():
+            data.setdefault(key, value)
+        return data
 
     def preset(self, name: str | None) -> SamplingPreset:
         """The preset called ``name``, else the default one, else the first."""
@@ -136,7 +158,11 @@ def load_settings(path: Path) -> SettingsLoad:
 
     A missing file gives the defaults. An unreadable, invalid or unmigratable file is copied to
     ``<name>.bad`` (owner-only, so nothing the user wrote is lost) and the defaults are used, with a
-    warning. The file and an older ``<name>.bad`` are made owner-only if others could read them.
+    warning. A value that does not fit its setting gets that setting's default, the other values are
+    kept, the file is copied to ``<name>.bad`` too, and the warning names the settings. Keys this
+    version does not know are kept for the next save (:meth:`Settings.file_data`); a file from a newer
+    Glassbox keeps its ``schema_version`` and, unless the user changes them, the values this version
+    could not read. The file and an older ``<name>.bad`` are made owner-only if others could read them.
 
     Args:
         path: ``paths.settings_file``.
@@ -153,26 +179,98 @@ def load_settings(path: Path) -> SettingsLoad:
         raw = json.loads(path.read_text(encoding="utf-8"))
         if not isinstance(raw, dict):
             raise ValueError(f"{path}: expected a JSON object")
-        newer = isinstance(raw.get("schema_version"), int) and raw["schema_version"] > SCHEMA_VERSION
         raw = _migrate(raw, path)
-        settings = Settings.model_validate(raw)
+        settings, bad, reason = _validate_each(raw)
     except (OSError, ValueError, ValidationError) as exc:
-        try:
-            write_bytes_atomic(backup, path.read_bytes(), mode=PRIVATE_FILE_MODE)  # it may hold the API key
-        except OSError:
-            pass
-        reason = _first_line(exc)
+        kept = f", old file kept as {backup.name}" if _keep_copy(path, backup) else ""
         return SettingsLoad(
             settings=Settings(),
-            warning=(f"{path}: settings could not be read ({reason}); using defaults, old file kept as {backup.name}"),
+            warning=f"{path}: settings could not be read ({_first_line(exc)}); using defaults{kept}",
         )
+    version = raw.get("schema_version", SCHEMA_VERSION)
+    newer = version > SCHEMA_VERSION
+    settings._unknown = {key: value for key, value in raw.items() if key not in Settings.model_fields}
+    if newer and bad:
+        used = settings.model_dump(mode="json")
+        settings._unread = {key: (raw[key], used[key]) for key in dict.fromkeys(_key(b) for b in bad)}
+    said: list[str] = []
     if newer:
-        settings = settings.model_copy(update={"schema_version": SCHEMA_VERSION})
-        return SettingsLoad(
-            settings=settings,
-            warning=f"{path}: written by a newer Glassbox; unknown settings are ignored",
-        )
+        said.append(f"written by a newer Glassbox (schema {version}; this one reads up to {SCHEMA_VERSION})")
+    if bad:
+        kept = f"; the file as it was is kept as {backup.name}" if _keep_copy(path, backup) else ""
+        names = ", ".join(bad)
+        if newer:
+            said.append(
+                f"could not read {names} ({reason}), so the default is used until changed here"
+                f" and the file's value is saved back{kept}"
+            )
+        else:
+            said.append(f"could not read {names} ({reason}), so the default is used for each{kept}")
+    if newer:
+        said.append("settings this version does not know are kept as they are")
+    if said:
+        return SettingsLoad(settings=settings, warning=f"{path}: " + "; ".join(said))
     return SettingsLoad(settings=settings)
+
+
+def _validate_each(raw: dict[str, Any]) -> tuple[Settings, list[str], str | None]:
+    """Validates ``raw``, leaving out each value that does not fit (its setting gets the default).
+
+    A bad item of a list (one preset) drops that item alone; a list left empty gets the default.
+
+    Returns:
+        The settings, the names of the values left out (``n_ctx``, ``presets[2]``), and the first
+        reason given (None when nothing was left out).
+
+    Raises:
+        ValidationError: an error that names no setting.
+    """
+    data = dict(raw)
+    bad: list[str] = []
+    reason: str | None = None
+    while True:  # each round leaves out at least one key or list item, so it ends
+        try:
+            return Settings.model_validate(data), bad, reason
+        except ValidationError as exc:
+            if reason is None:
+                reason = _first_line(exc)
+            keys: set[str] = set()
+            items: dict[str, set[int]] = {}
+            for err in exc.errors():
+                loc = err.get("loc", ())
+                if not loc or not isinstance(loc[0], str) or loc[0] not in data:
+                    raise
+                key = loc[0]
+                if len(loc) > 1 and isinstance(loc[1], int) and isinstance(data[key], list):
+                    items.setdefault(key, set()).add(loc[1])
+                else:
+                    keys.add(key)
+            for key, indexes in items.items():
+                if key in keys:
+                    continue
+                left = [value for i, value in enumerate(data[key]) if i not in indexes]
+                bad += [f"{key}[{i}]" for i in sorted(indexes)]
+                if left:
+                    data[key] = left
+                else:
+                    del data[key]
+            for key in sorted(keys):
+                del data[key]
+                bad.append(key)
+
+
+def _key(name: str) -> str:
+    """The setting a name from ``_validate_each`` belongs to: ``presets[2]`` -> ``presets``."""
+    return name.split("[", 1)[0]
+
+
+def _keep_copy(path: Path, backup: Path) -> bool:
+    """Copies the file as it is to ``backup`` (owner-only: it may hold the API key); False if it failed."""
+    try:
+        write_bytes_atomic(backup, path.read_bytes(), mode=PRIVATE_FILE_MODE)
+    except OSError:
+        return False
+    return True
 
 
 def save_settings(settings: Settings, path: Path) -> None:
@@ -182,8 +280,7 @@ def save_settings(settings: Settings, path: Path) -> None:
         OSError: the folder is not writable or the disk is full; the old file is left intact.
     """
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    data = settings.model_dump(mode="json")
-    text = json.dumps(data, indent=2, sort_keys=True) + "\n"
+    text = json.dumps(settings.file_data(), indent=2, sort_keys=True) + "\n"
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE_MODE)

@@ -15,6 +15,10 @@ One connection serves all threads (``check_same_thread=False``), guarded by a lo
 not an SQLite database, or is corrupt, raises :class:`~engine.errors.HistoryError` naming the file;
 it is never overwritten.
 
+A history written by a newer Glassbox (migrations this version does not know) is refused with a
+:class:`~engine.errors.HistoryError` that says so, before anything is written: it is read through a
+read-only connection first, which never checkpoints the ``-wal`` into the file nor deletes it.
+
 The history is private: a new database (and a migration backup) is created owner-only (0600) before
 SQLite opens it, so its ``-wal``, ``-shm`` and journal files get the same mode; a new folder is 0700.
 Files an older version left readable by others are made owner-only when the store opens (logged).
@@ -215,6 +219,7 @@ class HistoryStore:
         except OSError as exc:
             raise HistoryError(self.path, f"cannot create the folder: {exc.strerror or exc}") from exc
         self._make_private()
+        self._refuse_newer()
         try:
             self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=10)
         except sqlite3.Error as exc:
@@ -274,6 +279,38 @@ class HistoryStore:
                 "not an SQLite database, so it is not a chat history; it was left untouched "
                 "(move it away to start a new history)",
             )
+
+    def _refuse_newer(self) -> None:
+        """Refuses a history with migrations this version does not know, read without writing a byte
+        to it or its ``-wal``. A file this cannot read (new, empty, damaged) is left to the regular open.
+
+        Raises:
+            HistoryError: the history was written by a newer Glassbox.
+        """
+        try:
+            if self.path.stat().st_size == 0:
+                return
+            wal = self.path.with_name(self.path.name + "-wal")
+            # Without a -wal to read, immutable: SQLite then creates no -wal or -shm beside the file.
+            immutable = "" if wal.exists() and wal.stat().st_size > 0 else "&immutable=1"
+            conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro{immutable}", uri=True, timeout=10)
+        except (OSError, sqlite3.Error):
+            return
+        try:
+            done = {str(row[0]) for row in conn.execute("SELECT name FROM migrations")}
+        except sqlite3.Error:
+            return  # no migrations table yet, or damage: the regular open says so
+        finally:
+            conn.close()
+        unknown = sorted(done - {m.name for m in MIGRATIONS})
+        if not unknown:
+            return
+        if len(done) > len(MIGRATIONS):
+            who = f"a newer Glassbox (schema {len(done)}; this one reads up to {len(MIGRATIONS)})"
+        else:
+            names = " ".join(", ".join(unknown).split())[:200]  # one line, whatever the file holds
+            who = f"another Glassbox (schema steps this one does not know: {names})"
+        raise HistoryError(self.path, f"written by {who}; it was left untouched")
 
     @contextmanager
     def _guard(self) -> Iterator[None]:

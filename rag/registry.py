@@ -11,6 +11,11 @@ embedded and stored once however many paths point at it.
 The registry holds every indexed document's text, so it is private: a new file is created
 owner-only (0600) before SQLite opens it (its ``-wal`` and ``-shm`` files then get the same mode), a
 new folder 0700, and files an older version left readable by others are made owner-only on open.
+
+A registry written by a newer Glassbox (a ``schema_version`` above :data:`SCHEMA_VERSION`) is refused
+before anything is written to it: it is read through a read-only connection first, so neither the
+file nor its ``-wal`` changes. Rows are read by column name, so a column this version does not know
+is never taken for one it does.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Protocol
 
@@ -253,6 +258,50 @@ def _create_private_file(path: Path) -> bool:
     return True
 
 
+_KB_COLUMNS = ", ".join(field.name for field in fields(KnowledgeBaseInfo))
+"""The ``kbs`` columns ``KnowledgeBaseInfo`` holds, in its order (a newer file may have more)."""
+
+
+def _refuse_newer(path: Path) -> None:
+    """Refuses a registry from a newer schema, read without writing a byte to it or its ``-wal``.
+
+    A read-only connection never checkpoints the write-ahead log into the file, nor deletes it,
+    when it closes. A file this cannot read (new, empty, damaged) is left to the regular open.
+
+    Raises:
+        KnowledgeBaseError: the file says it was written by a newer schema, or names no version
+            this one can read.
+    """
+    try:
+        if path.stat().st_size == 0:
+            return
+        wal = path.with_name(path.name + "-wal")
+        # Without a -wal to read, immutable: SQLite then creates no -wal or -shm beside the file.
+        immutable = "" if wal.exists() and wal.stat().st_size > 0 else "&immutable=1"
+        db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro{immutable}", uri=True, timeout=30.0)
+    except (OSError, sqlite3.Error):
+        return
+    try:
+        row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    except sqlite3.Error:
+        return  # no meta table yet, or not a registry: the regular open says so
+    finally:
+        db.close()
+    if row is None:
+        return
+    try:
+        version = int(str(row[0]))
+    except ValueError:
+        raise KnowledgeBaseError(
+            f"{path}: the registry's schema version {str(row[0])[:40]!r} is not a number; it was left untouched"
+        ) from None
+    if version > SCHEMA_VERSION:
+        raise KnowledgeBaseError(
+            f"{path}: written by a newer Glassbox (schema {version}; this one reads up to {SCHEMA_VERSION});"
+            " it was left untouched"
+        )
+
+
 def fts_query(text: str) -> str:
     """Builds an FTS5 query from the user's words: stop-words dropped, every term quoted.
 
@@ -289,6 +338,7 @@ class Registry:
                     make_private(private)
         except OSError as exc:
             raise KnowledgeBaseError(f"{path}: cannot create the registry ({exc.strerror or exc})") from exc
+        _refuse_newer(path)
         try:
             self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30.0)
             self._db.execute("PRAGMA journal_mode=WAL")
@@ -299,6 +349,8 @@ class Registry:
                 "INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
             )
         except sqlite3.DatabaseError as exc:
+            if hasattr(self, "_db"):
+                self._db.close()  # now, not when collected: the caller may tidy the side files up
             raise KnowledgeBaseError(f"{path}: not a usable registry ({exc})") from exc
         self._lock = threading.RLock()
 
@@ -374,14 +426,15 @@ class Registry:
         Raises:
             KnowledgeBaseError: there is none.
         """
-        rows = self._rows("SELECT * FROM kbs WHERE name = ?", (name,))
+        rows = self._rows(f"SELECT {_KB_COLUMNS} FROM kbs WHERE name = ?", (name,))
         if not rows:
             raise KnowledgeBaseError(f"{name}: no such knowledge base")
         return KnowledgeBaseInfo(*rows[0])  # type: ignore[arg-type]
 
     def list_kbs(self) -> list[KnowledgeBaseInfo]:
         """All knowledge bases, by name."""
-        return [KnowledgeBaseInfo(*row) for row in self._rows("SELECT * FROM kbs ORDER BY name")]  # type: ignore[arg-type]
+        rows = self._rows(f"SELECT {_KB_COLUMNS} FROM kbs ORDER BY name")
+        return [KnowledgeBaseInfo(*row) for row in rows]  # type: ignore[arg-type]
 
     def drop_kb(self, kb_id: int) -> None:
         """Deletes a knowledge base with its documents and chunks."""
