@@ -1,7 +1,8 @@
 """The composer: where the user types. Enter sends, Shift+Enter adds a line, Stop while generating.
 
 It also carries the "editing a message" state: sending then creates a new branch instead of a new
-turn, and the banner says so.
+turn, and the banner says so. A message the history could not save (a full disk) comes back into
+the box with :meth:`Composer.restore`.
 """
 
 from __future__ import annotations
@@ -120,6 +121,24 @@ class Composer(QWidget):
         self.edit.setTextCursor(cursor)
         self.edit_banner.setVisible(True)
         self.cancel_edit_button.setVisible(True)
+
+    def restore(self, text: str, editing: int | None = None) -> None:
+        """Puts back a message that could not be sent or saved, so what the user typed is never lost.
+
+        Text typed since goes after it; the edit it belonged to comes back unless another one began.
+        """
+        typed = self.edit.toPlainText()
+        if typed.strip() and typed.strip() != text.strip():
+            text = f"{text}\n\n{typed}"
+        self.edit.setPlainText(text)
+        cursor = self.edit.textCursor()
+        cursor.movePosition(cursor.MoveOperation.End)
+        self.edit.setTextCursor(cursor)
+        if editing is not None and self._editing is None:
+            self._editing = editing
+            self.edit_banner.setVisible(True)
+            self.cancel_edit_button.setVisible(True)
+        self.edit.setFocus()
 
     @Slot()
     def cancel_edit(self) -> None:

@@ -341,6 +341,7 @@ class MainWindow(ConversationActions, DocumentActions, ModelActions, QMainWindow
         self.sidebar.search_requested.connect(self._on_sidebar_search_requested)
         self.sidebar.export_requested.connect(self.export_conversation)
         self.model_picker.activated.connect(self._on_model_picker_activated)
+        self._wire_history_safety()  # a full disk or an unreadable history file (window_conversations.py)
 
     def _build_shortcuts(self) -> None:
         def add(name: str, keys: QKeySequence | str, slot: Any) -> QAction:

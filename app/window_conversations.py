@@ -42,8 +42,47 @@ class ConversationActions:
         def setWindowTitle(self, title: str) -> None: ...
         def statusBar(self) -> QStatusBar: ...
 
+    def _wire_history_safety(self) -> None:
+        """What keeps a message or a reply from being lost when the history cannot take it: the
+        text goes back to the composer, and an unreadable history file can be replaced."""
+        self.chat.message_not_saved.connect(self.composer.restore)
+        self.chat.history_unreadable.connect(self._offer_new_history)
+        self.chat.notice_posted.connect(lambda text: self.statusBar().showMessage(text, 8000))
+
     def _on_history_failed(self, exc: BaseException) -> None:
+        from app.workers.history_service import is_unreadable
+
         self.show_error(f"Chat history unavailable: {describe_error(exc)}")
+        if is_unreadable(exc):
+            self._offer_new_history(describe_error(exc))
+
+    @Slot(str)
+    def _offer_new_history(self, _reason: str) -> None:
+        """The history file is not a chat history: offer a new one beside it (the old one is kept)."""
+        self.toast.show_message(
+            "The chat history file cannot be read; it is left as it is.",
+            "Start a new history",
+            self.start_new_history,
+            ms=120_000,
+        )
+
+    def start_new_history(self) -> None:
+        """Moves the unreadable history file aside, untouched, and starts a new one in its place."""
+
+        def done(result: tuple[Path, Path | None]) -> None:
+            path, moved = result
+            if moved is None:
+                message = f"The chat history {path} can be read; nothing was moved."
+            else:
+                message = f"Started a new chat history at {path}. The unreadable file was moved, untouched, to {moved}."
+                if self.composer.edit.toPlainText().strip():
+                    message += " Press Send to save your message."
+            self.statusBar().showMessage(message, 60000)
+            if moved is not None:
+                self.toast.show_message(f"New chat history started; the old file is kept as {moved.name}", ms=15000)
+            self.chat.refresh_conversations()
+
+        self.history.start_fresh(done, lambda e: self.show_error(f"Could not start a new history: {describe_error(e)}"))
 
     def new_chat(self) -> None:
         if self.chat.busy:

@@ -70,7 +70,7 @@ from engine.transfer import (
 
 __all__ = [
     "META_SUFFIX", "PARTIAL_SUFFIX", "DownloadProgress", "DownloadResult", "DownloadState",
-    "ProgressCallback", "check_disk_space", "discard_partial", "download_file", "partial_paths",
+    "ProgressCallback", "check_disk_space", "discard_partial", "download_file", "missing_space", "partial_paths",
     "read_meta_file", "read_partial_meta", "write_json_atomic",
 ]
 
@@ -113,10 +113,24 @@ def partial_paths(dest_dir: Path, filename: str) -> tuple[Path, Path, Path]:
     return final, final.with_name(final.name + PARTIAL_SUFFIX), final.with_name(final.name + META_SUFFIX)
 
 
+def missing_space(folder: Path, need: int) -> tuple[int, int]:
+    """How many of ``need`` bytes ``folder``'s volume lacks (0 when it has them all), and how many
+    bytes it has free for this user: ``(missing, free)``.
+
+    The one free-space check of the engine: downloads, quantization and conversion (up front and
+    again after a write failed), and the app's history all ask it.
+
+    Raises:
+        OSError: the folder's volume cannot be asked (it does not exist, a dead network mount).
+    """
+    free = shutil.disk_usage(folder).free
+    return max(0, need - free), free
+
+
 def check_disk_space(folder: Path, need: int, filename: str) -> None:
     """Raises ``DownloadError`` unless ``folder``'s volume has ``need`` bytes free."""
-    free = shutil.disk_usage(folder).free
-    if free < need:
+    missing, free = missing_space(folder, need)
+    if missing:
         raise DownloadError(
             f"not enough disk space for {filename}: need {_gib(need)} GiB, {_gib(free)} GiB free on {folder}"
         )
@@ -601,7 +615,7 @@ class _Download:
         if exc.errno in _NO_SPACE:
             need = max(0, (self.total or self.done) - self.done) + self.disk_margin_bytes
             try:
-                free = f"{_gib(shutil.disk_usage(self.folder).free)} GiB"
+                free = f"{_gib(missing_space(self.folder, 0)[1])} GiB"
             except OSError:
                 free = "no space"
             return DownloadError(

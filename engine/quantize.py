@@ -10,17 +10,23 @@ stderr through a pipe to report per-tensor progress. llama.cpp prints one line p
 
 The result is written to ``<dst>.tmp-<pid>``, checked with the safe header reader, flushed to disk
 and renamed into place, so no half-written ``.gguf`` ever appears at the final path.
+
+Free space is checked before starting, from the expected output size, by the downloads' check
+(``engine.downloads.missing_space``). When the disk fills anyway (llama.cpp then only says
+"basic_ios::clear: iostream error"), the space is checked again and the error says
+``the disk is full: N MiB more are needed on <folder>`` (ROBUSTNESS.md L6).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import multiprocessing
 import multiprocessing.connection
 import os
 import re
-import shutil
+import shutil  # noqa: F401 - the free-space tests patch engine.quantize.shutil.disk_usage
 import signal
 import sys
 import threading
@@ -100,6 +106,13 @@ UNQUANTIZED_TYPES = frozenset({"F32", "F16", "BF16"})
 _TENSOR_LINE = re.compile(r"\[\s*(\d+)\s*/\s*(\d+)\s*\]\s+(\S+)")
 _FAILED = re.compile(r"failed to quantize:\s*(.+)")
 _SPACE_MARGIN = 64 * 2**20
+_NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)})
+# How a full disk shows in a child's log when it says so: "[Errno 28] No space left on device" from
+# Python code. llama.cpp's std::ofstream only says "basic_ios::clear: iostream error" (the errno is
+# lost), so after any failure the free space is checked again (space_after_failure).
+_NO_SPACE_TEXT = re.compile(
+    r"no space left on device|disk quota exceeded|\[errno (?:28|122)\]|\bENOSPC\b|\bEDQUOT\b", re.IGNORECASE
+)
 _DRAIN_S = 5.0
 
 
@@ -463,12 +476,58 @@ def _check_destination(src: Path, dst: Path, overwrite: bool) -> None:
 
 
 def check_free_space(folder: Path, needed: int) -> None:
-    """Raises :class:`QuantizeError` unless ``folder`` has ``needed`` bytes plus a margin free."""
-    free = shutil.disk_usage(folder).free
-    if free < needed + _SPACE_MARGIN:
+    """Raises :class:`QuantizeError` unless ``folder`` has ``needed`` bytes plus a margin free.
+
+    The free space is measured by the downloads' check (``engine.downloads.missing_space``).
+    """
+    from engine.downloads import missing_space
+
+    missing, free = missing_space(folder, needed + _SPACE_MARGIN)
+    if missing:
         raise QuantizeError(
-            f"{folder}: not enough free space (needs about {_mib(needed + _SPACE_MARGIN)}, {_mib(free)} free)"
+            f"not enough free space (needs about {_mib(needed + _SPACE_MARGIN)}, {_mib(free)} free): "
+            f"{disk_full_reason(folder, missing)}"
         )
+
+
+def disk_full_reason(folder: Path, missing: int) -> str:
+    """``the disk is full: 120 MiB more are needed on <folder>``: one wording for every place that
+    runs out of space while writing a model."""
+    return f"the disk is full: {_mib(max(missing, 2**20))} more are needed on {folder}"
+
+
+def is_no_space(exc: BaseException) -> bool:
+    """True for the OS's "no space left" (ENOSPC) and "quota exceeded" (EDQUOT) errors."""
+    return isinstance(exc, OSError) and exc.errno in _NO_SPACE_ERRNOS
+
+
+def space_after_failure(folder: Path, partial: Path, needed: int, done: int = 0, total: int = 0) -> tuple[int, bool]:
+    """Re-checks the free space after a write failed, with its partial output still on disk.
+
+    Args:
+        folder: where the output was written.
+        partial: the partial output (its size counts as space the output had).
+        needed: the expected size of the whole output.
+        done: tensors written so far, and ``total``: of how many (a low estimate is corrected by
+            the share written).
+
+    Returns:
+        ``(missing, full)``: about how many more bytes were needed (at least the safety margin),
+        and whether the volume is full now (less than the margin left), which tells a full disk
+        from other failures that end a write.
+    """
+    from engine.downloads import missing_space
+
+    try:
+        written = partial.stat().st_size
+    except OSError:
+        written = 0
+    projected = written * total // done if done and total else 0
+    try:
+        missing, free = missing_space(folder, max(needed, projected) + _SPACE_MARGIN - written)
+    except OSError:
+        return _SPACE_MARGIN, False
+    return missing or _SPACE_MARGIN, free < _SPACE_MARGIN
 
 
 def _mib(n: int) -> str:
@@ -571,7 +630,8 @@ def quantize_model(
             "or allow requantizing (quality suffers)"
         )
     _check_destination(src, dst, overwrite)
-    check_free_space(dst.parent, int(qt.estimate_bytes(info.n_params) * 1.05))
+    needed = int(qt.estimate_bytes(info.n_params) * 1.05)
+    check_free_space(dst.parent, needed)
 
     tmp = dst.with_name(f"{dst.name}.tmp-{os.getpid()}")
     done = 0
@@ -595,7 +655,8 @@ def quantize_model(
                 cancel=cancel,
             )
         if outcome.exitcode != 0:
-            raise QuantizeError(_failure(src, qt.name, outcome, done, info.n_tensors))
+            space = _SpaceCheck(dst.parent, tmp, needed, done, info.n_tensors)
+            raise QuantizeError(_failure(src, qt.name, outcome, done, info.n_tensors, space))
         try:
             result_info = read_gguf_info(tmp)
         except ModelFileError as exc:
@@ -606,6 +667,14 @@ def quantize_model(
         os.replace(tmp, dst)
     except Cancelled:
         raise Cancelled(f"{src}: quantization cancelled; no file was written") from None
+    except OSError as exc:  # the final flush or rename: a full disk often shows only here
+        if not is_no_space(exc):
+            raise
+        missing, _full = space_after_failure(dst.parent, tmp, needed, info.n_tensors, info.n_tensors)
+        raise QuantizeError(
+            f"{src}: quantization to {qt.name} failed while saving: {disk_full_reason(dst.parent, missing)}; "
+            "no file was written"
+        ) from None
     finally:
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
@@ -624,8 +693,32 @@ def quantize_model(
     )
 
 
-def _failure(src: Path, qtype: str, outcome: ChildOutcome, done: int, total: int) -> str:
+@dataclass(frozen=True)
+class _SpaceCheck:
+    """What :func:`space_after_failure` needs to tell whether a failed run filled the disk."""
+
+    folder: Path
+    partial: Path
+    needed: int
+    done: int
+    total: int
+
+    def after_failure(self) -> tuple[int, bool]:
+        return space_after_failure(self.folder, self.partial, self.needed, self.done, self.total)
+
+
+def _failure(
+    src: Path, qtype: str, outcome: ChildOutcome, done: int, total: int, space: _SpaceCheck | None = None
+) -> str:
     where = f"after {done} of {total} tensors" if done else "before the first tensor"
+    said_full = any(_NO_SPACE_TEXT.search(line) for line in [*outcome.log, outcome.error or ""])
+    if space is not None and (said_full or not outcome.crashed):
+        missing, full = space.after_failure()
+        if said_full or full:
+            return (
+                f"{src}: quantization to {qtype} failed {where}: {disk_full_reason(space.folder, missing)}; "
+                "no file was written"
+            )
     if outcome.crashed:
         hint = " (out of memory?)" if outcome.exitcode == -signal.SIGKILL else ""
         return (
@@ -651,10 +744,13 @@ __all__ = [
     "check_free_space",
     "default_output_path",
     "describe_exit",
+    "disk_full_reason",
     "find_quant_type",
     "import_native_bindings",
+    "is_no_space",
     "quant_types",
     "quantize_model",
     "run_logged_child",
+    "space_after_failure",
     "sweep_work_files",
 ]

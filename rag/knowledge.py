@@ -9,13 +9,18 @@ opens the same Chroma directory.
 from __future__ import annotations
 
 import builtins
+import contextlib
+import errno
 import functools
 import logging
 import os
+import shutil
+import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -36,6 +41,19 @@ _SPECIAL_TOKENS = 2  # [CLS] and [SEP] take two of the model's max sequence leng
 
 ProgressFn = Callable[[IngestProgress], None]
 
+MIN_FREE_BYTES = 2**20
+"""Below this much free space the knowledge folder's disk counts as full: SQLite cannot even create
+the shared-memory file of its write-ahead log, so nothing is opened or written."""
+NOTHING_CHANGED = "nothing was changed; free some space, then try again"
+_WRITE_STOPPED = "the change was not made; free some space, then try again"
+_INDEXING_STOPPED = "what was indexed before it filled up is kept; free some space, then run it again"
+_NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)})
+# SQLite says "database or disk is full" when a write does not fit; Chroma passes it on in its own
+# words. Opening a WAL database on a full disk fails earlier, as a "disk I/O error" (growing the
+# -shm file), which only counts as a full disk when the free space says so.
+_FULL_WORDS = ("database or disk is full", "no space left on device", "disk quota exceeded")
+_IO_WORDS = ("disk i/o error",)
+
 
 @dataclass(frozen=True)
 class KnowledgeBaseSummary:
@@ -43,6 +61,117 @@ class KnowledgeBaseSummary:
 
     info: KnowledgeBaseInfo
     stats: KnowledgeBaseStats
+
+
+class DiskFullError(KnowledgeBaseError):
+    """The knowledge folder's disk is full; the message names the folder and what was kept."""
+
+
+def free_bytes(folder: Path) -> int | None:
+    """Bytes free for this user on the volume of ``folder`` (or of its nearest existing parent), or
+    None when the volume cannot be asked. (``engine.downloads.missing_space`` is the engine's twin;
+    rag does not import the engine.)"""
+    for candidate in (folder, *folder.parents):
+        try:
+            return shutil.disk_usage(candidate).free
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return None
+    return None
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} bytes"
+
+
+def _full_disk_message(folder: Path, free: int | None, then: str) -> str:
+    there = f" ({_size(free)} free there)" if free is not None else ""
+    return f"{folder}: the disk is full{there}; {then}"
+
+
+def disk_full_error(exc: BaseException, folder: Path, then: str = NOTHING_CHANGED) -> DiskFullError | None:
+    """The one-line "the disk is full" error when ``exc`` (or what caused it) comes from a full disk.
+
+    Args:
+        exc: what a registry, store or file operation raised.
+        folder: the knowledge folder (named in the message; its disk is asked for free space).
+        then: what the user is told after it (what was kept, what to do).
+
+    Returns:
+        The error to raise instead (``exc`` itself when it is one already), or None when ``exc`` is
+        not about disk space.
+    """
+    if isinstance(exc, DiskFullError):
+        return exc
+    full = io_error = False
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        text = str(current).lower()
+        code = str(getattr(current, "sqlite_errorname", ""))
+        no_space = isinstance(current, OSError) and current.errno in _NO_SPACE_ERRNOS
+        full = full or no_space or code == "SQLITE_FULL" or any(w in text for w in _FULL_WORDS)
+        io_error = io_error or code.startswith("SQLITE_IOERR") or any(w in text for w in _IO_WORDS)
+        current = current.__cause__ or current.__context__
+    if not (full or io_error):
+        return None
+    free = free_bytes(folder)
+    if not full and (free is None or free >= MIN_FREE_BYTES):
+        return None  # an I/O error on a disk with room: something else, said as it was
+    return DiskFullError(_full_disk_message(folder, free, then))
+
+
+def refuse_a_full_disk(folder: Path) -> None:
+    """Raises the "disk is full" error before anything is written when ``folder``'s disk has less
+    than :data:`MIN_FREE_BYTES` free.
+
+    Raises:
+        DiskFullError: the disk is full.
+    """
+    free = free_bytes(folder)
+    if free is not None and free < MIN_FREE_BYTES:
+        raise DiskFullError(_full_disk_message(folder, free, NOTHING_CHANGED))
+
+
+@contextmanager
+def _full_disk_says_so(folder: Path, then: str = NOTHING_CHANGED) -> Iterator[None]:
+    """Turns a failure that comes from a full disk into one line that says so (see :func:`disk_full_error`)."""
+    try:
+        yield
+    except (OSError, sqlite3.Error, KnowledgeBaseError) as exc:
+        error = disk_full_error(exc, folder, then)
+        if error is None or error is exc:
+            raise
+        raise error from exc
+
+
+def _existing(paths: Sequence[Path]) -> set[Path]:
+    return {path for path in paths if path.exists()}
+
+
+def _remove_new_empty(paths: Sequence[Path], before: set[Path]) -> None:
+    """After an open that failed on a full disk: removes the empty files it created (a new registry,
+    an empty ``-wal``, the ``-shm`` beside it), so the folder is as it was. Called with the folder
+    lock held and the registry closed, so no connection uses them."""
+    database, wal, shm = paths
+    made = [wal, shm] if wal not in before and shm not in before and _size_of(wal) == 0 else []
+    if database not in before and _size_of(database) == 0:
+        made.append(database)
+    for path in made:
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+
+def _size_of(path: Path) -> int | None:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return None
 
 
 def _lock_folder(root: Path) -> IO[str] | None:
@@ -78,8 +207,9 @@ class KnowledgeBases:
     and :meth:`rebuild` (or any add, refresh or sync) re-embeds the chunks from the registry.
 
     Raises:
-        KnowledgeBaseError: the folder is in use, the store cannot be opened, or a damaged store
-            cannot be moved aside.
+        KnowledgeBaseError: the folder is in use, the store cannot be opened, a damaged store
+            cannot be moved aside, or the disk is full (said so, naming the folder; nothing is
+            changed: the empty files a failed open made are removed again).
     """
 
     def __init__(
@@ -93,9 +223,8 @@ class KnowledgeBases:
         chunker: Chunker | None = None,
         check_timeout_s: float | None = DEFAULT_TIMEOUT_S,
     ) -> None:
-        private_folder(root)  # the registry and the index hold the documents' text: owner-only (0700)
         self.root = root
-        self._lock_handle = _lock_folder(root)
+        self._lock_handle: IO[str] | None = None
         self._embedder_path = embedder_path
         self._factory = embedder_factory or SentenceTransformerEmbedder
         self._embedders: dict[str, Embedder] = {}
@@ -107,23 +236,37 @@ class KnowledgeBases:
         # between the committed batches of a running ingest.
         self._writing = threading.RLock()
         self.recovered: StoreRecovery | None = None
+        registry_files = [root / f"registry.sqlite3{suffix}" for suffix in ("", "-wal", "-shm")]
+        before = _existing(registry_files)
         try:
-            if chroma_url is None and check_timeout_s is not None:
-                self.recovered = recover_if_damaged(root / "chroma", timeout_s=check_timeout_s)
-            self.registry = Registry(root / "registry.sqlite3")
-            if chroma_url is None:
-                chroma = root / "chroma"
-                try:
-                    private_folder(chroma)  # before Chroma creates it with the umask's mode
-                except OSError as exc:
-                    raise KnowledgeBaseError(f"{chroma}: cannot create the folder ({exc.strerror or exc})") from exc
-            self.store = VectorStore(root / "chroma", url=chroma_url)
-            if self.recovered is not None:
-                self._requeue_everything()
-        except KnowledgeBaseError:
+            # A full disk is refused before the lock file, the store check or the registry touch it
+            # (its "disk I/O error" is not damage), and said as such when it fills while opening.
+            refuse_a_full_disk(root)
+            with _full_disk_says_so(root):
+                private_folder(root)  # the registry and the index hold the documents' text: owner-only (0700)
+                self._lock_handle = _lock_folder(root)
+                self._open(root, chroma_url, check_timeout_s)
+        except BaseException as exc:
+            if self._lock_handle is not None and not hasattr(self, "registry") and disk_full_error(exc, root):
+                _remove_new_empty(registry_files, before)
             self.close()
             raise
         self.retriever = Retriever(self.registry, self.store)
+
+    def _open(self, root: Path, chroma_url: str | None, check_timeout_s: float | None) -> None:
+        """Checks the local store, opens the registry and the store (the folder lock is held)."""
+        if chroma_url is None and check_timeout_s is not None:
+            self.recovered = recover_if_damaged(root / "chroma", timeout_s=check_timeout_s)
+        self.registry = Registry(root / "registry.sqlite3")
+        if chroma_url is None:
+            chroma = root / "chroma"
+            try:
+                private_folder(chroma)  # before Chroma creates it with the umask's mode
+            except OSError as exc:
+                raise KnowledgeBaseError(f"{chroma}: cannot create the folder ({exc.strerror or exc})") from exc
+        self.store = VectorStore(root / "chroma", url=chroma_url)
+        if self.recovered is not None:
+            self._requeue_everything()
 
     def _requeue_everything(self) -> None:
         """After the store was replaced: recreate every collection and mark every chunk pending
@@ -229,16 +372,18 @@ class KnowledgeBases:
         size = min(max_tokens or limit, limit)
         if not 0 <= overlap_tokens < size:
             raise KnowledgeBaseError(f"{name}: the overlap must be smaller than the chunk size ({size})")
-        kb = self.registry.create_kb(
-            name,
-            embedder_id=embedder.model_id,
-            embedder_path=str(folder),
-            dimension=embedder.dimension,
-            max_tokens=size,
-            overlap_tokens=overlap_tokens,
-            collection=_new_collection_name(),
-        )
-        self.store.ensure(kb.collection, dimension=kb.dimension, model_id=kb.embedder_id)
+        refuse_a_full_disk(self.root)
+        with _full_disk_says_so(self.root, _WRITE_STOPPED):
+            kb = self.registry.create_kb(
+                name,
+                embedder_id=embedder.model_id,
+                embedder_path=str(folder),
+                dimension=embedder.dimension,
+                max_tokens=size,
+                overlap_tokens=overlap_tokens,
+                collection=_new_collection_name(),
+            )
+            self.store.ensure(kb.collection, dimension=kb.dimension, model_id=kb.embedder_id)
         return kb
 
     def get(self, name: str) -> KnowledgeBaseInfo:
@@ -259,7 +404,7 @@ class KnowledgeBases:
 
     def drop(self, name: str) -> None:
         """Deletes a knowledge base and its vectors (never the user's files)."""
-        with self._writing:
+        with self._writing, _full_disk_says_so(self.root, _WRITE_STOPPED):
             kb = self.get(name)
             self.registry.drop_kb(kb.id)
             self.store.drop(kb.collection)
@@ -275,15 +420,21 @@ class KnowledgeBases:
         cancel: threading.Event | None = None,
         pause: threading.Event | None = None,
     ) -> IngestReport:
-        """Indexes files and folders (incremental: unchanged files cost a ``stat``)."""
+        """Indexes files and folders (incremental: unchanged files cost a ``stat``).
+
+        Raises:
+            KnowledgeBaseError: unknown name, a path does not exist, the store fails, or the disk is
+                full (refused before anything is written when it is full already).
+        """
         kb = self.get(name)
-        with self._writing:
+        refuse_a_full_disk(self.root)
+        with self._writing, _full_disk_says_so(self.root, _INDEXING_STOPPED):
             return self._ingestor(kb).add(kb, paths, progress=progress, cancel=cancel, pause=pause)
 
     def remove(self, name: str, path: Path) -> int:
         """Forgets a file or every file under a folder; returns how many."""
         kb = self.get(name)
-        with self._writing:
+        with self._writing, _full_disk_says_so(self.root, _WRITE_STOPPED):
             return self._ingestor(kb).remove(kb, path)
 
     def refresh(
@@ -296,7 +447,8 @@ class KnowledgeBases:
     ) -> IngestReport:
         """Rescans the registered files and finishes interrupted work (the startup check)."""
         kb = self.get(name)
-        with self._writing:
+        refuse_a_full_disk(self.root)
+        with self._writing, _full_disk_says_so(self.root, _INDEXING_STOPPED):
             return self._ingestor(kb).refresh(kb, progress=progress, cancel=cancel, pause=pause)
 
     def reindex(
@@ -314,7 +466,8 @@ class KnowledgeBases:
         models never meet and no dimension error can happen.
         """
         kb = self.get(name)
-        with self._writing:
+        refuse_a_full_disk(self.root)
+        with self._writing, _full_disk_says_so(self.root, _INDEXING_STOPPED):
             old_collection = kb.collection
             if embedder_path is not None:
                 folder = Path(os.path.abspath(embedder_path))
@@ -338,7 +491,7 @@ class KnowledgeBases:
         interrupted indexing. Cheap when nothing is wrong."""
         reports: dict[str, IngestReport] = {}
         for kb in self.registry.list_kbs():
-            with self._writing:
+            with self._writing, _full_disk_says_so(self.root, _INDEXING_STOPPED):
                 reports[kb.name] = self._ingestor(kb).refresh(kb)
         return reports
 
@@ -386,7 +539,7 @@ class KnowledgeBases:
                     time.sleep(0.05)
 
         emit("rebuilding")
-        with self._writing:
+        with self._writing, _full_disk_says_so(self.root, _INDEXING_STOPPED):
             for kb in kbs:
                 if cancel is not None and cancel.is_set():
                     break
@@ -447,4 +600,13 @@ def retrieve_context(
     return build_context_block(passages, budget_tokens, count_tokens)
 
 
-__all__ = ["KnowledgeBaseSummary", "KnowledgeBases", "retrieve_context"]
+__all__ = [
+    "MIN_FREE_BYTES",
+    "DiskFullError",
+    "KnowledgeBaseSummary",
+    "KnowledgeBases",
+    "disk_full_error",
+    "free_bytes",
+    "refuse_a_full_disk",
+    "retrieve_context",
+]

@@ -4,6 +4,11 @@ It owns the LLM worker thread and the history service, holds the UI state enum, 
 turn as DESIGN.md describes it: save the user message (and a pending reply) first, optionally
 retrieve documents, ask the worker to generate, show coalesced text, checkpoint the reply every
 second, and save it (partial if stopped) with its stats and sources when it ends.
+
+On a full disk nothing is lost: a message the history refuses goes back to the composer
+(``message_not_saved``) with how much space is needed and where; a reply it refuses stays whole in
+memory and on screen, is tried again every :data:`RETRY_S` s, before the next history write and at
+quit, and its row is marked complete (or partial) only once that save succeeded.
 """
 
 from __future__ import annotations
@@ -18,10 +23,10 @@ from pathlib import Path
 from typing import Any, cast
 from urllib.parse import quote, unquote
 
-from PySide6.QtCore import QCoreApplication, QEvent, QObject, QThread, Signal, Slot
+from PySide6.QtCore import QCoreApplication, QEvent, QObject, QThread, QTimer, Signal, Slot
 
 from app.tasks import describe_error
-from app.workers.history_service import DisplayMessage, HistoryService, display_thread
+from app.workers.history_service import DisplayMessage, HistoryDiskFull, HistoryService, display_thread, is_unreadable
 from app.workers.llm_worker import (
     GenerateRequest,
     GenerationOutcome,
@@ -35,6 +40,8 @@ from app.workers.llm_worker import (
 
 log = logging.getLogger(__name__)
 CHECKPOINT_S = 1.0
+RETRY_S = 5.0
+"""How often replies the disk refused are tried again while it stays full."""
 
 
 class ChatState(enum.Enum):
@@ -71,6 +78,13 @@ RetrieverFactory = Callable[[tuple[str, ...]], Callable[[str, Any], tuple[str | 
 
 
 @dataclass
+class _StoredText:
+    """How many characters of a streaming reply its row holds (read and written on the history thread)."""
+
+    chars: int = 0
+
+
+@dataclass
 class _Turn:
     request: GenerateRequest
     conversation_id: int
@@ -80,8 +94,9 @@ class _Turn:
     tokens: int = 0
     sources: list[dict[str, Any]] = field(default_factory=list)
     last_checkpoint: float = 0.0
-    checkpointed: int = 0
     first_token_at: float | None = None
+    stored: _StoredText = field(default_factory=_StoredText)
+    save_failed: bool = False
 
 
 class ChatAdapter(QObject):
@@ -105,6 +120,10 @@ class ChatAdapter(QObject):
         stats_updated(object): ``engine.events.Stats`` of the last turn.
         prompt_view_updated(object): ``engine.session.PromptView`` of the last prompt.
         error_occurred(str): a one-line message for the user.
+        message_not_saved(str, object): the text of a message that could not be saved and the id of
+            the message it was editing (or None): it goes back to the composer.
+        history_unreadable(str): the history file is not SQLite or is corrupt (left untouched).
+        notice_posted(str): a passing note for the status bar (a reply saved late).
         bandwidth_measured(float): the machine's memory bandwidth (GB/s).
         sources_found(object): the sources (list of dicts) the running reply is given.
         load_requested(object), generate_requested(object), unload_requested(),
@@ -123,6 +142,9 @@ class ChatAdapter(QObject):
     stats_updated = Signal(object)
     prompt_view_updated = Signal(object)
     error_occurred = Signal(str)
+    message_not_saved = Signal(str, object)
+    history_unreadable = Signal(str)
+    notice_posted = Signal(str)
     bandwidth_measured = Signal(float)
     sources_found = Signal(object)
 
@@ -153,6 +175,10 @@ class ChatAdapter(QObject):
         self._load: LoadRequest | None = None
         self._ids = itertools.count(1)
         self._closed = False
+        # Replies the disk refused are tried again on this timer until the history holds them all.
+        self._retry_timer = QTimer(self)
+        self._retry_timer.setInterval(int(RETRY_S * 1000))
+        self._retry_timer.timeout.connect(self._on_retry_timer_timeout)
 
         self._thread = QThread()
         self._thread.setObjectName("glassbox-llm")
@@ -314,6 +340,8 @@ class ChatAdapter(QObject):
 
     def _on_history_error(self, exc: BaseException) -> None:
         self.error_occurred.emit(f"History: {describe_error(exc)}")
+        if is_unreadable(exc):
+            self.history_unreadable.emit(describe_error(exc))
 
     # ------------------------------------------------------------------ turns
     def send(self, text: str, context: TurnContext, edit_of: int | None = None) -> bool:
@@ -337,20 +365,56 @@ class ChatAdapter(QObject):
             edited = next((m for m in self.thread_messages if m.id == edit_of), None)
             parent = edited.parent_id if edited is not None else "leaf"
 
+        done: dict[str, Any] = {}  # what the save got to before a failure (written on the history thread)
+
         def save(store: Any) -> tuple[Any, int, list[DisplayMessage]]:
             nonlocal conv
             if conv is None:
                 title = _title_from(text)
                 conv = store.create_conversation(title=title)
+                done["conversation"] = conv
             elif not store.thread(conv.id) and conv.title in ("New chat", ""):
                 store.rename(conv.id, _title_from(text))
             store.add_message(conv.id, "user", text, parent_id=parent)
+            done["user"] = True
             reply = store.add_message(conv.id, "assistant", "", state="pending", model=model_name)
             return store.get_conversation(conv.id), reply.id, display_thread(store, conv.id)
 
+        def failed(exc: BaseException) -> None:
+            self._on_send_save_failed(exc, text, edit_of, done)
+
         self._begin_turn_placeholder()
-        self.history.call(save, lambda r: self._start_generation(r, context), self._on_turn_save_failed)
+        size = len(text.encode("utf-8", "replace"))
+        self.history.call(save, lambda r: self._start_generation(r, context), failed, size_hint=size)
         return True
+
+    def _on_send_save_failed(self, exc: BaseException, text: str, edit_of: int | None, done: dict[str, Any]) -> None:
+        """The user's message could not be saved: it goes back to the composer, never lost."""
+        self._turn = None
+        self._set_state(ChatState.IDLE)
+        reason = describe_error(exc)
+        created = done.get("conversation")
+        if created is not None and self.conversation is None:
+            # The chat was made before the disk refused the message: open it, so Send again uses it.
+            self.conversation = created
+            self.thread_messages = []
+            self.conversation_opened.emit(created, [])
+            self.refresh_conversations()
+        if done.get("user"):
+            # The question is saved; only its reply's row could not be made.
+            self.reload_thread()
+            self.error_occurred.emit(f"Your message is saved, but the reply could not start: {reason}")
+            return
+        if is_unreadable(exc):
+            then = "start a new history, then press Send again"
+        elif isinstance(exc, HistoryDiskFull):
+            then = "free some space, then press Send again"
+        else:
+            then = "press Send again"
+        self.message_not_saved.emit(text, edit_of)
+        self.error_occurred.emit(f"Your message was not saved: {reason}. It is back in the box: {then}.")
+        if is_unreadable(exc):
+            self.history_unreadable.emit(reason)
 
     def regenerate(self, reply_id: int, context: TurnContext) -> bool:
         """Generates a new sibling of an assistant reply (the old one stays reachable)."""
@@ -381,6 +445,8 @@ class ChatAdapter(QObject):
         self._turn = None
         self._set_state(ChatState.IDLE)
         self.error_occurred.emit(f"Could not save the message: {describe_error(exc)}")
+        if is_unreadable(exc):
+            self.history_unreadable.emit(describe_error(exc))
 
     def _start_generation(self, saved: tuple[Any, int, list[DisplayMessage]], context: TurnContext) -> None:
         conversation, reply_id, messages = saved
@@ -400,7 +466,7 @@ class ChatAdapter(QObject):
                     self.thread_messages = updated
                     self.conversation_opened.emit(self.conversation, updated)
 
-            self.history.call(cancel, shown, self._on_history_error)
+            self.history.keep(("reply", reply_id), cancel, shown, self._on_history_error)
             return
         # messages ends with [..., user, pending reply]; history is everything before the user turn.
         user_msg = messages[-2]
@@ -479,11 +545,41 @@ class ChatAdapter(QObject):
         now = time.perf_counter()
         if now - turn.last_checkpoint >= CHECKPOINT_S:
             turn.last_checkpoint = now
-            # append_text appends: send only what streamed since the last checkpoint.
-            reply_id, delta = turn.reply_id, "".join(turn.text[turn.checkpointed :])
-            turn.checkpointed = len(turn.text)
-            if delta:
-                self.history.call(lambda s: s.append_text(reply_id, delta), None, self._on_history_error)
+            self._checkpoint(turn)
+
+    def _checkpoint(self, turn: _Turn) -> None:
+        """Saves the reply so far. The row gets what it lacks of the text streamed until now; a
+        checkpoint the disk refused is replaced by the next one (or the final save), which then
+        writes what the failed one did not."""
+        text, stored, reply_id = "".join(turn.text), turn.stored, turn.reply_id
+
+        def save(store: Any) -> None:
+            if len(text) > stored.chars:
+                store.append_text(reply_id, text[stored.chars :])
+                stored.chars = len(text)
+
+        def failed(exc: BaseException) -> None:
+            self._on_reply_save_failed(turn, exc)
+
+        self.history.keep(("reply", reply_id), save, None, failed, size_hint=len(text))
+
+    def _on_reply_save_failed(self, turn: _Turn, exc: BaseException) -> None:
+        self._retry_timer.start()
+        if turn.save_failed:
+            return  # said once per reply
+        turn.save_failed = True
+        self.error_occurred.emit(
+            f"The reply is not saved yet: {describe_error(exc)}. Glassbox keeps all of it and saves it "
+            "as soon as there is space (it tries again every few seconds and when it quits)."
+        )
+
+    @Slot()
+    def _on_retry_timer_timeout(self) -> None:
+        self.history.retry_unsaved(self._after_retry)
+
+    def _after_retry(self, unsaved: int) -> None:
+        if not unsaved:
+            self._retry_timer.stop()
 
     @Slot(object)
     def _on_worker_generation_finished(self, outcome: GenerationOutcome) -> None:
@@ -533,8 +629,22 @@ class ChatAdapter(QObject):
             if self.conversation is not None and self.conversation.id == conv_id:
                 self.thread_messages = messages
                 self.conversation_opened.emit(self.conversation, messages)
+            if turn.save_failed:
+                self.notice_posted.emit("The reply was saved.")
 
-        self.history.call(save, saved, self._on_history_error)
+        def failed(exc: BaseException) -> None:
+            # Show the whole reply from memory, in its final state, while the disk refuses it.
+            if self.conversation is not None and self.conversation.id == conv_id:
+                self.thread_messages = [
+                    replace(m, content=text, state=state, stats=stats_dict, sources=sources, error=error)
+                    if m.id == reply_id
+                    else m
+                    for m in self.thread_messages
+                ]
+                self.conversation_opened.emit(self.conversation, self.thread_messages)
+            self._on_reply_save_failed(turn, exc)
+
+        self.history.keep(("reply", reply_id), save, saved, failed, size_hint=len(text))
         self._set_state(ChatState.IDLE)
 
     # ------------------------------------------------------------------ shutdown
@@ -545,6 +655,7 @@ class ChatAdapter(QObject):
             True when everything stopped in time (else the inference child was killed).
         """
         self.stop()
+        self._retry_timer.stop()  # the history tries the unsaved replies once more as it closes
         if self._load is not None:
             self._load.cancel.set()
         self.shutdown_requested.emit()
