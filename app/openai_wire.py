@@ -14,16 +14,53 @@ from typing import Any
 
 from engine.errors import ContextOverflow, EngineError, ModelFileError, ModelLoadError, TemplateError
 
+MAX_MESSAGES = 2048
+"""Most messages one chat request may carry (planning the context window costs more per message)."""
+
+TEXT_CHARS_PER_TOKEN = 32
+"""Message text allowed per token of the context window: the cap on a request's text is this many
+characters per token of the window, but never under :data:`MIN_TEXT_CHARS`."""
+
+MIN_TEXT_CHARS = 256 * 1024
+"""The cap on a request's text (all messages together, in characters) for a small or unknown window."""
+
+MAX_STOP_STRINGS = 16
+"""Most stop strings per request (OpenAI allows 4)."""
+
+MAX_STOP_CHARS = 256
+"""Longest stop string, in characters."""
+
+
+def text_limit(n_ctx: int | None) -> int:
+    """The most characters of message text one request may carry for a window of ``n_ctx`` tokens.
+
+    Tokenizing costs more than linear time in the text (llama.cpp splits it at every special token,
+    and some vocabularies make each newline one), so the text is capped before anything is counted.
+    """
+    return max(MIN_TEXT_CHARS, TEXT_CHARS_PER_TOKEN * (n_ctx or 0))
+
 
 class HttpError(Exception):
-    """An error answer: status and an OpenAI-style error body."""
+    """An error answer: status and an OpenAI-style error body.
 
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", code: str | None = None):
+    ``retry_after`` (seconds), when set, is sent as a ``Retry-After`` header.
+    """
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        kind: str = "invalid_request_error",
+        code: str | None = None,
+        *,
+        retry_after: int | None = None,
+    ):
         super().__init__(message)
         self.status = status
         self.message = message
         self.kind = kind
         self.code = code
+        self.retry_after = retry_after
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.kind, "param": None, "code": self.code}}
@@ -58,7 +95,19 @@ def _text_content(content: Any, index: int) -> str:
     raise HttpError(400, f"messages[{index}].content must be a string or a list of text parts")
 
 
-def parse_chat(body: dict[str, Any], default_kbs: tuple[str, ...]) -> ChatRequest:
+def parse_chat(body: dict[str, Any], default_kbs: tuple[str, ...], max_chars: int = MIN_TEXT_CHARS) -> ChatRequest:
+    """Turns a ``/v1/chat/completions`` body into engine terms.
+
+    Args:
+        body: the parsed JSON body.
+        default_kbs: knowledge bases to answer from when the body names none.
+        max_chars: the most characters of message text allowed (see :func:`text_limit`).
+
+    Raises:
+        HttpError: 400 with the reason (a bad field, more than :data:`MAX_MESSAGES` messages or
+            ``max_chars`` characters, more than :data:`MAX_STOP_STRINGS` stop strings or one longer
+            than :data:`MAX_STOP_CHARS`).
+    """
     from pydantic import ValidationError
 
     from engine.context import Message
@@ -67,13 +116,28 @@ def parse_chat(body: dict[str, Any], default_kbs: tuple[str, ...]) -> ChatReques
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise HttpError(400, "'messages' must be a non-empty list", code="invalid_messages")
+    if len(messages) > MAX_MESSAGES:
+        raise HttpError(
+            400,
+            f"'messages' has {len(messages)} messages; at most {MAX_MESSAGES} are allowed per request",
+            code="too_many_messages",
+        )
     system_parts: list[str] = []
     turns: list[Message] = []
+    chars = 0
     for index, message in enumerate(messages):
         if not isinstance(message, dict):
             raise HttpError(400, f"messages[{index}] must be an object")
         role = message.get("role")
         text = _text_content(message.get("content"), index)
+        chars += len(text)
+        if chars > max_chars:
+            raise HttpError(
+                400,
+                f"the messages hold more than {max_chars} characters of text, the most allowed per request "
+                "with this context window: shorten the conversation",
+                code="context_length_exceeded",
+            )
         if role in ("system", "developer"):
             system_parts.append(text)
         elif role == "user":
@@ -89,6 +153,18 @@ def parse_chat(body: dict[str, Any], default_kbs: tuple[str, ...]) -> ChatReques
     stop = body.get("stop")
     if isinstance(stop, str):
         stop = [stop]
+    if isinstance(stop, list):
+        if len(stop) > MAX_STOP_STRINGS:
+            raise HttpError(
+                400, f"'stop' has {len(stop)} strings; at most {MAX_STOP_STRINGS} are allowed", code="invalid_value"
+            )
+        for index, string in enumerate(stop):
+            if isinstance(string, str) and len(string) > MAX_STOP_CHARS:
+                raise HttpError(
+                    400,
+                    f"stop[{index}] is {len(string)} characters long; at most {MAX_STOP_CHARS} are allowed",
+                    code="invalid_value",
+                )
     options: dict[str, Any] = {
         "max_tokens": body.get("max_completion_tokens", body.get("max_tokens")),
         "temperature": body.get("temperature"),

@@ -20,6 +20,17 @@ One model at a time: requests queue on one lock, so concurrent replies never mix
 standard library's threading HTTP server (no new dependencies), HTTP/1.1 with keep-alive and
 chunked streaming, ``TCP_NODELAY`` so each token leaves at once.
 
+Bounded work per request: at most :data:`~app.openai_wire.MAX_MESSAGES` messages and
+:func:`~app.openai_wire.text_limit` characters of text (32 per token of the window, at least 256 Ki),
+at most 16 stop strings of 256 characters; anything more is a 400 before the model is touched.
+A client that closes its connection cancels its reply (checked before the reply starts and between
+its events; a client that half-closes its sending side counts as gone). Past
+:data:`MAX_QUEUED` waiting requests the answer is a 503 with ``Retry-After``; the listen backlog
+(:data:`LISTEN_BACKLOG`) is large enough that a burst of connections is answered, not reset.
+Stopping cancels the reply in progress; one that has not ended within :data:`STOP_GRACE_S` (a
+call that cannot see the cancel, such as a long tokenization) has its worker process killed when
+the server owns the model.
+
 :func:`start_server` returns a :class:`ServerHandle` (``url``, ``stop()``), for the CLI and for the
 GUI's settings toggle.
 """
@@ -31,6 +42,9 @@ import hmac
 import ipaddress
 import json
 import logging
+import os
+import select
+import signal
 import socket
 import threading
 import time
@@ -48,6 +62,7 @@ from app.openai_wire import (
     finish_reason,
     map_errors,
     parse_chat,
+    text_limit,
     timings_document,
     usage_document,
 )
@@ -58,6 +73,12 @@ log = logging.getLogger("glassbox.serve")
 
 MAX_BODY_BYTES = 16 * 2**20
 MAX_QUEUED = 32
+RETRY_AFTER_S = 2
+"""The ``Retry-After`` sent with a 503 when :data:`MAX_QUEUED` requests already wait."""
+LISTEN_BACKLOG = 1024
+"""Connections the kernel holds until they are accepted (socketserver's default of 5 resets bursts)."""
+STOP_GRACE_S = 1.0
+"""How long stopping waits for the reply in progress to see its cancel before killing the worker."""
 MAX_EMBED_INPUTS = 2048
 _LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1", "[::1]")
 
@@ -154,6 +175,7 @@ class _State:
         self.created = int(time.time())
         self.lock = threading.Lock()
         self._counter_lock = threading.Lock()
+        self._idle = threading.Condition(self._counter_lock)
         self.queued = 0
         self.closed = False
         self.active: set[threading.Event] = set()
@@ -168,18 +190,40 @@ class _State:
             if self.closed:
                 raise HttpError(503, "the server is shutting down", "server_error")
             if self.queued >= MAX_QUEUED:
-                raise HttpError(503, f"too many requests waiting ({MAX_QUEUED}); try again later", "server_error")
+                raise HttpError(
+                    503,
+                    f"too many requests waiting ({MAX_QUEUED}); try again later",
+                    "server_error",
+                    retry_after=RETRY_AFTER_S,
+                )
             self.queued += 1
 
     def leave_queue(self) -> None:
         with self._counter_lock:
             self.queued -= 1
 
+    def activate(self, cancel: threading.Event) -> None:
+        """Registers the reply about to use the model, so that stopping cancels it (called under ``lock``)."""
+        with self._counter_lock:
+            if self.closed:
+                raise HttpError(503, "the server is shutting down", "server_error")
+            self.active.add(cancel)
+
+    def deactivate(self, cancel: threading.Event) -> None:
+        with self._counter_lock:
+            self.active.discard(cancel)
+            self._idle.notify_all()
+
     def cancel_all(self) -> None:
         with self._counter_lock:
             self.closed = True
             for event in self.active:
                 event.set()
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Waits until no reply uses the model; False when one still does after ``timeout`` seconds."""
+        with self._counter_lock:
+            return self._idle.wait_for(lambda: not self.active, timeout)
 
     # lazily built helpers ---------------------------------------------------------------------
     def embedder(self) -> Any:
@@ -224,6 +268,7 @@ class _State:
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False
+    request_queue_size = LISTEN_BACKLOG
     state: _State
 
     def handle_error(self, request: Any, client_address: Any) -> None:
@@ -284,7 +329,12 @@ class _Handler(BaseHTTPRequestHandler):
         except HttpError as exc:
             # A body left unread would be taken for the next request: close instead.
             unread = self.command == "POST" and not self._body_read
-            self._send_json(exc.status, exc.body(), close=unread or exc.status in (401, 403, 411, 413))
+            self._send_json(
+                exc.status,
+                exc.body(),
+                close=unread or exc.status in (401, 403, 411, 413),
+                retry_after=exc.retry_after,
+            )
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
 
@@ -332,11 +382,15 @@ class _Handler(BaseHTTPRequestHandler):
             raise HttpError(400, "the request body must be a JSON object")
         return document
 
-    def _send_json(self, status: int, document: dict[str, Any], *, close: bool = False) -> None:
+    def _send_json(
+        self, status: int, document: dict[str, Any], *, close: bool = False, retry_after: int | None = None
+    ) -> None:
         data = json.dumps(document, ensure_ascii=False).encode("utf-8")
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
+        if retry_after is not None:
+            self.send_header("Retry-After", str(retry_after))
         if close:
             self.send_header("Connection", "close")
             self.close_connection = True
@@ -357,6 +411,23 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _end_sse(self) -> None:
         self.wfile.write(b"0\r\n\r\n")
+
+    def _hung_up(self) -> bool:
+        """True when the client has closed (or reset) its connection; reads nothing it sent."""
+        return _peer_closed(self.connection)
+
+    def _watched(self, events: Iterator[Any], cancel: threading.Event) -> Iterator[Any]:
+        """``events``, cancelling the reply as soon as the client is found gone between two of them."""
+        try:
+            for event in events:
+                if not cancel.is_set() and self._hung_up():
+                    log.debug("client %s went away; cancelling its reply", self.address_string())
+                    cancel.set()
+                yield event
+        finally:
+            close = getattr(events, "close", None)
+            if close is not None:
+                close()
 
     # endpoints --------------------------------------------------------------------------------
     def _health(self) -> None:
@@ -394,6 +465,9 @@ class _Handler(BaseHTTPRequestHandler):
         content = body.get("content")
         if not isinstance(content, str):
             raise HttpError(400, "'content' must be a string")
+        limit = text_limit(_backend_n_ctx(self.state.backend))
+        if len(content) > limit:
+            raise HttpError(400, f"'content' is longer than {limit} characters, the most allowed per request")
         worker = getattr(self.state.backend, "worker", None)
         if worker is None:
             raise HttpError(404, "this backend has no tokenizer", code="not_found")
@@ -450,19 +524,26 @@ class _Handler(BaseHTTPRequestHandler):
         )
 
     def _chat(self) -> None:
-        request = parse_chat(self._read_json(), self.state.default_kbs)
         state = self.state
+        request = parse_chat(self._read_json(), state.default_kbs, text_limit(_backend_n_ctx(state.backend)))
         cancel = threading.Event()
         state.enter_queue()
         try:
             with state.lock:
-                if state.closed:
-                    raise HttpError(503, "the server is shutting down", "server_error")
-                state.active.add(cancel)
+                state.activate(cancel)
                 try:
+                    if self._hung_up():
+                        # The client left while its request waited: nobody to answer.
+                        log.debug("client %s went away while queued", self.address_string())
+                        self.close_connection = True
+                        return
                     self._generate(request, cancel)
+                except HttpError as exc:
+                    if state.closed and exc.status >= 500:
+                        raise HttpError(503, "the server is shutting down", "server_error") from None
+                    raise
                 finally:
-                    state.active.discard(cancel)
+                    state.deactivate(cancel)
         finally:
             state.leave_queue()
 
@@ -473,13 +554,16 @@ class _Handler(BaseHTTPRequestHandler):
         documents, sources = None, []
         if request.knowledge_bases:
             documents, sources = map_errors(lambda: state.retrieve(request.knowledge_bases, request.user))
-        events = state.backend.stream(
-            request.history,
-            request.user,
-            request.params,
-            system=request.system,
-            documents=documents,
-            cancel=cancel,
+        events = self._watched(
+            state.backend.stream(
+                request.history,
+                request.user,
+                request.params,
+                system=request.system,
+                documents=documents,
+                cancel=cancel,
+            ),
+            cancel,
         )
         head = map_errors(lambda: next(events))  # planning errors become HTTP errors, before any 200
         completion_id = f"chatcmpl-{uuid.uuid4().hex}"
@@ -563,6 +647,37 @@ def _drain(events: Iterator[Any]) -> None:
             pass
     except EngineError as exc:
         log.warning("after a client disconnect: %s", exc)
+
+
+def _peer_closed(sock: socket.socket) -> bool:
+    """True when the other end of ``sock`` has closed or reset it (data waiting to be read says it has not)."""
+    try:
+        if hasattr(select, "poll"):
+            poller = select.poll()
+            poller.register(sock, select.POLLIN)
+            if not poller.poll(0):
+                return False
+        elif not select.select([sock], [], [], 0)[0]:
+            return False
+        return sock.recv(1, socket.MSG_PEEK) == b""
+    except (BlockingIOError, InterruptedError):
+        return False
+    except OSError:  # reset, or closed here
+        return True
+
+
+def _kill_worker(backend: Any) -> None:
+    """Ends the inference worker process of a ``ChatSession`` at once: the call waiting on it raises
+    ``EngineCrashed`` and lets go of the model."""
+    worker = getattr(backend, "worker", None)
+    pid = getattr(worker, "pid", None)
+    if not isinstance(pid, int):
+        return
+    log.warning("the reply in progress did not stop within %.1f s; ending the inference worker", STOP_GRACE_S)
+    try:
+        os.kill(pid, getattr(signal, "SIGKILL", signal.SIGTERM))
+    except OSError:
+        pass
 
 
 def _backend_n_ctx(backend: Any) -> int | None:
@@ -682,7 +797,9 @@ def start_server(
         server.shutdown()
         server.server_close()
         thread.join(5.0)
-        release()  # waits for a reply in progress to see its cancel
+        if owned and not state.wait_idle(STOP_GRACE_S):
+            _kill_worker(backend)  # a call that cannot see the cancel still holds the model
+        release()  # waits for the reply in progress to let go of the model
         state.close_knowledge()
 
     log.info("serving %s on http://%s:%d", model_id, url_host, bound_port)

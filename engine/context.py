@@ -12,9 +12,16 @@ The prompt is built from, in order:
 3. **The new user message.**
 4. **The reply reserve**: tokens kept free for the answer, at most a quarter of a tiny window.
 
-``count_tokens`` renders the chat template and tokenizes the whole prompt. It is called
-O(log n) times: once without history, once with all of it, then a binary search over how many
-oldest turns to drop.
+``count_tokens`` renders the chat template and tokenizes the whole prompt, which costs more than
+linear time in the prompt's size (llama.cpp splits the text at every special token, and some
+vocabularies make each newline one). So history is never counted in one piece when it is long:
+the probes grow from the newest turns. The first takes about a window's worth of text (all of
+the history when it is shorter, as a chat usually is: then one probe decides), each further one
+at most doubles the text that fitted (or adds one turn), and a binary search between the last
+probe that fitted and the first that did not finds how many oldest turns to drop. The text
+tokenized is then proportional to what fits the window, not to the whole history (one turn too
+large to fit is counted once), and ``count_tokens`` runs O(log n) times. Policy ``"refuse"``
+counts the whole conversation once, to say how much it needs.
 
 The ``breakdown`` (keys ``system``, ``documents``, ``history``, ``current``, ``reserve``, ``free``)
 sums to ``n_ctx`` exactly, and all but ``reserve`` and ``free`` sum to ``prompt_tokens``:
@@ -29,6 +36,7 @@ sums to ``n_ctx`` exactly, and all but ``reserve`` and ``free`` sum to ``prompt_
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -39,6 +47,15 @@ OverflowPolicy = Literal["rolling", "refuse"]
 Role = Literal["system", "user", "assistant"]
 
 BREAKDOWN_KEYS = ("system", "documents", "history", "current", "reserve", "free")
+
+PROBE_CHARS_PER_TOKEN = 8
+"""The first count of a long history takes this many characters of it per token of the budget:
+about twice what English packs into a token, so that probe rarely fits when more history waits,
+yet its size follows the window, not the history."""
+
+MESSAGE_CHARS = 16
+"""A message's role header, in characters, when sizing probes (about 4 tokens of English; the
+template's real text is not known here)."""
 
 
 @dataclass(frozen=True)
@@ -166,21 +183,14 @@ def plan_context(
         return counted[dropped]
 
     dropped = 0
-    if turns and tokens_without(0) > budget:
-        if policy == "refuse":
+    if turns and policy == "refuse":
+        if tokens_without(0) > budget:
             raise ContextOverflow(
                 f"conversation needs {tokens_without(0)} tokens but {where}: start a new chat, "
                 "raise the context length or switch the overflow policy to rolling"
             )
-        # Smallest number of oldest turns to drop so that the rest fits (dropping all always fits).
-        low, high = 1, len(turns)
-        while low < high:
-            middle = (low + high) // 2
-            if tokens_without(middle) <= budget:
-                high = middle
-            else:
-                low = middle + 1
-        dropped = low
+    elif turns:
+        dropped = _fewest_to_drop(turns, budget, tokens_without)
 
     kept = [m for turn in turns[dropped:] for m in turn]
     prompt_tokens = tokens_without(dropped)
@@ -198,6 +208,41 @@ def plan_context(
         prompt_tokens=prompt_tokens,
         breakdown=breakdown,
     )
+
+
+def _fewest_to_drop(turns: list[list[Message]], budget: int, tokens_without: Callable[[int], int]) -> int:
+    """The fewest oldest turns to drop so that the rest fits ``budget`` (dropping all always fits).
+
+    Probes grow from the newest turns (see the module docstring): ``tokens_without(d)`` counts the
+    prompt without the ``d`` oldest turns, and never with more than about twice the text known to
+    fit, a window's worth, or one turn more than fitted.
+    """
+    n = len(turns)
+    # text[d]: the characters of turns[d:], which shrink as d grows.
+    text = [0] * (n + 1)
+    for index in range(n - 1, -1, -1):
+        text[index] = text[index + 1] + sum(len(m.content) + MESSAGE_CHARS for m in turns[index])
+
+    def widest(limit: int) -> int:
+        """The fewest turns to drop for the rest to hold at most ``limit`` characters."""
+        return bisect.bisect_left(text, -limit, key=lambda size: -size)
+
+    fits = n  # dropping this many is known to fit
+    probe = min(widest(budget * PROBE_CHARS_PER_TOKEN), n - 1)  # at least the newest turn
+    while tokens_without(probe) <= budget:
+        fits = probe
+        if probe == 0:
+            return 0
+        probe = min(widest(2 * text[probe]), probe - 1)
+    # Dropping ``probe`` turns does not fit, dropping ``fits`` does: the answer lies between.
+    low, high = probe + 1, fits
+    while low < high:
+        middle = (low + high) // 2
+        if tokens_without(middle) <= budget:
+            high = middle
+        else:
+            low = middle + 1
+    return low
 
 
 def _breakdown(

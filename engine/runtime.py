@@ -271,7 +271,7 @@ class _Worker:
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         text = ""
         emitted = 0
-        stops = [s for s in params.stop if s]
+        stops = _StopMatcher(params.stop)
         max_new = min(params.max_tokens, n_ctx - llm.n_tokens)
         reason = "length"
         n_out = 0
@@ -285,8 +285,9 @@ class _Worker:
                     reason = "stop"
                     break
                 n_out += 1
-                text += decoder.decode(self.piece(token, special=False))
-                hit = _find_stop(text, stops)
+                piece = decoder.decode(self.piece(token, special=False))
+                text += piece
+                hit = stops.feed(piece)
                 if hit is not None:
                     text = text[:hit]
                     reason = "stop"
@@ -294,7 +295,7 @@ class _Worker:
                         send(Token(text[emitted:], token))
                         emitted = len(text)
                     break
-                safe = len(text) - _partial_stop_len(text, stops)
+                safe = len(text) - stops.partial
                 if safe > emitted:
                     send(Token(text[emitted:safe], token))
                     emitted = safe
@@ -327,20 +328,71 @@ class _Worker:
         )
 
 
-def _find_stop(text: str, stops: Sequence[str]) -> int | None:
-    hits = [i for i in (text.find(s) for s in stops) if i >= 0]
-    return min(hits) if hits else None
+class _StopMatcher:
+    """Finds the stop strings in a reply that grows a piece at a time (an Aho-Corasick automaton).
 
+    The reply costs time in proportion to its length (amortized over its pieces), whatever the
+    number and length of the stop strings; building the automaton costs their total length, once.
+    Replaces scanning every stop string over the whole text at every token.
 
-def _partial_stop_len(text: str, stops: Sequence[str]) -> int:
-    """Length of the longest tail of ``text`` that could still grow into a stop string."""
-    best = 0
-    for stop in stops:
-        for n in range(min(len(stop) - 1, len(text)), 0, -1):
-            if text.endswith(stop[:n]):
-                best = max(best, n)
-                break
-    return best
+    Args:
+        stops: the stop strings; empty ones are ignored.
+    """
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        # A trie of the stop strings: _goto[node][char] is the child, _depth[node] its text's length.
+        self._goto: list[dict[str, int]] = [{}]
+        self._depth = [0]
+        ends: set[int] = set()
+        for stop in stops:
+            node = 0
+            for char in stop:
+                child = self._goto[node].get(char)
+                if child is None:
+                    child = len(self._goto)
+                    self._goto[node][char] = child
+                    self._goto.append({})
+                    self._depth.append(self._depth[node] + 1)
+                node = child
+            if stop:
+                ends.add(node)
+        # _fail[node]: the node of the longest proper suffix of node's text that begins a stop string;
+        # _match[node]: the length of the longest stop string that node's text ends with (0: none).
+        self._fail = [0] * len(self._goto)
+        self._match = [0] * len(self._goto)
+        queue = list(self._goto[0].values())  # breadth first: a node's suffixes come before it
+        for node in queue:
+            self._match[node] = self._depth[node] if node in ends else self._match[self._fail[node]]
+            for char, child in self._goto[node].items():
+                fallback = self._fail[node]
+                while fallback and char not in self._goto[fallback]:
+                    fallback = self._fail[fallback]
+                self._fail[child] = self._goto[fallback].get(char, 0) if node else 0
+                queue.append(child)
+        self._state = 0
+        self._length = 0
+
+    def feed(self, piece: str) -> int | None:
+        """Adds ``piece`` to the text; returns where the earliest stop string in the text begins, if any
+        (the text before ``piece`` held none: it ends in ``piece``)."""
+        goto, fail, match = self._goto, self._fail, self._match
+        state = self._state
+        hit: int | None = None
+        for offset, char in enumerate(piece, start=self._length + 1):
+            while state and char not in goto[state]:
+                state = fail[state]
+            state = goto[state].get(char, 0)
+            if match[state]:
+                start = offset - match[state]
+                hit = start if hit is None else min(hit, start)
+        self._state = state
+        self._length += len(piece)
+        return hit
+
+    @property
+    def partial(self) -> int:
+        """Length of the longest tail of the text that could still grow into a stop string."""
+        return self._depth[self._state]
 
 
 def _worker_main(

@@ -11,11 +11,13 @@ import http.client
 import json
 import os
 import signal
+import socket
 import stat
 import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -25,6 +27,7 @@ import openai
 import pytest
 
 from app.cli import main
+from app.openai_wire import MAX_MESSAGES, MAX_STOP_CHARS, MAX_STOP_STRINGS, MIN_TEXT_CHARS
 from app.paths import Paths
 from app.serve import ServeError, ServerHandle, check_host, is_loopback, start_server
 from engine.errors import ContextOverflow
@@ -48,6 +51,8 @@ class FakeBackend:
         self.active = 0
         self.max_active = 0
         self.calls: list[tuple[str, str | None, int]] = []
+        self.tokens = 0  # tokens yielded, all requests together
+        self.reasons: list[str] = []  # how each reply finished
         self.closed = False
         self._guard = threading.Lock()
 
@@ -89,7 +94,9 @@ class FakeBackend:
                 time.sleep(self.delay)
                 piece = word if i == 0 else f" {word}"
                 text += piece
+                self.tokens += 1
                 yield Token(piece, i)
+            self.reasons.append(reason)
             stats = Stats(prompt_tokens=len(user.split()), completion_tokens=len(words), decode_tps=10.0)
             yield stats
             yield Finished(reason, stats, text)  # type: ignore[arg-type]
@@ -323,6 +330,167 @@ def test_stop_closes_backend_and_port(tmp_path: Path) -> None:
     assert handle.wait(5)
     with pytest.raises(ConnectionRefusedError):
         http.client.HTTPConnection("127.0.0.1", port, timeout=2).request("GET", "/health")
+
+
+# ----------------------------------------------------------------------------- bounded work per request
+
+
+def _post(handle: ServerHandle, payload: dict[str, Any] | bytes) -> tuple[int, dict[str, Any]]:
+    body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+    return _raw(
+        handle,
+        "POST",
+        "/v1/chat/completions",
+        body,
+        {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"},
+    )
+
+
+def _send_raw_request(handle: ServerHandle, payload: dict[str, Any]) -> socket.socket:
+    """Sends a chat request on a bare socket and returns it unread (the caller may hang up)."""
+    body = json.dumps(payload).encode()
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{handle.port}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    connection = socket.create_connection(("127.0.0.1", handle.port), timeout=30)
+    connection.sendall(head.encode() + body)
+    return connection
+
+
+def _wait_for(condition: Any, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_message_count_and_text_are_capped_before_planning(fake_server: tuple[ServerHandle, FakeBackend]) -> None:
+    """Many tiny messages: past 2,048 messages or the text limit, a 400 before the model is touched.
+    Bound: the issue's 500,000 one-letter messages (15 MB) cost at most 3 CPU-s of this process
+    (client included; 0.3 s here), where planning them ran over 20 minutes."""
+    handle, backend = fake_server
+    status, body = _post(handle, {"messages": [{"role": "user", "content": "a"}] * (MAX_MESSAGES + 1)})
+    assert status == 400
+    assert body["error"]["message"] == (
+        f"'messages' has {MAX_MESSAGES + 1} messages; at most {MAX_MESSAGES} are allowed per request"
+    )
+    assert body["error"]["code"] == "too_many_messages"
+
+    huge = json.dumps({"messages": [{"role": "user", "content": "a"}] * 500_000}, separators=(",", ":")).encode()
+    assert 14 * 2**20 < len(huge) < 16 * 2**20  # under the body cap
+    started = time.process_time()
+    status, body = _post(handle, huge)
+    spent = time.process_time() - started
+    assert status == 400
+    assert "at most 2048" in body["error"]["message"]
+    assert spent < 3.0, f"{spent:.2f} CPU-s"
+
+    # The text limit (this backend reports no context window: the floor applies).
+    system = {"role": "system", "content": "s" * (MIN_TEXT_CHARS // 2)}
+    status, body = _post(handle, {"messages": [system, {"role": "user", "content": "u" * (MIN_TEXT_CHARS // 2 + 1)}]})
+    assert status == 400
+    assert body["error"]["code"] == "context_length_exceeded"
+    assert f"more than {MIN_TEXT_CHARS} characters" in body["error"]["message"]
+    assert "\n" not in body["error"]["message"]
+    assert backend.calls == []
+    # At the limits, the request is served.
+    at_limit = [{"role": "user" if i % 2 == 0 else "assistant", "content": "a"} for i in range(MAX_MESSAGES - 1)]
+    at_limit.append({"role": "user", "content": "w " * ((MIN_TEXT_CHARS - MAX_MESSAGES) // 2)})
+    status, body = _post(handle, {"messages": at_limit, "max_tokens": 1})
+    assert status == 200, body
+    assert backend.calls == [(at_limit[-1]["content"], None, MAX_MESSAGES - 1)]
+
+
+def test_stop_strings_are_capped(fake_server: tuple[ServerHandle, FakeBackend]) -> None:
+    handle, backend = fake_server
+    user = [{"role": "user", "content": "a b"}]
+    status, body = _post(handle, {"messages": user, "stop": ["x"] * (MAX_STOP_STRINGS + 1)})
+    assert status == 400
+    assert body["error"]["message"] == (
+        f"'stop' has {MAX_STOP_STRINGS + 1} strings; at most {MAX_STOP_STRINGS} are allowed"
+    )
+    status, body = _post(handle, {"messages": user, "stop": ["ok", "y" * (MAX_STOP_CHARS + 1)]})
+    assert status == 400
+    assert body["error"]["message"] == (
+        f"stop[1] is {MAX_STOP_CHARS + 1} characters long; at most {MAX_STOP_CHARS} are allowed"
+    )
+    status, body = _post(handle, {"messages": user, "stop": "z" * (MAX_STOP_CHARS + 1)})
+    assert status == 400
+    assert backend.calls == []
+    status, body = _post(handle, {"messages": user, "stop": ["z" * MAX_STOP_CHARS] * MAX_STOP_STRINGS})
+    assert status == 200
+    assert body["choices"][0]["message"]["content"] == "b a"
+
+
+def test_abandoned_non_streamed_reply_is_cancelled(tmp_path: Path) -> None:
+    """A client that leaves a non-streamed request: bound at most 5 more tokens of 400 (counted,
+    not timed); before, the reply ran to its end. One that left while queued never reaches the model."""
+    backend = FakeBackend(delay=0.05)
+    with start_server(Paths.resolve(tmp_path), port=0, backend=backend) as handle:
+        words = " ".join(f"w{i}" for i in range(400))
+        connection = _send_raw_request(handle, {"messages": [{"role": "user", "content": words}]})
+        assert _wait_for(lambda: backend.tokens >= 3)
+        queued = _send_raw_request(handle, {"messages": [{"role": "user", "content": "queued and gone"}]})
+        assert _wait_for(lambda: backend.tokens >= 5)
+        queued.close()
+        at_hangup = backend.tokens
+        connection.close()
+        assert _wait_for(lambda: backend.active == 0 and backend.reasons, timeout=20)
+        assert backend.reasons == ["cancelled"]
+        assert backend.tokens - at_hangup <= 5
+        # The next request is served, and the queued one was skipped.
+        reply = _client(handle).chat.completions.create(model="m", messages=[{"role": "user", "content": "a b"}])
+        assert reply.choices[0].message.content == "b a"
+        assert [call[0] for call in backend.calls] == [words, "a b"]
+
+
+def test_a_burst_of_connections_is_answered_not_reset(tmp_path: Path) -> None:
+    """100 streams at once on 127.0.0.1: each gets 200 or 503 with Retry-After, none a TCP reset
+    (the listen backlog was socketserver's 5: 75-83 of 100 were reset here)."""
+    backend = FakeBackend(delay=0.02)
+    with start_server(Paths.resolve(tmp_path), port=0, backend=backend) as handle:
+        body = json.dumps({"messages": [{"role": "user", "content": "a b c d e f"}], "stream": True})
+        barrier = threading.Barrier(100)
+
+        def one(_: int) -> str:
+            barrier.wait(30)
+            connection = http.client.HTTPConnection("127.0.0.1", handle.port, timeout=60)
+            try:
+                connection.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
+                response = connection.getresponse()
+                response.read()
+                if response.status == 503:
+                    return "503" if response.getheader("Retry-After", "").isdigit() else "503 without Retry-After"
+                return str(response.status)
+            except OSError as exc:
+                return type(exc).__name__
+            finally:
+                connection.close()
+
+        with ThreadPoolExecutor(100) as pool:
+            outcomes = Counter(pool.map(one, range(100)))
+    assert set(outcomes) <= {"200", "503"}, outcomes
+    assert outcomes["200"] >= 1
+
+
+def test_stop_cancels_the_reply_in_progress(tmp_path: Path) -> None:
+    """Bound: the reply sees its cancel within 3 tokens of stop() (counted, not timed)."""
+    backend = FakeBackend(delay=0.05)
+    handle = start_server(Paths.resolve(tmp_path), port=0, backend=backend)
+    words = " ".join(f"w{i}" for i in range(400))
+    connection = _send_raw_request(handle, {"messages": [{"role": "user", "content": words}], "stream": True})
+    try:
+        assert _wait_for(lambda: backend.tokens >= 3)
+        at_stop = backend.tokens
+        handle.stop()
+        assert _wait_for(lambda: backend.active == 0 and backend.reasons)
+        assert backend.reasons == ["cancelled"]
+        assert backend.tokens - at_stop <= 3
+    finally:
+        connection.close()
 
 
 # ----------------------------------------------------------------------------- endpoints CLI
@@ -568,6 +736,181 @@ def test_knowledge_base_field_gives_a_cited_answer(
     status, reply = _raw(model_server, "POST", "/v1/chat/completions", json.dumps(body).encode(), headers)
     assert status == 400
     assert "no-such-kb" in reply["error"]["message"]
+
+
+def _cpu_seconds(pid: int) -> float:
+    import psutil
+
+    times = psutil.Process(pid).cpu_times()
+    return float(times.user + times.system)
+
+
+@pytest.mark.model
+def test_abandoned_non_streamed_request_stops_the_model(starter_model: Path, tmp_path: Path) -> None:
+    """``max_tokens: 1e9`` at n_ctx 1024, the client gone after 1 CPU-s of decoding: bound 2 CPU-s of the worker
+    from the hang-up until a next request is answered (0.05-0.09 s here; 28 s before, to the end of
+    the window)."""
+    from engine.runtime import LoadParams
+    from engine.session import ChatSession
+
+    session = ChatSession(LoadParams(model_path=starter_model, n_ctx=1024, n_threads=2))
+    with session, start_server(Paths.resolve(tmp_path), port=0, backend=session) as handle:
+        assert session.worker is not None and session.worker.pid is not None
+        pid = session.worker.pid
+        payload = {
+            "messages": [{"role": "user", "content": "Once upon a time"}],
+            "max_tokens": 1e9,
+            "temperature": 0,
+        }
+        connection = _send_raw_request(handle, payload)
+        start = _cpu_seconds(pid)
+        assert _wait_for(lambda: _cpu_seconds(pid) - start > 1.0, timeout=60)  # decoding
+        connection.close()
+        at_hangup = _cpu_seconds(pid)
+        reply = _client(handle).chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "Hello"}], max_tokens=1, temperature=0
+        )
+        spent = _cpu_seconds(pid) - at_hangup
+        assert reply.choices[0].message.content is not None
+        assert spent < 2.0, f"the abandoned reply went on for {spent:.2f} CPU-s"
+
+
+@pytest.mark.model
+def test_stop_ends_a_worker_call_that_cannot_see_the_cancel(
+    starter_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request stuck in a long worker call (a tokenization that would take minutes): stop()
+    returns within 4 s, the worker process killed, and the client answered."""
+    from engine.session import ChatSession
+
+    real_count = ChatSession.count_messages
+    stuck = threading.Event()
+    pids: list[int] = []
+
+    def slow_count(self: ChatSession, messages: Sequence[Any]) -> int:
+        assert self.worker is not None and self.worker.pid is not None
+        pids.append(self.worker.pid)
+        stuck.set()
+        self.worker.tokenize("<start_of_turn>" * 200_000)  # minutes of llama.cpp's time
+        return real_count(self, messages)
+
+    monkeypatch.setattr(ChatSession, "count_messages", slow_count)
+    handle = start_server(Paths.resolve(tmp_path), port=0, model_path=starter_model, n_ctx=256)
+    answers: list[int] = []
+
+    def ask() -> None:
+        status, _ = _raw(
+            handle,
+            "POST",
+            "/v1/chat/completions",
+            json.dumps({"messages": [{"role": "user", "content": "hi"}]}).encode(),
+            {"Content-Type": "application/json"},
+        )
+        answers.append(status)
+
+    client = threading.Thread(target=ask, daemon=True)
+    client.start()
+    try:
+        assert stuck.wait(60)
+        time.sleep(0.2)
+        stopper = threading.Thread(target=handle.stop, daemon=True)
+        started = time.monotonic()
+        stopper.start()
+        stopper.join(60)
+        took = time.monotonic() - started
+        assert not stopper.is_alive(), "stop() waited for the stuck call"
+        assert took < 4.0, f"stop() took {took:.1f} s"
+        import psutil
+
+        assert not psutil.pid_exists(pids[0]) or psutil.Process(pids[0]).status() == psutil.STATUS_ZOMBIE
+        client.join(10)
+        assert answers == [503]
+    finally:
+        handle.stop()
+
+
+@pytest.mark.model
+def test_cli_serve_sigterm_during_a_reply_exits_promptly(starter_model: Path, tmp_path: Path) -> None:
+    """SIGTERM while a long reply streams: the process exits within 5 s (1.3 s here)."""
+    env = {**_env_without_key(), "GLASSBOX_HOME": str(tmp_path)}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "app", "serve", "--model", str(starter_model), "--port", "0",
+         "--n-ctx", "2048", "--no-embeddings", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env=env,
+    )
+    try:
+        assert process.stdout is not None
+        started = json.loads(process.stdout.readline())
+        client = openai.OpenAI(base_url=started["openai_base_url"], api_key="unused", max_retries=0, timeout=60)
+        prompt = " ".join(["the quick brown fox jumps over the lazy dog"] * 120)  # prefill in several batches
+        stream = client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": prompt}], max_tokens=1500, temperature=0, stream=True
+        )
+        next(iter(stream))  # the reply has begun
+        sent = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(30) == 0
+        took = time.monotonic() - sent
+        assert took < 5.0, f"exit took {took:.1f} s after SIGTERM"
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+
+
+_STUCK_SERVE = """
+import sys
+from engine.session import ChatSession
+from app.cli import main
+
+real_count = ChatSession.count_messages
+
+def slow_count(self, messages):
+    print("stuck", flush=True)
+    self.worker.tokenize("<start_of_turn>" * 200_000)  # minutes of llama.cpp's time
+    return real_count(self, messages)
+
+ChatSession.count_messages = slow_count
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.model
+def test_cli_serve_sigterm_while_a_request_is_stuck_exits_promptly(starter_model: Path, tmp_path: Path) -> None:
+    """SIGTERM while a request holds the model in a call that cannot see the cancel: the process
+    exits within 5 s (about 1.5 s here; before, it still ran after 60 s)."""
+    env = {**_env_without_key(), "GLASSBOX_HOME": str(tmp_path)}
+    process = subprocess.Popen(
+        [sys.executable, "-c", _STUCK_SERVE, "serve", "--model", str(starter_model), "--port", "0",
+         "--n-ctx", "256", "--no-embeddings", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env=env,
+    )
+    try:
+        assert process.stdout is not None
+        started = json.loads(process.stdout.readline())
+        connection = http.client.HTTPConnection(started["host"], started["port"], timeout=30)
+        body = json.dumps({"messages": [{"role": "user", "content": "hi"}]})
+        connection.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
+        assert process.stdout.readline().strip() == "stuck"
+        time.sleep(0.2)
+        sent = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(60) == 0
+        took = time.monotonic() - sent
+        assert took < 5.0, f"exit took {took:.1f} s after SIGTERM"
+        connection.close()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
 
 
 def test_api_key_from_environment_keeps_it_out_of_the_process_list(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -299,3 +299,123 @@ def test_plan_with_the_starter_models_tokenizer_at_n_ctx_256(starter_model: Path
             )
     finally:
         model.close()
+
+
+# ----------------------------------------------------------------------------- bounded work
+
+
+class MeasuringTokenizer(FakeTokenizer):
+    """A FakeTokenizer that records how much text each count was given (what a real tokenizer pays for)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sizes: list[int] = []
+        self.seen: list[set[str]] = []
+
+    def count_tokens(self, messages: Sequence[Message]) -> int:
+        self.sizes.append(sum(len(m.content) for m in messages))
+        self.seen.append({m.content for m in messages})
+        return super().count_tokens(messages)
+
+
+def fewest_to_drop_by_scan(history: Sequence[Message], budget: int) -> int:
+    """The reference answer: how many oldest messages rolling must drop, by trying every turn start."""
+    starts = [i for i, m in enumerate(history) if m.role == "user" or i == 0]
+    fixed = FakeTokenizer().count_tokens([Message("system", "be kind"), Message("user", "hello there")])
+    answer, tokens = len(history), fixed  # the tokenizer adds up, so grow from the newest turn
+    for start in reversed(starts):
+        tokens += sum(HEADER + words(m.content) for m in history[start:answer])
+        if tokens > budget:
+            return answer
+        answer = start
+    return answer
+
+
+def test_long_history_is_counted_in_window_sized_probes() -> None:
+    """Many tiny messages: the text counted follows the window, not the history (bounds: the same
+    probes for 1,000 and 100,000 turns, none over 3 windows' worth of text, O(log n) of them)."""
+    n_ctx = 256
+    counted = []
+    for n_turns in (1_000, 100_000):
+        tok = MeasuringTokenizer()
+        history = [Message("user" if i % 2 == 0 else "assistant", "a") for i in range(2 * n_turns)]
+        result = plan(history, n_ctx=n_ctx, tok=tok)
+        assert result.evicted == fewest_to_drop_by_scan(history, n_ctx)
+        assert result.prompt_tokens <= n_ctx
+        assert max(tok.sizes) <= 3 * 8 * n_ctx  # characters of message text in any one count
+        assert tok.calls <= 2 + math.ceil(math.log2(2 * n_turns)) + 1
+        counted.append(tok.sizes)
+    assert counted[0] == counted[1]
+
+
+def test_a_huge_old_turn_is_counted_once() -> None:
+    huge = " ".join(["w"] * 200_000)
+    for history in (
+        [Message("user", huge), Message("assistant", "ok"), *history_of(200)],  # oldest
+        [*history_of(200), Message("user", huge), Message("assistant", "ok")],  # newest
+        [*history_of(200), Message("user", huge), *history_of(3)],  # just past what fits
+    ):
+        tok = MeasuringTokenizer()
+        result = plan(history, n_ctx=400, tok=tok)
+        assert result.evicted == fewest_to_drop_by_scan(history, 400)
+        assert sum(huge in seen for seen in tok.seen) <= 1
+
+
+def test_sparse_text_grows_the_probes_until_they_stop_fitting() -> None:
+    """Text with many characters per token (the first probe fits although more history waits)."""
+    rng = random.Random(11)
+    for _ in range(200):
+        history = [
+            Message(
+                "user" if rng.random() < 0.6 else "assistant",
+                " ".join("x" * rng.randint(1, 300) for _ in range(rng.randint(0, 12))),
+            )
+            for _ in range(rng.randint(1, 120))
+        ]
+        n_ctx = rng.randint(30, 900)
+        try:
+            result = plan(history, n_ctx=n_ctx)
+        except ContextOverflow:
+            continue
+        assert result.evicted == fewest_to_drop_by_scan(history, n_ctx)
+        check_breakdown(result, n_ctx)
+
+
+@pytest.mark.model
+def test_planning_8001_tiny_messages_on_the_starter_model_is_cheap(starter_model: Path) -> None:
+    """The 8,001 one-letter messages of the issue at n_ctx 256: bound 0.5 CPU-s for the planning
+    (rendering the real template, tokenizing with the real vocabulary): 0.06 s here, 6.1 s before."""
+    import time
+
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from engine.templates import select_template
+
+    model = llama_cpp.Llama(str(starter_model), vocab_only=True, verbose=False)
+    try:
+        template = select_template(None, "gemma3", "<bos>", "<eos>")
+
+        def count_tokens(messages: Sequence[Message]) -> int:
+            prompt = template.render([{"role": m.role, "content": m.content} for m in messages])
+            return len(model.tokenize(prompt.encode(), add_bos=False, special=True))
+
+        def count_text(text: str) -> int:
+            return len(model.tokenize(text.encode(), add_bos=False, special=False))
+
+        history = [Message("user", "a") for _ in range(8000)]
+        started = time.process_time()
+        result = plan_context(
+            system=None,
+            documents=None,
+            history=history,
+            user="a",
+            n_ctx=256,
+            reply_reserve=4,
+            count_tokens=count_tokens,
+            count_text=count_text,
+        )
+        spent = time.process_time() - started
+        assert 0 < len(result.messages) - 1 < 100
+        assert result.prompt_tokens == count_tokens(result.messages) <= 256 - 4
+        assert spent < 0.5, f"planning took {spent:.2f} CPU-s"
+    finally:
+        model.close()

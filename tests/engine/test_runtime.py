@@ -179,3 +179,44 @@ def test_llama_cpp_refusal_is_a_model_load_error(tmp_path: Path) -> None:
         worker.start()
     assert str(caught.value).startswith(f"{path}: llama.cpp could not load it")
     assert not worker.alive
+
+
+def test_stop_strings_end_the_reply_and_cost_nothing_per_token(worker: InferenceWorker) -> None:
+    """16 stop strings of 256 characters (the API's limits) beside one that matches: the reply ends
+    before it, and the worker spends at most 0.5 CPU-s more than without stops (40 tokens)."""
+    import random
+
+    import psutil
+
+    assert worker.pid is not None
+    child = psutil.Process(worker.pid)
+
+    def cpu() -> float:
+        times = child.cpu_times()
+        return float(times.user + times.system)
+
+    tokens = worker.tokenize(PROMPT, add_bos=True)
+    params = GenerationParams(max_tokens=40, temperature=0.0)
+    worker.reset_cache()
+    before = cpu()
+    events, plain = _run(worker, tokens, params)
+    without = cpu() - before
+    assert len(plain.text) > 12
+    stop = plain.text[6:12]
+    rng = random.Random(3)
+    noise = tuple("".join(rng.choices("abcdefgh ", k=256)) for _ in range(15))
+    worker.reset_cache()
+    before = cpu()
+    events, stopped = _run(worker, tokens, params.model_copy(update={"stop": (*noise, stop)}))
+    with_stops = cpu() - before
+    assert stopped.reason == "stop"
+    assert stopped.text == plain.text[: plain.text.index(stop)]
+    assert "".join(e.text for e in events if isinstance(e, Token)) == stopped.text
+    # Long stops with no match: the whole reply, streamed in full.
+    worker.reset_cache()
+    before = cpu()
+    events, unmatched = _run(worker, tokens, params.model_copy(update={"stop": noise}))
+    with_stops = max(with_stops, cpu() - before)
+    assert unmatched.text == plain.text
+    assert "".join(e.text for e in events if isinstance(e, Token)) == plain.text
+    assert with_stops < without + 0.5, f"{with_stops:.2f} CPU-s with stops, {without:.2f} without"
