@@ -760,7 +760,9 @@ def start_server(
         from engine.session import ChatSession
 
         load = LoadParams(model_path=model_path, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers)
-        backend = ChatSession(load, machine_bandwidth_gbps=machine_bandwidth_gbps)
+        backend = ChatSession(
+            load, machine_bandwidth_gbps=machine_bandwidth_gbps, backend_state=paths.cpu_backend_state
+        )
         model_id = model_path.stem
         owned = True
     else:
