@@ -8,12 +8,8 @@ does), so ``engine.history`` maps it as it would. One test also fills a real sma
 
 from __future__ import annotations
 
-import errno
-import os
 import shutil
 import sqlite3
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +23,7 @@ from app.workers import chat_adapter
 from app.workers.chat_adapter import ChatState, ModelState
 from app.workers.history_service import SAVE_MARGIN, HistoryDiskFull, HistoryService, _size
 from engine.history import HistoryStore
+from tests.disk_support import fill, mounted_tmpfs
 
 pytestmark = [pytest.mark.gui, pytest.mark.qt_log_ignore("propagateSizeHints")]
 
@@ -372,35 +369,8 @@ def test_a_kept_write_is_tried_again_at_close(qtbot: Any, paths: Paths, disk: Di
 @pytest.fixture
 def tmpfs(tmp_path: Path) -> Iterator[Path]:
     """A 4 MiB tmpfs, mounted where ``mount -t tmpfs`` works (root on Linux)."""
-    if not sys.platform.startswith("linux") or os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root on Linux")
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", str(mount)], capture_output=True, text=True
-    )
-    if done.returncode != 0:
-        pytest.skip(f"mount -t tmpfs is not allowed here: {done.stderr.strip() or done.returncode}")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+    yield from mounted_tmpfs(tmp_path, "4m")
 
-
-def fill(mount: Path) -> Path:
-    """Writes a file until the tmpfs is full; returns it (delete it to get the space back)."""
-    filler = mount / f"filler-{len(list(mount.glob('filler-*')))}"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
-    stopped: OSError | None = None
-    try:
-        while True:
-            os.write(fd, b"\0" * 4096)
-    except OSError as exc:
-        stopped = exc
-    finally:
-        os.close(fd)
-    assert stopped is not None and stopped.errno == errno.ENOSPC
-    return filler
 
 
 def test_on_a_real_full_tmpfs_nothing_typed_or_answered_is_lost(

@@ -10,11 +10,8 @@ where ``mount -t tmpfs`` works (root on Linux), and is skipped with the reason e
 from __future__ import annotations
 
 import errno
-import os
 import re
 import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +23,7 @@ import engine.quantize as quantize
 from engine.errors import QuantizeError
 from engine.gguf import read_gguf_info
 from engine.quantize import ChildOutcome, find_quant_type, quantize_model
+from tests.disk_support import mounted_tmpfs
 
 MIB = 2**20
 MARGIN = 64 * MIB
@@ -216,18 +214,7 @@ def test_another_os_error_on_the_final_flush_is_not_called_a_full_disk(
 @pytest.fixture
 def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
     """A 512 KiB tmpfs (the tiny model's Q8_0 needs about 1.6 MB), where mounting one works."""
-    if not sys.platform.startswith("linux") or os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root on Linux")
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    command = ["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(mount)]
-    done = subprocess.run(command, capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"mount -t tmpfs is not allowed here: {done.stderr.strip() or done.returncode}")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+    yield from mounted_tmpfs(tmp_path, "512k", "0755")
 
 
 @pytest.mark.model

@@ -8,13 +8,9 @@ tmpfs, where ``mount -t tmpfs`` works (root on Linux), and is skipped with the r
 
 from __future__ import annotations
 
-import errno
 import hashlib
-import os
 import shutil
 import sqlite3
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +23,7 @@ from app.paths import Paths
 from rag.errors import KnowledgeBaseError
 from rag.knowledge import KnowledgeBases
 from rag.registry import Registry
+from tests.disk_support import fill, mounted_tmpfs
 
 
 def snapshot(folder: Path) -> dict[str, str]:
@@ -229,35 +226,13 @@ def test_indexing_the_disk_stops_is_said_so_and_what_was_indexed_stays(
 @pytest.fixture
 def tmpfs(tmp_path: Path) -> Iterator[Path]:
     """A 4 MiB tmpfs, where ``mount -t tmpfs`` works (root on Linux)."""
-    if not sys.platform.startswith("linux") or os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root on Linux")
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    command = ["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", str(mount)]
-    done = subprocess.run(command, capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"mount -t tmpfs is not allowed here: {done.stderr.strip() or done.returncode}")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+    yield from mounted_tmpfs(tmp_path, "4m")
 
-
-def fill(filler: Path) -> None:
-    """Writes ``filler`` until its disk is full."""
-    stopped: OSError | None = None
-    with filler.open("wb", buffering=0) as handle:
-        try:
-            while True:
-                handle.write(b"\0" * 4096)
-        except OSError as exc:
-            stopped = exc
-    assert stopped is not None and stopped.errno == errno.ENOSPC
 
 
 def test_kb_add_on_a_real_full_tmpfs_home(tmpfs: Path, docs: Path, capsys: pytest.CaptureFixture[str]) -> None:
     paths = home_with_a_kb(tmpfs / "home")
-    fill(tmpfs / "filler")
+    fill(tmpfs)
     before = snapshot(paths.knowledge)
     code, _out, err = kb_add(capsys, paths, docs)
     assert code == 1

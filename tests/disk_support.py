@@ -1,0 +1,46 @@
+"""A real small disk for the full-disk tests: a tmpfs where ``mount -t tmpfs`` works (root on
+Linux), and a way to fill it. Tests elsewhere inject ``OSError(ENOSPC)`` instead."""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+
+def mounted_tmpfs(folder: Path, size: str, mode: str = "0700") -> Iterator[Path]:
+    """Mounts a tmpfs of ``size`` (``"4m"``, ``"512k"``) on ``folder/disk`` for a fixture to yield
+    from; skips the test where mounting is not possible; unmounts afterwards."""
+    if not sys.platform.startswith("linux") or os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root on Linux")
+    mount = folder / "disk"
+    mount.mkdir()
+    command = ["mount", "-t", "tmpfs", "-o", f"size={size},mode={mode}", "tmpfs", str(mount)]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        pytest.skip(f"mount -t tmpfs is not allowed here: {done.stderr.strip() or done.returncode}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True, check=False)
+
+
+def fill(mount: Path) -> Path:
+    """Writes a file until the disk under ``mount`` is full; returns it (delete it for space)."""
+    filler = mount / f"filler-{len(list(mount.glob('filler-*')))}"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+    stopped: OSError | None = None
+    try:
+        while True:
+            os.write(fd, b"\0" * 4096)
+    except OSError as exc:
+        stopped = exc
+    finally:
+        os.close(fd)
+    assert stopped is not None and stopped.errno == errno.ENOSPC
+    return filler
