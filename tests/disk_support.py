@@ -44,3 +44,21 @@ def fill(mount: Path) -> Path:
         os.close(fd)
     assert stopped is not None and stopped.errno == errno.ENOSPC
     return filler
+
+
+def file_mode(path: Path) -> int:
+    """The permission bits of ``path`` (``0o600``)."""
+    import stat
+
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+@pytest.fixture
+def usual_umask() -> Iterator[None]:
+    """Runs the test under the usual umask 022 (a module imports it and lists it in
+    ``pytestmark = pytest.mark.usefixtures("usual_umask")``)."""
+    old = os.umask(0o022)
+    try:
+        yield
+    finally:
+        os.umask(old)

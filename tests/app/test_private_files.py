@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import stat
 import sys
 import threading
 from collections.abc import Iterator, Sequence
@@ -28,24 +26,15 @@ from app.settings import Settings, load_settings, save_settings
 from engine.endpoints import EndpointStore
 from engine.events import Event, Finished, Stats, Token
 from engine.runtime import GenerationParams
+from tests.disk_support import file_mode, usual_umask  # noqa: F401 - a fixture pytestmark names
 
-pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX permission bits")
+pytestmark = [
+    pytest.mark.skipif(sys.platform == "win32", reason="POSIX permission bits"),
+    pytest.mark.usefixtures("usual_umask"),
+]
 
 KEY = "sk-glassbox-secret-7f3a9c"
 WRONG_KEY = "sk-wrong-secret-0042aa"
-
-
-def _mode(path: Path) -> int:
-    return stat.S_IMODE(path.stat().st_mode)
-
-
-@pytest.fixture(autouse=True)
-def usual_umask() -> Iterator[None]:
-    old = os.umask(0o022)
-    try:
-        yield
-    finally:
-        os.umask(old)
 
 
 @pytest.fixture
@@ -66,7 +55,7 @@ def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 def test_ensure_creates_every_folder_owner_only(home: Path) -> None:
     paths = Paths.resolve(home).ensure()
-    modes = {str(folder.relative_to(home)): _mode(folder) for folder in _folders(paths)}
+    modes = {str(folder.relative_to(home)): file_mode(folder) for folder in _folders(paths)}
     assert modes == {
         "data": 0o700,
         "cache": 0o700,
@@ -84,7 +73,7 @@ def test_ensure_makes_loose_folders_owner_only_once_and_says_so(home: Path, capl
         folder.chmod(0o755)  # as an older Glassbox left them
     with caplog.at_level(logging.WARNING):
         paths.ensure()
-    assert {_mode(folder) for folder in _folders(paths)} == {0o700}
+    assert {file_mode(folder) for folder in _folders(paths)} == {0o700}
     said = _warnings(caplog)
     for folder in _folders(paths):
         assert f"{folder}: other users could read it (mode 755); made it owner-only (700)" in said
@@ -100,9 +89,9 @@ def test_ensure_makes_loose_folders_owner_only_once_and_says_so(home: Path, capl
 def test_settings_file_is_owner_only_even_without_a_key(home: Path) -> None:
     paths = Paths.resolve(home).ensure()
     save_settings(Settings(), paths.settings_file)
-    assert _mode(paths.settings_file) == 0o600
+    assert file_mode(paths.settings_file) == 0o600
     save_settings(Settings(api_server_key=KEY), paths.settings_file)
-    assert _mode(paths.settings_file) == 0o600
+    assert file_mode(paths.settings_file) == 0o600
     assert [p.name for p in paths.config.iterdir()] == ["settings.json"]  # no temporary file left
 
 
@@ -117,8 +106,8 @@ def test_copy_of_a_damaged_settings_file_is_owner_only(home: Path) -> None:
     assert loaded.warning is not None and "settings.json.bad" in loaded.warning
     assert KEY not in loaded.warning
     assert backup.read_text() == damaged
-    assert _mode(backup) == 0o600
-    assert _mode(paths.settings_file) == 0o600
+    assert file_mode(backup) == 0o600
+    assert file_mode(paths.settings_file) == 0o600
 
 
 def test_loose_settings_and_backup_are_made_owner_only_when_read(home: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -130,7 +119,7 @@ def test_loose_settings_and_backup_are_made_owner_only_when_read(home: Path, cap
         path.chmod(0o644)
     with caplog.at_level(logging.WARNING):
         assert load_settings(paths.settings_file).settings.api_server_key == KEY
-    assert (_mode(paths.settings_file), _mode(backup)) == (0o600, 0o600)
+    assert (file_mode(paths.settings_file), file_mode(backup)) == (0o600, 0o600)
     said = _warnings(caplog)
     assert f"{paths.settings_file}: other users could read it (mode 644); made it owner-only (600)" in said
     assert f"{backup}: other users could read it (mode 644); made it owner-only (600)" in said
@@ -145,11 +134,11 @@ def test_endpoints_file_is_owner_only_and_an_older_loose_one_is_fixed(
     paths = Paths.resolve(home).ensure()
     file = paths.config / "endpoints.json"
     EndpointStore(file).add("http://10.1.2.3:8080", name="lab", api_key=KEY)
-    assert _mode(file) == 0o600
+    assert file_mode(file) == 0o600
     file.chmod(0o644)
     with caplog.at_level(logging.WARNING):
         assert EndpointStore(file).get("lab").api_key == KEY
-    assert _mode(file) == 0o600
+    assert file_mode(file) == 0o600
     assert f"{file}: other users could read it (mode 644); made it owner-only (600)" in _warnings(caplog)
 
 

@@ -7,28 +7,20 @@ Each file is written here as the other version would have written it.
 from __future__ import annotations
 
 import json
-import os
 import stat
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from app.settings import SCHEMA_VERSION, SamplingPreset, Settings, load_settings, save_settings
+from tests.disk_support import usual_umask  # noqa: F401 - the fixture pytestmark names
+
+pytestmark = pytest.mark.usefixtures("usual_umask")
 
 KEY = "sk-glassbox-secret-7f3a9c"
 NEWER = SCHEMA_VERSION + 3
-
-
-@pytest.fixture(autouse=True)
-def usual_umask() -> Iterator[None]:
-    old = os.umask(0o022)
-    try:
-        yield
-    finally:
-        os.umask(old)
 
 
 def _write(path: Path, data: dict[str, Any]) -> bytes:

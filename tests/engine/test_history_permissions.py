@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
-import stat
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,12 +17,9 @@ from typing import Any
 import pytest
 
 from engine.history import MIGRATIONS, HistoryStore
+from tests.disk_support import file_mode
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX permission bits")
-
-
-def _mode(path: Path) -> int:
-    return stat.S_IMODE(path.stat().st_mode)
 
 
 @pytest.fixture(params=[0o022, 0o002, 0o000], ids=["umask-022", "umask-002", "umask-000"])
@@ -48,12 +44,12 @@ def test_new_history_with_its_wal_and_shm_files_is_owner_only(db_path: Path, uma
         wal = db_path.with_name("history.sqlite3-wal")
         shm = db_path.with_name("history.sqlite3-shm")
         assert wal.exists() and shm.exists()  # WAL mode, open: both side files are there now
-        assert {p.name: _mode(p) for p in (db_path, wal, shm)} == {
+        assert {p.name: file_mode(p) for p in (db_path, wal, shm)} == {
             "history.sqlite3": 0o600,
             "history.sqlite3-wal": 0o600,
             "history.sqlite3-shm": 0o600,
         }
-    assert _mode(db_path.parent) == 0o700  # the folder the store created
+    assert file_mode(db_path.parent) == 0o700  # the folder the store created
 
 
 def test_the_file_is_owner_only_before_sqlite_opens_it(
@@ -63,7 +59,7 @@ def test_the_file_is_owner_only_before_sqlite_opens_it(
     real_connect = sqlite3.connect
 
     def connect(path: Path, *args: Any, **kwargs: Any) -> sqlite3.Connection:
-        seen.append(_mode(Path(path)))  # the file must already exist, owner-only
+        seen.append(file_mode(Path(path)))  # the file must already exist, owner-only
         conn: sqlite3.Connection = real_connect(path, *args, **kwargs)
         return conn
 
@@ -91,8 +87,8 @@ def test_migration_backup_is_owner_only(db_path: Path, umask: int) -> None:
         assert store.schema_version == len(MIGRATIONS)
     backup = db_path.with_name("history.sqlite3.bak-v1")
     assert backup.exists()
-    assert _mode(backup) == 0o600
-    assert _mode(db_path) == 0o600
+    assert file_mode(backup) == 0o600
+    assert file_mode(db_path) == 0o600
 
 
 def test_loose_files_of_an_older_version_are_made_owner_only_once_and_logged(
@@ -107,8 +103,8 @@ def test_loose_files_of_an_older_version_are_made_owner_only_once_and_logged(
 
     with caplog.at_level(logging.WARNING), HistoryStore(db_path):
         pass
-    assert _mode(db_path) == 0o600
-    assert _mode(backup) == 0o600
+    assert file_mode(db_path) == 0o600
+    assert file_mode(backup) == 0o600
     said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert f"{db_path}: other users could read it (mode 644); made it owner-only (600)" in said
     assert f"{backup}: other users could read it (mode 644); made it owner-only (600)" in said

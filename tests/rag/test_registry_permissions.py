@@ -8,10 +8,7 @@ folders 0755, so each one fails if the documents' text is created, or kept, read
 from __future__ import annotations
 
 import logging
-import os
-import stat
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,21 +16,12 @@ from standins import FakeEmbedder, TextParser, paragraph_chunks, write
 
 from rag.knowledge import KnowledgeBases
 from rag.registry import Registry
+from tests.disk_support import file_mode, usual_umask  # noqa: F401 - a fixture pytestmark names
 
-pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX permission bits")
-
-
-def _mode(path: Path) -> int:
-    return stat.S_IMODE(path.stat().st_mode)
-
-
-@pytest.fixture(autouse=True)
-def usual_umask() -> Iterator[None]:
-    old = os.umask(0o022)
-    try:
-        yield
-    finally:
-        os.umask(old)
+pytestmark = [
+    pytest.mark.skipif(sys.platform == "win32", reason="POSIX permission bits"),
+    pytest.mark.usefixtures("usual_umask"),
+]
 
 
 def test_new_registry_with_its_wal_and_shm_files_is_owner_only(tmp_path: Path) -> None:
@@ -45,12 +33,12 @@ def test_new_registry_with_its_wal_and_shm_files_is_owner_only(tmp_path: Path) -
         wal = path.with_name("registry.sqlite3-wal")
         shm = path.with_name("registry.sqlite3-shm")
         assert wal.exists() and shm.exists()
-        assert {p.name: _mode(p) for p in (path, wal, shm)} == {
+        assert {p.name: file_mode(p) for p in (path, wal, shm)} == {
             "registry.sqlite3": 0o600,
             "registry.sqlite3-wal": 0o600,
             "registry.sqlite3-shm": 0o600,
         }
-    assert _mode(path.parent) == 0o700
+    assert file_mode(path.parent) == 0o700
 
 
 def test_loose_registry_of_an_older_version_is_made_owner_only_once_and_logged(
@@ -61,7 +49,7 @@ def test_loose_registry_of_an_older_version_is_made_owner_only_once_and_logged(
     path.chmod(0o644)
     with caplog.at_level(logging.WARNING):
         Registry(path).close()
-    assert _mode(path) == 0o600
+    assert file_mode(path) == 0o600
     said = [r.getMessage() for r in caplog.records]
     assert f"{path}: other users could read it (mode 644); made it owner-only (600)" in said
     caplog.clear()
@@ -94,9 +82,9 @@ def test_knowledge_and_chroma_folders_are_owner_only(tmp_path: Path) -> None:
         assert [p.text for p in kbs.query("diary", "archaeopteryx")] != []
     chroma = root / "chroma"
     assert (chroma / "chroma.sqlite3").is_file()  # Chroma wrote its files inside the private folder
-    assert {p.name: _mode(p) for p in (root, chroma)} == {"knowledge": 0o700, "chroma": 0o700}
+    assert {p.name: file_mode(p) for p in (root, chroma)} == {"knowledge": 0o700, "chroma": 0o700}
     registry = root / "registry.sqlite3"
-    assert _mode(registry) == 0o600
+    assert file_mode(registry) == 0o600
 
 
 def test_loose_knowledge_and_chroma_folders_are_made_owner_only_and_logged(
@@ -107,7 +95,7 @@ def test_loose_knowledge_and_chroma_folders_are_made_owner_only_and_logged(
     root.chmod(0o755)
     with caplog.at_level(logging.WARNING), _open(root, tmp_path):
         pass
-    assert {p.name: _mode(p) for p in (root, root / "chroma")} == {"knowledge": 0o700, "chroma": 0o700}
+    assert {p.name: file_mode(p) for p in (root, root / "chroma")} == {"knowledge": 0o700, "chroma": 0o700}
     said = [r.getMessage() for r in caplog.records]
     assert f"{root}: other users could read it (mode 755); made it owner-only (700)" in said
     assert f"{root / 'chroma'}: other users could read it (mode 755); made it owner-only (700)" in said
