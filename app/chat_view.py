@@ -25,7 +25,15 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.markdown_render import COPY_SCHEME, LIGHT_CODE, CodeColors, plain_html, render_markdown, split_blocks
+from app.markdown_render import (
+    COPY_SCHEME,
+    LIGHT_CODE,
+    SAFE_LINK_SCHEMES,
+    CodeColors,
+    plain_html,
+    render_markdown,
+    split_blocks,
+)
 from app.workers.history_service import DisplayMessage
 
 SOURCE_SCHEME = "gb-source"
@@ -344,7 +352,12 @@ class MessageCard(QFrame):
             if 0 <= index < len(codes):
                 QGuiApplication.clipboard().setText(codes[index])
             return
-        QDesktopServices.openUrl(QUrl(link))
+        url = QUrl(link)
+        # The renderer makes links only of these schemes; anything else (a local file, a script,
+        # an app-internal scheme) is never handed to the desktop, whatever put it in the label.
+        if not link.lower().startswith(SAFE_LINK_SCHEMES) or not url.isValid():
+            return
+        QDesktopServices.openUrl(url)
 
     def copy_code(self, index: int) -> str | None:
         """The raw text of the message's ``index``-th code block (for the Copy links)."""

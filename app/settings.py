@@ -277,7 +277,9 @@ def save_settings(settings: Settings, path: Path) -> None:
     """Writes the settings atomically: temp file, flush, fsync, rename; the file is owner-only (0600).
 
     Raises:
-        OSError: the folder is not writable or the disk is full; the old file is left intact.
+        OSError: the folder is not writable or the disk is full; the old file is left intact. Its
+            ``filename`` is ``path`` (not the temporary file, nor None when a write or the flush to
+            disk failed), so the one-line error names the settings file and the reason.
     """
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     text = json.dumps(settings.file_data(), indent=2, sort_keys=True) + "\n"
@@ -290,6 +292,8 @@ def save_settings(settings: Settings, path: Path) -> None:
             out.flush()
             os.fsync(out.fileno())
         os.replace(tmp, path)
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc  # the subclass follows errno
     finally:
         tmp.unlink(missing_ok=True)
 

@@ -298,7 +298,7 @@ class HistoryStore:
             return
         try:
             done = {str(row[0]) for row in conn.execute("SELECT name FROM migrations")}
-        except sqlite3.Error:
+        except (sqlite3.Error, UnicodeDecodeError):
             return  # no migrations table yet, or damage: the regular open says so
         finally:
             conn.close()
@@ -314,16 +314,25 @@ class HistoryStore:
 
     @contextmanager
     def _guard(self) -> Iterator[None]:
-        """Hold the lock and turn SQLite errors into one-line HistoryErrors."""
+        """Hold the lock and turn SQLite errors into one-line HistoryErrors.
+
+        Damage can also show as stored text that is no UTF-8 (``UnicodeDecodeError``, or SQLite's
+        "Could not decode to UTF-8 column ... with text ..."): it is reported as corruption without
+        quoting the text, which is the user's chats.
+        """
         with self._lock:
             try:
                 yield
-            except sqlite3.Error as exc:
-                text = str(exc)
-                if "full" in text:
+            except (sqlite3.Error, UnicodeDecodeError) as exc:
+                text = " ".join(str(exc).split())[:200]  # one line, whatever SQLite says
+                if isinstance(exc, UnicodeDecodeError) or "Could not decode to UTF-8" in text:
+                    reason = "the chat history is corrupt (stored text is not valid UTF-8); it was left untouched"
+                elif "full" in text:
                     reason = "could not save: the disk is full"
                 elif "not a database" in text or "malformed" in text:
                     reason = f"the chat history is corrupt ({text}); it was left untouched"
+                elif "fts5" in text:  # the search index's own pages, which SQLite's b-tree checks pass
+                    reason = f"the chat history is corrupt (its search index is damaged: {text}); it was left untouched"
                 elif isinstance(exc, sqlite3.ProgrammingError) and "closed" in text:
                     reason = "the chat history is closed"
                 else:

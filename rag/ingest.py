@@ -8,6 +8,7 @@ vectors nobody owns are deleted). Upserts are idempotent, so nothing is ever sto
 
 from __future__ import annotations
 
+import errno
 import functools
 import hashlib
 import os
@@ -21,7 +22,7 @@ from typing import Any, NamedTuple, Protocol
 
 from rag.embeddings import Embedder
 from rag.errors import DocumentError, KnowledgeBaseError
-from rag.loaders import file_type, not_regular
+from rag.loaders import check_size, file_type, not_regular
 from rag.registry import ChunkLike, DocState, DocumentRecord, KnowledgeBaseInfo, Registry
 from rag.store import VectorStore
 
@@ -30,6 +31,8 @@ from rag.store import VectorStore
 MIN_BATCH = 32
 MAX_FILES = 200_000  # a folder walk stops here instead of eating the machine (ROBUSTNESS I8)
 _HASH_BLOCK = 1 << 20
+_CHANGED_TRIES = 2  # a file that changes while it is indexed is read this many times at most
+_CHANGING = "the file changed while it was being indexed (it is indexed on the next add once it stops changing)"
 
 
 class Parser(Protocol):
@@ -189,8 +192,14 @@ def walk_files(paths: Sequence[Path]) -> WalkResult:
         path = Path(os.path.abspath(given.expanduser()))
         try:
             mode = path.stat().st_mode
-        except OSError:
-            raise KnowledgeBaseError(f"{display_path(given)}: no such file or folder") from None
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                reason = "a symbolic link loop (too many levels of symbolic links)"
+            elif isinstance(exc, (FileNotFoundError, NotADirectoryError)):
+                reason = "no such file or folder"
+            else:
+                reason = f"cannot read it ({exc.strerror or exc})"
+            raise KnowledgeBaseError(f"{display_path(given)}: {reason}") from None
         if not storable(path):
             skip(path, "the path is not valid UTF-8 (rename it to index it)", path)
         elif stat.S_ISDIR(mode):
@@ -492,47 +501,66 @@ class Ingestor:
     ) -> bool:
         """Indexes one queued file (chunks stored, embedding left to the drain).
 
+        A file over the parser's size limit (``max_file_bytes``, where the parser has one) is
+        skipped before it is hashed, so a huge file costs a ``stat``, not a read of every byte. A
+        file whose size or mtime changed while it was hashed and parsed is done once more; if it
+        changes again it is skipped (the next add sees the new mtime and indexes it), so its chunks
+        never sit under the hash of other bytes.
+
         Returns:
             False when cancelled while parsing (the file stays queued), else True.
         """
         doc = self.registry.document(kb.id, str(file))
         if doc is None:  # removed concurrently
             return True
-        try:
-            st = file.stat()
-            sha = sha256_file(file)
-        except OSError as exc:
-            self._fail(kb, doc, DocState.ERROR, f"unreadable ({exc.strerror or exc})", report)
-            return True
-        except DocumentError as exc:  # swapped for a pipe or device since it was planned
-            self._fail(kb, doc, DocState.SKIPPED, exc.reason.removeprefix("skipped:").strip(), report)
-            return True
-        if doc.sha256 == sha and doc.content_id is not None:
-            self.registry.link_content(doc.id, doc.content_id, sha256=sha, size=st.st_size, mtime_ns=st.st_mtime_ns)
-            report.unchanged += 1
-            return True
-        existing = self.registry.find_content(kb.id, sha)
-        if existing is not None:
-            self._delete_vectors(
-                kb,
-                self.registry.link_content(doc.id, existing, sha256=sha, size=st.st_size, mtime_ns=st.st_mtime_ns),
-            )
-            report.duplicates += 1
-            return True
-        try:
-            parsed = self.parser.parse(file, timeout_s=self.parse_timeout_s, cancel=cancel)
-            chunks = self.chunker(
-                parsed,
-                count_tokens=self.embedder.count_tokens,
-                max_tokens=kb.max_tokens,
-                overlap_tokens=kb.overlap_tokens,
-            )
-        except DocumentError as exc:
-            if cancel is not None and cancel.is_set():
-                return False
-            skipped = exc.reason.startswith("skipped")
-            reason = exc.reason.removeprefix("skipped:").strip() if skipped else exc.reason
-            self._fail(kb, doc, DocState.SKIPPED if skipped else DocState.ERROR, reason, report)
+        limit = getattr(self.parser, "max_file_bytes", None)
+        for _attempt in range(_CHANGED_TRIES):
+            try:
+                st = file.stat()
+                if isinstance(limit, int) and st.st_size > limit:
+                    check_size(file, limit)  # raises the parser's own "too large" reason
+                sha = sha256_file(file)
+            except OSError as exc:
+                self._fail(kb, doc, DocState.ERROR, f"unreadable ({exc.strerror or exc})", report)
+                return True
+            except DocumentError as exc:  # too large, or swapped for a pipe or device since it was planned
+                self._fail(kb, doc, DocState.SKIPPED, exc.reason.removeprefix("skipped:").strip(), report)
+                return True
+            if doc.sha256 == sha and doc.content_id is not None:
+                self.registry.link_content(
+                    doc.id, doc.content_id, sha256=sha, size=st.st_size, mtime_ns=st.st_mtime_ns
+                )
+                report.unchanged += 1
+                return True
+            existing = self.registry.find_content(kb.id, sha)
+            if existing is not None:
+                self._delete_vectors(
+                    kb,
+                    self.registry.link_content(
+                        doc.id, existing, sha256=sha, size=st.st_size, mtime_ns=st.st_mtime_ns
+                    ),
+                )
+                report.duplicates += 1
+                return True
+            try:
+                parsed = self.parser.parse(file, timeout_s=self.parse_timeout_s, cancel=cancel)
+                chunks = self.chunker(
+                    parsed,
+                    count_tokens=self.embedder.count_tokens,
+                    max_tokens=kb.max_tokens,
+                    overlap_tokens=kb.overlap_tokens,
+                )
+            except DocumentError as exc:
+                if cancel is not None and cancel.is_set():
+                    return False
+                skipped = exc.reason.startswith("skipped")
+                reason = exc.reason.removeprefix("skipped:").strip() if skipped else exc.reason
+                self._fail(kb, doc, DocState.SKIPPED if skipped else DocState.ERROR, reason, report)
+                return True
+            if not _changed_since(file, st):
+                break
+        else:
+            self._fail(kb, doc, DocState.SKIPPED, _CHANGING, report)
             return True
         chunks = [c for c in chunks if c.text.strip()]
         if not chunks:
@@ -579,6 +607,15 @@ class Ingestor:
         per_chunk = seconds / max(n, 1)
         self._per_chunk_s = per_chunk if self._per_chunk_s is None else 0.5 * (self._per_chunk_s + per_chunk)
         self._batch = int(min(512, max(MIN_BATCH, self.batch_seconds / max(self._per_chunk_s, 1e-4))))
+
+
+def _changed_since(file: Path, before: os.stat_result) -> bool:
+    """Whether ``file`` is no longer the file ``before`` described (other size or mtime, or gone)."""
+    try:
+        now = file.stat()
+    except OSError:
+        return True
+    return (now.st_size, now.st_mtime_ns) != (before.st_size, before.st_mtime_ns)
 
 
 def _eta(started: float, done: int, total: int) -> float | None:

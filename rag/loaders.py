@@ -18,6 +18,7 @@ import os
 import re
 import stat
 import zipfile
+import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -622,15 +623,49 @@ def _open_zip(path: Path) -> zipfile.ZipFile:
     return zf
 
 
+def _inflated_copy(path: Path) -> io.BytesIO:
+    """The archive's members inflated in 1 MB steps, under the total cap, into an uncompressed copy.
+
+    :func:`check_zip` trusts the sizes the archive declares; a reader handed the archive itself
+    (python-docx) then inflates each member in one call, however much it really holds. Read in
+    steps, a member stops at its declared size and its CRC is checked, so a member that lies about
+    its size is refused, and what the reader gets is bounded by the caps.
+
+    Raises:
+        DocumentError: the archive is corrupt, a member fails its CRC, or it unpacks past the caps.
+    """
+    copy = io.BytesIO()
+    total = 0
+    with _open_zip(path) as zf, zipfile.ZipFile(copy, "w", zipfile.ZIP_STORED) as out:
+        for info in zf.infolist():
+            if info.is_dir():
+                continue
+            try:
+                with zf.open(info) as src, out.open(info.filename, "w", force_zip64=True) as dst:
+                    while chunk := src.read(MB):
+                        total += len(chunk)
+                        if total > ZIP_MAX_UNCOMPRESSED_BYTES:
+                            raise DocumentError(
+                                path,
+                                f"skipped: archive unpacks to more than {ZIP_MAX_UNCOMPRESSED_BYTES / MB:,.0f} MB "
+                                "(possible zip bomb)",
+                            )
+                        dst.write(chunk)
+            except (zipfile.BadZipFile, EOFError, ValueError, NotImplementedError, zlib.error) as exc:
+                raise DocumentError(path, f"skipped: corrupt archive ({exc})".split("\n")[0]) from exc
+    copy.seek(0)
+    return copy
+
+
 def _load_docx(path: Path, build: _Builder) -> None:
     import docx
     from docx.opc.exceptions import PackageNotFoundError
     from docx.table import Table
     from docx.text.paragraph import Paragraph
 
-    _open_zip(path).close()
+    source = _inflated_copy(path)
     try:
-        document = docx.Document(str(path))
+        document = docx.Document(source)
         headings: list[tuple[int, str]] = []
         for block in document.iter_inner_content():
             if isinstance(block, Paragraph):
