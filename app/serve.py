@@ -20,6 +20,13 @@ One model at a time: requests queue on one lock, so concurrent replies never mix
 standard library's threading HTTP server (no new dependencies), HTTP/1.1 with keep-alive and
 chunked streaming, ``TCP_NODELAY`` so each token leaves at once.
 
+Hostile bodies (ROBUSTNESS.md 4.9): every JSON body goes through :func:`~app.openai_wire.parse_body`
+(UTF-8 only, at most 64 levels of nesting, no number literal over 100 characters or out of a float's
+range, no lone surrogate in a string); what it refuses is a 400 with an OpenAI-style error, never a
+dropped connection. An answer never carries Python exception text: the server's own failures get a
+fixed message and a line in the server log, and anything unforeseen a 500 (or, mid-stream, an error
+event), never a connection closed without an answer.
+
 Bounded work per request: at most :data:`~app.openai_wire.MAX_MESSAGES` messages and
 :func:`~app.openai_wire.text_limit` characters of text (32 per token of the window, at least 256 Ki),
 at most 16 stop strings of 256 characters; anything more is a 400 before the model is touched.
@@ -59,8 +66,11 @@ from app.openai_wire import (
     ChatRequest,
     HttpError,
     completion_document,
+    encode_text,
     finish_reason,
+    http_error_for,
     map_errors,
+    parse_body,
     parse_chat,
     text_limit,
     timings_document,
@@ -256,6 +266,15 @@ class _State:
                     recovery.reason,
                     recovery.moved_to,
                 )
+        from rag.errors import KnowledgeBaseError
+
+        for name in names:
+            try:
+                self._knowledge.get(name)
+            except KnowledgeBaseError:  # the one error of the client's making: say so, by name
+                raise HttpError(
+                    400, f"{name[:200]!r}: no such knowledge base", code="knowledge_base_error", param="knowledge_base"
+                ) from None
         retriever = make_retriever(self.paths, names, kbs=self._knowledge)
         return retriever(query, self.backend)
 
@@ -295,6 +314,7 @@ class _Handler(BaseHTTPRequestHandler):
     timeout = 120  # seconds an idle keep-alive connection may hold a thread
     server: _Server
     _body_read = False
+    _responded = False  # a status line is on its way: an error can no longer be a fresh answer
 
     def setup(self) -> None:
         super().setup()
@@ -317,9 +337,14 @@ class _Handler(BaseHTTPRequestHandler):
             }
         )
 
+    def send_response(self, code: int, message: str | None = None) -> None:
+        self._responded = True
+        super().send_response(code, message)
+
     def _dispatch(self, routes: dict[str, Callable[[], None]]) -> None:
         path = self.path.split("?", 1)[0].rstrip("/") or "/"
         self._body_read = False
+        self._responded = False
         try:
             self._check_access()
             route = routes.get(path)
@@ -337,6 +362,14 @@ class _Handler(BaseHTTPRequestHandler):
             )
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
+        except Exception as exc:  # noqa: BLE001 - whatever broke, the client gets an answer, the log the detail
+            self.close_connection = True
+            error = http_error_for(exc)  # logs it
+            if not self._responded:
+                try:
+                    self._send_json(error.status, error.body(), close=True)
+                except OSError:
+                    pass
 
     @property
     def state(self) -> _State:
@@ -374,18 +407,12 @@ class _Handler(BaseHTTPRequestHandler):
         self._body_read = True
         if content_type != "application/json":
             raise HttpError(415, "the request body must be JSON (Content-Type: application/json)")
-        try:
-            document = json.loads(body)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise HttpError(400, f"the request body is not valid JSON ({exc})") from None
-        if not isinstance(document, dict):
-            raise HttpError(400, "the request body must be a JSON object")
-        return document
+        return parse_body(body)
 
     def _send_json(
         self, status: int, document: dict[str, Any], *, close: bool = False, retry_after: int | None = None
     ) -> None:
-        data = json.dumps(document, ensure_ascii=False).encode("utf-8")
+        data = encode_text(json.dumps(document, ensure_ascii=False))
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
@@ -406,7 +433,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
 
     def _send_event(self, payload: str) -> None:
-        data = f"data: {payload}\n\n".encode()
+        data = encode_text(f"data: {payload}\n\n")
         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))  # one write per chunk
 
     def _end_sse(self) -> None:
@@ -474,7 +501,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.state.enter_queue()
         try:
             with self.state.lock:
-                tokens = worker.tokenize(content, add_bos=False, special=True)
+                tokens = map_errors(lambda: worker.tokenize(content, add_bos=False, special=True))
         finally:
             self.state.leave_queue()
         self._send_json(200, {"tokens": tokens})
@@ -495,14 +522,9 @@ class _Handler(BaseHTTPRequestHandler):
         encoding = body.get("encoding_format", "float")
         if encoding not in ("float", "base64"):
             raise HttpError(400, "'encoding_format' must be 'float' or 'base64'")
-        embedder = self.state.embedder()
-        from rag.errors import RagError
-
-        try:
-            vectors = embedder.encode(texts)
-            tokens = sum(embedder.count_tokens(t) for t in texts)
-        except RagError as exc:
-            raise HttpError(500, str(exc), "server_error") from None
+        embedder = map_errors(self.state.embedder)
+        vectors = map_errors(lambda: embedder.encode(texts))
+        tokens = map_errors(lambda: sum(embedder.count_tokens(t) for t in texts))
         dimensions = body.get("dimensions")
         if dimensions is not None and dimensions != vectors.shape[1]:
             raise HttpError(400, f"this model makes {vectors.shape[1]}-dimensional vectors, not {dimensions}")
@@ -613,11 +635,15 @@ class _Handler(BaseHTTPRequestHandler):
             cancel.set()
             _drain(events)
             self.close_connection = True
-        except (EngineError, HttpError) as exc:
-            message = exc.message if isinstance(exc, HttpError) else str(exc)
-            log.warning("generation failed mid-stream: %s", message)
+        except Exception as exc:  # noqa: BLE001 - the stream ends with an error event; the log has the detail
+            error = http_error_for(exc)  # a fixed message for the server's own failures; logs them
+            log.warning("generation failed mid-stream: %s", error.message)
+            cancel.set()  # when this code, not the model, failed: stop the model and let it settle
+            _drain(events)
             try:
-                self._send_event(json.dumps({"error": {"message": message, "type": "server_error"}}))
+                self._send_event(
+                    json.dumps({"error": {"message": error.message, "type": error.kind, "code": error.code}})
+                )
                 self._send_event("[DONE]")
                 self._end_sse()
             except OSError:
