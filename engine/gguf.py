@@ -6,6 +6,21 @@ on it, it checks every offset and size against the file's real size with exact i
 and it never loads tensor data. Large arrays (a 262,144-token vocabulary) are walked, not
 materialised: only small scalars, the chat template and a few token strings (BOS/EOS) are kept.
 
+What one header may cost is bounded, whatever it claims (hostile files, ROBUSTNESS.md):
+
+* **memory**: a metadata string is kept only up to its first :data:`MAX_KEPT_STRING_BYTES` (the
+  rest is seeked past, never read), the chat template only up to :data:`MAX_CHAT_TEMPLATE_BYTES`
+  (a longer one is not kept, and :attr:`GgufInfo.notes` says so), integer arrays only while
+  :data:`MAX_KEPT_ARRAY_ITEMS` entries are kept in all; everything kept (keys included) is counted,
+  and a header that would make the reader hold more than :data:`MAX_METADATA_BYTES` is refused;
+* **time**: fixed-size arrays are seeked past without being read, and a header may make the reader
+  walk at most :data:`MAX_ARRAY_STRINGS` strings of string arrays in all (a vocabulary and its
+  merges are a few hundred thousand); an array that would go past either the budget or the end of
+  the file is refused before it is walked; the read-ahead shrinks after a seek, and all reads of
+  one header together are capped at :data:`MAX_HEADER_READ_BYTES`; at most :data:`MAX_KV` keys;
+* **file type**: the path is checked with ``stat`` before it is opened, and opened non-blocking,
+  so a named pipe, socket or device called ``*.gguf`` is refused at once instead of blocking.
+
 Every problem raises :class:`engine.errors.ModelFileError` whose ``str()`` is one line,
 ``"<file>: <reason>"``. The reasons a user may meet:
 
@@ -17,6 +32,7 @@ Every problem raises :class:`engine.errors.ModelFileError` whose ``str()`` is on
 * ``model needs a newer engine (GGUF v4)``
 * ``model file is incomplete (X of Y bytes): download it again``
 * ``model file is malformed: <what exactly>``
+* ``not a regular file (a named pipe)`` (or a socket, a device file); ``is a folder, not a model file``
 
 The layout (GGUF v2/v3, little-endian): magic ``GGUF``, ``u32`` version, ``u64`` tensor count,
 ``u64`` key/value count, the key/value pairs, one info record per tensor (name, dims, type,
@@ -38,8 +54,8 @@ from typing import Any, BinaryIO
 from engine.errors import ModelFileError
 
 __all__ = [
-    "FILE_TYPE_NAMES", "GGML_TYPES", "LLAMA_CPP_ARCHITECTURES", "GgufHeaderNeedsMoreBytes", "GgufInfo",
-    "describe_non_gguf", "parse_gguf_prefix", "read_gguf_info",
+    "FILE_TYPE_NAMES", "GGML_TYPES", "LLAMA_CPP_ARCHITECTURES", "MAX_CHAT_TEMPLATE_BYTES", "GgufHeaderNeedsMoreBytes",
+    "GgufInfo", "describe_non_gguf", "open_model_file", "parse_gguf_prefix", "read_gguf_info",
     "sniff_model_file", "unsupported_reason",
 ]
 
@@ -48,7 +64,7 @@ SUPPORTED_VERSIONS = (2, 3)
 
 # Caps. Real models stay far below each; a file above one is rejected as malformed before the
 # reader allocates or loops on the count it claims.
-MAX_KV = 1 << 16
+MAX_KV = 1 << 13  # real models have under 200 keys
 MAX_TENSORS = 1 << 16
 MAX_KEY_LEN = (1 << 16) - 1
 MAX_STRING_LEN = 16 << 20
@@ -60,6 +76,12 @@ MAX_BLOCK_COUNT = 512
 MAX_INT64 = (1 << 63) - 1
 MAX_PLAUSIBLE_BYTES = 1 << 50
 METADATA_STRING_CHARS = 256
+MAX_KEPT_STRING_BYTES = 4 * METADATA_STRING_CHARS + 3  # always decodes to >= METADATA_STRING_CHARS chars
+MAX_CHAT_TEMPLATE_BYTES = 64 << 10  # real templates are 1-17 KB; engine.templates refuses longer ones too
+MAX_METADATA_BYTES = 16 << 20  # keys + kept values + template + kept arrays (8 bytes an entry); real: < 1 MiB
+MAX_ARRAY_STRINGS = 1 << 21  # strings walked in all; real: vocabulary + merges, under 700,000
+MAX_KEPT_ARRAY_ITEMS = 1 << 16  # integer/float/bool array entries kept in all; real: a few per-layer arrays
+MAX_HEADER_READ_BYTES = 128 << 20  # bytes read from the file per header; real: the header's size, a few MiB
 SMALL_ARRAY_LEN = 4096  # integer/bool arrays up to this length are kept (per-layer head counts)
 TOKEN_CHECKPOINT_EVERY = 4096  # token-array offsets remembered for cheap id -> string look-ups
 
@@ -156,7 +178,9 @@ class GgufInfo:
     ``layer_bytes[i]`` is the size of the tensors of block ``i`` (``blk.i.*``); ``other_bytes`` is
     everything else (token embedding, output norm and head). ``expert_bytes`` is the part of
     ``tensor_bytes`` in mixture-of-experts tensors (``*_exps``), of which only
-    ``expert_used_count / expert_count`` is read per token.
+    ``expert_used_count / expert_count`` is read per token. ``notes`` says what the reader left
+    out because the file broke one of its limits (a chat template too long to keep, arrays past the
+    budget of kept entries), one line each.
     """
 
     path: Path
@@ -192,6 +216,7 @@ class GgufInfo:
     kv_heads_per_layer: list[int] | None = None
     sliding_window_pattern: list[bool] | None = None
     alignment: int = 32
+    notes: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -222,6 +247,9 @@ class GgufInfo:
         for key in ("file_size", "n_params", "tensor_bytes", "n_tensors", "other_bytes"):
             if not isinstance(kwargs.get(key), int):
                 raise TypeError(f"{key} must be an integer")
+        notes = kwargs.get("notes", [])
+        if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
+            raise TypeError("notes must be a list of strings")
         return cls(**kwargs)
 
 
@@ -244,10 +272,14 @@ class _Reader:
     """A forward reader over a file of known size, with its own read-ahead buffer.
 
     Every read checks ``pos + n <= size`` first, so a count or length from the file can never make
-    it read (or allocate) past the end.
+    it read (or allocate) past the end. The read-ahead is a full ``_CHUNK`` only while reading on
+    from where the buffer ended; after a seek past skipped data it is ``_MIN_CHUNK``, so a header
+    of long values that are seeked past does not read them anyway. All reads together are capped
+    at :data:`MAX_HEADER_READ_BYTES`.
     """
 
     _CHUNK = 1 << 20
+    _MIN_CHUNK = 1 << 12
 
     def __init__(self, fh: BinaryIO, size: int) -> None:
         self._fh = fh
@@ -255,6 +287,8 @@ class _Reader:
         self.pos = 0
         self._buf = b""
         self._buf_start = 0
+        self.bytes_read = 0
+        self._sought = False  # a skip went past the buffer since it was filled
 
     def _window(self, n: int) -> tuple[bytes, int]:
         end = self.pos + n
@@ -262,8 +296,17 @@ class _Reader:
             raise _Truncated(end)
         rel = self.pos - self._buf_start
         if rel < 0 or rel + n > len(self._buf):
+            onward = not self._sought and 0 <= rel <= len(self._buf) + self._MIN_CHUNK
+            self._sought = False
+            want = max(n, self._CHUNK if onward else self._MIN_CHUNK)
+            self.bytes_read += want
+            if self.bytes_read > MAX_HEADER_READ_BYTES:
+                raise _Malformed(
+                    f"reading its header takes more than {MAX_HEADER_READ_BYTES >> 20} MiB "
+                    "(a real model's header is a few MiB)"
+                )
             self._fh.seek(self.pos)
-            self._buf = self._fh.read(max(n, self._CHUNK))
+            self._buf = self._fh.read(want)
             self._buf_start = self.pos
             rel = 0
             if len(self._buf) < n:  # the file shrank, or a prefix ended early
@@ -298,6 +341,8 @@ class _Reader:
         end = self.pos + n
         if end > self.size:
             raise _Truncated(end)
+        if n > self._MIN_CHUNK and end > self._buf_start + len(self._buf):
+            self._sought = True  # the next refill need not read ahead much: skipped data follows data
         self.pos = end
 
     def string(self, cap: int, what: str) -> str:
@@ -305,6 +350,29 @@ class _Reader:
         if length > cap:
             raise _Malformed(f"{what} claims a string of {length} bytes (limit {cap})")
         return self.raw(length).decode("utf-8", errors="replace")
+
+    def string_prefix(self, keep: int, cap: int, what: str) -> tuple[str, int]:
+        """A string's first ``keep`` bytes, decoded, and its full length; the rest is seeked past."""
+        length = self.u64()
+        if length > cap:
+            raise _Malformed(f"{what} claims a string of {length} bytes (limit {cap})")
+        if length <= keep:
+            return self.raw(length).decode("utf-8", errors="replace"), length
+        text = self.raw(keep).decode("utf-8", errors="replace")
+        self.skip(length - keep)
+        return text, length
+
+    def scalars(self, vtype: int, count: int) -> list[int | float | bool]:
+        """``count`` values of a fixed-size type, unpacked at once."""
+        _, size, fmt = _VALUE_TYPES[vtype]
+        buf, rel = self._window(count * size)
+        self.pos += count * size
+        values = struct.unpack_from(f"<{count}{fmt[1]}", buf, rel)
+        if vtype == _T_BOOL:
+            return [bool(v) for v in values]
+        if vtype in _FLOAT_TYPES:
+            return [float(v) for v in values]
+        return [int(v) for v in values]
 
     def skip_strings(self, count: int, what: str) -> list[int]:
         """Walks ``count`` strings without keeping them; returns every N-th start offset.
@@ -316,6 +384,8 @@ class _Reader:
         unpack = _U64.unpack_from
         size = self.size
         pos = self.pos
+        if pos + 8 * count > size:  # every string has its 8-byte length: refuse before walking
+            raise _Truncated(pos + 8 * count)
         buf, base = self._buf, self._buf_start
         end_of_buf = base + len(buf)
         for first in range(0, count, TOKEN_CHECKPOINT_EVERY):
@@ -355,9 +425,80 @@ def sniff_model_file(path: Path | str) -> str | None:
     Raises:
         OSError: the file cannot be read.
     """
-    with Path(path).open("rb") as fh:
+    try:
+        fh = open_model_file(path)
+    except ModelFileError as exc:
+        if exc.__cause__ is not None:
+            raise exc.__cause__ from None  # the OSError, as documented
+        return exc.reason  # not a regular file: a named pipe would block, a folder has no bytes
+    with fh:
         size = os.fstat(fh.fileno()).st_size
         return describe_non_gguf(fh.read(4096), size)
+
+
+def open_model_file(path: Path | str) -> BinaryIO:
+    """Opens a model file for reading, refusing anything but a regular file before opening it.
+
+    The type is checked with ``os.stat`` first, so a named pipe called ``model.gguf`` is refused
+    instead of blocking the caller until a writer comes (and a device is never opened); the open
+    itself is non-blocking and the type is checked again on the open file, in case the path was
+    swapped in between.
+
+    Args:
+        path: the file (symlinks are followed).
+
+    Returns:
+        The file, open in binary mode; the caller closes it.
+
+    Raises:
+        ModelFileError: the path is missing, not a regular file or unreadable; its ``reason`` says
+            which. An ``OSError`` behind it is its ``__cause__``.
+    """
+    path = Path(path)
+    try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise ModelFileError(path, _not_regular(st.st_mode))
+        flags = os.O_RDONLY | getattr(os, "O_BINARY", 0) | getattr(os, "O_CLOEXEC", 0)
+        fd = os.open(path, flags | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+    except OSError as exc:
+        raise _os_error(path, exc) from exc
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ModelFileError(path, _not_regular(st.st_mode))
+        if hasattr(os, "O_NONBLOCK"):
+            os.set_blocking(fd, True)  # a regular file reads the same either way; keep it plain
+        return os.fdopen(fd, "rb")
+    except BaseException as exc:
+        os.close(fd)
+        if isinstance(exc, OSError):
+            raise _os_error(path, exc) from exc
+        raise
+
+
+def _not_regular(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "is a folder, not a model file"
+    if stat.S_ISFIFO(mode):
+        kind = "a named pipe"
+    elif stat.S_ISSOCK(mode):
+        kind = "a socket"
+    elif stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        kind = "a device file"
+    else:
+        kind = "a special file"
+    return f"not a regular file ({kind})"
+
+
+def _os_error(path: Path, exc: OSError) -> ModelFileError:
+    if isinstance(exc, FileNotFoundError):
+        return ModelFileError(path, "no such file")
+    if isinstance(exc, IsADirectoryError):
+        return ModelFileError(path, "is a folder, not a model file")
+    if isinstance(exc, PermissionError):
+        return ModelFileError(path, "permission denied")
+    return ModelFileError(path, f"cannot read the file ({exc.strerror or exc})")
 
 
 def describe_non_gguf(head: bytes, file_size: int) -> str | None:
@@ -417,19 +558,14 @@ def read_gguf_info(path: Path | str) -> GgufInfo:
     """
     path = Path(path)
     try:
-        with path.open("rb") as fh:
-            st = os.fstat(fh.fileno())
-            if not stat.S_ISREG(st.st_mode):
-                raise ModelFileError(path, "not a regular file")
-            return _parse(fh, st.st_size, path, prefix_only=False)
-    except FileNotFoundError:
-        raise ModelFileError(path, "no such file") from None
-    except IsADirectoryError:
-        raise ModelFileError(path, "is a folder, not a model file") from None
-    except PermissionError:
-        raise ModelFileError(path, "permission denied") from None
+        fh = open_model_file(path)
+    except ModelFileError as exc:
+        raise ModelFileError(path, exc.reason) from None
+    try:
+        with fh:
+            return _parse(fh, os.fstat(fh.fileno()).st_size, path, prefix_only=False)
     except OSError as exc:
-        raise ModelFileError(path, f"cannot read the file ({exc.strerror or exc})") from None
+        raise _os_error(path, exc) from None
 
 
 def parse_gguf_prefix(prefix: bytes, file_size: int, source: Path | str) -> GgufInfo:
@@ -493,6 +629,11 @@ class _Parser:
         self.array_types: dict[str, int] = {}
         self.chat_template: str | None = None
         self.seen_keys: set[str] = set()
+        self.notes: list[str] = []
+        self.held = 0  # bytes of metadata held (MAX_METADATA_BYTES)
+        self.strings_walked = 0  # strings of string arrays walked (MAX_ARRAY_STRINGS)
+        self.kept_items = 0  # array entries kept (MAX_KEPT_ARRAY_ITEMS)
+        self.skipped_arrays = 0  # arrays not kept because the budget of kept entries was spent
 
     # -- header and key/values -------------------------------------------------------------
     def parse(self) -> GgufInfo:
@@ -509,6 +650,11 @@ class _Parser:
             raise _Malformed(f"it claims {n_kv} metadata keys (limit {MAX_KV})")
         for _ in range(n_kv):
             self._read_kv()
+        if self.skipped_arrays:
+            self.notes.append(
+                f"{self.skipped_arrays} metadata arrays were not kept: the header holds more than "
+                f"{MAX_KEPT_ARRAY_ITEMS} array entries in all"
+            )
         arch = self.scalars.get("general.architecture")
         split_no = self.scalars.get("split.no")
         if arch is None and isinstance(split_no, int) and split_no > 0:
@@ -531,19 +677,45 @@ class _Parser:
         if key in self.seen_keys:
             raise _Malformed(f"duplicate metadata key {key!r}")
         self.seen_keys.add(key)
+        self._hold(len(key))  # str length: a close enough count of what the key costs
         vtype = r.u32()
         if vtype not in _VALUE_TYPES:
             raise _Malformed(f"metadata key {key!r} has invalid type {vtype}")
         if vtype == _T_ARRAY:
             self._read_array(key)
+        elif vtype == _T_STRING and key == "tokenizer.chat_template":
+            self._read_template()
         elif vtype == _T_STRING:
-            value = r.string(MAX_STRING_LEN, f"metadata key {key!r}")
-            if key == "tokenizer.chat_template":
-                self.chat_template = value
-            else:
-                self.scalars[key] = value
+            value, _length = r.string_prefix(MAX_KEPT_STRING_BYTES, MAX_STRING_LEN, f"metadata key {key!r}")
+            self._hold(len(value))
+            self.scalars[key] = value
         else:
             self.scalars[key] = r.scalar(vtype)
+
+    def _read_template(self) -> None:
+        """The chat template, kept only up to MAX_CHAT_TEMPLATE_BYTES (a longer one is noted)."""
+        r = self.r
+        length = r.u64()
+        if length > MAX_STRING_LEN:
+            what, limit = "metadata key 'tokenizer.chat_template'", MAX_STRING_LEN
+            raise _Malformed(f"{what} claims a string of {length} bytes (limit {limit})")
+        if length > MAX_CHAT_TEMPLATE_BYTES:
+            r.skip(length)
+            self.notes.append(
+                f"tokenizer.chat_template is {length} bytes, over the {MAX_CHAT_TEMPLATE_BYTES}-byte limit: "
+                "not kept (a built-in chat format is used)"
+            )
+            return
+        self.chat_template = r.raw(length).decode("utf-8", errors="replace")
+        self._hold(len(self.chat_template))
+
+    def _hold(self, n: int) -> None:
+        self.held += n
+        if self.held > MAX_METADATA_BYTES:
+            raise _Malformed(
+                f"its metadata needs more than {MAX_METADATA_BYTES >> 20} MiB to hold "
+                "(a real model's needs well under 1 MiB)"
+            )
 
     def _read_array(self, key: str) -> None:
         r = self.r
@@ -558,14 +730,26 @@ class _Parser:
         self.array_lengths[key] = count
         self.array_types[key] = etype
         if etype == _T_STRING:
+            if self.strings_walked + count > MAX_ARRAY_STRINGS:
+                raise _Malformed(
+                    f"array {key!r} claims {count} strings, past the {MAX_ARRAY_STRINGS} strings a header may "
+                    f"hold in all ({self.strings_walked} before it)"
+                )
+            self.strings_walked += count
             marks = r.skip_strings(count, key)
             self.string_arrays[key] = _StringArray(count, marks)
+            self._hold(8 * len(marks))
             return
         size = _VALUE_TYPES[etype][1]
-        if count <= SMALL_ARRAY_LEN:
-            self.small_arrays[key] = [r.scalar(etype) for _ in range(count)]
-        else:
+        if count > SMALL_ARRAY_LEN:
             r.skip(count * size)
+        elif self.kept_items + count > MAX_KEPT_ARRAY_ITEMS:
+            self.skipped_arrays += 1
+            r.skip(count * size)
+        else:
+            self.kept_items += count
+            self._hold(8 * count)
+            self.small_arrays[key] = r.scalars(etype, count)
 
     def _check_tokenizer(self) -> None:
         """Wrongly typed tokenizer arrays abort llama.cpp (a failed type assertion): refuse them."""
@@ -701,15 +885,15 @@ class _Parser:
         kv_layers = self.small_arrays.get(f"{arch}.attention.head_count_kv")
         pattern = self.small_arrays.get(f"{arch}.attention.sliding_window_pattern")
         tokens = self.string_arrays.get("tokenizer.ggml.tokens")
-        model_name = self.scalars.get("general.name")
         cut = METADATA_STRING_CHARS
+        model_name = self.scalars.get("general.name")
         metadata = {k: v[:cut] if isinstance(v, str) else v for k, v in self.scalars.items()}
         return GgufInfo(
             path=self.path,
             file_size=self.file_size,
             version=version,
             architecture=arch,
-            name=model_name if isinstance(model_name, str) else None,
+            name=model_name[:cut] if isinstance(model_name, str) else None,
             n_params=n_params,
             n_layers=n_layers,
             n_heads=n_heads,
@@ -738,6 +922,7 @@ class _Parser:
             kv_heads_per_layer=[int(v) for v in kv_layers] if kv_layers and len(kv_layers) > 1 else None,
             sliding_window_pattern=[bool(v) for v in pattern] if pattern and len(pattern) > 1 else None,
             alignment=alignment,
+            notes=list(self.notes),
             extra={"array_lengths": dict(self.array_lengths)},
         )
 
@@ -753,7 +938,7 @@ class _Parser:
             r.pos = tokens.marks[token_id // TOKEN_CHECKPOINT_EVERY]
             for _ in range(token_id % TOKEN_CHECKPOINT_EVERY):
                 r.skip(r.u64())
-            text = r.string(MAX_STRING_LEN, "a token")
+            text, _length = r.string_prefix(MAX_KEPT_STRING_BYTES, MAX_STRING_LEN, "a token")
         except _Truncated:
             return None
         finally:

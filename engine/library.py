@@ -32,7 +32,7 @@ from typing import Any
 
 from engine.atomic import write_json_atomic
 from engine.errors import ModelFileError
-from engine.gguf import GgufInfo, read_gguf_info
+from engine.gguf import GgufInfo, open_model_file, read_gguf_info
 
 __all__ = [
     "PROVENANCE_FIELDS", "FolderStatus", "LibraryEntry", "ModelLibrary", "merge_split_infos", "read_model_info",
@@ -380,7 +380,7 @@ class ModelLibrary:
         fingerprints: dict[Path, str] = {}
         for e in candidates:
             if sizes[e.size] > 1:  # only files whose size collides are worth hashing
-                with contextlib.suppress(OSError):
+                with contextlib.suppress(OSError, ModelFileError):
                     fingerprints[e.path] = f"{e.size}:{_fingerprint(e.path, e.size)}"
         # A copy known by sha256 lends its key to identical copies known only by fingerprint.
         fp_to_sha = {
@@ -577,7 +577,10 @@ def _replace(entry: LibraryEntry, **changes: Any) -> LibraryEntry:
 
 def _gguf_files(folder: Path) -> Iterator[Path]:
     """``*.gguf`` files under ``folder`` (symlinks followed for files, not for folders), skipping
-    hidden and temporary files; at most MAX_FILES_PER_FOLDER, at most MAX_DEPTH deep."""
+    hidden and temporary files; at most MAX_FILES_PER_FOLDER, at most MAX_DEPTH deep.
+
+    A named pipe, socket or device called ``*.gguf`` is yielded too, so the scan lists it with its
+    reason (the header reader refuses it before opening it); only dangling symlinks are dropped."""
     count = 0
     root_depth = len(folder.parts)
     for dirpath, dirnames, filenames in os.walk(folder, onerror=lambda _e: None):
@@ -589,7 +592,7 @@ def _gguf_files(folder: Path) -> Iterator[Path]:
             if name.startswith(".") or not name.lower().endswith(".gguf"):
                 continue
             path = here / name
-            if not path.is_file():  # a dangling symlink
+            if not path.exists():  # a dangling symlink
                 continue
             yield path
             count += 1
@@ -598,8 +601,9 @@ def _gguf_files(folder: Path) -> Iterator[Path]:
 
 
 def _fingerprint(path: Path, size: int) -> str:
+    """Raises ModelFileError for anything but a regular file (never blocks on a named pipe)."""
     digest = hashlib.sha256()
-    with path.open("rb") as fh:
+    with open_model_file(path) as fh:
         digest.update(fh.read(FINGERPRINT_BYTES))
         if size > FINGERPRINT_BYTES:
             fh.seek(max(FINGERPRINT_BYTES, size - FINGERPRINT_BYTES))

@@ -18,6 +18,13 @@ limits:
 * attribute access that the sandbox deems unsafe raises at once (Jinja would print an empty
   Undefined), so a template probing for an escape is rejected rather than half-rendered.
 
+Compiling is bounded too, since it runs in the app's own process: a template over
+:data:`MAX_TEMPLATE_BYTES` (real ones are 1-17 KB) is refused before it is parsed, one that parses to
+more than :data:`MAX_TEMPLATE_NODES` nodes before Jinja generates code for it, and one that would make
+Jinja generate more than :data:`MAX_COMPILED_SOURCE` characters of Python before Python compiles it
+(Python's compiler takes about 130 bytes of memory per character: a 1 MiB template made the app
+peak above 1 GB).
+
 :func:`select_template` test-renders the GGUF template once on a small conversation. A syntax
 error, a sandbox violation, a timeout, an exception or an output that does not contain the messages
 makes it fall back to a format chosen from the template's own markers or, failing that, the
@@ -48,6 +55,20 @@ from jinja2.utils import generate_lorem_ipsum
 from markupsafe import Markup
 
 from engine.errors import TemplateError
+from engine.gguf import MAX_CHAT_TEMPLATE_BYTES
+
+MAX_TEMPLATE_BYTES = MAX_CHAT_TEMPLATE_BYTES
+"""Longest chat template (UTF-8 bytes) that is compiled; a longer one is refused (the GGUF reader keeps
+no longer one either). Real templates are 1-17 KB."""
+
+MAX_TEMPLATE_NODES = 16_384
+"""Most syntax nodes a template may parse to (the largest known template has 1,286): checked before
+Jinja generates code for it, which costs as much again as parsing."""
+
+MAX_COMPILED_SOURCE = 320 << 10
+"""Most Python source (characters) a template may compile to: real templates make under 5 characters
+per template byte (55 KB for the largest known, 17 KB of template), so this admits any such template
+under :data:`MAX_TEMPLATE_BYTES` and bounds what Python's compiler allocates (about 40 MiB)."""
 
 MAX_RANGE = 100_000
 """Largest ``range()`` a template may create (the same cap as Jinja's own sandbox)."""
@@ -75,6 +96,10 @@ FallbackName = Literal["chatml", "gemma", "llama3", "mistral", "phi3", "plain"]
 
 class _TemplateTimeout(SecurityError):
     """The render passed its deadline."""
+
+
+class _TemplateTooLarge(SecurityError):
+    """The template, or the code it compiles to, is over its size limit."""
 
 
 class _TemplateRaised(Exception):
@@ -255,8 +280,20 @@ class _GuardedEnvironment(ImmutableSandboxedEnvironment):
 
         ``environment.guard_*`` cannot be shadowed by a template variable, and the call goes
         through :meth:`call`, so it is deadline-checked too.
+
+        Raises:
+            _TemplateTooLarge: ``source`` is over :data:`MAX_TEMPLATE_BYTES`, parses to more than
+                :data:`MAX_TEMPLATE_NODES` nodes, or compiles to more than :data:`MAX_COMPILED_SOURCE`
+                characters of Python (each checked before the next, costlier, step).
+            jinja2.TemplateSyntaxError, RecursionError: the template does not parse.
         """
+        size = template_size(source)
+        if size > MAX_TEMPLATE_BYTES:
+            raise _TemplateTooLarge(f"it is {size} bytes, over the {MAX_TEMPLATE_BYTES}-byte limit for a chat template")
         tree = self.parse(source)
+        n_nodes = sum(1 for _ in tree.find_all(nodes.Node))
+        if n_nodes > MAX_TEMPLATE_NODES:
+            raise _TemplateTooLarge(f"it parses to {n_nodes} syntax nodes, over the {MAX_TEMPLATE_NODES} limit")
         for loop in tree.find_all(nodes.For):
             loop.iter = nodes.Call(
                 nodes.EnvironmentAttribute("guard_iter"), [loop.iter], [], None, None, lineno=loop.lineno
@@ -278,7 +315,14 @@ class _GuardedEnvironment(ImmutableSandboxedEnvironment):
                     lineno=concat.lineno,
                 )
             ]
-        return self.from_string(tree)
+        # What from_string does, with the generated code's size checked before Python compiles it.
+        python_source = self.compile(tree, raw=True)
+        if len(python_source) > MAX_COMPILED_SOURCE:
+            raise _TemplateTooLarge(
+                f"it compiles to {len(python_source)} characters of code, over the {MAX_COMPILED_SOURCE} limit"
+            )
+        code = compile(python_source, "<template>", "exec")
+        return self.template_class.from_code(self, code, self.make_globals(None), None)
 
     def render_guarded(self, template: jinja2.Template, context: dict[str, Any], timeout_s: float) -> str:
         """Render ``template`` with a deadline ``timeout_s`` from now and the size limits."""
@@ -303,13 +347,18 @@ class _GuardedEnvironment(ImmutableSandboxedEnvironment):
                 self.deadline = float("inf")
 
 
+def template_size(template: str) -> int:
+    """A template's size in UTF-8 bytes (an ASCII one is measured without being copied)."""
+    return len(template) if template.isascii() else len(template.encode("utf-8", errors="replace"))
+
+
 def _seq_len(value: Any) -> int:
     return len(value) if isinstance(value, (str, list, tuple)) else 0
 
 
 def _describe(exc: BaseException) -> str:
     """One line describing why a template failed."""
-    if isinstance(exc, _TemplateTimeout):
+    if isinstance(exc, (_TemplateTimeout, _TemplateTooLarge)):
         return str(exc)
     if isinstance(exc, _TemplateRaised):
         return f"the template refused the conversation: {exc}"
@@ -549,7 +598,8 @@ def select_template(
     with a system prompt; if it rejects the system role but accepts the conversation without one,
     it is used with the system prompt folded into the first user turn. Otherwise (no template,
     syntax error, sandbox violation, timeout, exception, output missing the messages) a built-in
-    format is used (:func:`guess_format`).
+    format is used (:func:`guess_format`). A template over :data:`MAX_TEMPLATE_BYTES` is refused
+    without being parsed.
 
     Args:
         gguf_template: ``tokenizer.chat_template`` from the GGUF, or ``None``.
@@ -567,6 +617,10 @@ def select_template(
         return fallback_template(
             name, f"the model has no chat template; using the {name} format for {architecture!r}", bos, eos
         )
+    size = template_size(gguf_template)
+    if size > MAX_TEMPLATE_BYTES:  # refused before anything parses it (compile_guarded checks too)
+        why = f"it is {size} bytes, over the {MAX_TEMPLATE_BYTES}-byte limit for a chat template"
+        return _reject(gguf_template, architecture, bos, eos, why)
     env = _GuardedEnvironment()
     try:
         compiled = env.compile_guarded(gguf_template)

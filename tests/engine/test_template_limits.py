@@ -1,0 +1,134 @@
+"""Chat templates that are too big to compile: refused with a reason, in bounded time and memory.
+
+The template is compiled in the app's own process (the chat session picks it), so its cost is
+bounded before Jinja or Python's compiler see it: the text by MAX_TEMPLATE_BYTES, the parse tree by
+MAX_TEMPLATE_NODES, the generated code by MAX_COMPILED_SOURCE. Time is CPU seconds
+(``time.process_time``); memory is the ``tracemalloc`` peak of the call.
+
+Measured on the 2-core dev machine, before -> after: a 1 MiB template 8.3 s and a 550 MiB peak
+(over 1 GB of RSS in the app) -> 0.00 s and 0 MiB; templates under the cap that compile to too
+much: 0.3-1.0 s and 24-80 MiB (three of them were accepted) -> at most 0.4 s and 5 MiB.
+"""
+
+from __future__ import annotations
+
+import time
+import tracemalloc
+from collections.abc import Callable
+
+import pytest
+from jinja2.exceptions import SecurityError
+
+from engine.gguf import MAX_CHAT_TEMPLATE_BYTES
+from engine.templates import (
+    MAX_COMPILED_SOURCE,
+    MAX_TEMPLATE_BYTES,
+    MAX_TEMPLATE_NODES,
+    ChatTemplate,
+    _GuardedEnvironment,
+    select_template,
+)
+
+MIB = 1 << 20
+HEAD = "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}"
+CONVERSATION = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
+
+
+def measured(fn: Callable[[], ChatTemplate]) -> tuple[float, int, ChatTemplate]:
+    """(CPU seconds of an untraced call, tracemalloc peak of a second one, the result).
+
+    Two calls, since tracing makes the compile several times slower."""
+    start = time.process_time()
+    result = fn()
+    seconds = time.process_time() - start
+    tracemalloc.start()
+    try:
+        fn()
+        return seconds, tracemalloc.get_traced_memory()[1], result
+    finally:
+        tracemalloc.stop()
+
+
+def filled(unit: str) -> str:
+    """HEAD, then ``unit`` repeated to just under the size cap."""
+    return HEAD + unit * ((MAX_TEMPLATE_BYTES - len(HEAD)) // len(unit))
+
+
+def test_the_cap_is_the_readers_cap() -> None:
+    assert MAX_TEMPLATE_BYTES == MAX_CHAT_TEMPLATE_BYTES == 64 << 10
+
+
+@pytest.mark.parametrize(
+    ("marker", "architecture", "expected"),
+    [("<|im_start|>", "llama", "chatml"), ("", "gemma3", "gemma"), ("", "phi3", "phi3")],
+)
+def test_a_1_mib_template_is_refused_before_it_is_compiled(marker: str, architecture: str, expected: str) -> None:
+    # Bound: under 0.05 s CPU and a 1 MiB tracemalloc peak (before: 8.3 s, 550 MiB). The fallback
+    # is chosen as for any rejected template (its markers, else the architecture), with the reason.
+    template = HEAD + marker + "{{ messages[0].content }}" * (MIB // 25)
+    seconds, peak, chosen = measured(lambda: select_template(template, architecture, "<s>", "</s>"))
+    assert seconds < 0.05
+    assert peak < MIB
+    assert (chosen.source, chosen.name) == ("fallback", expected)
+    assert chosen.reason == (
+        f"the model's chat template was rejected (it is {len(template)} bytes, over the {MAX_TEMPLATE_BYTES}-byte "
+        f"limit for a chat template); using the {expected} format"
+    )
+    assert "Hi there" in chosen.render(CONVERSATION)
+
+
+def test_the_cap_counts_utf8_bytes_and_admits_a_template_at_it() -> None:
+    at_cap = HEAD + "x" * (MAX_TEMPLATE_BYTES - len(HEAD))
+    assert select_template(at_cap, "llama", "", "").source == "gguf"
+    assert "over the 65536-byte limit" in select_template(at_cap + "x", "llama", "", "").reason
+    accented = HEAD + "é" * 40_000  # 40,000 characters, under the cap; 80,000 bytes, over it
+    assert len(accented) < MAX_TEMPLATE_BYTES
+    assert f"it is {len(accented.encode())} bytes" in select_template(accented, "llama", "", "").reason
+
+
+def test_a_large_realistic_template_is_still_used() -> None:
+    # A real-style template with a 60 KB built-in system prompt: far from the node and code caps.
+    prompt = "You are a careful assistant. " * 2100
+    template = (
+        "{% if messages[0].role != 'system' %}<|system|>" + prompt + "{% endif %}"
+        "{% for m in messages %}{% if m.role == 'user' %}<|user|>{{ m.content | trim }}"
+        "{% elif m.role == 'assistant' %}<|assistant|>{{ m.content }}{% else %}<|system|>{{ m.content }}"
+        "{% endif %}{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+    )
+    assert 60_000 < len(template) <= MAX_TEMPLATE_BYTES
+    chosen = select_template(template, "llama", "", "")
+    assert (chosen.source, chosen.reason) == ("gguf", "the model's own chat template")
+    assert chosen.render(CONVERSATION) == "<|system|>Be brief.<|user|>Hi there<|assistant|>"
+
+
+@pytest.mark.parametrize(
+    ("template", "reason"),
+    [
+        (filled("{{ x }}"), "characters of code, over the"),
+        (filled("{% if x %}" * 90 + "a" + "{% endif %}" * 90), "characters of code, over the"),
+        (HEAD + "".join(f"{{% macro m{i}(a) %}}{{{{ a }}}}{{% endmacro %}}" for i in range(1400)),
+         "characters of code, over the"),
+        (filled("{{ x(" + ",".join(["1"] * 1000) + ") }}"), "syntax nodes, over the"),
+        (filled("{% set a = [" + ",".join(["1"] * 5000) + "] %}"), "syntax nodes, over the"),
+    ],
+    ids=["outputs", "nested-ifs", "macros", "call-arguments", "list-literal"],
+)
+def test_templates_under_the_cap_that_compile_to_too_much_are_refused(template: str, reason: str) -> None:
+    # Bound: under 1 s CPU and a 16 MiB tracemalloc peak (before: 0.3-1.0 s, 24-80 MiB, and the
+    # nested-ifs, macros and list-literal templates were accepted).
+    assert len(template) <= MAX_TEMPLATE_BYTES
+    seconds, peak, chosen = measured(lambda: select_template(template, "llama", "", ""))
+    assert seconds < 1.0
+    assert peak < 16 * MIB
+    assert chosen.source == "fallback"
+    assert reason in chosen.reason
+    assert str(MAX_COMPILED_SOURCE if "code" in reason else MAX_TEMPLATE_NODES) in chosen.reason
+
+
+def test_compile_guarded_refuses_an_oversized_template_itself() -> None:
+    # Whoever compiles without select_template gets the same refusal, before any parsing.
+    env = _GuardedEnvironment()
+    with pytest.raises(SecurityError, match=r"^it is 1048576 bytes, over the 65536-byte limit"):
+        env.compile_guarded("x" * MIB)
+    with pytest.raises(SecurityError, match=r"syntax nodes, over the 16384 limit$"):
+        env.compile_guarded(filled("{{ x(" + ",".join(["1"] * 1000) + ") }}"))
