@@ -276,6 +276,7 @@ def _info_lines(info: GgufInfo) -> list[tuple[str, str]]:
     ]
     if info.expert_count:
         lines.append(("experts", f"{info.expert_used_count or '?'} of {info.expert_count} per token"))
+    lines += [("note", note) for note in info.notes]  # what the bounded reader left out, and why
     return lines
 
 

@@ -476,3 +476,16 @@ def test_a_header_that_needs_too_many_reads_is_refused(tmp_path: Path) -> None:
         "model file is malformed: reading its header takes more than 128 MiB (a real model's header is a few MiB)"
     )
     assert seconds < 0.5
+
+
+def test_models_info_prints_what_the_reader_left_out(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from app.cli import main
+
+    base = [k for k in default_kvs() if not k.startswith(gstr("tokenizer.chat_template"))]
+    over: list[Piece] = [*base, gstr("tokenizer.chat_template") + u32(STRING) + u64(16 * MIB) + b"{{", 16 * MIB - 2]
+    path = sparse_gguf(tmp_path / "over.gguf", over, len(base) + 1, default_tensors())
+    assert main(["models", "info", str(path), "--home", str(tmp_path / "home")]) == 0
+    out = capsys.readouterr().out
+    assert "note:" in out and "over the 65536-byte limit: not kept" in out
