@@ -26,7 +26,6 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import re
-import shutil  # noqa: F401 - the free-space tests patch engine.quantize.shutil.disk_usage
 import signal
 import sys
 import threading

@@ -288,7 +288,7 @@ def test_bad_requests_are_refused_before_converting(
     assert str(err.value).startswith(f"{hf_llama}: unknown quantization type 'Q9_X'")
 
     # Free space is checked for the intermediate and the result together.
-    monkeypatch.setattr("engine.quantize.shutil.disk_usage", lambda _p: shutil._ntuple_diskusage(1, 1, 0))
+    monkeypatch.setattr(shutil, "disk_usage", lambda _p: shutil._ntuple_diskusage(1, 1, 0))
     with pytest.raises(QuantizeError, match="not enough free space"):
         convert_and_quantize(hf_llama, "Q4_K_M", out_folder=out)
     assert list(out.iterdir()) == []
