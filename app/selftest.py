@@ -166,11 +166,6 @@ def run_self_test(paths: Paths, as_json: bool = False) -> int:
 
 def _llama_build() -> dict[str, Any] | None:
     """The flags the installed llama.cpp was built with (the marker installers/llama_build.py leaves)."""
-    from engine.cpu_backend import lib_dir
+    from engine.cpu_backend import build_marker
 
-    folder = lib_dir()
-    try:
-        data = json.loads((folder / "glassbox-build.json").read_text(encoding="utf-8")) if folder else None
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+    return build_marker()

@@ -35,10 +35,12 @@ from pathlib import Path
 
 __all__ = [
     "AMX_TAGS",
+    "BUILD_MARKER",
     "BackendInfo",
     "BackendPolicy",
     "BackendState",
     "CpuVariant",
+    "build_marker",
     "choose_variant",
     "describe_crash",
     "is_cpu_fault",
@@ -203,6 +205,23 @@ def lib_dir() -> Path | None:
     if spec is None or not spec.submodule_search_locations:
         return None
     return Path(next(iter(spec.submodule_search_locations))) / "lib"
+
+
+BUILD_MARKER = "glassbox-build.json"
+"""What ``installers/llama_build.py`` leaves in ``llama_cpp/lib``: the key and flags of the build."""
+
+
+def build_marker(folder: Path | None = None) -> dict[str, object] | None:
+    """The marker of the installed build (its CMake flags), or None when there is none or it is
+    unreadable (llama-cpp-python installed by other means)."""
+    folder = folder or lib_dir()
+    if folder is None:
+        return None
+    try:
+        data = json.loads((folder / BUILD_MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def variant_files(folder: Path | None = None) -> dict[str, Path]:

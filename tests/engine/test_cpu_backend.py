@@ -13,14 +13,15 @@ from pathlib import Path
 import pytest
 
 from engine.cpu_backend import (
+    BUILD_MARKER,
     BackendInfo,
     BackendPolicy,
     BackendState,
     CpuVariant,
+    build_marker,
     choose_variant,
     describe_crash,
     is_cpu_fault,
-    lib_dir,
     safe_variant,
     variant_files,
 )
@@ -190,8 +191,19 @@ def test_a_variant_runs_on_an_avx2_only_cpu() -> None:
 
 
 def test_the_marker_of_the_build_names_its_flags() -> None:
-    folder = lib_dir()
-    if folder is None or not (folder / "glassbox-build.json").is_file():
+    marker = build_marker()
+    if marker is None:
         pytest.skip("llama-cpp-python was not installed by installers/llama_build.py")
-    marker = json.loads((folder / "glassbox-build.json").read_text(encoding="utf-8"))
-    assert "-DGGML_NATIVE=OFF" in marker["cmake_args"]
+    flags = marker["cmake_args"]
+    assert isinstance(flags, list) and "-DGGML_NATIVE=OFF" in flags
+
+
+def test_the_engine_reads_the_marker_the_build_script_writes() -> None:
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("glassbox_llama_build_marker", root / "installers" / "llama_build.py")
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.MARKER == BUILD_MARKER
