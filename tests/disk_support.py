@@ -1,5 +1,6 @@
-"""A real small disk for the full-disk tests: a tmpfs where ``mount -t tmpfs`` works (root on
-Linux), and a way to fill it. Tests elsewhere inject ``OSError(ENOSPC)`` instead."""
+"""Helpers the tests share about what is on disk: a real small tmpfs for the full-disk tests (where
+``mount -t tmpfs`` works, root on Linux) and a way to fill it, file modes, and registry counts read
+beside a writer. Tests elsewhere inject ``OSError(ENOSPC)`` instead."""
 
 from __future__ import annotations
 
@@ -62,3 +63,20 @@ def usual_umask() -> Iterator[None]:
         yield
     finally:
         os.umask(old)
+
+
+def registry_counts(db: Path) -> tuple[int, int]:
+    """(documents with stored chunks, embedded chunks) of a knowledge registry, read through a
+    read-only connection so a writer in another process is not disturbed; (0, 0) while unreadable."""
+    import sqlite3
+
+    try:
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+        try:
+            docs = con.execute("SELECT count(*) FROM documents WHERE content_id IS NOT NULL").fetchone()[0]
+            embedded = con.execute("SELECT count(*) FROM chunks WHERE embedded = 1").fetchone()[0]
+            return int(docs), int(embedded)
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return 0, 0

@@ -32,6 +32,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.disk_support import registry_counts
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE.parent / "engine"))
@@ -143,20 +145,6 @@ def _note(seed: int) -> str:
     return "\n\n".join(paragraphs) + "\n"
 
 
-def _registry_counts(db: Path) -> tuple[int, int]:
-    """(documents with stored chunks, embedded chunks), read without disturbing the writer."""
-    try:
-        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
-        try:
-            docs = con.execute("SELECT count(*) FROM documents WHERE content_id IS NOT NULL").fetchone()[0]
-            embedded = con.execute("SELECT count(*) FROM chunks WHERE embedded = 1").fetchone()[0]
-            return int(docs), int(embedded)
-        finally:
-            con.close()
-    except sqlite3.Error:
-        return 0, 0
-
-
 @pytest.mark.model
 @pytest.mark.slow
 def test_kill_9_during_kb_add_of_50_files_then_the_next_add_finishes_it(tmp_path: Path, orphans: set[Proc]) -> None:
@@ -170,8 +158,8 @@ def test_kill_9_during_kb_add_of_50_files_then_the_next_add_finishes_it(tmp_path
     assert db.is_file()
 
     adding = _start(home, "kb", "add", "notes", str(docs))
-    orphans |= _kill_when(adding, lambda: _registry_counts(db)[1] > 0, "it had embedded a batch")
-    stored, embedded = _registry_counts(db)
+    orphans |= _kill_when(adding, lambda: registry_counts(db)[1] > 0, "it had embedded a batch")
+    stored, embedded = registry_counts(db)
     assert embedded > 0 and stored <= 50
 
     con = sqlite3.connect(db)

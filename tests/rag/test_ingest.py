@@ -19,6 +19,7 @@ from rag.errors import KnowledgeBaseError
 from rag.ingest import IngestProgress
 from rag.knowledge import KnowledgeBases
 from rag.registry import DocState
+from tests.disk_support import registry_counts
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -239,20 +240,6 @@ with KnowledgeBases(root, model, embedder_factory=lambda p: fake, parser=TextPar
 """
 
 
-def _counts(db: Path) -> tuple[int, int]:
-    """(documents with stored chunks, embedded chunks), read without disturbing the writer."""
-    try:
-        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
-        try:
-            docs = con.execute("SELECT count(*) FROM documents WHERE content_id IS NOT NULL").fetchone()[0]
-            embedded = con.execute("SELECT count(*) FROM chunks WHERE embedded = 1").fetchone()[0]
-            return int(docs), int(embedded)
-        finally:
-            con.close()
-    except sqlite3.Error:
-        return 0, 0
-
-
 @pytest.mark.slow
 def test_kill_9_during_indexing_converges_without_duplicates(tmp_path: Path) -> None:
     docs, root, model = tmp_path / "docs", tmp_path / "kb", _fake_model(tmp_path)
@@ -271,13 +258,13 @@ def test_kill_9_during_indexing_converges_without_duplicates(tmp_path: Path) -> 
             stderr=subprocess.PIPE,
         )
         deadline = time.monotonic() + 120
-        while child.poll() is None and time.monotonic() < deadline and not ready(*_counts(db)):
+        while child.poll() is None and time.monotonic() < deadline and not ready(*registry_counts(db)):
             time.sleep(0.005)
         assert child.poll() is None, f"the child finished before it could be killed: {child.stderr.read()!r}"
         os.kill(child.pid, signal.SIGKILL)
         child.wait(30)
         assert child.returncode == -signal.SIGKILL
-    _, embedded_before = _counts(db)
+    _, embedded_before = registry_counts(db)
     assert embedded_before > 0
 
     fake = FakeEmbedder()
