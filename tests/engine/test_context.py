@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -250,55 +250,66 @@ def test_plan_with_a_real_template_renderer_fits_and_adds_up() -> None:
     check_breakdown(result, 300)
 
 
-@pytest.mark.model
-def test_plan_with_the_starter_models_tokenizer_at_n_ctx_256(starter_model: Path) -> None:
+Counters = tuple[Callable[[Sequence[Message]], int], Callable[[str], int]]
+
+
+@pytest.fixture(scope="module")
+def starter_counters(starter_model: Path) -> Iterator[Counters]:
+    """``count_tokens`` and ``count_text`` as the session has them: the starter model's real
+    template and vocabulary (llama.cpp loads only the vocabulary)."""
     llama_cpp = pytest.importorskip("llama_cpp")
     from engine.templates import select_template
 
     model = llama_cpp.Llama(str(starter_model), vocab_only=True, verbose=False)
+    template = select_template(None, "gemma3", "<bos>", "<eos>")
+
+    def count_tokens(messages: Sequence[Message]) -> int:
+        prompt = template.render([{"role": m.role, "content": m.content} for m in messages])
+        return len(model.tokenize(prompt.encode(), add_bos=False, special=True))
+
+    def count_text(text: str) -> int:
+        return len(model.tokenize(text.encode(), add_bos=False, special=False))
+
     try:
-        template = select_template(None, "gemma3", "<bos>", "<eos>")
+        yield count_tokens, count_text
+    finally:
+        model.close()
 
-        def count_tokens(messages: Sequence[Message]) -> int:
-            prompt = template.render([{"role": m.role, "content": m.content} for m in messages])
-            return len(model.tokenize(prompt.encode(), add_bos=False, special=True))
 
-        def count_text(text: str) -> int:
-            return len(model.tokenize(text.encode(), add_bos=False, special=False))
-
-        history = [
-            Message(
-                "user" if i % 2 == 0 else "assistant", f"Turn {i}: tell me something about the number {i}."
-            )
-            for i in range(40)
-        ]
-        result = plan_context(
-            system="You are a helpful assistant.",
+@pytest.mark.model
+def test_plan_with_the_starter_models_tokenizer_at_n_ctx_256(starter_counters: Counters) -> None:
+    count_tokens, count_text = starter_counters
+    history = [
+        Message(
+            "user" if i % 2 == 0 else "assistant", f"Turn {i}: tell me something about the number {i}."
+        )
+        for i in range(40)
+    ]
+    result = plan_context(
+        system="You are a helpful assistant.",
+        documents=None,
+        history=history,
+        user="And what about the number forty?",
+        n_ctx=256,
+        reply_reserve=64,
+        count_tokens=count_tokens,
+        count_text=count_text,
+    )
+    assert 0 < result.evicted < len(history)
+    assert result.prompt_tokens == count_tokens(result.messages) <= 256 - 64
+    check_breakdown(result, 256)
+    with pytest.raises(ContextOverflow, match="switch the overflow policy to rolling"):
+        plan_context(
+            system=None,
             documents=None,
             history=history,
-            user="And what about the number forty?",
+            user="x",
             n_ctx=256,
             reply_reserve=64,
             count_tokens=count_tokens,
             count_text=count_text,
+            policy="refuse",
         )
-        assert 0 < result.evicted < len(history)
-        assert result.prompt_tokens == count_tokens(result.messages) <= 256 - 64
-        check_breakdown(result, 256)
-        with pytest.raises(ContextOverflow, match="switch the overflow policy to rolling"):
-            plan_context(
-                system=None,
-                documents=None,
-                history=history,
-                user="x",
-                n_ctx=256,
-                reply_reserve=64,
-                count_tokens=count_tokens,
-                count_text=count_text,
-                policy="refuse",
-            )
-    finally:
-        model.close()
 
 
 # ----------------------------------------------------------------------------- bounded work
@@ -382,40 +393,25 @@ def test_sparse_text_grows_the_probes_until_they_stop_fitting() -> None:
 
 
 @pytest.mark.model
-def test_planning_8001_tiny_messages_on_the_starter_model_is_cheap(starter_model: Path) -> None:
+def test_planning_8001_tiny_messages_on_the_starter_model_is_cheap(starter_counters: Counters) -> None:
     """The 8,001 one-letter messages of the issue at n_ctx 256: bound 0.5 CPU-s for the planning
     (rendering the real template, tokenizing with the real vocabulary): 0.06 s here, 6.1 s before."""
     import time
 
-    llama_cpp = pytest.importorskip("llama_cpp")
-    from engine.templates import select_template
-
-    model = llama_cpp.Llama(str(starter_model), vocab_only=True, verbose=False)
-    try:
-        template = select_template(None, "gemma3", "<bos>", "<eos>")
-
-        def count_tokens(messages: Sequence[Message]) -> int:
-            prompt = template.render([{"role": m.role, "content": m.content} for m in messages])
-            return len(model.tokenize(prompt.encode(), add_bos=False, special=True))
-
-        def count_text(text: str) -> int:
-            return len(model.tokenize(text.encode(), add_bos=False, special=False))
-
-        history = [Message("user", "a") for _ in range(8000)]
-        started = time.process_time()
-        result = plan_context(
-            system=None,
-            documents=None,
-            history=history,
-            user="a",
-            n_ctx=256,
-            reply_reserve=4,
-            count_tokens=count_tokens,
-            count_text=count_text,
-        )
-        spent = time.process_time() - started
-        assert 0 < len(result.messages) - 1 < 100
-        assert result.prompt_tokens == count_tokens(result.messages) <= 256 - 4
-        assert spent < 0.5, f"planning took {spent:.2f} CPU-s"
-    finally:
-        model.close()
+    count_tokens, count_text = starter_counters
+    history = [Message("user", "a") for _ in range(8000)]
+    started = time.process_time()
+    result = plan_context(
+        system=None,
+        documents=None,
+        history=history,
+        user="a",
+        n_ctx=256,
+        reply_reserve=4,
+        count_tokens=count_tokens,
+        count_text=count_text,
+    )
+    spent = time.process_time() - started
+    assert 0 < len(result.messages) - 1 < 100
+    assert result.prompt_tokens == count_tokens(result.messages) <= 256 - 4
+    assert spent < 0.5, f"planning took {spent:.2f} CPU-s"
