@@ -60,13 +60,50 @@ class Stats:
 
 
 @dataclass(frozen=True)
+class Reasoning:
+    """A piece of the model's thinking (``<think>...</think>``), streamed apart from the answer so
+    the UI can fold it; it is never sent back as history."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One complete call the model made (engine/tool_calls.py parses it out of the stream).
+
+    Attributes:
+        id: unique within the conversation (``call_...``), for the ``tool`` message that answers it.
+        name: the function called.
+        arguments: the parsed JSON arguments.
+        raw: the text the model wrote for this call (its markup included).
+    """
+
+    id: str
+    name: str
+    arguments: dict[str, Any]
+    raw: str
+
+
+@dataclass(frozen=True)
 class Finished:
-    """The end of a generation. ``text`` is the whole reply (partial when cancelled)."""
+    """The end of a generation. ``text`` is the reply (partial when cancelled): the answer only,
+    without the reasoning and without the markup of tool calls.
+
+    Attributes:
+        reasoning: the thinking text, apart from the answer ("" when none).
+        reasoning_tokens: tokens the thinking took.
+        reasoning_ms: time from its first token to its end.
+        tool_calls: the calls the model made, in order (the caller runs them: engine/agent.py).
+    """
 
     reason: FinishReason
     stats: Stats
     text: str = ""
     error: str | None = None
+    reasoning: str = ""
+    reasoning_tokens: int = 0
+    reasoning_ms: float = 0.0
+    tool_calls: tuple[ToolCall, ...] = ()
 
 
-Event = PrefillProgress | Token | Stats | Finished
+Event = PrefillProgress | Token | Stats | Finished | Reasoning | ToolCall
