@@ -4,7 +4,7 @@
   ``engine.remote.list_models`` on a worker and saves it with ``engine.endpoints.EndpointStore``.
 * :class:`RemoteIntegration`: owned by the main window. Lists the saved endpoints' models for the
   model picker (as ``app.workers.chat_adapter.remote_model_path`` pseudo paths, side by side with
-  the local files), and runs ``glassbox serve`` in-process (``app.serve.start_server``) over the
+  the local files), and runs ``glassbox serve`` in-process (``app.server.http.start_server``) over the
   window's loaded session while the "Local API server" setting is on.
 """
 
@@ -165,7 +165,7 @@ class RemoteIntegration(QObject):
         self.window = window
         self.store_file = endpoints_file(window.paths.config)
         self.remote_models: list[Path] = []
-        self.server: Any = None  # app.serve.ServerHandle while serving
+        self.server: Any = None  # app.server.http.ServerHandle while serving
         self._server_backend: Any = None
         self._server_config: tuple[int, str | None] | None = None
         self._generation = 0
@@ -218,7 +218,7 @@ class RemoteIntegration(QObject):
         self._start_server(backend, config)
 
     def _start_server(self, backend: Any, config: tuple[int, str | None]) -> None:
-        from app.serve import start_server
+        from app.server.http import start_server
 
         self._generation += 1
         generation = self._generation

@@ -21,7 +21,7 @@ import pytest
 
 from app.cli import main
 from app.paths import Paths
-from app.serve import start_server
+from app.server.http import start_server
 from app.settings import Settings, load_settings, save_settings
 from engine.endpoints import EndpointStore
 from engine.events import Event, Finished, Stats, Token

@@ -27,9 +27,9 @@ import openai
 import pytest
 
 from app.cli import main
-from app.openai_wire import MAX_MESSAGES, MAX_STOP_CHARS, MAX_STOP_STRINGS, MIN_TEXT_CHARS
 from app.paths import Paths
-from app.serve import ServeError, ServerHandle, check_host, is_loopback, start_server
+from app.server.http import ServeError, ServerHandle, check_host, is_loopback, start_server
+from app.server.wire import MAX_MESSAGES, MAX_STOP_CHARS, MAX_STOP_STRINGS, MIN_TEXT_CHARS
 from engine.errors import ContextOverflow
 from engine.events import Event, Finished, PrefillProgress, Stats, Token
 from engine.runtime import GenerationParams

@@ -24,9 +24,9 @@ from typing import Any
 
 import pytest
 
-from app.openai_wire import MAX_JSON_DEPTH, MAX_NUMBER_CHARS, nesting_exceeds
 from app.paths import Paths
-from app.serve import MAX_QUEUED, ServerHandle, start_server
+from app.server.http import MAX_QUEUED, ServerHandle, start_server
+from app.server.wire import MAX_JSON_DEPTH, MAX_NUMBER_CHARS, nesting_exceeds
 from engine.errors import EngineCrashed, EngineError, ModelLoadError
 from engine.events import Event, Finished, PrefillProgress, Stats, Token
 from engine.runtime import GenerationParams

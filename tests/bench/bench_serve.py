@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from app.paths import Paths  # noqa: E402
-from app.serve import start_server  # noqa: E402
+from app.server.http import start_server  # noqa: E402
 from engine.events import Finished, Token  # noqa: E402
 from engine.remote import RemoteSession  # noqa: E402
 from engine.runtime import GenerationParams, LoadParams  # noqa: E402

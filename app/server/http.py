@@ -20,15 +20,15 @@ One model at a time: requests queue on one lock, so concurrent replies never mix
 standard library's threading HTTP server (no new dependencies), HTTP/1.1 with keep-alive and
 chunked streaming, ``TCP_NODELAY`` so each token leaves at once.
 
-Hostile bodies (ROBUSTNESS.md 4.9): every JSON body goes through :func:`~app.openai_wire.parse_body`
+Hostile bodies (ROBUSTNESS.md 4.9): every JSON body goes through :func:`~app.server.wire.parse_body`
 (UTF-8 only, at most 64 levels of nesting, no number literal over 100 characters or out of a float's
 range, no lone surrogate in a string); what it refuses is a 400 with an OpenAI-style error, never a
 dropped connection. An answer never carries Python exception text: the server's own failures get a
 fixed message and a line in the server log, and anything unforeseen a 500 (or, mid-stream, an error
 event), never a connection closed without an answer.
 
-Bounded work per request: at most :data:`~app.openai_wire.MAX_MESSAGES` messages and
-:func:`~app.openai_wire.text_limit` characters of text (32 per token of the window, at least 256 Ki),
+Bounded work per request: at most :data:`~app.server.wire.MAX_MESSAGES` messages and
+:func:`~app.server.wire.text_limit` characters of text (32 per token of the window, at least 256 Ki),
 at most 16 stop strings of 256 characters; anything more is a 400 before the model is touched.
 A client that closes its connection cancels its reply (checked before the reply starts and between
 its events; a client that half-closes its sending side counts as gone). Past
@@ -62,7 +62,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from app.openai_wire import (
+from app.paths import Paths
+from app.server.wire import (
     ChatRequest,
     HttpError,
     completion_document,
@@ -76,7 +77,6 @@ from app.openai_wire import (
     timings_document,
     usage_document,
 )
-from app.paths import Paths
 from engine.errors import EngineError
 
 log = logging.getLogger("glassbox.serve")

@@ -1,4 +1,4 @@
-"""The OpenAI chat-completions wire format for ``glassbox serve`` (:mod:`app.serve`).
+"""The OpenAI chat-completions wire format for ``glassbox serve`` (:mod:`app.server.http`).
 
 Turns request bodies into engine calls (messages into system prompt, history and the new user
 message; sampling fields into :class:`~engine.runtime.GenerationParams`) and engine results into
