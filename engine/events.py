@@ -22,10 +22,18 @@ class PrefillProgress:
 
 @dataclass(frozen=True)
 class Token:
-    """One generated token and its text (text may be empty for a partial UTF-8 sequence)."""
+    """One generated token and its text (text may be empty for a partial UTF-8 sequence).
+
+    ``logprob`` and ``top_logprobs`` (the most likely alternatives, as text and log-probability,
+    best first) are set when GenerationParams.logprobs > 0; ``drafted`` when speculative decoding
+    proposed the token and the model accepted it.
+    """
 
     text: str
     token_id: int
+    logprob: float | None = None
+    top_logprobs: tuple[tuple[str, float], ...] = ()
+    drafted: bool = False
 
 
 @dataclass(frozen=True)
@@ -53,6 +61,8 @@ class Stats:
     bandwidth_gbps: float = 0.0
     machine_bandwidth_gbps: float | None = None
     template: str = ""
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
     budget: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:

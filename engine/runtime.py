@@ -28,9 +28,9 @@ import time
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from engine.cpu_backend import BackendInfo, BackendPolicy, describe_crash, is_cpu_fault, load_backends
 from engine.errors import Cancelled, EngineCrashed, EngineError, ModelLoadError
@@ -57,6 +57,9 @@ class LoadParams(BaseModel):
     cpu_variant: str | None = None
     cpu_avoid: tuple[str, ...] = ()
     allow_amx: bool = False
+    # A smaller model of the same vocabulary, loaded in the same worker to draft tokens for
+    # speculative decoding (GenerationParams.speculative="draft"); refused when the vocabularies differ.
+    draft_model_path: Path | None = None
 
     def backend_policy(self) -> BackendPolicy:
         return BackendPolicy(variant=self.cpu_variant, avoid=self.cpu_avoid, allow_amx=self.allow_amx)
@@ -75,6 +78,37 @@ class GenerationParams(BaseModel):
     repeat_penalty: float = Field(default=1.0, gt=0.0)
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    # Constrained output: GBNF text (root rule ``root``) or a JSON schema as JSON text, which the
+    # worker turns into a grammar (llama_cpp.LlamaGrammar.from_json_schema). At most one of them.
+    grammar: str | None = None
+    json_schema: str | None = None
+    # (token id, bias) pairs added to the logits before sampling; -inf bans a token.
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    # > 0: each Token carries its log-probability and this many most likely alternatives.
+    logprobs: int = Field(default=0, ge=0, le=20)
+    # Speculative decoding (engine.speculative): "lookup" drafts from n-grams of the prompt and the
+    # reply, "draft" from LoadParams.draft_model_path. Verified by the target model: the output is
+    # what decoding without it would give.
+    speculative: Literal["off", "lookup", "draft"] = "off"
+    draft_max: int = Field(default=12, ge=1, le=64)
+
+    @model_validator(mode="after")
+    def _one_constraint(self) -> GenerationParams:
+        if self.grammar is not None and self.json_schema is not None:
+            raise ValueError("grammar and json_schema cannot both be given")
+        if self.json_schema is not None:
+            import json
+
+            try:
+                schema = json.loads(self.json_schema)
+            except ValueError as exc:
+                raise ValueError(f"json_schema is not valid JSON ({exc})") from None
+            if not isinstance(schema, (dict, bool)):
+                raise ValueError("json_schema must be a JSON object")
+        for token_id, _bias in self.logit_bias:
+            if token_id < 0:
+                raise ValueError(f"logit_bias: token id {token_id} is negative")
+        return self
 
 
 @dataclass(frozen=True)
@@ -112,6 +146,8 @@ class WorkerResult:
     ttft_ms: float
     prefill_ms: float
     decode_ms: float
+    draft_tokens: int = 0  # tokens proposed by speculative decoding
+    accepted_tokens: int = 0  # of those, the ones the model verified and kept
 
 
 @dataclass(frozen=True)
@@ -243,6 +279,8 @@ class _Worker:
         n_ctx = self.n_ctx
         if len(tokens) >= n_ctx:
             raise EngineError(f"prompt of {len(tokens)} tokens does not fit the context window of {n_ctx}")
+        if params.grammar or params.json_schema or params.logit_bias or params.logprobs or params.speculative != "off":
+            raise EngineError("grammar, json_schema, logit_bias, logprobs and speculative are not implemented yet")
         cached = self._reuse_prefix(tokens)
         new = list(tokens[cached:])
         n_batch = self.params.n_batch

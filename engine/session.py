@@ -343,6 +343,8 @@ class ChatSession:
             bandwidth_gbps=round(bandwidth, 3),
             machine_bandwidth_gbps=self.machine_bandwidth_gbps,
             template=f"{self.template.source}:{self.template.name}",
+            draft_tokens=result.draft_tokens,
+            accepted_tokens=result.accepted_tokens,
             budget=dict(plan.breakdown),
         )
 
