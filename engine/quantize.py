@@ -147,6 +147,28 @@ class QuantType:
         return {**asdict(self), "available": self.available}
 
 
+def expected_bytes(src: Path, qtype: QuantType, n_params: int = 0) -> int:
+    """The expected output size of quantizing ``src`` to ``qtype``: per tensor, from the real
+    shapes and the types llama.cpp picks (:mod:`engine.quant_estimate`); the file-level bits per
+    weight of ``qtype`` only when the header cannot be read again."""
+    from engine.quant_estimate import estimate_quantized, read_tensor_shapes
+
+    try:
+        source, shapes = read_tensor_shapes(src)
+        return estimate_quantized(source, shapes, qtype.name).file_bytes
+    except (ModelFileError, ValueError, KeyError):
+        return qtype.estimate_bytes(n_params)
+
+
+def size_change(ratio: float) -> str:
+    """``"3.6x smaller"``, ``"2.0x larger"`` or ``"about the same size"`` for ``src / dst``."""
+    if ratio <= 0:
+        return "size unknown"
+    if 0.95 <= ratio <= 1.05:
+        return "about the same size"
+    return f"{ratio:.1f}x smaller" if ratio > 1 else f"{1 / ratio:.1f}x larger"
+
+
 @dataclass(frozen=True)
 class QuantizeProgress:
     """``done_tensors`` of ``total_tensors`` written; ``tensor_name`` is the last one done."""
@@ -629,7 +651,7 @@ def quantize_model(
             "or allow requantizing (quality suffers)"
         )
     _check_destination(src, dst, overwrite)
-    needed = int(qt.estimate_bytes(info.n_params) * 1.05)
+    needed = int(expected_bytes(src, qt, info.n_params) * 1.05)
     check_free_space(dst.parent, needed)
 
     tmp = dst.with_name(f"{dst.name}.tmp-{os.getpid()}")
@@ -744,12 +766,14 @@ __all__ = [
     "default_output_path",
     "describe_exit",
     "disk_full_reason",
+    "expected_bytes",
     "find_quant_type",
     "import_native_bindings",
     "is_no_space",
     "quant_types",
     "quantize_model",
     "run_logged_child",
+    "size_change",
     "space_after_failure",
     "sweep_work_files",
 ]
