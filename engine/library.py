@@ -35,9 +35,18 @@ from engine.errors import ModelFileError
 from engine.gguf import GgufInfo, open_model_file, read_gguf_info
 
 __all__ = [
-    "PROVENANCE_FIELDS", "FolderStatus", "LibraryEntry", "ModelLibrary", "merge_split_infos", "read_model_info",
-    "split_parts",
+    "EMBEDDING_ARCHITECTURES", "PROVENANCE_FIELDS", "FolderStatus", "LibraryEntry", "ModelLibrary",
+    "merge_split_infos", "model_kind", "read_model_info", "split_parts",
 ]
+
+# Architectures that llama.cpp runs only as embedders (sentence vectors, no text generation); a
+# chat with one fails deep in llama.cpp ("Memory is not initialized"). Other architectures that
+# declare a pooling type and carry no chat template are embedders too (Qwen3-Embedding is qwen3).
+EMBEDDING_ARCHITECTURES = frozenset({
+    "bert", "nomic-bert", "nomic-bert-moe", "neo-bert", "jina-bert-v2", "jina-bert-v3", "eurobert",
+    "modern-bert", "gemma-embedding", "t5encoder", "llama-embed",
+})
+PROJECTOR_ARCHITECTURES = frozenset({"clip"})
 
 MANIFEST_VERSION = 1
 PROVENANCE_FIELDS = ("repo", "revision", "sha256", "quantized_from", "label", "source")
@@ -79,6 +88,24 @@ class LibraryEntry:
         """What to show the user: the manifest's label, else the file name."""
         return self.provenance.get("label") or self.name
 
+    @property
+    def kind(self) -> str:
+        """``"chat"``, ``"embedding"`` (an embedder), ``"projector"`` (a vision mmproj), or
+        ``"unknown"`` when the header could not be read."""
+        return model_kind(self.info) if self.info is not None else "unknown"
+
+    def chat_problem(self) -> str | None:
+        """Why this entry cannot be loaded to chat with (one line), or None when it can."""
+        if not self.available:
+            return self.error or "unavailable: the file is missing"
+        if self.error:
+            return self.error
+        if self.kind == "embedding":
+            return f"an embedding model ({self.architecture}): it makes vectors for search, it cannot chat"
+        if self.kind == "projector":
+            return "a vision projector (mmproj) that goes with a chat model, not a model to chat with"
+        return None
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready summary (without the full header)."""
         return {
@@ -94,6 +121,7 @@ class LibraryEntry:
             "quant": self.quant,
             "context_length": self.context_length,
             "has_chat_template": self.has_chat_template,
+            "kind": self.kind,
             "title": self.title,
             "provenance": dict(self.provenance),
             "error": self.error,
@@ -508,6 +536,18 @@ class ModelLibrary:
 
     def _save_manifest(self, manifest: dict[str, Any]) -> None:
         write_json_atomic(self.manifest_path, manifest)
+
+
+def model_kind(info: GgufInfo) -> str:
+    """``"embedding"``, ``"projector"`` or ``"chat"``, from the header's architecture."""
+    arch = info.architecture
+    if arch in PROJECTOR_ARCHITECTURES:
+        return "projector"
+    if arch in EMBEDDING_ARCHITECTURES:
+        return "embedding"
+    if f"{arch}.pooling_type" in info.metadata and not info.has_chat_template:
+        return "embedding"
+    return "chat"
 
 
 # -------------------------------------------------------------------- split models

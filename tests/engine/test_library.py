@@ -296,3 +296,20 @@ def test_starter_model_in_the_library(lib: ModelLibrary, starter_model: Path) ->
     assert (entry.architecture, entry.quant) == ("gemma3", "Q4_K_M")
     assert entry.params == 268_098_176
     assert not entry.has_chat_template
+
+
+def test_embedders_and_projectors_are_marked_and_not_offered_for_chat(lib: ModelLibrary) -> None:
+    from tiny_models import write_tiny_llama_gguf
+
+    lib.models_dir.mkdir(parents=True)
+    write_tiny_llama_gguf(lib.models_dir / "chat.gguf")
+    write_tiny_llama_gguf(lib.models_dir / "minilm.gguf", arch="bert")
+    write_tiny_llama_gguf(lib.models_dir / "mmproj.gguf", arch="clip")
+    by_name = {e.name: e for e in lib.scan()}
+    assert by_name["chat.gguf"].kind == "chat"
+    assert by_name["chat.gguf"].chat_problem() is None
+    assert by_name["minilm.gguf"].kind == "embedding"
+    assert "embedding model (bert)" in (by_name["minilm.gguf"].chat_problem() or "")
+    assert by_name["mmproj.gguf"].kind == "projector"
+    assert "vision projector" in (by_name["mmproj.gguf"].chat_problem() or "")
+    assert by_name["minilm.gguf"].to_dict()["kind"] == "embedding"
