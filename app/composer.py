@@ -11,6 +11,8 @@ from PySide6.QtCore import Qt, Signal, Slot
 from PySide6.QtGui import QKeyEvent
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QVBoxLayout, QWidget
 
+from app.window_layout import ElidedLabel, make_wrapping
+
 
 class ComposerEdit(QPlainTextEdit):
     """A text box where Enter submits and Shift+Enter inserts a newline.
@@ -55,6 +57,7 @@ class Composer(QWidget):
         banner_row = QHBoxLayout()
         self.edit_banner = QLabel("Editing a message: sending creates a new branch; the old one stays.")
         self.edit_banner.setObjectName("editBanner")
+        make_wrapping(self.edit_banner)
         self.cancel_edit_button = QPushButton("Cancel edit")
         self.cancel_edit_button.clicked.connect(self.cancel_edit)
         banner_row.addWidget(self.edit_banner, 1)
@@ -69,6 +72,8 @@ class Composer(QWidget):
         row.setContentsMargins(10, 6, 6, 6)
         self.edit = ComposerEdit()
         self.edit.setObjectName("composerEdit")
+        self.edit.setAccessibleName("Message")
+        self.edit.setAccessibleDescription("Your message to the model. Enter sends, Shift+Enter adds a line")
         self.edit.setPlaceholderText("Message the model…  (Enter to send, Shift+Enter for a new line)")
         self.edit.setTabChangesFocus(True)
         self.edit.setFixedHeight(72)
@@ -78,18 +83,24 @@ class Composer(QWidget):
         self.send_button = QPushButton("Send")
         self.send_button.setObjectName("primary")
         self.send_button.setToolTip("Send (Enter)")
+        self.send_button.setAccessibleDescription("Sends the message to the model")
         self.send_button.clicked.connect(self._on_edit_submitted)
         self.stop_button = QPushButton("■ Stop")
         self.stop_button.setObjectName("danger")
         self.stop_button.setToolTip("Stop generating (Esc)")
+        self.stop_button.setAccessibleName("Stop")
+        self.stop_button.setAccessibleDescription("Stops the reply; what was written so far is kept")
         self.stop_button.clicked.connect(self.stop_requested)
         self.stop_button.setVisible(False)
         row.addWidget(self.send_button, 0, Qt.AlignmentFlag.AlignBottom)
         row.addWidget(self.stop_button, 0, Qt.AlignmentFlag.AlignBottom)
         layout.addWidget(frame)
 
-        self.state_label = QLabel("")
+        # A long reason (a failed load) elides, with the whole text as its tooltip: it never
+        # widens the window.
+        self.state_label = ElidedLabel("")
         self.state_label.setObjectName("stateLabel")
+        self.state_label.setAccessibleName("Chat state")
         layout.addWidget(self.state_label)
         self._update_buttons()
 

@@ -13,7 +13,15 @@ from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QByteArray, QSettings, QSize, Qt, QTimer, Slot
-from PySide6.QtGui import QAction, QCloseEvent, QDragEnterEvent, QDropEvent, QIcon, QKeySequence
+from PySide6.QtGui import (
+    QAction,
+    QCloseEvent,
+    QDragEnterEvent,
+    QDropEvent,
+    QGuiApplication,
+    QIcon,
+    QKeySequence,
+)
 from PySide6.QtWidgets import (
     QApplication,
     QButtonGroup,
@@ -23,7 +31,7 @@ from PySide6.QtWidgets import (
     QLabel,
     QMainWindow,
     QPushButton,
-    QSplitter,
+    QScrollArea,
     QStackedWidget,
     QToolButton,
     QVBoxLayout,
@@ -42,6 +50,15 @@ from app.theme import RESOURCES, apply_theme, resolve_theme
 from app.toast import Toast
 from app.window_conversations import ConversationActions
 from app.window_documents import DocumentActions
+from app.window_layout import (
+    FIRST_SIZE,
+    ChatSplitter,
+    ElidedLabel,
+    geometry_fits,
+    initial_geometry,
+    make_wrapping,
+    set_wrapped_text,
+)
 from app.window_models import ModelActions
 from app.workers.chat_adapter import ChatAdapter, ChatState, ModelState, TurnContext
 from app.workers.history_service import HistoryService
@@ -50,6 +67,7 @@ from app.workers.llm_worker import SessionFactory
 from app.workers.models_worker import ModelsAdapter
 
 SHUTDOWN_DEADLINE_S = 5.0
+CHAT_COLUMN_MIN_WIDTH = 460
 
 
 def warm_up_rendering() -> None:
@@ -95,11 +113,13 @@ class MainWindow(ConversationActions, DocumentActions, ModelActions, QMainWindow
         self.models: list[Path] = []
         self._closing = False
         self._pending_delete: int | None = None
+        self._auto_toggle = False  # the inspector toggle is being set by the layout, not the user
+        self._inspector_collapsed = False  # collapsed because the window is narrow
         self.setWindowTitle("Glassbox")
         icon = RESOURCES / "icons" / "glassbox.svg"
         if icon.exists():
             self.setWindowIcon(QIcon(str(icon)))
-        self.resize(1320, 820)
+        self._apply_first_geometry()
         self.setAcceptDrops(True)
 
         self.history = HistoryService(paths.history_db, history_factory)
@@ -210,80 +230,27 @@ class MainWindow(ConversationActions, DocumentActions, ModelActions, QMainWindow
         return rail
 
     def _build_chat_page(self) -> QWidget:
-        self.splitter = QSplitter(Qt.Orientation.Horizontal)
+        self.splitter = ChatSplitter(self._on_splitter_narrow_changed)
         self.splitter.setHandleWidth(1)
         self.sidebar = Sidebar()
-        self.sidebar.setMinimumWidth(220)
+        self.sidebar.setMinimumWidth(200)
         self.splitter.addWidget(self.sidebar)
 
         center = QWidget()
+        center.setObjectName("chatColumn")
+        # Room for a readable conversation: below it, the side panels give way (ChatSplitter).
+        center.setMinimumWidth(CHAT_COLUMN_MIN_WIDTH)
         column = QVBoxLayout(center)
         column.setContentsMargins(0, 0, 0, 0)
         column.setSpacing(0)
-        header = QFrame()
-        header.setObjectName("chatHeader")
-        header.setAttribute(Qt.WidgetAttribute.WA_StyledBackground, True)
-        hl = QVBoxLayout(header)
-        hl.setContentsMargins(16, 8, 16, 8)
-        hl.setSpacing(2)
-        row = QHBoxLayout()
-        self.model_picker = QComboBox()
-        self.model_picker.setObjectName("modelPicker")
-        # The header row sets the window's minimum width: let the picker give way on small screens.
-        self.model_picker.setMinimumWidth(160)
-        self.model_picker.setToolTip("The model to chat with")
-        self.model_picker.setPlaceholderText("No models yet")
-        row.addWidget(self.model_picker, 1)
-        self.load_button = QPushButton("Load")
-        self.load_button.setToolTip("Load the selected model (Ctrl+L)")
-        self.load_button.clicked.connect(self._on_load_button_clicked)
-        row.addWidget(self.load_button)
-        self.add_endpoint_button = QPushButton("Add endpoint…")
-        self.add_endpoint_button.setToolTip("Chat with models on an OpenAI-compatible server (vLLM, Ollama, …)")
-        self.add_endpoint_button.clicked.connect(lambda: self.remote.add_endpoint())
-        row.addWidget(self.add_endpoint_button)
-        # The model's state goes on the second line: on the first it made the window wider than a
-        # 1366-px screen.
-        self.model_status = QLabel("No model loaded")
-        self.model_status.setObjectName("modelStatus")
-        row.addStretch(0)
-        self.chat_settings_button = QPushButton("System prompt…")
-        self.chat_settings_button.setToolTip("This chat's system prompt and sampling preset")
-        self.chat_settings_button.clicked.connect(self.open_conversation_settings)
-        row.addWidget(self.chat_settings_button)
-        self.inspector_button = QPushButton("Inspector")
-        self.inspector_button.setCheckable(True)
-        self.inspector_button.setChecked(self.settings.show_inspector)
-        self.inspector_button.setToolTip("Show or hide the inspector (Ctrl+I)")
-        self.inspector_button.toggled.connect(self._on_inspector_button_toggled)
-        row.addWidget(self.inspector_button)
-        hl.addLayout(row)
-        docs_row = QHBoxLayout()
-        self.docs_label = QLabel("")
-        self.docs_label.setObjectName("stateLabel")
-        self.index_label = QLabel("")
-        self.index_label.setObjectName("stateLabel")
-        docs_row.addWidget(self.model_status)
-        docs_row.addSpacing(12)
-        docs_row.addWidget(self.docs_label)
-        docs_row.addStretch(1)
-        docs_row.addWidget(self.index_label)
-        hl.addLayout(docs_row)
-        self.starter_note = QLabel(
-            "Starter model: a tiny base model for trying the app. It continues text rather than following "
-            "instructions; load a chat model from Models for real answers."
-        )
-        self.starter_note.setObjectName("starterNote")
-        self.starter_note.setWordWrap(True)
-        self.starter_note.setVisible(False)
-        hl.addWidget(self.starter_note)
-        column.addWidget(header)
+        column.addWidget(self._build_chat_header())
 
         self.banner = QLabel()
         self.banner.setObjectName("errorBanner")
-        self.banner.setWordWrap(True)
+        make_wrapping(self.banner)
         self.banner.setVisible(False)
         self.banner.setContentsMargins(0, 0, 0, 0)
+        self.banner.setAccessibleName("Error")
         column.addWidget(self.banner)
 
         self.chat_view = ChatView()
@@ -299,8 +266,85 @@ class MainWindow(ConversationActions, DocumentActions, ModelActions, QMainWindow
         self.splitter.setStretchFactor(0, 0)
         self.splitter.setStretchFactor(1, 1)
         self.splitter.setStretchFactor(2, 0)
+        self.splitter.setCollapsible(1, False)
         self.splitter.setSizes([250, 720, 340])
         return self.splitter
+
+    def _build_chat_header(self) -> QFrame:
+        """Two rows, so that the header never sets the window's width: the model picker and its
+        buttons; then the model's state, the chat's documents, this chat's settings and the
+        inspector toggle. Every text in it elides (the whole text is its tooltip)."""
+        header = QFrame()
+        header.setObjectName("chatHeader")
+        header.setAttribute(Qt.WidgetAttribute.WA_StyledBackground, True)
+        hl = QVBoxLayout(header)
+        hl.setContentsMargins(12, 6, 12, 6)
+        hl.setSpacing(4)
+        row = QHBoxLayout()
+        row.setSpacing(6)
+        self.model_picker = QComboBox()
+        self.model_picker.setObjectName("modelPicker")
+        self.model_picker.setMinimumWidth(120)
+        self.model_picker.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.model_picker.setMinimumContentsLength(12)
+        self.model_picker.setToolTip("The model to chat with")
+        self.model_picker.setAccessibleName("Model")
+        self.model_picker.setAccessibleDescription("The model to chat with; choosing one loads it")
+        self.model_picker.setPlaceholderText("No models yet")
+        row.addWidget(self.model_picker, 1)
+        self.load_button = QPushButton("Load")
+        self.load_button.setToolTip("Load the selected model (Ctrl+L)")
+        self.load_button.setAccessibleDescription("Load the selected model, or eject the loaded one")
+        self.load_button.clicked.connect(self._on_load_button_clicked)
+        row.addWidget(self.load_button)
+        self.add_endpoint_button = QPushButton("Add endpoint…")
+        self.add_endpoint_button.setToolTip("Chat with models on an OpenAI-compatible server (vLLM, Ollama, …)")
+        self.add_endpoint_button.setAccessibleDescription(self.add_endpoint_button.toolTip())
+        self.add_endpoint_button.clicked.connect(lambda: self.remote.add_endpoint())
+        row.addWidget(self.add_endpoint_button)
+        hl.addLayout(row)
+
+        state_row = QHBoxLayout()
+        state_row.setSpacing(6)
+        self.model_status = ElidedLabel("No model loaded")
+        self.model_status.setObjectName("modelStatus")
+        self.model_status.setAccessibleName("Model state")
+        state_row.addWidget(self.model_status, 0)
+        self.docs_label = ElidedLabel("")
+        self.docs_label.setObjectName("stateLabel")
+        self.docs_label.setAccessibleName("Documents in this chat")
+        state_row.addWidget(self.docs_label, 0)
+        # The chat's documents control (a widget in its own file) goes in this slot.
+        self.documents_slot = QHBoxLayout()
+        self.documents_slot.setSpacing(4)
+        state_row.addLayout(self.documents_slot)
+        self.index_label = ElidedLabel("")
+        self.index_label.setObjectName("stateLabel")
+        self.index_label.setAccessibleName("Indexing")
+        state_row.addWidget(self.index_label, 1)
+        self.chat_settings_button = QPushButton("Chat settings…")
+        self.chat_settings_button.setToolTip("This chat's system prompt and sampling (temperature, top-p, seed, …)")
+        self.chat_settings_button.setAccessibleDescription(self.chat_settings_button.toolTip())
+        self.chat_settings_button.clicked.connect(self.open_conversation_settings)
+        state_row.addWidget(self.chat_settings_button)
+        self.inspector_button = QPushButton("Inspector")
+        self.inspector_button.setObjectName("inspectorToggle")
+        self.inspector_button.setCheckable(True)
+        self.inspector_button.setChecked(self.settings.show_inspector)
+        self.inspector_button.setToolTip("Show or hide the inspector (Ctrl+I)")
+        self.inspector_button.setAccessibleDescription("Shows or hides the inspector panel")
+        self.inspector_button.toggled.connect(self._on_inspector_button_toggled)
+        state_row.addWidget(self.inspector_button)
+        hl.addLayout(state_row)
+        self.starter_note = QLabel(
+            "Starter model: a tiny base model for trying the app. It continues text rather than following "
+            "instructions; load a chat model from Models for real answers."
+        )
+        self.starter_note.setObjectName("starterNote")
+        make_wrapping(self.starter_note)
+        self.starter_note.setVisible(False)
+        hl.addWidget(self.starter_note)
+        return header
 
     def _wire(self) -> None:
         chat = self.chat
@@ -364,7 +408,10 @@ class MainWindow(ConversationActions, DocumentActions, ModelActions, QMainWindow
             "focus": add("Focus composer", "Ctrl+/", self.composer.edit.setFocus),
         }
         for index, key in enumerate(("chat", "models", "knowledge")):
-            self.shortcuts[f"page_{key}"] = add(key, f"Ctrl+{index + 1}", lambda i=index: self.show_page(i))
+            # triggered(bool) passes ``checked`` first: it must not land in the page index.
+            self.shortcuts[f"page_{key}"] = add(
+                key, f"Ctrl+{index + 1}", lambda _checked=False, i=index: self.show_page(i)
+            )
         QWidget.setTabOrder(self.composer.edit, self.composer.send_button)
         QWidget.setTabOrder(self.composer.send_button, self.sidebar.search)
         QWidget.setTabOrder(self.sidebar.search, self.sidebar.list)
@@ -422,9 +469,16 @@ class MainWindow(ConversationActions, DocumentActions, ModelActions, QMainWindow
         return self._knowledge_page
 
     def _replace_page(self, index: int, page: QWidget) -> None:
+        """Puts a page in place, inside a scroll area: a page that needs more room than the window
+        has scrolls instead of widening the window past the screen or being cut."""
         current = self.pages.currentIndex()
         old = self.pages.widget(index)
-        self.pages.insertWidget(index, page)
+        holder = QScrollArea()
+        holder.setObjectName(f"pageScroll{index}")
+        holder.setFrameShape(QFrame.Shape.NoFrame)
+        holder.setWidgetResizable(True)
+        holder.setWidget(page)
+        self.pages.insertWidget(index, holder)
         if old is not None:
             self.pages.removeWidget(old)
             old.deleteLater()
@@ -582,12 +636,40 @@ class MainWindow(ConversationActions, DocumentActions, ModelActions, QMainWindow
 
     @Slot(bool)
     def _on_inspector_button_toggled(self, checked: bool) -> None:
-        self.inspector.setVisible(checked)
-        self.settings.show_inspector = checked
+        if not self._auto_toggle:
+            # The user's choice: kept for the next start only when the window has room for it.
+            if not self.splitter.narrow:
+                self.settings.show_inspector = checked
+            self._inspector_collapsed = False
+        self._apply_side_panels()
+
+    def _apply_side_panels(self) -> None:
+        """Shows the inspector as its toggle says; on a narrow window the chat list gives way to it."""
+        show = self.inspector_button.isChecked()
+        self.inspector.setVisible(show)
+        self.sidebar.setVisible(not (show and self.splitter.narrow))
+        tip = "Show or hide the inspector (Ctrl+I)"
+        if self.splitter.narrow:
+            tip += ". The window is narrow: the chat list hides while the inspector shows"
+        self.inspector_button.setToolTip(tip)
+
+    def _on_splitter_narrow_changed(self, narrow: bool) -> None:
+        """Too narrow for three panels: the inspector collapses to its toggle; wide again: it comes back."""
+        self._auto_toggle = True
+        try:
+            if narrow and self.inspector_button.isChecked():
+                self._inspector_collapsed = True
+                self.inspector_button.setChecked(False)
+            elif not narrow and self._inspector_collapsed:
+                self._inspector_collapsed = False
+                self.inspector_button.setChecked(self.settings.show_inspector)
+        finally:
+            self._auto_toggle = False
+        self._apply_side_panels()
 
     def show_error(self, message: str) -> None:
-        """Shows a one-line error above the transcript (and in the status bar)."""
-        self.banner.setText(message)
+        """Shows an error above the transcript (wrapped, whole) and in the status bar."""
+        set_wrapped_text(self.banner, message)
         self.banner.setVisible(True)
         self.statusBar().showMessage(message, 15000)
 
@@ -617,14 +699,35 @@ class MainWindow(ConversationActions, DocumentActions, ModelActions, QMainWindow
             self.add_documents(paths)
 
     # ------------------------------------------------------------------ geometry & shutdown
+    def _apply_first_geometry(self) -> None:
+        """Sizes the window to its screen's available geometry (a small screen gets all of it)."""
+        screen = self.screen() or QGuiApplication.primaryScreen()
+        if screen is None:
+            self.resize(FIRST_SIZE)
+            return
+        self.setGeometry(initial_geometry(screen.availableGeometry()))
+
     def _restore_geometry(self) -> None:
+        """Restores the saved geometry only where it fits a screen as it is now, else keeps the first
+        size (a window saved on a big monitor must not open past the edge of a laptop's screen)."""
         qs = QSettings(str(self.paths.config / "window.ini"), QSettings.Format.IniFormat)
         geometry = qs.value("geometry")
         if isinstance(geometry, QByteArray):
-            self.restoreGeometry(geometry)
+            first = self.geometry()
+            if self.restoreGeometry(geometry) and not self._fits_a_screen():
+                self.setWindowState(Qt.WindowState.WindowNoState)
+                self.setGeometry(first)
         state = qs.value("splitter")
         if isinstance(state, QByteArray):
             self.splitter.restoreState(state)
+            self.sidebar.setVisible(True)
+            self.inspector.setVisible(self.inspector_button.isChecked())
+
+    def _fits_a_screen(self) -> bool:
+        if self.isMaximized() or self.isFullScreen():
+            return True
+        frame = self.frameGeometry()
+        return any(geometry_fits(frame, screen.availableGeometry()) for screen in QGuiApplication.screens())
 
     def _save_geometry(self) -> None:
         qs = QSettings(str(self.paths.config / "window.ini"), QSettings.Format.IniFormat)
@@ -648,6 +751,9 @@ class MainWindow(ConversationActions, DocumentActions, ModelActions, QMainWindow
         return clean
 
     def closeEvent(self, event: QCloseEvent) -> None:
+        # The window goes at once; the model, the threads and the history close behind it.
+        self.hide()
+        QApplication.processEvents()
         self.shutdown()
         event.accept()
 

@@ -3,8 +3,9 @@
 
 Markdown is rendered by markdown-it-py with raw HTML disabled, so nothing the model writes becomes
 active markup. Images are never loaded: they render as their alt text. Links keep only http(s) and
-mailto targets and open only on an explicit click. Code blocks get a header with the language and a
-"Copy" link (``gb-copy:N``); tables get borders that Qt's rich-text engine understands.
+mailto targets and open only on an explicit click. A single newline is a line break. Code blocks
+get a header with the language and a "Copy" link (``gb-copy:N``); tables get borders that Qt's
+rich-text engine understands.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ class CodeColors:
     code_fg: str = "#111827"
     muted: str = "#6b7280"
     border: str = "#d1d5db"
-    link: str = "#2563eb"
+    link: str = "#1d4ed8"  # 4.5:1 or more on every light background a link sits on
 
 
 DARK_CODE = CodeColors(
@@ -68,7 +69,9 @@ def _code_block(code: str, language: str, index: int, colors: CodeColors) -> str
 def _parser(colors: CodeColors) -> Any:
     from markdown_it import MarkdownIt  # imported on first render: keeps start-up light
 
-    md = MarkdownIt("commonmark", {"html": False, "linkify": False, "typographer": False})
+    # breaks: a single newline in a reply is a line break, as the model meant it ("cat\ncat"), not
+    # CommonMark's soft break that joins the lines.
+    md = MarkdownIt("commonmark", {"html": False, "linkify": False, "typographer": False, "breaks": True})
     md.enable(["table", "strikethrough"])
 
     def fence(self: Any, tokens: Sequence[Any], idx: int, options: Any, env: dict[str, Any]) -> str:

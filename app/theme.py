@@ -42,6 +42,12 @@ class ThemeColors:
     seg_current: str
     seg_reserve: str
     seg_free: str
+    toast_action: str = "#a5b4fc"
+    """The toast's action ("Undo") on its inverted background."""
+    danger_text: str = "#ffffff"
+    """Text on the danger colour (the Stop button, the error banner)."""
+    focus: str = "#4f46e5"
+    """The keyboard focus ring."""
 
     @property
     def code(self) -> CodeColors:
@@ -93,6 +99,9 @@ DARK = ThemeColors(
     seg_current="#34d399",
     seg_reserve="#f9a8d4",
     seg_free="#2b303b",
+    toast_action="#3730a3",
+    danger_text="#111318",
+    focus="#a5b4fc",
 )
 
 
@@ -111,10 +120,25 @@ def stylesheet(colors: ThemeColors) -> str:
     """The application stylesheet with the theme's colours filled in."""
     template = (RESOURCES / "glassbox.qss").read_text(encoding="utf-8")
     values = asdict(colors)
+    values["icons"] = (RESOURCES / "icons").as_posix()
     # Longest names first so that @surface_alt is not eaten by @surface.
     for key in sorted(values, key=len, reverse=True):
         template = template.replace(f"@{key}", str(values[key]))
     return template
+
+
+def contrast_ratio(foreground: str, background: str) -> float:
+    """The WCAG 2 contrast ratio of two colours (1 to 21; text needs 4.5, large text and UI 3)."""
+
+    def luminance(name: str) -> float:
+        color = QColor(name)
+        channels = []
+        for value in (color.redF(), color.greenF(), color.blueF()):
+            channels.append(value / 12.92 if value <= 0.04045 else ((value + 0.055) / 1.055) ** 2.4)
+        return 0.2126 * channels[0] + 0.7152 * channels[1] + 0.0722 * channels[2]
+
+    light, dark = sorted((luminance(foreground), luminance(background)), reverse=True)
+    return (light + 0.05) / (dark + 0.05)
 
 
 def apply_theme(app: QApplication, colors: ThemeColors) -> None:

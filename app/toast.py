@@ -7,6 +7,8 @@ from typing import Any
 from PySide6.QtCore import Qt, QTimer, Slot
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QWidget
 
+from app.window_layout import wrap_anywhere
+
 
 class Toast(QFrame):
     """A transient message with an optional action (e.g. "Chat deleted · Undo")."""
@@ -19,6 +21,9 @@ class Toast(QFrame):
         layout.setContentsMargins(12, 6, 6, 6)
         self.label = QLabel()
         self.label.setObjectName("toastLabel")
+        self.label.setTextFormat(Qt.TextFormat.PlainText)
+        self.label.setWordWrap(True)
+        self.label.setAccessibleName("Notice")
         self.action = QPushButton()
         layout.addWidget(self.label)
         layout.addWidget(self.action)
@@ -30,7 +35,12 @@ class Toast(QFrame):
         self.hide()
 
     def show_message(self, text: str, action: str | None = None, callback: Any = None, ms: int = 8000) -> None:
-        self.label.setText(text)
+        """Shows ``text`` (wrapped to the window's width) and an optional action for ``ms``."""
+        parent = self.parentWidget()
+        if parent is not None:
+            self.setMaximumWidth(max(parent.width() - 48, 200))
+        self.label.setText(wrap_anywhere(text))
+        self.setAccessibleDescription(text)
         self._callback = callback
         self.action.setVisible(action is not None)
         self.action.setText(action or "")

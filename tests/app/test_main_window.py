@@ -276,12 +276,12 @@ def test_keyboard_shortcuts_new_chat_and_stop(qtbot: Any, window: Any) -> None:
 
 def test_window_fits_a_1280_pixel_screen_with_the_inspector_open(qtbot: Any, window: Any) -> None:
     """A 1280x800 laptop screen shows the whole window: chats, conversation and inspector."""
-    assert window.inspector_button.isChecked()
-    assert window.inspector.isVisible()
     assert window.minimumSizeHint().width() <= 1280, window.minimumSizeHint()
     window.resize(1280, 740)
-    qtbot.waitUntil(lambda: window.width() <= 1280, timeout=2000)
+    qtbot.waitUntil(lambda: window.width() == 1280, timeout=2000)
+    assert window.inspector_button.isChecked()
     assert window.inspector.isVisible() and window.inspector.width() >= 300
+    assert window.sidebar.isVisible()
 
 
 def test_download_queue_lives_in_the_data_folder(window: Any, paths: Paths) -> None:

@@ -1,0 +1,196 @@
+"""What keeps the main window on the screen: the first size, restoring a saved one, labels that
+never widen the window, and the chat page that gives way on a narrow window.
+
+* The first window takes most of the screen's available geometry (never more), and a saved
+  geometry is restored only if it fits the screen it would be on now.
+* Status and error lines never set the window's width: :class:`ElidedLabel` elides one line (the
+  full text is its tooltip), :func:`wrap_anywhere` lets a wrapped label break a long path or URL.
+* :class:`ChatSplitter` asks only for the width of two of its three panels: when the window is too
+  narrow for the chats, the conversation and the inspector together, the inspector collapses to its
+  toggle, and when the user opens it there the chat list gives way. Nothing is ever cut.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+from PySide6.QtCore import QRect, QSize, Qt
+from PySide6.QtGui import QResizeEvent
+from PySide6.QtWidgets import QLabel, QSizePolicy, QSplitter, QWidget
+
+FIRST_SIZE = QSize(1320, 820)
+"""The first window's size on a screen with room for it."""
+SCREEN_MARGIN = 0.92
+"""The share of the available geometry the first window may take on a smaller screen."""
+
+_LONG_RUN = re.compile(r"\S{28,}")
+_ZWSP = "\u200b"
+
+
+def initial_geometry(available: QRect, wanted: QSize = FIRST_SIZE) -> QRect:
+    """The first window's geometry: ``wanted``, shrunk to fit ``available``, centred in it.
+
+    Args:
+        available: the screen's available geometry (without panels and docks).
+        wanted: the preferred size.
+    """
+    width = min(wanted.width(), int(available.width() * SCREEN_MARGIN))
+    height = min(wanted.height(), int(available.height() * SCREEN_MARGIN))
+    if available.width() <= wanted.width() or available.height() <= wanted.height():
+        # A small screen: take all of it but a frame's margin, so nothing is below the edge.
+        width = min(max(width, available.width() - 16), available.width())
+        height = min(max(height, available.height() - 40), available.height())
+    x = available.x() + (available.width() - width) // 2
+    y = available.y() + (available.height() - height) // 2
+    return QRect(x, y, width, height)
+
+
+def geometry_fits(saved: QRect, available: QRect) -> bool:
+    """Whether a saved window rectangle lies wholly inside a screen's available geometry."""
+    return saved.isValid() and available.contains(saved)
+
+
+def wrap_anywhere(text: str) -> str:
+    """``text`` with zero-width spaces in runs of 28+ characters without a space (paths, URLs), so
+    a word-wrapped label can break them instead of widening to the longest one."""
+
+    def breakable(match: re.Match[str]) -> str:
+        run = match.group(0)
+        out: list[str] = []
+        since = 0
+        for char in run:
+            out.append(char)
+            since += 1
+            if char in "/\\-_.,:;?&=" or since >= 20:
+                out.append(_ZWSP)
+                since = 0
+        return "".join(out)
+
+    return _LONG_RUN.sub(breakable, text)
+
+
+def make_wrapping(label: QLabel) -> QLabel:
+    """Makes ``label`` wrap and never set its layout's minimum width (use :func:`set_wrapped_text`)."""
+    label.setWordWrap(True)
+    label.setMinimumWidth(0)
+    policy = label.sizePolicy()
+    policy.setHorizontalPolicy(QSizePolicy.Policy.Ignored)
+    policy.setHeightForWidth(True)
+    label.setSizePolicy(policy)
+    return label
+
+
+def set_wrapped_text(label: QLabel, text: str) -> None:
+    """Shows plain ``text`` in a wrapping label, breakable anywhere; the tooltip keeps it whole."""
+    label.setTextFormat(Qt.TextFormat.PlainText)
+    label.setText(wrap_anywhere(text))
+    label.setToolTip(text if len(text) > 80 else "")
+
+
+class ElidedLabel(QLabel):
+    """A one-line plain-text label that elides what does not fit, with the whole text as tooltip.
+
+    Its minimum width is small, so a long status never widens the window; it asks for its full
+    width when there is room.
+
+    Args:
+        text: the first text.
+        min_chars: about how many characters it keeps at its minimum width.
+    """
+
+    def __init__(self, text: str = "", parent: QWidget | None = None, min_chars: int = 8) -> None:
+        super().__init__(parent)
+        self._full = ""
+        self._min_chars = min_chars
+        self.setTextFormat(Qt.TextFormat.PlainText)
+        self.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Fixed)
+        self.setText(text)
+
+    def setText(self, text: str) -> None:
+        self._full = " ".join(str(text).split()) if "\n" in str(text) else str(text)
+        self.setAccessibleDescription(self._full)
+        self.updateGeometry()
+        self._elide()
+
+    def text(self) -> str:
+        """The whole text (what is shown may be elided)."""
+        return self._full
+
+    def shown_text(self) -> str:
+        """What the label shows now."""
+        return super().text()
+
+    def sizeHint(self) -> QSize:
+        metrics = self.fontMetrics()
+        margins = self.contentsMargins()
+        extra = margins.left() + margins.right() + 2
+        return QSize(metrics.horizontalAdvance(self._full) + extra, super().sizeHint().height())
+
+    def minimumSizeHint(self) -> QSize:
+        metrics = self.fontMetrics()
+        width = min(self.sizeHint().width(), metrics.averageCharWidth() * self._min_chars)
+        return QSize(width, super().minimumSizeHint().height())
+
+    def resizeEvent(self, event: QResizeEvent) -> None:
+        super().resizeEvent(event)
+        self._elide()
+
+    def _elide(self) -> None:
+        width = max(self.contentsRect().width(), 0)
+        elided = self.fontMetrics().elidedText(self._full, Qt.TextElideMode.ElideRight, width)
+        super().setText(elided)
+        self.setToolTip(self._full if elided != self._full else "")
+
+
+class ChatSplitter(QSplitter):
+    """The chat page's splitter (chats | conversation | inspector) that gives way when narrow.
+
+    Its minimum width is that of the conversation and the wider side panel, not of all three.
+    When its width cannot hold the three, it is *narrow*: ``on_narrow_changed(True)`` is called
+    (the window collapses the inspector to its toggle), and while narrow the chat list hides
+    whenever the inspector shows.
+
+    Args:
+        on_narrow_changed: called with the new narrow state when it changes.
+    """
+
+    def __init__(self, on_narrow_changed: Callable[[bool], None] | None = None) -> None:
+        super().__init__(Qt.Orientation.Horizontal)
+        self.narrow = False
+        self._on_narrow_changed = on_narrow_changed
+
+    def _panels(self) -> list[QWidget]:
+        return [w for i in range(self.count()) if (w := self.widget(i)) is not None]
+
+    def full_width(self) -> int:
+        """The width the three panels need side by side."""
+        panels = self._panels()
+        handles = self.handleWidth() * max(len(panels) - 1, 0)
+        return sum(_min_width(w) for w in panels) + handles
+
+    def minimumSizeHint(self) -> QSize:
+        hint = super().minimumSizeHint()
+        panels = self._panels()
+        if len(panels) < 3:
+            return hint
+        side, center, inspector = panels[0], panels[1], panels[2]
+        width = _min_width(center) + max(_min_width(side), _min_width(inspector)) + self.handleWidth()
+        return QSize(width, hint.height())
+
+    def resizeEvent(self, event: QResizeEvent) -> None:
+        self.update_narrow(event.size().width())
+        super().resizeEvent(event)
+
+    def update_narrow(self, width: int | None = None) -> None:
+        """Re-decides the narrow state for ``width`` (default: the current width)."""
+        width = self.width() if width is None else width
+        narrow = width < self.full_width()
+        if narrow != self.narrow:
+            self.narrow = narrow
+            if self._on_narrow_changed is not None:
+                self._on_narrow_changed(narrow)
+
+
+def _min_width(widget: QWidget) -> int:
+    return max(widget.minimumWidth(), widget.minimumSizeHint().width())
