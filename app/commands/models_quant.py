@@ -120,7 +120,7 @@ def _record(paths: Paths, path: Path, **fields: str) -> None:
 
 def run_quantize(args: argparse.Namespace, paths: Paths) -> int:
     from app.commands.model_resolver import resolve_model
-    from engine.quantize import QuantizeProgress, default_output_path, find_quant_type, quantize_model
+    from engine.quantize import QuantizeProgress, default_output_path, find_quant_type, quantize_model, size_change
 
     src = resolve_model(args.src, paths)
     qt = find_quant_type(args.qtype)
@@ -160,10 +160,11 @@ def run_quantize(args: argparse.Namespace, paths: Paths) -> int:
         return 0
     _say(f"wrote {result.path}")
     sizes = f"{format_bytes(result.src_bytes)} -> {format_bytes(result.dst_bytes)}"
-    _say(f"{result.qtype}: {result.ratio:.1f}x smaller ({sizes}) in {result.seconds:.1f} s")
+    _say(f"{result.qtype}: {size_change(result.ratio)} ({sizes}) in {result.seconds:.1f} s")
     if quality is not None:
         ppl = f"{quality.source_perplexity:.2f} -> {quality.result_perplexity:.2f}"
-        _say(f"{quality.summary()} (perplexity {ppl})")
+        change = f"perplexity {quality.perplexity_change_pct:+.1f}%"
+        _say(f"{quality.qtype}: {size_change(quality.size_ratio)}, {change} (perplexity {ppl})")
     return 0
 
 
