@@ -1,0 +1,332 @@
+"""engine.mcp_client against real MCP servers written with the SDK (tests/mcp_servers.py), over
+stdio and streamable HTTP: listing, calls, tool errors, a crash mid-call, a hang, restarts, cancel,
+bad commands, and no child left behind (closed, at exit, and when the parent is killed)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from engine.mcp_client import MAX_FAILED_STARTS, McpServer, McpServerConfig, McpServerError
+from engine.tools import ToolProvider
+from tests.mcp_servers import SERVER_SCRIPT, stdio_command
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _config(name: str = "test", **env: str) -> McpServerConfig:
+    command, args = stdio_command()
+    return McpServerConfig(name, command=command, args=tuple(args), env=env)
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not reaped, counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _wait_gone(pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not _alive(pid):
+            return True
+        time.sleep(0.05)
+    return not _alive(pid)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[McpServer]:
+    with McpServer(_config(GLASSBOX_TEST_MCP_MARK="env:")) as provider:
+        yield provider
+
+
+def test_is_a_tool_provider(server: McpServer) -> None:
+    assert isinstance(server, ToolProvider)
+
+
+def test_lists_the_tools_with_their_schemas(server: McpServer) -> None:
+    tools = {tool.name: tool for tool in server.tools()}
+    assert {"add", "echo", "whoami", "crash", "hang", "slow", "fail", "big"} <= set(tools)
+    add = tools["add"]
+    assert add.source == "test"
+    assert add.description == "Adds two integers and returns the sum."
+    assert add.parameters["type"] == "object"
+    assert set(add.parameters["properties"]) == {"a", "b"}
+    assert add.parameters["required"] == ["a", "b"]
+    assert server.status().state == "running"
+
+
+def test_calls_a_tool(server: McpServer) -> None:
+    result = server.call("add", {"a": 2, "b": 40}, timeout_s=10)
+    assert result.content == "42"
+    assert not result.is_error
+
+
+def test_the_configured_environment_reaches_the_server(server: McpServer) -> None:
+    assert server.call("echo", {"text": "hi"}, timeout_s=10).content == "env:hi"
+
+
+def test_a_tool_error_is_an_error_result(server: McpServer) -> None:
+    result = server.call("fail", {"message": "the disk is on fire"}, timeout_s=10)
+    assert result.is_error
+    assert "the disk is on fire" in result.content
+
+
+def test_an_unknown_tool_and_bad_arguments_are_error_results(server: McpServer) -> None:
+    unknown = server.call("no_such_tool", {}, timeout_s=10)
+    assert unknown.is_error
+    assert "no_such_tool" in unknown.content
+    bad = server.call("add", {"a": "two"}, timeout_s=10)
+    assert bad.is_error
+    assert server.call("add", {"a": 1, "b": 1}, timeout_s=10).content == "2"  # still usable
+
+
+def test_a_long_result_is_cut_with_a_marker(server: McpServer) -> None:
+    from engine import mcp_client
+
+    result = server.call("big", {"n": mcp_client.MAX_RESULT_CHARS + 500}, timeout_s=20)
+    assert not result.is_error
+    assert result.content.endswith("[... 500 more characters cut by Glassbox]")
+
+
+def test_a_slow_call_times_out_and_the_server_stays(server: McpServer) -> None:
+    pid = server.call("whoami", {}, timeout_s=10).content
+    started = time.monotonic()
+    result = server.call("slow", {"seconds": 30}, timeout_s=0.5)
+    assert time.monotonic() - started < 5
+    assert result.is_error
+    assert result.content == "MCP server 'test': slow timed out after 0.5 s"
+    assert server.call("whoami", {}, timeout_s=10).content == pid
+
+
+def test_cancel_returns_at_once(server: McpServer) -> None:
+    cancel = threading.Event()
+    threading.Timer(0.3, cancel.set).start()
+    started = time.monotonic()
+    result = server.call("slow", {"seconds": 30}, timeout_s=60, cancel=cancel)
+    assert time.monotonic() - started < 2
+    assert result.is_error
+    assert "cancelled" in result.content
+    assert server.call("add", {"a": 1, "b": 2}, timeout_s=10).content == "3"
+
+
+def test_calls_from_several_threads_at_once(server: McpServer) -> None:
+    results: dict[int, str] = {}
+
+    def work(i: int) -> None:
+        results[i] = server.call("add", {"a": i, "b": 1000}, timeout_s=20).content
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert results == {i: str(i + 1000) for i in range(8)}
+
+
+@pytest.mark.slow
+def test_a_crash_mid_call_is_one_line_and_the_server_restarts() -> None:
+    with McpServer(_config("crashy")) as server:
+        first = int(server.call("whoami", {}, timeout_s=10).content)
+        result = server.call("crash", {}, timeout_s=10)
+        assert result.is_error
+        assert result.content.startswith("MCP server 'crashy': it stopped during the call to crash")
+        assert result.content.endswith("it restarts on next use")
+        assert "\n" not in result.content
+        assert _wait_gone(first, 5)
+        assert server.status().state == "stopped"
+        second = int(server.call("whoami", {}, timeout_s=10).content)
+        assert second != first
+        assert server.status().starts == 2
+        assert [tool.name for tool in server.tools()][:2] == ["add", "echo"]  # listed again after the restart
+
+
+@pytest.mark.slow
+def test_a_hung_server_times_out_is_stopped_and_restarts() -> None:
+    with McpServer(_config("stuck")) as server:
+        first = int(server.call("whoami", {}, timeout_s=10).content)
+        started = time.monotonic()
+        result = server.call("hang", {"seconds": 120}, timeout_s=1)
+        took = time.monotonic() - started
+        assert result.is_error
+        assert result.content.startswith("MCP server 'stuck': hang timed out after 1 s; it did not answer")
+        assert "stopped" in result.content
+        assert took < 12
+        assert _wait_gone(first, 5)
+        second = int(server.call("whoami", {}, timeout_s=10).content)
+        assert second != first
+
+
+def test_a_missing_command_is_one_line() -> None:
+    with McpServer(McpServerConfig("ghost", command="/nonexistent/mcp-server")) as server:
+        result = server.call("anything", {}, timeout_s=5)
+        assert result.is_error
+        assert result.content == (
+            "MCP server 'ghost': it did not start: the command '/nonexistent/mcp-server' was not found; "
+            "the call to anything did not run"
+        )
+        with pytest.raises(McpServerError, match=r"^MCP server 'ghost': it did not start: the command"):
+            server.tools()
+
+
+def test_a_server_that_exits_at_once_says_its_last_words() -> None:
+    script = "import sys; print('missing API key FOO_TOKEN', file=sys.stderr); sys.exit(2)"
+    with McpServer(McpServerConfig("quitter", command=sys.executable, args=("-c", script))) as server:
+        with pytest.raises(McpServerError) as caught:
+            server.tools()
+        message = str(caught.value)
+        assert message.startswith("MCP server 'quitter': it did not start")
+        assert "(it said: missing API key FOO_TOKEN)" in message
+        assert "\n" not in message
+        for _ in range(MAX_FAILED_STARTS - 1):
+            with pytest.raises(McpServerError):
+                server.tools()
+        assert server.status().state == "failed"
+        starts = server.status().starts
+        with pytest.raises(McpServerError, match="not retried"):
+            server.tools()
+        assert server.status().starts == starts  # not started again
+        server.reset()
+        with pytest.raises(McpServerError, match="it did not start"):
+            server.tools()
+        assert server.status().starts == starts + 1
+
+
+def test_a_server_that_never_answers_the_handshake_times_out() -> None:
+    script = "import time; time.sleep(60)"
+    config = McpServerConfig("mute", command=sys.executable, args=("-c", script))
+    with McpServer(config, connect_timeout_s=1.0) as server:
+        started = time.monotonic()
+        with pytest.raises(McpServerError, match="did not answer within 1 s of starting"):
+            server.tools()
+        assert time.monotonic() - started < 10
+
+
+def test_close_stops_the_child_and_later_calls_say_so() -> None:
+    server = McpServer(_config("closer"))
+    pid = int(server.call("whoami", {}, timeout_s=10).content)
+    assert _alive(pid)
+    server.close()
+    assert _wait_gone(pid, 5)
+    assert server.status().state == "closed"
+    result = server.call("add", {"a": 1, "b": 2}, timeout_s=5)
+    assert result == result.__class__("MCP server 'closer': it was closed", is_error=True)
+    server.close()  # twice is fine
+
+
+_PARENT = textwrap.dedent(
+    """
+    import sys, time
+    sys.path.insert(0, {repo!r})
+    from engine.mcp_client import McpServer, McpServerConfig
+    server = McpServer(McpServerConfig("child", command=sys.executable, args=({script!r},)))
+    print(server.call("whoami", {{}}, timeout_s=20).content, flush=True)
+    if sys.argv[1] == "wait":
+        time.sleep(60)
+    """
+)
+
+
+def _parent(tmp_path: Path, mode: str) -> tuple[subprocess.Popen[str], int]:
+    script = tmp_path / "parent.py"
+    script.write_text(_PARENT.format(repo=str(REPO), script=str(SERVER_SCRIPT)))
+    proc = subprocess.Popen(
+        [sys.executable, str(script), mode], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line.strip().isdigit(), proc.stderr.read() if proc.stderr else line
+    return proc, int(line)
+
+
+@pytest.mark.slow
+def test_no_child_outlives_an_app_that_exits_without_closing(tmp_path: Path) -> None:
+    proc, pid = _parent(tmp_path, "exit")
+    assert proc.wait(timeout=30) == 0
+    assert _wait_gone(pid, 2)
+
+
+@pytest.mark.slow
+def test_no_child_outlives_an_app_that_is_killed(tmp_path: Path) -> None:
+    proc, pid = _parent(tmp_path, "wait")
+    assert _alive(pid)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+    assert _wait_gone(pid, 10)  # its stdin closed: the server exits by itself
+
+
+# ---------------------------------------------------------------------- streamable HTTP
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def http_server() -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, str(SERVER_SCRIPT), "--http", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            break
+        except OSError:
+            time.sleep(0.1)
+    else:
+        proc.kill()
+        pytest.fail("the HTTP test server did not start")
+    try:
+        yield f"http://127.0.0.1:{port}/mcp", proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.slow
+def test_a_streamable_http_server(http_server: tuple[str, subprocess.Popen[bytes]]) -> None:
+    url, proc = http_server
+    config = McpServerConfig("web", url=url, headers={"Authorization": "Bearer test"})
+    with McpServer(config) as server:
+        assert "add" in [tool.name for tool in server.tools()]
+        assert server.call("add", {"a": 20, "b": 22}, timeout_s=10).content == "42"
+        assert server.call("whoami", {}, timeout_s=10).content == str(proc.pid)
+        proc.kill()
+        proc.wait()
+        result = server.call("add", {"a": 1, "b": 2}, timeout_s=10)
+        assert result.is_error
+        assert result.content.startswith("MCP server 'web': ")
+        assert "\n" not in result.content
+
+
+def test_an_http_server_that_is_not_there_is_one_line() -> None:
+    url = f"http://127.0.0.1:{_free_port()}/mcp"
+    with McpServer(McpServerConfig("nowhere", url=url), connect_timeout_s=10) as server:
+        with pytest.raises(McpServerError) as caught:
+            server.tools()
+        assert str(caught.value).startswith("MCP server 'nowhere': it did not start")
+        assert "\n" not in str(caught.value)
+
+
+def test_a_config_needs_a_command_or_a_url() -> None:
+    with pytest.raises(McpServerError, match="either a command"):
+        McpServerConfig("neither")
+    with pytest.raises(McpServerError, match="either a command"):
+        McpServerConfig("both", command="x", url="http://x")

@@ -1,0 +1,91 @@
+"""Real MCP servers for the tests, written with the official SDK (``mcp.server.mcpserver``).
+
+Run one as a child: ``python tests/mcp_servers.py [--http PORT]`` (stdio by default). Its tools:
+
+- ``add(a, b)``: the sum, as text.
+- ``echo(text)``: the text back.
+- ``whoami()``: the server's process id (tests check that a child is gone).
+- ``crash()``: the server process dies at once (exit code 3), mid-call.
+- ``hang(seconds)``: the server blocks its whole process for ``seconds`` (a server that hangs).
+- ``slow(seconds)``: the call takes ``seconds``; the server still answers other requests.
+- ``fail(message)``: a tool error (``isError``) with ``message``.
+- ``big(n)``: ``n`` characters of text.
+
+The environment variable ``GLASSBOX_TEST_MCP_MARK``, when set, is prefixed to every ``echo``, so a
+test sees that the configured ``env`` reached the server. Used by ``tests/engine/test_mcp_client.py``,
+``tests/app/test_cli_mcp.py`` and the ``glassbox chat --tools`` end-to-end tests.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+#: This file, to put in a server's ``args``: ``[sys.executable, str(SERVER_SCRIPT)]``.
+SERVER_SCRIPT = Path(__file__).resolve()
+
+
+def stdio_command() -> tuple[str, list[str]]:
+    """``(command, args)`` that start this test server over stdio."""
+    return sys.executable, [str(SERVER_SCRIPT)]
+
+
+def build_server() -> object:
+    """The test server (an ``MCPServer``)."""
+    from mcp.server.mcpserver import MCPServer
+
+    server = MCPServer("glassbox-test")
+
+    @server.tool(description="Adds two integers and returns the sum.")
+    def add(a: int, b: int) -> str:
+        return str(a + b)
+
+    @server.tool(description="Returns the text it is given.")
+    def echo(text: str) -> str:
+        return os.environ.get("GLASSBOX_TEST_MCP_MARK", "") + text
+
+    @server.tool(description="The server's process id.")
+    def whoami() -> str:
+        return str(os.getpid())
+
+    @server.tool(description="Kills the server mid-call.")
+    def crash() -> str:
+        os._exit(3)
+
+    @server.tool(description="Blocks the whole server for some seconds.")
+    async def hang(seconds: float = 60.0) -> str:
+        time.sleep(seconds)  # blocks the server's event loop: it answers nothing, not even a ping
+        return "woke up"
+
+    @server.tool(description="Waits some seconds without blocking the server.")
+    async def slow(seconds: float = 60.0) -> str:
+        import anyio
+
+        await anyio.sleep(seconds)
+        return "done"
+
+    @server.tool(description="Fails with a tool error.")
+    def fail(message: str = "it failed") -> str:
+        from mcp.server.mcpserver.exceptions import ToolError
+
+        raise ToolError(message)
+
+    @server.tool(description="Returns n characters.")
+    def big(n: int) -> str:
+        return "x" * n
+
+    return server
+
+
+def main(argv: list[str]) -> None:
+    server = build_server()
+    if len(argv) >= 2 and argv[0] == "--http":
+        server.run("streamable-http", host="127.0.0.1", port=int(argv[1]))  # type: ignore[attr-defined]
+    else:
+        server.run("stdio")  # type: ignore[attr-defined]
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
