@@ -63,6 +63,12 @@ class Stats:
     template: str = ""
     draft_tokens: int = 0
     accepted_tokens: int = 0
+    kv_restored_tokens: int = 0
+    """Of ``cached_tokens``, those loaded from the chat's saved KV cache on disk (engine.kv_cache)."""
+    kv_restore_ms: float = 0.0
+    """How long finding, checking and loading that saved cache took."""
+    kv_saved_bytes: int = 0
+    """The KV state saved to disk after this turn (written in the background)."""
     budget: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:

@@ -17,7 +17,6 @@ so Stop lands within one batch while prefilling and within one token while decod
 
 from __future__ import annotations
 
-import codecs
 import dataclasses
 import multiprocessing
 import multiprocessing.connection
@@ -33,8 +32,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from engine.cpu_backend import BackendInfo, BackendPolicy, describe_crash, is_cpu_fault, load_backends
+from engine.decoding import StopMatcher as _StopMatcher
+from engine.decoding import decode, prefill
 from engine.errors import Cancelled, EngineCrashed, EngineError, ModelLoadError
 from engine.events import PrefillProgress, Token
+from engine.kv_cache import KvRequest, SeqCachePersistence
 
 _POLL_S = 0.02
 _LOAD_TIMEOUT_S = 600.0
@@ -148,6 +150,9 @@ class WorkerResult:
     decode_ms: float
     draft_tokens: int = 0  # tokens proposed by speculative decoding
     accepted_tokens: int = 0  # of those, the ones the model verified and kept
+    kv_restored_tokens: int = 0  # of cached_tokens, the ones loaded from a saved KV cache (engine.kv_cache)
+    kv_restore_ms: float = 0.0
+    kv_saved_bytes: int = 0  # the KV state queued for saving after this turn
 
 
 @dataclass(frozen=True)
@@ -180,6 +185,12 @@ class _Worker:
             swa_full=params.swa_full,
             verbose=False,
         )
+        self.draft: Any = None  # engine.speculative.DraftModel
+        if params.draft_model_path is not None:
+            from engine.speculative import DraftModel
+
+            self.draft = DraftModel(llama_cpp, params.draft_model_path, self.llm, self.n_ctx,
+                                    params.n_threads, params.n_gpu_layers)
 
     @property
     def n_ctx(self) -> int:
@@ -246,6 +257,38 @@ class _Worker:
     def pieces(self, tokens: Sequence[int]) -> list[str]:
         return [self.piece(t, special=True).decode("utf-8", errors="replace") for t in tokens]
 
+    # the KV cache saved with each chat (engine.kv_cache) -------------------------------
+    _kv: SeqCachePersistence | None = None
+
+    def kv_configure(self, request: KvRequest | None) -> None:
+        """Sets (or, with None, turns off) the saved cache for the turns that follow."""
+        if self._kv is None:
+            from engine.kv_cache import SeqCachePersistence
+
+            self._kv = SeqCachePersistence(self.params.model_path, self.n_ctx)
+        self._kv.configure(request)
+
+    def kv_restore(self, tokens: Sequence[int]) -> None:
+        """Before the prefix reuse: loads the saved state that covers more of ``tokens`` than RAM."""
+        if self._kv is not None:
+            self._kv.restore(self.llm, tokens)
+
+    def kv_result(self, result: WorkerResult) -> WorkerResult:
+        """The result with this turn's restore and save figures."""
+        if self._kv is None:
+            return result
+        return dataclasses.replace(result, **self._kv.result_fields(self.llm, result.cached_tokens))
+
+    def kv_save(self) -> None:
+        """After the result was sent: copies the state and writes it in the background."""
+        if self._kv is not None:
+            self._kv.save(self.llm)
+
+    def kv_close(self) -> None:
+        """Finishes the queued write (before the worker exits)."""
+        if self._kv is not None:
+            self._kv.close()
+
     def _reuse_prefix(self, tokens: Sequence[int]) -> int:
         """Keeps the KV cache for the longest common prefix with the last sequence; returns its length."""
         llm = self.llm
@@ -272,165 +315,37 @@ class _Worker:
         send: Any,
     ) -> WorkerResult:
         llm = self.llm
-        lc = self._llama_cpp
         t0 = time.perf_counter()
+        self.kv_restore(tokens)
         if not tokens:
             raise EngineError("empty prompt")
         n_ctx = self.n_ctx
         if len(tokens) >= n_ctx:
             raise EngineError(f"prompt of {len(tokens)} tokens does not fit the context window of {n_ctx}")
-        if params.grammar or params.json_schema or params.logit_bias or params.logprobs or params.speculative != "off":
-            raise EngineError("grammar, json_schema, logit_bias, logprobs and speculative are not implemented yet")
+        if params.speculative == "draft" and self.draft is None:
+            raise EngineError("speculative decoding with a draft model: no draft model was loaded with this model")
         cached = self._reuse_prefix(tokens)
-        new = list(tokens[cached:])
-        n_batch = self.params.n_batch
-        done = 0
-        send(PrefillProgress(0, len(new)))
-        for start in range(0, len(new), n_batch):
-            if cancel.is_set():
-                return WorkerResult("cancelled", "", len(tokens), cached, 0, llm.n_tokens,
-                                    0.0, (time.perf_counter() - t0) * 1000, 0.0)
-            batch = new[start : start + n_batch]
-            llm.eval(batch)
-            done += len(batch)
-            send(PrefillProgress(done, len(new)))
+        if not prefill(llm, self._llama_cpp, list(tokens[cached:]), self.params.n_batch, cancel, send):
+            return WorkerResult("cancelled", "", len(tokens), cached, 0, llm.n_tokens,
+                                0.0, (time.perf_counter() - t0) * 1000, 0.0)
         t_prefill = time.perf_counter()
-
-        if params.seed is not None:
-            llm.set_seed(params.seed)
-        llm._sampler = llm._init_sampler(
-            top_k=params.top_k,
-            top_p=params.top_p,
-            min_p=params.min_p,
-            temp=params.temperature,
-            repeat_penalty=params.repeat_penalty,
-        )
-        vocab = llm._model.vocab
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        text = ""
-        emitted = 0
-        stops = _StopMatcher(params.stop)
-        max_new = min(params.max_tokens, n_ctx - llm.n_tokens)
-        reason = "length"
-        n_out = 0
-        t_first = 0.0
-        try:
-            while n_out < max_new:
-                token = llm.sample()
-                if n_out == 0:
-                    t_first = time.perf_counter()
-                if lc.llama_vocab_is_eog(vocab, token):
-                    reason = "stop"
-                    break
-                n_out += 1
-                piece = decoder.decode(self.piece(token, special=False))
-                text += piece
-                hit = stops.feed(piece)
-                if hit is not None:
-                    text = text[:hit]
-                    reason = "stop"
-                    if len(text) > emitted:
-                        send(Token(text[emitted:], token))
-                        emitted = len(text)
-                    break
-                safe = len(text) - stops.partial
-                if safe > emitted:
-                    send(Token(text[emitted:safe], token))
-                    emitted = safe
-                if cancel.is_set():
-                    reason = "cancelled"
-                    break
-                if n_out >= max_new:
-                    break
-                llm.eval([token])
-            else:
-                reason = "length"
-        finally:
-            llm._sampler = None
-        text += decoder.decode(b"", final=True)
-        if reason != "stop" and len(text) > emitted:
-            send(Token(text[emitted:], -1))
+        out = decode(llm, self._llama_cpp, lambda token: self.piece(token, special=False), params, tokens,
+                     n_ctx, self.params.n_batch, _StopMatcher(params.stop), cancel, send, self.draft)
         t_end = time.perf_counter()
-        if not t_first:
-            t_first = t_end
+        t_first = out.t_first
         return WorkerResult(
-            reason=reason,
-            text=text,
+            reason=out.reason,
+            text=out.text,
             prompt_tokens=len(tokens),
             cached_tokens=cached,
-            completion_tokens=n_out,
+            completion_tokens=out.completion_tokens,
             n_past=llm.n_tokens,
             ttft_ms=(t_first - t0) * 1000,
             prefill_ms=(t_prefill - t0) * 1000,
             decode_ms=(t_end - t_first) * 1000,
+            draft_tokens=out.draft_tokens,
+            accepted_tokens=out.accepted_tokens,
         )
-
-
-class _StopMatcher:
-    """Finds the stop strings in a reply that grows a piece at a time (an Aho-Corasick automaton).
-
-    The reply costs time in proportion to its length (amortized over its pieces), whatever the
-    number and length of the stop strings; building the automaton costs their total length, once.
-    Replaces scanning every stop string over the whole text at every token.
-
-    Args:
-        stops: the stop strings; empty ones are ignored.
-    """
-
-    def __init__(self, stops: Sequence[str]) -> None:
-        # A trie of the stop strings: _goto[node][char] is the child, _depth[node] its text's length.
-        self._goto: list[dict[str, int]] = [{}]
-        self._depth = [0]
-        ends: set[int] = set()
-        for stop in stops:
-            node = 0
-            for char in stop:
-                child = self._goto[node].get(char)
-                if child is None:
-                    child = len(self._goto)
-                    self._goto[node][char] = child
-                    self._goto.append({})
-                    self._depth.append(self._depth[node] + 1)
-                node = child
-            if stop:
-                ends.add(node)
-        # _fail[node]: the node of the longest proper suffix of node's text that begins a stop string;
-        # _match[node]: the length of the longest stop string that node's text ends with (0: none).
-        self._fail = [0] * len(self._goto)
-        self._match = [0] * len(self._goto)
-        queue = list(self._goto[0].values())  # breadth first: a node's suffixes come before it
-        for node in queue:
-            self._match[node] = self._depth[node] if node in ends else self._match[self._fail[node]]
-            for char, child in self._goto[node].items():
-                fallback = self._fail[node]
-                while fallback and char not in self._goto[fallback]:
-                    fallback = self._fail[fallback]
-                self._fail[child] = self._goto[fallback].get(char, 0) if node else 0
-                queue.append(child)
-        self._state = 0
-        self._length = 0
-
-    def feed(self, piece: str) -> int | None:
-        """Adds ``piece`` to the text; returns where the earliest stop string in the text begins, if any
-        (the text before ``piece`` held none: it ends in ``piece``)."""
-        goto, fail, match = self._goto, self._fail, self._match
-        state = self._state
-        hit: int | None = None
-        for offset, char in enumerate(piece, start=self._length + 1):
-            while state and char not in goto[state]:
-                state = fail[state]
-            state = goto[state].get(char, 0)
-            if match[state]:
-                start = offset - match[state]
-                hit = start if hit is None else min(hit, start)
-        self._state = state
-        self._length += len(piece)
-        return hit
-
-    @property
-    def partial(self) -> int:
-        """Length of the longest tail of the text that could still grow into a stop string."""
-        return self._depth[self._state]
 
 
 def _worker_main(
@@ -456,6 +371,9 @@ def _worker_main(
     try:
         worker = _Worker(params)
         conn.send(("loaded", worker.info()))
+    except ModelLoadError as exc:  # the draft model's refusal says which file and why
+        conn.send(("error", _WorkerError("load", str(exc))))
+        return
     except Exception as exc:  # noqa: BLE001 - everything must reach the parent as a typed error
         conn.send(("error", _WorkerError("load", f"{params.model_path}: llama.cpp could not load it ({exc})")))
         return
@@ -467,6 +385,7 @@ def _worker_main(
         op = message[0]
         try:
             if op == "close":
+                worker.kv_close()
                 worker.llm.close()
                 return
             if op == "tokenize":
@@ -480,7 +399,11 @@ def _worker_main(
             elif op == "generate":
                 _test_cpu_fault("generate", backend)
                 result = worker.generate(message[1], message[2], cancel, lambda event: conn.send(("event", event)))
-                conn.send(("result", result))
+                conn.send(("result", worker.kv_result(result)))
+                worker.kv_save()  # after the result: the reply never waits for the disk
+            elif op == "kv":
+                worker.kv_configure(message[1])
+                conn.send(("result", None))
             else:
                 conn.send(("error", _WorkerError("protocol", f"unknown request {op!r}")))
         except EngineError as exc:
@@ -609,6 +532,10 @@ class InferenceWorker:
 
     def reset_cache(self) -> None:
         self._call(("reset",), "cache reset")
+
+    def configure_kv_cache(self, request: KvRequest | None) -> None:
+        """Saves and restores the turns that follow under ``request``'s key (None: neither)."""
+        self._call(("kv", request), "KV cache setup")
 
     def generate(
         self, tokens: Sequence[int], params: GenerationParams, cancel: threading.Event | None = None

@@ -11,20 +11,27 @@ fresh worker, so the conversation (kept by the caller) carries on.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import signal
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from engine.context import ContextPlan, Message, OverflowPolicy, plan_context
 from engine.cpu_backend import AMX_TAGS, BackendInfo, BackendState, safe_variant
 from engine.errors import EngineCrashed, ModelLoadError
-from engine.events import Event, Finished, Stats
+from engine.events import Event, Stats
 from engine.fit import kv_cache_bytes
 from engine.gguf import GgufInfo, read_gguf_info
+from engine.kv_cache import KvCacheConfig, KvKey, KvRequest
+from engine.reply import shaped
 from engine.runtime import GenerationParams, InferenceWorker, LoadParams, ModelInfo, WorkerResult, probe_variant
 from engine.templates import ChatTemplate, select_template
+from engine.tools import ToolSpec
+from engine.turn import shape_turn
 
 
 @dataclass(frozen=True)
@@ -45,6 +52,8 @@ class ChatSession:
         reply_reserve: tokens kept free for the reply.
         backend_state: the file where this machine's CPU-variant verdicts are kept (a variant that
             crashed, whether AMX works); None keeps them for this session only and never enables AMX.
+        kv_cache: where the KV cache of each chat is saved on disk (engine.kv_cache), for the
+            turns that ``stream`` is given a ``cache_key``; None: never saved nor restored.
     """
 
     def __init__(
@@ -55,8 +64,11 @@ class ChatSession:
         overflow_policy: OverflowPolicy = "rolling",
         reply_reserve: int = 512,
         backend_state: Path | None = None,
+        kv_cache: KvCacheConfig | None = None,
     ) -> None:
         self.load_params = load
+        self.kv_cache = kv_cache
+        self._kv_sent: tuple[InferenceWorker, KvRequest | None] | None = None
         self.machine_bandwidth_gbps = machine_bandwidth_gbps
         self.overflow_policy: OverflowPolicy = overflow_policy
         self.reply_reserve = reply_reserve
@@ -252,24 +264,47 @@ class ChatSession:
     def stream(
         self,
         history: Sequence[Message],
-        user: str,
+        user: str | None,
         params: GenerationParams | None = None,
         *,
         system: str | None = None,
         documents: str | None = None,
         cancel: threading.Event | None = None,
+        cache_key: KvKey | None = None,
+        tools: Sequence[ToolSpec] = (),
+        tool_choice: str | None = None,
+        thinking: bool | None = None,
+        reasoning_effort: str | None = None,
     ) -> Iterator[Event]:
         """Generates the reply to ``user`` after ``history``; yields events, ends with Finished.
+
+        ``user=None`` continues the last turn of ``history`` without a new user message (after a
+        ``tool`` message: engine/agent.py). ``tools`` are offered under ``tool_choice`` (``auto``
+        when tools are given, ``none``, ``required`` or a function name; the last two constrain the
+        reply to a valid call); ``thinking`` and ``reasoning_effort`` set the template's switches
+        (engine/turn.py). The reply streams as ``Token`` (the answer), ``Reasoning`` (thinking) and
+        ``ToolCall`` events; ``Finished`` carries the answer, the reasoning and the calls apart.
+
+        With a ``cache_key`` (and a ``kv_cache`` folder), the turn starts from that conversation's
+        saved KV cache when it covers more of the prompt than the worker's RAM, and its KV state is
+        saved after it (in the worker, in the background).
 
         Raises:
             ContextOverflow: the conversation does not fit and the policy is "refuse" (or even the
                 pinned parts do not fit).
             EngineCrashed: the worker died; the next call starts a fresh one.
+            EngineError: the tool choice, the tools or the thinking switch are not usable here.
         """
         params = params or GenerationParams()
         with self._lock:
             self._ensure_worker()
             assert self._worker is not None and self.info is not None and self.template is not None
+            turn = shape_turn(self.template, params, tools=tools, tool_choice=tool_choice,
+                              thinking=thinking, reasoning_effort=reasoning_effort)
+
+            def count_tokens(messages: Sequence[Message]) -> int:
+                return len(self._tokenize_prompt(turn.render(messages)))
+
             n_ctx = self.info.n_ctx
             reserve = min(self.reply_reserve, params.max_tokens)
             plan = plan_context(
@@ -279,18 +314,21 @@ class ChatSession:
                 user=user,
                 n_ctx=n_ctx,
                 reply_reserve=reserve,
-                count_tokens=self.count_messages,
+                count_tokens=count_tokens,
                 count_text=self.count_text,
                 policy=self.overflow_policy,
+                tools_tokens=turn.tools_tokens(lambda text: len(self._tokenize_prompt(text))),
             )
             self.last_plan = plan
-            prompt = self.template.render([_as_dict(m) for m in plan.messages])
+            prompt = turn.render(plan.messages)
             tokens = self._tokenize_prompt(prompt)
             self.last_prompt = tokens
             stops = tuple(dict.fromkeys((*params.stop, *self.template.stop)))
-            run = params.model_copy(update={"stop": stops})
+            run = turn.params(params.model_copy(update={"stop": stops}))
+            shaper = turn.shaper(prompt)
             try:
-                result = yield from self._worker.generate(tokens, run, cancel)
+                self._configure_kv(cache_key)
+                result = yield from shaped(self._worker.generate(tokens, run, cancel), shaper)
             except EngineCrashed as exc:
                 self._worker = None
                 self.last_prompt = []
@@ -302,7 +340,9 @@ class ChatSession:
                 worker = self.worker
                 assert worker is not None
                 try:
-                    result = yield from worker.generate(tokens, run, cancel)
+                    self._configure_kv(cache_key)
+                    shaper = turn.shaper(prompt)
+                    result = yield from shaped(worker.generate(tokens, run, cancel), shaper)
                 except EngineCrashed as again:
                     self._worker = None
                     if again.cpu_fault:
@@ -310,9 +350,28 @@ class ChatSession:
                     raise
                 self.last_prompt = tokens
             stats = self._stats(result, plan)
+            stats = dataclasses.replace(
+                stats, kv_restored_tokens=result.kv_restored_tokens, kv_restore_ms=result.kv_restore_ms,
+                kv_saved_bytes=result.kv_saved_bytes,
+            )
             yield stats
             reason = result.reason
-            yield Finished(reason=reason, stats=stats, text=result.text)  # type: ignore[arg-type]
+            yield shaper.finished(reason, stats)  # type: ignore[arg-type]
+
+    def _configure_kv(self, cache_key: KvKey | None) -> None:
+        """Tells the worker which saved KV cache this turn uses (only when that changes)."""
+        worker = self._worker
+        assert worker is not None and self.template is not None and self.info is not None
+        request: KvRequest | None = None
+        if cache_key is not None and self.kv_cache is not None and self.kv_cache.max_bytes > 0:
+            template = hashlib.sha256((self.info.chat_template or "").encode("utf-8")).hexdigest()[:16]
+            request = KvRequest(self.kv_cache, cache_key, f"{self.template.source}:{self.template.name}:{template}")
+        if self._kv_sent is None and request is None:
+            return
+        if self._kv_sent is not None and self._kv_sent[0] is worker and self._kv_sent[1] == request:
+            return
+        worker.configure_kv_cache(request)
+        self._kv_sent = (worker, request)
 
     def _stats(self, result: WorkerResult, plan: ContextPlan) -> Stats:
         assert self.info is not None
@@ -349,5 +408,5 @@ class ChatSession:
         )
 
 
-def _as_dict(message: Message) -> dict[str, str]:
-    return {"role": message.role, "content": message.content}
+def _as_dict(message: Message) -> dict[str, Any]:
+    return message.template_dict()
