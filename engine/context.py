@@ -23,11 +23,16 @@ tokenized is then proportional to what fits the window, not to the whole history
 large to fit is counted once), and ``count_tokens`` runs O(log n) times. Policy ``"refuse"``
 counts the whole conversation once, to say how much it needs.
 
-The ``breakdown`` (keys ``system``, ``documents``, ``history``, ``current``, ``reserve``, ``free``)
-sums to ``n_ctx`` exactly, and all but ``reserve`` and ``free`` sum to ``prompt_tokens``:
+The ``breakdown`` (keys ``system``, ``documents``, ``tools``, ``history``, ``tool_results``,
+``current``, ``reserve``, ``free``) sums to ``n_ctx`` exactly, and all but ``reserve`` and ``free``
+sum to ``prompt_tokens``:
 
 * ``system`` and ``documents`` are the two texts tokenized on their own;
-* ``history`` is exactly what the kept history adds to the prompt (its text plus its role headers);
+* ``tools`` is what the tool definitions add to the prompt (``tools_tokens``, measured by the caller
+  as the prompt with them minus the prompt without them);
+* ``history`` is exactly what the kept history adds to the prompt (its text plus its role headers),
+  less ``tool_results``: the tokens of the ``tool`` messages' text in it (and in the turn in
+  progress, when the reply continues after a tool result);
 * ``current`` is the rest: the new message plus the template's fixed overhead (BOS, the system
   message's header, the new message's header and the assistant header that starts the reply).
   Where tokenizing the pieces separately gives more tokens than the joined prompt, the excess is
@@ -39,14 +44,20 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from engine.errors import ContextOverflow, EngineError
+from engine.events import ToolCall
+from engine.reasoning import strip_reasoning
 
 OverflowPolicy = Literal["rolling", "refuse"]
-Role = Literal["system", "user", "assistant"]
+Role = Literal["system", "user", "assistant", "tool"]
 
-BREAKDOWN_KEYS = ("system", "documents", "history", "current", "reserve", "free")
+BREAKDOWN_KEYS = ("system", "documents", "tools", "history", "tool_results", "current", "reserve", "free")
+
+TRUNCATION_MARKER = "[... tool result truncated: {kept} of {total} tokens kept to fit the context window ...]"
+"""Appended to a tool result cut to fit the window (:func:`truncate_to_tokens`): the model and the
+user both see that something is missing."""
 
 PROBE_CHARS_PER_TOKEN = 8
 """The first count of a long history takes this many characters of it per token of the budget:
@@ -60,10 +71,37 @@ template's real text is not known here)."""
 
 @dataclass(frozen=True)
 class Message:
-    """One chat message."""
+    """One chat message.
+
+    Attributes:
+        role: ``system``, ``user``, ``assistant`` or ``tool`` (a tool's result).
+        content: the text (an assistant message's answer only: its reasoning is never kept here).
+        tool_calls: on an assistant message, the calls it made.
+        tool_call_id: on a ``tool`` message, the call it answers.
+        name: on a ``tool`` message, the tool's name.
+    """
 
     role: Role
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str = ""
+    name: str = ""
+
+    def template_dict(self) -> dict[str, Any]:
+        """The message as chat templates take it (engine/templates.py); reasoning left in the text
+        by an older version is removed (engine/reasoning.py)."""
+        content = strip_reasoning(self.content) if self.role == "assistant" else self.content
+        out: dict[str, Any] = {"role": self.role, "content": content}
+        if self.tool_calls:
+            out["tool_calls"] = [
+                {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+                for call in self.tool_calls
+            ]
+        if self.tool_call_id:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name:
+            out["name"] = self.name
+        return out
 
 
 @dataclass(frozen=True)
@@ -116,12 +154,13 @@ def plan_context(
     system: str | None,
     documents: str | None,
     history: Sequence[Message],
-    user: str,
+    user: str | None,
     n_ctx: int,
     reply_reserve: int,
     count_tokens: Callable[[Sequence[Message]], int],
     count_text: Callable[[str], int],
     policy: OverflowPolicy = "rolling",
+    tools_tokens: int = 0,
 ) -> ContextPlan:
     """Fit a conversation into the context window.
 
@@ -129,12 +168,14 @@ def plan_context(
         system: the system prompt (pinned).
         documents: the retrieved documents block (pinned after the system prompt).
         history: earlier messages, oldest first.
-        user: the new user message.
+        user: the new user message; None continues the last turn of ``history`` (after a tool
+            result), which is then pinned like a new message.
         n_ctx: the context window in tokens.
         reply_reserve: tokens to keep free for the reply (capped at ``n_ctx // 4``).
         count_tokens: renders the chat template for messages and counts the prompt's tokens.
         count_text: counts the tokens of a plain text.
         policy: ``"rolling"`` drops the oldest turns when history does not fit; ``"refuse"`` raises.
+        tools_tokens: what the tool definitions add to the prompt (``count_tokens`` renders them).
 
     Returns:
         The plan.
@@ -143,8 +184,8 @@ def plan_context(
         ContextOverflow: the documents block, or the system prompt, documents and new message
             together, do not fit even without history; or history does not fit and the policy is
             ``"refuse"``. The message gives the numbers and what to do.
-        EngineError: ``n_ctx`` is not positive, ``reply_reserve`` is negative or ``policy`` is
-            unknown.
+        EngineError: ``n_ctx`` is not positive, ``reply_reserve`` is negative, ``policy`` is
+            unknown, or ``user`` is None with no history to continue.
         TemplateError: raised by ``count_tokens`` when the chat template refuses the messages.
     """
     if n_ctx <= 0:
@@ -165,21 +206,29 @@ def plan_context(
         )
     head = _system_message(system, documents)
     lead = [head] if head is not None else []
-    current = Message("user", user)
-    base_tokens = count_tokens([*lead, current])
+    turns = _turns(history)
+    if user is not None:
+        current = [Message("user", user)]
+        what = "new message"
+    elif turns:
+        current = turns.pop()
+        what = "turn in progress (with its tool results)"
+    else:
+        raise EngineError("there is no turn to continue: give a user message or a history")
+    base_tokens = count_tokens([*lead, *current])
     if base_tokens > budget:
+        tools_part = " and tool definitions" if tools_tokens else ""
         raise ContextOverflow(
-            f"the system prompt, documents and new message need {base_tokens} tokens but {where}: "
+            f"the system prompt, documents{tools_part} and {what} need {base_tokens} tokens but {where}: "
             "shorten them or raise the context length"
         )
 
-    turns = _turns(history)
     counted: dict[int, int] = {len(turns): base_tokens}
 
     def tokens_without(dropped: int) -> int:
         if dropped not in counted:
             kept = [m for turn in turns[dropped:] for m in turn]
-            counted[dropped] = count_tokens([*lead, *kept, current])
+            counted[dropped] = count_tokens([*lead, *kept, *current])
         return counted[dropped]
 
     dropped = 0
@@ -197,13 +246,16 @@ def plan_context(
     breakdown = _breakdown(
         system_tokens=count_text(system) if system else 0,
         documents_tokens=documents_tokens,
+        tools_tokens=tools_tokens,
+        history_results=_result_tokens(kept, count_text),
+        current_results=_result_tokens(current, count_text),
         base_tokens=base_tokens,
         prompt_tokens=prompt_tokens,
         reserve=reserve,
         n_ctx=n_ctx,
     )
     return ContextPlan(
-        messages=[*lead, *kept, current],
+        messages=[*lead, *kept, *current],
         evicted=sum(len(turn) for turn in turns[:dropped]),
         prompt_tokens=prompt_tokens,
         breakdown=breakdown,
@@ -245,26 +297,73 @@ def _fewest_to_drop(turns: list[list[Message]], budget: int, tokens_without: Cal
     return low
 
 
+def _result_tokens(messages: Sequence[Message], count_text: Callable[[str], int]) -> int:
+    return sum(count_text(m.content) for m in messages if m.role == "tool" and m.content)
+
+
 def _breakdown(
     *,
     system_tokens: int,
     documents_tokens: int,
+    tools_tokens: int,
+    history_results: int,
+    current_results: int,
     base_tokens: int,
     prompt_tokens: int,
     reserve: int,
     n_ctx: int,
 ) -> dict[str, int]:
     """Per-part token counts that add up exactly (see the module docstring)."""
+    history = max(prompt_tokens - base_tokens, 0)
+    history_results = min(history_results, history)
     parts = {
         "system": system_tokens,
         "documents": documents_tokens,
-        "history": max(prompt_tokens - base_tokens, 0),
-        "current": max(base_tokens - system_tokens - documents_tokens, 0),
+        "tools": tools_tokens,
+        "history": history - history_results,
+        "tool_results": history_results + current_results,
+        "current": max(base_tokens - system_tokens - documents_tokens - tools_tokens - current_results, 0),
     }
     # Tokenizing the pieces apart can give more tokens than the joined prompt: take the excess back.
     excess = sum(parts.values()) - prompt_tokens
-    for key in ("current", "history", "documents", "system"):
+    for key in ("current", "history", "tool_results", "documents", "tools", "system"):
         taken = min(max(excess, 0), parts[key])
         parts[key] -= taken
         excess -= taken
     return {**parts, "reserve": reserve, "free": n_ctx - prompt_tokens - reserve}
+
+
+def truncate_to_tokens(text: str, max_tokens: int, count_text: Callable[[str], int]) -> tuple[str, int, bool]:
+    """Cuts ``text`` to at most ``max_tokens`` tokens, marker included, when it is longer.
+
+    The cut text ends with :data:`TRUNCATION_MARKER` (how many tokens were kept of how many), so
+    neither the model nor the user takes it for the whole result. Counting is bounded: the text is
+    first cut to 32 characters per allowed token, then a binary search over the length calls
+    ``count_text`` O(log n) times.
+
+    Args:
+        text: a tool result.
+        max_tokens: the most tokens it may take.
+        count_text: counts the tokens of a plain text.
+
+    Returns:
+        ``(text, tokens, truncated)``: the text to use, its tokens, whether it was cut.
+    """
+    total = count_text(text) if text else 0
+    if total <= max_tokens:
+        return text, total, False
+    marker = "\n" + TRUNCATION_MARKER.format(kept=max_tokens, total=total)
+    room = max_tokens - count_text(marker)
+    if room <= 0:
+        return "", 0, True
+    low, high = 0, min(len(text), room * 32)
+    while low < high:  # the longest prefix that fits ``room``
+        middle = (low + high + 1) // 2
+        if count_text(text[:middle]) <= room:
+            low = middle
+        else:
+            high = middle - 1
+    kept = count_text(text[:low]) if low else 0
+    marker = "\n" + TRUNCATION_MARKER.format(kept=kept, total=total)
+    cut = text[:low] + marker
+    return cut, count_text(cut), True

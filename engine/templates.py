@@ -56,6 +56,10 @@ from markupsafe import Markup
 
 from engine.errors import TemplateError
 from engine.gguf import MAX_CHAT_TEMPLATE_BYTES
+from engine.reasoning import EFFORTS, thinking_controls
+from engine.tool_calls import Family, detect_family
+from engine.tool_prompt import fold_tools, has_tool_parts, template_message, tool_entries
+from engine.tools import ToolSpec
 
 MAX_TEMPLATE_BYTES = MAX_CHAT_TEMPLATE_BYTES
 """Longest chat template (UTF-8 bytes) that is compiled; a longer one is refused (the GGUF reader keeps
@@ -384,6 +388,12 @@ class ChatTemplate:
         stop: extra stop strings for generation.
         fold_system: the system prompt is prepended to the first user message instead of being its
             own message (the format, or the model's template, has no system role).
+        supports_tools: the model's template renders ``tools``, calls and the ``tool`` role (a test
+            render said so); otherwise tools go through the fallback prompt (engine/tool_prompt.py).
+        tool_family: the call format the model writes (engine/tool_calls.py); ``json`` with the
+            fallback prompt.
+        thinking: the thinking switches the template reads (``enable_thinking``,
+            ``reasoning_effort``); empty when it has none.
     """
 
     name: str
@@ -396,13 +406,32 @@ class ChatTemplate:
     eos_token: str = ""
     _env: _GuardedEnvironment | None = field(default=None, repr=False, compare=False)
     _template: jinja2.Template | None = field(default=None, repr=False, compare=False)
+    supports_tools: bool = False
+    tool_family: Family = "json"
+    thinking: frozenset[str] = frozenset()
 
-    def render(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> str:
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = True,
+        *,
+        tools: Sequence[ToolSpec] | None = None,
+        tool_choice: str = "auto",
+        enable_thinking: bool | None = None,
+        reasoning_effort: str | None = None,
+    ) -> str:
         """Render ``messages`` (dicts with ``role`` and ``content``) into one prompt string.
 
         Args:
-            messages: the conversation; roles ``system``, ``user``, ``assistant``.
+            messages: the conversation; roles ``system``, ``user``, ``assistant`` and ``tool``; an
+                assistant message may carry ``tool_calls`` (OpenAI-shaped, arguments a dict or its
+                JSON text), a ``tool`` message ``tool_call_id`` and ``name``.
             add_generation_prompt: end with the header that starts the assistant's reply.
+            tools: the tools offered (rendered through the template, or the fallback prompt when it
+                has no tool support); ignored with ``tool_choice="none"``.
+            tool_choice: ``auto``, ``none``, ``required`` or a function name (passed to the template).
+            enable_thinking: the template's thinking switch; None leaves it to the template.
+            reasoning_effort: ``low``, ``medium`` or ``high`` for templates that read it; None leaves it.
 
         Returns:
             The prompt text, including the BOS token text where the format starts with it.
@@ -411,27 +440,38 @@ class ChatTemplate:
             TemplateError: the model's template refused the conversation, broke a sandbox rule or
                 ran past its time limit.
         """
-        plain = [{"role": str(m["role"]), "content": str(m.get("content") or "")} for m in messages]
+        offered = list(tools or ()) if tool_choice != "none" else []
+        plain = [template_message(m) for m in messages]
+        if not self.supports_tools and (offered or any(has_tool_parts(m) for m in plain)):
+            plain, offered = fold_tools(plain, offered, tool_choice), []
         if self._template is None and self.name in _STRIPS_TEXT:
-            plain = [{"role": m["role"], "content": m["content"].strip()} for m in plain]
+            plain = [{**m, "content": m["content"].strip()} for m in plain]
         if self.fold_system:
             plain = _fold_system(plain)
         if self._template is None or self._env is None:
             return _render_fallback(self.name, plain, add_generation_prompt, self.bos_token, self.eos_token)
-        context = {
+        context: dict[str, Any] = {
             "messages": plain,
             "add_generation_prompt": add_generation_prompt,
             "bos_token": self.bos_token,
             "eos_token": self.eos_token,
-            "tools": None,
+            "tools": tool_entries(offered) or None,
         }
+        if offered:
+            context["tool_choice"] = tool_choice
+        if enable_thinking is not None:
+            context["enable_thinking"] = enable_thinking
+        if reasoning_effort is not None:
+            if reasoning_effort not in EFFORTS:
+                raise TemplateError(f"reasoning_effort must be one of {', '.join(EFFORTS)}, not {reasoning_effort!r}")
+            context["reasoning_effort"] = reasoning_effort
         try:
             return self._env.render_guarded(self._template, context, self.timeout_s)
         except Exception as exc:
             raise TemplateError(f"chat template: {_describe(exc)}") from exc
 
 
-def _fold_system(messages: list[dict[str, str]]) -> list[dict[str, str]]:
+def _fold_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Prepend system messages to the first user message (separated by a blank line)."""
     system = "\n\n".join(m["content"] for m in messages if m["role"] == "system" and m["content"])
     rest = [dict(m) for m in messages if m["role"] != "system"]
@@ -458,7 +498,7 @@ _STRIPS_TEXT = {"gemma", "llama3"}
 
 
 def _render_fallback(
-    name: str, messages: list[dict[str, str]], add_generation_prompt: bool, bos: str, eos: str
+    name: str, messages: list[dict[str, Any]], add_generation_prompt: bool, bos: str, eos: str
 ) -> str:
     out: list[str] = []
     if name == "chatml":
@@ -640,7 +680,7 @@ def select_template(
         why = f"it rejects a system role: {cause}"
     else:
         if _contains_turns(rendered, with_system=True):
-            return own
+            return _with_tool_support(own, gguf_template, architecture)
         if not _contains_turns(rendered, with_system=False):
             return _reject(gguf_template, architecture, bos, eos, "its output does not contain the messages")
         why = "it drops the system prompt"
@@ -655,7 +695,34 @@ def select_template(
         return _reject(gguf_template, architecture, bos, eos, _describe(exc.__cause__ or exc))
     if not _contains_turns(rendered, with_system=True):
         return _reject(gguf_template, architecture, bos, eos, "its output does not contain the messages")
-    return folded
+    return _with_tool_support(folded, gguf_template, architecture)
+
+
+_PROBE_TOOL = ToolSpec(
+    "glassbox_probe_tool", "Looks up a word.", {"type": "object", "properties": {"word": {"type": "string"}}}
+)
+_PROBE_RESULT = "glassbox probe result 7491"
+
+
+def _with_tool_support(template: ChatTemplate, source: str, architecture: str) -> ChatTemplate:
+    """Marks the model's template as tool-capable when a test render shows the tool, an earlier call
+    and its result; records its call format and thinking switches either way."""
+    function = {"name": "glassbox_probe_tool", "arguments": {"word": "x"}}
+    call = {"id": "call00001", "type": "function", "function": function}
+    sample: list[dict[str, Any]] = [
+        {"role": "system", "content": _SAMPLE_SYSTEM},
+        {"role": "user", "content": "Look up x."},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "content": _PROBE_RESULT, "tool_call_id": "call00001", "name": "glassbox_probe_tool"},
+    ]
+    capable = replace(template, supports_tools=True)
+    try:
+        rendered = capable.render(sample, tools=[_PROBE_TOOL])
+        works = _PROBE_TOOL.name in rendered.split(_PROBE_RESULT)[0] and _PROBE_RESULT in rendered
+    except TemplateError:
+        works = False
+    family: Family = detect_family(source, architecture) if works else "json"
+    return replace(template, supports_tools=works, tool_family=family, thinking=thinking_controls(source))
 
 
 def _stops_for(template: str, eos: str) -> tuple[str, ...]:

@@ -75,7 +75,9 @@ def test_everything_fits_and_the_breakdown_is_exact() -> None:
     assert result.breakdown == {
         "system": 2,
         "documents": 4,
+        "tools": 0,
         "history": 52,
+        "tool_results": 0,
         "current": result.prompt_tokens - 2 - 4 - 52,
         "reserve": 100,
         "free": 1000 - result.prompt_tokens - 100,

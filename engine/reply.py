@@ -1,0 +1,152 @@
+"""Shapes a reply as it streams: thinking apart from the answer, tool calls out of the text.
+
+The worker streams raw ``Token`` events. :class:`ReplyShaper` runs each token's text through a
+:class:`~engine.reasoning.ReasoningSplitter` and then, when tools are offered, a
+:class:`~engine.tool_calls.ToolCallParser`, and emits in its place:
+
+* ``Reasoning(text)`` for thinking,
+* ``Token`` (the same event with only its answer text) for the answer, as it streams,
+* ``ToolCall(id, name, arguments, raw)`` once per complete call (its markup never shows as text).
+
+It keeps the answer, the reasoning (with its token count and time) and the calls, for the
+``Finished`` event that ends the reply. :func:`shaped` wraps the worker's generator with it. The
+session uses both (:mod:`engine.session`); a test can drive them with scripted tokens.
+"""
+
+from __future__ import annotations
+
+import secrets
+import string
+import time
+from collections.abc import Callable, Collection, Generator
+from dataclasses import dataclass, field, replace
+from typing import TypeVar
+
+from engine.events import Event, Finished, FinishReason, Reasoning, Stats, Token, ToolCall
+from engine.reasoning import PieceKind, ReasoningSplitter
+from engine.tool_calls import Family, ParsedCall, Piece, ToolCallParser
+
+R = TypeVar("R")
+
+_ID_ALPHABET = string.ascii_letters + string.digits
+
+
+def new_call_id() -> str:
+    """A call id: 9 letters and digits (Mistral's templates refuse any other shape; others take it)."""
+    return "".join(secrets.choice(_ID_ALPHABET) for _ in range(9))
+
+
+@dataclass
+class ReplyShaper:
+    """Turns raw tokens into answer tokens, reasoning and tool calls (see the module docstring).
+
+    Args:
+        family: the tool-call format to parse; ``None`` when no tools are offered (calls are text).
+        tool_names: the tools offered.
+        think_started: the reply starts inside ``<think>`` (the prompt opened it).
+        thinking: recognise ``<think>`` at all.
+        clock: seconds, for the reasoning time (tests pass their own).
+    """
+
+    family: Family | None = None
+    tool_names: Collection[str] = ()
+    think_started: bool = False
+    thinking: bool = True
+    clock: Callable[[], float] = time.perf_counter
+    answer: str = ""
+    reasoning: str = ""
+    reasoning_tokens: int = 0
+    calls: list[ToolCall] = field(default_factory=list)
+    _reasoning_start: float | None = None
+    _reasoning_end: float | None = None
+    _last: Token | None = None
+
+    def __post_init__(self) -> None:
+        self._splitter = ReasoningSplitter(started=self.think_started, enabled=self.thinking)
+        self._parser = ToolCallParser(self.family, self.tool_names) if self.family is not None else None
+
+    @property
+    def reasoning_ms(self) -> float:
+        """From the first thinking token to the token that closed the thinking (or the last one)."""
+        if self._reasoning_start is None:
+            return 0.0
+        end = self._reasoning_end if self._reasoning_end is not None else self.clock()
+        return round((end - self._reasoning_start) * 1000, 2)
+
+    def on_token(self, token: Token) -> list[Event]:
+        """The events that replace one raw token."""
+        self._last = token
+        now = self.clock()
+        was_reasoning = self._splitter.in_reasoning or (self.think_started and self._reasoning_start is None)
+        pieces = self._splitter.feed(token.text)
+        is_reasoning = self._splitter.in_reasoning
+        if was_reasoning or is_reasoning or any(kind == "reasoning" for kind, _ in pieces):
+            self.reasoning_tokens += 1
+            if self._reasoning_start is None:
+                self._reasoning_start = now
+            if not is_reasoning and self._reasoning_end is None:
+                self._reasoning_end = now
+        return self._route(pieces, token)
+
+    def finish(self) -> list[Event]:
+        """The events for what was held back at the end of the reply."""
+        if self._splitter.in_reasoning and self._reasoning_end is None and self._reasoning_start is not None:
+            self._reasoning_end = self.clock()
+        events = self._route(self._splitter.finish(), self._last)
+        if self._parser is not None:
+            events.extend(self._emit(self._parser.finish(), self._last))
+        return events
+
+    def finished(self, reason: FinishReason, stats: Stats) -> Finished:
+        """The ``Finished`` event of this reply: the answer, the reasoning and the calls."""
+        return Finished(
+            reason=reason,
+            stats=stats,
+            text=self.answer,
+            reasoning=self.reasoning,
+            reasoning_tokens=self.reasoning_tokens,
+            reasoning_ms=self.reasoning_ms,
+            tool_calls=tuple(self.calls),
+        )
+
+    def _route(self, pieces: list[tuple[PieceKind, str]], token: Token | None) -> list[Event]:
+        events: list[Event] = []
+        for kind, text in pieces:
+            if kind == "reasoning":
+                self.reasoning += text
+                events.append(Reasoning(text))
+            elif self._parser is not None:
+                events.extend(self._emit(self._parser.feed(text), token))
+            else:
+                events.extend(self._emit([text], token))
+        return events
+
+    def _emit(self, pieces: list[Piece], token: Token | None) -> list[Event]:
+        events: list[Event] = []
+        for piece in pieces:
+            if isinstance(piece, ParsedCall):
+                call = ToolCall(new_call_id(), piece.name, piece.arguments, piece.raw)
+                self.calls.append(call)
+                events.append(call)
+            elif piece:
+                self.answer += piece
+                events.append(replace(token, text=piece) if token is not None else Token(piece, -1))
+        return events
+
+
+def shaped(source: Generator[Event, None, R], shaper: ReplyShaper) -> Generator[Event, None, R]:
+    """Re-yields ``source``'s events with its tokens shaped; returns what ``source`` returns."""
+    try:
+        while True:
+            try:
+                event = next(source)
+            except StopIteration as stop:
+                result: R = stop.value
+                yield from shaper.finish()
+                return result
+            if isinstance(event, Token):
+                yield from shaper.on_token(event)
+            else:
+                yield event
+    finally:
+        source.close()
