@@ -8,6 +8,8 @@ tokens); the view follows the bottom only while the user has not scrolled up.
 
 from __future__ import annotations
 
+import html
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -34,22 +36,28 @@ from app.markdown_render import (
     render_markdown,
     split_blocks,
 )
+from app.window_layout import make_wrapping, set_wrapped_text
 from app.workers.history_service import DisplayMessage
 
 SOURCE_SCHEME = "gb-source"
+
+
+def plural(n: int, word: str) -> str:
+    """``1 token``, ``2 tokens``, ``3,812 tokens``."""
+    return f"{n:,} {word}" + ("" if n == 1 else "s")
 
 
 def format_stats_line(stats: dict[str, Any] | None) -> str:
     """A one-line summary of a reply's stats (tokens, TTFT, speeds)."""
     if not stats:
         return ""
-    parts = [f"{stats.get('completion_tokens', 0)} tokens"]
+    parts = [plural(int(stats.get("completion_tokens", 0) or 0), "token")]
     if stats.get("ttft_ms"):
         parts.append(f"TTFT {stats['ttft_ms']:.0f} ms")
     if stats.get("decode_tps"):
         parts.append(f"{stats['decode_tps']:.1f} tok/s")
     if stats.get("cached_tokens"):
-        parts.append(f"{stats['cached_tokens']} reused from cache")
+        parts.append(f"{int(stats['cached_tokens']):,} reused from cache")
     reason = stats.get("finish_reason")
     if reason and reason != "stop":
         parts.append({"length": "hit max tokens", "cancelled": "stopped"}.get(str(reason), str(reason)))
@@ -75,8 +83,6 @@ def format_stats_tooltip(stats: dict[str, Any] | None, model: str | None) -> str
 
 def source_label(source: dict[str, Any], number: int) -> str:
     """``[1] report.pdf, p. 3 — “snippet…”`` for a source dict (path, page, snippet, score)."""
-    import html
-
     path = str(source.get("path") or source.get("file") or "?")
     name = Path(path).name
     page = source.get("page")
@@ -99,6 +105,27 @@ def open_source(source: dict[str, Any]) -> bool:
     if page and str(path).lower().endswith(".pdf"):
         url.setFragment(f"page={page}")
     return bool(QDesktopServices.openUrl(url))
+
+
+HIGHLIGHT_STYLE = "background-color:#fde68a; color:#111318;"
+_TAG = re.compile(r"(<[^>]*>)")
+
+
+def highlight_html(markup: str, terms: Sequence[str]) -> str:
+    """``markup`` with each of ``terms`` (case-insensitive, in text only, never inside a tag) marked."""
+    words = sorted({html.escape(t) for t in terms if t.strip()}, key=len, reverse=True)
+    if not words:
+        return markup
+    pattern = re.compile("(" + "|".join(re.escape(w) for w in words) + ")", re.IGNORECASE)
+    parts = _TAG.split(markup)
+    for i in range(0, len(parts), 2):  # even indexes are text between tags
+        parts[i] = pattern.sub(lambda m: f'<span style="{HIGHLIGHT_STYLE}">{m.group(0)}</span>', parts[i])
+    return "".join(parts)
+
+
+def search_terms(query: str) -> list[str]:
+    """The words of a search, as the history's full-text search matches them (quotes dropped)."""
+    return [w for w in re.split(r"[^\w]+", query) if w]
 
 
 class BlockLabel(QLabel):
@@ -213,8 +240,12 @@ class MessageCard(QFrame):
 
         actions = QHBoxLayout()
         actions.setSpacing(2)
+        # The stats (or the error) wrap on a line of their own: a long one never widens the card
+        # past the transcript (it hid the Edit button).
         self.stats_label = QLabel()
         self.stats_label.setObjectName("statsLine")
+        make_wrapping(self.stats_label)
+        self.stats_label.setAccessibleName("Reply details")
         self.prev_button = self._tool("‹", "Previous branch", "prev")
         self.branch_label = QLabel()
         self.branch_label.setObjectName("statsLine")
@@ -232,10 +263,9 @@ class MessageCard(QFrame):
             self.edit_button = None
             self.regen_button = self._tool("Regenerate", "Generate another reply (keeps this one)", "regenerate")
             actions.addWidget(self.regen_button)
-        actions.addSpacing(8)
-        actions.addWidget(self.stats_label)
         actions.addStretch(1)
         inner.addLayout(actions)
+        inner.addWidget(self.stats_label)
         self._actions = [b for b in (self.copy_button, self.edit_button, self.regen_button) if b is not None]
         self.update_message(message)
 
@@ -254,13 +284,17 @@ class MessageCard(QFrame):
         self.set_text(message.content, final=True)
         stats = message.stats
         line = format_stats_line(stats)
-        if message.state == "partial" and "stopped" not in line:
+        if message.state == "partial" and message.error:
+            # The engine crashed mid-reply: not a stop the user asked for.
+            line = (line + " · " if line else "") + f"interrupted (partial): {message.error}"
+        elif message.state == "partial" and "stopped" not in line:
             line = (line + " · " if line else "") + "stopped (partial)"
         if message.state == "error":
             line = f"error: {message.error or 'generation failed'}"
         if message.state == "pending":
             line = "interrupted (partial)" if message.content else "…"
-        self.stats_label.setText(line)
+        set_wrapped_text(self.stats_label, line)
+        self.stats_label.setVisible(bool(line))
         self.setToolTip(format_stats_tooltip(stats, message.model) if message.role == "assistant" else "")
         many = message.sibling_count > 1
         for widget in (self.prev_button, self.branch_label, self.next_button):
@@ -330,6 +364,17 @@ class MessageCard(QFrame):
     def text(self) -> str:
         return self._text
 
+    def highlight(self, terms: Sequence[str]) -> int:
+        """Marks ``terms`` in the body (a search hit); returns how many blocks have one."""
+        marked = 0
+        for _block, label, _codes in self._blocks or [("", self.body, ())]:
+            before = label.text()
+            after = highlight_html(before, terms)
+            if after != before:
+                label.setText(after)
+                marked += 1
+        return marked
+
     def set_sources(self, sources: Sequence[dict[str, Any]]) -> None:
         self._sources = list(sources)
         if not sources:
@@ -344,6 +389,7 @@ class MessageCard(QFrame):
             button.setEnabled(not streaming)
         if streaming:
             self.stats_label.setText("generating…")
+            self.stats_label.setVisible(True)
 
     def _on_block_link_activated(self, label: QLabel, link: str) -> None:
         if link.startswith(f"{COPY_SCHEME}:"):
@@ -405,6 +451,8 @@ class ChatView(QScrollArea):
         self._streaming: MessageCard | None = None
         self._stream_text: list[str] = []
         self._follow = True
+        self._anchor: tuple[int, int] | None = None  # (message id, its y in the viewport) to keep
+        self._reveal: tuple[int, list[str]] | None = None  # a search hit to show and mark
         self.empty = QLabel(
             "Ask anything.\nThe inspector on the right shows what the model is doing while it answers.\n"
             "Drop files or folders on the window to chat with your documents."
@@ -471,7 +519,20 @@ class ChatView(QScrollArea):
                 card.set_streaming(True)
                 card.set_text("".join(self._stream_text))
         self.empty.setVisible(not messages)
-        if self._follow:
+        if self._reveal is not None and self.card_for(self._reveal[0]) is not None:
+            message_id, terms = self._reveal
+            self._reveal = None
+            card = self.card_for(message_id)
+            assert card is not None
+            card.highlight(terms)
+            self._follow = False
+            QTimer.singleShot(0, self, lambda c=card: self.ensureWidgetVisible(c, 0, 40))
+        elif self._anchor is not None and self.card_for(self._anchor[0]) is not None:
+            message_id, offset = self._anchor
+            self._anchor = None
+            self._follow = False
+            QTimer.singleShot(0, self, lambda: self._scroll_card_to(message_id, offset))
+        elif self._follow:
             QTimer.singleShot(0, self, self.scroll_to_bottom)
 
     def _make_card(self, message: DisplayMessage) -> MessageCard:
@@ -515,6 +576,22 @@ class ChatView(QScrollArea):
         return "".join(self._stream_text)
 
     # ------------------------------------------------------------------ scrolling
+    def reveal(self, message_id: int, terms: Sequence[str]) -> None:
+        """When ``message_id`` is next shown (a search hit opening), scrolls to it and marks ``terms``."""
+        card = self.card_for(message_id)
+        if card is None:
+            self._reveal = (message_id, list(terms))
+            return
+        self._reveal = None
+        card.highlight(terms)
+        self._follow = False
+        self.ensureWidgetVisible(card, 0, 40)
+
+    def _scroll_card_to(self, message_id: int, offset: int) -> None:
+        card = self.card_for(message_id)
+        if card is not None:
+            self.verticalScrollBar().setValue(max(card.y() - offset, 0))
+
     def scroll_to_bottom(self) -> None:
         bar = self.verticalScrollBar()
         bar.setValue(bar.maximum())
@@ -546,7 +623,11 @@ class ChatView(QScrollArea):
             step = -1 if action == "prev" else 1
             target = message.sibling_index + step
             if 0 <= target < len(message.sibling_ids):
-                self.branch_requested.emit(message.sibling_ids[target])
+                # The other branch shows where this one was: the view does not jump to the bottom.
+                sibling = message.sibling_ids[target]
+                self._anchor = (sibling, card.y() - self.verticalScrollBar().value())
+                self._follow = False
+                self.branch_requested.emit(sibling)
 
     def card_for(self, message_id: int) -> MessageCard | None:
         return next((c for c in self.cards if c.message.id == message_id), None)

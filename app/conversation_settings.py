@@ -1,4 +1,5 @@
-"""Per-conversation settings: the system prompt and the sampling preset."""
+"""Per-conversation settings: the system prompt and the sampling (a preset as the starting point,
+then temperature, top-p, top-k, min-p, repeat penalty, max tokens and seed of this chat's own)."""
 
 from __future__ import annotations
 
@@ -9,18 +10,32 @@ from PySide6.QtWidgets import (
     QComboBox,
     QDialog,
     QDialogButtonBox,
+    QDoubleSpinBox,
     QFormLayout,
+    QGroupBox,
     QLabel,
     QPlainTextEdit,
+    QSpinBox,
     QVBoxLayout,
     QWidget,
 )
 
-from app.settings import Settings
+from app.settings import SamplingPreset, Settings
+
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "max_tokens", "seed")
+
+
+def conversation_sampling(settings: Settings, conversation_settings: dict[str, Any] | None) -> SamplingPreset:
+    """The sampling a chat uses: its preset with its own values on top."""
+    conv = dict(conversation_settings or {})
+    return settings.preset(conv.get("preset")).with_overrides(conv.get("sampling"))
 
 
 class ConversationSettingsDialog(QDialog):
-    """Edits one chat's system prompt (or "use the default") and sampling preset.
+    """Edits one chat's system prompt (or "use the default") and its sampling.
+
+    Choosing a preset fills the controls with its values; changing a control makes it this chat's
+    own value (saved with the chat, on top of the preset).
 
     Args:
         settings: the app settings (default prompt, presets).
@@ -30,7 +45,8 @@ class ConversationSettingsDialog(QDialog):
     def __init__(self, settings: Settings, conversation: Any, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("Chat settings")
-        self.setMinimumWidth(520)
+        self.setMinimumWidth(480)
+        self._settings = settings
         layout = QVBoxLayout(self)
         form = QFormLayout()
         system = getattr(conversation, "system_prompt", None)
@@ -38,31 +54,96 @@ class ConversationSettingsDialog(QDialog):
         self.use_default.setChecked(system is None)
         self.prompt = QPlainTextEdit(system if system is not None else settings.default_system_prompt)
         self.prompt.setObjectName("systemPromptEdit")
+        self.prompt.setAccessibleName("System prompt")
         self.prompt.setEnabled(system is not None)
         self.use_default.toggled.connect(lambda on: self.prompt.setEnabled(not on))
         form.addRow(self.use_default)
         form.addRow("System prompt:", self.prompt)
-        self.preset = QComboBox()
-        for preset in settings.presets:
-            self.preset.addItem(
-                f"{preset.name}  (temperature {preset.temperature:g}, top-p {preset.top_p:g}, "
-                f"max {preset.max_tokens} tokens)",
-                preset.name,
-            )
-        current = dict(getattr(conversation, "settings", None) or {}).get("preset") or settings.default_preset
-        index = self.preset.findData(current)
-        self.preset.setCurrentIndex(max(index, 0))
-        form.addRow("Sampling preset:", self.preset)
         layout.addLayout(form)
         note = QLabel("The system prompt is pinned: it is never evicted from the context window.")
         note.setObjectName("explain")
+        note.setWordWrap(True)
         layout.addWidget(note)
+
+        conv_settings = dict(getattr(conversation, "settings", None) or {})
+        box = QGroupBox("Sampling")
+        sampling = QFormLayout(box)
+        self.preset = QComboBox()
+        self.preset.setAccessibleName("Sampling preset")
+        for preset in settings.presets:
+            self.preset.addItem(preset.name, preset.name)
+        current = conv_settings.get("preset") or settings.default_preset
+        self.preset.setCurrentIndex(max(self.preset.findData(current), 0))
+        sampling.addRow("Start from preset:", self.preset)
+        self.temperature = _double(0.0, 5.0, 0.05, 2, "0 is greedy: always the most likely token")
+        sampling.addRow("Temperature:", self.temperature)
+        self.top_p = _double(0.01, 1.0, 0.01, 2, "Sample from the smallest set of tokens whose chances add up to this")
+        sampling.addRow("Top-p:", self.top_p)
+        self.top_k = _int(0, 1000, "Sample from the k most likely tokens (0: no limit)")
+        sampling.addRow("Top-k:", self.top_k)
+        self.min_p = _double(0.0, 1.0, 0.01, 2, "Drop tokens less likely than this share of the most likely one")
+        sampling.addRow("Min-p:", self.min_p)
+        self.repeat_penalty = _double(0.5, 2.0, 0.05, 2, "Above 1 makes repeating recent tokens less likely")
+        sampling.addRow("Repeat penalty:", self.repeat_penalty)
+        self.max_tokens = _int(1, 32768, "The longest a reply may be, in tokens")
+        self.max_tokens.setSingleStep(64)
+        sampling.addRow("Max tokens:", self.max_tokens)
+        self.seed = _int(-1, 2**31 - 1, "A fixed seed makes a reply repeatable; random gives a new one each time")
+        self.seed.setSpecialValueText("random")
+        sampling.addRow("Seed:", self.seed)
+        layout.addWidget(box)
+        self._fill(conversation_sampling(settings, conv_settings))
+        self.preset.currentIndexChanged.connect(self._on_preset_current_index_changed)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
         layout.addWidget(buttons)
 
+    def _fill(self, preset: SamplingPreset) -> None:
+        self.temperature.setValue(preset.temperature)
+        self.top_p.setValue(preset.top_p)
+        self.top_k.setValue(preset.top_k)
+        self.min_p.setValue(preset.min_p)
+        self.repeat_penalty.setValue(preset.repeat_penalty)
+        self.max_tokens.setValue(preset.max_tokens)
+        self.seed.setValue(-1 if preset.seed is None else preset.seed)
+
+    def _on_preset_current_index_changed(self, _index: int) -> None:
+        self._fill(self._settings.preset(str(self.preset.currentData())))
+
+    def sampling(self) -> dict[str, Any]:
+        """The controls' values that differ from the chosen preset (the chat's own values)."""
+        base = self._settings.preset(str(self.preset.currentData()))
+        values: dict[str, Any] = {
+            "temperature": round(self.temperature.value(), 4),
+            "top_p": round(self.top_p.value(), 4),
+            "top_k": self.top_k.value(),
+            "min_p": round(self.min_p.value(), 4),
+            "repeat_penalty": round(self.repeat_penalty.value(), 4),
+            "max_tokens": self.max_tokens.value(),
+            "seed": None if self.seed.value() < 0 else self.seed.value(),
+        }
+        return {k: v for k, v in values.items() if getattr(base, k) != v}
+
     def values(self) -> tuple[str | None, str]:
         """The system prompt (None: use the default) and the preset name."""
         system = None if self.use_default.isChecked() else self.prompt.toPlainText().strip()
         return system, str(self.preset.currentData())
+
+
+def _double(low: float, high: float, step: float, decimals: int, tip: str) -> QDoubleSpinBox:
+    box = QDoubleSpinBox()
+    box.setRange(low, high)
+    box.setSingleStep(step)
+    box.setDecimals(decimals)
+    box.setToolTip(tip)
+    box.setAccessibleDescription(tip)
+    return box
+
+
+def _int(low: int, high: int, tip: str) -> QSpinBox:
+    box = QSpinBox()
+    box.setRange(low, high)
+    box.setToolTip(tip)
+    box.setAccessibleDescription(tip)
+    return box

@@ -18,6 +18,28 @@ _COPY_LINK = re.compile(rf'(?:&nbsp;)*<a href="{COPY_SCHEME}:\d+"[^>]*>Copy</a>'
 FORMATS = {"md": "Markdown (*.md)", "html": "HTML (*.html)", "json": "JSON (*.json)", "pdf": "PDF (*.pdf)"}
 
 
+def export_file_name(title: str, conversation_id: int, fmt: str) -> str:
+    """A file name for an export: the chat's title made safe for every file system, else ``chat-<id>``.
+
+    >>> export_file_name('Plan: Q3 / "budget"?', 7, "md")
+    'Plan Q3 budget.md'
+    """
+    name = re.sub(r'[\\/:*?"<>|\x00-\x1f]+', " ", title or "")
+    name = " ".join(name.split()).strip(" .")[:80].rstrip(" .")
+    if not name or name.upper() in _RESERVED:
+        name = f"chat-{conversation_id}"
+    return f"{name}.{fmt}"
+
+
+_RESERVED = {"CON", "PRN", "AUX", "NUL", *(f"COM{i}" for i in range(1, 10)), *(f"LPT{i}" for i in range(1, 10))}
+
+
+def _state_note(m: Any) -> str:
+    if m.state != "partial":
+        return ""
+    return " *(interrupted, partial)*" if getattr(m, "error", None) else " *(stopped, partial)*"
+
+
 def _role(role: str) -> str:
     return {"user": "You", "assistant": "Assistant", "system": "System"}.get(role, role)
 
@@ -29,7 +51,7 @@ def to_markdown(title: str, messages: Sequence[Any], system_prompt: str | None =
         lines += ["> **System prompt:** " + system_prompt.replace("\n", "\n> "), ""]
     for m in messages:
         who = _role(m.role) if m.role != "assistant" or not m.model else f"Assistant ({m.model})"
-        suffix = " *(stopped, partial)*" if m.state == "partial" else ""
+        suffix = _state_note(m)
         lines += [f"## {who}{suffix}", "", m.content, ""]
         for i, source in enumerate(m.sources or [], 1):
             page = f", p. {source['page']}" if source.get("page") else ""

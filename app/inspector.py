@@ -20,7 +20,17 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from PySide6.QtCore import QEvent, QPoint, QRectF, QSize, Qt
-from PySide6.QtGui import QColor, QFont, QHelpEvent, QPainter, QPainterPath, QPaintEvent, QPen
+from PySide6.QtGui import (
+    QAccessible,
+    QAccessibleEvent,
+    QColor,
+    QFont,
+    QHelpEvent,
+    QPainter,
+    QPainterPath,
+    QPaintEvent,
+    QPen,
+)
 from PySide6.QtWidgets import (
     QFrame,
     QGridLayout,
@@ -61,6 +71,15 @@ def format_bytes(n: float | int | None) -> str:
     return f"{value:.1f} TiB"  # pragma: no cover
 
 
+def format_duration(seconds: float) -> str:
+    """0.09 → '90 ms', 41.2 → '41 s', 130 → '2 min 10 s'."""
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 60:
+        return f"{seconds:.1f} s" if seconds < 10 else f"{seconds:.0f} s"
+    return f"{int(seconds // 60)} min {int(seconds % 60)} s"
+
+
 def format_tps(value: float | None) -> str:
     return "—" if not value else f"{value:.1f} tok/s"
 
@@ -73,6 +92,15 @@ def _get(stats: Any, key: str, default: Any = None) -> Any:
     return getattr(stats, key, default)
 
 
+def _describe(widget: QWidget, text: str) -> None:
+    """Sets what assistive technology reads for a painted widget, and tells it the value changed."""
+    if widget.accessibleDescription() == text:
+        return
+    widget.setAccessibleDescription(text)
+    if QAccessible.isActive():
+        QAccessible.updateAccessibility(QAccessibleEvent(widget, QAccessible.Event.DescriptionChanged))
+
+
 class ContextBar(QWidget):
     """A stacked horizontal bar of the context budget."""
 
@@ -82,12 +110,17 @@ class ContextBar(QWidget):
         self.colors = LIGHT
         self.setMinimumHeight(22)
         self.setMouseTracking(True)
+        self.setFocusPolicy(Qt.FocusPolicy.TabFocus)
+        self.setAccessibleName("Context window map")
+        _describe(self, "no turn yet")
 
     def sizeHint(self) -> QSize:
         return QSize(240, 22)
 
     def set_budget(self, budget: Mapping[str, int]) -> None:
         self.budget = {k: int(v) for k, v in budget.items()}
+        parts = [f"{label}: {self.budget.get(key, 0):,} tokens" for key, label in SEGMENTS if key in self.budget]
+        _describe(self, "; ".join(parts) or "no turn yet")
         self.update()
 
     def _spans(self) -> list[tuple[str, float, float]]:
@@ -136,12 +169,19 @@ class SpeedChart(QWidget):
         self.samples: list[float] = []
         self.colors = LIGHT
         self.setMinimumHeight(70)
+        self.setFocusPolicy(Qt.FocusPolicy.TabFocus)
+        self.setAccessibleName("Decode speed chart")
+        _describe(self, "decode speed appears while generating")
 
     def sizeHint(self) -> QSize:
         return QSize(240, 80)
 
     def set_samples(self, samples: Sequence[float]) -> None:
         self.samples = list(samples)[-120:]
+        if self.samples:
+            _describe(self, f"now {self.samples[-1]:.0f} tok/s, peak {max(self.samples):.0f} tok/s")
+        else:
+            _describe(self, "decode speed appears while generating")
         self.update()
 
     def paintEvent(self, _event: QPaintEvent) -> None:
@@ -183,7 +223,8 @@ class SpeedChart(QWidget):
         painter.drawPath(path)
         painter.setPen(QColor(self.colors.muted))
         painter.setFont(QFont(self.font().family(), 8))
-        painter.drawText(QRectF(pad, 2, w - 2 * pad, 14), Qt.AlignmentFlag.AlignRight, f"peak {max(self.samples):.0f}")
+        peak = f"peak {max(self.samples):.0f} tok/s"
+        painter.drawText(QRectF(pad, 2, w - 2 * pad, 14), Qt.AlignmentFlag.AlignRight, peak)
         painter.end()
 
 
@@ -196,12 +237,20 @@ class WallMeter(QWidget):
         self.limit: float | None = None
         self.colors = LIGHT
         self.setMinimumHeight(26)
+        self.setFocusPolicy(Qt.FocusPolicy.TabFocus)
+        self.setAccessibleName("Memory wall meter")
+        _describe(self, "no measurement yet")
 
     def sizeHint(self) -> QSize:
         return QSize(240, 26)
 
     def set_values(self, achieved: float | None, limit: float | None) -> None:
         self.achieved, self.limit = achieved, limit
+        ratio = self.ratio
+        if ratio is None:
+            _describe(self, "no measurement yet")
+        else:
+            _describe(self, f"{ratio * 100:.0f}% of the wall: {achieved:.1f} of {limit:.1f} GB/s")
         self.update()
 
     @property
@@ -292,6 +341,7 @@ class TokensView(QTextBrowser):
 def _metric(label: str) -> tuple[QLabel, QLabel]:
     value = QLabel("—")
     value.setObjectName("metricValue")
+    value.setAccessibleName(label)
     caption = QLabel(label)
     caption.setObjectName("metricLabel")
     return value, caption
@@ -311,6 +361,10 @@ class InspectorPanel(QFrame):
         self._last_sample: tuple[float, int] | None = None
         self.model_bytes: int | None = None
         self.machine_bandwidth: float | None = None
+        self.n_ctx: int | None = None
+        self.kv_allocated: int | None = None
+        self.reply_limit: int | None = None  # max tokens of the next (or running) reply
+        self.live = False
 
         outer = QVBoxLayout(self)
         outer.setContentsMargins(0, 0, 0, 0)
@@ -318,6 +372,14 @@ class InspectorPanel(QFrame):
         title.setObjectName("sectionTitle")
         title.setContentsMargins(14, 12, 14, 0)
         outer.addWidget(title)
+        # Whose numbers these are: this reply live, the last reply of this chat, or none yet. The
+        # numbers of another turn are never shown as if they were live.
+        self.freshness = QLabel("No reply yet in this chat")
+        self.freshness.setObjectName("explain")
+        self.freshness.setContentsMargins(14, 0, 14, 0)
+        self.freshness.setWordWrap(True)
+        self.freshness.setAccessibleName("Inspector shows")
+        outer.addWidget(self.freshness)
         self.tabs = QTabWidget()
         outer.addWidget(self.tabs, 1)
 
@@ -350,6 +412,10 @@ class InspectorPanel(QFrame):
         legend.setColumnStretch(1, 1)
         legend.setColumnMinimumWidth(0, 16)
         lay.addLayout(legend)
+        self.reserve_label = QLabel("")
+        self.reserve_label.setObjectName("explain")
+        self.reserve_label.setWordWrap(True)
+        lay.addWidget(self.reserve_label)
         self.evicted_label = QLabel("")
         self.evicted_label.setObjectName("explain")
         self.evicted_label.setWordWrap(True)
@@ -373,6 +439,17 @@ class InspectorPanel(QFrame):
             grid.addWidget(value, (i // 2) * 2, i % 2)
             grid.addWidget(caption, (i // 2) * 2 + 1, i % 2)
         lay.addLayout(grid)
+        # A turn that restored its KV cache from disk, and speculative decoding's acceptance.
+        self.restore_label = QLabel("")
+        self.restore_label.setObjectName("explain")
+        self.restore_label.setWordWrap(True)
+        self.restore_label.setVisible(False)
+        lay.addWidget(self.restore_label)
+        self.draft_label = QLabel("")
+        self.draft_label.setObjectName("explain")
+        self.draft_label.setWordWrap(True)
+        self.draft_label.setVisible(False)
+        lay.addWidget(self.draft_label)
         self.chart = SpeedChart()
         lay.addWidget(self.chart)
         self.phase_label = QLabel("")
@@ -468,6 +545,8 @@ class InspectorPanel(QFrame):
         """A model was loaded: weights, window size and the machine's bandwidth."""
         self.model_bytes = model_bytes
         self.machine_bandwidth = machine_bandwidth
+        if n_ctx:
+            self.n_ctx = n_ctx
         self._show("model_bytes", format_bytes(model_bytes))
         self._show("machine_bandwidth_gbps", f"{machine_bandwidth:.1f} GB/s" if machine_bandwidth else "not measured")
         if n_ctx:
@@ -501,10 +580,57 @@ class InspectorPanel(QFrame):
         """The machine's measured memory bandwidth arrived (probed after the first load)."""
         self.set_model(self.model_bytes, None, gbps)
 
-    def set_stats(self, stats: Any) -> None:
-        """Shows a finished turn's stats (``engine.events.Stats`` or its dict)."""
+    def set_kv_allocation(self, kv_bytes: int | None) -> None:
+        """The KV cache the loaded model allocated (known at load, before any turn)."""
+        self.kv_allocated = kv_bytes
+        if kv_bytes:
+            self._show("kv_cache_bytes", format_bytes(kv_bytes))
+            tokens = f"{self.n_ctx:,}" if self.n_ctx else "the"
+            self.metrics["kv_cache_bytes"].setToolTip(f"{format_bytes(kv_bytes)} allocated for {tokens} tokens")
+
+    def set_reply_limit(self, max_tokens: int | None) -> None:
+        """The max tokens of the reply about to run (the chat's sampling): what a reply may use."""
+        self.reply_limit = max_tokens
+
+    def clear_turn(self, why: str = "No reply yet in this chat") -> None:
+        """Forgets the last turn's numbers (a new chat, a deleted one): dashes, an empty window map."""
+        self.live = False
+        self.freshness.setText(why)
+        self.shown["freshness"] = why
+        for key in ("decode_tps", "prefill_tps", "ttft_ms", "cached_tokens", "bandwidth_gbps"):
+            self._show(key, "—")
+        if self.n_ctx:
+            self.context_bar.set_budget({"free": self.n_ctx})
+            self._show("context_used", f"{self.n_ctx:,} tokens in the window", self.context_summary)
+            for key, _ in SEGMENTS:
+                self._show(f"budget.{key}", f"{self.n_ctx:,}" if key == "free" else "0", self.legend_labels[key])
+        else:
+            self.context_bar.set_budget({})
+            self._show("context_used", "no turn yet", self.context_summary)
+            for key, _ in SEGMENTS:
+                self._show(f"budget.{key}", "—", self.legend_labels[key])
+        self.evicted_label.setText("")
+        self.reserve_label.setText("")
+        self.restore_label.setVisible(False)
+        self.draft_label.setVisible(False)
+        self.chart.set_samples([])
+        self.wall.set_values(None, self.machine_bandwidth)
+        self.shown["wall_ratio"] = "—"
+        self.phase_label.setText("")
+
+    def set_stats(self, stats: Any, saved: bool = False) -> None:
+        """Shows a turn's stats (``engine.events.Stats`` or its dict).
+
+        Args:
+            stats: the stats.
+            saved: they are a stored reply's (a chat opened), not the reply that just ran.
+        """
         if stats is None:
             return
+        self.live = False
+        why = "The last reply in this chat (saved)" if saved else "The reply that just finished"
+        self.freshness.setText(why)
+        self.shown["freshness"] = why
         raw = dict(_get(stats, "budget", {}) or {})
         # A remote backend adds flags (``estimated``, ``n_ctx_unknown``): not parts of the window.
         budget = {key: int(raw[key]) for key, _ in SEGMENTS if key in raw}
@@ -519,6 +645,7 @@ class InspectorPanel(QFrame):
         if raw.get("estimated"):
             summary += " (estimated: the server has no tokenizer endpoint)"
         self._show("context_used", summary, self.context_summary)
+        self._show_reserve(budget, int(_get(stats, "prompt_tokens", 0) or 0), n_ctx)
         evicted = int(_get(stats, "evicted_messages", 0) or 0)
         self.shown["evicted_messages"] = str(evicted)
         self.evicted_label.setText(
@@ -530,9 +657,11 @@ class InspectorPanel(QFrame):
         cached = int(_get(stats, "cached_tokens", 0) or 0)
         prompt = int(_get(stats, "prompt_tokens", 0) or 0)
         self._show("cached_tokens", f"{cached} / {prompt}")
+        self._show_restore(stats)
+        self._show_draft(stats)
         self._show("model_bytes", format_bytes(_get(stats, "model_bytes")))
         kv_used = _get(stats, "kv_used_bytes")
-        kv_total = _get(stats, "kv_cache_bytes")
+        kv_total = _get(stats, "kv_cache_bytes") or self.kv_allocated
         self._show("kv_cache_bytes", format_bytes(kv_total))
         self.shown["kv_used_bytes"] = format_bytes(kv_used)
         self.metrics["kv_cache_bytes"].setToolTip(f"{format_bytes(kv_used)} in use by this conversation")
@@ -554,15 +683,76 @@ class InspectorPanel(QFrame):
             )
         self.phase_label.setText(f"template: {_get(stats, 'template', '')}")
 
+    def _show_reserve(self, budget: Mapping[str, int], prompt: int, n_ctx: int) -> None:
+        """What a reply may use: its max tokens, within the window left after the prompt. The
+        reserve is only the part kept free for it (at most a quarter of a small window)."""
+        reserve = int(budget.get("reserve", 0))
+        if not n_ctx or not budget:
+            self.reserve_label.setText("")
+            return
+        room = max(n_ctx - prompt, 0)
+        may_use = min(self.reply_limit, room) if self.reply_limit else room
+        text = f"A reply may use up to {may_use:,} tokens"
+        if self.reply_limit:
+            text += f" (max tokens {self.reply_limit:,}"
+            text += f", {room:,} left in the window)" if room < self.reply_limit else ")"
+        text += f"; {reserve:,} of them are kept free for it (the reply reserve)."
+        self.shown["reply_may_use"] = str(may_use)
+        self.reserve_label.setText(text)
+
+    def _show_restore(self, stats: Any) -> None:
+        restored = int(_get(stats, "kv_restored_tokens", 0) or 0)
+        restore_ms = float(_get(stats, "kv_restore_ms", 0) or 0)
+        if not restored:
+            self.restore_label.setVisible(False)
+            self.shown.pop("kv_restored", None)
+            return
+        text = f"restored {restored:,} tokens from disk in {restore_ms:.0f} ms"
+        prefill_tps = float(_get(stats, "prefill_tps", 0) or 0)
+        if prefill_tps > 0:
+            text += f" (prefill would take {format_duration(restored / prefill_tps)})"
+        self.shown["kv_restored"] = text
+        self.restore_label.setText("KV cache " + text)
+        self.restore_label.setVisible(True)
+
+    def _show_draft(self, stats: Any) -> None:
+        drafted = int(_get(stats, "draft_tokens", 0) or 0)
+        accepted = int(_get(stats, "accepted_tokens", 0) or 0)
+        if not drafted:
+            self.draft_label.setVisible(False)
+            self.shown.pop("draft", None)
+            return
+        completion = int(_get(stats, "completion_tokens", 0) or 0)
+        # Each pass of the model reads every weight once and yields its accepted drafts plus one.
+        passes = max(completion - accepted, 1)
+        text = (
+            f"Speculative decoding: {accepted / drafted * 100:.0f}% of drafted tokens accepted "
+            f"({accepted:,} of {drafted:,}); {completion / passes:.2f} tokens per weight read"
+        )
+        self.shown["draft"] = text
+        self.draft_label.setText(text)
+        self.draft_label.setVisible(True)
+
     # ------------------------------------------------------------------ live
     def begin_generation(self) -> None:
+        """A reply starts: the last turn's numbers give way to dashes until this one's arrive."""
+        self.live = True
         self._live = []
         self._last_sample = None
         self.chart.set_samples([])
+        self.freshness.setText("Live: this reply")
+        self.shown["freshness"] = "Live: this reply"
+        for key in ("decode_tps", "prefill_tps", "ttft_ms", "cached_tokens", "bandwidth_gbps"):
+            self._show(key, "…")
+        self._show("context_used", "this turn's numbers come when the reply ends", self.context_summary)
+        self.restore_label.setVisible(False)
+        self.draft_label.setVisible(False)
+        self.evicted_label.setText("")
+        self.wall.set_values(None, self.machine_bandwidth)
         self.phase_label.setText("reading the prompt…")
 
     def set_prefill(self, done: int, total: int) -> None:
-        self.phase_label.setText(f"reading the prompt: {done} / {total} tokens")
+        self.phase_label.setText(f"reading the prompt: {done:,} / {total:,} tokens")
 
     def live_sample(self, tokens: int) -> None:
         """Called ~4 times a second while generating with the tokens received so far."""
@@ -574,7 +764,7 @@ class InspectorPanel(QFrame):
                 self._live.append(rate)
                 self.chart.set_samples(self._live)
                 self.metrics["decode_tps"].setText(f"{rate:.1f} tok/s")
-                self.phase_label.setText(f"generating: {tokens} tokens")
+                self.phase_label.setText(f"generating: {tokens:,} token{'s' if tokens != 1 else ''}")
         self._last_sample = (now, tokens)
 
     def set_prompt_view(self, view: Any) -> None:

@@ -8,6 +8,7 @@ huggingface_hub (a test checks it).
 
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ from PySide6.QtWidgets import (
 
 from app.chat_view import ChatView, open_source
 from app.composer import Composer
+from app.conversation_settings import conversation_sampling
 from app.inspector import InspectorPanel
 from app.lifecycle import quit_on_signals, safe_mode_reason
 from app.paths import Paths
@@ -66,6 +68,7 @@ from app.workers.knowledge_worker import KnowledgeAdapter
 from app.workers.llm_worker import SessionFactory
 from app.workers.models_worker import ModelsAdapter
 
+log = logging.getLogger(__name__)
 SHUTDOWN_DEADLINE_S = 5.0
 CHAT_COLUMN_MIN_WIDTH = 460
 
@@ -114,6 +117,7 @@ class MainWindow(ConversationActions, DocumentActions, ModelActions, QMainWindow
         self._closing = False
         self._pending_delete: int | None = None
         self._auto_toggle = False  # the inspector toggle is being set by the layout, not the user
+        self._inspector_reply: int | None = None  # the reply whose numbers the inspector shows
         self._inspector_collapsed = False  # collapsed because the window is narrow
         self.setWindowTitle("Glassbox")
         icon = RESOURCES / "icons" / "glassbox.svg"
@@ -318,6 +322,7 @@ class MainWindow(ConversationActions, DocumentActions, ModelActions, QMainWindow
         self.documents_slot = QHBoxLayout()
         self.documents_slot.setSpacing(4)
         state_row.addLayout(self.documents_slot)
+        self.documents_slot.addWidget(self._build_documents_bar())  # app/documents_bar.py (DocumentActions)
         self.index_label = ElidedLabel("")
         self.index_label.setObjectName("stateLabel")
         self.index_label.setAccessibleName("Indexing")
@@ -358,6 +363,7 @@ class MainWindow(ConversationActions, DocumentActions, ModelActions, QMainWindow
         chat.prefill_progressed.connect(self._on_chat_prefill_progressed)
         chat.reply_finished.connect(self._on_chat_reply_finished)
         chat.stats_updated.connect(self.inspector.set_stats)
+        chat.model_loaded.connect(self._on_chat_model_loaded_kv)
         chat.prompt_view_updated.connect(self.inspector.set_prompt_view)
         chat.bandwidth_measured.connect(self.inspector.set_machine_bandwidth)
         chat.error_occurred.connect(self.show_error)
@@ -490,7 +496,7 @@ class MainWindow(ConversationActions, DocumentActions, ModelActions, QMainWindow
 
         conv = self.chat.conversation
         conv_settings = dict(getattr(conv, "settings", None) or {})
-        preset = self.settings.preset(conv_settings.get("preset"))
+        preset = conversation_sampling(self.settings, conv_settings)
         system = getattr(conv, "system_prompt", None)
         if system is None:
             system = self.settings.default_system_prompt or None
@@ -501,8 +507,10 @@ class MainWindow(ConversationActions, DocumentActions, ModelActions, QMainWindow
             top_p=preset.top_p,
             min_p=preset.min_p,
             repeat_penalty=preset.repeat_penalty,
+            seed=preset.seed,
         )
         kbs = tuple(getattr(conv, "knowledge_bases", None) or ())
+        self.inspector.set_reply_limit(params.max_tokens)
         return TurnContext(system=system, params=params, knowledge_bases=kbs)
 
     @Slot(str, object)
@@ -530,12 +538,20 @@ class MainWindow(ConversationActions, DocumentActions, ModelActions, QMainWindow
         self.setWindowTitle(f"{title} — Glassbox")
         kbs = list(getattr(conversation, "knowledge_bases", None) or [])
         self.docs_label.setText(f"Documents: {', '.join(kbs)}" if kbs else "")
-        if stats and not self.chat.busy:
-            self.inspector.set_stats(stats)
+        if not self.chat.busy:
+            last_id = messages[-1].id if messages else None
+            if last_id is None or last_id != self._inspector_reply:
+                # Another chat (or branch): its saved numbers, said so, or none; never the last turn's.
+                self._inspector_reply = None
+                if stats:
+                    self.inspector.set_stats(stats, saved=True)
+                else:
+                    self.inspector.clear_turn()
 
     @Slot(int)
     def _on_chat_reply_started(self, reply_id: int) -> None:
         self.chat_view.begin_stream(reply_id)
+        self._inspector_reply = reply_id
         self.inspector.begin_generation()
         self._live_timer.start()
 
@@ -551,6 +567,29 @@ class MainWindow(ConversationActions, DocumentActions, ModelActions, QMainWindow
     @Slot(object)
     def _on_chat_reply_finished(self, _outcome: Any) -> None:
         self.chat_view.end_stream()
+
+    @Slot(object)
+    def _on_chat_model_loaded_kv(self, loaded: Any) -> None:
+        """The KV cache the model allocated, from its header (off the GUI thread: a big vocabulary
+        takes tens of ms to read); shown before the first turn."""
+        from app.workers.chat_adapter import parse_remote_model
+
+        n_ctx = int(getattr(loaded.info, "n_ctx", 0) or 0)
+        if parse_remote_model(loaded.path) is not None or not n_ctx:
+            return
+        path = loaded.path
+
+        def estimate() -> int:
+            from engine.fit import kv_cache_bytes
+            from engine.gguf import read_gguf_info
+
+            return int(kv_cache_bytes(read_gguf_info(path), n_ctx))
+
+        def show(kv_bytes: int) -> None:
+            if self.chat.loaded is not None and self.chat.loaded.path == path:
+                self.inspector.set_kv_allocation(kv_bytes)
+
+        run_in_background(estimate, show, lambda exc: log.info("KV size unknown for %s: %s", path, exc))
 
     @Slot()
     def _on_live_timer_timeout(self) -> None:
@@ -582,8 +621,11 @@ class MainWindow(ConversationActions, DocumentActions, ModelActions, QMainWindow
     # ------------------------------------------------------------------ settings & theme
     def open_settings(self) -> None:
         from app.settings_dialog import SettingsDialog
+        from app.workers.chat_adapter import parse_remote_model
 
-        dialog = SettingsDialog(self.settings, self, server_url=self.remote.server_url)
+        loaded = self.chat.loaded.path if self.chat.loaded is not None else None
+        local = loaded if loaded is not None and parse_remote_model(loaded) is None else None
+        dialog = SettingsDialog(self.settings, self, server_url=self.remote.server_url, model_path=local)
         if not dialog.exec():
             return
         old = self.settings
@@ -696,7 +738,7 @@ class MainWindow(ConversationActions, DocumentActions, ModelActions, QMainWindow
         paths = [Path(u.toLocalFile()) for u in event.mimeData().urls() if u.isLocalFile()]
         if paths:
             event.acceptProposedAction()
-            self.add_documents(paths)
+            self.attach_documents(paths)
 
     # ------------------------------------------------------------------ geometry & shutdown
     def _apply_first_geometry(self) -> None:

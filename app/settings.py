@@ -64,6 +64,25 @@ class SamplingPreset(BaseModel):
     min_p: float = Field(default=0.05, ge=0.0, le=1.0)
     repeat_penalty: float = Field(default=1.1, gt=0.0)
     max_tokens: int = Field(default=512, ge=1, le=32768)
+    seed: int | None = Field(default=None, ge=0, le=2**31 - 1)
+    """None: a new random seed each reply; a number makes replies repeatable."""
+
+    def with_overrides(self, overrides: Any) -> SamplingPreset:
+        """This preset with a chat's own values (``conversation.settings["sampling"]``) on top.
+
+        Values that do not fit a field (a hand-edited history) are left out; the preset's stay.
+        """
+        if not isinstance(overrides, dict):
+            return self
+        data = self.model_dump()
+        for key, value in overrides.items():
+            if key == "name" or key not in SamplingPreset.model_fields:
+                continue
+            try:
+                data = SamplingPreset.model_validate({**data, key: value}).model_dump()
+            except ValidationError:
+                continue
+        return SamplingPreset.model_validate(data)
 
 
 DEFAULT_PRESETS: tuple[SamplingPreset, ...] = (
@@ -103,6 +122,13 @@ class Settings(BaseModel):
     """0 picks a free port."""
     api_server_key: str | None = None
     """When set, API requests must send ``Authorization: Bearer <key>`` (the file is always 0600)."""
+    kv_cache_max_gb: float = Field(default=4.0, ge=0.0, le=100_000.0)
+    """The KV cache saved with each chat (``paths.kv_cache``): its size cap in GB, least recently
+    used first out; 0 saves none."""
+
+    @property
+    def kv_cache_max_bytes(self) -> int:
+        return int(self.kv_cache_max_gb * 1e9)
 
     _unknown: dict[str, Any] = PrivateAttr(default_factory=dict)
     """Keys of the file this version does not know, with their values as read."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
@@ -22,14 +23,34 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
     QWidget,
 )
+from shiboken6 import isValid
 
 from app.settings import Settings
 
+GPU_MODES = (
+    ("Automatic: as many layers as fit in free GPU memory", "auto"),
+    ("All layers on the GPU", "all"),
+    ("CPU only", "cpu"),
+    ("A number of layers", "count"),
+)
+
 
 class SettingsDialog(QDialog):
-    """Models folder, threads, GPU layers, context length, overflow policy, system prompt, embedder, theme."""
+    """Models folder, threads, GPU layers, context length, overflow policy, system prompt, embedder, theme.
 
-    def __init__(self, settings: Settings, parent: QWidget | None = None, server_url: str | None = None) -> None:
+    Args:
+        settings: the settings shown.
+        server_url: the local API server's address, when it runs.
+        model_path: the loaded local model: the context length shows the KV cache it implies.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        parent: QWidget | None = None,
+        server_url: str | None = None,
+        model_path: Path | None = None,
+    ) -> None:
         super().__init__(parent)
         self.setWindowTitle("Settings")
         self.setMinimumWidth(560)
@@ -52,19 +73,50 @@ class SettingsDialog(QDialog):
         self.threads.setValue(settings.n_threads or 0)
         form.addRow("CPU threads:", self.threads)
 
-        self.gpu_layers = QSpinBox()
-        self.gpu_layers.setRange(-2, 1000)
-        self.gpu_layers.setSpecialValueText("auto (fit to free VRAM)")
-        self.gpu_layers.setValue(-2 if settings.gpu_layers == "auto" else int(settings.gpu_layers))
-        self.gpu_layers.setToolTip("auto: as many layers as fit; -1: all; 0: CPU only")
-        form.addRow("GPU layers:", self.gpu_layers)
+        # GPU layers: a choice, with a number only when the user wants one (a spin box whose -2
+        # meant "auto" read as a bug).
+        self.gpu_mode = QComboBox()
+        self.gpu_mode.setAccessibleName("GPU layers")
+        for label, value in GPU_MODES:
+            self.gpu_mode.addItem(label, value)
+        self.gpu_count = QSpinBox()
+        self.gpu_count.setRange(1, 1000)
+        self.gpu_count.setSuffix(" layers")
+        self.gpu_count.setAccessibleName("Layers on the GPU")
+        gpu = settings.gpu_layers
+        mode = "auto" if gpu == "auto" else "all" if int(gpu) < 0 else "cpu" if int(gpu) == 0 else "count"
+        self.gpu_mode.setCurrentIndex(max(self.gpu_mode.findData(mode), 0))
+        self.gpu_count.setValue(int(gpu) if mode == "count" else 20)
+        self.gpu_count.setEnabled(mode == "count")
+        self.gpu_mode.currentIndexChanged.connect(
+            lambda _i: self.gpu_count.setEnabled(self.gpu_mode.currentData() == "count")
+        )
+        self.gpu_mode.setToolTip("Where the model's layers run; a CPU-only build runs them all on the CPU")
+        gpu_row = QHBoxLayout()
+        gpu_row.addWidget(self.gpu_mode, 1)
+        gpu_row.addWidget(self.gpu_count)
+        form.addRow("GPU layers:", gpu_row)
 
         self.n_ctx = QSpinBox()
         self.n_ctx.setRange(256, 1_048_576)
         self.n_ctx.setSingleStep(1024)
         self.n_ctx.setValue(settings.n_ctx)
         self.n_ctx.setSuffix(" tokens")
-        form.addRow("Context length:", self.n_ctx)
+        self.n_ctx.setAccessibleName("Context length")
+        self.kv_label = QLabel("")
+        self.kv_label.setObjectName("explain")
+        self.kv_label.setWordWrap(True)
+        ctx_box = QVBoxLayout()
+        ctx_box.setSpacing(2)
+        ctx_box.addWidget(self.n_ctx)
+        ctx_box.addWidget(self.kv_label)
+        form.addRow("Context length:", ctx_box)
+        self._gguf: Any = None
+        self._model_name = model_path.name if model_path is not None else ""
+        self.n_ctx.valueChanged.connect(self._show_kv_size)
+        self._show_kv_size()
+        if model_path is not None:
+            self._read_model(model_path)
 
         self.overflow = QComboBox()
         self.overflow.addItem("Rolling window: drop the oldest turns (marked in the chat)", "rolling")
@@ -117,6 +169,36 @@ class SettingsDialog(QDialog):
         form.addRow("Status:", self.server_url)
         return box
 
+    def _read_model(self, path: Path) -> None:
+        """Reads the model's header off the GUI thread, then shows the KV size."""
+        from app.tasks import run_in_background
+
+        def read() -> Any:
+            from engine.gguf import read_gguf_info
+
+            return read_gguf_info(path)
+
+        def done(info: Any) -> None:
+            if isValid(self):  # the dialog may be closed already
+                self._gguf = info
+                self._show_kv_size()
+
+        def failed(exc: BaseException) -> None:
+            if isValid(self):
+                self.kv_label.setText(f"KV size unknown: {exc}")
+
+        run_in_background(read, done, failed)
+
+    def _show_kv_size(self) -> None:
+        if self._gguf is None:
+            self.kv_label.setText("Load a model to see the memory its KV cache needs at this length.")
+            return
+        from engine.fit import format_bytes, kv_cache_bytes
+
+        n_ctx = self.n_ctx.value()
+        kv = kv_cache_bytes(self._gguf, n_ctx)
+        self.kv_label.setText(f"KV cache at {n_ctx:,} tokens: {format_bytes(kv)} for {self._model_name}")
+
     def _browse_models(self) -> None:
         folder = QFileDialog.getExistingDirectory(self, "Models folder", self.models_dir.text() or str(Path.home()))
         if folder:
@@ -124,12 +206,13 @@ class SettingsDialog(QDialog):
 
     def result_settings(self) -> Settings:
         """A new Settings with the form's values."""
-        gpu = self.gpu_layers.value()
+        mode = self.gpu_mode.currentData()
+        gpu: int | str = {"auto": "auto", "all": -1, "cpu": 0}.get(mode, self.gpu_count.value())
         return self._settings.model_copy(
             update={
                 "models_dir": Path(self.models_dir.text()).expanduser() if self.models_dir.text().strip() else None,
                 "n_threads": self.threads.value() or None,
-                "gpu_layers": "auto" if gpu == -2 else gpu,
+                "gpu_layers": gpu,
                 "n_ctx": self.n_ctx.value(),
                 "overflow_policy": self.overflow.currentData(),
                 "default_system_prompt": self.system_prompt.toPlainText().strip(),

@@ -6,8 +6,10 @@ import html
 from collections.abc import Sequence
 from typing import Any
 
-from PySide6.QtCore import QPoint, Qt, QTimer, Signal, Slot
+from PySide6.QtCore import QModelIndex, QPersistentModelIndex, QPoint, QSize, Qt, QTimer, Signal, Slot
+from PySide6.QtGui import QPainter, QPalette, QTextDocument
 from PySide6.QtWidgets import (
+    QApplication,
     QInputDialog,
     QLabel,
     QLineEdit,
@@ -15,12 +17,60 @@ from PySide6.QtWidgets import (
     QListWidgetItem,
     QMenu,
     QPushButton,
+    QStyle,
+    QStyledItemDelegate,
+    QStyleOptionViewItem,
     QVBoxLayout,
     QWidget,
 )
 
 CONV_ROLE = Qt.ItemDataRole.UserRole
 MSG_ROLE = Qt.ItemDataRole.UserRole + 1
+HIT_HTML_ROLE = Qt.ItemDataRole.UserRole + 2
+
+
+class HitDelegate(QStyledItemDelegate):
+    """Paints a search hit as rich text (the title, the snippet with its matched words marked); other
+    items as usual. The item's plain text stays what assistive technology reads."""
+
+    def _document(self, option: QStyleOptionViewItem, markup: str) -> QTextDocument:
+        doc = QTextDocument()
+        doc.setDefaultFont(option.font)
+        doc.setDocumentMargin(6)
+        doc.setDefaultStyleSheet(f"body {{ color: {option.palette.color(QPalette.ColorRole.Text).name()}; }}")
+        doc.setHtml(f"<body>{markup}</body>")
+        doc.setTextWidth(max(option.rect.width(), 120))
+        return doc
+
+    def paint(
+        self, painter: QPainter, option: QStyleOptionViewItem, index: QModelIndex | QPersistentModelIndex
+    ) -> None:
+        markup = index.data(HIT_HTML_ROLE)
+        if not markup:
+            super().paint(painter, option, index)
+            return
+        opt = QStyleOptionViewItem(option)
+        self.initStyleOption(opt, index)
+        opt.text = ""
+        widget = opt.widget
+        style = widget.style() if widget is not None else QApplication.style()
+        style.drawControl(QStyle.ControlElement.CE_ItemViewItem, opt, painter, widget)
+        doc = self._document(option, str(markup))
+        painter.save()
+        painter.translate(option.rect.topLeft())
+        painter.setClipRect(0, 0, option.rect.width(), option.rect.height())
+        doc.drawContents(painter)
+        painter.restore()
+
+    def sizeHint(self, option: QStyleOptionViewItem, index: QModelIndex | QPersistentModelIndex) -> QSize:
+        markup = index.data(HIT_HTML_ROLE)
+        if not markup:
+            return super().sizeHint(option, index)
+        width = option.widget.viewport().width() if isinstance(option.widget, QListWidget) else option.rect.width()
+        opt = QStyleOptionViewItem(option)
+        opt.rect.setWidth(max(width - 12, 120))
+        doc = self._document(opt, str(markup))
+        return QSize(int(doc.idealWidth()), int(doc.size().height()) + 2)
 
 
 class Sidebar(QWidget):
@@ -33,6 +83,7 @@ class Sidebar(QWidget):
         rename_requested(int, str), delete_requested(int): list actions.
         search_requested(str): debounced search text (empty: back to the list).
         export_requested(int, str): conversation id and format ("md", "html", "pdf", "json").
+        hits_shown(str): search hits for this query are showing.
     """
 
     new_requested = Signal()
@@ -42,6 +93,7 @@ class Sidebar(QWidget):
     delete_requested = Signal(int)
     search_requested = Signal(str)
     export_requested = Signal(int, str)
+    hits_shown = Signal(str)
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -53,11 +105,13 @@ class Sidebar(QWidget):
         self.new_button = QPushButton("+  New chat")
         self.new_button.setObjectName("primary")
         self.new_button.setToolTip("New chat (Ctrl+N)")
+        self.new_button.setAccessibleName("New chat")
         self.new_button.clicked.connect(self.new_requested)
         layout.addWidget(self.new_button)
         self.search = QLineEdit()
         self.search.setPlaceholderText("Search all chats (Ctrl+K)")
         self.search.setClearButtonEnabled(True)
+        self.search.setAccessibleName("Search all chats")
         self.search.textChanged.connect(self._on_search_text_changed)
         layout.addWidget(self.search)
         self.title = QLabel("CHATS")
@@ -65,10 +119,14 @@ class Sidebar(QWidget):
         layout.addWidget(self.title)
         self.list = QListWidget()
         self.list.setObjectName("conversationList")
+        self.list.setAccessibleName("Chats")
+        self.list.setAccessibleDescription("Your chats, newest first; right-click for rename, export and delete")
         self.list.setWordWrap(False)
+        self.list.setUniformItemSizes(False)
         self.list.setTextElideMode(Qt.TextElideMode.ElideRight)
         self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
+        self.list.setItemDelegate(HitDelegate(self.list))
         self.list.customContextMenuRequested.connect(self._on_list_context_menu_requested)
         self.list.itemClicked.connect(self._on_list_item_activated)
         self.list.itemActivated.connect(self._on_list_item_activated)
@@ -100,6 +158,10 @@ class Sidebar(QWidget):
                 item.setSelected(True)
                 self.list.setCurrentItem(item)
 
+    def title_of(self, conversation_id: int) -> str:
+        """The listed title of a conversation ("" when it is not listed)."""
+        return next((str(c.title or "") for c in self._conversations if c.id == conversation_id), "")
+
     def set_current(self, conversation_id: int | None) -> None:
         self._current = conversation_id
         for i in range(self.list.count()):
@@ -122,8 +184,10 @@ class Sidebar(QWidget):
             item = QListWidgetItem(f"{hit.conversation_title}\n{_strip_marks(snippet)}")
             item.setData(CONV_ROLE, hit.conversation_id)
             item.setData(MSG_ROLE, hit.message_id)
-            item.setToolTip(html.escape(snippet))
+            item.setToolTip(_strip_marks(snippet))
             self.list.addItem(item)
+            item.setData(HIT_HTML_ROLE, hit_html(str(hit.conversation_title), snippet))
+        self.hits_shown.emit(query)
 
     # ------------------------------------------------------------------ slots
     @Slot(str)
@@ -181,3 +245,17 @@ class Sidebar(QWidget):
 
 def _strip_marks(snippet: str) -> str:
     return snippet.replace("**", "")
+
+
+HIT_MARK = "background-color:#fde68a; color:#111318; font-weight:600;"
+
+
+def hit_html(title: str, snippet: str) -> str:
+    """A search hit as rich text: the chat's title, then the snippet with the words the history
+    matched (between ``**`` marks) highlighted; everything else escaped."""
+    parts = snippet.split("**")
+    body = "".join(
+        f'<span style="{HIT_MARK}">{html.escape(part)}</span>' if i % 2 else html.escape(part)
+        for i, part in enumerate(parts)
+    )
+    return f"<b>{html.escape(title or 'New chat')}</b><br>{body}"

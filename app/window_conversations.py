@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
     from app.chat_view import ChatView
     from app.composer import Composer
+    from app.inspector import InspectorPanel
     from app.settings import Settings
     from app.sidebar import Sidebar
     from app.toast import Toast
@@ -31,6 +32,7 @@ class ConversationActions:
     sidebar: Sidebar
     chat_view: ChatView
     composer: Composer
+    inspector: InspectorPanel
     toast: Toast
     settings: Settings
     _pending_delete: int | None
@@ -102,9 +104,13 @@ class ConversationActions:
         if self.chat.busy:
             return
 
+        from app.chat_view import search_terms
+
         def open_branch(store: Any) -> None:
             store.select_branch(message_id)
 
+        # The hit's message is scrolled to and its matched words marked once the thread shows.
+        self.chat_view.reveal(message_id, search_terms(self.sidebar.search.text()))
         self.history.call(open_branch, lambda _r: self.chat.open_conversation(conversation_id), self._on_history_failed)
 
     @Slot(int, str)
@@ -134,6 +140,7 @@ class ConversationActions:
                 self.chat.conversation = None
                 self.chat.thread_messages = []
                 self.chat_view.set_thread([])
+                self.inspector.clear_turn("No chat open")
                 self.setWindowTitle("Glassbox")
             self.toast.show_message("Chat deleted.", "Undo", lambda: self.undo_delete(conversation_id))
 
@@ -168,16 +175,17 @@ class ConversationActions:
 
     def export_conversation(self, conversation_id: int | None, fmt: str) -> None:
         """Asks for a file name and exports the chat's current branch."""
-        from app.export import FORMATS, export_conversation
+        from app.export import FORMATS, export_conversation, export_file_name
         from app.workers.history_service import display_thread
 
         conv_id = conversation_id if conversation_id is not None else getattr(self.chat.conversation, "id", None)
         if conv_id is None:
             return
+        title = self.sidebar.title_of(conv_id) or getattr(self.chat.conversation, "title", "")
         path_text, _filter = QFileDialog.getSaveFileName(
             cast("QWidget", self),
             "Export chat",
-            str(Path.home() / f"chat-{conv_id}.{fmt}"),
+            str(Path.home() / export_file_name(title, conv_id, fmt)),
             ";;".join(FORMATS.values()),
             FORMATS.get(fmt, ""),
         )
@@ -190,9 +198,13 @@ class ConversationActions:
             chosen = fmt
             path = path.with_suffix(f".{fmt}")
 
+        default_prompt = self.settings.default_system_prompt or None
+
         def write(store: Any) -> Path:
             conv = store.get_conversation(conv_id)
-            export_conversation(path, chosen, conv.title, display_thread(store, conv_id), conv.system_prompt)
+            # A chat without its own prompt was sent the default one: the export says so.
+            system = conv.system_prompt if conv.system_prompt is not None else default_prompt
+            export_conversation(path, chosen, conv.title, display_thread(store, conv_id), system)
             return path
 
         self.history.call(
@@ -208,9 +220,11 @@ class ConversationActions:
         dialog = ConversationSettingsDialog(self.settings, conv, cast("QWidget", self))
         if dialog.exec():
             system, preset = dialog.values()
+            own = dialog.sampling()
             if conv is None:
-                self.chat.new_conversation(system_prompt=system, settings={"preset": preset})
+                self.chat.new_conversation(system_prompt=system, settings={"preset": preset, "sampling": own})
             else:
                 settings = dict(conv.settings or {})
                 settings["preset"] = preset
+                settings["sampling"] = own
                 self.chat.update_conversation(system_prompt=system, settings=settings)
