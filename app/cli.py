@@ -32,7 +32,7 @@ def _common() -> argparse.ArgumentParser:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from app.commands import bench, chat, kb, models, serve
+    from app.commands import bench, chat, kb, mcp, models, serve
 
     common = _common()
     parser = _Parser(prog="glassbox", description="Chat with local language models.", parents=[common])
@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--json", dest="self_test_json", action="store_true", help="with --self-test: one JSON object on stdout"
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for module in (chat, models, kb, bench, serve):
+    for module in (chat, models, kb, bench, serve, mcp):
         module.register(sub, common)
     return parser
 

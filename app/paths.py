@@ -126,6 +126,16 @@ class Paths:
         return self.config / "settings.json"
 
     @property
+    def mcp_config(self) -> Path:
+        """The MCP servers, in the standard ``mcp.json`` shape (``app.tool_setup``)."""
+        return self.config / "mcp.json"
+
+    @property
+    def tool_permissions(self) -> Path:
+        """The tools always allowed without asking, and the tools turned off (``app.tool_setup``)."""
+        return self.config / "tool_permissions.json"
+
+    @property
     def bandwidth_cache(self) -> Path:
         return self.cache / "memory_bandwidth.json"
 
