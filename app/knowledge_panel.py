@@ -29,6 +29,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.window_layout import make_wrapping, set_wrapped_text
 from app.workers.knowledge_worker import IndexJob, KnowledgeAdapter
 
 STATE_LABELS = {
@@ -70,6 +71,21 @@ def progress_text(progress: Any) -> str:
     return " · ".join(parts)
 
 
+def document_file_filter() -> str:
+    """The file dialog's filters: every supported type first, then one per kind, then all files
+    (any other text file is read as plain text)."""
+    from rag.loaders import FILE_TYPES
+
+    def patterns(exts: tuple[str, ...]) -> str:
+        return " ".join(f"*{ext}" for ext in exts)
+
+    everything = tuple(ext for _label, exts in FILE_TYPES for ext in exts)
+    lines = [f"Supported documents ({patterns(everything)})"]
+    lines += [f"{label} ({patterns(exts)})" for label, exts in FILE_TYPES]
+    lines.append("All files (*)")
+    return ";;".join(lines)
+
+
 def recovery_text(recovery: Any, progress: Any = None, report: Any = None) -> str:
     """The one-line notice about a damaged document index (a ``rag.store_health.StoreRecovery``)."""
     head = f"The document index was damaged ({recovery.reason})"
@@ -91,6 +107,7 @@ class KnowledgePanel(QWidget):
         super().__init__(parent)
         self.adapter = adapter
         self.current: str | None = None
+        self.creating: str | None = None  # the name of a knowledge base being created
         self.job: IndexJob | None = None
         self._loaded = False
 
@@ -127,11 +144,11 @@ class KnowledgePanel(QWidget):
         rl.addWidget(self.heading)
         self.summary = QLabel("Drop files or folders anywhere on the window, or create a knowledge base.")
         self.summary.setObjectName("explain")
-        self.summary.setWordWrap(True)
+        make_wrapping(self.summary)
         rl.addWidget(self.summary)
         self.notice = QLabel("")
         self.notice.setObjectName("indexNotice")
-        self.notice.setWordWrap(True)
+        make_wrapping(self.notice)
         self.notice.setToolTip("Your documents and chats are untouched; only the search index is rebuilt.")
         self.notice.setVisible(False)
         rl.addWidget(self.notice)
@@ -162,6 +179,7 @@ class KnowledgePanel(QWidget):
         self.progress.setFixedHeight(8)
         self.progress_label = QLabel("")
         self.progress_label.setObjectName("explain")
+        make_wrapping(self.progress_label)  # a long skip report wraps; it never widens the window
         self.pause_button = QPushButton("Pause")
         self.pause_button.setCheckable(True)
         self.pause_button.toggled.connect(self._on_pause_button_toggled)
@@ -286,7 +304,7 @@ class KnowledgePanel(QWidget):
     @Slot(object)
     def _on_adapter_job_started(self, job: IndexJob) -> None:
         self._show_job(job)
-        self.progress_label.setText(f"{job.label}: starting…")
+        set_wrapped_text(self.progress_label, f"{job.label}: starting…")
 
     @Slot(object, object)
     def _on_adapter_progress_changed(self, job: IndexJob, progress: Any) -> None:
@@ -301,7 +319,7 @@ class KnowledgePanel(QWidget):
         else:
             self.progress.setRange(0, max(int(progress.files_total), 1))
             self.progress.setValue(int(progress.files_done))
-        self.progress_label.setText(f"{job.label} — {progress_text(progress)}")
+        set_wrapped_text(self.progress_label, f"{job.label} — {progress_text(progress)}")
 
     @Slot(object, object)
     def _on_adapter_job_finished(self, job: IndexJob, report: Any) -> None:
@@ -311,12 +329,12 @@ class KnowledgePanel(QWidget):
             self.notice.setText(recovery_text(self.adapter.recovery, report=report))
         if report is not None:
             line = report.summary() if hasattr(report, "summary") else str(report)
-            self.progress_label.setText(f"{job.label}: {line}")
+            set_wrapped_text(self.progress_label, f"{job.label}: {line}")
             self.progress_label.setVisible(True)
             failures = getattr(report, "failures", [])
             if failures:
                 shown = "; ".join(f"{Path(p).name}: {r}" for p, r in failures[:5])
-                self.progress_label.setText(f"{job.label}: {line}. Skipped: {shown}")
+                set_wrapped_text(self.progress_label, f"{job.label}: {line}. Skipped: {shown}")
 
     @Slot(str, object)
     def _on_adapter_query_finished(self, text: str, passages: list[Any]) -> None:
@@ -362,8 +380,38 @@ class KnowledgePanel(QWidget):
     def _on_new_button_clicked(self) -> None:
         name, ok = QInputDialog.getText(self, "New knowledge base", "Name:")
         if ok and name.strip():
-            self.current = name.strip()
-            self.adapter.create(name.strip())
+            self.create_kb(name.strip())
+
+    def create_kb(self, name: str) -> None:
+        """Creates a knowledge base, saying so while it is made (loading the embedding model takes
+        a few seconds the first time), and selects it once it exists."""
+        self.creating = name
+        self.heading.setText(f"<h2>{html.escape(name)}</h2>")
+        self.summary.setText(f"Creating the knowledge base “{name}”: loading the embedding model…")
+        self.progress.setRange(0, 0)  # busy
+        self.progress.setVisible(True)
+        self.new_button.setEnabled(False)
+
+        def done(kb: Any) -> None:
+            self.creating = None
+            self.current = kb.name
+            self.progress.setRange(0, 1)
+            self._show_job(self.job)
+            self.new_button.setEnabled(True)
+            self.summary.setText(f"“{kb.name}” is ready: add files or folders, then use it in a chat "
+                                 "from the chat's Documents button.")  # fmt: skip
+            self.heading.setText(f"<h2>{html.escape(kb.name)}</h2>")
+            self._update_buttons()
+
+        def failed(message: str) -> None:
+            self.creating = None
+            self.progress.setRange(0, 1)
+            self._show_job(self.job)
+            self.new_button.setEnabled(True)
+            self.heading.setText(f"<h2>{html.escape(self.current or 'Knowledge')}</h2>")
+            set_wrapped_text(self.summary, message)
+
+        self.adapter.create(name, done, failed)
 
     @Slot()
     def _on_drop_button_clicked(self) -> None:
@@ -382,7 +430,7 @@ class KnowledgePanel(QWidget):
     def _on_add_files_button_clicked(self) -> None:
         if self.current is None:
             return
-        files, _ = QFileDialog.getOpenFileNames(self, "Add documents", str(Path.home()))
+        files, _ = QFileDialog.getOpenFileNames(self, "Add documents", str(Path.home()), document_file_filter())
         if files:
             self.adapter.add(self.current, [Path(f) for f in files])
 
@@ -424,7 +472,7 @@ class KnowledgePanel(QWidget):
         if self.job is not None:
             self.job.pause.clear()
             self.job.cancel.set()
-            self.progress_label.setText(f"{self.job.label}: cancelling…")
+            set_wrapped_text(self.progress_label, f"{self.job.label}: cancelling…")
 
     @Slot()
     def _on_query_return_pressed(self) -> None:

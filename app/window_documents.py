@@ -1,21 +1,52 @@
-"""The main window's documents actions: files dropped anywhere go into the open chat's knowledge
-base (created on the first drop), with progress in the header. A mixin of
-:class:`app.main_window.MainWindow` (kept apart for size)."""
+"""The main window's documents actions: the chat header's documents control (which knowledge bases
+the open chat answers from, several at once), files dropped anywhere (an overlay says where they
+go while they are dragged), and indexing progress in the header. A mixin of
+:class:`app.main_window.MainWindow` (kept apart for size).
+
+Dropped files go to the knowledge base selected on the Knowledge page when that page is shown;
+otherwise to the open chat's first knowledge base, or to a new one named after them (the
+folder's or the file's name, see :func:`app.documents_bar.documents_name`) that the chat then uses.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from PySide6.QtCore import QTimer, Slot
+from PySide6.QtCore import QEvent, QObject, QTimer, Slot
+from PySide6.QtWidgets import QFileDialog, QWidget
+
+from app.documents_bar import DocumentsBarWidget, DropOverlayWidget, documents_name
 
 if TYPE_CHECKING:
-    from PySide6.QtWidgets import QLabel, QStatusBar
+    from PySide6.QtWidgets import QLabel, QStackedWidget, QStatusBar
 
     from app.chat_view import ChatView
     from app.workers.chat_adapter import ChatAdapter
     from app.workers.history_service import HistoryService
     from app.workers.knowledge_worker import IndexJob, KnowledgeAdapter
+
+KNOWLEDGE_PAGE = 2
+
+
+class _DragWatcher(QObject):
+    """Shows the drop overlay while local files are dragged over the window, hides it after."""
+
+    def __init__(self, window: Any) -> None:
+        super().__init__(window)
+        self.window = window
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
+        del watched  # installed on the window only
+        kind = event.type()
+        if kind == QEvent.Type.DragEnter:
+            mime = event.mimeData()  # type: ignore[attr-defined]
+            if mime.hasUrls() and any(u.isLocalFile() for u in mime.urls()):
+                self.window.drop_overlay.show_message(self.window.drop_target_text())
+        elif kind in (QEvent.Type.DragLeave, QEvent.Type.Drop):
+            self.window.drop_overlay.setVisible(False)
+        return False  # the window still handles the event
 
 
 class DocumentActions:
@@ -27,36 +58,139 @@ class DocumentActions:
     chat_view: ChatView
     docs_label: QLabel
     index_label: QLabel
+    pages: QStackedWidget
+    _knowledge_page: Any
     _index_timer: QTimer
+    documents_bar: DocumentsBarWidget
+    drop_overlay: DropOverlayWidget
 
     if TYPE_CHECKING:  # provided by MainWindow / QMainWindow; declared for the type checker only
 
         def statusBar(self) -> QStatusBar: ...
-        def _on_history_failed(self, exc: BaseException) -> None: ...
+        def show_page(self, index: int) -> None: ...
+        def installEventFilter(self, watcher: QObject) -> None: ...
 
-    def add_documents(self, paths: list[Path]) -> None:
-        """Adds dropped files or folders to the current chat's knowledge base (created on first drop)."""
+    # ------------------------------------------------------------------ the header control
+    def _build_documents_bar(self) -> QWidget:
+        """The chat header's documents control (call once, while the header is built)."""
+        bar = DocumentsBarWidget()
+        self.documents_bar = bar
+        self.docs_label.setVisible(False)  # the control says which documents the chat uses
+        bar.attachments_changed.connect(self._on_documents_bar_attachments_changed)
+        bar.add_files_requested.connect(self._on_documents_bar_add_files_requested)
+        bar.manage_requested.connect(lambda: self.show_page(KNOWLEDGE_PAGE))
+        bar.menu_opening.connect(self.knowledge.list_names)
+        self.knowledge.names_listed.connect(bar.set_available)
+        self.chat.conversation_opened.connect(self._on_documents_conversation_opened)
+        self.drop_overlay = DropOverlayWidget(self)  # type: ignore[arg-type]
+        self.installEventFilter(_DragWatcher(self))
+        QTimer.singleShot(0, self.knowledge.list_names)  # from the registry file: the process waits
+        return bar
+
+    @Slot(object, object)
+    def _on_documents_conversation_opened(self, conversation: Any, _messages: Any) -> None:
+        self.documents_bar.set_attached(list(getattr(conversation, "knowledge_bases", None) or []))
+
+    @Slot(object)
+    def _on_documents_bar_attachments_changed(self, names: tuple[str, ...]) -> None:
+        self.set_chat_documents(list(names))
+
+    @Slot()
+    def _on_documents_bar_add_files_requested(self) -> None:
+        from app.knowledge_panel import document_file_filter
+
+        parent = self if isinstance(self, QWidget) else None
+        files, _ = QFileDialog.getOpenFileNames(parent, "Add documents to this chat", str(Path.home()),
+                                                document_file_filter())  # fmt: skip
+        if files:
+            self.attach_documents([Path(f) for f in files], to_chat=True)
+
+    def set_chat_documents(self, names: Sequence[str]) -> None:
+        """Makes the open chat answer from ``names`` (a new chat is made when none is open)."""
+        chosen = list(dict.fromkeys(names))
+        if self.chat.conversation is None:
+            self._when_a_chat_opens(lambda: self.set_chat_documents(chosen))
+            self.chat.new_conversation()
+            return
+        self.chat.update_conversation(knowledge_bases=chosen)
+        self.documents_bar.set_attached(chosen)
+        self.docs_label.setText(f"Documents: {', '.join(chosen)}" if chosen else "")
+
+    def _when_a_chat_opens(self, then: Callable[[], None]) -> None:
+        """Runs ``then`` once, when the next conversation has opened."""
+
+        def once(conversation: Any, _messages: Any) -> None:
+            self.chat.conversation_opened.disconnect(once)
+            if conversation is not None:
+                then()
+
+        self.chat.conversation_opened.connect(once)
+
+    # ------------------------------------------------------------------ dropped files
+    def drop_target_text(self) -> str:
+        """What the overlay says while files are dragged over the window."""
+        kb = self._knowledge_page_kb()
+        if kb is not None:
+            return f"Drop to add to the knowledge base “{kb}”"
+        conv = self.chat.conversation
+        kbs = list(getattr(conv, "knowledge_bases", None) or [])
+        if kbs:
+            return f"Drop to add to this chat's documents (“{kbs[0]}”)"
+        return "Drop files or folders to use them in this chat"
+
+    def _knowledge_page_kb(self) -> str | None:
+        page = self._knowledge_page
+        if page is not None and self.pages.currentIndex() == KNOWLEDGE_PAGE and page.current:
+            return str(page.current)
+        return None
+
+    def attach_documents(self, paths: Sequence[Path], *, to_chat: bool = False) -> None:
+        """Indexes files or folders for use in a chat.
+
+        On the Knowledge page with a knowledge base selected they go into it (unless ``to_chat``).
+        Otherwise they go into the open chat's first knowledge base, or into a new one named after
+        them (``documents_name``) that the chat then uses; a chat is made when none is open.
+
+        Args:
+            paths: files and folders (dropped or picked).
+            to_chat: always the chat's documents, whatever page is shown.
+        """
+        items = [Path(p) for p in paths]
+        if not items:
+            return
+        selected = None if to_chat else self._knowledge_page_kb()
+        if selected is not None:
+            self.knowledge.add(selected, items)
+            self.statusBar().showMessage(f"Indexing {len(items)} item(s) into {selected}…", 5000)
+            return
         conv = self.chat.conversation
         if conv is None:
-            # A new chat to hold the documents; continue once it exists.
-            def create(store: Any) -> tuple[Any, list[Any]]:
-                return store.create_conversation(title="Documents"), []
-
-            def created(result: tuple[Any, list[Any]]) -> None:
-                self.chat._after_create(result)
-                self.add_documents(paths)
-
-            self.history.call(create, created, self._on_history_failed)
+            self._when_a_chat_opens(lambda: self.attach_documents(items, to_chat=True))
+            self.chat.new_conversation()
             return
         kbs = list(conv.knowledge_bases or [])
-        name = kbs[0] if kbs else f"chat-{conv.id}"
-        self.knowledge.ensure(name)
-        if name not in kbs:
-            self.chat.update_conversation(knowledge_bases=[*kbs, name])
-            self.docs_label.setText(f"Documents: {', '.join([*kbs, name])}")
-        self.knowledge.add(name, paths)
-        self.statusBar().showMessage(f"Indexing {len(paths)} item(s) into {name}…", 5000)
+        if kbs:
+            self.knowledge.add(kbs[0], items)
+            self.statusBar().showMessage(f"Indexing {len(items)} item(s) into {kbs[0]}…", 5000)
+            return
+        conv_id = conv.id
+        base = documents_name(items)
+        self.index_label.setText(f"Creating the knowledge base “{base}”…")
 
+        def created(kb: Any) -> None:
+            current = self.chat.conversation
+            if current is not None and current.id == conv_id:
+                self.set_chat_documents([*list(current.knowledge_bases or []), kb.name])
+            self.knowledge.add(kb.name, items)
+            self.statusBar().showMessage(f"Indexing {len(items)} item(s) into {kb.name}…", 5000)
+
+        self.knowledge.create(base, created, lambda _message: self.index_label.setText(""), unique=True)
+
+    def add_documents(self, paths: list[Path]) -> None:
+        """The former name of :meth:`attach_documents` (kept for callers of the old name)."""
+        self.attach_documents(paths)
+
+    # ------------------------------------------------------------------ indexing progress
     @Slot(object)
     def _on_knowledge_job_started(self, job: IndexJob) -> None:
         self.index_label.setText(f"{job.label}…")

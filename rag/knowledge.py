@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Protocol
 
 from rag.citations import ContextBlock, build_context_block
 from rag.embeddings import Embedder, SentenceTransformerEmbedder, default_embedder_path, model_id_for
@@ -574,8 +574,15 @@ def _new_collection_name() -> str:
     return f"glassbox-{uuid.uuid4().hex[:20]}"
 
 
+class Searcher(Protocol):
+    """What :func:`retrieve_context` needs: a :class:`KnowledgeBases`, or a
+    ``rag.service.KnowledgeService`` that runs one in a worker process."""
+
+    def query_many(self, names: Sequence[str], text: str, *, k: int = 5) -> builtins.list[Passage]: ...
+
+
 def retrieve_context(
-    kb: KnowledgeBases,
+    kb: Searcher,
     names: Sequence[str],
     query: str,
     budget_tokens: int,
@@ -586,7 +593,7 @@ def retrieve_context(
     """Retrieves passages from knowledge bases and fits them, cited, into a context block.
 
     Args:
-        kb: the knowledge bases.
+        kb: the knowledge bases (or anything with their ``query_many``).
         names: which ones to search.
         query: the user's message.
         budget_tokens: the most tokens the block may take.
@@ -605,6 +612,7 @@ __all__ = [
     "DiskFullError",
     "KnowledgeBaseSummary",
     "KnowledgeBases",
+    "Searcher",
     "disk_full_error",
     "free_bytes",
     "refuse_a_full_disk",

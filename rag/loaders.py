@@ -57,6 +57,20 @@ _CODE_EXT = {
     ".hs", ".ml", ".clj", ".el", ".toml", ".yaml", ".yml", ".ini", ".cfg", ".conf", ".xml", ".cmake",
     ".gradle", ".proto", ".tf", ".zig", ".nim", ".groovy", ".asm", ".s", ".f90", ".pas",
 }  # fmt: skip
+#: What a file picker offers, by kind: ``(label, extensions)``. The format is still detected by
+#: content (:func:`detect_kind`), and any other text file is read as plain text.
+FILE_TYPES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("PDF", (".pdf",)),
+    ("Word", (".docx",)),
+    ("EPUB", (".epub",)),
+    ("Markdown", tuple(sorted(_MARKDOWN_EXT))),
+    ("Text", (".txt", ".text", ".log")),
+    ("reStructuredText", tuple(sorted(_RST_EXT))),
+    ("HTML", tuple(sorted(_HTML_EXT))),
+    ("CSV", tuple(sorted(_CSV_EXT))),
+    ("JSON", tuple(sorted(_JSON_EXT))),
+    ("Code", tuple(sorted(_CODE_EXT))),
+)
 _CODE_NAMES = {"makefile", "dockerfile", "cmakelists.txt", "gemfile", "rakefile", "jenkinsfile", "justfile"}
 # Only magics that cannot start a text file; binaries with ASCII magics (GGUF, SQLite, MZ, RIFF, ...)
 # are caught by their NUL and control bytes instead, so a note that starts with "GGUF" stays text.

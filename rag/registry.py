@@ -673,6 +673,24 @@ class Registry:
         finally:
             db.close()
 
+    @staticmethod
+    def kb_names(path: Path) -> list[str] | None:
+        """The knowledge bases' names in the registry at ``path``, read without opening it for
+        writing (a menu lists them without starting the knowledge process). ``[]`` when there is
+        no registry yet; None when it cannot be read (the caller asks the knowledge bases)."""
+        if not path.exists():
+            return []
+        try:
+            db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=5.0)
+        except sqlite3.Error:
+            return None
+        try:
+            return [str(row[0]) for row in db.execute("SELECT name FROM kbs ORDER BY name")]
+        except sqlite3.Error:
+            return None
+        finally:
+            db.close()
+
     def count_pending(self, kb_id: int) -> int:
         """How many chunks still wait for their embedding."""
         return int(str(self._rows("SELECT count(*) FROM chunks WHERE kb_id = ? AND embedded = 0", (kb_id,))[0][0]))

@@ -1,10 +1,13 @@
-"""The knowledge adapter: the app's one ``rag.knowledge.KnowledgeBases`` and its workers.
+"""The knowledge adapter: the app's knowledge bases, in a worker process, and the threads that wait on it.
 
-``KnowledgeBases`` (Chroma, the registry, the embedding model) is opened lazily on first use, off
-the GUI thread, so starting the app never imports chromadb or torch. Indexing jobs (add, remove,
-re-index) run in order on the ``glassbox-index`` thread with a per-job cancel and pause event;
-listings and test queries run on ``glassbox-kb-query``. Progress from the indexer is throttled to
-~10 updates a second before it reaches the GUI.
+The knowledge bases (Chroma, the registry, the embedding model) live in a child process
+(``rag.service.KnowledgeService``), started on first use, so the GUI process never imports
+chromadb or torch (ARCHITECTURE.md: the idle app stays under 250 MB). Indexing jobs (add, remove,
+re-index) are sent in order from the ``glassbox-index`` thread with a per-job cancel and pause
+event, which the service forwards to the child; listings and test queries go from
+``glassbox-kb-query``; a chat's retrieval from the LLM thread. Progress is throttled to ~10 updates
+a second before it reaches the GUI. Tests that share one loaded embedder pass ``kb_factory``: the
+same calls are then answered in this process (``rag.service.LocalService``).
 
 At start-up (the first turn of the event loop) :meth:`KnowledgeAdapter.check_store` looks at the
 local Chroma folder on the index thread: unless it is exactly as last found good and nothing waits
@@ -51,11 +54,14 @@ class KnowledgeAdapter(QObject):
     Args:
         root: ``paths.knowledge``.
         embedder_path: the embedding model folder (None: the bundled one).
-        kb_factory: builds the KnowledgeBases (tests may share a loaded embedder).
+        kb_factory: builds the KnowledgeBases in this process (tests share a loaded embedder);
+            None runs them in a worker process.
         check_at_start: run :meth:`check_store` once the event loop runs (the app's start-up).
 
     Signals:
         kbs_changed(object): list of ``rag.knowledge.KnowledgeBaseSummary``.
+        names_listed(object): the list of knowledge-base names (after every listing).
+        kb_created(object): the ``KnowledgeBaseInfo`` of a knowledge base just created.
         documents_changed(str, object): a KB name and its ``DocumentRecord`` list.
         job_started(object): the :class:`IndexJob`.
         progress_changed(object, object): the job and an ``rag.ingest.IngestProgress``.
@@ -67,6 +73,8 @@ class KnowledgeAdapter(QObject):
     """
 
     kbs_changed = Signal(object)
+    kb_created = Signal(object)
+    names_listed = Signal(object)
     documents_changed = Signal(str, object)
     job_started = Signal(object)
     progress_changed = Signal(object, object)
@@ -87,9 +95,8 @@ class KnowledgeAdapter(QObject):
         super().__init__(parent)
         self.root = root
         self.embedder_path = embedder_path
-        self._factory = kb_factory
-        self._kbs: Any = None
-        self._open_lock = threading.Lock()
+        self.service: Any = self._make_service(kb_factory)
+        self.names: list[str] = []  # the knowledge bases as last listed
         self._index = SerialExecutor("glassbox-index")
         self._query = SerialExecutor("glassbox-kb-query")
         self.jobs: list[IndexJob] = []
@@ -99,17 +106,16 @@ class KnowledgeAdapter(QObject):
             QTimer.singleShot(0, self.check_store)
 
     # ------------------------------------------------------------------ the store
-    def kbs(self) -> Any:
-        """The KnowledgeBases, opened on first use (call from a worker thread only)."""
-        with self._open_lock:
-            if self._kbs is None:
-                if self._factory is not None:
-                    self._kbs = self._factory()
-                else:
-                    from rag.knowledge import KnowledgeBases
+    def _make_service(self, kb_factory: Callable[[], Any] | None) -> Any:
+        from rag.service import KnowledgeService, LocalService
 
-                    self._kbs = KnowledgeBases(self.root, embedder_path=self.embedder_path)
-            return self._kbs
+        if kb_factory is not None:
+            return LocalService(kb_factory)
+        return KnowledgeService(self.root, self.embedder_path)
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Runs one ``rag.service`` call (blocks: call from a worker thread only)."""
+        return self.service.call(method, *args, **kwargs)
 
     def _submit(
         self,
@@ -128,13 +134,36 @@ class KnowledgeAdapter(QObject):
     # ------------------------------------------------------------------ reads
     def refresh(self) -> None:
         """Reloads the KB list."""
-        self._submit(self._query, lambda: self.kbs().list(), self.kbs_changed.emit, self._fail("Knowledge"))
+        self._submit(self._query, lambda: self.call("list"), self._on_listed, self._fail("Knowledge"))
+
+    def list_names(self) -> None:
+        """Lists the knowledge bases' names (``names_listed``): read from the registry file without
+        starting the knowledge process, else by a full :meth:`refresh`."""
+
+        def names() -> list[str] | None:
+            from rag.registry import Registry
+
+            return Registry.kb_names(self.root / "registry.sqlite3")
+
+        def done(found: list[str] | None) -> None:
+            if found is None:
+                self.refresh()
+                return
+            self.names = list(found)
+            self.names_listed.emit(list(found))
+
+        self._submit(self._query, names, done, self._fail("Knowledge"))
+
+    def _on_listed(self, summaries: list[Any]) -> None:
+        self.names = [summary.info.name for summary in summaries]
+        self.kbs_changed.emit(summaries)
+        self.names_listed.emit(list(self.names))
 
     def load_documents(self, name: str) -> None:
         """Reloads one KB's documents."""
         self._submit(
             self._query,
-            lambda: self.kbs().documents(name),
+            lambda: self.call("documents", name),
             lambda docs: self.documents_changed.emit(name, docs),
             self._fail(name),
         )
@@ -144,7 +173,7 @@ class KnowledgeAdapter(QObject):
         chosen = list(names)
         self._submit(
             self._query,
-            lambda: self.kbs().query_many(chosen, text, k=k),
+            lambda: self.call("query_many", chosen, text, k=k),
             lambda passages: self.query_finished.emit(text, passages),
             self._fail("Test retrieval"),
         )
@@ -167,8 +196,8 @@ class KnowledgeAdapter(QObject):
             # model loading) waits for their first use.
             if known_healthy(self.root / "chroma") and not Registry.has_pending(self.root / "registry.sqlite3"):
                 return None, 0
-            kbs = self.kbs()
-            return kbs.recovered, kbs.pending()
+            recovered, pending = self.call("status")
+            return recovered, int(pending)
 
         def done(result: tuple[Any, int]) -> None:
             recovery, pending = result
@@ -185,37 +214,51 @@ class KnowledgeAdapter(QObject):
         label = "Rebuilding the document index" if self.recovery is not None else "Finishing the document index"
         job = IndexJob("", label)
         return self._run_job(
-            job, lambda progress: self.kbs().rebuild(progress=progress, cancel=job.cancel, pause=job.pause), None
+            job, lambda progress: self.call("rebuild", progress=progress, cancel=job.cancel, pause=job.pause), None
         )
 
     # ------------------------------------------------------------------ writes (ordered)
-    def create(self, name: str, on_done: Callable[[Any], None] | None = None) -> None:
-        """Creates a knowledge base."""
+    def create(
+        self,
+        name: str,
+        on_done: Callable[[Any], None] | None = None,
+        on_error: Callable[[str], None] | None = None,
+        *,
+        unique: bool = False,
+    ) -> None:
+        """Creates a knowledge base (``kb_created`` follows, then a fresh list).
+
+        Args:
+            name: its name.
+            on_done: called on the GUI thread with its ``KnowledgeBaseInfo``.
+            on_error: called on the GUI thread with the one-line error (also emitted).
+            unique: take ``name 2``, ``name 3``, ... when ``name`` is taken instead of failing.
+        """
 
         def done(kb: Any) -> None:
+            self.kb_created.emit(kb)
             self.refresh()
             if on_done is not None:
                 on_done(kb)
 
-        self._submit(self._index, lambda: self.kbs().create(name), done, self._fail(f"Create {name}"))
+        def failed(exc: BaseException) -> None:
+            message = f"Create {name}: {describe_error(exc)}"
+            self.error_occurred.emit(message)
+            if on_error is not None:
+                on_error(message)
+
+        method = "create_unique" if unique else "create"
+        self._submit(self._index, lambda: self.call(method, name), done, failed)
 
     def ensure(self, name: str) -> None:
         """Creates ``name`` if it does not exist (queued before the jobs that need it)."""
-
-        def ensure() -> None:
-            from rag.errors import KnowledgeBaseError
-
-            kbs = self.kbs()
-            try:
-                kbs.get(name)
-            except KnowledgeBaseError:
-                kbs.create(name)
-
-        self._submit(self._index, ensure, None, self._fail(f"Create {name}"))
+        self._submit(self._index, lambda: self.call("ensure", name), None, self._fail(f"Create {name}"))
 
     def drop(self, name: str) -> None:
         """Deletes a knowledge base's index (never the user's files)."""
-        self._submit(self._index, lambda: self.kbs().drop(name), lambda _r: self.refresh(), self._fail(f"Drop {name}"))
+        self._submit(
+            self._index, lambda: self.call("drop", name), lambda _r: self.refresh(), self._fail(f"Drop {name}")
+        )
 
     def add(self, name: str, paths: Sequence[Path], on_done: Callable[[Any], None] | None = None) -> IndexJob:
         """Indexes files or folders into ``name``; returns the job (pause/cancel it through its events)."""
@@ -224,7 +267,7 @@ class KnowledgeAdapter(QObject):
         job = IndexJob(name, f"Adding {label} to {name}")
         return self._run_job(
             job,
-            lambda progress: self.kbs().add(name, files, progress=progress, cancel=job.cancel, pause=job.pause),
+            lambda progress: self.call("add", name, files, progress=progress, cancel=job.cancel, pause=job.pause),
             on_done,
         )
 
@@ -233,7 +276,7 @@ class KnowledgeAdapter(QObject):
         job = IndexJob(name, f"Re-indexing {name}")
         return self._run_job(
             job,
-            lambda progress: self.kbs().reindex(name, progress=progress, cancel=job.cancel, pause=job.pause),
+            lambda progress: self.call("reindex", name, progress=progress, cancel=job.cancel, pause=job.pause),
             None,
         )
 
@@ -244,7 +287,7 @@ class KnowledgeAdapter(QObject):
             self.load_documents(name)
             self.refresh()
 
-        self._submit(self._index, lambda: self.kbs().remove(name, path), done, self._fail(f"Remove {path.name}"))
+        self._submit(self._index, lambda: self.call("remove", name, path), done, self._fail(f"Remove {path.name}"))
 
     def _run_job(
         self,
@@ -285,8 +328,9 @@ class KnowledgeAdapter(QObject):
     def chat_retriever(self, names: Sequence[str]) -> Callable[[str, Any], tuple[str | None, list[dict[str, Any]]]]:
         """A function for the LLM worker: ``(query, session) -> (documents block, sources)``.
 
-        It runs on the LLM thread (which owns the session's tokenizer), using this adapter's
-        KnowledgeBases (thread-safe: rag serialises access with its own lock).
+        It runs on the LLM thread (which owns the session's tokenizer): the passages come from
+        the knowledge process (:attr:`service`, a ``rag.knowledge.Searcher``), the block is fitted
+        here with the chat model's token counter.
         """
         chosen = list(names)
 
@@ -296,7 +340,7 @@ class KnowledgeAdapter(QObject):
 
             info = getattr(session, "info", None)
             n_ctx = getattr(info, "n_ctx", 4096) or 4096
-            block = retrieve_context(self.kbs(), chosen, query, documents_budget(n_ctx), session.count_text)
+            block = retrieve_context(self.service, chosen, query, documents_budget(n_ctx), session.count_text)
             if not block.sources:
                 return None, []
             return block.text, [asdict(source) for source in block.sources]
@@ -314,9 +358,7 @@ class KnowledgeAdapter(QObject):
             job.cancel.set()
         self._query.shutdown(wait=wait)
         self._index.shutdown(wait=wait)
-        if self._kbs is not None:
-            try:
-                self._kbs.close()
-            except Exception as exc:  # noqa: BLE001 - closing must not raise at exit
-                log.warning("closing the knowledge bases failed: %s", exc)
-            self._kbs = None
+        try:
+            self.service.close()
+        except Exception as exc:  # noqa: BLE001 - closing must not raise at exit
+            log.warning("closing the knowledge bases failed: %s", exc)
