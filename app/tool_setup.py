@@ -1,449 +1,74 @@
-"""The tools a chat may use: the MCP servers' configuration, the user's permissions, and
-:func:`open_tools`, which turns a ``--tools`` selection into running providers.
+"""The tools a chat may use: :func:`open_tools` turns a ``--tools NAME[,NAME...]|builtin|all``
+selection into one :class:`ToolSet` provider (the built-ins, the knowledge-base search, the MCP
+servers of ``mcp.json``), with the user's permissions applied.
 
-Two files under the config folder (``app/paths.py``):
-
-- ``mcp.json``: the servers, in the standard shape that Claude Desktop, Cursor and LM Studio use,
-  so a user can paste theirs: ``{"mcpServers": {NAME: {"command", "args", "env", "cwd"} |
-  {"url", "headers"}}}``. Keys Glassbox does not use are kept as they are. It may hold API keys
-  (in ``env`` or ``headers``): it is written atomically and owner-only (0600).
-- ``tool_permissions.json``: ``{"format": 1, "always_allow": [KEY...], "off": [KEY...]}`` where a
-  KEY is ``SOURCE/TOOL`` (``builtin/calculator``, ``files/read_file``) or ``SOURCE/*`` (every tool
-  of a server). ``always_allow``: calls that run without asking (the approval's "Always allow this
-  tool"); ``off``: tools, or whole servers, never offered to the model.
-
-Every problem with either file is a :class:`ToolSetupError` whose ``str()`` is one line naming the
-file, the field and the reason. The GUI's Settings -> Tools page and ``glassbox mcp`` use the same
-functions: :func:`load_servers`, :func:`add_server`, :func:`remove_server`,
-:func:`import_servers`, :func:`server_status`, :class:`Permissions`.
+The configuration (``mcp.json``, ``tool_permissions.json``) is ``app.tool_config``; its public
+names are re-exported here, so callers need one import.
 """
 
 from __future__ import annotations
 
-import json
-import re
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from app.paths import Paths
+from app.tool_config import (
+    BUILTIN,
+    RESERVED_NAMES,
+    Permissions,
+    ServerEntry,
+    ToolSetupError,
+    add_server,
+    check_server_name,
+    get_server,
+    import_servers,
+    load_servers,
+    parse_mcp_json,
+    parse_server,
+    read_mcp_json,
+    remove_server,
+    server_status,
+    unknown_server_message,
+)
 from engine.builtin_tools import BUILTIN_NAMES, BuiltinTools
 from engine.errors import EngineError
-from engine.mcp_client import McpServer, McpServerConfig, McpServerError, McpServerStatus
+from engine.mcp_client import McpServer, McpServerError
 from engine.tools import ToolResult, ToolSpec
 
 if TYPE_CHECKING:
     from engine.tools import ToolProvider
 
+__all__ = [
+    "ALL_BUILTINS",
+    "BUILTIN",
+    "RESERVED_NAMES",
+    "SEARCH_KNOWLEDGE",
+    "KnowledgeSearchTool",
+    "Permissions",
+    "ServerEntry",
+    "ToolSet",
+    "ToolSetupError",
+    "add_server",
+    "check_server_name",
+    "get_server",
+    "import_servers",
+    "load_servers",
+    "open_tools",
+    "parse_mcp_json",
+    "parse_selection",
+    "parse_server",
+    "read_mcp_json",
+    "remove_server",
+    "server_status",
+]
+
 SEARCH_KNOWLEDGE = "search_knowledge"
 #: Every built-in tool, including the knowledge search (offered when knowledge bases are attached).
 ALL_BUILTINS = (*BUILTIN_NAMES, SEARCH_KNOWLEDGE)
-#: The source of the built-in tools, in permission keys and in ``ToolSpec.source``.
-BUILTIN = "builtin"
-#: Selection words that are not server names.
-RESERVED_NAMES = frozenset({BUILTIN, "all", "none"})
-#: The longest ``mcp.json`` read (a pasted config is small; a 1 GB file is a mistake).
-MAX_CONFIG_BYTES = 1024 * 1024
 #: Tokens one knowledge search may return to the model.
 SEARCH_BUDGET_TOKENS = 1500
-
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-_PERMISSIONS_FORMAT = 1
-
-
-class ToolSetupError(EngineError):
-    """A tool configuration is wrong: a bad ``mcp.json``, an unknown server, a bad selection.
-
-    Args:
-        where: the file (or the option) at fault.
-        reason: one line.
-    """
-
-    def __init__(self, where: Path | str, reason: str) -> None:
-        self.where = str(where)
-        self.reason = reason
-        super().__init__(f"{where}: {reason}")
-
-
-# ---------------------------------------------------------------------- mcp.json
-
-
-@dataclass(frozen=True)
-class ServerEntry:
-    """One server of ``mcp.json``.
-
-    Attributes:
-        config: how to reach it.
-        raw: its JSON object as read or given, unknown keys included (written back as it is).
-    """
-
-    config: McpServerConfig
-    raw: Mapping[str, Any] = field(default_factory=dict)
-
-    @property
-    def name(self) -> str:
-        return self.config.name
-
-    def to_json(self) -> dict[str, Any]:
-        """The object to store under ``mcpServers.NAME`` (secrets included: the file is private)."""
-        return dict(self.raw)
-
-    def describe(self) -> dict[str, Any]:
-        """A listing entry without secrets: env and header values are not shown, only their names."""
-        config = self.config
-        listing: dict[str, Any] = {"name": config.name, "transport": config.transport}
-        if config.command is not None:
-            listing.update(command=config.command, args=list(config.args), env=sorted(config.env))
-            if config.cwd:
-                listing["cwd"] = config.cwd
-        else:
-            listing.update(url=config.url, headers=sorted(config.headers))
-        return listing
-
-
-def check_server_name(name: str, where: Path | str = "mcp.json") -> str:
-    """``name`` if it can name a server: letters, digits, ``_ . -``, at most 64, not a reserved word.
-
-    Raises:
-        ToolSetupError: it cannot.
-    """
-    if not isinstance(name, str) or not _NAME.match(name):
-        raise ToolSetupError(
-            where, f"server name {name!r}: use letters, digits, '_', '.' or '-' (at most 64, first a letter or digit)"
-        )
-    if name.lower() in RESERVED_NAMES:
-        raise ToolSetupError(where, f"server name {name!r} is reserved (it is a --tools word)")
-    return name
-
-
-def _strings(value: Any, where: Path | str, field_name: str) -> list[str]:
-    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
-        raise ToolSetupError(where, f"{field_name}: must be a list of strings")
-    return list(value)
-
-
-def _string_map(value: Any, where: Path | str, field_name: str) -> dict[str, str]:
-    if not isinstance(value, dict):
-        raise ToolSetupError(where, f"{field_name}: must be an object of strings")
-    for key, item in value.items():
-        if not isinstance(item, str):
-            raise ToolSetupError(where, f"{field_name}.{key}: must be a string")
-    return dict(value)
-
-
-def parse_server(name: str, entry: Any, where: Path | str = "mcp.json") -> ServerEntry:
-    """One ``mcpServers`` entry checked and turned into a :class:`ServerEntry`.
-
-    Raises:
-        ToolSetupError: the entry is not a stdio or a streamable-HTTP server.
-    """
-    check_server_name(name, where)
-    prefix = f"mcpServers.{name}"
-    if not isinstance(entry, dict):
-        raise ToolSetupError(where, f"{prefix}: must be an object with a command or a url")
-    kind = entry.get("type", entry.get("transport"))
-    if kind is not None and kind not in ("stdio", "http", "streamable-http", "streamableHttp", "streamable_http"):
-        raise ToolSetupError(
-            where, f"{prefix}.type: {kind!r} is not supported (Glassbox speaks stdio and streamable HTTP)"
-        )
-    has_command, has_url = "command" in entry, "url" in entry
-    if has_command == has_url:
-        raise ToolSetupError(where, f"{prefix}: give either a command (stdio) or a url (streamable HTTP)")
-    if has_command:
-        command = entry["command"]
-        if not isinstance(command, str) or not command.strip():
-            raise ToolSetupError(where, f"{prefix}.command: must be a non-empty string")
-        args = _strings(entry.get("args", []), where, f"{prefix}.args")
-        env = _string_map(entry.get("env", {}), where, f"{prefix}.env")
-        cwd = entry.get("cwd")
-        if cwd is not None and not isinstance(cwd, str):
-            raise ToolSetupError(where, f"{prefix}.cwd: must be a string")
-        config = McpServerConfig(name, command=command, args=tuple(args), env=env, cwd=cwd or None)
-    else:
-        url = entry["url"]
-        if not isinstance(url, str) or not re.match(r"^https?://[^\s/]+", url):
-            raise ToolSetupError(where, f"{prefix}.url: must be an http:// or https:// URL")
-        headers = _string_map(entry.get("headers", {}), where, f"{prefix}.headers")
-        config = McpServerConfig(name, url=url, headers=headers)
-    return ServerEntry(config, dict(entry))
-
-
-def parse_mcp_json(text: str, where: Path | str) -> dict[str, ServerEntry]:
-    """The servers of an ``mcp.json`` document (``{"mcpServers": {...}}``; a bare
-    ``{NAME: {...}}`` object of servers is accepted too, as some apps export that).
-
-    Raises:
-        ToolSetupError: it is not JSON, or not that shape; the line names ``where``.
-    """
-    try:
-        document = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ToolSetupError(where, f"not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
-    except RecursionError:
-        raise ToolSetupError(where, "not valid JSON (nested too deeply)") from None
-    if not isinstance(document, dict):
-        raise ToolSetupError(where, 'must be a JSON object like {"mcpServers": {...}}')
-    if "mcpServers" in document:
-        servers = document["mcpServers"]
-        if not isinstance(servers, dict):
-            raise ToolSetupError(where, "mcpServers: must be an object of servers")
-    elif document and all(isinstance(v, dict) and ("command" in v or "url" in v) for v in document.values()):
-        servers = document
-    elif not document:
-        servers = {}
-    else:
-        raise ToolSetupError(where, 'no "mcpServers" object (the standard mcp.json shape)')
-    return {name: parse_server(name, entry, where) for name, entry in servers.items()}
-
-
-def read_mcp_json(path: Path) -> dict[str, ServerEntry]:
-    """The servers in the ``mcp.json`` file at ``path``.
-
-    Raises:
-        ToolSetupError: it cannot be read, is too large, not UTF-8, or not that shape.
-    """
-    try:
-        size = path.stat().st_size
-        if not path.is_file():
-            raise ToolSetupError(path, "not a regular file")
-        if size > MAX_CONFIG_BYTES:
-            raise ToolSetupError(path, f"too large for an mcp.json ({size} bytes)")
-        text = path.read_bytes().decode("utf-8-sig")
-    except FileNotFoundError:
-        raise ToolSetupError(path, "no such file") from None
-    except UnicodeDecodeError:
-        raise ToolSetupError(path, "not UTF-8 text") from None
-    except OSError as exc:
-        raise ToolSetupError(path, exc.strerror or str(exc)) from None
-    return parse_mcp_json(text, path)
-
-
-def load_servers(paths: Paths) -> dict[str, ServerEntry]:
-    """The configured servers (none when there is no ``mcp.json`` yet).
-
-    Raises:
-        ToolSetupError: the file is damaged (it is left as it is, for the user to fix).
-    """
-    if not paths.mcp_config.exists():
-        return {}
-    return read_mcp_json(paths.mcp_config)
-
-
-def get_server(paths: Paths, name: str) -> ServerEntry:
-    """The configured server called ``name``.
-
-    Raises:
-        ToolSetupError: there is none (the line lists the servers configured), or the file is damaged.
-    """
-    servers = load_servers(paths)
-    if name not in servers:
-        raise ToolSetupError(paths.mcp_config, _unknown_server(name, servers))
-    return servers[name]
-
-
-def _raw_document(paths: Paths) -> dict[str, Any]:
-    """The whole ``mcp.json`` (its other top-level keys kept), checked."""
-    if not paths.mcp_config.exists():
-        return {"mcpServers": {}}
-    load_servers(paths)  # refuses a damaged file before anything is written over it
-    document = json.loads(paths.mcp_config.read_bytes().decode("utf-8-sig"))
-    if "mcpServers" not in document:
-        document = {"mcpServers": document}
-    return dict(document)
-
-
-def _save(paths: Paths, document: dict[str, Any]) -> None:
-    from engine.atomic import PRIVATE_FILE_MODE, write_text_atomic
-
-    write_text_atomic(
-        paths.mcp_config, json.dumps(document, indent=2, ensure_ascii=False) + "\n", mode=PRIVATE_FILE_MODE
-    )
-
-
-def add_server(paths: Paths, entry: ServerEntry, *, replace: bool = False) -> None:
-    """Adds (or with ``replace``, replaces) one server in ``mcp.json``.
-
-    Raises:
-        ToolSetupError: the name is taken (without ``replace``), or the file is damaged.
-    """
-    document = _raw_document(paths)
-    servers = document.setdefault("mcpServers", {})
-    if entry.name in servers and not replace:
-        raise ToolSetupError(paths.mcp_config, f"a server named {entry.name!r} exists (remove it first)")
-    servers[entry.name] = entry.to_json()
-    _save(paths, document)
-
-
-def remove_server(paths: Paths, name: str) -> ServerEntry:
-    """Removes one server from ``mcp.json`` (its permissions go too) and returns it.
-
-    Raises:
-        ToolSetupError: there is no such server, or the file is damaged.
-    """
-    servers = load_servers(paths)
-    if name not in servers:
-        raise ToolSetupError(paths.mcp_config, _unknown_server(name, servers))
-    permissions = Permissions.load(paths)  # a damaged file refuses before anything changes
-    document = _raw_document(paths)
-    del document["mcpServers"][name]
-    _save(paths, document)
-    permissions.forget_source(name)
-    return servers[name]
-
-
-def import_servers(paths: Paths, file: Path, *, replace: bool = False) -> list[str]:
-    """Adds every server of another ``mcp.json`` (Claude Desktop's, Cursor's, ...).
-
-    Nothing is written unless the whole file is good.
-
-    Args:
-        paths: where Glassbox keeps its files.
-        file: the ``mcp.json`` to import.
-        replace: replace servers of the same name (default: refuse them).
-
-    Returns:
-        The names imported.
-
-    Raises:
-        ToolSetupError: the file is missing or bad (named), or a name is taken without ``replace``.
-    """
-    incoming = read_mcp_json(file)
-    document = _raw_document(paths)
-    servers = document.setdefault("mcpServers", {})
-    taken = [name for name in incoming if name in servers]
-    if taken and not replace:
-        raise ToolSetupError(file, f"servers already configured: {', '.join(taken)} (use --replace to replace them)")
-    for name, entry in incoming.items():
-        servers[name] = entry.to_json()
-    _save(paths, document)
-    return list(incoming)
-
-
-def _unknown_server(name: str, servers: Mapping[str, Any]) -> str:
-    known = ", ".join(sorted(servers)) or "none yet; add one with: glassbox mcp add NAME -- COMMAND"
-    return f"no MCP server named {name!r} (configured: {known})"
-
-
-def server_status(server: McpServer) -> dict[str, Any]:
-    """A running server's state as JSON (``state``, ``starts``, ``last_error``)."""
-    status: McpServerStatus = server.status()
-    return {"state": status.state, "starts": status.starts, "last_error": status.last_error}
-
-
-# ---------------------------------------------------------------------- permissions
-
-
-class Permissions:
-    """The tools that run without asking, and the tools turned off (``tool_permissions.json``).
-
-    Keys are ``SOURCE/TOOL`` or ``SOURCE/*``. Changes are saved at once, atomically. A damaged
-    file raises on load (it is never silently replaced by an empty one: that would drop what the
-    user allowed or turned off).
-    """
-
-    def __init__(
-        self,
-        path: Path,
-        always_allow: Iterable[str] = (),
-        off: Iterable[str] = (),
-        extra: Mapping[str, Any] | None = None,
-    ) -> None:
-        self.path = path
-        self._allow = set(always_allow)
-        self._off = set(off)
-        self._extra = dict(extra or {})
-        self._lock = threading.Lock()
-
-    @classmethod
-    def load(cls, paths: Paths) -> Permissions:
-        """The saved permissions (none when there is no file).
-
-        Raises:
-            ToolSetupError: the file is not JSON or not that shape.
-        """
-        path = paths.tool_permissions
-        try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            return cls(path)
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ToolSetupError(path, getattr(exc, "strerror", None) or "cannot be read") from None
-        try:
-            document = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ToolSetupError(path, f"not valid JSON (line {exc.lineno}: {exc.msg})") from None
-        if not isinstance(document, dict):
-            raise ToolSetupError(path, "must be a JSON object")
-        lists = {}
-        for key in ("always_allow", "off"):
-            lists[key] = _strings(document.get(key, []), path, key)
-        extra = {k: v for k, v in document.items() if k not in ("always_allow", "off", "format")}
-        return cls(path, lists["always_allow"], lists["off"], extra)
-
-    @staticmethod
-    def key(source: str, tool: str = "*") -> str:
-        """``SOURCE/TOOL``, the key of one tool (or of every tool of a server)."""
-        return f"{source}/{tool}"
-
-    def always_allows(self, source: str, tool: str) -> bool:
-        """Whether calls to this tool run without asking."""
-        with self._lock:
-            return self.key(source, tool) in self._allow or self.key(source) in self._allow
-
-    def is_off(self, source: str, tool: str = "*") -> bool:
-        """Whether this tool (or with ``tool="*"``, the whole server) is turned off."""
-        with self._lock:
-            return self.key(source, tool) in self._off or self.key(source) in self._off
-
-    def allowed(self) -> list[str]:
-        with self._lock:
-            return sorted(self._allow)
-
-    def turned_off(self) -> list[str]:
-        with self._lock:
-            return sorted(self._off)
-
-    def set_always_allow(self, source: str, tool: str, allow: bool = True) -> None:
-        """Adds (or removes) a tool from the allow list, and saves."""
-        self._change(self._allow, self.key(source, tool), allow)
-
-    def set_off(self, source: str, tool: str = "*", off: bool = True) -> None:
-        """Turns a tool (or a whole server, ``tool="*"``) off or on, and saves."""
-        self._change(self._off, self.key(source, tool), off)
-
-    def forget_source(self, source: str) -> None:
-        """Drops every key of a server (it was removed)."""
-        with self._lock:
-            before = (len(self._allow), len(self._off))
-            self._allow = {k for k in self._allow if not k.startswith(f"{source}/")}
-            self._off = {k for k in self._off if not k.startswith(f"{source}/")}
-            changed = before != (len(self._allow), len(self._off))
-        if changed:
-            self.save()
-
-    def _change(self, target: set[str], key: str, present: bool) -> None:
-        with self._lock:
-            if (key in target) == present:
-                return
-            if present:
-                target.add(key)
-            else:
-                target.discard(key)
-        self.save()
-
-    def save(self) -> None:
-        from engine.atomic import PRIVATE_FILE_MODE, write_text_atomic
-
-        with self._lock:
-            document = {
-                "format": _PERMISSIONS_FORMAT,
-                **self._extra,
-                "always_allow": sorted(self._allow),
-                "off": sorted(self._off),
-            }
-        write_text_atomic(self.path, json.dumps(document, indent=1) + "\n", mode=PRIVATE_FILE_MODE)
 
 
 # ---------------------------------------------------------------------- knowledge search
@@ -694,7 +319,9 @@ def parse_selection(
             if token not in builtins:
                 builtins.append(token)
         else:
-            raise ToolSetupError(where, _unknown_server(token, servers) + "; or builtin, all, or a built-in's name")
+            raise ToolSetupError(
+                where, unknown_server_message(token, servers) + "; or builtin, all, or a built-in's name"
+            )
     return builtins, chosen
 
 
