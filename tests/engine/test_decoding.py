@@ -1,0 +1,301 @@
+"""The worker's decode loop on the starter model: constrained output, logit bias, logprobs, Stop
+while the prompt is read, and speculative decoding (the same greedy output with it on and off)."""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from engine.errors import EngineError, ModelLoadError
+from engine.events import PrefillProgress, Token
+from engine.runtime import GenerationParams, InferenceWorker, LoadParams, WorkerResult
+
+pytestmark = pytest.mark.model
+
+PASSAGE = (
+    "The lighthouse keeper climbed the spiral stairs every evening at dusk, carrying a tin of oil "
+    "and a cloth for the great lens. From the gallery he could see the fishing boats returning, "
+    "their lamps swinging like fireflies over the dark water, and the long pale line of the beach "
+    "where the tide had left its ribbons of weed. "
+)
+
+
+@pytest.fixture(scope="module")
+def worker(starter_model: Path) -> Iterator[InferenceWorker]:
+    with InferenceWorker(LoadParams(model_path=starter_model, n_ctx=2048, n_threads=2, n_batch=512)) as w:
+        w.start()
+        yield w
+
+
+def _run(
+    worker: InferenceWorker, prompt: str, params: GenerationParams, cancel: threading.Event | None = None
+) -> tuple[list[object], WorkerResult]:
+    """One reply from a cold cache: a reused prefix ends the prompt with a one-token batch, whose
+    arithmetic differs from a longer batch's in the last bits, enough to flip a near tie."""
+    worker.reset_cache()
+    tokens = worker.tokenize(prompt, add_bos=True)
+    events: list[object] = []
+    gen = worker.generate(tokens, params, cancel)
+    while True:
+        try:
+            events.append(next(gen))
+        except StopIteration as stop:
+            return events, stop.value
+
+
+def _tokens(events: list[object]) -> list[Token]:
+    return [e for e in events if isinstance(e, Token)]
+
+
+# --------------------------------------------------------------------------- constrained output
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "answer": {"type": "string", "enum": ["yes", "no", "maybe"]},
+        "city": {"type": "string", "maxLength": 16},
+        "count": {"type": "integer"},
+        "when": {"type": "string", "format": "date"},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 8}, "maxItems": 3},
+    },
+    "required": ["answer", "city", "count", "when", "tags"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+def test_json_schema_reply_parses_and_validates(worker: InferenceWorker, seed: int) -> None:
+    params = GenerationParams(max_tokens=160, temperature=0.9, seed=seed, json_schema=json.dumps(SCHEMA))
+    _, result = _run(worker, "Here is a record about a town, as JSON:\n", params)
+    assert result.reason == "stop", result.text
+    jsonschema.validate(json.loads(result.text), SCHEMA)
+
+
+@pytest.mark.parametrize("prompt", ["Is water wet? Answer:", "Q: Are cats reptiles?\nA:", "Say something:"])
+def test_grammar_restricts_the_reply(worker: InferenceWorker, prompt: str) -> None:
+    params = GenerationParams(max_tokens=20, temperature=1.0, seed=7, grammar='root ::= "yes" | "no"')
+    _, result = _run(worker, prompt, params)
+    assert result.text in {"yes", "no"}
+    assert result.reason == "stop"
+
+
+def test_grammar_under_lookup_speculation_is_the_same_reply(worker: InferenceWorker) -> None:
+    grammar = 'root ::= ("fox " | "dog " | "the ")+ "."'
+    prompt = "the fox the dog the fox the dog the fox the dog the fox"
+    plain = _run(worker, prompt, GenerationParams(max_tokens=40, temperature=0.0, grammar=grammar))[1]
+    lookup = GenerationParams(max_tokens=40, temperature=0.0, grammar=grammar, speculative="lookup")
+    fast = _run(worker, prompt, lookup)[1]
+    assert fast.text == plain.text
+    assert set(plain.text.replace(".", "").split()) <= {"fox", "dog", "the"}
+
+
+def test_a_grammar_that_does_not_compile_is_one_line(worker: InferenceWorker) -> None:
+    with pytest.raises(EngineError) as caught:
+        _run(worker, "Hello", GenerationParams(max_tokens=4, grammar='root ::= "a" | undefined_rule'))
+    assert "grammar" in str(caught.value) and "\n" not in str(caught.value)
+    # The worker is fine afterwards.
+    assert _run(worker, "Hello", GenerationParams(max_tokens=3, temperature=0.0))[1].completion_tokens == 3
+
+
+def test_a_json_schema_that_cannot_become_a_grammar_is_one_line(worker: InferenceWorker) -> None:
+    with pytest.raises(EngineError) as caught:
+        _run(worker, "Hello", GenerationParams(max_tokens=4, json_schema='{"$ref": "#/definitions/missing"}'))
+    assert "json_schema" in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_json_schema_keyword_the_grammar_cannot_enforce_is_refused(worker: InferenceWorker) -> None:
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0}}}
+    with pytest.raises(EngineError, match=r"'minimum' at properties\.n"):
+        _run(worker, "Hello", GenerationParams(max_tokens=4, json_schema=json.dumps(schema)))
+
+
+# --------------------------------------------------------------------------- logit bias and logprobs
+
+
+def test_logit_bias_of_minus_infinity_bans_a_token(worker: InferenceWorker) -> None:
+    prompt = "The capital of France is"
+    greedy = GenerationParams(max_tokens=6, temperature=0.0, logprobs=1)
+    first = _tokens(_run(worker, prompt, greedy)[0])[0].token_id
+    banned = greedy.model_copy(update={"logit_bias": ((first, -math.inf),)})
+    events, _ = _run(worker, prompt, banned)
+    ids = [t.token_id for t in _tokens(events)]
+    assert first not in ids
+    # A positive bias forces a token that was not chosen.
+    forced = greedy.model_copy(update={"logit_bias": ((ids[0], 100.0),), "max_tokens": 3})
+    assert [t.token_id for t in _tokens(_run(worker, "Hello there", forced)[0])] == [ids[0]] * 3
+
+
+def test_logit_bias_outside_the_vocabulary_is_an_error(worker: InferenceWorker) -> None:
+    with pytest.raises(EngineError, match="outside the vocabulary"):
+        _run(worker, "Hello", GenerationParams(max_tokens=2, logit_bias=((10**7, 1.0),)))
+
+
+def test_logprobs_are_probabilities_and_greedy_picks_the_top(worker: InferenceWorker) -> None:
+    events, result = _run(worker, "Once upon a time", GenerationParams(max_tokens=12, temperature=0.0, logprobs=5))
+    tokens = _tokens(events)
+    assert len(tokens) == result.completion_tokens == 12
+    for token in tokens:
+        assert token.logprob is not None and token.logprob <= 0.0
+        assert len(token.top_logprobs) == 5
+        values = [lp for _, lp in token.top_logprobs]
+        assert values == sorted(values, reverse=True)
+        assert all(lp <= 0.0 for lp in values)
+        assert sum(math.exp(lp) for lp in values) <= 1.0 + 1e-6
+        # Greedy: the chosen token is the most likely one.
+        assert token.top_logprobs[0][1] == pytest.approx(token.logprob)
+        assert token.text == token.top_logprobs[0][0]
+    plain = _run(worker, "Once upon a time", GenerationParams(max_tokens=12, temperature=0.0))[1]
+    assert plain.text == result.text
+
+
+def test_without_logprobs_tokens_carry_none(worker: InferenceWorker) -> None:
+    events, _ = _run(worker, "Hello", GenerationParams(max_tokens=3, temperature=0.0))
+    assert all(t.logprob is None and t.top_logprobs == () for t in _tokens(events))
+
+
+# --------------------------------------------------------------------------- Stop while reading the prompt
+
+
+def test_stop_during_prefill_lands_fast_and_no_token_follows(worker: InferenceWorker) -> None:
+    prompt = PASSAGE * 16  # ~1,500 tokens: seconds of prefill on two cores
+    tokens = worker.tokenize(prompt, add_bos=True)
+    assert len(tokens) > 1000
+    worker.reset_cache()
+    cancel = threading.Event()
+    stopped_at: list[float] = []
+
+    def stop() -> None:
+        stopped_at.append(time.perf_counter())
+        cancel.set()
+
+    timer = threading.Timer(0.3, stop)
+    events: list[object] = []
+    gen = worker.generate(tokens, GenerationParams(max_tokens=20, temperature=0.0), cancel)
+    timer.start()
+    try:
+        while True:
+            try:
+                events.append(next(gen))
+            except StopIteration as done:
+                result = done.value
+                break
+    finally:
+        timer.cancel()
+    ended = time.perf_counter()
+    assert result.reason == "cancelled"
+    assert not _tokens(events)
+    assert stopped_at, "the prompt was read before Stop: make it longer"
+    assert ended - stopped_at[0] < 0.35, f"Stop took {ended - stopped_at[0]:.3f} s"
+    progress = [e.done for e in events if isinstance(e, PrefillProgress)]
+    assert progress[-1] < len(tokens)
+    assert any(0 < done < len(tokens) for done in progress), "progress was not reported within the prompt"
+    # The cache is consistent: it holds exactly the chunks read before Stop, and the next turn
+    # reuses them and reads the rest.
+    reused = next(gen_events(worker, tokens))
+    assert reused == progress[-1]
+
+
+def gen_events(worker: InferenceWorker, tokens: list[int]) -> Iterator[int]:
+    """The cached tokens the next generation of ``tokens`` reuses."""
+    gen = worker.generate(tokens, GenerationParams(max_tokens=2, temperature=0.0))
+    while True:
+        try:
+            next(gen)
+        except StopIteration as done:
+            yield done.value.cached_tokens
+            return
+
+
+def test_stop_right_after_prefill_sends_no_token(worker: InferenceWorker) -> None:
+    cancel = threading.Event()
+    events: list[object] = []
+    tokens = worker.tokenize(PASSAGE, add_bos=True)
+    worker.reset_cache()
+    gen = worker.generate(tokens, GenerationParams(max_tokens=50, temperature=0.0), cancel)
+    while True:
+        try:
+            event = next(gen)
+        except StopIteration as done:
+            result = done.value
+            break
+        events.append(event)
+        if isinstance(event, PrefillProgress) and event.done == event.total:
+            cancel.set()
+    assert result.reason == "cancelled"
+    assert len(_tokens(events)) <= 1  # the child may have sampled one before it saw Stop, never more
+
+
+# --------------------------------------------------------------------------- speculative decoding
+
+QUOTE_PROMPT = (
+    "Passage:\n" + PASSAGE * 3 + "\nCopy the passage exactly.\nCopy:\n" + PASSAGE[:80]
+)
+
+
+@pytest.mark.parametrize(
+    "prompt",
+    [QUOTE_PROMPT, "The three primary colours are red, yellow and", "def fib(n):\n    if n < 2:\n        return n\n"],
+)
+def test_lookup_gives_the_same_greedy_tokens(worker: InferenceWorker, prompt: str) -> None:
+    params = GenerationParams(max_tokens=80, temperature=0.0, logprobs=1)
+    plain_events, plain = _run(worker, prompt, params)
+    fast_events, fast = _run(worker, prompt, params.model_copy(update={"speculative": "lookup"}))
+    assert [t.token_id for t in _tokens(fast_events)] == [t.token_id for t in _tokens(plain_events)]
+    assert fast.text == plain.text and fast.reason == plain.reason
+    assert plain.draft_tokens == plain.accepted_tokens == 0
+    assert fast.accepted_tokens <= fast.draft_tokens
+    assert sum(t.drafted for t in _tokens(fast_events)) == fast.accepted_tokens
+    assert fast.n_past == plain.n_past
+
+
+def test_lookup_accepts_drafts_when_the_reply_quotes(worker: InferenceWorker) -> None:
+    _, fast = _run(worker, QUOTE_PROMPT, GenerationParams(max_tokens=80, temperature=0.0, speculative="lookup"))
+    assert fast.accepted_tokens >= 30, fast
+    assert fast.accepted_tokens / fast.draft_tokens > 0.7
+
+
+def test_lookup_under_sampling_keeps_the_seeded_reply(worker: InferenceWorker) -> None:
+    # Each position is sampled once, by the same chain, with or without drafts: a seeded reply
+    # is the same (up to the batch's arithmetic, which is the same here on the CPU).
+    params = GenerationParams(max_tokens=60, temperature=0.7, seed=11)
+    plain = _run(worker, QUOTE_PROMPT, params)[1]
+    fast = _run(worker, QUOTE_PROMPT, params.model_copy(update={"speculative": "lookup"}))[1]
+    assert fast.text == plain.text
+
+
+def test_a_draft_model_is_refused_without_one_loaded(worker: InferenceWorker) -> None:
+    with pytest.raises(EngineError, match="no draft model"):
+        _run(worker, "Hello", GenerationParams(max_tokens=2, speculative="draft"))
+
+
+def test_draft_model_gives_the_same_greedy_tokens(starter_model: Path) -> None:
+    # The starter as its own draft: the mechanics (sync, drafting, rollback) with full agreement.
+    load = LoadParams(model_path=starter_model, n_ctx=1024, n_threads=2, draft_model_path=starter_model)
+    with InferenceWorker(load) as w:
+        w.start()
+        params = GenerationParams(max_tokens=48, temperature=0.0)
+        drafting = params.model_copy(update={"speculative": "draft"})
+        plain = _run(w, "The history of the printing press", params)[1]
+        fast = _run(w, "The history of the printing press", drafting)[1]
+        follow = _run(w, "The history of the printing press began", drafting)[1]
+        assert fast.text == plain.text
+        assert fast.draft_tokens > 0 and fast.accepted_tokens / fast.draft_tokens > 0.8
+        assert follow.completion_tokens > 0
+
+
+def test_a_draft_model_of_another_vocabulary_is_refused(starter_model: Path, tmp_path: Path) -> None:
+    from tests.engine.tiny_models import write_tiny_llama_gguf
+
+    other = write_tiny_llama_gguf(tmp_path / "tiny.gguf")
+    load = LoadParams(model_path=starter_model, n_ctx=256, draft_model_path=other)
+    with pytest.raises(ModelLoadError) as caught, InferenceWorker(load) as w:
+        w.start()
+    message = str(caught.value)
+    assert "tiny.gguf" in message and "vocabulary" in message and "\n" not in message
