@@ -136,6 +136,11 @@ class Paths:
         return self.config / "tool_permissions.json"
 
     @property
+    def kv_cache(self) -> Path:
+        """The KV cache saved with each chat (``engine.kv_cache``; created owner-only on first save)."""
+        return self.data / "kv_cache"
+
+    @property
     def bandwidth_cache(self) -> Path:
         return self.cache / "memory_bandwidth.json"
 

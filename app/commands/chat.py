@@ -3,6 +3,11 @@
 With ``--prompt`` it answers once. Without it, each line of stdin is a user turn of one
 conversation, so the KV cache of earlier turns is reused. ``--json`` prints one JSON object per
 turn: the reply, ``finish_reason``, every Stats field and ``sources``.
+
+Conversations are saved to the history like the app's (``app.commands.chat_history``): a new one
+prints its id first (``"conversation_id"`` with ``--json``); ``--conversation ID`` continues it, in
+this process or a later one, from the KV cache saved with it (``engine.kv_cache``) unless
+``--no-kv-cache``.
 """
 
 from __future__ import annotations
@@ -38,6 +43,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: a
     parser.add_argument("--gpu-layers", default="0", help="layers to offload to the GPU: N, or 'auto'")
     parser.add_argument("--overflow", choices=["rolling", "refuse"], default="rolling",
                         help="when the conversation outgrows the window: drop oldest turns, or refuse")
+    parser.add_argument("--conversation", type=positive_int, metavar="ID",
+                        help="continue this saved conversation (a new one prints its id at the start)")
+    parser.add_argument("--no-kv-cache", action="store_true",
+                        help="neither restore nor save the KV cache saved with the conversation")
     add_json_flag(parser)
     parser.set_defaults(handler=run)
 
@@ -78,14 +87,29 @@ def run(args: argparse.Namespace, paths: Paths) -> int:
         return 2
     params = GenerationParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
     retriever = _retriever(args, paths) if args.kb else None
-    history: list[Message] = []
-    with session:
+    from app.commands.chat_history import ChatLog
+
+    chat_log = ChatLog(paths, args.conversation, args.model or args.endpoint)
+    history: list[Message] = chat_log.history()
+    system = args.system if args.system is not None else chat_log.system_prompt
+    kv_cache = args.endpoint is None and not args.no_kv_cache
+    with session, chat_log:
         session.load()
         for user in _turns(args):
-            documents, sources = retriever(user, session) if retriever else (None, [])
-            reply, finished = _answer(session, history, user, params, args.system, documents, args.json)
+            conversation_id, created = chat_log.start_turn(user, system)
+            if created and not args.json:
+                print(f"[conversation {conversation_id}: continue it with --conversation {conversation_id}]",
+                      file=sys.stderr)
+            try:
+                documents, sources = retriever(user, session) if retriever else (None, [])
+                key = chat_log.cache_key() if kv_cache else None
+                reply, finished = _answer(session, history, user, params, system, documents, args.json, key)
+            except BaseException as exc:
+                chat_log.fail_turn(exc)
+                raise
+            chat_log.finish_turn(reply, finished)
             if args.json:
-                print_json(_turn_document(reply, finished, sources))
+                print_json({**_turn_document(reply, finished, sources), "conversation_id": conversation_id})
             elif sources:
                 _print_sources(sources)
             history += [Message("user", user), Message("assistant", reply)]
@@ -103,8 +127,16 @@ def _local_session(args: argparse.Namespace, paths: Paths) -> Any:
     load = LoadParams(model_path=model, n_ctx=n_ctx, n_threads=args.threads, n_gpu_layers=gpu_layers)
     return ChatSession(
         load, machine_bandwidth_gbps=_bandwidth(paths), overflow_policy=args.overflow,
-        backend_state=paths.cpu_backend_state,
+        backend_state=paths.cpu_backend_state, kv_cache=None if args.no_kv_cache else _kv_cache(paths),
     )
+
+
+def _kv_cache(paths: Paths) -> Any:
+    """Where the KV cache saved with each chat lives, under the settings' size cap."""
+    from app.settings import load_settings
+    from engine.kv_cache import KvCacheConfig
+
+    return KvCacheConfig(paths.kv_cache, load_settings(paths.settings_file).settings.kv_cache_max_bytes)
 
 
 def _remote_session(args: argparse.Namespace, paths: Paths) -> Any:
@@ -135,13 +167,15 @@ def _turns(args: argparse.Namespace) -> Iterator[str]:
 
 
 def _answer(
-    session: Any, history: list[Any], user: str, params: Any, system: str | None, documents: str | None, quiet: bool
+    session: Any, history: list[Any], user: str, params: Any, system: str | None, documents: str | None, quiet: bool,
+    cache_key: Any = None,
 ) -> tuple[str, Any]:
     from engine.events import Finished, Token
 
     cancel = threading.Event()
     finished: Finished | None = None
-    stream = session.stream(history, user, params, system=system, documents=documents, cancel=cancel)
+    saved = {"cache_key": cache_key} if cache_key is not None else {}  # the KV cache saved with the chat
+    stream = session.stream(history, user, params, system=system, documents=documents, cancel=cancel, **saved)
     try:
         for event in stream:
             if isinstance(event, Token) and not quiet:
