@@ -18,6 +18,7 @@ from PySide6.QtWidgets import (
     QFormLayout,
     QHBoxLayout,
     QLabel,
+    QLayout,
     QLineEdit,
     QPushButton,
     QVBoxLayout,
@@ -60,6 +61,7 @@ class ConvertDialog(QDialog):
         self.adapter = adapter
         self.transfer: Transfer | None = None
         layout = QVBoxLayout(self)
+        layout.setSizeConstraint(QLayout.SizeConstraint.SetMinimumSize)  # grow, never squash the form
         note = QLabel(
             "Converts a folder with <code>config.json</code>, the tokenizer and <code>*.safetensors</code> "
             "weights to GGUF in the models folder. Pickle weights (<code>.bin</code>, <code>.pt</code>) are "
@@ -90,6 +92,9 @@ class ConvertDialog(QDialog):
         footer = add_job_footer(layout, "Convert")
         self.progress, self.status, self.buttons = footer.progress, footer.status, footer.buttons
         self.start_button, self.cancel_button = footer.start_button, footer.cancel_button
+        policy = self.progress.sizePolicy()
+        policy.setRetainSizeWhenHidden(True)  # the bar's room is kept, so showing it moves nothing
+        self.progress.setSizePolicy(policy)
         self.start_button.clicked.connect(self._on_start_button_clicked)
         self.cancel_button.clicked.connect(self._on_cancel_button_clicked)
         adapter.transfer_changed.connect(self._on_adapter_transfer_changed)
@@ -131,11 +136,21 @@ class ConvertDialog(QDialog):
         self.transfer = self.adapter.convert(
             folder, self.selected_type(), keep_intermediate=self.keep_check.isChecked()
         )
-        for widget in (self.start_button, self.folder_edit, self.browse_button, self.type_combo, self.keep_check):
-            widget.setEnabled(False)
+        self._set_form_enabled(False)
+        self.cancel_button.setText("Cancel")
+        self.cancel_button.setEnabled(True)
         self.progress.setVisible(True)
         self.progress.setRange(0, 0)
         self.status.setText(f"Converting {folder.name}…")
+
+    def _set_form_enabled(self, enabled: bool) -> None:
+        for widget in (self.folder_edit, self.browse_button, self.type_combo):
+            widget.setEnabled(enabled)
+        self.start_button.setEnabled(enabled and bool(self.folder_edit.text().strip()))
+        if enabled:
+            self._on_type_combo_current_index_changed()
+        else:
+            self.keep_check.setEnabled(False)
 
     @Slot()
     def _on_cancel_button_clicked(self) -> None:
@@ -163,6 +178,9 @@ class ConvertDialog(QDialog):
             self.status.setText(f"{transfer.state}: {transfer.message}")
             self.cancel_button.setText("Close")
             self.cancel_button.setEnabled(True)
+            # Fix the folder or the type and go again, or convert another checkpoint.
+            self.start_button.setText("Convert another" if transfer.state == "done" else "Retry")
+            self._set_form_enabled(True)
             return
         if transfer.total:
             self.progress.setRange(0, transfer.total)

@@ -156,3 +156,13 @@ class Paths:
     @property
     def lock_file(self) -> Path:
         return self.data / "glassbox.lock"
+
+
+def resource_path(name: str) -> Path:
+    """A file shipped in ``resources/`` (``perplexity.txt``, ``curated_models.json``): in the
+    source tree, or in the frozen bundle's ``_MEIPASS`` (``installers/glassbox.spec`` lists it)."""
+    import sys
+
+    base = getattr(sys, "_MEIPASS", None)
+    root = Path(base) if base else Path(__file__).resolve().parent.parent
+    return root / "resources" / name

@@ -37,6 +37,26 @@ def list_model_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.rglob("*.gguf") if p.is_file() and not p.name.startswith("."))
 
 
+def chat_model_files(folder: Path) -> list[Path]:
+    """:func:`list_model_files` without the models that cannot chat (embedders, vision projectors),
+    which would fail deep in llama.cpp. A header that cannot be read stays: loading it says why."""
+    from engine.errors import ModelFileError
+    from engine.library import model_kind, read_model_info, split_parts
+
+    out = []
+    for path in list_model_files(folder):
+        parts = split_parts(path)
+        if parts is not None and path != parts[0]:
+            continue  # a later part of a split model: the first part stands for it
+        try:
+            if model_kind(read_model_info(path)) != "chat":
+                continue
+        except ModelFileError:
+            pass
+        out.append(path)
+    return out
+
+
 class ModelActions:
     """Model actions of the main window (needs the attributes annotated below)."""
 
@@ -72,7 +92,7 @@ class ModelActions:
         folder = self.models_folder()
 
         def scan() -> list[Path]:
-            return list_model_files(folder)
+            return chat_model_files(folder)
 
         run_in_background(scan, lambda found: self._on_models_scanned(found, first_start), self._on_scan_failed)
 
@@ -82,6 +102,9 @@ class ModelActions:
 
     def _on_models_scanned(self, found: list[Path], first_start: bool) -> None:
         self.set_models(found)
+        if first_start:  # the Hugging Face cache and LM Studio's folder are hidden: offer them by name
+            self.models_adapter.other_folders_found.connect(self._on_models_other_folders_found)
+            self.models_adapter.find_other_apps()
         if not found and first_start:
             self._install_starter()
             return
@@ -125,7 +148,7 @@ class ModelActions:
             if model is None:
                 self.composer.set_ready(False, "The starter model is not installed.")
                 return
-            self.set_models(list_model_files(folder) or [model.path])
+            self.set_models(chat_model_files(folder) or [model.path])
             self.models_adapter.scan()
             self._auto_load(prefer=model.path)
 
@@ -232,7 +255,16 @@ class ModelActions:
 
     @Slot(object)
     def _on_models_library_changed(self, entries: list[Any]) -> None:
-        self.set_models([e.path for e in entries if not e.error and e.available])
+        self.set_models([e.path for e in entries if e.chat_problem() is None])  # no embedders, no mmproj
+
+    @Slot(object)
+    def _on_models_other_folders_found(self, folders: list[Any]) -> None:
+        self.models_adapter.other_folders_found.disconnect(self._on_models_other_folders_found)
+        if folders:
+            names = ", ".join(sorted({f.app for f in folders}))
+            self.statusBar().showMessage(
+                f"Models from {names} were found on this machine: open Models → Library to use them.", 20000
+            )
 
     @Slot(object)
     def _on_models_page_load_requested(self, path: Path) -> None:

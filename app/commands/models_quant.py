@@ -102,9 +102,9 @@ def _say(line: str) -> None:
 
 def perplexity_text_path() -> Path:
     """The shipped quality-check text (``resources/perplexity.txt``), frozen app included."""
-    base = getattr(sys, "_MEIPASS", None)
-    root = Path(base) if base else Path(__file__).resolve().parents[2]
-    return root / "resources" / "perplexity.txt"
+    from app.paths import resource_path
+
+    return resource_path("perplexity.txt")
 
 
 def _record(paths: Paths, path: Path, **fields: str) -> None:

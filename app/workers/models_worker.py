@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from PySide6.QtCore import QObject, Signal
 
 from app.tasks import SerialExecutor, call_on_gui_thread, describe_error, run_in_background
+from app.workers.model_jobs import ModelJobs
 
 if TYPE_CHECKING:
     from engine.download_queue import DownloadQueue
@@ -88,7 +89,7 @@ class Transfer:
         return bool(self.files) and not self.running and self.state != "done"
 
 
-class ModelsAdapter(QObject):
+class ModelsAdapter(QObject, ModelJobs):
     """Fronts the model library, the Hub, downloads and quantization.
 
     Args:
@@ -103,7 +104,11 @@ class ModelsAdapter(QObject):
         library_changed(object): list of ``engine.library.LibraryEntry``.
         hardware_ready(object): ``engine.hardware.HardwareInfo``.
         search_finished(str, object): the query and its ``RepoSummary`` list.
+        search_failed(str, str): the query and why it failed (offline, an HTTP error), one line.
         files_listed(str, object): a repo and its ``RepoFiles``.
+        files_failed(str, str): a repo and why its files could not be listed, one line.
+        other_folders_found(object): :class:`~app.model_folders.OtherAppFolder` list, the model
+            folders of other apps that exist here and are neither in the library nor declined.
         transfer_changed(object): a :class:`Transfer` (progress, state).
         transfer_removed(object): a stopped :class:`Transfer` whose partial files were discarded.
         unfinished_found(int): how many unfinished downloads from an earlier session were found.
@@ -113,7 +118,10 @@ class ModelsAdapter(QObject):
     library_changed = Signal(object)
     hardware_ready = Signal(object)
     search_finished = Signal(str, object)
+    search_failed = Signal(str, str)
     files_listed = Signal(str, object)
+    files_failed = Signal(str, str)
+    other_folders_found = Signal(object)
     transfer_changed = Signal(object)
     transfer_removed = Signal(object)
     unfinished_found = Signal(int)
@@ -217,6 +225,43 @@ class ModelsAdapter(QObject):
 
         return estimate_fit_from_size(size, self.hardware, self.bandwidth_gbps)
 
+    def fit_for_info(self, info: Any, n_ctx: int) -> Any:
+        """The fit estimate for a header (say, of a file a quantization will write); None when unknown."""
+        if self.hardware is None or info is None:
+            return None
+        from engine.fit import estimate_fit
+
+        try:
+            return estimate_fit(info, self.hardware, min(n_ctx, info.context_length or n_ctx),
+                                bandwidth_gbps=self.bandwidth_gbps)
+        except (ValueError, ArithmeticError):
+            return None
+
+    def find_other_apps(self) -> None:
+        """Looks for the Hugging Face cache and LM Studio's models folder (other_folders_found)."""
+
+        def work() -> list[Any]:
+            from app.model_folders import offered_folders
+
+            return offered_folders(self.library().extra_dirs, self.declined_file)
+
+        run_in_background(work, self.other_folders_found.emit, self._fail("Model folders of other apps"))
+
+    def decline_folders(self, folders: list[Path]) -> None:
+        """Remembers that the user does not want these folders offered again."""
+
+        def work() -> None:
+            from app.model_folders import decline
+
+            decline(self.declined_file, folders)
+
+        run_in_background(work, None, self._fail("Model folders"))
+
+    @property
+    def declined_file(self) -> Path:
+        """Other apps' model folders the user said no to (beside the folder list)."""
+        return self.folders_file.with_name("model_folders_declined.json")
+
     def add_folder(self, folder: Path) -> None:
         run_in_background(lambda: self.library().add_folder(folder), lambda _r: self.scan(), self._fail("Add folder"))
 
@@ -231,7 +276,8 @@ class ModelsAdapter(QObject):
 
             return search_models(query, limit=30, endpoint=self.endpoint)
 
-        run_in_background(work, lambda hits: self.search_finished.emit(query, hits), self._fail("Search"))
+        run_in_background(work, lambda hits: self.search_finished.emit(query, hits),
+                          lambda exc: self.search_failed.emit(query, describe_error(exc)))
 
     def list_files(self, repo: str) -> None:
         def work() -> Any:
@@ -239,7 +285,8 @@ class ModelsAdapter(QObject):
 
             return list_repo_files(repo, endpoint=self.endpoint)
 
-        run_in_background(work, lambda files: self.files_listed.emit(repo, files), self._fail(repo))
+        run_in_background(work, lambda files: self.files_listed.emit(repo, files),
+                          lambda exc: self.files_failed.emit(repo, describe_error(exc)))
 
     # ------------------------------------------------------------------ downloads
     def download(self, repo: str, choice: Any, commit: str | None = None) -> Transfer:
@@ -566,118 +613,6 @@ class ModelsAdapter(QObject):
         self._running_downloads = [f for f in self._running_downloads if not f.done()]
         self._running_downloads.append(self._downloads.submit(work, done, failed))
 
-    # ------------------------------------------------------------------ quantization
-    def quantize(self, src: Path, qtype: str, dst: Path) -> Transfer:
-        """Quantizes ``src`` to ``qtype`` at ``dst`` (atomic; Cancel kills the child process)."""
-        transfer = Transfer(key=f"quantize:{dst}", label=f"{src.name} → {qtype}", kind="quantize")
-        self.transfers[transfer.key] = transfer
-        self.transfer_changed.emit(transfer)
-        last = [0.0]
-
-        def progress(update: Any) -> None:
-            now = time.perf_counter()
-            transfer.done, transfer.total = update.done_tensors, update.total_tensors
-            transfer.state = "quantizing"
-            transfer.message = update.tensor_name
-            if now - last[0] >= PROGRESS_INTERVAL_S:
-                last[0] = now
-                call_on_gui_thread(lambda: self.transfer_changed.emit(transfer))
-
-        def work() -> Any:
-            from engine.quantize import quantize_model
-
-            return quantize_model(src, dst, qtype, cancel=transfer.cancel, progress=progress)
-
-        def done(result: Any) -> None:
-            transfer.state = "done"
-            transfer.result = result
-            transfer.message = (
-                f"{result.dst_bytes / 2**20:.0f} MiB, {result.ratio:.1f}x smaller, {result.seconds:.0f} s"
-            )
-            self.transfer_changed.emit(transfer)
-            run_in_background(
-                lambda: self.library().record_provenance(dst, quantized_from=str(src)), lambda _r: self.scan()
-            )
-
-        self._quantize.submit(work, done, self._job_failed(transfer))
-        return transfer
-
-    def convert(self, folder: Path, qtype: str, keep_intermediate: bool = False) -> Transfer:
-        """Converts a Hugging Face checkpoint folder to GGUF in the models folder, quantized to
-        ``qtype`` (``engine.convert.convert_and_quantize``; Cancel kills the running stage's child)."""
-        transfer = Transfer(key=f"convert:{folder}:{qtype}", label=f"{folder.name} → {qtype}", kind="convert")
-        self.transfers[transfer.key] = transfer
-        self.transfer_changed.emit(transfer)
-        last = [0.0]
-
-        def progress(update: Any) -> None:
-            now = time.perf_counter()
-            new_stage = update.stage != transfer.state
-            transfer.done, transfer.total = update.done, update.total
-            transfer.state = update.stage
-            transfer.message = f"Step {update.step} of {update.steps}: {update.text}"
-            if new_stage or now - last[0] >= PROGRESS_INTERVAL_S:
-                last[0] = now
-                call_on_gui_thread(lambda: self.transfer_changed.emit(transfer))
-
-        def work() -> Any:
-            from engine.convert import convert_and_quantize
-
-            self.models_dir.mkdir(parents=True, exist_ok=True)
-            return convert_and_quantize(
-                folder, qtype, out_folder=self.models_dir, keep_intermediate=keep_intermediate,
-                library=self.library(), cancel=transfer.cancel, progress=progress,
-            )  # fmt: skip
-
-        def done(result: Any) -> None:
-            transfer.state = "done"
-            transfer.result = result
-            seconds = f"{result.seconds:.0f} s"
-            transfer.message = f"wrote {result.path.name} ({result.dst_bytes / 2**20:.1f} MiB) in {seconds}"
-            self.transfer_changed.emit(transfer)
-            self.scan()
-
-        self._quantize.submit(work, done, self._job_failed(transfer))
-        return transfer
-
-    def _job_failed(self, transfer: Transfer) -> Callable[[BaseException], None]:
-        """The failure handler of a quantize or convert job: the row says cancelled or the error."""
-
-        def failed(exc: BaseException) -> None:
-            from engine.errors import Cancelled
-
-            transfer.state = "cancelled" if isinstance(exc, Cancelled) else "error"
-            transfer.message = describe_error(exc)
-            self.transfer_changed.emit(transfer)
-
-        return failed
-
-    def check_quality(self, source: Path, result: Path, qtype: str, on_done: Callable[[Any], None]) -> Transfer:
-        """Compares perplexity of a model and its quantization on a built-in text."""
-        transfer = Transfer(key=f"quality:{result}", label=f"Quality check {result.name}", kind="quality")
-        transfer.state = "running"
-        self.transfers[transfer.key] = transfer
-        self.transfer_changed.emit(transfer)
-
-        def work() -> Any:
-            from engine.perplexity import quality_check
-
-            return quality_check(source, result, _QUALITY_TEXT, qtype=qtype, cancel=transfer.cancel)
-
-        def done(report: Any) -> None:
-            transfer.state = "done"
-            transfer.message = report.summary()
-            self.transfer_changed.emit(transfer)
-            on_done(report)
-
-        def failed(exc: BaseException) -> None:
-            transfer.state = "error"
-            transfer.message = describe_error(exc)
-            self.transfer_changed.emit(transfer)
-
-        self._quantize.submit(work, done, failed)
-        return transfer
-
     def shutdown(self, wait: bool = True) -> None:
         """Cancels downloads and quantizations; downloads keep their resumable partial files.
 
@@ -726,12 +661,3 @@ def _record(library: Any, repo: str, records: list[tuple[Path, str, str | None]]
         if sha256:  # unknown for a skipped file without a listed hash: keep what was recorded
             fields["sha256"] = sha256
         library.record_provenance(path, **fields)
-
-
-_QUALITY_TEXT = (
-    "The history of the printing press begins in the fifteenth century, when movable metal type made "
-    "it possible to reproduce books quickly and cheaply. Within a few decades presses were running in "
-    "hundreds of towns across Europe, and the price of books fell sharply. Literacy spread, scholars "
-    "shared their work more widely, and new ideas travelled faster than ever before. Newspapers, "
-    "pamphlets and scientific journals followed, changing how people learned about the world."
-)

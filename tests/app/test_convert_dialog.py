@@ -112,8 +112,13 @@ def test_cancel_stops_the_conversion_and_keeps_the_dialog_responsive(
     qtbot.addWidget(dialog)
     dialog.show()
     dialog.keep_check.setChecked(True)
+    qtbot.waitExposed(dialog)
+    form_height = (dialog.type_combo.height(), dialog.folder_edit.height())
     dialog.start_button.click()
     qtbot.waitUntil(started.is_set, timeout=10_000)
+    qtbot.wait(50)  # let the layout settle with the progress bar shown
+    assert dialog.progress.isVisible()
+    assert (dialog.type_combo.height(), dialog.folder_edit.height()) == form_height  # not squashed
     qtbot.waitUntil(lambda: dialog.status.text() == "Step 1 of 2: converting: 3/21 tensors", timeout=5000)
     assert calls == [(tmp_path, "Q4_K_M", True)]
     assert dialog.progress.maximum() == 21
@@ -129,6 +134,17 @@ def test_cancel_stops_the_conversion_and_keeps_the_dialog_responsive(
     qtbot.waitUntil(lambda: dialog.cancel_button.text() == "Close", timeout=5000)
     assert dialog.status.text() == f"cancelled: {tmp_path}: cancelled while converting; no file was written"
     assert dialog.cancel_button.isEnabled()
+    # Retry: the form is back, and Start runs the conversion again.
+    assert dialog.start_button.text() == "Retry"
+    assert dialog.start_button.isEnabled() and dialog.folder_edit.isEnabled() and dialog.type_combo.isEnabled()
+    started.clear()
+    dialog.start_button.click()
+    qtbot.waitUntil(started.is_set, timeout=10_000)
+    assert len(calls) == 2
+    assert dialog.transfer is not transfer
+    assert dialog.cancel_button.text() == "Cancel"
+    dialog.cancel_button.click()
+    qtbot.waitUntil(lambda: dialog.cancel_button.text() == "Close", timeout=10_000)
     dialog.cancel_button.click()  # now it closes
     assert not dialog.isVisible()
 
@@ -136,17 +152,14 @@ def test_cancel_stops_the_conversion_and_keeps_the_dialog_responsive(
 def test_the_models_page_opens_the_dialog(qtbot: Any, adapter: ModelsAdapter, monkeypatch: pytest.MonkeyPatch) -> None:
     from app.model_panel import ModelPanel
 
-    opened: list[ConvertDialog] = []
-
-    def fake_exec(self: ConvertDialog) -> int:
-        opened.append(self)
-        return 0
-
-    monkeypatch.setattr(ConvertDialog, "exec", fake_exec)
     panel = ModelPanel(adapter, 2048)
     qtbot.addWidget(panel)
     assert panel.convert_button.text() == "Convert…"
-    panel.convert_button.click()
-    assert len(opened) == 1
-    assert opened[0].adapter is adapter
-    assert opened[0].parent() is panel
+    panel.convert_button.click()  # window-modal, no nested event loop
+    dialog = panel.dialog
+    assert isinstance(dialog, ConvertDialog)
+    assert dialog.isVisible()
+    assert dialog.adapter is adapter
+    assert dialog.parent() is panel
+    dialog.reject()
+    qtbot.waitUntil(lambda: panel.dialog is None, timeout=2000)
