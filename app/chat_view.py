@@ -202,6 +202,7 @@ class MessageCard(QFrame):
         self._colors = colors
         self._code_blocks: tuple[str, ...] = ()
         self._text = message.content
+        self._streaming_state = False
         is_user = message.role == "user"
 
         outer = QHBoxLayout(self)
@@ -364,6 +365,12 @@ class MessageCard(QFrame):
     def text(self) -> str:
         return self._text
 
+    def set_colors(self, colors: CodeColors) -> None:
+        """Renders the body again in another theme's colours (code blocks, links)."""
+        self._colors = colors
+        self._blocks = [("\0stale", label, codes) for _block, label, codes in self._blocks]
+        self.set_text(self._text, final=self._streaming_state is False)
+
     def highlight(self, terms: Sequence[str]) -> int:
         """Marks ``terms`` in the body (a search hit); returns how many blocks have one."""
         marked = 0
@@ -385,6 +392,7 @@ class MessageCard(QFrame):
         self.sources_box.setVisible(True)
 
     def set_streaming(self, streaming: bool) -> None:
+        self._streaming_state = streaming
         for button in self._actions:
             button.setEnabled(not streaming)
         if streaming:
@@ -468,7 +476,12 @@ class ChatView(QScrollArea):
         self._render_timer.timeout.connect(self._render_stream)
 
     def set_colors(self, colors: CodeColors) -> None:
+        """The theme's code and link colours; the cards shown are rendered again in them."""
+        if colors == self._colors:
+            return
         self._colors = colors
+        for card in self.cards:
+            card.set_colors(colors)
 
     def set_assistant_name(self, name: str) -> None:
         self._assistant_name = name

@@ -298,3 +298,14 @@ def test_settings_dialog_gpu_layers_and_kv_size(qtbot: Any, paths: Paths) -> Non
     first = dialog.kv_label.text()
     dialog.n_ctx.setValue(2048)
     assert "KV cache at 2,048 tokens" in dialog.kv_label.text() and dialog.kv_label.text() != first
+
+
+def test_a_theme_change_renders_the_shown_replies_again(qtbot: Any) -> None:
+    view = ChatView()
+    qtbot.addWidget(view)
+    view.set_colors(LIGHT.code)
+    view.set_thread([msg(1, "user", "code please"), msg(2, "assistant", "```py\nx = 1\n```")])
+    assert LIGHT.code.code_bg in view.cards[1].body.text()
+    view.set_colors(DARK.code)
+    assert DARK.code.code_bg in view.cards[1].body.text()
+    assert LIGHT.code.code_bg not in view.cards[1].body.text()

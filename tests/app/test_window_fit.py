@@ -175,3 +175,47 @@ def test_toast_text_reads_on_its_background(qtbot: Any, paths: Paths, theme: Any
     assert text in colors  # the letters are painted in it
     w.shutdown()
     apply_theme(QApplication.instance(), LIGHT)
+
+
+def test_dark_theme_checkbox_and_checked_toggle_are_visible(qtbot: Any) -> None:
+    from PySide6.QtWidgets import QCheckBox, QPushButton, QVBoxLayout
+
+    app = QApplication.instance()
+    apply_theme(app, DARK)
+    try:
+        holder = QWidget()
+        layout = QVBoxLayout(holder)
+        box = QCheckBox("Load the last model")
+        toggle = QPushButton("Inspector")
+        toggle.setCheckable(True)
+        layout.addWidget(box)
+        layout.addWidget(toggle)
+        qtbot.addWidget(holder)
+        holder.show()
+        QApplication.processEvents()
+        image = box.grab().toImage()
+        indicator = [image.pixelColor(x, y).name() for x in range(0, 22) for y in range(image.height())]
+        best = max(contrast_ratio(color, DARK.window) for color in indicator)
+        assert best >= 3.0, best  # the unchecked box's border reads on the dark background
+        unchecked = toggle.grab().toImage()
+        toggle.setChecked(True)
+        QApplication.processEvents()
+        checked = toggle.grab().toImage()
+        assert checked != unchecked
+        middle = checked.pixelColor(checked.width() // 4, checked.height() // 2).name()
+        assert middle == DARK.user_bubble  # the checked look: the accent-tinted fill
+    finally:
+        apply_theme(app, LIGHT)
+
+
+def test_closing_hides_the_window_before_the_slow_shutdown(qtbot: Any, window: Any, monkeypatch: Any) -> None:
+    seen: list[bool] = []
+    real = window.chat.shutdown
+
+    def shutdown(deadline_s: float = 5.0) -> bool:
+        seen.append(window.isVisible())
+        return bool(real(deadline_s))
+
+    monkeypatch.setattr(window.chat, "shutdown", shutdown)
+    window.close()
+    assert seen == [False]  # the model and the threads close after the window is gone
