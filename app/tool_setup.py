@@ -265,6 +265,17 @@ class ToolSet:
         source = self.source_of(name)
         return source is not None and self.permissions.always_allows(source, name)
 
+    def allow_always(self, name: str) -> None:
+        """Puts the tool called ``name`` on the allow list (the approval's "Always allow this tool").
+
+        Raises:
+            ToolSetupError: no tool of that name is offered.
+        """
+        source = self.source_of(name)
+        if source is None:
+            raise ToolSetupError("tools", f"there is no tool {name!r} to allow")
+        self.permissions.set_always_allow(source, name)
+
     def call(
         self, name: str, arguments: dict[str, Any], *, timeout_s: float, cancel: threading.Event | None = None
     ) -> ToolResult:

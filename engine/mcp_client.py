@@ -287,6 +287,9 @@ class McpServer:
         future = asyncio.run_coroutine_threadsafe(self._call(name, arguments, timeout_s), loop)
         deadline = time.monotonic() + self._connect_timeout_s + self._list_timeout_s + timeout_s + 10.0
         while True:
+            if self._closed:  # closed from another thread: the loop may stop before this call ends
+                future.cancel()
+                return ToolResult(f"MCP server {self.name!r}: it was closed during the call to {name}", is_error=True)
             if cancel is not None and cancel.is_set():
                 future.cancel()
                 return ToolResult(f"the call to {name} on MCP server {self.name!r} was cancelled", is_error=True)

@@ -10,6 +10,7 @@ Run one as a child: ``python tests/mcp_servers.py [--http PORT]`` (stdio by defa
 - ``slow(seconds)``: the call takes ``seconds``; the server still answers other requests.
 - ``fail(message)``: a tool error (``isError``) with ``message``.
 - ``big(n)``: ``n`` characters of text.
+- ``header(name)``: the value of an HTTP request header (streamable HTTP only).
 
 The environment variable ``GLASSBOX_TEST_MCP_MARK``, when set, is prefixed to every ``echo``, so a
 test sees that the configured ``env`` reached the server. Used by ``tests/engine/test_mcp_client.py``,
@@ -23,6 +24,9 @@ import sys
 import time
 from pathlib import Path
 
+# At module level: the SDK reads the tools' annotations (``ctx: Context``) from the module's globals.
+from mcp.server.mcpserver import Context
+
 #: This file, to put in a server's ``args``: ``[sys.executable, str(SERVER_SCRIPT)]``.
 SERVER_SCRIPT = Path(__file__).resolve()
 
@@ -30,6 +34,31 @@ SERVER_SCRIPT = Path(__file__).resolve()
 def stdio_command() -> tuple[str, list[str]]:
     """``(command, args)`` that start this test server over stdio."""
     return sys.executable, [str(SERVER_SCRIPT)]
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, dead but not yet reaped, counts as gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as handle:  # Linux: tell a zombie from a live process
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return os.name != "posix" or not os.path.isdir("/proc")
+
+
+def wait_gone(pid: int, seconds: float) -> bool:
+    """Waits up to ``seconds`` for process ``pid`` to end; whether it did."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not process_alive(pid):
+            return True
+        time.sleep(0.05)
+    return not process_alive(pid)
 
 
 def build_server() -> object:
@@ -75,6 +104,10 @@ def build_server() -> object:
     @server.tool(description="Returns n characters.")
     def big(n: int) -> str:
         return "x" * n
+
+    @server.tool(description="The value of an HTTP request header (empty over stdio).")
+    def header(name: str, ctx: Context) -> str:
+        return (ctx.headers or {}).get(name.lower(), "")
 
     return server
 

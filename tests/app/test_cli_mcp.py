@@ -31,7 +31,7 @@ from app.tool_setup import (
 )
 from engine.mcp_client import McpServer
 from engine.tools import ToolProvider, ToolResult
-from tests.mcp_servers import SERVER_SCRIPT
+from tests.mcp_servers import SERVER_SCRIPT, wait_gone
 
 
 def glassbox(*args: str, home: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -353,13 +353,18 @@ def test_open_tools_runs_builtins_and_a_server_and_stops_it(paths: Paths) -> Non
         assert tools.source_of("add") == "calc"
         assert tools.always_allows("add")
         assert not tools.always_allows("calculator")
+        tools.allow_always("calculator")
+        assert tools.always_allows("calculator")
+        assert Permissions.load(paths).always_allows("builtin", "calculator")  # saved
+        with pytest.raises(ToolSetupError, match="there is no tool 'nope' to allow"):
+            tools.allow_always("nope")
         assert tools.call("add", {"a": 2, "b": 3}, timeout_s=10) == ToolResult("5")
         assert tools.call("calculator", {"expression": "6*7"}, timeout_s=10) == ToolResult("42")
         assert tools.call("crash", {}, timeout_s=10).content.startswith("there is no tool 'crash'")
         (server,) = tools.servers
         pid = int(tools.call("whoami", {}, timeout_s=10).content)
     assert server.status().state == "closed"
-    assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1][:3]
+    assert wait_gone(pid, 5)
 
 
 def test_open_tools_with_a_broken_server_goes_on_without_it(paths: Paths) -> None:

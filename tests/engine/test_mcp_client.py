@@ -20,6 +20,8 @@ import pytest
 from engine.mcp_client import MAX_FAILED_STARTS, McpServer, McpServerConfig, McpServerError
 from engine.tools import ToolProvider
 from tests.mcp_servers import SERVER_SCRIPT, stdio_command
+from tests.mcp_servers import process_alive as _alive
+from tests.mcp_servers import wait_gone as _wait_gone
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -27,24 +29,6 @@ REPO = Path(__file__).resolve().parents[2]
 def _config(name: str = "test", **env: str) -> McpServerConfig:
     command, args = stdio_command()
     return McpServerConfig(name, command=command, args=tuple(args), env=env)
-
-
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie, dead but not reaped, counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def _wait_gone(pid: int, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if not _alive(pid):
-            return True
-        time.sleep(0.05)
-    return not _alive(pid)
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +43,7 @@ def test_is_a_tool_provider(server: McpServer) -> None:
 
 def test_lists_the_tools_with_their_schemas(server: McpServer) -> None:
     tools = {tool.name: tool for tool in server.tools()}
-    assert {"add", "echo", "whoami", "crash", "hang", "slow", "fail", "big"} <= set(tools)
+    assert {"add", "echo", "whoami", "crash", "hang", "slow", "fail", "big", "header"} <= set(tools)
     add = tools["add"]
     assert add.source == "test"
     assert add.description == "Adds two integers and returns the sum."
@@ -308,6 +292,7 @@ def test_a_streamable_http_server(http_server: tuple[str, subprocess.Popen[bytes
         assert "add" in [tool.name for tool in server.tools()]
         assert server.call("add", {"a": 20, "b": 22}, timeout_s=10).content == "42"
         assert server.call("whoami", {}, timeout_s=10).content == str(proc.pid)
+        assert server.call("header", {"name": "Authorization"}, timeout_s=10).content == "Bearer test"
         proc.kill()
         proc.wait()
         result = server.call("add", {"a": 1, "b": 2}, timeout_s=10)
@@ -330,3 +315,15 @@ def test_a_config_needs_a_command_or_a_url() -> None:
         McpServerConfig("neither")
     with pytest.raises(McpServerError, match="either a command"):
         McpServerConfig("both", command="x", url="http://x")
+
+
+def test_close_during_a_call_ends_the_call_at_once() -> None:
+    server = McpServer(_config("busy"))
+    pid = int(server.call("whoami", {}, timeout_s=10).content)
+    threading.Timer(0.5, server.close).start()
+    started = time.monotonic()
+    result = server.call("slow", {"seconds": 60}, timeout_s=60)
+    assert time.monotonic() - started < 8
+    assert result.is_error
+    assert result.content.startswith("MCP server 'busy': ")
+    assert _wait_gone(pid, 5)
