@@ -358,8 +358,7 @@ class ModelPanel(QWidget):
 
     @Slot()
     def _on_offer_add_button_clicked(self) -> None:
-        for folder in self._offered:
-            self.adapter.add_folder(folder.path)
+        self.adapter.add_folders([folder.path for folder in self._offered])
         self.library_status.setText("Added: " + ", ".join(str(f.path) for f in self._offered))
         self._offered = []
         self.offer_bar.setVisible(False)

@@ -38,8 +38,9 @@ def list_model_files(folder: Path) -> list[Path]:
 
 
 def chat_model_files(folder: Path) -> list[Path]:
-    """:func:`list_model_files` without the models that cannot chat (embedders, vision projectors),
-    which would fail deep in llama.cpp. A header that cannot be read stays: loading it says why."""
+    """:func:`list_model_files` without the models that cannot chat: embedders and vision
+    projectors (which fail deep in llama.cpp) and files whose header is unreadable (the Models page
+    lists those with the reason)."""
     from engine.errors import ModelFileError
     from engine.library import model_kind, read_model_info, split_parts
 
@@ -52,7 +53,7 @@ def chat_model_files(folder: Path) -> list[Path]:
             if model_kind(read_model_info(path)) != "chat":
                 continue
         except ModelFileError:
-            pass
+            continue
         out.append(path)
     return out
 
@@ -190,6 +191,8 @@ class ModelActions:
             breadcrumb=self.paths.breadcrumb,
             bandwidth_cache=self.paths.bandwidth_cache if self.probe_bandwidth else None,
             backend_state=self.paths.cpu_backend_state,
+            kv_cache_dir=self.paths.kv_cache,
+            kv_cache_max_bytes=self.settings.kv_cache_max_bytes,
         )
 
     def _auto_gpu_layers(self, path: Path) -> int:

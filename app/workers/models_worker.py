@@ -263,7 +263,18 @@ class ModelsAdapter(QObject, ModelJobs):
         return self.folders_file.with_name("model_folders_declined.json")
 
     def add_folder(self, folder: Path) -> None:
-        run_in_background(lambda: self.library().add_folder(folder), lambda _r: self.scan(), self._fail("Add folder"))
+        self.add_folders([folder])
+
+    def add_folders(self, folders: list[Path]) -> None:
+        """Indexes ``folders`` in place, one after the other in one job (each write of the folder
+        list reads the previous one), then rescans."""
+
+        def work() -> None:
+            library = self.library()
+            for folder in folders:
+                library.add_folder(folder)
+
+        run_in_background(work, lambda _r: self.scan(), self._fail("Add folder"))
 
     def delete(self, path: Path) -> None:
         """Deletes a model file the library owns (the caller asked for confirmation)."""
