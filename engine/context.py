@@ -144,7 +144,8 @@ def _turns(history: Sequence[Message]) -> list[list[Message]]:
     return turns
 
 
-def _system_message(system: str | None, documents: str | None) -> Message | None:
+def system_message(system: str | None, documents: str | None) -> Message | None:
+    """The pinned system message: the system prompt, a blank line, the documents (None when empty)."""
     parts = [part for part in (system, documents) if part]
     return Message("system", "\n\n".join(parts)) if parts else None
 
@@ -204,7 +205,7 @@ def plan_context(
             f"the documents block needs {documents_tokens} tokens but {where}: "
             "use fewer or shorter passages or raise the context length"
         )
-    head = _system_message(system, documents)
+    head = system_message(system, documents)
     lead = [head] if head is not None else []
     turns = _turns(history)
     if user is not None:

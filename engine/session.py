@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.context import ContextPlan, Message, OverflowPolicy, plan_context
+from engine.context import ContextPlan, Message, OverflowPolicy, effective_reserve, plan_context, system_message
 from engine.cpu_backend import AMX_TAGS, BackendInfo, BackendState, safe_variant
 from engine.errors import EngineCrashed, ModelLoadError
 from engine.events import Event, Stats
@@ -357,6 +357,31 @@ class ChatSession:
             yield stats
             reason = result.reason
             yield shaper.finished(reason, stats)  # type: ignore[arg-type]
+
+    def result_room(
+        self,
+        messages: Sequence[Message],
+        params: GenerationParams | None = None,
+        *,
+        system: str | None = None,
+        documents: str | None = None,
+        tools: Sequence[ToolSpec] = (),
+        tool_choice: str | None = None,
+        thinking: bool | None = None,
+        reasoning_effort: str | None = None,
+    ) -> int:
+        """Tokens left in the window for tool results (engine/agent.py): ``messages`` is the turn
+        so far, ending with the ``tool`` messages still empty; the reply reserve is kept free."""
+        params = params or GenerationParams()
+        with self._lock:
+            self._ensure_worker()
+            assert self.info is not None and self.template is not None
+            turn = shape_turn(self.template, params, tools=tools, tool_choice=tool_choice,
+                              thinking=thinking, reasoning_effort=reasoning_effort)
+            head = system_message(system, documents)
+            prompt = turn.render([*([head] if head is not None else []), *messages])
+            reserve = effective_reserve(self.info.n_ctx, min(self.reply_reserve, params.max_tokens))
+            return self.info.n_ctx - reserve - len(self._tokenize_prompt(prompt))
 
     def _configure_kv(self, cache_key: KvKey | None) -> None:
         """Tells the worker which saved KV cache this turn uses (only when that changes)."""

@@ -176,8 +176,45 @@ def call_schema(tools: Sequence[ToolSpec], tool_choice: str) -> dict[str, Any] |
 
 
 def _object_schema(parameters: dict[str, Any]) -> dict[str, Any]:
-    schema = dict(parameters)
+    schema = enforceable_schema(parameters)
+    assert isinstance(schema, dict)
     schema.setdefault("type", "object")
-    if "properties" not in schema:
-        schema.setdefault("properties", {})
+    schema.setdefault("properties", {})
     return schema
+
+
+GRAMMAR_KEYWORDS = frozenset({
+    "type", "$ref", "oneOf", "anyOf", "allOf", "const", "enum", "properties", "additionalProperties",
+    "required", "items", "prefixItems", "minItems", "maxItems", "pattern", "minLength", "maxLength",
+    "$defs", "definitions", "description", "title",
+})
+"""The JSON-schema keywords llama.cpp's schema-to-grammar converter enforces (and two annotations)."""
+_GRAMMAR_FORMATS = frozenset({"date", "time", "date-time", "uuid"})
+_SCHEMA_LISTS = ("oneOf", "anyOf", "allOf", "prefixItems")
+_SCHEMA_MAPS = ("properties", "$defs", "definitions")
+
+
+def enforceable_schema(schema: Any) -> Any:
+    """A tool's argument schema with only what a grammar can enforce (for constrained calls).
+
+    Tool schemas (from MCP servers especially) carry checks a grammar cannot express (``minimum``,
+    ``multipleOf``, ``uniqueItems``, most formats, ...). The grammar enforces the structure; the
+    full schema is checked on the arguments before the tool runs (engine/agent.py).
+    """
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key == "format" and value in _GRAMMAR_FORMATS:
+            out[key] = value
+        elif key not in GRAMMAR_KEYWORDS:
+            continue
+        elif key in _SCHEMA_LISTS and isinstance(value, list):
+            out[key] = [enforceable_schema(sub) for sub in value]
+        elif key in _SCHEMA_MAPS and isinstance(value, dict):
+            out[key] = {name: enforceable_schema(sub) for name, sub in value.items()}
+        elif key in ("items", "additionalProperties") and isinstance(value, dict):
+            out[key] = enforceable_schema(value)
+        else:
+            out[key] = value
+    return out
