@@ -625,7 +625,8 @@ class MainWindow(ConversationActions, DocumentActions, ModelActions, QMainWindow
 
         loaded = self.chat.loaded.path if self.chat.loaded is not None else None
         local = loaded if loaded is not None and parse_remote_model(loaded) is None else None
-        dialog = SettingsDialog(self.settings, self, server_url=self.remote.server_url, model_path=local)
+        dialog = SettingsDialog(self.settings, self, server_url=self.remote.server_url, model_path=local,
+                                kv_cache_dir=self.paths.kv_cache)
         if not dialog.exec():
             return
         old = self.settings

@@ -25,6 +25,7 @@ from PySide6.QtWidgets import (
 )
 from shiboken6 import isValid
 
+from app.saved_kv_caches import SavedKvCachesWidget
 from app.settings import Settings
 
 GPU_MODES = (
@@ -42,6 +43,7 @@ class SettingsDialog(QDialog):
         settings: the settings shown.
         server_url: the local API server's address, when it runs.
         model_path: the loaded local model: the context length shows the KV cache it implies.
+        kv_cache_dir: where chats' KV caches are saved (the "Saved KV caches" group can clear it).
     """
 
     def __init__(
@@ -50,6 +52,7 @@ class SettingsDialog(QDialog):
         parent: QWidget | None = None,
         server_url: str | None = None,
         model_path: Path | None = None,
+        kv_cache_dir: Path | None = None,
     ) -> None:
         super().__init__(parent)
         self.setWindowTitle("Settings")
@@ -143,6 +146,8 @@ class SettingsDialog(QDialog):
         form.addRow(self.auto_load)
         layout.addLayout(form)
         layout.addWidget(self._server_section(settings, server_url))
+        self.kv_caches = SavedKvCachesWidget(settings, kv_cache_dir, self)
+        layout.addWidget(self.kv_caches)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
@@ -222,6 +227,7 @@ class SettingsDialog(QDialog):
                 "api_server_enabled": self.server_enabled.isChecked(),
                 "api_server_port": self.server_port.value(),
                 "api_server_key": self.server_key.text().strip() or None,
+                "kv_cache_max_gb": self.kv_caches.max_gb(),
             }
         )
 

@@ -482,6 +482,7 @@ class ChatAdapter(QObject):
             params=context.params,
             system=context.system,
             cancel=placeholder.request.cancel,
+            cache_key=(str(conversation.id), str(reply_id)),  # the KV cache saved with the chat
         )
         turn = _Turn(request, conversation.id, reply_id, time.perf_counter())
         self._turn = turn

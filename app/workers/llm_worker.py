@@ -41,6 +41,8 @@ class LoadRequest:
         breadcrumb: file written before the load and removed after it (crash detection).
         bandwidth_cache: where the measured memory bandwidth is cached (None: skip the probe).
         backend_state: where this machine's CPU-variant verdicts are kept (engine.cpu_backend).
+        kv_cache_dir: where the KV cache of each chat is saved (engine.kv_cache); None: not saved.
+        kv_cache_max_bytes: the size cap of those files (0: none saved).
     """
 
     model_path: Path
@@ -53,6 +55,8 @@ class LoadRequest:
     breadcrumb: Path | None = None
     bandwidth_cache: Path | None = None
     backend_state: Path | None = None
+    kv_cache_dir: Path | None = None
+    kv_cache_max_bytes: int = 0
     cancel: threading.Event = field(default_factory=threading.Event, compare=False)
 
 
@@ -70,6 +74,8 @@ class GenerateRequest:
         cancel: set by the GUI thread to stop.
         retrieve: ``(query, session) -> (documents, sources)``, run on this thread before generating
             (it needs the session's tokenizer to fit the passages).
+        cache_key: ``(conversation id, branch)`` of the KV cache saved with the chat
+            (``engine.kv_cache.KvKey``; the branch is the id of the reply being written).
     """
 
     request_id: int
@@ -80,6 +86,7 @@ class GenerateRequest:
     documents: str | None = None
     cancel: threading.Event = field(default_factory=threading.Event, compare=False)
     retrieve: Callable[[str, Any], tuple[str | None, list[dict[str, Any]]]] | None = field(default=None, compare=False)
+    cache_key: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -146,7 +153,17 @@ def default_session_factory(request: LoadRequest, bandwidth: float | None) -> Se
         overflow_policy=request.overflow_policy,  # type: ignore[arg-type]
         reply_reserve=request.reply_reserve,
         backend_state=request.backend_state,
+        kv_cache=_kv_cache_config(request),
     )
+
+
+def _kv_cache_config(request: LoadRequest) -> Any:
+    """The engine's KvCacheConfig for a load, or None when chats' KV caches are not saved."""
+    if request.kv_cache_dir is None or request.kv_cache_max_bytes <= 0:
+        return None
+    from engine.kv_cache import KvCacheConfig
+
+    return KvCacheConfig(request.kv_cache_dir, request.kv_cache_max_bytes)
 
 
 def measure_bandwidth(cache: Path | None) -> float | None:
@@ -305,6 +322,11 @@ class LlmWorker(QObject):
                     self.retrieval_failed.emit(request.request_id, exc)
                 else:
                     self.sources_found.emit(request.request_id, sources)
+            saved: dict[str, Any] = {}  # the KV cache saved with the chat, when the session keeps them
+            if request.cache_key is not None and getattr(session, "kv_cache", None) is not None:
+                from engine.kv_cache import KvKey
+
+                saved["cache_key"] = KvKey(*request.cache_key)
             events = session.stream(
                 history,
                 request.user,
@@ -312,6 +334,7 @@ class LlmWorker(QObject):
                 system=request.system,
                 documents=documents,
                 cancel=request.cancel,
+                **saved,
             )
             for event in events:
                 now = time.perf_counter()
