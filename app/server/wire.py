@@ -2,37 +2,24 @@
 
 Turns request bodies into engine calls (messages into system prompt, history and the new user
 message; sampling fields into :class:`~engine.runtime.GenerationParams`) and engine results into
-OpenAI-shaped documents (``chat.completion``, ``usage``, and llama.cpp-style ``timings``). Errors are
-:class:`HttpError`: a status plus an OpenAI-style ``{"error": {...}}`` body.
+OpenAI-shaped documents (``chat.completion`` and its chunks, ``tool_calls``, ``logprobs``, ``usage``,
+and llama.cpp-style ``timings``). Errors are :class:`~app.server.errors.HttpError`.
 
-Hostile bodies (:func:`parse_body`): a body must be UTF-8 JSON, nested at most :data:`MAX_JSON_DEPTH`
-levels (checked before parsing, without recursion), with no number literal longer than
-:data:`MAX_NUMBER_CHARS` characters, no ``NaN``/``Infinity`` and no number too large for a float, and
-no lone UTF-16 surrogate (``"\\ud800"``) in any string; anything else is a 400 naming what is wrong.
-Answers never carry Python exception text: the server's own failures are a fixed message, and
-the detail goes to the server log (:func:`http_error_for`).
+The messages: ``system`` and ``developer`` become the system prompt; ``user``, ``assistant`` (with
+``tool_calls``) and ``tool`` (with ``tool_call_id``) the conversation. Tools are
+:class:`~engine.tools.ToolSpec`; ``tool_choice`` is ``auto``, ``none``, ``required`` or a named
+function (``{"type": "function", "function": {"name": ...}}``).
 """
 
 from __future__ import annotations
 
 import json
-import logging
-import math
-import re
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from engine.errors import (
-    ContextOverflow,
-    EngineCrashed,
-    EngineError,
-    ModelFileError,
-    ModelLoadError,
-    TemplateError,
-)
-
-log = logging.getLogger("glassbox.serve")
+from app.server import params as fields
+from app.server.errors import HttpError
 
 MAX_MESSAGES = 2048
 """Most messages one chat request may carry (planning the context window costs more per message)."""
@@ -44,19 +31,8 @@ characters per token of the window, but never under :data:`MIN_TEXT_CHARS`."""
 MIN_TEXT_CHARS = 256 * 1024
 """The cap on a request's text (all messages together, in characters) for a small or unknown window."""
 
-MAX_STOP_STRINGS = 16
-"""Most stop strings per request (OpenAI allows 4)."""
-
-MAX_STOP_CHARS = 256
-"""Longest stop string, in characters."""
-
-MAX_JSON_DEPTH = 64
-"""Deepest nesting of arrays and objects in a request body (the API's own documents need 5)."""
-
-MAX_NUMBER_CHARS = 100
-"""Longest number literal in a request body (Python refuses integers of more than 4,300 digits, and
-converting a long one costs quadratic time)."""
-
+MAX_TOOLS = 128
+"""Most tools one request may offer (OpenAI allows 128)."""
 
 def text_limit(n_ctx: int | None) -> int:
     """The most characters of message text one request may carry for a window of ``n_ctx`` tokens.
@@ -67,184 +43,65 @@ def text_limit(n_ctx: int | None) -> int:
     return max(MIN_TEXT_CHARS, TEXT_CHARS_PER_TOKEN * (n_ctx or 0))
 
 
-class HttpError(Exception):
-    """An error answer: status and an OpenAI-style error body.
+CHAT_FIELDS = frozenset(
+    {
+        "messages",
+        "model",
+        "stream",
+        "stream_options",
+        "max_tokens",
+        "max_completion_tokens",
+        "n",
+        "logprobs",
+        "top_logprobs",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "knowledge_base",
+        "reasoning_effort",
+        "chat_template_kwargs",
+        *fields.SAMPLING,
+        *fields.CONSTRAINTS,
+    }
+)
+"""The ``/v1/chat/completions`` fields this server reads; any other is a 400 (see :mod:`app.server.params`)."""
 
-    ``retry_after`` (seconds), when set, is sent as a ``Retry-After`` header.
+
+@dataclass(frozen=True)
+class WireMessage:
+    """One message of a request, in the engine's terms (see :func:`engine_messages`).
+
+    Attributes:
+        role: ``user``, ``assistant`` or ``tool`` (system messages are folded into the system prompt).
+        content: its text.
+        tool_calls: an assistant's calls, as (id, name, arguments).
+        tool_call_id: the call a ``tool`` message answers.
     """
 
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        kind: str = "invalid_request_error",
-        code: str | None = None,
-        *,
-        retry_after: int | None = None,
-        param: str | None = None,
-    ):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.kind = kind
-        self.code = code
-        self.retry_after = retry_after
-        self.param = param
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
-
-
-# ---------------------------------------------------------------------------- hostile bodies
-
-_NOT_MARKS = bytes(b for b in range(256) if b not in b'"[]{}')
-_FLAT = bytes.maketrans(b"{}", b"[]")
-_QUOTED = re.compile(rb'"[^"]*"')
-_RUN = re.compile(rb"\[+|\]+")
-_LEAF_PASSES = 12
-_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
-_SURROGATE = re.compile("[\ud800-\udfff]")
-_SIMPLE_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
-
-
-class _BadNumber(ValueError):
-    """A number literal the parser refuses (raised from inside ``json.loads``)."""
-
-
-def nesting_exceeds(body: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
-    """True when the JSON text ``body`` nests arrays and objects more than ``limit`` levels deep.
-
-    Brackets inside strings do not count. No recursion and no loop over bytes in Python: the
-    strings are cut out and the brackets kept with C-speed byte operations, the innermost empty
-    pairs are removed a few times over (each pass takes one level off every branch), and what is
-    left is walked one run of equal brackets at a time. On malformed text the answer may be either;
-    the parser rejects that text anyway, after at most ``2 * limit`` levels.
-    """
-    # Inside strings, a backslash always pairs with the next character: drop the escaped ones.
-    unescaped = body.replace(b"\\\\", b"").replace(b'\\"', b"")
-    # Keep quotes and brackets. Two adjacent quotes are an empty string, or the end of one string
-    # and the start of the next with nothing but separators between: either way, nothing to count.
-    marks = unescaped.translate(None, _NOT_MARKS).replace(b'""', b"")
-    brackets = _QUOTED.sub(b"", marks).translate(_FLAT, b'"')
-    if b"[" * (limit + 1) in brackets:
-        return True
-    removed = 0
-    while removed < _LEAF_PASSES:
-        shorter = brackets.replace(b"[]", b"")
-        if len(shorter) == len(brackets):
-            break
-        brackets = shorter
-        removed += 1
-    if removed > limit:
-        return True
-    depth = 0
-    for run in _RUN.findall(brackets):
-        depth += len(run) if run[:1] == b"[" else -len(run)
-        if depth + removed > limit:
-            return True
-    return False
-
-
-def _parse_int(text: str) -> int:
-    if len(text) > MAX_NUMBER_CHARS:
-        raise _BadNumber(f"the request body holds a number longer than {MAX_NUMBER_CHARS} characters")
-    return int(text)
-
-
-def _parse_float(text: str) -> float:
-    if len(text) > MAX_NUMBER_CHARS:
-        raise _BadNumber(f"the request body holds a number longer than {MAX_NUMBER_CHARS} characters")
-    value = float(text)
-    if not math.isfinite(value):
-        raise _BadNumber("the request body holds a number too large for a 64-bit float")
-    return value
-
-
-def _parse_constant(text: str) -> Any:
-    raise _BadNumber(f"the request body holds {text[:9]}, which is not JSON")
-
-
-def _field_name(key: str) -> str:
-    """How a key appears in a field's path: as is when plain, else quoted and cut (it is echoed back)."""
-    return key if _SIMPLE_KEY.fullmatch(key) else json.dumps(key[:32])
-
-
-def encode_text(text: str) -> bytes:
-    """``text`` as UTF-8, a lone surrogate (which UTF-8 cannot carry) becoming U+FFFD."""
-    try:
-        return text.encode("utf-8")
-    except UnicodeEncodeError:
-        return _SURROGATE.sub("\ufffd", text).encode("utf-8")
-
-
-def lone_surrogate_field(document: Any) -> str | None:
-    """The path (``messages[0].content``) of the first string or key in ``document`` holding a lone
-    UTF-16 surrogate, which no UTF-8 text can carry; None when there is none. Iterative."""
-    stack: list[tuple[Any, str]] = [(document, "")]
-    while stack:
-        value, where = stack.pop()
-        if isinstance(value, str):
-            if _SURROGATE.search(value):
-                return where or "the request body"
-        elif isinstance(value, dict):
-            items = list(value.items())
-            for key, _ in items:
-                if _SURROGATE.search(key):
-                    return f"{where or 'the request body'} (a key)"
-            stack.extend(
-                (item, f"{where}.{_field_name(key)}" if where else _field_name(key)) for key, item in reversed(items)
-            )
-        elif isinstance(value, list):
-            stack.extend((item, f"{where}[{index}]") for index, item in reversed(list(enumerate(value))))
-    return None
-
-
-def parse_body(body: bytes) -> dict[str, Any]:
-    """A request body as a JSON object, refusing hostile shapes with a 400 that says what is wrong.
-
-    Raises:
-        HttpError: 400: not UTF-8, not JSON, nested deeper than :data:`MAX_JSON_DEPTH`, a number
-            longer than :data:`MAX_NUMBER_CHARS` or out of a float's range, ``NaN``/``Infinity``,
-            not an object, or a string holding a lone surrogate (named in ``param``).
-    """
-    try:
-        text = body.decode("utf-8-sig")  # strict: UTF-8-encoded surrogates are refused here
-    except UnicodeDecodeError as exc:
-        raise HttpError(400, f"the request body is not UTF-8 (byte {exc.start})", code="invalid_json") from None
-    if nesting_exceeds(body):
-        raise HttpError(
-            400, f"the request body nests arrays or objects more than {MAX_JSON_DEPTH} levels deep", code="invalid_json"
-        )
-    try:
-        document = json.loads(text, parse_int=_parse_int, parse_float=_parse_float, parse_constant=_parse_constant)
-    except json.JSONDecodeError as exc:
-        raise HttpError(
-            400, f"the request body is not valid JSON (line {exc.lineno}, column {exc.colno})", code="invalid_json"
-        ) from None
-    except _BadNumber as exc:
-        raise HttpError(400, str(exc), code="invalid_json") from None
-    except RecursionError:  # not reached past nesting_exceeds; kept so that a miss is still a 400
-        raise HttpError(400, "the request body nests arrays or objects too deeply", code="invalid_json") from None
-    if not isinstance(document, dict):
-        raise HttpError(400, "the request body must be a JSON object", code="invalid_json")
-    # Only a surrogate escape can put a surrogate in a string; most are pairs (an emoji from an
-    # ensure_ascii client), which the parser joins: a C-speed look at the document tells, and only a
-    # lone one pays for the walk that names its field.
-    if _SURROGATE_ESCAPE.search(text) and _SURROGATE.search(json.dumps(document, ensure_ascii=False)):
-        where = lone_surrogate_field(document) or "the request body"
-        raise HttpError(
-            400,
-            f"{where}: holds a lone UTF-16 surrogate (a \\ud800-\\udfff escape without its pair), which is "
-            "not text: send valid Unicode",
-            code="invalid_value",
-            param=where,
-        )
-    return document
+    role: str
+    content: str
+    tool_calls: tuple[tuple[str, str, dict[str, Any]], ...] = ()
+    tool_call_id: str | None = None
 
 
 @dataclass(frozen=True)
 class ChatRequest:
-    """A parsed ``/v1/chat/completions`` body, in the engine's terms."""
+    """A parsed ``/v1/chat/completions`` body (or a Responses or Messages body), in the engine's terms.
+
+    Attributes:
+        system: the system prompt (all system and developer messages, joined), or None.
+        history: the messages before the last one.
+        user: the last user message's text ("" when the conversation ends with tool results).
+        messages: every non-system message, in order (``history`` plus the last one).
+        params: the GenerationParams of the first choice.
+        n: how many choices.
+        top_logprobs: alternatives per token when ``logprobs`` is asked for, else None.
+        tools: the ToolSpecs offered.
+        tool_choice: ``auto``, ``none``, ``required`` or a function name (``none`` without tools).
+        parallel_tool_calls: False keeps only the first call of a reply.
+        thinking: the template's thinking switch (``chat_template_kwargs.enable_thinking``), or None.
+        reasoning_effort: the template's ``reasoning_effort`` switch, or None.
+    """
 
     system: str | None
     history: list[Any]
@@ -253,6 +110,14 @@ class ChatRequest:
     stream: bool
     include_usage: bool
     knowledge_bases: tuple[str, ...]
+    messages: tuple[WireMessage, ...] = ()
+    n: int = 1
+    top_logprobs: int | None = None
+    tools: tuple[Any, ...] = ()
+    tool_choice: str = "none"
+    parallel_tool_calls: bool = True
+    thinking: bool | None = None
+    reasoning_effort: str | None = None
 
 
 def _text_content(content: Any, index: int) -> str:
@@ -263,33 +128,59 @@ def _text_content(content: Any, index: int) -> str:
     if isinstance(content, list):
         parts: list[str] = []
         for part in content:
-            if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
+            if (
+                isinstance(part, dict)
+                and part.get("type") in ("text", "input_text", "output_text")
+                and isinstance(part.get("text"), str)
+            ):
                 parts.append(part["text"])
             else:
-                raise HttpError(400, f"messages[{index}]: only text content is supported", code="unsupported_content")
+                kind = part.get("type") if isinstance(part, dict) else None
+                raise HttpError(
+                    400,
+                    f"messages[{index}]: only text content is supported, not {str(kind)[:40]!r}",
+                    code="unsupported_content",
+                    param=f"messages[{index}].content",
+                )
         return "".join(parts)
     raise HttpError(400, f"messages[{index}].content must be a string or a list of text parts")
 
 
-def parse_chat(body: dict[str, Any], default_kbs: tuple[str, ...], max_chars: int = MIN_TEXT_CHARS) -> ChatRequest:
-    """Turns a ``/v1/chat/completions`` body into engine terms.
+def _arguments(value: Any, where: str) -> dict[str, Any]:
+    """A call's arguments: OpenAI sends them as JSON text, Anthropic as an object."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value) if value.strip() else {}
+        except ValueError:
+            raise HttpError(400, f"{where}: the arguments are not valid JSON", code="invalid_value") from None
+    if not isinstance(value, dict):
+        raise HttpError(400, f"{where}: the arguments must be a JSON object", code="invalid_value")
+    return value
 
-    Args:
-        body: the parsed JSON body.
-        default_kbs: knowledge bases to answer from when the body names none.
-        max_chars: the most characters of message text allowed (see :func:`text_limit`).
+
+def _tool_calls(value: Any, index: int) -> tuple[tuple[str, str, dict[str, Any]], ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise HttpError(400, f"messages[{index}].tool_calls must be a list", code="invalid_value")
+    calls: list[tuple[str, str, dict[str, Any]]] = []
+    for number, call in enumerate(value):
+        where = f"messages[{index}].tool_calls[{number}]"
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise HttpError(400, f"{where} must be {{'id', 'type': 'function', 'function': {{'name', 'arguments'}}}}")
+        call_id = call.get("id") if isinstance(call.get("id"), str) else f"call_{index}_{number}"
+        calls.append((call_id, function["name"], _arguments(function.get("arguments"), where)))
+    return tuple(calls)
+
+
+def parse_messages(messages: Any, max_chars: int) -> tuple[str | None, list[WireMessage]]:
+    """The system prompt and the conversation of an OpenAI ``messages`` list.
 
     Raises:
-        HttpError: 400 with the reason (a bad field, more than :data:`MAX_MESSAGES` messages or
-            ``max_chars`` characters, more than :data:`MAX_STOP_STRINGS` stop strings or one longer
-            than :data:`MAX_STOP_CHARS`).
+        HttpError: 400 for a malformed message, more than :data:`MAX_MESSAGES` messages or
+            ``max_chars`` characters of text.
     """
-    from pydantic import ValidationError
-
-    from engine.context import Message
-    from engine.runtime import GenerationParams
-
-    messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise HttpError(400, "'messages' must be a non-empty list", code="invalid_messages")
     if len(messages) > MAX_MESSAGES:
@@ -299,7 +190,7 @@ def parse_chat(body: dict[str, Any], default_kbs: tuple[str, ...], max_chars: in
             code="too_many_messages",
         )
     system_parts: list[str] = []
-    turns: list[Message] = []
+    turns: list[WireMessage] = []
     chars = 0
     for index, message in enumerate(messages):
         if not isinstance(message, dict):
@@ -317,46 +208,90 @@ def parse_chat(body: dict[str, Any], default_kbs: tuple[str, ...], max_chars: in
         if role in ("system", "developer"):
             system_parts.append(text)
         elif role == "user":
-            turns.append(Message("user", text))
+            turns.append(WireMessage("user", text))
         elif role == "assistant":
-            turns.append(Message("assistant", text))
+            turns.append(WireMessage("assistant", text, _tool_calls(message.get("tool_calls"), index)))
+        elif role == "tool":
+            call_id = message.get("tool_call_id")
+            if not isinstance(call_id, str) or not call_id:
+                raise HttpError(400, f"messages[{index}]: a tool message needs its 'tool_call_id'")
+            turns.append(WireMessage("tool", text, tool_call_id=call_id))
         else:
-            raise HttpError(400, f"messages[{index}]: role {role!r} is not supported (system, user, assistant)")
-    if not turns or turns[-1].role != "user":
-        raise HttpError(400, "the last message must be from the user", code="invalid_messages")
-    if body.get("n", 1) != 1:
-        raise HttpError(400, "only n=1 is supported")
-    stop = body.get("stop")
-    if isinstance(stop, str):
-        stop = [stop]
-    if isinstance(stop, list):
-        if len(stop) > MAX_STOP_STRINGS:
             raise HttpError(
-                400, f"'stop' has {len(stop)} strings; at most {MAX_STOP_STRINGS} are allowed", code="invalid_value"
+                400, f"messages[{index}]: role {str(role)[:40]!r} is not supported (system, user, assistant, tool)"
             )
-        for index, string in enumerate(stop):
-            if isinstance(string, str) and len(string) > MAX_STOP_CHARS:
+    if not turns or turns[-1].role not in ("user", "tool"):
+        raise HttpError(400, "the last message must be from the user (or a tool result)", code="invalid_messages")
+    return ("\n\n".join(system_parts) if system_parts else None), turns
+
+
+def parse_tools(tools: Any, tool_choice: Any) -> tuple[tuple[Any, ...], str]:
+    """OpenAI's ``tools`` and ``tool_choice`` as ToolSpecs and the engine's choice.
+
+    Raises:
+        HttpError: 400 for a malformed tool, a duplicate name, or a choice that names no tool offered.
+    """
+    from engine.errors import EngineError
+    from engine.tools import ToolSpec, check_tools, normalize_tool_choice
+
+    specs: list[ToolSpec] = []
+    if tools is not None:
+        if not isinstance(tools, list):
+            raise HttpError(400, "'tools' must be a list", code="invalid_value", param="tools")
+        if len(tools) > MAX_TOOLS:
+            raise HttpError(400, f"'tools' offers more than {MAX_TOOLS} tools", code="invalid_value", param="tools")
+        for index, tool in enumerate(tools):
+            function = tool.get("function") if isinstance(tool, dict) else None
+            kind = tool.get("type", "function") if isinstance(tool, dict) else None
+            if kind != "function" or not isinstance(function, dict):
                 raise HttpError(
                     400,
-                    f"stop[{index}] is {len(string)} characters long; at most {MAX_STOP_CHARS} are allowed",
+                    f"tools[{index}] must be {{'type': 'function', 'function': {{'name', 'parameters'}}}} "
+                    "(other tool types are not supported)",
                     code="invalid_value",
+                    param=f"tools[{index}]",
                 )
-    options: dict[str, Any] = {
-        "max_tokens": body.get("max_completion_tokens", body.get("max_tokens")),
-        "temperature": body.get("temperature"),
-        "top_p": body.get("top_p"),
-        "top_k": body.get("top_k"),
-        "min_p": body.get("min_p"),
-        "repeat_penalty": body.get("repeat_penalty"),
-        "seed": body.get("seed"),
-        "stop": tuple(stop) if isinstance(stop, list) else stop,
-    }
+            specs.append(_tool_spec(function, f"tools[{index}].function"))
+    choice = _tool_choice(tool_choice)
     try:
-        params = GenerationParams(**{k: v for k, v in options.items() if v is not None})
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ())) or "request"
-        raise HttpError(400, f"{where}: {first.get('msg', 'invalid value')}", code="invalid_value") from None
+        check_tools(specs)
+        return tuple(specs), normalize_tool_choice(choice, specs)
+    except EngineError as exc:
+        raise HttpError(400, str(exc), code="invalid_value", param="tool_choice") from None
+
+
+def _tool_spec(function: Mapping[str, Any], where: str) -> Any:
+    from engine.tools import ToolSpec
+
+    name = function.get("name")
+    description = function.get("description") or ""
+    parameters = function.get("parameters", function.get("input_schema")) or {"type": "object", "properties": {}}
+    if not isinstance(name, str) or not name:
+        raise HttpError(400, f"{where}.name must be a non-empty string", code="invalid_value", param=f"{where}.name")
+    if not isinstance(description, str) or not isinstance(parameters, dict):
+        raise HttpError(400, f"{where}: description must be text and parameters a JSON schema", code="invalid_value")
+    return ToolSpec(name=name, description=description, parameters=parameters, source="request")
+
+
+def _tool_choice(value: Any) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, dict):
+        function = value.get("function")
+        if isinstance(function, dict) and isinstance(function.get("name"), str):
+            return str(function["name"])
+        if isinstance(value.get("name"), str):  # the Responses and Anthropic shapes
+            return str(value["name"])
+    raise HttpError(
+        400,
+        "'tool_choice' must be 'auto', 'none', 'required' or {'type': 'function', 'function': {'name': ...}}",
+        code="invalid_value",
+        param="tool_choice",
+    )
+
+
+def knowledge_bases(body: Mapping[str, Any], default_kbs: tuple[str, ...]) -> tuple[str, ...]:
+    """The knowledge bases a request names (``knowledge_base``), else the server's defaults."""
     kbs = body.get("knowledge_base")
     if isinstance(kbs, str):
         kbs = [kbs]
@@ -364,84 +299,182 @@ def parse_chat(body: dict[str, Any], default_kbs: tuple[str, ...], max_chars: in
         kbs = list(default_kbs)
     if not isinstance(kbs, list) or not all(isinstance(k, str) and k for k in kbs):
         raise HttpError(400, "'knowledge_base' must be a name or a list of names")
+    return tuple(kbs)
+
+
+def logprob_count(body: Mapping[str, Any]) -> int | None:
+    """``top_logprobs`` when ``logprobs`` is true (0 means the chosen token's only), else None.
+
+    Raises:
+        HttpError: 400 for ``top_logprobs`` out of 0..20, or given without ``logprobs``.
+    """
+    wanted = fields.flag(body, "logprobs")
+    top = body.get("top_logprobs")
+    if top is not None:
+        if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= fields.MAX_TOP_LOGPROBS:
+            raise HttpError(
+                400, f"'top_logprobs' must be an integer from 0 to {fields.MAX_TOP_LOGPROBS}", param="top_logprobs"
+            )
+        if not wanted:
+            raise HttpError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+    return (top or 0) if wanted else None
+
+
+def parse_chat(
+    body: dict[str, Any], default_kbs: tuple[str, ...], max_chars: int = MIN_TEXT_CHARS, n_vocab: int | None = None
+) -> ChatRequest:
+    """Turns a ``/v1/chat/completions`` body into engine terms.
+
+    Args:
+        body: the parsed JSON body.
+        default_kbs: knowledge bases to answer from when the body names none.
+        max_chars: the most characters of message text allowed (see :func:`text_limit`).
+        n_vocab: the model's vocabulary size, to check ``logit_bias`` (None: unchecked).
+
+    Raises:
+        HttpError: 400 with the reason: an unsupported field (named), a bad value, more than
+            :data:`MAX_MESSAGES` messages or ``max_chars`` characters, too many stop strings.
+    """
+    body = fields.present(body)
+    fields.check_fields(body, CHAT_FIELDS, "/v1/chat/completions")
+    system, turns = parse_messages(body.get("messages"), max_chars)
+    tools, tool_choice = parse_tools(body.get("tools"), body.get("tool_choice"))
+    top_logprobs = logprob_count(body)
+    extra: dict[str, Any] = {}
+    if top_logprobs is not None:
+        extra["logprobs"] = max(top_logprobs, 1)
+    limit = fields.max_tokens(body, "max_completion_tokens", "max_tokens")
+    params = fields.generation_params(body, limit, n_vocab, **extra)
     stream_options = body.get("stream_options")
     include_usage = isinstance(stream_options, dict) and bool(stream_options.get("include_usage"))
+    effort = body.get("reasoning_effort")
+    if effort is not None and not isinstance(effort, str):
+        raise HttpError(400, "'reasoning_effort' must be a string", code="invalid_value", param="reasoning_effort")
+    last = turns[-1]
     return ChatRequest(
-        system="\n\n".join(system_parts) if system_parts else None,
-        history=turns[:-1],
-        user=turns[-1].content,
+        system=system,
+        history=turns[:-1] if last.role == "user" else list(turns),
+        user=last.content if last.role == "user" else "",
         params=params,
-        stream=bool(body.get("stream", False)),
+        stream=fields.flag(body, "stream"),
         include_usage=include_usage,
-        knowledge_bases=tuple(kbs),
+        knowledge_bases=knowledge_bases(body, default_kbs),
+        messages=tuple(turns),
+        n=fields.choices(body),
+        top_logprobs=top_logprobs,
+        tools=tools,
+        tool_choice=tool_choice,
+        parallel_tool_calls=body.get("parallel_tool_calls") is not False,
+        thinking=thinking_switch(body),
+        reasoning_effort=effort,
     )
 
 
-def map_errors(fn: Callable[[], Any]) -> Any:
-    """Runs ``fn``, turning the engine's and rag's typed errors into HTTP errors (:func:`http_error_for`)."""
-    from rag.errors import RagError
+def thinking_switch(body: Mapping[str, Any]) -> bool | None:
+    """``chat_template_kwargs.enable_thinking`` (llama.cpp's and vLLM's switch), or None.
 
-    try:
-        return fn()
-    except (EngineError, RagError) as exc:
-        raise http_error_for(exc) from None
-
-
-def http_error_for(exc: BaseException) -> HttpError:
-    """The answer for an error raised while serving a request.
-
-    A fault of the request (it does not fit the context window; the model's chat template refuses
-    it) says why. Every other failure is the server's: the answer is a fixed message and the detail,
-    which may hold file paths or Python exception text (the inference worker passes those on as
-    ``EngineError``), goes to the server log.
+    Raises:
+        HttpError: 400 for any other template argument (the server passes none through).
     """
-    from rag.errors import RagError
-
-    if isinstance(exc, HttpError):
-        return exc
-    if isinstance(exc, ContextOverflow):
-        return HttpError(400, str(exc), code="context_length_exceeded")
-    if isinstance(exc, TemplateError):
-        # Only a template's own raise_exception(message) is about the conversation; a template
-        # that breaks says Python's words, which stay here.
-        from engine.templates import _TemplateRaised
-
-        if isinstance(exc.__cause__, _TemplateRaised):
-            return HttpError(400, str(exc), code="template_error")
-        log.warning("the chat template failed: %s", exc)
-        return HttpError(400, "the model's chat template could not render this conversation", code="template_error")
-    if isinstance(exc, ModelFileError | ModelLoadError):
-        log.error("the model is not available: %s", exc)
-        return HttpError(
-            503, "the model is not available; the server log says why", "server_error", "model_unavailable"
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is None:
+        return None
+    if not isinstance(kwargs, dict) or set(kwargs) - {"enable_thinking"}:
+        raise HttpError(
+            400,
+            "'chat_template_kwargs' may only hold enable_thinking (true or false)",
+            code="unsupported_parameter",
+            param="chat_template_kwargs",
         )
-    if isinstance(exc, EngineCrashed):
-        log.error("%s", exc)
-        return HttpError(500, "the inference worker crashed; the server log says why", "server_error", "engine_crashed")
-    if isinstance(exc, EngineError):
-        log.error("generation failed: %s", exc)
-        return HttpError(500, "the model could not answer this request; the server log says why", "server_error")
-    if isinstance(exc, RagError):
-        log.error("the knowledge bases failed: %s", exc)
-        return HttpError(
-            500,
-            "the knowledge bases could not be searched; the server log says why",
-            "server_error",
-            "knowledge_base_error",
-        )
-    log.error("unexpected error while serving a request", exc_info=exc)
-    return HttpError(500, "internal server error; the server log says why", "server_error")
+    value = kwargs.get("enable_thinking")
+    if value is not None and not isinstance(value, bool):
+        raise HttpError(400, "chat_template_kwargs.enable_thinking must be true or false", param="chat_template_kwargs")
+    return value
 
 
-def finish_reason(reason: str) -> str:
+# ---------------------------------------------------------------------------- results
+
+
+@dataclass
+class Choice:
+    """What one choice of a reply came to: its text, thinking, calls, tokens and end."""
+
+    index: int
+    text: str = ""
+    reasoning: str = ""
+    tool_calls: list[Any] = field(default_factory=list)
+    tokens: list[Any] = field(default_factory=list)
+    finished: Any = None
+
+
+def collect(index: int, events: Any, keep_tokens: bool, parallel_calls: bool = True) -> Choice:
+    """Reads a whole generation into a :class:`Choice` (the answer, its thinking, its calls)."""
+    from engine.events import Finished, Reasoning, Token, ToolCall
+
+    choice = Choice(index)
+    for event in events:
+        if isinstance(event, Token):
+            choice.text += event.text
+            if keep_tokens:
+                choice.tokens.append(event)
+        elif isinstance(event, Reasoning):
+            choice.reasoning += event.text
+        elif isinstance(event, ToolCall):
+            if parallel_calls or not choice.tool_calls:
+                choice.tool_calls.append(event)
+        elif isinstance(event, Finished):
+            choice.finished = event
+    if choice.finished is None:
+        from engine.errors import EngineError
+
+        raise EngineError("the engine ended without finishing the reply")
+    return choice
+
+
+def tool_call_document(call: Any, index: int | None = None) -> dict[str, Any]:
+    """One OpenAI ``tool_calls`` entry (``index`` is set in streamed deltas)."""
+    document: dict[str, Any] = {
+        "id": call.id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": json.dumps(call.arguments, ensure_ascii=False)},
+    }
+    if index is not None:
+        document = {"index": index, **document}
+    return document
+
+
+def _token_entry(text: str, logprob: float) -> dict[str, Any]:
+    return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8", errors="replace"))}
+
+
+def logprob_entry(token: Any, top: int) -> dict[str, Any]:
+    """One ``logprobs.content`` entry for a streamed Token (its alternatives cut to ``top``)."""
+    entry = _token_entry(token.text, token.logprob if token.logprob is not None else 0.0)
+    entry["top_logprobs"] = [_token_entry(text, value) for text, value in token.top_logprobs[:top]]
+    return entry
+
+
+def logprobs_document(tokens: Sequence[Any], top: int | None) -> dict[str, Any] | None:
+    """A choice's ``logprobs`` (None when not asked for)."""
+    if top is None:
+        return None
+    return {"content": [logprob_entry(t, top) for t in tokens if t.text], "refusal": None}
+
+
+def finish_reason(reason: str, tool_calls: bool = False) -> str:
+    """OpenAI's ``finish_reason`` for the engine's (``tool_calls`` when the reply ended in calls)."""
+    if tool_calls:
+        return "tool_calls"
     return "length" if reason == "length" else "stop"
 
 
-def usage_document(stats: Any) -> dict[str, Any]:
+def usage_document(stats: Any, completion_tokens: int | None = None) -> dict[str, Any]:
+    """``usage``: the prompt's tokens and (all choices') completion tokens."""
+    completion = stats.completion_tokens if completion_tokens is None else completion_tokens
     return {
         "prompt_tokens": stats.prompt_tokens,
-        "completion_tokens": stats.completion_tokens,
-        "total_tokens": stats.prompt_tokens + stats.completion_tokens,
+        "completion_tokens": completion,
+        "total_tokens": stats.prompt_tokens + completion,
         "prompt_tokens_details": {"cached_tokens": stats.cached_tokens},
     }
 
@@ -459,9 +492,28 @@ def timings_document(stats: Any) -> dict[str, Any]:
     }
 
 
+def message_document(choice: Choice) -> dict[str, Any]:
+    """The assistant ``message`` of a whole reply: its text (None when it only calls tools), its
+    ``tool_calls`` and its ``reasoning_content`` (the thinking, apart from the answer)."""
+    message: dict[str, Any] = {"role": "assistant", "content": choice.text}
+    if choice.tool_calls:
+        message["content"] = choice.text or None
+        message["tool_calls"] = [tool_call_document(call) for call in choice.tool_calls]
+    if choice.reasoning:
+        message["reasoning_content"] = choice.reasoning
+    return message
+
+
 def completion_document(
-    completion_id: str, created: int, model: str, finished: Any, sources: list[dict[str, Any]]
+    completion_id: str,
+    created: int,
+    model: str,
+    choices: Sequence[Choice],
+    sources: list[dict[str, Any]],
+    top_logprobs: int | None = None,
 ) -> dict[str, Any]:
+    """The ``chat.completion`` document of a whole reply (one entry per choice)."""
+    first = choices[0].finished.stats
     document: dict[str, Any] = {
         "id": completion_id,
         "object": "chat.completion",
@@ -469,14 +521,15 @@ def completion_document(
         "model": model,
         "choices": [
             {
-                "index": 0,
-                "message": {"role": "assistant", "content": finished.text},
-                "finish_reason": finish_reason(finished.reason),
-                "logprobs": None,
+                "index": choice.index,
+                "message": message_document(choice),
+                "finish_reason": finish_reason(choice.finished.reason, bool(choice.tool_calls)),
+                "logprobs": logprobs_document(choice.tokens, top_logprobs),
             }
+            for choice in choices
         ],
-        "usage": usage_document(finished.stats),
-        "timings": timings_document(finished.stats),
+        "usage": usage_document(first, sum(c.finished.stats.completion_tokens for c in choices)),
+        "timings": timings_document(first),
     }
     if sources:
         document["sources"] = sources

@@ -29,7 +29,8 @@ import pytest
 from app.cli import main
 from app.paths import Paths
 from app.server.http import ServeError, ServerHandle, check_host, is_loopback, start_server
-from app.server.wire import MAX_MESSAGES, MAX_STOP_CHARS, MAX_STOP_STRINGS, MIN_TEXT_CHARS
+from app.server.params import MAX_STOP_CHARS, MAX_STOP_STRINGS
+from app.server.wire import MAX_MESSAGES, MIN_TEXT_CHARS
 from engine.errors import ContextOverflow
 from engine.events import Event, Finished, PrefillProgress, Stats, Token
 from engine.runtime import GenerationParams
@@ -218,14 +219,15 @@ def test_foreign_host_header_refused_without_key(tmp_path: Path) -> None:
     [
         ({"messages": []}, "non-empty list"),
         ({"messages": [{"role": "assistant", "content": "hi"}]}, "last message must be from the user"),
-        ({"messages": [{"role": "tool", "content": "x"}]}, "role 'tool' is not supported"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "a tool message needs its 'tool_call_id'"),
+        ({"messages": [{"role": "function", "content": "x"}]}, "role 'function' is not supported"),
         (
             {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
             "only text content",
         ),
         ({"messages": [{"role": "user", "content": "hi"}], "temperature": -1}, "temperature"),
         ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}, "max_tokens"),
-        ({"messages": [{"role": "user", "content": "hi"}], "n": 2}, "only n=1"),
+        ({"messages": [{"role": "user", "content": "hi"}], "n": 17}, "'n' must be an integer from 1 to 16"),
         ({"messages": [{"role": "user", "content": "overflow please"}]}, "context window is 64"),
     ],
 )
@@ -260,7 +262,7 @@ def test_malformed_json_unknown_path_and_huge_body(fake_server: tuple[ServerHand
 def test_messages_map_to_system_history_and_user(fake_server: tuple[ServerHandle, FakeBackend]) -> None:
     handle, backend = fake_server
     reply = _client(handle).chat.completions.create(
-        model="anything",
+        model="fake-model",
         messages=[
             {"role": "system", "content": "be brief"},
             {"role": "user", "content": "one"},
@@ -280,7 +282,7 @@ def test_requests_queue_one_at_a_time(fake_server: tuple[ServerHandle, FakeBacke
 
     def ask(prompt: str) -> str:
         stream = _client(handle).chat.completions.create(
-            model="m", messages=[{"role": "user", "content": prompt}], stream=True
+            model=handle.model, messages=[{"role": "user", "content": prompt}], stream=True
         )
         return "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
 
@@ -307,7 +309,8 @@ def test_client_disconnect_cancels_the_reply(tmp_path: Path) -> None:
             time.sleep(0.02)
         assert backend.active == 0
         # The next request is served normally.
-        reply = _client(handle).chat.completions.create(model="m", messages=[{"role": "user", "content": "a b"}])
+        ab = [{"role": "user", "content": "a b"}]
+        reply = _client(handle).chat.completions.create(model=handle.model, messages=ab)
         assert reply.choices[0].message.content == "b a"
 
 
@@ -442,7 +445,8 @@ def test_abandoned_non_streamed_reply_is_cancelled(tmp_path: Path) -> None:
         assert backend.reasons == ["cancelled"]
         assert backend.tokens - at_hangup <= 5
         # The next request is served, and the queued one was skipped.
-        reply = _client(handle).chat.completions.create(model="m", messages=[{"role": "user", "content": "a b"}])
+        ab = [{"role": "user", "content": "a b"}]
+        reply = _client(handle).chat.completions.create(model=handle.model, messages=ab)
         assert reply.choices[0].message.content == "b a"
         assert [call[0] for call in backend.calls] == [words, "a b"]
 
@@ -585,10 +589,12 @@ def _ask(handle: ServerHandle, prompt: str, stream: bool, max_tokens: int = 8) -
     client = _client(handle)
     messages = [{"role": "user", "content": prompt}]
     if not stream:
-        reply = client.chat.completions.create(model="m", messages=messages, temperature=0, max_tokens=max_tokens)
+        reply = client.chat.completions.create(
+            model=handle.model, messages=messages, temperature=0, max_tokens=max_tokens
+        )
         return reply.choices[0].message.content or ""
     chunks = client.chat.completions.create(
-        model="m", messages=messages, temperature=0, max_tokens=max_tokens, stream=True
+        model=handle.model, messages=messages, temperature=0, max_tokens=max_tokens, stream=True
     )
     return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
 
@@ -721,7 +727,6 @@ def test_knowledge_base_field_gives_a_cited_answer(
     assert main(["kb", "add", "notes", str(note)]) == 0
     capsys.readouterr()
     body = {
-        "model": "m",
         "messages": [{"role": "user", "content": "What is the launch code of the rocket?"}],
         "temperature": 0,
         "max_tokens": 8,
@@ -768,7 +773,7 @@ def test_abandoned_non_streamed_request_stops_the_model(starter_model: Path, tmp
         connection.close()
         at_hangup = _cpu_seconds(pid)
         reply = _client(handle).chat.completions.create(
-            model="m", messages=[{"role": "user", "content": "Hello"}], max_tokens=1, temperature=0
+            model=handle.model, messages=[{"role": "user", "content": "Hello"}], max_tokens=1, temperature=0
         )
         spent = _cpu_seconds(pid) - at_hangup
         assert reply.choices[0].message.content is not None
@@ -783,18 +788,18 @@ def test_stop_ends_a_worker_call_that_cannot_see_the_cancel(
     returns within 4 s, the worker process killed, and the client answered."""
     from engine.session import ChatSession
 
-    real_count = ChatSession.count_messages
+    real_tokenize = ChatSession._tokenize_prompt
     stuck = threading.Event()
     pids: list[int] = []
 
-    def slow_count(self: ChatSession, messages: Sequence[Any]) -> int:
+    def slow_tokenize(self: ChatSession, prompt: str) -> list[int]:
         assert self.worker is not None and self.worker.pid is not None
         pids.append(self.worker.pid)
         stuck.set()
         self.worker.tokenize("<start_of_turn>" * 200_000)  # minutes of llama.cpp's time
-        return real_count(self, messages)
+        return real_tokenize(self, prompt)
 
-    monkeypatch.setattr(ChatSession, "count_messages", slow_count)
+    monkeypatch.setattr(ChatSession, "_tokenize_prompt", slow_tokenize)
     handle = start_server(Paths.resolve(tmp_path), port=0, model_path=starter_model, n_ctx=256)
     answers: list[int] = []
 
@@ -848,7 +853,11 @@ def test_cli_serve_sigterm_during_a_reply_exits_promptly(starter_model: Path, tm
         client = openai.OpenAI(base_url=started["openai_base_url"], api_key="unused", max_retries=0, timeout=60)
         prompt = " ".join(["the quick brown fox jumps over the lazy dog"] * 120)  # prefill in several batches
         stream = client.chat.completions.create(
-            model="m", messages=[{"role": "user", "content": prompt}], max_tokens=1500, temperature=0, stream=True
+            model=started["model"],
+            messages=[{"role": "user", "content": prompt}],
+            max_tokens=1500,
+            temperature=0,
+            stream=True,
         )
         next(iter(stream))  # the reply has begun
         sent = time.monotonic()
@@ -867,14 +876,14 @@ import sys
 from engine.session import ChatSession
 from app.cli import main
 
-real_count = ChatSession.count_messages
+real_tokenize = ChatSession._tokenize_prompt
 
-def slow_count(self, messages):
+def slow_tokenize(self, prompt):
     print("stuck", flush=True)
     self.worker.tokenize("<start_of_turn>" * 200_000)  # minutes of llama.cpp's time
-    return real_count(self, messages)
+    return real_tokenize(self, prompt)
 
-ChatSession.count_messages = slow_count
+ChatSession._tokenize_prompt = slow_tokenize
 sys.exit(main(sys.argv[1:]))
 """
 

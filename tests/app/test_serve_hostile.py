@@ -25,8 +25,9 @@ from typing import Any
 import pytest
 
 from app.paths import Paths
-from app.server.http import MAX_QUEUED, ServerHandle, start_server
-from app.server.wire import MAX_JSON_DEPTH, MAX_NUMBER_CHARS, nesting_exceeds
+from app.server.body import MAX_JSON_DEPTH, MAX_NUMBER_CHARS, nesting_exceeds
+from app.server.http import ServerHandle, start_server
+from app.server.state import MAX_QUEUED
 from engine.errors import EngineCrashed, EngineError, ModelLoadError
 from engine.events import Event, Finished, PrefillProgress, Stats, Token
 from engine.runtime import GenerationParams
@@ -188,7 +189,7 @@ def test_nesting_at_the_limit_is_served_and_a_16_mb_bomb_is_cheap(server: tuple[
     bomb of 16 MB, just under the body cap, is a 400 within 3 CPU-s, client included (measured ~0.1 s)."""
     handle, backend = server
     inner = b"[" * (MAX_JSON_DEPTH - 2) + b'"]]]}}"' + b"]" * (MAX_JSON_DEPTH - 2)  # 1 + 1 + 62 levels
-    body = b'{"messages": [{"role": "user", "content": "a b"}], "extra": {"x": ' + inner + b"}}"
+    body = b'{"messages": [{"role": "user", "content": "a b"}], "metadata": {"x": ' + inner + b"}}"
     status, answer = _post(handle, CHAT, body)
     assert status == 200, answer
     assert answer["choices"][0]["message"]["content"] == "b a"

@@ -1,0 +1,261 @@
+"""``POST /v1/chat/completions``: OpenAI's chat completions over the engine, whole or streamed.
+
+One request may ask for ``n`` choices (generated one after another, a given seed advancing by one
+per choice), ``logprobs``, tools (the calls come back as ``tool_calls``, in whole messages and in
+streamed deltas, with ``finish_reason: "tool_calls"``), and constrained output. The streamed form:
+a first chunk with the role, one chunk per token (``content``), thinking (``reasoning_content``) or
+call (``tool_calls``), a chunk with the ``finish_reason`` and llama.cpp's ``timings``, then, only
+with ``stream_options.include_usage``, the ``usage`` chunk (``choices: []``), then ``[DONE]``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from app.server import params as fields
+from app.server.errors import HttpError, map_errors
+from app.server.handler import openai_error_events
+from app.server.wire import (
+    ChatRequest,
+    WireMessage,
+    collect,
+    completion_document,
+    finish_reason,
+    logprob_entry,
+    parse_chat,
+    text_limit,
+    timings_document,
+    tool_call_document,
+    usage_document,
+)
+
+if TYPE_CHECKING:
+    from app.server.handler import Handler
+
+
+def n_vocab(backend: Any) -> int | None:
+    """The model's vocabulary size, when the backend says (to check ``logit_bias``)."""
+    value = getattr(getattr(backend, "info", None), "n_vocab", None)
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def handle(handler: Handler) -> None:
+    """Answers ``POST /v1/chat/completions``."""
+    state = handler.state
+    body = handler.read_json()
+    state.check_model(body)
+    request = parse_chat(body, state.default_kbs, text_limit(state.n_ctx), n_vocab(state.backend))
+    check_backend(state.backend, request)
+    with handler.use_model() as cancel:
+        documents, sources = None, []
+        if request.knowledge_bases:
+            query = request.user or _last_user_text(request)
+            documents, sources = map_errors(lambda: state.retrieve(request.knowledge_bases, query))
+        if request.stream:
+            _stream(handler, request, documents, sources, cancel)
+        else:
+            choices = [
+                map_errors(
+                    lambda index=index: collect(
+                        index,
+                        handler.generation(open_stream(state.backend, request, index, documents, cancel), cancel),
+                        request.top_logprobs is not None,
+                        request.parallel_tool_calls,
+                    )
+                )
+                for index in range(request.n)
+            ]
+            completion = completion_document(
+                f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), state.model_id, choices, sources, request.top_logprobs
+            )
+            handler.send_json(200, completion)
+
+
+def _last_user_text(request: ChatRequest) -> str:
+    return next((m.content for m in reversed(request.messages) if m.role == "user"), "")
+
+
+# ---------------------------------------------------------------------------- the engine call
+
+
+def _accepts(fn: Any, name: str) -> bool:
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def check_backend(backend: Any, request: ChatRequest) -> None:
+    """Refuses what this backend cannot do, before the model is touched.
+
+    A local session checks the turn's options with the engine's own rules (``engine.turn.shape_turn``:
+    the tool choice, a forced call with a schema of the caller's, the template's thinking switches),
+    so that they are a 400 naming the reason rather than a failure mid-generation.
+
+    Raises:
+        HttpError: 400 when the request offers tools or carries tool messages and the backend's
+            ``stream`` takes no tools, or when the engine refuses the turn's options.
+    """
+    from engine.errors import EngineError
+
+    uses_tools = bool(request.tools) or any(m.role == "tool" or m.tool_calls for m in request.messages)
+    for name, wanted in (
+        ("tools", uses_tools),
+        ("thinking", request.thinking is not None),
+        ("reasoning_effort", request.reasoning_effort is not None),
+    ):
+        if wanted and not _accepts(backend.stream, name):
+            param = "chat_template_kwargs" if name == "thinking" else name
+            raise HttpError(
+                400, f"this server's backend does not support {param}", code="unsupported_parameter", param=param
+            )
+    template = getattr(backend, "template", None)
+    if template is None or not hasattr(template, "thinking"):
+        return
+    from engine.turn import shape_turn
+
+    try:
+        shape_turn(
+            template,
+            request.params,
+            tools=request.tools,
+            tool_choice=request.tool_choice,
+            thinking=request.thinking,
+            reasoning_effort=request.reasoning_effort,
+        )
+    except EngineError as exc:
+        param = "reasoning_effort" if "reasoning_effort" in str(exc) else "tool_choice"
+        if "thinking switch" in str(exc):
+            param = "chat_template_kwargs"
+        raise HttpError(400, str(exc), code="invalid_value", param=param) from None
+
+
+def engine_messages(turns: tuple[WireMessage, ...] | list[WireMessage]) -> list[Any]:
+    """The engine's Messages for a conversation; a ``tool`` message gets its tool's name from the call."""
+    from engine.context import Message
+
+    messages: list[Any] = []
+    names: dict[str, str] = {}
+    for turn in turns:
+        if turn.role == "assistant" and turn.tool_calls:
+            from engine.events import ToolCall
+
+            calls = tuple(
+                ToolCall(call_id, name, arguments, json.dumps({"name": name, "arguments": arguments}))
+                for call_id, name, arguments in turn.tool_calls
+            )
+            names.update((call_id, name) for call_id, name, _ in turn.tool_calls)
+            messages.append(Message("assistant", turn.content, tool_calls=calls))  # type: ignore[call-arg]
+        elif turn.role == "tool":
+            call_id = turn.tool_call_id or ""
+            messages.append(
+                Message("tool", turn.content, tool_call_id=call_id, name=names.get(call_id, ""))  # type: ignore[call-arg, arg-type]
+            )
+        else:
+            messages.append(Message(turn.role, turn.content))  # type: ignore[arg-type]
+    return messages
+
+
+def open_stream(
+    backend: Any, request: ChatRequest, index: int, documents: str | None, cancel: threading.Event
+) -> Iterator[Any]:
+    """The backend's events for choice ``index`` of ``request``."""
+    kwargs: dict[str, Any] = {"system": request.system, "documents": documents, "cancel": cancel}
+    if request.tools or any(m.role == "tool" or m.tool_calls for m in request.messages):
+        kwargs.update(tools=list(request.tools), tool_choice=request.tool_choice)
+    if request.thinking is not None:
+        kwargs["thinking"] = request.thinking
+    if request.reasoning_effort is not None:
+        kwargs["reasoning_effort"] = request.reasoning_effort
+    history = engine_messages(request.history)
+    # After a tool's result the reply continues the last turn: no new user message (user=None).
+    user = request.user if request.messages[-1].role == "user" else None
+    stream: Iterator[Any] = backend.stream(history, user, fields.seeded(request.params, index), **kwargs)
+    return stream
+
+
+# ---------------------------------------------------------------------------- streaming
+
+
+def _stream(
+    handler: Handler,
+    request: ChatRequest,
+    documents: str | None,
+    sources: list[dict[str, Any]],
+    cancel: threading.Event,
+) -> None:
+    from engine.events import Finished, Reasoning, Token, ToolCall
+
+    state = handler.state
+    completion_id = f"chatcmpl-{uuid.uuid4().hex}"
+    created = int(time.time())
+    events = handler.generation(open_stream(state.backend, request, 0, documents, cancel), cancel)
+    head = handler.first(events)
+
+    def chunk(index: int, delta: dict[str, Any], finish: str | None = None, **extra: Any) -> dict[str, Any]:
+        return {
+            "id": completion_id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": state.model_id,
+            "choices": [
+                {"index": index, "delta": delta, "logprobs": extra.pop("logprobs", None), "finish_reason": finish}
+            ],
+            **extra,
+        }
+
+    def produce() -> None:
+        nonlocal events
+        first_stats = None
+        completion_tokens = 0
+        for index in range(request.n):
+            stream: Iterator[Any] = events
+            if index == 0:
+                stream = _prepend(head, events)
+            else:
+                events = handler.generation(open_stream(state.backend, request, index, documents, cancel), cancel)
+                stream = events
+            handler.send_event(chunk(index, {"role": "assistant", "content": ""}))
+            calls = 0
+            for event in stream:
+                if isinstance(event, Token) and event.text:
+                    logprobs = None
+                    if request.top_logprobs is not None:
+                        logprobs = {"content": [logprob_entry(event, request.top_logprobs)], "refusal": None}
+                    handler.send_event(chunk(index, {"content": event.text}, logprobs=logprobs))
+                elif isinstance(event, Reasoning) and event.text:
+                    handler.send_event(chunk(index, {"reasoning_content": event.text}))
+                elif isinstance(event, ToolCall) and (request.parallel_tool_calls or calls == 0):
+                    handler.send_event(chunk(index, {"tool_calls": [tool_call_document(event, calls)]}))
+                    calls += 1
+                elif isinstance(event, Finished):
+                    first_stats = first_stats or event.stats
+                    completion_tokens += event.stats.completion_tokens
+                    extra: dict[str, Any] = {"timings": timings_document(event.stats)}
+                    if sources and index == request.n - 1:
+                        extra["sources"] = sources
+                    handler.send_event(chunk(index, {}, finish_reason(event.reason, calls > 0), **extra))
+        if request.include_usage and first_stats is not None:
+            usage = {
+                "id": completion_id,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": state.model_id,
+                "choices": [],
+                "usage": usage_document(first_stats, completion_tokens),
+            }
+            handler.send_event(usage)
+        handler.send_event("[DONE]")
+
+    handler.sse(produce, cancel, openai_error_events)
+
+
+def _prepend(head: Any, events: Iterator[Any]) -> Iterator[Any]:
+    yield head
+    yield from events

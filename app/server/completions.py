@@ -1,0 +1,311 @@
+"""``POST /v1/completions``: OpenAI's legacy text completions (what LlamaIndex's ``OpenAILike``
+calls by default), whole or streamed.
+
+The prompt is raw text (no chat template): a string, a list of strings, token ids, or a list of
+token-id lists, each prompt answered with ``n`` choices (``index`` counts them all). Sampling,
+``stop``, ``seed``, ``logit_bias``, ``logprobs`` (an integer: the alternatives per token) and
+``echo`` (the prompt before the text) work as OpenAI documents them; ``max_tokens`` defaults to 16,
+as there. A prompt that leaves no room for ``max_tokens`` in the window is a 400
+``context_length_exceeded``. Needs a local model: a remote backend's server has its own endpoint.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from app.server import params as fields
+from app.server.chat import n_vocab
+from app.server.errors import HttpError, map_errors
+from app.server.handler import openai_error_events
+from app.server.wire import text_limit, timings_document
+
+if TYPE_CHECKING:
+    from app.server.handler import Handler
+
+COMPLETION_FIELDS = frozenset(
+    {"model", "prompt", "max_tokens", "n", "stream", "stream_options", "logprobs", "echo", "grammar", "json_schema"}
+    | fields.SAMPLING
+)
+"""The ``/v1/completions`` fields this server reads (``suffix`` is refused: no fill-in-the-middle)."""
+
+DEFAULT_MAX_TOKENS = 16
+"""OpenAI's default for ``/v1/completions``."""
+
+MAX_PROMPTS = 16
+"""Most prompts in one request (times ``n``: at most :data:`~app.server.params.MAX_N` choices in all)."""
+
+
+@dataclass(frozen=True)
+class _Prompt:
+    text: str | None  # None when given as token ids
+    tokens: tuple[int, ...] | None
+
+
+def _prompts(value: Any) -> list[_Prompt]:
+    if isinstance(value, str):
+        return [_Prompt(value, None)]
+    if isinstance(value, list) and value and all(_is_id(v) for v in value):
+        return [_Prompt(None, tuple(value))]
+    if isinstance(value, list) and value and len(value) <= MAX_PROMPTS:
+        prompts: list[_Prompt] = []
+        for item in value:
+            if isinstance(item, str):
+                prompts.append(_Prompt(item, None))
+            elif isinstance(item, list) and item and all(_is_id(v) for v in item):
+                prompts.append(_Prompt(None, tuple(item)))
+            else:
+                break
+        else:
+            return prompts
+    raise HttpError(
+        400,
+        f"'prompt' must be a string, a list of token ids, or a list of up to {MAX_PROMPTS} of either",
+        code="invalid_value",
+        param="prompt",
+    )
+
+
+def _is_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _tokens(backend: Any, prompt: _Prompt, limit: int) -> list[int]:
+    """A prompt's token ids, as the model reads it (a BOS first where the model wants one)."""
+    info = backend.info
+    if prompt.tokens is not None:
+        vocab = n_vocab(backend)
+        if vocab is not None and any(t >= vocab for t in prompt.tokens):
+            raise HttpError(400, f"'prompt' holds a token id outside the vocabulary of {vocab}", param="prompt")
+        return list(prompt.tokens)
+    text = prompt.text or ""
+    if len(text) > limit:
+        raise HttpError(400, f"'prompt' is longer than {limit} characters, the most allowed per request")
+    bos = getattr(info, "bos_token", None)
+    add_bos = bool(getattr(info, "add_bos", False)) and not (bos and text.startswith(bos))
+    tokens: list[int] = backend.worker.tokenize(text, add_bos=add_bos, special=True)
+    return tokens
+
+
+def raw_events(backend: Any, tokens: Sequence[int], params: Any, cancel: threading.Event) -> Iterator[Any]:
+    """The worker's events for a raw prompt (no chat template), then Stats and Finished.
+
+    The session's own lock is held while the worker generates, so that a GUI sharing this session
+    (the API-server toggle) never talks to the worker at the same time.
+    """
+    from engine.events import Finished, Stats
+
+    backend.load()  # restarts a worker that crashed on an earlier request
+    lock = getattr(backend, "_lock", None)  # ChatSession's: keeps the GUI's turns apart from ours
+    with lock if lock is not None else threading.Lock():
+        worker = backend.worker
+        result = yield from worker.generate(list(tokens), params, cancel)
+    new = result.prompt_tokens - result.cached_tokens
+    decoded = max(result.completion_tokens - 1, 0)
+    stats = Stats(
+        n_ctx=backend.info.n_ctx,
+        prompt_tokens=result.prompt_tokens,
+        cached_tokens=result.cached_tokens,
+        completion_tokens=result.completion_tokens,
+        context_used=result.n_past,
+        ttft_ms=round(result.ttft_ms, 2),
+        prefill_ms=round(result.prefill_ms, 2),
+        decode_ms=round(result.decode_ms, 2),
+        prefill_tps=round(new / (result.prefill_ms / 1000), 2) if result.prefill_ms > 0 else 0.0,
+        decode_tps=round(decoded / (result.decode_ms / 1000), 2) if result.decode_ms > 0 and decoded else 0.0,
+        template="raw",
+    )
+    yield stats
+    yield Finished(reason=result.reason, stats=stats, text=result.text)
+
+
+def _logprobs(tokens: Sequence[Any], top: int, offset: int) -> dict[str, Any]:
+    """The legacy ``logprobs`` shape: parallel lists of tokens, their log-probabilities, the
+    alternatives (``{text: logprob}``) and each token's offset in the text."""
+    document: dict[str, Any] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for token in tokens:
+        if not token.text:
+            continue
+        document["tokens"].append(token.text)
+        document["token_logprobs"].append(token.logprob)
+        document["top_logprobs"].append(dict(token.top_logprobs[:top]))
+        document["text_offset"].append(offset)
+        offset += len(token.text)
+    return document
+
+
+def handle(handler: Handler) -> None:
+    """Answers ``POST /v1/completions``."""
+    state = handler.state
+    body = fields.present(handler.read_json())
+    fields.check_fields(body, COMPLETION_FIELDS, "/v1/completions")
+    state.check_model(body)
+    if "prompt" not in body:
+        raise HttpError(400, "'prompt' is required", code="invalid_value", param="prompt")
+    prompts = _prompts(body["prompt"])
+    n = fields.choices(body)
+    if len(prompts) * n > fields.MAX_N:
+        raise HttpError(400, f"prompts times n is more than {fields.MAX_N} choices", param="n")
+    top = body.get("logprobs")
+    bad_top = isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= fields.MAX_TOP_LOGPROBS
+    if top is not None and bad_top:
+        raise HttpError(400, f"'logprobs' must be an integer from 0 to {fields.MAX_TOP_LOGPROBS}", param="logprobs")
+    echo = fields.flag(body, "echo")
+    if echo and top is not None:
+        raise HttpError(
+            400, "'echo' with 'logprobs' is not supported (no log-probabilities for the prompt)", param="echo"
+        )
+    extra = {"logprobs": max(top, 1)} if top is not None else {}
+    max_new = body.get("max_tokens", DEFAULT_MAX_TOKENS)
+    params = fields.generation_params(body, max_new, n_vocab(state.backend), **extra)
+    if getattr(state.backend, "worker", None) is None or getattr(state.backend, "info", None) is None:
+        raise HttpError(400, "/v1/completions needs a local model; this server serves a remote one", param="prompt")
+    stream = fields.flag(body, "stream")
+    stream_options = body.get("stream_options")
+    include_usage = isinstance(stream_options, dict) and bool(stream_options.get("include_usage"))
+    with handler.use_model() as cancel:
+        limit = text_limit(state.n_ctx)
+        encoded = [map_errors(lambda p=p: _tokens(state.backend, p, limit)) for p in prompts]
+        n_ctx = state.n_ctx or 0
+        for tokens in encoded:
+            if n_ctx and len(tokens) + params.max_tokens > n_ctx:
+                raise HttpError(
+                    400,
+                    f"the prompt ({len(tokens)} tokens) and max_tokens ({params.max_tokens}) do not fit "
+                    f"this model's context window of {n_ctx} tokens",
+                    code="context_length_exceeded",
+                    param="prompt",
+                )
+        echoes = [_echo_text(state.backend, p, t) if echo else "" for p, t in zip(prompts, encoded, strict=True)]
+        run = _Run(handler, encoded, echoes, n, params, top, cancel)
+        if stream:
+            run.stream(include_usage)
+        else:
+            run.whole()
+
+
+def _echo_text(backend: Any, prompt: _Prompt, tokens: list[int]) -> str:
+    if prompt.text is not None:
+        return prompt.text
+    return "".join(map_errors(lambda: backend.worker.pieces(tokens)))
+
+
+class _Run:
+    """One request's choices: prompt ``p``'s choice ``j`` is choice ``p * n + j``."""
+
+    def __init__(
+        self,
+        handler: Handler,
+        encoded: list[list[int]],
+        echoes: list[str],
+        n: int,
+        params: Any,
+        top: int | None,
+        cancel: threading.Event,
+    ) -> None:
+        self.handler = handler
+        self.encoded = encoded
+        self.echoes = echoes
+        self.n = n
+        self.params = params
+        self.top = top
+        self.cancel = cancel
+        self.id = f"cmpl-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.prompt_tokens = sum(len(tokens) for tokens in encoded)
+
+    def _events(self, choice: int) -> Iterator[Any]:
+        backend = self.handler.state.backend
+        tokens = self.encoded[choice // self.n]
+        params = fields.seeded(self.params, choice % self.n)
+        return self.handler.generation(raw_events(backend, tokens, params, self.cancel), self.cancel)
+
+    def _document(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+        model = self.handler.state.model_id
+        return {"id": self.id, "object": "text_completion", "created": self.created, "model": model,
+                "choices": choices, **extra}  # fmt: skip
+
+    def whole(self) -> None:
+        from engine.events import Finished, Token
+
+        choices: list[dict[str, Any]] = []
+        first = None
+        completion_tokens = 0
+        for choice in range(len(self.encoded) * self.n):
+            tokens: list[Any] = []
+            finished: Any = None
+            for event in map_errors(lambda choice=choice: list(self._events(choice))):
+                if isinstance(event, Token):
+                    tokens.append(event)
+                elif isinstance(event, Finished):
+                    finished = event
+            if finished is None:
+                raise HttpError(500, "the model ended without finishing the reply", "server_error")
+            first = first or finished.stats
+            completion_tokens += finished.stats.completion_tokens
+            echo = self.echoes[choice // self.n]
+            choices.append(
+                {
+                    "text": echo + finished.text,
+                    "index": choice,
+                    "logprobs": _logprobs(tokens, self.top, len(echo)) if self.top is not None else None,
+                    "finish_reason": "length" if finished.reason == "length" else "stop",
+                }
+            )
+        assert first is not None
+        usage = _usage(completion_tokens, self.prompt_tokens)
+        document = self._document(choices, usage=usage, timings=timings_document(first))
+        self.handler.send_json(200, document)
+
+    def stream(self, include_usage: bool) -> None:
+        from engine.events import Finished, Token
+
+        events = self._events(0)
+        head = self.handler.first(events)
+
+        def produce() -> None:
+            first = None
+            completion_tokens = 0
+            for choice in range(len(self.encoded) * self.n):
+                source = _prepend(head, events) if choice == 0 else self._events(choice)
+                echo = self.echoes[choice // self.n]
+                if echo:
+                    self.handler.send_event(self._document([_text_choice(choice, echo)]))
+                offset = len(echo)
+                for event in source:
+                    if isinstance(event, Token) and event.text:
+                        logprobs = _logprobs([event], self.top, offset) if self.top is not None else None
+                        offset += len(event.text)
+                        self.handler.send_event(self._document([_text_choice(choice, event.text, logprobs)]))
+                    elif isinstance(event, Finished):
+                        first = first or event.stats
+                        completion_tokens += event.stats.completion_tokens
+                        finish = "length" if event.reason == "length" else "stop"
+                        last = _text_choice(choice, "", None, finish)
+                        self.handler.send_event(self._document([last], timings=timings_document(event.stats)))
+            if include_usage and first is not None:
+                self.handler.send_event(self._document([], usage=_usage(completion_tokens, self.prompt_tokens)))
+            self.handler.send_event("[DONE]")
+
+        self.handler.sse(produce, self.cancel, openai_error_events)
+
+
+def _text_choice(index: int, text: str, logprobs: Any = None, finish: str | None = None) -> dict[str, Any]:
+    return {"text": text, "index": index, "logprobs": logprobs, "finish_reason": finish}
+
+
+def _usage(completion_tokens: int, prompt_tokens: int) -> dict[str, Any]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def _prepend(head: Any, events: Iterator[Any]) -> Iterator[Any]:
+    yield head
+    yield from events

@@ -1,0 +1,364 @@
+"""The HTTP request handler of ``glassbox serve``: routing, access, bodies, server-sent events, and
+the one-model-at-a-time queue.
+
+Each endpoint is a function of the handler in its own module (:mod:`app.server.chat`,
+:mod:`app.server.completions`, :mod:`app.server.embeddings`, :mod:`app.server.responses`,
+:mod:`app.server.messages`); this module holds what they share:
+
+* :meth:`Handler.read_json` (Content-Length only, at most :data:`MAX_BODY_BYTES`, JSON only, the
+  hostile-body checks of :mod:`app.server.body`);
+* :meth:`Handler.use_model`: waits its turn for the model (503 past
+  :data:`~app.server.state.MAX_QUEUED` waiting), registers the reply's cancel event so that
+  stopping the server cancels it, and skips a client that left while it waited;
+* :meth:`Handler.generation`: the backend's events, cancelled as soon as the client is found gone
+  between two of them; :meth:`Handler.sse` streams a reply and ends it with an error event (in the
+  endpoint's dialect) when something fails mid-stream.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import select
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler
+from typing import TYPE_CHECKING, Any
+
+from app.server.body import encode_text, parse_body
+from app.server.errors import HttpError, http_error_for, map_errors
+from app.server.state import ServerState
+from app.server.wire import text_limit
+from engine.errors import EngineError
+
+if TYPE_CHECKING:
+    from http.server import ThreadingHTTPServer
+
+log = logging.getLogger("glassbox.serve")
+
+MAX_BODY_BYTES = 16 * 2**20
+_LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1", "[::1]")
+
+
+class ClientGone(Exception):
+    """The client closed its connection while its request waited: nobody to answer."""
+
+
+def anthropic_error(error: HttpError) -> dict[str, Any]:
+    """Anthropic's error body (``{"type": "error", "error": {"type", "message"}}``)."""
+    kinds = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error"}
+    kinds.update({404: "not_found_error", 413: "request_too_large", 503: "overloaded_error"})
+    kind = kinds.get(error.status, "api_error" if error.status >= 500 else "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": error.message}}
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "Glassbox"
+    sys_version = ""
+    timeout = 120  # seconds an idle keep-alive connection may hold a thread
+    server: ThreadingHTTPServer
+    _body_read = False
+    _responded = False  # a status line is on its way: an error can no longer be a fresh answer
+    _live: Iterator[Any] | None = None  # the generation being streamed, drained after a failure
+    anthropic = False  # the endpoint answers errors in Anthropic's shape
+
+    def setup(self) -> None:
+        super().setup()
+        # Each token is one small write: without this, Nagle's algorithm delays them.
+        self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the stdlib's name)
+        log.debug("%s %s", self.address_string(), format % args)
+
+    # routing ----------------------------------------------------------------------------------
+    def do_GET(self) -> None:
+        from app.server import models
+
+        path = self._path()
+        if path.startswith("/v1/models/"):
+            self._dispatch({path: lambda: models.one(self, path[len("/v1/models/") :])})
+            return
+        self._dispatch(
+            {"/v1/models": lambda: models.listing(self), "/props": self._props, "/health": self._health}
+        )
+
+    def do_POST(self) -> None:
+        from app.server import chat, completions, embeddings
+
+        self._dispatch(
+            {
+                "/v1/chat/completions": lambda: chat.handle(self),
+                "/v1/completions": lambda: completions.handle(self),
+                "/v1/embeddings": lambda: embeddings.handle(self),
+                "/tokenize": self._tokenize,
+            }
+        )
+
+    def send_response(self, code: int, message: str | None = None) -> None:
+        self._responded = True
+        super().send_response(code, message)
+
+    def _path(self) -> str:
+        return self.path.split("?", 1)[0].rstrip("/") or "/"
+
+    def _dispatch(self, routes: dict[str, Callable[[], None]]) -> None:
+        path = self._path()
+        self._body_read = False
+        self._responded = False
+        self._live = None
+        self.anthropic = path.startswith("/v1/messages")
+        try:
+            self._check_access()
+            route = routes.get(path)
+            if route is None:
+                raise HttpError(404, f"no such endpoint: {self.command} {path[:200]}", code="not_found")
+            route()
+        except HttpError as exc:
+            # A body left unread would be taken for the next request: close instead.
+            unread = self.command == "POST" and not self._body_read
+            self.send_json(
+                exc.status,
+                anthropic_error(exc) if self.anthropic else exc.body(),
+                close=unread or exc.status in (401, 403, 411, 413),
+                retry_after=exc.retry_after,
+            )
+        except ClientGone:
+            log.debug("client %s went away while queued", self.address_string())
+            self.close_connection = True
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+        except Exception as exc:  # noqa: BLE001 - whatever broke, the client gets an answer, the log the detail
+            self.close_connection = True
+            error = http_error_for(exc)  # logs it
+            if not self._responded:
+                try:
+                    self.send_json(error.status, error.body(), close=True)
+                except OSError:
+                    pass
+
+    @property
+    def state(self) -> ServerState:
+        return self.server.state  # type: ignore[attr-defined, no-any-return]
+
+    def _check_access(self) -> None:
+        state = self.state
+        if state.api_key is None:
+            host = _host_name(self.headers.get("Host") or "")
+            if host and state.loopback and host not in _LOOPBACK_NAMES:
+                raise HttpError(403, f"requests for host {host!r} are refused (loopback only)", code="forbidden")
+            return
+        if self.path.startswith("/health"):
+            return
+        header = self.headers.get("Authorization") or ""
+        scheme, _, given = header.partition(" ")
+        if scheme.lower() != "bearer":
+            given = self.headers.get("x-api-key") or ""  # Anthropic's clients send the key so
+        if not hmac.compare_digest(given.strip().encode(), state.api_key.encode()):
+            raise HttpError(401, "invalid or missing API key", code="invalid_api_key")
+
+    # request and response plumbing -----------------------------------------------------------
+    def read_json(self) -> dict[str, Any]:
+        """The request's JSON body (see the module docstring). Raises HttpError."""
+        if self.headers.get("Transfer-Encoding"):
+            raise HttpError(411, "send the body with a Content-Length")
+        length_text = self.headers.get("Content-Length")
+        if length_text is None:
+            raise HttpError(411, "send the body with a Content-Length")
+        try:
+            length = int(length_text)
+        except ValueError:
+            raise HttpError(400, "bad Content-Length") from None
+        if length < 0 or length > MAX_BODY_BYTES:
+            raise HttpError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes")
+        content_type = (self.headers.get("Content-Type") or "").split(";", 1)[0].strip().lower()
+        body = self.rfile.read(length)
+        self._body_read = True
+        if content_type != "application/json":
+            raise HttpError(415, "the request body must be JSON (Content-Type: application/json)")
+        return parse_body(body)
+
+    def send_json(
+        self, status: int, document: dict[str, Any], *, close: bool = False, retry_after: int | None = None
+    ) -> None:
+        data = encode_text(json.dumps(document, ensure_ascii=False))
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        if retry_after is not None:
+            self.send_header("Retry-After", str(retry_after))
+        if close:
+            self.send_header("Connection", "close")
+            self.close_connection = True
+        self.end_headers()
+        self.wfile.write(data)
+
+    def start_sse(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.send_header("X-Accel-Buffering", "no")
+        self.end_headers()
+
+    def send_event(self, payload: str | dict[str, Any], event: str | None = None) -> None:
+        """One server-sent event: ``data:`` (a JSON document or text), after ``event:`` when named."""
+        text = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
+        head = f"event: {event}\n" if event else ""
+        data = encode_text(f"{head}data: {text}\n\n")
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))  # one write per chunk
+
+    def end_sse(self) -> None:
+        self.wfile.write(b"0\r\n\r\n")
+
+    def hung_up(self) -> bool:
+        """True when the client has closed (or reset) its connection; reads nothing it sent."""
+        return _peer_closed(self.connection)
+
+    # the model --------------------------------------------------------------------------------
+    @contextmanager
+    def use_model(self) -> Iterator[threading.Event]:
+        """Holds the model for one request; yields the request's cancel event.
+
+        Raises:
+            HttpError: 503 when too many requests wait or the server is stopping.
+            ClientGone: the client left while the request waited.
+        """
+        state = self.state
+        cancel = threading.Event()
+        state.enter_queue()
+        try:
+            with state.lock:
+                state.activate(cancel)
+                try:
+                    if self.hung_up():
+                        raise ClientGone
+                    yield cancel
+                except HttpError as exc:
+                    if state.closed and exc.status >= 500:
+                        raise HttpError(503, "the server is shutting down", "server_error") from None
+                    raise
+                finally:
+                    state.deactivate(cancel)
+        finally:
+            state.leave_queue()
+
+    def generation(self, events: Iterator[Any], cancel: threading.Event) -> Iterator[Any]:
+        """``events``, watched for a client that leaves; kept so that a failure can drain it."""
+        self._live = self._watched(events, cancel)
+        return self._live
+
+    def _watched(self, events: Iterator[Any], cancel: threading.Event) -> Iterator[Any]:
+        try:
+            for event in events:
+                if not cancel.is_set() and self.hung_up():
+                    log.debug("client %s went away; cancelling its reply", self.address_string())
+                    cancel.set()
+                yield event
+        finally:
+            close = getattr(events, "close", None)
+            if close is not None:
+                close()
+
+    def first(self, events: Iterator[Any]) -> Any:
+        """The first event: planning errors become HTTP errors here, before any 200."""
+        return map_errors(lambda: next(events))
+
+    def sse(
+        self,
+        produce: Callable[[], None],
+        cancel: threading.Event,
+        error_events: Callable[[HttpError], list[tuple[str | None, dict[str, Any] | str]]],
+    ) -> None:
+        """Streams a reply: ``produce`` sends its events; a failure mid-stream cancels the model,
+        lets the worker settle, and ends the stream with ``error_events`` (the endpoint's dialect)."""
+        self.start_sse()
+        try:
+            produce()
+            self.end_sse()
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):
+            # The client went away (its Stop button): stop the model and let the worker settle.
+            cancel.set()
+            self._drain()
+            self.close_connection = True
+        except Exception as exc:  # noqa: BLE001 - the stream ends with an error event; the log has the detail
+            error = http_error_for(exc)  # a fixed message for the server's own failures; logs them
+            log.warning("generation failed mid-stream: %s", error.message)
+            cancel.set()  # when this code, not the model, failed: stop the model and let it settle
+            self._drain()
+            try:
+                for name, payload in error_events(error):
+                    self.send_event(payload, name)
+                self.end_sse()
+            except OSError:
+                self.close_connection = True
+
+    def _drain(self) -> None:
+        events, self._live = self._live, None
+        if events is None:
+            return
+        try:
+            for _ in events:
+                pass
+        except EngineError as exc:
+            log.warning("after a client disconnect: %s", exc)
+
+    # small endpoints --------------------------------------------------------------------------
+    def _health(self) -> None:
+        self.send_json(200, {"status": "ok"})
+
+    def _props(self) -> None:
+        state = self.state
+        self.send_json(200, {"model_alias": state.model_id, "default_generation_settings": {"n_ctx": state.n_ctx}})
+
+    def _tokenize(self) -> None:
+        body = self.read_json()
+        content = body.get("content")
+        if not isinstance(content, str):
+            raise HttpError(400, "'content' must be a string")
+        limit = text_limit(self.state.n_ctx)
+        if len(content) > limit:
+            raise HttpError(400, f"'content' is longer than {limit} characters, the most allowed per request")
+        worker = getattr(self.state.backend, "worker", None)
+        if worker is None:
+            raise HttpError(404, "this backend has no tokenizer", code="not_found")
+        self.state.enter_queue()
+        try:
+            with self.state.lock:
+                tokens = map_errors(lambda: worker.tokenize(content, add_bos=False, special=True))
+        finally:
+            self.state.leave_queue()
+        self.send_json(200, {"tokens": tokens})
+
+
+def openai_error_events(error: HttpError) -> list[tuple[str | None, dict[str, Any] | str]]:
+    """The events that end an OpenAI stream after a failure: the error, then ``[DONE]``."""
+    return [(None, {"error": {"message": error.message, "type": error.kind, "code": error.code}}), (None, "[DONE]")]
+
+
+def _peer_closed(sock: socket.socket) -> bool:
+    """True when the other end of ``sock`` has closed or reset it (data waiting to be read says it has not)."""
+    try:
+        if hasattr(select, "poll"):
+            poller = select.poll()
+            poller.register(sock, select.POLLIN)
+            if not poller.poll(0):
+                return False
+        elif not select.select([sock], [], [], 0)[0]:
+            return False
+        return sock.recv(1, socket.MSG_PEEK) == b""
+    except (BlockingIOError, InterruptedError):
+        return False
+    except OSError:  # reset, or closed here
+        return True
+
+
+def _host_name(header: str) -> str:
+    """The host part of a ``Host`` header (``[::1]:8080`` gives ``[::1]``), lower-cased."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header.split("]", 1)[0] + "]"
+    return header.split(":", 1)[0]

@@ -1,0 +1,43 @@
+"""``GET /v1/models`` and ``GET /v1/models/{id}``: the chat model served (and the embedding model)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from app.server.errors import HttpError
+
+if TYPE_CHECKING:
+    from app.server.handler import Handler
+
+
+def _documents(handler: Handler) -> list[dict[str, Any]]:
+    state = handler.state
+    data: list[dict[str, Any]] = [
+        {
+            "id": state.model_id,
+            "object": "model",
+            "created": state.created,
+            "owned_by": "glassbox",
+            "context_length": state.n_ctx,
+        }
+    ]
+    if state.embedder_id is not None:
+        data.append({"id": state.embedder_id, "object": "model", "created": state.created, "owned_by": "glassbox"})
+    return data
+
+
+def listing(handler: Handler) -> None:
+    """Answers ``GET /v1/models``."""
+    handler.send_json(200, {"object": "list", "data": _documents(handler)})
+
+
+def one(handler: Handler, model_id: str) -> None:
+    """Answers ``GET /v1/models/{id}``: the model, or 404 ``model_not_found``."""
+    from urllib.parse import unquote
+
+    wanted = unquote(model_id)
+    for document in _documents(handler):
+        if document["id"] == wanted:
+            handler.send_json(200, document)
+            return
+    raise HttpError(404, f"the model {wanted[:200]!r} does not exist here", code="model_not_found", param="model")

@@ -1,0 +1,294 @@
+"""The request fields every generating endpoint shares, checked and turned into
+:class:`~engine.runtime.GenerationParams`.
+
+The rule (issue 12, "the rest of the server surface"): a field the server does not implement is a
+400 that names it, never silently ignored. So each endpoint lists the fields it knows
+(:func:`check_fields`): an unknown field is refused like OpenAI refuses one ("unrecognized request
+argument"), and a known field the server cannot honour is accepted only at its neutral value
+(``frequency_penalty: 0``, ``modalities: ["text"]``). Labels that change nothing in the output
+(``user``, ``metadata``) are accepted. ``null`` means "not given" everywhere.
+
+Constrained output: ``response_format`` ``{"type": "json_object"}`` (any JSON object) and
+``{"type": "json_schema", "json_schema": {"schema": {...}}}`` become
+``GenerationParams.json_schema`` (the worker builds the grammar), and llama.cpp's ``grammar``
+(GBNF text) and ``json_schema`` fields are accepted as they are.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Collection, Mapping
+from typing import Any
+
+from app.server.errors import HttpError
+
+MAX_STOP_STRINGS = 16
+"""Most stop strings per request (OpenAI allows 4)."""
+
+MAX_STOP_CHARS = 256
+"""Longest stop string, in characters."""
+
+MAX_N = 16
+"""Most choices one request may ask for (``n``); they are generated one after another."""
+
+MAX_LOGIT_BIAS = 1024
+"""Most entries in ``logit_bias`` (OpenAI allows 300)."""
+
+MAX_TOP_LOGPROBS = 20
+"""Most alternatives per token (``top_logprobs``), OpenAI's own limit."""
+
+MAX_GRAMMAR_CHARS = 256 * 1024
+"""Longest GBNF grammar or JSON schema, in characters (building the grammar costs time in its size)."""
+
+NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "frequency_penalty": (0, 0.0),
+    "presence_penalty": (0, 0.0),
+    "store": (False,),
+    "service_tier": ("auto", "default"),
+    "modalities": (["text"],),
+    "best_of": (1,),
+}
+"""Fields accepted only at the value that changes nothing (the server cannot honour any other)."""
+
+LABELS = frozenset({"user", "metadata", "safety_identifier", "prompt_cache_key", "cache_prompt"})
+"""Fields that label a request and change nothing in its output: accepted everywhere."""
+
+SAMPLING = frozenset({"temperature", "top_p", "top_k", "min_p", "repeat_penalty", "seed", "stop", "logit_bias"})
+"""The sampling fields :func:`generation_params` reads (``top_k``, ``min_p`` and ``repeat_penalty``
+are llama.cpp's extensions)."""
+
+CONSTRAINTS = frozenset({"response_format", "grammar", "json_schema"})
+"""The constrained-output fields :func:`constraint` reads."""
+
+
+def present(body: Mapping[str, Any]) -> dict[str, Any]:
+    """``body`` without its ``null`` fields (``null`` means "not given")."""
+    return {key: value for key, value in body.items() if value is not None}
+
+
+def check_fields(body: Mapping[str, Any], known: Collection[str], endpoint: str) -> None:
+    """Refuses fields this endpoint does not implement.
+
+    Args:
+        body: the request body, without its nulls.
+        known: the fields the endpoint reads.
+        endpoint: its path, for the message.
+
+    Raises:
+        HttpError: 400 naming the first field that is unknown, or given at a value the server
+            cannot honour (``param`` is the field).
+    """
+    for key, value in body.items():
+        if key in known or key in LABELS:
+            continue
+        if key in NEUTRAL:
+            if value in NEUTRAL[key]:
+                continue
+            allowed = " or ".join(json.dumps(v) for v in NEUTRAL[key])
+            raise HttpError(
+                400,
+                f"'{key}' is not supported by this server (only {allowed}, which changes nothing)",
+                code="unsupported_parameter",
+                param=key,
+            )
+        raise HttpError(
+            400,
+            f"{endpoint} does not support the field {key[:64]!r}; remove it",
+            code="unsupported_parameter",
+            param=key[:64],
+        )
+
+
+def max_tokens(body: Mapping[str, Any], *names: str) -> Any:
+    """The first of ``names`` the body gives (so ``max_completion_tokens: null`` leaves ``max_tokens``)."""
+    for name in names:
+        if body.get(name) is not None:
+            return body[name]
+    return None
+
+
+def stop_strings(body: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """``stop`` as a tuple, checked against :data:`MAX_STOP_STRINGS` and :data:`MAX_STOP_CHARS`.
+
+    Raises:
+        HttpError: 400 for too many or too long strings, or a value that is not strings.
+    """
+    stop = body.get("stop")
+    if stop is None:
+        return None
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+        raise HttpError(400, "'stop' must be a string or a list of strings", code="invalid_value", param="stop")
+    if len(stop) > MAX_STOP_STRINGS:
+        raise HttpError(
+            400, f"'stop' has {len(stop)} strings; at most {MAX_STOP_STRINGS} are allowed", code="invalid_value"
+        )
+    for index, string in enumerate(stop):
+        if len(string) > MAX_STOP_CHARS:
+            raise HttpError(
+                400,
+                f"stop[{index}] is {len(string)} characters long; at most {MAX_STOP_CHARS} are allowed",
+                code="invalid_value",
+            )
+    return tuple(stop)
+
+
+def logit_bias(body: Mapping[str, Any], n_vocab: int | None) -> tuple[tuple[int, float], ...]:
+    """``logit_bias`` (``{"token id": bias}``, bias in -100..100) as (id, bias) pairs.
+
+    Raises:
+        HttpError: 400 for a key that is not a token id of this model, or a bias out of range.
+    """
+    bias = body.get("logit_bias")
+    if bias is None:
+        return ()
+    if not isinstance(bias, dict):
+        raise HttpError(
+            400, "'logit_bias' must be an object of token id: bias", code="invalid_value", param="logit_bias"
+        )
+    if len(bias) > MAX_LOGIT_BIAS:
+        raise HttpError(400, f"'logit_bias' has more than {MAX_LOGIT_BIAS} entries", code="invalid_value")
+    pairs: list[tuple[int, float]] = []
+    for key, value in bias.items():
+        token = key.strip()
+        if not token.isdigit() or len(token) > 9:
+            raise HttpError(
+                400, f"logit_bias: {key[:32]!r} is not a token id", code="invalid_value", param="logit_bias"
+            )
+        token_id = int(token)
+        if n_vocab is not None and token_id >= n_vocab:
+            raise HttpError(
+                400,
+                f"logit_bias: token id {token_id} is not in this model's vocabulary of {n_vocab}",
+                code="invalid_value",
+                param="logit_bias",
+            )
+        if isinstance(value, bool) or not isinstance(value, int | float) or not -100 <= value <= 100:
+            raise HttpError(
+                400, f"logit_bias[{token_id}]: the bias must be a number from -100 to 100", code="invalid_value"
+            )
+        # OpenAI: -100 bans the token; the engine bans with -inf.
+        pairs.append((token_id, -math.inf if value <= -100 else float(value)))
+    return tuple(pairs)
+
+
+def constraint(body: Mapping[str, Any]) -> dict[str, str]:
+    """The ``grammar`` or ``json_schema`` a request asks for, as GenerationParams fields.
+
+    Raises:
+        HttpError: 400 for an unknown ``response_format`` type, a ``json_schema`` without its
+            schema, two constraints at once, or one over :data:`MAX_GRAMMAR_CHARS`.
+    """
+    found: dict[str, str] = {}
+    response_format = body.get("response_format")
+    if response_format is not None:
+        if not isinstance(response_format, dict):
+            raise HttpError(400, "'response_format' must be an object", code="invalid_value", param="response_format")
+        kind = response_format.get("type")
+        if kind == "json_object":
+            found["json_schema"] = '{"type": "object"}'
+        elif kind == "json_schema":
+            spec = response_format.get("json_schema")
+            schema = spec.get("schema") if isinstance(spec, dict) else None
+            if not isinstance(schema, dict):
+                raise HttpError(
+                    400,
+                    "response_format.json_schema.schema must be a JSON schema object",
+                    code="invalid_value",
+                    param="response_format.json_schema.schema",
+                )
+            found["json_schema"] = json.dumps(schema)
+        elif kind != "text":
+            raise HttpError(
+                400,
+                f"response_format.type {str(kind)[:40]!r} is not supported (text, json_object, json_schema)",
+                code="invalid_value",
+                param="response_format.type",
+            )
+    for name in ("grammar", "json_schema"):
+        value = body.get(name)
+        if value is None:
+            continue
+        if name == "json_schema" and isinstance(value, dict):
+            value = json.dumps(value)
+        if not isinstance(value, str) or not value.strip():
+            raise HttpError(400, f"'{name}' must be non-empty text", code="invalid_value", param=name)
+        if found:
+            raise HttpError(
+                400,
+                f"'{name}' cannot be combined with another output constraint ({', '.join(sorted(found))})",
+                code="invalid_value",
+                param=name,
+            )
+        found[name] = value
+    for name, value in found.items():
+        if len(value) > MAX_GRAMMAR_CHARS:
+            raise HttpError(400, f"'{name}' is longer than {MAX_GRAMMAR_CHARS} characters", code="invalid_value")
+    return found
+
+
+def generation_params(body: Mapping[str, Any], max_new: Any, n_vocab: int | None, **extra: Any) -> Any:
+    """The GenerationParams of a request: sampling, ``max_new`` tokens, constraint, ``extra``.
+
+    Raises:
+        HttpError: 400 naming the field GenerationParams refuses.
+    """
+    from pydantic import ValidationError
+
+    from engine.runtime import GenerationParams
+
+    options: dict[str, Any] = {
+        "max_tokens": max_new,
+        "temperature": body.get("temperature"),
+        "top_p": body.get("top_p"),
+        "top_k": body.get("top_k"),
+        "min_p": body.get("min_p"),
+        "repeat_penalty": body.get("repeat_penalty"),
+        "seed": body.get("seed"),
+        "stop": stop_strings(body),
+        "logit_bias": logit_bias(body, n_vocab) or None,
+        **constraint(body),
+        **extra,
+    }
+    try:
+        return GenerationParams(**{k: v for k, v in options.items() if v is not None})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())) or "request"
+        raise HttpError(400, f"{where}: {first.get('msg', 'invalid value')}", code="invalid_value") from None
+
+
+def choices(body: Mapping[str, Any]) -> int:
+    """``n``: how many choices (1 when absent or null).
+
+    Raises:
+        HttpError: 400 for anything but an integer from 1 to :data:`MAX_N`.
+    """
+    n = body.get("n", 1)
+    if n is None:
+        return 1
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_N:
+        raise HttpError(400, f"'n' must be an integer from 1 to {MAX_N}", code="invalid_value", param="n")
+    return n
+
+
+def flag(body: Mapping[str, Any], name: str) -> bool:
+    """A boolean field (false when absent).
+
+    Raises:
+        HttpError: 400 when it is not a boolean.
+    """
+    value = body.get(name, False)
+    if not isinstance(value, bool):
+        raise HttpError(400, f"'{name}' must be true or false", code="invalid_value", param=name)
+    return value
+
+
+def seeded(params: Any, index: int) -> Any:
+    """The params of choice ``index``: a given seed becomes ``seed + index``, so choices differ yet
+    repeat from one run to the next."""
+    if index == 0 or params.seed is None:
+        return params
+    return params.model_copy(update={"seed": params.seed + index})

@@ -1,0 +1,198 @@
+"""What the request handlers of ``glassbox serve`` share: the backend, the one-model-at-a-time
+queue, the embedding model and the knowledge bases, each opened on first use."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from app.paths import Paths
+from app.server.errors import HttpError
+
+if TYPE_CHECKING:
+    from app.server.embeddings import Embeddings
+
+log = logging.getLogger("glassbox.serve")
+
+MAX_QUEUED = 32
+"""Requests that may wait for the model; past that the answer is a 503 with ``Retry-After``."""
+RETRY_AFTER_S = 2
+"""The ``Retry-After`` sent with a 503 when :data:`MAX_QUEUED` requests already wait."""
+
+
+def backend_n_ctx(backend: Any) -> int | None:
+    """The context window a backend reports (``info.n_ctx``), or None."""
+    info = getattr(backend, "info", None)
+    n_ctx = getattr(info, "n_ctx", None)
+    return n_ctx if isinstance(n_ctx, int) and n_ctx > 0 else None
+
+
+class ServerState:
+    """Everything the request handlers share; one per server.
+
+    Attributes:
+        backend: the chat backend (a ``ChatSession`` or a ``RemoteSession``).
+        model_id: the chat model's id in ``/v1/models``; requests naming another get a 404.
+        lock: one model at a time: every request that uses the backend holds it.
+    """
+
+    def __init__(
+        self,
+        paths: Paths,
+        backend: Any,
+        model_id: str,
+        api_key: str | None,
+        loopback: bool,
+        embedder_path: Path | None,
+        default_kbs: tuple[str, ...],
+        chroma_url: str | None,
+        knowledge: Any,
+    ) -> None:
+        self.paths = paths
+        self.backend = backend
+        self.model_id = model_id
+        self.api_key = api_key
+        self.loopback = loopback
+        self.embedder_path = embedder_path
+        self.default_kbs = default_kbs
+        self.chroma_url = chroma_url
+        self.created = int(time.time())
+        self.lock = threading.Lock()
+        self._counter_lock = threading.Lock()
+        self._idle = threading.Condition(self._counter_lock)
+        self.queued = 0
+        self.closed = False
+        self.active: set[threading.Event] = set()
+        self._embedder: Embeddings | None = None
+        self._embed_lock = threading.Lock()
+        self._knowledge = knowledge  # a rag.knowledge.KnowledgeBases, opened on first use
+        self._own_knowledge = knowledge is None
+
+    # the one-model-at-a-time queue -------------------------------------------------------------
+    def enter_queue(self) -> None:
+        with self._counter_lock:
+            if self.closed:
+                raise HttpError(503, "the server is shutting down", "server_error")
+            if self.queued >= MAX_QUEUED:
+                raise HttpError(
+                    503,
+                    f"too many requests waiting ({MAX_QUEUED}); try again later",
+                    "server_error",
+                    retry_after=RETRY_AFTER_S,
+                )
+            self.queued += 1
+
+    def leave_queue(self) -> None:
+        with self._counter_lock:
+            self.queued -= 1
+
+    def activate(self, cancel: threading.Event) -> None:
+        """Registers the reply about to use the model, so that stopping cancels it (called under ``lock``)."""
+        with self._counter_lock:
+            if self.closed:
+                raise HttpError(503, "the server is shutting down", "server_error")
+            self.active.add(cancel)
+
+    def deactivate(self, cancel: threading.Event) -> None:
+        with self._counter_lock:
+            self.active.discard(cancel)
+            self._idle.notify_all()
+
+    def cancel_all(self) -> None:
+        with self._counter_lock:
+            self.closed = True
+            for event in self.active:
+                event.set()
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Waits until no reply uses the model; False when one still does after ``timeout`` seconds."""
+        with self._counter_lock:
+            return self._idle.wait_for(lambda: not self.active, timeout)
+
+    # models -----------------------------------------------------------------------------------
+    @property
+    def n_ctx(self) -> int | None:
+        """The chat model's context window, when the backend says."""
+        return backend_n_ctx(self.backend)
+
+    @property
+    def embedder_id(self) -> str | None:
+        """The embedding model's id in ``/v1/models`` (None: no embeddings offered)."""
+        if self.embedder_path is None:
+            return None
+        path = self.embedder_path
+        return path.parent.name if path.name in ("model", "models") else path.name
+
+    def check_model(self, body: dict[str, Any], *, embeddings: bool = False) -> None:
+        """Refuses a request for a model this server does not serve (OpenAI's 404 ``model_not_found``).
+
+        A request that names no model gets the one served.
+
+        Raises:
+            HttpError: 404 naming the model asked for and the one served; 400 when ``model`` is
+                not a string.
+        """
+        name = body.get("model")
+        if name is None or name == "":
+            return
+        if not isinstance(name, str):
+            raise HttpError(400, "'model' must be a string", code="invalid_value", param="model")
+        served = self.embedder_id if embeddings else self.model_id
+        if served is not None and name == served:
+            return
+        what = "embedding model" if embeddings else "model"
+        offered = f"this server serves {served!r}" if served else "this server serves no embedding model"
+        raise HttpError(
+            404, f"the {what} {name[:200]!r} does not exist here; {offered}", code="model_not_found", param="model"
+        )
+
+    # lazily built helpers ---------------------------------------------------------------------
+    def embedder(self) -> Embeddings:
+        with self._embed_lock:
+            if self._embedder is None:
+                if self.embedder_path is None:
+                    raise HttpError(501, "no embedding model is installed", "server_error")
+                from app.server.embeddings import Embeddings
+
+                self._embedder = Embeddings(self.embedder_path)
+            return self._embedder
+
+    def retrieve(self, names: tuple[str, ...], query: str) -> tuple[str | None, list[dict[str, Any]]]:
+        """The cited documents block for ``query`` from ``names``, and its sources (called under ``lock``).
+
+        One ``KnowledgeBases`` serves every request: it holds the knowledge folder's lock, so a
+        second one in the same process would be refused.
+        """
+        from app.knowledge_glue import make_retriever
+        from rag.knowledge import KnowledgeBases
+
+        if self._knowledge is None:
+            self._knowledge = KnowledgeBases(
+                self.paths.knowledge, embedder_path=self.embedder_path, chroma_url=self.chroma_url
+            )
+            if self._knowledge.recovered is not None:
+                recovery = self._knowledge.recovered
+                log.warning(
+                    "the document index was damaged (%s); it was moved to %s and is being rebuilt",
+                    recovery.reason,
+                    recovery.moved_to,
+                )
+        from rag.errors import KnowledgeBaseError
+
+        for name in names:
+            try:
+                self._knowledge.get(name)
+            except KnowledgeBaseError:  # the one error of the client's making: say so, by name
+                raise HttpError(
+                    400, f"{name[:200]!r}: no such knowledge base", code="knowledge_base_error", param="knowledge_base"
+                ) from None
+        retriever = make_retriever(self.paths, names, kbs=self._knowledge)
+        return retriever(query, self.backend)
+
+    def close_knowledge(self) -> None:
+        if self._knowledge is not None and self._own_knowledge:
+            self._knowledge.close()
+            self._knowledge = None

@@ -1,0 +1,201 @@
+"""A scripted chat backend for ``glassbox serve`` tests of the API surface, and small helpers.
+
+:class:`ScriptedBackend` answers with the user's words reversed, one per token, and records what
+each call asked for (params, tools, messages), so a test can check that a field reached the engine.
+It streams what the engine streams: ``Token`` (with log-probabilities when asked), ``Reasoning``
+when the user's text holds "think", ``ToolCall`` when tools are offered (the call chosen by
+``tool_choice``, or the first tool), then ``Stats`` and ``Finished``. Its ``worker`` lets
+``/v1/completions`` run: tokens are the prompt's bytes, the reply the prompt's words reversed.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import openai
+
+from app.server.http import ServerHandle
+from engine.events import Event, Finished, PrefillProgress, Reasoning, Stats, Token, ToolCall
+from engine.runtime import GenerationParams, WorkerResult
+
+KEY = "test-key-0123456789"
+
+
+@dataclass(frozen=True)
+class Info:
+    n_ctx: int = 256
+    n_vocab: int = 1000
+    add_bos: bool = False
+    bos_token: str | None = None
+
+
+@dataclass
+class Call:
+    history: list[Any]
+    user: str | None
+    params: GenerationParams
+    system: str | None
+    tools: list[Any] | None
+    tool_choice: str | None
+
+
+def _token(text: str, index: int, params: GenerationParams) -> Token:
+    if not params.logprobs:
+        return Token(text, index)
+    alternatives = tuple((f"{text}~{k}", -1.0 - k) for k in range(params.logprobs))
+    return Token(text, index, logprob=-0.5, top_logprobs=alternatives)
+
+
+class ScriptedWorker:
+    """What ``/v1/completions`` needs of an inference worker."""
+
+    def __init__(self) -> None:
+        self.prompts: list[list[int]] = []
+        self.params: list[GenerationParams] = []
+
+    def tokenize(self, text: str, add_bos: bool = False, special: bool = True) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def pieces(self, tokens: Sequence[int]) -> list[str]:
+        return [bytes([t]).decode("latin-1") for t in tokens]
+
+    def generate(
+        self, tokens: Sequence[int], params: GenerationParams, cancel: threading.Event | None = None
+    ) -> Iterator[Event]:
+        self.prompts.append(list(tokens))
+        self.params.append(params)
+        words = list(reversed(bytes(tokens).decode("utf-8", "replace").split()))[: params.max_tokens]
+        text = ""
+        for index, word in enumerate(words):
+            piece = word if index == 0 else f" {word}"
+            text += piece
+            yield _token(piece, index, params)
+        reason = "length" if len(words) == params.max_tokens else "stop"
+        return WorkerResult(reason, text, len(tokens), 0, len(words), len(tokens) + len(words), 1.0, 2.0, 3.0)
+
+
+class ScriptedBackend:
+    """See the module docstring. ``tool_args`` are the arguments of every call it makes."""
+
+    model = "fake-model"
+
+    def __init__(self, n_ctx: int = 256) -> None:
+        self.info = Info(n_ctx=n_ctx)
+        self.calls: list[Call] = []
+        self.worker = ScriptedWorker()
+        self.tool_args: dict[str, Any] = {"city": "Paris"}
+        self.calls_per_reply = 1
+        self._lock = threading.Lock()
+
+    def load(self, cancel: threading.Event | None = None) -> object:
+        return self.info
+
+    def count_text(self, text: str) -> int:
+        return len(text.split())
+
+    def close(self) -> None:
+        pass
+
+    def stream(
+        self,
+        history: Sequence[Any],
+        user: str | None,
+        params: GenerationParams | None = None,
+        *,
+        system: str | None = None,
+        documents: str | None = None,
+        cancel: threading.Event | None = None,
+        tools: list[Any] | None = None,
+        tool_choice: str | None = None,
+    ) -> Iterator[Event]:
+        params = params or GenerationParams()
+        self.calls.append(Call(list(history), user, params, system, tools, tool_choice))
+        user = user or ""
+        yield PrefillProgress(0, 1)
+        if "think" in user:
+            yield Reasoning("Let me see.")
+        words = list(reversed(user.split()))[: params.max_tokens]
+        text = ""
+        for index, word in enumerate(words):
+            piece = word if index == 0 else f" {word}"
+            text += piece
+            yield _token(piece, index, params)
+        calls: list[ToolCall] = []
+        if tools and tool_choice != "none":
+            name = tool_choice if tool_choice not in (None, "auto", "required") else tools[0].name
+            for number in range(self.calls_per_reply):
+                call = ToolCall(f"call{number}", name, dict(self.tool_args), "")
+                calls.append(call)
+                yield call
+        stats = Stats(prompt_tokens=len(user.split()) + 1, completion_tokens=len(words), decode_tps=10.0)
+        yield stats
+        reason = "length" if len(words) == params.max_tokens and words else "stop"
+        yield Finished(reason, stats, text, reasoning="Let me see." if "think" in user else "", tool_calls=tuple(calls))  # type: ignore[arg-type]
+
+
+class NoToolsBackend(ScriptedBackend):
+    """A backend whose ``stream`` takes no tools (as a remote one might)."""
+
+    def stream(  # type: ignore[override]
+        self,
+        history: Sequence[Any],
+        user: str,
+        params: GenerationParams | None = None,
+        *,
+        system: str | None = None,
+        documents: str | None = None,
+        cancel: threading.Event | None = None,
+    ) -> Iterator[Event]:
+        return super().stream(history, user, params, system=system, documents=documents, cancel=cancel)
+
+
+def client(handle: ServerHandle, key: str = KEY) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{handle.url}/v1", api_key=key, max_retries=0, timeout=60)
+
+
+def post(handle: ServerHandle, path: str, body: dict[str, Any], key: str = KEY) -> tuple[int, Any]:
+    """POSTs a JSON body; returns the status and the JSON answer (or, for a stream, its events)."""
+    connection = http.client.HTTPConnection(handle.host, handle.port, timeout=30)
+    try:
+        connection.request(
+            "POST",
+            path,
+            body=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"},
+        )
+        response = connection.getresponse()
+        data = response.read()
+        if (response.getheader("Content-Type") or "").startswith("text/event-stream"):
+            return response.status, sse_events(data.decode())
+        return response.status, json.loads(data or b"{}")
+    finally:
+        connection.close()
+
+
+@dataclass
+class SseEvent:
+    event: str | None
+    data: Any = field(default=None)
+
+
+def sse_events(text: str) -> list[SseEvent]:
+    """The events of a server-sent stream (``data`` parsed as JSON, ``[DONE]`` kept as text)."""
+    events: list[SseEvent] = []
+    for block in text.split("\n\n"):
+        if not block.strip():
+            continue
+        name = None
+        data: list[str] = []
+        for line in block.splitlines():
+            if line.startswith("event:"):
+                name = line[6:].strip()
+            elif line.startswith("data:"):
+                data.append(line[5:].strip())
+        joined = "\n".join(data)
+        events.append(SseEvent(name, joined if joined == "[DONE]" else json.loads(joined)))
+    return events
