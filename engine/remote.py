@@ -7,7 +7,16 @@ so the app treats local and remote models alike:
 
 * the reply streams over SSE from ``/v1/chat/completions`` (``stream: true`` and
   ``stream_options.include_usage``); each content delta becomes a :class:`~engine.events.Token`
-  (``token_id=-1``: the server does not say);
+  (``token_id=-1``: the server does not say; with ``logprobs`` its log-probabilities), each
+  ``reasoning_content`` (or ``reasoning``) delta a :class:`~engine.events.Reasoning`, and the
+  ``tool_calls`` deltas, gathered by index, one :class:`~engine.events.ToolCall` each when the reply
+  ends;
+* what a request asks for goes to the server in OpenAI's terms: tools (:class:`~engine.tools.ToolSpec`)
+  and ``tool_choice``, the ``tool`` role and an assistant's ``tool_calls``, ``json_schema`` as
+  ``response_format``, ``logit_bias``, ``logprobs``; a GBNF ``grammar`` only to llama.cpp's family
+  (the one that reads it), else an EngineError says so; the thinking switch as
+  ``chat_template_kwargs.enable_thinking`` (llama.cpp, vLLM) and ``reasoning_effort`` as is. A server
+  that refuses one answers with its own 400, which the error names;
 * Stop closes the response: the cancel event is checked between SSE chunks, and the server sees the
   disconnect and stops generating;
 * HTTP failures become the engine's typed errors: an unreachable server and a 5xx are
@@ -30,16 +39,17 @@ import math
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 import httpx
 
 from engine.context import Message, OverflowPolicy, plan_context
 from engine.errors import ContextOverflow, EngineError, ModelLoadError
-from engine.events import Event, Finished, FinishReason, PrefillProgress, Stats, Token
+from engine.events import Event, Finished, FinishReason, PrefillProgress, Reasoning, Stats, Token, ToolCall
 from engine.runtime import GenerationParams
 from engine.session import PromptView
+from engine.tools import ToolSpec, normalize_tool_choice
 
 TokenizerKind = Literal["llama.cpp", "llama-cpp-python", "estimate"]
 
@@ -237,6 +247,8 @@ class _Reply:
     t_first: float = 0.0
     t_last: float = 0.0
     done: bool = False
+    reasoning: str = ""
+    calls: dict[int, dict[str, str]] = field(default_factory=dict)
 
 
 class RemoteSession:
@@ -400,21 +412,35 @@ class RemoteSession:
     def stream(
         self,
         history: Sequence[ChatMessage],
-        user: str,
+        user: str | None,
         params: GenerationParams | None = None,
         *,
         system: str | None = None,
         documents: str | None = None,
         cancel: threading.Event | None = None,
+        cache_key: object | None = None,
+        tools: Sequence[ToolSpec] = (),
+        tool_choice: str | None = None,
+        thinking: bool | None = None,
+        reasoning_effort: str | None = None,
     ) -> Iterator[Event]:
         """Streams the server's reply to ``user`` after ``history``; ends with Finished.
 
+        ``user=None`` continues the last turn of ``history`` (after a ``tool`` message). ``tools``,
+        ``tool_choice``, ``thinking`` and ``reasoning_effort`` go to the server (see the module
+        docstring); ``cache_key`` names a local KV cache and means nothing here (the server keeps
+        its own cache).
+
         Raises:
-            EngineError: the server is unreachable, refuses the key, fails or drops the stream.
+            EngineError: the server is unreachable, refuses the key or a field, fails or drops the
+                stream; a ``tool_choice`` that needs tools or names none offered; a ``grammar`` for a
+                server outside llama.cpp's family.
             ModelLoadError: the server does not offer the model.
             ContextOverflow: the conversation does not fit (here, or as the server says).
         """
+        del cache_key
         params = params or GenerationParams()
+        choice = normalize_tool_choice(tool_choice, tools)
         with self._lock:
             info = self._ensure_loaded()
             n_ctx = info.n_ctx or _UNKNOWN_CTX
@@ -430,6 +456,7 @@ class RemoteSession:
                 policy=self.overflow_policy,
             )
             payload = self._payload(plan.messages, params)
+            self._add_turn_options(payload, tools, choice, thinking, reasoning_effort)
             t0 = time.perf_counter()
             yield PrefillProgress(0, plan.prompt_tokens)
             reply = _Reply()
@@ -445,15 +472,25 @@ class RemoteSession:
                 budget.update(free=0, n_ctx_unknown=1)
             if self.estimated:
                 budget["estimated"] = 1
+            calls = () if cancelled else self._tool_calls(reply)
+            yield from calls
             stats = self._stats(reply, plan.prompt_tokens, plan.evicted, info, budget, t0)
             yield stats
             reason: FinishReason = "cancelled" if cancelled else _finish_reason(reply.finish)
-            yield Finished(reason=reason, stats=stats, text=reply.text)
+            yield Finished(
+                reason=reason,
+                stats=stats,
+                text=reply.text,
+                reasoning=reply.reasoning,
+                reasoning_tokens=_reasoning_tokens(reply.usage),
+                tool_calls=calls,
+            )
 
     def _payload(self, messages: Sequence[Message], params: GenerationParams) -> dict[str, Any]:
+        llama_family = self.info is not None and self.info.tokenizer != "estimate"
         payload: dict[str, Any] = {
             "model": self.model,
-            "messages": [{"role": m.role, "content": m.content} for m in messages],
+            "messages": [_wire_message(m) for m in messages],
             "stream": True,
             "stream_options": {"include_usage": True},
             "max_tokens": params.max_tokens,
@@ -467,7 +504,69 @@ class RemoteSession:
             payload["seed"] = params.seed
         if params.stop:
             payload["stop"] = list(params.stop)
+        if params.logit_bias:
+            # OpenAI's range is -100..100, and -100 bans the token (the engine bans with -inf).
+            payload["logit_bias"] = {str(t): max(-100.0, min(100.0, b)) for t, b in params.logit_bias}
+        if params.logprobs:
+            payload.update(logprobs=True, top_logprobs=params.logprobs)
+        if params.json_schema is not None:
+            schema = json.loads(params.json_schema)
+            if schema == {"type": "object"}:
+                payload["response_format"] = {"type": "json_object"}
+            else:
+                payload["response_format"] = {"type": "json_schema", "json_schema": {"name": "reply", "schema": schema}}
+        if params.grammar is not None:
+            if not llama_family:
+                raise EngineError(
+                    f"{self.base_url}: this server takes no GBNF grammar (only llama.cpp's family does); "
+                    "use a JSON schema instead"
+                )
+            payload["grammar"] = params.grammar
         return payload
+
+    def _add_turn_options(
+        self,
+        payload: dict[str, Any],
+        tools: Sequence[ToolSpec],
+        choice: str,
+        thinking: bool | None,
+        reasoning_effort: str | None,
+    ) -> None:
+        """The tools, the tool choice and the thinking switches, in OpenAI's (and llama.cpp's) terms."""
+        if tools and choice != "none":
+            payload["tools"] = [tool.as_openai() for tool in tools]
+            payload["tool_choice"] = (
+                choice if choice in ("auto", "required") else {"type": "function", "function": {"name": choice}}
+            )
+        elif any(m.get("tool_calls") or m.get("role") == "tool" for m in payload["messages"]) and tools:
+            payload["tools"] = [tool.as_openai() for tool in tools]  # the calls in history need them
+            payload["tool_choice"] = "none"
+        if thinking is not None:
+            payload["chat_template_kwargs"] = {"enable_thinking": thinking}
+        if reasoning_effort is not None:
+            payload["reasoning_effort"] = reasoning_effort
+
+    def _tool_calls(self, reply: _Reply) -> tuple[ToolCall, ...]:
+        """The calls the server streamed, gathered by index.
+
+        Raises:
+            EngineError: a call without a name, or arguments that are not a JSON object.
+        """
+        calls: list[ToolCall] = []
+        for index in sorted(reply.calls):
+            part = reply.calls[index]
+            name = part.get("name", "")
+            if not name:
+                raise EngineError(f"{self.base_url}: the server sent a tool call without a function name")
+            try:
+                arguments = json.loads(part.get("arguments") or "{}")
+            except json.JSONDecodeError:
+                arguments = None
+            if not isinstance(arguments, dict):
+                raise EngineError(f"{self.base_url}: the server sent a call to {name!r} whose arguments are not JSON")
+            call_id = part.get("id") or f"call_{index}"
+            calls.append(ToolCall(call_id, name, arguments, json.dumps({"name": name, "arguments": arguments})))
+        return tuple(calls)
 
     def _stream_reply(
         self, payload: dict[str, Any], reply: _Reply, prompt_tokens: int, cancel: threading.Event | None
@@ -498,7 +597,7 @@ class RemoteSession:
             elif reply.finish is not None:
                 reply.done = True  # some servers end the stream without [DONE]
 
-    def _apply_chunk(self, event: str, reply: _Reply) -> list[Token]:
+    def _apply_chunk(self, event: str, reply: _Reply) -> list[Event]:
         try:
             chunk = json.loads(event)
         except json.JSONDecodeError:
@@ -516,24 +615,35 @@ class RemoteSession:
             reply.usage = chunk["usage"]
         if isinstance(chunk.get("timings"), dict):
             reply.timings = chunk["timings"]
-        tokens: list[Token] = []
+        events: list[Event] = []
         choices = chunk.get("choices")
         for choice in choices if isinstance(choices, list) else []:
-            if not isinstance(choice, dict):
-                continue
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue  # one reply: a server answering n > 1 anyway has its other choices skipped
             delta = choice.get("delta")
-            content = delta.get("content") if isinstance(delta, dict) else None
+            delta = delta if isinstance(delta, dict) else {}
+            thought = delta.get("reasoning_content", delta.get("reasoning"))
+            if isinstance(thought, str) and thought:
+                self._arrived(reply)
+                reply.reasoning += thought
+                events.append(Reasoning(thought))
+            content = delta.get("content")
             if isinstance(content, str) and content:
-                now = time.perf_counter()
-                if not reply.deltas:
-                    reply.t_first = now
-                reply.t_last = now
-                reply.deltas += 1
+                self._arrived(reply)
                 reply.text += content
-                tokens.append(Token(content, -1))
+                events.append(_token(content, choice.get("logprobs")))
+            _gather_calls(delta.get("tool_calls"), reply)
             if isinstance(choice.get("finish_reason"), str):
                 reply.finish = choice["finish_reason"]
-        return tokens
+        return events
+
+    @staticmethod
+    def _arrived(reply: _Reply) -> None:
+        now = time.perf_counter()
+        if not reply.deltas:
+            reply.t_first = now
+        reply.t_last = now
+        reply.deltas += 1
 
     def _stats(
         self,
@@ -590,6 +700,8 @@ class RemoteSession:
 
 
 def _as_message(message: ChatMessage) -> Message:
+    if isinstance(message, Message):
+        return message
     if message.role == "user":
         return Message("user", message.content)
     if message.role == "assistant":
@@ -611,3 +723,69 @@ def _float(value: Any) -> float | None:
 
 def _finish_reason(server: str | None) -> FinishReason:
     return "length" if server == "length" else "stop"
+
+
+def _wire_message(message: Message) -> dict[str, Any]:
+    """One message in OpenAI's shape: an assistant's calls as ``tool_calls``, a tool's result with
+    the ``tool_call_id`` it answers."""
+    document: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.tool_calls:
+        document["content"] = message.content or None
+        document["tool_calls"] = [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": json.dumps(call.arguments, ensure_ascii=False)},
+            }
+            for call in message.tool_calls
+        ]
+    if message.role == "tool":
+        document["tool_call_id"] = message.tool_call_id
+        if message.name:
+            document["name"] = message.name
+    return document
+
+
+def _gather_calls(deltas: Any, reply: _Reply) -> None:
+    """Adds streamed ``tool_calls`` deltas to the calls being gathered (by ``index``; the name and the
+    id come once, the arguments in pieces)."""
+    if not isinstance(deltas, list):
+        return
+    for number, delta in enumerate(deltas):
+        if not isinstance(delta, dict):
+            continue
+        index = delta.get("index", number)
+        part = reply.calls.setdefault(index if isinstance(index, int) else number, {})
+        if isinstance(delta.get("id"), str) and delta["id"]:
+            part["id"] = delta["id"]
+        function = delta.get("function")
+        if isinstance(function, dict):
+            if isinstance(function.get("name"), str) and function["name"]:
+                part["name"] = part.get("name", "") + function["name"]
+            arguments = function.get("arguments")
+            if isinstance(arguments, str):
+                part["arguments"] = part.get("arguments", "") + arguments
+            elif isinstance(arguments, dict):  # some servers send the object itself
+                part["arguments"] = json.dumps(arguments)
+
+
+def _token(text: str, logprobs: Any) -> Token:
+    """A content delta as a Token, with the server's log-probability when it sent one."""
+    content = logprobs.get("content") if isinstance(logprobs, dict) else None
+    if not isinstance(content, list) or not content or not isinstance(content[-1], dict):
+        return Token(text, -1)
+    last = content[-1]
+    value = last.get("logprob")
+    top = last.get("top_logprobs")
+    alternatives = tuple(
+        (str(alt["token"]), float(alt["logprob"]))
+        for alt in (top if isinstance(top, list) else [])
+        if isinstance(alt, dict) and isinstance(alt.get("logprob"), int | float) and "token" in alt
+    )
+    return Token(text, -1, logprob=float(value) if isinstance(value, int | float) else None, top_logprobs=alternatives)
+
+
+def _reasoning_tokens(usage: dict[str, Any] | None) -> int:
+    details = usage.get("completion_tokens_details") if isinstance(usage, dict) else None
+    count = details.get("reasoning_tokens") if isinstance(details, dict) else None
+    return count if isinstance(count, int) and count >= 0 else 0
