@@ -244,6 +244,9 @@ class ToolSet:
             for spec in offered:
                 if self.permissions.is_off(spec.source, spec.name):
                     continue
+                if not spec.name or any(c.isspace() or not c.isprintable() for c in spec.name):
+                    self.problems.append(f"tool {spec.name!r} of {spec.source!r} is left out: its name has spaces")
+                    continue
                 if spec.name in self._routes:
                     self.problems.append(
                         f"tool {spec.name!r} of {spec.source!r} is left out: another source offers a tool of that name"

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
+import contextlib
 import json
 import os
 import tempfile
@@ -64,6 +65,8 @@ MAX_RESULT_CHARS = 200_000
 MAX_LIST_PAGES = 50
 #: The most bytes of a server's stderr read back to explain a failure.
 _STDERR_TAIL_BYTES = 4096
+#: A server's stderr log is emptied when it grows past this (checked as each call begins).
+_STDERR_MAX_BYTES = 1024 * 1024
 
 ServerState = Literal["stopped", "starting", "running", "failed", "closed"]
 
@@ -229,6 +232,7 @@ class McpServer:
         self._connect_lock: asyncio.Lock | None = None
         self._tools: list[ToolSpec] | None = None
         self._stderr: IO[bytes] | None = None
+        self._stderr_path: str | None = None
         self._stderr_mark = 0  # where the server's stderr stood when the current call began
         # Read from any thread (plain assignments only).
         self._state: ServerState = "stopped"
@@ -582,40 +586,56 @@ class McpServer:
 
     async def _shutdown(self) -> None:
         await self._stop_holder()
-        if self._stderr is not None:
-            self._stderr.close()
-            self._stderr = None
+        self._close_stderr()
 
     # ------------------------------------------------------------------ explanations
 
     def _open_stderr(self) -> None:
+        """A fresh private file for the server's stderr (the child appends; we read it by name,
+        through a file of our own, so that reading never moves the child's write position)."""
         if self.config.command is None:
             return
-        if self._stderr is not None:
-            self._stderr.close()
-        self._stderr = tempfile.TemporaryFile(prefix="glassbox-mcp-")  # noqa: SIM115 - lives as long as the child
+        self._close_stderr()
+        fd, name = tempfile.mkstemp(prefix="glassbox-mcp-", suffix=".log")  # owner-only
+        os.close(fd)
+        self._stderr = open(name, "ab")  # noqa: SIM115 - lives as long as the child
+        self._stderr_path = name
         self._stderr_mark = 0
 
+    def _close_stderr(self) -> None:
+        err, name = self._stderr, self._stderr_path
+        self._stderr, self._stderr_path = None, None
+        if err is not None:
+            err.close()
+        if name is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(name)
+
     def _stderr_size(self) -> int:
-        err = self._stderr
-        if err is None:
+        """Its size now; a log past :data:`_STDERR_MAX_BYTES` is emptied first (the child appends)."""
+        name = self._stderr_path
+        if name is None:
             return 0
         try:
-            return os.fstat(err.fileno()).st_size
-        except (OSError, ValueError):
+            size = os.path.getsize(name)
+            if size > _STDERR_MAX_BYTES:
+                os.truncate(name, 0)
+                size = 0
+        except OSError:
             return 0
+        return size
 
     def _last_words(self) -> str:
         """``" (it said: <its last line on stderr since the call began>)"`` or ``""``."""
-        err = self._stderr
-        if err is None:
+        name = self._stderr_path
+        if name is None:
             return ""
         try:
-            size = os.fstat(err.fileno()).st_size
-            with open(os.dup(err.fileno()), "rb") as reader:
-                reader.seek(max(self._stderr_mark, size - _STDERR_TAIL_BYTES))
-                tail = reader.read().decode("utf-8", "replace")
-        except (OSError, ValueError):
+            with open(name, "rb") as reader:
+                size = os.fstat(reader.fileno()).st_size
+                reader.seek(max(min(self._stderr_mark, size), size - _STDERR_TAIL_BYTES))
+                tail = reader.read(_STDERR_TAIL_BYTES).decode("utf-8", "replace")
+        except OSError:
             return ""
         # The last line with words in it (log frames drawn with box characters are skipped).
         lines = [line.strip() for line in tail.splitlines() if any(c.isalnum() for c in line)]

@@ -5,7 +5,7 @@ Run one as a child: ``python tests/mcp_servers.py [--http PORT]`` (stdio by defa
 - ``add(a, b)``: the sum, as text.
 - ``echo(text)``: the text back.
 - ``whoami()``: the server's process id (tests check that a child is gone).
-- ``crash()``: the server process dies at once (exit code 3), mid-call.
+- ``crash()``: the server says ``fatal: out of cheese`` on stderr and dies (exit code 3), mid-call.
 - ``hang(seconds)``: the server blocks its whole process for ``seconds`` (a server that hangs).
 - ``slow(seconds)``: the call takes ``seconds``; the server still answers other requests.
 - ``fail(message)``: a tool error (``isError``) with ``message``.
@@ -34,6 +34,18 @@ SERVER_SCRIPT = Path(__file__).resolve()
 def stdio_command() -> tuple[str, list[str]]:
     """``(command, args)`` that start this test server over stdio."""
     return sys.executable, [str(SERVER_SCRIPT)]
+
+
+def register(paths: object, name: str = "testtools", **env: str) -> None:
+    """Adds this server (stdio) to the ``mcp.json`` of ``paths`` (an ``app.paths.Paths``) as
+    ``name``, with ``env`` for it; ``glassbox chat --tools NAME`` then offers its tools."""
+    from app.tool_setup import add_server, parse_server
+
+    command, args = stdio_command()
+    entry: dict[str, object] = {"command": command, "args": args}
+    if env:
+        entry["env"] = dict(env)
+    add_server(paths, parse_server(name, entry), replace=True)  # type: ignore[arg-type]
 
 
 def process_alive(pid: int) -> bool:
@@ -81,6 +93,8 @@ def build_server() -> object:
 
     @server.tool(description="Kills the server mid-call.")
     def crash() -> str:
+        sys.stderr.write("fatal: out of cheese\n")
+        sys.stderr.flush()
         os._exit(3)
 
     @server.tool(description="Blocks the whole server for some seconds.")

@@ -367,6 +367,14 @@ def test_open_tools_runs_builtins_and_a_server_and_stops_it(paths: Paths) -> Non
     assert wait_gone(pid, 5)
 
 
+def test_the_test_server_registers_itself(paths: Paths) -> None:
+    from tests import mcp_servers
+
+    mcp_servers.register(paths, "tt", GLASSBOX_TEST_MCP_MARK="m:")
+    with open_tools("tt", paths) as tools:
+        assert tools.call("echo", {"text": "x"}, timeout_s=10) == ToolResult("m:x")
+
+
 def test_open_tools_with_a_broken_server_goes_on_without_it(paths: Paths) -> None:
     add_server(paths, parse_server("broken", {"command": "/nonexistent/server"}))
     with open_tools("calculator,broken", paths) as tools:

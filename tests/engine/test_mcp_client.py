@@ -127,8 +127,10 @@ def test_a_crash_mid_call_is_one_line_and_the_server_restarts() -> None:
         first = int(server.call("whoami", {}, timeout_s=10).content)
         result = server.call("crash", {}, timeout_s=10)
         assert result.is_error
-        assert result.content.startswith("MCP server 'crashy': it stopped during the call to crash")
-        assert result.content.endswith("it restarts on next use")
+        assert result.content == (
+            "MCP server 'crashy': it stopped during the call to crash (it said: fatal: out of cheese); "
+            "it restarts on next use"
+        )
         assert "\n" not in result.content
         assert _wait_gone(first, 5)
         assert server.status().state == "stopped"
@@ -203,8 +205,11 @@ def test_close_stops_the_child_and_later_calls_say_so() -> None:
     server = McpServer(_config("closer"))
     pid = int(server.call("whoami", {}, timeout_s=10).content)
     assert _alive(pid)
+    log = Path(str(server._stderr_path))
+    assert log.is_file()  # the server's stderr, kept to explain a crash
     server.close()
     assert _wait_gone(pid, 5)
+    assert not log.exists()
     assert server.status().state == "closed"
     result = server.call("add", {"a": 1, "b": 2}, timeout_s=5)
     assert result == result.__class__("MCP server 'closer': it was closed", is_error=True)
