@@ -23,6 +23,7 @@ from app.server.errors import HttpError, map_errors
 from app.server.handler import openai_error_events
 from app.server.wire import (
     ChatRequest,
+    Choice,
     WireMessage,
     collect,
     completion_document,
@@ -60,21 +61,21 @@ def handle(handler: Handler) -> None:
         if request.stream:
             _stream(handler, request, documents, sources, cancel)
         else:
-            choices = [
-                map_errors(
-                    lambda index=index: collect(
-                        index,
-                        handler.generation(open_stream(state.backend, request, index, documents, cancel), cancel),
-                        request.top_logprobs is not None,
-                        request.parallel_tool_calls,
-                    )
-                )
-                for index in range(request.n)
-            ]
+            choices = [_whole_choice(handler, request, index, documents, cancel) for index in range(request.n)]
             completion = completion_document(
                 f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), state.model_id, choices, sources, request.top_logprobs
             )
             handler.send_json(200, completion)
+
+
+def _whole_choice(
+    handler: Handler, request: ChatRequest, index: int, documents: str | None, cancel: threading.Event
+) -> Choice:
+    events = handler.generation(open_stream(handler.state.backend, request, index, documents, cancel), cancel)
+    choice: Choice = map_errors(
+        lambda: collect(index, events, request.top_logprobs is not None, request.parallel_tool_calls)
+    )
+    return choice
 
 
 def _last_user_text(request: ChatRequest) -> str:
@@ -151,11 +152,11 @@ def engine_messages(turns: tuple[WireMessage, ...] | list[WireMessage]) -> list[
                 for call_id, name, arguments in turn.tool_calls
             )
             names.update((call_id, name) for call_id, name, _ in turn.tool_calls)
-            messages.append(Message("assistant", turn.content, tool_calls=calls))  # type: ignore[call-arg]
+            messages.append(Message("assistant", turn.content, tool_calls=calls))
         elif turn.role == "tool":
             call_id = turn.tool_call_id or ""
             messages.append(
-                Message("tool", turn.content, tool_call_id=call_id, name=names.get(call_id, ""))  # type: ignore[call-arg, arg-type]
+                Message("tool", turn.content, tool_call_id=call_id, name=names.get(call_id, ""))
             )
         else:
             messages.append(Message(turn.role, turn.content))  # type: ignore[arg-type]

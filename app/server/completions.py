@@ -16,6 +16,7 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from app.server import params as fields
@@ -169,7 +170,7 @@ def handle(handler: Handler) -> None:
     include_usage = isinstance(stream_options, dict) and bool(stream_options.get("include_usage"))
     with handler.use_model() as cancel:
         limit = text_limit(state.n_ctx)
-        encoded = [map_errors(lambda p=p: _tokens(state.backend, p, limit)) for p in prompts]
+        encoded: list[list[int]] = [map_errors(partial(_tokens, state.backend, p, limit)) for p in prompts]
         n_ctx = state.n_ctx or 0
         for tokens in encoded:
             if n_ctx and len(tokens) + params.max_tokens > n_ctx:
@@ -238,7 +239,8 @@ class _Run:
         for choice in range(len(self.encoded) * self.n):
             tokens: list[Any] = []
             finished: Any = None
-            for event in map_errors(lambda choice=choice: list(self._events(choice))):
+            events: list[Any] = map_errors(partial(_listed, self._events, choice))
+            for event in events:
                 if isinstance(event, Token):
                     tokens.append(event)
                 elif isinstance(event, Finished):
@@ -292,6 +294,10 @@ class _Run:
             self.handler.send_event("[DONE]")
 
         self.handler.sse(produce, self.cancel, openai_error_events)
+
+
+def _listed(events: Any, choice: int) -> list[Any]:
+    return list(events(choice))
 
 
 def _text_choice(index: int, text: str, logprobs: Any = None, finish: str | None = None) -> dict[str, Any]:

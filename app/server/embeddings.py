@@ -95,8 +95,7 @@ class Embeddings:
             tokens[index] += count
             windows[index] += 1
         norms = np.linalg.norm(pooled, axis=1, keepdims=True)
-        pooled = pooled / np.where(norms > 0, norms, 1.0)
-        return pooled, tokens, windows
+        return (pooled / np.where(norms > 0, norms, 1.0)).astype(np.float32), tokens, windows
 
 
 def _is_id(value: Any) -> bool:
