@@ -450,3 +450,24 @@ def test_search_knowledge_of_an_unknown_knowledge_base_is_one_line(paths: Paths)
         assert result.content.startswith("search_knowledge: ")
         assert "ghost" in result.content
         assert "\n" not in result.content
+
+
+@pytest.mark.model
+def test_search_knowledge_finds_a_real_passage(paths: Paths, tmp_path: Path, embedder_path: Path) -> None:
+    from rag.knowledge import KnowledgeBases
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "kiwi.txt").write_text("The kiwi is a flightless bird that lives in New Zealand.\n", encoding="utf-8")
+    (docs / "pharos.md").write_text("# Pharos\n\nThe lighthouse of Alexandria was a wonder.\n", encoding="utf-8")
+    with KnowledgeBases(paths.knowledge, embedder_path=embedder_path) as kbs:
+        kbs.create("notes")
+        kbs.add("notes", [docs])
+    with open_tools("search_knowledge", paths, knowledge_bases=["notes"], embedder_path=embedder_path) as tools:
+        result = tools.call("search_knowledge", {"query": "Which bird cannot fly?"}, timeout_s=120)
+        assert not result.is_error, result.content
+        first = result.content.split("[2]")[0]
+        assert "kiwi is a flightless bird" in first
+        (search,) = tools.providers
+        assert isinstance(search, KnowledgeSearchTool)
+        assert search.sources[0]["path"].endswith("kiwi.txt")
