@@ -33,6 +33,7 @@ import atexit
 import concurrent.futures
 import contextlib
 import json
+import logging
 import os
 import tempfile
 import threading
@@ -141,6 +142,11 @@ class McpServerStatus:
     starts: int
     last_error: str | None
 
+
+# The SDK logs a server's bad output with a traceback (``logger.exception``). A handler of our own on
+# its logger keeps logging's last resort from printing that on the terminal when the app has not
+# configured logging (the CLI); records still propagate to the app's handlers, the log files.
+logging.getLogger("mcp").addHandler(logging.NullHandler())
 
 _LIVE: weakref.WeakSet[McpServer] = weakref.WeakSet()
 _LIVE_LOCK = threading.Lock()

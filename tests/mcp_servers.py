@@ -1,6 +1,7 @@
 """Real MCP servers for the tests, written with the official SDK (``mcp.server.mcpserver``).
 
-Run one as a child: ``python tests/mcp_servers.py [--http PORT]`` (stdio by default). Its tools:
+Run one as a child: ``python tests/mcp_servers.py [--junk] [--http PORT]`` (stdio by default;
+``--junk`` first prints lines that are not JSON-RPC on stdout, as careless servers do). Its tools:
 
 - ``add(a, b)``: the sum, as text.
 - ``echo(text)``: the text back.
@@ -127,6 +128,10 @@ def build_server() -> object:
 
 
 def main(argv: list[str]) -> None:
+    if argv[:1] == ["--junk"]:  # a server that prints things that are not JSON-RPC on stdout first
+        argv = argv[1:]
+        print("Starting server... not JSON", flush=True)
+        print('{"jsonrpc": "2.0", "method": 5}', flush=True)
     server = build_server()
     if len(argv) >= 2 and argv[0] == "--http":
         server.run("streamable-http", host="127.0.0.1", port=int(argv[1]))  # type: ignore[attr-defined]

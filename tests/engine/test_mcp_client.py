@@ -241,6 +241,25 @@ def _parent(tmp_path: Path, mode: str) -> tuple[subprocess.Popen[str], int]:
     return proc, int(line)
 
 
+def test_junk_on_a_servers_stdout_is_survived_quietly(tmp_path: Path) -> None:
+    script = tmp_path / "junk.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import sys
+            sys.path.insert(0, {str(REPO)!r})
+            from engine.mcp_client import McpServer, McpServerConfig
+            config = McpServerConfig("junk", command=sys.executable, args=({str(SERVER_SCRIPT)!r}, "--junk"))
+            with McpServer(config) as server:
+                print(server.call("add", {{"a": 1, "b": 2}}, timeout_s=20).content)
+            """
+        )
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, check=False)
+    assert (done.returncode, done.stdout) == (0, "3\n"), done.stderr
+    assert "Traceback" not in done.stderr  # the SDK's complaint goes to the log, not the terminal
+
+
 @pytest.mark.slow
 def test_no_child_outlives_an_app_that_exits_without_closing(tmp_path: Path) -> None:
     proc, pid = _parent(tmp_path, "exit")
