@@ -160,6 +160,8 @@ class MainWindow(ConversationActions, DocumentActions, ModelActions, QMainWindow
         self.pages.addWidget(QWidget())
 
         self.toast = Toast(self)
+        # A long status message is cut at the window's edge: its whole text is the bar's tooltip.
+        self.statusBar().messageChanged.connect(self._on_status_bar_message_changed)
         self.statusBar().showMessage("Starting…")
         self._wire()
         self._build_shortcuts()
@@ -213,6 +215,8 @@ class MainWindow(ConversationActions, DocumentActions, ModelActions, QMainWindow
             if icon.exists():
                 button.setIcon(QIcon(str(icon)))
             button.setObjectName(f"nav_{key}")
+            button.setAccessibleName(text)
+            button.setAccessibleDescription(f"Show the {text} page ({tip.split('(')[-1].rstrip(')')})")
             button.setIconSize(QSize(22, 22))
             button.setMinimumWidth(94)
             self.nav_group.addButton(button, index)
@@ -224,6 +228,7 @@ class MainWindow(ConversationActions, DocumentActions, ModelActions, QMainWindow
         self.settings_button = QToolButton()
         self.settings_button.setText("Settings")
         self.settings_button.setToolTip("Settings (Ctrl+,)")
+        self.settings_button.setAccessibleName("Settings")
         self.settings_button.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextUnderIcon)
         icon = RESOURCES / "icons" / "settings.svg"
         if icon.exists():
@@ -709,6 +714,11 @@ class MainWindow(ConversationActions, DocumentActions, ModelActions, QMainWindow
         finally:
             self._auto_toggle = False
         self._apply_side_panels()
+
+    @Slot(str)
+    def _on_status_bar_message_changed(self, message: str) -> None:
+        self.statusBar().setToolTip(message)
+        self.statusBar().setAccessibleDescription(message)
 
     def show_error(self, message: str) -> None:
         """Shows an error above the transcript (wrapped, whole) and in the status bar."""

@@ -88,6 +88,7 @@ def test_long_status_lines_never_widen_the_window(qtbot: Any, window: Any) -> No
     assert window.model_status.toolTip() == LONG
     assert window.composer.state_label.text() == LONG
     assert window.banner.toolTip() == LONG
+    assert window.statusBar().toolTip() == LONG
 
 
 def test_elided_label_keeps_the_whole_text() -> None:
