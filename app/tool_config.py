@@ -109,10 +109,16 @@ def check_server_name(name: str, where: Path | str = "mcp.json") -> str:
     return name
 
 
+def _no_nul(text: str, where: Path | str, field_name: str) -> str:
+    if "\x00" in text:
+        raise ToolSetupError(where, f"{field_name}: contains a NUL character")
+    return text
+
+
 def _strings(value: Any, where: Path | str, field_name: str) -> list[str]:
     if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
         raise ToolSetupError(where, f"{field_name}: must be a list of strings")
-    return list(value)
+    return [_no_nul(item, where, field_name) for item in value]
 
 
 def _string_map(value: Any, where: Path | str, field_name: str) -> dict[str, str]:
@@ -121,6 +127,7 @@ def _string_map(value: Any, where: Path | str, field_name: str) -> dict[str, str
     for key, item in value.items():
         if not isinstance(item, str):
             raise ToolSetupError(where, f"{field_name}.{key}: must be a string")
+        _no_nul(key + item, where, f"{field_name}.{key}")
     return dict(value)
 
 
@@ -146,6 +153,7 @@ def parse_server(name: str, entry: Any, where: Path | str = "mcp.json") -> Serve
         command = entry["command"]
         if not isinstance(command, str) or not command.strip():
             raise ToolSetupError(where, f"{prefix}.command: must be a non-empty string")
+        _no_nul(command, where, f"{prefix}.command")
         args = _strings(entry.get("args", []), where, f"{prefix}.args")
         env = _string_map(entry.get("env", {}), where, f"{prefix}.env")
         cwd = entry.get("cwd")

@@ -650,6 +650,9 @@ class McpServer:
     def _explain(self, exc: BaseException, what: str) -> str:
         while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
             exc = exc.exceptions[0]
+        cwd = self.config.cwd
+        if isinstance(exc, (FileNotFoundError, NotADirectoryError)) and cwd and not os.path.isdir(cwd):
+            return f"{what}: its working folder {cwd!r} does not exist"
         if isinstance(exc, FileNotFoundError):
             return f"{what}: the command {self.config.command!r} was not found"
         if isinstance(exc, PermissionError):

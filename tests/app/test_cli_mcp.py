@@ -249,6 +249,8 @@ def test_import_an_mcp_json_keeps_every_field(paths: Paths, capsys: pytest.Captu
         ('{"mcpServers": {"a": {"url": "http://x", "headers": []}}}', "mcpServers.a.headers: must be an object"),
         ('{"mcpServers": {"a": {"type": "sse", "url": "http://x/sse"}}}', "mcpServers.a.type: 'sse' is not supported"),
         ('{"mcpServers": {"builtin": {"command": "x"}}}', "server name 'builtin' is reserved"),
+        ('{"mcpServers": {"a": {"command": "x\\u0000y"}}}', "mcpServers.a.command: contains a NUL character"),
+        ('{"mcpServers": {"a": {"command": "x", "env": {"K": "\\u0000"}}}}', "mcpServers.a.env.K: contains a NUL"),
         ("[" * 100_000, "not valid JSON"),
     ],
 )

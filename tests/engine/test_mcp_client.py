@@ -168,6 +168,16 @@ def test_a_missing_command_is_one_line() -> None:
             server.tools()
 
 
+def test_a_missing_working_folder_is_named() -> None:
+    config = McpServerConfig("lost", command=sys.executable, args=(str(SERVER_SCRIPT),), cwd="/nonexistent/folder")
+    with McpServer(config) as server, pytest.raises(McpServerError) as caught:
+        server.tools()
+    assert (
+        str(caught.value)
+        == "MCP server 'lost': it did not start: its working folder '/nonexistent/folder' does not exist"
+    )
+
+
 def test_a_server_that_exits_at_once_says_its_last_words() -> None:
     script = "import sys; print('missing API key FOO_TOKEN', file=sys.stderr); sys.exit(2)"
     with McpServer(McpServerConfig("quitter", command=sys.executable, args=("-c", script))) as server:
