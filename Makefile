@@ -57,8 +57,15 @@ lint: $(VENV)/.dev-deps
 test: lint
 	QT_QPA_PLATFORM=offscreen $(PY) -m pytest
 
+# Every benchmark records its ratios (tests/bench/results.py); the summary prints them in one
+# table at the end, and as Markdown (for the README) into build/bench/summary.md.
+BENCH_RESULTS := build/bench/results.jsonl
 bench: $(VENV)/.dev-deps
-	QT_QPA_PLATFORM=offscreen $(PY) -m pytest tests/bench/bench_*.py -s -p no:cacheprovider
+	mkdir -p build/bench && rm -f $(BENCH_RESULTS)
+	GLASSBOX_BENCH_RESULTS=$(abspath $(BENCH_RESULTS)) QT_QPA_PLATFORM=offscreen \
+		$(PY) -m pytest tests/bench/bench_*.py -s -p no:cacheprovider; status=$$?; \
+		$(PY) tests/bench/summary.py $(BENCH_RESULTS); \
+		$(PY) tests/bench/summary.py --markdown $(BENCH_RESULTS) > build/bench/summary.md; exit $$status
 
 # The frozen one-folder app (PyInstaller), its --self-test, then .tar.gz/.deb on Linux.
 installer: $(VENV)/.dev-deps

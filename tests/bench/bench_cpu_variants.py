@@ -129,5 +129,10 @@ def test_the_chosen_variant_is_as_fast_as_the_best(starter_model: Path) -> None:
         f"loading the model: {float(chosen['load_ms']):.0f} ms"
     )
     prefill, decode = medians[str(chosen["variant"])]
+    from tests.bench.results import record
+
+    for label, mine, best in (("prefill", prefill, best_prefill), ("decode", decode, best_decode)):
+        record(f"chosen CPU variant vs fastest: {label}", mine / best, at_least=BUDGET,
+               detail=f"{chosen['variant']} {mine:.1f} vs {best:.1f} tok/s")
     assert prefill >= BUDGET * best_prefill, f"prefill {prefill:.1f} < {BUDGET} x {best_prefill:.1f}"
     assert decode >= BUDGET * best_decode, f"decode {decode:.1f} < {BUDGET} x {best_decode:.1f}"

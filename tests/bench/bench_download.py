@@ -132,6 +132,9 @@ def test_download_throughput_vs_plain_copy(hub: tuple[str, Path, int]) -> None:
     print(f"  ratio glassbox / plain + fsync: median {vs_durable:.2f} ({runs_durable}); budget >= 0.8")
     print(f"  ratio glassbox / page-cache copy: median {vs_plain:.2f} ({runs_plain}); bounded here by the "
           f"disk: durable writes run at {mib / med(durable):.0f} MiB/s, the loopback at {mib / med(plain):.0f}")
+    from tests.bench.results import record
+
+    record("download vs durable plain copy", vs_durable, at_least=0.8, detail=f"{mib} MiB, loopback")
     assert vs_durable >= 0.8, f"download throughput ratio vs a durable plain copy {vs_durable:.2f} < 0.8"
 
 
@@ -147,4 +150,7 @@ def test_download_throughput_at_one_gigabit(hub: tuple[str, Path, int]) -> None:
     print(f"  plain copy left in the page cache:                median {med(plain):.3f} s "
           f"= {mib / med(plain):.0f} MiB/s")
     print(f"  ratio glassbox / page-cache copy: median {vs_plain:.2f} ({runs_plain}); budget >= 0.8")
+    from tests.bench.results import record
+
+    record("download vs plain copy at 1 Gbit/s", vs_plain, at_least=0.8, detail=f"{mib} MiB")
     assert vs_plain >= 0.8, f"download throughput ratio at 1 Gbit/s {vs_plain:.2f} < 0.8"

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from engine.bench import run_bench
+from tests.bench.results import record
 
 
 def test_engine_vs_raw(starter_model: Path) -> None:
@@ -22,4 +23,8 @@ def test_engine_vs_raw(starter_model: Path) -> None:
         print(f"{side:8}{d['prefill_tps']:15.1f}{d['decode_tps']:15.1f}{d['ttft_ms']:10.1f}")
     print(f"ratio   {doc['prefill_ratio']:15.3f}{doc['decode_ratio']:15.3f}")
     print(json.dumps({k: doc[k] for k in ("prefill_ratio", "decode_ratio", "threads", "n_ctx", "max_tokens")}))
+    for key, label in (("prefill", "prefill"), ("decode", "decode")):
+        engine, raw = doc["engine"][f"{key}_tps"], doc["raw"][f"{key}_tps"]
+        record(f"engine vs raw: {label}", doc[f"{key}_ratio"], at_least=0.97,
+               detail=f"{engine:.1f} vs {raw:.1f} tok/s")
     assert doc["prefill_ratio"] > 0 and doc["decode_ratio"] > 0

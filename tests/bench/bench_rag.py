@@ -24,6 +24,7 @@ import pytest
 
 from rag.embeddings import SentenceTransformerEmbedder
 from rag.knowledge import KnowledgeBases
+from tests.bench.results import record
 
 RESOURCES = Path(__file__).resolve().parents[2] / "resources" / "retrieval"
 
@@ -102,6 +103,8 @@ def test_indexing_throughput_vs_raw_encode(tmp_path: Path, minilm: SentenceTrans
              "ours_s": round(ours, 2), "raw_s": round(raw, 2), "raw8_s": round(raw8, 2)}
         )
     )
+    record("indexing vs raw encoding", ratio, at_least=0.8,
+           detail=f"{len(texts) / ours:.1f} vs {len(texts) / raw:.1f} chunks/s")
     assert ratio >= 0.8, f"indexing throughput ratio {ratio:.3f} < 0.8"
 
 
@@ -155,6 +158,7 @@ def test_query_latency_at_50k_chunks(tmp_path: Path, minilm: SentenceTransformer
         f"p50 {p50:.1f} ms, p95 {p95:.1f} ms (budget p95 <= 50 ms); build {build:.0f} s"
     )
     print(json.dumps({"chunks": n_chunks, "p50_ms": round(p50, 1), "p95_ms": round(p95, 1)}))
+    record("query p95 at 50k chunks", p95, unit="ms", at_most=50, detail=f"p50 {p50:.1f} ms, {n_chunks} chunks")
     assert p95 <= 50, f"query p95 {p95:.1f} ms > 50 ms"
 
 

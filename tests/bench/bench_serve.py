@@ -270,6 +270,23 @@ def _user(text: str) -> Any:
     return Message("user", text)
 
 
+def test_serve_vs_engine(starter_model: Path) -> None:
+    """The first pair under pytest (``make bench``): ``glassbox serve`` vs the engine directly."""
+    from tests.bench.results import record
+
+    runs = int(os.environ.get("BENCH_SERVE_RUNS", "5"))
+    serve = bench_serve(starter_model, argparse.Namespace(runs=runs, max_tokens=64, n_ctx=512, threads=None))
+    ours, direct = serve["glassbox_serve"], serve["engine_direct"]
+    assert ours["tokens"] > 0 and direct["tokens"] > 0
+    ratios = {}
+    for key, label in (("decode_tps", "decode"), ("end_to_end_tps", "end-to-end")):
+        ratios[label] = ours[key] / direct[key]
+        print(f"serve vs engine, {label}: {ours[key]:.2f} vs {direct[key]:.2f} tok/s, ratio {ratios[label]:.3f}")
+        record(f"serve vs engine: {label}", ratios[label], at_least=0.95,
+               detail=f"{ours[key]:.1f} vs {direct[key]:.1f} tok/s")
+    assert min(ratios.values()) >= 0.95, ratios
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, help="GGUF (default: the starter model)")
