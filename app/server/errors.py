@@ -61,6 +61,18 @@ def map_errors(fn: Callable[[], Any]) -> Any:
         raise http_error_for(exc) from None
 
 
+REQUEST_FIELDS = ("json_schema", "grammar", "logit_bias")
+"""The fields whose refusals the decode loop names first ("json_schema: 'minimum' at ... cannot be
+enforced"): its EngineError crosses the worker's pipe as text, and such an error is the request's."""
+
+
+def _request_field(exc: BaseException) -> str | None:
+    if type(exc) is not EngineError:
+        return None
+    text = str(exc)
+    return next((name for name in REQUEST_FIELDS if text.startswith(f"{name}: ")), None)
+
+
 def http_error_for(exc: BaseException) -> HttpError:
     """The answer for an error raised while serving a request.
 
@@ -75,6 +87,9 @@ def http_error_for(exc: BaseException) -> HttpError:
         return exc
     if isinstance(exc, ContextOverflow):
         return HttpError(400, str(exc), code="context_length_exceeded")
+    field = _request_field(exc)
+    if field is not None:
+        return HttpError(400, str(exc), code="invalid_value", param=field)
     if isinstance(exc, TemplateError):
         # Only a template's own raise_exception(message) is about the conversation; a template
         # that breaks says Python's words, which stay here.

@@ -226,7 +226,37 @@ def constraint(body: Mapping[str, Any]) -> dict[str, str]:
     for name, value in found.items():
         if len(value) > MAX_GRAMMAR_CHARS:
             raise HttpError(400, f"'{name}' is longer than {MAX_GRAMMAR_CHARS} characters", code="invalid_value")
+    if "json_schema" in found:
+        _check_enforceable(found["json_schema"], "response_format" if response_format is not None else "json_schema")
     return found
+
+
+def _check_enforceable(schema_text: str, param: str) -> None:
+    """Refuses a schema the grammar cannot enforce (``minimum``, ``multipleOf``, ...) before the model
+    is touched: the decode loop would refuse it only after the prompt, mid-stream.
+
+    Raises:
+        HttpError: 400 naming the keyword and where it is.
+    """
+    from engine import sampling
+
+    # WORKAROUND: the engine's check has no public name yet (engine/sampling.py); the decode loop
+    # runs the same check, so a miss here still ends as a 400 (errors.REQUEST_FIELDS).
+    find = getattr(sampling, "unsupported_keyword", None) or getattr(sampling, "_unsupported_keyword", None)
+    if find is None:
+        return
+    try:
+        schema = json.loads(schema_text)
+    except ValueError:
+        return  # GenerationParams says why
+    unsupported = find(schema, "")
+    if unsupported is not None:
+        raise HttpError(
+            400,
+            f"json_schema: {unsupported} cannot be enforced by the grammar it is turned into; remove it",
+            code="invalid_value",
+            param=param,
+        )
 
 
 def generation_params(body: Mapping[str, Any], max_new: Any, n_vocab: int | None, **extra: Any) -> Any:

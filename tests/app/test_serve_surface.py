@@ -140,6 +140,37 @@ def test_response_format_and_grammar_reach_the_engine(served: tuple[ServerHandle
     assert third.grammar == 'root ::= "yes" | "no"' and third.json_schema is None
 
 
+def test_a_schema_the_grammar_cannot_enforce_is_refused(served: tuple[ServerHandle, ScriptedBackend]) -> None:
+    """``minimum`` would be ignored by the grammar, and the reply could break the schema: a 400."""
+    handle, backend = served
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0}}}
+    with pytest.raises(openai.BadRequestError) as caught:
+        client(handle).chat.completions.create(
+            model="fake-model",
+            messages=HI,
+            response_format={"type": "json_schema", "json_schema": {"name": "n", "schema": schema}},
+        )
+    assert caught.value.body["param"] == "response_format"  # type: ignore[index]
+    assert "'minimum' at properties.n" in caught.value.message
+    assert backend.calls == []
+
+
+def test_the_decode_loops_refusal_of_a_constraint_is_a_400(served: tuple[ServerHandle, ScriptedBackend]) -> None:
+    """The worker refuses a grammar only once it builds its sampler: that error names the field
+    and is the request's fault, not the server's."""
+    handle, backend = served
+    from engine.errors import EngineError
+
+    def refusing(*args: Any, **kwargs: Any) -> Any:
+        raise EngineError("grammar: parse error at line 1")
+
+    backend.stream = refusing  # type: ignore[method-assign]
+    with pytest.raises(openai.BadRequestError) as caught:
+        client(handle).chat.completions.create(model="fake-model", messages=HI, extra_body={"grammar": "root ::="})
+    assert caught.value.body["param"] == "grammar"  # type: ignore[index]
+    assert caught.value.body["message"] == "grammar: parse error at line 1"  # type: ignore[index]
+
+
 # ----------------------------------------------------------------------------- n, logprobs, logit_bias
 
 
