@@ -278,6 +278,7 @@ def test_no_child_outlives_an_app_that_exits_without_closing(tmp_path: Path) -> 
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL is POSIX")
 def test_no_child_outlives_an_app_that_is_killed(tmp_path: Path) -> None:
     proc, pid = _parent(tmp_path, "wait")
     assert _alive(pid)
