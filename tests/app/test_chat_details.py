@@ -42,7 +42,7 @@ def window(qtbot: Any, paths: Paths) -> Any:
     qtbot.addWidget(w)
     w.show()
     w.start()
-    qtbot.waitUntil(lambda: w.chat.model_state is ModelState.LOADED, timeout=5000)
+    qtbot.waitUntil(lambda: w.chat.model_state is ModelState.LOADED, timeout=30000)
     yield w
     w.shutdown()
 

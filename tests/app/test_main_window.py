@@ -33,7 +33,7 @@ def window(qtbot: Any, paths: Paths, fake_model: Path) -> Any:
     qtbot.addWidget(w)
     w.show()
     w.start()
-    qtbot.waitUntil(lambda: w.chat.model_state is ModelState.LOADED, timeout=5000)
+    qtbot.waitUntil(lambda: w.chat.model_state is ModelState.LOADED, timeout=30000)
     yield w
     w.shutdown()
 
@@ -319,7 +319,7 @@ def test_a_crash_that_will_repeat_does_not_offer_send_again(
     qtbot.addWidget(w)
     w.show()
     w.start()
-    qtbot.waitUntil(lambda: w.chat.model_state is ModelState.LOADED, timeout=5000)
+    qtbot.waitUntil(lambda: w.chat.model_state is ModelState.LOADED, timeout=30000)
     errors: list[str] = []
     w.chat.error_occurred.connect(errors.append)
     send(qtbot, w, "Hello")
@@ -353,7 +353,7 @@ def test_inspector_names_the_cpu_code(qtbot: Any, paths: Paths, fake_model: Path
     qtbot.addWidget(w)
     w.show()
     w.start()
-    qtbot.waitUntil(lambda: w.chat.model_state is ModelState.LOADED, timeout=5000)
+    qtbot.waitUntil(lambda: w.chat.model_state is ModelState.LOADED, timeout=30000)
     qtbot.waitUntil(lambda: bool(w.inspector.cpu_label.text()), timeout=5000)
     text = w.inspector.cpu_label.text()
     assert text.startswith("CPU code: AVX-512 (icelake) — AVX2 AVX512 AVX512_VNNI")
