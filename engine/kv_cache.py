@@ -567,6 +567,8 @@ class SeqCachePersistence:
         saving = self.request is not None and self.request.config.max_bytes > 0 and llm.n_tokens > 0
         try:
             self.saved_bytes = state_size(llm) + 4 * int(llm.n_tokens) if saving else 0
+            if self.request is not None and self.saved_bytes > self.request.config.max_bytes:
+                self.saved_bytes = 0  # over the cap on its own: not even copied
         except Exception as exc:  # noqa: BLE001 - never fail a finished turn for the cache
             log.warning("sizing the KV state failed: %s", exc)
             self.saved_bytes = 0
