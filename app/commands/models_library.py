@@ -238,6 +238,10 @@ def _fit_word(estimate: FitEstimate | None, entry: LibraryEntry) -> str:
         return "unavailable"
     if entry.error or estimate is None:
         return "error"
+    if entry.kind == "embedding":
+        return "embedder"  # not a chat model: chat and serve refuse it
+    if entry.kind == "projector":
+        return "mmproj"
     if entry.info is not None and unsupported_reason(entry.info):
         return "unsupported"
     if estimate.verdict == "partial":

@@ -69,3 +69,17 @@ def test_glassbox_chat_finds_a_model_in_an_added_folder(paths: Paths, library: d
     assert refused.returncode == 1
     assert "an embedding model (bert)" in refused.stderr
     assert "Traceback" not in refused.stderr
+
+
+def test_models_list_marks_the_embedder(paths: Paths, library: dict[str, Path]) -> None:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    home = str(paths.data.parent)
+    listed = subprocess.run([sys.executable, "-m", "app", "models", "list", "--home", home, "--json"],
+                            capture_output=True, text=True, timeout=120, env=env)
+    assert listed.returncode == 0, listed.stderr
+    kinds = {Path(m["path"]).name: m["kind"] for m in json.loads(listed.stdout)["models"]}
+    assert kinds == {"tiny-Q8_0.gguf": "chat", "elsewhere-F32.gguf": "chat", "minilm-F32.gguf": "embedding"}
+    table = subprocess.run([sys.executable, "-m", "app", "models", "list", "--home", home],
+                           capture_output=True, text=True, timeout=120, env=env)
+    row = next(line for line in table.stdout.splitlines() if line.startswith("minilm-F32.gguf"))
+    assert " embedder " in row
