@@ -15,6 +15,7 @@ Every problem with either file is a :class:`ToolSetupError` whose ``str()`` is o
 file, the field and the reason; a damaged file is reported and never written over. The GUI's
 Settings -> Tools page and ``glassbox mcp`` use the same functions: :func:`load_servers`,
 :func:`get_server`, :func:`add_server`, :func:`remove_server`, :func:`import_servers`,
+:func:`import_servers_text`,
 :func:`parse_mcp_json` (a pasted config), :class:`Permissions`. Running the servers is
 ``app.tool_setup``'s part.
 """
@@ -308,12 +309,26 @@ def import_servers(paths: Paths, file: Path, *, replace: bool = False) -> list[s
     Raises:
         ToolSetupError: the file is missing or bad (named), or a name is taken without ``replace``.
     """
-    incoming = read_mcp_json(file)
+    return _merge(paths, read_mcp_json(file), file, replace)
+
+
+def import_servers_text(
+    paths: Paths, text: str, *, where: str = "the pasted mcp.json", replace: bool = False
+) -> list[str]:
+    """Adds every server of an ``mcp.json`` given as text (pasted in the settings page).
+
+    Raises:
+        ToolSetupError: the text is not that shape (the line names ``where``), or a name is taken.
+    """
+    return _merge(paths, parse_mcp_json(text, where), where, replace)
+
+
+def _merge(paths: Paths, incoming: dict[str, ServerEntry], where: Path | str, replace: bool) -> list[str]:
     document = _raw_document(paths)
     servers = document.setdefault("mcpServers", {})
     taken = [name for name in incoming if name in servers]
     if taken and not replace:
-        raise ToolSetupError(file, f"servers already configured: {', '.join(taken)} (use --replace to replace them)")
+        raise ToolSetupError(where, f"servers already configured: {', '.join(taken)} (use --replace to replace them)")
     for name, entry in incoming.items():
         servers[name] = entry.to_json()
     _save(paths, document)

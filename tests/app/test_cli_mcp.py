@@ -287,6 +287,15 @@ def test_a_damaged_mcp_json_is_reported_and_kept(paths: Paths, capsys: pytest.Ca
     assert paths.mcp_config.read_text() == '{"mcpServers": {"a": {"command": '  # never replaced
 
 
+def test_a_pasted_mcp_json_is_imported(paths: Paths) -> None:
+    from app.tool_setup import import_servers_text
+
+    assert import_servers_text(paths, json.dumps(CLAUDE_DESKTOP)) == ["filesystem", "github", "remote"]
+    with pytest.raises(ToolSetupError, match=r"^the pasted mcp.json: not valid JSON"):
+        import_servers_text(paths, '{"mcpServers": ')
+    assert list(load_servers(paths)) == ["filesystem", "github", "remote"]
+
+
 def test_a_bare_object_of_servers_is_accepted() -> None:
     servers = parse_mcp_json('{"fs": {"command": "npx", "args": ["-y", "fs"]}}', "pasted")
     assert list(servers) == ["fs"]

@@ -251,6 +251,7 @@ def _parent(tmp_path: Path, mode: str) -> tuple[subprocess.Popen[str], int]:
     return proc, int(line)
 
 
+@pytest.mark.slow
 def test_junk_on_a_servers_stdout_is_survived_quietly(tmp_path: Path) -> None:
     script = tmp_path / "junk.py"
     script.write_text(
