@@ -13,12 +13,14 @@ this process or a later one, from the KV cache saved with it (``engine.kv_cache`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from app.commands import chat_tools
 from app.commands._output import add_json_flag, positive_int, print_json
 from app.commands.model_resolver import resolve_model
 from app.paths import Paths
@@ -47,6 +49,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: a
                         help="continue this saved conversation (a new one prints its id at the start)")
     parser.add_argument("--no-kv-cache", action="store_true",
                         help="neither restore nor save the KV cache saved with the conversation")
+    chat_tools.add_arguments(parser)
     add_json_flag(parser)
     parser.set_defaults(handler=run)
 
@@ -80,12 +83,18 @@ def run(args: argparse.Namespace, paths: Paths) -> int:
     if args.endpoint is None and not args.model:
         print("glassbox: error: chat needs --model (or --endpoint NAME for a remote server)", file=sys.stderr)
         return 2
+    usage = chat_tools.check_arguments(args)
+    if usage is not None:
+        print(f"glassbox: error: {usage}", file=sys.stderr)
+        return 2
     try:
         session = _remote_session(args, paths) if args.endpoint is not None else _local_session(args, paths)
     except argparse.ArgumentTypeError as exc:
         print(f"glassbox: error: {exc}", file=sys.stderr)
         return 2
-    params = GenerationParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
+    schema = chat_tools.read_json_schema(args.json_schema) if args.json_schema else None
+    params = GenerationParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed,
+                              json_schema=schema)
     retriever = _retriever(args, paths) if args.kb else None
     from app.commands.chat_history import ChatLog
 
@@ -93,26 +102,35 @@ def run(args: argparse.Namespace, paths: Paths) -> int:
     history: list[Message] = chat_log.history()
     system = args.system if args.system is not None else chat_log.system_prompt
     kv_cache = args.endpoint is None and not args.no_kv_cache
-    with session, chat_log:
+    with session, chat_log, contextlib.ExitStack() as stack:
+        tools = stack.enter_context(chat_tools.ChatTools(args, paths, session)) if args.tools else None
         session.load()
         for user in _turns(args):
             conversation_id, created = chat_log.start_turn(user, system)
             if created and not args.json:
                 print(f"[conversation {conversation_id}: continue it with --conversation {conversation_id}]",
                       file=sys.stderr)
+            outcome = None  # the agent loop's result, with --tools
             try:
-                documents, sources = retriever(user, session) if retriever else (None, [])
+                search = retriever is not None and not (tools is not None and tools.offers_search)
+                documents, sources = retriever(user, session) if search else (None, [])
                 key = chat_log.cache_key() if kv_cache else None
-                reply, finished = _answer(session, history, user, params, system, documents, args.json, key)
+                if tools is not None:
+                    outcome = tools.answer(history, user, params, system, documents, args.json, key)
+                    reply, finished = outcome.text, outcome.finished
+                else:
+                    reply, finished = _answer(session, history, user, params, system, documents, args.json, key,
+                                              thinking=chat_tools.thinking_flag(args))
             except BaseException as exc:
                 chat_log.fail_turn(exc)
                 raise
             chat_log.finish_turn(reply, finished)
             if args.json:
-                print_json({**_turn_document(reply, finished, sources), "conversation_id": conversation_id})
+                print_json({**_turn_document(reply, finished, sources), **chat_tools.turn_extras(finished, outcome),
+                            "conversation_id": conversation_id})
             elif sources:
                 _print_sources(sources)
-            history += [Message("user", user), Message("assistant", reply)]
+            history += [Message("user", user), *(outcome.messages if outcome else [Message("assistant", reply)])]
     return 0
 
 
@@ -168,19 +186,23 @@ def _turns(args: argparse.Namespace) -> Iterator[str]:
 
 def _answer(
     session: Any, history: list[Any], user: str, params: Any, system: str | None, documents: str | None, quiet: bool,
-    cache_key: Any = None,
+    cache_key: Any = None, thinking: bool | None = None,
 ) -> tuple[str, Any]:
-    from engine.events import Finished, Token
+    from engine.events import Finished, Reasoning, Token
 
     cancel = threading.Event()
     finished: Finished | None = None
-    saved = {"cache_key": cache_key} if cache_key is not None else {}  # the KV cache saved with the chat
+    saved: dict[str, Any] = {"cache_key": cache_key} if cache_key is not None else {}  # the chat's saved KV cache
+    if thinking is not None:
+        saved["thinking"] = thinking
     stream = session.stream(history, user, params, system=system, documents=documents, cancel=cancel, **saved)
     try:
         for event in stream:
             if isinstance(event, Token) and not quiet:
                 sys.stdout.write(event.text)
                 sys.stdout.flush()
+            elif isinstance(event, Reasoning) and not quiet:
+                sys.stderr.write(event.text)  # the thinking, apart from the answer
             elif isinstance(event, Finished):
                 finished = event
     except KeyboardInterrupt:

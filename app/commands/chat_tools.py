@@ -1,0 +1,230 @@
+"""``glassbox chat``'s tools, structured output and thinking switch (its ``--tools`` side).
+
+``--tools NAME[,NAME...]|builtin|all`` offers the built-in tools and the MCP servers of
+``mcp.json`` (``app.tool_setup``) to the model; each turn then runs the agent loop
+(``engine.agent``): a call on the allow list runs, any other is asked about on an interactive
+terminal (``y`` once, ``a`` always, anything else no), and refused with a clear line on stderr
+when there is no terminal to ask, unless ``--yes``. ``--tool-choice auto|required|none|FUNCTION``
+(``required`` and a function name constrain the first reply to a valid call), ``--max-steps N``
+rounds of calls, ``--tool-timeout S`` per call. ``--json-schema FILE`` constrains every reply to
+the schema; ``--thinking on|off`` sets the model's thinking switch where its template has one.
+
+With ``--json`` each turn's document gains ``"tool_calls"`` (``name``, ``arguments``, ``result``,
+``ms``, ``tokens``, and ``approval``, ``is_error``, ``truncated``, ``source``) and
+``"reasoning"`` (``text``, ``tokens``, ``ms``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from app.commands._output import positive_int
+from app.paths import Paths
+
+PREVIEW_CHARS = 300
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The tool, schema and thinking options of ``glassbox chat``."""
+    parser.add_argument("--tools", metavar="NAME[,NAME...]",
+                        help="offer tools to the model: MCP servers by name (glassbox mcp list), 'builtin', "
+                        "'all', or a built-in's name")
+    parser.add_argument("--tool-choice", metavar="auto|required|none|FUNCTION",
+                        help="auto (default with --tools): the model chooses; required: it must call one; "
+                        "FUNCTION: it must call that one; none: no tools")
+    parser.add_argument("--yes", action="store_true", help="run the model's tool calls without asking")
+    parser.add_argument("--max-steps", type=positive_int, default=8,
+                        help="rounds of tool calls per turn before the model must answer (default 8)")
+    parser.add_argument("--tool-timeout", type=float, default=60.0, metavar="SECONDS",
+                        help="the longest one tool call may run (default 60)")
+    parser.add_argument("--json-schema", metavar="FILE", help="constrain every reply to this JSON schema")
+    parser.add_argument("--thinking", choices=["on", "off"],
+                        help="the model's thinking switch (only models whose template has one)")
+
+
+def check_arguments(args: argparse.Namespace) -> str | None:
+    """A usage problem with the tool options (exit code 2), or None."""
+    if args.tool_choice is not None and not args.tools:
+        return "--tool-choice needs --tools"
+    if args.tool_timeout <= 0:
+        return "--tool-timeout must be positive"
+
+    return None
+
+
+def read_json_schema(path: str) -> str:
+    """The text of a ``--json-schema`` file, checked to be a JSON object.
+
+    Raises:
+        EngineError: the file cannot be read or is not a JSON object (one line naming it).
+    """
+    from engine.errors import EngineError
+
+    file = Path(path).expanduser()
+    try:
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise EngineError(f"{file}: cannot read the JSON schema ({getattr(exc, 'strerror', None) or exc})") from None
+    try:
+        schema = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise EngineError(f"{file}: not JSON (line {exc.lineno}: {exc.msg})") from None
+    if not isinstance(schema, dict):
+        raise EngineError(f"{file}: a JSON schema must be a JSON object")
+    return json.dumps(schema)
+
+
+def thinking_flag(args: argparse.Namespace) -> bool | None:
+    return None if args.thinking is None else args.thinking == "on"
+
+
+class ChatTools:
+    """The tools of one ``glassbox chat`` run, and the agent that uses them.
+
+    Args:
+        args: the parsed options.
+        paths: the data folders.
+        session: the loaded ChatSession.
+    """
+
+    def __init__(self, args: argparse.Namespace, paths: Paths, session: Any) -> None:
+        from app.tool_setup import open_tools
+        from engine.agent import Agent
+
+        self.args = args
+        self.toolset = open_tools(
+            args.tools, paths, knowledge_bases=args.kb, count_text=session.count_text, chroma_url=args.chroma_url
+        )
+        try:
+            specs = self.toolset.tools()
+            for problem in self.toolset.problems:
+                print(f"glassbox: warning: {problem}", file=sys.stderr)
+            allow = {spec.name for spec in specs if self.toolset.always_allows(spec.name)}
+            self.agent = Agent(
+                session, [self.toolset], approve=self._approve, allow=allow, on_allow=self.toolset.allow_always,
+                max_steps=args.max_steps, timeout_s=args.tool_timeout,
+            )
+        except BaseException:
+            self.toolset.close()
+            raise
+        self._interactive = sys.stdin.isatty()
+
+    @property
+    def offers_search(self) -> bool:
+        """Whether the model searches the knowledge bases itself (so no passages are added)."""
+        from app.tool_setup import SEARCH_KNOWLEDGE
+
+        return any(spec.name == SEARCH_KNOWLEDGE for spec in self.agent.specs)
+
+    def close(self) -> None:
+        self.toolset.close()
+
+    def __enter__(self) -> ChatTools:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _approve(self, call: Any, spec: Any) -> str:
+        arguments = json.dumps(call.arguments, ensure_ascii=False)
+        if self.args.yes:
+            return "once"
+        if not self._interactive:
+            print(f"glassbox: tool call {call.name} refused: not approved (no terminal to ask; pass --yes to run "
+                  "tool calls without asking)", file=sys.stderr)
+            return "deny"
+        print(f"\n[tool call] {call.name} ({spec.source}) {arguments}", file=sys.stderr)
+        print("Allow? [y]es once, [a]lways, [N]o: ", end="", file=sys.stderr, flush=True)
+        answer = sys.stdin.readline().strip().lower()
+        if answer in ("a", "always"):
+            return "always"
+        return "once" if answer in ("y", "yes") else "deny"
+
+    def answer(
+        self, history: list[Any], user: str, params: Any, system: str | None, documents: str | None, quiet: bool,
+        cache_key: Any = None,
+    ) -> Any:
+        """Runs one turn through the agent loop; returns its AgentResult. Ctrl-C stops it."""
+        from engine.agent import ToolStep
+        from engine.events import Reasoning, Token
+
+        cancel = threading.Event()
+        extra = {"cache_key": cache_key} if cache_key is not None else {}
+        run = self.agent.run(
+            history, user, params, system=system, documents=documents, cancel=cancel,
+            tool_choice=self.args.tool_choice, thinking=thinking_flag(self.args), **extra,
+        )
+        events = iter(run)
+        try:
+            for event in events:
+                if quiet:
+                    continue
+                if isinstance(event, Token):
+                    sys.stdout.write(event.text)
+                    sys.stdout.flush()
+                elif isinstance(event, Reasoning):
+                    sys.stderr.write(event.text)
+                elif isinstance(event, ToolStep):
+                    _print_step(event)
+        except KeyboardInterrupt:
+            cancel.set()
+            for _ in events:
+                pass
+        result = run.result
+        if not quiet:
+            sys.stdout.write("\n")
+            if result.finished is not None and result.finished.reason == "cancelled":
+                print("[stopped]", file=sys.stderr)
+            if result.hit_step_limit:
+                print(f"[{self.args.max_steps} rounds of tool calls: the model had to answer without tools]",
+                      file=sys.stderr)
+        return result
+
+
+def _print_step(step: Any) -> None:
+    arguments = json.dumps(step.call.arguments, ensure_ascii=False)
+    preview = " ".join(step.result.content.split())
+    if len(preview) > PREVIEW_CHARS:
+        preview = preview[:PREVIEW_CHARS] + "..."
+    what = "ran" if step.ran else step.approval
+    print(f"\n[tool {step.call.name} {arguments}: {what}, {step.ms:.0f} ms, {step.tokens} tokens"
+          f"{', truncated' if step.truncated else ''}] {preview}", file=sys.stderr)
+
+
+def step_document(step: Any) -> dict[str, Any]:
+    """One call in ``--json``."""
+    return {
+        "name": step.call.name,
+        "arguments": step.call.arguments,
+        "result": step.result.content,
+        "ms": step.ms,
+        "tokens": step.tokens,
+        "approval": step.approval,
+        "is_error": step.result.is_error,
+        "truncated": step.truncated,
+        "source": step.source,
+    }
+
+
+def reasoning_document(text: str, tokens: int, ms: float) -> dict[str, Any]:
+    """The thinking in ``--json``."""
+    return {"text": text, "tokens": tokens, "ms": round(ms, 2)}
+
+
+def turn_extras(finished: Any, outcome: Any) -> dict[str, Any]:
+    """What ``--json`` adds to a turn: its tool calls and its thinking (``outcome``: the agent's
+    result with ``--tools``, else None)."""
+    if outcome is not None:
+        return {
+            "tool_calls": [step_document(step) for step in outcome.steps],
+            "reasoning": reasoning_document(outcome.reasoning, outcome.reasoning_tokens, outcome.reasoning_ms),
+        }
+    return {
+        "tool_calls": [],
+        "reasoning": reasoning_document(finished.reasoning, finished.reasoning_tokens, finished.reasoning_ms),
+    }
