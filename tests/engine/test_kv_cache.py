@@ -319,3 +319,24 @@ def _identity_of(path: Path) -> KvIdentity:
     (header_len,) = struct.unpack("<I", data[len(MAGIC) : len(MAGIC) + 4])
     header = json.loads(data[len(MAGIC) + 4 : len(MAGIC) + 4 + header_len])
     return KvIdentity(**header["identity"])
+
+
+@pytest.mark.model
+def test_a_turn_decoded_with_prompt_lookup_is_saved_whole(starter_model: Path, tmp_path: Path) -> None:
+    """Speculative decoding trims the KV cells of rejected drafts: the saved state must hold exactly
+    the tokens it names, or a new process would refuse it."""
+    from engine.context import Message
+    from engine.events import Finished
+    from engine.runtime import GenerationParams
+
+    folder = tmp_path / "kv"
+    params = GenerationParams(temperature=0.0, max_tokens=24, repeat_penalty=1.0, speculative="lookup")
+    user = f"Repeat this log exactly. {DOCUMENT}"
+    with _session(starter_model, folder) as session:  # type: ignore[attr-defined]
+        events = list(session.stream([], user, params, cache_key=KvKey("4", "1")))
+    first = events[-1]
+    assert isinstance(first, Finished) and first.stats.accepted_tokens > 0
+    history = [Message("user", user), Message("assistant", first.text)]
+    with _session(starter_model, folder) as session:  # type: ignore[attr-defined]
+        again = _turn(session, history, "And again?", KvKey("4", "2"))
+    assert again.stats.kv_restored_tokens >= first.stats.prompt_tokens  # type: ignore[attr-defined]
