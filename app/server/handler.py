@@ -87,13 +87,15 @@ class Handler(BaseHTTPRequestHandler):
         )
 
     def do_POST(self) -> None:
-        from app.server import chat, completions, embeddings
+        from app.server import chat, completions, embeddings, messages, responses
 
         self._dispatch(
             {
                 "/v1/chat/completions": lambda: chat.handle(self),
                 "/v1/completions": lambda: completions.handle(self),
                 "/v1/embeddings": lambda: embeddings.handle(self),
+                "/v1/responses": lambda: responses.handle(self),
+                "/v1/messages": lambda: messages.handle(self),
                 "/tokenize": self._tokenize,
             }
         )

@@ -1,0 +1,306 @@
+"""``POST /v1/messages``: Anthropic's Messages API over the same core as chat completions.
+
+Coding agents built for Claude (and the local launchers that point them at a local model) speak
+it. ``system`` (text or text blocks) is the system prompt; ``messages`` hold text, ``tool_use`` and
+``tool_result`` blocks (``thinking`` blocks are dropped: old reasoning is never sent back); ``tools``
+are ``{"name", "description", "input_schema"}``; ``tool_choice`` ``auto``/``any``/``tool``/``none``
+(``disable_parallel_tool_use`` keeps one call); ``thinking`` ``{"type": "enabled"|"disabled"}``
+sets the template's thinking switch. The key may come as ``x-api-key`` (the handler reads it), and
+errors answer in Anthropic's shape (``{"type": "error", "error": {...}}``).
+
+The answer is a ``message`` with ``thinking``, ``text`` and ``tool_use`` content blocks and a
+``stop_reason`` (``end_turn``, ``max_tokens``, ``tool_use``); streamed, the events
+``message_start``, ``content_block_start`` / ``_delta`` / ``_stop`` per block, ``message_delta``
+(the stop reason and the usage) and ``message_stop``. A stop sequence ends the reply as
+``end_turn``: the engine does not say which string matched.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from app.server import params as fields
+from app.server.chat import check_backend, n_vocab, open_stream, whole_choice
+from app.server.errors import HttpError
+from app.server.handler import anthropic_error
+from app.server.wire import ChatRequest, Choice, WireMessage, parse_tools, text_limit
+
+if TYPE_CHECKING:
+    from app.server.handler import Handler
+
+MESSAGE_FIELDS = frozenset(
+    {
+        "model",
+        "messages",
+        "system",
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "stop_sequences",
+        "stream",
+        "tools",
+        "tool_choice",
+        "thinking",
+    }
+)
+"""The ``/v1/messages`` fields this server reads; any other is a 400."""
+
+
+def _blocks(content: Any, where: str) -> list[dict[str, Any]]:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    if not isinstance(content, list):
+        raise HttpError(400, f"{where} must be text or a list of content blocks", param=where)
+    for index, block in enumerate(content):
+        if not isinstance(block, dict):
+            raise HttpError(400, f"{where}[{index}] must be a content block", param=where)
+    return content
+
+
+def _result_text(content: Any, where: str) -> str:
+    if content is None:
+        return ""
+    parts = []
+    for index, block in enumerate(_blocks(content, where)):
+        if block.get("type") != "text" or not isinstance(block.get("text"), str):
+            raise HttpError(400, f"{where}[{index}]: a tool result may only hold text", param=where)
+        parts.append(block["text"])
+    return "".join(parts)
+
+
+def _system(value: Any) -> str | None:
+    if value is None or isinstance(value, str):
+        return value or None
+    return _result_text(value, "system") or None
+
+
+def _conversation(messages: Any, max_chars: int) -> list[WireMessage]:
+    if not isinstance(messages, list) or not messages:
+        raise HttpError(400, "'messages' must be a non-empty list", param="messages")
+    turns: list[WireMessage] = []
+    chars = 0
+    for index, message in enumerate(messages):
+        where = f"messages[{index}]"
+        role = message.get("role") if isinstance(message, dict) else None
+        if role not in ("user", "assistant"):
+            raise HttpError(400, f"{where}: role must be user or assistant", param=where)
+        text: list[str] = []
+        calls: list[tuple[str, str, dict[str, Any]]] = []
+        for number, block in enumerate(_blocks(message.get("content"), f"{where}.content")):
+            kind = block.get("type")
+            spot = f"{where}.content[{number}]"
+            if kind == "text" and isinstance(block.get("text"), str):
+                text.append(block["text"])
+            elif kind == "tool_use" and role == "assistant":
+                arguments = block.get("input") or {}
+                if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str):
+                    raise HttpError(400, f"{spot}: a tool_use block needs 'id', 'name' and 'input'", param=spot)
+                if not isinstance(arguments, dict):
+                    raise HttpError(400, f"{spot}: 'input' must be an object", param=spot)
+                calls.append((block["id"], block["name"], arguments))
+            elif kind == "tool_result" and role == "user":
+                if not isinstance(block.get("tool_use_id"), str):
+                    raise HttpError(400, f"{spot}: a tool_result block needs its 'tool_use_id'", param=spot)
+                result = _result_text(block.get("content"), f"{spot}.content")
+                if block.get("is_error"):
+                    result = f"Error: {result}"
+                chars += len(result)
+                turns.append(WireMessage("tool", result, tool_call_id=block["tool_use_id"]))
+            elif kind in ("thinking", "redacted_thinking") and role == "assistant":
+                continue  # old reasoning is never sent back
+            else:
+                raise HttpError(
+                    400,
+                    f"{spot}: {str(kind)[:40]!r} blocks are not supported here",
+                    code="unsupported_content",
+                    param=spot,
+                )
+        joined = "".join(text)
+        chars += len(joined)
+        if chars > max_chars:
+            raise HttpError(400, f"the messages hold more than {max_chars} characters of text", param="messages")
+        if role == "assistant":
+            turns.append(WireMessage("assistant", joined, tuple(calls)))
+        elif joined or not turns or turns[-1].role != "tool":
+            turns.append(WireMessage("user", joined))
+    if turns[-1].role not in ("user", "tool"):
+        raise HttpError(400, "the last message must be from the user", param="messages")
+    return turns
+
+
+def _tool_choice(value: Any) -> tuple[Any, bool]:
+    """Anthropic's ``tool_choice`` as the chat one, and whether parallel calls are allowed."""
+    if value is None:
+        return None, True
+    if not isinstance(value, dict) or value.get("type") not in ("auto", "any", "tool", "none"):
+        raise HttpError(400, "'tool_choice' must be {'type': 'auto' | 'any' | 'tool' | 'none'}", param="tool_choice")
+    parallel = not value.get("disable_parallel_tool_use", False)
+    kind = value["type"]
+    if kind == "tool":
+        return {"type": "function", "function": {"name": value.get("name")}}, parallel
+    return ("required" if kind == "any" else kind), parallel
+
+
+def parse_message_request(body: dict[str, Any], max_chars: int, n_vocab: int | None) -> ChatRequest:
+    """A ``/v1/messages`` body as a ChatRequest (see the module docstring). Raises HttpError."""
+    body = fields.present(body)
+    fields.check_fields(body, MESSAGE_FIELDS, "/v1/messages")
+    if "max_tokens" not in body:
+        raise HttpError(400, "'max_tokens' is required", param="max_tokens")
+    turns = _conversation(body.get("messages"), max_chars)
+    tools = body.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise HttpError(400, "'tools' must be a list", param="tools")
+    openai_tools = None
+    if tools is not None:
+        openai_tools = []
+        for index, tool in enumerate(tools):
+            if not isinstance(tool, dict) or ("type" in tool and tool["type"] != "custom"):
+                kind = tool.get("type") if isinstance(tool, dict) else None
+                raise HttpError(
+                    400, f"tools[{index}]: tools of type {str(kind)[:40]!r} are not supported", param="tools"
+                )
+            function = {"name": tool.get("name"), "description": tool.get("description") or "",
+                        "parameters": tool.get("input_schema")}  # fmt: skip
+            openai_tools.append({"type": "function", "function": function})
+    choice, parallel = _tool_choice(body.get("tool_choice"))
+    specs, tool_choice = parse_tools(openai_tools, choice)
+    thinking = body.get("thinking")
+    switch = None
+    if thinking is not None:
+        if not isinstance(thinking, dict) or thinking.get("type") not in ("enabled", "disabled"):
+            raise HttpError(400, "'thinking' must be {'type': 'enabled' | 'disabled'}", param="thinking")
+        switch = thinking["type"] == "enabled"
+    sampling: dict[str, Any] = {k: body[k] for k in ("temperature", "top_p", "top_k") if k in body}
+    if "stop_sequences" in body:
+        sampling["stop"] = body["stop_sequences"]
+    params = fields.generation_params(sampling, body.get("max_tokens"), n_vocab)
+    last = turns[-1]
+    return ChatRequest(
+        system=_system(body.get("system")),
+        history=turns[:-1] if last.role == "user" else list(turns),
+        user=last.content if last.role == "user" else "",
+        params=params,
+        stream=fields.flag(body, "stream"),
+        include_usage=True,
+        knowledge_bases=(),
+        messages=tuple(turns),
+        tools=specs,
+        tool_choice=tool_choice,
+        parallel_tool_calls=parallel,
+        thinking=switch,
+    )
+
+
+def _stop_reason(finished: Any, calls: bool) -> str:
+    if calls:
+        return "tool_use"
+    return "max_tokens" if finished.reason == "length" else "end_turn"
+
+
+def _usage(stats: Any) -> dict[str, Any]:
+    return {
+        "input_tokens": stats.prompt_tokens - stats.cached_tokens,
+        "cache_read_input_tokens": stats.cached_tokens,
+        "cache_creation_input_tokens": 0,
+        "output_tokens": stats.completion_tokens,
+    }
+
+
+def _content(choice: Choice) -> list[dict[str, Any]]:
+    blocks: list[dict[str, Any]] = []
+    if choice.reasoning:
+        blocks.append({"type": "thinking", "thinking": choice.reasoning, "signature": ""})
+    if choice.text or not choice.tool_calls:
+        blocks.append({"type": "text", "text": choice.text})
+    blocks.extend({"type": "tool_use", "id": c.id, "name": c.name, "input": c.arguments} for c in choice.tool_calls)
+    return blocks
+
+
+def _message(
+    model: str, message_id: str, content: list[dict[str, Any]], stop: str | None, usage: Mapping[str, Any]
+) -> dict[str, Any]:
+    return {"id": message_id, "type": "message", "role": "assistant", "model": model, "content": content,
+            "stop_reason": stop, "stop_sequence": None, "usage": dict(usage)}  # fmt: skip
+
+
+def handle(handler: Handler) -> None:
+    """Answers ``POST /v1/messages``."""
+    state = handler.state
+    body = handler.read_json()
+    state.check_model(body)
+    request = parse_message_request(body, text_limit(state.n_ctx), n_vocab(state.backend))
+    check_backend(state.backend, request)
+    message_id = f"msg_{uuid.uuid4().hex}"
+    with handler.use_model() as cancel:
+        if request.stream:
+            _stream(handler, request, message_id, cancel)
+            return
+        choice = whole_choice(handler, request, 0, None, cancel)
+        stop = _stop_reason(choice.finished, bool(choice.tool_calls))
+        handler.send_json(
+            200, _message(state.model_id, message_id, _content(choice), stop, _usage(choice.finished.stats))
+        )
+
+
+def _stream(handler: Handler, request: ChatRequest, message_id: str, cancel: threading.Event) -> None:
+    from engine.events import Finished, Reasoning, Token, ToolCall
+
+    events = handler.generation(open_stream(handler.state.backend, request, 0, None, cancel), cancel)
+    head = handler.first(events)
+    model = handler.state.model_id
+
+    def send(kind: str, **data: Any) -> None:
+        handler.send_event({"type": kind, **data}, kind)
+
+    def produce() -> None:
+        zero = {"input_tokens": 0, "output_tokens": 0}
+        send("message_start", message=_message(model, message_id, [], None, zero))
+        index = -1
+        open_kind: str | None = None
+        calls = 0
+
+        def start(kind: str, block: dict[str, Any]) -> None:
+            nonlocal index, open_kind
+            if open_kind is not None:
+                send("content_block_stop", index=index)
+            index += 1
+            open_kind = kind
+            send("content_block_start", index=index, content_block=block)
+
+        for event in _prepend(head, events):
+            if isinstance(event, Reasoning) and event.text:
+                if open_kind != "thinking":
+                    start("thinking", {"type": "thinking", "thinking": "", "signature": ""})
+                send("content_block_delta", index=index, delta={"type": "thinking_delta", "thinking": event.text})
+            elif isinstance(event, Token) and event.text:
+                if open_kind != "text":
+                    start("text", {"type": "text", "text": ""})
+                send("content_block_delta", index=index, delta={"type": "text_delta", "text": event.text})
+            elif isinstance(event, ToolCall) and (request.parallel_tool_calls or calls == 0):
+                calls += 1
+                start("tool_use", {"type": "tool_use", "id": event.id, "name": event.name, "input": {}})
+                partial = json.dumps(event.arguments, ensure_ascii=False)
+                send("content_block_delta", index=index, delta={"type": "input_json_delta", "partial_json": partial})
+            elif isinstance(event, Finished):
+                if open_kind is None:
+                    start("text", {"type": "text", "text": ""})
+                send("content_block_stop", index=index)
+                delta = {"stop_reason": _stop_reason(event, calls > 0), "stop_sequence": None}
+                send("message_delta", delta=delta, usage=_usage(event.stats))
+                send("message_stop")
+
+    def error_events(error: HttpError) -> list[tuple[str | None, dict[str, Any] | str]]:
+        return [("error", anthropic_error(error))]
+
+    handler.sse(produce, cancel, error_events)
+
+
+def _prepend(head: Any, events: Iterator[Any]) -> Iterator[Any]:
+    yield head
+    yield from events

@@ -1,0 +1,415 @@
+"""``POST /v1/responses``: OpenAI's Responses API over the same core as chat completions.
+
+The coding agents that LM Studio, Ollama and Jan launch against local models speak it. The request's
+``instructions`` and ``input`` (a string, or items: messages with ``input_text``/``output_text``
+parts, ``function_call`` and ``function_call_output``; ``reasoning`` items are dropped, since old
+reasoning is never sent back) become a :class:`~app.server.wire.ChatRequest`; function tools use
+the Responses shape (``{"type": "function", "name", "parameters"}``), ``text.format`` is the
+constrained output, ``reasoning.effort`` the template's effort switch. Nothing is stored: a
+``previous_response_id`` is a 400, as is any other field this server does not implement.
+
+The answer is a ``response`` whose ``output`` holds a ``reasoning`` item (the thinking), a
+``message`` (``output_text``) and one ``function_call`` per call; streamed, the typed events
+``response.created`` ... ``response.output_text.delta`` ... ``response.completed``, each with its
+``sequence_number``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from app.server import params as fields
+from app.server.chat import check_backend, n_vocab, open_stream, whole_choice
+from app.server.errors import HttpError
+from app.server.wire import ChatRequest, Choice, WireMessage, parse_tools, text_limit
+
+if TYPE_CHECKING:
+    from app.server.handler import Handler
+
+RESPONSE_FIELDS = frozenset(
+    {
+        "model",
+        "input",
+        "instructions",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "max_output_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "repeat_penalty",
+        "seed",
+        "stream",
+        "text",
+        "reasoning",
+        "include",
+        "truncation",
+    }
+)
+"""The ``/v1/responses`` fields this server reads; any other is a 400."""
+
+
+def _text(content: Any, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts: list[str] = []
+        for index, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind in ("input_text", "output_text", "text") and isinstance(part.get("text"), str):
+                parts.append(part["text"])
+            else:
+                raise HttpError(
+                    400,
+                    f"{where}[{index}]: only text content is supported, not {str(kind)[:40]!r}",
+                    code="unsupported_content",
+                    param=f"{where}[{index}]",
+                )
+        return "".join(parts)
+    raise HttpError(400, f"{where} must be text or a list of text parts", param=where)
+
+
+def _items(value: Any, instructions: Any, max_chars: int) -> tuple[str | None, list[WireMessage]]:
+    """The system prompt and the conversation of ``instructions`` and ``input``."""
+    system = [instructions] if isinstance(instructions, str) and instructions else []
+    if instructions is not None and not isinstance(instructions, str):
+        raise HttpError(400, "'instructions' must be a string", param="instructions")
+    if isinstance(value, str):
+        value = [{"role": "user", "content": value}]
+    if not isinstance(value, list) or not value:
+        raise HttpError(400, "'input' must be a string or a non-empty list of items", param="input")
+    turns: list[WireMessage] = []
+    chars = 0
+    for index, item in enumerate(value):
+        where = f"input[{index}]"
+        if not isinstance(item, dict):
+            raise HttpError(400, f"{where} must be an object", param=where)
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = item.get("role")
+            text = _text(item.get("content"), f"{where}.content")
+            if role in ("system", "developer"):
+                system.append(text)
+            elif role in ("user", "assistant"):
+                turns.append(WireMessage(role, text))
+            else:
+                raise HttpError(400, f"{where}: role {str(role)[:40]!r} is not supported", param=where)
+        elif kind == "function_call":
+            name, call_id = item.get("name"), item.get("call_id")
+            if not isinstance(name, str) or not isinstance(call_id, str):
+                raise HttpError(400, f"{where}: a function_call needs its 'name' and 'call_id'", param=where)
+            arguments = _arguments(item.get("arguments"), where)
+            if turns and turns[-1].role == "assistant":  # calls after the assistant's text: one turn
+                last = turns.pop()
+                turns.append(WireMessage("assistant", last.content, (*last.tool_calls, (call_id, name, arguments))))
+            else:
+                turns.append(WireMessage("assistant", "", ((call_id, name, arguments),)))
+            text = ""
+        elif kind == "function_call_output":
+            call_id = item.get("call_id")
+            output = item.get("output")
+            if not isinstance(call_id, str):
+                raise HttpError(400, f"{where}: a function_call_output needs its 'call_id'", param=where)
+            text = output if isinstance(output, str) else _text(output, f"{where}.output")
+            turns.append(WireMessage("tool", text, tool_call_id=call_id))
+        elif kind == "reasoning":
+            continue  # old reasoning is never sent back (it wastes the window)
+        else:
+            raise HttpError(400, f"{where}: items of type {str(kind)[:40]!r} are not supported", param=where)
+        chars += len(text)
+        if chars > max_chars:
+            raise HttpError(
+                400, f"the input holds more than {max_chars} characters of text", code="context_length_exceeded"
+            )
+    if not turns or turns[-1].role not in ("user", "tool"):
+        raise HttpError(400, "the input must end with a user message or a function_call_output", param="input")
+    return ("\n\n".join(system) if system else None), turns
+
+
+def _arguments(value: Any, where: str) -> dict[str, Any]:
+    try:
+        arguments = json.loads(value) if isinstance(value, str) and value.strip() else (value or {})
+    except ValueError:
+        raise HttpError(400, f"{where}: the arguments are not valid JSON", param=where) from None
+    if not isinstance(arguments, dict):
+        raise HttpError(400, f"{where}: the arguments must be a JSON object", param=where)
+    return arguments
+
+
+def _tools(value: Any) -> Any:
+    """Responses-shaped function tools (``{"type": "function", "name", ...}``) in chat-completions shape."""
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise HttpError(400, "'tools' must be a list", param="tools")
+    tools = []
+    for index, tool in enumerate(value):
+        if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("name"), str):
+            kind = tool.get("type") if isinstance(tool, dict) else None
+            raise HttpError(
+                400,
+                f"tools[{index}]: only function tools are supported, not {str(kind)[:40]!r}",
+                code="invalid_value",
+                param=f"tools[{index}]",
+            )
+        function = {k: tool[k] for k in ("name", "description", "parameters") if k in tool}
+        tools.append({"type": "function", "function": function})
+    return tools
+
+
+def _format(text: Any) -> dict[str, Any]:
+    """``text.format`` as a chat ``response_format``."""
+    if text is None:
+        return {}
+    fmt = text.get("format") if isinstance(text, dict) else None
+    if (
+        not isinstance(text, dict)
+        or set(text) - {"format", "verbosity"}
+        or (fmt is not None and not isinstance(fmt, dict))
+    ):
+        raise HttpError(400, "'text' may only hold {'format': {...}}", code="unsupported_parameter", param="text")
+    if text.get("verbosity") not in (None, "medium"):
+        raise HttpError(400, "text.verbosity is not supported", code="unsupported_parameter", param="text.verbosity")
+    if not fmt or fmt.get("type") == "text":
+        return {}
+    if fmt.get("type") == "json_schema":
+        return {"response_format": {"type": "json_schema", "json_schema": {"schema": fmt.get("schema")}}}
+    return {"response_format": fmt}
+
+
+def parse_response_request(body: dict[str, Any], max_chars: int, n_vocab: int | None) -> ChatRequest:
+    """A ``/v1/responses`` body as a ChatRequest (see the module docstring). Raises HttpError."""
+    body = fields.present(body)
+    fields.check_fields(body, RESPONSE_FIELDS, "/v1/responses")
+    if body.get("include") not in (None, []):
+        raise HttpError(400, "'include' is not supported", code="unsupported_parameter", param="include")
+    if body.get("truncation") not in (None, "disabled"):
+        raise HttpError(
+            400, "only truncation 'disabled' is supported", code="unsupported_parameter", param="truncation"
+        )
+    system, turns = _items(body.get("input"), body.get("instructions"), max_chars)
+    tools, tool_choice = parse_tools(_tools(body.get("tools")), body.get("tool_choice"))
+    reasoning = body.get("reasoning")
+    effort = None
+    if reasoning is not None:
+        if not isinstance(reasoning, dict) or set(reasoning) - {"effort", "summary"}:
+            raise HttpError(400, "'reasoning' may only hold effort", code="unsupported_parameter", param="reasoning")
+        effort = reasoning.get("effort")
+    sampling: dict[str, Any] = {
+        k: body[k] for k in ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "seed") if k in body
+    }
+    params = fields.generation_params({**sampling, **_format(body.get("text"))}, body.get("max_output_tokens"), n_vocab)
+    last = turns[-1]
+    return ChatRequest(
+        system=system,
+        history=turns[:-1] if last.role == "user" else list(turns),
+        user=last.content if last.role == "user" else "",
+        params=params,
+        stream=fields.flag(body, "stream"),
+        include_usage=True,
+        knowledge_bases=(),
+        messages=tuple(turns),
+        tools=tools,
+        tool_choice=tool_choice,
+        parallel_tool_calls=body.get("parallel_tool_calls") is not False,
+        reasoning_effort=effort if isinstance(effort, str) else None,
+    )
+
+
+class _Shape:
+    """The ``response`` document and its items, for one request."""
+
+    def __init__(self, handler: Handler, body: Mapping[str, Any], request: ChatRequest) -> None:
+        self.id = f"resp_{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.model = handler.state.model_id
+        self.body = body
+        self.request = request
+
+    def response(self, status: str, output: list[dict[str, Any]], finished: Any = None) -> dict[str, Any]:
+        stats = finished.stats if finished is not None else None
+        incomplete = {"reason": "max_output_tokens"} if finished is not None and finished.reason == "length" else None
+        document: dict[str, Any] = {
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created,
+            "status": "incomplete" if incomplete else status,
+            "model": self.model,
+            "output": output,
+            "error": None,
+            "incomplete_details": incomplete,
+            "instructions": self.body.get("instructions"),
+            "metadata": self.body.get("metadata") or {},
+            "parallel_tool_calls": self.request.parallel_tool_calls,
+            "tool_choice": self.body.get("tool_choice") or ("auto" if self.request.tools else "none"),
+            "tools": self.body.get("tools") or [],
+            "temperature": self.request.params.temperature,
+            "top_p": self.request.params.top_p,
+            "max_output_tokens": self.body.get("max_output_tokens"),
+            "text": self.body.get("text") or {"format": {"type": "text"}},
+            "store": False,
+        }
+        if stats is not None:
+            document["usage"] = {
+                "input_tokens": stats.prompt_tokens,
+                "input_tokens_details": {"cached_tokens": stats.cached_tokens},
+                "output_tokens": stats.completion_tokens,
+                "output_tokens_details": {"reasoning_tokens": finished.reasoning_tokens},
+                "total_tokens": stats.prompt_tokens + stats.completion_tokens,
+            }
+        return document
+
+    @staticmethod
+    def reasoning_item(item_id: str, text: str) -> dict[str, Any]:
+        return {
+            "type": "reasoning",
+            "id": item_id,
+            "summary": [],
+            "content": [{"type": "reasoning_text", "text": text}],
+        }
+
+    @staticmethod
+    def message_item(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:
+        content = [{"type": "output_text", "text": text, "annotations": []}] if status == "completed" else []
+        return {"type": "message", "id": item_id, "status": status, "role": "assistant", "content": content}
+
+    @staticmethod
+    def call_item(call: Any, status: str = "completed") -> dict[str, Any]:
+        arguments = json.dumps(call.arguments, ensure_ascii=False) if status == "completed" else ""
+        return {"type": "function_call", "id": f"fc_{call.id}", "call_id": call.id, "name": call.name,
+                "arguments": arguments, "status": status}  # fmt: skip
+
+    def output(self, choice: Choice) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = []
+        if choice.reasoning:
+            items.append(self.reasoning_item(f"rs_{uuid.uuid4().hex}", choice.reasoning))
+        if choice.text or not choice.tool_calls:
+            items.append(self.message_item(f"msg_{uuid.uuid4().hex}", choice.text))
+        items.extend(self.call_item(call) for call in choice.tool_calls)
+        return items
+
+
+def handle(handler: Handler) -> None:
+    """Answers ``POST /v1/responses``."""
+    state = handler.state
+    body = handler.read_json()
+    if body.get("previous_response_id") is not None:
+        raise HttpError(
+            400,
+            "this server stores no responses: send the whole conversation in 'input' (previous_response_id)",
+            code="unsupported_parameter",
+            param="previous_response_id",
+        )
+    state.check_model(body)
+    request = parse_response_request(body, text_limit(state.n_ctx), n_vocab(state.backend))
+    check_backend(state.backend, request)
+    shape = _Shape(handler, body, request)
+    with handler.use_model() as cancel:
+        if request.stream:
+            _stream(handler, shape, request, cancel)
+            return
+        choice = whole_choice(handler, request, 0, None, cancel)
+        handler.send_json(200, shape.response("completed", shape.output(choice), choice.finished))
+
+
+def _stream(handler: Handler, shape: _Shape, request: ChatRequest, cancel: threading.Event) -> None:
+    from engine.events import Finished, Reasoning, Token, ToolCall
+
+    events = handler.generation(open_stream(handler.state.backend, request, 0, None, cancel), cancel)
+    head = handler.first(events)
+    sequence = 0
+
+    def send(kind: str, **data: Any) -> None:
+        nonlocal sequence
+        handler.send_event({"type": kind, "sequence_number": sequence, **data}, kind)
+        sequence += 1
+
+    def produce() -> None:
+        output: list[dict[str, Any]] = []
+        open_item: dict[str, Any] | None = None  # the reasoning or message item being streamed
+        text = ""
+        send("response.created", response=shape.response("in_progress", []))
+        send("response.in_progress", response=shape.response("in_progress", []))
+
+        def close_item() -> None:
+            nonlocal open_item, text
+            if open_item is None:
+                return
+            index = len(output)
+            if open_item["type"] == "reasoning":
+                item = shape.reasoning_item(open_item["id"], text)
+                send("response.reasoning_text.done", item_id=item["id"], output_index=index, content_index=0, text=text)
+            else:
+                item = shape.message_item(open_item["id"], text)
+                part = item["content"][0]
+                send("response.output_text.done", item_id=item["id"], output_index=index, content_index=0, text=text,
+                     logprobs=[])  # fmt: skip
+                send("response.content_part.done", item_id=item["id"], output_index=index, content_index=0, part=part)
+            send("response.output_item.done", output_index=index, item=item)
+            output.append(item)
+            open_item, text = None, ""
+
+        def open_kind(kind: str) -> dict[str, Any]:
+            nonlocal open_item
+            if open_item is not None and open_item["type"] == kind:
+                return open_item
+            close_item()
+            index = len(output)
+            if kind == "reasoning":
+                open_item = {"type": "reasoning", "id": f"rs_{uuid.uuid4().hex}", "summary": []}
+                send("response.output_item.added", output_index=index, item=open_item)
+            else:
+                open_item = shape.message_item(f"msg_{uuid.uuid4().hex}", "", "in_progress")
+                send("response.output_item.added", output_index=index, item=open_item)
+                send("response.content_part.added", item_id=open_item["id"], output_index=index, content_index=0,
+                     part={"type": "output_text", "text": "", "annotations": []})  # fmt: skip
+            return open_item
+
+        calls = 0
+        for event in _prepend(head, events):
+            if isinstance(event, Reasoning) and event.text:
+                item = open_kind("reasoning")
+                text += event.text
+                send("response.reasoning_text.delta", item_id=item["id"], output_index=len(output), content_index=0,
+                     delta=event.text)  # fmt: skip
+            elif isinstance(event, Token) and event.text:
+                item = open_kind("message")
+                text += event.text
+                send("response.output_text.delta", item_id=item["id"], output_index=len(output), content_index=0,
+                     delta=event.text, logprobs=[])  # fmt: skip
+            elif isinstance(event, ToolCall) and (request.parallel_tool_calls or calls == 0):
+                close_item()
+                calls += 1
+                index = len(output)
+                send("response.output_item.added", output_index=index, item=shape.call_item(event, "in_progress"))
+                done = shape.call_item(event)
+                send("response.function_call_arguments.delta", item_id=done["id"], output_index=index,
+                     delta=done["arguments"])  # fmt: skip
+                send("response.function_call_arguments.done", item_id=done["id"], output_index=index,
+                     arguments=done["arguments"])  # fmt: skip
+                send("response.output_item.done", output_index=index, item=done)
+                output.append(done)
+            elif isinstance(event, Finished):
+                if not output and open_item is None:
+                    open_kind("message")  # an empty answer is still a message
+                close_item()
+                final = shape.response("completed", output, event)
+                send("response.incomplete" if final["status"] == "incomplete" else "response.completed", response=final)
+
+    def error_events(error: HttpError) -> list[tuple[str | None, dict[str, Any] | str]]:
+        return [("error", {"type": "error", "sequence_number": sequence, "code": error.code or error.kind,
+                           "message": error.message, "param": error.param})]  # fmt: skip
+
+    handler.sse(produce, cancel, error_events)
+
+
+def _prepend(head: Any, events: Iterator[Any]) -> Iterator[Any]:
+    yield head
+    yield from events
