@@ -239,6 +239,7 @@ class McpServer:
         self._tools: list[ToolSpec] | None = None
         self._stderr: IO[bytes] | None = None
         self._stderr_path: str | None = None
+        self._http_status: str | None = None  # the last HTTP error status an HTTP server answered
         self._stderr_mark = 0  # where the server's stderr stood when the current call began
         # Read from any thread (plain assignments only).
         self._state: ServerState = "stopped"
@@ -400,9 +401,16 @@ class McpServer:
             import httpx2
             from mcp.client.streamable_http import streamable_http_client
 
+            self._http_status = None
+
+            async def note_status(response: Any) -> None:
+                if response.status_code >= 400:
+                    self._http_status = f"HTTP {response.status_code} {response.reason_phrase}".strip()
+
             timeout = httpx2.Timeout(30.0, read=300.0)
+            hooks = {"response": [note_status]}
             async with (
-                httpx2.AsyncClient(headers=dict(config.headers), timeout=timeout) as http,
+                httpx2.AsyncClient(headers=dict(config.headers), timeout=timeout, event_hooks=hooks) as http,
                 streamable_http_client(str(config.url), http_client=http) as (read, write),
             ):
                 yield _WatchedReadStream(read, on_end), write
@@ -527,6 +535,7 @@ class McpServer:
         except McpServerError as exc:
             return ToolResult(f"{exc}; the call to {name} did not run", is_error=True)
         self._stderr_mark = self._stderr_size()
+        self._http_status = None
         try:
             result = await asyncio.wait_for(client.call_tool(name, arguments), timeout_s)
         except TimeoutError:
@@ -660,7 +669,11 @@ class McpServer:
         text = _one_line(str(exc)) or type(exc).__name__
         if text == "Connection closed" and self.config.command is not None:
             text = "it exited or closed its output before answering"
-        if self.config.url is not None and type(exc).__module__.startswith("httpx"):
+        if self.config.url is not None:
+            status = self._http_status
+            if status is not None:
+                hint = " (check its headers: a key or token?)" if status[5:8] in ("401", "403") else ""
+                return f"{what}: {self.config.url} answered {status}{hint}"
             return f"{what}: {self.config.url}: {text}"
         return f"{what}: {text}{self._last_words()}"
 

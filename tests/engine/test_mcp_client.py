@@ -363,3 +363,41 @@ def test_close_during_a_call_ends_the_call_at_once() -> None:
     assert result.is_error
     assert result.content.startswith("MCP server 'busy': ")
     assert _wait_gone(pid, 5)
+
+
+@pytest.mark.parametrize(
+    ("path", "said"),
+    [
+        ("/auth", " answered HTTP 401 Unauthorized (check its headers: a key or token?)"),
+        ("/gone", " answered HTTP 404 Not Found"),
+        ("/page", ": Unexpected content type: text/html"),
+    ],
+)
+def test_an_http_endpoint_that_is_not_an_mcp_server_says_what_it_answered(path: str, said: str) -> None:
+    import http.server
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            code = {"/auth": 401, "/gone": 404}.get(self.path, 200)
+            body = b"<html>a web page</html>"
+            self.send_response(code)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    web = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=web.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{web.server_address[1]}{path}"
+    try:
+        with McpServer(McpServerConfig("site", url=url), connect_timeout_s=10) as server:
+            with pytest.raises(McpServerError) as caught:
+                server.tools()
+            assert str(caught.value) == f"MCP server 'site': it did not start: {url}{said}"
+    finally:
+        web.shutdown()
