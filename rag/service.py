@@ -4,12 +4,13 @@ and Chroma out of its own memory (the desktop app: ARCHITECTURE.md, "Idle app < 
 :class:`KnowledgeService` spawns one child (``multiprocessing`` spawn context, not a daemon: the
 child starts parsing children of its own) that opens a :class:`rag.knowledge.KnowledgeBases` on
 its first call and answers calls on it over a pipe. Every call carries an id; the child runs each
-on its own thread, so a query is answered while an ingest runs (``KnowledgeBases`` serialises the
-writers itself). Progress comes back as data; the caller's ``cancel`` and ``pause`` events are
-watched by the calling thread and forwarded to the child as messages. Results and errors are the
-same objects as in-process (dataclasses, ``RagError`` subclasses); an error that cannot cross the
-pipe becomes a one-line :class:`KnowledgeBaseError`. When the child dies (out of memory, a native
-crash) every waiting call fails with one line that says so, and the next call starts a new child.
+job on its own thread and short calls on a small pool, so a query is answered while an ingest
+runs (``KnowledgeBases`` serialises the writers itself). Progress comes back as data; the
+caller's ``cancel`` and ``pause`` events are watched by the calling thread and forwarded to the
+child as messages. Results and errors are the same objects as in-process (dataclasses,
+``RagError`` subclasses); an error that cannot cross the pipe becomes a one-line
+:class:`KnowledgeBaseError`. When the child dies (out of memory, a native crash) every waiting
+call fails with one line that says so, and the next call starts a new child.
 
 :class:`LocalService` answers the same calls in this process (the command line, tests that share
 one loaded embedder). :func:`dispatch` is the one table of what may be called, used by both.
@@ -28,6 +29,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -403,6 +405,9 @@ class _Child:
         self._send_lock = threading.Lock()
         self._jobs: dict[int, _Job] = {}
         self._threads: list[threading.Thread] = []
+        # Short calls (queries, listings) share a few threads; each job gets its own, so a long
+        # ingest never holds up a query.
+        self._short = ThreadPoolExecutor(max_workers=4, thread_name_prefix="glassbox-kb-call")
 
     def kbs(self) -> Any:
         with self._open_lock:
@@ -438,8 +443,10 @@ class _Child:
                     (job.pause.set if rest[0] else job.pause.clear)()
             elif kind == "call":
                 method, args, kwargs = rest
-                if method in JOB_CALLS:  # before its thread starts, so that an early cancel finds it
-                    self._jobs[call_id] = _Job()
+                if method not in JOB_CALLS:
+                    self._short.submit(self._answer, call_id, method, args, kwargs)
+                    continue
+                self._jobs[call_id] = _Job()  # before its thread starts, so that an early cancel finds it
                 thread = threading.Thread(
                     target=self._answer, args=(call_id, method, args, kwargs), name=f"glassbox-kb-{method}"
                 )
@@ -479,6 +486,7 @@ class _Child:
             job.cancel.set()
         for thread in self._threads:
             thread.join(_CLOSE_TIMEOUT_S / 2)
+        self._short.shutdown(wait=True)
         if self._kbs is not None:
             try:
                 self._kbs.close()

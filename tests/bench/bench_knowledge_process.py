@@ -1,0 +1,141 @@
+"""What running the knowledge bases in a worker process (``rag.service.KnowledgeService``) costs
+against running them in the caller's process (``KnowledgeBases``, as the GUI did before), measured
+side by side in one run, interleaved, printed as ratios (issue 15).
+
+Run: ``python -m pytest tests/bench/bench_knowledge_process.py -s``.
+
+* per indexed chunk: ``add`` of the same corpus, in-process and through the service, alternating
+  which goes first; seconds per chunk and the ratio service / in-process. Budget <= 1.10.
+* per query: hybrid ``query_many`` (k=6) on equal knowledge bases, alternating call by call;
+  median and p95 and the ratio of medians. Budget: the service adds <= 15 % or <= 2 ms. The round
+  trip of a call that does nothing is printed beside it (the pipe's own cost).
+* the GUI process's RSS: the main window offscreen, before and after using the Knowledge page
+  (create, add, a test search, a chat's retrieval), with the knowledge bases in-process (before)
+  and in the worker process (now). Budget: now < 250 MB (ARCHITECTURE.md).
+
+Numbers from a busy machine are provisional; quote them from a quiet one (``lscpu``).
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rag.knowledge import KnowledgeBases
+from rag.service import KnowledgeService
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
+from knowledge_memory_probe import GUI_BUDGET_MB, run_probe
+
+pytestmark = [pytest.mark.model, pytest.mark.slow]
+
+RESOURCES = Path(__file__).resolve().parents[2] / "resources" / "retrieval"
+ROUNDS = 3
+QUERIES = 120
+
+
+def _sentences() -> list[str]:
+    text = (RESOURCES / "harbour_town.md").read_text(encoding="utf-8")
+    body = " ".join(line for line in text.splitlines() if line and not line.startswith("#"))
+    return [s.strip() + "." for s in body.split(". ") if len(s.split()) > 4]
+
+
+def _corpus(folder: Path, seed: int, n_docs: int = 8, sentences_per_doc: int = 50) -> Path:
+    rng = random.Random(seed)
+    sentences = _sentences()
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(n_docs):
+        picked = [rng.choice(sentences) for _ in range(sentences_per_doc)]
+        paragraphs = [" ".join(picked[j : j + 6]) for j in range(0, len(picked), 6)]
+        (folder / f"doc{i:03}.md").write_text(f"# Document {i}\n\n" + "\n\n".join(paragraphs), encoding="utf-8")
+    return folder
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def test_the_worker_process_costs_per_chunk_and_per_query(tmp_path: Path, embedder_path: Path) -> None:
+    local = KnowledgeBases(tmp_path / "local", embedder_path)
+    service = KnowledgeService(tmp_path / "service", embedder_path)
+    try:
+        local.create("kb")
+        service.call("create", "kb")
+        warm = _corpus(tmp_path / "warm", 99, n_docs=1)
+        local.add("kb", [warm])  # loads the model, its threads and Chroma on both sides
+        service.call("add", "kb", [warm])
+        per_chunk: dict[str, list[float]] = {"in-process": [], "service": []}
+        for r in range(ROUNDS):
+            docs = _corpus(tmp_path / f"round{r}", r)
+            sides = [("in-process", lambda d=docs: local.add("kb", [d])),
+                     ("service", lambda d=docs: service.call("add", "kb", [d]))]  # fmt: skip
+            for name, add in sides if r % 2 == 0 else reversed(sides):
+                start = time.perf_counter()
+                report = add()
+                seconds = time.perf_counter() - start
+                assert report.chunks_added > 0
+                per_chunk[name].append(seconds / report.chunks_added)
+            shutil.rmtree(docs.parent / f"round{r}", ignore_errors=True)
+
+        questions = [s.rstrip(".") + "?" for s in _sentences()[:40]]
+        latency: dict[str, list[float]] = {"in-process": [], "service": []}
+        for i in range(QUERIES):
+            q = questions[i % len(questions)]
+            calls = [("in-process", lambda q=q: local.query_many(["kb"], q, k=6)),
+                     ("service", lambda q=q: service.query_many(["kb"], q, k=6))]  # fmt: skip
+            for name, query in calls if i % 2 == 0 else reversed(calls):
+                start = time.perf_counter()
+                found = query()
+                latency[name].append(time.perf_counter() - start)
+                assert found
+        # The pipe alone: a call that does almost nothing (a count in the registry).
+        ping: dict[str, list[float]] = {"in-process": [], "service": []}
+        for i in range(QUERIES):
+            calls = [("in-process", local.pending), ("service", lambda: service.call("pending"))]
+            for name, call in calls if i % 2 == 0 else reversed(calls):
+                start = time.perf_counter()
+                call()
+                ping[name].append(time.perf_counter() - start)
+    finally:
+        service.close()
+        local.close()
+
+    chunk_local = statistics.median(per_chunk["in-process"])
+    chunk_service = statistics.median(per_chunk["service"])
+    chunk_ratio = chunk_service / chunk_local
+    q_local = statistics.median(latency["in-process"])
+    q_service = statistics.median(latency["service"])
+    q_ratio = q_service / q_local
+    print(
+        f"\nper indexed chunk: in-process {chunk_local * 1e3:.2f} ms, service {chunk_service * 1e3:.2f} ms, "
+        f"ratio {chunk_ratio:.3f} (budget <= 1.10)"
+        f"\nper query (k=6): in-process median {q_local * 1e3:.2f} ms p95 {_pct(latency['in-process'], 0.95) * 1e3:.2f}"
+        f" ms, service median {q_service * 1e3:.2f} ms p95 {_pct(latency['service'], 0.95) * 1e3:.2f} ms, "
+        f"ratio {q_ratio:.3f}, +{(q_service - q_local) * 1e3:.2f} ms (budget <= 1.15 or <= +2 ms)"
+        f"\na call that does nothing: in-process median {statistics.median(ping['in-process']) * 1e3:.3f} ms, "
+        f"service median {statistics.median(ping['service']) * 1e3:.3f} ms (the pipe's round trip)"
+    )
+    assert chunk_ratio <= 1.10
+    assert q_ratio <= 1.15 or q_service - q_local <= 0.002
+
+
+def test_the_gui_process_rss_before_and_after(tmp_path: Path, embedder_path: Path) -> None:
+    docs = _corpus(tmp_path / "docs", 1, n_docs=3)
+    before = run_probe(tmp_path / "home-old", docs, embedder_path, in_process=True)
+    now = run_probe(tmp_path / "home-new", docs, embedder_path)
+    print(
+        f"\nGUI RSS, knowledge bases in-process (before): {before['before_mb']:.0f} -> {before['after_mb']:.0f} MB, "
+        f"heavy modules {before['heavy']}"
+        f"\nGUI RSS, knowledge process (now): {now['before_mb']:.0f} -> {now['after_mb']:.0f} MB, "
+        f"heavy modules {now['heavy']}; the knowledge process {now['child_mb']:.0f} MB"
+        f"\nratio of the GUI's RSS after use, now / before: {now['after_mb'] / before['after_mb']:.2f}"
+    )
+    assert now["heavy"] == []
+    assert now["after_mb"] < GUI_BUDGET_MB
