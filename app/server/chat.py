@@ -58,17 +58,18 @@ def handle(handler: Handler) -> None:
         if request.knowledge_bases:
             query = request.user or _last_user_text(request)
             documents, sources = map_errors(lambda: state.retrieve(request.knowledge_bases, query))
+        check_fits(state.backend, request, documents)
         if request.stream:
             _stream(handler, request, documents, sources, cancel)
         else:
-            choices = [_whole_choice(handler, request, index, documents, cancel) for index in range(request.n)]
+            choices = [whole_choice(handler, request, index, documents, cancel) for index in range(request.n)]
             completion = completion_document(
                 f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), state.model_id, choices, sources, request.top_logprobs
             )
             handler.send_json(200, completion)
 
 
-def _whole_choice(
+def whole_choice(
     handler: Handler, request: ChatRequest, index: int, documents: str | None, cancel: threading.Event
 ) -> Choice:
     events = handler.generation(open_stream(handler.state.backend, request, index, documents, cancel), cancel)
@@ -135,6 +136,40 @@ def check_backend(backend: Any, request: ChatRequest) -> None:
         if "thinking switch" in str(exc):
             param = "chat_template_kwargs"
         raise HttpError(400, str(exc), code="invalid_value", param=param) from None
+
+
+def check_fits(backend: Any, request: ChatRequest, documents: str | None) -> None:
+    """The API's contract on a session that trims: a conversation that does not fit is a 400.
+
+    A session the server owns refuses overflow itself (policy ``"refuse"``). The GUI's own session,
+    shared through the API-server toggle, keeps the GUI's rolling eviction; for the API its room is
+    measured first (``ChatSession.result_room``: the window less the prompt and the reply reserve).
+
+    Raises:
+        HttpError: 400 ``context_length_exceeded``.
+    """
+    if getattr(backend, "overflow_policy", "refuse") == "refuse" or not hasattr(backend, "result_room"):
+        return
+    room = map_errors(
+        lambda: backend.result_room(
+            engine_messages(request.messages),
+            request.params,
+            system=request.system,
+            documents=documents,
+            tools=request.tools,
+            tool_choice=request.tool_choice,
+            thinking=request.thinking,
+            reasoning_effort=request.reasoning_effort,
+        )
+    )
+    if isinstance(room, int) and room < 0:
+        raise HttpError(
+            400,
+            f"the conversation needs {-room} tokens more than this model's context window holds "
+            "(with the reply's reserve): shorten it",
+            code="context_length_exceeded",
+            param="messages",
+        )
 
 
 def engine_messages(turns: tuple[WireMessage, ...] | list[WireMessage]) -> list[Any]:

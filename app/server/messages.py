@@ -24,7 +24,7 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from app.server import params as fields
-from app.server.chat import check_backend, n_vocab, open_stream, whole_choice
+from app.server.chat import check_backend, check_fits, n_vocab, open_stream, whole_choice
 from app.server.errors import HttpError
 from app.server.handler import anthropic_error
 from app.server.wire import ChatRequest, Choice, WireMessage, parse_tools, text_limit
@@ -238,6 +238,7 @@ def handle(handler: Handler) -> None:
     check_backend(state.backend, request)
     message_id = f"msg_{uuid.uuid4().hex}"
     with handler.use_model() as cancel:
+        check_fits(state.backend, request, None)
         if request.stream:
             _stream(handler, request, message_id, cancel)
             return

@@ -311,3 +311,30 @@ class _NoChat:
 
     def stream(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
         raise AssertionError("not used")
+
+
+def test_the_guis_rolling_session_served_still_refuses_an_overflow(starter_model: Path, tmp_path: Path) -> None:
+    """The API-server toggle serves the GUI's own session (policy "rolling"): the API answers
+    context_length_exceeded, while the session itself still trims for the GUI."""
+    from engine.context import Message
+    from engine.events import Finished
+    from engine.runtime import GenerationParams, LoadParams
+    from engine.session import ChatSession
+
+    session = ChatSession(LoadParams(model_path=starter_model, n_ctx=512), overflow_policy="rolling")
+    words = " ".join(["history"] * 150)
+    history = [Message(role, words) for _ in range(4) for role in ("user", "assistant")]
+    try:
+        with start_server(Paths.resolve(tmp_path), port=0, backend=session) as handle:
+            api = openai.OpenAI(base_url=f"{handle.url}/v1", api_key="unused", max_retries=0, timeout=120)
+            messages: list[Any] = [{"role": m.role, "content": m.content} for m in history]
+            with pytest.raises(openai.BadRequestError) as caught:
+                api.chat.completions.create(
+                    model=handle.model, messages=[*messages, {"role": "user", "content": "and?"}], max_tokens=4
+                )
+            assert caught.value.code == "context_length_exceeded"
+        events = list(session.stream(history, "and?", GenerationParams(max_tokens=2, temperature=0)))
+        finished = events[-1]
+        assert isinstance(finished, Finished) and finished.stats.evicted_messages > 0  # the GUI's eviction
+    finally:
+        session.close()

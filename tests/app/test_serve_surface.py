@@ -395,3 +395,27 @@ def test_a_conversation_over_the_window_is_context_length_exceeded(
     with pytest.raises(openai.BadRequestError) as caught:
         client(handle).chat.completions.create(model="fake-model", messages=HI)
     assert caught.value.code == "context_length_exceeded"
+
+
+def test_a_shared_rolling_session_is_measured_before_it_trims(served: tuple[ServerHandle, ScriptedBackend]) -> None:
+    """The GUI's own session (policy "rolling") served through the API-server toggle: the API still
+    answers an overflowing conversation with context_length_exceeded, before any generation."""
+    handle, backend = served
+    rooms: list[int] = [-40, 10]
+    seen: list[Any] = []
+
+    def result_room(messages: Any, params: Any, **kwargs: Any) -> int:
+        seen.append((messages, kwargs["system"]))
+        return rooms.pop(0)
+
+    backend.overflow_policy = "rolling"  # type: ignore[attr-defined]
+    backend.result_room = result_room  # type: ignore[attr-defined]
+    messages = [{"role": "system", "content": "s"}, *HI]
+    with pytest.raises(openai.BadRequestError) as caught:
+        client(handle).chat.completions.create(model="fake-model", messages=messages)  # type: ignore[arg-type]
+    assert caught.value.code == "context_length_exceeded"
+    assert "40 tokens more" in caught.value.message
+    assert backend.calls == []
+    assert [m.content for m in seen[0][0]] == ["alpha beta gamma"] and seen[0][1] == "s"
+    client(handle).chat.completions.create(model="fake-model", messages=HI)  # room left: served
+    assert len(backend.calls) == 1
