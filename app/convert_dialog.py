@@ -18,7 +18,6 @@ from PySide6.QtWidgets import (
     QFormLayout,
     QHBoxLayout,
     QLabel,
-    QLayout,
     QLineEdit,
     QPushButton,
     QVBoxLayout,
@@ -61,7 +60,6 @@ class ConvertDialog(QDialog):
         self.adapter = adapter
         self.transfer: Transfer | None = None
         layout = QVBoxLayout(self)
-        layout.setSizeConstraint(QLayout.SizeConstraint.SetMinimumSize)  # grow, never squash the form
         note = QLabel(
             "Converts a folder with <code>config.json</code>, the tokenizer and <code>*.safetensors</code> "
             "weights to GGUF in the models folder. Pickle weights (<code>.bin</code>, <code>.pt</code>) are "

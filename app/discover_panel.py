@@ -109,7 +109,7 @@ class DiscoverWidget(QWidget):
         right = QWidget()
         rl = QVBoxLayout(right)
         rl.setContentsMargins(0, 0, 0, 0)
-        self.repo_label = QLabel("Pick a repository to see its files.")
+        self.repo_label = QLabel("Pick a suggested model or a search result to see its files.")
         self.repo_label.setWordWrap(True)
         rl.addWidget(self.repo_label)
         self.files = QTableWidget(0, 4)
@@ -119,6 +119,7 @@ class DiscoverWidget(QWidget):
         self.files.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
         self.files.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.files.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        self.files.horizontalHeader().setSectionResizeMode(3, QHeaderView.ResizeMode.ResizeToContents)
         rl.addWidget(self.files, 1)
         self.files_error = QLabel("")
         self.files_error.setObjectName("errorBanner")
@@ -138,7 +139,7 @@ class DiscoverWidget(QWidget):
         buttons.addWidget(self.download_button)
         rl.addLayout(buttons)
         splitter.addWidget(right)
-        splitter.setSizes([340, 680])
+        splitter.setSizes([380, 640])
         lay.addWidget(splitter, 2)
         title = QLabel("DOWNLOADS")
         title.setObjectName("sectionTitle")
@@ -177,7 +178,7 @@ class DiscoverWidget(QWidget):
             fit = self.adapter.fit_for_size(model.size)
             verdict = "checking this machine…" if probing else VERDICT_TEXT.get(getattr(fit, "verdict", ""), "?")
             item = QListWidgetItem(
-                f"{model.label}\n{model.params} · Q4_K_M · ≈ {format_bytes(model.size)} · {model.license} · ● {verdict}"
+                f"{model.label}  ● {verdict}\n{model.params} · Q4_K_M · ≈ {format_bytes(model.size)} · {model.license}"
             )
             tip = f"{model.repo}/{model.file}\n{model.about}\nlicence: {model.license}"
             if fit is not None:

@@ -24,7 +24,6 @@ from PySide6.QtWidgets import (
     QDialog,
     QHeaderView,
     QLabel,
-    QLayout,
     QTableWidget,
     QTableWidgetItem,
     QVBoxLayout,
@@ -81,6 +80,7 @@ class QuantizeDialog(QDialog):
 
         self.setWindowTitle(f"Quantize {entry.name}")
         self.setMinimumWidth(720)
+        self.resize(780, 600)
         self.adapter = adapter
         self.entry = entry
         self.n_ctx = n_ctx
@@ -89,7 +89,6 @@ class QuantizeDialog(QDialog):
         self.estimates: dict[str, Any] = {}
         self._default_output = default_output_path
         layout = QVBoxLayout(self)
-        layout.setSizeConstraint(QLayout.SizeConstraint.SetMinimumSize)
         source_type = entry.quant or "?"
         note = QLabel(
             f"Source: <b>{html.escape(entry.name)}</b> ({html.escape(source_type)}, {format_bytes(entry.size)}). "
@@ -192,6 +191,8 @@ class QuantizeDialog(QDialog):
             self.table.setItem(row, 2, table_item(
                 speed, "memory bandwidth ÷ bytes read per token (the weights and the KV cache)", align_right=True))
             self.table.setItem(row, 3, verdict_item(fit))
+        for column in range(4):
+            self.table.resizeColumnToContents(column)
 
     def selected_type(self) -> str | None:
         rows = self.table.selectionModel().selectedRows()
@@ -317,7 +318,6 @@ class QualityDialog(QDialog):
         self.source, self.result, self.qtype = source, result, qtype
         self.transfer: Transfer | None = None
         layout = QVBoxLayout(self)
-        layout.setSizeConstraint(QLayout.SizeConstraint.SetMinimumSize)
         note = QLabel(
             f"Compares the perplexity of <b>{html.escape(result.name)}</b> with its source "
             f"<b>{html.escape(source.name)}</b> on a short shipped text (lower is better)."
