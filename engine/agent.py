@@ -71,6 +71,7 @@ class ToolBackend(Protocol):
         tool_choice: str | None = None,
         thinking: bool | None = None,
         reasoning_effort: str | None = None,
+        **options: Any,
     ) -> Iterator[Event]: ...
 
     def count_text(self, text: str) -> int: ...
@@ -218,8 +219,12 @@ class Agent:
         tool_choice: str | None = None,
         thinking: bool | None = None,
         reasoning_effort: str | None = None,
+        **options: Any,
     ) -> AgentRun:
         """Starts one user turn (``user=None`` continues the last turn of ``history``).
+
+        ``options`` go to every ``backend.stream`` call of the turn as they are (a ChatSession's
+        ``cache_key``, for one).
 
         Returns:
             The run: iterate it for the events; its ``result`` is complete when the iteration ends.
@@ -227,7 +232,7 @@ class Agent:
         result = AgentResult()
         events = self._loop(
             list(history), user, params, system, documents, cancel or threading.Event(), tool_choice,
-            thinking, reasoning_effort, result,
+            thinking, reasoning_effort, result, options,
         )
         return AgentRun(events, result)
 
@@ -244,6 +249,7 @@ class Agent:
         thinking: bool | None,
         reasoning_effort: str | None,
         result: AgentResult,
+        options: dict[str, Any],
     ) -> Iterator[Event | ToolStep]:
         choice = tool_choice
         offered: Sequence[ToolSpec] = self.specs
@@ -252,6 +258,7 @@ class Agent:
             for event in self.backend.stream(
                 messages, user, params, system=system, documents=documents, cancel=cancel, tools=offered,
                 tool_choice=choice if offered else "none", thinking=thinking, reasoning_effort=reasoning_effort,
+                **options,
             ):
                 if isinstance(event, Finished):
                     finished = event

@@ -15,18 +15,26 @@ session uses both (:mod:`engine.session`); a test can drive them with scripted t
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 import string
+import threading
 import time
-from collections.abc import Callable, Collection, Generator
+from collections.abc import Callable, Collection, Generator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from engine.events import Event, Finished, FinishReason, Reasoning, Stats, Token, ToolCall
 from engine.reasoning import PieceKind, ReasoningSplitter
 from engine.tool_calls import Family, ParsedCall, Piece, ToolCallParser
 
+if TYPE_CHECKING:
+    from engine.runtime import GenerationParams, WorkerResult
+
 R = TypeVar("R")
+
+THINK_END = "\n</think>\n\n"
+"""What closes the thinking when its budget runs out (the reply then goes on from there)."""
 
 _ID_ALPHABET = string.ascii_letters + string.digits
 
@@ -64,6 +72,11 @@ class ReplyShaper:
     def __post_init__(self) -> None:
         self._splitter = ReasoningSplitter(started=self.think_started, enabled=self.thinking)
         self._parser = ToolCallParser(self.family, self.tool_names) if self.family is not None else None
+
+    @property
+    def in_reasoning(self) -> bool:
+        """Whether the reply so far ends inside the thinking."""
+        return self._splitter.in_reasoning
 
     @property
     def reasoning_ms(self) -> float:
@@ -150,3 +163,92 @@ def shaped(source: Generator[Event, None, R], shaper: ReplyShaper) -> Generator[
                 yield event
     finally:
         source.close()
+
+
+class _EitherStop(threading.Event):
+    """Set by its own ``set()`` or when the caller's cancel is set (the worker only asks ``is_set``)."""
+
+    def __init__(self, outer: threading.Event | None) -> None:
+        super().__init__()
+        self.outer = outer
+
+    def is_set(self) -> bool:
+        return super().is_set() or (self.outer is not None and self.outer.is_set())
+
+
+Generate = Callable[
+    [Sequence[int], "GenerationParams", "threading.Event | None"], Generator[Event, None, "WorkerResult"]
+]
+
+
+def within_thinking_budget(
+    generate: Generate,
+    tokens: Sequence[int],
+    params: GenerationParams,
+    cancel: threading.Event | None,
+    shaper: ReplyShaper,
+    budget: int,
+    tokenize: Callable[[str], list[int]],
+) -> Generator[Event, None, WorkerResult]:
+    """Generates with at most ``budget`` tokens of thinking.
+
+    When the thinking reaches the budget, the generation is stopped, :data:`THINK_END` is added
+    after the tokens generated so far, and a second generation goes on from there (its prompt
+    shares the whole first one, so only the closing tag is prefilled); the result adds both up.
+    A reply that stops thinking in time, or never thinks, is one generation as usual.
+
+    Args:
+        generate: the worker's ``generate``.
+        tokens: the prompt.
+        params: the sampling parameters (``max_tokens`` covers both generations).
+        cancel: the caller's Stop.
+        shaper: the reply's shaper (fed every token, of both generations).
+        budget: the most thinking tokens.
+        tokenize: the prompt tokenizer (special tokens parsed), for the closing tag.
+    """
+    stop = _EitherStop(cancel)
+    generated: list[int] = []
+    source = generate(tokens, params, stop)
+    try:
+        while True:
+            try:
+                event = next(source)
+            except StopIteration as done:
+                first: WorkerResult = done.value
+                break
+            if isinstance(event, Token):
+                generated.append(event.token_id)
+                yield from shaper.on_token(event)
+                if shaper.in_reasoning and shaper.reasoning_tokens >= budget:
+                    stop.set()
+            else:
+                yield event
+    finally:
+        source.close()
+    over_budget = super(_EitherStop, stop).is_set() and not (cancel is not None and cancel.is_set())
+    left = params.max_tokens - first.completion_tokens
+    if not over_budget or first.reason != "cancelled" or left < 1:
+        yield from shaper.finish()
+        return first
+    yield from shaper.on_token(Token(THINK_END, -1))
+    more = [*tokens, *generated, *tokenize(THINK_END)]
+    second = yield from shaped(generate(more, params.model_copy(update={"max_tokens": left}), cancel), shaper)
+    return _joined(first, second, THINK_END)
+
+
+def _joined(first: WorkerResult, second: WorkerResult, glue: str) -> WorkerResult:
+    extra: dict[str, Any] = {}
+    for name in ("draft_tokens", "accepted_tokens"):
+        if hasattr(first, name):
+            extra[name] = getattr(first, name) + getattr(second, name)
+    return dataclasses.replace(
+        second,
+        text=first.text + glue + second.text,
+        prompt_tokens=first.prompt_tokens,
+        cached_tokens=first.cached_tokens,
+        completion_tokens=first.completion_tokens + second.completion_tokens,
+        ttft_ms=first.ttft_ms,
+        prefill_ms=first.prefill_ms + second.prefill_ms,
+        decode_ms=first.decode_ms + second.decode_ms,
+        **extra,
+    )

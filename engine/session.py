@@ -27,7 +27,6 @@ from engine.events import Event, Stats
 from engine.fit import kv_cache_bytes
 from engine.gguf import GgufInfo, read_gguf_info
 from engine.kv_cache import KvCacheConfig, KvKey, KvRequest
-from engine.reply import shaped
 from engine.runtime import GenerationParams, InferenceWorker, LoadParams, ModelInfo, WorkerResult, probe_variant
 from engine.templates import ChatTemplate, select_template
 from engine.tools import ToolSpec
@@ -249,6 +248,11 @@ class ChatSession:
         self._prompt_tokens[prompt] = tokens
         return tokens
 
+    def _tokenize_special(self, text: str) -> list[int]:
+        """Tokens of text that goes into a prompt after generated tokens (special tokens parsed)."""
+        assert self._worker is not None
+        return self._worker.tokenize(text, add_bos=False, special=True)
+
     def count_messages(self, messages: Sequence[Message]) -> int:
         assert self.template is not None
         return len(self._tokenize_prompt(self.template.render([_as_dict(m) for m in messages])))
@@ -275,15 +279,17 @@ class ChatSession:
         tool_choice: str | None = None,
         thinking: bool | None = None,
         reasoning_effort: str | None = None,
+        thinking_budget: int | None = None,
     ) -> Iterator[Event]:
         """Generates the reply to ``user`` after ``history``; yields events, ends with Finished.
 
         ``user=None`` continues the last turn of ``history`` without a new user message (after a
         ``tool`` message: engine/agent.py). ``tools`` are offered under ``tool_choice`` (``auto``
         when tools are given, ``none``, ``required`` or a function name; the last two constrain the
-        reply to a valid call); ``thinking`` and ``reasoning_effort`` set the template's switches
-        (engine/turn.py). The reply streams as ``Token`` (the answer), ``Reasoning`` (thinking) and
-        ``ToolCall`` events; ``Finished`` carries the answer, the reasoning and the calls apart.
+        reply to a valid call); ``thinking`` and ``reasoning_effort`` set the template's switches,
+        ``thinking_budget`` caps the thinking in tokens (engine/turn.py). The reply streams as
+        ``Token`` (the answer), ``Reasoning`` (thinking) and ``ToolCall`` events; ``Finished``
+        carries the answer, the reasoning and the calls apart.
 
         With a ``cache_key`` (and a ``kv_cache`` folder), the turn starts from that conversation's
         saved KV cache when it covers more of the prompt than the worker's RAM, and its KV state is
@@ -299,8 +305,8 @@ class ChatSession:
         with self._lock:
             self._ensure_worker()
             assert self._worker is not None and self.info is not None and self.template is not None
-            turn = shape_turn(self.template, params, tools=tools, tool_choice=tool_choice,
-                              thinking=thinking, reasoning_effort=reasoning_effort)
+            turn = shape_turn(self.template, params, tools=tools, tool_choice=tool_choice, thinking=thinking,
+                              reasoning_effort=reasoning_effort, thinking_budget=thinking_budget)
 
             def count_tokens(messages: Sequence[Message]) -> int:
                 return len(self._tokenize_prompt(turn.render(messages)))
@@ -328,7 +334,8 @@ class ChatSession:
             shaper = turn.shaper(prompt)
             try:
                 self._configure_kv(cache_key)
-                result = yield from shaped(self._worker.generate(tokens, run, cancel), shaper)
+                result = yield from turn.generate(self._worker.generate, tokens, run, cancel, shaper,
+                                                  self._tokenize_special)
             except EngineCrashed as exc:
                 self._worker = None
                 self.last_prompt = []
@@ -342,7 +349,8 @@ class ChatSession:
                 try:
                     self._configure_kv(cache_key)
                     shaper = turn.shaper(prompt)
-                    result = yield from shaped(worker.generate(tokens, run, cancel), shaper)
+                    result = yield from turn.generate(worker.generate, tokens, run, cancel, shaper,
+                                                      self._tokenize_special)
                 except EngineCrashed as again:
                     self._worker = None
                     if again.cpu_fault:

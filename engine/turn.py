@@ -14,24 +14,29 @@ the sampler and to shape the reply:
 * ``thinking`` (True/False) sets the template's ``enable_thinking`` and ``reasoning_effort`` its
   ``reasoning_effort``; a template without that switch refuses them (the caller can read
   :attr:`~engine.templates.ChatTemplate.thinking` first).
+* ``thinking_budget`` (tokens) caps the thinking of any model that writes ``<think>``: at the
+  budget the thinking is closed for it and the reply goes on
+  (:func:`engine.reply.within_thinking_budget`).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from engine.context import Message
 from engine.errors import EngineError
+from engine.events import Event
 from engine.reasoning import EFFORTS, opened_in_prompt
-from engine.reply import ReplyShaper
+from engine.reply import Generate, ReplyShaper, shaped, within_thinking_budget
 from engine.tool_prompt import call_schema
 from engine.tools import ToolSpec, check_tools, normalize_tool_choice
 
 if TYPE_CHECKING:
-    from engine.runtime import GenerationParams
+    from engine.runtime import GenerationParams, WorkerResult
     from engine.templates import ChatTemplate
 
 
@@ -45,6 +50,7 @@ class TurnShape:
         json_schema: the call schema the reply is constrained to (JSON text), or None.
         enable_thinking: the template's thinking switch, or None to leave it be.
         reasoning_effort: the template's effort switch, or None.
+        thinking_budget: the most thinking tokens, or None for no cap.
     """
 
     template: ChatTemplate
@@ -53,6 +59,7 @@ class TurnShape:
     json_schema: str | None = None
     enable_thinking: bool | None = None
     reasoning_effort: str | None = None
+    thinking_budget: int | None = None
 
     def render(self, messages: Sequence[Message], *, with_tools: bool = True) -> str:
         """The prompt for ``messages`` (ending with the assistant header)."""
@@ -85,6 +92,20 @@ class TurnShape:
         family = self.template.tool_family if self.tools else None
         return ReplyShaper(family=family, tool_names=names, think_started=opened_in_prompt(prompt))
 
+    def generate(
+        self,
+        generate: Generate,
+        tokens: Sequence[int],
+        params: GenerationParams,
+        cancel: threading.Event | None,
+        shaper: ReplyShaper,
+        tokenize: Callable[[str], list[int]],
+    ) -> Generator[Event, None, WorkerResult]:
+        """The worker's generation, shaped, within the thinking budget when there is one."""
+        if self.thinking_budget is None or self.json_schema is not None:
+            return shaped(generate(tokens, params, cancel), shaper)
+        return within_thinking_budget(generate, tokens, params, cancel, shaper, self.thinking_budget, tokenize)
+
 
 def shape_turn(
     template: ChatTemplate,
@@ -94,6 +115,7 @@ def shape_turn(
     tool_choice: str | None = None,
     thinking: bool | None = None,
     reasoning_effort: str | None = None,
+    thinking_budget: int | None = None,
 ) -> TurnShape:
     """Validates a turn's options (see the module docstring).
 
@@ -116,6 +138,10 @@ def shape_turn(
             raise EngineError("this model's chat template has no reasoning_effort switch")
         if reasoning_effort not in EFFORTS:
             raise EngineError(f"reasoning_effort must be one of {', '.join(EFFORTS)}, not {reasoning_effort!r}")
+    if thinking_budget is not None and (isinstance(thinking_budget, bool) or thinking_budget < 0):
+        raise EngineError(f"the thinking budget must be a number of tokens (0 or more), not {thinking_budget!r}")
+    if thinking_budget is not None and thinking is False:
+        raise EngineError("a thinking budget was given with thinking switched off")
     return TurnShape(
         template=template,
         tools=offered,
@@ -123,4 +149,5 @@ def shape_turn(
         json_schema=json.dumps(schema) if schema is not None else None,
         enable_thinking=thinking,
         reasoning_effort=reasoning_effort,
+        thinking_budget=thinking_budget,
     )

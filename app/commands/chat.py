@@ -120,7 +120,7 @@ def run(args: argparse.Namespace, paths: Paths) -> int:
                     reply, finished = outcome.text, outcome.finished
                 else:
                     reply, finished = _answer(session, history, user, params, system, documents, args.json, key,
-                                              thinking=chat_tools.thinking_flag(args))
+                                              options=chat_tools.thinking_options(args))
             except BaseException as exc:
                 chat_log.fail_turn(exc)
                 raise
@@ -186,15 +186,14 @@ def _turns(args: argparse.Namespace) -> Iterator[str]:
 
 def _answer(
     session: Any, history: list[Any], user: str, params: Any, system: str | None, documents: str | None, quiet: bool,
-    cache_key: Any = None, thinking: bool | None = None,
+    cache_key: Any = None, options: dict[str, Any] | None = None,
 ) -> tuple[str, Any]:
     from engine.events import Finished, Reasoning, Token
 
     cancel = threading.Event()
     finished: Finished | None = None
     saved: dict[str, Any] = {"cache_key": cache_key} if cache_key is not None else {}  # the chat's saved KV cache
-    if thinking is not None:
-        saved["thinking"] = thinking
+    saved.update(options or {})  # the thinking switch or budget (chat_tools)
     stream = session.stream(history, user, params, system=system, documents=documents, cancel=cancel, **saved)
     try:
         for event in stream:

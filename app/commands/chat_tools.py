@@ -7,7 +7,8 @@ terminal (``y`` once, ``a`` always, anything else no), and refused with a clear 
 when there is no terminal to ask, unless ``--yes``. ``--tool-choice auto|required|none|FUNCTION``
 (``required`` and a function name constrain the first reply to a valid call), ``--max-steps N``
 rounds of calls, ``--tool-timeout S`` per call. ``--json-schema FILE`` constrains every reply to
-the schema; ``--thinking on|off`` sets the model's thinking switch where its template has one.
+the schema; ``--thinking on|off`` sets the model's thinking switch where its template has one, and
+``--thinking N`` caps the thinking at N tokens.
 
 With ``--json`` each turn's document gains ``"tool_calls"`` (``name``, ``arguments``, ``result``,
 ``ms``, ``tokens``, and ``approval``, ``is_error``, ``truncated``, ``source``) and
@@ -43,8 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tool-timeout", type=float, default=60.0, metavar="SECONDS",
                         help="the longest one tool call may run (default 60)")
     parser.add_argument("--json-schema", metavar="FILE", help="constrain every reply to this JSON schema")
-    parser.add_argument("--thinking", choices=["on", "off"],
-                        help="the model's thinking switch (only models whose template has one)")
+    parser.add_argument("--thinking", type=_thinking, metavar="on|off|TOKENS",
+                        help="the model's thinking switch (on, off: only models whose template has one), "
+                        "or a budget: at most TOKENS of thinking, then the model must answer")
 
 
 def check_arguments(args: argparse.Namespace) -> str | None:
@@ -79,8 +81,25 @@ def read_json_schema(path: str) -> str:
     return json.dumps(schema)
 
 
-def thinking_flag(args: argparse.Namespace) -> bool | None:
-    return None if args.thinking is None else args.thinking == "on"
+def _thinking(value: str) -> bool | int:
+    if value in ("on", "off"):
+        return value == "on"
+    try:
+        budget = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--thinking takes on, off or a number of tokens, not {value!r}") from None
+    if budget < 0:
+        raise argparse.ArgumentTypeError(f"--thinking budget must be 0 or more tokens, not {budget}")
+    return budget
+
+
+def thinking_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``stream`` keywords for ``--thinking``: the switch (``thinking``) or the budget (``thinking_budget``)."""
+    if args.thinking is None:
+        return {}
+    if isinstance(args.thinking, bool):
+        return {"thinking": args.thinking}
+    return {"thinking_budget": args.thinking}
 
 
 class ChatTools:
@@ -154,10 +173,11 @@ class ChatTools:
         from engine.events import Reasoning, Token
 
         cancel = threading.Event()
-        extra = {"cache_key": cache_key} if cache_key is not None else {}
+        extra: dict[str, Any] = {"cache_key": cache_key} if cache_key is not None else {}
+        options = thinking_options(self.args)
         run = self.agent.run(
             history, user, params, system=system, documents=documents, cancel=cancel,
-            tool_choice=self.args.tool_choice, thinking=thinking_flag(self.args), **extra,
+            tool_choice=self.args.tool_choice, thinking=options.pop("thinking", None), **options, **extra,
         )
         events = iter(run)
         try:

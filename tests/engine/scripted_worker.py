@@ -65,10 +65,15 @@ def scripted_session(
             script.params.append(params)
             reply = script.replies.pop(0) if script.replies else "ok"
             yield PrefillProgress(len(tokens), len(tokens))
-            count = 0
+            count, sent = 0, ""
             for start in range(0, len(reply), script.piece):
+                if cancel is not None and cancel.is_set():
+                    return WorkerResult("cancelled", sent, len(tokens), 0, count, len(tokens) + count, 1.0, 1.0, 1.0)
                 count += 1
-                yield Token(reply[start:start + script.piece], count)
+                piece = reply[start:start + script.piece]
+                sent += piece
+                # one byte per piece: its token id is the byte, as tokenize() would give
+                yield Token(piece, piece.encode()[0] if len(piece.encode()) == 1 else count)
             return WorkerResult("stop", reply, len(tokens), 0, count, len(tokens) + count, 1.0, 1.0, 1.0)
 
         def close(self, kill: bool = False) -> None:

@@ -10,7 +10,7 @@ from engine.context import Message
 from engine.errors import EngineError
 from engine.events import Finished, Reasoning, Token
 from engine.reasoning import ReasoningSplitter, opened_in_prompt, strip_reasoning, thinking_controls
-from engine.reply import ReplyShaper
+from engine.reply import THINK_END, ReplyShaper
 from tests.engine import family_templates as ft
 from tests.engine.scripted_worker import Script, scripted_session
 
@@ -124,3 +124,31 @@ def test_a_switch_the_template_lacks_is_a_clear_error(tmp_path: Path, monkeypatc
         list(session.stream([], "hi", thinking=False))
     with pytest.raises(EngineError, match="no reasoning_effort switch"):
         list(session.stream([], "hi", reasoning_effort="low"))
+
+
+def test_a_thinking_budget_closes_the_thinking_and_the_reply_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    endless = "<think>\n" + "hmm " * 200
+    script = Script(replies=[endless, "It is 5."], piece=1)
+    session = scripted_session(tmp_path, monkeypatch, ft.QWEN3, script)
+    events = list(session.stream([], "What is 2+3?", thinking_budget=12))
+    finished = events[-1]
+    assert isinstance(finished, Finished)
+    assert finished.text == "It is 5."
+    assert finished.reasoning.startswith("\nhmm") and len(finished.reasoning) < 20
+    assert 12 <= finished.reasoning_tokens <= 14  # the budget, and the tag that closed it
+    first, second = script.prompts
+    thought = second[len(first):-len(THINK_END)]
+    assert second == first + thought + THINK_END and thought.startswith("<think>\nhmm")  # went on from there
+    assert finished.stats.completion_tokens == len(thought) + len("It is 5.")
+    assert "".join(e.text for e in events if isinstance(e, Token)) == "It is 5."
+
+
+def test_a_reply_within_its_thinking_budget_is_one_generation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    script = Script(replies=[REPLY], piece=4)
+    session = scripted_session(tmp_path, monkeypatch, ft.QWEN3, script)
+    finished = list(session.stream([], "What is 2+3?", thinking_budget=1000))[-1]
+    assert isinstance(finished, Finished) and finished.text == "It is 5." and len(script.prompts) == 1
+    with pytest.raises(EngineError, match="thinking budget"):
+        list(session.stream([], "hi", thinking_budget=-1))
