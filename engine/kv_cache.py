@@ -43,7 +43,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -498,8 +498,7 @@ class SeqCachePersistence:
         self._fingerprint: str | None = None
         self._store: KvCacheStore | None = None
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="glassbox-kv-save")
-        self._pending: Future[None] | None = None
-        self._latest: dict[KvKey, int] = {}
+        self._latest: dict[str, tuple[int, list[int]]] = {}  # per conversation: the newest queued save
         self._generation = 0
 
     def configure(self, request: KvRequest | None) -> None:
@@ -596,24 +595,18 @@ class SeqCachePersistence:
         self._generation += 1
         generation = self._generation
         key = request.key
-        self._latest[key] = generation
+        self._latest[key.conversation] = (generation, tokens)
 
         def write() -> None:
-            if self._latest.get(key) != generation:
-                return  # a newer state of this branch was queued after this one: only that one matters
+            newest, newest_tokens = self._latest[key.conversation]
+            if newest != generation and newest_tokens[: len(tokens)] == tokens:
+                return  # a later turn of this branch is queued: it would supersede this file at once
             try:
                 store.save(key, identity, tokens, state)
             except OSError as exc:
                 log.warning("%s: saving the KV cache failed (%s)", store.folder, exc.strerror or exc)
 
-        self._pending = self._writer.submit(write)
-
-    def flush(self, timeout: float | None = None) -> None:
-        """Waits for the queued write, if any."""
-        pending = self._pending
-        if pending is not None:
-            with contextlib.suppress(Exception):
-                pending.result(timeout)
+        self._writer.submit(write)
 
     def close(self) -> None:
         """Finishes the queued write and stops the writer thread."""

@@ -340,3 +340,49 @@ def test_a_turn_decoded_with_prompt_lookup_is_saved_whole(starter_model: Path, t
     with _session(starter_model, folder) as session:  # type: ignore[attr-defined]
         again = _turn(session, history, "And again?", KvKey("4", "2"))
     assert again.stats.kv_restored_tokens >= first.stats.prompt_tokens  # type: ignore[attr-defined]
+
+
+class _FakeLlm:
+    """What SeqCachePersistence reads of a Llama between turns: the tokens in its KV cache."""
+
+    def __init__(self, tokens: list[int]) -> None:
+        import numpy as np
+
+        self.input_ids = np.zeros(4096, dtype=np.intc)
+        self.input_ids[: len(tokens)] = tokens
+        self.n_tokens = len(tokens)
+
+
+def test_a_queued_save_a_later_turn_extends_is_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine.kv_cache import KvRequest, SeqCachePersistence
+
+    monkeypatch.setattr(kv_cache, "snapshot_seq", lambda llm: bytearray(_state(100 + llm.n_tokens)))
+    monkeypatch.setattr(kv_cache, "state_size", lambda llm: 100 + llm.n_tokens)
+    monkeypatch.setattr(SeqCachePersistence, "identity", lambda self, llm: IDENTITY)
+    gate = threading.Event()
+    written: list[tuple[str, str]] = []
+    real_save = KvCacheStore.save
+
+    def slow_save(store: KvCacheStore, key: KvKey, identity: KvIdentity, tokens: list[int], state: bytes) -> int:
+        gate.wait(10)  # the disk is slow: the first write holds the queue
+        written.append((key.conversation, key.branch))
+        return real_save(store, key, identity, tokens, state)
+
+    monkeypatch.setattr(KvCacheStore, "save", slow_save)
+    saver = SeqCachePersistence(tmp_path / "model.gguf", 4096)
+    config = KvCacheConfig(tmp_path / "kv")
+    turns = [
+        ("9", "1", [1, 2, 3]),  # being written while the others queue
+        ("7", "1", list(range(1, 30))),  # extended by the next turn of its branch: skipped
+        ("7", "2", list(range(1, 60))),
+        ("8", "1", list(range(1, 30))),  # another conversation: written
+    ]
+    for conversation, branch, tokens in turns:
+        saver.configure(KvRequest(config, KvKey(conversation, branch), "t"))
+        llm = _FakeLlm(tokens)
+        assert saver.result_fields(llm, 0)["kv_saved_bytes"] == 100 + 5 * len(tokens)
+        saver.save(llm)
+    gate.set()
+    saver.close()
+    assert written == [("9", "1"), ("7", "2"), ("8", "1")]
+    assert KvCacheStore(tmp_path / "kv").usage()[0] == 3
