@@ -33,7 +33,8 @@ from engine.events import Event, Finished, PrefillProgress, Stats, Token
 from engine.runtime import GenerationParams
 
 CHAT = "/v1/chat/completions"
-JSON_ENDPOINTS = (CHAT, "/v1/embeddings", "/tokenize")  # every route that reads a JSON body
+JSON_ENDPOINTS = (CHAT, "/v1/completions", "/v1/responses", "/v1/embeddings", "/tokenize")
+"""Every route that reads a JSON body and answers in OpenAI's shape (/v1/messages answers in Anthropic's)."""
 SECRET = "/home/alice/secret-path"  # stands for what exception text leaks: paths, Python internals
 
 
@@ -283,7 +284,7 @@ def test_huge_numbers_get_400(server: tuple[ServerHandle, FakeBackend], body: by
     assert spent < 2.0, f"{spent:.2f} CPU-s"
 
 
-@pytest.mark.parametrize("path", ["/tokenize", "/v1/embeddings"])
+@pytest.mark.parametrize("path", ["/tokenize", "/v1/embeddings", "/v1/completions", "/v1/responses"])
 def test_huge_numbers_get_400_on_the_other_endpoints(server: tuple[ServerHandle, FakeBackend], path: str) -> None:
     """2 requests: a 100,000-digit integer in a field the endpoint ignores is still refused, by the parser."""
     handle, backend = server
@@ -291,6 +292,26 @@ def test_huge_numbers_get_400_on_the_other_endpoints(server: tuple[ServerHandle,
     assert status == 400
     assert f"longer than {MAX_NUMBER_CHARS} characters" in _assert_openai_error(answer)["message"]
     assert backend.worker.calls == []
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param(_nested_arrays(100_000), id="100k-arrays"),
+        pytest.param(b'{"max_tokens": ' + b"7" * 100_000 + b"}", id="huge-number"),
+        pytest.param(b'{"messages": [{"role": "user", "content": "\\ud800"}]}', id="lone-surrogate"),
+    ],
+)
+def test_anthropic_messages_refuse_hostile_bodies_in_their_shape(
+    server: tuple[ServerHandle, FakeBackend], body: bytes
+) -> None:
+    """3 requests: the same parser guards /v1/messages; the answer is Anthropic's error document."""
+    handle, backend = server
+    status, answer = _post(handle, "/v1/messages", body)
+    assert status == 400
+    assert answer["type"] == "error" and answer["error"]["type"] == "invalid_request_error"
+    assert answer["error"]["message"] and "\n" not in answer["error"]["message"]
+    assert backend.calls == []
 
 
 def test_numbers_within_the_limits_are_validated_not_refused(server: tuple[ServerHandle, FakeBackend]) -> None:
