@@ -78,6 +78,7 @@ class ModelActions:
     starter_note: QLabel
     banner: QLabel
     _models_page: Any
+    _other_apps_note: str  # the offer of other apps' model folders, until a load message repeats it
 
     if TYPE_CHECKING:  # provided by MainWindow / QMainWindow; declared for the type checker only
 
@@ -265,9 +266,8 @@ class ModelActions:
         self.models_adapter.other_folders_found.disconnect(self._on_models_other_folders_found)
         if folders:
             names = ", ".join(sorted({f.app for f in folders}))
-            self.statusBar().showMessage(
-                f"Models from {names} were found on this machine: open Models → Library to use them.", 20000
-            )
+            self._other_apps_note = f"Models from {names} were found here: open Models → Library to use them."
+            self.statusBar().showMessage(self._other_apps_note, 20000)
 
     @Slot(object)
     def _on_models_page_load_requested(self, path: Path) -> None:
@@ -294,7 +294,10 @@ class ModelActions:
             getattr(info, "model_bytes", None), getattr(info, "n_ctx", None), loaded.machine_bandwidth_gbps
         )
         self.inspector.set_cpu_backend(getattr(info, "cpu_backend", None), loaded.backend_note)
-        self.statusBar().showMessage(f"Loaded {loaded.label} in {loaded.load_ms / 1000:.1f} s", 8000)
+        note = getattr(self, "_other_apps_note", "")  # said once more, or the load message would hide it
+        self._other_apps_note = ""
+        loaded_text = f"Loaded {loaded.label} in {loaded.load_ms / 1000:.1f} s"
+        self.statusBar().showMessage(f"{loaded_text} · {note}" if note else loaded_text, 20000 if note else 8000)
         if self._models_page is not None:
             self._models_page.set_loaded(loaded.path)
         if loaded.machine_bandwidth_gbps:

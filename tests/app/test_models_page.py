@@ -347,3 +347,24 @@ def test_a_failed_quantization_can_be_retried(qtbot: Any, open_panel: Any, paths
     qtbot.waitUntil(lambda: dialog.transfer.state in ("done", "error"), timeout=60000)
     assert dialog.transfer.state == "done", dialog.transfer.message
     dialog.reject()
+
+
+def test_first_start_offers_lm_studio_in_the_status_bar(
+    qtbot: Any, paths: Paths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = tmp_path / "user"
+    folder = home / ".lmstudio" / "models" / "pub" / "repo"
+    folder.mkdir(parents=True)
+    write_tiny_llama_gguf(folder / "m.gguf")
+    write_tiny_llama_gguf(paths.models / "chat-F32.gguf")
+    monkeypatch.setenv("HOME", str(home))
+    w = make_window(paths, lambda r, b: FakeSession(r, b), probe_bandwidth=False)
+    qtbot.addWidget(w)
+    w.show()
+    w.start()
+    qtbot.waitUntil(lambda: "LM Studio" in w.statusBar().currentMessage(), timeout=10000)
+    assert "Models → Library" in w.statusBar().currentMessage()
+    qtbot.waitUntil(lambda: w.chat.model_state is ModelState.LOADED, timeout=10000)
+    qtbot.wait(200)
+    assert "LM Studio" in w.statusBar().currentMessage()  # the "Loaded …" message does not hide it
+    w.shutdown()
