@@ -153,10 +153,14 @@ _LIVE_LOCK = threading.Lock()
 
 
 def _close_all_at_exit() -> None:
+    """Closes every server still open, all at once (each may take a few seconds to stop)."""
     with _LIVE_LOCK:
         servers = list(_LIVE)
-    for server in servers:
-        server.close()
+    closers = [threading.Thread(target=server.close, daemon=True) for server in servers]
+    for closer in closers:
+        closer.start()
+    for closer in closers:
+        closer.join(CLOSE_TIMEOUT_S + 3.0)
 
 
 atexit.register(_close_all_at_exit)
@@ -360,6 +364,8 @@ class McpServer:
                     try:
                         loop.run_forever()
                     finally:
+                        with contextlib.suppress(RuntimeError):
+                            loop.run_until_complete(loop.shutdown_asyncgens())
                         loop.close()
 
                 thread = threading.Thread(target=run, name=f"mcp-{self.name}", daemon=True)
@@ -376,11 +382,19 @@ class McpServer:
             coro.close()
             raise
         future = asyncio.run_coroutine_threadsafe(coro, loop)
-        try:
-            return future.result(timeout=timeout_s)
-        except concurrent.futures.TimeoutError:
-            future.cancel()
-            raise McpServerError(self.name, f"no answer within {timeout_s:g} s") from None
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self._closed:  # closed from another thread: the loop may stop before this ends
+                future.cancel()
+                raise McpServerError(self.name, "it was closed")
+            try:
+                return future.result(timeout=0.05)
+            except concurrent.futures.TimeoutError:
+                if time.monotonic() > deadline:
+                    future.cancel()
+                    raise McpServerError(self.name, f"no answer within {timeout_s:g} s") from None
+            except concurrent.futures.CancelledError:
+                raise McpServerError(self.name, "it was closed") from None
 
     # ------------------------------------------------------------------ on the loop
 
@@ -562,6 +576,8 @@ class McpServer:
         return _to_result(result)
 
     def _died(self, name: str) -> str:
+        if self._closed:
+            return f"MCP server {self.name!r}: it was closed during the call to {name}"
         if self.config.url is not None:
             reason = f"the connection to {self.config.url} was lost during the call to {name}"
         else:
@@ -601,6 +617,13 @@ class McpServer:
 
     async def _shutdown(self) -> None:
         await self._stop_holder()
+        # Calls still running (their callers were told the server closed): cancel them, so the
+        # loop stops with no task pending.
+        others = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+        for task in others:
+            task.cancel()
+        if others:
+            await asyncio.wait(others, timeout=2.0)
         self._close_stderr()
 
     # ------------------------------------------------------------------ explanations

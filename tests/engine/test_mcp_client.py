@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from engine.mcp_client import MAX_FAILED_STARTS, McpServer, McpServerConfig, McpServerError
-from engine.tools import ToolProvider
+from engine.tools import ToolProvider, ToolResult
 from tests.mcp_servers import SERVER_SCRIPT, stdio_command
 from tests.mcp_servers import process_alive as _alive
 from tests.mcp_servers import wait_gone as _wait_gone
@@ -211,6 +211,16 @@ def test_a_server_that_never_answers_the_handshake_times_out() -> None:
         assert time.monotonic() - started < 10
 
 
+def test_close_during_a_start_ends_the_wait_at_once() -> None:
+    config = McpServerConfig("mute", command=sys.executable, args=("-c", "import time; time.sleep(60)"))
+    server = McpServer(config, connect_timeout_s=60)
+    threading.Timer(0.5, server.close).start()
+    started = time.monotonic()
+    with pytest.raises(McpServerError, match=r"^MCP server 'mute': it was closed$"):
+        server.tools()
+    assert time.monotonic() - started < 3
+
+
 def test_close_stops_the_child_and_later_calls_say_so() -> None:
     server = McpServer(_config("closer"))
     pid = int(server.call("whoami", {}, timeout_s=10).content)
@@ -360,8 +370,7 @@ def test_close_during_a_call_ends_the_call_at_once() -> None:
     started = time.monotonic()
     result = server.call("slow", {"seconds": 60}, timeout_s=60)
     assert time.monotonic() - started < 8
-    assert result.is_error
-    assert result.content.startswith("MCP server 'busy': ")
+    assert result == ToolResult("MCP server 'busy': it was closed during the call to slow", is_error=True)
     assert _wait_gone(pid, 5)
 
 
