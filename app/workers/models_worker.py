@@ -3,7 +3,9 @@
 Every call into the engine runs off the GUI thread: scans and Hub queries on the shared
 background pool, downloads one at a time on ``glassbox-download`` (each with its own cancel and
 pause events), quantization on ``glassbox-quantize`` (the engine runs the native part in a child
-process, so Cancel really stops it). Progress is throttled before it reaches the GUI.
+process, so Cancel really stops it; the jobs themselves are in :mod:`app.workers.model_jobs`).
+Progress is throttled before it reaches the GUI. Hub failures come back as ``search_failed`` and
+``files_failed``, so Discover shows them where the search was made.
 
 Every requested download is remembered in an ``engine.download_queue.DownloadQueue`` (one item
 per model choice, all its files) until all its files are complete or the user discards it, so a
