@@ -57,7 +57,11 @@ class Chunker(Protocol):
 @dataclass(frozen=True)
 class IngestProgress:
     """A progress report; ``state`` is scanning, indexing, embedding, rebuilding, paused, done or
-    cancelled. ``chunks_total`` is known only when re-embedding stored chunks (a rebuild)."""
+    cancelled. ``chunks_total`` is known only when re-embedding stored chunks (a rebuild).
+
+    A report sent right after a file was read names it in ``finished_file`` with ``finished_as``:
+    ``indexed``, ``unchanged``, ``duplicate``, or the skip or error line (``skipped: binary file``).
+    """
 
     files_done: int
     files_total: int
@@ -66,6 +70,8 @@ class IngestProgress:
     eta_s: float | None
     state: str
     chunks_total: int | None = None
+    finished_file: str | None = None
+    finished_as: str | None = None
 
 
 @dataclass
@@ -464,11 +470,16 @@ class Ingestor:
                 report.cancelled = True
                 break
             emit(files_done, str(file), "indexing", _eta(work_started, done_bytes, total_bytes))
+            counts = (report.indexed, report.unchanged, report.duplicates, len(report.failures))
             if not self._index_file(kb, file, report, cancel):
                 report.cancelled = True
                 break
             done_bytes += size
             files_done += 1
+            if progress is not None:
+                progress(IngestProgress(files_done, len(files), report.chunks_added, str(file),
+                                        _eta(work_started, done_bytes, total_bytes), "indexing",
+                                        finished_file=str(file), finished_as=_outcome(report, counts)))  # fmt: skip
             while self.registry.count_pending(kb.id) >= self._batch:
                 if self._hold(cancel, pause, functools.partial(emit, files_done, None, "paused")):
                     break
@@ -616,6 +627,20 @@ def _changed_since(file: Path, before: os.stat_result) -> bool:
     except OSError:
         return True
     return (now.st_size, now.st_mtime_ns) != (before.st_size, before.st_mtime_ns)
+
+
+def _outcome(report: IngestReport, before: tuple[int, int, int, int]) -> str:
+    """What became of the one file read since ``before`` (the report's counts then)."""
+    indexed, unchanged, duplicates, failures = before
+    if len(report.failures) > failures:
+        return report.failures[-1][1]
+    if report.indexed > indexed:
+        return "indexed"
+    if report.duplicates > duplicates:
+        return "duplicate"
+    if report.unchanged > unchanged:
+        return "unchanged"
+    return "indexed"
 
 
 def _eta(started: float, done: int, total: int) -> float | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -51,6 +52,7 @@ def register(
     p = group.add_parser("add", parents=parents, help="index files and folders (incremental)")
     p.add_argument("name")
     p.add_argument("paths", nargs="+", metavar="PATH")
+    p.add_argument("-v", "--verbose", action="store_true", help="one line per file read (indexed, skipped and why)")
     p.set_defaults(handler=_add)
 
     p = group.add_parser("list", parents=parents, help="list knowledge bases, or the documents of one")
@@ -75,6 +77,7 @@ def register(
     p = group.add_parser("reindex", parents=parents, help="rebuild a knowledge base, optionally with another model")
     p.add_argument("name")
     p.add_argument("--embedder", metavar="DIR", help="switch to this sentence-transformers model folder")
+    p.add_argument("-v", "--verbose", action="store_true", help="one line per file read (indexed, skipped and why)")
     p.set_defaults(handler=_reindex)
 
 
@@ -105,7 +108,7 @@ def _open(args: argparse.Namespace, paths: Paths) -> KnowledgeBases:
         from rag.errors import KnowledgeBaseError
 
         try:
-            kbs.rebuild(progress=_ProgressLine() if sys.stderr.isatty() else None)
+            kbs.rebuild(progress=_progress(args))
         except KnowledgeBaseError as exc:  # e.g. a knowledge base's model is gone; the command goes on
             sys.stderr.write(f"glassbox: the rebuild stopped ({exc}); finish it with: glassbox kb reindex NAME\n")
         except BaseException:
@@ -125,26 +128,82 @@ def _create(args: argparse.Namespace, paths: Paths) -> int:
     return 0
 
 
-class _ProgressLine:
-    """One self-overwriting progress line on a terminal, at most ~10 updates per second."""
+class _Progress:
+    """Progress of an indexing run on stderr, and with ``--verbose`` one line per file on stdout.
 
-    def __init__(self) -> None:
+    On a terminal: one self-overwriting bar, at most ~10 updates a second. Elsewhere (a log, a
+    pipe): a plain line every :data:`QUIET_LINE_S` seconds, so a long run is never silent. With
+    ``--json`` nothing is written but the JSON document (see :func:`_progress`).
+    """
+
+    QUIET_LINE_S = 10.0
+
+    def __init__(self, *, terminal: bool, verbose: bool) -> None:
+        self.terminal = terminal
+        self.verbose = verbose
         self._last = 0.0
+        self._started = time.monotonic()
+        self._drawn = False
 
     def __call__(self, p: IngestProgress) -> None:
+        if self.verbose and p.finished_file is not None:
+            from rag.ingest import display_path
+
+            self._clear()
+            _out(f"  {p.finished_as or 'indexed'}: {display_path(p.finished_file)}")
+            sys.stdout.flush()
         now = time.monotonic()
         final = p.state in ("done", "cancelled")
-        if not final and now - self._last < 0.1:
+        interval = 0.1 if self.terminal else self.QUIET_LINE_S
+        if not final and now - self._last < interval:
             return
+        if not self.terminal and final:
+            return  # the summary follows on stdout
         self._last = now
-        eta = f" eta {p.eta_s:.0f}s" if p.eta_s else ""
-        name = Path(p.current_file).name if p.current_file else ""
-        if p.chunks_total is not None:
-            line = f"{p.state} {p.chunks_done} of {p.chunks_total} chunks{eta}"
+        if self.terminal:
+            self._draw(p, final)
         else:
-            line = f"{p.state} {p.files_done}/{p.files_total} files, {p.chunks_done} chunks{eta} {name}"
-        sys.stderr.write("\r" + line[:100].ljust(100) + ("\n" if final else ""))
+            sys.stderr.write(f"glassbox: {_progress_words(p)} ({now - self._started:.0f} s)\n")
+            sys.stderr.flush()
+
+    def _draw(self, p: IngestProgress, final: bool) -> None:
+        width = max(40, min(shutil.get_terminal_size((100, 20)).columns - 1, 160))
+        if p.chunks_total is not None:
+            done, total = p.chunks_done, p.chunks_total
+        else:
+            done, total = p.files_done, p.files_total
+        cells = 24
+        filled = cells if final and not total else (cells * done // total if total else 0)
+        bar = "[" + "#" * filled + "-" * (cells - filled) + "]"
+        line = f"{bar} {_progress_words(p)}"
+        sys.stderr.write("\r" + line[:width].ljust(width) + ("\n" if final else ""))
         sys.stderr.flush()
+        self._drawn = not final
+
+    def _clear(self) -> None:
+        if self._drawn:
+            width = max(40, min(shutil.get_terminal_size((100, 20)).columns - 1, 160))
+            sys.stderr.write("\r" + " " * width + "\r")
+            sys.stderr.flush()
+            self._drawn = False
+            self._last = 0.0  # redraw at the next update
+
+
+def _progress_words(p: IngestProgress) -> str:
+    eta = ""
+    if p.eta_s:
+        eta = f", about {p.eta_s / 60:.0f} min left" if p.eta_s >= 90 else f", about {p.eta_s:.0f} s left"
+    if p.chunks_total is not None:
+        return f"{p.state} {p.chunks_done} of {p.chunks_total} chunks{eta}"
+    name = f" {Path(p.current_file).name}" if p.current_file and p.state == "indexing" else ""
+    return f"{p.state} {p.files_done}/{p.files_total} files, {p.chunks_done} chunks{eta}{name}"
+
+
+def _progress(args: argparse.Namespace) -> _Progress | None:
+    """The progress display for this command: none with ``--json``."""
+    if getattr(args, "json", False):
+        return None
+    return _Progress(terminal=sys.stderr.isatty(), verbose=bool(getattr(args, "verbose", False)))
 
 
 def _report(report: IngestReport, name: str, as_json: bool) -> int:
@@ -162,14 +221,14 @@ def _report(report: IngestReport, name: str, as_json: bool) -> int:
 
 
 def _add(args: argparse.Namespace, paths: Paths) -> int:
-    progress = _ProgressLine() if sys.stderr.isatty() else None
+    progress = _progress(args)
     with _open(args, paths) as kbs:
         report = kbs.add(args.name, [Path(p) for p in args.paths], progress=progress)
     return _report(report, args.name, args.json)
 
 
 def _reindex(args: argparse.Namespace, paths: Paths) -> int:
-    progress = _ProgressLine() if sys.stderr.isatty() else None
+    progress = _progress(args)
     with _open(args, paths) as kbs:
         folder = Path(args.embedder).expanduser() if args.embedder else None
         report = kbs.reindex(args.name, embedder_path=folder, progress=progress)
@@ -232,7 +291,7 @@ def _query(args: argparse.Namespace, paths: Paths) -> int:
     with _open(args, paths) as kbs:
         if kbs.pending([args.name]):
             # Chunks an interrupted run left unembedded would be found by keywords only.
-            kbs.rebuild([args.name], progress=_ProgressLine() if sys.stderr.isatty() else None)
+            kbs.rebuild([args.name], progress=_progress(args))
         passages = kbs.query(args.name, args.text, k=args.k)
     if args.json:
         print_json({"kb": args.name, "query": args.text, "passages": [_passage_json(p) for p in passages]})
