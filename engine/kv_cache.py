@@ -203,6 +203,17 @@ class KvCacheStore:
                         freed += size
         return freed
 
+    def remove_conversation(self, conversation: str) -> int:
+        """Removes every saved cache of one conversation (it was deleted: its tokens go with it);
+        returns the bytes freed."""
+        freed = 0
+        with self._lock:
+            for path in self._conversation_files(conversation):
+                size = _size(path)
+                if _remove(path, "its conversation was deleted"):
+                    freed += size
+        return freed
+
     # saving ---------------------------------------------------------------------------
     def save(self, key: KvKey, identity: KvIdentity, tokens: Sequence[int], state: bytes | bytearray) -> int:
         """Writes one conversation branch's state atomically, then supersedes and evicts.

@@ -150,6 +150,16 @@ def test_clear_removes_every_saved_cache(tmp_path: Path) -> None:
     assert KvCacheStore(tmp_path / "missing").clear() == 0
 
 
+def test_a_deleted_conversation_takes_its_saved_caches_with_it(tmp_path: Path) -> None:
+    store = KvCacheStore(tmp_path)
+    mine = [_saved(store, KvKey("7", b), [int(b), 1]) for b in ("1", "2")]
+    other = _saved(store, KvKey("70", "1"))
+    sizes = sum(p.stat().st_size for p in mine)
+    assert store.remove_conversation("7") == sizes
+    assert not any(p.exists() for p in mine) and other.exists()
+    assert store.remove_conversation("7") == 0
+
+
 def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
