@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import Qt
+from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -13,12 +14,14 @@ from PySide6.QtWidgets import (
     QDialogButtonBox,
     QFileDialog,
     QFormLayout,
+    QFrame,
     QGroupBox,
     QHBoxLayout,
     QLabel,
     QLineEdit,
     QPlainTextEdit,
     QPushButton,
+    QScrollArea,
     QSpinBox,
     QVBoxLayout,
     QWidget,
@@ -58,7 +61,17 @@ class SettingsDialog(QDialog):
         self.setWindowTitle("Settings")
         self.setMinimumWidth(560)
         self._settings = settings
-        layout = QVBoxLayout(self)
+        # The form scrolls when the screen is shorter than it (1024x700); the buttons stay in view.
+        outer = QVBoxLayout(self)
+        self._scroll = QScrollArea()
+        self._scroll.setWidgetResizable(True)
+        self._scroll.setFrameShape(QFrame.Shape.NoFrame)
+        self._scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        body = QWidget()
+        layout = QVBoxLayout(body)
+        layout.setContentsMargins(0, 0, 0, 0)
+        self._scroll.setWidget(body)
+        outer.addWidget(self._scroll, 1)
         form = QFormLayout()
 
         self.models_dir = QLineEdit(str(settings.models_dir) if settings.models_dir else "")
@@ -151,7 +164,20 @@ class SettingsDialog(QDialog):
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
-        layout.addWidget(buttons)
+        outer.addWidget(buttons)
+        self._fit_to_screen(body, buttons)
+
+    def _fit_to_screen(self, body: QWidget, buttons: QWidget) -> None:
+        """Opens as tall as the form, but never taller than the screen's available height."""
+        screen = self.screen() or QGuiApplication.primaryScreen()
+        margins = self.layout().contentsMargins()
+        width = max(body.sizeHint().width() + 24, self.minimumWidth())
+        height = body.sizeHint().height() + buttons.sizeHint().height() + margins.top() + margins.bottom() + 16
+        if screen is not None:
+            available = screen.availableGeometry()
+            width = min(width, available.width() - 24)
+            height = min(height, available.height() - 60)  # the title bar
+        self.resize(width, height)
 
     def _server_section(self, settings: Settings, server_url: str | None) -> QGroupBox:
         box = QGroupBox("Local API server")
