@@ -331,6 +331,7 @@ class _GuardedEnvironment(ImmutableSandboxedEnvironment):
     def render_guarded(self, template: jinja2.Template, context: dict[str, Any], timeout_s: float) -> str:
         """Render ``template`` with a deadline ``timeout_s`` from now and the size limits."""
         input_size = sum(len(m.get("content") or "") for m in context.get("messages", ()))
+        input_size += len(json.dumps(context["tools"])) if context.get("tools") else 0  # a server's many tools
         with self.lock:
             self.max_size = MIN_SIZE_LIMIT + 4 * input_size
             self.deadline = time.monotonic() + timeout_s

@@ -131,3 +131,11 @@ def test_call_schema_constrains_name_and_arguments() -> None:
     assert anyof is not None and [v["properties"]["name"]["const"] for v in anyof["anyOf"]] == ["add", "echo"]
     assert call_schema([ADD], "auto") is None and call_schema([ADD], "none") is None
     assert enforceable_schema(echo.parameters) == {"type": "object", "properties": {"t": {"type": "string"}}}
+
+
+def test_a_long_tool_list_renders_within_the_size_limits() -> None:
+    template = select_template(ft.QWEN3, "qwen3", "<s>", "</s>")
+    big = {"type": "object", "properties": {f"p{i}": {"type": "string", "description": "x" * 200} for i in range(40)}}
+    tools = [ToolSpec(f"tool_{n}", "A tool. " * 50, big) for n in range(150)]  # ~1.3M characters of JSON
+    prompt = template.render(CONVERSATION[:2], tools=tools)
+    assert prompt.count('"name": "tool_') == 150
