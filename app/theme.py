@@ -35,13 +35,15 @@ class ThemeColors:
     danger: str
     warning: str
     ok: str
-    # context-map segments: system, documents, history, current, reserve, free
+    # context-map segments: system, documents, tools, history, tool results, current, reserve, free
     seg_system: str
     seg_documents: str
     seg_history: str
     seg_current: str
     seg_reserve: str
     seg_free: str
+    seg_tools: str = "#0ea5e9"
+    seg_tool_results: str = "#65a30d"
     toast_action: str = "#a5b4fc"
     """The toast's action ("Undo") on its inverted background."""
     danger_text: str = "#ffffff"
@@ -99,6 +101,8 @@ DARK = ThemeColors(
     seg_current="#34d399",
     seg_reserve="#f9a8d4",
     seg_free="#2b303b",
+    seg_tools="#38bdf8",
+    seg_tool_results="#a3e635",
     toast_action="#3730a3",
     danger_text="#111318",
     focus="#a5b4fc",

@@ -310,3 +310,15 @@ def test_a_theme_change_renders_the_shown_replies_again(qtbot: Any) -> None:
     view.set_colors(DARK.code)
     assert DARK.code.code_bg in view.cards[1].body.text()
     assert LIGHT.code.code_bg not in view.cards[1].body.text()
+
+
+def test_tool_segments_show_only_when_a_turn_used_them(qtbot: Any) -> None:
+    panel = InspectorPanel()
+    qtbot.addWidget(panel)
+    budget = {"system": 10, "documents": 0, "tools": 120, "history": 0, "tool_results": 40, "current": 30,
+              "reserve": 256, "free": 568}  # fmt: skip
+    panel.set_stats({"n_ctx": 1024, "budget": budget})
+    assert sum(int(panel.shown[f"budget.{k}"]) for k in budget) == 1024
+    assert all(w.isVisibleTo(panel) for w in panel.legend_rows["tools"])
+    panel.set_stats({"n_ctx": 1024, "budget": {**budget, "tools": 0, "tool_results": 0, "free": 728}})
+    assert not any(w.isVisibleTo(panel) for w in panel.legend_rows["tools"])
