@@ -126,6 +126,29 @@ def _embedder_path(paths: Paths) -> Path | None:
 # ------------------------------------------------------------------------------------ serve
 
 
+class LibraryCatalog:
+    """The library's chat models, as ``glassbox serve`` offers them: a request naming one (by file
+    name, name without ``.gguf`` or label; never a path) loads it in place of the model served."""
+
+    def __init__(self, paths: Paths) -> None:
+        self.paths = paths
+
+    def _library(self) -> Any:
+        from app.commands.models_library import open_library
+
+        return open_library(self.paths)
+
+    def find(self, name: str) -> Path | None:
+        entry = self._library().find(name)
+        if entry is None or entry.chat_problem() is not None:
+            return None
+        return Path(entry.path)
+
+    def names(self) -> list[str]:
+        entries = self._library().scan()
+        return [Path(e.path).stem for e in entries if e.chat_problem() is None]
+
+
 def run_serve(args: argparse.Namespace, paths: Paths) -> int:
     from app.commands.model_resolver import resolve_model
     from app.server.http import check_host, start_server
@@ -144,6 +167,7 @@ def run_serve(args: argparse.Namespace, paths: Paths) -> int:
         knowledge_bases=tuple(args.kb),
         chroma_url=args.chroma_url,
         embedder_path=None if args.no_embeddings else _embedder_path(paths),
+        catalog=LibraryCatalog(paths),
     )
     stop = threading.Event()
 

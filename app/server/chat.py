@@ -50,10 +50,10 @@ def handle(handler: Handler) -> None:
     """Answers ``POST /v1/chat/completions``."""
     state = handler.state
     body = handler.read_json()
-    state.check_model(body)
+    wanted = state.check_model(body)
     request = parse_chat(body, state.default_kbs, text_limit(state.n_ctx), n_vocab(state.backend))
-    check_backend(state.backend, request)
-    with handler.use_model() as cancel:
+    with handler.use_model(wanted) as cancel:
+        check_backend(state.backend, request)
         documents, sources = None, []
         if request.knowledge_bases:
             query = request.user or _last_user_text(request)

@@ -144,7 +144,7 @@ def handle(handler: Handler) -> None:
     state = handler.state
     body = fields.present(handler.read_json())
     fields.check_fields(body, COMPLETION_FIELDS, "/v1/completions")
-    state.check_model(body)
+    wanted = state.check_model(body)
     if "prompt" not in body:
         raise HttpError(400, "'prompt' is required", code="invalid_value", param="prompt")
     prompts = _prompts(body["prompt"])
@@ -168,7 +168,7 @@ def handle(handler: Handler) -> None:
     stream = fields.flag(body, "stream")
     stream_options = body.get("stream_options")
     include_usage = isinstance(stream_options, dict) and bool(stream_options.get("include_usage"))
-    with handler.use_model() as cancel:
+    with handler.use_model(wanted) as cancel:
         limit = text_limit(state.n_ctx)
         encoded: list[list[int]] = [map_errors(partial(_tokens, state.backend, p, limit)) for p in prompts]
         n_ctx = state.n_ctx or 0

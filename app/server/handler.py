@@ -26,6 +26,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from app.server.body import encode_text, parse_body
@@ -222,11 +223,16 @@ class Handler(BaseHTTPRequestHandler):
 
     # the model --------------------------------------------------------------------------------
     @contextmanager
-    def use_model(self) -> Iterator[threading.Event]:
+    def use_model(self, switch_to: Path | None = None) -> Iterator[threading.Event]:
         """Holds the model for one request; yields the request's cancel event.
 
+        Args:
+            switch_to: a model of the catalog the request named (``ServerState.check_model``):
+                loaded in place of the one served once this request's turn comes.
+
         Raises:
-            HttpError: 503 when too many requests wait or the server is stopping.
+            HttpError: 503 when too many requests wait or the server is stopping; the model asked
+                for cannot be loaded.
             ClientGone: the client left while the request waited.
         """
         state = self.state
@@ -238,6 +244,8 @@ class Handler(BaseHTTPRequestHandler):
                 try:
                     if self.hung_up():
                         raise ClientGone
+                    if switch_to is not None:
+                        map_errors(lambda: state.switch_model(switch_to))
                     yield cancel
                 except HttpError as exc:
                     if state.closed and exc.status >= 500:

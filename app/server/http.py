@@ -71,7 +71,7 @@ from typing import Any
 
 from app.paths import Paths
 from app.server.handler import Handler
-from app.server.state import ServerState
+from app.server.state import ModelCatalog, ServerState
 from engine.errors import EngineError
 
 log = logging.getLogger("glassbox.serve")
@@ -208,6 +208,7 @@ def start_server(
     embedder_path: Path | None = None,
     backend: Any = None,
     machine_bandwidth_gbps: float | None = None,
+    catalog: ModelCatalog | None = None,
 ) -> ServerHandle:
     """Loads the model and serves it on ``host:port`` in a background thread.
 
@@ -230,6 +231,9 @@ def start_server(
             instead of loading ``model_path``, e.g. the GUI's own session: the caller keeps owning
             it (the server never closes it), and its lock keeps the GUI's and the API's turns apart.
         machine_bandwidth_gbps: reported in Stats.
+        catalog: the models a request may name (the library); a request for one of them loads it
+            in place of the model served (one at a time). Only for a model the server loaded itself:
+            a backend passed in stays the one served.
 
     Returns:
         The running server's handle.
@@ -240,21 +244,26 @@ def start_server(
     """
     check_host(host, api_key)
     loopback = is_loopback(host)
+    open_session: Callable[[Path], Any] | None = None
     if backend is None:
         if model_path is None:
             raise ServeError("serve: no model given")
         from engine.runtime import LoadParams
         from engine.session import ChatSession
 
-        load = LoadParams(model_path=model_path, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers)
-        # The API's contract: a conversation longer than the window is a 400 context_length_exceeded
-        # (OpenAI, llama.cpp; LiteLLM's fallbacks rely on it), not trimmed like the GUI's.
-        backend = ChatSession(
-            load,
-            machine_bandwidth_gbps=machine_bandwidth_gbps,
-            backend_state=paths.cpu_backend_state,
-            overflow_policy="refuse",
-        )
+        def open_owned(path: Path) -> Any:
+            load = LoadParams(model_path=path, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers)
+            # The API's contract: a conversation longer than the window is a 400 context_length_exceeded
+            # (OpenAI, llama.cpp; LiteLLM's fallbacks rely on it), not trimmed like the GUI's.
+            return ChatSession(
+                load,
+                machine_bandwidth_gbps=machine_bandwidth_gbps,
+                backend_state=paths.cpu_backend_state,
+                overflow_policy="refuse",
+            )
+
+        open_session = open_owned
+        backend = open_owned(model_path)
         model_id = model_path.stem
         owned = True
     else:
@@ -276,6 +285,8 @@ def start_server(
     state = ServerState(
         paths, backend, model_id, api_key, loopback, embedder_path, knowledge_bases, chroma_url, knowledge
     )
+    if catalog is not None and open_session is not None and model_path is not None:
+        state.allow_switching(catalog, open_session, model_path)
     server.state = state
     bound_port = int(server.server_address[1])
     url_host = f"[{host.strip('[]')}]" if server_class is _Server6 else host
@@ -294,8 +305,9 @@ def start_server(
         server.server_close()
         thread.join(5.0)
         if owned and not state.wait_idle(STOP_GRACE_S):
-            _kill_worker(backend)  # a call that cannot see the cancel still holds the model
-        release()  # waits for the reply in progress to let go of the model
+            _kill_worker(state.backend)  # a call that cannot see the cancel still holds the model
+        if owned:
+            state.backend.close()  # waits for the reply in progress to let go of the model
         state.close_knowledge()
 
     log.info("serving %s on http://%s:%d", model_id, url_host, bound_port)

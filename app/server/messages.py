@@ -233,11 +233,11 @@ def handle(handler: Handler) -> None:
     """Answers ``POST /v1/messages``."""
     state = handler.state
     body = handler.read_json()
-    state.check_model(body)
+    wanted = state.check_model(body)
     request = parse_message_request(body, text_limit(state.n_ctx), n_vocab(state.backend))
-    check_backend(state.backend, request)
     message_id = f"msg_{uuid.uuid4().hex}"
-    with handler.use_model() as cancel:
+    with handler.use_model(wanted) as cancel:
+        check_backend(state.backend, request)
         check_fits(state.backend, request, None)
         if request.stream:
             _stream(handler, request, message_id, cancel)

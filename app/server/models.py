@@ -21,6 +21,11 @@ def _documents(handler: Handler) -> list[dict[str, Any]]:
             "context_length": state.n_ctx,
         }
     ]
+    if state.catalog is not None:
+        first = state.first_model_id
+        for name in ([first] if first != state.model_id else []) + state.catalog.names():
+            if name != state.model_id and name not in [d["id"] for d in data]:
+                data.append({"id": name, "object": "model", "created": state.created, "owned_by": "glassbox"})
     if state.embedder_id is not None:
         data.append({"id": state.embedder_id, "object": "model", "created": state.created, "owned_by": "glassbox"})
     return data

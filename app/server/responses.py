@@ -307,11 +307,11 @@ def handle(handler: Handler) -> None:
             code="unsupported_parameter",
             param="previous_response_id",
         )
-    state.check_model(body)
+    wanted = state.check_model(body)
     request = parse_response_request(body, text_limit(state.n_ctx), n_vocab(state.backend))
-    check_backend(state.backend, request)
     shape = _Shape(handler, body, request)
-    with handler.use_model() as cancel:
+    with handler.use_model(wanted) as cancel:
+        check_backend(state.backend, request)
         check_fits(state.backend, request, None)
         if request.stream:
             _stream(handler, shape, request, cancel)

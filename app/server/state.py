@@ -6,8 +6,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from app.paths import Paths
 from app.server.errors import HttpError
@@ -21,6 +22,18 @@ MAX_QUEUED = 32
 """Requests that may wait for the model; past that the answer is a 503 with ``Retry-After``."""
 RETRY_AFTER_S = 2
 """The ``Retry-After`` sent with a 503 when :data:`MAX_QUEUED` requests already wait."""
+
+
+class ModelCatalog(Protocol):
+    """The models a request may name, beyond the one served (the CLI passes the library's)."""
+
+    def find(self, name: str) -> Path | None:
+        """The chat model file called ``name`` (a name, never a path), or None."""
+        ...
+
+    def names(self) -> list[str]:
+        """The ids of the chat models offered, for ``/v1/models``."""
+        ...
 
 
 def backend_n_ctx(backend: Any) -> int | None:
@@ -70,6 +83,43 @@ class ServerState:
         self._embed_lock = threading.Lock()
         self._knowledge = knowledge  # a rag.knowledge.KnowledgeBases, opened on first use
         self._own_knowledge = knowledge is None
+        self.catalog: ModelCatalog | None = None
+        self._open_session: Callable[[Path], Any] | None = None
+        self.model_path: Path | None = None
+        self._first: tuple[str, Path | None] = (model_id, None)
+
+    def allow_switching(self, catalog: ModelCatalog, open_session: Callable[[Path], Any], path: Path) -> None:
+        """Lets requests name the catalog's models: :meth:`switch_model` loads them with ``open_session``."""
+        self.catalog, self._open_session, self.model_path = catalog, open_session, path
+        self._first = (self.model_id, path)  # the model the server started with stays available
+
+    @property
+    def first_model_id(self) -> str:
+        """The id of the model the server started with."""
+        return self._first[0]
+
+    def switch_model(self, path: Path) -> None:
+        """Serves the model at ``path`` from now on (called under ``lock``, with no reply running).
+
+        The model served is closed first (two models may not fit in memory together); when the new
+        one fails to load, the old one is loaded again and the error raised.
+
+        Raises:
+            ModelFileError, ModelLoadError, EngineCrashed: the new model cannot be loaded.
+        """
+        if path == self.model_path or self._open_session is None:
+            return
+        old, new = self.backend, self._open_session(path)
+        old.close()
+        try:
+            new.load()
+        except BaseException:
+            new.close()
+            log.warning("loading %s failed; serving %s again", path, self.model_path)
+            old.load()
+            raise
+        log.info("now serving %s", path)
+        self.backend, self.model_path, self.model_id = new, path, path.stem
 
     # the one-model-at-a-time queue -------------------------------------------------------------
     def enter_queue(self) -> None:
@@ -126,10 +176,12 @@ class ServerState:
         path = self.embedder_path
         return path.parent.name if path.name in ("model", "models") else path.name
 
-    def check_model(self, body: dict[str, Any], *, embeddings: bool = False) -> None:
+    def check_model(self, body: dict[str, Any], *, embeddings: bool = False) -> Path | None:
         """Refuses a request for a model this server does not serve (OpenAI's 404 ``model_not_found``).
 
-        A request that names no model gets the one served.
+        A request that names no model gets the one served; one that names a model of the catalog
+        (the library, when the server loaded its model itself) gets that model's file, to load
+        under the lock (:meth:`switch_model`).
 
         Raises:
             HttpError: 404 naming the model asked for and the one served; 400 when ``model`` is
@@ -137,12 +189,20 @@ class ServerState:
         """
         name = body.get("model")
         if name is None or name == "":
-            return
+            return None
         if not isinstance(name, str):
             raise HttpError(400, "'model' must be a string", code="invalid_value", param="model")
         served = self.embedder_id if embeddings else self.model_id
         if served is not None and name == served:
-            return
+            return None
+        if not embeddings and self.catalog is not None and "/" not in name and "\\" not in name:
+            from app.server.errors import map_errors
+
+            if name == self._first[0]:
+                return self._first[1]
+            path = map_errors(lambda: self.catalog.find(name) if self.catalog is not None else None)
+            if path is not None:
+                return Path(path)
         what = "embedding model" if embeddings else "model"
         offered = f"this server serves {served!r}" if served else "this server serves no embedding model"
         raise HttpError(
