@@ -128,3 +128,46 @@ def test_a_schema_file_that_is_not_json_is_named(starter_model: Path, tmp_path: 
                       home=tmp_path / "h", timeout=120)
     assert result.returncode == 1
     assert f"glassbox: error: {file}: not JSON (line 1" in result.stderr
+
+
+def _interactive(args: list[str], home: Path, answer: str, timeout: float = 600) -> tuple[int, str, str]:
+    """Runs ``glassbox`` with a terminal as stdin (so it asks), answering the first question."""
+    import pty
+    import select
+    import time
+
+    leader, follower = pty.openpty()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "app", *args, "--home", str(home)], stdin=follower, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    os.close(follower)
+    asked = ""
+    deadline = time.monotonic() + timeout
+    assert process.stderr is not None
+    while "Allow?" not in asked and time.monotonic() < deadline and process.poll() is None:
+        ready, _, _ = select.select([process.stderr], [], [], 1.0)
+        if ready:
+            asked += os.read(process.stderr.fileno(), 4096).decode(errors="replace")
+    os.write(leader, answer.encode() + b"\n")
+    out, err = process.communicate(timeout=max(deadline - time.monotonic(), 1))
+    os.close(leader)
+    return process.returncode, out, asked + err
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_a_terminal_asks_and_always_allow_is_remembered(starter_model: Path, home: Path) -> None:
+    args = ["chat", "--model", str(starter_model), "--tools", "tt", "--tool-choice", "add", "--n-ctx", "2048",
+            "--max-tokens", "40", "--max-steps", "1", "--temperature", "1", "--seed", "5", "--json",
+            "--prompt", "What is 2+3?"]
+    code, out, err = _interactive(args, home, "a")
+    assert code == 0, err
+    assert "[tool call] add (tt) {" in err and "Allow? [y]es once, [a]lways, [N]o:" in err
+    [call] = json.loads(out)["tool_calls"]
+    assert call["approval"] == "always" and call["result"] == str(call["arguments"]["a"] + call["arguments"]["b"])
+    # remembered: a later run with no terminal and no --yes runs the call without asking
+    later = _chat(starter_model, home, "--tool-choice", "add", "--seed", "6", "--prompt", "And 4+4?")
+    assert later.returncode == 0, later.stderr
+    [again] = json.loads(later.stdout)["tool_calls"]
+    assert again["approval"] == "allow-listed" and "refused" not in later.stderr
