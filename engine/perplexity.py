@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import Cancelled, EngineError, ModelLoadError
-from engine.quantize import describe_exit, import_native_bindings, run_logged_child
+from engine.quantize import describe_exit, import_native_bindings, run_logged_child, size_change
 
 MAX_TEXT_CHARS = 200_000
 _BATCH = 64
@@ -43,8 +43,8 @@ class QualityReport:
         return (self.result_perplexity / self.source_perplexity - 1.0) * 100.0
 
     def summary(self) -> str:
-        """``"Q4_K_M: 3.6x smaller, perplexity +4.1%"``."""
-        return f"{self.qtype}: {self.size_ratio:.1f}x smaller, perplexity {self.perplexity_change_pct:+.1f}%"
+        """``"Q4_K_M: 3.6x smaller, perplexity +4.1%"``; a larger result says ``"2.0x larger"``, as the CLI does."""
+        return f"{self.qtype}: {size_change(self.size_ratio)}, perplexity {self.perplexity_change_pct:+.1f}%"
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -163,8 +163,7 @@ def run_quantize(args: argparse.Namespace, paths: Paths) -> int:
     _say(f"{result.qtype}: {size_change(result.ratio)} ({sizes}) in {result.seconds:.1f} s")
     if quality is not None:
         ppl = f"{quality.source_perplexity:.2f} -> {quality.result_perplexity:.2f}"
-        change = f"perplexity {quality.perplexity_change_pct:+.1f}%"
-        _say(f"{quality.qtype}: {size_change(quality.size_ratio)}, {change} (perplexity {ppl})")
+        _say(f"{quality.summary()} (perplexity {ppl})")  # the same words as --json's summary
     return 0
 
 

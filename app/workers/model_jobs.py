@@ -26,13 +26,6 @@ PROGRESS_INTERVAL_S = 0.2
 QUALITY_STEPS = ("the source", "the result")
 
 
-def quality_line(report: Any) -> str:
-    """``"Q4_K_M: 3.6x smaller, perplexity +4.1%"`` (a larger result says so)."""
-    from engine.quantize import size_change
-
-    return f"{report.qtype}: {size_change(report.size_ratio)}, perplexity {report.perplexity_change_pct:+.1f}%"
-
-
 class ModelJobs:
     """Quantize, convert, check quality and estimate (needs the attributes annotated below)."""
 
@@ -176,7 +169,7 @@ class ModelJobs:
             transfer.done = transfer.total
             transfer.result = report
             ppl = f"{report.source_perplexity:.2f} → {report.result_perplexity:.2f}"
-            transfer.message = f"{quality_line(report)} (perplexity {ppl})"
+            transfer.message = f"{report.summary()} (perplexity {ppl})"
             self.transfer_changed.emit(transfer)
             if on_done is not None:
                 on_done(report)

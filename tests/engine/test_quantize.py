@@ -274,6 +274,14 @@ def test_quality_report_summary_format() -> None:
     assert report.to_dict()["summary"] == report.summary()
 
 
+def test_quality_report_summary_of_a_larger_result_says_larger() -> None:
+    """A result bigger than its source (say, F16 from a Q8_0) reads as the CLI text does, in --json too."""
+    report = QualityReport("F16", 0.5, 10.0, 10.0)
+    assert report.summary() == "F16: 2.0x larger, perplexity +0.0%"
+    assert "smaller" not in report.to_dict()["summary"]
+    assert QualityReport("Q8_0", 1.01, 10.0, 10.1).summary() == "Q8_0: about the same size, perplexity +1.0%"
+
+
 def test_perplexity_rejects_bad_input(tmp_path: Path) -> None:
     from engine.errors import EngineError, ModelLoadError
 
