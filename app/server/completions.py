@@ -173,6 +173,8 @@ def handle(handler: Handler) -> None:
         encoded: list[list[int]] = [map_errors(partial(_tokens, state.backend, p, limit)) for p in prompts]
         n_ctx = state.n_ctx or 0
         for tokens in encoded:
+            if not tokens:
+                raise HttpError(400, "'prompt' is empty", code="invalid_value", param="prompt")
             if n_ctx and len(tokens) + params.max_tokens > n_ctx:
                 raise HttpError(
                     400,

@@ -97,6 +97,7 @@ class Handler(BaseHTTPRequestHandler):
                 "/v1/embeddings": lambda: embeddings.handle(self),
                 "/v1/responses": lambda: responses.handle(self),
                 "/v1/messages": lambda: messages.handle(self),
+                "/v1/messages/count_tokens": lambda: messages.count_tokens(self),
                 "/tokenize": self._tokenize,
             }
         )

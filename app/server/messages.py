@@ -12,7 +12,8 @@ The answer is a ``message`` with ``thinking``, ``text`` and ``tool_use`` content
 ``stop_reason`` (``end_turn``, ``max_tokens``, ``tool_use``); streamed, the events
 ``message_start``, ``content_block_start`` / ``_delta`` / ``_stop`` per block, ``message_delta``
 (the stop reason and the usage) and ``message_stop``. A stop sequence ends the reply as
-``end_turn``: the engine does not say which string matched.
+``end_turn``: the engine does not say which string matched. ``POST /v1/messages/count_tokens``
+counts a request's prompt with the model's own template.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from app.server import params as fields
 from app.server.chat import check_backend, check_fits, n_vocab, open_stream, whole_choice
-from app.server.errors import HttpError
+from app.server.errors import HttpError, map_errors
 from app.server.handler import anthropic_error
 from app.server.wire import ChatRequest, Choice, WireMessage, parse_tools, text_limit
 
@@ -247,6 +248,37 @@ def handle(handler: Handler) -> None:
         handler.send_json(
             200, _message(state.model_id, message_id, _content(choice), stop, _usage(choice.finished.stats))
         )
+
+
+def count_tokens(handler: Handler) -> None:
+    """Answers ``POST /v1/messages/count_tokens``: the prompt's tokens as the model reads it (its
+    chat template, the tools included), ``{"input_tokens": N}``."""
+    from app.server.chat import engine_messages
+    from engine.context import effective_reserve
+
+    state = handler.state
+    body = dict(handler.read_json())
+    body.setdefault("max_tokens", 1)
+    wanted = state.check_model(body)
+    request = parse_message_request(body, text_limit(state.n_ctx), n_vocab(state.backend))
+    with handler.use_model(wanted):
+        backend = state.backend
+        n_ctx, reserve = state.n_ctx, getattr(backend, "reply_reserve", None)
+        if not hasattr(backend, "result_room") or n_ctx is None or not isinstance(reserve, int):
+            raise HttpError(400, "this server's backend cannot count tokens", code="unsupported_parameter")
+        check_backend(backend, request)
+        room = map_errors(
+            lambda: backend.result_room(
+                engine_messages(request.messages),
+                request.params,
+                system=request.system,
+                tools=request.tools,
+                tool_choice=request.tool_choice,
+                thinking=request.thinking,
+            )
+        )
+        kept = effective_reserve(n_ctx, min(reserve, request.params.max_tokens))
+        handler.send_json(200, {"input_tokens": n_ctx - kept - room})
 
 
 def _stream(handler: Handler, request: ChatRequest, message_id: str, cancel: threading.Event) -> None:

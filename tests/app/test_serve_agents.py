@@ -136,14 +136,14 @@ def test_responses_text_format_is_the_constraint(served: tuple[ServerHandle, Scr
 # ----------------------------------------------------------------------------- /v1/messages (Anthropic)
 
 
-def _anthropic(handle: ServerHandle, body: dict[str, Any]) -> tuple[int, Any]:
+def _anthropic(handle: ServerHandle, body: dict[str, Any], path: str = "/v1/messages") -> tuple[int, Any]:
     import http.client
 
     connection = http.client.HTTPConnection(handle.host, handle.port, timeout=30)
     try:
         data = json.dumps(body).encode()
         headers = {"Content-Type": "application/json", "x-api-key": KEY, "anthropic-version": "2023-06-01"}
-        connection.request("POST", "/v1/messages", body=data, headers=headers)
+        connection.request("POST", path, body=data, headers=headers)
         response = connection.getresponse()
         raw = response.read().decode()
         if (response.getheader("Content-Type") or "").startswith("text/event-stream"):
@@ -237,6 +237,10 @@ def test_messages_errors_in_anthropics_shape(served: tuple[ServerHandle, Scripte
         handle, {"model": "claude-x", "max_tokens": 4, "messages": [{"role": "user", "content": "x"}]}
     )
     assert status == 404 and body["error"]["type"] == "not_found_error"
+    status, body = _anthropic(
+        handle, {"model": "fake-model", "messages": [{"role": "user", "content": "x"}]}, "/v1/messages/count_tokens"
+    )
+    assert status == 400 and body["error"]["message"] == "this server's backend cannot count tokens"
     status, _ = post(
         handle, "/v1/messages", {"model": "fake-model", "max_tokens": 4, "messages": []}, key="wrong-key-123"
     )
@@ -277,3 +281,10 @@ def test_responses_and_messages_with_the_starter_model(starter_model: Path, tmp_
         (use,) = [block for block in body["content"] if block["type"] == "tool_use"]
         jsonschema.validate(use["input"], WEATHER_TOOL["input_schema"])
         assert body["stop_reason"] == "tool_use"
+        # count_tokens counts the very prompt a reply reads (template and tools included).
+        question = {"messages": [{"role": "user", "content": "Name a city."}], "tools": [WEATHER_TOOL]}
+        status, counted = _anthropic(handle, {"model": handle.model, **question}, "/v1/messages/count_tokens")
+        assert status == 200, counted
+        status, body = _anthropic(handle, {"model": handle.model, "max_tokens": 1, **question})
+        usage = body["usage"]
+        assert counted["input_tokens"] == usage["input_tokens"] + usage["cache_read_input_tokens"]

@@ -378,6 +378,9 @@ def test_completions_logprobs_and_refusals(served: tuple[ServerHandle, ScriptedB
     with pytest.raises(openai.BadRequestError) as caught:
         api.completions.create(model="fake-model", prompt="w " * 250, max_tokens=16)  # 500 bytes > 256
     assert caught.value.code == "context_length_exceeded"
+    with pytest.raises(openai.BadRequestError) as caught:
+        api.completions.create(model="fake-model", prompt="")
+    assert caught.value.body["message"] == "'prompt' is empty"  # type: ignore[index]
 
 
 def test_a_conversation_over_the_window_is_context_length_exceeded(
