@@ -20,13 +20,25 @@ import secrets
 import string
 import threading
 import time
-from collections.abc import Callable, Collection, Generator, Sequence
+from collections.abc import Callable, Collection, Generator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from engine.events import Event, Finished, FinishReason, Reasoning, Stats, Token, ToolCall
 from engine.reasoning import PieceKind, ReasoningSplitter
-from engine.tool_calls import Family, ParsedCall, Piece, ToolCallParser
+from engine.tool_calls import (
+    DS_CALL_BEGIN,
+    DS_CALL_END,
+    DS_CALLS_BEGIN,
+    DS_CALLS_END,
+    DS_SEP,
+    LLAMA_PYTHON_TAG,
+    MISTRAL_CALLS,
+    Family,
+    ParsedCall,
+    Piece,
+    ToolCallParser,
+)
 
 if TYPE_CHECKING:
     from engine.runtime import GenerationParams, WorkerResult
@@ -37,6 +49,28 @@ THINK_END = "\n</think>\n\n"
 """What closes the thinking when its budget runs out (the reply then goes on from there)."""
 
 _ID_ALPHABET = string.ascii_letters + string.digits
+
+
+MARKERS = (
+    "<think>", "</think>", "<tool_call>", "</tool_call>", MISTRAL_CALLS, "[ARGS]", "[CALL_ID]", LLAMA_PYTHON_TAG,
+    DS_CALLS_BEGIN, DS_CALLS_END, DS_CALL_BEGIN, DS_CALL_END, DS_SEP,
+)
+"""The markup the parsers look for that a vocabulary may hold as one special token."""
+
+
+def special_markers(tokenize: Callable[[str], list[int]]) -> dict[int, str]:
+    """The markers (:data:`MARKERS`) that are one token of this vocabulary: token id -> text.
+
+    The worker renders generated tokens without their special text (so ``<|im_end|>`` and the like
+    never show), which would also hide a control token such as Mistral's ``[TOOL_CALLS]`` or Llama's
+    ``<|python_tag|>`` from the parsers; the shaper puts these back (:class:`ReplyShaper`).
+    """
+    found: dict[int, str] = {}
+    for marker in MARKERS:
+        ids = tokenize(marker)
+        if len(ids) == 1:
+            found[ids[0]] = marker
+    return found
 
 
 def new_call_id() -> str:
@@ -54,6 +88,7 @@ class ReplyShaper:
         think_started: the reply starts inside ``<think>`` (the prompt opened it).
         thinking: recognise ``<think>`` at all.
         clock: seconds, for the reasoning time (tests pass their own).
+        specials: marker tokens whose text the worker leaves out (:func:`special_markers`).
     """
 
     family: Family | None = None
@@ -61,6 +96,7 @@ class ReplyShaper:
     think_started: bool = False
     thinking: bool = True
     clock: Callable[[], float] = time.perf_counter
+    specials: Mapping[int, str] = field(default_factory=dict)
     answer: str = ""
     reasoning: str = ""
     reasoning_tokens: int = 0
@@ -88,6 +124,8 @@ class ReplyShaper:
 
     def on_token(self, token: Token) -> list[Event]:
         """The events that replace one raw token."""
+        if not token.text and token.token_id in self.specials:
+            token = replace(token, text=self.specials[token.token_id])
         self._last = token
         now = self.clock()
         was_reasoning = self._splitter.in_reasoning or (self.think_started and self._reasoning_start is None)

@@ -27,6 +27,7 @@ from engine.events import Event, Stats
 from engine.fit import kv_cache_bytes
 from engine.gguf import GgufInfo, read_gguf_info
 from engine.kv_cache import KvCacheConfig, KvKey, KvRequest
+from engine.reply import special_markers
 from engine.runtime import GenerationParams, InferenceWorker, LoadParams, ModelInfo, WorkerResult, probe_variant
 from engine.templates import ChatTemplate, select_template
 from engine.tools import ToolSpec
@@ -75,6 +76,7 @@ class ChatSession:
         self._worker: InferenceWorker | None = None
         self.info: ModelInfo | None = None
         self.template: ChatTemplate | None = None
+        self._specials: dict[int, str] | None = None  # marker tokens the worker renders without text
         self.last_prompt: list[int] = []
         self.last_plan: ContextPlan | None = None
         self.offload_note: str | None = None
@@ -101,6 +103,7 @@ class ChatSession:
         self.template = select_template(
             info.chat_template, info.architecture, info.bos_token, info.eos_token
         )
+        self._specials = None
         return info
 
     def _start_with_fallback(self, cancel: threading.Event | None) -> tuple[InferenceWorker, ModelInfo]:
@@ -248,6 +251,12 @@ class ChatSession:
         self._prompt_tokens[prompt] = tokens
         return tokens
 
+    def _marker_tokens(self) -> dict[int, str]:
+        """This vocabulary's tool and thinking markers that are one token (asked once per worker)."""
+        if self._specials is None:
+            self._specials = special_markers(self._tokenize_special)
+        return self._specials
+
     def _tokenize_special(self, text: str) -> list[int]:
         """Tokens of text that goes into a prompt after generated tokens (special tokens parsed)."""
         assert self._worker is not None
@@ -331,7 +340,7 @@ class ChatSession:
             self.last_prompt = tokens
             stops = tuple(dict.fromkeys((*params.stop, *self.template.stop)))
             run = turn.params(params.model_copy(update={"stop": stops}))
-            shaper = turn.shaper(prompt)
+            shaper = turn.shaper(prompt, self._marker_tokens())
             try:
                 self._configure_kv(cache_key)
                 result = yield from turn.generate(self._worker.generate, tokens, run, cancel, shaper,
@@ -348,7 +357,7 @@ class ChatSession:
                 assert worker is not None
                 try:
                     self._configure_kv(cache_key)
-                    shaper = turn.shaper(prompt)
+                    shaper = turn.shaper(prompt, self._marker_tokens())
                     result = yield from turn.generate(worker.generate, tokens, run, cancel, shaper,
                                                       self._tokenize_special)
                 except EngineCrashed as again:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -84,13 +84,15 @@ class TurnShape:
             return params
         return params.model_copy(update={"json_schema": self.json_schema})
 
-    def shaper(self, prompt: str) -> ReplyShaper:
-        """A fresh reply shaper for the prompt that was rendered."""
+    def shaper(self, prompt: str, specials: Mapping[int, str] | None = None) -> ReplyShaper:
+        """A fresh reply shaper for the prompt that was rendered (``specials``: the vocabulary's
+        marker tokens, engine/reply.py's :func:`~engine.reply.special_markers`)."""
         names = [tool.name for tool in self.tools]
+        marks = dict(specials or {})
         if self.json_schema is not None:
-            return ReplyShaper(family="json", tool_names=names, thinking=False)
+            return ReplyShaper(family="json", tool_names=names, thinking=False, specials=marks)
         family = self.template.tool_family if self.tools else None
-        return ReplyShaper(family=family, tool_names=names, think_started=opened_in_prompt(prompt))
+        return ReplyShaper(family=family, tool_names=names, think_started=opened_in_prompt(prompt), specials=marks)
 
     def generate(
         self,

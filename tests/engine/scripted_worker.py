@@ -29,6 +29,9 @@ class Script:
     piece: int = 3
     prompts: list[str] = field(default_factory=list)
     params: list[GenerationParams] = field(default_factory=list)
+    control: dict[str, int] = field(default_factory=dict)
+    """Control tokens of the vocabulary (text -> id): one token when tokenized, and streamed with
+    no text, as llama.cpp renders generated control tokens."""
 
 
 def scripted_session(
@@ -50,6 +53,8 @@ def scripted_session(
                              "<s>", "</s>", False, template)
 
         def tokenize(self, text: str, add_bos: bool = False, special: bool = True) -> list[int]:
+            if special and text in script.control:
+                return [script.control[text]]
             return list(text.encode("utf-8"))
 
         def pieces(self, tokens: Sequence[int]) -> list[str]:
@@ -66,11 +71,13 @@ def scripted_session(
             reply = script.replies.pop(0) if script.replies else "ok"
             yield PrefillProgress(len(tokens), len(tokens))
             count, sent = 0, ""
-            for start in range(0, len(reply), script.piece):
+            for piece in _pieces(reply, script.piece, script.control):
                 if cancel is not None and cancel.is_set():
                     return WorkerResult("cancelled", sent, len(tokens), 0, count, len(tokens) + count, 1.0, 1.0, 1.0)
                 count += 1
-                piece = reply[start:start + script.piece]
+                if piece in script.control:
+                    yield Token("", script.control[piece])
+                    continue
                 sent += piece
                 # one byte per piece: its token id is the byte, as tokenize() would give
                 yield Token(piece, piece.encode()[0] if len(piece.encode()) == 1 else count)
@@ -83,3 +90,17 @@ def scripted_session(
     session = ChatSession(LoadParams(model_path=model, n_ctx=n_ctx))
     session.load()
     return session
+
+
+def _pieces(reply: str, size: int, control: dict[str, int]) -> list[str]:
+    """The reply in pieces of ``size`` characters, each control token a piece of its own."""
+    out: list[str] = []
+    rest = reply
+    while rest:
+        found = [(rest.find(marker), marker) for marker in control if marker in rest]
+        at, marker = min(found) if found else (len(rest), "")
+        text, rest = rest[:at], rest[at + len(marker):]
+        out.extend(text[i:i + size] for i in range(0, len(text), size))
+        if marker:
+            out.append(marker)
+    return out

@@ -108,3 +108,15 @@ def test_agent_over_the_session_runs_the_call_and_cuts_a_huge_result(
     # the cut result is in the next prompt, and the prompt fits the window
     assert step.result.content in script.prompts[1] and len(script.prompts[1].encode()) < 2048
     assert run.result.text == "It is 5."
+
+
+@pytest.mark.parametrize("piece", [1, 4, 100])
+def test_control_token_markers_reach_the_parser(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, piece: int) -> None:
+    # Mistral's [TOOL_CALLS] is a control token: the worker streams it with no text.
+    script = Script(replies=['[TOOL_CALLS][{"name": "add", "arguments": {"a": 4, "b": 5}}]'], piece=piece,
+                    control={"[TOOL_CALLS]": 5})
+    session = scripted_session(tmp_path, monkeypatch, ft.MISTRAL, script, architecture="llama")
+    finished = list(session.stream([], "4+5?", tools=[ADD]))[-1]
+    assert isinstance(finished, Finished)
+    assert [(c.name, c.arguments) for c in finished.tool_calls] == [("add", {"a": 4, "b": 5})]
+    assert finished.text == ""
