@@ -31,29 +31,15 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.inspector import format_bytes
 from app.quantize_dialog import VERDICT_TEXT
 from app.quantize_dialog import table_item as _item
 from app.quantize_dialog import verdict_item as _verdict_item
 from app.workers.models_worker import ModelsAdapter, Transfer
+from engine.units import format_bytes, format_eta, format_speed
 
 REPO_ROLE = Qt.ItemDataRole.UserRole
 FILE_ROLE = Qt.ItemDataRole.UserRole + 1
 SEARCH_HINT = "Search Hugging Face for GGUF models (e.g. qwen 0.5b instruct)"
-
-
-def format_speed(bps: float) -> str:
-    return f"{bps / 2**20:.1f} MiB/s" if bps else "—"
-
-
-def format_eta(seconds: float | None) -> str:
-    if seconds is None:
-        return ""
-    if seconds >= 3600:
-        return f"{seconds / 3600:.1f} h left"
-    if seconds >= 90:
-        return f"{seconds / 60:.0f} min left"
-    return f"{seconds:.0f} s left"
 
 
 class DiscoverWidget(QWidget):

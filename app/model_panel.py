@@ -31,21 +31,18 @@ from PySide6.QtWidgets import (
 from app.discover_panel import (
     DiscoverWidget,
     TransferButtonsWidget,
-    format_eta,
     format_progress,
-    format_speed,
     transfer_status,
 )
-from app.inspector import format_bytes
 from app.quantize_dialog import QualityDialog, QuantizeDialog
 from app.quantize_dialog import table_item as _item
 from app.quantize_dialog import verdict_item as _verdict_item
 from app.workers.chat_adapter import model_label, model_tooltip
 from app.workers.models_worker import ModelsAdapter
+from engine.units import format_bytes
 
 __all__ = [
-    "ModelPanel", "QuantizeDialog", "TransferButtonsWidget", "format_eta", "format_params", "format_progress",
-    "format_speed", "transfer_status",
+    "ModelPanel", "QuantizeDialog", "TransferButtonsWidget", "format_params", "format_progress", "transfer_status",
 ]
 PATH_ROLE = Qt.ItemDataRole.UserRole
 KIND_TEXT = {"embedding": "embedder", "projector": "vision projector"}

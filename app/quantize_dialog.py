@@ -30,9 +30,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.inspector import format_bytes
 from app.job_footer import add_job_footer
 from app.workers.models_worker import ModelsAdapter, Transfer
+from engine.units import format_bytes
 
 VERDICT_TEXT = {"gpu": "fits on GPU", "partial": "partial offload", "ram": "fits in RAM", "no": "won't fit"}
 VERDICT_COLOR = {"gpu": "#16a34a", "partial": "#0891b2", "ram": "#4f46e5", "no": "#dc2626"}

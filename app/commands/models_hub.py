@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from app.commands._output import add_json_flag, print_json
 from app.paths import Paths
-from engine.fit import format_bytes
+from engine.units import format_bytes, format_eta, format_speed
 
 if TYPE_CHECKING:
     from engine.downloads import DownloadProgress, DownloadResult
@@ -198,23 +198,14 @@ class ProgressPrinter:
         elif report.done:
             parts.append(format_bytes(report.done))
         if report.state == "downloading" and report.speed_bps > 0:
-            parts.append(f"{format_bytes(report.speed_bps)}/s")
+            parts.append(format_speed(report.speed_bps))
             if report.eta_s is not None:
-                parts.append(f"ETA {_duration(report.eta_s)}")
+                parts.append(format_eta(report.eta_s))
         if report.attempt > 1:
             parts.append(f"attempt {report.attempt}")
         if report.message and report.state != "done":
             parts.append(report.message)
         return "  ".join(parts)
-
-
-def _duration(seconds: float) -> str:
-    seconds = int(seconds + 0.5)
-    if seconds < 60:
-        return f"{seconds} s"
-    minutes, seconds = divmod(seconds, 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}:{minutes:02d}:{seconds:02d}" if hours else f"{minutes}:{seconds:02d}"
 
 
 def select_files(listing: RepoFiles, wanted: str, with_mmproj: bool) -> list[ModelFile]:

@@ -339,7 +339,7 @@ def _params(n: int | None) -> str:
 
 
 def _size(n: int) -> str:
-    from engine.fit import format_bytes
+    from engine.units import format_bytes
 
     return format_bytes(n)
 

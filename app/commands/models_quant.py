@@ -16,7 +16,7 @@ from typing import Any
 
 from app.commands._output import add_json_flag, positive_int, print_json
 from app.paths import Paths
-from engine.fit import format_bytes
+from engine.units import format_bytes
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:

@@ -192,5 +192,5 @@ def test_progress_printer_redraws_on_a_terminal() -> None:
     printer(DownloadProgress("m.gguf", 100, 100, 0.0, None, "done", 2))
     text = out.getvalue()
     assert text.count("\r\x1b[2K") == 3
-    assert " 50.0% (50 B of 100 B)  2.0 KiB/s  ETA 25 s  attempt 2" in text
+    assert " 50.0% (50 B of 100 B)  2.0 KiB/s  25 s left  attempt 2" in text  # the words the GUI uses
     assert text.endswith("\n")

@@ -18,11 +18,11 @@ from hub_server import FakeHub, random_bytes
 from tiny_models import write_tiny_llama_gguf
 
 from app.curated_models import load_curated
-from app.inspector import format_bytes
 from app.paths import Paths
 from app.quantize_dialog import QuantizeDialog
 from app.workers.chat_adapter import ModelState
 from engine.errors import Cancelled
+from engine.units import format_bytes
 
 pytestmark = [pytest.mark.gui, pytest.mark.qt_log_ignore("propagateSizeHints")]
 
@@ -368,3 +368,15 @@ def test_first_start_offers_lm_studio_in_the_status_bar(
     qtbot.wait(200)
     assert "LM Studio" in w.statusBar().currentMessage()  # the "Loaded …" message does not hide it
     w.shutdown()
+
+
+def test_the_gui_and_the_cli_print_sizes_alike() -> None:
+    """The Models page and ``glassbox models`` print sizes, speeds and times left with engine.units."""
+    from app import discover_panel, model_panel, quantize_dialog
+    from app.commands import models_hub, models_quant
+    from engine import units
+
+    for module in (discover_panel, model_panel, quantize_dialog, models_hub, models_quant):
+        assert module.format_bytes is units.format_bytes, module.__name__
+    for module in (discover_panel, models_hub):
+        assert module.format_speed is units.format_speed and module.format_eta is units.format_eta
