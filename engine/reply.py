@@ -25,6 +25,8 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from engine.events import Event, Finished, FinishReason, Reasoning, Stats, Token, ToolCall
+from engine.harmony import MARKERS as HARMONY_MARKERS
+from engine.harmony import HarmonyPiece, HarmonySplitter
 from engine.reasoning import PieceKind, ReasoningSplitter
 from engine.tool_calls import (
     DS_CALL_BEGIN,
@@ -53,7 +55,7 @@ _ID_ALPHABET = string.ascii_letters + string.digits
 
 MARKERS = (
     "<think>", "</think>", "<tool_call>", "</tool_call>", MISTRAL_CALLS, "[ARGS]", "[CALL_ID]", LLAMA_PYTHON_TAG,
-    DS_CALLS_BEGIN, DS_CALLS_END, DS_CALL_BEGIN, DS_CALL_END, DS_SEP,
+    DS_CALLS_BEGIN, DS_CALLS_END, DS_CALL_BEGIN, DS_CALL_END, DS_SEP, *HARMONY_MARKERS,
 )
 """The markup the parsers look for that a vocabulary may hold as one special token."""
 
@@ -84,6 +86,9 @@ class ReplyShaper:
 
     Args:
         family: the tool-call format to parse; ``None`` when no tools are offered (calls are text).
+        harmony: the reply is in OpenAI's harmony format (gpt-oss, engine/harmony.py): its channels
+            give the thinking, the answer and the calls (``family`` then only says whether tools
+            were offered).
         tool_names: the tools offered.
         think_started: the reply starts inside ``<think>`` (the prompt opened it).
         thinking: recognise ``<think>`` at all.
@@ -92,6 +97,7 @@ class ReplyShaper:
     """
 
     family: Family | None = None
+    harmony: bool = False
     tool_names: Collection[str] = ()
     think_started: bool = False
     thinking: bool = True
@@ -107,12 +113,25 @@ class ReplyShaper:
 
     def __post_init__(self) -> None:
         self._splitter = ReasoningSplitter(started=self.think_started, enabled=self.thinking)
-        self._parser = ToolCallParser(self.family, self.tool_names) if self.family is not None else None
+        self._harmony = HarmonySplitter(tools_offered=self.family is not None) if self.harmony else None
+        self._parser = (
+            ToolCallParser(self.family, self.tool_names) if self.family is not None and not self.harmony else None
+        )
 
     @property
     def in_reasoning(self) -> bool:
         """Whether the reply so far ends inside the thinking."""
-        return self._splitter.in_reasoning
+        return self._harmony.in_reasoning if self._harmony is not None else self._splitter.in_reasoning
+
+    def _feed(self, text: str) -> list[HarmonyPiece]:
+        if self._harmony is not None:
+            return self._harmony.feed(text)
+        return list(self._splitter.feed(text))
+
+    def _finish_split(self) -> list[HarmonyPiece]:
+        if self._harmony is not None:
+            return self._harmony.finish()
+        return list(self._splitter.finish())
 
     @property
     def reasoning_ms(self) -> float:
@@ -128,10 +147,10 @@ class ReplyShaper:
             token = replace(token, text=self.specials[token.token_id])
         self._last = token
         now = self.clock()
-        was_reasoning = self._splitter.in_reasoning or (self.think_started and self._reasoning_start is None)
-        pieces = self._splitter.feed(token.text)
-        is_reasoning = self._splitter.in_reasoning
-        if was_reasoning or is_reasoning or any(kind == "reasoning" for kind, _ in pieces):
+        was_reasoning = self.in_reasoning or (self.think_started and self._reasoning_start is None)
+        pieces = self._feed(token.text)
+        is_reasoning = self.in_reasoning
+        if was_reasoning or is_reasoning or any(isinstance(p, tuple) and p[0] == "reasoning" for p in pieces):
             self.reasoning_tokens += 1
             if self._reasoning_start is None:
                 self._reasoning_start = now
@@ -141,9 +160,9 @@ class ReplyShaper:
 
     def finish(self) -> list[Event]:
         """The events for what was held back at the end of the reply."""
-        if self._splitter.in_reasoning and self._reasoning_end is None and self._reasoning_start is not None:
+        if self.in_reasoning and self._reasoning_end is None and self._reasoning_start is not None:
             self._reasoning_end = self.clock()
-        events = self._route(self._splitter.finish(), self._last)
+        events = self._route(self._finish_split(), self._last)
         if self._parser is not None:
             events.extend(self._emit(self._parser.finish(), self._last))
         return events
@@ -160,9 +179,13 @@ class ReplyShaper:
             tool_calls=tuple(self.calls),
         )
 
-    def _route(self, pieces: list[tuple[PieceKind, str]], token: Token | None) -> list[Event]:
+    def _route(self, pieces: Sequence[HarmonyPiece | tuple[PieceKind, str]], token: Token | None) -> list[Event]:
         events: list[Event] = []
-        for kind, text in pieces:
+        for piece in pieces:
+            if isinstance(piece, ParsedCall):
+                events.extend(self._emit([piece], token))
+                continue
+            kind, text = piece
             if kind == "reasoning":
                 self.reasoning += text
                 events.append(Reasoning(text))

@@ -56,6 +56,7 @@ from markupsafe import Markup
 
 from engine.errors import TemplateError
 from engine.gguf import MAX_CHAT_TEMPLATE_BYTES
+from engine.harmony import is_harmony
 from engine.reasoning import EFFORTS, thinking_controls
 from engine.tool_calls import Family, detect_family
 from engine.tool_prompt import fold_tools, has_tool_parts, template_message, tool_entries
@@ -395,6 +396,7 @@ class ChatTemplate:
             fallback prompt.
         thinking: the thinking switches the template reads (``enable_thinking``,
             ``reasoning_effort``); empty when it has none.
+        harmony: the model writes OpenAI's harmony format (gpt-oss: channels, engine/harmony.py).
     """
 
     name: str
@@ -410,6 +412,7 @@ class ChatTemplate:
     supports_tools: bool = False
     tool_family: Family = "json"
     thinking: frozenset[str] = frozenset()
+    harmony: bool = False
 
     def render(
         self,
@@ -723,7 +726,8 @@ def _with_tool_support(template: ChatTemplate, source: str, architecture: str) -
     except TemplateError:
         works = False
     family: Family = detect_family(source, architecture) if works else "json"
-    return replace(template, supports_tools=works, tool_family=family, thinking=thinking_controls(source))
+    return replace(template, supports_tools=works, tool_family=family, thinking=thinking_controls(source),
+                   harmony=is_harmony(source))
 
 
 def _stops_for(template: str, eos: str) -> tuple[str, ...]:

@@ -92,7 +92,8 @@ class TurnShape:
         if self.json_schema is not None:
             return ReplyShaper(family="json", tool_names=names, thinking=False, specials=marks)
         family = self.template.tool_family if self.tools else None
-        return ReplyShaper(family=family, tool_names=names, think_started=opened_in_prompt(prompt), specials=marks)
+        return ReplyShaper(family=family, harmony=self.template.harmony, tool_names=names,
+                           think_started=opened_in_prompt(prompt), specials=marks)
 
     def generate(
         self,

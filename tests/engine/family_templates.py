@@ -116,3 +116,41 @@ NO_TOOLS = """
 {%- if add_generation_prompt %}<|im_start|>assistant
 {% endif %}
 """
+
+# gpt-oss style (OpenAI's harmony format): a reasoning_effort switch, tools as a TypeScript-like
+# namespace in the developer message, calls on the commentary channel, results from functions.NAME.
+HARMONY = """
+{%- set effort = reasoning_effort if reasoning_effort is defined else 'medium' -%}
+<|start|>system<|message|>You are a helpful assistant.
+Reasoning: {{ effort }}
+
+# Valid channels: analysis, commentary, final.
+{%- if tools %} Calls to these tools must go to the commentary channel: 'functions'.{% endif %}<|end|>
+{%- if messages[0].role == 'system' or tools %}<|start|>developer<|message|>
+{%- if messages[0].role == 'system' %}# Instructions
+
+{{ messages[0].content }}
+
+{% endif %}
+{%- if tools %}# Tools
+
+## functions
+
+namespace functions {
+{% for tool in tools %}
+// {{ tool.function.description }}
+type {{ tool.function.name }} = (_: {{ tool.function.parameters | tojson }}) => any;
+{% endfor %}
+} // namespace functions{% endif %}<|end|>{% endif %}
+{%- for message in messages %}
+{%- if message.role == 'user' %}<|start|>user<|message|>{{ message.content }}<|end|>
+{%- elif message.role == 'assistant' and message.tool_calls %}{% set call = message.tool_calls[0].function -%}
+<|start|>assistant<|channel|>commentary to=functions.{{ call.name }} <|constrain|>json<|message|>
+{{- call.arguments | tojson }}<|call|>
+{%- elif message.role == 'assistant' %}<|start|>assistant<|channel|>final<|message|>{{ message.content }}<|end|>
+{%- elif message.role == 'tool' %}<|start|>functions.{{ message.name }} to=assistant<|channel|>commentary<|message|>
+{{- message.content | tojson }}<|end|>
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|start|>assistant{% endif %}
+"""
