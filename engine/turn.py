@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from engine.context import Message
 from engine.errors import EngineError
 from engine.events import Event
+from engine.harmony import MARKERS as HARMONY_MARKERS
 from engine.reasoning import EFFORTS, opened_in_prompt
 from engine.reply import Generate, ReplyShaper, shaped, within_thinking_budget
 from engine.tool_prompt import call_schema
@@ -88,7 +89,8 @@ class TurnShape:
         """A fresh reply shaper for the prompt that was rendered (``specials``: the vocabulary's
         marker tokens, engine/reply.py's :func:`~engine.reply.special_markers`)."""
         names = [tool.name for tool in self.tools]
-        marks = dict(specials or {})
+        # harmony's markers are text only for a harmony model (elsewhere one may be a silent control token)
+        marks = {i: m for i, m in (specials or {}).items() if self.template.harmony or m not in HARMONY_MARKERS}
         if self.json_schema is not None:
             return ReplyShaper(family="json", tool_names=names, thinking=False, specials=marks)
         family = self.template.tool_family if self.tools else None

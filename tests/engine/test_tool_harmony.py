@@ -93,3 +93,11 @@ def test_through_the_session_with_markers_as_control_tokens(tmp_path: Path, monk
     assert script.prompts[1].endswith(
         '<|start|>functions.add to=assistant<|channel|>commentary<|message|>"5"<|end|><|start|>assistant')
     assert "They want a sum" not in script.prompts[1]  # old thinking is never sent back
+
+
+def test_harmony_markers_stay_silent_for_other_models(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    control = {marker: 200 + index for index, marker in enumerate(MARKERS)}
+    script = Script(replies=["It is<|end|> 5."], piece=2, control=control)
+    session = scripted_session(tmp_path, monkeypatch, ft.QWEN3, script)
+    finished = list(session.stream([], "2+3?"))[-1]
+    assert isinstance(finished, Finished) and finished.text == "It is 5."
