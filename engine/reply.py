@@ -2,15 +2,17 @@
 
 The worker streams raw ``Token`` events. :class:`ReplyShaper` runs each token's text through a
 :class:`~engine.reasoning.ReasoningSplitter` and then, when tools are offered, a
-:class:`~engine.tool_calls.ToolCallParser`, and emits in its place:
+:class:`~engine.tool_calls.ToolCallParser` (for a gpt-oss model, a
+:class:`~engine.harmony.HarmonySplitter` does both), and emits in its place:
 
 * ``Reasoning(text)`` for thinking,
 * ``Token`` (the same event with only its answer text) for the answer, as it streams,
 * ``ToolCall(id, name, arguments, raw)`` once per complete call (its markup never shows as text).
 
 It keeps the answer, the reasoning (with its token count and time) and the calls, for the
-``Finished`` event that ends the reply. :func:`shaped` wraps the worker's generator with it. The
-session uses both (:mod:`engine.session`); a test can drive them with scripted tokens.
+``Finished`` event that ends the reply. :func:`shaped` wraps the worker's generator with it, and
+:func:`within_thinking_budget` also caps the thinking. The session uses them (:mod:`engine.session`,
+through :mod:`engine.turn`); a test can drive them with scripted tokens.
 """
 
 from __future__ import annotations
