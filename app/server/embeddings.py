@@ -193,7 +193,7 @@ def handle(handler: Handler) -> None:
         {
             "object": "list",
             "data": data,
-            "model": embeddings.model_id,
+            "model": state.embedder_id,  # the id /v1/models lists, which a request may name
             "usage": {"prompt_tokens": total, "total_tokens": total},
         },
     )

@@ -646,12 +646,16 @@ def test_embeddings_through_openai_client(model_server: ServerHandle) -> None:
     import numpy as np
 
     client = _client(model_server)
-    result = client.embeddings.create(model="any", input=["a cat sat on the mat", "a kitten on a rug", "tax law"])
+    model = client.models.list().data[-1].id  # the embedding model is listed after the chat model
+    with pytest.raises(openai.NotFoundError):
+        client.embeddings.create(model="any", input="a cat")
+    result = client.embeddings.create(model=model, input=["a cat sat on the mat", "a kitten on a rug", "tax law"])
+    assert result.model == model
     vectors = np.array([d.embedding for d in result.data])  # the client asked for base64 and decoded it
     assert vectors.shape == (3, 384)
     assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-3)
     assert vectors[0] @ vectors[1] > vectors[0] @ vectors[2]
-    floats = client.embeddings.create(model="any", input="a cat sat on the mat", encoding_format="float")
+    floats = client.embeddings.create(model=model, input="a cat sat on the mat", encoding_format="float")
     assert np.allclose(floats.data[0].embedding, vectors[0], atol=1e-5)
 
 
