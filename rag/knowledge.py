@@ -41,6 +41,16 @@ _SPECIAL_TOKENS = 2  # [CLS] and [SEP] take two of the model's max sequence leng
 
 ProgressFn = Callable[[IngestProgress], None]
 
+OWNER_KB = "glassbox_kb"
+"""Collection metadata on a Chroma server: the name of the knowledge base it holds."""
+OWNER_REGISTRY = "glassbox_registry"
+"""Collection metadata on a Chroma server: the id of the registry (the Glassbox home) that owns it."""
+ONE_HOME = (
+    "a knowledge base on a Chroma server is used by the Glassbox home that made it, because its "
+    "documents' text, keyword index and settings stay in that home's registry; the server holds only the vectors"
+)
+"""Why a second home cannot use a knowledge base on a shared server (said by the CLI and in errors)."""
+
 MIN_FREE_BYTES = 2**20
 """Below this much free space the knowledge folder's disk counts as full: SQLite cannot even create
 the shared-memory file of its write-ahead log, so nothing is opened or written."""
@@ -373,6 +383,7 @@ class KnowledgeBases:
         if not 0 <= overlap_tokens < size:
             raise KnowledgeBaseError(f"{name}: the overlap must be smaller than the chunk size ({size})")
         refuse_a_full_disk(self.root)
+        self._refuse_a_foreign_name(name)
         with _full_disk_says_so(self.root, _WRITE_STOPPED):
             kb = self.registry.create_kb(
                 name,
@@ -383,16 +394,56 @@ class KnowledgeBases:
                 overlap_tokens=overlap_tokens,
                 collection=_new_collection_name(),
             )
-            self.store.ensure(kb.collection, dimension=kb.dimension, model_id=kb.embedder_id)
+            self.store.ensure(kb.collection, dimension=kb.dimension, model_id=kb.embedder_id, labels=self._labels(kb))
         return kb
+
+    # ------------------------------------------------------------------ a shared server
+
+    def _labels(self, kb: KnowledgeBaseInfo) -> dict[str, str] | None:
+        """What a collection on a server records about its owner (None for a local store)."""
+        if self.store.local:
+            return None
+        return {OWNER_KB: kb.name, OWNER_REGISTRY: self.registry.identity()}
+
+    def foreign(self) -> builtins.list[str]:
+        """Names of knowledge bases on the Chroma server that another Glassbox home made (its
+        registry, with the documents' text and the keyword index, is in that home: this one cannot
+        search them). Empty for a local store.
+
+        A knowledge base on a server belongs to the home that made it: see :data:`ONE_HOME`.
+        """
+        if self.store.local:
+            return []
+        mine = self.registry.identity()
+        names = {
+            str(meta[OWNER_KB])
+            for _collection, meta in self.store.labelled(OWNER_KB)
+            if meta.get(OWNER_REGISTRY) != mine
+        }
+        return sorted(names)
+
+    def _refuse_a_foreign_name(self, name: str) -> None:
+        if name in self.foreign():
+            raise KnowledgeBaseError(
+                f"{name}: the Chroma server {self.store.where} has a knowledge base of this name from another "
+                f"Glassbox home; {ONE_HOME}; choose another name"
+            )
 
     def get(self, name: str) -> KnowledgeBaseInfo:
         """The knowledge base called ``name``.
 
         Raises:
-            KnowledgeBaseError: there is none.
+            KnowledgeBaseError: there is none (or, on a server, it belongs to another Glassbox home).
         """
-        return self.registry.get_kb(name)
+        try:
+            return self.registry.get_kb(name)
+        except KnowledgeBaseError:
+            if not self.store.local and name in self.foreign():
+                raise KnowledgeBaseError(
+                    f"{name}: this knowledge base on the Chroma server {self.store.where} belongs to another "
+                    f"Glassbox home; {ONE_HOME}"
+                ) from None
+            raise
 
     def list(self) -> builtins.list[KnowledgeBaseSummary]:
         """Every knowledge base with its counts."""
@@ -483,7 +534,7 @@ class KnowledgeBases:
             self.registry.requeue_all(kb.id)
             self.store.drop(old_collection)
             kb = self.get(name)
-            self.store.ensure(kb.collection, dimension=kb.dimension, model_id=kb.embedder_id)
+            self.store.ensure(kb.collection, dimension=kb.dimension, model_id=kb.embedder_id, labels=self._labels(kb))
             return self._ingestor(kb).refresh(kb, progress=progress, cancel=cancel, pause=pause)
 
     def sync(self) -> dict[str, IngestReport]:
@@ -609,6 +660,7 @@ def retrieve_context(
 
 __all__ = [
     "MIN_FREE_BYTES",
+    "ONE_HOME",
     "DiskFullError",
     "KnowledgeBaseSummary",
     "KnowledgeBases",

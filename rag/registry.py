@@ -28,6 +28,7 @@ import sqlite3
 import stat
 import threading
 import time
+import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
@@ -672,6 +673,14 @@ class Registry:
             return True
         finally:
             db.close()
+
+    def identity(self) -> str:
+        """This registry's id (made on first use): it labels the collections it owns on a shared
+        Chroma server, so that another Glassbox home can tell they are not its own."""
+        with self._tx() as db:
+            db.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('registry_id', ?)", (uuid.uuid4().hex,))
+            row = db.execute("SELECT value FROM meta WHERE key = 'registry_id'").fetchone()
+        return str(row[0])
 
     @staticmethod
     def kb_names(path: Path) -> list[str] | None:

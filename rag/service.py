@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 CALLS = frozenset(
     {
         "create", "get", "list", "documents", "drop", "add", "remove", "refresh", "reindex",
-        "pending", "rebuild", "query", "query_many", "status", "ensure", "create_unique",
+        "pending", "rebuild", "query", "query_many", "foreign", "status", "ensure", "create_unique",
     }
 )  # fmt: skip
 #: Calls that take ``progress``, ``cancel`` and ``pause``.

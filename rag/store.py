@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -135,11 +135,19 @@ class VectorStore:
             self._collections[name] = coll
         return coll
 
-    def ensure(self, name: str, *, dimension: int, model_id: str) -> None:
+    def ensure(
+        self, name: str, *, dimension: int, model_id: str, labels: Mapping[str, str] | None = None
+    ) -> None:
         """Creates the collection if needed, recording the model and dimension it holds.
 
         A collection holding vectors of another dimension is dropped and recreated empty: the
         registry then re-embeds into it, and no query ever raises a dimension error.
+
+        Args:
+            name: the collection.
+            dimension: the vectors' dimension.
+            model_id: the embedding model's id.
+            labels: more metadata to record on it (which knowledge base and registry own it).
         """
         coll = self._collection(name)
         meta = dict(coll.metadata or {})
@@ -147,9 +155,20 @@ class VectorStore:
             self.drop(name)
             coll = self._collection(name)
             meta = {}
-        if "dimension" not in meta:
-            meta.update({"hnsw:space": "cosine", "dimension": dimension, "model_id": model_id})
+        wanted = dict(labels or {})
+        if "dimension" not in meta or any(meta.get(k) != v for k, v in wanted.items()):
+            meta.update({"hnsw:space": "cosine", "dimension": dimension, "model_id": model_id, **wanted})
             self._call(f"cannot label collection {name}", lambda: coll.modify(metadata=_mutable(meta)))
+
+    def labelled(self, key: str) -> list[tuple[str, dict[str, Any]]]:
+        """Every collection whose metadata has ``key``, as ``(name, metadata)``."""
+        found = self._call("cannot list collections", self._client.list_collections)
+        out: list[tuple[str, dict[str, Any]]] = []
+        for coll in found:
+            meta = dict(getattr(coll, "metadata", None) or {})
+            if key in meta:
+                out.append((str(getattr(coll, "name", coll)), meta))
+        return out
 
     def upsert(self, name: str, ids: Sequence[int], vectors: Vectors) -> None:
         """Adds or replaces vectors (idempotent: a retried batch is stored once)."""

@@ -37,7 +37,12 @@ def register(
     """Adds the ``kb`` group and its actions."""
     shared = argparse.ArgumentParser(add_help=False)
     add_json_flag(shared)
-    shared.add_argument("--chroma-url", metavar="URL", help="keep vectors on a Chroma server (http://host:port)")
+    shared.add_argument(
+        "--chroma-url",
+        metavar="URL",
+        help="keep vectors on a Chroma server (http://host:port); a knowledge base there is used by the "
+        "Glassbox home that made it only (its documents' registry stays in that home)",
+    )
     parents = [common, shared]
     parser = sub.add_parser("kb", parents=[common], help="knowledge bases: index documents and search them")
     group = parser.add_subparsers(dest="kb_command", metavar="ACTION", required=True, parser_class=type(parser))
@@ -125,6 +130,8 @@ def _create(args: argparse.Namespace, paths: Paths) -> int:
         print_json(dataclasses.asdict(kb))
     else:
         _out(f"created {kb.name} ({kb.embedder_id}, {kb.dimension} dims, {kb.max_tokens}-token chunks)")
+        if args.chroma_url:
+            _out(f"  its vectors are on {args.chroma_url}; only this Glassbox home can use it (its registry is here)")
     return 0
 
 
@@ -249,6 +256,14 @@ def _list(args: argparse.Namespace, paths: Paths) -> int:
                 _out(f"  {d.state:<8} {d.n_chunks:>6} chunks  {d.path}{reason}")
             return 0
         summaries = kbs.list()
+        foreign = kbs.foreign()
+    if foreign:
+        from rag.knowledge import ONE_HOME
+
+        sys.stderr.write(
+            f"glassbox: note: {args.chroma_url} also holds {', '.join(foreign)} from other Glassbox homes, "
+            f"not usable from this one: {ONE_HOME}\n"
+        )
     if args.json:
         print_json([{**dataclasses.asdict(s.info), **dataclasses.asdict(s.stats)} for s in summaries])
         return 0

@@ -104,3 +104,45 @@ def test_create_add_query_remove_on_a_server(tmp_path: Path, make_kbs: MakeKbs, 
     kbs.drop("team")
     names = {getattr(c, "name", c) for c in other._client.list_collections()}
     assert kb.collection not in names
+
+
+def test_a_second_home_on_the_same_server_is_told_the_kb_is_not_its_own(
+    tmp_path: Path, make_kbs: MakeKbs, chroma_server: str
+) -> None:
+    """A knowledge base on a server belongs to the home that made it (its registry: the documents'
+    text, the keyword index, the settings). Another home sees that it exists, is told why it cannot
+    use it, and cannot make a second, empty one of the same name beside it."""
+    write(tmp_path / "docs", "otters.txt", "Sea otters hold hands while sleeping so they do not drift apart.")
+    alice = make_kbs(root=tmp_path / "alice", chroma_url=chroma_server)
+    bob = make_kbs(root=tmp_path / "bob", chroma_url=chroma_server)
+    kb = alice.create("shared-team")
+    alice.add("shared-team", [tmp_path / "docs"])
+    assert "shared-team" not in alice.foreign()
+    assert "shared-team" in bob.foreign()
+
+    before = {getattr(c, "name", c) for c in VectorStore(url=chroma_server)._client.list_collections()}
+    with pytest.raises(KnowledgeBaseError) as refused:
+        bob.create("shared-team")
+    message = str(refused.value)
+    assert message.startswith(f"shared-team: the Chroma server {chroma_server} has a knowledge base of this name")
+    assert "used by the Glassbox home that made it" in message and "\n" not in message
+    after = {getattr(c, "name", c) for c in VectorStore(url=chroma_server)._client.list_collections()}
+    assert after == before  # no second, empty collection
+    assert [s.info.name for s in bob.list()] == []
+
+    with pytest.raises(KnowledgeBaseError, match="belongs to another Glassbox home"):
+        bob.query("shared-team", "otters")
+    assert alice.query("shared-team", "why do otters hold hands?", k=1)
+
+    # The command line says so in `kb list`.
+    listed = subprocess.run(
+        [sys.executable, "-m", "app", "kb", "list", "--chroma-url", chroma_server, "--home", str(tmp_path / "carol")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert listed.returncode == 0, listed.stderr
+    assert "shared-team" in listed.stderr and "not usable from this one" in listed.stderr
+    assert listed.stdout.startswith("no knowledge bases")
+
+    alice.drop("shared-team")
+    assert "shared-team" not in bob.foreign()
+    assert bob.create("shared-team").collection != kb.collection
