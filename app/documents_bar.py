@@ -1,7 +1,7 @@
 """The chat header's documents control, and the overlay shown while files are dragged over the window.
 
 :class:`DocumentsBarWidget` shows which knowledge bases the open chat uses ("Documents: notes,
-manuals", elided; the whole list in its tooltip) and opens a menu with every knowledge base as a
+manuals", elided to the room it gets; the whole list in its tooltip) and opens a menu with every knowledge base as a
 check box (several at once), "Add files to this chat…" and "Manage knowledge bases…". It only
 emits what the user chose; :class:`app.window_documents.DocumentActions` saves it with the chat.
 """
@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from PySide6.QtCore import QRect, Qt, Signal, Slot
-from PySide6.QtGui import QAction, QColor, QPainter, QPaintEvent, QPen
+from PySide6.QtCore import QRect, QSize, Qt, Signal, Slot
+from PySide6.QtGui import QAction, QColor, QPainter, QPaintEvent, QPen, QResizeEvent
 from PySide6.QtWidgets import QHBoxLayout, QMenu, QPushButton, QSizePolicy, QWidget
 
 #: The widest the button grows (its text elides beyond it), so the header never widens the window.
@@ -43,6 +43,47 @@ def attached_text(names: Sequence[str]) -> str:
     return f"Documents: {', '.join(names)}" if names else "Documents: off"
 
 
+class _ElidingButton(QPushButton):
+    """A push button whose text elides to the width it gets, so it never widens the header; it
+    asks for its whole text (up to :data:`MAX_BUTTON_WIDTH`) when there is room."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self._full = text
+
+    def set_full_text(self, text: str) -> None:
+        self._full = text
+        self.updateGeometry()
+        self._elide()
+
+    def full_text(self) -> str:
+        """The whole text (what is shown may be elided)."""
+        return self._full
+
+    def _chrome(self) -> int:
+        return 44 if self.menu() is not None else 24  # padding, and the menu arrow
+
+    def sizeHint(self) -> QSize:
+        hint = super().sizeHint()
+        width = self.fontMetrics().horizontalAdvance(self._full) + self._chrome()
+        return QSize(min(width, MAX_BUTTON_WIDTH), hint.height())
+
+    def minimumSizeHint(self) -> QSize:
+        hint = super().minimumSizeHint()
+        width = self.fontMetrics().horizontalAdvance("Documents…") + self._chrome()
+        return QSize(min(width, self.sizeHint().width()), hint.height())
+
+    def resizeEvent(self, event: QResizeEvent) -> None:
+        super().resizeEvent(event)
+        self._elide()
+
+    def _elide(self) -> None:
+        room = max(self.width() - self._chrome(), 20)
+        shown = self.fontMetrics().elidedText(self._full, Qt.TextElideMode.ElideRight, room)
+        if shown != super().text():
+            super().setText(shown)
+
+
 class DocumentsBarWidget(QWidget):
     """The documents button of the chat header and its menu.
 
@@ -62,10 +103,10 @@ class DocumentsBarWidget(QWidget):
         super().__init__(parent)
         layout = QHBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
-        self.button = QPushButton(attached_text(()))
+        self.button = _ElidingButton(attached_text(()))
         self.button.setObjectName("documentsButton")
         self.button.setAccessibleName("Documents in this chat")
-        self.button.setSizePolicy(QSizePolicy.Policy.Maximum, QSizePolicy.Policy.Fixed)
+        self.button.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Fixed)
         self.button.setMaximumWidth(MAX_BUTTON_WIDTH)
         self.menu = QMenu(self.button)
         self.menu.setObjectName("documentsMenu")
@@ -112,10 +153,7 @@ class DocumentsBarWidget(QWidget):
         self._rebuild_menu()
 
     def _update_button(self) -> None:
-        text = attached_text(self.attached)
-        metrics = self.button.fontMetrics()
-        room = MAX_BUTTON_WIDTH - 48  # the menu arrow and the padding
-        self.button.setText(metrics.elidedText(text, Qt.TextElideMode.ElideRight, room))
+        self.button.set_full_text(attached_text(self.attached))
         if self.attached:
             tip = "This chat answers from: " + ", ".join(self.attached) + ". Click to change."
         else:

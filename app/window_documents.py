@@ -174,17 +174,29 @@ class DocumentActions:
             self.statusBar().showMessage(f"Indexing {len(items)} item(s) into {kbs[0]}…", 5000)
             return
         conv_id = conv.id
-        base = documents_name(items)
-        self.index_label.setText(f"Creating the knowledge base “{base}”…")
+        from rag.service import unique_name
+
+        # Attached at once under the name it will most likely get (the header says so while the
+        # embedding model loads); corrected below if another took that name meanwhile.
+        guess = unique_name(documents_name(items), set(self.knowledge.names))
+        self.set_chat_documents([guess])
+        self.index_label.setText(f"Creating the knowledge base “{guess}”…")
 
         def created(kb: Any) -> None:
             current = self.chat.conversation
-            if current is not None and current.id == conv_id:
-                self.set_chat_documents([*list(current.knowledge_bases or []), kb.name])
+            if kb.name != guess and current is not None and current.id == conv_id:
+                kept = [n for n in (current.knowledge_bases or self.documents_bar.attached) if n != guess]
+                self.set_chat_documents([*kept, kb.name])
             self.knowledge.add(kb.name, items)
             self.statusBar().showMessage(f"Indexing {len(items)} item(s) into {kb.name}…", 5000)
 
-        self.knowledge.create(base, created, lambda _message: self.index_label.setText(""), unique=True)
+        def failed(_message: str) -> None:
+            self.index_label.setText("")
+            current = self.chat.conversation
+            if current is not None and current.id == conv_id:
+                self.set_chat_documents([n for n in self.documents_bar.attached if n != guess])
+
+        self.knowledge.create(guess, created, failed, unique=True)
 
     def add_documents(self, paths: list[Path]) -> None:
         """The former name of :meth:`attach_documents` (kept for callers of the old name)."""

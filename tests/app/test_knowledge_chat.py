@@ -45,6 +45,38 @@ def test_the_file_filter_offers_the_supported_types() -> None:
     assert filters[-1] == "All files (*)"
 
 
+def test_the_documents_button_elides_and_never_widens_the_header(qtbot: Any) -> None:
+    from app.documents_bar import MAX_BUTTON_WIDTH, DocumentsBarWidget
+
+    bar = DocumentsBarWidget()
+    qtbot.addWidget(bar)
+    names = ["Quarterly reports 2019-2024", "Engineering handbook", "Customer interviews"]
+    bar.set_available(names)
+    chosen: list[Any] = []
+    bar.attachments_changed.connect(chosen.append)
+    bar.menu.aboutToShow.emit()
+    for name in names:
+        bar.actions_by_name()[name].trigger()
+    assert chosen[-1] == tuple(names)
+    assert bar.button.full_text() == "Documents: " + ", ".join(names)
+    assert bar.button.sizeHint().width() <= MAX_BUTTON_WIDTH
+    assert bar.button.minimumSizeHint().width() < 140
+    bar.show()
+    bar.button.resize(150, bar.button.height())
+    assert bar.button.text().endswith("…") and len(bar.button.text()) < len(bar.button.full_text())
+    assert all(name in bar.button.toolTip() for name in names)
+    # Unticking detaches; the menu is rebuilt with the right ticks when it opens again.
+    bar.menu.aboutToShow.emit()
+    bar.actions_by_name()[names[1]].trigger()
+    assert chosen[-1] == (names[0], names[2])
+    bar.menu.aboutToShow.emit()
+    assert [a.isChecked() for a in bar.actions_by_name().values()] == [True, False, True]
+    # A knowledge base that no longer exists is shown as missing, still ticked, so it can be unticked.
+    bar.set_available(names[1:])
+    labels = [a.text() for a in bar.menu.actions()]
+    assert f"{names[0]} (missing)" in labels
+
+
 def _window(qtbot: Any, paths: Paths, embedder_path: Path, sessions: list[FakeSession], reply: str) -> Any:
     def factory(request: Any, bandwidth: float | None) -> FakeSession:
         sessions.append(FakeSession(request, bandwidth, reply=reply))
@@ -95,7 +127,7 @@ def test_a_kb_from_the_knowledge_page_is_attached_in_the_header_and_cited(
     sessions: list[FakeSession] = []
     w = _window(qtbot, paths, embedder_path, sessions, "They hold hands [1].")
     try:
-        assert w.documents_bar.button.text() == "Documents: off"
+        assert w.documents_bar.button.full_text() == "Documents: off"
         # Knowledge -> New knowledge base: the heading says which one at once, and that it is being made.
         w.show_page(2)
         page = w.knowledge_page
@@ -130,7 +162,7 @@ def test_a_kb_from_the_knowledge_page_is_attached_in_the_header_and_cited(
         # Chat: the Documents button attaches it; the header says so; the answer cites it.
         w.show_page(0)
         _attach_from_menu(qtbot, w, "Animals")
-        assert w.documents_bar.button.text() == "Documents: Animals"
+        assert w.documents_bar.button.full_text() == "Documents: Animals"
         assert "Animals" in w.documents_bar.button.toolTip()
         reply = _ask(qtbot, w, "Why do sea otters hold hands?")
         assert "hold hands while they sleep" in (sessions[-1].calls[-1]["documents"] or "")
@@ -140,7 +172,7 @@ def test_a_kb_from_the_knowledge_page_is_attached_in_the_header_and_cited(
         # Two at once: both are searched, both can be cited.
         _attach_from_menu(qtbot, w, "Travel")
         assert w.chat.conversation.knowledge_bases == ["Animals", "Travel"]
-        assert w.documents_bar.button.text() == "Documents: Animals, Travel"
+        assert w.documents_bar.button.full_text() == "Documents: Animals, Travel"
         reply = _ask(qtbot, w, "When does the night train leave, and why do otters hold hands?")
         documents = sessions[-1].calls[-1]["documents"] or ""
         assert "eleven o'clock" in documents and "hold hands" in documents
@@ -198,7 +230,7 @@ def test_a_drop_shows_an_overlay_and_makes_a_kb_named_after_the_folder(
         assert not w.drop_overlay.isVisible()
         qtbot.waitUntil(lambda: bool(w.chat.conversation and w.chat.conversation.knowledge_bases), timeout=60000)
         assert w.chat.conversation.knowledge_bases == ["Trip plans"]
-        assert w.documents_bar.button.text() == "Documents: Trip plans"
+        assert w.documents_bar.button.full_text() == "Documents: Trip plans"
         qtbot.waitUntil(lambda: bool(finished), timeout=120_000)
         assert finished[0] is not None and finished[0].indexed == 1
         # The overlay now names where a drop goes.
@@ -212,7 +244,7 @@ def test_a_drop_shows_an_overlay_and_makes_a_kb_named_after_the_folder(
         w.chat.new_conversation()
         qtbot.waitUntil(lambda: w.chat.conversation is not None and not w.chat.thread_messages, timeout=10000)
         first = w.chat.conversation.id
-        qtbot.waitUntil(lambda: w.documents_bar.button.text() == "Documents: off", timeout=10000)
+        qtbot.waitUntil(lambda: w.documents_bar.button.full_text() == "Documents: off", timeout=10000)
         _drag(w, [folder], "enter")
         _drag(w, [folder], "drop")
         qtbot.waitUntil(lambda: bool(w.chat.conversation.knowledge_bases), timeout=60000)
