@@ -17,6 +17,7 @@ plain decoding gives, and no token is sent once Stop is set.
 from __future__ import annotations
 
 import codecs
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -197,6 +198,7 @@ def decode(
     cancel: Any,
     send: Callable[[object], None],
     draft_model: DraftModel | None = None,
+    offloaded: bool = False,
 ) -> DecodeOutcome:
     """Generates the reply after a prefilled prompt (the logits of its last token are current)."""
     seed = params.seed if params.seed is not None else llm._seed
@@ -210,7 +212,12 @@ def decode(
         drafter.tokens = list(prompt)
         if not drafter.sync(cancel):
             return DecodeOutcome("cancelled", "", 0, time.perf_counter())
-    policy = SpeculationPolicy(min(params.draft_max, max(n_batch - 1, 1)))
+    draft_cost = draft_model.relative_cost if isinstance(drafter, DraftModel) and draft_model is not None else 0.0
+    # GLASSBOX_TEST_DRAFT_FIXED=N: always draft N tokens, so tests and benchmarks can exercise a
+    # draft model the policy would rightly not use (one as costly as its target).
+    fixed = int(os.environ.get("GLASSBOX_TEST_DRAFT_FIXED") or 0)
+    policy = SpeculationPolicy(min(params.draft_max, max(n_batch - 1, 1)), offloaded=offloaded,
+                               draft_cost=draft_cost, fixed=fixed)
     drafted_total = accepted_total = 0
     reason = _CONTINUE
     with ChainSampler(lc, llm, params, seed) as sampler:
@@ -223,25 +230,20 @@ def decode(
             draft: list[int] = []
             bucket = ""
             if drafter is not None and room > 0:
-                t_draft = time.perf_counter()
                 if isinstance(drafter, DraftModel):
                     k = policy.choose("model", room)
                     if k:
                         draft, bucket = drafter.propose(k)
-                        policy.record_draft_cost(len(draft), time.perf_counter() - t_draft)
                 else:
                     candidates, bucket = drafter.propose(room)
                     if candidates:
                         draft = candidates[: policy.choose(bucket, len(candidates))]
-            start = time.perf_counter()
             if not draft:
                 llm.eval([token])
                 token = sampler.sample(-1)
-                policy.record_cost(1, time.perf_counter() - start)
                 reason = emitter.push(token, sampler, -1, False)
                 continue
             token, reason, accepted = _verify(llm, sampler, emitter, token, draft)
-            policy.record_cost(1 + len(draft), time.perf_counter() - start)
             policy.record_acceptance(bucket, len(draft), accepted)
             drafted_total += len(draft)
             accepted_total += accepted

@@ -90,7 +90,7 @@ class GenerationParams(BaseModel):
     logprobs: int = Field(default=0, ge=0, le=20)
     # Speculative decoding (engine.speculative): "lookup" drafts from n-grams of the prompt and the
     # reply, "draft" from LoadParams.draft_model_path. Verified by the target model: the output is
-    # what decoding without it would give.
+    # what decoding without it would give (up to llama.cpp's batch-shape arithmetic at near ties).
     speculative: Literal["off", "lookup", "draft"] = "off"
     draft_max: int = Field(default=12, ge=1, le=64)
 
@@ -330,7 +330,8 @@ class _Worker:
                                 0.0, (time.perf_counter() - t0) * 1000, 0.0)
         t_prefill = time.perf_counter()
         out = decode(llm, self._llama_cpp, lambda token: self.piece(token, special=False), params, tokens,
-                     n_ctx, self.params.n_batch, _StopMatcher(params.stop), cancel, send, self.draft)
+                     n_ctx, self.params.n_batch, _StopMatcher(params.stop), cancel, send, self.draft,
+                     offloaded=self.params.n_gpu_layers != 0 and bool(self._llama_cpp.llama_supports_gpu_offload()))
         t_end = time.perf_counter()
         t_first = out.t_first
         return WorkerResult(

@@ -49,6 +49,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: a
                         help="continue this saved conversation (a new one prints its id at the start)")
     parser.add_argument("--no-kv-cache", action="store_true",
                         help="neither restore nor save the KV cache saved with the conversation")
+    parser.add_argument("--speculative", metavar="off|lookup|MODEL_PATH", default=None,
+                        help="speculative decoding: 'lookup' drafts from the prompt and the reply (the default), "
+                        "a GGUF path drafts with that smaller model of the same vocabulary, 'off' disables it")
     chat_tools.add_arguments(parser)
     add_json_flag(parser)
     parser.set_defaults(handler=run)
@@ -87,6 +90,9 @@ def run(args: argparse.Namespace, paths: Paths) -> int:
     if usage is not None:
         print(f"glassbox: error: {usage}", file=sys.stderr)
         return 2
+    if args.endpoint is not None and args.speculative is not None:
+        print("glassbox: error: --speculative applies to local models, not to --endpoint", file=sys.stderr)
+        return 2
     try:
         session = _remote_session(args, paths) if args.endpoint is not None else _local_session(args, paths)
     except argparse.ArgumentTypeError as exc:
@@ -94,7 +100,7 @@ def run(args: argparse.Namespace, paths: Paths) -> int:
         return 2
     schema = chat_tools.read_json_schema(args.json_schema) if args.json_schema else None
     params = GenerationParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed,
-                              json_schema=schema)
+                              json_schema=schema, speculative=_speculative_mode(args))
     retriever = _retriever(args, paths) if args.kb else None
     from app.commands.chat_history import ChatLog
 
@@ -142,11 +148,34 @@ def _local_session(args: argparse.Namespace, paths: Paths) -> Any:
     model = resolve_model(args.model, paths, for_chat=True)
     n_ctx = args.n_ctx or 4096
     gpu_layers = _gpu_layers(args.gpu_layers, model, n_ctx)
-    load = LoadParams(model_path=model, n_ctx=n_ctx, n_threads=args.threads, n_gpu_layers=gpu_layers)
+    load = LoadParams(model_path=model, n_ctx=n_ctx, n_threads=args.threads, n_gpu_layers=gpu_layers,
+                      draft_model_path=_draft_model(args.speculative))
     return ChatSession(
         load, machine_bandwidth_gbps=_bandwidth(paths), overflow_policy=args.overflow,
         backend_state=paths.cpu_backend_state, kv_cache=None if args.no_kv_cache else _kv_cache(paths),
     )
+
+
+_SPECULATIVE_DEFAULT = "lookup"  # measured: tests/bench/bench_speculative.py (ordinary chat is no slower)
+
+
+def _speculative_mode(args: argparse.Namespace) -> str:
+    """GenerationParams.speculative for ``--speculative`` (remote endpoints decode on their own)."""
+    if args.endpoint is not None:
+        return "off"
+    spec = args.speculative or _SPECULATIVE_DEFAULT
+    return spec if spec in ("off", "lookup") else "draft"
+
+
+def _draft_model(spec: str | None) -> Path | None:
+    """The draft model ``--speculative MODEL_PATH`` names. Raises ModelFileError when it is no GGUF."""
+    if spec is None or spec in ("off", "lookup"):
+        return None
+    from engine.gguf import read_gguf_info
+
+    path = Path(spec).expanduser()
+    read_gguf_info(path)  # a missing or broken file is a one-line error naming it, before any load
+    return path
 
 
 def _kv_cache(paths: Paths) -> Any:
