@@ -274,8 +274,9 @@ def fit_checker(paths: Paths) -> Callable[[int], FitEstimate]:
 
 def run_download(args: argparse.Namespace, paths: Paths) -> int:
     """``models download``."""
-    from engine.downloads import check_disk_space, download_file
+    from engine.downloads import check_disk_space
     from engine.hub import check_filename, check_repo_id
+    from engine.model_download import FileJob, download_files
 
     check_repo_id(args.repo)
     check_filename(args.file)
@@ -296,15 +297,12 @@ def run_download(args: argparse.Namespace, paths: Paths) -> int:
         if fit.verdict == "no":
             raise DownloadError(f"{args.file}: {fit.message}; pass --force to download it anyway")
     printer = ProgressPrinter(sys.stderr)
-    results: list[DownloadResult] = []
+    jobs = [FileJob(args.repo, f.filename, dest, args.revision, args.endpoint, f.sha256, f.size or None)
+            for f in files]
     try:
-        for f in files:
-            results.append(download_file(
-                args.repo, f.filename, dest, revision=args.revision, endpoint=args.endpoint,
-                expected_sha256=f.sha256, expected_size=f.size or None, progress=printer,
-                disk_margin_bytes=margin,
-            ))
-            _record_provenance(paths, results[-1])
+        outcome = download_files(jobs, progress=lambda update: printer(update.file),
+                                 on_file=lambda result: _record_provenance(paths, result),
+                                 disk_margin_bytes=margin)
     except KeyboardInterrupt:
         printer.finish()
         sys.stderr.write("glassbox: download interrupted; run the same command again to resume\n")
@@ -312,6 +310,7 @@ def run_download(args: argparse.Namespace, paths: Paths) -> int:
     except BaseException:
         printer.finish()
         raise
+    results = outcome.downloaded
     first = results[0]
     if args.json:
         document: dict[str, Any] = {**first.to_dict(), "files": [r.to_dict() for r in results]}

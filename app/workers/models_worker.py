@@ -33,27 +33,11 @@ from app.workers.model_jobs import ModelJobs
 
 if TYPE_CHECKING:
     from engine.download_queue import DownloadQueue
+    from engine.model_download import FileJob
 
 PROGRESS_INTERVAL_S = 0.2
 CHECKPOINT_WAIT_S = 3.0
 QUEUE_FILE_NAME = "download_queue.json"
-
-
-@dataclass(frozen=True)
-class FileJob:
-    """One file of a download: what ``engine.downloads.download_file`` needs to start or resume it."""
-
-    repo: str
-    filename: str
-    dest_dir: Path
-    revision: str
-    endpoint: str | None = None
-    expected_sha256: str | None = None
-    expected_size: int | None = None
-
-    @property
-    def path(self) -> Path:
-        return self.dest_dir / self.filename
 
 
 @dataclass
@@ -308,6 +292,8 @@ class ModelsAdapter(QObject, ModelJobs):
         existing = self.transfers.get(key)
         if existing is not None and existing.running:
             return existing
+        from engine.model_download import FileJob
+
         dest = self.models_dir / repo.replace("/", "__")
         files = [
             FileJob(repo, f.filename, dest, commit or "main", self.endpoint, f.sha256, f.size or None)
@@ -456,6 +442,8 @@ class ModelsAdapter(QObject, ModelJobs):
         run_in_background(work, self._on_unfinished_found, self._fail("Unfinished downloads"))
 
     def _on_unfinished_found(self, found: tuple[list[Any], list[Any], int]) -> None:
+        from engine.model_download import FileJob
+
         if self._closed:
             return
         queued, partials, dropped = found
@@ -536,68 +524,44 @@ class ModelsAdapter(QObject, ModelJobs):
                 queue_state[0] = state
                 self._queue_call(lambda q: q.set_state(queue_key, state, error))
 
-        def work() -> tuple[list[Any], list[FileJob]]:
-            from engine.download_queue import file_on_disk
-            from engine.downloads import download_file
-            from engine.errors import Cancelled
+        def progress(update: Any) -> None:
+            if update.file.state in ("downloading", "paused"):
+                set_queue_state(update.file.state)
+            now = time.perf_counter()
+            if now - last[0] < PROGRESS_INTERVAL_S and update.file.state not in ("done", "paused"):
+                return
+            last[0] = now
+            transfer.done = update.done
+            if update.count == 1 and update.total:
+                transfer.total = update.total
+            transfer.speed_bps = update.file.speed_bps
+            transfer.eta_s = update.file.eta_s
+            transfer.state = update.state
+            transfer.files_done = update.files_done
+            transfer.message = update.file.message
+            call_on_gui_thread(lambda: self.transfer_changed.emit(transfer))
 
-            results: list[Any] = []
-            skipped: list[FileJob] = []
-            base = 0
+        def work() -> tuple[list[Any], list[FileJob]]:
+            from engine.errors import Cancelled
+            from engine.model_download import download_files
+
             transfer.files_done = 0
             set_queue_state("downloading")
             try:
-                for index, job in enumerate(files):
-                    if cancel.is_set():
-                        break
-                    if skip_complete:
-                        on_disk = file_on_disk(job.dest_dir, job.filename, job.expected_size)
-                        if on_disk.complete:
-                            skipped.append(job)
-                            base += on_disk.done
-                            transfer.files_done = index + 1
-                            continue
-
-                    def progress(update: Any, base: int = base, index: int = index) -> None:
-                        if update.state in ("downloading", "paused"):
-                            set_queue_state(update.state)
-                        now = time.perf_counter()
-                        if now - last[0] < PROGRESS_INTERVAL_S and update.state not in ("done", "paused"):
-                            return
-                        last[0] = now
-                        transfer.done = base + update.done
-                        if update.total and len(files) == 1:
-                            transfer.total = update.total
-                        transfer.speed_bps = update.speed_bps
-                        transfer.eta_s = update.eta_s
-                        transfer.state = str(update.state)
-                        if transfer.state == "done":
-                            transfer.files_done = index + 1
-                            if index + 1 < len(files):  # one file of several: the download goes on
-                                transfer.state = "downloading"
-                        transfer.message = update.message
-                        call_on_gui_thread(lambda: self.transfer_changed.emit(transfer))
-
-                    job.dest_dir.mkdir(parents=True, exist_ok=True)
-                    results.append(download_file(
-                        job.repo, job.filename, job.dest_dir, revision=job.revision, endpoint=job.endpoint,
-                        expected_sha256=job.expected_sha256, expected_size=job.expected_size,
-                        cancel=cancel, pause=pause, progress=progress,
-                    ))
-                    base += job.expected_size or results[-1].size
-                    transfer.files_done = index + 1
+                outcome = download_files(files, cancel=cancel, pause=pause, progress=progress,
+                                         skip_complete=skip_complete)
             except Cancelled:
                 set_queue_state("paused")
                 raise
             except Exception as exc:
                 set_queue_state("failed", describe_error(exc))
                 raise
-            if len(results) + len(skipped) == len(files):
+            if outcome.complete:
                 if queue_key is not None:  # every file complete and verified: nothing left to remember
                     self._queue_call(lambda q: q.remove(queue_key))
             else:
                 set_queue_state("paused")
-            return results, skipped
+            return list(outcome.downloaded), list(outcome.skipped)
 
         def done(outcome: tuple[list[Any], list[FileJob]]) -> None:
             results, skipped = outcome
