@@ -5,6 +5,8 @@ A model choice is one file, every part of a split GGUF, or either with its visio
 ``download_files`` fetches them in order with ``engine.downloads.download_file`` (resumable,
 sha256-verified, pause and cancel events honoured), adds up the bytes over the files and reports
 each step as a frozen :class:`FilesProgress` snapshot, safe to hand to another thread as it is.
+
+``model_folder`` says where a repository's files go: ``<models>/<owner>/<repo>/``, for both.
 """
 
 from __future__ import annotations
@@ -16,11 +18,29 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.download_queue import file_on_disk
-from engine.downloads import DownloadProgress, DownloadResult, download_file
+from engine.downloads import DownloadProgress, DownloadResult, download_file, partial_paths
 
-__all__ = ["DEFAULT_DISK_MARGIN", "FileJob", "FilesOutcome", "FilesProgress", "download_files"]
+__all__ = ["DEFAULT_DISK_MARGIN", "FileJob", "FilesOutcome", "FilesProgress", "download_files", "model_folder"]
 
 DEFAULT_DISK_MARGIN = 512 * 2**20
+
+
+def model_folder(models_dir: Path, repo: str, filenames: Sequence[str] = ()) -> Path:
+    """The folder a download from ``repo`` goes to: ``<models_dir>/<owner>/<repo>/``.
+
+    Before one layout, the Models page saved to ``<models_dir>/<owner>__<repo>/``: when that
+    folder already holds one of ``filenames`` (complete, or a partial to resume) and the new
+    one holds none, it is the answer, so what is there is found rather than fetched again.
+    A few ``stat`` calls; ``repo`` is ``owner/name`` (checked by the caller).
+    """
+    owner, name = repo.split("/", 1)
+    folder = models_dir / owner / name
+    old = models_dir / f"{owner}__{name}"
+
+    def holds(where: Path) -> bool:
+        return any(path.exists() for filename in filenames for path in partial_paths(where, filename)[:2])
+
+    return old if not holds(folder) and holds(old) else folder
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """``glassbox models search | files | download``: find GGUF models on Hugging Face and fetch them.
 
-Downloads go to ``<models>/<owner>/<repo>/<file>`` (the layout LM Studio users know), resume
-where they stopped when the same command runs again, print progress on stderr (a redrawn line
+Downloads go to ``<models>/<owner>/<repo>/<file>`` (the layout LM Studio users know, and the
+Models page's: ``engine.model_download.model_folder``; a model already in the page's older
+``<owner>__<repo>`` folder is found there), resume where they stopped when the same command runs again, print progress on stderr (a redrawn line
 on a terminal, a line a second otherwise) and, with ``--json``, one document with the final path
 and sha256 on stdout. ``HF_ENDPOINT`` (or ``--endpoint``) points at a mirror; ``HF_TOKEN`` opens
 gated repositories.
@@ -276,7 +277,7 @@ def run_download(args: argparse.Namespace, paths: Paths) -> int:
     """``models download``."""
     from engine.downloads import check_disk_space
     from engine.hub import check_filename, check_repo_id
-    from engine.model_download import FileJob, download_files
+    from engine.model_download import FileJob, download_files, model_folder
 
     check_repo_id(args.repo)
     check_filename(args.file)
@@ -284,8 +285,8 @@ def run_download(args: argparse.Namespace, paths: Paths) -> int:
 
     listing = list_repo_files(args.repo, args.revision, args.endpoint)
     files = select_files(listing, args.file, args.with_mmproj)
-    owner, name = args.repo.split("/")
-    dest: Path = args.to.expanduser() if args.to else paths.models / owner / name
+    filenames = [f.filename for f in files]
+    dest: Path = args.to.expanduser() if args.to else model_folder(paths.models, args.repo, filenames)
     dest.mkdir(parents=True, exist_ok=True)
     margin = 512 * 2**20
     check_disk_space(dest, sum(f.size for f in files) + margin, args.file)

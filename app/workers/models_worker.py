@@ -292,9 +292,9 @@ class ModelsAdapter(QObject, ModelJobs):
         existing = self.transfers.get(key)
         if existing is not None and existing.running:
             return existing
-        from engine.model_download import FileJob
+        from engine.model_download import FileJob, model_folder
 
-        dest = self.models_dir / repo.replace("/", "__")
+        dest = model_folder(self.models_dir, repo, [f.filename for f in (*choice.files, *choice.mmproj)])
         files = [
             FileJob(repo, f.filename, dest, commit or "main", self.endpoint, f.sha256, f.size or None)
             for f in (*choice.files, *choice.mmproj)

@@ -91,6 +91,19 @@ def test_download_of_a_split_model_fetches_every_part_and_the_mmproj(hub: FakeHu
         assert Path(part["path"]).read_bytes() == data
 
 
+def test_download_finds_a_model_in_the_models_pages_old_folder(hub: FakeHub, tmp_path: Path) -> None:
+    """Before one layout the Models page saved to models/owner__repo/: a file there is found, not fetched again."""
+    old = tmp_path / "data" / "models" / "acme__tiny-GGUF"
+    old.mkdir(parents=True)
+    (old / "tiny-Q4_K_M.gguf").write_bytes(Q4)
+    before = len(hub.requests)
+    result = glassbox("models", "download", REPO, "tiny-Q4_K_M.gguf", "--json", home=tmp_path, endpoint=hub.url)
+    assert result.returncode == 0, result.stderr
+    assert Path(json.loads(result.stdout)["path"]) == old / "tiny-Q4_K_M.gguf"
+    assert not [p for _m, p, _h in hub.requests[before:] if p.startswith("/cdn/")]  # verified in place
+    assert not (tmp_path / "data" / "models" / "acme").exists()
+
+
 def test_download_human_output_names_the_file(hub: FakeHub, tmp_path: Path) -> None:
     result = glassbox("models", "download", "acme/other-GGUF", "o-Q8_0.gguf", home=tmp_path, endpoint=hub.url)
     assert result.returncode == 0, result.stderr

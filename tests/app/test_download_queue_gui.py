@@ -99,7 +99,7 @@ def test_a_split_model_stopped_in_part_one_comes_back_as_one_row_and_resumes_eve
     assert item["state"] == "downloading"
     quit_app(old_adapter, old_panel)
 
-    folder = paths.models / "acme__split-GGUF"
+    folder = paths.models / "acme" / "split-GGUF"
     meta = read_partial_meta(folder, PART_NAMES[0])
     assert meta is not None
     kept = meta["done"]
@@ -158,7 +158,7 @@ def test_discard_of_a_split_row_removes_every_partial_and_its_queue_item(
     assert transfer.label == f"{STEM}.gguf (3 parts + mmproj, {VISION_REPO})"
     qtbot.waitUntil(lambda: transfer.done >= first + 2**19, timeout=20000)  # part 1 done, part 2 running
     quit_app(old_adapter, old_panel)
-    folder = paths.models / "acme__vision-GGUF"
+    folder = paths.models / "acme" / "vision-GGUF"
     (item,) = queued(paths)
     assert [f["filename"] for f in item["files"]] == [*PART_NAMES, MMPROJ]  # the mmproj, not started, too
     assert (folder / PART_NAMES[0]).is_file()

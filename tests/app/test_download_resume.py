@@ -64,7 +64,7 @@ def test_quitting_mid_download_keeps_the_partial_and_a_restart_resumes_it(
     transfer = start_download(qtbot, old_adapter, old_panel)
     qtbot.waitUntil(lambda: transfer.done >= 2**20, timeout=15000)
     old_adapter.shutdown(wait=False)  # what the main window does when the app quits
-    folder = paths.models / "acme__tiny-GGUF"
+    folder = paths.models / "acme" / "tiny-GGUF"  # the one layout, as glassbox models download writes
     final, partial, meta_file = partial_paths(folder, NAME)
     meta = read_partial_meta(folder, NAME)
     assert meta is not None, "quitting must leave the resume checkpoint"
@@ -110,7 +110,7 @@ def test_cancel_keeps_the_partial_with_resume_and_discard_deletes_it(
     qtbot.waitUntil(lambda: transfer.done >= 2**19, timeout=15000)
     transfer_buttons(panel).cancel_button.click()
     qtbot.waitUntil(lambda: not transfer.running, timeout=10000)
-    folder = paths.models / "acme__tiny-GGUF"
+    folder = paths.models / "acme" / "tiny-GGUF"
     _, partial, meta_file = partial_paths(folder, NAME)
     assert partial.exists() and meta_file.exists()
     assert panel.queue.item(0, 3).text().startswith("stopped — ")
@@ -182,6 +182,7 @@ def test_partials_in_an_added_folder_are_found(qtbot: Any, paths: Paths, tmp_pat
 def test_downloading_the_same_file_again_takes_over_its_paused_row(
     qtbot: Any, hub: FakeHub, paths: Paths, open_panel: Any
 ) -> None:
+    """In the page's old folder (models/owner__repo/, before one layout): the partial there is resumed."""
     folder = paths.models / "acme__tiny-GGUF"
     final, partial, meta_file = partial_paths(folder, NAME)
     folder.mkdir(parents=True)
@@ -206,3 +207,18 @@ def test_downloading_the_same_file_again_takes_over_its_paused_row(
     qtbot.waitUntil(lambda: panel.queue.item(0, 3).text().startswith("done"), timeout=20000)
     assert hashlib.sha256(final.read_bytes()).hexdigest() == SHA
     assert cdn_ranges(hub) == [f"bytes={2**20}-"]
+
+
+def test_a_model_in_the_old_folder_is_found_not_fetched_again(
+    qtbot: Any, hub: FakeHub, paths: Paths, open_panel: Any
+) -> None:
+    """Before one layout the page saved to models/owner__repo/: a complete file there is verified in place."""
+    old = paths.models / "acme__tiny-GGUF"
+    old.mkdir(parents=True)
+    (old / NAME).write_bytes(PAYLOAD)
+    adapter, panel = open_panel()
+    start_download(qtbot, adapter, panel)
+    qtbot.waitUntil(lambda: panel.queue.item(0, 3).text().startswith("done"), timeout=20000)
+    assert cdn_ranges(hub) == []
+    assert not (paths.models / "acme").exists()
+    assert panel.queue.item(0, 0).toolTip() == str(old / NAME)

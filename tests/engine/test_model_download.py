@@ -13,7 +13,7 @@ from hub_server import FakeHub, random_bytes
 
 from engine.downloads import partial_paths, read_partial_meta
 from engine.errors import Cancelled, DownloadError
-from engine.model_download import FileJob, FilesProgress, download_files
+from engine.model_download import FileJob, FilesProgress, download_files, model_folder
 
 REPO = "acme/split-GGUF"
 PARTS = {f"m-0000{i}-of-00003.gguf": random_bytes(300_000 + i * 1000, i) for i in (1, 2, 3)}
@@ -130,3 +130,20 @@ def test_a_corrupted_file_fails_with_its_name_and_the_files_before_it_stay(hub: 
         download_files(bad, **FAST)
     assert (tmp_path / NAMES[0]).read_bytes() == PARTS[NAMES[0]]
     assert not (tmp_path / NAMES[1]).exists() and not (tmp_path / NAMES[2]).exists()
+
+
+def test_model_folder_is_owner_slash_repo_and_finds_the_old_layout(tmp_path: Path) -> None:
+    names = ["m-00001-of-00002.gguf", "m-00002-of-00002.gguf"]
+    new, old = tmp_path / "acme" / "split-GGUF", tmp_path / "acme__split-GGUF"
+    assert model_folder(tmp_path, REPO, names) == new  # nothing anywhere: the one layout
+    old.mkdir()
+    (old / "unrelated.gguf").write_bytes(b"x")
+    assert model_folder(tmp_path, REPO, names) == new  # the old folder does not hold these files
+    partial_paths(old, names[1])[1].write_bytes(b"half")
+    assert model_folder(tmp_path, REPO, names) == old  # a partial there: resumed where it is
+    partial_paths(old, names[1])[1].unlink()
+    (old / names[0]).write_bytes(b"done")
+    assert model_folder(tmp_path, REPO, names) == old  # a complete file there: found, not fetched again
+    new.mkdir(parents=True)
+    (new / names[1]).write_bytes(b"done")
+    assert model_folder(tmp_path, REPO, names) == new  # the new folder holds some: it wins
