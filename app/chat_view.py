@@ -36,6 +36,7 @@ from app.markdown_render import (
     render_markdown,
     split_blocks,
 )
+from app.tool_card import AgentPartsWidget, ApprovalCardWidget
 from app.window_layout import make_wrapping, set_wrapped_text
 from app.workers.history_service import DisplayMessage
 
@@ -229,7 +230,11 @@ class MessageCard(QFrame):
         self._body_layout.setContentsMargins(0, 0, 0, 0)
         self._body_layout.setSpacing(6)
         self._body_layout.addWidget(self.body)
+        # A reply's tool calls go above its answer, its thinking folded under it (app/tool_card.py).
+        self.agent_parts = AgentPartsWidget()
+        inner.addWidget(self.agent_parts)
         inner.addLayout(self._body_layout)
+        inner.addWidget(self.agent_parts.fold)
 
         self.sources_box = QLabel()
         self.sources_box.setObjectName("sourceLink")
@@ -305,6 +310,7 @@ class MessageCard(QFrame):
             self.prev_button.setEnabled(message.sibling_index > 0)
             self.next_button.setEnabled(message.sibling_index < message.sibling_count - 1)
         self.set_sources(message.sources or [])
+        self.agent_parts.set_stats(stats if message.role == "assistant" else None)
 
     def _new_block_label(self) -> QLabel:
         label = BlockLabel()
@@ -578,7 +584,28 @@ class ChatView(QScrollArea):
         self._render_stream()
         if self._streaming is not None:
             self._streaming.set_streaming(False)
+            self._streaming.agent_parts.expire_approvals()  # Stop: a waiting call is refused
         self._streaming = None
+
+    def add_tool_step(self, step: dict[str, Any]) -> None:
+        """A call of the streaming reply was handled: its card (app/tool_card.py)."""
+        if self._streaming is not None:
+            self._streaming.agent_parts.add_step(step)
+
+    def show_approval(self, request: Any) -> ApprovalCardWidget | None:
+        """A call of the streaming reply waits for the user: its approval card (None: no reply
+        streams, and the call is refused)."""
+        if self._streaming is None:
+            request.answer("deny")
+            return None
+        card = self._streaming.agent_parts.add_approval(request)
+        QTimer.singleShot(0, self, lambda: self.ensureWidgetVisible(card, 0, 40))
+        return card
+
+    def append_reasoning(self, text: str) -> None:
+        """Thinking of the streaming reply (folded under it)."""
+        if self._streaming is not None:
+            self._streaming.agent_parts.append_reasoning(text)
 
     def _render_stream(self) -> None:
         if self._streaming is not None:

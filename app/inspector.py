@@ -29,6 +29,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.agent_timeline import LoopTimelineWidget
 from app.inspector_widgets import (
     OPTIONAL_SEGMENTS,
     SEGMENTS,
@@ -173,6 +174,8 @@ class InspectorPanel(QFrame):
         lay.addWidget(self.draft_label)
         self.chart = SpeedChart()
         lay.addWidget(self.chart)
+        self.loop_timeline = LoopTimelineWidget()  # a turn with tool calls: its steps (app/agent_timeline.py)
+        lay.addWidget(self.loop_timeline)
         self.phase_label = QLabel("")
         self.phase_label.setObjectName("explain")
         lay.addWidget(self.phase_label)
@@ -247,6 +250,7 @@ class InspectorPanel(QFrame):
         for widget in (self.context_bar, self.chart, self.wall):
             widget.colors = colors
             widget.update()
+        self.loop_timeline.set_colors(colors)
         for key, _ in SEGMENTS:
             swatch = self.findChild(QLabel, f"swatch_{key}")
             if swatch is not None:
@@ -316,6 +320,7 @@ class InspectorPanel(QFrame):
     def clear_turn(self, why: str = "No reply yet in this chat") -> None:
         """Forgets the last turn's numbers (a new chat, a deleted one): dashes, an empty window map."""
         self.live = False
+        self.loop_timeline.set_entries([])
         self.freshness.setText(why)
         self.shown["freshness"] = why
         for key in ("decode_tps", "prefill_tps", "ttft_ms", "cached_tokens", "bandwidth_gbps"):
@@ -348,6 +353,8 @@ class InspectorPanel(QFrame):
         """
         if stats is None:
             return
+        if isinstance(stats, Mapping):  # a stored reply: its loop, if it had one (live: set_loop)
+            self.loop_timeline.set_entries(stats.get("loop") or [])
         self.live = False
         why = "The last reply in this chat (saved)" if saved else "The reply that just finished"
         self.freshness.setText(why)
@@ -464,6 +471,7 @@ class InspectorPanel(QFrame):
         self._live = []
         self._last_sample = None
         self.chart.set_samples([])
+        self.loop_timeline.set_entries([])
         self.freshness.setText("Live: this reply")
         self.shown["freshness"] = "Live: this reply"
         for key in ("decode_tps", "prefill_tps", "ttft_ms", "cached_tokens", "bandwidth_gbps"):
@@ -474,6 +482,10 @@ class InspectorPanel(QFrame):
         self.evicted_label.setText("")
         self.wall.set_values(None, self.machine_bandwidth)
         self.phase_label.setText("reading the prompt…")
+
+    def set_loop(self, entries: Any) -> None:
+        """The running turn's agent loop so far (generations and tool calls, in order)."""
+        self.loop_timeline.set_entries(list(entries or []))
 
     def set_prefill(self, done: int, total: int) -> None:
         self.phase_label.setText(f"reading the prompt: {done:,} / {total:,} tokens")

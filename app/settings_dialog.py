@@ -47,6 +47,7 @@ class SettingsDialog(QDialog):
         server_url: the local API server's address, when it runs.
         model_path: the loaded local model: the context length shows the KV cache it implies.
         kv_cache_dir: where chats' KV caches are saved (the "Saved KV caches" group can clear it).
+        tools_paths: the data folders: a "Tools…" button opens Settings → Tools (app/tools_settings.py).
     """
 
     def __init__(
@@ -56,6 +57,7 @@ class SettingsDialog(QDialog):
         server_url: str | None = None,
         model_path: Path | None = None,
         kv_cache_dir: Path | None = None,
+        tools_paths: Any = None,
     ) -> None:
         super().__init__(parent)
         self.setWindowTitle("Settings")
@@ -157,6 +159,10 @@ class SettingsDialog(QDialog):
         self.auto_load = QCheckBox("Load the last model when Glassbox starts")
         self.auto_load.setChecked(settings.auto_load_model)
         form.addRow(self.auto_load)
+        if tools_paths is not None:
+            self.tools_button = QPushButton("MCP servers, tools and the allow list…")
+            self.tools_button.clicked.connect(lambda: self._open_tools(tools_paths))
+            form.addRow("Tools:", self.tools_button)
         layout.addLayout(form)
         layout.addWidget(self._server_section(settings, server_url))
         self.kv_caches = SavedKvCachesWidget(settings, kv_cache_dir, self)
@@ -166,6 +172,12 @@ class SettingsDialog(QDialog):
         buttons.rejected.connect(self.reject)
         outer.addWidget(buttons)
         self._fit_to_screen(body, buttons)
+
+    def _open_tools(self, paths: Any) -> None:
+        from app.tools_settings import ToolsSettingsDialog
+
+        self.tools_dialog = ToolsSettingsDialog(paths, self)
+        self.tools_dialog.open()
 
     def _fit_to_screen(self, body: QWidget, buttons: QWidget) -> None:
         """Opens as tall as the form, but never taller than the screen's available height."""

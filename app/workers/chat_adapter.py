@@ -26,6 +26,8 @@ from urllib.parse import quote, unquote
 from PySide6.QtCore import QCoreApplication, QEvent, QObject, QThread, QTimer, Signal, Slot
 
 from app.tasks import describe_error
+from app.workers.agent_turn import AgentRecord, model_history
+from app.workers.chat_agent import ChatAgentMixin
 from app.workers.history_service import DisplayMessage, HistoryDiskFull, HistoryService, display_thread, is_unreadable
 from app.workers.llm_worker import (
     GenerateRequest,
@@ -71,6 +73,9 @@ class TurnContext:
     system: str | None
     params: Any  # engine.runtime.GenerationParams
     knowledge_bases: tuple[str, ...] = ()
+    tools: Any = None  # app.workers.agent_turn.ToolsRequest: the turn runs the agent loop
+    thinking: bool | None = None  # the template's thinking switch (None: its default)
+    thinking_budget: int | None = None  # the most thinking tokens (None: no cap)
 
 
 RetrieverFactory = Callable[[tuple[str, ...]], Callable[[str, Any], tuple[str | None, list[dict[str, Any]]]]]
@@ -97,10 +102,11 @@ class _Turn:
     first_token_at: float | None = None
     stored: _StoredText = field(default_factory=_StoredText)
     save_failed: bool = False
+    agent: AgentRecord = field(default_factory=AgentRecord)  # tool steps, thinking (agent_turn)
 
 
-class ChatAdapter(QObject):
-    """Fronts the LLM worker and the history for the widgets.
+class ChatAdapter(ChatAgentMixin, QObject):
+    """Fronts the LLM worker and the history for the widgets (a turn with tools: ChatAgentMixin).
 
     Args:
         history: the history service.
@@ -126,6 +132,10 @@ class ChatAdapter(QObject):
         notice_posted(str): a passing note for the status bar (a reply saved late).
         bandwidth_measured(float): the machine's memory bandwidth (GB/s).
         sources_found(object): the sources (list of dicts) the running reply is given.
+        reasoning_delta(str): thinking text of the running reply (shown folded, never sent back).
+        tool_step_added(object): a tool call of the running reply was handled (agent_turn.step_dict).
+        loop_updated(object): the running turn's timeline (generations and calls, list of dicts).
+        approval_requested(object): an ``agent_turn.ApprovalRequest`` the user must answer.
         load_requested(object), generate_requested(object), unload_requested(),
         shutdown_requested(): commands to the worker (queued).
     """
@@ -147,6 +157,10 @@ class ChatAdapter(QObject):
     notice_posted = Signal(str)
     bandwidth_measured = Signal(float)
     sources_found = Signal(object)
+    reasoning_delta = Signal(str)
+    tool_step_added = Signal(object)
+    loop_updated = Signal(object)
+    approval_requested = Signal(object)
 
     load_requested = Signal(object)
     generate_requested = Signal(object)
@@ -200,6 +214,9 @@ class ChatAdapter(QObject):
         self.worker.retrieval_started.connect(self._on_worker_retrieval_started)
         self.worker.sources_found.connect(self._on_worker_sources_found)
         self.worker.retrieval_failed.connect(self._on_worker_retrieval_failed)
+        self.worker.reasoning_received.connect(self._on_worker_reasoning_received)
+        self.worker.agent_recorded.connect(self._on_worker_agent_recorded)
+        self.worker.approval_requested.connect(self._on_worker_approval_requested)
         self._thread.start()
 
     # ------------------------------------------------------------------ state
@@ -470,11 +487,7 @@ class ChatAdapter(QObject):
             return
         # messages ends with [..., user, pending reply]; history is everything before the user turn.
         user_msg = messages[-2]
-        history = tuple(
-            (m.role, m.content)
-            for m in messages[:-2]
-            if m.role in ("user", "assistant") and m.content and m.state != "error"
-        )
+        history = model_history(messages[:-2])  # a reply made with tools: its calls and results too
         request = GenerateRequest(
             request_id=next(self._ids),
             history=history,
@@ -483,6 +496,9 @@ class ChatAdapter(QObject):
             system=context.system,
             cancel=placeholder.request.cancel,
             cache_key=(str(conversation.id), str(reply_id)),  # the KV cache saved with the chat
+            tools=context.tools,
+            thinking=context.thinking,
+            thinking_budget=context.thinking_budget,
         )
         turn = _Turn(request, conversation.id, reply_id, time.perf_counter())
         self._turn = turn
@@ -589,6 +605,7 @@ class ChatAdapter(QObject):
             return
         self.last_stats = outcome.stats
         self.stats_updated.emit(outcome.stats)
+        turn.agent.reasoning_done = outcome.reasoning
         self._finish_turn(outcome.reason, outcome.text, outcome.stats)
         self.reply_finished.emit(outcome)
 
@@ -620,6 +637,9 @@ class ChatAdapter(QObject):
         stats_dict = stats.to_dict() if stats is not None and hasattr(stats, "to_dict") else None
         if stats_dict is not None:
             stats_dict["finish_reason"] = reason
+        extra = turn.agent.stats()  # tool calls and results, the loop's timeline, the thinking
+        if extra:
+            stats_dict = {**(stats_dict or {}), **extra}
         reply_id, conv_id, sources = turn.reply_id, turn.conversation_id, turn.sources or None
 
         def save(store: Any) -> list[DisplayMessage]:

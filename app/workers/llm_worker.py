@@ -76,10 +76,16 @@ class GenerateRequest:
             (it needs the session's tokenizer to fit the passages).
         cache_key: ``(conversation id, branch)`` of the KV cache saved with the chat
             (``engine.kv_cache.KvKey``; the branch is the id of the reply being written).
+        tools: an ``app.workers.agent_turn.ToolsRequest``: the turn runs the agent loop.
+        thinking: the template's thinking switch (None: the template's default).
+        thinking_budget: the most tokens of thinking (None: no cap).
+
+    ``history`` entries are ``(role, content)`` pairs or ``engine.context.Message`` objects (a
+    reply made with tools: its calls and their results, ``agent_turn.model_history``).
     """
 
     request_id: int
-    history: tuple[tuple[str, str], ...]
+    history: tuple[Any, ...]
     user: str
     params: Any
     system: str | None = None
@@ -87,6 +93,9 @@ class GenerateRequest:
     cancel: threading.Event = field(default_factory=threading.Event, compare=False)
     retrieve: Callable[[str, Any], tuple[str | None, list[dict[str, Any]]]] | None = field(default=None, compare=False)
     cache_key: tuple[str, str] | None = None
+    tools: Any = None
+    thinking: bool | None = None
+    thinking_budget: int | None = None
 
 
 @dataclass(frozen=True)
@@ -99,6 +108,7 @@ class LoadedModel:
     load_ms: float
     machine_bandwidth_gbps: float | None
     backend_note: str | None = None  # e.g. the CPU variant crashed and the safe one runs
+    thinking_controls: tuple[str, ...] = ()  # the template's switches (enable_thinking, reasoning_effort)
 
 
 @dataclass(frozen=True)
@@ -110,6 +120,7 @@ class GenerationOutcome:
     text: str
     stats: Any  # engine.events.Stats
     elapsed_ms: float
+    reasoning: dict[str, Any] | None = None  # {"text", "tokens", "ms"} of the thinking, when there was some
 
 
 class SessionLike(Protocol):
@@ -236,6 +247,9 @@ class LlmWorker(QObject):
         retrieval_started(int): request id; documents are being searched.
         sources_found(int, object): request id and the sources (list of dicts) given to the model.
         retrieval_failed(int, object): request id and the exception; the reply goes on without them.
+        reasoning_received(int, str): request id, coalesced thinking text.
+        agent_recorded(int, object): request id, a record of the agent loop (agent_turn.agent_events).
+        approval_requested(int, object): request id, an ``agent_turn.ApprovalRequest`` to answer.
     """
 
     model_loaded = Signal(object)
@@ -250,6 +264,9 @@ class LlmWorker(QObject):
     retrieval_started = Signal(int)
     sources_found = Signal(int, object)
     retrieval_failed = Signal(int, object)
+    reasoning_received = Signal(int, str)
+    agent_recorded = Signal(int, object)
+    approval_requested = Signal(int, object)
 
     def __init__(self, session_factory: SessionFactory | None = None) -> None:
         super().__init__()
@@ -257,6 +274,9 @@ class LlmWorker(QObject):
         self._session: SessionLike | None = None
         self._bandwidth: float | None = None
         self._bandwidth_done = False
+        from app.workers.agent_turn import ToolsetCache
+
+        self._toolsets = ToolsetCache()
 
     # slots (run on the worker thread) --------------------------------------------------
     @Slot(object)
@@ -280,7 +300,8 @@ class LlmWorker(QObject):
         load_ms = (time.perf_counter() - started) * 1000
         label = request.label or request.model_path.name
         note = getattr(session, "backend_note", None)
-        self.model_loaded.emit(LoadedModel(request.model_path, label, info, load_ms, self._bandwidth, note))
+        controls = tuple(sorted(getattr(getattr(session, "template", None), "thinking", None) or ()))
+        self.model_loaded.emit(LoadedModel(request.model_path, label, info, load_ms, self._bandwidth, note, controls))
         if not self._bandwidth_done and request.bandwidth_cache is not None:
             # After the load, so the first reply is not delayed; cached for later runs.
             self._bandwidth = measure_bandwidth(request.bandwidth_cache)
@@ -306,13 +327,15 @@ class LlmWorker(QObject):
         started = time.perf_counter()
         pending: list[str] = []
         pending_tokens = 0
+        thinking: list[str] = []
         last_emit = 0.0
         last_prefill = 0.0
         try:
+            from app.workers.agent_turn import TextBreak, agent_events
             from engine.context import Message
-            from engine.events import Finished, PrefillProgress, Token
+            from engine.events import Finished, PrefillProgress, Reasoning, Token
 
-            history = [Message(role, content) for role, content in request.history]  # type: ignore[arg-type]
+            history = [m if isinstance(m, Message) else Message(*m) for m in request.history]
             documents = request.documents
             if request.retrieve is not None and not request.cancel.is_set():
                 self.retrieval_started.emit(request.request_id)
@@ -327,23 +350,39 @@ class LlmWorker(QObject):
                 from engine.kv_cache import KvKey
 
                 saved["cache_key"] = KvKey(*request.cache_key)
-            events = session.stream(
-                history,
-                request.user,
-                request.params,
-                system=request.system,
-                documents=documents,
-                cancel=request.cancel,
-                **saved,
-            )
+            if request.thinking is not None:
+                saved["thinking"] = request.thinking
+            if request.thinking_budget is not None:
+                saved["thinking_budget"] = request.thinking_budget
+            if request.tools is not None:
+                rid = request.request_id
+                events = agent_events(
+                    session, self._toolsets.get(request.tools, session), request, history, documents, saved,
+                    lambda ask: self.approval_requested.emit(rid, ask), lambda rec: self.agent_recorded.emit(rid, rec),
+                )
+            else:
+                events = session.stream(
+                    history,
+                    request.user,
+                    request.params,
+                    system=request.system,
+                    documents=documents,
+                    cancel=request.cancel,
+                    **saved,
+                )
             for event in events:
                 now = time.perf_counter()
-                if isinstance(event, Token):
+                if isinstance(event, (Reasoning, TextBreak)):
+                    (thinking if isinstance(event, Reasoning) else pending).append(event.text)
+                    if now - last_emit >= COALESCE_S:
+                        self._flush(request.request_id, thinking, pending, pending_tokens)
+                        pending_tokens = 0
+                        last_emit = now
+                elif isinstance(event, Token):
                     pending.append(event.text)
                     pending_tokens += 1
                     if now - last_emit >= COALESCE_S:
-                        self.tokens_received.emit(request.request_id, "".join(pending), pending_tokens)
-                        pending.clear()
+                        self._flush(request.request_id, thinking, pending, pending_tokens)
                         pending_tokens = 0
                         last_emit = now
                 elif isinstance(event, PrefillProgress):
@@ -351,18 +390,27 @@ class LlmWorker(QObject):
                         self.prefill_progressed.emit(request.request_id, event.done, event.total)
                         last_prefill = now
                 elif isinstance(event, Finished):
-                    if pending:
-                        self.tokens_received.emit(request.request_id, "".join(pending), pending_tokens)
-                        pending.clear()
+                    self._flush(request.request_id, thinking, pending, pending_tokens)
                     elapsed = (time.perf_counter() - started) * 1000
-                    outcome = GenerationOutcome(request.request_id, event.reason, event.text, event.stats, elapsed)
+                    reasoning = ({"text": event.reasoning, "tokens": event.reasoning_tokens,
+                                  "ms": round(event.reasoning_ms, 2)} if event.reasoning else None)
+                    outcome = GenerationOutcome(request.request_id, event.reason, event.text, event.stats, elapsed,
+                                                reasoning)
                     self.generation_finished.emit(outcome)
         except Exception as exc:  # noqa: BLE001 - boundary: EngineCrashed, ContextOverflow, ... become a signal
-            if pending:
-                self.tokens_received.emit(request.request_id, "".join(pending), pending_tokens)
+            self._flush(request.request_id, thinking, pending, pending_tokens)
             self.generation_failed.emit(request.request_id, exc)
             return
         self._emit_prompt_view(session)
+
+    def _flush(self, request_id: int, thinking: list[str], pending: list[str], tokens: int) -> None:
+        """Sends the thinking and the text gathered since the last update, and empties both lists."""
+        if thinking:
+            self.reasoning_received.emit(request_id, "".join(thinking))
+            thinking.clear()
+        if pending:
+            self.tokens_received.emit(request_id, "".join(pending), tokens)
+            pending.clear()
 
     def _emit_prompt_view(self, session: SessionLike) -> None:
         try:
@@ -377,6 +425,10 @@ class LlmWorker(QObject):
         self._close_session()
 
     def _close_session(self) -> None:
+        try:
+            self._toolsets.close()  # the MCP servers the chat's tools started
+        except Exception as exc:  # noqa: BLE001 - closing must never raise into Qt
+            log.warning("closing the tools failed: %s", exc)
         session, self._session = self._session, None
         if session is not None:
             try:

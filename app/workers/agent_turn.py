@@ -1,0 +1,354 @@
+"""The agent loop in the app: ``engine.agent.Agent`` run on the LLM worker thread, approvals asked
+of the GUI, every step recorded for the history (issue 12, "The app").
+
+* :class:`ToolsRequest` is what a turn with tools carries (the sources chosen in the chat's Tools
+  switch, the tool choice, the limits). Without one a turn is a plain generation.
+* :class:`ApprovalGate` is how a call waits for the user: the worker thread blocks on a
+  ``threading.Event`` (polling the turn's Stop event, so Stop cancels a pending approval: the call
+  is then refused and the loop ends); the GUI answers ``once``, ``always`` or ``deny``.
+* :func:`agent_events` runs the loop and turns its events into what the worker streams: the
+  answer's tokens (a :class:`TextBreak` between two generations of one turn), the thinking, one
+  record per new message (``{"kind": "message", "message": {...}, "step": {...} | None}``) and
+  per generation (``{"kind": "generation", ...}``, the inspector's timeline), and one final
+  ``Finished`` for the whole turn.
+* :class:`AgentRecord` keeps a turn's records on the GUI thread; :meth:`AgentRecord.stats` is what
+  the reply's ``stats`` column gets (``tool_steps``, ``agent_messages``, ``loop``, ``reasoning``),
+  so tool calls and results survive a restart without a schema change, and a history written
+  before tools existed reads as it did. :func:`model_history` turns a thread back into the
+  messages the model is sent: an assistant reply with ``agent_messages`` becomes its calls, the
+  ``tool`` results and its answer; the thinking is never among them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+APPROVAL_POLL_S = 0.05
+"""How often a waiting approval looks at the turn's Stop event."""
+DECISIONS = ("once", "always", "deny")
+
+
+@dataclass(frozen=True)
+class ToolsRequest:
+    """A turn that may call tools.
+
+    Args:
+        selection: the sources: ``builtin`` and MCP server names (``app.tool_setup.open_tools``).
+        paths: the data folders (``mcp.json``, the permissions).
+        tool_choice: ``auto`` (None), ``required``, ``none`` or a function name.
+        max_steps: rounds of calls before the model must answer without tools.
+        timeout_s: the longest one call may run.
+        open_tools: builds the ToolSet for ``(request, session)``; tests inject fakes.
+    """
+
+    selection: tuple[str, ...]
+    paths: Any
+    tool_choice: str | None = None
+    max_steps: int = 8
+    timeout_s: float = 60.0
+    open_tools: Callable[[ToolsRequest, Any], Any] | None = field(default=None, compare=False)
+
+
+class ApprovalGate:
+    """One call waiting for the user's decision (created on the worker thread, answered on the GUI's).
+
+    Args:
+        cancel: the turn's Stop event: a wait ends with ``deny`` as soon as it is set.
+    """
+
+    def __init__(self, cancel: threading.Event) -> None:
+        self._cancel = cancel
+        self._answered = threading.Event()
+        self._decision = "deny"
+        self._lock = threading.Lock()
+
+    def answer(self, decision: str) -> bool:
+        """Gives the decision (the first answer wins). Returns False when it was already answered."""
+        if decision not in DECISIONS:
+            raise ValueError(f"an approval is one of {', '.join(DECISIONS)}, not {decision!r}")
+        with self._lock:
+            if self._answered.is_set():
+                return False
+            self._decision = decision
+            self._answered.set()
+            return True
+
+    @property
+    def answered(self) -> bool:
+        return self._answered.is_set()
+
+    def wait(self) -> str:
+        """Blocks the worker until the GUI answers or Stop is pressed (then ``deny``)."""
+        while not self._answered.wait(APPROVAL_POLL_S):
+            if self._cancel.is_set():
+                self.answer("deny")
+        return self._decision
+
+
+@dataclass(frozen=True)
+class ApprovalRequest:
+    """What the approval card shows: the exact call, and the gate to answer it."""
+
+    request_id: int
+    call_id: str
+    name: str
+    arguments: dict[str, Any]
+    source: str
+    description: str
+    gate: ApprovalGate = field(compare=False, repr=False)
+
+    def answer(self, decision: str) -> bool:
+        """``once``, ``always`` or ``deny``; False when already answered (or stopped)."""
+        return self.gate.answer(decision)
+
+
+@dataclass(frozen=True)
+class TextBreak:
+    """Text between two generations of one turn (the streamed reply reads as the saved one)."""
+
+    text: str = "\n\n"
+
+
+# ---------------------------------------------------------------------- records (JSON)
+
+
+def call_dict(call: Any) -> dict[str, Any]:
+    return {"id": call.id, "name": call.name, "arguments": dict(call.arguments)}
+
+
+def message_dict(message: Any) -> dict[str, Any]:
+    """An ``engine.context.Message`` as JSON (for the reply's ``agent_messages``)."""
+    out: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.tool_calls:
+        out["tool_calls"] = [call_dict(call) for call in message.tool_calls]
+    if message.tool_call_id:
+        out["tool_call_id"] = message.tool_call_id
+    if message.name:
+        out["name"] = message.name
+    return out
+
+
+def step_dict(step: Any) -> dict[str, Any]:
+    """An ``engine.agent.ToolStep`` as JSON (what a tool card shows)."""
+    return {
+        "id": step.call.id,
+        "round": step.round,
+        "name": step.call.name,
+        "arguments": dict(step.call.arguments),
+        "source": step.source,
+        "approval": step.approval,
+        "ran": step.ran,
+        "result": step.result.content,
+        "is_error": step.result.is_error,
+        "ms": step.ms,
+        "tokens": step.tokens,
+        "truncated": step.truncated,
+    }
+
+
+def _message_from(data: Any) -> Any:
+    """A stored ``agent_messages`` entry back as an ``engine.context.Message`` (None if unusable)."""
+    from engine.context import Message
+    from engine.events import ToolCall
+
+    if not isinstance(data, dict) or data.get("role") not in ("assistant", "tool"):
+        return None
+    calls = tuple(
+        ToolCall(str(c.get("id", "")), str(c.get("name", "")), dict(c.get("arguments") or {}), "")
+        for c in data.get("tool_calls") or ()
+        if isinstance(c, dict)
+    )
+    return Message(
+        data["role"], str(data.get("content") or ""), tool_calls=calls,
+        tool_call_id=str(data.get("tool_call_id") or ""), name=str(data.get("name") or ""),
+    )
+
+
+def model_history(messages: Sequence[Any]) -> tuple[Any, ...]:
+    """The messages sent to the model for the earlier turns of a thread (``DisplayMessage`` list).
+
+    Plain turns stay ``(role, content)`` pairs; a reply made with tools is its calls, their
+    results and its answer (``agent_messages``). Failed replies and empty ones are left out, and
+    thinking never goes back.
+    """
+    out: list[Any] = []
+    for m in messages:
+        if m.role not in ("user", "assistant") or m.state == "error":
+            continue
+        agent = (m.stats or {}).get("agent_messages") if m.role == "assistant" else None
+        if agent:
+            rebuilt = [msg for msg in (_message_from(d) for d in agent) if msg is not None]
+            if rebuilt:
+                out.extend(rebuilt)
+                continue
+        if m.content:
+            out.append((m.role, m.content))
+    return tuple(out)
+
+
+@dataclass
+class AgentRecord:
+    """A turn's tool steps, messages, timeline and thinking, as they arrive (GUI thread)."""
+
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    loop: list[dict[str, Any]] = field(default_factory=list)
+    reasoning: list[str] = field(default_factory=list)
+    reasoning_done: dict[str, Any] | None = None
+
+    def add(self, record: dict[str, Any]) -> None:
+        """Takes one record of :func:`agent_events`."""
+        if record.get("kind") == "message":
+            self.messages.append(record["message"])
+            step = record.get("step")
+            if step is not None:
+                self.steps.append(step)
+                self.loop.append({"kind": "tool", "name": step["name"], "ms": step["ms"], "ran": step["ran"],
+                                  "tokens": step["tokens"]})
+        elif record.get("kind") == "generation":
+            self.loop.append({k: v for k, v in record.items() if k != "kind"} | {"kind": "generate"})
+
+    def stats(self) -> dict[str, Any]:
+        """What the reply's stats get (nothing for a plain turn without thinking)."""
+        out: dict[str, Any] = {}
+        if self.messages:
+            out["agent_messages"] = list(self.messages)
+            out["tool_steps"] = list(self.steps)
+            out["loop"] = list(self.loop)
+        reasoning = self.reasoning_done
+        if reasoning is None and self.reasoning:
+            reasoning = {"text": "".join(self.reasoning), "tokens": 0, "ms": 0.0}
+        if reasoning and reasoning.get("text"):
+            out["reasoning"] = dict(reasoning)
+        return out
+
+
+# ---------------------------------------------------------------------- the worker side
+
+
+def default_open_tools(request: ToolsRequest, session: Any) -> Any:
+    """The ToolSet for the sources chosen (``app.tool_setup.open_tools``; servers start when listed)."""
+    from app.tool_setup import open_tools
+
+    return open_tools(list(request.selection), request.paths, count_text=getattr(session, "count_text", None))
+
+
+class ToolsetCache:
+    """The worker's open ToolSet, kept between turns (an MCP server is not restarted for each one),
+    opened again when the sources, the session, ``mcp.json`` or the permissions change."""
+
+    def __init__(self) -> None:
+        self._key: tuple[Any, ...] | None = None
+        self._toolset: Any = None
+
+    def get(self, request: ToolsRequest, session: Any) -> Any:
+        key = (request.selection, id(session), request.open_tools, *_config_stamp(request.paths))
+        if key != self._key or self._toolset is None:
+            self.close()
+            opener = request.open_tools or default_open_tools
+            self._toolset = opener(request, session)
+            self._key = key
+        return self._toolset
+
+    def close(self) -> None:
+        toolset, self._toolset, self._key = self._toolset, None, None
+        if toolset is not None:
+            toolset.close()
+
+
+def _config_stamp(paths: Any) -> tuple[Any, ...]:
+    stamps: list[Any] = []
+    for name in ("mcp_config", "tool_permissions"):
+        path = getattr(paths, name, None)
+        try:
+            stat = os.stat(path) if path is not None else None
+        except OSError:
+            stat = None
+        stamps.append((stat.st_mtime_ns, stat.st_size) if stat is not None else None)
+    return tuple(stamps)
+
+
+def agent_events(
+    session: Any,
+    toolset: Any,
+    request: Any,
+    history: Sequence[Any],
+    documents: str | None,
+    options: dict[str, Any],
+    ask: Callable[[ApprovalRequest], None],
+    record: Callable[[dict[str, Any]], None],
+) -> Iterator[Any]:
+    """Runs one turn through the agent loop (on the worker thread).
+
+    Args:
+        session: the chat session.
+        toolset: the tools (a ToolProvider with ``always_allows`` and ``allow_always``).
+        request: the ``GenerateRequest`` (``tools`` set).
+        history: the earlier messages (``engine.context.Message``).
+        documents: the documents block, if any.
+        options: more ``stream`` keywords (the KV cache key, the thinking switch or budget).
+        ask: shows an approval to the user (emits a signal); the call then waits on its gate.
+        record: takes each record (emits a signal).
+
+    Yields:
+        Token, PrefillProgress, Reasoning and TextBreak events, then one Finished for the turn.
+    """
+    from engine.agent import Agent, ToolStep
+    from engine.events import Finished, Token
+
+    tools: ToolsRequest = request.tools
+    specs = toolset.tools()
+    allow = {spec.name for spec in specs if toolset.always_allows(spec.name)}
+    problems = list(getattr(toolset, "problems", None) or ())
+    if problems:  # a server that did not start: the chat goes on with the other tools
+        record({"kind": "problems", "problems": problems})
+
+    def approve(call: Any, spec: Any) -> str:
+        gate = ApprovalGate(request.cancel)
+        ask(ApprovalRequest(request.request_id, call.id, call.name, dict(call.arguments), spec.source,
+                            spec.description, gate))
+        return gate.wait()
+
+    def on_step(message: Any, step: Any) -> None:
+        record({"kind": "message", "message": message_dict(message),
+                "step": step_dict(step) if step is not None else None})
+
+    agent = Agent(session, [toolset], approve=approve, allow=allow, on_allow=toolset.allow_always, on_step=on_step,
+                  max_steps=tools.max_steps, timeout_s=tools.timeout_s)
+    run = agent.run(history, request.user, request.params, system=request.system, documents=documents,
+                    cancel=request.cancel, tool_choice=tools.tool_choice, **options)
+    streamed: list[str] = []
+    fresh = False  # a generation ended: the next text starts a new paragraph
+    rounds = 0
+    for event in run:
+        if isinstance(event, Token):
+            if fresh and event.text and "".join(streamed).strip():
+                brk = TextBreak()
+                streamed.append(brk.text)
+                yield brk
+            fresh = fresh and not event.text
+            streamed.append(event.text)
+            yield event
+        elif isinstance(event, Finished):
+            rounds += 1
+            stats = event.stats
+            record({"kind": "generation", "round": rounds, "ttft_ms": stats.ttft_ms, "prefill_ms": stats.prefill_ms,
+                    "decode_ms": stats.decode_ms, "tokens": stats.completion_tokens, "calls": len(event.tool_calls),
+                    "reasoning_ms": event.reasoning_ms})
+            fresh = True
+        elif not isinstance(event, ToolStep):  # a ToolStep is recorded through on_step, with its message
+            yield event  # PrefillProgress, Reasoning, Stats, ToolCall
+    result = run.result
+    last = result.finished
+    if last is None:
+        from engine.errors import EngineError
+
+        raise EngineError("the agent loop ended without a reply")
+    yield dataclasses.replace(last, text="".join(streamed), reasoning=result.reasoning,
+                              reasoning_tokens=result.reasoning_tokens, reasoning_ms=result.reasoning_ms,
+                              tool_calls=())
