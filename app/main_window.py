@@ -337,6 +337,10 @@ class MainWindow(ConversationActions, DocumentActions, ModelActions, QMainWindow
         self.chat_settings_button.setAccessibleDescription(self.chat_settings_button.toolTip())
         self.chat_settings_button.clicked.connect(self.open_conversation_settings)
         state_row.addWidget(self.chat_settings_button)
+        from app.chat_tools_menu import ChatToolsButton
+
+        self.tools_button = ChatToolsButton(self.paths)  # this chat's Tools switch (app/chat_tools_menu.py)
+        state_row.addWidget(self.tools_button)
         self.inspector_button = QPushButton("Inspector")
         self.inspector_button.setObjectName("inspectorToggle")
         self.inspector_button.setCheckable(True)
@@ -373,6 +377,9 @@ class MainWindow(ConversationActions, DocumentActions, ModelActions, QMainWindow
         chat.bandwidth_measured.connect(self.inspector.set_machine_bandwidth)
         chat.error_occurred.connect(self.show_error)
         chat.sources_found.connect(self._on_chat_sources_found)
+        from app.chat_tools_menu import ChatToolsController
+
+        self.chat_tools = ChatToolsController(self)  # tool cards, approvals, thinking, the loop timeline
         self.knowledge.error_occurred.connect(self.show_error)
         self.models_adapter.error_occurred.connect(self.show_error)
         self.models_adapter.library_changed.connect(self._on_models_library_changed)
@@ -516,7 +523,9 @@ class MainWindow(ConversationActions, DocumentActions, ModelActions, QMainWindow
         )
         kbs = tuple(getattr(conv, "knowledge_bases", None) or ())
         self.inspector.set_reply_limit(params.max_tokens)
-        return TurnContext(system=system, params=params, knowledge_bases=kbs)
+        tools, thinking, budget = self.chat_tools.turn_options()
+        return TurnContext(system=system, params=params, knowledge_bases=kbs, tools=tools, thinking=thinking,
+                           thinking_budget=budget)
 
     @Slot(str, object)
     def _on_composer_send_requested(self, text: str, editing: int | None) -> None:
@@ -631,7 +640,7 @@ class MainWindow(ConversationActions, DocumentActions, ModelActions, QMainWindow
         loaded = self.chat.loaded.path if self.chat.loaded is not None else None
         local = loaded if loaded is not None and parse_remote_model(loaded) is None else None
         dialog = SettingsDialog(self.settings, self, server_url=self.remote.server_url, model_path=local,
-                                kv_cache_dir=self.paths.kv_cache)
+                                kv_cache_dir=self.paths.kv_cache, tools_paths=self.paths)
         if not dialog.exec():
             return
         old = self.settings
