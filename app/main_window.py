@@ -56,6 +56,7 @@ from app.window_layout import (
     FIRST_SIZE,
     ChatSplitter,
     ElidedLabel,
+    FlowLayout,
     geometry_fits,
     initial_geometry,
     make_wrapping,
@@ -313,25 +314,28 @@ class MainWindow(ConversationActions, DocumentActions, ModelActions, QMainWindow
         row.addWidget(self.add_endpoint_button)
         hl.addLayout(row)
 
-        state_row = QHBoxLayout()
-        state_row.setSpacing(6)
+        # The second row wraps (FlowLayout) rather than set the window's width: every control that
+        # joins the header keeps its whole size and moves to a new line when the column is narrow.
+        state_row = FlowLayout(spacing=6)
         self.model_status = ElidedLabel("No model loaded")
         self.model_status.setObjectName("modelStatus")
         self.model_status.setAccessibleName("Model state")
-        state_row.addWidget(self.model_status, 0)
+        state_row.addWidget(self.model_status)
         self.docs_label = ElidedLabel("")
         self.docs_label.setObjectName("stateLabel")
         self.docs_label.setAccessibleName("Documents in this chat")
-        state_row.addWidget(self.docs_label, 0)
+        state_row.addWidget(self.docs_label)
         # The chat's documents control (a widget in its own file) goes in this slot.
-        self.documents_slot = QHBoxLayout()
+        documents_holder = QWidget()
+        self.documents_slot = QHBoxLayout(documents_holder)
+        self.documents_slot.setContentsMargins(0, 0, 0, 0)
         self.documents_slot.setSpacing(4)
-        state_row.addLayout(self.documents_slot)
+        state_row.addWidget(documents_holder)
         self.documents_slot.addWidget(self._build_documents_bar())  # app/documents_bar.py (DocumentActions)
         self.index_label = ElidedLabel("")
         self.index_label.setObjectName("stateLabel")
         self.index_label.setAccessibleName("Indexing")
-        state_row.addWidget(self.index_label, 1)
+        state_row.addWidget(self.index_label)
         self.chat_settings_button = QPushButton("Chat settings…")
         self.chat_settings_button.setToolTip("This chat's system prompt and sampling (temperature, top-p, seed, …)")
         self.chat_settings_button.setAccessibleDescription(self.chat_settings_button.toolTip())

@@ -15,9 +15,9 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from PySide6.QtCore import QRect, QSize, Qt
+from PySide6.QtCore import QPoint, QRect, QSize, Qt
 from PySide6.QtGui import QResizeEvent
-from PySide6.QtWidgets import QLabel, QSizePolicy, QSplitter, QWidget
+from PySide6.QtWidgets import QLabel, QLayout, QLayoutItem, QSizePolicy, QSplitter, QWidget
 
 FIRST_SIZE = QSize(1320, 820)
 """The first window's size on a screen with room for it."""
@@ -141,6 +141,93 @@ class ElidedLabel(QLabel):
         elided = self.fontMetrics().elidedText(self._full, Qt.TextElideMode.ElideRight, width)
         super().setText(elided)
         self.setToolTip(self._full if elided != self._full else "")
+
+
+class FlowLayout(QLayout):
+    """Lays its items out left to right and starts a new line when the next one does not fit: a
+    header row that wraps instead of widening the window or cutting a button.
+
+    Each item gets its size hint (never wider than the line); items are centred vertically in
+    their line. The minimum width is that of the widest item.
+
+    Args:
+        parent: the widget it lays out (or None).
+        spacing: pixels between items and between lines.
+    """
+
+    def __init__(self, parent: QWidget | None = None, spacing: int = 6) -> None:
+        super().__init__(parent)
+        self._items: list[QLayoutItem] = []
+        self.setSpacing(spacing)
+        self.setContentsMargins(0, 0, 0, 0)
+
+    def addItem(self, item: QLayoutItem) -> None:
+        self._items.append(item)
+
+    def count(self) -> int:
+        return len(self._items)
+
+    def itemAt(self, index: int) -> QLayoutItem | None:  # type: ignore[override]
+        return self._items[index] if 0 <= index < len(self._items) else None
+
+    def takeAt(self, index: int) -> QLayoutItem | None:  # type: ignore[override]
+        return self._items.pop(index) if 0 <= index < len(self._items) else None
+
+    def expandingDirections(self) -> Qt.Orientation:
+        return Qt.Orientation(0)
+
+    def hasHeightForWidth(self) -> bool:
+        return True
+
+    def heightForWidth(self, width: int) -> int:
+        return self._arrange(QRect(0, 0, width, 0), apply=False)
+
+    def setGeometry(self, rect: QRect) -> None:
+        super().setGeometry(rect)
+        self._arrange(rect, apply=True)
+
+    def sizeHint(self) -> QSize:
+        visible = [item for item in self._items if not item.isEmpty()]
+        width = sum(item.sizeHint().width() for item in visible) + self.spacing() * max(len(visible) - 1, 0)
+        height = max((item.sizeHint().height() for item in visible), default=0)
+        margins = self.contentsMargins()
+        return QSize(width + margins.left() + margins.right(), height + margins.top() + margins.bottom())
+
+    def minimumSize(self) -> QSize:
+        size = QSize()
+        for item in self._items:
+            if not item.isEmpty():
+                size = size.expandedTo(item.minimumSize())
+        margins = self.contentsMargins()
+        return size + QSize(margins.left() + margins.right(), margins.top() + margins.bottom())
+
+    def _arrange(self, rect: QRect, apply: bool) -> int:
+        margins = self.contentsMargins()
+        area = rect.adjusted(margins.left(), margins.top(), -margins.right(), -margins.bottom())
+        spacing = self.spacing()
+        lines: list[list[tuple[QLayoutItem, QSize]]] = [[]]
+        x = 0
+        for item in self._items:
+            if item.isEmpty():
+                continue
+            hint = item.sizeHint()
+            size = QSize(max(min(hint.width(), area.width()), item.minimumSize().width()), hint.height())
+            if lines[-1] and x + size.width() > area.width():
+                lines.append([])
+                x = 0
+            lines[-1].append((item, size))
+            x += size.width() + spacing
+        y = area.y()
+        for line in lines:
+            height = max((size.height() for _item, size in line), default=0)
+            if apply:
+                left = area.x()
+                for item, size in line:
+                    item.setGeometry(QRect(QPoint(left, y + (height - size.height()) // 2), size))
+                    left += size.width() + spacing
+            y += height + spacing
+        used = y - spacing - area.y() if any(lines) else 0
+        return used + margins.top() + margins.bottom()
 
 
 class ChatSplitter(QSplitter):

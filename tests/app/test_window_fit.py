@@ -10,7 +10,7 @@ import pytest
 from gui_support import FakeSession, make_window
 from PySide6.QtCore import QByteArray, QRect, QSettings, QSize, Qt
 from PySide6.QtGui import QPalette
-from PySide6.QtWidgets import QApplication, QWidget
+from PySide6.QtWidgets import QApplication, QLabel, QWidget
 
 from app.paths import Paths
 from app.settings import Settings
@@ -111,16 +111,25 @@ def test_header_and_composer_fit_a_small_window(qtbot: Any, window: Any, size: t
     window.resize(*size)
     qtbot.waitUntil(lambda: window.size() == QSize(*size), timeout=2000)
     QApplication.processEvents()
-    buttons = [window.load_button, window.add_endpoint_button, window.chat_settings_button, window.inspector_button]
-    for button in [*buttons, window.composer.send_button, window.settings_button, window.model_picker]:
-        assert _visible_in(button, window), button.text() if hasattr(button, "text") else button
-    assert _visible_in(window.statusBar(), window)
-    rects = [QRect(b.mapTo(window, b.rect().topLeft()), b.size()) for b in buttons]
-    for i, a in enumerate(rects):
-        for b in rects[i + 1 :]:
-            assert not a.intersects(b), (a, b)
-    for button in buttons:  # no button squeezed below what its text needs
-        assert button.width() >= button.minimumSizeHint().width()
+    header = window.chat_settings_button.parentWidget()
+    for inspector_open in (window.inspector_button.isChecked(), not window.inspector_button.isChecked()):
+        if window.inspector_button.isChecked() != inspector_open:
+            window.inspector_button.click()
+            QApplication.processEvents()
+        controls = [w for w in header.findChildren(QWidget) if w.isVisibleTo(header) and w.parentWidget() is header]
+        buttons = [w for w in controls if not isinstance(w, QLabel)]
+        assert window.inspector_button in buttons and window.load_button in buttons
+        for button in [window.composer.send_button, window.settings_button]:
+            assert _visible_in(button, window), (inspector_open, button)
+        for button in buttons:
+            assert _visible_in(button, header), (inspector_open, button)  # not cut by the header's edge
+        assert _visible_in(window.statusBar(), window)
+        rects = [QRect(b.mapTo(window, b.rect().topLeft()), b.size()) for b in buttons]
+        for i, a in enumerate(rects):
+            for b in rects[i + 1 :]:
+                assert not a.intersects(b), (inspector_open, a, b)
+        for button in buttons:  # no control squeezed below what it needs
+            assert button.width() >= button.minimumSizeHint().width(), (inspector_open, button)
 
 
 def test_inspector_collapses_to_its_toggle_on_a_narrow_window(qtbot: Any, window: Any) -> None:
@@ -220,3 +229,27 @@ def test_closing_hides_the_window_before_the_slow_shutdown(qtbot: Any, window: A
     monkeypatch.setattr(window.chat, "shutdown", shutdown)
     window.close()
     assert seen == [False]  # the model and the threads close after the window is gone
+
+
+def test_flow_layout_wraps_instead_of_cutting(qtbot: Any) -> None:
+    from PySide6.QtWidgets import QPushButton
+
+    from app.window_layout import FlowLayout
+
+    holder = QWidget()
+    flow = FlowLayout(holder)
+    buttons = [QPushButton(f"Button number {i}") for i in range(6)]
+    for button in buttons:
+        flow.addWidget(button)
+    qtbot.addWidget(holder)
+    one_line = flow.sizeHint().height()
+    narrow = buttons[0].sizeHint().width() + 20
+    assert holder.minimumSizeHint().width() <= narrow
+    assert flow.heightForWidth(narrow) >= 5 * one_line  # one button a line
+    holder.resize(narrow, flow.heightForWidth(narrow))
+    holder.show()
+    QApplication.processEvents()
+    rects = [b.geometry() for b in buttons]
+    assert all(holder.rect().contains(r) for r in rects)
+    assert all(not a.intersects(b) for i, a in enumerate(rects) for b in rects[i + 1 :])
+    assert all(b.width() >= b.sizeHint().width() for b in buttons)
