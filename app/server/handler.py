@@ -246,7 +246,7 @@ class Handler(BaseHTTPRequestHandler):
                     if self.hung_up():
                         raise ClientGone
                     if switch_to is not None:
-                        map_errors(lambda: state.switch_model(switch_to))
+                        map_errors(lambda: state.switch_model(switch_to, cancel))
                     yield cancel
                 except HttpError as exc:
                     if state.closed and exc.status >= 500:

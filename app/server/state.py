@@ -98,23 +98,27 @@ class ServerState:
         """The id of the model the server started with."""
         return self._first[0]
 
-    def switch_model(self, path: Path) -> None:
+    def switch_model(self, path: Path, cancel: threading.Event) -> None:
         """Serves the model at ``path`` from now on (called under ``lock``, with no reply running).
 
         The model served is closed first (two models may not fit in memory together); when the new
-        one fails to load, the old one is loaded again and the error raised.
+        one fails to load, the old one is loaded again and the error raised. Stopping the server
+        (which sets ``cancel``) ends a load in progress.
 
         Raises:
             ModelFileError, ModelLoadError, EngineCrashed: the new model cannot be loaded.
+            HttpError: 503, the server stopped during the load.
         """
         if path == self.model_path or self._open_session is None:
             return
         old, new = self.backend, self._open_session(path)
         old.close()
         try:
-            new.load()
+            new.load(cancel)
         except BaseException:
             new.close()
+            if cancel.is_set():
+                raise HttpError(503, "the server is shutting down", "server_error") from None
             log.warning("loading %s failed; serving %s again", path, self.model_path)
             old.load()
             raise

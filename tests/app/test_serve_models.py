@@ -70,3 +70,46 @@ def test_the_cli_catalog_is_the_librarys_chat_models(starter_model: Path, tmp_pa
     assert "tiny-chat" in catalog.names()
     assert catalog.find("tiny-chat") == paths.models / "tiny-chat.gguf"
     assert catalog.find("no-such-model") is None
+
+
+def test_stopping_during_a_model_switch_leaves_no_worker(starter_model: Path, tmp_path: Path) -> None:
+    """A request that asked for another model, stopped while (or just after) it loads: stop() is
+    prompt and no inference worker outlives the server."""
+    import threading
+    import time
+
+    import psutil
+
+    catalog = Catalog(tmp_path, starter_model)
+    handle = start_server(
+        Paths.resolve(tmp_path / "home"), port=0, model_path=starter_model, n_ctx=512, catalog=catalog
+    )
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    api = openai.OpenAI(base_url=f"{handle.url}/v1", api_key="unused", max_retries=0, timeout=60)
+    answers: list[object] = []
+
+    def ask() -> None:
+        try:
+            answers.append(
+                api.chat.completions.create(
+                    model="other-model", messages=[{"role": "user", "content": "hi"}], max_tokens=64
+                )
+            )
+        except openai.APIError as exc:
+            answers.append(exc)
+
+    thread = threading.Thread(target=ask, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while "other-model" not in catalog.asked and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)
+    started = time.monotonic()
+    handle.stop()
+    took = time.monotonic() - started
+    thread.join(30)
+    assert took < 5.0, f"stop() took {took:.1f} s"
+    assert answers, "the client got no answer"
+    time.sleep(0.5)
+    left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before and p.is_running()]
+    assert [p for p in left if p.status() != psutil.STATUS_ZOMBIE] == []
