@@ -2,10 +2,10 @@
 
 Downloads go to ``<models>/<owner>/<repo>/<file>`` (the layout LM Studio users know, and the
 Models page's: ``engine.model_download.model_folder``; a model already in the page's older
-``<owner>__<repo>`` folder is found there), resume where they stopped when the same command runs again, print progress on stderr (a redrawn line
-on a terminal, a line a second otherwise) and, with ``--json``, one document with the final path
-and sha256 on stdout. ``HF_ENDPOINT`` (or ``--endpoint``) points at a mirror; ``HF_TOKEN`` opens
-gated repositories.
+``<owner>__<repo>`` folder is found there), resume where they stopped when the same command
+runs again, print progress on stderr (a redrawn line on a terminal, a line a second otherwise)
+and, with ``--json``, one document with the final path and sha256 on stdout. ``HF_ENDPOINT``
+(or ``--endpoint``) points at a mirror; ``HF_TOKEN`` opens gated repositories.
 """
 
 from __future__ import annotations
