@@ -101,8 +101,14 @@ def raw_events(backend: Any, tokens: Sequence[int], params: Any, cancel: threadi
     from engine.events import Finished, Stats
 
     backend.load()  # restarts a worker that crashed on an earlier request
-    lock = getattr(backend, "_lock", None)  # ChatSession's: keeps the GUI's turns apart from ours
+    # WORKAROUND: ChatSession has no public raw-prompt generation yet; what its stream() does around
+    # the worker is done here: hold its lock (the GUI may share this session), and tell the worker
+    # that no conversation's saved KV cache goes with this prompt (a chat turn may have set one).
+    lock = getattr(backend, "_lock", None)
     with lock if lock is not None else threading.Lock():
+        configure = getattr(backend, "_configure_kv", None)
+        if configure is not None:
+            configure(None)
         worker = backend.worker
         result = yield from worker.generate(list(tokens), params, cancel)
     new = result.prompt_tokens - result.cached_tokens
