@@ -266,6 +266,7 @@ def estimate_fit(
     *,
     swa_full: bool = True,
     n_ubatch: int = N_UBATCH,
+    draft: GgufInfo | None = None,
 ) -> FitEstimate:
     """Whether ``info`` runs at ``n_ctx`` on ``hw``: on the GPU, partly offloaded, in RAM, or not.
 
@@ -277,6 +278,8 @@ def estimate_fit(
         bandwidth_gbps: measured RAM bandwidth, for the expected decode speed (None: no speed).
         swa_full: see :func:`kv_cache_bytes`.
         n_ubatch: the micro-batch size the runtime uses.
+        draft: the header of a draft model for speculative decoding, loaded beside the model with
+            the same context (its weights, KV cache and buffers are counted in the weights).
 
     Raises:
         ValueError: unknown ``cache_type`` or ``n_ctx < 1``.
@@ -288,6 +291,8 @@ def estimate_fit(
     kv = sum(layer_kv)
     compute = compute_buffer_bytes(info, cells, n_ubatch=n_ubatch)
     weights = info.tensor_bytes
+    if draft is not None:  # the draft model runs on the same device as the model's weights
+        weights += draft_model_bytes(draft, n_ctx, cache_type, swa_full=swa_full)
     total = weights + kv + compute + OVERHEAD_BYTES
     ram = _ram_budget(hw)
     gpus = _gpus(hw)
@@ -344,6 +349,15 @@ def estimate_fit(
     return result("no", 0, 0, None,
                   f"won't fit: needs {format_bytes(total)} ({parts}), {format_bytes(ram)} RAM usable"
                   f"{with_vram}; try a smaller quantization or context{note}")
+
+
+def draft_model_bytes(draft: GgufInfo, n_ctx: int, cache_type: str = "f16", *, swa_full: bool = True) -> int:
+    """The memory a draft model for speculative decoding takes beside its target: its weights, its
+    own KV cache at the target's context, and its compute buffers (it evaluates in 256-token
+    batches; see engine.speculative.DraftModel)."""
+    cells = _pad(n_ctx, CTX_PAD)
+    kv = sum(layer_kv_bytes(draft, cells, cache_type, swa_full=swa_full, n_ubatch=256))
+    return draft.tensor_bytes + kv + compute_buffer_bytes(draft, cells, n_ubatch=256)
 
 
 def _top_layers_bytes(info: GgufInfo, layer_kv: list[int], n: int) -> int:

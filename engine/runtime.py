@@ -8,11 +8,13 @@ fresh worker.
 
 The worker offers primitives only: tokenize, token pieces, and generate-from-tokens with prefix
 reuse of its KV cache. Templates, the context budget and stats live in the parent
-(:mod:`engine.session`).
+(:mod:`engine.session`). The prompt's evaluation and the decode loop (sampling, constrained output,
+logprobs, speculative decoding) are :mod:`engine.decoding`.
 
 Cancellation: each request carries a ``threading.Event`` in the parent. The parent forwards it to a
-shared ``multiprocessing`` event that the child checks between prompt batches and between tokens,
-so Stop lands within one batch while prefilling and within one token while decoding.
+shared ``multiprocessing`` event that the child checks inside llama.cpp's graph compute while
+prefilling (the abort callback) and before every token, so Stop lands within milliseconds while
+the prompt is read and no token is sent after it.
 """
 
 from __future__ import annotations

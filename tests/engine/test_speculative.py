@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from engine.errors import EngineError
@@ -103,3 +105,19 @@ def test_params_validate_the_new_fields() -> None:
     with pytest.raises(ValueError, match="speculative"):
         GenerationParams(speculative="sometimes")  # type: ignore[arg-type]
     assert GenerationParams(logprobs=20, logit_bias=((5, float("-inf")),)).logprobs == 20
+
+
+def test_the_fit_estimate_counts_a_draft_model(starter_model: Path) -> None:
+    from engine.fit import draft_model_bytes, estimate_fit
+    from engine.gguf import read_gguf_info
+    from engine.hardware import HardwareInfo
+
+    info = read_gguf_info(starter_model)
+    hw = HardwareInfo(total_ram=8 << 30, available_ram=7 << 30, cpu_count_physical=2, cpu_count_logical=2,
+                      cpu_name="Test CPU", gpu_offload_supported=False, gpus=[])
+    alone = estimate_fit(info, hw, 4096)
+    paired = estimate_fit(info, hw, 4096, draft=info)
+    extra = draft_model_bytes(info, 4096)
+    assert extra > info.tensor_bytes  # weights, plus its own KV cache and buffers
+    assert paired.total_bytes == alone.total_bytes + extra
+    assert paired.weights_bytes == alone.weights_bytes + extra
