@@ -6,7 +6,9 @@ parts, ``function_call`` and ``function_call_output``; ``reasoning`` items are d
 reasoning is never sent back) become a :class:`~app.server.wire.ChatRequest`; function tools use
 the Responses shape (``{"type": "function", "name", "parameters"}``), ``text.format`` is the
 constrained output, ``reasoning.effort`` the template's effort switch. Nothing is stored: a
-``previous_response_id`` is a 400, as is any other field this server does not implement.
+``previous_response_id`` is a 400, as is any other field this server does not implement;
+``include: ["reasoning.encrypted_content"]`` (what stateless agents ask for) is accepted and the
+reasoning items carry none, since reasoning never goes back into the next turn.
 
 The answer is a ``response`` whose ``output`` holds a ``reasoning`` item (the thinking), a
 ``message`` (``output_text``) and one ``function_call`` per call; streamed, the typed events
@@ -188,8 +190,14 @@ def parse_response_request(body: dict[str, Any], max_chars: int, n_vocab: int | 
     """A ``/v1/responses`` body as a ChatRequest (see the module docstring). Raises HttpError."""
     body = fields.present(body)
     fields.check_fields(body, RESPONSE_FIELDS, "/v1/responses")
-    if body.get("include") not in (None, []):
-        raise HttpError(400, "'include' is not supported", code="unsupported_parameter", param="include")
+    include = body.get("include")
+    if include is not None and (not isinstance(include, list) or set(include) - {"reasoning.encrypted_content"}):
+        raise HttpError(
+            400,
+            "'include' may only ask for reasoning.encrypted_content (which is empty here)",
+            code="unsupported_parameter",
+            param="include",
+        )
     if body.get("truncation") not in (None, "disabled"):
         raise HttpError(
             400, "only truncation 'disabled' is supported", code="unsupported_parameter", param="truncation"
@@ -268,11 +276,14 @@ class _Shape:
 
     @staticmethod
     def reasoning_item(item_id: str, text: str) -> dict[str, Any]:
+        # encrypted_content stays empty: reasoning is never carried into the next turn (it wastes the
+        # window), so a client that asks for it to send back gets nothing to send.
         return {
             "type": "reasoning",
             "id": item_id,
             "summary": [],
             "content": [{"type": "reasoning_text", "text": text}],
+            "encrypted_content": None,
         }
 
     @staticmethod

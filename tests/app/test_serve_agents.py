@@ -104,6 +104,9 @@ def test_responses_streamed_events(served: tuple[ServerHandle, ScriptedBackend])
     final = events[-1].response  # type: ignore[union-attr]
     assert [item.type for item in final.output] == ["reasoning", "message", "function_call"]
     assert final.output_text == "b a of think"
+    # What stateless agents ask for is accepted; reasoning is not carried into the next turn.
+    again = client(handle).responses.create(model="fake-model", input="think", include=["reasoning.encrypted_content"])
+    assert again.output[0].type == "reasoning" and again.output[0].encrypted_content is None
 
 
 def test_responses_refuse_what_they_cannot_do(served: tuple[ServerHandle, ScriptedBackend]) -> None:
@@ -111,7 +114,7 @@ def test_responses_refuse_what_they_cannot_do(served: tuple[ServerHandle, Script
     for extra, param in (
         ({"previous_response_id": "resp_1"}, "previous_response_id"),
         ({"tools": [{"type": "web_search"}]}, "tools[0]"),
-        ({"include": ["reasoning.encrypted_content"]}, "include"),
+        ({"include": ["file_search_call.results"]}, "include"),
         ({"background": True}, "background"),
     ):
         with pytest.raises(openai.BadRequestError) as caught:
