@@ -12,7 +12,7 @@ from PySide6.QtWidgets import QFileDialog
 from app.tasks import describe_error
 
 if TYPE_CHECKING:
-    from PySide6.QtWidgets import QStatusBar, QWidget
+    from PySide6.QtWidgets import QPushButton, QStatusBar, QWidget
 
     from app.chat_view import ChatView
     from app.composer import Composer
@@ -33,6 +33,7 @@ class ConversationActions:
     chat_view: ChatView
     composer: Composer
     inspector: InspectorPanel
+    inspector_button: QPushButton
     toast: Toast
     settings: Settings
     _pending_delete: int | None
@@ -170,6 +171,8 @@ class ConversationActions:
 
     def _focus_search(self) -> None:
         self.show_page(0)
+        if not self.sidebar.isVisible() and self.inspector_button.isChecked():
+            self.inspector_button.setChecked(False)  # a narrow window: the chat list comes back
         self.sidebar.search.setFocus()
         self.sidebar.search.selectAll()
 

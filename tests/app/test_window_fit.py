@@ -253,3 +253,15 @@ def test_flow_layout_wraps_instead_of_cutting(qtbot: Any) -> None:
     assert all(holder.rect().contains(r) for r in rects)
     assert all(not a.intersects(b) for i, a in enumerate(rects) for b in rects[i + 1 :])
     assert all(b.width() >= b.sizeHint().width() for b in buttons)
+
+
+def test_search_shortcut_brings_the_chat_list_back_on_a_narrow_window(qtbot: Any, window: Any) -> None:
+    window.resize(1024, 700)
+    qtbot.waitUntil(lambda: window.width() == 1024, timeout=2000)
+    QApplication.processEvents()
+    window.inspector_button.click()
+    QApplication.processEvents()
+    assert not window.sidebar.isVisible()
+    qtbot.keyClick(window, Qt.Key.Key_K, Qt.KeyboardModifier.ControlModifier)
+    QApplication.processEvents()
+    assert window.sidebar.isVisible() and not window.inspector.isVisible()
