@@ -448,7 +448,11 @@ def _token_entry(text: str, logprob: float) -> dict[str, Any]:
 
 
 def logprob_entry(token: Any, top: int) -> dict[str, Any]:
-    """One ``logprobs.content`` entry for a streamed Token (its alternatives cut to ``top``)."""
+    """One ``logprobs.content`` entry for a streamed Token (its alternatives cut to ``top``).
+
+    A Token is one token, except where the decode loop held text back while it could begin a stop
+    string: then its text is several tokens' and its log-probability the last one's.
+    """
     entry = _token_entry(token.text, token.logprob if token.logprob is not None else 0.0)
     entry["top_logprobs"] = [_token_entry(text, value) for text, value in token.top_logprobs[:top]]
     return entry
