@@ -260,9 +260,9 @@ def _stream(
             handler.send_event(chunk(index, {"role": "assistant", "content": ""}))
             calls = 0
             for event in stream:
-                if isinstance(event, Token) and event.text:
+                if isinstance(event, Token) and (event.text or event.logprob is not None):
                     logprobs = None
-                    if request.top_logprobs is not None:
+                    if request.top_logprobs is not None and event.logprob is not None:
                         logprobs = {"content": [logprob_entry(event, request.top_logprobs)], "refusal": None}
                     handler.send_event(chunk(index, {"content": event.text}, logprobs=logprobs))
                 elif isinstance(event, Reasoning) and event.text:

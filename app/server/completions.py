@@ -135,7 +135,10 @@ def _logprobs(tokens: Sequence[Any], top: int, offset: int) -> dict[str, Any]:
     alternatives (``{text: logprob}``) and each token's offset in the text."""
     document: dict[str, Any] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
     for token in tokens:
-        if not token.text:
+        if token.logprob is None:  # the held-back tail, flushed at the end: the last tokens' text
+            if token.text and document["tokens"]:
+                document["tokens"][-1] += token.text
+            offset += len(token.text)
             continue
         document["tokens"].append(token.text)
         document["token_logprobs"].append(token.logprob)
@@ -287,7 +290,7 @@ class _Run:
                     self.handler.send_event(self._document([_text_choice(choice, echo)]))
                 offset = len(echo)
                 for event in source:
-                    if isinstance(event, Token) and event.text:
+                    if isinstance(event, Token) and (event.text or event.logprob is not None):
                         logprobs = _logprobs([event], self.top, offset) if self.top is not None else None
                         offset += len(event.text)
                         self.handler.send_event(self._document([_text_choice(choice, event.text, logprobs)]))

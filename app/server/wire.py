@@ -448,12 +448,14 @@ def _token_entry(text: str, logprob: float) -> dict[str, Any]:
 
 
 def logprob_entry(token: Any, top: int) -> dict[str, Any]:
-    """One ``logprobs.content`` entry for a streamed Token (its alternatives cut to ``top``).
+    """One ``logprobs.content`` entry for a Token that carries a log-probability (its alternatives
+    cut to ``top``).
 
-    A Token is one token, except where the decode loop held text back while it could begin a stop
-    string: then its text is several tokens' and its log-probability the last one's.
+    With logprobs the decode loop reports every token, but a token's text may be held back while it
+    could begin a stop string: then its entry's text is empty, and the text comes with a later token
+    (or, at the end, with a last Token that has no log-probability: see :func:`logprobs_document`).
     """
-    entry = _token_entry(token.text, token.logprob if token.logprob is not None else 0.0)
+    entry = _token_entry(token.text, float(token.logprob))
     entry["top_logprobs"] = [_token_entry(text, value) for text, value in token.top_logprobs[:top]]
     return entry
 
@@ -462,7 +464,14 @@ def logprobs_document(tokens: Sequence[Any], top: int | None) -> dict[str, Any] 
     """A choice's ``logprobs`` (None when not asked for)."""
     if top is None:
         return None
-    return {"content": [logprob_entry(t, top) for t in tokens if t.text], "refusal": None}
+    entries: list[dict[str, Any]] = []
+    for token in tokens:
+        if token.logprob is not None:
+            entries.append(logprob_entry(token, top))
+        elif token.text and entries:  # the held-back tail, flushed at the end: the last tokens' text
+            entries[-1]["token"] += token.text
+            entries[-1]["bytes"] = list(entries[-1]["token"].encode("utf-8", errors="replace"))
+    return {"content": entries, "refusal": None}
 
 
 def finish_reason(reason: str, tool_calls: bool = False) -> str:

@@ -422,3 +422,23 @@ def test_a_shared_rolling_session_is_measured_before_it_trims(served: tuple[Serv
     assert [m.content for m in seen[0][0]] == ["alpha beta gamma"] and seen[0][1] == "s"
     client(handle).chat.completions.create(model="fake-model", messages=HI)  # room left: served
     assert len(backend.calls) == 1
+
+
+def test_logprobs_of_text_held_back_for_a_stop_string() -> None:
+    """The decode loop reports every token with logprobs, the text of one that may begin a stop
+    string held back (empty) and flushed with a later token or, at the end, a last Token without a
+    log-probability: every token keeps its entry and the entries' text is the reply's."""
+    from app.server.wire import logprobs_document
+    from engine.events import Token
+
+    tokens = [
+        Token("Hi", 1, -0.1, (("Hi", -0.1),)),
+        Token("", 2, -0.2, (("<", -0.2),)),  # held back: it could begin "<end>"
+        Token(" <e", 3, -0.3, (("e", -0.3),)),  # not a stop after all: both tokens' text
+        Token("", 4, -0.4, (("n", -0.4),)),
+        Token("n", -1),  # the tail, flushed when the reply ended on its length
+    ]
+    content = logprobs_document(tokens, 1)["content"]  # type: ignore[index]
+    assert [e["logprob"] for e in content] == [-0.1, -0.2, -0.3, -0.4]
+    assert "".join(e["token"] for e in content) == "Hi <en"
+    assert content[-1]["token"] == "n" and content[-1]["bytes"] == [110]
