@@ -240,6 +240,14 @@ def test_a_drop_shows_an_overlay_and_makes_a_kb_named_after_the_folder(
         reply = _ask(qtbot, w, "When does the night train leave?")
         assert reply.sources and reply.sources[0]["path"] == str(folder / "trains.md")
 
+        # On the Knowledge page a drop goes into the knowledge base shown there, and the overlay says so.
+        w.show_page(2)
+        qtbot.waitUntil(lambda: w.knowledge_page.current == "Trip plans", timeout=30000)
+        _drag(w, [folder], "enter")
+        assert w.drop_overlay.message == "Drop to add to the knowledge base “Trip plans”"
+        _drag(w, [folder], "leave")
+        w.show_page(0)
+
         # Another chat, the same folder dropped: a second knowledge base, not a clash.
         w.chat.new_conversation()
         qtbot.waitUntil(lambda: w.chat.conversation is not None and not w.chat.thread_messages, timeout=10000)
