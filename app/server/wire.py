@@ -315,7 +315,7 @@ def logprob_count(body: Mapping[str, Any]) -> int | None:
             raise HttpError(
                 400, f"'top_logprobs' must be an integer from 0 to {fields.MAX_TOP_LOGPROBS}", param="top_logprobs"
             )
-        if not wanted:
+        if top and not wanted:  # 0 without logprobs asks for nothing, and some clients send it
             raise HttpError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
     return (top or 0) if wanted else None
 
