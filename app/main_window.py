@@ -317,11 +317,11 @@ class MainWindow(ConversationActions, DocumentActions, ModelActions, QMainWindow
         # The second row wraps (FlowLayout) rather than set the window's width: every control that
         # joins the header keeps its whole size and moves to a new line when the column is narrow.
         state_row = FlowLayout(spacing=6)
-        self.model_status = ElidedLabel("No model loaded")
+        self.model_status = ElidedLabel("No model loaded", max_chars=40)
         self.model_status.setObjectName("modelStatus")
         self.model_status.setAccessibleName("Model state")
         state_row.addWidget(self.model_status)
-        self.docs_label = ElidedLabel("")
+        self.docs_label = ElidedLabel("", max_chars=32)
         self.docs_label.setObjectName("stateLabel")
         self.docs_label.setAccessibleName("Documents in this chat")
         state_row.addWidget(self.docs_label)
@@ -332,7 +332,7 @@ class MainWindow(ConversationActions, DocumentActions, ModelActions, QMainWindow
         self.documents_slot.setSpacing(4)
         state_row.addWidget(documents_holder)
         self.documents_slot.addWidget(self._build_documents_bar())  # app/documents_bar.py (DocumentActions)
-        self.index_label = ElidedLabel("")
+        self.index_label = ElidedLabel("", max_chars=36)
         self.index_label.setObjectName("stateLabel")
         self.index_label.setAccessibleName("Indexing")
         state_row.addWidget(self.index_label)

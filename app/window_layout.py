@@ -97,12 +97,17 @@ class ElidedLabel(QLabel):
     Args:
         text: the first text.
         min_chars: about how many characters it keeps at its minimum width.
+        max_chars: at most about this many characters wide when there is room (None: the whole
+            text), so that in a wrapping row a long status elides before it pushes buttons down.
     """
 
-    def __init__(self, text: str = "", parent: QWidget | None = None, min_chars: int = 8) -> None:
+    def __init__(
+        self, text: str = "", parent: QWidget | None = None, min_chars: int = 8, max_chars: int | None = None
+    ) -> None:
         super().__init__(parent)
         self._full = ""
         self._min_chars = min_chars
+        self._max_chars = max_chars
         self.setTextFormat(Qt.TextFormat.PlainText)
         self.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Fixed)
         self.setText(text)
@@ -125,7 +130,10 @@ class ElidedLabel(QLabel):
         metrics = self.fontMetrics()
         margins = self.contentsMargins()
         extra = margins.left() + margins.right() + 2
-        return QSize(metrics.horizontalAdvance(self._full) + extra, super().sizeHint().height())
+        width = metrics.horizontalAdvance(self._full) + extra
+        if self._max_chars is not None:
+            width = min(width, metrics.averageCharWidth() * self._max_chars + extra)
+        return QSize(width, super().sizeHint().height())
 
     def minimumSizeHint(self) -> QSize:
         metrics = self.fontMetrics()
