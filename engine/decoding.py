@@ -216,8 +216,9 @@ def decode(
     # GLASSBOX_TEST_DRAFT_FIXED=N: always draft N tokens, so tests and benchmarks can exercise a
     # draft model the policy would rightly not use (one as costly as its target).
     fixed = int(os.environ.get("GLASSBOX_TEST_DRAFT_FIXED") or 0)
+    head_share = llm.n_vocab() * llm.n_embd() / max(int(llm._model.n_params()), 1)
     policy = SpeculationPolicy(min(params.draft_max, max(n_batch - 1, 1)), offloaded=offloaded,
-                               draft_cost=draft_cost, fixed=fixed)
+                               draft_cost=draft_cost, fixed=fixed, head_share=head_share)
     drafted_total = accepted_total = 0
     reason = _CONTINUE
     with ChainSampler(lc, llm, params, seed) as sampler:

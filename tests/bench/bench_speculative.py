@@ -187,7 +187,12 @@ def test_lookup_on_ordinary_chat(starter_model: Path) -> None:
     assert ratio >= 0.97
 
 
-def test_draft_model_ratio(starter_model: Path, draft_model: Path) -> None:
+@pytest.mark.parametrize("fixed", ["", "4"], ids=["policy", "always-4"])
+def test_draft_model_ratio(starter_model: Path, draft_model: Path, fixed: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``policy``: the draft-length policy decides (with this pair it should decline: the draft costs
+    most of a target step); ``always-4``: four draft tokens per step whatever they cost, to show
+    what drafting with this pair would do."""
+    monkeypatch.setenv("GLASSBOX_TEST_DRAFT_FIXED", fixed)
     load = LoadParams(model_path=starter_model, n_ctx=2048, n_threads=2, draft_model_path=draft_model)
     with ChatSession(load) as session:
         session.load()
@@ -199,9 +204,9 @@ def test_draft_model_ratio(starter_model: Path, draft_model: Path) -> None:
             _chat(session, prompt, plain)
             pairs.extend(_pairs(lambda p=prompt: _chat(session, p, plain), lambda p=prompt: _chat(session, p, fast), 2))
             prompts += [prompt, prompt]
-        ratio = _report("chat, draft model vs plain", pairs)
+        ratio = _report(f"chat, draft model ({fixed or 'policy'})", pairs)
         _check_divergence("draft model", pairs,
                           lambda i, side: _chat_tokens(session, prompts[i], fast if side == "fast" else plain))
-    print(f"draft model: {draft_model.name}, {draft_model.stat().st_size / 2**20:.0f} MiB "
-          f"(target {starter_model.stat().st_size / 2**20:.0f} MiB)")
+    print(f"{'':28} draft {draft_model.name}: {draft_model.stat().st_size / 2**20:.0f} MiB, "
+          f"target {starter_model.stat().st_size / 2**20:.0f} MiB")
     assert ratio > 0

@@ -121,3 +121,11 @@ def test_the_fit_estimate_counts_a_draft_model(starter_model: Path) -> None:
     assert extra > info.tensor_bytes  # weights, plus its own KV cache and buffers
     assert paired.total_bytes == alone.total_bytes + extra
     assert paired.weights_bytes == alone.weights_bytes + extra
+
+
+def test_policy_drafts_more_for_a_model_whose_output_layer_is_small() -> None:
+    small_head = SpeculationPolicy(16, head_share=0.07)  # a 7B model with a 152k vocabulary
+    big_head = SpeculationPolicy(16, head_share=0.62)  # the starter
+    assert small_head.cost(8) < big_head.cost(8)
+    small_head.alpha["medium"] = big_head.alpha["medium"] = 0.85
+    assert small_head.choose("medium", 16) > big_head.choose("medium", 16) > 0
