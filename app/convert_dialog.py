@@ -1,8 +1,8 @@
 """The Convert… dialog: a Hugging Face safetensors checkpoint folder to a GGUF of a chosen type.
 
-The dialog only chooses and watches. :meth:`app.workers.models_worker.ModelsAdapter.convert` runs
-:func:`engine.convert.convert_and_quantize` on the models adapter's quantization worker (one child
-process per stage, so Cancel really stops it) and reports through ``transfer_changed``.
+The dialog only chooses and watches. :meth:`app.workers.model_jobs.ModelJobsAdapter.convert` runs
+:func:`engine.convert.convert_and_quantize` on the jobs adapter's quantization worker (one child
+process per stage, so Cancel really stops it) and reports frozen snapshots through ``transfer_changed``.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from PySide6.QtWidgets import (
 )
 
 from app.job_footer import add_job_footer
-from app.workers.models_worker import ModelsAdapter, Transfer
+from app.workers.models_worker import ModelsAdapter
+from app.workers.transfers import Transfer
 
 DEFAULT_TYPE = "Q4_K_M"
 _ENDED = ("done", "error", "cancelled")
@@ -95,7 +96,7 @@ class ConvertDialog(QDialog):
         self.progress.setSizePolicy(policy)
         self.start_button.clicked.connect(self._on_start_button_clicked)
         self.cancel_button.clicked.connect(self._on_cancel_button_clicked)
-        adapter.transfer_changed.connect(self._on_adapter_transfer_changed)
+        adapter.jobs.transfer_changed.connect(self._on_adapter_transfer_changed)
         self._on_type_combo_current_index_changed()
         self._on_folder_edit_text_changed()
 
@@ -131,7 +132,7 @@ class ConvertDialog(QDialog):
         if not text or self.running():
             return
         folder = Path(text).expanduser()
-        self.transfer = self.adapter.convert(
+        self.transfer = self.adapter.jobs.convert(
             folder, self.selected_type(), keep_intermediate=self.keep_check.isChecked()
         )
         self._set_form_enabled(False)
@@ -166,8 +167,9 @@ class ConvertDialog(QDialog):
 
     @Slot(object)
     def _on_adapter_transfer_changed(self, transfer: Transfer) -> None:
-        if transfer is not self.transfer:
+        if not transfer.same_run(self.transfer):
             return
+        self.transfer = transfer
         if transfer.state in _ENDED:
             self.progress.setVisible(transfer.state == "done")
             if transfer.state == "done":

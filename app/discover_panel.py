@@ -34,7 +34,8 @@ from PySide6.QtWidgets import (
 from app.quantize_dialog import VERDICT_TEXT
 from app.quantize_dialog import table_item as _item
 from app.quantize_dialog import verdict_item as _verdict_item
-from app.workers.models_worker import ModelsAdapter, Transfer
+from app.workers.models_worker import ModelsAdapter
+from app.workers.transfers import Transfer
 from engine.units import format_bytes, format_eta, format_speed
 
 REPO_ROLE = Qt.ItemDataRole.UserRole
@@ -138,15 +139,16 @@ class DiscoverWidget(QWidget):
         self.queue.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
         self.queue.horizontalHeader().setSectionResizeMode(3, QHeaderView.ResizeMode.Stretch)
         lay.addWidget(self.queue, 1)
-        adapter.search_finished.connect(self._on_adapter_search_finished)
-        adapter.search_failed.connect(self._on_adapter_search_failed)
-        adapter.files_listed.connect(self._on_adapter_files_listed)
-        adapter.files_failed.connect(self._on_adapter_files_failed)
-        adapter.hardware_ready.connect(self._on_adapter_hardware_ready)
-        adapter.transfer_changed.connect(self._on_adapter_transfer_changed)
-        adapter.transfer_removed.connect(self._on_adapter_transfer_removed)
+        downloads = adapter.downloads
+        downloads.search_finished.connect(self._on_adapter_search_finished)
+        downloads.search_failed.connect(self._on_adapter_search_failed)
+        downloads.files_listed.connect(self._on_adapter_files_listed)
+        downloads.files_failed.connect(self._on_adapter_files_failed)
+        adapter.library.hardware_ready.connect(self._on_adapter_hardware_ready)
+        downloads.transfer_changed.connect(self._on_adapter_transfer_changed)
+        downloads.transfer_removed.connect(self._on_adapter_transfer_removed)
         self.show_suggestions()
-        for transfer in list(adapter.transfers.values()):  # found or started before this page existed
+        for transfer in list(downloads.transfers.values()):  # found or started before this page existed
             self._on_adapter_transfer_changed(transfer)
 
     # ------------------------------------------------------------------ suggestions
@@ -159,9 +161,9 @@ class DiscoverWidget(QWidget):
         self._set_search_error(None)
         self.results_title.setText("SUGGESTED CHAT MODELS" if self.curated else "")
         self.results.clear()
-        probing = self.adapter.hardware is None
+        probing = self.adapter.library.hardware is None
         for model in self.curated:
-            fit = self.adapter.fit_for_size(model.size)
+            fit = self.adapter.library.fit_for_size(model.size)
             verdict = "checking this machine…" if probing else VERDICT_TEXT.get(getattr(fit, "verdict", ""), "?")
             item = QListWidgetItem(
                 f"{model.label}  ● {verdict}\n{model.params} · Q4_K_M · ≈ {format_bytes(model.size)} · {model.license}"
@@ -201,7 +203,7 @@ class DiscoverWidget(QWidget):
         self.results_title.setText("SEARCH RESULTS")
         self.results.clear()
         self.results.addItem("Searching…")
-        self.adapter.search(text)
+        self.adapter.downloads.search(text)
 
     @Slot()
     def _on_search_retry_clicked(self) -> None:
@@ -244,7 +246,7 @@ class DiscoverWidget(QWidget):
         self._set_files_error(None)
         self.repo_label.setText(f"<b>{html.escape(repo)}</b>: listing files…")
         self.files.setRowCount(0)
-        self.adapter.list_files(repo)
+        self.adapter.downloads.list_files(repo)
 
     @Slot(QListWidgetItem, QListWidgetItem)
     def _on_results_current_item_changed(self, item: QListWidgetItem | None, _prev: Any) -> None:
@@ -275,7 +277,7 @@ class DiscoverWidget(QWidget):
             self.files.setItem(row, 0, _item(choice.name + parts + vision))
             self.files.setItem(row, 1, _item(choice.quant or "?"))
             self.files.setItem(row, 2, _item(format_bytes(choice.total_size), align_right=True))
-            self.files.setItem(row, 3, _verdict_item(self.adapter.fit_for_size(choice.total_size)))
+            self.files.setItem(row, 3, _verdict_item(self.adapter.library.fit_for_size(choice.total_size)))
             if self._wanted_file and any(f.filename == self._wanted_file for f in choice.files):
                 wanted = row
         if wanted is not None:
@@ -302,7 +304,7 @@ class DiscoverWidget(QWidget):
             self.repo_label.setText(self.repo_label.text().split(" · pick")[0] + " · pick a file to download first")
             return
         choice = self.repo_files.choices[rows[0].row()]
-        self.adapter.download(self.repo_files.repo, choice, self.repo_files.commit)
+        self.adapter.downloads.download(self.repo_files.repo, choice, self.repo_files.commit)
 
     # ------------------------------------------------------------------ the download queue
     def _queue_row(self, key: str) -> int | None:
@@ -359,7 +361,7 @@ class DiscoverWidget(QWidget):
 
     @Slot(object)
     def _on_transfer_buttons_resume_requested(self, transfer: Transfer) -> None:
-        self.adapter.resume(transfer)
+        self.adapter.downloads.resume(transfer)
 
     @Slot(object)
     def _on_transfer_buttons_discard_requested(self, transfer: Transfer) -> None:
@@ -373,7 +375,7 @@ class DiscoverWidget(QWidget):
             f"Delete the unfinished download of {transfer.label}{kept}? It cannot be resumed afterwards.{complete}",
         )
         if answer == QMessageBox.StandardButton.Yes:
-            self.adapter.discard(transfer)
+            self.adapter.downloads.discard(transfer)
 
 
 def format_progress(done: int, total: int) -> str:

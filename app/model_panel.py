@@ -86,18 +86,18 @@ class ModelPanel(QWidget):
         d = self.discover
         self.search, self.search_button, self.results, self.files = d.search, d.search_button, d.results, d.files
         self.download_button, self.queue, self.repo_label = d.download_button, d.queue, d.repo_label
-        adapter.library_changed.connect(self._on_adapter_library_changed)
-        adapter.hardware_ready.connect(self._on_adapter_hardware_ready)
-        adapter.other_folders_found.connect(self._on_adapter_other_folders_found)
+        adapter.library.library_changed.connect(self._on_adapter_library_changed)
+        adapter.library.hardware_ready.connect(self._on_adapter_hardware_ready)
+        adapter.library.other_folders_found.connect(self._on_adapter_other_folders_found)
 
     def showEvent(self, event: Any) -> None:
         super().showEvent(event)
         if not self._started:
             self._started = True
-            self.adapter.probe()
-            self.adapter.scan()
-            self.adapter.find_unfinished()
-            self.adapter.find_other_apps()
+            self.adapter.library.probe()
+            self.adapter.library.scan()
+            self.adapter.downloads.find_unfinished()
+            self.adapter.library.find_other_apps()
 
     # ------------------------------------------------------------------ library
     def _build_library(self) -> QWidget:
@@ -202,11 +202,11 @@ class ModelPanel(QWidget):
 
     @Slot(object)
     def _on_adapter_hardware_ready(self, _hw: Any) -> None:
-        self._on_adapter_library_changed(self.adapter.entries)
+        self._on_adapter_library_changed(self.adapter.library.entries)
 
     @Slot(object)
     def _on_adapter_library_changed(self, entries: list[Any]) -> None:
-        hw = self.adapter.hardware
+        hw = self.adapter.library.hardware
         if hw is not None:
             gpus = ", ".join(g.name for g in getattr(hw, "gpus", [])) or "no GPU"
             self.hardware_label.setText(
@@ -254,11 +254,11 @@ class ModelPanel(QWidget):
         if kind:
             self.library.setItem(row, 6, _item(f"not a chat model ({kind})", entry.chat_problem() or ""))
         else:
-            self.library.setItem(row, 6, _verdict_item(self.adapter.fit(entry, self.n_ctx)))
+            self.library.setItem(row, 6, _verdict_item(self.adapter.library.fit(entry, self.n_ctx)))
 
     def set_loaded(self, path: Path | None) -> None:
         self.loaded_path = path
-        self._on_adapter_library_changed(self.adapter.entries)
+        self._on_adapter_library_changed(self.adapter.library.entries)
 
     @Slot()
     def _on_load_clicked(self) -> None:
@@ -291,7 +291,7 @@ class ModelPanel(QWidget):
         if answer == QMessageBox.StandardButton.Yes:
             if self.loaded_path == entry.path:
                 self.unload_requested.emit()
-            self.adapter.delete(entry.path)
+            self.adapter.library.delete(entry.path)
 
     def _open(self, dialog: QDialog) -> None:
         """Shows ``dialog`` window-modal without a nested event loop (it deletes itself on close)."""
@@ -338,7 +338,7 @@ class ModelPanel(QWidget):
     def _on_folder_clicked(self) -> None:
         folder = QFileDialog.getExistingDirectory(self, "Add a model folder", str(Path.home()))
         if folder:
-            self.adapter.add_folder(Path(folder))
+            self.adapter.library.add_folder(Path(folder))
 
     # ------------------------------------------------------------------ other apps' folders
     @Slot(object)
@@ -355,14 +355,14 @@ class ModelPanel(QWidget):
 
     @Slot()
     def _on_offer_add_button_clicked(self) -> None:
-        self.adapter.add_folders([folder.path for folder in self._offered])
+        self.adapter.library.add_folders([folder.path for folder in self._offered])
         self.library_status.setText("Added: " + ", ".join(str(f.path) for f in self._offered))
         self._offered = []
         self.offer_bar.setVisible(False)
 
     @Slot()
     def _on_offer_dismiss_button_clicked(self) -> None:
-        self.adapter.decline_folders([f.path for f in self._offered])
+        self.adapter.library.decline_folders([f.path for f in self._offered])
         self._offered = []
         self.offer_bar.setVisible(False)
 

@@ -6,7 +6,7 @@ watch it run with progress and Cancel; after an error or a cancel, Retry. Check 
 perplexity of a model and of its quantization on the shipped text, in two steps, with progress
 and Cancel, as ``glassbox models quantize --check-quality`` does.
 
-The dialogs only choose and watch: :class:`app.workers.models_worker.ModelsAdapter` runs the jobs.
+The dialogs only choose and watch: :class:`app.workers.model_jobs.ModelJobsAdapter` runs the jobs.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ from PySide6.QtWidgets import (
 )
 
 from app.job_footer import add_job_footer
-from app.workers.models_worker import ModelsAdapter, Transfer
+from app.workers.models_worker import ModelsAdapter
+from app.workers.transfers import Transfer
 from engine.units import format_bytes
 
 VERDICT_TEXT = {"gpu": "fits on GPU", "partial": "partial offload", "ram": "fits in RAM", "no": "won't fit"}
@@ -138,11 +139,11 @@ class QuantizeDialog(QDialog):
         self.progress.setSizePolicy(policy)
         self.start_button.clicked.connect(self._on_start_button_clicked)
         self.cancel_button.clicked.connect(self._on_cancel_button_clicked)
-        adapter.transfer_changed.connect(self._on_adapter_transfer_changed)
-        adapter.hardware_ready.connect(self._on_adapter_hardware_ready)
+        adapter.jobs.transfer_changed.connect(self._on_adapter_transfer_changed)
+        adapter.library.hardware_ready.connect(self._on_adapter_hardware_ready)
         self._update_start()
         self.status.setText("Estimating the size of each type from the model's tensors…")
-        adapter.estimate_quantizations(
+        adapter.jobs.estimate_quantizations(
             entry.path, [t.name for t in self.types], self._on_estimates_ready, self._on_estimates_failed
         )
 
@@ -168,19 +169,19 @@ class QuantizeDialog(QDialog):
     def _fill_estimates(self) -> None:
         from engine.fit import decode_bytes_per_token
 
-        bandwidth = self.adapter.bandwidth_gbps
+        bandwidth = self.adapter.library.bandwidth_gbps
         for row, qtype in enumerate(self.types):
             estimate = self.estimates.get(qtype.name)
             if estimate is not None:
                 size = estimate.file_bytes
-                fit = self.adapter.fit_for_info(estimate.info, self.n_ctx)
+                fit = self.adapter.library.fit_for_info(estimate.info, self.n_ctx)
                 per_token = decode_bytes_per_token(estimate.info)
                 by_size = sorted(estimate.type_bytes.items(), key=lambda kv: -kv[1])
                 tip = "per tensor, from the model's real shapes: " + ", ".join(
                     f"{name} {format_bytes(n)}" for name, n in by_size)
             else:
                 size = qtype.estimate_bytes(self.entry.params or 0)
-                fit = self.adapter.fit_for_size(size)
+                fit = self.adapter.library.fit_for_size(size)
                 per_token = size
                 tip = "rough: bits per weight × parameters"
             tps = getattr(fit, "expected_decode_tps", None)
@@ -219,9 +220,9 @@ class QuantizeDialog(QDialog):
         if self.requantize and not self.requantize_check.isChecked():
             self.status.setText("This model is already quantized: tick “Allow requantizing” to go on.")
             return
-        dst = self._default_output(self.entry.path, qtype, self.adapter.models_dir)
+        dst = self._default_output(self.entry.path, qtype, self.adapter.library.models_dir)
         self.quality_transfer = None
-        self.transfer = self.adapter.quantize(self.entry.path, qtype, dst, allow_requantize=self.requantize)
+        self.transfer = self.adapter.jobs.quantize(self.entry.path, qtype, dst, allow_requantize=self.requantize)
         self._set_running(True)
         self.progress.setRange(0, 0)
         self.status.setText(f"Writing {dst.name}…")
@@ -251,11 +252,13 @@ class QuantizeDialog(QDialog):
 
     @Slot(object)
     def _on_adapter_transfer_changed(self, transfer: Transfer) -> None:
-        if transfer is self.quality_transfer:
+        if transfer.same_run(self.quality_transfer):
+            self.quality_transfer = transfer  # the latest snapshot of the check
             self._on_quality_changed(transfer)
             return
-        if transfer is not self.transfer:
+        if not transfer.same_run(self.transfer):
             return
+        self.transfer = transfer
         if transfer.state not in ENDED:
             if transfer.total:
                 self.progress.setRange(0, transfer.total)
@@ -268,7 +271,7 @@ class QuantizeDialog(QDialog):
             self.progress.setValue(1)
             if self.quality_check.isChecked():
                 self.status.setText(f"done: {transfer.message}. Checking the quality…")
-                self.quality_transfer = self.adapter.check_quality(
+                self.quality_transfer = self.adapter.jobs.check_quality(
                     self.entry.path, transfer.result.path, transfer.result.qtype)
                 self.progress.setRange(0, self.quality_transfer.total)
                 self.progress.setValue(0)
@@ -315,7 +318,7 @@ class QualityDialog(QDialog):
         self.setWindowTitle(f"Check the quality of {result.name}")
         self.setMinimumWidth(560)
         self.adapter = adapter
-        self.source, self.result, self.qtype = source, result, qtype
+        self.source, self.result_path, self.qtype = source, result, qtype  # QDialog.result() is a method
         self.transfer: Transfer | None = None
         layout = QVBoxLayout(self)
         note = QLabel(
@@ -332,7 +335,7 @@ class QualityDialog(QDialog):
         self.progress.setSizePolicy(policy)
         self.start_button.clicked.connect(self.start)
         self.cancel_button.clicked.connect(self.reject)
-        adapter.transfer_changed.connect(self._on_adapter_transfer_changed)
+        adapter.jobs.transfer_changed.connect(self._on_adapter_transfer_changed)
         if not source.exists():
             self.status.setText(f"The source {source} is gone: the check needs it.")
             self.start_button.setEnabled(False)
@@ -345,7 +348,7 @@ class QualityDialog(QDialog):
         """Starts (or retries) the check."""
         if self.running():
             return
-        self.transfer = self.adapter.check_quality(self.source, self.result, self.qtype)
+        self.transfer = self.adapter.jobs.check_quality(self.source, self.result_path, self.qtype)
         self.start_button.setEnabled(False)
         self.cancel_button.setText("Cancel")
         self.cancel_button.setEnabled(True)
@@ -365,8 +368,9 @@ class QualityDialog(QDialog):
 
     @Slot(object)
     def _on_adapter_transfer_changed(self, transfer: Transfer) -> None:
-        if transfer is not self.transfer:
+        if not transfer.same_run(self.transfer):
             return
+        self.transfer = transfer
         self.progress.setValue(transfer.done)
         if transfer.state not in ENDED:
             if not transfer.cancel.is_set():

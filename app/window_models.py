@@ -105,8 +105,8 @@ class ModelActions:
     def _on_models_scanned(self, found: list[Path], first_start: bool) -> None:
         self.set_models(found)
         if first_start:  # the Hugging Face cache and LM Studio's folder are hidden: offer them by name
-            self.models_adapter.other_folders_found.connect(self._on_models_other_folders_found)
-            self.models_adapter.find_other_apps()
+            self.models_adapter.library.other_folders_found.connect(self._on_models_other_folders_found)
+            self.models_adapter.library.find_other_apps()
         if not found and first_start:
             self._install_starter()
             return
@@ -151,7 +151,7 @@ class ModelActions:
                 self.composer.set_ready(False, "The starter model is not installed.")
                 return
             self.set_models(chat_model_files(folder) or [model.path])
-            self.models_adapter.scan()
+            self.models_adapter.library.scan()
             self._auto_load(prefer=model.path)
 
         run_in_background(install, done, lambda e: self.show_error(f"Starter model: {describe_error(e)}"))
@@ -263,7 +263,7 @@ class ModelActions:
 
     @Slot(object)
     def _on_models_other_folders_found(self, folders: list[Any]) -> None:
-        self.models_adapter.other_folders_found.disconnect(self._on_models_other_folders_found)
+        self.models_adapter.library.other_folders_found.disconnect(self._on_models_other_folders_found)
         if folders:
             names = ", ".join(sorted({f.app for f in folders}))
             self._other_apps_note = f"Models from {names} were found here: open Models → Library to use them."
@@ -281,7 +281,7 @@ class ModelActions:
 
     @Slot(float)
     def _on_chat_bandwidth_measured(self, gbps: float) -> None:
-        self.models_adapter.bandwidth_gbps = gbps
+        self.models_adapter.library.bandwidth_gbps = gbps
 
     @Slot(object)
     def _on_chat_model_loaded(self, loaded: LoadedModel) -> None:
@@ -301,5 +301,5 @@ class ModelActions:
         if self._models_page is not None:
             self._models_page.set_loaded(loaded.path)
         if loaded.machine_bandwidth_gbps:
-            self.models_adapter.bandwidth_gbps = loaded.machine_bandwidth_gbps
+            self.models_adapter.library.bandwidth_gbps = loaded.machine_bandwidth_gbps
         self.banner.setVisible(False)

@@ -18,7 +18,8 @@ from tiny_models import cached_tiny_hf_llama
 
 from app.convert_dialog import ConvertDialog
 from app.paths import Paths
-from app.workers.models_worker import ModelsAdapter, Transfer
+from app.workers.models_worker import ModelsAdapter
+from app.workers.transfers import Transfer
 from engine.errors import Cancelled
 from engine.gguf import read_gguf_info
 
@@ -35,7 +36,7 @@ def adapter(paths: Paths) -> Iterator[ModelsAdapter]:
 
 def _messages(adapter: ModelsAdapter) -> list[tuple[str, str]]:
     seen: list[tuple[str, str]] = []
-    adapter.transfer_changed.connect(lambda t: seen.append((t.state, t.message)))
+    adapter.jobs.transfer_changed.connect(lambda t: seen.append((t.state, t.message)))
     return seen
 
 
@@ -130,7 +131,8 @@ def test_cancel_stops_the_conversion_and_keeps_the_dialog_responsive(
     transfer: Transfer | None = dialog.transfer
     assert transfer is not None
     assert transfer.cancel.is_set()
-    qtbot.waitUntil(lambda: transfer.state == "cancelled", timeout=10_000)
+    qtbot.waitUntil(lambda: dialog.transfer is not None and dialog.transfer.state == "cancelled", timeout=10_000)
+    assert dialog.transfer.same_run(transfer)  # a later snapshot of the same run
     qtbot.waitUntil(lambda: dialog.cancel_button.text() == "Close", timeout=5000)
     assert dialog.status.text() == f"cancelled: {tmp_path}: cancelled while converting; no file was written"
     assert dialog.cancel_button.isEnabled()
@@ -141,7 +143,7 @@ def test_cancel_stops_the_conversion_and_keeps_the_dialog_responsive(
     dialog.start_button.click()
     qtbot.waitUntil(started.is_set, timeout=10_000)
     assert len(calls) == 2
-    assert dialog.transfer is not transfer
+    assert not dialog.transfer.same_run(transfer)  # a new run
     assert dialog.cancel_button.text() == "Cancel"
     dialog.cancel_button.click()
     qtbot.waitUntil(lambda: dialog.cancel_button.text() == "Close", timeout=10_000)

@@ -20,7 +20,8 @@ from tiny_models import write_tiny_llama_gguf
 
 from app.model_panel import ModelPanel, format_progress
 from app.paths import Paths
-from app.workers.models_worker import ModelsAdapter, Transfer
+from app.workers.models_worker import ModelsAdapter
+from app.workers.transfers import Transfer
 from engine.download_queue import DownloadQueue, QueueFile, make_item
 from engine.downloads import partial_paths, read_partial_meta
 
@@ -63,13 +64,18 @@ def queued(paths: Paths) -> list[dict[str, Any]]:
 
 
 def start_download(qtbot: Any, adapter: ModelsAdapter, panel: ModelPanel, repo: str) -> Transfer:
-    with qtbot.waitSignal(adapter.files_listed, timeout=10000):
-        adapter.list_files(repo)
+    with qtbot.waitSignal(adapter.downloads.files_listed, timeout=10000):
+        adapter.downloads.list_files(repo)
     assert panel.files.rowCount() == 1  # the three parts are one choice
     panel.files.selectRow(0)
     panel.download_button.click()
-    (transfer,) = adapter.transfers.values()
+    (transfer,) = adapter.downloads.transfers.values()
     return transfer
+
+
+def latest(adapter: ModelsAdapter, transfer: Transfer) -> Transfer:
+    """The newest snapshot of ``transfer`` (snapshots are frozen: each change is a new one)."""
+    return adapter.downloads.transfers[transfer.key]
 
 
 def quit_app(adapter: ModelsAdapter, panel: ModelPanel) -> None:
@@ -92,8 +98,8 @@ def test_a_split_model_stopped_in_part_one_comes_back_as_one_row_and_resumes_eve
     hub.faults.throttle_bps = 2**20
     old_adapter, old_panel = open_panel()
     transfer = start_download(qtbot, old_adapter, old_panel, REPO)
-    qtbot.waitUntil(lambda: transfer.done >= 2**19, timeout=15000)
-    assert transfer.files_done == 0
+    qtbot.waitUntil(lambda: latest(old_adapter, transfer).done >= 2**19, timeout=15000)
+    assert latest(old_adapter, transfer).files_done == 0
     (item,) = queued(paths)  # remembered whole while part 1 runs
     assert [f["filename"] for f in item["files"]] == PART_NAMES
     assert item["state"] == "downloading"
@@ -121,7 +127,7 @@ def test_a_split_model_stopped_in_part_one_comes_back_as_one_row_and_resumes_eve
     assert panel.queue.item(0, 0).text() == f"{STEM}.gguf (3 parts, {REPO})"
     assert panel.queue.item(0, 3).text() == f"paused — {format_progress(kept, total)} · 0 of 3 parts done"
     assert panel.queue.item(0, 3).text().endswith(" of 5.8 MiB · 0 of 3 parts done")
-    assert len(adapter.transfers) == 1
+    assert len(adapter.downloads.transfers) == 1
     row = transfer_buttons(panel)
     assert not row.resume_button.isHidden() and not row.discard_button.isHidden()
     before = len(hub.requests)
@@ -156,7 +162,8 @@ def test_discard_of_a_split_row_removes_every_partial_and_its_queue_item(
     old_adapter, old_panel = open_panel()
     transfer = start_download(qtbot, old_adapter, old_panel, VISION_REPO)
     assert transfer.label == f"{STEM}.gguf (3 parts + mmproj, {VISION_REPO})"
-    qtbot.waitUntil(lambda: transfer.done >= first + 2**19, timeout=20000)  # part 1 done, part 2 running
+    # part 1 done, part 2 running
+    qtbot.waitUntil(lambda: latest(old_adapter, transfer).done >= first + 2**19, timeout=20000)
     quit_app(old_adapter, old_panel)
     folder = paths.models / "acme" / "vision-GGUF"
     (item,) = queued(paths)
@@ -168,7 +175,7 @@ def test_discard_of_a_split_row_removes_every_partial_and_its_queue_item(
     qtbot.waitUntil(lambda: panel.queue.rowCount() == 1, timeout=10000)
     assert panel.queue.item(0, 0).text() == f"{STEM}.gguf (3 parts + mmproj, {VISION_REPO})"
     assert panel.queue.item(0, 3).text().endswith(" · 1 of 4 files done")
-    (restored,) = adapter.transfers.values()
+    (restored,) = adapter.downloads.transfers.values()
     assert restored.files_done == 1 and restored.done > first
 
     asked: list[str] = []
@@ -178,12 +185,12 @@ def test_discard_of_a_split_row_removes_every_partial_and_its_queue_item(
         return QMessageBox.StandardButton.Yes
 
     monkeypatch.setattr(QMessageBox, "question", answer)
-    with qtbot.waitSignal(adapter.transfer_removed, timeout=10000):
+    with qtbot.waitSignal(adapter.downloads.transfer_removed, timeout=10000):
         transfer_buttons(panel).discard_button.click()
     assert asked and "already complete stay" in asked[0]
     assert not list(folder.rglob("*.partial")) and not list(folder.rglob("*.partial.json"))
     assert queued(paths) == []
-    assert panel.queue.rowCount() == 0 and adapter.transfers == {}
+    assert panel.queue.rowCount() == 0 and adapter.downloads.transfers == {}
     assert sorted(p.name for p in folder.iterdir()) == [PART_NAMES[0]]  # a complete part is not a partial
 
     quit_app(adapter, panel)
@@ -214,6 +221,6 @@ def test_a_queue_item_whose_files_are_all_present_is_dropped_at_startup(
         lambda: len(adapter.entries) == 1 and adapter.entries[0].provenance.get("revision") == commit, timeout=10000
     )
     assert adapter.entries[0].provenance["sha256"] == sha(parts[PART_NAMES[0]])
-    assert panel.queue.rowCount() == 0 and adapter.transfers == {}
+    assert panel.queue.rowCount() == 0 and adapter.downloads.transfers == {}
     assert panel.library.rowCount() == 1
     assert len(hub.requests) == requests  # nothing fetched

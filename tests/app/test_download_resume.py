@@ -20,6 +20,7 @@ from hub_server import FakeHub, random_bytes
 from app.model_panel import ModelPanel, format_progress
 from app.paths import Paths
 from app.workers.models_worker import ModelsAdapter
+from app.workers.transfers import Transfer
 from engine.downloads import partial_paths, read_partial_meta
 
 pytestmark = [pytest.mark.gui, pytest.mark.qt_log_ignore("propagateSizeHints")]
@@ -44,12 +45,17 @@ def shown(button: Any) -> bool:
 
 
 def start_download(qtbot: Any, adapter: ModelsAdapter, panel: ModelPanel) -> Any:
-    with qtbot.waitSignal(adapter.files_listed, timeout=10000):
-        adapter.list_files(REPO)
+    with qtbot.waitSignal(adapter.downloads.files_listed, timeout=10000):
+        adapter.downloads.list_files(REPO)
     panel.files.selectRow(0)
     panel.download_button.click()
-    (transfer,) = adapter.transfers.values()
+    (transfer,) = adapter.downloads.transfers.values()
     return transfer
+
+
+def latest(adapter: ModelsAdapter, transfer: Transfer) -> Transfer:
+    """The newest snapshot of ``transfer`` (snapshots are frozen: each change is a new one)."""
+    return adapter.downloads.transfers[transfer.key]
 
 
 def cdn_ranges(hub: FakeHub) -> list[str | None]:
@@ -62,7 +68,7 @@ def test_quitting_mid_download_keeps_the_partial_and_a_restart_resumes_it(
     hub.faults.throttle_bps = 2 * 2**20
     old_adapter, old_panel = open_panel()
     transfer = start_download(qtbot, old_adapter, old_panel)
-    qtbot.waitUntil(lambda: transfer.done >= 2**20, timeout=15000)
+    qtbot.waitUntil(lambda: latest(old_adapter, transfer).done >= 2**20, timeout=15000)
     old_adapter.shutdown(wait=False)  # what the main window does when the app quits
     folder = paths.models / "acme" / "tiny-GGUF"  # the one layout, as glassbox models download writes
     final, partial, meta_file = partial_paths(folder, NAME)
@@ -107,9 +113,9 @@ def test_cancel_keeps_the_partial_with_resume_and_discard_deletes_it(
     hub.faults.throttle_bps = 2 * 2**20
     adapter, panel = open_panel()
     transfer = start_download(qtbot, adapter, panel)
-    qtbot.waitUntil(lambda: transfer.done >= 2**19, timeout=15000)
+    qtbot.waitUntil(lambda: latest(adapter, transfer).done >= 2**19, timeout=15000)
     transfer_buttons(panel).cancel_button.click()
-    qtbot.waitUntil(lambda: not transfer.running, timeout=10000)
+    qtbot.waitUntil(lambda: not latest(adapter, transfer).running, timeout=10000)
     folder = paths.models / "acme" / "tiny-GGUF"
     _, partial, meta_file = partial_paths(folder, NAME)
     assert partial.exists() and meta_file.exists()
@@ -124,12 +130,12 @@ def test_cancel_keeps_the_partial_with_resume_and_discard_deletes_it(
         return QMessageBox.StandardButton.Yes
 
     monkeypatch.setattr(QMessageBox, "question", answer)
-    with qtbot.waitSignal(adapter.transfer_removed, timeout=10000):
+    with qtbot.waitSignal(adapter.downloads.transfer_removed, timeout=10000):
         row.discard_button.click()
     assert asked and NAME in asked[0]
     assert not partial.exists() and not meta_file.exists()
     assert panel.queue.rowCount() == 0
-    assert adapter.transfers == {}
+    assert adapter.downloads.transfers == {}
 
 
 def test_corrupt_metadata_shows_the_reason_and_can_only_be_discarded(
@@ -154,7 +160,7 @@ def test_corrupt_metadata_shows_the_reason_and_can_only_be_discarded(
     assert partial.exists() and meta_file.exists() and panel.queue.rowCount() == 1
 
     monkeypatch.setattr(QMessageBox, "question", lambda *_a: QMessageBox.StandardButton.Yes)
-    with qtbot.waitSignal(adapter.transfer_removed, timeout=10000):
+    with qtbot.waitSignal(adapter.downloads.transfer_removed, timeout=10000):
         row.discard_button.click()
     assert not partial.exists() and not meta_file.exists()
     assert panel.queue.rowCount() == 0
@@ -194,13 +200,13 @@ def test_downloading_the_same_file_again_takes_over_its_paused_row(
     adapter, panel = open_panel()
     qtbot.waitUntil(lambda: panel.queue.rowCount() == 1, timeout=10000)
     assert panel.queue.item(0, 3).text() == "paused — 1.0 of 3.0 MiB"
-    restored = next(iter(adapter.transfers.values()))
+    restored = next(iter(adapter.downloads.transfers.values()))
     assert restored.restored
-    with qtbot.waitSignal(adapter.files_listed, timeout=10000):
-        adapter.list_files(REPO)
+    with qtbot.waitSignal(adapter.downloads.files_listed, timeout=10000):
+        adapter.downloads.list_files(REPO)
     panel.files.selectRow(0)
     panel.download_button.click()
-    (fresh,) = adapter.transfers.values()
+    (fresh,) = adapter.downloads.transfers.values()
     assert fresh is not restored and not fresh.restored
     assert panel.queue.rowCount() == 1
     assert panel.queue.item(0, 0).data(Qt.ItemDataRole.UserRole) == fresh.key
@@ -222,3 +228,25 @@ def test_a_model_in_the_old_folder_is_found_not_fetched_again(
     assert cdn_ranges(hub) == []
     assert not (paths.models / "acme").exists()
     assert panel.queue.item(0, 0).toolTip() == str(old / NAME)
+
+
+def test_progress_reaches_the_page_as_frozen_snapshots_of_one_run(
+    qtbot: Any, hub: FakeHub, open_panel: Any
+) -> None:
+    """Each change is a new frozen Transfer made on the GUI thread; none is changed after it was emitted."""
+    import dataclasses
+
+    hub.faults.throttle_bps = 4 * 2**20
+    adapter, panel = open_panel()
+    seen: list[Transfer] = []
+    adapter.downloads.transfer_changed.connect(seen.append)
+    first = start_download(qtbot, adapter, panel)
+    qtbot.waitUntil(lambda: latest(adapter, first).state == "done", timeout=20000)
+    assert seen[0] is first and (first.state, first.running, first.done) == ("queued", True, 0)  # as emitted
+    assert len({id(s) for s in seen}) == len(seen) > 2
+    assert all(s.same_run(first) for s in seen)
+    dones = [s.done for s in seen]
+    assert dones == sorted(dones) and dones[-1] == len(PAYLOAD)
+    assert (seen[-1].state, seen[-1].running, seen[-1].files_done) == ("done", False, 1)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        seen[-1].done = 0  # type: ignore[misc]

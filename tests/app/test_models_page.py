@@ -124,7 +124,7 @@ def test_selection_survives_a_rescan_by_identity(qtbot: Any, open_panel: Any, pa
     # A quantization (or a download) adds a file that sorts first: the rows move, the selection does not.
     write_tiny_llama_gguf(paths.models / "a-new.gguf", seed=3)
     with qtbot.waitSignal(adapter.library_changed, timeout=10000):
-        adapter.scan()
+        adapter.library.scan()
     assert panel.library.rowCount() == 3
     assert panel.selected_entry().name == "m-second.gguf"
     row = panel.library.selectionModel().selectedRows()[0].row()
@@ -136,7 +136,7 @@ def test_selection_survives_a_rescan_by_identity(qtbot: Any, open_panel: Any, pa
     # The selected model deleted: the selection falls back on the first row.
     (paths.models / "m-second.gguf").unlink()
     with qtbot.waitSignal(adapter.library_changed, timeout=10000):
-        adapter.scan()
+        adapter.library.scan()
     assert panel.library.selectionModel().selectedRows()[0].row() == 0
     assert panel.selected_entry() is adapter.entries[0]
     assert panel.selected_entry().name != "m-second.gguf"
@@ -198,8 +198,8 @@ def test_other_apps_folders_are_offered_and_added_or_declined(
     qtbot.waitUntil(lambda: sorted(_entries(adapter)) == ["from-hf.gguf", "from-lmstudio.gguf"], timeout=10000)
     assert not panel.offer_bar.isVisible()
     # Offered once: a folder in the library (or declined) is not offered again.
-    with qtbot.waitSignal(adapter.other_folders_found, timeout=10000) as found:
-        adapter.find_other_apps()
+    with qtbot.waitSignal(adapter.library.other_folders_found, timeout=10000) as found:
+        adapter.library.find_other_apps()
     assert found.args[0] == []
 
 
@@ -216,9 +216,9 @@ def test_declined_folders_are_not_offered_again(
     qtbot.waitUntil(lambda: panel.offer_bar.isVisible(), timeout=10000)
     panel.offer_dismiss_button.click()
     assert not panel.offer_bar.isVisible()
-    qtbot.waitUntil(adapter.declined_file.exists, timeout=5000)
-    with qtbot.waitSignal(adapter.other_folders_found, timeout=10000) as found:
-        adapter.find_other_apps()
+    qtbot.waitUntil(adapter.library.declined_file.exists, timeout=5000)
+    with qtbot.waitSignal(adapter.library.other_folders_found, timeout=10000) as found:
+        adapter.library.find_other_apps()
     assert found.args[0] == []
     assert _entries(adapter) == []  # declined: nothing was added
 
@@ -291,9 +291,9 @@ def test_the_quality_check_shows_progress_and_cancels(
     adapter, panel = open_panel()
     panel.tabs.setCurrentIndex(0)
     qtbot.waitUntil(lambda: panel.library.rowCount() == 2, timeout=10000)
-    adapter.library().record_provenance(result, quantized_from=str(paths.models / "src-F32.gguf"))
+    adapter.library.model_library().record_provenance(result, quantized_from=str(paths.models / "src-F32.gguf"))
     with qtbot.waitSignal(adapter.library_changed, timeout=10000):
-        adapter.scan()
+        adapter.library.scan()
     started = threading.Event()
 
     def slow_perplexity(path: Path, text: str, n_ctx: int, threads: Any = None, *, cancel: Any, **_kw: Any) -> float:
@@ -343,7 +343,7 @@ def test_a_failed_quantization_can_be_retried(qtbot: Any, open_panel: Any, paths
     monkeypatch.undo()
     _select(dialog, "Q8_0")
     dialog.start_button.click()
-    assert dialog.transfer is not first
+    assert not dialog.transfer.same_run(first)  # a new run
     qtbot.waitUntil(lambda: dialog.transfer.state in ("done", "error"), timeout=60000)
     assert dialog.transfer.state == "done", dialog.transfer.message
     dialog.reject()
