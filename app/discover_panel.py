@@ -62,6 +62,27 @@ class DiscoverWidget(QWidget):
         self._wanted_file: str | None = None  # the suggested file to select once they are listed
         self._failed_query: str | None = None
         lay = QVBoxLayout(self)
+        lay.addLayout(self._build_search_row())
+        splitter = QSplitter(Qt.Orientation.Horizontal)
+        splitter.addWidget(self._build_results())
+        splitter.addWidget(self._build_files())
+        splitter.setSizes([380, 640])
+        lay.addWidget(splitter, 2)
+        self._build_queue(lay)
+        downloads = adapter.downloads
+        downloads.search_finished.connect(self._on_adapter_search_finished)
+        downloads.search_failed.connect(self._on_adapter_search_failed)
+        downloads.files_listed.connect(self._on_adapter_files_listed)
+        downloads.files_failed.connect(self._on_adapter_files_failed)
+        adapter.library.hardware_ready.connect(self._on_adapter_hardware_ready)
+        downloads.transfer_changed.connect(self._on_adapter_transfer_changed)
+        downloads.transfer_removed.connect(self._on_adapter_transfer_removed)
+        self.show_suggestions()
+        for transfer in list(downloads.transfers.values()):  # found or started before this page existed
+            self._on_adapter_transfer_changed(transfer)
+
+    # ------------------------------------------------------------------ the widgets
+    def _build_search_row(self) -> QHBoxLayout:
         row = QHBoxLayout()
         self.search = QLineEdit()
         self.search.setPlaceholderText(SEARCH_HINT)
@@ -70,8 +91,10 @@ class DiscoverWidget(QWidget):
         self.search_button.clicked.connect(self._on_search_return_pressed)
         row.addWidget(self.search, 1)
         row.addWidget(self.search_button)
-        lay.addLayout(row)
-        splitter = QSplitter(Qt.Orientation.Horizontal)
+        return row
+
+    def _build_results(self) -> QWidget:
+        """The left side: the suggestions or search results, and a search error with Retry."""
         left = QWidget()
         ll = QVBoxLayout(left)
         ll.setContentsMargins(0, 0, 0, 0)
@@ -92,7 +115,10 @@ class DiscoverWidget(QWidget):
         self.search_retry.setVisible(False)
         self.search_retry.clicked.connect(self._on_search_retry_clicked)
         ll.addWidget(self.search_retry, 0, Qt.AlignmentFlag.AlignLeft)
-        splitter.addWidget(left)
+        return left
+
+    def _build_files(self) -> QWidget:
+        """The right side: the chosen repository's files and Download."""
         right = QWidget()
         rl = QVBoxLayout(right)
         rl.setContentsMargins(0, 0, 0, 0)
@@ -125,9 +151,10 @@ class DiscoverWidget(QWidget):
         self.download_button.clicked.connect(self._on_download_clicked)
         buttons.addWidget(self.download_button)
         rl.addLayout(buttons)
-        splitter.addWidget(right)
-        splitter.setSizes([380, 640])
-        lay.addWidget(splitter, 2)
+        return right
+
+    def _build_queue(self, lay: QVBoxLayout) -> None:
+        """The download list under both."""
         title = QLabel("DOWNLOADS")
         title.setObjectName("sectionTitle")
         lay.addWidget(title)
@@ -139,17 +166,6 @@ class DiscoverWidget(QWidget):
         self.queue.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
         self.queue.horizontalHeader().setSectionResizeMode(3, QHeaderView.ResizeMode.Stretch)
         lay.addWidget(self.queue, 1)
-        downloads = adapter.downloads
-        downloads.search_finished.connect(self._on_adapter_search_finished)
-        downloads.search_failed.connect(self._on_adapter_search_failed)
-        downloads.files_listed.connect(self._on_adapter_files_listed)
-        downloads.files_failed.connect(self._on_adapter_files_failed)
-        adapter.library.hardware_ready.connect(self._on_adapter_hardware_ready)
-        downloads.transfer_changed.connect(self._on_adapter_transfer_changed)
-        downloads.transfer_removed.connect(self._on_adapter_transfer_removed)
-        self.show_suggestions()
-        for transfer in list(downloads.transfers.values()):  # found or started before this page existed
-            self._on_adapter_transfer_changed(transfer)
 
     # ------------------------------------------------------------------ suggestions
     def showing_suggestions(self) -> bool:

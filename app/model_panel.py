@@ -106,6 +106,31 @@ class ModelPanel(QWidget):
         self.hardware_label = QLabel("")
         self.hardware_label.setObjectName("explain")
         lay.addWidget(self.hardware_label)
+        lay.addWidget(self._build_offer_bar())
+        self.library = QTableWidget(0, 7)
+        self.library.setObjectName("libraryTable")
+        self.library.setHorizontalHeaderLabels(
+            ["Model", "Architecture", "Parameters", "Quant", "Size", "Context", "Fit on this machine"]
+        )
+        self.library.verticalHeader().setVisible(False)
+        self.library.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.library.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        self.library.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.library.setAlternatingRowColors(True)
+        self.library.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        self.library.doubleClicked.connect(lambda _i: self._on_load_clicked())
+        self.library.itemSelectionChanged.connect(self._on_library_item_selection_changed)
+        lay.addWidget(self.library, 1)
+        lay.addLayout(self._build_library_buttons())
+        self.library_status = QLabel("")
+        self.library_status.setObjectName("explain")
+        self.library_status.setWordWrap(True)
+        self.library_status.setTextFormat(Qt.TextFormat.PlainText)
+        lay.addWidget(self.library_status)
+        return page
+
+    def _build_offer_bar(self) -> QWidget:
+        """The bar that offers other apps' model folders (hidden until some are found)."""
         self.offer_bar = QWidget()
         self.offer_bar.setObjectName("offerBar")
         bar = QHBoxLayout(self.offer_bar)
@@ -123,21 +148,10 @@ class ModelPanel(QWidget):
         bar.addWidget(self.offer_add_button)
         bar.addWidget(self.offer_dismiss_button)
         self.offer_bar.setVisible(False)
-        lay.addWidget(self.offer_bar)
-        self.library = QTableWidget(0, 7)
-        self.library.setObjectName("libraryTable")
-        self.library.setHorizontalHeaderLabels(
-            ["Model", "Architecture", "Parameters", "Quant", "Size", "Context", "Fit on this machine"]
-        )
-        self.library.verticalHeader().setVisible(False)
-        self.library.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
-        self.library.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
-        self.library.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
-        self.library.setAlternatingRowColors(True)
-        self.library.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
-        self.library.doubleClicked.connect(lambda _i: self._on_load_clicked())
-        self.library.itemSelectionChanged.connect(self._on_library_item_selection_changed)
-        lay.addWidget(self.library, 1)
+        return self.offer_bar
+
+    def _build_library_buttons(self) -> QHBoxLayout:
+        """Load, Eject, Quantize, Check quality, Delete; Convert and Add folder on the right."""
         row = QHBoxLayout()
         self.load_button = QPushButton("Load")
         self.load_button.setObjectName("primary")
@@ -168,13 +182,7 @@ class ModelPanel(QWidget):
         row.addStretch(1)
         row.addWidget(self.convert_button)
         row.addWidget(self.folder_button)
-        lay.addLayout(row)
-        self.library_status = QLabel("")
-        self.library_status.setObjectName("explain")
-        self.library_status.setWordWrap(True)
-        self.library_status.setTextFormat(Qt.TextFormat.PlainText)
-        lay.addWidget(self.library_status)
-        return page
+        return row
 
     def selected_entry(self) -> Any:
         """The entry of the highlighted row (as shown: a rescan reselects it by path)."""

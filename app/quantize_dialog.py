@@ -77,7 +77,7 @@ class QuantizeDialog(QDialog):
 
     def __init__(self, adapter: ModelsAdapter, entry: Any, parent: QWidget | None = None, n_ctx: int = 4096) -> None:
         super().__init__(parent)
-        from engine.quantize import default_output_path, quant_types
+        from engine.quantize import default_output_path
 
         self.setWindowTitle(f"Quantize {entry.name}")
         self.setMinimumWidth(720)
@@ -111,20 +111,7 @@ class QuantizeDialog(QDialog):
         self.requantize_check.setVisible(self.requantize)
         self.requantize_check.toggled.connect(self._update_start)
         layout.addWidget(self.requantize_check)
-        self.table = QTableWidget(0, 5)
-        self.table.setHorizontalHeaderLabels(["Type", "Expected size", "Expected decode", "Fit", "About"])
-        self.table.verticalHeader().setVisible(False)
-        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
-        self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
-        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
-        self.table.horizontalHeader().setSectionResizeMode(4, QHeaderView.ResizeMode.Stretch)
-        self.types = [t for t in quant_types() if t.available]
-        self.table.setRowCount(len(self.types))
-        for row, qtype in enumerate(self.types):
-            self.table.setItem(row, 0, table_item(qtype.name))
-            self.table.setItem(row, 4, table_item(qtype.description))
-            if qtype.name == "Q4_K_M":
-                self.table.selectRow(row)
+        self.table = self._build_table()
         self._fill_estimates()
         layout.addWidget(self.table, 1)
         self.quality_check = QCheckBox("Check the quality afterwards (perplexity of source and result)")
@@ -148,6 +135,26 @@ class QuantizeDialog(QDialog):
         )
 
     # ------------------------------------------------------------------ the table
+    def _build_table(self) -> QTableWidget:
+        """The types on offer (Q4_K_M selected); sizes, speeds and fit come with the estimates."""
+        from engine.quantize import quant_types
+
+        table = QTableWidget(0, 5)
+        table.setHorizontalHeaderLabels(["Type", "Expected size", "Expected decode", "Fit", "About"])
+        table.verticalHeader().setVisible(False)
+        table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        table.horizontalHeader().setSectionResizeMode(4, QHeaderView.ResizeMode.Stretch)
+        self.types = [t for t in quant_types() if t.available]
+        table.setRowCount(len(self.types))
+        for row, qtype in enumerate(self.types):
+            table.setItem(row, 0, table_item(qtype.name))
+            table.setItem(row, 4, table_item(qtype.description))
+            if qtype.name == "Q4_K_M":
+                table.selectRow(row)
+        return table
+
     @Slot(object)
     def _on_adapter_hardware_ready(self, _hw: Any) -> None:
         self._fill_estimates()
