@@ -125,6 +125,10 @@ class Settings(BaseModel):
     kv_cache_max_gb: float = Field(default=4.0, ge=0.0, le=100_000.0)
     """The KV cache saved with each chat (``paths.kv_cache``): its size cap in GB, least recently
     used first out; 0 saves none."""
+    speculative: Literal["off", "lookup"] = "lookup"
+    """Speculative decoding for models without a draft model: prompt lookup, or none."""
+    draft_models: dict[str, str] = Field(default_factory=dict)
+    """Per chat model (its GGUF path): a smaller model of the same vocabulary that drafts for it."""
 
     @property
     def kv_cache_max_bytes(self) -> int:

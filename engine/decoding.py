@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from engine.events import PrefillProgress, Token
 from engine.sampling import ChainSampler
-from engine.speculative import DraftModel, LookupDrafter, SpeculationPolicy
+from engine.speculative import DraftModel, SpeculationPolicy, make_drafter
 
 _CHUNK_TARGET_S = 0.25
 _CHUNK_MIN = 32
@@ -204,15 +204,10 @@ def decode(
     seed = params.seed if params.seed is not None else llm._seed
     max_new = min(params.max_tokens, n_ctx - llm.n_tokens)
     emitter = _Emitter(lc, llm, piece, params, stops, max_new, cancel, send)
-    drafter: LookupDrafter | DraftModel | None = None
-    if params.speculative == "lookup":
-        drafter = LookupDrafter(prompt)
-    elif params.speculative == "draft" and draft_model is not None:
-        drafter = draft_model
-        drafter.tokens = list(prompt)
-        if not drafter.sync(cancel):
-            return DecodeOutcome("cancelled", "", 0, time.perf_counter())
-    draft_cost = draft_model.relative_cost if isinstance(drafter, DraftModel) and draft_model is not None else 0.0
+    drafter = make_drafter(params.speculative, prompt, draft_model)
+    if isinstance(drafter, DraftModel) and not drafter.sync(cancel):  # the draft reads the prompt too
+        return DecodeOutcome("cancelled", "", 0, time.perf_counter())
+    draft_cost = drafter.relative_cost if isinstance(drafter, DraftModel) else 0.0
     # GLASSBOX_TEST_DRAFT_FIXED=N: always draft N tokens, so tests and benchmarks can exercise a
     # draft model the policy would rightly not use (one as costly as its target).
     fixed = int(os.environ.get("GLASSBOX_TEST_DRAFT_FIXED") or 0)

@@ -93,6 +93,8 @@ def run(args: argparse.Namespace, paths: Paths) -> int:
     if args.endpoint is not None and args.speculative is not None:
         print("glassbox: error: --speculative applies to local models, not to --endpoint", file=sys.stderr)
         return 2
+    if args.endpoint is None and args.speculative is None:
+        args.speculative = _speculative_setting(args, paths)
     try:
         session = _remote_session(args, paths) if args.endpoint is not None else _local_session(args, paths)
     except argparse.ArgumentTypeError as exc:
@@ -122,7 +124,8 @@ def run(args: argparse.Namespace, paths: Paths) -> int:
                 documents, sources = retriever(user, session) if search else (None, [])
                 key = chat_log.cache_key() if kv_cache else None
                 if tools is not None:
-                    outcome = tools.answer(history, user, params, system, documents, args.json, key)
+                    outcome = tools.answer(history, user, params, system, documents, args.json, key,
+                                           progress=chat_log.save_progress)  # each step saved as it happens
                     reply, finished = outcome.text, outcome.finished
                 else:
                     reply, finished = _answer(session, history, user, params, system, documents, args.json, key,
@@ -130,7 +133,8 @@ def run(args: argparse.Namespace, paths: Paths) -> int:
             except BaseException as exc:
                 chat_log.fail_turn(exc)
                 raise
-            chat_log.finish_turn(reply, finished)
+            chat_log.finish_turn(outcome.saved_text if outcome else reply, finished,
+                                 outcome.record if outcome else None, sources)
             if args.json:
                 print_json({**_turn_document(reply, finished, sources), **chat_tools.turn_extras(finished, outcome),
                             "conversation_id": conversation_id})
@@ -156,14 +160,22 @@ def _local_session(args: argparse.Namespace, paths: Paths) -> Any:
     )
 
 
-_SPECULATIVE_DEFAULT = "lookup"  # measured: tests/bench/bench_speculative.py (ordinary chat is no slower)
+def _speculative_setting(args: argparse.Namespace, paths: Paths) -> str:
+    """Without ``--speculative``: the draft model set for this model in Settings, else the
+    setting's mode (``lookup`` unless changed: tests/bench/bench_speculative.py measured ordinary
+    chat no slower with it)."""
+    from app.settings import load_settings
+
+    settings = load_settings(paths.settings_file).settings
+    draft = settings.draft_models.get(str(resolve_model(args.model, paths, for_chat=True)))
+    return draft if draft else settings.speculative
 
 
 def _speculative_mode(args: argparse.Namespace) -> str:
     """GenerationParams.speculative for ``--speculative`` (remote endpoints decode on their own)."""
     if args.endpoint is not None:
         return "off"
-    spec = args.speculative or _SPECULATIVE_DEFAULT
+    spec = args.speculative or "lookup"
     return spec if spec in ("off", "lookup") else "draft"
 
 

@@ -59,3 +59,21 @@ def test_speculative_with_an_endpoint_is_a_usage_error(tmp_path: Path) -> None:
     result = glassbox("chat", "--endpoint", "somewhere", "--prompt", "hi", "--speculative", "lookup", home=tmp_path)
     assert result.returncode == 2
     assert "--speculative applies to local models" in result.stderr
+
+
+def test_without_the_flag_the_settings_decide(starter_model: Path, tmp_path: Path) -> None:
+    from app.paths import Paths
+    from app.settings import Settings, save_settings
+
+    paths = Paths.resolve(tmp_path).ensure()
+    save_settings(Settings(speculative="off"), paths.settings_file)
+    off = _chat(starter_model, tmp_path)
+    assert off.returncode == 0, off.stderr
+    assert json.loads(off.stdout)["draft_tokens"] == 0
+    # A draft model set for this model in Settings is the one loaded (a missing one says so)...
+    missing = tmp_path / "gone-draft.gguf"
+    save_settings(Settings(draft_models={str(starter_model.resolve()): str(missing)}), paths.settings_file)
+    refused = _chat(starter_model, tmp_path)
+    assert refused.returncode == 1 and "gone-draft.gguf" in refused.stderr
+    # ...and the flag overrides the settings.
+    assert _chat(starter_model, tmp_path, "--speculative", "lookup").returncode == 0
