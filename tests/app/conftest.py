@@ -18,9 +18,12 @@ def paths(glassbox_home: Path) -> Paths:
 
 @pytest.fixture
 def fake_model(paths: Paths) -> Path:
-    """A file in the models folder for the picker (the fake session never reads it)."""
+    """A model in the models folder for the picker: a well-formed GGUF header (the library lists it as
+    a chat model) over zero weights; the fake session never loads it."""
+    from tests.engine.gguf_fixtures import build
+
     model = paths.models / "fake-model.gguf"
-    model.write_bytes(b"GGUF" + b"\0" * 64)
+    model.write_bytes(build().data)
     return model
 
 

@@ -24,6 +24,7 @@ from app.workers.chat_adapter import ChatState, ModelState
 from app.workers.history_service import SAVE_MARGIN, HistoryDiskFull, HistoryService, _size
 from engine.history import HistoryStore
 from tests.disk_support import fill, mounted_tmpfs
+from tests.engine.gguf_fixtures import build as build_gguf
 
 pytestmark = [pytest.mark.gui, pytest.mark.qt_log_ignore("propagateSizeHints")]
 
@@ -69,6 +70,11 @@ class FullDiskConnection:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._conn, name)
+
+
+def _shown(label: Any) -> str:
+    """A wrapping label's text as the user reads it (without the zero-width break points)."""
+    return str(label.text()).replace("\u200b", "")
 
 
 def full_disk_store(disk: Disk) -> Any:
@@ -170,7 +176,7 @@ def test_a_message_the_full_disk_refuses_goes_back_to_the_composer_with_the_spac
 
     assert w.composer.edit.toPlainText() == text  # not lost: back in the box
     missing = SAVE_MARGIN + 4 * len(text.encode()) - free
-    banner = w.banner.text()
+    banner = _shown(w.banner)
     assert f"the disk is full: {_size(missing)} more are needed on {paths.history_db.parent}" in banner
     assert "It is back in the box" in banner
     assert disk.refused >= 1
@@ -235,7 +241,7 @@ def test_an_unreadable_history_keeps_the_message_and_offers_a_new_history_beside
     press_send(qtbot, w, "a message with nowhere to go")
     qtbot.waitUntil(lambda: w.composer.edit.toPlainText() == "a message with nowhere to go", timeout=5000)
     wait_idle(qtbot, w)
-    assert "not an SQLite database" in w.banner.text()
+    assert "not an SQLite database" in _shown(w.banner)
     assert paths.history_db.read_bytes() == junk  # left untouched
     assert w.toast.isVisible() and w.toast.action.text() == "Start a new history"
 
@@ -276,7 +282,7 @@ def test_a_reply_written_while_the_disk_fills_is_saved_whole_when_space_returns(
     w.chat.reply_delta.connect(on_delta)
     press_send(qtbot, w, "tell me everything")
     wait_idle(qtbot, w)
-    qtbot.waitUntil(lambda: "The reply is not saved yet" in w.banner.text(), timeout=5000)
+    qtbot.waitUntil(lambda: "The reply is not saved yet" in _shown(w.banner), timeout=5000)
     expected = LONG_REPLY if not stop else w.chat_view.streamed_text
     expected_state = "partial" if stop else "complete"
     assert 0 < len(expected) <= len(LONG_REPLY)
@@ -287,7 +293,7 @@ def test_a_reply_written_while_the_disk_fills_is_saved_whole_when_space_returns(
     assert w.chat.thread_messages[-1].content == expected
     assert w.chat.thread_messages[-1].state == expected_state
     assert w.chat_view.cards[-1].text == expected
-    assert "the disk is full" in w.banner.text()
+    assert "the disk is full" in _shown(w.banner)
     # In the history: still pending, with what the first checkpoints saved, and kept in memory.
     row = stored_messages(paths)[-1]
     assert row.state == "pending"
@@ -378,7 +384,7 @@ def test_on_a_real_full_tmpfs_nothing_typed_or_answered_is_lost(
 ) -> None:
     monkeypatch.setattr(chat_adapter, "RETRY_S", 0.2)
     paths = Paths.resolve(tmpfs / "home").ensure()
-    (paths.models / "fake-model.gguf").write_bytes(b"GGUF" + b"\0" * 64)
+    (paths.models / "fake-model.gguf").write_bytes(build_gguf().data)
     w = open_window(paths)
     press_send(qtbot, w, "a first message, while there is room")
     wait_idle(qtbot, w)
@@ -387,11 +393,11 @@ def test_on_a_real_full_tmpfs_nothing_typed_or_answered_is_lost(
     filler = fill(tmpfs)
     text = "typed on a full disk " * 40
     press_send(qtbot, w, text)
-    qtbot.waitUntil(lambda: "Your message was not saved" in w.banner.text(), timeout=10000)
+    qtbot.waitUntil(lambda: "Your message was not saved" in _shown(w.banner), timeout=10000)
     wait_idle(qtbot, w)
     assert w.composer.edit.toPlainText() == text.strip()
-    assert "the disk is full: " in w.banner.text()
-    assert f"more are needed on {paths.history_db.parent}" in w.banner.text()
+    assert "the disk is full: " in _shown(w.banner)
+    assert f"more are needed on {paths.history_db.parent}" in _shown(w.banner)
 
     filler.unlink()
     w.reply["text"] = LONG_REPLY
@@ -404,7 +410,7 @@ def test_on_a_real_full_tmpfs_nothing_typed_or_answered_is_lost(
     w.chat.reply_started.connect(fill_up)
     press_send(qtbot, w)
     wait_idle(qtbot, w)
-    qtbot.waitUntil(lambda: "The reply is not saved yet" in w.banner.text(), timeout=10000)
+    qtbot.waitUntil(lambda: "The reply is not saved yet" in _shown(w.banner), timeout=10000)
     assert w.chat_view.cards[-1].text == LONG_REPLY
     w.chat.reply_started.disconnect(fill_up)
 
