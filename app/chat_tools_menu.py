@@ -213,8 +213,8 @@ class ChatToolsController(QObject):
         self._unsaved: dict[str, Any] | None = None  # chosen before the chat existed
         chat = window.chat
         chat.reasoning_delta.connect(window.chat_view.append_reasoning)
-        chat.tool_step_added.connect(window.chat_view.add_tool_step)
-        chat.approval_requested.connect(window.chat_view.show_approval)
+        chat.tool_step_added.connect(self._on_chat_tool_step_added)
+        chat.approval_requested.connect(self._on_chat_approval_requested)
         chat.loop_updated.connect(window.inspector.set_loop)
         chat.conversation_opened.connect(self._on_chat_conversation_opened)
         chat.model_loaded.connect(self._on_chat_model_loaded)
@@ -247,6 +247,20 @@ class ChatToolsController(QObject):
         if conversation is not None:
             self._unsaved = None
             self.button.set_conversation_settings(settings)
+
+    @Slot(object)
+    def _on_chat_approval_requested(self, request: Any) -> None:
+        card = self.window.chat_view.show_approval(request)
+        if card is not None:
+            composer = self.window.composer
+            composer.set_state_text(f"Waiting for you: allow the call to {request.name}?")
+            card.decided.connect(lambda d: composer.set_state_text(
+                f"Running {request.name}…" if d != "deny" else "Telling the model the call was denied…"))
+
+    @Slot(object)
+    def _on_chat_tool_step_added(self, step: dict[str, Any]) -> None:
+        self.window.chat_view.add_tool_step(step)
+        self.window.composer.set_state_text(f"{step.get('name', 'The tool')} done; the model goes on…")
 
     @Slot(object)
     def _on_chat_model_loaded(self, loaded: Any) -> None:

@@ -8,7 +8,7 @@ thinking folded under the answer (issue 12, "The app").
 * :class:`ReasoningFoldWidget`: the thinking, folded, with its token count and time.
 * :class:`AgentPartsWidget`: a reply's cards and approvals (above the answer) and its fold (below).
 
-The data are plain dicts (``app.workers.agent_turn.step_dict``, the reply's ``stats``), so a
+The data are plain dicts (``app.agent_history.step_dict``, the reply's ``stats``), so a
 stored reply shows the same cards after a restart.
 """
 
@@ -106,6 +106,8 @@ class ToolCallCardWidget(QFrame):
         result = str(step.get("result", ""))
         self._result = result
         self._head, self.foldable = folded(result)
+        self.result_caption = _label("Result (an error)" if step.get("is_error") else "Result", "explain")
+        lay.addWidget(self.result_caption)
         self.result = _mono_label(self._head, "toolResult")
         self.result.setAccessibleName("Result")
         lay.addWidget(self.result)
@@ -293,7 +295,7 @@ class AgentPartsWidget(QWidget):
     def add_step(self, step: Mapping[str, Any]) -> ToolCallCardWidget:
         """A call was handled: its card takes the place of its approval card, if any."""
         for approval in list(self.approvals):
-            if approval.request.call_id == step.get("id") and not approval.pending:
+            if approval.request.call_id == step.get("id"):  # handled: answered, or refused by Stop
                 self.approvals.remove(approval)
                 approval.setParent(None)
                 approval.deleteLater()

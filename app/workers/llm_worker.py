@@ -81,7 +81,7 @@ class GenerateRequest:
         thinking_budget: the most tokens of thinking (None: no cap).
 
     ``history`` entries are ``(role, content)`` pairs or ``engine.context.Message`` objects (a
-    reply made with tools: its calls and their results, ``agent_turn.model_history``).
+    reply made with tools: its calls and their results, ``app.agent_history.model_history``).
     """
 
     request_id: int
@@ -331,7 +331,7 @@ class LlmWorker(QObject):
         last_emit = 0.0
         last_prefill = 0.0
         try:
-            from app.workers.agent_turn import TextBreak, agent_events
+            from app.workers.agent_turn import TextBreak, agent_events, stream_accepts
             from engine.context import Message
             from engine.events import Finished, PrefillProgress, Reasoning, Token
 
@@ -353,6 +353,11 @@ class LlmWorker(QObject):
             if request.thinking is not None:
                 saved["thinking"] = request.thinking
             if request.thinking_budget is not None:
+                if not stream_accepts(session, "thinking_budget"):
+                    from engine.errors import EngineError
+
+                    raise EngineError("a thinking budget needs a local model (this one decodes on its server): "
+                                      "choose the model's default in the chat's Tools menu")
                 saved["thinking_budget"] = request.thinking_budget
             if request.tools is not None:
                 rid = request.request_id

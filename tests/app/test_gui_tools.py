@@ -217,13 +217,15 @@ def test_stop_refuses_a_waiting_call(qtbot: Any, open_window: Any, toolset: Fake
     w = open_window()
     w.tools_button.set_tools_on(True)
     type_and_send(qtbot, w, "What is 2 + 3?")
-    card = pending_approval(qtbot, w)
+    pending_approval(qtbot, w)
     w.chat.stop()
     wait_idle(qtbot, w)
     assert toolset.ran == []
-    assert not card.pending
     step = w.chat.thread_messages[-1].stats["tool_steps"][0]
     assert step["approval"] == "cancelled"
+    parts = w.chat_view.cards[-1].agent_parts
+    assert not parts.approvals  # the approval card gave way to the call's card
+    assert "stopped: it did not run" in parts.cards[0].header.text()
 
 
 def test_tools_off_by_default_and_the_switch_is_saved_with_the_chat(qtbot: Any, open_window: Any,
@@ -391,3 +393,15 @@ def test_a_long_result_is_folded_and_unfolds(qtbot: Any) -> None:
     qtbot.addWidget(short)
     assert not short.foldable and short.expand_button.isHidden()
     assert "did not run" in short.header.text() and " ms" not in short.header.text()
+
+
+def test_a_thinking_budget_on_a_session_without_one_is_a_clear_error(qtbot: Any, paths: Paths) -> None:
+    from app.workers.llm_worker import GenerateRequest, LlmWorker, LoadRequest
+
+    worker = LlmWorker(lambda request, bandwidth: FakeSession(request, bandwidth))  # no thinking_budget
+    failed: list[Any] = []
+    worker.generation_failed.connect(lambda _rid, exc: failed.append(exc))
+    worker._on_load_requested(LoadRequest(model_path=paths.models / "x.gguf"))
+    worker._on_generate_requested(GenerateRequest(1, (), "hi", None, thinking_budget=64))
+    assert len(failed) == 1 and "thinking budget needs a local model" in str(failed[0])
+    worker._on_shutdown_requested()
