@@ -48,7 +48,8 @@ def make_retriever(
     knowledge folder's lock, so a process opens it once.
 
     Chunks of ``names`` still waiting for their embedding (a damaged index that was moved aside,
-    an interrupted run) are embedded first, so that answers use the whole index.
+    an interrupted run) are embedded first, so that answers use the whole index. A name may be
+    another Glassbox home's knowledge base on the Chroma server (searched by meaning only).
     """
     from rag.knowledge import KnowledgeBases, retrieve_context
 
@@ -59,10 +60,11 @@ def make_retriever(
                 f"glassbox: the document index was damaged ({kbs.recovered.reason}); "
                 f"it was moved to {kbs.recovered.moved_to} and is being rebuilt\n"
             )
-    for name in names:
-        kbs.get(name)  # fail early, with the KB's own message, for an unknown name
-    if kbs.pending(list(names)):
-        kbs.rebuild(list(names))
+    # Fail early, with the KB's own message, for an unknown name. Another Glassbox home's knowledge
+    # base on the Chroma server is searched there; only this home's own can have chunks waiting.
+    own = kbs.searchable(list(names))
+    if own and kbs.pending(own):
+        kbs.rebuild(own)
 
     def retrieve(query: str, session: _Counting) -> tuple[str | None, list[dict[str, Any]]]:
         n_ctx = getattr(session.info, "n_ctx", None) or 4096  # a remote server may not say

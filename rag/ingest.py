@@ -23,7 +23,7 @@ from typing import Any, NamedTuple, Protocol
 from rag.embeddings import Embedder
 from rag.errors import DocumentError, KnowledgeBaseError
 from rag.loaders import check_size, file_type, not_regular
-from rag.registry import ChunkLike, DocState, DocumentRecord, KnowledgeBaseInfo, Registry
+from rag.registry import ChunkLike, ChunkRecord, DocState, DocumentRecord, KnowledgeBaseInfo, Registry
 from rag.store import VectorStore
 
 # Smallest embedding batch: below one full encoder batch (32) the CPU matmuls lose efficiency, so
@@ -608,7 +608,17 @@ class Ingestor:
         t0 = time.monotonic()
         vectors = self.embedder.encode([text for _, text in pending])
         ids = [chunk_id for chunk_id, _ in pending]
-        self.store.upsert(kb.collection, ids, vectors)
+        if self.store.local:
+            self.store.upsert(kb.collection, ids, vectors)
+        else:  # on a server the texts and their places go with the vectors: other homes search them
+            records = self.registry.chunks(ids)
+            self.store.upsert(
+                kb.collection,
+                ids,
+                vectors,
+                documents=[text for _, text in pending],
+                metadatas=[_shared_metadata(records.get(chunk_id)) for chunk_id in ids],
+            )
         self.registry.mark_embedded(ids)
         self._tune(time.monotonic() - t0, len(pending))
         return len(pending)
@@ -618,6 +628,18 @@ class Ingestor:
         per_chunk = seconds / max(n, 1)
         self._per_chunk_s = per_chunk if self._per_chunk_s is None else 0.5 * (self._per_chunk_s + per_chunk)
         self._batch = int(min(512, max(MIN_BATCH, self.batch_seconds / max(self._per_chunk_s, 1e-4))))
+
+
+def _shared_metadata(record: ChunkRecord | None) -> dict[str, str | int]:
+    """What a chunk on a server records about where it comes from (Chroma takes no None values)."""
+    if record is None:
+        return {"index": 0}
+    meta: dict[str, str | int] = {"path": record.path, "index": record.index, "start": record.start, "end": record.end}
+    if record.page is not None:
+        meta["page"] = record.page
+    if record.heading:
+        meta["heading"] = record.heading
+    return meta
 
 
 def _changed_since(file: Path, before: os.stat_result) -> bool:

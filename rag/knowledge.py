@@ -30,7 +30,7 @@ from rag.embeddings import Embedder, SentenceTransformerEmbedder, default_embedd
 from rag.errors import KnowledgeBaseError
 from rag.ingest import Chunker, Ingestor, IngestProgress, IngestReport, Parser
 from rag.registry import DocumentRecord, KnowledgeBaseInfo, KnowledgeBaseStats, Registry, private_folder
-from rag.retrieval import Passage, Retriever, remove_near_duplicates
+from rag.retrieval import RRF_K, Passage, Retriever, remove_near_duplicates
 from rag.store import VectorStore
 from rag.store_health import DEFAULT_TIMEOUT_S, StoreRecovery, recover_if_damaged, remember_healthy
 
@@ -46,10 +46,10 @@ OWNER_KB = "glassbox_kb"
 OWNER_REGISTRY = "glassbox_registry"
 """Collection metadata on a Chroma server: the id of the registry (the Glassbox home) that owns it."""
 ONE_HOME = (
-    "a knowledge base on a Chroma server is used by the Glassbox home that made it, because its "
-    "documents' text, keyword index and settings stay in that home's registry; the server holds only the vectors"
+    "a knowledge base on a Chroma server is changed only by the Glassbox home that made it (its registry of "
+    "documents and its keyword index stay in that home); other homes can search it, by meaning only"
 )
-"""Why a second home cannot use a knowledge base on a shared server (said by the CLI and in errors)."""
+"""What another home may do with a knowledge base on a shared server (said by the CLI and in errors)."""
 
 MIN_FREE_BYTES = 2**20
 """Below this much free space the knowledge folder's disk counts as full: SQLite cannot even create
@@ -406,28 +406,81 @@ class KnowledgeBases:
         return {OWNER_KB: kb.name, OWNER_REGISTRY: self.registry.identity()}
 
     def foreign(self) -> builtins.list[str]:
-        """Names of knowledge bases on the Chroma server that another Glassbox home made (its
-        registry, with the documents' text and the keyword index, is in that home: this one cannot
-        search them). Empty for a local store.
+        """Names of knowledge bases on the Chroma server that other Glassbox homes made: this home
+        can search them (:meth:`query`), not change them (see :data:`ONE_HOME`). Empty for a local
+        store."""
+        return sorted(self._foreign())
 
-        A knowledge base on a server belongs to the home that made it: see :data:`ONE_HOME`.
-        """
+    def _foreign(self) -> dict[str, dict[str, object]]:
+        """Other homes' knowledge bases on the server: name -> their collection's metadata."""
         if self.store.local:
-            return []
+            return {}
         mine = self.registry.identity()
-        names = {
-            str(meta[OWNER_KB])
-            for _collection, meta in self.store.labelled(OWNER_KB)
-            if meta.get(OWNER_REGISTRY) != mine
-        }
-        return sorted(names)
+        found: dict[str, dict[str, object]] = {}
+        for collection, meta in self.store.labelled(OWNER_KB):
+            if meta.get(OWNER_REGISTRY) != mine:
+                found[str(meta[OWNER_KB])] = {**meta, "collection": collection}
+        return found
 
     def _refuse_a_foreign_name(self, name: str) -> None:
-        if name in self.foreign():
+        if name in self._foreign():
             raise KnowledgeBaseError(
                 f"{name}: the Chroma server {self.store.where} has a knowledge base of this name from another "
                 f"Glassbox home; {ONE_HOME}; choose another name"
             )
+
+    def searchable(self, names: Sequence[str]) -> builtins.list[str]:
+        """Checks that every name can be searched here (this home's, or another's on the server).
+
+        Returns:
+            The names that are this home's own (the others are searched on the server).
+
+        Raises:
+            KnowledgeBaseError: a name is neither.
+        """
+        own: builtins.list[str] = []
+        foreign: dict[str, dict[str, object]] | None = None
+        for name in names:
+            try:
+                self.registry.get_kb(name)
+                own.append(name)
+            except KnowledgeBaseError:
+                foreign = self._foreign() if foreign is None else foreign
+                if name not in foreign:
+                    raise
+        return own
+
+    def _query_foreign(self, name: str, meta: dict[str, object], text: str, k: int) -> builtins.list[Passage]:
+        """Searches another home's knowledge base on the server by meaning (its keyword index is in
+        that home), with this home's copy of the embedding model it was made with."""
+        if not text.strip() or k <= 0:
+            return []
+        folder = self._default_folder()
+        wanted = str(meta.get("model_id", ""))
+        if model_id_for(folder) != wanted:
+            raise KnowledgeBaseError(
+                f"{name}: searching it needs its embedding model {wanted}; install it and pass it with --embedder"
+            )
+        vector = self.embedder(folder).encode([text])[0]
+        hits = self.store.query_with_texts(str(meta["collection"]), vector, max(4 * k, 20))
+        passages = [
+            Passage(
+                id=chunk_id,
+                kb=name,
+                path=str(info.get("path", "")),
+                page=int(info["page"]) if "page" in info else None,
+                heading=str(info["heading"]) if "heading" in info else None,
+                text=chunk_text,
+                start=int(info.get("start", 0)),
+                end=int(info.get("end", 0)),
+                dense_score=score,
+                bm25_score=None,
+                fused_score=1.0 / (RRF_K + rank),
+                dense_rank=rank,
+            )
+            for rank, (chunk_id, score, chunk_text, info) in enumerate(hits, start=1)
+        ]
+        return remove_near_duplicates(passages)[:k]
 
     def get(self, name: str) -> KnowledgeBaseInfo:
         """The knowledge base called ``name``.
@@ -438,7 +491,7 @@ class KnowledgeBases:
         try:
             return self.registry.get_kb(name)
         except KnowledgeBaseError:
-            if not self.store.local and name in self.foreign():
+            if name in self._foreign():
                 raise KnowledgeBaseError(
                     f"{name}: this knowledge base on the Chroma server {self.store.where} belongs to another "
                     f"Glassbox home; {ONE_HOME}"
@@ -607,8 +660,15 @@ class KnowledgeBases:
     # ------------------------------------------------------------------ search
 
     def query(self, name: str, text: str, *, k: int = 5) -> builtins.list[Passage]:
-        """The ``k`` best distinct passages of one knowledge base for ``text``."""
-        kb = self.get(name)
+        """The ``k`` best distinct passages of one knowledge base for ``text`` (another home's on
+        the Chroma server is searched by meaning only: its keyword index is in that home)."""
+        try:
+            kb = self.registry.get_kb(name)
+        except KnowledgeBaseError:
+            meta = self._foreign().get(name)
+            if meta is None:
+                raise
+            return self._query_foreign(name, meta, text, k)
         return self.retriever.search(kb, self._kb_embedder(kb), text, k=k)
 
     def query_many(self, names: Sequence[str], text: str, *, k: int = 5) -> builtins.list[Passage]:

@@ -170,12 +170,36 @@ class VectorStore:
                 out.append((str(getattr(coll, "name", coll)), meta))
         return out
 
-    def upsert(self, name: str, ids: Sequence[int], vectors: Vectors) -> None:
-        """Adds or replaces vectors (idempotent: a retried batch is stored once)."""
+    def upsert(
+        self,
+        name: str,
+        ids: Sequence[int],
+        vectors: Vectors,
+        *,
+        documents: Sequence[str] | None = None,
+        metadatas: Sequence[Mapping[str, str | int]] | None = None,
+    ) -> None:
+        """Adds or replaces vectors (idempotent: a retried batch is stored once).
+
+        Args:
+            name: the collection.
+            ids: the chunks' ids.
+            vectors: one vector per id.
+            documents: the chunks' texts, kept beside the vectors (a collection on a server, so
+                that other Glassbox homes can search it).
+            metadatas: where each chunk comes from (path, page, heading, offsets), likewise.
+        """
         if not ids:
             return
         coll = self._collection(name)
-        self._call("cannot write vectors", lambda: coll.upsert(ids=[str(i) for i in ids], embeddings=vectors))
+        extra: dict[str, Any] = {}
+        if documents is not None:
+            extra["documents"] = list(documents)
+        if metadatas is not None:
+            extra["metadatas"] = [dict(m) for m in metadatas]
+        self._call(
+            "cannot write vectors", lambda: coll.upsert(ids=[str(i) for i in ids], embeddings=vectors, **extra)
+        )
 
     def delete(self, name: str, ids: Sequence[int]) -> None:
         """Removes vectors (unknown ids are ignored)."""
@@ -202,6 +226,32 @@ class VectorStore:
         ids = result["ids"][0] if result["ids"] else []
         distances = (result.get("distances") or [[]])[0] or [0.0] * len(ids)
         return [(int(i), 1.0 - float(d)) for i, d in zip(ids, distances, strict=False)]
+
+    def query_with_texts(self, name: str, vector: Vectors, k: int) -> list[tuple[int, float, str, dict[str, Any]]]:
+        """Nearest neighbours with the texts and metadata kept beside them (see :meth:`upsert`).
+
+        Returns:
+            ``(chunk_id, cosine similarity, text, metadata)``, best first; hits stored without a
+            text are left out.
+        """
+        coll = self._collection(name)
+        result = self._call(
+            "cannot query vectors",
+            lambda: coll.query(
+                query_embeddings=np.asarray(vector, dtype=np.float32).reshape(1, -1),
+                n_results=k,
+                include=["distances", "documents", "metadatas"],
+            ),
+        )
+        ids = result["ids"][0] if result["ids"] else []
+        distances = (result.get("distances") or [[]])[0] or [0.0] * len(ids)
+        texts = (result.get("documents") or [[]])[0] or [None] * len(ids)
+        metas = (result.get("metadatas") or [[]])[0] or [None] * len(ids)
+        return [
+            (int(i), 1.0 - float(d), str(t), dict(m or {}))
+            for i, d, t, m in zip(ids, distances, texts, metas, strict=False)
+            if t
+        ]
 
     def count(self, name: str) -> int:
         """How many vectors the collection holds."""

@@ -40,8 +40,8 @@ def register(
     shared.add_argument(
         "--chroma-url",
         metavar="URL",
-        help="keep vectors on a Chroma server (http://host:port); a knowledge base there is used by the "
-        "Glassbox home that made it only (its documents' registry stays in that home)",
+        help="keep vectors on a Chroma server (http://host:port); a knowledge base there is changed only by "
+        "the Glassbox home that made it, other homes can search it",
     )
     parents = [common, shared]
     parser = sub.add_parser("kb", parents=[common], help="knowledge bases: index documents and search them")
@@ -131,7 +131,7 @@ def _create(args: argparse.Namespace, paths: Paths) -> int:
     else:
         _out(f"created {kb.name} ({kb.embedder_id}, {kb.dimension} dims, {kb.max_tokens}-token chunks)")
         if args.chroma_url:
-            _out(f"  its vectors are on {args.chroma_url}; only this Glassbox home can use it (its registry is here)")
+            _out(f"  on {args.chroma_url}: other Glassbox homes can search it; only this one can change it")
     return 0
 
 
@@ -262,7 +262,7 @@ def _list(args: argparse.Namespace, paths: Paths) -> int:
 
         sys.stderr.write(
             f"glassbox: note: {args.chroma_url} also holds {', '.join(foreign)} from other Glassbox homes, "
-            f"not usable from this one: {ONE_HOME}\n"
+            f"to search only (kb query, chat --kb): {ONE_HOME}\n"
         )
     if args.json:
         print_json([{**dataclasses.asdict(s.info), **dataclasses.asdict(s.stats)} for s in summaries])
@@ -304,7 +304,7 @@ def _query(args: argparse.Namespace, paths: Paths) -> int:
         sys.stderr.write("glassbox: error: --k must be at least 1\n")
         return 2
     with _open(args, paths) as kbs:
-        if kbs.pending([args.name]):
+        if kbs.searchable([args.name]) and kbs.pending([args.name]):
             # Chunks an interrupted run left unembedded would be found by keywords only.
             kbs.rebuild([args.name], progress=_progress(args))
         passages = kbs.query(args.name, args.text, k=args.k)

@@ -106,13 +106,17 @@ def test_create_add_query_remove_on_a_server(tmp_path: Path, make_kbs: MakeKbs, 
     assert kb.collection not in names
 
 
-def test_a_second_home_on_the_same_server_is_told_the_kb_is_not_its_own(
+def test_a_second_home_on_the_same_server_searches_the_kb_and_cannot_make_a_twin(
     tmp_path: Path, make_kbs: MakeKbs, chroma_server: str
 ) -> None:
-    """A knowledge base on a server belongs to the home that made it (its registry: the documents'
-    text, the keyword index, the settings). Another home sees that it exists, is told why it cannot
-    use it, and cannot make a second, empty one of the same name beside it."""
+    """A knowledge base on a server carries its chunks' texts and places and its settings (model,
+    dimension, owner) with the vectors. Another home sees it, searches it by meaning (its keyword
+    index is in the home that made it), is told it cannot change it, and cannot make a second,
+    empty one of the same name beside it."""
+    from rag.knowledge import retrieve_context
+
     write(tmp_path / "docs", "otters.txt", "Sea otters hold hands while sleeping so they do not drift apart.")
+    write(tmp_path / "docs", "owls.txt", "Owls can rotate their heads about 270 degrees.")
     alice = make_kbs(root=tmp_path / "alice", chroma_url=chroma_server)
     bob = make_kbs(root=tmp_path / "bob", chroma_url=chroma_server)
     kb = alice.create("shared-team")
@@ -120,19 +124,28 @@ def test_a_second_home_on_the_same_server_is_told_the_kb_is_not_its_own(
     assert "shared-team" not in alice.foreign()
     assert "shared-team" in bob.foreign()
 
+    # Bob searches it: the passages come with their texts and places from the server.
+    top = bob.query("shared-team", "why do otters hold hands?", k=1)[0]
+    assert Path(top.path).name == "otters.txt" and "hold hands" in top.text
+    assert top.kb == "shared-team" and top.dense_score is not None and top.bm25_score is None
+    block = retrieve_context(bob, ["shared-team"], "How far can owls turn their heads?", 200, lambda t: len(t.split()))
+    assert "270 degrees" in block.text and Path(block.sources[0].path).name == "owls.txt"
+    assert bob.searchable(["shared-team"]) == []  # none of them is Bob's own
+    with pytest.raises(KnowledgeBaseError, match=r"^nope: no such knowledge base$"):
+        bob.searchable(["nope"])
+
+    # ... and cannot change it, nor make an empty twin of it.
+    with pytest.raises(KnowledgeBaseError, match="belongs to another Glassbox home"):
+        bob.add("shared-team", [tmp_path / "docs"])
     before = {getattr(c, "name", c) for c in VectorStore(url=chroma_server)._client.list_collections()}
     with pytest.raises(KnowledgeBaseError) as refused:
         bob.create("shared-team")
     message = str(refused.value)
     assert message.startswith(f"shared-team: the Chroma server {chroma_server} has a knowledge base of this name")
-    assert "used by the Glassbox home that made it" in message and "\n" not in message
+    assert "changed only by the Glassbox home that made it" in message and "\n" not in message
     after = {getattr(c, "name", c) for c in VectorStore(url=chroma_server)._client.list_collections()}
     assert after == before  # no second, empty collection
     assert [s.info.name for s in bob.list()] == []
-
-    with pytest.raises(KnowledgeBaseError, match="belongs to another Glassbox home"):
-        bob.query("shared-team", "otters")
-    assert alice.query("shared-team", "why do otters hold hands?", k=1)
 
     # The command line says so in `kb list`.
     listed = subprocess.run(
@@ -140,9 +153,12 @@ def test_a_second_home_on_the_same_server_is_told_the_kb_is_not_its_own(
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert listed.returncode == 0, listed.stderr
-    assert "shared-team" in listed.stderr and "not usable from this one" in listed.stderr
+    assert "shared-team" in listed.stderr and "to search only" in listed.stderr
     assert listed.stdout.startswith("no knowledge bases")
 
+    # What Alice removes is gone for Bob too; when she drops it, Bob may make his own.
+    alice.remove("shared-team", tmp_path / "docs" / "owls.txt")
+    assert all(Path(p.path).name != "owls.txt" for p in bob.query("shared-team", "owls heads", k=5))
     alice.drop("shared-team")
     assert "shared-team" not in bob.foreign()
     assert bob.create("shared-team").collection != kb.collection
