@@ -1,7 +1,10 @@
 """The vector index: Chroma, local (``PersistentClient``) or remote (``HttpClient``).
 
-Chroma holds only ``id -> vector`` for the chunks the registry marks as embedded; texts and
-metadata live in the registry. So the store can be dropped and rebuilt at any time.
+Chroma holds ``id -> vector`` for the chunks the registry marks as embedded; texts and metadata
+live in the registry, so the store can be dropped and rebuilt at any time. On a server the chunks'
+texts and places are kept beside the vectors too, and each collection is labelled with its
+knowledge base, model and owning registry, so that other Glassbox homes can find and search it
+(``rag.knowledge.KnowledgeBases.foreign``).
 """
 
 from __future__ import annotations
