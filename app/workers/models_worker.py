@@ -21,9 +21,8 @@ from PySide6.QtCore import QObject, Signal
 from app.workers.downloads_adapter import DownloadsAdapter
 from app.workers.library_adapter import LibraryAdapter
 from app.workers.model_jobs import ModelJobsAdapter
-from app.workers.transfers import Transfer, download_label
 
-__all__ = ["ModelsAdapter", "Transfer", "download_label"]
+__all__ = ["ModelsAdapter"]
 
 QUEUE_FILE_NAME = "download_queue.json"
 
