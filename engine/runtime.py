@@ -548,6 +548,8 @@ class InferenceWorker:
         self._send(("generate", list(tokens), params), "generation")
         forwarded = False
         finished = False
+        shown: list[str] = []  # the text of the tokens passed on
+        dropped = False
         try:
             while True:
                 if cancel is not None and cancel.is_set() and not forwarded:
@@ -559,10 +561,16 @@ class InferenceWorker:
                 if kind == "event":
                     if isinstance(payload, Token):
                         self._tokens_out += 1
+                        if forwarded:  # sent before the worker saw Stop: nothing follows Stop
+                            dropped = True
+                            continue
+                        shown.append(payload.text)
                     yield payload
                 elif kind == "result":
                     finished = True
                     assert isinstance(payload, WorkerResult)
+                    if dropped:  # the reply is what was shown
+                        payload = dataclasses.replace(payload, reason="cancelled", text="".join(shown))
                     return payload
                 else:
                     finished = True

@@ -229,7 +229,31 @@ def test_stop_right_after_prefill_sends_no_token(worker: InferenceWorker) -> Non
         if isinstance(event, PrefillProgress) and event.done == event.total:
             cancel.set()
     assert result.reason == "cancelled"
-    assert len(_tokens(events)) <= 1  # the child may have sampled one before it saw Stop, never more
+    assert not _tokens(events)  # one the worker sent before it saw Stop is not passed on
+    assert result.text == ""
+
+
+def test_stop_while_decoding_passes_no_token_on_and_the_text_is_what_was_shown(worker: InferenceWorker) -> None:
+    cancel = threading.Event()
+    tokens = worker.tokenize("Once upon a time", add_bos=True)
+    worker.reset_cache()
+    gen = worker.generate(tokens, GenerationParams(max_tokens=200, temperature=0.0, speculative="lookup"), cancel)
+    seen: list[Token] = []
+    after: list[Token] = []
+    while True:
+        try:
+            event = next(gen)
+        except StopIteration as done:
+            result = done.value
+            break
+        if isinstance(event, Token):
+            (after if cancel.is_set() else seen).append(event)
+            if len(seen) == 5:
+                cancel.set()
+                time.sleep(0.2)  # the worker goes on meanwhile: what it sends must not come through
+    assert result.reason == "cancelled"
+    assert after == []
+    assert result.text == "".join(t.text for t in seen)
 
 
 # --------------------------------------------------------------------------- speculative decoding
