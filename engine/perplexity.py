@@ -56,13 +56,26 @@ class QualityReport:
 
 def _perplexity_child(model_path: str, text: str, n_ctx: int, threads: int) -> tuple[float, int]:
     """Child side: load, tokenize, score the windows; returns (perplexity, scored tokens)."""
-    import ctypes
-
-    import numpy as np
-
     native = import_native_bindings()
 
     native.llama_backend_init()
+    model, ctx = _open_context(native, model_path, n_ctx, threads)
+    batch = None
+    try:
+        vocab = native.llama_model_get_vocab(model)
+        tokens = _tokenize(native, vocab, text)
+        batch = native.llama_batch_init(_BATCH, 0, 1)
+        nll, scored = _score(native, ctx, vocab, batch, tokens, n_ctx)
+    finally:
+        if batch is not None:
+            native.llama_batch_free(batch)
+        native.llama_free(ctx)
+        native.llama_model_free(model)
+    return math.exp(nll / scored), scored
+
+
+def _open_context(native: Any, model_path: str, n_ctx: int, threads: int) -> tuple[Any, Any]:
+    """Child side: the model (on the CPU) and a context of ``n_ctx`` tokens in batches of ``_BATCH``."""
     mparams = native.llama_model_default_params()
     mparams.n_gpu_layers = 0
     model = native.llama_model_load_from_file(model_path.encode(), mparams)
@@ -82,12 +95,13 @@ def _perplexity_child(model_path: str, text: str, n_ctx: int, threads: int) -> t
     cparams.n_threads_batch = threads
     ctx = native.llama_init_from_model(model, cparams)
     if not ctx:
+        native.llama_model_free(model)
         raise RuntimeError("llama.cpp could not create a context")
-    vocab = native.llama_model_get_vocab(model)
-    n_vocab = native.llama_vocab_n_tokens(vocab)
-    add_bos = bool(native.llama_vocab_get_add_bos(vocab))
-    bos = int(native.llama_vocab_bos(vocab))
+    return model, ctx
 
+
+def _tokenize(native: Any, vocab: Any, text: str) -> list[int]:
+    """Child side: ``text``'s tokens (with the model's special tokens); at least two."""
     raw = text.encode("utf-8")
     buf = (native.llama_token * (len(raw) + 16))()
     n = native.llama_tokenize(vocab, raw, len(raw), buf, len(buf), True, False)
@@ -96,51 +110,67 @@ def _perplexity_child(model_path: str, text: str, n_ctx: int, threads: int) -> t
     tokens = [int(t) for t in buf[:n]]
     if len(tokens) < 2:
         raise ValueError(f"the text has only {len(tokens)} tokens")
+    return tokens
 
-    batch = native.llama_batch_init(_BATCH, 0, 1)
+
+def _score(native: Any, ctx: Any, vocab: Any, batch: Any, tokens: list[int], n_ctx: int) -> tuple[float, int]:
+    """Child side: the summed negative log-likelihood of every token but the first, and how many
+    were scored, over windows of ``n_ctx`` that overlap by half."""
+    add_bos = bool(native.llama_vocab_get_add_bos(vocab))
+    bos = int(native.llama_vocab_bos(vocab))
     memory = native.llama_get_memory(ctx)
     nll = 0.0
     scored = 0
     half = n_ctx // 2
     start = 0
     done_upto = 0  # tokens[0..done_upto] are predicted (token 0 never is)
-    try:
-        while done_upto < len(tokens) - 1:
-            prefix = [bos] if add_bos and start > 0 else []
-            end = min(start + n_ctx - len(prefix), len(tokens))
-            window = prefix + tokens[start:end]
-            # window[i] predicts window[i + 1]; score the ones not yet scored.
-            first = len(prefix) + (done_upto - start)
-            native.llama_memory_clear(memory, True)
-            for b0 in range(0, len(window), _BATCH):
-                chunk = window[b0 : b0 + _BATCH]
-                batch.n_tokens = len(chunk)
-                wanted = []
-                for j, tok in enumerate(chunk):
-                    i = b0 + j
-                    batch.token[j] = tok
-                    batch.pos[j] = i
-                    batch.n_seq_id[j] = 1
-                    batch.seq_id[j][0] = 0
-                    want = first <= i < len(window) - 1
-                    batch.logits[j] = 1 if want else 0
-                    if want:
-                        wanted.append((j, window[i + 1]))
-                if native.llama_decode(ctx, batch) != 0:
-                    raise RuntimeError("llama_decode failed")
-                for j, target in wanted:
-                    ptr = native.llama_get_logits_ith(ctx, j)
-                    logits = np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(n_vocab,))
-                    top = float(logits.max())
-                    nll += top + math.log(float(np.exp(logits - top).sum())) - float(logits[target])
-                    scored += 1
-            done_upto = end - 1
-            start = max(end - half, 0)
-    finally:
-        native.llama_batch_free(batch)
-        native.llama_free(ctx)
-        native.llama_model_free(model)
-    return math.exp(nll / scored), scored
+    while done_upto < len(tokens) - 1:
+        prefix = [bos] if add_bos and start > 0 else []
+        end = min(start + n_ctx - len(prefix), len(tokens))
+        window = prefix + tokens[start:end]
+        # window[i] predicts window[i + 1]; score the ones not yet scored.
+        first = len(prefix) + (done_upto - start)
+        native.llama_memory_clear(memory, True)
+        for b0 in range(0, len(window), _BATCH):
+            for term in _score_batch(native, ctx, vocab, batch, window, b0, first):
+                nll += term  # one token at a time, in order: the sum is the same to the last bit
+                scored += 1
+        done_upto = end - 1
+        start = max(end - half, 0)
+    return nll, scored
+
+
+def _score_batch(native: Any, ctx: Any, vocab: Any, batch: Any, window: list[int], b0: int,
+                 first: int) -> list[float]:
+    """Child side: decodes ``window[b0 : b0 + _BATCH]``; the negative log-likelihood of each
+    position from ``first`` on (of the token after it)."""
+    import ctypes
+
+    import numpy as np
+
+    n_vocab = native.llama_vocab_n_tokens(vocab)
+    chunk = window[b0 : b0 + _BATCH]
+    batch.n_tokens = len(chunk)
+    wanted = []
+    for j, tok in enumerate(chunk):
+        i = b0 + j
+        batch.token[j] = tok
+        batch.pos[j] = i
+        batch.n_seq_id[j] = 1
+        batch.seq_id[j][0] = 0
+        want = first <= i < len(window) - 1
+        batch.logits[j] = 1 if want else 0
+        if want:
+            wanted.append((j, window[i + 1]))
+    if native.llama_decode(ctx, batch) != 0:
+        raise RuntimeError("llama_decode failed")
+    terms = []
+    for j, target in wanted:
+        ptr = native.llama_get_logits_ith(ctx, j)
+        logits = np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(n_vocab,))
+        top = float(logits.max())
+        terms.append(top + math.log(float(np.exp(logits - top).sum())) - float(logits[target]))
+    return terms
 
 
 def perplexity(
