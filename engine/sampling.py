@@ -2,8 +2,9 @@
 
 Child side only (imports llama_cpp lazily, through the ``llama_cpp`` module handed in). The chain is
 built with llama.cpp's own samplers, in the order llama-cpp-python uses: repetition penalties, the
-logit bias, the grammar (GBNF, or one built from a JSON schema), then greedy, or top-k / typical /
-top-p / min-p / temperature / a seeded draw. ``llama_sampler_sample`` samples *and* accepts the token
+logit bias, then greedy, or top-k / typical / top-p / min-p / temperature / a seeded draw; the
+grammar (GBNF, or one built from a JSON schema) checks the chosen token and resamples only when it
+refuses it (ChainSampler._sample_constrained). ``llama_sampler_sample`` samples *and* accepts the token
 into the chain (the grammar and the penalties advance), so the chain's state always follows the
 tokens actually kept: speculative verification samples row after row and stops at the first
 mismatch, and a rejected draft never reaches it.
@@ -45,12 +46,21 @@ class ChainSampler:
         grammar = _grammar_text(params)
         chain = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
         self._chain: Any = chain
+        self._grammar: Any = None
         try:
             self._build(params, grammar, seed)
         except BaseException:
             self.close()
             raise
         self.constrained = grammar is not None
+        if self.constrained:
+            # Candidate arrays for sampling by hand (see sample): the whole vocabulary, and one.
+            import numpy as np
+
+            self._data = (lc.llama_token_data * self.n_vocab)()
+            self._view = np.ctypeslib.as_array(self._data)
+            self._ids = np.arange(self.n_vocab, dtype=self._view["id"].dtype)
+            self._one = (lc.llama_token_data * 1)()
 
     def _build(self, params: Any, grammar: str | None, seed: int) -> None:
         lc, chain = self._lc, self._chain
@@ -71,7 +81,7 @@ class ChainSampler:
             if not sampler:
                 what = "json_schema" if params.json_schema is not None else "grammar"
                 raise EngineError(f"{what}: llama.cpp could not parse the grammar (is there a rule named root?)")
-            lc.llama_sampler_chain_add(chain, sampler)
+            self._grammar = sampler  # kept out of the chain: see sample
         if params.temperature == 0.0:
             lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_greedy())
             return
@@ -84,8 +94,48 @@ class ChainSampler:
 
     def sample(self, idx: int) -> int:
         """Samples the token after row ``idx`` of the last batch's logits (-1: the last row) and
-        accepts it into the chain."""
-        return int(self._lc.llama_sampler_sample(self._chain, self._llm._ctx.ctx, idx))
+        accepts it into the chain (and the grammar)."""
+        if self._grammar is None:
+            return int(self._lc.llama_sampler_sample(self._chain, self._llm._ctx.ctx, idx))
+        return self._sample_constrained(idx)
+
+    def _sample_constrained(self, idx: int) -> int:
+        """Grammar last, as llama.cpp's own samplers do: checking a grammar against the whole
+        vocabulary costs ~100 ms a token with a 262k-token vocabulary, so the token is first
+        sampled without it and kept if the grammar accepts it; only when it does not is the
+        grammar applied to every candidate and the token sampled again. Under greedy decoding
+        that is exactly the best token the grammar allows; under sampling, a token the grammar
+        allows is drawn with its unconstrained probability, the rest renormalized."""
+        lc = self._lc
+        token = self._apply(idx, grammar=False)
+        one = self._one
+        one[0].id, one[0].logit, one[0].p = token, 1.0, 0.0
+        single = lc.llama_token_data_array(data=one, size=1, selected=-1, sorted=False)
+        lc.llama_sampler_apply(self._grammar, ctypes.byref(single))
+        if one[0].logit == float("-inf"):
+            token = self._apply(idx, grammar=True)
+        lc.llama_sampler_accept(self._grammar, token)
+        lc.llama_sampler_accept(self._chain, token)
+        return token
+
+    def _apply(self, idx: int, grammar: bool) -> int:
+        """Runs the chain (after the grammar, if ``grammar``) over row ``idx``; returns its choice."""
+        import numpy as np
+
+        lc = self._lc
+        pointer = lc.llama_get_logits_ith(self._llm._ctx.ctx, idx)
+        logits = np.ctypeslib.as_array(ctypes.cast(pointer, ctypes.POINTER(ctypes.c_float)), shape=(self.n_vocab,))
+        view = self._view
+        view["id"] = self._ids
+        view["logit"] = logits
+        view["p"] = 0.0
+        candidates = lc.llama_token_data_array(data=self._data, size=self.n_vocab, selected=-1, sorted=False)
+        if grammar:
+            lc.llama_sampler_apply(self._grammar, ctypes.byref(candidates))
+        lc.llama_sampler_apply(self._chain, ctypes.byref(candidates))
+        if candidates.selected < 0:
+            raise EngineError("sampling chose no token (the grammar allows none here)")
+        return int(candidates.data[candidates.selected].id)
 
     def logprobs(self, idx: int, token: int, top: int, piece: Any) -> tuple[float, tuple[tuple[str, float], ...]]:
         """The log-probability of ``token`` at row ``idx`` and the ``top`` most likely tokens there.
@@ -118,6 +168,9 @@ class ChainSampler:
         if self._chain is not None:
             self._lc.llama_sampler_free(self._chain)
             self._chain = None
+        if self._grammar is not None:
+            self._lc.llama_sampler_free(self._grammar)
+            self._grammar = None
 
     def __enter__(self) -> ChainSampler:
         return self
