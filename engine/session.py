@@ -22,8 +22,8 @@ from typing import Any
 
 from engine.context import ContextPlan, Message, OverflowPolicy, effective_reserve, plan_context, system_message
 from engine.cpu_backend import AMX_TAGS, BackendInfo, BackendState, safe_variant
-from engine.errors import EngineCrashed, ModelLoadError
-from engine.events import Event, Stats
+from engine.errors import ContextOverflow, EngineCrashed, EngineError, ModelLoadError
+from engine.events import Event, Finished, Stats
 from engine.fit import kv_cache_bytes
 from engine.gguf import GgufInfo, read_gguf_info
 from engine.kv_cache import KvCacheConfig, KvKey, KvRequest
@@ -399,6 +399,72 @@ class ChatSession:
             prompt = turn.render([*([head] if head is not None else []), *messages])
             reserve = effective_reserve(self.info.n_ctx, min(self.reply_reserve, params.max_tokens))
             return self.info.n_ctx - reserve - len(self._tokenize_prompt(prompt))
+
+    # raw prompts (the legacy /v1/completions) ---------------------------------------------------
+    def tokenize_prompt(self, text: str) -> list[int]:
+        """A raw prompt's tokens as the model reads it: special tokens parsed, and a BOS first where
+        the model wants one and the text has none. Starts the worker if needed."""
+        with self._lock:
+            self._ensure_worker()
+            return list(self._tokenize_prompt(text))
+
+    def pieces(self, tokens: Sequence[int]) -> list[str]:
+        """The text of each token. Starts the worker if needed."""
+        with self._lock:
+            self._ensure_worker()
+            assert self._worker is not None
+            return self._worker.pieces(tokens)
+
+    def complete(
+        self,
+        prompt: str | Sequence[int],
+        params: GenerationParams | None = None,
+        cancel: threading.Event | None = None,
+    ) -> Iterator[Event]:
+        """Generates from a raw prompt (text, or token ids), with no chat template, no tools and
+        no reply shaping; yields the worker's ``PrefillProgress`` and ``Token`` events, then
+        ``Stats`` (``template`` ``"raw"``) and ``Finished`` with the text.
+
+        The session's lock is held throughout, so a chat turn on the same session (the GUI sharing
+        it with ``glassbox serve``) never talks to the worker at the same time, and no
+        conversation's saved KV cache goes with the prompt.
+
+        Raises:
+            ContextOverflow: the prompt and ``params.max_tokens`` do not fit the window.
+            EngineError: the prompt is empty.
+            EngineCrashed: the worker died; the next call starts a fresh one (on the safe CPU
+                variant when the CPU code crashed).
+        """
+        params = params or GenerationParams()
+        with self._lock:
+            self._ensure_worker()
+            assert self.info is not None
+            tokens = list(self._tokenize_prompt(prompt)) if isinstance(prompt, str) else list(prompt)
+            if not tokens:
+                raise EngineError("the prompt is empty")
+            n_ctx = self.info.n_ctx
+            if len(tokens) + params.max_tokens > n_ctx:
+                raise ContextOverflow(
+                    f"the prompt ({len(tokens)} tokens) and max_tokens ({params.max_tokens}) do not fit "
+                    f"the context window of {n_ctx} tokens"
+                )
+            free = n_ctx - len(tokens) - params.max_tokens
+            plan = ContextPlan([], 0, len(tokens), {"current": len(tokens), "reserve": params.max_tokens, "free": free})
+            self.last_prompt = tokens
+            try:
+                worker = self._worker
+                assert worker is not None
+                self._configure_kv(None)
+                result = yield from worker.generate(tokens, params, cancel)
+            except EngineCrashed as exc:
+                self._worker = None
+                self.last_prompt = []
+                if exc.cpu_fault:
+                    self.load_params = self._after_cpu_fault(exc, self.load_params)  # raises on the safe one
+                raise
+            stats = dataclasses.replace(self._stats(result, plan), template="raw")
+            yield stats
+            yield Finished(reason=result.reason, stats=stats, text=result.text)  # type: ignore[arg-type]
 
     def _configure_kv(self, cache_key: KvKey | None) -> None:
         """Tells the worker which saved KV cache this turn uses (only when that changes)."""

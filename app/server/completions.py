@@ -77,7 +77,6 @@ def _is_id(value: Any) -> bool:
 
 def _tokens(backend: Any, prompt: _Prompt, limit: int) -> list[int]:
     """A prompt's token ids, as the model reads it (a BOS first where the model wants one)."""
-    info = backend.info
     if prompt.tokens is not None:
         vocab = n_vocab(backend)
         if vocab is not None and any(t >= vocab for t in prompt.tokens):
@@ -86,48 +85,8 @@ def _tokens(backend: Any, prompt: _Prompt, limit: int) -> list[int]:
     text = prompt.text or ""
     if len(text) > limit:
         raise HttpError(400, f"'prompt' is longer than {limit} characters, the most allowed per request")
-    bos = getattr(info, "bos_token", None)
-    add_bos = bool(getattr(info, "add_bos", False)) and not (bos and text.startswith(bos))
-    tokens: list[int] = backend.worker.tokenize(text, add_bos=add_bos, special=True)
+    tokens: list[int] = backend.tokenize_prompt(text)
     return tokens
-
-
-def raw_events(backend: Any, tokens: Sequence[int], params: Any, cancel: threading.Event) -> Iterator[Any]:
-    """The worker's events for a raw prompt (no chat template), then Stats and Finished.
-
-    The session's own lock is held while the worker generates, so that a GUI sharing this session
-    (the API-server toggle) never talks to the worker at the same time.
-    """
-    from engine.events import Finished, Stats
-
-    backend.load()  # restarts a worker that crashed on an earlier request
-    # WORKAROUND: ChatSession has no public raw-prompt generation yet; what its stream() does around
-    # the worker is done here: hold its lock (the GUI may share this session), and tell the worker
-    # that no conversation's saved KV cache goes with this prompt (a chat turn may have set one).
-    lock = getattr(backend, "_lock", None)
-    with lock if lock is not None else threading.Lock():
-        configure = getattr(backend, "_configure_kv", None)
-        if configure is not None:
-            configure(None)
-        worker = backend.worker
-        result = yield from worker.generate(list(tokens), params, cancel)
-    new = result.prompt_tokens - result.cached_tokens
-    decoded = max(result.completion_tokens - 1, 0)
-    stats = Stats(
-        n_ctx=backend.info.n_ctx,
-        prompt_tokens=result.prompt_tokens,
-        cached_tokens=result.cached_tokens,
-        completion_tokens=result.completion_tokens,
-        context_used=result.n_past,
-        ttft_ms=round(result.ttft_ms, 2),
-        prefill_ms=round(result.prefill_ms, 2),
-        decode_ms=round(result.decode_ms, 2),
-        prefill_tps=round(new / (result.prefill_ms / 1000), 2) if result.prefill_ms > 0 else 0.0,
-        decode_tps=round(decoded / (result.decode_ms / 1000), 2) if result.decode_ms > 0 and decoded else 0.0,
-        template="raw",
-    )
-    yield stats
-    yield Finished(reason=result.reason, stats=stats, text=result.text)
 
 
 def _logprobs(tokens: Sequence[Any], top: int, offset: int) -> dict[str, Any]:
@@ -172,7 +131,7 @@ def handle(handler: Handler) -> None:
     extra = {"logprobs": max(top, 1)} if top is not None else {}
     max_new = body.get("max_tokens", DEFAULT_MAX_TOKENS)
     params = fields.generation_params(body, max_new, n_vocab(state.backend), **extra)
-    if getattr(state.backend, "worker", None) is None or getattr(state.backend, "info", None) is None:
+    if not callable(getattr(state.backend, "complete", None)):
         raise HttpError(400, "/v1/completions needs a local model; this server serves a remote one", param="prompt")
     stream = fields.flag(body, "stream")
     stream_options = body.get("stream_options")
@@ -203,7 +162,7 @@ def handle(handler: Handler) -> None:
 def _echo_text(backend: Any, prompt: _Prompt, tokens: list[int]) -> str:
     if prompt.text is not None:
         return prompt.text
-    return "".join(map_errors(lambda: backend.worker.pieces(tokens)))
+    return "".join(map_errors(lambda: backend.pieces(tokens)))
 
 
 class _Run:
@@ -234,7 +193,9 @@ class _Run:
         backend = self.handler.state.backend
         tokens = self.encoded[choice // self.n]
         params = fields.seeded(self.params, choice % self.n)
-        return self.handler.generation(raw_events(backend, tokens, params, self.cancel), self.cancel)
+        # ChatSession.complete holds the session's lock (a GUI sharing it never talks to the worker
+        # at the same time) and sends no conversation's saved KV cache with the prompt.
+        return self.handler.generation(backend.complete(tokens, params, self.cancel), self.cancel)
 
     def _document(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
         model = self.handler.state.model_id

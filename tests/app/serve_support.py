@@ -4,8 +4,9 @@
 each call asked for (params, tools, messages), so a test can check that a field reached the engine.
 It streams what the engine streams: ``Token`` (with log-probabilities when asked), ``Reasoning``
 when the user's text holds "think", ``ToolCall`` when tools are offered (the call chosen by
-``tool_choice``, or the first tool), then ``Stats`` and ``Finished``. Its ``worker`` lets
-``/v1/completions`` run: tokens are the prompt's bytes, the reply the prompt's words reversed.
+``tool_choice``, or the first tool), then ``Stats`` and ``Finished``. Its ``complete`` (over its
+``worker``) lets ``/v1/completions`` run: tokens are the prompt's bytes, the reply the prompt's
+words reversed.
 """
 
 from __future__ import annotations
@@ -100,6 +101,21 @@ class ScriptedBackend:
 
     def close(self) -> None:
         pass
+
+    def tokenize_prompt(self, text: str) -> list[int]:
+        return self.worker.tokenize(text, add_bos=self.info.add_bos, special=True)
+
+    def pieces(self, tokens: Sequence[int]) -> list[str]:
+        return self.worker.pieces(tokens)
+
+    def complete(
+        self, prompt: Sequence[int], params: GenerationParams | None = None, cancel: threading.Event | None = None
+    ) -> Iterator[Event]:
+        """As ``ChatSession.complete``: the worker's events, then Stats and Finished."""
+        result = yield from self.worker.generate(list(prompt), params or GenerationParams(), cancel)
+        stats = Stats(prompt_tokens=result.prompt_tokens, completion_tokens=result.completion_tokens, template="raw")
+        yield stats
+        yield Finished(result.reason, stats, result.text)  # type: ignore[arg-type]
 
     def stream(
         self,
