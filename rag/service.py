@@ -24,6 +24,7 @@ from __future__ import annotations
 import itertools
 import logging
 import multiprocessing
+import os
 import pickle
 import signal
 import threading
@@ -270,7 +271,8 @@ class KnowledgeService:
             else:
                 pending.error = payload
             pending.done.set()
-        proc.join(timeout=2)
+        if not self._closed:  # else close() joins it: two threads waiting on one child race for its status
+            proc.join(timeout=2)
         code = proc.exitcode
         with self._lock:
             if self._conn is conn:
@@ -506,10 +508,16 @@ def serve(conn: Connection, root: str, embedder_path: str | None, chroma_url: st
     # Ctrl+C in a terminal reaches the whole process group; the parent decides when we stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     child = _Child(conn, root, embedder_path, chroma_url)
+    started = time.monotonic()
     try:
         child.run()
     finally:
         conn.close()
+    log.debug("knowledge process done after %.1f s", time.monotonic() - started)
+    # Everything is committed and closed (the registry, Chroma, the parser children): skip the
+    # interpreter's teardown of torch and chromadb, which took seconds the app waited for.
+    logging.shutdown()
+    os._exit(0)
 
 
 __all__ = ["CALLS", "JOB_CALLS", "KnowledgeService", "LocalService", "Service", "dispatch", "serve", "unique_name"]

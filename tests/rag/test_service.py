@@ -60,7 +60,11 @@ def test_the_service_indexes_and_answers_in_a_child(tmp_path: Path, embedder_pat
         with pytest.raises(KnowledgeBaseError, match="nope"):
             service.call("get", "nope")
         assert service.pid is not None and service.pid != os.getpid()
+        proc = service._proc
+        started = time.monotonic()
     assert service.pid is None
+    assert proc.exitcode == 0  # it finished by itself, it was not killed
+    print(f"closed in {time.monotonic() - started:.2f} s")
 
 
 def test_cancel_reaches_the_child(tmp_path: Path, embedder_path: Path) -> None:
