@@ -38,6 +38,7 @@ from app.paths import Paths  # noqa: E402
 from app.server.http import start_server  # noqa: E402
 from engine.events import Finished, Token  # noqa: E402
 from engine.remote import RemoteSession  # noqa: E402
+from engine.remote_request import chat_payload  # noqa: E402
 from engine.runtime import GenerationParams, LoadParams  # noqa: E402
 from engine.session import ChatSession  # noqa: E402
 from engine.starter import install_starter_model  # noqa: E402
@@ -240,7 +241,8 @@ def bench_remote(model: Path, args: argparse.Namespace) -> dict[str, Any]:
         remote = RemoteSession(url, "bench", n_ctx=args.n_ctx)
         remote.load()
         # The exact request RemoteSession sends, so both sides ask for the same work.
-        payload = remote._payload([_user(PROMPT)], params)
+        payload = chat_payload(remote.model, [_user(PROMPT)], params, llama_family=remote.llama_family,
+                               base_url=remote.base_url)
         client = httpx.Client(timeout=300)
         try:
 
