@@ -142,7 +142,10 @@ class KnowledgePanel(QWidget):
         rl.setSpacing(8)
         self.heading = QLabel("<h2>Knowledge</h2>")
         rl.addWidget(self.heading)
-        self.summary = QLabel("Drop files or folders anywhere on the window, or create a knowledge base.")
+        self.summary = QLabel(
+            "Create a knowledge base and add files, then use it in a chat from the chat's Documents button; "
+            "or drop files or folders anywhere on the window."
+        )
         self.summary.setObjectName("explain")
         make_wrapping(self.summary)
         rl.addWidget(self.summary)
