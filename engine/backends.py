@@ -2,8 +2,13 @@
 
 :class:`~engine.session.ChatSession` (a GGUF in a local worker process) and
 :class:`~engine.remote.RemoteSession` (a model on an OpenAI-compatible server) both satisfy
-:class:`ChatBackend` structurally, so the chat adapter, the CLI and ``glassbox serve`` can hold either
-and stream the same events (:mod:`engine.events`) from it.
+:class:`ChatBackend` structurally, so the chat adapter, the CLI, the agent loop
+(:mod:`engine.agent`) and ``glassbox serve`` can hold either and stream the same events
+(:mod:`engine.events`) from it. The assignments at the end of this module make mypy prove it: a
+backend whose ``stream`` drops or renames a keyword fails ``mypy engine``.
+
+What only a local model has (raw-prompt ``complete``, ``result_room``, the worker) is not part of
+the Protocol; callers that use it check for it.
 """
 
 from __future__ import annotations
@@ -14,7 +19,10 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from engine.context import Message
 from engine.events import Event
+from engine.kv_cache import KvKey
 from engine.runtime import GenerationParams
+from engine.session import PromptView
+from engine.tools import ToolSpec
 
 
 @runtime_checkable
@@ -33,18 +41,35 @@ class ChatBackend(Protocol):
     def stream(
         self,
         history: Sequence[Message],
-        user: str,
+        user: str | None,
         params: GenerationParams | None = None,
         *,
         system: str | None = None,
         documents: str | None = None,
         cancel: threading.Event | None = None,
+        cache_key: KvKey | None = None,
+        tools: Sequence[ToolSpec] = (),
+        tool_choice: str | None = None,
+        thinking: bool | None = None,
+        reasoning_effort: str | None = None,
+        thinking_budget: int | None = None,
     ) -> Iterator[Event]:
-        """Generates the reply to ``user`` after ``history``."""
+        """Generates the reply to ``user`` after ``history`` (``user=None``: continues the last
+        turn, after a ``tool`` message).
+
+        ``cache_key`` names the conversation's saved KV cache (a server keeps its own);
+        ``tools`` are offered under ``tool_choice`` (``auto``, ``none``, ``required`` or a function
+        name); ``thinking`` and ``reasoning_effort`` are the template's switches;
+        ``thinking_budget`` caps the thinking in tokens (a backend that cannot raises EngineError).
+        """
         ...
 
     def count_text(self, text: str) -> int:
         """Tokens of a plain text (estimated for servers without a tokenizer)."""
+        ...
+
+    def prompt_view(self) -> PromptView:
+        """The last prompt's tokens and their text (empty where the backend does not show them)."""
         ...
 
     def close(self) -> None:
@@ -56,7 +81,6 @@ if TYPE_CHECKING:
     from engine.remote import RemoteSession
     from engine.session import ChatSession
 
-
-def _both_backends_conform(local: ChatSession, remote: RemoteSession) -> tuple[ChatBackend, ChatBackend]:
-    """Never called: mypy proves here that both sessions satisfy :class:`ChatBackend`."""
-    return local, remote
+    # Never run: mypy proves here that both sessions satisfy ChatBackend, keyword for keyword.
+    _local: type[ChatBackend] = ChatSession
+    _remote: type[ChatBackend] = RemoteSession

@@ -17,7 +17,7 @@ so the app treats local and remote models alike:
   (the one that reads it), else an EngineError says so; the thinking switch as
   ``chat_template_kwargs.enable_thinking`` (llama.cpp, vLLM) and ``reasoning_effort`` as is
   (:mod:`engine.remote_request` builds the body). A server that refuses one answers with its own
-  400, which the error names;
+  400, which the error names; a thinking budget in tokens has no OpenAI field and is refused here;
 * Stop closes the response: the cancel event is checked between SSE chunks, and the server sees the
   disconnect and stops generating;
 * HTTP failures become the engine's typed errors: an unreachable server and a 5xx are
@@ -339,22 +339,29 @@ class RemoteSession:
         tool_choice: str | None = None,
         thinking: bool | None = None,
         reasoning_effort: str | None = None,
+        thinking_budget: int | None = None,
     ) -> Iterator[Event]:
         """Streams the server's reply to ``user`` after ``history``; ends with Finished.
 
         ``user=None`` continues the last turn of ``history`` (after a ``tool`` message). ``tools``,
         ``tool_choice``, ``thinking`` and ``reasoning_effort`` go to the server (see the module
         docstring); ``cache_key`` names a local KV cache and means nothing here (the server keeps
-        its own cache).
+        its own cache). A ``thinking_budget`` is refused: OpenAI's API has no such field, and the
+        server decodes on its own.
 
         Raises:
             EngineError: the server is unreachable, refuses the key or a field, fails or drops the
                 stream; a ``tool_choice`` that needs tools or names none offered; a ``grammar`` for a
-                server outside llama.cpp's family.
+                server outside llama.cpp's family; a ``thinking_budget``.
             ModelLoadError: the server does not offer the model.
             ContextOverflow: the conversation does not fit (here, or as the server says).
         """
         del cache_key
+        if thinking_budget is not None:
+            raise EngineError(
+                f"{self.base_url}: a thinking budget needs a local model (a server decodes on its own); "
+                "turn the thinking on or off instead"
+            )
         params = params or GenerationParams()
         choice = normalize_tool_choice(tool_choice, tools)
         with self._lock:

@@ -1,0 +1,38 @@
+"""Both backends keep :class:`engine.backends.ChatBackend`'s shape (mypy proves the types in
+engine/backends.py; this checks the names, kinds and defaults at run time too), and what the remote
+one cannot do is refused, not ignored."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from engine.backends import ChatBackend
+from engine.errors import EngineError
+from engine.remote import RemoteSession
+from engine.session import ChatSession
+
+METHODS = ("load", "stream", "count_text", "prompt_view", "close")
+
+
+@pytest.mark.parametrize("backend", [ChatSession, RemoteSession])
+@pytest.mark.parametrize("method", METHODS)
+def test_each_backend_takes_every_keyword_of_the_protocol(backend: type, method: str) -> None:
+    wanted = inspect.signature(getattr(ChatBackend, method)).parameters
+    given = inspect.signature(getattr(backend, method)).parameters
+    for name, parameter in wanted.items():
+        assert name in given, f"{backend.__name__}.{method} has no {name!r}"
+        assert given[name].kind == parameter.kind, f"{backend.__name__}.{method}: {name!r} is {given[name].kind}"
+        assert given[name].default == parameter.default, f"{backend.__name__}.{method}: {name!r} default"
+    extra = [n for n, p in given.items() if n not in wanted and p.default is inspect.Parameter.empty]
+    assert extra == [], f"{backend.__name__}.{method} needs more than the protocol gives: {extra}"
+
+
+def test_a_remote_backend_refuses_a_thinking_budget_with_one_line() -> None:
+    session = RemoteSession("http://127.0.0.1:9", "m")  # never contacted: refused before any request
+    try:
+        with pytest.raises(EngineError, match=r"^http://127\.0\.0\.1:9: a thinking budget needs a local model"):
+            list(session.stream([], "hi", thinking_budget=64))
+    finally:
+        session.close()
