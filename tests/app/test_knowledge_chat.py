@@ -77,6 +77,20 @@ def test_the_documents_button_elides_and_never_widens_the_header(qtbot: Any) -> 
     assert f"{names[0]} (missing)" in labels
 
 
+def test_many_attached_knowledge_bases_never_widen_the_window(qtbot: Any, paths: Paths) -> None:
+    w = make_window(paths, None, probe_bandwidth=False)
+    qtbot.addWidget(w)
+    names = [f"A knowledge base with a very long name number {i}" for i in range(8)]
+    w.documents_bar.set_available(names)
+    w.documents_bar.set_attached(names)
+    w.show()
+    QApplication.processEvents()
+    assert w.minimumSizeHint().width() <= 1024
+    assert w.documents_bar.button.width() <= 240
+    assert all(name in w.documents_bar.button.toolTip() for name in names)
+    w.shutdown()
+
+
 def _window(qtbot: Any, paths: Paths, embedder_path: Path, sessions: list[FakeSession], reply: str) -> Any:
     def factory(request: Any, bandwidth: float | None) -> FakeSession:
         sessions.append(FakeSession(request, bandwidth, reply=reply))
