@@ -37,12 +37,15 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal
 
 from engine.context import Message, truncate_to_tokens
 from engine.errors import EngineError
 from engine.events import Event, Finished, ToolCall
 from engine.tools import ToolProvider, ToolResult, ToolSpec, check_tools
+
+if TYPE_CHECKING:
+    from engine.backends import ChatBackend
 
 Decision = Literal["once", "always", "deny"]
 Approval = Literal["allowed", "always", "allow-listed", "denied", "unknown-tool", "invalid-arguments",
@@ -53,28 +56,6 @@ RESULT_SLACK_TOKENS = 32
 MEASURED_SLACK_TOKENS = 8
 """Tokens kept aside per result when the room is measured (text joined to a header may tokenize
 a little differently from the two apart)."""
-
-
-class ToolBackend(Protocol):
-    """What the loop needs of a chat backend (engine.session.ChatSession satisfies it)."""
-
-    def stream(
-        self,
-        history: Sequence[Message],
-        user: str | None,
-        params: Any = None,
-        *,
-        system: str | None = None,
-        documents: str | None = None,
-        cancel: threading.Event | None = None,
-        tools: Sequence[ToolSpec] = (),
-        tool_choice: str | None = None,
-        thinking: bool | None = None,
-        reasoning_effort: str | None = None,
-        **options: Any,
-    ) -> Iterator[Event]: ...
-
-    def count_text(self, text: str) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -159,7 +140,7 @@ class Agent:
     """Runs the loop over one backend and a set of tool providers.
 
     Args:
-        backend: the chat backend (a ChatSession).
+        backend: the chat backend (a ChatSession or a RemoteSession).
         providers: who runs the tools; their tools are offered together (names must not repeat).
         approve: asked before each call not on the allow list; None refuses every such call.
         allow: names of the tools that run without asking (updated by ``"always"``).
@@ -175,7 +156,7 @@ class Agent:
 
     def __init__(
         self,
-        backend: ToolBackend,
+        backend: ChatBackend,
         providers: Sequence[ToolProvider],
         *,
         approve: Callable[[ToolCall, ToolSpec], Decision] | None = None,
