@@ -510,6 +510,8 @@ class ChatView(QScrollArea):
                         self._streaming = None
             return
         self._evicted = evicted
+        # Calls of the streaming reply still waiting for the user move to its new card (below).
+        waiting = self._streaming.agent_parts.take_pending() if self._streaming is not None else []
         for card in self.cards:
             card.setParent(None)
             card.deleteLater()
@@ -537,6 +539,11 @@ class ChatView(QScrollArea):
                 self._streaming = card
                 card.set_streaming(True)
                 card.set_text("".join(self._stream_text))
+                for request in waiting:
+                    card.agent_parts.add_approval(request)
+                waiting = []
+        for request in waiting:  # the reply is not shown any more: its calls are refused, never left waiting
+            request.answer("deny")
         self.empty.setVisible(not messages)
         if self._reveal is not None and self.card_for(self._reveal[0]) is not None:
             message_id, terms = self._reveal

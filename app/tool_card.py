@@ -275,22 +275,18 @@ class AgentPartsWidget(QWidget):
         """Shows a stored reply's calls and thinking (``stats`` of the history)."""
         stats = stats or {}
         steps: Sequence[Mapping[str, Any]] = stats.get("tool_steps") or []
-        if [c.step for c in self.cards] != [dict(s) for s in steps] or self.approvals:
-            self.clear()
+        if [c.step for c in self.cards] != [dict(s) for s in steps]:
+            for card in self.cards:  # approvals still waiting stay (a reply saved mid-turn)
+                card.setParent(None)
+                card.deleteLater()
+            self.cards.clear()
             for step in steps:
                 self.add_step(step)
+        self.setVisible(bool(self.cards or self.approvals))
         reasoning = stats.get("reasoning") or {}
         self._live_reasoning = []
         self.fold.set_reasoning(str(reasoning.get("text", "")), int(reasoning.get("tokens", 0) or 0),
                                 float(reasoning.get("ms", 0.0) or 0.0))
-
-    def clear(self) -> None:
-        for widget in (*self.cards, *self.approvals):
-            widget.setParent(None)
-            widget.deleteLater()
-        self.cards.clear()
-        self.approvals.clear()
-        self.setVisible(False)
 
     def add_step(self, step: Mapping[str, Any]) -> ToolCallCardWidget:
         """A call was handled: its card takes the place of its approval card, if any."""
@@ -311,6 +307,10 @@ class AgentPartsWidget(QWidget):
         self.approvals.append(card)
         self.setVisible(True)
         return card
+
+    def take_pending(self) -> list[Any]:
+        """The requests still waiting for the user (the card is about to be rebuilt)."""
+        return [card.request for card in self.approvals if card.pending and not card.request.gate.answered]
 
     def expire_approvals(self) -> None:
         for card in self.approvals:

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from gui_support import FakeSession, make_window
 from PySide6.QtCore import Qt
+from shiboken6 import isValid
 
 from app.paths import Paths
 from app.workers.chat_adapter import ChatState, ModelState
@@ -405,3 +406,26 @@ def test_a_thinking_budget_on_a_session_without_one_is_a_clear_error(qtbot: Any,
     worker._on_generate_requested(GenerateRequest(1, (), "hi", None, thinking_budget=64))
     assert len(failed) == 1 and "thinking budget needs a local model" in str(failed[0])
     worker._on_shutdown_requested()
+
+
+def test_a_waiting_call_survives_a_redrawn_transcript_and_leaving_the_chat_refuses_it(
+    qtbot: Any, open_window: Any, toolset: FakeToolSet
+) -> None:
+    w = open_window()
+    w.tools_button.set_tools_on(True)
+    type_and_send(qtbot, w, "What is 2 + 3?")
+    first = pending_approval(qtbot, w)
+    # The transcript is rebuilt while the call waits (here: an eviction marker appears).
+    w.chat_view.set_thread(list(w.chat.thread_messages), evicted=1)
+    qtbot.waitUntil(lambda: not isValid(first), timeout=5000)
+    again = pending_approval(qtbot, w)
+    assert again is not first and again.request.call_id == first.request.call_id
+    again.decide("once")
+    wait_idle(qtbot, w)
+    assert toolset.ran == [{"a": 2, "b": 3}]
+
+    type_and_send(qtbot, w, "Once more?")
+    pending_approval(qtbot, w)
+    w.chat.new_conversation()  # another chat is shown: nobody can answer, so the call is refused
+    qtbot.waitUntil(lambda: not w.chat.busy, timeout=10000)
+    assert len(toolset.ran) == 1
