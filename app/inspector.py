@@ -38,13 +38,12 @@ from app.inspector_widgets import (
     SpeedChart,
     TokensView,
     WallMeter,
-    format_bytes,
-    format_duration,
     format_tps,
 )
 from app.theme import LIGHT, ThemeColors
+from engine.units import format_bytes, format_duration
 
-__all__ = ["SEGMENTS", "InspectorPanel", "format_bytes", "format_duration", "format_tps"]
+__all__ = ["SEGMENTS", "InspectorPanel", "format_tps"]
 
 
 def _get(stats: Any, key: str, default: Any = None) -> Any:

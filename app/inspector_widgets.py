@@ -1,6 +1,7 @@
 """The inspector's painted pieces: the context map, the decode-speed chart, the memory wall meter
-and the token view, with the number formats they share. Each tells assistive technology what it
-shows (an accessible name, and a description that follows its values)."""
+and the token view, with the tokens/s format they share (sizes and durations: ``engine.units``).
+Each tells assistive technology what it shows (an accessible name, and a description that follows
+its values)."""
 
 from __future__ import annotations
 
@@ -39,27 +40,6 @@ WALL_EXPLANATION = (
     "Decode reads every weight once per token, so memory bandwidth caps the speed: "
     "tokens/s ≤ bandwidth ÷ (weights + KV cache in use)."
 )
-
-
-def format_bytes(n: float | int | None) -> str:
-    """1536 → '1.5 KiB'."""
-    if n is None:
-        return "—"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} TiB"  # pragma: no cover
-
-
-def format_duration(seconds: float) -> str:
-    """0.09 → '90 ms', 41.2 → '41 s', 130 → '2 min 10 s'."""
-    if seconds < 1:
-        return f"{seconds * 1000:.0f} ms"
-    if seconds < 60:
-        return f"{seconds:.1f} s" if seconds < 10 else f"{seconds:.0f} s"
-    return f"{int(seconds // 60)} min {int(seconds % 60)} s"
 
 
 def format_tps(value: float | None) -> str:

@@ -13,17 +13,11 @@ from PySide6.QtWidgets import QDoubleSpinBox, QFormLayout, QGroupBox, QHBoxLayou
 from shiboken6 import isValid
 
 from app.settings import Settings
-
-
-def format_size(n_bytes: int) -> str:
-    """Decimal units, as the cap is set: ``"41 MB"``, ``"2.3 GB"``."""
-    if n_bytes >= 1e9:
-        return f"{n_bytes / 1e9:.1f} GB"
-    return f"{n_bytes / 1e6:,.0f} MB" if n_bytes >= 1e6 else f"{n_bytes / 1e3:,.0f} kB"
+from engine.units import format_bytes
 
 
 class SavedKvCachesWidget(QGroupBox):
-    """The cap (GB, 0: none saved), what is saved now, and a button that removes it all.
+    """The cap (GiB, 0: none saved), what is saved now, and a button that removes it all.
 
     Args:
         settings: the settings shown (``kv_cache_max_gb``).
@@ -38,7 +32,7 @@ class SavedKvCachesWidget(QGroupBox):
         self.cap.setRange(0.0, 100_000.0)
         self.cap.setDecimals(1)
         self.cap.setSingleStep(1.0)
-        self.cap.setSuffix(" GB")
+        self.cap.setSuffix(" GiB")
         self.cap.setSpecialValueText("off: chats are not saved with their KV cache")
         self.cap.setValue(settings.kv_cache_max_gb)
         self.cap.setToolTip(
@@ -88,7 +82,7 @@ class SavedKvCachesWidget(QGroupBox):
         def cleared(freed: int) -> None:
             if isValid(self):
                 self.clear_button.setEnabled(True)
-                self.usage.setText(f"none (cleared {format_size(freed)})")
+                self.usage.setText(f"none (cleared {format_bytes(freed)})")
 
         run_in_background(lambda: KvCacheStore(folder).clear(), cleared, self._show_error)
 
@@ -97,7 +91,7 @@ class SavedKvCachesWidget(QGroupBox):
             return
         files, size = usage
         branches = f"{files} chat branch{'es' if files != 1 else ''}"
-        self.usage.setText(f"{branches}, {format_size(size)}" if files else "none")
+        self.usage.setText(f"{branches}, {format_bytes(size)}" if files else "none")
 
     def _show_error(self, exc: BaseException) -> None:
         if isValid(self):

@@ -123,8 +123,8 @@ class Settings(BaseModel):
     api_server_key: str | None = None
     """When set, API requests must send ``Authorization: Bearer <key>`` (the file is always 0600)."""
     kv_cache_max_gb: float = Field(default=4.0, ge=0.0, le=100_000.0)
-    """The KV cache saved with each chat (``paths.kv_cache``): its size cap in GB, least recently
-    used first out; 0 saves none."""
+    """The KV cache saved with each chat (``paths.kv_cache``): its size cap in GiB (the field keeps
+    its first name), least recently used first out; 0 saves none."""
     speculative: Literal["off", "lookup"] = "lookup"
     """Speculative decoding for models without a draft model: prompt lookup, or none."""
     draft_models: dict[str, str] = Field(default_factory=dict)
@@ -132,7 +132,7 @@ class Settings(BaseModel):
 
     @property
     def kv_cache_max_bytes(self) -> int:
-        return int(self.kv_cache_max_gb * 1e9)
+        return int(self.kv_cache_max_gb * 2**30)
 
     _unknown: dict[str, Any] = PrivateAttr(default_factory=dict)
     """Keys of the file this version does not know, with their values as read."""

@@ -236,7 +236,8 @@ class SettingsDialog(QDialog):
         if self._gguf is None:
             self.kv_label.setText("Load a model to see the memory its KV cache needs at this length.")
             return
-        from engine.fit import format_bytes, kv_cache_bytes
+        from engine.fit import kv_cache_bytes
+        from engine.units import format_bytes
 
         n_ctx = self.n_ctx.value()
         kv = kv_cache_bytes(self._gguf, n_ctx)

@@ -41,6 +41,7 @@ from typing import Any, Literal
 
 from engine.gguf import GGML_TYPES, GgufInfo
 from engine.hardware import GpuInfo, HardwareInfo
+from engine.units import format_bytes
 
 __all__ = [
     "CACHE_TYPES",
@@ -51,7 +52,6 @@ __all__ = [
     "estimate_fit",
     "estimate_fit_from_size",
     "expected_decode_tps",
-    "format_bytes",
     "kv_bytes_per_token",
     "kv_cache_bytes",
     "layer_kv_bytes",
@@ -402,16 +402,6 @@ def estimate_fit_from_size(
                            message=f"likely fits in RAM: about {format_bytes(total)}{caveat}{_speed(speed)}")
     return FitEstimate(**common, verdict="no", gpu_layers=0, expected_decode_tps=None,
                        message=f"won't fit: about {format_bytes(total)}, {format_bytes(ram)} usable{caveat}")
-
-
-def format_bytes(n_bytes: int | float) -> str:
-    """A human size in binary units: ``"241.3 MiB"``."""
-    value = float(n_bytes)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(value) < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} GiB"  # pragma: no cover - loop always returns
 
 
 def _speed(tps: float | None) -> str:

@@ -55,8 +55,8 @@ log = logging.getLogger(__name__)
 MAGIC: Final = b"GBKV-CACHE\n"
 FORMAT_VERSION: Final = 1
 SUFFIX: Final = ".kv"
-DEFAULT_MAX_BYTES: Final = 4_000_000_000
-"""The default size cap of the saved caches (4 GB)."""
+DEFAULT_MAX_BYTES: Final = 4 * 2**30
+"""The default size cap of the saved caches (4 GiB, as Settings' default ``kv_cache_max_gb``)."""
 MIN_GAIN_TOKENS: Final = 16
 """A saved state is loaded only when it saves prefilling at least this many tokens."""
 _HEADER_MAX: Final = 64 * 1024

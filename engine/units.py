@@ -1,12 +1,14 @@
 """Sizes, speeds and times left in words: the one way the GUI and the command line print them.
 
 ``format_bytes(253_113_024) == "241.4 MiB"``, ``format_speed(2048) == "2.0 KiB/s"``,
-``format_eta(25) == "25 s left"``. Pure functions of numbers; nothing here reads a clock.
+``format_eta(25) == "25 s left"``, ``format_duration(130) == "2 min 10 s"``. Pure functions of
+numbers; nothing here reads a clock. Sizes are binary (KiB, MiB, GiB) everywhere, a size cap the
+user sets included.
 """
 
 from __future__ import annotations
 
-__all__ = ["format_bytes", "format_eta", "format_speed"]
+__all__ = ["format_bytes", "format_duration", "format_eta", "format_speed"]
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
 
@@ -37,3 +39,12 @@ def format_eta(seconds: float | None) -> str:
     if seconds >= 90:
         return f"{seconds / 60:.0f} min left"
     return f"{seconds:.0f} s left"
+
+
+def format_duration(seconds: float) -> str:
+    """How long something took: ``"90 ms"``, ``"4.2 s"``, ``"41 s"``, ``"2 min 10 s"``."""
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 60:
+        return f"{seconds:.1f} s" if seconds < 10 else f"{seconds:.0f} s"
+    return f"{int(seconds // 60)} min {int(seconds % 60)} s"

@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 
 from app.tasks import SerialExecutor, call_on_gui_thread
 from engine.errors import HistoryError
+from engine.units import format_bytes
 
 log = logging.getLogger(__name__)
 
@@ -37,13 +38,6 @@ SAVE_MARGIN = 2**20
 """Space a history write needs beyond its own text: write-ahead-log frames, index and search pages."""
 SIDE_FILES = ("-wal", "-shm", "-journal")
 _NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)})
-
-
-def _size(n: int) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} bytes"
 
 
 class HistoryDiskFull(HistoryError):
@@ -59,8 +53,8 @@ class HistoryDiskFull(HistoryError):
         self.folder = Path(path).parent
         self.missing = missing
         self.free = free
-        there = f" ({_size(free)} free)" if free is not None else ""
-        super().__init__(path, f"the disk is full: {_size(missing)} more are needed on {self.folder}{there}")
+        there = f" ({format_bytes(free)} free)" if free is not None else ""
+        super().__init__(path, f"the disk is full: {format_bytes(missing)} more are needed on {self.folder}{there}")
 
 
 def is_unreadable(exc: BaseException) -> bool:

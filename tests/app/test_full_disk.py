@@ -21,8 +21,9 @@ from PySide6.QtCore import Qt
 from app.paths import Paths
 from app.workers import chat_adapter
 from app.workers.chat_adapter import ChatState, ModelState
-from app.workers.history_service import SAVE_MARGIN, HistoryDiskFull, HistoryService, _size
+from app.workers.history_service import SAVE_MARGIN, HistoryDiskFull, HistoryService
 from engine.history import HistoryStore
+from engine.units import format_bytes
 from tests.disk_support import fill, mounted_tmpfs
 from tests.engine.gguf_fixtures import build as build_gguf
 
@@ -177,7 +178,7 @@ def test_a_message_the_full_disk_refuses_goes_back_to_the_composer_with_the_spac
     assert w.composer.edit.toPlainText() == text  # not lost: back in the box
     missing = SAVE_MARGIN + 4 * len(text.encode()) - free
     banner = _shown(w.banner)
-    assert f"the disk is full: {_size(missing)} more are needed on {paths.history_db.parent}" in banner
+    assert f"the disk is full: {format_bytes(missing)} more are needed on {paths.history_db.parent}" in banner
     assert "It is back in the box" in banner
     assert disk.refused >= 1
     assert stored_messages(paths) == []  # nothing half-saved either

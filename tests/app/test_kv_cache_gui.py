@@ -59,7 +59,7 @@ def test_a_chat_turn_passes_its_conversation_and_reply_as_the_cache_key(qtbot: A
     w.start()
     qtbot.waitUntil(lambda: w.chat.model_state is ModelState.LOADED, timeout=10000)
     request = sessions[-1].request
-    assert (request.kv_cache_dir, request.kv_cache_max_bytes) == (paths.kv_cache, 2_500_000_000)
+    assert (request.kv_cache_dir, request.kv_cache_max_bytes) == (paths.kv_cache, int(2.5 * 2**30))
     w.composer.edit.setPlainText("Hi there")
     qtbot.keyClick(w.composer.edit, Qt.Key.Key_Return)
     qtbot.waitUntil(lambda: w.chat.state is ChatState.IDLE and w.chat.last_stats is not None, timeout=20000)
@@ -118,11 +118,11 @@ def test_the_settings_dialog_sets_the_cap_and_clears_the_saved_caches(qtbot: Any
     dialog = SettingsDialog(Settings(kv_cache_max_gb=4.0), kv_cache_dir=folder)
     qtbot.addWidget(dialog)
     group = dialog.kv_caches
-    qtbot.waitUntil(lambda: group.usage.text() == "2 chat branches, 3 MB", timeout=5000)
+    qtbot.waitUntil(lambda: group.usage.text() == "2 chat branches, 2.9 MiB", timeout=5000)
     group.cap.setValue(0.5)
     assert dialog.result_settings().kv_cache_max_gb == 0.5
     qtbot.mouseClick(group.clear_button, Qt.MouseButton.LeftButton)
-    qtbot.waitUntil(lambda: group.usage.text().startswith("none (cleared 3 MB"), timeout=5000)
+    qtbot.waitUntil(lambda: group.usage.text().startswith("none (cleared 2.9 MiB"), timeout=5000)
     assert store.usage() == (0, 0) and group.clear_button.isEnabled()
 
 

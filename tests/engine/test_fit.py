@@ -22,7 +22,6 @@ from engine.fit import (
     estimate_fit,
     estimate_fit_from_size,
     expected_decode_tps,
-    format_bytes,
     kv_bytes_per_token,
     kv_cache_bytes,
     layer_kv_bytes,
@@ -285,9 +284,3 @@ def test_estimate_from_file_size_only() -> None:
     assert est.expected_decode_tps == pytest.approx(40e9 / (4 * GIB))
     assert estimate_fit_from_size(40 * GIB, machine(ram_gib=16)).verdict == "no"
     assert estimate_fit_from_size(4 * GIB, machine(gpus=[nvidia(24 * GIB)])).verdict == "gpu"
-
-
-def test_format_bytes() -> None:
-    assert format_bytes(253_113_024) == "241.4 MiB"
-    assert format_bytes(512) == "512 B"
-    assert format_bytes(3 * GIB) == "3.0 GiB"

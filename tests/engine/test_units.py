@@ -1,10 +1,10 @@
-"""engine.units: the one wording of sizes, speeds and times left (the GUI and the CLI both print it)."""
+"""engine.units: the one wording of sizes, speeds, times left and durations (the GUI and the CLI both print it)."""
 
 from __future__ import annotations
 
 import pytest
 
-from engine.units import format_bytes, format_eta, format_speed
+from engine.units import format_bytes, format_duration, format_eta, format_speed
 
 
 @pytest.mark.parametrize(("n", "text"), [
@@ -27,4 +27,12 @@ def test_format_speed() -> None:
 ])
 def test_format_eta(seconds: float | None, text: str) -> None:
     assert format_eta(seconds) == text
+
+
+
+@pytest.mark.parametrize(("seconds", "text"), [
+    (0.0, "0 ms"), (0.09, "90 ms"), (4.21, "4.2 s"), (41.2, "41 s"), (130.0, "2 min 10 s"), (3725.0, "62 min 5 s"),
+])
+def test_format_duration(seconds: float, text: str) -> None:
+    assert format_duration(seconds) == text
 
