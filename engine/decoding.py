@@ -205,8 +205,17 @@ def decode(
     max_new = min(params.max_tokens, n_ctx - llm.n_tokens)
     emitter = _Emitter(lc, llm, piece, params, stops, max_new, cancel, send)
     drafter = make_drafter(params.speculative, prompt, draft_model)
-    if isinstance(drafter, DraftModel) and not drafter.sync(cancel):  # the draft reads the prompt too
-        return DecodeOutcome("cancelled", "", 0, time.perf_counter())
+    if isinstance(drafter, DraftModel):  # the draft reads the prompt too, as abortable as the model
+        with AbortGuard(lc, drafter.llm._ctx.ctx, cancel) as guard:
+            try:
+                synced = drafter.sync(cancel)
+            except RuntimeError:
+                if not guard.fired:
+                    raise
+                drafter.llm._ctx.kv_cache_seq_rm(-1, drafter.llm.n_tokens, -1)
+                synced = False
+        if not synced:
+            return DecodeOutcome("cancelled", "", 0, time.perf_counter())
     draft_cost = drafter.relative_cost if isinstance(drafter, DraftModel) else 0.0
     # GLASSBOX_TEST_DRAFT_FIXED=N: always draft N tokens, so tests and benchmarks can exercise a
     # draft model the policy would rightly not use (one as costly as its target).

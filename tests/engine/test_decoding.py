@@ -343,3 +343,33 @@ def test_a_draft_model_of_another_vocabulary_is_refused(starter_model: Path, tmp
         w.start()
     message = str(caught.value)
     assert "tiny.gguf" in message and "vocabulary" in message and "\n" not in message
+
+
+@pytest.mark.slow
+def test_stop_while_the_draft_model_reads_the_prompt(starter_model: Path) -> None:
+    load = LoadParams(model_path=starter_model, n_ctx=2048, n_threads=2, draft_model_path=starter_model)
+    with InferenceWorker(load) as w:
+        w.start()
+        tokens = w.tokenize(PASSAGE * 16, add_bos=True)
+        cancel = threading.Event()
+        stopped_at = 0.0
+        events: list[object] = []
+        gen = w.generate(tokens, GenerationParams(max_tokens=20, temperature=0.0, speculative="draft"), cancel)
+        while True:
+            try:
+                event = next(gen)
+            except StopIteration as done:
+                result = done.value
+                break
+            events.append(event)
+            if isinstance(event, PrefillProgress) and event.done == event.total:
+                time.sleep(0.3)  # the draft model is reading the same ~1,500 tokens now
+                stopped_at = time.perf_counter()
+                cancel.set()
+        assert result.reason == "cancelled"
+        assert not _tokens(events)
+        assert time.perf_counter() - stopped_at < 0.35
+        # The draft's cache is consistent: the next reply drafts and finishes.
+        again = _run(w, "The history of the printing press", GenerationParams(max_tokens=8, temperature=0.0,
+                                                                               speculative="draft"))[1]
+        assert again.completion_tokens == 8
