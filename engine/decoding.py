@@ -2,7 +2,8 @@
 
 Prefill evaluates the new prompt tokens in chunks sized to take about a quarter of a second each
 (so progress is real), with llama.cpp's abort callback armed: it is checked between the nodes of
-the compute graph, so Stop lands within a few milliseconds at any point of a chunk. An aborted
+the compute graph, so Stop lands within a few milliseconds at any point of a chunk (on the CPU:
+a GPU backend does not check the callback, and there the chunk's ~0.25 s bounds Stop). An aborted
 chunk leaves nothing behind: whatever it wrote past the tokens already evaluated is removed from
 the KV cache, and the next turn reuses the cache up to there.
 
@@ -11,7 +12,9 @@ verifies speculative drafts (:mod:`engine.speculative`) in one batch: row ``i`` 
 sampled by the same chain, the draft token is kept only when it is what was sampled, and the KV
 cache of the rejected tail is removed. Every token, drafted or not, passes the same checks in the
 same order (Stop, end of generation, stop strings, the token budget), so the reply is the one
-plain decoding gives, and no token is sent once Stop is set.
+plain decoding gives (see engine.speculative for llama.cpp's batch-shape arithmetic), and no
+token is sent once Stop is set. With logprobs, every token is sent as its own Token (its text
+may be empty while a possible stop string is held back).
 """
 
 from __future__ import annotations
