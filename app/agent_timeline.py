@@ -1,7 +1,7 @@
 """The agent loop on the inspector's Speed timeline: each generation and each tool call of a turn,
 in order, as bars as long as they took (issue 12: "the Speed section shows the loop's steps").
 
-The entries are the turn's ``loop`` records (``app.workers.agent_turn.AgentRecord.loop``, saved in
+The entries are the turn's ``loop`` records (``app.agent_history.AgentRecord.loop``, saved in
 the reply's stats): ``{"kind": "generate", "round", "ttft_ms", "prefill_ms", "decode_ms",
 "tokens", "calls"}`` and ``{"kind": "tool", "name", "ms", "ran", "tokens"}``.
 """

@@ -3,8 +3,11 @@
 A new conversation is created on its first turn (its id is printed then, so it can be continued
 later with ``--conversation ID``); ``--conversation ID`` continues the current branch of a saved
 one. Every turn is saved as the app saves it: the user message first, then the reply as
-``pending``, finished with its state and stats. Each turn's key for the KV cache saved with the chat
-is the conversation and the reply it writes (``engine.kv_cache.KvKey``).
+``pending``, finished with its state and stats. A turn with tools is stored as the app stores it
+(``app.agent_history``): the reply is rewritten as each message of the loop happens (its calls, each
+result), so a killed process loses no step, and a continued conversation sends the model the calls
+and results back. Each turn's key for the KV cache saved with the chat is the conversation and the
+reply it writes (``engine.kv_cache.KvKey``).
 """
 
 from __future__ import annotations
@@ -35,12 +38,22 @@ class ChatLog:
         self.model = model
         self.conversation: Any = None  # engine.history.Conversation
         self._reply_id: int | None = None
+        self._progress: tuple[str, Any] | None = None  # the open turn's last save_progress
         if conversation_id is not None:
             try:
                 self.conversation = self._store.get_conversation(conversation_id)
+                self._end_dead_replies()
             except BaseException:
                 self._store.close()
                 raise
+
+    def _end_dead_replies(self) -> None:
+        """A reply of this conversation left ``pending`` by a process that died (killed mid-turn)
+        becomes ``partial``, with every step it saved; the continued conversation goes on after it."""
+        for m in self._store.thread(self.conversation.id):
+            if m.state == "pending":
+                self._store.finish_message(m.id, m.content, state="partial", stats=m.stats, sources=m.sources,
+                                           error=m.error)
 
     def close(self) -> None:
         self._store.close()
@@ -60,16 +73,15 @@ class ChatLog:
         return self.conversation.system_prompt if self.conversation is not None else None
 
     def history(self) -> list[Any]:
-        """The saved branch as ``engine.context.Message`` (failed replies and empty ones left out)."""
+        """The saved branch as ``engine.context.Message``, as the app sends it: a reply made with
+        tools is its calls, their results and its answer; failed replies and empty ones left out."""
+        from app.agent_history import model_history
         from engine.context import Message
 
         if self.conversation is None:
             return []
-        return [
-            Message(m.role, m.content)
-            for m in self._store.thread(self.conversation.id)
-            if m.role in ("user", "assistant") and m.content and m.state != "error"
-        ]
+        thread = self._store.thread(self.conversation.id)
+        return [m if isinstance(m, Message) else Message(*m) for m in model_history(thread)]
 
     def start_turn(self, user: str, system: str | None) -> tuple[int, bool]:
         """Saves the user message and a pending reply (creating the conversation on the first turn).
@@ -83,7 +95,7 @@ class ChatLog:
             self.conversation = self._store.create_conversation(title=title, system_prompt=system)
         self._store.add_message(self.conversation.id, "user", user)
         reply = self._store.add_message(self.conversation.id, "assistant", "", state="pending", model=self.model)
-        self._reply_id = reply.id
+        self._reply_id, self._progress = reply.id, None
         return self.conversation.id, created
 
     def cache_key(self) -> Any:
@@ -93,21 +105,49 @@ class ChatLog:
         assert self.conversation is not None and self._reply_id is not None
         return KvKey(str(self.conversation.id), str(self._reply_id))
 
-    def finish_turn(self, text: str, finished: Any) -> None:
-        """Saves the reply: complete, or partial when stopped, with its stats."""
+    def save_progress(self, text: str, record: Any) -> None:
+        """Saves the turn so far as the app does after each message of the loop: the text shown so
+        far and the ``record`` (an ``app.agent_history.AgentRecord``); the reply stays ``pending``."""
+        assert self._reply_id is not None
+        self._store.finish_message(self._reply_id, text, state="pending", stats=record.stats())
+        self._progress = (text, record)
+
+    def finish_turn(self, text: str, finished: Any, record: Any = None, sources: Any = None) -> None:
+        """Saves the reply: complete, or partial when stopped, with its stats, the turn's tool steps
+        and thinking (``record``; without one, the thinking of ``finished``) and its sources."""
         assert self._reply_id is not None
         state = "partial" if finished.reason == "cancelled" else "complete"
         stats = finished.stats.to_dict()
         stats["finish_reason"] = finished.reason
-        self._store.finish_message(self._reply_id, text, state=state, stats=stats)
+        stats.update(_record(record, finished).stats())
+        self._store.finish_message(self._reply_id, text, state=state, stats=stats, sources=sources or None)
         self._reply_id = None
+        self._progress = None
 
     def fail_turn(self, error: BaseException) -> None:
-        """Marks the pending reply failed (the user message stays), if a turn is open."""
+        """Marks the pending reply failed (the user message stays), if a turn is open; what the turn
+        had already saved (:meth:`save_progress`: its text, its tool steps) is kept, and the reply is
+        then ``partial`` when it has text, as in the app."""
         if self._reply_id is None:
             return
         reply_id, self._reply_id = self._reply_id, None
+        text, record = self._progress if self._progress is not None else ("", None)
+        self._progress = None
+        stats = record.stats() if record is not None else None
         try:
-            self._store.finish_message(reply_id, "", state="error", error=str(error) or type(error).__name__)
+            self._store.finish_message(reply_id, text, state="partial" if text else "error", stats=stats or None,
+                                       error=str(error) or type(error).__name__)
         except Exception:  # noqa: BLE001 - the original error is the one to report
             pass
+
+
+def _record(record: Any, finished: Any) -> Any:
+    """The turn's record; a plain turn's is only its thinking."""
+    from app.agent_history import AgentRecord, reasoning_dict
+
+    if record is not None:
+        return record
+    plain = AgentRecord()
+    if finished.reasoning:
+        plain.reasoning_done = reasoning_dict(finished.reasoning, finished.reasoning_tokens, finished.reasoning_ms)
+    return plain

@@ -21,6 +21,8 @@ import argparse
 import json
 import sys
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -166,22 +168,55 @@ class ChatTools:
 
     def answer(
         self, history: list[Any], user: str, params: Any, system: str | None, documents: str | None, quiet: bool,
-        cache_key: Any = None,
-    ) -> Any:
-        """Runs one turn through the agent loop; returns its AgentResult. Ctrl-C stops it."""
+        cache_key: Any = None, progress: Callable[[str, Any], None] | None = None,
+    ) -> ToolTurn:
+        """Runs one turn through the agent loop. Ctrl-C stops it.
+
+        Args:
+            cache_key: the turn's key for the KV cache saved with the chat; every generation of the
+                loop (the ones after a tool result too) saves and restores under it.
+            progress: told ``(text so far, record)`` after each new message of the loop (the
+                assistant's calls, each result, the answer), to save it as it happens
+                (``ChatLog.save_progress``); the record is an ``app.agent_history.AgentRecord``.
+
+        Returns:
+            The turn: the agent's result, its record and its text as the app saves it.
+        """
+        from app.agent_history import AgentRecord, ReplyText, generation_record, message_record, reasoning_dict
         from engine.agent import ToolStep
-        from engine.events import Reasoning, Token
+        from engine.events import Finished, Reasoning, Token
 
         cancel = threading.Event()
+        record, shown, rounds = AgentRecord(), ReplyText(), 0
         extra: dict[str, Any] = {"cache_key": cache_key} if cache_key is not None else {}
         options = thinking_options(self.args)
+
+        def on_step(message: Any, step: Any) -> None:
+            record.add(message_record(message, step))
+            if progress is not None:
+                progress(shown.text, record)
+
+        self.agent.on_step = on_step
         run = self.agent.run(
             history, user, params, system=system, documents=documents, cancel=cancel,
             tool_choice=self.args.tool_choice, thinking=options.pop("thinking", None), **options, **extra,
         )
         events = iter(run)
+
+        def take(event: Any) -> None:
+            nonlocal rounds
+            if isinstance(event, Token):
+                shown.add(event.text)
+            elif isinstance(event, Reasoning):
+                record.reasoning.append(event.text)
+            elif isinstance(event, Finished):
+                rounds += 1
+                record.add(generation_record(rounds, event))
+                shown.end_generation()
+
         try:
             for event in events:
+                take(event)
                 if quiet:
                     continue
                 if isinstance(event, Token):
@@ -193,9 +228,11 @@ class ChatTools:
                     _print_step(event)
         except KeyboardInterrupt:
             cancel.set()
-            for _ in events:
-                pass
+            for event in events:
+                take(event)
         result = run.result
+        if result.reasoning:
+            record.reasoning_done = reasoning_dict(result.reasoning, result.reasoning_tokens, result.reasoning_ms)
         if not quiet:
             sys.stdout.write("\n")
             if result.finished is not None and result.finished.reason == "cancelled":
@@ -203,7 +240,36 @@ class ChatTools:
             if result.hit_step_limit:
                 print(f"[{self.args.max_steps} rounds of tool calls: the model had to answer without tools]",
                       file=sys.stderr)
-        return result
+        return ToolTurn(result, record, shown.text)
+
+
+@dataclass
+class ToolTurn:
+    """One turn of the agent loop in ``glassbox chat``.
+
+    Attributes:
+        result: the ``engine.agent.AgentResult``.
+        record: the ``app.agent_history.AgentRecord`` saved in the reply's stats.
+        saved_text: every generation's text, as the app saves and shows the reply.
+    """
+
+    result: Any
+    record: Any
+    saved_text: str
+
+    @property
+    def text(self) -> str:
+        """The final answer (``--json``'s ``text``)."""
+        return str(self.result.text)
+
+    @property
+    def finished(self) -> Any:
+        return self.result.finished
+
+    @property
+    def messages(self) -> list[Any]:
+        """The messages the loop added (what the next turn's history gets)."""
+        return list(self.result.messages)
 
 
 def _print_step(step: Any) -> None:
@@ -231,20 +297,18 @@ def step_document(step: Any) -> dict[str, Any]:
     }
 
 
-def reasoning_document(text: str, tokens: int, ms: float) -> dict[str, Any]:
-    """The thinking in ``--json``."""
-    return {"text": text, "tokens": tokens, "ms": round(ms, 2)}
+def turn_extras(finished: Any, outcome: ToolTurn | None) -> dict[str, Any]:
+    """What ``--json`` adds to a turn: its tool calls and its thinking (``outcome``: the turn with
+    ``--tools``, else None)."""
+    from app.agent_history import reasoning_dict
 
-
-def turn_extras(finished: Any, outcome: Any) -> dict[str, Any]:
-    """What ``--json`` adds to a turn: its tool calls and its thinking (``outcome``: the agent's
-    result with ``--tools``, else None)."""
     if outcome is not None:
+        result = outcome.result
         return {
-            "tool_calls": [step_document(step) for step in outcome.steps],
-            "reasoning": reasoning_document(outcome.reasoning, outcome.reasoning_tokens, outcome.reasoning_ms),
+            "tool_calls": [step_document(step) for step in result.steps],
+            "reasoning": reasoning_dict(result.reasoning, result.reasoning_tokens, result.reasoning_ms),
         }
     return {
         "tool_calls": [],
-        "reasoning": reasoning_document(finished.reasoning, finished.reasoning_tokens, finished.reasoning_ms),
+        "reasoning": reasoning_dict(finished.reasoning, finished.reasoning_tokens, finished.reasoning_ms),
     }

@@ -11,12 +11,9 @@ of the GUI, every step recorded for the history (issue 12, "The app").
   record per new message (``{"kind": "message", "message": {...}, "step": {...} | None}``) and
   per generation (``{"kind": "generation", ...}``, the inspector's timeline), and one final
   ``Finished`` for the whole turn.
-* :class:`AgentRecord` keeps a turn's records on the GUI thread; :meth:`AgentRecord.stats` is what
-  the reply's ``stats`` column gets (``tool_steps``, ``agent_messages``, ``loop``, ``reasoning``),
-  so tool calls and results survive a restart without a schema change, and a history written
-  before tools existed reads as it did. :func:`model_history` turns a thread back into the
-  messages the model is sent: an assistant reply with ``agent_messages`` becomes its calls, the
-  ``tool`` results and its answer; the thinking is never among them.
+* The records and how a turn is stored (``AgentRecord``, ``model_history``: the reply's ``stats``
+  get ``tool_steps``, ``agent_messages``, ``loop``, ``reasoning``) live in the Qt-free
+  :mod:`app.agent_history`, which ``glassbox chat`` uses too.
 """
 
 from __future__ import annotations
@@ -27,6 +24,8 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from app.agent_history import ReplyText, generation_record, message_record
 
 APPROVAL_POLL_S = 0.05
 """How often a waiting approval looks at the turn's Stop event."""
@@ -112,120 +111,6 @@ class TextBreak:
     """Text between two generations of one turn (the streamed reply reads as the saved one)."""
 
     text: str = "\n\n"
-
-
-# ---------------------------------------------------------------------- records (JSON)
-
-
-def call_dict(call: Any) -> dict[str, Any]:
-    return {"id": call.id, "name": call.name, "arguments": dict(call.arguments)}
-
-
-def message_dict(message: Any) -> dict[str, Any]:
-    """An ``engine.context.Message`` as JSON (for the reply's ``agent_messages``)."""
-    out: dict[str, Any] = {"role": message.role, "content": message.content}
-    if message.tool_calls:
-        out["tool_calls"] = [call_dict(call) for call in message.tool_calls]
-    if message.tool_call_id:
-        out["tool_call_id"] = message.tool_call_id
-    if message.name:
-        out["name"] = message.name
-    return out
-
-
-def step_dict(step: Any) -> dict[str, Any]:
-    """An ``engine.agent.ToolStep`` as JSON (what a tool card shows)."""
-    return {
-        "id": step.call.id,
-        "round": step.round,
-        "name": step.call.name,
-        "arguments": dict(step.call.arguments),
-        "source": step.source,
-        "approval": step.approval,
-        "ran": step.ran,
-        "result": step.result.content,
-        "is_error": step.result.is_error,
-        "ms": step.ms,
-        "tokens": step.tokens,
-        "truncated": step.truncated,
-    }
-
-
-def _message_from(data: Any) -> Any:
-    """A stored ``agent_messages`` entry back as an ``engine.context.Message`` (None if unusable)."""
-    from engine.context import Message
-    from engine.events import ToolCall
-
-    if not isinstance(data, dict) or data.get("role") not in ("assistant", "tool"):
-        return None
-    calls = tuple(
-        ToolCall(str(c.get("id", "")), str(c.get("name", "")), dict(c.get("arguments") or {}), "")
-        for c in data.get("tool_calls") or ()
-        if isinstance(c, dict)
-    )
-    return Message(
-        data["role"], str(data.get("content") or ""), tool_calls=calls,
-        tool_call_id=str(data.get("tool_call_id") or ""), name=str(data.get("name") or ""),
-    )
-
-
-def model_history(messages: Sequence[Any]) -> tuple[Any, ...]:
-    """The messages sent to the model for the earlier turns of a thread (``DisplayMessage`` list).
-
-    Plain turns stay ``(role, content)`` pairs; a reply made with tools is its calls, their
-    results and its answer (``agent_messages``). Failed replies and empty ones are left out, and
-    thinking never goes back.
-    """
-    out: list[Any] = []
-    for m in messages:
-        if m.role not in ("user", "assistant") or m.state == "error":
-            continue
-        agent = (m.stats or {}).get("agent_messages") if m.role == "assistant" else None
-        if agent:
-            rebuilt = [msg for msg in (_message_from(d) for d in agent) if msg is not None]
-            if rebuilt:
-                out.extend(rebuilt)
-                continue
-        if m.content:
-            out.append((m.role, m.content))
-    return tuple(out)
-
-
-@dataclass
-class AgentRecord:
-    """A turn's tool steps, messages, timeline and thinking, as they arrive (GUI thread)."""
-
-    steps: list[dict[str, Any]] = field(default_factory=list)
-    messages: list[dict[str, Any]] = field(default_factory=list)
-    loop: list[dict[str, Any]] = field(default_factory=list)
-    reasoning: list[str] = field(default_factory=list)
-    reasoning_done: dict[str, Any] | None = None
-
-    def add(self, record: dict[str, Any]) -> None:
-        """Takes one record of :func:`agent_events`."""
-        if record.get("kind") == "message":
-            self.messages.append(record["message"])
-            step = record.get("step")
-            if step is not None:
-                self.steps.append(step)
-                self.loop.append({"kind": "tool", "name": step["name"], "ms": step["ms"], "ran": step["ran"],
-                                  "tokens": step["tokens"]})
-        elif record.get("kind") == "generation":
-            self.loop.append({k: v for k, v in record.items() if k != "kind"} | {"kind": "generate"})
-
-    def stats(self) -> dict[str, Any]:
-        """What the reply's stats get (nothing for a plain turn without thinking)."""
-        out: dict[str, Any] = {}
-        if self.messages:
-            out["agent_messages"] = list(self.messages)
-            out["tool_steps"] = list(self.steps)
-            out["loop"] = list(self.loop)
-        reasoning = self.reasoning_done
-        if reasoning is None and self.reasoning:
-            reasoning = {"text": "".join(self.reasoning), "tokens": 0, "ms": 0.0}
-        if reasoning and reasoning.get("text"):
-            out["reasoning"] = dict(reasoning)
-        return out
 
 
 # ---------------------------------------------------------------------- the worker side
@@ -326,32 +211,24 @@ def agent_events(
         return gate.wait()
 
     def on_step(message: Any, step: Any) -> None:
-        record({"kind": "message", "message": message_dict(message),
-                "step": step_dict(step) if step is not None else None})
+        record(message_record(message, step))
 
     agent = Agent(session, [toolset], approve=approve, allow=allow, on_allow=toolset.allow_always, on_step=on_step,
                   max_steps=tools.max_steps, timeout_s=tools.timeout_s)
     run = agent.run(history, request.user, request.params, system=request.system, documents=documents,
                     cancel=request.cancel, tool_choice=tools.tool_choice, **options)
-    streamed: list[str] = []
-    fresh = False  # a generation ended: the next text starts a new paragraph
+    streamed = ReplyText()  # the answer's text over every generation, as the app saves it
     rounds = 0
     for event in run:
         if isinstance(event, Token):
-            if fresh and event.text and "".join(streamed).strip():
-                brk = TextBreak()
-                streamed.append(brk.text)
-                yield brk
-            fresh = fresh and not event.text
-            streamed.append(event.text)
+            brk = streamed.add(event.text)
+            if brk:
+                yield TextBreak(brk)
             yield event
         elif isinstance(event, Finished):
             rounds += 1
-            stats = event.stats
-            record({"kind": "generation", "round": rounds, "ttft_ms": stats.ttft_ms, "prefill_ms": stats.prefill_ms,
-                    "decode_ms": stats.decode_ms, "tokens": stats.completion_tokens, "calls": len(event.tool_calls),
-                    "reasoning_ms": event.reasoning_ms})
-            fresh = True
+            record(generation_record(rounds, event))
+            streamed.end_generation()
         elif not isinstance(event, ToolStep):  # a ToolStep is recorded through on_step, with its message
             yield event  # PrefillProgress, Reasoning, Stats, ToolCall
     result = run.result
@@ -360,6 +237,6 @@ def agent_events(
         from engine.errors import EngineError
 
         raise EngineError("the agent loop ended without a reply")
-    yield dataclasses.replace(last, text="".join(streamed), reasoning=result.reasoning,
+    yield dataclasses.replace(last, text=streamed.text, reasoning=result.reasoning,
                               reasoning_tokens=result.reasoning_tokens, reasoning_ms=result.reasoning_ms,
                               tool_calls=())

@@ -25,8 +25,8 @@ from urllib.parse import quote, unquote
 
 from PySide6.QtCore import QCoreApplication, QEvent, QObject, QThread, QTimer, Signal, Slot
 
+from app.agent_history import AgentRecord, model_history
 from app.tasks import describe_error
-from app.workers.agent_turn import AgentRecord, model_history
 from app.workers.chat_agent import ChatAgentMixin
 from app.workers.history_service import DisplayMessage, HistoryDiskFull, HistoryService, display_thread, is_unreadable
 from app.workers.llm_worker import (
@@ -133,7 +133,7 @@ class ChatAdapter(ChatAgentMixin, QObject):
         bandwidth_measured(float): the machine's memory bandwidth (GB/s).
         sources_found(object): the sources (list of dicts) the running reply is given.
         reasoning_delta(str): thinking text of the running reply (shown folded, never sent back).
-        tool_step_added(object): a tool call of the running reply was handled (agent_turn.step_dict).
+        tool_step_added(object): a tool call of the running reply was handled (agent_history.step_dict).
         loop_updated(object): the running turn's timeline (generations and calls, list of dicts).
         approval_requested(object): an ``agent_turn.ApprovalRequest`` the user must answer.
         load_requested(object), generate_requested(object), unload_requested(),

@@ -81,7 +81,7 @@ class GenerateRequest:
         thinking_budget: the most tokens of thinking (None: no cap).
 
     ``history`` entries are ``(role, content)`` pairs or ``engine.context.Message`` objects (a
-    reply made with tools: its calls and their results, ``agent_turn.model_history``).
+    reply made with tools: its calls and their results, ``app.agent_history.model_history``).
     """
 
     request_id: int

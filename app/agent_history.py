@@ -1,0 +1,215 @@
+"""How a turn made with tools is stored in the history, for the app and ``glassbox chat`` alike.
+
+A reply made with tools is one assistant row of ``engine.history`` whose ``stats`` column carries
+the turn (no schema change; a history written before tools existed reads as it did):
+
+* ``agent_messages``: every message the agent loop added, in order (the assistant replies with
+  their ``tool_calls``, each ``tool`` result), as JSON (:func:`message_dict`);
+* ``tool_steps``: what each call's card shows (:func:`step_dict`);
+* ``loop``: the timeline, one entry per generation and per call (the inspector's Speed section);
+* ``reasoning``: the turn's thinking (``text``, ``tokens``, ``ms``), shown folded, never sent back.
+
+Its ``content`` is what was shown: every generation's text, a blank line between two
+(:class:`ReplyText`). The row is rewritten as each message happens (state ``pending``), so a crash
+mid-loop keeps every step before it; :func:`model_history` turns a thread back into what the model
+is sent, answering a call the crash left without a result.
+
+Qt-free: the GUI's LLM worker (``app.workers.agent_turn``) and the CLI
+(``app.commands.chat_history``) both build their records here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+INTERRUPTED_RESULT = "not run: the reply was interrupted before this call finished"
+"""The result a call gets when its reply was saved without one (the app or the CLI was killed)."""
+TEXT_BREAK = "\n\n"
+"""What separates the text of two generations of one turn."""
+
+
+def call_dict(call: Any) -> dict[str, Any]:
+    """An ``engine.events.ToolCall`` as JSON."""
+    return {"id": call.id, "name": call.name, "arguments": dict(call.arguments)}
+
+
+def message_dict(message: Any) -> dict[str, Any]:
+    """An ``engine.context.Message`` as JSON (for the reply's ``agent_messages``)."""
+    out: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.tool_calls:
+        out["tool_calls"] = [call_dict(call) for call in message.tool_calls]
+    if message.tool_call_id:
+        out["tool_call_id"] = message.tool_call_id
+    if message.name:
+        out["name"] = message.name
+    return out
+
+
+def step_dict(step: Any) -> dict[str, Any]:
+    """An ``engine.agent.ToolStep`` as JSON (what a tool card shows)."""
+    return {
+        "id": step.call.id,
+        "round": step.round,
+        "name": step.call.name,
+        "arguments": dict(step.call.arguments),
+        "source": step.source,
+        "approval": step.approval,
+        "ran": step.ran,
+        "result": step.result.content,
+        "is_error": step.result.is_error,
+        "ms": step.ms,
+        "tokens": step.tokens,
+        "truncated": step.truncated,
+    }
+
+
+def message_record(message: Any, step: Any) -> dict[str, Any]:
+    """The record of one new message of the loop (``engine.agent.Agent``'s ``on_step``)."""
+    return {"kind": "message", "message": message_dict(message), "step": step_dict(step) if step is not None else None}
+
+
+def generation_record(round_: int, finished: Any) -> dict[str, Any]:
+    """The record of one generation of the loop (its ``Finished``), for the timeline: its times,
+    its tokens, and where its prompt came from (``cached_tokens`` reused, ``kv_restored_tokens``
+    of them from the KV cache saved with the chat)."""
+    stats = finished.stats
+    return {"kind": "generation", "round": round_, "ttft_ms": stats.ttft_ms, "prefill_ms": stats.prefill_ms,
+            "decode_ms": stats.decode_ms, "tokens": stats.completion_tokens, "calls": len(finished.tool_calls),
+            "reasoning_ms": finished.reasoning_ms, "prompt_tokens": stats.prompt_tokens,
+            "cached_tokens": stats.cached_tokens, "kv_restored_tokens": stats.kv_restored_tokens}
+
+
+def reasoning_dict(text: str, tokens: int, ms: float) -> dict[str, Any]:
+    """The thinking as it is stored (and printed by ``glassbox chat --json``)."""
+    return {"text": text, "tokens": tokens, "ms": round(ms, 2)}
+
+
+class ReplyText:
+    """The text of a reply made of several generations, as it streams and as it is saved: a
+    :data:`TEXT_BREAK` between a generation's text and the text before it."""
+
+    def __init__(self) -> None:
+        self._parts: list[str] = []
+        self._fresh = False  # a generation ended: the next text starts a new paragraph
+        self._has_text = False
+
+    def add(self, text: str) -> str:
+        """Takes a token's text; returns the break put before it ("" when none)."""
+        brk = TEXT_BREAK if self._fresh and text and self._has_text else ""
+        if brk:
+            self._parts.append(brk)
+        self._fresh = self._fresh and not text
+        self._parts.append(text)
+        self._has_text = self._has_text or bool(text.strip())
+        return brk
+
+    def end_generation(self) -> None:
+        """One generation of the turn ended."""
+        self._fresh = True
+
+    @property
+    def text(self) -> str:
+        return "".join(self._parts)
+
+
+def _message_from(data: Any) -> Any:
+    """A stored ``agent_messages`` entry back as an ``engine.context.Message`` (None if unusable)."""
+    from engine.context import Message
+    from engine.events import ToolCall
+
+    if not isinstance(data, dict) or data.get("role") not in ("assistant", "tool"):
+        return None
+    calls = tuple(
+        ToolCall(str(c.get("id", "")), str(c.get("name", "")), dict(c.get("arguments") or {}), "")
+        for c in data.get("tool_calls") or ()
+        if isinstance(c, dict)
+    )
+    return Message(
+        data["role"], str(data.get("content") or ""), tool_calls=calls,
+        tool_call_id=str(data.get("tool_call_id") or ""), name=str(data.get("name") or ""),
+    )
+
+
+def _answer_every_call(messages: list[Any]) -> list[Any]:
+    """Each assistant message's calls followed by a result for each: a call whose result was never
+    saved (a crash mid-call) gets :data:`INTERRUPTED_RESULT`, so the history stays well formed."""
+    from engine.context import Message
+
+    out: list[Any] = []
+    i = 0
+    while i < len(messages):
+        message = messages[i]
+        out.append(message)
+        i += 1
+        if message.role != "assistant" or not message.tool_calls:
+            continue
+        answered: set[str] = set()
+        while i < len(messages) and messages[i].role == "tool":
+            answered.add(messages[i].tool_call_id)
+            out.append(messages[i])
+            i += 1
+        out.extend(Message("tool", INTERRUPTED_RESULT, tool_call_id=call.id, name=call.name)
+                   for call in message.tool_calls if call.id not in answered)
+    return out
+
+
+def model_history(messages: Sequence[Any]) -> tuple[Any, ...]:
+    """The messages sent to the model for the earlier turns of a thread (``DisplayMessage`` or
+    ``engine.history.StoredMessage`` rows).
+
+    Plain turns stay ``(role, content)`` pairs; a reply made with tools is its calls, their
+    results and its answer (``agent_messages``), every call answered. Failed replies and empty ones
+    are left out, and thinking never goes back.
+    """
+    out: list[Any] = []
+    for m in messages:
+        if m.role not in ("user", "assistant") or m.state == "error":
+            continue
+        agent = (m.stats or {}).get("agent_messages") if m.role == "assistant" else None
+        if agent:
+            rebuilt = [msg for msg in (_message_from(d) for d in agent) if msg is not None]
+            if rebuilt:
+                out.extend(_answer_every_call(rebuilt))
+                continue
+        if m.content:
+            out.append((m.role, m.content))
+    return tuple(out)
+
+
+@dataclass
+class AgentRecord:
+    """A turn's tool steps, messages, timeline and thinking, as they arrive."""
+
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    loop: list[dict[str, Any]] = field(default_factory=list)
+    reasoning: list[str] = field(default_factory=list)
+    reasoning_done: dict[str, Any] | None = None
+
+    def add(self, record: dict[str, Any]) -> None:
+        """Takes one record (:func:`message_record`, :func:`generation_record`)."""
+        if record.get("kind") == "message":
+            self.messages.append(record["message"])
+            step = record.get("step")
+            if step is not None:
+                self.steps.append(step)
+                self.loop.append({"kind": "tool", "name": step["name"], "ms": step["ms"], "ran": step["ran"],
+                                  "tokens": step["tokens"]})
+        elif record.get("kind") == "generation":
+            self.loop.append({k: v for k, v in record.items() if k != "kind"} | {"kind": "generate"})
+
+    def stats(self) -> dict[str, Any]:
+        """What the reply's stats get (nothing for a plain turn without thinking)."""
+        out: dict[str, Any] = {}
+        if self.messages:
+            out["agent_messages"] = list(self.messages)
+            out["tool_steps"] = list(self.steps)
+            out["loop"] = list(self.loop)
+        reasoning = self.reasoning_done
+        if reasoning is None and self.reasoning:
+            reasoning = {"text": "".join(self.reasoning), "tokens": 0, "ms": 0.0}
+        if reasoning and reasoning.get("text"):
+            out["reasoning"] = dict(reasoning)
+        return out
