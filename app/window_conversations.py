@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from app.chat_view import ChatView
     from app.composer import Composer
     from app.inspector import InspectorPanel
+    from app.paths import Paths
     from app.settings import Settings
     from app.sidebar import Sidebar
     from app.toast import Toast
@@ -36,6 +37,7 @@ class ConversationActions:
     inspector_button: QPushButton
     toast: Toast
     settings: Settings
+    paths: Paths
     _pending_delete: int | None
 
     if TYPE_CHECKING:  # provided by MainWindow / QMainWindow; declared for the type checker only
@@ -127,12 +129,17 @@ class ConversationActions:
         self.history.call(rename, done, self._on_history_failed)
 
     def delete_conversation(self, conversation_id: int) -> None:
-        """Soft-deletes a chat; the toast offers Undo."""
+        """Soft-deletes a chat; the toast offers Undo. Its saved KV caches go at once, on the history
+        thread: they hold the chat's tokens (an undone chat only prefills again)."""
         if self.chat.busy and self.chat.conversation is not None and self.chat.conversation.id == conversation_id:
             self.chat.stop()
+        kv_folder = self.paths.kv_cache
 
         def delete(store: Any) -> None:
+            from engine.kv_cache import KvCacheStore
+
             store.delete(conversation_id)
+            KvCacheStore(kv_folder).remove_conversation(str(conversation_id))  # logs what it cannot remove
 
         def done(_r: None) -> None:
             self._pending_delete = conversation_id
