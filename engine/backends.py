@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, Self, runtime_checkable
 
 from engine.context import Message
 from engine.events import Event
@@ -74,6 +74,14 @@ class ChatBackend(Protocol):
 
     def close(self) -> None:
         """Releases the model or the connection."""
+        ...
+
+    def __enter__(self) -> Self:
+        """The backend itself; leaving the ``with`` closes it."""
+        ...
+
+    def __exit__(self, *exc: object) -> None:
+        """Closes the backend."""
         ...
 
 

@@ -18,12 +18,15 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.commands import chat_tools
 from app.commands._output import add_json_flag, positive_int, print_json
 from app.commands.model_resolver import resolve_model
 from app.paths import Paths
+
+if TYPE_CHECKING:
+    from engine.backends import ChatBackend
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:
@@ -144,7 +147,7 @@ def run(args: argparse.Namespace, paths: Paths) -> int:
     return 0
 
 
-def _local_session(args: argparse.Namespace, paths: Paths) -> Any:
+def _local_session(args: argparse.Namespace, paths: Paths) -> ChatBackend:
     """A ChatSession for ``--model`` (a path, a library name or 'starter'). Raises ModelFileError."""
     from engine.runtime import LoadParams
     from engine.session import ChatSession
@@ -198,7 +201,7 @@ def _kv_cache(paths: Paths) -> Any:
     return KvCacheConfig(paths.kv_cache, load_settings(paths.settings_file).settings.kv_cache_max_bytes)
 
 
-def _remote_session(args: argparse.Namespace, paths: Paths) -> Any:
+def _remote_session(args: argparse.Namespace, paths: Paths) -> ChatBackend:
     """A RemoteSession on the saved endpoint ``--endpoint``. Raises EngineError for an unknown name."""
     from engine.endpoints import EndpointStore
     from engine.remote import RemoteSession
@@ -226,8 +229,8 @@ def _turns(args: argparse.Namespace) -> Iterator[str]:
 
 
 def _answer(
-    session: Any, history: list[Any], user: str, params: Any, system: str | None, documents: str | None, quiet: bool,
-    cache_key: Any = None, options: dict[str, Any] | None = None,
+    session: ChatBackend, history: list[Any], user: str, params: Any, system: str | None, documents: str | None,
+    quiet: bool, cache_key: Any = None, options: dict[str, Any] | None = None,
 ) -> tuple[str, Any]:
     from engine.events import Finished, Reasoning, Token
 

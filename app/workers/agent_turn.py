@@ -23,9 +23,12 @@ import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.agent_history import ReplyText, generation_record, message_record
+
+if TYPE_CHECKING:
+    from engine.backends import ChatBackend
 
 APPROVAL_POLL_S = 0.05
 """How often a waiting approval looks at the turn's Stop event."""
@@ -116,8 +119,9 @@ class TextBreak:
 # ---------------------------------------------------------------------- the worker side
 
 
-def stream_accepts(session: Any, keyword: str) -> bool:
-    """Whether ``session.stream`` takes ``keyword`` (a remote session has no thinking budget)."""
+def stream_accepts(session: ChatBackend, keyword: str) -> bool:
+    """Whether ``session.stream`` takes ``keyword`` (both engine backends take every ChatBackend
+    keyword, and a remote one refuses a thinking budget itself; a test's fake may take fewer)."""
     import inspect
 
     try:
@@ -127,7 +131,7 @@ def stream_accepts(session: Any, keyword: str) -> bool:
     return keyword in parameters or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
 
 
-def default_open_tools(request: ToolsRequest, session: Any) -> Any:
+def default_open_tools(request: ToolsRequest, session: ChatBackend) -> Any:
     """The ToolSet for the sources chosen (``app.tool_setup.open_tools``; servers start when listed)."""
     from app.tool_setup import open_tools
 
@@ -142,7 +146,7 @@ class ToolsetCache:
         self._key: tuple[Any, ...] | None = None
         self._toolset: Any = None
 
-    def get(self, request: ToolsRequest, session: Any) -> Any:
+    def get(self, request: ToolsRequest, session: ChatBackend) -> Any:
         key = (request.selection, id(session), request.open_tools, *_config_stamp(request.paths))
         if key != self._key or self._toolset is None:
             self.close()
@@ -170,7 +174,7 @@ def _config_stamp(paths: Any) -> tuple[Any, ...]:
 
 
 def agent_events(
-    session: Any,
+    session: ChatBackend,
     toolset: Any,
     request: Any,
     history: Sequence[Any],

@@ -20,10 +20,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import quote, unquote
 
 from PySide6.QtCore import QCoreApplication, QEvent, QObject, QThread, QTimer, Signal, Slot
+
+if TYPE_CHECKING:
+    from engine.backends import ChatBackend
 
 from app.agent_history import AgentRecord, model_history
 from app.tasks import describe_error
@@ -36,7 +39,6 @@ from app.workers.llm_worker import (
     LoadedModel,
     LoadRequest,
     SessionFactory,
-    SessionLike,
     default_session_factory,
 )
 
@@ -245,7 +247,7 @@ class ChatAdapter(ChatAgentMixin, QObject):
         self._set_state(ChatState.LOADING_MODEL)
         self.load_requested.emit(request)
 
-    def current_session(self) -> SessionLike | None:
+    def current_session(self) -> ChatBackend | None:
         """The loaded model's session (local or remote), or None when no model is loaded.
 
         Other parts of the app (the local API server) may share it: sessions serialize their turns
@@ -754,7 +756,7 @@ def model_tooltip(path: Path) -> str:
 REMOTE_ROOT = "glassbox-remote"
 """First part of the pseudo path that names a model on a saved endpoint (never a real file)."""
 
-RemoteSessionFactory = Callable[[Any, str, LoadRequest], SessionLike]
+RemoteSessionFactory = Callable[[Any, str, LoadRequest], "ChatBackend"]
 """Builds a session for ``(engine.endpoints.Endpoint, model_id, request)``."""
 
 
@@ -775,18 +777,17 @@ def parse_remote_model(path: Path) -> tuple[str, str] | None:
     return parts[1], unquote(parts[2])
 
 
-def make_remote_session(endpoint: Any, model_id: str, request: LoadRequest) -> SessionLike:
+def make_remote_session(endpoint: Any, model_id: str, request: LoadRequest) -> ChatBackend:
     """The real remote backend (``engine.remote.RemoteSession``) for a saved endpoint."""
     from engine.remote import RemoteSession
 
-    session = RemoteSession(
+    return RemoteSession(
         endpoint.url,
         model_id,
         endpoint.api_key,
         overflow_policy=cast("Any", request.overflow_policy),
         reply_reserve=request.reply_reserve,
     )
-    return cast("SessionLike", session)
 
 
 class RoutingSessionFactory:
@@ -809,9 +810,9 @@ class RoutingSessionFactory:
         self.endpoints_file = endpoints_file
         self.local = local or default_session_factory
         self.remote = remote or make_remote_session
-        self.last_session: SessionLike | None = None
+        self.last_session: ChatBackend | None = None
 
-    def __call__(self, request: LoadRequest, bandwidth: float | None) -> SessionLike:
+    def __call__(self, request: LoadRequest, bandwidth: float | None) -> ChatBackend:
         """A session for ``request``.
 
         Raises:

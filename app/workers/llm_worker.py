@@ -13,12 +13,15 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QObject, Signal, Slot
+
+if TYPE_CHECKING:
+    from engine.backends import ChatBackend
 
 log = logging.getLogger(__name__)
 
@@ -123,31 +126,10 @@ class GenerationOutcome:
     reasoning: dict[str, Any] | None = None  # {"text", "tokens", "ms"} of the thinking, when there was some
 
 
-class SessionLike(Protocol):
-    """What the worker needs from ``engine.session.ChatSession`` (fakes implement it in tests)."""
-
-    def load(self, cancel: threading.Event | None = None) -> Any: ...
-
-    def stream(
-        self,
-        history: Sequence[Any],
-        user: str,
-        params: Any = None,
-        *,
-        system: str | None = None,
-        documents: str | None = None,
-        cancel: threading.Event | None = None,
-    ) -> Iterator[Any]: ...
-
-    def prompt_view(self) -> Any: ...
-
-    def close(self) -> None: ...
+SessionFactory = Callable[[LoadRequest, "float | None"], "ChatBackend"]
 
 
-SessionFactory = Callable[[LoadRequest, "float | None"], SessionLike]
-
-
-def default_session_factory(request: LoadRequest, bandwidth: float | None) -> SessionLike:
+def default_session_factory(request: LoadRequest, bandwidth: float | None) -> ChatBackend:
     """Builds the real engine session (imports the engine lazily; llama_cpp stays in the child)."""
     from engine.runtime import LoadParams
     from engine.session import ChatSession
@@ -271,7 +253,7 @@ class LlmWorker(QObject):
     def __init__(self, session_factory: SessionFactory | None = None) -> None:
         super().__init__()
         self._factory = session_factory or default_session_factory
-        self._session: SessionLike | None = None
+        self._session: ChatBackend | None = None
         self._bandwidth: float | None = None
         self._bandwidth_done = False
         from app.workers.agent_turn import ToolsetCache
@@ -417,7 +399,7 @@ class LlmWorker(QObject):
             self.tokens_received.emit(request_id, "".join(pending), tokens)
             pending.clear()
 
-    def _emit_prompt_view(self, session: SessionLike) -> None:
+    def _emit_prompt_view(self, session: ChatBackend) -> None:
         try:
             view = session.prompt_view()
         except Exception as exc:  # noqa: BLE001 - the prompt view is a nicety; never fail a turn for it

@@ -109,3 +109,25 @@ def test_chat_endpoint_against_llama_cpp_server(
     assert first["n_ctx"] == 1024
     assert main(args) == 0
     assert json.loads(capsys.readouterr().out)["text"] == first["text"], "greedy replies must repeat"
+
+
+def test_chat_endpoint_with_a_thinking_budget_is_one_line_exit_1(
+    server: ScriptedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A budget in tokens has no field in OpenAI's API: refused before the server is asked (it was a
+    TypeError traceback); ``--thinking on`` still goes to the server as its template switch."""
+    from app.paths import Paths
+
+    paths = Paths.resolve(str(tmp_path))
+    paths.config.mkdir(parents=True, exist_ok=True)
+    EndpointStore(paths.config / "endpoints.json").add(server.url, name="lab")
+    code = main(["chat", "--endpoint", "lab", "--prompt", "hi", "--thinking", "256", "--home", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err.splitlines()[-1].startswith(f"glassbox: error: {server.url}: a thinking budget needs a local model")
+    assert "Traceback" not in err
+    assert not [path for path, _, _ in server.requests if path == "/v1/chat/completions"]
+    code = main(["chat", "--endpoint", "lab", "--prompt", "hi", "--thinking", "on", "--home", str(tmp_path)])
+    assert code == 0, capsys.readouterr().err
+    body = next(body for path, body, _ in server.requests if path == "/v1/chat/completions")
+    assert body["chat_template_kwargs"] == {"enable_thinking": True}

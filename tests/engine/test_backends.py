@@ -13,7 +13,7 @@ from engine.errors import EngineError
 from engine.remote import RemoteSession
 from engine.session import ChatSession
 
-METHODS = ("load", "stream", "count_text", "prompt_view", "close")
+METHODS = ("load", "stream", "count_text", "prompt_view", "close", "__enter__", "__exit__")
 
 
 @pytest.mark.parametrize("backend", [ChatSession, RemoteSession])
