@@ -24,10 +24,13 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.commands._output import positive_int
 from app.paths import Paths
+
+if TYPE_CHECKING:
+    from engine.agent import Decision
 
 PREVIEW_CHARS = 300
 
@@ -151,7 +154,7 @@ class ChatTools:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _approve(self, call: Any, spec: Any) -> str:
+    def _approve(self, call: Any, spec: Any) -> Decision:
         arguments = json.dumps(call.arguments, ensure_ascii=False)
         if self.args.yes:
             return "once"
