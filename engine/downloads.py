@@ -67,6 +67,7 @@ from engine.transfer import (
     Reporter,
     Watchdog,
 )
+from engine.units import format_bytes
 
 __all__ = [
     "META_SUFFIX", "PARTIAL_SUFFIX", "DownloadProgress", "DownloadResult", "DownloadState",
@@ -103,10 +104,6 @@ class DownloadResult:
 
 
 
-def _gib(n: int) -> str:
-    return f"{n / 2**30:.2f}"
-
-
 def partial_paths(dest_dir: Path, filename: str) -> tuple[Path, Path, Path]:
     """``(final, partial, metadata)`` paths for ``filename`` under ``dest_dir``."""
     final = Path(dest_dir) / filename
@@ -132,7 +129,7 @@ def check_disk_space(folder: Path, need: int, filename: str) -> None:
     missing, free = missing_space(folder, need)
     if missing:
         raise DownloadError(
-            f"not enough disk space for {filename}: need {_gib(need)} GiB, {_gib(free)} GiB free on {folder}"
+            f"not enough disk space for {filename}: need {format_bytes(need)}, {format_bytes(free)} free on {folder}"
         )
 
 
@@ -615,11 +612,11 @@ class _Download:
         if exc.errno in _NO_SPACE:
             need = max(0, (self.total or self.done) - self.done) + self.disk_margin_bytes
             try:
-                free = f"{_gib(missing_space(self.folder, 0)[1])} GiB"
+                free = format_bytes(missing_space(self.folder, 0)[1])
             except OSError:
                 free = "no space"
             return DownloadError(
-                f"not enough disk space for {self.filename}: need {_gib(need)} GiB, {free} "
+                f"not enough disk space for {self.filename}: need {format_bytes(need)}, {free} "
                 f"free on {self.folder} (the partial download is kept: free some space, then retry)"
             )
         return DownloadError(f"{self.partial}: cannot write: {exc.strerror or exc}")

@@ -39,6 +39,7 @@ from engine.child_entry import child_main, import_native_bindings, quantize_chil
 from engine.errors import Cancelled, ModelFileError, QuantizeError
 from engine.gguf import read_gguf_info
 from engine.library import read_model_info, split_parts
+from engine.units import format_bytes
 
 # --------------------------------------------------------------------------- the types on offer
 
@@ -506,15 +507,15 @@ def check_free_space(folder: Path, needed: int) -> None:
     missing, free = missing_space(folder, needed + _SPACE_MARGIN)
     if missing:
         raise QuantizeError(
-            f"not enough free space (needs about {_mib(needed + _SPACE_MARGIN)}, {_mib(free)} free): "
+            f"not enough free space (needs about {format_bytes(needed + _SPACE_MARGIN)}, {format_bytes(free)} free): "
             f"{disk_full_reason(folder, missing)}"
         )
 
 
 def disk_full_reason(folder: Path, missing: int) -> str:
-    """``the disk is full: 120 MiB more are needed on <folder>``: one wording for every place that
+    """``the disk is full: 120.0 MiB more are needed on <folder>``: one wording for every place that
     runs out of space while writing a model."""
-    return f"the disk is full: {_mib(max(missing, 2**20))} more are needed on {folder}"
+    return f"the disk is full: {format_bytes(max(missing, 2**20))} more are needed on {folder}"
 
 
 def is_no_space(exc: BaseException) -> bool:
@@ -549,10 +550,6 @@ def space_after_failure(folder: Path, partial: Path, needed: int, done: int = 0,
     except OSError:
         return _SPACE_MARGIN, False
     return missing or _SPACE_MARGIN, free < _SPACE_MARGIN
-
-
-def _mib(n: int) -> str:
-    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
 def _fsync(path: Path) -> None:

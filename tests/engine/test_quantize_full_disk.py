@@ -2,7 +2,7 @@
 
 Up front, the expected size is checked against the free space (the downloads' check); when the
 disk fills anyway, llama.cpp's "basic_ios::clear: iostream error", an ENOSPC from the child or
-from the final flush all become the same line: ``the disk is full: N MiB more are needed on
+from the final flush all become the same line: ``the disk is full: N.N MiB more are needed on
 <folder>``. The child is faked where the failure is injected; one test fills a real small tmpfs,
 where ``mount -t tmpfs`` works (root on Linux), and is skipped with the reason elsewhere.
 """
@@ -23,6 +23,7 @@ import engine.quantize as quantize
 from engine.errors import QuantizeError
 from engine.gguf import read_gguf_info
 from engine.quantize import ChildOutcome, find_quant_type, quantize_model
+from engine.units import format_bytes
 from tests.disk_support import mounted_tmpfs
 
 MIB = 2**20
@@ -48,7 +49,7 @@ def needed_for(src: Path, qtype: str) -> int:
 
 
 def mib(n: int) -> str:
-    return f"{n / MIB:.0f} MiB"
+    return format_bytes(n)
 
 
 class Volume:
@@ -153,7 +154,7 @@ def test_enospc_said_by_the_child_is_the_same_message_even_with_room_now(
         quantize_model(tiny_f32, out / "o.gguf", "Q8_0")
     where = re.escape(str(out))
     said = one_line(err.value)
-    assert re.search(rf"after 10 of 21 tensors: the disk is full: \d+ MiB more are needed on {where}", said), said
+    assert re.search(rf"after 10 of 21 tensors: the disk is full: [\d.]+ MiB more are needed on {where}", said), said
     assert list(out.iterdir()) == []
 
 
@@ -227,6 +228,6 @@ def test_llama_cpp_on_a_real_disk_that_fills_says_the_disk_is_full(
         quantize_model(tiny_f32, small_tmpfs / "o.gguf", "Q8_0", threads=1)
     text = one_line(err.value)
     where = re.escape(str(small_tmpfs))
-    assert re.search(rf"the disk is full: \d+ MiB more are needed on {where}; no file was written$", text), text
+    assert re.search(rf"the disk is full: [\d.]+ MiB more are needed on {where}; no file was written$", text), text
     assert "basic_ios" not in text
     assert list(small_tmpfs.iterdir()) == []
