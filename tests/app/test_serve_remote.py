@@ -81,3 +81,22 @@ def test_constraints_and_logprobs_round_trip(pair: tuple[ServerHandle, ScriptedB
     assert tokens[0].logprob == -0.5 and tokens[0].top_logprobs == (("b~0", -1.0), ("b~1", -2.0))
     list(remote.stream([], "a b", GenerationParams(max_tokens=4, grammar='root ::= "x"')))
     assert backend.calls[1].params.grammar == 'root ::= "x"'  # a llama.cpp-family server: the grammar goes
+
+
+def test_a_server_serving_a_remote_model_refuses_raw_completions(
+    pair: tuple[ServerHandle, ScriptedBackend, RemoteSession], tmp_path: Path
+) -> None:
+    """``glassbox serve`` in front of a RemoteSession: chat goes through, ``/v1/completions`` (raw
+    prompts: ChatSession.complete only) is a 400 naming the prompt, and nothing reaches the model."""
+    from tests.app.serve_support import post
+
+    _, backend, remote = pair
+    with start_server(Paths.resolve(tmp_path / "front"), port=0, api_key=KEY, backend=remote) as front:
+        status, answer = post(front, "/v1/completions", {"model": "fake-model", "prompt": "one two"})
+        assert status == 400
+        assert answer["error"]["param"] == "prompt"
+        assert answer["error"]["message"] == "/v1/completions needs a local model; this server serves a remote one"
+        assert backend.worker.prompts == [] and backend.calls == []
+        status, answer = post(front, "/v1/chat/completions",
+                              {"model": "fake-model", "messages": [{"role": "user", "content": "one two"}]})
+        assert status == 200 and answer["choices"][0]["message"]["content"] == "two one"
