@@ -6,7 +6,8 @@ token-id lists, each prompt answered with ``n`` choices (``index`` counts them a
 ``stop``, ``seed``, ``logit_bias``, ``logprobs`` (an integer: the alternatives per token) and
 ``echo`` (the prompt before the text) work as OpenAI documents them; ``max_tokens`` defaults to 16,
 as there. A prompt that leaves no room for ``max_tokens`` in the window is a 400
-``context_length_exceeded``. Needs a local model: a remote backend's server has its own endpoint.
+``context_length_exceeded``. Needs a local model (it generates with
+:meth:`engine.session.ChatSession.complete`): a remote backend's server has its own endpoint.
 """
 
 from __future__ import annotations
