@@ -18,9 +18,10 @@ from PySide6.QtCore import QObject, Signal, Slot
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QInputDialog, QMenu, QToolButton, QWidget
 
-from app.tool_config import BUILTIN
 from app.workers.agent_turn import ToolsRequest
 
+BUILTIN = "builtin"
+"""``app.tool_config.BUILTIN`` (not imported here: it brings the MCP client, the window need not)."""
 DEFAULT_THINKING_BUDGET = 1024
 
 

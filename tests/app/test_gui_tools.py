@@ -429,3 +429,14 @@ def test_a_waiting_call_survives_a_redrawn_transcript_and_leaving_the_chat_refus
     w.chat.new_conversation()  # another chat is shown: nobody can answer, so the call is refused
     qtbot.waitUntil(lambda: not w.chat.busy, timeout=10000)
     assert len(toolset.ran) == 1
+
+
+def test_the_switch_names_the_builtin_source_as_the_configuration_does() -> None:
+    from app import chat_tools_menu, tool_config
+
+    assert chat_tools_menu.BUILTIN == tool_config.BUILTIN
+    assert chat_tools_menu.describe({"tools": {"on": True, "sources": ["builtin", "srv"]}}) == "Tools: builtin, srv"
+    tools, thinking, budget = chat_tools_menu.turn_options({"tools": {"on": True, "sources": ["srv"]},
+                                                             "thinking": "off"}, None, ())
+    assert tools is not None and tools.selection == ("srv",)
+    assert thinking is None and budget is None  # no switch in this template: the model's default
