@@ -107,9 +107,9 @@ def toolset(monkeypatch: pytest.MonkeyPatch) -> FakeToolSet:
 
 
 @pytest.fixture
-def open_window(qtbot: Any, paths: Paths) -> Iterator[Any]:
-    """Builds a window on ``paths`` with FakeToolSession; call again to 'restart'."""
-    (paths.models / "tiny.gguf").write_bytes(b"GGUF" + b"\0" * 64)
+def open_window(qtbot: Any, paths: Paths, fake_model: Path) -> Iterator[Any]:
+    """Builds a window on ``paths`` with FakeToolSession (the library lists ``fake_model``, a
+    well-formed GGUF header); call again to 'restart'."""
     windows: list[Any] = []
     sessions: list[FakeToolSession] = []
 
@@ -126,7 +126,7 @@ def open_window(qtbot: Any, paths: Paths) -> Iterator[Any]:
         w.start()
         windows.append(w)
         if w.chat.model_state is not ModelState.LOADED:
-            w.load_model(paths.models / "tiny.gguf")
+            w.load_model(fake_model)
         qtbot.waitUntil(lambda: w.chat.model_state is ModelState.LOADED, timeout=30000)
         return w
 
@@ -440,3 +440,19 @@ def test_the_switch_names_the_builtin_source_as_the_configuration_does() -> None
                                                              "thinking": "off"}, None, ())
     assert tools is not None and tools.selection == ("srv",)
     assert thinking is None and budget is None  # no switch in this template: the model's default
+
+
+def test_a_real_mcp_servers_tool_runs_from_the_chat_after_approval(qtbot: Any, open_window: Any, paths: Paths) -> None:
+    register(paths, "testtools")
+    w = open_window()
+    w.tools_button.set_source("builtin", False)
+    w.tools_button.set_source("testtools", True)
+    assert w.tools_button.text() == "Tools: testtools"
+    type_and_send(qtbot, w, "What is 2 + 3?")
+    card = pending_approval(qtbot, w)
+    assert card.request.source == "testtools"
+    card.decide("once")
+    wait_idle(qtbot, w)
+    step = w.chat.thread_messages[-1].stats["tool_steps"][0]
+    assert (step["source"], step["result"], step["ran"]) == ("testtools", "5", True)
+    assert w.chat.thread_messages[-1].content.endswith("The tool said 5.")
