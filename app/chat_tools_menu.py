@@ -130,8 +130,11 @@ class ChatToolsButton(QToolButton):
         use.setChecked(on)
         use.toggled.connect(self._on_use_action_toggled)
         menu.addSection("Sources")
+        configured = self.server_names()
+        gone = [n for n in sources if n != BUILTIN and n not in configured]  # removed from mcp.json since
         for name, label in ((BUILTIN, "Built-in tools (date and time, calculator)"),
-                            *((n, f"MCP server {n}") for n in self.server_names())):
+                            *((n, f"MCP server {n}") for n in configured),
+                            *((n, f"MCP server {n} (not configured any more: untick it)") for n in gone)):
             action = menu.addAction(label)
             action.setObjectName(f"source_{name}")
             action.setCheckable(True)

@@ -456,3 +456,16 @@ def test_a_real_mcp_servers_tool_runs_from_the_chat_after_approval(qtbot: Any, o
     step = w.chat.thread_messages[-1].stats["tool_steps"][0]
     assert (step["source"], step["result"], step["ran"]) == ("testtools", "5", True)
     assert w.chat.thread_messages[-1].content.endswith("The tool said 5.")
+
+
+def test_a_source_removed_from_mcp_json_can_still_be_unticked(qtbot: Any, paths: Paths) -> None:
+    from app.chat_tools_menu import ChatToolsButton
+
+    button = ChatToolsButton(paths)
+    qtbot.addWidget(button)
+    button.set_conversation_settings({"tools": {"on": True, "sources": ["builtin", "gone"]}})
+    button.build_menu()
+    action = button.action("source_gone")
+    assert action is not None and action.isChecked() and "not configured" in action.text()
+    action.setChecked(False)
+    assert button.settings["tools"]["sources"] == ["builtin"]
