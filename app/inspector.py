@@ -234,6 +234,11 @@ class InspectorPanel(QFrame):
         self.tokens_caption.setWordWrap(True)
         tl.addWidget(self.tokens_caption)
         tl.addWidget(self.tokens_view, 1)
+        self.tokens_legend = QLabel("")  # the reply's tints: accepted draft tokens, decoded ones
+        self.tokens_legend.setObjectName("tokensLegend")
+        self.tokens_legend.setWordWrap(True)
+        self.tokens_legend.setVisible(False)
+        tl.addWidget(self.tokens_legend)
         self.tabs.addTab(tokens_page, "Tokens")
         self.set_colors(LIGHT)
 
@@ -255,8 +260,9 @@ class InspectorPanel(QFrame):
             if swatch is not None:
                 swatch.setStyleSheet(f"color: {colors.segment(key)}; font-size: 13pt;")
         self.tokens_view.dark = colors.name == "dark"
-        if self.tokens_view.token_ids:
-            self.tokens_view.set_tokens(self.tokens_view.token_ids, self.tokens_view.pieces)
+        if self.tokens_view.token_ids or self.tokens_view.reply_ids:
+            self.tokens_view.rerender()
+        self.tokens_legend.setText(self.tokens_view.legend_html())
 
     # ------------------------------------------------------------------ data
     def _show(self, key: str, text: str, label: QLabel | None = None) -> None:
@@ -505,7 +511,15 @@ class InspectorPanel(QFrame):
     def set_prompt_view(self, view: Any) -> None:
         ids = list(getattr(view, "token_ids", []) or [])
         pieces = list(getattr(view, "pieces", []) or [])
-        self.tokens_view.set_tokens(ids, pieces)
+        # app.workers.speculative.TokensView adds the reply; a bare PromptView has none.
+        reply_ids = list(getattr(view, "reply_ids", []) or [])
+        drafted = list(getattr(view, "reply_drafted", []) or [])
+        self.tokens_view.set_tokens(ids, pieces, reply_ids=reply_ids,
+                                    reply_pieces=list(getattr(view, "reply_pieces", []) or []), reply_drafted=drafted)
+        reply = ""
+        if reply_ids:
+            reply = f", then the reply: {len(reply_ids)} tokens, {sum(drafted)} of them accepted from a draft"
         self.tokens_caption.setText(
-            f"The last prompt, exactly as the model saw it: {len(ids)} tokens. Hover a piece for its id."
+            f"The last prompt, exactly as the model saw it: {len(ids)} tokens{reply}. Hover a piece for its id."
         )
+        self.tokens_legend.setVisible(bool(reply_ids))

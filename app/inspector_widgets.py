@@ -242,10 +242,15 @@ class WallMeter(QWidget):
 
 
 class TokensView(QTextBrowser):
-    """The last prompt as coloured token pieces; hovering a piece shows its id."""
+    """The last prompt as coloured token pieces, then the reply's tokens (accepted drafts tinted);
+    hovering a piece shows its id."""
 
     PALETTE_LIGHT = ("#dbeafe", "#fde68a", "#bbf7d0", "#fbcfe8", "#ddd6fe", "#fed7aa")
     PALETTE_DARK = ("#1e3a5f", "#5c4813", "#14532d", "#5b2145", "#3b2f6b", "#5a3514")
+    # The reply: tokens the model decoded itself in grey, those accepted from a speculative draft
+    # (engine.events.Token.drafted) in a teal none of the prompt's colours comes near.
+    REPLY_LIGHT, REPLY_DARK = "#e5e7eb", "#3a3f47"
+    DRAFTED_LIGHT, DRAFTED_DARK = "#5eead4", "#0d7d72"
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -253,40 +258,98 @@ class TokensView(QTextBrowser):
         self.setOpenExternalLinks(False)
         self.token_ids: list[int] = []
         self.pieces: list[str] = []
+        self.reply_ids: list[int] = []
+        self.reply_pieces: list[str] = []
+        self.reply_drafted: list[bool] = []
         self.dark = False
+        self._limit = 4000
         self.setPlaceholderText("The prompt appears here after the first reply.")
 
-    def set_tokens(self, token_ids: Sequence[int], pieces: Sequence[str], limit: int = 4000) -> None:
-        """Shows the prompt (the last ``limit`` tokens of a long one)."""
+    @property
+    def drafted_color(self) -> str:
+        """The tint of a reply token accepted from a draft (the legend shows it too)."""
+        return self.DRAFTED_DARK if self.dark else self.DRAFTED_LIGHT
+
+    @property
+    def reply_color(self) -> str:
+        """The background of a reply token the model decoded itself."""
+        return self.REPLY_DARK if self.dark else self.REPLY_LIGHT
+
+    def legend_html(self) -> str:
+        """The reply's two tints, as rich text for the label under the view."""
+        def swatch(color: str) -> str:
+            return f'<span style="background-color:{color};">&nbsp;&nbsp;&nbsp;&nbsp;</span>'
+
+        return (f"{swatch(self.drafted_color)} accepted from a draft (speculative decoding)&nbsp;&nbsp; "
+                f"{swatch(self.reply_color)} decoded by the model")
+
+    def set_tokens(
+        self, token_ids: Sequence[int], pieces: Sequence[str], limit: int = 4000,
+        reply_ids: Sequence[int] = (), reply_pieces: Sequence[str] = (), reply_drafted: Sequence[bool] = (),
+    ) -> None:
+        """Shows the prompt (the last ``limit`` tokens of a long one) and the reply after it."""
         self.token_ids, self.pieces = list(token_ids), list(pieces)
+        self.reply_ids, self.reply_pieces = list(reply_ids), list(reply_pieces)
+        self.reply_drafted = list(reply_drafted)
+        self._limit = limit
+        self.rerender()
+
+    def rerender(self) -> None:
+        """Draws what is shown again (after a theme change)."""
         palette = self.PALETTE_DARK if self.dark else self.PALETTE_LIGHT
-        start = max(0, len(self.token_ids) - limit)
+        start = max(0, len(self.token_ids) - self._limit)
         parts: list[str] = []
         if start:
             parts.append(f"<i>… {start} earlier tokens not shown …</i><br>")
         for i in range(start, len(self.token_ids)):
             piece = self.pieces[i] if i < len(self.pieces) else ""
-            text = html.escape(piece).replace("\n", "↵<br>").replace(" ", "&nbsp;") or "∅"
-            color = palette[i % len(palette)]
-            parts.append(
-                f'<a href="tok:{i}" style="background-color:{color}; text-decoration:none; color:inherit;">{text}</a>'
-            )
+            parts.append(_token_link(f"tok:{i}", piece, palette[i % len(palette)]))
+        if self.reply_ids:
+            parts.append("<br><i>reply:</i> ")
+            for j in range(min(len(self.reply_ids), self._limit)):
+                piece = self.reply_pieces[j] if j < len(self.reply_pieces) else ""
+                drafted = j < len(self.reply_drafted) and self.reply_drafted[j]
+                parts.append(_token_link(f"rep:{j}", piece, self.drafted_color if drafted else self.reply_color))
         self.setHtml('<div style="font-family: monospace; line-height: 150%;">' + "".join(parts) + "</div>")
 
     def token_at(self, pos: QPoint) -> int | None:
-        """Index of the token under a viewport position, or None."""
+        """Index of the prompt token under a viewport position, or None."""
         anchor = self.anchorAt(pos)
         if anchor.startswith("tok:"):
             return int(anchor[4:])
         return None
 
+    def tooltip_at(self, pos: QPoint) -> str | None:
+        """What hovering the piece under a viewport position says, or None."""
+        return self.tooltip_from_anchor(self.anchorAt(pos))
+
+    def tooltip_from_anchor(self, anchor: str) -> str | None:
+        """What hovering the piece of this link (``tok:I`` in the prompt, ``rep:J`` in the reply) says."""
+        kind, _, index_text = anchor.partition(":")
+        if not index_text.isdigit():
+            return None
+        index = int(index_text)
+        if kind == "tok" and index < len(self.token_ids):
+            piece = self.pieces[index] if index < len(self.pieces) else ""
+            return f"token #{index}  id {self.token_ids[index]}  {piece!r}"
+        if kind == "rep" and index < len(self.reply_ids):
+            piece = self.reply_pieces[index] if index < len(self.reply_pieces) else ""
+            drafted = index < len(self.reply_drafted) and self.reply_drafted[index]
+            how = "accepted from a draft" if drafted else "decoded by the model"
+            return f"reply token #{index}  id {self.reply_ids[index]}  {piece!r}  ({how})"
+        return None
+
     def viewportEvent(self, event: QEvent) -> bool:
         if event.type() == QEvent.Type.ToolTip and isinstance(event, QHelpEvent):
-            index = self.token_at(event.pos())
-            if index is not None and index < len(self.token_ids):
-                piece = self.pieces[index] if index < len(self.pieces) else ""
-                QToolTip.showText(event.globalPos(), f"token #{index}  id {self.token_ids[index]}  {piece!r}", self)
+            text = self.tooltip_at(event.pos())
+            if text is not None:
+                QToolTip.showText(event.globalPos(), text, self)
             else:
                 QToolTip.hideText()
             return True
         return super().viewportEvent(event)
+
+
+def _token_link(href: str, piece: str, color: str) -> str:
+    text = html.escape(piece).replace("\n", "↵<br>").replace(" ", "&nbsp;") or "∅"
+    return f'<a href="{href}" style="background-color:{color}; text-decoration:none; color:inherit;">{text}</a>'

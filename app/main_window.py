@@ -508,6 +508,7 @@ class MainWindow(ConversationActions, DocumentActions, ModelActions, QMainWindow
 
     # ------------------------------------------------------------------ chat
     def turn_context(self) -> TurnContext:
+        from app.workers.speculative import speculative_mode
         from engine.runtime import GenerationParams
 
         conv = self.chat.conversation
@@ -524,6 +525,7 @@ class MainWindow(ConversationActions, DocumentActions, ModelActions, QMainWindow
             min_p=preset.min_p,
             repeat_penalty=preset.repeat_penalty,
             seed=preset.seed,
+            speculative=speculative_mode(self.chat.loaded, self.settings),  # app/workers/speculative.py
         )
         kbs = tuple(getattr(conv, "knowledge_bases", None) or ())
         self.inspector.set_reply_limit(params.max_tokens)
@@ -640,11 +642,13 @@ class MainWindow(ConversationActions, DocumentActions, ModelActions, QMainWindow
     def open_settings(self) -> None:
         from app.settings_dialog import SettingsDialog
         from app.workers.chat_adapter import parse_remote_model
+        from app.workers.speculative import draft_for
 
         loaded = self.chat.loaded.path if self.chat.loaded is not None else None
         local = loaded if loaded is not None and parse_remote_model(loaded) is None else None
         dialog = SettingsDialog(self.settings, self, server_url=self.remote.server_url, model_path=local,
-                                kv_cache_dir=self.paths.kv_cache, tools_paths=self.paths)
+                                kv_cache_dir=self.paths.kv_cache, tools_paths=self.paths,
+                                library=self.models_adapter.library)
         if not dialog.exec():
             return
         old = self.settings
@@ -657,7 +661,9 @@ class MainWindow(ConversationActions, DocumentActions, ModelActions, QMainWindow
         if self.settings.models_folder(self.paths.models) != old.models_folder(self.paths.models):
             self.refresh_models()
         engine_keys = ("n_ctx", "n_threads", "gpu_layers", "overflow_policy", "reply_reserve")
-        if self.chat.loaded is not None and any(getattr(old, k) != getattr(self.settings, k) for k in engine_keys):
+        draft_changed = loaded is not None and draft_for(old, loaded) != draft_for(self.settings, loaded)
+        if self.chat.loaded is not None and (draft_changed or any(getattr(old, k) != getattr(self.settings, k)
+                                                                  for k in engine_keys)):
             self.statusBar().showMessage("Reloading the model with the new settings…", 5000)
             self.load_model(self.chat.loaded.path)
 

@@ -30,6 +30,7 @@ from shiboken6 import isValid
 
 from app.saved_kv_caches import SavedKvCachesWidget
 from app.settings import Settings
+from app.speculative_settings import SpeculativeSettingsWidget
 
 GPU_MODES = (
     ("Automatic: as many layers as fit in free GPU memory", "auto"),
@@ -48,6 +49,8 @@ class SettingsDialog(QDialog):
         model_path: the loaded local model: the context length shows the KV cache it implies.
         kv_cache_dir: where chats' KV caches are saved (the "Saved KV caches" group can clear it).
         tools_paths: the data folders: a "Tools…" button opens Settings → Tools (app/tools_settings.py).
+        library: the models library adapter: its chat models are the draft-model choices
+            (the "Speculative decoding" group, app/speculative_settings.py).
     """
 
     def __init__(
@@ -58,6 +61,7 @@ class SettingsDialog(QDialog):
         model_path: Path | None = None,
         kv_cache_dir: Path | None = None,
         tools_paths: Any = None,
+        library: Any = None,
     ) -> None:
         super().__init__(parent)
         self.setWindowTitle("Settings")
@@ -167,6 +171,8 @@ class SettingsDialog(QDialog):
         layout.addWidget(self._server_section(settings, server_url))
         self.kv_caches = SavedKvCachesWidget(settings, kv_cache_dir, self)
         layout.addWidget(self.kv_caches)
+        self.speculative = SpeculativeSettingsWidget(settings, library, model_path, self)
+        layout.addWidget(self.speculative)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
@@ -267,6 +273,7 @@ class SettingsDialog(QDialog):
                 "api_server_port": self.server_port.value(),
                 "api_server_key": self.server_key.text().strip() or None,
                 "kv_cache_max_gb": self.kv_caches.max_gb(),
+                **self.speculative.updates(),
             }
         )
 

@@ -13,6 +13,7 @@ from PySide6.QtCore import Qt, Slot
 from app.tasks import describe_error, run_in_background
 from app.workers.chat_adapter import ModelState, model_label, model_tooltip
 from app.workers.llm_worker import LoadRequest
+from app.workers.speculative import draft_for
 
 if TYPE_CHECKING:
     from PySide6.QtWidgets import QComboBox, QLabel, QPushButton, QStatusBar
@@ -194,6 +195,7 @@ class ModelActions:
             backend_state=self.paths.cpu_backend_state,
             kv_cache_dir=self.paths.kv_cache,
             kv_cache_max_bytes=self.settings.kv_cache_max_bytes,
+            draft_model_path=draft_for(self.settings, path),  # speculative decoding's draft, from Settings
         )
 
     def _auto_gpu_layers(self, path: Path) -> int:
@@ -297,9 +299,13 @@ class ModelActions:
         note = getattr(self, "_other_apps_note", "")  # said once more, or the load message would hide it
         self._other_apps_note = ""
         loaded_text = f"Loaded {loaded.label} in {loaded.load_ms / 1000:.1f} s"
+        if loaded.draft_path is not None:
+            loaded_text += f", {loaded.draft_path.name} drafting for it"
         self.statusBar().showMessage(f"{loaded_text} · {note}" if note else loaded_text, 20000 if note else 8000)
         if self._models_page is not None:
             self._models_page.set_loaded(loaded.path)
         if loaded.machine_bandwidth_gbps:
             self.models_adapter.library.bandwidth_gbps = loaded.machine_bandwidth_gbps
         self.banner.setVisible(False)
+        if loaded.draft_note:  # the draft model chosen in Settings was refused: said, not hidden
+            self.show_error(loaded.draft_note)

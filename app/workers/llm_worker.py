@@ -46,6 +46,8 @@ class LoadRequest:
         backend_state: where this machine's CPU-variant verdicts are kept (engine.cpu_backend).
         kv_cache_dir: where the KV cache of each chat is saved (engine.kv_cache); None: not saved.
         kv_cache_max_bytes: the size cap of those files (0: none saved).
+        draft_model_path: a smaller model of the same vocabulary that drafts for speculative
+            decoding (``settings.draft_models``); refused by the engine, the model loads without it.
     """
 
     model_path: Path
@@ -60,6 +62,7 @@ class LoadRequest:
     backend_state: Path | None = None
     kv_cache_dir: Path | None = None
     kv_cache_max_bytes: int = 0
+    draft_model_path: Path | None = None
     cancel: threading.Event = field(default_factory=threading.Event, compare=False)
 
 
@@ -112,6 +115,8 @@ class LoadedModel:
     machine_bandwidth_gbps: float | None
     backend_note: str | None = None  # e.g. the CPU variant crashed and the safe one runs
     thinking_controls: tuple[str, ...] = ()  # the template's switches (enable_thinking, reasoning_effort)
+    draft_path: Path | None = None  # the draft model loaded with it (speculative decoding)
+    draft_note: str | None = None  # one line: why the draft model asked for was not used
 
 
 @dataclass(frozen=True)
@@ -139,6 +144,7 @@ def default_session_factory(request: LoadRequest, bandwidth: float | None) -> Ch
         n_ctx=request.n_ctx,
         n_threads=request.n_threads,
         n_gpu_layers=request.n_gpu_layers,
+        draft_model_path=request.draft_model_path,
     )
     return ChatSession(
         params,
@@ -224,7 +230,7 @@ class LlmWorker(QObject):
         tokens_received(int, str, int): request id, coalesced text delta, number of tokens in it.
         generation_finished(object): a :class:`GenerationOutcome`.
         generation_failed(int, object): request id, the exception.
-        prompt_view_ready(object): ``engine.session.PromptView`` of the last prompt.
+        prompt_view_ready(object): ``app.workers.speculative.TokensView``: the last prompt and its reply.
         bandwidth_measured(float): the machine's memory bandwidth in GB/s (probed once, cached).
         retrieval_started(int): request id; documents are being searched.
         sources_found(int, object): request id and the sources (list of dicts) given to the model.
@@ -268,8 +274,9 @@ class LlmWorker(QObject):
         if request.breadcrumb is not None:
             write_breadcrumb(request.breadcrumb, "load model", request.model_path)
         try:
-            session = self._factory(request, self._bandwidth)
-            info = session.load(request.cancel)
+            from app.workers.speculative import load_session
+
+            session, info, request, draft_note = load_session(self._factory, request, self._bandwidth)
         except Exception as exc:  # noqa: BLE001 - boundary: every failure becomes a signal (CONTRIBUTING.md rule 18)
             if request.breadcrumb is not None:
                 clear_breadcrumb(request.breadcrumb)
@@ -283,7 +290,8 @@ class LlmWorker(QObject):
         label = request.label or request.model_path.name
         note = getattr(session, "backend_note", None)
         controls = tuple(sorted(getattr(getattr(session, "template", None), "thinking", None) or ()))
-        self.model_loaded.emit(LoadedModel(request.model_path, label, info, load_ms, self._bandwidth, note, controls))
+        self.model_loaded.emit(LoadedModel(request.model_path, label, info, load_ms, self._bandwidth, note, controls,
+                                           request.draft_model_path, draft_note))
         if not self._bandwidth_done and request.bandwidth_cache is not None:
             # After the load, so the first reply is not delayed; cached for later runs.
             self._bandwidth = measure_bandwidth(request.bandwidth_cache)
@@ -312,6 +320,9 @@ class LlmWorker(QObject):
         thinking: list[str] = []
         last_emit = 0.0
         last_prefill = 0.0
+        from app.workers.speculative import ReplyTokens
+
+        reply = ReplyTokens()  # for the inspector's token view (accepted drafts tinted)
         try:
             from app.workers.agent_turn import TextBreak, agent_events, stream_accepts
             from engine.context import Message
@@ -361,6 +372,8 @@ class LlmWorker(QObject):
                 now = time.perf_counter()
                 if isinstance(event, (Reasoning, TextBreak)):
                     (thinking if isinstance(event, Reasoning) else pending).append(event.text)
+                    if isinstance(event, TextBreak):
+                        reply = ReplyTokens()  # the last prompt holds the generations before it
                     if now - last_emit >= COALESCE_S:
                         self._flush(request.request_id, thinking, pending, pending_tokens)
                         pending_tokens = 0
@@ -368,6 +381,7 @@ class LlmWorker(QObject):
                 elif isinstance(event, Token):
                     pending.append(event.text)
                     pending_tokens += 1
+                    reply.add(event)
                     if now - last_emit >= COALESCE_S:
                         self._flush(request.request_id, thinking, pending, pending_tokens)
                         pending_tokens = 0
@@ -388,7 +402,7 @@ class LlmWorker(QObject):
             self._flush(request.request_id, thinking, pending, pending_tokens)
             self.generation_failed.emit(request.request_id, exc)
             return
-        self._emit_prompt_view(session)
+        self._emit_prompt_view(session, reply)
 
     def _flush(self, request_id: int, thinking: list[str], pending: list[str], tokens: int) -> None:
         """Sends the thinking and the text gathered since the last update, and empties both lists."""
@@ -399,13 +413,13 @@ class LlmWorker(QObject):
             self.tokens_received.emit(request_id, "".join(pending), tokens)
             pending.clear()
 
-    def _emit_prompt_view(self, session: ChatBackend) -> None:
+    def _emit_prompt_view(self, session: ChatBackend, reply: Any = None) -> None:
         try:
             view = session.prompt_view()
         except Exception as exc:  # noqa: BLE001 - the prompt view is a nicety; never fail a turn for it
             log.warning("prompt view unavailable: %s", exc)
             return
-        self.prompt_view_ready.emit(view)
+        self.prompt_view_ready.emit(view if reply is None else reply.view(view))
 
     @Slot()
     def _on_shutdown_requested(self) -> None:
