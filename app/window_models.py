@@ -207,7 +207,10 @@ class ModelActions:
             hw = hardware.probe_hardware()
             if not hw.gpu_offload_supported:
                 return 0
-            return int(fit.auto_gpu_layers(read_gguf_info(path), self.settings.n_ctx, hw))
+            draft = draft_for(self.settings, path)  # the draft model goes where the model's layers go
+            estimate = fit.estimate_fit(read_gguf_info(path), hw, self.settings.n_ctx,
+                                        draft=read_gguf_info(draft) if draft is not None and draft.is_file() else None)
+            return int(estimate.gpu_layers)
         except Exception as exc:  # noqa: BLE001 - the estimate is advisory; CPU always works
             log.info("auto GPU layers unavailable: %s", exc)
             return 0

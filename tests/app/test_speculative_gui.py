@@ -288,3 +288,30 @@ def test_the_inspector_shows_a_plain_prompt_view_without_a_reply(qtbot: Any) -> 
     panel.set_prompt_view(TokensView([1, 2], ["a", "b"]))  # a remote model's view, say: no reply tokens
     assert panel.tokens_view.reply_ids == [] and panel.tokens_legend.isHidden()
     assert "reply" not in panel.tokens_caption.text()
+
+
+def test_automatic_gpu_layers_count_the_draft_model(
+    qtbot: Any, paths: Paths, models: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from engine import hardware
+    from engine.fit import VRAM_RESERVE, estimate_fit
+    from engine.gguf import read_gguf_info
+
+    big, small = models
+    big_info, small_info = read_gguf_info(big), read_gguf_info(small)
+
+    def machine(free_vram: int) -> Any:
+        gpu = hardware.GpuInfo(name="test GPU", vendor="nvidia", total_vram=free_vram, free_vram=free_vram)
+        return hardware.HardwareInfo(total_ram=8 << 30, available_ram=7 << 30, cpu_count_physical=2,
+                                     cpu_count_logical=2, cpu_name="test", gpu_offload_supported=True, gpus=[gpu])
+
+    alone = estimate_fit(big_info, machine(1 << 40), 512)
+    hw = machine(VRAM_RESERVE + alone.gpu_bytes + 1024)  # room for the model alone, not for its draft too
+    without = estimate_fit(big_info, hw, 512).gpu_layers
+    with_draft = estimate_fit(big_info, hw, 512, draft=small_info).gpu_layers
+    assert with_draft < without
+    monkeypatch.setattr(hardware, "probe_hardware", lambda: hw)
+    settings = Settings(theme="light", last_model=str(big), n_ctx=512, gpu_layers="auto",
+                        draft_models={str(big): str(small)})
+    _w, sessions = _window(qtbot, paths, settings, DraftingSession)
+    assert sessions[-1].request.n_gpu_layers == with_draft
