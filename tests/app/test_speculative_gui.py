@@ -315,3 +315,15 @@ def test_automatic_gpu_layers_count_the_draft_model(
                         draft_models={str(big): str(small)})
     _w, sessions = _window(qtbot, paths, settings, DraftingSession)
     assert sessions[-1].request.n_gpu_layers == with_draft
+
+
+def test_a_remote_model_is_never_asked_to_speculate() -> None:
+    from app.workers.chat_adapter import remote_model_path
+    from app.workers.llm_worker import LoadedModel
+    from app.workers.speculative import speculative_mode
+
+    remote = LoadedModel(remote_model_path("lab", "qwen"), "qwen", None, 1.0, None)
+    local = LoadedModel(Path("/m/big.gguf"), "big", None, 1.0, None)
+    drafted = LoadedModel(Path("/m/big.gguf"), "big", None, 1.0, None, draft_path=Path("/m/small.gguf"))
+    settings = Settings(speculative="lookup")
+    assert [speculative_mode(m, settings) for m in (remote, local, drafted, None)] == ["off", "lookup", "draft", "off"]
