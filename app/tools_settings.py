@@ -219,7 +219,9 @@ class ToolsSettingsDialog(QDialog):
             described = entry.describe()
             where = described.get("url") or " ".join([described.get("command") or "", *described.get("args", [])])
             status = self.status_of.get(name, "checking…" if name in self._checking else "not started")
-            self._add_source(name, f"{name}  ({where})", status, self.tools_of.get(name, []), perms)
+            self._add_source(name, name, status, self.tools_of.get(name, []), perms)
+            top = self.tree.topLevelItem(self.tree.topLevelItemCount() - 1)
+            top.setToolTip(COL_NAME, f"{described['transport']}: {where.strip()}")
         self.tree.expandAll()
         for column in (COL_NAME, COL_ON, COL_ALLOW):
             self.tree.resizeColumnToContents(column)
