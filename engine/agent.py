@@ -15,9 +15,13 @@ One :meth:`Agent.run` is one user turn::
   provider that ignores both is abandoned when the time is up, and the result says so); a result
   larger than the room left in the window is cut to fit with a visible marker
   (:func:`engine.context.truncate_to_tokens`); after ``max_steps`` rounds of calls the model gets
-  one last generation without tools, so the turn ends with an answer.
+  one last generation under ``tool_choice="none"``, so the turn ends with an answer: the tools stay
+  in its prompt as they were, with a note not to call one, and its reply is not parsed for calls.
 * **Tool choice**: ``required`` or a named function applies to the first generation only (then
   ``auto``), or the loop could never end.
+* **One prefix per turn**: the steps differ only in their tool choice, which the prompt states at
+  its end (engine/tool_prompt.py), so each step's prompt starts with the previous one's and reuses
+  its KV cache: only the calls and their results are prefilled.
 * **Stop**: the ``cancel`` event is checked while generating, while waiting for approval is the
   callback's job, while a tool runs, and between steps; calls not yet run get a "cancelled" result
   so the history stays well formed.
@@ -98,7 +102,7 @@ class AgentResult:
         steps: every call handled.
         finished: the last generation's Finished.
         rounds: how many generations asked for calls.
-        hit_step_limit: the last generation was made without tools because of ``max_steps``.
+        hit_step_limit: the last generation could call no tool because of ``max_steps``.
         reasoning: each generation's thinking, joined by blank lines.
         reasoning_tokens: the thinking's tokens over all generations.
         reasoning_ms: the thinking's time over all generations.
@@ -146,7 +150,7 @@ class Agent:
         allow: names of the tools that run without asking (updated by ``"always"``).
         on_allow: told the name of a tool the user chose to always allow (to save the list).
         on_step: told each new message as it happens (and the ToolStep of a ``tool`` message).
-        max_steps: rounds of calls before the model must answer without tools.
+        max_steps: rounds of calls before the model must answer without calling a tool.
         timeout_s: the most a call may run.
         max_result_tokens: the most tokens one result may take (also limited by the room left).
 
@@ -253,7 +257,7 @@ class Agent:
             result.reasoning = "\n\n".join(part for part in (result.reasoning, finished.reasoning) if part)
             result.reasoning_tokens += finished.reasoning_tokens
             result.reasoning_ms += finished.reasoning_ms
-            calls = finished.tool_calls if offered else ()
+            calls = finished.tool_calls if offered and choice != "none" else ()
             reply = Message("assistant", finished.text, tool_calls=calls)
             self._append(messages, result, reply, None)
             if not calls:
@@ -266,14 +270,14 @@ class Agent:
                     self._append(messages, result, _tool_message(step), step)
                 return
             result.rounds += 1
-            next_offered, next_choice = offered, choice
-            if result.rounds >= self.max_steps:
-                next_offered, result.hit_step_limit = (), True
+            next_choice = choice
+            if result.rounds >= self.max_steps:  # the tools stay rendered: the prefix is kept
+                next_choice, result.hit_step_limit = "none", True
             elif choice not in (None, "auto", "none"):
                 next_choice = "auto"
             room = self._result_room(
-                finished, messages, calls, params, system=system, documents=documents, tools=next_offered,
-                tool_choice=next_choice if next_offered else "none", thinking=thinking,
+                finished, messages, calls, params, system=system, documents=documents, tools=offered,
+                tool_choice=next_choice if offered else "none", thinking=thinking,
                 reasoning_effort=reasoning_effort,
             )
             for call in calls:
@@ -284,7 +288,7 @@ class Agent:
                 self._append(messages, result, _tool_message(step), step)
             if cancel.is_set():
                 return
-            offered, choice = next_offered, next_choice
+            choice = next_choice
 
     def _append(self, messages: list[Message], result: AgentResult, message: Message, step: ToolStep | None) -> None:
         messages.append(message)

@@ -59,7 +59,15 @@ from engine.gguf import MAX_CHAT_TEMPLATE_BYTES
 from engine.harmony import is_harmony
 from engine.reasoning import EFFORTS, thinking_controls
 from engine.tool_calls import Family, detect_family
-from engine.tool_prompt import fold_tools, has_tool_parts, template_message, tool_entries
+from engine.tool_prompt import (
+    choice_note,
+    fold_tools,
+    has_tool_parts,
+    keeps_tools,
+    template_message,
+    tool_entries,
+    with_note,
+)
 from engine.tools import ToolSpec
 
 MAX_TEMPLATE_BYTES = MAX_CHAT_TEMPLATE_BYTES
@@ -432,7 +440,9 @@ class ChatTemplate:
                 JSON text), a ``tool`` message ``tool_call_id`` and ``name``.
             add_generation_prompt: end with the header that starts the assistant's reply.
             tools: the tools offered (rendered through the template, or the fallback prompt when it
-                has no tool support); ignored with ``tool_choice="none"``.
+                has no tool support); ignored with ``tool_choice="none"``, unless the conversation
+                holds calls or results: then they stay, with a note not to call one
+                (engine/tool_prompt.py's :func:`~engine.tool_prompt.keeps_tools`).
             tool_choice: ``auto``, ``none``, ``required`` or a function name (passed to the template).
             enable_thinking: the template's thinking switch; None leaves it to the template.
             reasoning_effort: ``low``, ``medium`` or ``high`` for templates that read it; None leaves it.
@@ -444,10 +454,12 @@ class ChatTemplate:
             TemplateError: the model's template refused the conversation, broke a sandbox rule or
                 ran past its time limit.
         """
-        offered = list(tools or ()) if tool_choice != "none" else []
         plain = [template_message(m) for m in messages]
+        offered = list(tools or ()) if keeps_tools(tool_choice, plain) else []
         if not self.supports_tools and (offered or any(has_tool_parts(m) for m in plain)):
             plain, offered = fold_tools(plain, offered, tool_choice), []
+        elif offered:
+            plain = with_note(plain, choice_note(tool_choice, native=True))
         if self._template is None and self.name in _STRIPS_TEXT:
             plain = [{**m, "content": m["content"].strip()} for m in plain]
         if self.fold_system:

@@ -20,11 +20,18 @@ calls produce)::
     Tools (JSON schema of each one's arguments):
     {"name": "get_weather", "description": "...", "parameters": {...}}
 
-(``tool_choice="required"`` adds "You must call one of these tools now."; a named function adds
-"You must call the tool NAME now."). An earlier call is shown as the assistant's JSON object, and
-its result as a user message ``[tool result] NAME (call ID):`` followed by the content (several
-results in a row share one message, so formats that need user and assistant turns to alternate
-still do).
+An earlier call is shown as the assistant's JSON object, and its result as a user message
+``[tool result] NAME (call ID):`` followed by the content (several results in a row share one
+message, so formats that need user and assistant turns to alternate still do).
+
+**One turn, one prefix.** The steps of an agent's turn (engine/agent.py) differ only in their tool
+choice, so what the choice adds goes at the end of the prompt, never into the tool description:
+the steps then share their prefix and each one reuses the previous step's KV cache. The choice's
+note (:func:`choice_note`) is appended to the last message: ``required`` adds "You must call one
+of these tools now.", a named function "You must call the tool NAME now." (the fallback prompt
+only: with native tool support the grammar alone forces the call), and ``none`` in a conversation
+that already holds calls or results (an agent's step limit) keeps the tools rendered as they were
+and adds :data:`NO_CALL_NOTE` (:func:`keeps_tools`; the reply is then not parsed for calls).
 """
 
 from __future__ import annotations
@@ -42,6 +49,8 @@ FALLBACK_INSTRUCTIONS = (
     "After the call you will get its result; then answer the user, or call another tool."
 )
 RESULT_HEADER = "[tool result]"
+NO_CALL_NOTE = "Do not call a tool now: answer the user with what you have."
+"""The note of ``tool_choice="none"`` when the tools stay in the prompt (an agent's step limit)."""
 
 
 def template_message(message: Mapping[str, Any]) -> dict[str, Any]:
@@ -88,19 +97,46 @@ def tool_entries(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
     return [tool.as_openai() for tool in tools]
 
 
-def fallback_system_text(tools: Sequence[ToolSpec], tool_choice: str) -> str:
-    """The fallback prompt's tool description (goes into the system message)."""
-    lines = [FALLBACK_INSTRUCTIONS]
-    if tool_choice == "required":
-        lines.append("You must call one of these tools now.")
-    elif tool_choice not in ("auto", "none"):
-        lines.append(f"You must call the tool {tool_choice} now.")
-    lines.append("")
-    lines.append("Tools (JSON schema of each one's arguments):")
+def fallback_system_text(tools: Sequence[ToolSpec]) -> str:
+    """The fallback prompt's tool description (goes into the system message; the same for every
+    tool choice, so the steps of a turn share it)."""
+    lines = [FALLBACK_INSTRUCTIONS, "", "Tools (JSON schema of each one's arguments):"]
     for tool in tools:
         entry = {"name": tool.name, "description": tool.description, "parameters": tool.parameters}
         lines.append(json.dumps(entry, ensure_ascii=False))
     return "\n".join(lines)
+
+
+def keeps_tools(tool_choice: str, messages: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether the tools are rendered: for every choice but ``none``, and for ``none`` too when the
+    conversation holds calls or results (the prompt of an agent's last step keeps the tool block of
+    the steps before it, as OpenAI's ``none`` keeps the tools in the model's view)."""
+    return tool_choice != "none" or any(has_tool_parts(m) for m in messages)
+
+
+def choice_note(tool_choice: str, *, native: bool) -> str:
+    """The line that tells the model this step's tool choice ("" for none): ``none`` (with the tools
+    still rendered) gets :data:`NO_CALL_NOTE`; ``required`` and a named function get theirs only in
+    the fallback prompt (``native=False``); a template with tool support relies on the grammar."""
+    if tool_choice == "none":
+        return NO_CALL_NOTE
+    if native or tool_choice == "auto":
+        return ""
+    if tool_choice == "required":
+        return "You must call one of these tools now."
+    return f"You must call the tool {tool_choice} now."
+
+
+def with_note(messages: list[dict[str, Any]], note: str) -> list[dict[str, Any]]:
+    """``messages`` with ``note`` appended to the last one (a user message or a tool result; after
+    anything else, as a new user message), so the note changes nothing before it."""
+    if not note:
+        return messages
+    if messages and messages[-1]["role"] in ("user", "tool"):
+        last = messages[-1]
+        text = str(last.get("content") or "")
+        return [*messages[:-1], {**last, "content": f"{text}\n\n{note}" if text else note}]
+    return [*messages, {"role": "user", "content": note}]
 
 
 def call_json(name: str, arguments: dict[str, Any]) -> str:
@@ -117,11 +153,13 @@ def fold_tools(
         messages: template dicts (``role``, ``content``, and ``tool_calls`` / ``tool_call_id`` /
             ``name`` where present).
         tools: the tools offered (none: only earlier calls and results are rewritten).
-        tool_choice: ``auto``, ``required``, a function name (``none`` offers no tools).
+        tool_choice: ``auto``, ``required``, a function name, or ``none`` (tools given with it are
+            described, and the model told not to call one: see :func:`keeps_tools`).
 
     Returns:
         Plain ``role``/``content`` dicts: the tool description prepended to the system message
-        (one is created if there is none), calls as JSON text, results as user messages.
+        (one is created if there is none), calls as JSON text, results as user messages, and the
+        choice's note (:func:`choice_note`) at the end of the last message.
     """
     out: list[dict[str, Any]] = []
     for message in messages:
@@ -144,13 +182,14 @@ def fold_tools(
             out.append({"role": role, "content": content})
     for message in out:
         message.pop("_tool_results", None)
-    if tools and tool_choice != "none":
-        described = fallback_system_text(tools, tool_choice)
+    if tools:
+        described = fallback_system_text(tools)
         if out and out[0]["role"] == "system":
             head = out[0]["content"]
             out[0] = {"role": "system", "content": f"{head}\n\n{described}" if head else described}
         else:
             out.insert(0, {"role": "system", "content": described})
+        out = with_note(out, choice_note(tool_choice, native=False))
     return out
 
 

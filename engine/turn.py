@@ -4,11 +4,14 @@
 :class:`TurnShape`, which the session (engine/session.py) uses to render the prompt, to constrain
 the sampler and to shape the reply:
 
-* ``tool_choice="none"`` (or no tools) offers no tools; ``auto`` renders them and lets the model
-  choose; ``required`` and a named function render them and also constrain the reply with a JSON
-  schema (``{"name": <const>, "arguments": <the tool's schema>}``, ``anyOf`` over the tools for
-  ``required``: engine/tool_prompt.py's :func:`~engine.tool_prompt.call_schema`), so that even a
-  small base model produces a call whose arguments validate. Such a reply is parsed as the
+* ``tool_choice="none"`` (or no tools) offers no tools (in a conversation that already holds calls
+  or results the tools stay rendered, with a note not to call one, and the reply is not parsed
+  for calls: an agent's step limit keeps its prompt prefix, engine/tool_prompt.py); ``auto``
+  renders them and lets the model choose; ``required`` and a named function render them and also
+  constrain the reply with a JSON schema (``{"name": <const>, "arguments": <the tool's schema>}``,
+  ``anyOf`` over the tools for ``required``: engine/tool_prompt.py's
+  :func:`~engine.tool_prompt.call_schema`), so that even a small base model produces a call whose
+  arguments validate. Such a reply is parsed as the
   ``json`` call format, thinking is not recognised in it (the grammar leaves no room for it), and
   a ``json_schema`` or ``grammar`` of the caller's own is refused alongside it.
 * ``thinking`` (True/False) sets the template's ``enable_thinking`` and ``reasoning_effort`` its
@@ -46,7 +49,8 @@ class TurnShape:
     """A turn's validated options (build it with :func:`shape_turn`).
 
     Attributes:
-        tools: the tools rendered into the prompt (empty for ``none``).
+        tools: the tools given (with ``none`` rendered only where the conversation holds calls or
+            results, and never parsed for).
         choice: the tool choice (``auto``, ``none``, ``required`` or a function name).
         json_schema: the call schema the reply is constrained to (JSON text), or None.
         enable_thinking: the template's thinking switch, or None to leave it be.
@@ -93,7 +97,7 @@ class TurnShape:
         marks = {i: m for i, m in (specials or {}).items() if self.template.harmony or m not in HARMONY_MARKERS}
         if self.json_schema is not None:
             return ReplyShaper(family="json", tool_names=names, thinking=False, specials=marks)
-        family = self.template.tool_family if self.tools else None
+        family = self.template.tool_family if self.tools and self.choice != "none" else None
         return ReplyShaper(family=family, harmony=self.template.harmony, tool_names=names,
                            think_started=opened_in_prompt(prompt), specials=marks)
 
@@ -130,7 +134,7 @@ def shape_turn(
             grammar or schema.
     """
     choice = normalize_tool_choice(tool_choice, tools)
-    offered = tuple(tools) if choice != "none" else ()
+    offered = tuple(tools)
     check_tools(offered)
     schema: dict[str, Any] | None = call_schema(offered, choice)
     if schema is not None and (params.json_schema is not None or params.grammar is not None):

@@ -231,13 +231,16 @@ def test_a_stopped_reply_with_calls_runs_none_of_them() -> None:
     assert provider.calls == [] and result.steps[0].approval == "cancelled"
 
 
-def test_step_limit_ends_with_a_generation_without_tools() -> None:
+def test_step_limit_ends_with_a_generation_that_keeps_the_tools_but_runs_no_call() -> None:
     backend = ScriptedBackend([Reply("", (call("add", a=1, b=1),)) for _ in range(5)])
     provider = FakeProvider([ADD])
     _, result = run_all(Agent(backend, [provider], allow={"add"}, max_steps=2))
     assert len(provider.calls) == 2 and result.rounds == 2 and result.hit_step_limit
-    assert [len(seen["tools"]) for seen in backend.seen] == [1, 1, 0]
-    assert backend.seen[-1]["choice"] == "none"
+    # the same tools every step (the prompt prefix stays), the last one under "none"
+    assert [len(seen["tools"]) for seen in backend.seen] == [1, 1, 1]
+    assert [seen["choice"] for seen in backend.seen] == [None, None, "none"]  # None: the backend's auto
+    # a backend that returns a call anyway: it is not run and not kept
+    assert len(backend.seen) == 3 and result.messages[-1].tool_calls == ()
 
 
 def test_forced_choice_applies_to_the_first_generation_only() -> None:

@@ -1,6 +1,7 @@
 """The agent loop and the KV cache saved with each chat, on the starter model: the generation after a
-tool result runs under the turn's ``cache_key``, reuses the first generation's prefix, and the tool
-turn's state is restored from disk by a new worker process.
+tool result runs under the turn's ``cache_key``, reuses the first generation's prefix (whether the
+first step was ``auto`` or forced a call, and at the step limit), and the tool turn's state is
+restored from disk by a new worker process.
 
 The starter is a base model: the test's backend makes its first generation call ``add`` (the model
 generated under ``tool_choice="auto"``, so the prompt is the one a model that called would have) and
@@ -21,6 +22,7 @@ from engine.agent import Agent
 from engine.context import Message
 from engine.events import Event, Finished, ToolCall
 from engine.kv_cache import KvCacheConfig, KvCacheStore, KvKey
+from engine.tool_prompt import choice_note
 from engine.tools import ToolResult, ToolSpec
 
 pytestmark = pytest.mark.model
@@ -104,3 +106,35 @@ def test_the_step_after_a_tool_result_reuses_the_prefix_and_the_tool_turn_is_res
                                           cache_key=KvKey("3", "11")) if isinstance(e, Finished)]
     assert done.stats.kv_restored_tokens >= second.stats.prompt_tokens - 1  # past the call and its result
     assert done.stats.prompt_tokens - done.stats.cached_tokens < 64
+
+
+@pytest.fixture(scope="module")
+def plain_session(starter_model: Path) -> Iterator[Any]:
+    """One worker for the prefix tests (no KV cache on disk: the reuse measured is the RAM's)."""
+    from engine.runtime import LoadParams
+    from engine.session import ChatSession
+
+    with ChatSession(LoadParams(model_path=starter_model, n_ctx=2048, n_threads=2)) as session:
+        yield session
+
+
+@pytest.mark.parametrize(("tool_choice", "max_steps"), [("auto", 4), ("add", 4), ("required", 4), ("auto", 1)],
+                         ids=["auto", "named", "required", "step-limit"])
+def test_the_step_after_a_tool_result_reuses_the_previous_steps_prompt(
+    plain_session: Any, tool_choice: str, max_steps: int
+) -> None:
+    from engine.runtime import GenerationParams
+
+    params = GenerationParams(temperature=0.0, max_tokens=12, repeat_penalty=1.0)
+    backend = CallsOnce(plain_session)
+    agent = Agent(backend, [Adder()], allow={"add"}, max_steps=max_steps)
+    run = agent.run([], f"Read this log, then add 2 and 3. {DOCUMENT}", params, tool_choice=tool_choice)
+    first, second = [event for event in run if isinstance(event, Finished)]
+    assert [step.result.content for step in run.result.steps] == ["5"]
+    assert run.result.hit_step_limit == (max_steps == 1)
+    # Only what a forced first step added at its end (the fallback prompt's "You must call ..." and
+    # the reply header after it) is not reused; nothing before it changed.
+    note = choice_note(tool_choice, native=plain_session.template.supports_tools)
+    margin = plain_session.count_text(f"\n\n{note}") + 8 if note else 1
+    assert second.stats.cached_tokens >= first.stats.prompt_tokens - margin
+    assert second.stats.prompt_tokens - second.stats.cached_tokens < 64 + margin  # the call and its result
