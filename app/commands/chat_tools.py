@@ -8,7 +8,8 @@ when there is no terminal to ask, unless ``--yes``. ``--tool-choice auto|require
 (``required`` and a function name constrain the first reply to a valid call), ``--max-steps N``
 rounds of calls, ``--tool-timeout S`` per call. ``--json-schema FILE`` constrains every reply to
 the schema; ``--thinking on|off`` sets the model's thinking switch where its template has one, and
-``--thinking N`` caps the thinking at N tokens.
+``--thinking N`` caps the thinking at N tokens (local models only: with ``--endpoint`` it is a usage
+error, before any conversation is created).
 
 With ``--json`` each turn's document gains ``"tool_calls"`` (``name``, ``arguments``, ``result``,
 ``ms``, ``tokens``, and ``approval``, ``is_error``, ``truncated``, ``source``) and
@@ -60,7 +61,9 @@ def check_arguments(args: argparse.Namespace) -> str | None:
         return "--tool-choice needs --tools"
     if args.tool_timeout <= 0:
         return "--tool-timeout must be positive"
-
+    if getattr(args, "endpoint", None) is not None and thinking_options(args).get("thinking_budget") is not None:
+        return ("--thinking TOKENS (a thinking budget) needs a local model: a server decodes on its own; "
+                "use --thinking on or off with --endpoint")
     return None
 
 
@@ -241,7 +244,7 @@ class ChatTools:
             if result.finished is not None and result.finished.reason == "cancelled":
                 print("[stopped]", file=sys.stderr)
             if result.hit_step_limit:
-                print(f"[{self.args.max_steps} rounds of tool calls: the model had to answer without tools]",
+                print(f"[{self.args.max_steps} rounds of tool calls: the model had to answer without calling one]",
                       file=sys.stderr)
         return ToolTurn(result, record, shown.text)
 

@@ -111,22 +111,30 @@ def test_chat_endpoint_against_llama_cpp_server(
     assert json.loads(capsys.readouterr().out)["text"] == first["text"], "greedy replies must repeat"
 
 
-def test_chat_endpoint_with_a_thinking_budget_is_one_line_exit_1(
+def test_chat_endpoint_with_a_thinking_budget_is_a_one_line_usage_error(
     server: ScriptedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A budget in tokens has no field in OpenAI's API: refused before the server is asked (it was a
-    TypeError traceback); ``--thinking on`` still goes to the server as its template switch."""
+    """A budget in tokens has no field in OpenAI's API: a usage error (exit 2) before the server is
+    asked and before a conversation is created (it was a TypeError traceback, then exit 1 after an
+    empty conversation was saved); ``--thinking on`` still goes to the server as its template switch."""
     from app.paths import Paths
+    from engine.history import HistoryStore
 
     paths = Paths.resolve(str(tmp_path))
     paths.config.mkdir(parents=True, exist_ok=True)
     EndpointStore(paths.config / "endpoints.json").add(server.url, name="lab")
     code = main(["chat", "--endpoint", "lab", "--prompt", "hi", "--thinking", "256", "--home", str(tmp_path)])
     err = capsys.readouterr().err
-    assert code == 1
-    assert err.splitlines()[-1].startswith(f"glassbox: error: {server.url}: a thinking budget needs a local model")
-    assert "Traceback" not in err
-    assert not [path for path, _, _ in server.requests if path == "/v1/chat/completions"]
+    assert code == 2
+    assert err.startswith("glassbox: error: --thinking TOKENS (a thinking budget) needs a local model")
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert not server.requests  # not even the model list
+    if paths.history_db.exists():
+        store = HistoryStore(paths.history_db)
+        try:
+            assert store.list_conversations(include_deleted=True) == []
+        finally:
+            store.close()
     code = main(["chat", "--endpoint", "lab", "--prompt", "hi", "--thinking", "on", "--home", str(tmp_path)])
     assert code == 0, capsys.readouterr().err
     body = next(body for path, body, _ in server.requests if path == "/v1/chat/completions")
