@@ -609,7 +609,8 @@ class MainWindow(ConversationActions, DocumentActions, ModelActions, QMainWindow
             if self.chat.loaded is not None and self.chat.loaded.path == path:
                 self.inspector.set_kv_allocation(kv_bytes)
 
-        run_in_background(estimate, show, lambda exc: log.info("KV size unknown for %s: %s", path, exc))
+        run_in_background(estimate, self._while_open(show),  # the window may close before the answer
+                          lambda exc: log.info("KV size unknown for %s: %s", path, exc))
 
     @Slot()
     def _on_live_timer_timeout(self) -> None:

@@ -5,9 +5,11 @@ loading and ejecting, and the model's state in the header. A mixin of
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
+import shiboken6
 from PySide6.QtCore import Qt, Slot
 
 from app.tasks import describe_error, run_in_background
@@ -29,6 +31,7 @@ if TYPE_CHECKING:
     from app.workers.models_worker import ModelsAdapter
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def list_model_files(folder: Path) -> list[Path]:
@@ -91,13 +94,31 @@ class ModelActions:
     def models_folder(self) -> Path:
         return self.settings.models_folder(self.paths.models)
 
+    def widgets_alive(self) -> bool:
+        """Whether the window still shows its model widgets: not closing, and the picker's C++
+        object still exists (Qt deletes it with the window)."""
+        return not getattr(self, "_closing", False) and shiboken6.isValid(self.model_picker)
+
+    def _while_open(self, callback: Callable[[T], None]) -> Callable[[T], None]:
+        """``callback`` for a background job's answer, dropped once the window has closed: the
+        answer is queued on the GUI thread and may arrive after the widgets are deleted."""
+
+        def guarded(value: T) -> None:
+            if self.widgets_alive():
+                callback(value)
+            else:
+                log.debug("a background answer came after the window closed; dropped")
+
+        return guarded
+
     def refresh_models(self, first_start: bool = False) -> None:
         folder = self.models_folder()
 
         def scan() -> list[Path]:
             return chat_model_files(folder)
 
-        run_in_background(scan, lambda found: self._on_models_scanned(found, first_start), self._on_scan_failed)
+        run_in_background(scan, self._while_open(lambda found: self._on_models_scanned(found, first_start)),
+                          self._while_open(self._on_scan_failed))
 
     def _on_scan_failed(self, exc: BaseException) -> None:
         self.show_error(f"Model folder unavailable: {describe_error(exc)}")
@@ -117,6 +138,8 @@ class ModelActions:
             self.composer.set_ready(False, "Pick a model and press Load")
 
     def set_models(self, found: list[Path]) -> None:
+        if not self.widgets_alive():
+            return  # a queued answer after the window closed (its picker is gone)
         current = self.model_picker.currentData()
         self.models = list(found)
         self.model_picker.clear()
@@ -155,7 +178,8 @@ class ModelActions:
             self.models_adapter.library.scan()
             self._auto_load(prefer=model.path)
 
-        run_in_background(install, done, lambda e: self.show_error(f"Starter model: {describe_error(e)}"))
+        run_in_background(install, self._while_open(done),
+                          self._while_open(lambda e: self.show_error(f"Starter model: {describe_error(e)}")))
 
     def _auto_load(self, prefer: Path | None = None) -> None:
         if self.safe_mode:
