@@ -12,6 +12,7 @@ window, so the window only creates it.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from PySide6.QtCore import QObject, Signal, Slot
@@ -132,7 +133,7 @@ class ChatToolsButton(QToolButton):
         menu.addSection("Sources")
         configured = self.server_names()
         gone = [n for n in sources if n != BUILTIN and n not in configured]  # removed from mcp.json since
-        for name, label in ((BUILTIN, "Built-in tools (date and time, calculator)"),
+        for name, label in ((BUILTIN, "Built-in tools (date and time, calculator, this chat's documents)"),
                             *((n, f"MCP server {n}") for n in configured),
                             *((n, f"MCP server {n} (not configured any more: untick it)") for n in gone)):
             action = menu.addAction(label)
@@ -226,10 +227,18 @@ class ChatToolsController(QObject):
         self.button.settings_requested.connect(self.open_tools_settings)
 
     def turn_options(self) -> tuple[ToolsRequest | None, bool | None, int | None]:
-        """The running chat's tools request, thinking switch and budget."""
+        """The running chat's tools request, thinking switch and budget.
+
+        With the built-in tools on and knowledge bases attached, the request carries them and the
+        knowledge service, so the model gets ``search_knowledge`` (it decides when to retrieve).
+        """
         loaded = self.window.chat.loaded
         controls = getattr(loaded, "thinking_controls", ()) if loaded is not None else ()
-        return turn_options(self.button.settings, self.window.paths, controls)
+        tools, thinking, budget = turn_options(self.button.settings, self.window.paths, controls)
+        kbs = tuple(getattr(self.window.chat.conversation, "knowledge_bases", None) or ())
+        if tools is not None and kbs and BUILTIN in tools.selection:
+            tools = replace(tools, knowledge_bases=kbs, searcher=self.window.knowledge.service)
+        return tools, thinking, budget
 
     @Slot(object)
     def _on_button_changed(self, choice: dict[str, Any]) -> None:

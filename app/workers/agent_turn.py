@@ -46,6 +46,10 @@ class ToolsRequest:
         max_steps: rounds of calls before the model must answer without tools.
         timeout_s: the longest one call may run.
         open_tools: builds the ToolSet for ``(request, session)``; tests inject fakes.
+        knowledge_bases: the chat's attached knowledge bases: with the built-in tools, the model
+            gets ``search_knowledge`` over them (and decides when to retrieve).
+        searcher: what ``search_knowledge`` asks (the knowledge process's service; it blocks, so
+            it is called on the LLM thread, where the loop runs).
     """
 
     selection: tuple[str, ...]
@@ -54,6 +58,8 @@ class ToolsRequest:
     max_steps: int = 8
     timeout_s: float = 60.0
     open_tools: Callable[[ToolsRequest, Any], Any] | None = field(default=None, compare=False)
+    knowledge_bases: tuple[str, ...] = ()
+    searcher: Any = field(default=None, compare=False)
 
 
 class ApprovalGate:
@@ -135,7 +141,16 @@ def default_open_tools(request: ToolsRequest, session: ChatBackend) -> Any:
     """The ToolSet for the sources chosen (``app.tool_setup.open_tools``; servers start when listed)."""
     from app.tool_setup import open_tools
 
-    return open_tools(list(request.selection), request.paths, count_text=getattr(session, "count_text", None))
+    return open_tools(list(request.selection), request.paths, count_text=getattr(session, "count_text", None),
+                      knowledge_bases=request.knowledge_bases, searcher=request.searcher)
+
+
+def offers_search(toolset: Any) -> bool:
+    """Whether the model searches the knowledge bases itself (``search_knowledge`` is offered): the
+    turn then adds no retrieved passages of its own, as ``glassbox chat --tools`` does."""
+    from app.tool_config import BUILTIN
+
+    return any(spec.name == "search_knowledge" and spec.source == BUILTIN for spec in toolset.tools())
 
 
 class ToolsetCache:
@@ -147,7 +162,8 @@ class ToolsetCache:
         self._toolset: Any = None
 
     def get(self, request: ToolsRequest, session: ChatBackend) -> Any:
-        key = (request.selection, id(session), request.open_tools, *_config_stamp(request.paths))
+        key = (request.selection, request.knowledge_bases, id(request.searcher), id(session), request.open_tools,
+               *_config_stamp(request.paths))
         if key != self._key or self._toolset is None:
             self.close()
             opener = request.open_tools or default_open_tools

@@ -324,16 +324,19 @@ class LlmWorker(QObject):
 
         reply = ReplyTokens()  # for the inspector's token view (accepted drafts tinted)
         try:
-            from app.workers.agent_turn import TextBreak, agent_events, stream_accepts
+            from app.workers.agent_turn import TextBreak, agent_events, offers_search, stream_accepts
             from engine.context import Message
             from engine.events import Finished, PrefillProgress, Reasoning, Token
 
             history = [m if isinstance(m, Message) else Message(*m) for m in request.history]
             documents = request.documents
-            if request.retrieve is not None and not request.cancel.is_set():
+            toolset = self._toolsets.get(request.tools, session) if request.tools is not None else None
+            # With search_knowledge offered the model retrieves when it decides to: no passages up front.
+            retrieve = None if toolset is not None and offers_search(toolset) else request.retrieve
+            if retrieve is not None and not request.cancel.is_set():
                 self.retrieval_started.emit(request.request_id)
                 try:
-                    documents, sources = request.retrieve(request.user, session)
+                    documents, sources = retrieve(request.user, session)
                 except Exception as exc:  # noqa: BLE001 - documents are optional: answer without them
                     self.retrieval_failed.emit(request.request_id, exc)
                 else:
@@ -355,7 +358,7 @@ class LlmWorker(QObject):
             if request.tools is not None:
                 rid = request.request_id
                 events = agent_events(
-                    session, self._toolsets.get(request.tools, session), request, history, documents, saved,
+                    session, toolset, request, history, documents, saved,
                     lambda ask: self.approval_requested.emit(rid, ask), lambda rec: self.agent_recorded.emit(rid, rec),
                 )
             else:
