@@ -230,14 +230,15 @@ class ChatToolsController(QObject):
         """The running chat's tools request, thinking switch and budget.
 
         With the built-in tools on and knowledge bases attached, the request carries them and the
-        knowledge service, so the model gets ``search_knowledge`` (it decides when to retrieve).
+        knowledge service (``KnowledgeAdapter.chat_searcher``: a deleted one is skipped), so the model
+        gets ``search_knowledge`` (it decides when to retrieve).
         """
         loaded = self.window.chat.loaded
         controls = getattr(loaded, "thinking_controls", ()) if loaded is not None else ()
         tools, thinking, budget = turn_options(self.button.settings, self.window.paths, controls)
         kbs = tuple(getattr(self.window.chat.conversation, "knowledge_bases", None) or ())
         if tools is not None and kbs and BUILTIN in tools.selection:
-            tools = replace(tools, knowledge_bases=kbs, searcher=self.window.knowledge.service)
+            tools = replace(tools, knowledge_bases=kbs, searcher=self.window.knowledge.chat_searcher)
         return tools, thinking, budget
 
     @Slot(object)

@@ -38,9 +38,11 @@ def documents_name(paths: Sequence[Path]) -> str:
     return f"{first.name} + {len(items) - 1} more"
 
 
-def attached_text(names: Sequence[str]) -> str:
-    """What the button says: ``Documents: off``, ``Documents: notes``, ``Documents: a, b``."""
-    return f"Documents: {', '.join(names)}" if names else "Documents: off"
+def attached_text(names: Sequence[str], missing: Sequence[str] = ()) -> str:
+    """What the button says: ``Documents: off``, ``Documents: notes``, ``Documents: a, b``;
+    a knowledge base that no longer exists is ``gone (missing)``."""
+    shown = [f"{name} (missing)" if name in missing else name for name in names]
+    return f"Documents: {', '.join(shown)}" if names else "Documents: off"
 
 
 class _ElidingButton(QPushButton):
@@ -115,6 +117,8 @@ class DocumentsBarWidget(QWidget):
         layout.addWidget(self.button)
         self.attached: tuple[str, ...] = ()
         self.available: tuple[str, ...] = ()
+        self.listed = False  # the knowledge bases have been listed once: "missing" means something
+        self.creating: set[str] = set()  # attached while being created: not missing
         self.enabled_for_chat = True
         self._rebuild()
 
@@ -127,7 +131,15 @@ class DocumentsBarWidget(QWidget):
     def set_available(self, names: Sequence[str]) -> None:
         """The knowledge bases that exist (from the knowledge adapter's list)."""
         self.available = tuple(names)
+        self.listed = True
         self._rebuild()
+
+    @property
+    def missing(self) -> tuple[str, ...]:
+        """The attached knowledge bases that no longer exist (the chat skips them)."""
+        if not self.listed:
+            return ()
+        return tuple(name for name in self.attached if name not in self.available and name not in self.creating)
 
     def actions_by_name(self) -> dict[str, QAction]:
         """The check box of each knowledge base in the menu (tests and accessibility)."""
@@ -153,9 +165,13 @@ class DocumentsBarWidget(QWidget):
         self._rebuild_menu()
 
     def _update_button(self) -> None:
-        self.button.set_full_text(attached_text(self.attached))
+        missing = self.missing
+        self.button.set_full_text(attached_text(self.attached, missing))
         if self.attached:
             tip = "This chat answers from: " + ", ".join(self.attached) + ". Click to change."
+            if missing:
+                tip += (" No longer there (deleted), so skipped: " + ", ".join(missing)
+                        + ". Untick it in this menu.")
         else:
             tip = "This chat uses no documents. Click to choose knowledge bases, or drop files on the window."
         self.button.setToolTip(tip)

@@ -81,6 +81,8 @@ class DocumentActions:
         bar.manage_requested.connect(lambda: self.show_page(KNOWLEDGE_PAGE))
         bar.menu_opening.connect(self.knowledge.list_names)
         self.knowledge.names_listed.connect(bar.set_available)
+        self._missing_said: set[str] = set()  # deleted knowledge bases a notice was shown for
+        self.knowledge.missing_found.connect(self._on_knowledge_missing_found)
         self.chat.conversation_opened.connect(self._on_documents_conversation_opened)
         self.drop_overlay = DropOverlayWidget(self)  # type: ignore[arg-type]
         self.installEventFilter(_DragWatcher(self))
@@ -90,6 +92,20 @@ class DocumentActions:
     @Slot(object, object)
     def _on_documents_conversation_opened(self, conversation: Any, _messages: Any) -> None:
         self.documents_bar.set_attached(list(getattr(conversation, "knowledge_bases", None) or []))
+
+    @Slot(object)
+    def _on_knowledge_missing_found(self, names: list[str]) -> None:
+        """A chat searched knowledge bases that were deleted: they are skipped, the documents
+        button says "(missing)" once the list is read again, and one notice says so (once each)."""
+        self.knowledge.list_names()
+        new = [name for name in names if name not in self._missing_said]
+        if not new:
+            return
+        self._missing_said.update(new)
+        quoted = ", ".join(f"“{name}”" for name in new)
+        self.statusBar().showMessage(
+            f"Knowledge base {quoted} no longer exists: this chat skips it (untick it under Documents).", 15000
+        )
 
     @Slot(object)
     def _on_documents_bar_attachments_changed(self, names: tuple[str, ...]) -> None:
@@ -179,10 +195,12 @@ class DocumentActions:
         # Attached at once under the name it will most likely get (the header says so while the
         # embedding model loads); corrected below if another took that name meanwhile.
         guess = unique_name(documents_name(items), set(self.knowledge.names))
+        self.documents_bar.creating.add(guess)  # not "(missing)" while it is being made
         self.set_chat_documents([guess])
         self.index_label.setText(f"Creating the knowledge base “{guess}”…")
 
         def created(kb: Any) -> None:
+            self.documents_bar.creating.discard(guess)
             current = self.chat.conversation
             if kb.name != guess and current is not None and current.id == conv_id:
                 kept = [n for n in (current.knowledge_bases or self.documents_bar.attached) if n != guess]
@@ -191,6 +209,7 @@ class DocumentActions:
             self.statusBar().showMessage(f"Indexing {len(items)} item(s) into {kb.name}…", 5000)
 
         def failed(_message: str) -> None:
+            self.documents_bar.creating.discard(guess)
             self.index_label.setText("")
             current = self.chat.conversation
             if current is not None and current.id == conv_id:

@@ -48,6 +48,60 @@ class IndexJob:
     started: float = field(default_factory=time.perf_counter)
 
 
+class ChatSearcher:
+    """The knowledge service as a chat searches it (the documents block and ``search_knowledge``):
+    a knowledge base the chat still names but that was deleted is skipped, never an error on every
+    turn. Runs on the LLM thread (the service's calls block).
+
+    Args:
+        service: returns the knowledge service (a ``rag.knowledge.Searcher`` with ``call``).
+        on_missing: told the names skipped (from the calling thread).
+    """
+
+    def __init__(self, service: Callable[[], Any], on_missing: Callable[[list[str]], None]) -> None:
+        self._service = service
+        self._on_missing = on_missing
+
+    def query_many(self, names: Sequence[str], text: str, *, k: int = 5) -> list[Any]:
+        """``query_many`` over the names that exist (the others are reported to ``on_missing``).
+
+        Raises:
+            RagError: what the search raises for another reason than a missing knowledge base.
+        """
+        from rag.errors import KnowledgeBaseError
+
+        chosen = list(dict.fromkeys(names))
+        service = self._service()
+        try:
+            return list(service.query_many(chosen, text, k=k)) if chosen else []
+        except KnowledgeBaseError:
+            gone = self._missing(service, chosen)
+            if not gone:
+                raise
+        self._on_missing(gone)
+        rest = [name for name in chosen if name not in gone]
+        return list(service.query_many(rest, text, k=k)) if rest else []
+
+    @staticmethod
+    def _missing(service: Any, names: Sequence[str]) -> list[str]:
+        """The names that are neither this home's knowledge bases nor another's on the Chroma server."""
+        from rag.errors import KnowledgeBaseError
+
+        gone = []
+        for name in names:
+            try:
+                service.call("get", name)
+            except KnowledgeBaseError:
+                gone.append(name)
+        if gone:
+            try:
+                foreign = set(service.call("foreign"))
+            except KnowledgeBaseError:
+                foreign = set()
+            gone = [name for name in gone if name not in foreign]
+        return gone
+
+
 class KnowledgeAdapter(QObject):
     """Fronts the knowledge bases for the GUI.
 
@@ -69,6 +123,7 @@ class KnowledgeAdapter(QObject):
         query_finished(str, object): the query text and its ``Passage`` list.
         store_recovered(object): the ``rag.store_health.StoreRecovery`` of a damaged index that
             was moved aside (a rebuild job follows).
+        missing_found(object): knowledge bases a chat searched that no longer exist (skipped).
         error_occurred(str): a one-line message.
     """
 
@@ -81,6 +136,7 @@ class KnowledgeAdapter(QObject):
     job_finished = Signal(object, object)
     query_finished = Signal(str, object)
     store_recovered = Signal(object)
+    missing_found = Signal(object)
     error_occurred = Signal(str)
 
     def __init__(
@@ -102,6 +158,9 @@ class KnowledgeAdapter(QObject):
         self.jobs: list[IndexJob] = []
         self.recovery: Any = None  # the StoreRecovery of this session, if the index was damaged
         self._closed = False
+        # What chats search (documents and search_knowledge): a deleted knowledge base is skipped.
+        # The signal is emitted on the LLM thread and queued to the GUI's.
+        self.chat_searcher = ChatSearcher(lambda: self.service, self.missing_found.emit)
         if check_at_start:
             QTimer.singleShot(0, self.check_store)
 
@@ -329,8 +388,9 @@ class KnowledgeAdapter(QObject):
         """A function for the LLM worker: ``(query, session) -> (documents block, sources)``.
 
         It runs on the LLM thread (which owns the session's tokenizer): the passages come from
-        the knowledge process (:attr:`service`, a ``rag.knowledge.Searcher``), the block is fitted
-        here with the chat model's token counter.
+        the knowledge process (:attr:`service`, a ``rag.knowledge.Searcher``, through
+        :attr:`chat_searcher`, which skips deleted knowledge bases), the block is fitted here with
+        the chat model's token counter.
         """
         chosen = list(names)
 
@@ -340,7 +400,7 @@ class KnowledgeAdapter(QObject):
 
             info = getattr(session, "info", None)
             n_ctx = getattr(info, "n_ctx", 4096) or 4096
-            block = retrieve_context(self.service, chosen, query, documents_budget(n_ctx), session.count_text)
+            block = retrieve_context(self.chat_searcher, chosen, query, documents_budget(n_ctx), session.count_text)
             if not block.sources:
                 return None, []
             return block.text, [asdict(source) for source in block.sources]
