@@ -548,11 +548,11 @@ class ChatView(QScrollArea):
         if self._reveal is not None and self.card_for(self._reveal[0]) is not None:
             message_id, terms = self._reveal
             self._reveal = None
-            card = self.card_for(message_id)
-            assert card is not None
-            card.highlight(terms)
+            revealed = self.card_for(message_id)
+            assert revealed is not None
+            revealed.highlight(terms)
             self._follow = False
-            QTimer.singleShot(0, self, lambda c=card: self.ensureWidgetVisible(c, 0, 40))
+            QTimer.singleShot(0, self, lambda c=revealed: self.ensureWidgetVisible(c, 0, 40))
         elif self._anchor is not None and self.card_for(self._anchor[0]) is not None:
             message_id, offset = self._anchor
             self._anchor = None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QMargins, Qt
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -188,7 +188,8 @@ class SettingsDialog(QDialog):
     def _fit_to_screen(self, body: QWidget, buttons: QWidget) -> None:
         """Opens as tall as the form, but never taller than the screen's available height."""
         screen = self.screen() or QGuiApplication.primaryScreen()
-        margins = self.layout().contentsMargins()
+        layout = self.layout()
+        margins = layout.contentsMargins() if layout is not None else QMargins()
         width = max(body.sizeHint().width() + 24, self.minimumWidth())
         height = body.sizeHint().height() + buttons.sizeHint().height() + margins.top() + margins.bottom() + 16
         if screen is not None:
@@ -257,7 +258,8 @@ class SettingsDialog(QDialog):
     def result_settings(self) -> Settings:
         """A new Settings with the form's values."""
         mode = self.gpu_mode.currentData()
-        gpu: int | str = {"auto": "auto", "all": -1, "cpu": 0}.get(mode, self.gpu_count.value())
+        choices: dict[str, int | str] = {"auto": "auto", "all": -1, "cpu": 0}
+        gpu: int | str = choices.get(mode, self.gpu_count.value())
         return self._settings.model_copy(
             update={
                 "models_dir": Path(self.models_dir.text()).expanduser() if self.models_dir.text().strip() else None,

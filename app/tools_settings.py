@@ -221,7 +221,8 @@ class ToolsSettingsDialog(QDialog):
             status = self.status_of.get(name, "checking…" if name in self._checking else "not started")
             self._add_source(name, name, status, self.tools_of.get(name, []), perms)
             top = self.tree.topLevelItem(self.tree.topLevelItemCount() - 1)
-            top.setToolTip(COL_NAME, f"{described['transport']}: {where.strip()}")
+            if top is not None:
+                top.setToolTip(COL_NAME, f"{described['transport']}: {where.strip()}")
         self.tree.expandAll()
         for column in (COL_NAME, COL_ON, COL_ALLOW):
             self.tree.resizeColumnToContents(column)
@@ -254,17 +255,22 @@ class ToolsSettingsDialog(QDialog):
         """The row of a server (``tool="*"``) or of one of its tools."""
         for i in range(self.tree.topLevelItemCount()):
             top = self.tree.topLevelItem(i)
-            if top.data(COL_NAME, ROLE_KEY) == (source, "*"):
-                if tool == "*":
-                    return top
-                for j in range(top.childCount()):
-                    if top.child(j).data(COL_NAME, ROLE_KEY) == (source, tool):
-                        return top.child(j)
+            if top is None or top.data(COL_NAME, ROLE_KEY) != (source, "*"):
+                continue
+            if tool == "*":
+                return top
+            for j in range(top.childCount()):
+                child = top.child(j)
+                if child is not None and child.data(COL_NAME, ROLE_KEY) == (source, tool):
+                    return child
         return None
 
     def tool_names(self, source: str) -> list[str]:
         top = self.item_for(source)
-        return [top.child(j).text(COL_NAME) for j in range(top.childCount())] if top is not None else []
+        if top is None:
+            return []
+        children = (top.child(j) for j in range(top.childCount()))
+        return [child.text(COL_NAME) for child in children if child is not None]
 
     @Slot(QTreeWidgetItem, int)
     def _on_tree_item_changed(self, item: QTreeWidgetItem, column: int) -> None:

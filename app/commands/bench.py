@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from app.commands._output import add_json_flag, print_json
-from app.commands.chat import resolve_model
+from app.commands.model_resolver import resolve_model
 from app.paths import Paths
 
 

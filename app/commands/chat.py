@@ -18,7 +18,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from app.commands import chat_tools
 from app.commands._output import add_json_flag, positive_int, print_json
@@ -124,7 +124,7 @@ def run(args: argparse.Namespace, paths: Paths) -> int:
             outcome = None  # the agent loop's result, with --tools
             try:
                 search = retriever is not None and not (tools is not None and tools.offers_search)
-                documents, sources = retriever(user, session) if search else (None, [])
+                documents, sources = retriever(user, session) if search and retriever is not None else (None, [])
                 key = chat_log.cache_key() if kv_cache else None
                 if tools is not None:
                     outcome = tools.answer(history, user, params, system, documents, args.json, key,
@@ -174,12 +174,14 @@ def _speculative_setting(args: argparse.Namespace, paths: Paths) -> str:
     return draft if draft else settings.speculative
 
 
-def _speculative_mode(args: argparse.Namespace) -> str:
+def _speculative_mode(args: argparse.Namespace) -> Literal["off", "lookup", "draft"]:
     """GenerationParams.speculative for ``--speculative`` (remote endpoints decode on their own)."""
     if args.endpoint is not None:
         return "off"
     spec = args.speculative or "lookup"
-    return spec if spec in ("off", "lookup") else "draft"
+    if spec == "off":
+        return "off"
+    return "lookup" if spec == "lookup" else "draft"
 
 
 def _draft_model(spec: str | None) -> Path | None:

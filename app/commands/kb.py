@@ -246,12 +246,12 @@ def _list(args: argparse.Namespace, paths: Paths) -> int:
     with _open(args, paths) as kbs:
         if args.name:
             kb = kbs.get(args.name)
-            docs = kbs.documents(args.name)
+            records = kbs.documents(args.name)
             if args.json:
-                print_json({"kb": dataclasses.asdict(kb), "documents": [dataclasses.asdict(d) for d in docs]})
+                print_json({"kb": dataclasses.asdict(kb), "documents": [dataclasses.asdict(d) for d in records]})
                 return 0
-            _out(f"{kb.name}: {len(docs)} documents, model {kb.embedder_id}")
-            for d in docs:
+            _out(f"{kb.name}: {len(records)} documents, model {kb.embedder_id}")
+            for d in records:
                 reason = f" ({d.reason})" if d.reason else ""
                 _out(f"  {d.state:<8} {d.n_chunks:>6} chunks  {d.path}{reason}")
             return 0

@@ -28,7 +28,10 @@ from typing import TYPE_CHECKING, Any
 from app.agent_history import ReplyText, generation_record, message_record
 
 if TYPE_CHECKING:
+    from engine.agent import Decision
     from engine.backends import ChatBackend
+    from engine.events import ToolCall
+    from engine.tools import ToolSpec
 
 APPROVAL_POLL_S = 0.05
 """How often a waiting approval looks at the turn's Stop event."""
@@ -72,7 +75,7 @@ class ApprovalGate:
     def __init__(self, cancel: threading.Event) -> None:
         self._cancel = cancel
         self._answered = threading.Event()
-        self._decision = "deny"
+        self._decision: Decision = "deny"
         self._lock = threading.Lock()
 
     def answer(self, decision: str) -> bool:
@@ -82,7 +85,7 @@ class ApprovalGate:
         with self._lock:
             if self._answered.is_set():
                 return False
-            self._decision = decision
+            self._decision = "once" if decision == "once" else "always" if decision == "always" else "deny"
             self._answered.set()
             return True
 
@@ -90,7 +93,7 @@ class ApprovalGate:
     def answered(self) -> bool:
         return self._answered.is_set()
 
-    def wait(self) -> str:
+    def wait(self) -> Decision:
         """Blocks the worker until the GUI answers or Stop is pressed (then ``deny``)."""
         while not self._answered.wait(APPROVAL_POLL_S):
             if self._cancel.is_set():
@@ -224,7 +227,7 @@ def agent_events(
     if problems:  # a server that did not start: the chat goes on with the other tools
         record({"kind": "problems", "problems": problems})
 
-    def approve(call: Any, spec: Any) -> str:
+    def approve(call: ToolCall, spec: ToolSpec) -> Decision:
         gate = ApprovalGate(request.cancel)
         ask(ApprovalRequest(request.request_id, call.id, call.name, dict(call.arguments), spec.source,
                             spec.description, gate))
