@@ -3,7 +3,7 @@
 * :class:`AddEndpointDialog`: URL, optional name and API key; checks the server with
   ``engine.remote.list_models`` on a worker and saves it with ``engine.endpoints.EndpointStore``.
 * :class:`RemoteIntegration`: owned by the main window. Lists the saved endpoints' models for the
-  model picker (as ``app.workers.chat_adapter.remote_model_path`` pseudo paths, side by side with
+  model picker (as ``app.workers.model_routing.remote_model_path`` pseudo paths, side by side with
   the local files), and runs ``glassbox serve`` in-process (``app.server.http.start_server``) over the
   window's loaded session while the "Local API server" setting is on.
 """
@@ -26,7 +26,8 @@ from PySide6.QtWidgets import (
 )
 
 from app.tasks import describe_error, run_in_background
-from app.workers.chat_adapter import ModelState, remote_model_path
+from app.workers.chat_adapter import ModelState
+from app.workers.model_routing import remote_model_path
 
 log = logging.getLogger(__name__)
 ENDPOINTS_FILE = "endpoints.json"

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QByteArray, QSettings, QSize, Qt, QTimer, Slot
+from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer, Slot
 from PySide6.QtGui import (
     QAction,
     QCloseEvent,
@@ -25,16 +25,12 @@ from PySide6.QtGui import (
 )
 from PySide6.QtWidgets import (
     QApplication,
-    QButtonGroup,
-    QComboBox,
     QFrame,
     QHBoxLayout,
     QLabel,
     QMainWindow,
-    QPushButton,
     QScrollArea,
     QStackedWidget,
-    QToolButton,
     QVBoxLayout,
     QWidget,
 )
@@ -52,11 +48,10 @@ from app.theme import RESOURCES, apply_theme, resolve_theme
 from app.toast import Toast
 from app.window_conversations import ConversationActions
 from app.window_documents import DocumentActions
+from app.window_header import ChatHeaderWidget, NavRailWidget
 from app.window_layout import (
     FIRST_SIZE,
     ChatSplitter,
-    ElidedLabel,
-    FlowLayout,
     geometry_fits,
     initial_geometry,
     make_wrapping,
@@ -181,62 +176,12 @@ class MainWindow(ConversationActions, DocumentActions, ModelActions, QMainWindow
 
     # ------------------------------------------------------------------ layout
     def _build_nav_rail(self) -> QWidget:
-        rail = QFrame()
-        rail.setObjectName("navRail")
-        rail.setAttribute(Qt.WidgetAttribute.WA_StyledBackground, True)
-        rail.setFixedWidth(104)
-        layout = QVBoxLayout(rail)
-        layout.setContentsMargins(0, 12, 0, 12)
-        layout.setSpacing(4)
-        brand = QLabel()
-        brand.setAlignment(Qt.AlignmentFlag.AlignCenter)
-        brand.setToolTip("Glassbox")
-        logo = RESOURCES / "icons" / "glassbox.svg"
-        if logo.exists():
-            brand.setPixmap(QIcon(str(logo)).pixmap(36, 36, QIcon.Mode.Normal))
-        else:
-            brand.setText("Glassbox")
-        layout.addWidget(brand)
-        layout.addSpacing(8)
-        self.nav_group = QButtonGroup(self)
-        self.nav_buttons: dict[str, QToolButton] = {}
-        for index, (key, text, tip) in enumerate(
-            (
-                ("chat", "Chat", "Chat (Ctrl+1)"),
-                ("models", "Models", "Models (Ctrl+2)"),
-                ("knowledge", "Knowledge", "Knowledge (Ctrl+3)"),
-            )
-        ):
-            button = QToolButton()
-            button.setText(text)
-            button.setToolTip(tip)
-            button.setCheckable(True)
-            button.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextUnderIcon)
-            icon = RESOURCES / "icons" / f"{key}.svg"
-            if icon.exists():
-                button.setIcon(QIcon(str(icon)))
-            button.setObjectName(f"nav_{key}")
-            button.setAccessibleName(text)
-            button.setAccessibleDescription(f"Show the {text} page ({tip.split('(')[-1].rstrip(')')})")
-            button.setIconSize(QSize(22, 22))
-            button.setMinimumWidth(94)
-            self.nav_group.addButton(button, index)
-            self.nav_buttons[key] = button
-            layout.addWidget(button, 0, Qt.AlignmentFlag.AlignHCenter)
-        self.nav_buttons["chat"].setChecked(True)
+        rail = NavRailWidget()  # app/window_header.py
+        self.nav_group = rail.nav_group
+        self.nav_buttons = rail.nav_buttons
+        self.settings_button = rail.settings_button
         self.nav_group.idClicked.connect(self._on_nav_group_id_clicked)
-        layout.addStretch(1)
-        self.settings_button = QToolButton()
-        self.settings_button.setText("Settings")
-        self.settings_button.setToolTip("Settings (Ctrl+,)")
-        self.settings_button.setAccessibleName("Settings")
-        self.settings_button.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextUnderIcon)
-        icon = RESOURCES / "icons" / "settings.svg"
-        if icon.exists():
-            self.settings_button.setIcon(QIcon(str(icon)))
-        self.settings_button.setIconSize(QSize(22, 22))
         self.settings_button.clicked.connect(self.open_settings)
-        layout.addWidget(self.settings_button, 0, Qt.AlignmentFlag.AlignHCenter)
         return rail
 
     def _build_chat_page(self) -> QWidget:
@@ -281,87 +226,25 @@ class MainWindow(ConversationActions, DocumentActions, ModelActions, QMainWindow
         return self.splitter
 
     def _build_chat_header(self) -> QFrame:
-        """Two rows, so that the header never sets the window's width: the model picker and its
-        buttons; then the model's state, the chat's documents, this chat's settings and the
-        inspector toggle. Every text in it elides (the whole text is its tooltip)."""
-        header = QFrame()
-        header.setObjectName("chatHeader")
-        header.setAttribute(Qt.WidgetAttribute.WA_StyledBackground, True)
-        hl = QVBoxLayout(header)
-        hl.setContentsMargins(12, 6, 12, 6)
-        hl.setSpacing(4)
-        row = QHBoxLayout()
-        row.setSpacing(6)
-        self.model_picker = QComboBox()
-        self.model_picker.setObjectName("modelPicker")
-        self.model_picker.setMinimumWidth(120)
-        self.model_picker.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
-        self.model_picker.setMinimumContentsLength(12)
-        self.model_picker.setToolTip("The model to chat with")
-        self.model_picker.setAccessibleName("Model")
-        self.model_picker.setAccessibleDescription("The model to chat with; choosing one loads it")
-        self.model_picker.setPlaceholderText("No models yet")
-        row.addWidget(self.model_picker, 1)
-        self.load_button = QPushButton("Load")
-        self.load_button.setToolTip("Load the selected model (Ctrl+L)")
-        self.load_button.setAccessibleDescription("Load the selected model, or eject the loaded one")
+        """The chat header and its model bar (``app.window_header.ChatHeaderWidget``); its controls
+        keep their names on the window, and the documents control goes in its slot."""
+        header = ChatHeaderWidget(self.paths, self.settings.show_inspector)
+        self.model_picker = header.model_picker
+        self.load_button = header.load_button
+        self.add_endpoint_button = header.add_endpoint_button
+        self.model_status = header.model_status
+        self.docs_label = header.docs_label
+        self.documents_slot = header.documents_slot
+        self.index_label = header.index_label
+        self.chat_settings_button = header.chat_settings_button
+        self.tools_button = header.tools_button  # this chat's Tools switch (app/chat_tools_menu.py)
+        self.inspector_button = header.inspector_button
+        self.starter_note = header.starter_note
         self.load_button.clicked.connect(self._on_load_button_clicked)
-        row.addWidget(self.load_button)
-        self.add_endpoint_button = QPushButton("Add endpoint…")
-        self.add_endpoint_button.setToolTip("Chat with models on an OpenAI-compatible server (vLLM, Ollama, …)")
-        self.add_endpoint_button.setAccessibleDescription(self.add_endpoint_button.toolTip())
         self.add_endpoint_button.clicked.connect(lambda: self.remote.add_endpoint())
-        row.addWidget(self.add_endpoint_button)
-        hl.addLayout(row)
-
-        # The second row wraps (FlowLayout) rather than set the window's width: every control that
-        # joins the header keeps its whole size and moves to a new line when the column is narrow.
-        state_row = FlowLayout(spacing=6)
-        self.model_status = ElidedLabel("No model loaded", max_chars=40)
-        self.model_status.setObjectName("modelStatus")
-        self.model_status.setAccessibleName("Model state")
-        state_row.addWidget(self.model_status)
-        self.docs_label = ElidedLabel("", max_chars=32)
-        self.docs_label.setObjectName("stateLabel")
-        self.docs_label.setAccessibleName("Documents in this chat")
-        state_row.addWidget(self.docs_label)
-        # The chat's documents control (a widget in its own file) goes in this slot.
-        documents_holder = QWidget()
-        self.documents_slot = QHBoxLayout(documents_holder)
-        self.documents_slot.setContentsMargins(0, 0, 0, 0)
-        self.documents_slot.setSpacing(4)
-        state_row.addWidget(documents_holder)
-        self.documents_slot.addWidget(self._build_documents_bar())  # app/documents_bar.py (DocumentActions)
-        self.index_label = ElidedLabel("", max_chars=36)
-        self.index_label.setObjectName("stateLabel")
-        self.index_label.setAccessibleName("Indexing")
-        state_row.addWidget(self.index_label)
-        self.chat_settings_button = QPushButton("Chat settings…")
-        self.chat_settings_button.setToolTip("This chat's system prompt and sampling (temperature, top-p, seed, …)")
-        self.chat_settings_button.setAccessibleDescription(self.chat_settings_button.toolTip())
         self.chat_settings_button.clicked.connect(self.open_conversation_settings)
-        state_row.addWidget(self.chat_settings_button)
-        from app.chat_tools_menu import ChatToolsButton
-
-        self.tools_button = ChatToolsButton(self.paths)  # this chat's Tools switch (app/chat_tools_menu.py)
-        state_row.addWidget(self.tools_button)
-        self.inspector_button = QPushButton("Inspector")
-        self.inspector_button.setObjectName("inspectorToggle")
-        self.inspector_button.setCheckable(True)
-        self.inspector_button.setChecked(self.settings.show_inspector)
-        self.inspector_button.setToolTip("Show or hide the inspector (Ctrl+I)")
-        self.inspector_button.setAccessibleDescription("Shows or hides the inspector panel")
         self.inspector_button.toggled.connect(self._on_inspector_button_toggled)
-        state_row.addWidget(self.inspector_button)
-        hl.addLayout(state_row)
-        self.starter_note = QLabel(
-            "Starter model: a tiny base model for trying the app. It continues text rather than following "
-            "instructions; load a chat model from Models for real answers."
-        )
-        self.starter_note.setObjectName("starterNote")
-        make_wrapping(self.starter_note)
-        self.starter_note.setVisible(False)
-        hl.addWidget(self.starter_note)
+        self.documents_slot.addWidget(self._build_documents_bar())  # app/documents_bar.py (DocumentActions)
         return header
 
     def _wire(self) -> None:
@@ -592,7 +475,7 @@ class MainWindow(ConversationActions, DocumentActions, ModelActions, QMainWindow
     def _on_chat_model_loaded_kv(self, loaded: Any) -> None:
         """The KV cache the model allocated, from its header (off the GUI thread: a big vocabulary
         takes tens of ms to read); shown before the first turn."""
-        from app.workers.chat_adapter import parse_remote_model
+        from app.workers.model_routing import parse_remote_model
 
         n_ctx = int(getattr(loaded.info, "n_ctx", 0) or 0)
         if parse_remote_model(loaded.path) is not None or not n_ctx:
@@ -642,7 +525,7 @@ class MainWindow(ConversationActions, DocumentActions, ModelActions, QMainWindow
     # ------------------------------------------------------------------ settings & theme
     def open_settings(self) -> None:
         from app.settings_dialog import SettingsDialog
-        from app.workers.chat_adapter import parse_remote_model
+        from app.workers.model_routing import parse_remote_model
         from app.workers.speculative import draft_for
 
         loaded = self.chat.loaded.path if self.chat.loaded is not None else None

@@ -37,7 +37,7 @@ from app.discover_panel import (
 from app.quantize_dialog import QualityDialog, QuantizeDialog
 from app.quantize_dialog import table_item as _item
 from app.quantize_dialog import verdict_item as _verdict_item
-from app.workers.chat_adapter import model_label, model_tooltip
+from app.workers.model_routing import model_label, model_tooltip
 from app.workers.models_worker import ModelsAdapter
 from engine.units import format_bytes
 

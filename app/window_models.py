@@ -13,8 +13,9 @@ import shiboken6
 from PySide6.QtCore import Qt, Slot
 
 from app.tasks import describe_error, run_in_background
-from app.workers.chat_adapter import ModelState, model_label, model_tooltip
+from app.workers.chat_adapter import ModelState
 from app.workers.llm_worker import LoadRequest
+from app.workers.model_routing import model_label, model_tooltip
 from app.workers.speculative import draft_for
 
 if TYPE_CHECKING:

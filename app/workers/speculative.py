@@ -35,7 +35,7 @@ def draft_for(settings: Settings, model: Path) -> Path | None:
 
 def speculative_mode(loaded: LoadedModel | None, settings: Settings) -> str:
     """``GenerationParams.speculative`` for a chat turn on ``loaded``."""
-    from app.workers.chat_adapter import parse_remote_model
+    from app.workers.model_routing import parse_remote_model
 
     if loaded is None or parse_remote_model(loaded.path) is not None:
         return "off"  # a remote server decodes on its own
