@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from engine.tool_calls import MAX_CALL_CHARS, ParsedCall
+from engine.tool_calls import MAX_CALL_CHARS, ParsedCall, partial_suffix
 
 START, CHANNEL, MESSAGE, END, CALL, RETURN, CONSTRAIN = (
     "<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|call|>", "<|return|>", "<|constrain|>",
@@ -126,7 +126,7 @@ class HarmonySplitter:
             return True
         if self._is_call():
             return False
-        hold = _held(self._buf, _TERMINATORS)
+        hold = partial_suffix(self._buf, _TERMINATORS)
         cut = len(self._buf) - hold
         if cut:
             out.append((self._kind(), self._buf[:cut]))
@@ -160,16 +160,6 @@ def _json_object(text: str) -> dict[str, object] | None:
     except (json.JSONDecodeError, RecursionError):
         return None
     return value if isinstance(value, dict) else None
-
-
-def _held(text: str, markers: tuple[str, ...]) -> int:
-    longest = 0
-    for marker in markers:
-        for size in range(min(len(marker) - 1, len(text)), longest, -1):
-            if marker.startswith(text[-size:]):
-                longest = size
-                break
-    return longest
 
 
 def is_harmony(template_text: str | None) -> bool:

@@ -217,7 +217,7 @@ class ToolCallParser:
         """Emits text up to the next opening marker; False when it must wait for more text."""
         found = _earliest(self._buf, self._opens)
         if found is None:
-            hold = _partial_suffix(self._buf, [block.open for block in self._opens])
+            hold = partial_suffix(self._buf, [block.open for block in self._opens])
             cut = len(self._buf) - hold
             if cut:
                 out.append(self._buf[:cut])
@@ -459,8 +459,16 @@ def _earliest(text: str, blocks: Iterable[_Block]) -> tuple[int, _Block] | None:
     return best
 
 
-def _partial_suffix(text: str, markers: Iterable[str]) -> int:
-    """The length of the longest end of ``text`` that is the start of a marker (held back)."""
+def partial_suffix(text: str, markers: Iterable[str]) -> int:
+    """The length of the longest end of ``text`` that is the start of a marker (held back).
+
+    Args:
+        text: the text decoded so far.
+        markers: the markers a stream parser waits for.
+
+    Returns:
+        How many characters at the end of ``text`` may begin a marker (0 when none can).
+    """
     longest = 0
     for marker in markers:
         for size in range(min(len(marker) - 1, len(text)), longest, -1):
