@@ -18,6 +18,7 @@ import os
 import stat
 import sys
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any, Final
 
@@ -94,20 +95,30 @@ def write_text_atomic(path: Path, text: str, *, durable: bool = True, mode: int 
     _replace(path, text, durable=durable, mode=mode)
 
 
-def write_bytes_atomic(path: Path, data: bytes, *, durable: bool = True, mode: int | None = None) -> None:
-    """Replaces ``path`` with ``data`` atomically, like :func:`write_text_atomic` (owner-only by default)."""
+_Bytes = bytes | bytearray
+
+
+def write_bytes_atomic(
+    path: Path, data: _Bytes | Iterable[_Bytes], *, durable: bool = True, mode: int | None = None
+) -> None:
+    """Replaces ``path`` with ``data`` atomically, like :func:`write_text_atomic` (owner-only by default).
+
+    ``data`` may be the bytes or their chunks in order: chunks are written one after the other,
+    never joined, so a large file (a KV cache state) is not held in memory twice.
+    """
     _replace(path, data, durable=durable, mode=mode)
 
 
-def _replace(path: Path, data: str | bytes, *, durable: bool, mode: int | None) -> None:
+def _replace(path: Path, data: str | _Bytes | Iterable[_Bytes], *, durable: bool, mode: int | None) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         if mode is not None:
             os.fchmod(fd, mode) if hasattr(os, "fchmod") else os.chmod(tmp, mode)
-        handle: IO[Any] = os.fdopen(fd, "wb") if isinstance(data, bytes) else os.fdopen(fd, "w", encoding="utf-8")
+        handle: IO[Any] = os.fdopen(fd, "w", encoding="utf-8") if isinstance(data, str) else os.fdopen(fd, "wb")
         with handle as fh:
-            fh.write(data)
+            for part in (data,) if isinstance(data, (str, bytes, bytearray)) else data:
+                fh.write(part)
             fh.flush()
             if durable:
                 os.fsync(fh.fileno())

@@ -39,7 +39,6 @@ import json
 import logging
 import os
 import struct
-import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -48,7 +47,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from engine.atomic import PRIVATE_FILE_MODE, PRIVATE_FOLDER_MODE, fsync_dir
+from engine.atomic import PRIVATE_FILE_MODE, PRIVATE_FOLDER_MODE, write_bytes_atomic
 
 log = logging.getLogger(__name__)
 
@@ -245,21 +244,8 @@ class KvCacheStore:
         path = self.path_for(key)
         with self._lock:
             self.folder.mkdir(mode=PRIVATE_FOLDER_MODE, parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=self.folder)
-            try:
-                if hasattr(os, "fchmod"):
-                    os.fchmod(fd, PRIVATE_FILE_MODE)
-                with os.fdopen(fd, "wb") as fh:
-                    for part in (MAGIC, _LEN.pack(len(header)), header, token_bytes, state):
-                        fh.write(part)
-                    fh.flush()
-                    os.fsync(fh.fileno())
-                os.replace(tmp, path)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                raise
-            fsync_dir(self.folder)
+            parts = (MAGIC, _LEN.pack(len(header)), header, token_bytes, state)
+            write_bytes_atomic(path, parts, mode=PRIVATE_FILE_MODE)
             written = _size(path)
             self._supersede(path, key, identity, tokens)
             self._evict(keep=path)
