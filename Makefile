@@ -52,7 +52,7 @@ run: $(VENV)/.run-deps
 lint: $(VENV)/.dev-deps
 	$(VENV)/bin/ruff check app engine rag tests
 	$(VENV)/bin/lint-imports
-	$(VENV)/bin/mypy engine rag
+	$(VENV)/bin/mypy engine rag app
 
 test: lint
 	QT_QPA_PLATFORM=offscreen $(PY) -m pytest

@@ -22,6 +22,7 @@ from PySide6.QtGui import (
     QGuiApplication,
     QIcon,
     QKeySequence,
+    QScreen,
 )
 from PySide6.QtWidgets import (
     QApplication,
@@ -657,8 +658,8 @@ class MainWindow(ConversationActions, DocumentActions, ModelActions, QMainWindow
     # ------------------------------------------------------------------ geometry & shutdown
     def _apply_first_geometry(self) -> None:
         """Sizes the window to its screen's available geometry (a small screen gets all of it)."""
-        screen = self.screen() or QGuiApplication.primaryScreen()
-        if screen is None:
+        screen: QScreen | None = self.screen() or QGuiApplication.primaryScreen()
+        if screen is None:  # no screen at all (some offscreen setups): the plain first size
             self.resize(FIRST_SIZE)
             return
         self.setGeometry(initial_geometry(screen.availableGeometry()))

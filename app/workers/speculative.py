@@ -18,7 +18,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from app.settings import Settings
@@ -33,7 +33,7 @@ def draft_for(settings: Settings, model: Path) -> Path | None:
     return Path(chosen) if chosen else None
 
 
-def speculative_mode(loaded: LoadedModel | None, settings: Settings) -> str:
+def speculative_mode(loaded: LoadedModel | None, settings: Settings) -> Literal["off", "lookup", "draft"]:
     """``GenerationParams.speculative`` for a chat turn on ``loaded``."""
     from app.workers.model_routing import parse_remote_model
 
