@@ -28,7 +28,7 @@ from app.server import params as fields
 from app.server.chat import check_backend, check_fits, n_vocab, open_stream, whole_choice
 from app.server.errors import HttpError, map_errors
 from app.server.handler import anthropic_error
-from app.server.wire import ChatRequest, Choice, WireMessage, parse_tools, text_limit
+from app.server.wire import ChatRequest, Choice, WireMessage, chat_request, parse_tools, text_limit
 
 if TYPE_CHECKING:
     from app.server.handler import Handler
@@ -181,16 +181,13 @@ def parse_message_request(body: dict[str, Any], max_chars: int, n_vocab: int | N
     if "stop_sequences" in body:
         sampling["stop"] = body["stop_sequences"]
     params = fields.generation_params(sampling, body.get("max_tokens"), n_vocab)
-    last = turns[-1]
-    return ChatRequest(
-        system=_system(body.get("system")),
-        history=turns[:-1] if last.role == "user" else list(turns),
-        user=last.content if last.role == "user" else "",
+    return chat_request(
+        _system(body.get("system")),
+        turns,
         params=params,
         stream=fields.flag(body, "stream"),
         include_usage=True,
         knowledge_bases=(),
-        messages=tuple(turns),
         tools=specs,
         tool_choice=tool_choice,
         parallel_tool_calls=parallel,

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from app.server import params as fields
 from app.server.chat import check_backend, check_fits, n_vocab, open_stream, whole_choice
 from app.server.errors import HttpError
-from app.server.wire import ChatRequest, Choice, WireMessage, parse_tools, text_limit
+from app.server.wire import ChatRequest, Choice, WireMessage, chat_request, parse_tools, text_limit
 
 if TYPE_CHECKING:
     from app.server.handler import Handler
@@ -214,16 +214,13 @@ def parse_response_request(body: dict[str, Any], max_chars: int, n_vocab: int | 
         k: body[k] for k in ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "seed") if k in body
     }
     params = fields.generation_params({**sampling, **_format(body.get("text"))}, body.get("max_output_tokens"), n_vocab)
-    last = turns[-1]
-    return ChatRequest(
-        system=system,
-        history=turns[:-1] if last.role == "user" else list(turns),
-        user=last.content if last.role == "user" else "",
+    return chat_request(
+        system,
+        turns,
         params=params,
         stream=fields.flag(body, "stream"),
         include_usage=True,
         knowledge_bases=(),
-        messages=tuple(turns),
         tools=tools,
         tool_choice=tool_choice,
         parallel_tool_calls=body.get("parallel_tool_calls") is not False,

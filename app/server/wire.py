@@ -120,6 +120,28 @@ class ChatRequest:
     reasoning_effort: str | None = None
 
 
+def chat_request(system: str | None, turns: Sequence[WireMessage], **fields: Any) -> ChatRequest:
+    """Builds the ChatRequest of a conversation, its last message split off.
+
+    Args:
+        system: the system prompt, or None.
+        turns: the non-system messages, in order (at least one).
+        **fields: the other ChatRequest fields (params, stream, include_usage, knowledge_bases, ...).
+
+    Returns:
+        The request: ``user`` is the last message's text when it is a user message ("" when the
+        conversation ends with tool results or an assistant turn), ``history`` the messages before it.
+    """
+    last = turns[-1]
+    return ChatRequest(
+        system=system,
+        history=list(turns[:-1]) if last.role == "user" else list(turns),
+        user=last.content if last.role == "user" else "",
+        messages=tuple(turns),
+        **fields,
+    )
+
+
 def _text_content(content: Any, index: int) -> str:
     if isinstance(content, str):
         return content
@@ -350,16 +372,13 @@ def parse_chat(
     effort = body.get("reasoning_effort")
     if effort is not None and not isinstance(effort, str):
         raise HttpError(400, "'reasoning_effort' must be a string", code="invalid_value", param="reasoning_effort")
-    last = turns[-1]
-    return ChatRequest(
-        system=system,
-        history=turns[:-1] if last.role == "user" else list(turns),
-        user=last.content if last.role == "user" else "",
+    return chat_request(
+        system,
+        turns,
         params=params,
         stream=fields.flag(body, "stream"),
         include_usage=include_usage,
         knowledge_bases=knowledge_bases(body, default_kbs),
-        messages=tuple(turns),
         n=fields.choices(body),
         top_logprobs=top_logprobs,
         tools=tools,
