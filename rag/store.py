@@ -217,17 +217,7 @@ class VectorStore:
         Returns:
             ``(chunk_id, cosine similarity)``, best first.
         """
-        coll = self._collection(name)
-        result = self._call(
-            "cannot query vectors",
-            lambda: coll.query(
-                query_embeddings=np.asarray(vector, dtype=np.float32).reshape(1, -1),
-                n_results=k,
-                include=["distances"],
-            ),
-        )
-        ids = result["ids"][0] if result["ids"] else []
-        distances = (result.get("distances") or [[]])[0] or [0.0] * len(ids)
+        ids, distances, _ = self._query(name, vector, k, [])
         return [(int(i), 1.0 - float(d)) for i, d in zip(ids, distances, strict=False)]
 
     def query_with_texts(self, name: str, vector: Vectors, k: int) -> list[tuple[int, float, str, dict[str, Any]]]:
@@ -237,17 +227,7 @@ class VectorStore:
             ``(chunk_id, cosine similarity, text, metadata)``, best first; hits stored without a
             text are left out.
         """
-        coll = self._collection(name)
-        result = self._call(
-            "cannot query vectors",
-            lambda: coll.query(
-                query_embeddings=np.asarray(vector, dtype=np.float32).reshape(1, -1),
-                n_results=k,
-                include=["distances", "documents", "metadatas"],
-            ),
-        )
-        ids = result["ids"][0] if result["ids"] else []
-        distances = (result.get("distances") or [[]])[0] or [0.0] * len(ids)
+        ids, distances, result = self._query(name, vector, k, ["documents", "metadatas"])
         texts = (result.get("documents") or [[]])[0] or [None] * len(ids)
         metas = (result.get("metadatas") or [[]])[0] or [None] * len(ids)
         return [
@@ -255,6 +235,28 @@ class VectorStore:
             for i, d, t, m in zip(ids, distances, texts, metas, strict=False)
             if t
         ]
+
+    def _query(self, name: str, vector: Vectors, k: int, include: list[str]) -> tuple[list[Any], list[Any], Any]:
+        """One nearest-neighbour query: the hit ids, their cosine distances and the whole result.
+
+        Args:
+            name: the collection.
+            vector: the query vector.
+            k: how many hits at most.
+            include: what to bring back beside the distances (``documents``, ``metadatas``).
+        """
+        coll = self._collection(name)
+        result = self._call(
+            "cannot query vectors",
+            lambda: coll.query(
+                query_embeddings=np.asarray(vector, dtype=np.float32).reshape(1, -1),
+                n_results=k,
+                include=["distances", *include],
+            ),
+        )
+        ids = result["ids"][0] if result["ids"] else []
+        distances = (result.get("distances") or [[]])[0] or [0.0] * len(ids)
+        return ids, distances, result
 
     def count(self, name: str) -> int:
         """How many vectors the collection holds."""
