@@ -88,12 +88,9 @@ class ConvertDialog(QDialog):
         self.keep_check = QCheckBox("Also keep the F16/BF16 conversion")
         form.addRow("", self.keep_check)
         layout.addLayout(form)
-        footer = add_job_footer(layout, "Convert")
+        self.footer = footer = add_job_footer(layout, "Convert")
         self.progress, self.status, self.buttons = footer.progress, footer.status, footer.buttons
         self.start_button, self.cancel_button = footer.start_button, footer.cancel_button
-        policy = self.progress.sizePolicy()
-        policy.setRetainSizeWhenHidden(True)  # the bar's room is kept, so showing it moves nothing
-        self.progress.setSizePolicy(policy)
         self.start_button.clicked.connect(self._on_start_button_clicked)
         self.cancel_button.clicked.connect(self._on_cancel_button_clicked)
         adapter.jobs.transfer_changed.connect(self._on_adapter_transfer_changed)
@@ -159,9 +156,7 @@ class ConvertDialog(QDialog):
         """Cancel (and Escape, and the close button) stops a running conversion first; the dialog
         stays open until it has stopped, so the user sees that nothing was left behind."""
         if self.transfer is not None and self.running():
-            self.transfer.cancel.set()
-            self.status.setText("Cancelling…")
-            self.cancel_button.setEnabled(False)
+            self.footer.cancel_job(self.transfer)
             return
         super().reject()
 

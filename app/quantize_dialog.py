@@ -118,12 +118,9 @@ class QuantizeDialog(QDialog):
         self.quality_check.setToolTip("Measures both models on a short shipped text, as `glassbox models quantize "
                                       "--check-quality` does; about a minute for a small model")
         layout.addWidget(self.quality_check)
-        footer = add_job_footer(layout, "Quantize")
+        self.footer = footer = add_job_footer(layout, "Quantize")
         self.progress, self.status, self.buttons = footer.progress, footer.status, footer.buttons
         self.start_button, self.cancel_button = footer.start_button, footer.cancel_button
-        policy = self.progress.sizePolicy()
-        policy.setRetainSizeWhenHidden(True)  # the form keeps its height when the bar appears
-        self.progress.setSizePolicy(policy)
         self.start_button.clicked.connect(self._on_start_button_clicked)
         self.cancel_button.clicked.connect(self._on_cancel_button_clicked)
         adapter.jobs.transfer_changed.connect(self._on_adapter_transfer_changed)
@@ -251,9 +248,7 @@ class QuantizeDialog(QDialog):
         open until it has stopped."""
         for transfer in (self.transfer, self.quality_transfer):
             if transfer is not None and transfer.state not in ENDED:
-                transfer.cancel.set()
-                self.status.setText("Cancelling…")
-                self.cancel_button.setEnabled(False)
+                self.footer.cancel_job(transfer)
                 return
         super().reject()
 
@@ -334,12 +329,9 @@ class QualityDialog(QDialog):
         )
         note.setWordWrap(True)
         layout.addWidget(note)
-        footer = add_job_footer(layout, "Check")
+        self.footer = footer = add_job_footer(layout, "Check")
         self.progress, self.status = footer.progress, footer.status
         self.start_button, self.cancel_button = footer.start_button, footer.cancel_button
-        policy = self.progress.sizePolicy()
-        policy.setRetainSizeWhenHidden(True)
-        self.progress.setSizePolicy(policy)
         self.start_button.clicked.connect(self.start)
         self.cancel_button.clicked.connect(self.reject)
         adapter.jobs.transfer_changed.connect(self._on_adapter_transfer_changed)
@@ -367,9 +359,7 @@ class QualityDialog(QDialog):
     def reject(self) -> None:
         """Cancel stops a running check first (the dialog stays open until it has stopped)."""
         if self.transfer is not None and self.running():
-            self.transfer.cancel.set()
-            self.status.setText("Cancelling…")
-            self.cancel_button.setEnabled(False)
+            self.footer.cancel_job(self.transfer)
             return
         super().reject()
 
