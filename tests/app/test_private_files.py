@@ -11,10 +11,8 @@ from __future__ import annotations
 import json
 import logging
 import sys
-import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import openai
 import pytest
@@ -24,8 +22,7 @@ from app.paths import Paths
 from app.server.http import start_server
 from app.settings import Settings, load_settings, save_settings
 from engine.endpoints import EndpointStore
-from engine.events import Event, Finished, Stats, Token
-from engine.runtime import GenerationParams
+from tests.app.serve_support import ScriptedBackend
 from tests.disk_support import file_mode, usual_umask  # noqa: F401 - a fixture pytestmark names
 
 pytestmark = [
@@ -145,38 +142,6 @@ def test_endpoints_file_is_owner_only_and_an_older_loose_one_is_fixed(
 # ----------------------------------------------------------------------------- keys and logs
 
 
-class _EchoBackend:
-    """Answers every turn with the user's words; enough for the server to run a turn."""
-
-    model = "echo-model"
-
-    def load(self, cancel: threading.Event | None = None) -> object:
-        return None
-
-    def count_text(self, text: str) -> int:
-        return len(text.split())
-
-    def close(self) -> None:
-        pass
-
-    def stream(
-        self,
-        history: Sequence[Any],
-        user: str,
-        params: GenerationParams | None = None,
-        *,
-        system: str | None = None,
-        documents: str | None = None,
-        cancel: threading.Event | None = None,
-    ) -> Iterator[Event]:
-        words = user.split()
-        for i, word in enumerate(words):
-            yield Token(word if i == 0 else f" {word}", i)
-        stats = Stats(prompt_tokens=len(words), completion_tokens=len(words))
-        yield stats
-        yield Finished("stop", stats, user)
-
-
 @pytest.fixture
 def log_file(home: Path) -> Iterator[Path]:
     """Everything logged, at every level, goes to a file in the logs folder while the test runs."""
@@ -198,7 +163,7 @@ def log_file(home: Path) -> Iterator[Path]:
 
 def test_api_keys_never_reach_the_log_files(home: Path, log_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
     paths = Paths.resolve(home)
-    handle = start_server(paths, port=0, api_key=KEY, backend=_EchoBackend())
+    handle = start_server(paths, port=0, api_key=KEY, backend=ScriptedBackend())
     try:
         # The CLI with a key: a refused one, an accepted one, then the saved one used again.
         assert main(["endpoints", "--home", str(home), "add", handle.url, "--api-key", WRONG_KEY]) == 1
@@ -207,7 +172,9 @@ def test_api_keys_never_reach_the_log_files(home: Path, log_file: Path, capsys: 
         assert main(["endpoints", "--home", str(home), "list"]) == 0
         # The server with a key: a turn with it, and a request with a wrong one.
         client = openai.OpenAI(base_url=f"{handle.url}/v1", api_key=KEY, max_retries=0, timeout=30)
-        reply = client.chat.completions.create(model="echo-model", messages=[{"role": "user", "content": "hello"}])
+        reply = client.chat.completions.create(
+            model=ScriptedBackend.model, messages=[{"role": "user", "content": "hello"}]
+        )
         assert reply.choices[0].message.content == "hello"
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=f"{handle.url}/v1", api_key=WRONG_KEY, max_retries=0, timeout=30).models.list()
