@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -17,23 +17,11 @@ from engine.events import Finished, Reasoning, Token, ToolCall
 from engine.remote import RemoteSession
 from engine.runtime import GenerationParams
 from engine.tools import ToolSpec
-from tests.engine.test_remote import Route, ScriptedServer, models_route, sse
+from tests.engine import test_remote
+from tests.engine.test_remote import Route, ScriptedServer, sse
 
+scripted = test_remote.scripted  # the fixture: scripted servers on loopback, closed after the test
 WEATHER = ToolSpec("get_weather", "The weather", {"type": "object", "properties": {"city": {"type": "string"}}})
-
-
-@pytest.fixture
-def scripted() -> Iterator[Callable[[dict[str, Route]], ScriptedServer]]:
-    servers: list[ScriptedServer] = []
-
-    def make(routes: dict[str, Route]) -> ScriptedServer:
-        server = ScriptedServer({"/v1/models": models_route("m1"), **routes})
-        servers.append(server)
-        return server
-
-    yield make
-    for server in servers:
-        server.close()
 
 
 def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> dict[str, Any]:
