@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from app.paths import Paths
@@ -133,6 +134,41 @@ def make_window(paths: Paths, factory: Any = None, settings: Settings | None = N
     from app.main_window import MainWindow
 
     return MainWindow(paths, settings or Settings(theme="light"), session_factory=factory, **kwargs)
+
+
+def start_window(
+    qtbot: Any, paths: Paths, make_session: Callable[[Any, float | None], Any] = FakeSession, model: Path | None = None
+) -> Any:
+    """Builds, shows and starts a main window on ``paths`` and waits until its model is loaded.
+
+    Args:
+        qtbot: the test's qtbot (it closes the window at the end).
+        paths: the home.
+        make_session: called with ``(request, bandwidth)`` for each engine session; every session
+            made is kept in order in the window's ``sessions``.
+        model: loaded when the window did not load a model by itself at start.
+
+    Returns:
+        The window; the test calls ``shutdown()`` when done.
+    """
+    from app.workers.chat_adapter import ModelState
+
+    sessions: list[Any] = []
+
+    def factory(request: Any, bandwidth: float | None) -> Any:
+        session = make_session(request, bandwidth)
+        sessions.append(session)
+        return session
+
+    w = make_window(paths, factory, probe_bandwidth=False)
+    w.sessions = sessions
+    qtbot.addWidget(w)
+    w.show()
+    w.start()
+    if model is not None and w.chat.model_state is not ModelState.LOADED:
+        w.load_model(model)
+    qtbot.waitUntil(lambda: w.chat.model_state is ModelState.LOADED, timeout=30000)
+    return w
 
 
 def transfer_buttons(panel: Any, row: int = 0) -> Any:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gui_support import FakeSession, make_window
+from gui_support import start_window
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QApplication, QPushButton
 
@@ -17,7 +17,7 @@ from app.inspector import InspectorPanel
 from app.paths import Paths
 from app.settings import Settings
 from app.theme import DARK, LIGHT, contrast_ratio
-from app.workers.chat_adapter import ChatState, ModelState
+from app.workers.chat_adapter import ChatState
 from app.workers.history_service import DisplayMessage
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
@@ -38,11 +38,7 @@ def msg(i: int, role: str, content: str = "", **kw: Any) -> DisplayMessage:
 @pytest.fixture
 def window(qtbot: Any, paths: Paths) -> Any:
     write_tiny_llama_gguf(paths.models / "tiny.gguf", n_ctx=512)
-    w = make_window(paths, lambda r, b: FakeSession(r, b), probe_bandwidth=False)
-    qtbot.addWidget(w)
-    w.show()
-    w.start()
-    qtbot.waitUntil(lambda: w.chat.model_state is ModelState.LOADED, timeout=30000)
+    w = start_window(qtbot, paths)
     yield w
     w.shutdown()
 

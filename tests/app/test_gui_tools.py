@@ -13,12 +13,12 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from gui_support import FakeSession, make_window
+from gui_support import FakeSession, start_window
 from PySide6.QtCore import Qt
 from shiboken6 import isValid
 
 from app.paths import Paths
-from app.workers.chat_adapter import ChatState, ModelState
+from app.workers.chat_adapter import ChatState
 from engine.context import Message
 from engine.events import Finished, PrefillProgress, Reasoning, Stats, Token, ToolCall
 from engine.tools import ToolResult, ToolSpec
@@ -119,15 +119,9 @@ def open_window(qtbot: Any, paths: Paths, fake_model: Path) -> Iterator[Any]:
             sessions.append(session)
             return session
 
-        w = make_window(paths, factory, probe_bandwidth=False)
-        w.sessions = sessions
-        qtbot.addWidget(w)
-        w.show()
-        w.start()
+        w = start_window(qtbot, paths, factory, fake_model)
+        w.sessions = sessions  # every window's sessions, in order
         windows.append(w)
-        if w.chat.model_state is not ModelState.LOADED:
-            w.load_model(fake_model)
-        qtbot.waitUntil(lambda: w.chat.model_state is ModelState.LOADED, timeout=30000)
         return w
 
     yield build

@@ -12,11 +12,11 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from gui_support import FakeSession, make_window
+from gui_support import FakeSession, start_window
 from PySide6.QtCore import Qt
 
 from app.paths import Paths
-from app.workers.chat_adapter import ChatState, ModelState
+from app.workers.chat_adapter import ChatState
 from engine.context import Message
 from engine.events import Finished, PrefillProgress, Stats, Token, ToolCall
 
@@ -69,21 +69,7 @@ class SearchingSession(FakeSession):
 
 @pytest.fixture
 def window(qtbot: Any, paths: Paths, fake_model: Path) -> Iterator[Any]:
-    sessions: list[SearchingSession] = []
-
-    def factory(request: Any, bandwidth: float | None) -> SearchingSession:
-        session = SearchingSession(request, bandwidth)
-        sessions.append(session)
-        return session
-
-    w = make_window(paths, factory, probe_bandwidth=False)
-    w.sessions = sessions
-    qtbot.addWidget(w)
-    w.show()
-    w.start()
-    if w.chat.model_state is not ModelState.LOADED:
-        w.load_model(fake_model)
-    qtbot.waitUntil(lambda: w.chat.model_state is ModelState.LOADED, timeout=30000)
+    w = start_window(qtbot, paths, SearchingSession, fake_model)
     w.knowledge.service.close()
     w.knowledge.service = FakeService()
     yield w

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gui_support import FakeSession, make_window
+from gui_support import FakeSession, make_window, start_window
 from PySide6.QtCore import Qt
 
 from app.paths import Paths
@@ -19,21 +19,12 @@ pytestmark = [pytest.mark.gui, pytest.mark.qt_log_ignore("propagateSizeHints")]
 
 @pytest.fixture
 def window(qtbot: Any, paths: Paths, fake_model: Path) -> Any:
-    sessions: list[FakeSession] = []
-
     def factory(request: Any, bandwidth: float | None) -> FakeSession:
-        session = FakeSession(request, bandwidth, reply=window_reply["text"], delay_s=window_reply["delay"])
-        sessions.append(session)
-        return session
+        return FakeSession(request, bandwidth, reply=window_reply["text"], delay_s=window_reply["delay"])
 
     window_reply = {"text": "Hello from the fake model. It streams a few words.", "delay": 0.0}
-    w = make_window(paths, factory, probe_bandwidth=False)
-    w.sessions = sessions
+    w = start_window(qtbot, paths, factory)
     w.reply = window_reply
-    qtbot.addWidget(w)
-    w.show()
-    w.start()
-    qtbot.waitUntil(lambda: w.chat.model_state is ModelState.LOADED, timeout=30000)
     yield w
     w.shutdown()
 

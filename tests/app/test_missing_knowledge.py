@@ -11,11 +11,11 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from gui_support import FakeSession, make_window
+from gui_support import FakeSession, start_window
 from PySide6.QtCore import Qt
 
 from app.paths import Paths
-from app.workers.chat_adapter import ChatState, ModelState
+from app.workers.chat_adapter import ChatState
 from app.workers.knowledge_worker import ChatSearcher
 from rag.errors import KnowledgeBaseError
 
@@ -80,21 +80,7 @@ class RecordingSession(FakeSession):
 
 @pytest.fixture
 def window(qtbot: Any, paths: Paths, fake_model: Path) -> Iterator[Any]:
-    sessions: list[RecordingSession] = []
-
-    def factory(request: Any, bandwidth: float | None) -> RecordingSession:
-        session = RecordingSession(request, bandwidth)
-        sessions.append(session)
-        return session
-
-    w = make_window(paths, factory, probe_bandwidth=False)
-    w.sessions = sessions
-    qtbot.addWidget(w)
-    w.show()
-    w.start()
-    if w.chat.model_state is not ModelState.LOADED:
-        w.load_model(fake_model)
-    qtbot.waitUntil(lambda: w.chat.model_state is ModelState.LOADED, timeout=30000)
+    w = start_window(qtbot, paths, RecordingSession, fake_model)
     w.knowledge.service.close()
     w.knowledge.service = Service(["otters"])
     # The knowledge bases as the registry lists them now: "trains" was deleted.

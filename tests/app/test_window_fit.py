@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gui_support import FakeSession, make_window
+from gui_support import make_window, start_window
 from PySide6.QtCore import QByteArray, QRect, QSettings, QSize, Qt
 from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import QApplication, QLabel, QWidget
@@ -16,7 +16,6 @@ from app.paths import Paths
 from app.settings import Settings
 from app.theme import DARK, LIGHT, apply_theme, contrast_ratio
 from app.window_layout import ElidedLabel, geometry_fits, initial_geometry, wrap_anywhere
-from app.workers.chat_adapter import ModelState
 
 pytestmark = [pytest.mark.gui, pytest.mark.qt_log_ignore("propagateSizeHints")]
 
@@ -25,11 +24,7 @@ LONG = "Skipped /home/user/Documents/" + "very-long-folder-name/" * 12 + "scan.p
 
 @pytest.fixture
 def window(qtbot: Any, paths: Paths, fake_model: Path) -> Any:
-    w = make_window(paths, lambda r, b: FakeSession(r, b), probe_bandwidth=False)
-    qtbot.addWidget(w)
-    w.show()
-    w.start()
-    qtbot.waitUntil(lambda: w.chat.model_state is ModelState.LOADED, timeout=30000)
+    w = start_window(qtbot, paths)
     yield w
     w.shutdown()
 
