@@ -16,11 +16,14 @@ import json
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import openai
+import pytest
 
-from app.server.http import ServerHandle
+from app.paths import Paths
+from app.server.http import ServerHandle, start_server
 from engine.events import Event, Finished, PrefillProgress, Reasoning, Stats, Token, ToolCall
 from engine.runtime import GenerationParams, WorkerResult
 
@@ -168,6 +171,15 @@ class NoToolsBackend(ScriptedBackend):
         cancel: threading.Event | None = None,
     ) -> Iterator[Event]:
         return super().stream(history, user, params, system=system, documents=documents, cancel=cancel)
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[ServerHandle, ScriptedBackend]]:
+    """A server with the test key in front of a fresh ScriptedBackend, on a free loopback port;
+    stopped after the test. A test module uses it with ``served = serve_support.served``."""
+    backend = ScriptedBackend()
+    with start_server(Paths.resolve(tmp_path / "home"), port=0, api_key=KEY, backend=backend) as handle:
+        yield handle, backend
 
 
 def client(handle: ServerHandle, key: str = KEY) -> openai.OpenAI:

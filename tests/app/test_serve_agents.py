@@ -9,7 +9,6 @@ answer, the streamed event sequences, errors in each API's own shape.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ import pytest
 
 from app.paths import Paths
 from app.server.http import ServerHandle, start_server
+from tests.app import serve_support
 from tests.app.serve_support import KEY, ScriptedBackend, client, post
 
 WEATHER_FN = {
@@ -33,12 +33,7 @@ WEATHER_TOOL = {
 }
 
 
-@pytest.fixture
-def served(tmp_path: Path) -> Iterator[tuple[ServerHandle, ScriptedBackend]]:
-    backend = ScriptedBackend()
-    handle = start_server(Paths.resolve(tmp_path / "home"), port=0, api_key=KEY, backend=backend)
-    yield handle, backend
-    handle.stop()
+served = serve_support.served  # the fixture: a server in front of a ScriptedBackend
 
 
 # ----------------------------------------------------------------------------- /v1/responses

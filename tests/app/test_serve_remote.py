@@ -17,19 +17,21 @@ from engine.events import Finished, Reasoning, Token, ToolCall
 from engine.remote import RemoteSession
 from engine.runtime import GenerationParams
 from engine.tools import ToolSpec
+from tests.app import serve_support
 from tests.app.serve_support import KEY, ScriptedBackend
 
 WEATHER = ToolSpec("get_weather", "The weather", {"type": "object", "properties": {"city": {"type": "string"}}})
 
 
+served = serve_support.served  # the fixture: a server in front of a ScriptedBackend
+
+
 @pytest.fixture
-def pair(tmp_path: Path) -> Iterator[tuple[ServerHandle, ScriptedBackend, RemoteSession]]:
-    backend = ScriptedBackend()
-    handle = start_server(Paths.resolve(tmp_path / "home"), port=0, api_key=KEY, backend=backend)
+def pair(served: tuple[ServerHandle, ScriptedBackend]) -> Iterator[tuple[ServerHandle, ScriptedBackend, RemoteSession]]:
+    handle, backend = served
     remote = RemoteSession(handle.url, "fake-model", api_key=KEY)
     yield handle, backend, remote
     remote.close()
-    handle.stop()
 
 
 def test_a_tool_turn_round_trips(pair: tuple[ServerHandle, ScriptedBackend, RemoteSession]) -> None:

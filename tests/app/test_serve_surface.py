@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ import pytest
 
 from app.paths import Paths
 from app.server.http import ServerHandle, start_server
+from tests.app import serve_support
 from tests.app.serve_support import KEY, NoToolsBackend, ScriptedBackend, client, post
 
 CHAT = "/v1/chat/completions"
@@ -35,12 +35,7 @@ WEATHER = {
 TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
 
 
-@pytest.fixture
-def served(tmp_path: Path) -> Iterator[tuple[ServerHandle, ScriptedBackend]]:
-    backend = ScriptedBackend()
-    handle = start_server(Paths.resolve(tmp_path / "home"), port=0, api_key=KEY, backend=backend)
-    yield handle, backend
-    handle.stop()
+served = serve_support.served  # the fixture: a server in front of a ScriptedBackend
 
 
 # ----------------------------------------------------------------------------- refused, not ignored
