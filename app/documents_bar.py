@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from PySide6.QtCore import QRect, QSize, Qt, Signal, Slot
+from PySide6.QtCore import QEvent, QRect, QSize, Qt, Signal, Slot
 from PySide6.QtGui import QAction, QColor, QPainter, QPaintEvent, QPen, QResizeEvent
 from PySide6.QtWidgets import QHBoxLayout, QMenu, QPushButton, QSizePolicy, QWidget
 
@@ -63,7 +63,11 @@ class _ElidingButton(QPushButton):
         return self._full
 
     def _chrome(self) -> int:
-        return 44 if self.menu() is not None else 24  # padding, and the menu arrow
+        """The button's width beyond its text (padding, frame, the menu arrow), as the style draws
+        it: measured from the plain button's own size hint, so a stylesheet's padding is counted."""
+        shown = super().text()
+        natural = super().sizeHint().width() - self.fontMetrics().horizontalAdvance(shown)
+        return max(natural, 44 if self.menu() is not None else 24)
 
     def sizeHint(self) -> QSize:
         hint = super().sizeHint()
@@ -79,9 +83,20 @@ class _ElidingButton(QPushButton):
         super().resizeEvent(event)
         self._elide()
 
+    def changeEvent(self, event: QEvent) -> None:
+        # A stylesheet or theme changes the font and padding after the layout sized the button:
+        # ask for the new size and elide again, else the text stays cut in a button with room.
+        super().changeEvent(event)
+        if event.type() in (QEvent.Type.FontChange, QEvent.Type.StyleChange):
+            self.updateGeometry()
+            self._elide()
+
     def _elide(self) -> None:
         room = max(self.width() - self._chrome(), 20)
-        shown = self.fontMetrics().elidedText(self._full, Qt.TextElideMode.ElideRight, room)
+        metrics = self.fontMetrics()
+        # elidedText cuts a text whose advance equals the room exactly: the whole text fits there.
+        fits = metrics.horizontalAdvance(self._full) <= room
+        shown = self._full if fits else metrics.elidedText(self._full, Qt.TextElideMode.ElideRight, room)
         if shown != super().text():
             super().setText(shown)
 

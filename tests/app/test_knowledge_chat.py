@@ -77,6 +77,30 @@ def test_the_documents_button_elides_and_never_widens_the_header(qtbot: Any) -> 
     assert f"{names[0]} (missing)" in labels
 
 
+def test_the_documents_button_shows_its_whole_text_when_it_has_room(qtbot: Any) -> None:
+    """Under the app's stylesheet (set after the button was sized), a short text is never cut."""
+    from PySide6.QtWidgets import QHBoxLayout, QWidget
+
+    from app.documents_bar import DocumentsBarWidget
+    from app.theme import LIGHT, apply_theme
+
+    holder = QWidget()
+    qtbot.addWidget(holder)
+    row = QHBoxLayout(holder)
+    bar = DocumentsBarWidget()
+    row.addWidget(bar)
+    row.addStretch()
+    app = QApplication.instance()
+    assert isinstance(app, QApplication)
+    apply_theme(app, LIGHT)
+    holder.resize(800, 60)
+    holder.show()
+    qtbot.waitUntil(lambda: bar.button.width() > 0)
+    assert bar.button.text() == bar.button.full_text() == "Documents: off"
+    bar.set_attached(["otters"])
+    qtbot.waitUntil(lambda: bar.button.text() == "Documents: otters")
+
+
 def test_many_attached_knowledge_bases_never_widen_the_window(qtbot: Any, paths: Paths) -> None:
     w = make_window(paths, None, probe_bandwidth=False)
     qtbot.addWidget(w)
