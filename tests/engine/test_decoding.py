@@ -7,7 +7,7 @@ import json
 import math
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 
 import jsonschema
@@ -41,13 +41,22 @@ def _run(
     arithmetic differs from a longer batch's in the last bits, enough to flip a near tie."""
     worker.reset_cache()
     tokens = worker.tokenize(prompt, add_bos=True)
+    return _drain(worker.generate(tokens, params, cancel))
+
+
+def _drain(
+    gen: Generator[object, None, WorkerResult], on_event: Callable[[object], None] = lambda event: None
+) -> tuple[list[object], WorkerResult]:
+    """Every event of one generation, and its result; ``on_event`` sees each event as it comes
+    (a test presses Stop from it)."""
     events: list[object] = []
-    gen = worker.generate(tokens, params, cancel)
     while True:
         try:
-            events.append(next(gen))
-        except StopIteration as stop:
-            return events, stop.value
+            event = next(gen)
+        except StopIteration as done:
+            return events, done.value
+        events.append(event)
+        on_event(event)
 
 
 def _tokens(events: list[object]) -> list[Token]:
@@ -178,18 +187,14 @@ def test_stop_during_prefill_lands_fast_and_no_token_follows(worker: InferenceWo
     # Stop 0.3 s after the first progress report (on a busy machine the first chunk alone can
     # take longer than 0.3 s from the start).
     timer = threading.Timer(0.3, stop)
-    events: list[object] = []
+
+    def start_timer(event: object) -> None:
+        if isinstance(event, PrefillProgress) and event.done > 0 and not timer.is_alive() and not stopped_at:
+            timer.start()
+
     gen = worker.generate(tokens, GenerationParams(max_tokens=20, temperature=0.0), cancel)
     try:
-        while True:
-            try:
-                event = next(gen)
-            except StopIteration as done:
-                result = done.value
-                break
-            events.append(event)
-            if isinstance(event, PrefillProgress) and event.done > 0 and not timer.is_alive() and not stopped_at:
-                timer.start()
+        events, result = _drain(gen, start_timer)
     finally:
         timer.cancel()
     ended = time.perf_counter()
@@ -203,36 +208,21 @@ def test_stop_during_prefill_lands_fast_and_no_token_follows(worker: InferenceWo
     assert 0 < next(done for done in progress if done) <= 128
     # The cache is consistent: it holds exactly the chunks read before Stop, and the next turn
     # reuses them and reads the rest.
-    reused = next(gen_events(worker, tokens))
+    reused = _drain(worker.generate(tokens, GenerationParams(max_tokens=2, temperature=0.0)))[1].cached_tokens
     assert reused == progress[-1]
-
-
-def gen_events(worker: InferenceWorker, tokens: list[int]) -> Iterator[int]:
-    """The cached tokens the next generation of ``tokens`` reuses."""
-    gen = worker.generate(tokens, GenerationParams(max_tokens=2, temperature=0.0))
-    while True:
-        try:
-            next(gen)
-        except StopIteration as done:
-            yield done.value.cached_tokens
-            return
 
 
 def test_stop_right_after_prefill_sends_no_token(worker: InferenceWorker) -> None:
     cancel = threading.Event()
-    events: list[object] = []
     tokens = worker.tokenize(PASSAGE, add_bos=True)
     worker.reset_cache()
-    gen = worker.generate(tokens, GenerationParams(max_tokens=50, temperature=0.0), cancel)
-    while True:
-        try:
-            event = next(gen)
-        except StopIteration as done:
-            result = done.value
-            break
-        events.append(event)
+
+    def stop_after_prefill(event: object) -> None:
         if isinstance(event, PrefillProgress) and event.done == event.total:
             cancel.set()
+
+    gen = worker.generate(tokens, GenerationParams(max_tokens=50, temperature=0.0), cancel)
+    events, result = _drain(gen, stop_after_prefill)
     assert result.reason == "cancelled"
     assert not _tokens(events)  # one the worker sent before it saw Stop is not passed on
     assert result.text == ""
@@ -245,17 +235,15 @@ def test_stop_while_decoding_passes_no_token_on_and_the_text_is_what_was_shown(w
     gen = worker.generate(tokens, GenerationParams(max_tokens=200, temperature=0.0, speculative="lookup"), cancel)
     seen: list[Token] = []
     after: list[Token] = []
-    while True:
-        try:
-            event = next(gen)
-        except StopIteration as done:
-            result = done.value
-            break
+
+    def stop_after_five(event: object) -> None:
         if isinstance(event, Token):
             (after if cancel.is_set() else seen).append(event)
             if len(seen) == 5:
                 cancel.set()
                 time.sleep(0.2)  # the worker goes on meanwhile: what it sends must not come through
+
+    result = _drain(gen, stop_after_five)[1]
     assert result.reason == "cancelled"
     assert after == []
     assert result.text == "".join(t.text for t in seen)
@@ -352,23 +340,19 @@ def test_stop_while_the_draft_model_reads_the_prompt(starter_model: Path) -> Non
         w.start()
         tokens = w.tokenize(PASSAGE * 16, add_bos=True)
         cancel = threading.Event()
-        stopped_at = 0.0
-        events: list[object] = []
-        gen = w.generate(tokens, GenerationParams(max_tokens=20, temperature=0.0, speculative="draft"), cancel)
-        while True:
-            try:
-                event = next(gen)
-            except StopIteration as done:
-                result = done.value
-                break
-            events.append(event)
+        stopped_at: list[float] = []
+
+        def stop_while_the_draft_reads(event: object) -> None:
             if isinstance(event, PrefillProgress) and event.done == event.total:
                 time.sleep(0.3)  # the draft model is reading the same ~1,500 tokens now
-                stopped_at = time.perf_counter()
+                stopped_at.append(time.perf_counter())
                 cancel.set()
+
+        gen = w.generate(tokens, GenerationParams(max_tokens=20, temperature=0.0, speculative="draft"), cancel)
+        events, result = _drain(gen, stop_while_the_draft_reads)
         assert result.reason == "cancelled"
         assert not _tokens(events)
-        assert time.perf_counter() - stopped_at < 0.35
+        assert stopped_at and time.perf_counter() - stopped_at[-1] < 0.35
         # The draft's cache is consistent: the next reply drafts and finishes.
         again = _run(w, "The history of the printing press", GenerationParams(max_tokens=8, temperature=0.0,
                                                                                speculative="draft"))[1]
