@@ -171,6 +171,21 @@ def start_window(
     return w
 
 
+def send(qtbot: Any, w: Any, text: str, timeout_ms: int = 5000) -> None:
+    """Types ``text`` into the composer, presses Return, and waits until the turn has ended and its
+    reply is no longer pending."""
+    from PySide6.QtCore import Qt
+
+    from app.workers.chat_adapter import ChatState
+
+    w.composer.edit.setPlainText(text)
+    qtbot.keyClick(w.composer.edit, Qt.Key.Key_Return)
+    qtbot.waitUntil(lambda: not w.chat.busy and w.chat.state is ChatState.IDLE, timeout=timeout_ms)
+    qtbot.waitUntil(
+        lambda: w.chat.thread_messages and w.chat.thread_messages[-1].state != "pending", timeout=timeout_ms
+    )
+
+
 def transfer_buttons(panel: Any, row: int = 0) -> Any:
     """The Pause/Cancel/Resume/Discard buttons of row ``row`` of the Models page's download list."""
     from app.model_panel import TransferButtonsWidget

@@ -8,8 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gui_support import start_window
-from PySide6.QtCore import Qt
+from gui_support import send, start_window
 from PySide6.QtWidgets import QApplication, QPushButton
 
 from app.chat_view import ChatView, format_stats_line, highlight_html, search_terms
@@ -17,7 +16,6 @@ from app.inspector import InspectorPanel
 from app.paths import Paths
 from app.settings import Settings
 from app.theme import DARK, LIGHT, contrast_ratio
-from app.workers.chat_adapter import ChatState
 from app.workers.history_service import DisplayMessage
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
@@ -41,13 +39,6 @@ def window(qtbot: Any, paths: Paths) -> Any:
     w = start_window(qtbot, paths)
     yield w
     w.shutdown()
-
-
-def send(qtbot: Any, w: Any, text: str) -> None:
-    w.composer.edit.setPlainText(text)
-    qtbot.keyClick(w.composer.edit, Qt.Key.Key_Return)
-    qtbot.waitUntil(lambda: not w.chat.busy and w.chat.state is ChatState.IDLE, timeout=5000)
-    qtbot.waitUntil(lambda: w.chat.thread_messages and w.chat.thread_messages[-1].state != "pending", timeout=5000)
 
 
 # ---------------------------------------------------------------------------- the transcript

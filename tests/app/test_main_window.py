@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gui_support import FakeSession, make_window, start_window
+from gui_support import FakeSession, make_window, send, start_window
 from PySide6.QtCore import Qt
 
 from app.paths import Paths
@@ -27,13 +27,6 @@ def window(qtbot: Any, paths: Paths, fake_model: Path) -> Any:
     w.reply = window_reply
     yield w
     w.shutdown()
-
-
-def send(qtbot: Any, w: Any, text: str) -> None:
-    w.composer.edit.setPlainText(text)
-    qtbot.keyClick(w.composer.edit, Qt.Key.Key_Return)
-    qtbot.waitUntil(lambda: not w.chat.busy and w.chat.state is ChatState.IDLE, timeout=5000)
-    qtbot.waitUntil(lambda: w.chat.thread_messages and w.chat.thread_messages[-1].state != "pending", timeout=5000)
 
 
 def stored_thread(paths: Paths) -> list[Any]:

@@ -4,18 +4,18 @@ shows a retrieval error."""
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import gui_support
 import pytest
 from gui_support import FakeSession, start_window
-from PySide6.QtCore import Qt
 
 from app.paths import Paths
-from app.workers.chat_adapter import ChatState
 from app.workers.knowledge_worker import ChatSearcher
 from rag.errors import KnowledgeBaseError
 
@@ -89,11 +89,7 @@ def window(qtbot: Any, paths: Paths, fake_model: Path) -> Iterator[Any]:
     w.shutdown()
 
 
-def send(qtbot: Any, w: Any, text: str) -> None:
-    w.composer.edit.setPlainText(text)
-    qtbot.keyClick(w.composer.edit, Qt.Key.Key_Return)
-    qtbot.waitUntil(lambda: not w.chat.busy and w.chat.state is ChatState.IDLE, timeout=10000)
-    qtbot.waitUntil(lambda: w.chat.thread_messages[-1].state != "pending", timeout=10000)
+send = functools.partial(gui_support.send, timeout_ms=10000)
 
 
 def test_a_deleted_knowledge_base_is_skipped_marked_missing_and_said_once(qtbot: Any, window: Any) -> None:
