@@ -49,7 +49,7 @@ import stat
 import struct
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeVar
 
 from engine.errors import ModelFileError
 
@@ -61,6 +61,7 @@ __all__ = [
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
+_P = TypeVar("_P", bound="_Parser")  # a header parser (subclasses keep more than GgufInfo)
 
 # Caps. Real models stay far below each; a file above one is rejected as malformed before the
 # reader allocates or loops on the count it claims.
@@ -556,14 +557,20 @@ def read_gguf_info(path: Path | str) -> GgufInfo:
         ModelFileError: the file is missing, unreadable, not GGUF, malformed or incomplete; its
             ``reason`` says which, in one line.
     """
-    path = Path(path)
+    return _read_file(Path(path), _Parser)[0]
+
+
+def _read_file(path: Path, parser_class: type[_P]) -> tuple[GgufInfo, _P]:
+    """Reads and checks the header of the file at ``path`` with a ``parser_class`` parser (one
+    that keeps more than :class:`GgufInfo` subclasses :class:`_Parser`); returns the info and the
+    parser. Raises ModelFileError naming ``path``, as :func:`read_gguf_info`."""
     try:
         fh = open_model_file(path)
     except ModelFileError as exc:
         raise ModelFileError(path, exc.reason) from None
     try:
         with fh:
-            return _parse(fh, os.fstat(fh.fileno()).st_size, path, prefix_only=False)
+            return _parse(fh, os.fstat(fh.fileno()).st_size, path, prefix_only=False, parser_class=parser_class)
     except OSError as exc:
         raise _os_error(path, exc) from None
 
@@ -586,21 +593,29 @@ def parse_gguf_prefix(prefix: bytes, file_size: int, source: Path | str) -> Gguf
     """
     import io
 
-    return _parse(io.BytesIO(prefix), file_size, Path(str(source)), prefix_only=True, prefix_len=len(prefix))
+    return _parse(
+        io.BytesIO(prefix), file_size, Path(str(source)), prefix_only=True, prefix_len=len(prefix), parser_class=_Parser
+    )[0]
 
 
 def _parse(
-    fh: BinaryIO, file_size: int, path: Path, *, prefix_only: bool, prefix_len: int | None = None
-) -> GgufInfo:
+    fh: BinaryIO,
+    file_size: int,
+    path: Path,
+    *,
+    prefix_only: bool,
+    prefix_len: int | None = None,
+    parser_class: type[_P],
+) -> tuple[GgufInfo, _P]:
     head = fh.read(4096)
     fh.seek(0)
     reason = describe_non_gguf(head, file_size)
     if reason is not None:
         raise ModelFileError(path, reason)
     limit = file_size if prefix_len is None else min(file_size, prefix_len)
-    reader = _Reader(fh, limit)
+    parser = parser_class(_Reader(fh, limit), path, file_size, prefix_only)
     try:
-        return _Parser(reader, path, file_size, prefix_only).parse()
+        return parser.parse(), parser
     except _Truncated as exc:
         if prefix_len is not None and prefix_len < file_size and exc.needed <= file_size:
             raise GgufHeaderNeedsMoreBytes(path, exc.needed) from None

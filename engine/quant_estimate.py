@@ -17,7 +17,6 @@ The result is a :class:`~engine.gguf.GgufInfo` of the file to be, so the fit est
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ from pathlib import Path
 
 from engine import gguf as _gguf
 from engine.errors import ModelFileError
-from engine.gguf import GGML_TYPES, GgufInfo, describe_non_gguf, open_model_file
+from engine.gguf import GGML_TYPES, GgufInfo
 
 __all__ = ["QuantEstimate", "TensorShape", "estimate_quantized", "read_tensor_shapes"]
 
@@ -103,8 +102,8 @@ class _ShapeParser(_gguf._Parser):
     records are checked by the parser first, then read again from the same bytes.
     """
 
-    def __init__(self, reader: _gguf._Reader, path: Path, file_size: int) -> None:
-        super().__init__(reader, path, file_size, False)
+    def __init__(self, reader: _gguf._Reader, path: Path, file_size: int, prefix_only: bool) -> None:
+        super().__init__(reader, path, file_size, prefix_only)
         self.shapes: list[TensorShape] = []
 
     def _read_tensor_infos(self, n_tensors: int, alignment: int) -> list[tuple[str, int, int, int]]:
@@ -124,28 +123,8 @@ class _ShapeParser(_gguf._Parser):
 
 
 def _read_one(path: Path) -> tuple[GgufInfo, list[TensorShape]]:
-    try:
-        fh = open_model_file(path)
-    except ModelFileError as exc:
-        raise ModelFileError(path, exc.reason) from None
-    try:
-        with fh:
-            size = os.fstat(fh.fileno()).st_size
-            head = fh.read(4096)
-            fh.seek(0)
-            reason = describe_non_gguf(head, size)
-            if reason is not None:
-                raise ModelFileError(path, reason)
-            parser = _ShapeParser(_gguf._Reader(fh, size), path, size)
-            try:
-                info = parser.parse()
-            except _gguf._Truncated as exc:
-                raise ModelFileError(path, _gguf._incomplete(size, exc.needed, header=True)) from None
-            except _gguf._Malformed as exc:
-                raise ModelFileError(path, f"model file is malformed: {exc}") from None
-            return info, parser.shapes
-    except OSError as exc:
-        raise ModelFileError(path, f"cannot read the file ({exc.strerror or exc})") from None
+    info, parser = _gguf._read_file(path, _ShapeParser)
+    return info, parser.shapes
 
 
 def read_tensor_shapes(path: Path | str) -> tuple[GgufInfo, list[TensorShape]]:
