@@ -103,6 +103,7 @@ class DiscoverWidget(QWidget):
         ll.addWidget(self.results_title)
         self.results = QListWidget()
         self.results.setWordWrap(True)
+        self.results.setSpacing(3)  # the two-line entries stay apart
         self.results.currentItemChanged.connect(self._on_results_current_item_changed)
         ll.addWidget(self.results, 1)
         self.search_error = QLabel("")
@@ -114,7 +115,15 @@ class DiscoverWidget(QWidget):
         self.search_retry = QPushButton("Retry")
         self.search_retry.setVisible(False)
         self.search_retry.clicked.connect(self._on_search_retry_clicked)
-        ll.addWidget(self.search_retry, 0, Qt.AlignmentFlag.AlignLeft)
+        self.back_to_suggestions = QPushButton("Suggested models")
+        self.back_to_suggestions.setToolTip("Show the suggested chat models again (they work offline)")
+        self.back_to_suggestions.setVisible(False)
+        self.back_to_suggestions.clicked.connect(self._on_back_to_suggestions_clicked)
+        retry_row = QHBoxLayout()
+        retry_row.addWidget(self.search_retry)
+        retry_row.addWidget(self.back_to_suggestions)
+        retry_row.addStretch(1)
+        ll.addLayout(retry_row)
         return left
 
     def _build_files(self) -> QWidget:
@@ -175,6 +184,7 @@ class DiscoverWidget(QWidget):
     def show_suggestions(self) -> None:
         """Fills the list with the shipped suggestions and their fit verdicts for this machine."""
         self._set_search_error(None)
+        self.back_to_suggestions.setVisible(False)
         self.results_title.setText("SUGGESTED CHAT MODELS" if self.curated else "")
         self.results.clear()
         probing = self.adapter.library.hardware is None
@@ -217,9 +227,21 @@ class DiscoverWidget(QWidget):
         self._set_search_error(None)
         self._failed_query = None
         self.results_title.setText("SEARCH RESULTS")
+        self.back_to_suggestions.setVisible(bool(self.curated))
         self.results.clear()
-        self.results.addItem("Searching…")
+        self._add_note("Searching…")
         self.adapter.downloads.search(text)
+
+    def _add_note(self, text: str) -> None:
+        """A line in the results list that says what is happening: not a model, so not selectable."""
+        item = QListWidgetItem(text)
+        item.setFlags(Qt.ItemFlag.NoItemFlags)
+        self.results.addItem(item)
+
+    @Slot()
+    def _on_back_to_suggestions_clicked(self) -> None:
+        self.search.clear()
+        self.show_suggestions()
 
     @Slot()
     def _on_search_retry_clicked(self) -> None:
@@ -233,7 +255,7 @@ class DiscoverWidget(QWidget):
             return
         self.results.clear()
         if not hits:
-            self.results.addItem("No GGUF repositories found.")
+            self._add_note("No GGUF repositories found.")
         for hit in hits:
             lock = "  🔒 gated" if hit.gated else ""
             item = QListWidgetItem(f"{hit.id}{lock}\n↓ {hit.downloads:,}  ♥ {hit.likes:,}")
@@ -246,7 +268,7 @@ class DiscoverWidget(QWidget):
             return
         self._failed_query = query
         self.results.clear()
-        self.results.addItem("The search failed.")
+        self._add_note("The search failed.")
         self._set_search_error(f"Could not search Hugging Face: {message}")
 
     # ------------------------------------------------------------------ a repository's files

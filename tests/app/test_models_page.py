@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from gui_support import FakeSession, make_window
+from PySide6.QtCore import Qt
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
 from hub_server import FakeHub, random_bytes
@@ -56,7 +57,16 @@ def test_offline_search_fails_on_discover_with_a_retry(
     assert "offline" in d.search_error.text()
     assert d.search_retry.isVisible()
     assert panel.results.item(0).text() == "The search failed."
+    assert not panel.results.item(0).flags() & Qt.ItemFlag.ItemIsSelectable  # a note, not a model
     assert errors == []  # not on the chat page
+    # Offline, the way back to the suggested models is one click.
+    assert d.back_to_suggestions.isVisible()
+    d.back_to_suggestions.click()
+    assert d.showing_suggestions() and panel.results.count() == len(d.curated)
+    assert not d.search_error.isVisible() and not d.back_to_suggestions.isVisible()
+    panel.search.setText("tiny")
+    panel.search_button.click()
+    qtbot.waitUntil(lambda: d.search_error.isVisible(), timeout=15000)
     with FakeHub() as hub:  # the network is back
         hub.add_repo("acme/tiny-GGUF", {"tiny-Q4_K_M.gguf": random_bytes(4096, 1)}, downloads=3)
         monkeypatch.setenv("HF_ENDPOINT", hub.url)
