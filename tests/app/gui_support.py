@@ -137,7 +137,11 @@ def make_window(paths: Paths, factory: Any = None, settings: Settings | None = N
 
 
 def start_window(
-    qtbot: Any, paths: Paths, make_session: Callable[[Any, float | None], Any] = FakeSession, model: Path | None = None
+    qtbot: Any,
+    paths: Paths,
+    make_session: Callable[[Any, float | None], Any] = FakeSession,
+    model: Path | None = None,
+    settings: Settings | None = None,
 ) -> Any:
     """Builds, shows and starts a main window on ``paths`` and waits until its model is loaded.
 
@@ -147,6 +151,7 @@ def start_window(
         make_session: called with ``(request, bandwidth)`` for each engine session; every session
             made is kept in order in the window's ``sessions``.
         model: loaded when the window did not load a model by itself at start.
+        settings: the window's settings (default: light theme, the rest default).
 
     Returns:
         The window; the test calls ``shutdown()`` when done.
@@ -160,7 +165,7 @@ def start_window(
         sessions.append(session)
         return session
 
-    w = make_window(paths, factory, probe_bandwidth=False)
+    w = make_window(paths, factory, settings, probe_bandwidth=False)
     w.sessions = sessions
     qtbot.addWidget(w)
     w.show()

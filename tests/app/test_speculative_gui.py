@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gui_support import FakeSession, make_window
+from gui_support import FakeSession, start_window
 from PySide6.QtCore import Qt
 
 from app.inspector import InspectorPanel
@@ -19,7 +19,7 @@ from app.paths import Paths
 from app.settings import Settings
 from app.speculative_settings import SpeculativeSettingsWidget
 from app.theme import DARK
-from app.workers.chat_adapter import ChatState, ModelState
+from app.workers.chat_adapter import ChatState
 from app.workers.llm_worker import LlmWorker, LoadRequest
 from app.workers.speculative import TokensView, load_session
 from engine.errors import ModelLoadError
@@ -80,18 +80,8 @@ def models(paths: Paths) -> tuple[Path, Path]:
 
 
 def _window(qtbot: Any, paths: Paths, settings: Settings, session_type: type[DraftingSession]) -> tuple[Any, list[Any]]:
-    sessions: list[DraftingSession] = []
-
-    def factory(request: LoadRequest, bandwidth: float | None) -> DraftingSession:
-        sessions.append(session_type(request, bandwidth))
-        return sessions[-1]
-
-    w = make_window(paths, factory, settings, probe_bandwidth=False)
-    qtbot.addWidget(w)
-    w.show()
-    w.start()
-    qtbot.waitUntil(lambda: w.chat.model_state is ModelState.LOADED, timeout=20000)
-    return w, sessions
+    w = start_window(qtbot, paths, session_type, settings=settings)
+    return w, w.sessions
 
 
 def _send(qtbot: Any, w: Any, text: str = "Hi there") -> None:
