@@ -23,6 +23,7 @@ from PySide6.QtWidgets import (
     QPushButton,
     QScrollArea,
     QSpinBox,
+    QStyle,
     QVBoxLayout,
     QWidget,
 )
@@ -190,7 +191,11 @@ class SettingsDialog(QDialog):
         screen = self.screen() or QGuiApplication.primaryScreen()
         layout = self.layout()
         margins = layout.contentsMargins() if layout is not None else QMargins()
-        width = max(body.sizeHint().width() + 24, self.minimumWidth())
+        # Room for the form, the dialog's margins and the scroll bar that shows on a short screen
+        # (without it the form is squeezed under the bar and its right edge is cut).
+        bar = self.style().pixelMetric(QStyle.PixelMetric.PM_ScrollBarExtent)
+        frame = 2 * self._scroll.frameWidth()
+        width = max(body.sizeHint().width() + margins.left() + margins.right() + bar + frame + 8, self.minimumWidth())
         height = body.sizeHint().height() + buttons.sizeHint().height() + margins.top() + margins.bottom() + 16
         if screen is not None:
             available = screen.availableGeometry()

@@ -274,6 +274,12 @@ def test_settings_dialog_gpu_layers_and_kv_size(qtbot: Any, paths: Paths) -> Non
     dialog = SettingsDialog(Settings(gpu_layers="auto", n_ctx=1024), model_path=model)
     qtbot.addWidget(dialog)
     assert dialog.height() <= dialog.screen().availableGeometry().height()  # the form scrolls instead
+    dialog.show()
+    body = dialog._scroll.widget()
+    dialog.resize(dialog.width(), 420)  # as on a short screen: the form scrolls
+    qtbot.waitUntil(lambda: dialog._scroll.verticalScrollBar().isVisible())
+    # Beside the scroll bar the form keeps its own width: no control is cut at the right edge.
+    assert body.width() <= dialog._scroll.viewport().width()
     assert dialog.gpu_mode.currentData() == "auto" and not dialog.gpu_count.isEnabled()
     for mode, expected in (("all", -1), ("cpu", 0), ("auto", "auto")):
         dialog.gpu_mode.setCurrentIndex(dialog.gpu_mode.findData(mode))
