@@ -27,14 +27,19 @@ def glassbox(*args: str, home: Path, stdin: str = "", timeout: float = 600) -> s
     )
 
 
-@pytest.fixture
-def home(tmp_path: Path) -> Path:
-    """A home with the test MCP server configured as ``tt``."""
+def tools_home(tmp_path: Path) -> Path:
+    """A new home under ``tmp_path`` with the test MCP server configured as ``tt``."""
     root = tmp_path / "home"
     paths = Paths.resolve(root)
     paths.ensure()
     mcp_servers.register(paths, "tt")
     return root
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    """A home with the test MCP server configured as ``tt``."""
+    return tools_home(tmp_path)
 
 
 def _chat(model: Path, home: Path, *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:

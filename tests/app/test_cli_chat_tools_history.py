@@ -19,7 +19,7 @@ import pytest
 
 from app.agent_history import INTERRUPTED_RESULT
 from app.paths import Paths
-from tests import mcp_servers
+from tests.app.test_cli_chat_tools import glassbox, tools_home
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 
@@ -39,23 +39,14 @@ BLOCKING_SERVER = (
 )
 
 
-def glassbox(*args: str, home: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "app", *args, "--home", str(home)],
-        capture_output=True, text=True, timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-
-
 @pytest.fixture
 def home(tmp_path: Path) -> Path:
     """A home with the test MCP server as ``tt`` and the blocking one as ``slowtools``."""
     from app.tool_setup import add_server, parse_server
 
-    root = tmp_path / "home"
-    paths = Paths.resolve(root)
-    paths.ensure()
-    mcp_servers.register(paths, "tt")
-    add_server(paths, parse_server("slowtools", {"command": sys.executable, "args": ["-c", BLOCKING_SERVER]}))
+    root = tools_home(tmp_path)
+    slow = parse_server("slowtools", {"command": sys.executable, "args": ["-c", BLOCKING_SERVER]})
+    add_server(Paths.resolve(root), slow)
     return root
 
 
