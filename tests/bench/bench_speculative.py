@@ -24,6 +24,7 @@ import pytest
 from engine.events import Stats, Token
 from engine.runtime import GenerationParams, InferenceWorker, LoadParams, WorkerResult
 from engine.session import ChatSession
+from tests.bench.results import record
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 
@@ -147,9 +148,16 @@ def test_lookup_on_a_quoting_answer(starter_model: Path) -> None:
         _run(worker, tokens, plain)  # prefill once; every run after reuses the cached prompt
         pairs = list(_pairs(lambda: _run(worker, tokens, plain), lambda: _run(worker, tokens, fast)))
         ratio = _report("quote, lookup vs plain", pairs)
+        record("lookup vs plain: quoting answer", ratio, at_least=1.3, detail=_detail(pairs))
         _check_divergence("quote", pairs, lambda i, side: _tokens(
             worker, tokens, (fast if side == "fast" else plain).model_copy(update={"logprobs": 2})))
     assert ratio >= 1.3
+
+
+def _detail(pairs: list[tuple[WorkerResult, WorkerResult]]) -> str:
+    drafted = sum(fast.draft_tokens for _plain, fast in pairs)
+    accepted = sum(fast.accepted_tokens for _plain, fast in pairs)
+    return f"{accepted} of {drafted} drafted tokens accepted"
 
 
 def _chat_tokens(session: ChatSession, prompt: str, params: GenerationParams) -> list[Token]:
@@ -182,6 +190,7 @@ def test_lookup_on_ordinary_chat(starter_model: Path) -> None:
             pairs.extend(_pairs(lambda p=prompt: _chat(session, p, plain), lambda p=prompt: _chat(session, p, fast), 2))
             prompts += [prompt, prompt]
         ratio = _report("ordinary chat, lookup vs plain", pairs)
+        record("lookup vs plain: ordinary chat", ratio, at_least=0.97, detail=_detail(pairs))
         _check_divergence("ordinary chat", pairs,
                           lambda i, side: _chat_tokens(session, prompts[i], fast if side == "fast" else plain))
     assert ratio >= 0.97
@@ -209,4 +218,10 @@ def test_draft_model_ratio(starter_model: Path, draft_model: Path, fixed: str, m
                           lambda i, side: _chat_tokens(session, prompts[i], fast if side == "fast" else plain))
     print(f"{'':28} draft {draft_model.name}: {draft_model.stat().st_size / 2**20:.0f} MiB, "
           f"target {starter_model.stat().st_size / 2**20:.0f} MiB")
-    assert ratio > 0
+    record(f"draft model vs plain ({fixed or 'policy'} draft length)", ratio, detail=_detail(pairs))
+    drafted = sum(fast.draft_tokens for _plain, fast in pairs)
+    accepted = sum(fast.accepted_tokens for _plain, fast in pairs)
+    if fixed:  # the draft is the same model requantized: it must mostly agree with the target
+        assert drafted > 0 and accepted / drafted >= 0.6
+    else:  # this draft costs nearly a target step: the policy must decline to draft
+        assert drafted == 0
