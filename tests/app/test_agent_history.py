@@ -184,7 +184,7 @@ def test_a_crash_mid_loop_keeps_every_step_saved_and_the_history_reads_back_well
         _turn(paths, session)
     with HistoryStore(paths.history_db) as store:
         [conversation] = store.list_conversations()
-        user, reply = store.thread(conversation.id)
+        _user, reply = store.thread(conversation.id)
     assert reply.state == "partial" and reply.content == "Let me add." and reply.error
     assert [s["result"] for s in reply.stats["tool_steps"]] == ["5", "42"]
     with ChatLog(paths, conversation.id, "scripted") as again:
