@@ -26,10 +26,9 @@ from PySide6.QtWidgets import (
 
 from app.job_footer import add_job_footer
 from app.workers.models_worker import ModelsAdapter
-from app.workers.transfers import Transfer
+from app.workers.transfers import JOB_ENDED, Transfer
 
 DEFAULT_TYPE = "Q4_K_M"
-_ENDED = ("done", "error", "cancelled")
 
 
 def convert_targets() -> list[tuple[str, str]]:
@@ -101,7 +100,7 @@ class ConvertDialog(QDialog):
         return str(self.type_combo.currentData())
 
     def running(self) -> bool:
-        return self.transfer is not None and self.transfer.state not in _ENDED
+        return self.transfer is not None and self.transfer.state not in JOB_ENDED
 
     @Slot()
     def _on_browse_button_clicked(self) -> None:
@@ -165,7 +164,7 @@ class ConvertDialog(QDialog):
         if not transfer.same_run(self.transfer):
             return
         self.transfer = transfer
-        if transfer.state in _ENDED:
+        if transfer.state in JOB_ENDED:
             self.progress.setVisible(transfer.state == "done")
             if transfer.state == "done":
                 self.progress.setRange(0, 1)

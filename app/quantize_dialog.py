@@ -32,12 +32,11 @@ from PySide6.QtWidgets import (
 
 from app.job_footer import add_job_footer
 from app.workers.models_worker import ModelsAdapter
-from app.workers.transfers import Transfer
+from app.workers.transfers import JOB_ENDED, Transfer
 from engine.units import format_bytes
 
 VERDICT_TEXT = {"gpu": "fits on GPU", "partial": "partial offload", "ram": "fits in RAM", "no": "won't fit"}
 VERDICT_COLOR = {"gpu": "#16a34a", "partial": "#0891b2", "ram": "#4f46e5", "no": "#dc2626"}
-ENDED = ("done", "error", "cancelled")
 UNQUANTIZED = ("F32", "F16", "BF16")
 
 
@@ -204,7 +203,7 @@ class QuantizeDialog(QDialog):
         return self.types[rows[0].row()].name if rows else None
 
     def running(self) -> bool:
-        return any(t is not None and t.state not in ENDED for t in (self.transfer, self.quality_transfer))
+        return any(t is not None and t.state not in JOB_ENDED for t in (self.transfer, self.quality_transfer))
 
     @Slot()
     def _update_start(self) -> None:
@@ -247,7 +246,7 @@ class QuantizeDialog(QDialog):
         """Cancel (and Escape, and the close button) stops a running job first; the dialog stays
         open until it has stopped."""
         for transfer in (self.transfer, self.quality_transfer):
-            if transfer is not None and transfer.state not in ENDED:
+            if transfer is not None and transfer.state not in JOB_ENDED:
                 self.footer.cancel_job(transfer)
                 return
         super().reject()
@@ -261,7 +260,7 @@ class QuantizeDialog(QDialog):
         if not transfer.same_run(self.transfer):
             return
         self.transfer = transfer
-        if transfer.state not in ENDED:
+        if transfer.state not in JOB_ENDED:
             if transfer.total:
                 self.progress.setRange(0, transfer.total)
                 self.progress.setValue(transfer.done)
@@ -287,7 +286,7 @@ class QuantizeDialog(QDialog):
         self._set_running(False)
 
     def _on_quality_changed(self, transfer: Transfer) -> None:
-        if transfer.state not in ENDED:
+        if transfer.state not in JOB_ENDED:
             self.progress.setRange(0, transfer.total)
             self.progress.setValue(transfer.done)
             if not transfer.cancel.is_set():
@@ -340,7 +339,7 @@ class QualityDialog(QDialog):
             self.start_button.setEnabled(False)
 
     def running(self) -> bool:
-        return self.transfer is not None and self.transfer.state not in ENDED
+        return self.transfer is not None and self.transfer.state not in JOB_ENDED
 
     @Slot()
     def start(self) -> None:
@@ -369,7 +368,7 @@ class QualityDialog(QDialog):
             return
         self.transfer = transfer
         self.progress.setValue(transfer.done)
-        if transfer.state not in ENDED:
+        if transfer.state not in JOB_ENDED:
             if not transfer.cancel.is_set():
                 self.status.setText(transfer.message)
             return

@@ -23,6 +23,9 @@ if TYPE_CHECKING:
 __all__ = ["Transfer", "download_label", "from_partial", "from_queue"]
 
 
+#: The states in which a model job (quantize, convert, quality check) has ended.
+JOB_ENDED = ("done", "error", "cancelled")
+
 @dataclass(frozen=True)
 class Transfer:
     """One download (or quantization, conversion, quality check) as it stands now.
