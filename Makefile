@@ -50,7 +50,8 @@ run: $(VENV)/.run-deps
 	$(VENV)/bin/glassbox
 
 lint: $(VENV)/.dev-deps
-	$(VENV)/bin/ruff check app engine rag tests
+	$(VENV)/bin/ruff check app engine rag tests installers
+	$(VENV)/bin/ruff format --check app engine rag tests installers
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy engine rag app
 

@@ -75,10 +75,19 @@ def generation_record(round_: int, finished: Any) -> dict[str, Any]:
     its tokens, and where its prompt came from (``cached_tokens`` reused, ``kv_restored_tokens``
     of them from the KV cache saved with the chat)."""
     stats = finished.stats
-    return {"kind": "generation", "round": round_, "ttft_ms": stats.ttft_ms, "prefill_ms": stats.prefill_ms,
-            "decode_ms": stats.decode_ms, "tokens": stats.completion_tokens, "calls": len(finished.tool_calls),
-            "reasoning_ms": finished.reasoning_ms, "prompt_tokens": stats.prompt_tokens,
-            "cached_tokens": stats.cached_tokens, "kv_restored_tokens": stats.kv_restored_tokens}
+    return {
+        "kind": "generation",
+        "round": round_,
+        "ttft_ms": stats.ttft_ms,
+        "prefill_ms": stats.prefill_ms,
+        "decode_ms": stats.decode_ms,
+        "tokens": stats.completion_tokens,
+        "calls": len(finished.tool_calls),
+        "reasoning_ms": finished.reasoning_ms,
+        "prompt_tokens": stats.prompt_tokens,
+        "cached_tokens": stats.cached_tokens,
+        "kv_restored_tokens": stats.kv_restored_tokens,
+    }
 
 
 def reasoning_dict(text: str, tokens: int, ms: float) -> dict[str, Any]:
@@ -127,8 +136,11 @@ def _message_from(data: Any) -> Any:
         if isinstance(c, dict)
     )
     return Message(
-        data["role"], str(data.get("content") or ""), tool_calls=calls,
-        tool_call_id=str(data.get("tool_call_id") or ""), name=str(data.get("name") or ""),
+        data["role"],
+        str(data.get("content") or ""),
+        tool_calls=calls,
+        tool_call_id=str(data.get("tool_call_id") or ""),
+        name=str(data.get("name") or ""),
     )
 
 
@@ -150,8 +162,11 @@ def _answer_every_call(messages: list[Any]) -> list[Any]:
             answered.add(messages[i].tool_call_id)
             out.append(messages[i])
             i += 1
-        out.extend(Message("tool", INTERRUPTED_RESULT, tool_call_id=call.id, name=call.name)
-                   for call in message.tool_calls if call.id not in answered)
+        out.extend(
+            Message("tool", INTERRUPTED_RESULT, tool_call_id=call.id, name=call.name)
+            for call in message.tool_calls
+            if call.id not in answered
+        )
     return out
 
 
@@ -195,8 +210,15 @@ class AgentRecord:
             step = record.get("step")
             if step is not None:
                 self.steps.append(step)
-                self.loop.append({"kind": "tool", "name": step["name"], "ms": step["ms"], "ran": step["ran"],
-                                  "tokens": step["tokens"]})
+                self.loop.append(
+                    {
+                        "kind": "tool",
+                        "name": step["name"],
+                        "ms": step["ms"],
+                        "ran": step["ran"],
+                        "tokens": step["tokens"],
+                    }
+                )
         elif record.get("kind") == "generation":
             self.loop.append({k: v for k, v in record.items() if k != "kind"} | {"kind": "generate"})
 

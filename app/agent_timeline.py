@@ -41,8 +41,10 @@ def describe_loop(entries: Sequence[Mapping[str, Any]]) -> str:
             what = f"+{int(entry.get('tokens', 0) or 0):,} tokens" if entry.get("ran") else "did not run"
             parts.append(f"{entry.get('name', '?')}: {_ms(entry_ms(entry))}, {what}")
         else:
-            parts.append(f"generate {entry.get('round', '?')}: {_ms(entry_ms(entry))}, "
-                         f"{int(entry.get('tokens', 0) or 0):,} tokens")
+            parts.append(
+                f"generate {entry.get('round', '?')}: {_ms(entry_ms(entry))}, "
+                f"{int(entry.get('tokens', 0) or 0):,} tokens"
+            )
     return " → ".join(parts)
 
 

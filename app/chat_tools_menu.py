@@ -133,9 +133,11 @@ class ChatToolsButton(QToolButton):
         menu.addSection("Sources")
         configured = self.server_names()
         gone = [n for n in sources if n != BUILTIN and n not in configured]  # removed from mcp.json since
-        for name, label in ((BUILTIN, "Built-in tools (date and time, calculator, this chat's documents)"),
-                            *((n, f"MCP server {n}") for n in configured),
-                            *((n, f"MCP server {n} (not configured any more: untick it)") for n in gone)):
+        for name, label in (
+            (BUILTIN, "Built-in tools (date and time, calculator, this chat's documents)"),
+            *((n, f"MCP server {n}") for n in configured),
+            *((n, f"MCP server {n} (not configured any more: untick it)") for n in gone),
+        ):
             action = menu.addAction(label)
             action.setObjectName(f"source_{name}")
             action.setCheckable(True)
@@ -154,8 +156,9 @@ class ChatToolsButton(QToolButton):
             if not enabled:
                 action.setToolTip("This model's chat template has no thinking switch")
             action.triggered.connect(lambda _=False, v=value: self.set_thinking(v))
-        budget = menu.addAction(f"At most {thinking} tokens of thinking…" if isinstance(thinking, int)
-                                else "A thinking budget…")
+        budget = menu.addAction(
+            f"At most {thinking} tokens of thinking…" if isinstance(thinking, int) else "A thinking budget…"
+        )
         budget.setCheckable(True)
         budget.setChecked(isinstance(thinking, int))
         budget.triggered.connect(self._on_budget_action_triggered)
@@ -198,8 +201,13 @@ class ChatToolsButton(QToolButton):
     def _on_budget_action_triggered(self) -> None:
         current = thinking_choice(self.settings)
         value, ok = QInputDialog.getInt(
-            self, "Thinking budget", "The most tokens the model may think before it must answer:",
-            current if isinstance(current, int) else DEFAULT_THINKING_BUDGET, 0, 1_000_000, 64,
+            self,
+            "Thinking budget",
+            "The most tokens the model may think before it must answer:",
+            current if isinstance(current, int) else DEFAULT_THINKING_BUDGET,
+            0,
+            1_000_000,
+            64,
         )
         self.set_thinking(value if ok else current)
 
@@ -268,8 +276,11 @@ class ChatToolsController(QObject):
         if card is not None:
             composer = self.window.composer
             composer.set_state_text(f"Waiting for you: allow the call to {request.name}?")
-            card.decided.connect(lambda d: composer.set_state_text(
-                f"Running {request.name}…" if d != "deny" else "Telling the model the call was denied…"))
+            card.decided.connect(
+                lambda d: composer.set_state_text(
+                    f"Running {request.name}…" if d != "deny" else "Telling the model the call was denied…"
+                )
+            )
 
     @Slot(object)
     def _on_chat_tool_step_added(self, step: dict[str, Any]) -> None:

@@ -56,8 +56,12 @@ def load_curated(path: Path | None = None) -> list[CuratedModel]:
     for index, raw in enumerate(entries):
         try:
             model = CuratedModel(
-                label=str(raw["label"]), repo=check_repo_id(str(raw["repo"])), file=check_filename(str(raw["file"])),
-                size=int(raw["size"]), license=str(raw["license"]), params=str(raw.get("params", "")),
+                label=str(raw["label"]),
+                repo=check_repo_id(str(raw["repo"])),
+                file=check_filename(str(raw["file"])),
+                size=int(raw["size"]),
+                license=str(raw["license"]),
+                params=str(raw.get("params", "")),
                 about=str(raw.get("about", "")),
             )
         except (KeyError, TypeError, ValueError, AttributeError, EngineError) as exc:

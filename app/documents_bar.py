@@ -158,9 +158,7 @@ class DocumentsBarWidget(QWidget):
 
     def actions_by_name(self) -> dict[str, QAction]:
         """The check box of each knowledge base in the menu (tests and accessibility)."""
-        return {
-            str(a.data()): a for a in self.menu.actions() if a.isCheckable() and isinstance(a.data(), str)
-        }
+        return {str(a.data()): a for a in self.menu.actions() if a.isCheckable() and isinstance(a.data(), str)}
 
     def toggle(self, name: str, on: bool) -> None:
         """Attaches or detaches ``name`` as if its check box was clicked."""
@@ -185,8 +183,7 @@ class DocumentsBarWidget(QWidget):
         if self.attached:
             tip = "This chat answers from: " + ", ".join(self.attached) + ". Click to change."
             if missing:
-                tip += (" No longer there (deleted), so skipped: " + ", ".join(missing)
-                        + ". Untick it in this menu.")
+                tip += " No longer there (deleted), so skipped: " + ", ".join(missing) + ". Untick it in this menu."
         else:
             tip = "This chat uses no documents. Click to choose knowledge bases, or drop files on the window."
         self.button.setToolTip(tip)

@@ -514,8 +514,13 @@ class InspectorPanel(QFrame):
         # app.workers.speculative.TokensView adds the reply; a bare PromptView has none.
         reply_ids = list(getattr(view, "reply_ids", []) or [])
         drafted = list(getattr(view, "reply_drafted", []) or [])
-        self.tokens_view.set_tokens(ids, pieces, reply_ids=reply_ids,
-                                    reply_pieces=list(getattr(view, "reply_pieces", []) or []), reply_drafted=drafted)
+        self.tokens_view.set_tokens(
+            ids,
+            pieces,
+            reply_ids=reply_ids,
+            reply_pieces=list(getattr(view, "reply_pieces", []) or []),
+            reply_drafted=drafted,
+        )
         reply = ""
         if reply_ids:
             reply = f", then the reply: {len(reply_ids)} tokens, {sum(drafted)} of them accepted from a draft"

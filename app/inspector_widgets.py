@@ -277,15 +277,23 @@ class TokensView(QTextBrowser):
 
     def legend_html(self) -> str:
         """The reply's two tints, as rich text for the label under the view."""
+
         def swatch(color: str) -> str:
             return f'<span style="background-color:{color};">&nbsp;&nbsp;&nbsp;&nbsp;</span>'
 
-        return (f"{swatch(self.drafted_color)} accepted from a draft (speculative decoding)&nbsp;&nbsp; "
-                f"{swatch(self.reply_color)} decoded by the model")
+        return (
+            f"{swatch(self.drafted_color)} accepted from a draft (speculative decoding)&nbsp;&nbsp; "
+            f"{swatch(self.reply_color)} decoded by the model"
+        )
 
     def set_tokens(
-        self, token_ids: Sequence[int], pieces: Sequence[str], limit: int = 4000,
-        reply_ids: Sequence[int] = (), reply_pieces: Sequence[str] = (), reply_drafted: Sequence[bool] = (),
+        self,
+        token_ids: Sequence[int],
+        pieces: Sequence[str],
+        limit: int = 4000,
+        reply_ids: Sequence[int] = (),
+        reply_pieces: Sequence[str] = (),
+        reply_drafted: Sequence[bool] = (),
     ) -> None:
         """Shows the prompt (the last ``limit`` tokens of a long one) and the reply after it."""
         self.token_ids, self.pieces = list(token_ids), list(pieces)

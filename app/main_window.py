@@ -132,7 +132,10 @@ class MainWindow(ConversationActions, DocumentActions, ModelActions, QMainWindow
             queue_file=paths.download_queue,
         )  # fmt: skip
         self.chat = ChatAdapter(
-            self.history, session_factory, retriever_factory=self.knowledge.chat_retriever, parent=self,
+            self.history,
+            session_factory,
+            retriever_factory=self.knowledge.chat_retriever,
+            parent=self,
             endpoints_file=paths.config / "endpoints.json",
         )
         from app.endpoints_dialog import RemoteIntegration
@@ -414,8 +417,9 @@ class MainWindow(ConversationActions, DocumentActions, ModelActions, QMainWindow
         kbs = tuple(getattr(conv, "knowledge_bases", None) or ())
         self.inspector.set_reply_limit(params.max_tokens)
         tools, thinking, budget = self.chat_tools.turn_options()
-        return TurnContext(system=system, params=params, knowledge_bases=kbs, tools=tools, thinking=thinking,
-                           thinking_budget=budget)
+        return TurnContext(
+            system=system, params=params, knowledge_bases=kbs, tools=tools, thinking=thinking, thinking_budget=budget
+        )
 
     @Slot(str, object)
     def _on_composer_send_requested(self, text: str, editing: int | None) -> None:
@@ -493,8 +497,11 @@ class MainWindow(ConversationActions, DocumentActions, ModelActions, QMainWindow
             if self.chat.loaded is not None and self.chat.loaded.path == path:
                 self.inspector.set_kv_allocation(kv_bytes)
 
-        run_in_background(estimate, self._while_open(show),  # the window may close before the answer
-                          lambda exc: log.info("KV size unknown for %s: %s", path, exc))
+        run_in_background(
+            estimate,
+            self._while_open(show),  # the window may close before the answer
+            lambda exc: log.info("KV size unknown for %s: %s", path, exc),
+        )
 
     @Slot()
     def _on_live_timer_timeout(self) -> None:
@@ -531,9 +538,15 @@ class MainWindow(ConversationActions, DocumentActions, ModelActions, QMainWindow
 
         loaded = self.chat.loaded.path if self.chat.loaded is not None else None
         local = loaded if loaded is not None and parse_remote_model(loaded) is None else None
-        dialog = SettingsDialog(self.settings, self, server_url=self.remote.server_url, model_path=local,
-                                kv_cache_dir=self.paths.kv_cache, tools_paths=self.paths,
-                                library=self.models_adapter.library)
+        dialog = SettingsDialog(
+            self.settings,
+            self,
+            server_url=self.remote.server_url,
+            model_path=local,
+            kv_cache_dir=self.paths.kv_cache,
+            tools_paths=self.paths,
+            library=self.models_adapter.library,
+        )
         if not dialog.exec():
             return
         old = self.settings
@@ -547,8 +560,9 @@ class MainWindow(ConversationActions, DocumentActions, ModelActions, QMainWindow
             self.refresh_models()
         engine_keys = ("n_ctx", "n_threads", "gpu_layers", "overflow_policy", "reply_reserve")
         draft_changed = loaded is not None and draft_for(old, loaded) != draft_for(self.settings, loaded)
-        if self.chat.loaded is not None and (draft_changed or any(getattr(old, k) != getattr(self.settings, k)
-                                                                  for k in engine_keys)):
+        if self.chat.loaded is not None and (
+            draft_changed or any(getattr(old, k) != getattr(self.settings, k) for k in engine_keys)
+        ):
             self.statusBar().showMessage("Reloading the model with the new settings…", 5000)
             self.load_model(self.chat.loaded.path)
 

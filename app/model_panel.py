@@ -42,7 +42,12 @@ from app.workers.models_worker import ModelsAdapter
 from engine.units import format_bytes
 
 __all__ = [
-    "ModelPanel", "QuantizeDialog", "TransferButtonsWidget", "format_params", "format_progress", "transfer_status",
+    "ModelPanel",
+    "QuantizeDialog",
+    "TransferButtonsWidget",
+    "format_params",
+    "format_progress",
+    "transfer_status",
 ]
 PATH_ROLE = Qt.ItemDataRole.UserRole
 KIND_TEXT = {"embedding": "embedder", "projector": "vision projector"}
@@ -356,8 +361,9 @@ class ModelPanel(QWidget):
             self.offer_bar.setVisible(False)
             return
         names = "; ".join(f"{f.app} ({f.path})" for f in folders)
-        self.offer_label.setText(f"Models from other apps were found here: {names}. Use them in place (nothing "
-                                 "is copied)?")
+        self.offer_label.setText(
+            f"Models from other apps were found here: {names}. Use them in place (nothing is copied)?"
+        )
         self.offer_label.setToolTip(names)
         self.offer_bar.setVisible(True)
 

@@ -114,8 +114,10 @@ class QuantizeDialog(QDialog):
         self._fill_estimates()
         layout.addWidget(self.table, 1)
         self.quality_check = QCheckBox("Check the quality afterwards (perplexity of source and result)")
-        self.quality_check.setToolTip("Measures both models on a short shipped text, as `glassbox models quantize "
-                                      "--check-quality` does; about a minute for a small model")
+        self.quality_check.setToolTip(
+            "Measures both models on a short shipped text, as `glassbox models quantize "
+            "--check-quality` does; about a minute for a small model"
+        )
         layout.addWidget(self.quality_check)
         self.footer = footer = add_job_footer(layout, "Quantize")
         self.progress, self.status, self.buttons = footer.progress, footer.status, footer.buttons
@@ -181,7 +183,8 @@ class QuantizeDialog(QDialog):
                 per_token = decode_bytes_per_token(estimate.info)
                 by_size = sorted(estimate.type_bytes.items(), key=lambda kv: -kv[1])
                 tip = "per tensor, from the model's real shapes: " + ", ".join(
-                    f"{name} {format_bytes(n)}" for name, n in by_size)
+                    f"{name} {format_bytes(n)}" for name, n in by_size
+                )
             else:
                 size = qtype.estimate_bytes(self.entry.params or 0)
                 fit = self.adapter.library.fit_for_size(size)
@@ -192,8 +195,13 @@ class QuantizeDialog(QDialog):
                 tps = bandwidth * 1e9 / per_token
             speed = f"≈ {tps:.0f} tok/s" if tps else "—"
             self.table.setItem(row, 1, table_item(format_bytes(size), tip, align_right=True))
-            self.table.setItem(row, 2, table_item(
-                speed, "memory bandwidth ÷ bytes read per token (the weights and the KV cache)", align_right=True))
+            self.table.setItem(
+                row,
+                2,
+                table_item(
+                    speed, "memory bandwidth ÷ bytes read per token (the weights and the KV cache)", align_right=True
+                ),
+            )
             self.table.setItem(row, 3, verdict_item(fit))
         for column in range(4):
             self.table.resizeColumnToContents(column)
@@ -273,7 +281,8 @@ class QuantizeDialog(QDialog):
             if self.quality_check.isChecked():
                 self.status.setText(f"done: {transfer.message}. Checking the quality…")
                 self.quality_transfer = self.adapter.jobs.check_quality(
-                    self.entry.path, transfer.result.path, transfer.result.qtype)
+                    self.entry.path, transfer.result.path, transfer.result.qtype
+                )
                 self.progress.setRange(0, self.quality_transfer.total)
                 self.progress.setValue(0)
                 return
@@ -313,8 +322,9 @@ class QualityDialog(QDialog):
         parent: the parent widget.
     """
 
-    def __init__(self, adapter: ModelsAdapter, source: Path, result: Path, qtype: str,
-                 parent: QWidget | None = None) -> None:
+    def __init__(
+        self, adapter: ModelsAdapter, source: Path, result: Path, qtype: str, parent: QWidget | None = None
+    ) -> None:
         super().__init__(parent)
         self.setWindowTitle(f"Check the quality of {result.name}")
         self.setMinimumWidth(560)

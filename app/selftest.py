@@ -148,14 +148,19 @@ def run_self_test(paths: Paths, as_json: bool = False) -> int:
     if as_json:
         from engine.hardware import cpu_name
 
-        print(json.dumps({  # noqa: T201
-            "passed": failure is None,
-            "error": failure,
-            "cpu": cpu_name(),
-            "cpu_backend": report.cpu_backend,
-            "llama_build": _llama_build(),
-            "steps": report.steps,
-        }, indent=2))
+        print(  # noqa: T201
+            json.dumps(
+                {
+                    "passed": failure is None,
+                    "error": failure,
+                    "cpu": cpu_name(),
+                    "cpu_backend": report.cpu_backend,
+                    "llama_build": _llama_build(),
+                    "steps": report.steps,
+                },
+                indent=2,
+            )
+        )
     if failure is not None:
         print(f"glassbox: self-test failed: {failure}", file=sys.stderr)  # noqa: T201
         return 1

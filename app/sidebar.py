@@ -224,7 +224,10 @@ class Sidebar(QWidget):
         exports = {
             export_menu.addAction(label): fmt
             for label, fmt in (
-                ("Markdown (.md)", "md"), ("HTML (.html)", "html"), ("PDF (.pdf)", "pdf"), ("JSON (.json)", "json")
+                ("Markdown (.md)", "md"),
+                ("HTML (.html)", "html"),
+                ("PDF (.pdf)", "pdf"),
+                ("JSON (.json)", "json"),
             )
         }
         menu.addSeparator()

@@ -45,8 +45,9 @@ class SpeculativeSettingsWidget(QGroupBox):
         model_path: the loaded model, chosen first in the chat-model list.
     """
 
-    def __init__(self, settings: Settings, library: Any = None, model_path: Path | None = None,
-                 parent: QWidget | None = None) -> None:
+    def __init__(
+        self, settings: Settings, library: Any = None, model_path: Path | None = None, parent: QWidget | None = None
+    ) -> None:
         super().__init__("Speculative decoding", parent)
         self.setObjectName("speculativeSettings")
         self._library = library
@@ -190,6 +191,8 @@ class SpeculativeSettingsWidget(QGroupBox):
         if draft.info.tensor_bytes >= target.info.tensor_bytes:
             notes.append("it is not smaller than the chat model, so drafting with it saves nothing")
         if draft.info.vocab_size and target.info.vocab_size and draft.info.vocab_size != target.info.vocab_size:
-            notes.append(f"its vocabulary differs ({draft.info.vocab_size:,} tokens, the chat model has "
-                         f"{target.info.vocab_size:,}): the model will load without it")
+            notes.append(
+                f"its vocabulary differs ({draft.info.vocab_size:,} tokens, the chat model has "
+                f"{target.info.vocab_size:,}): the model will load without it"
+            )
         return text + "." + "".join(f" Note: {n}." for n in notes)

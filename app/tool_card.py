@@ -84,7 +84,6 @@ def _mono_label(text: str, name: str) -> QLabel:
     return label
 
 
-
 class ToolCallCardWidget(QFrame):
     """One handled call: tool, arguments, result (folded when long), duration and tokens added."""
 
@@ -96,8 +95,9 @@ class ToolCallCardWidget(QFrame):
         lay = QVBoxLayout(self)
         lay.setContentsMargins(10, 6, 10, 6)
         lay.setSpacing(3)
-        self.header = _label(("✓ " if step.get("ran") and not step.get("is_error") else "⚠ ") + step_summary(step),
-                             "toolHeader")
+        self.header = _label(
+            ("✓ " if step.get("ran") and not step.get("is_error") else "⚠ ") + step_summary(step), "toolHeader"
+        )
         self.header.setAccessibleName("Tool call")
         lay.addWidget(self.header)
         self.arguments = _mono_label(arguments_text(step.get("arguments") or {}), "toolArguments")
@@ -127,8 +127,9 @@ class ToolCallCardWidget(QFrame):
     @Slot(bool)
     def _on_expand_button_toggled(self, checked: bool) -> None:
         self.result.setText(self._result if checked else self._head)
-        self.expand_button.setText("Fold the result" if checked else
-                                   f"Show the whole result ({len(self._result):,} characters)")
+        self.expand_button.setText(
+            "Fold the result" if checked else f"Show the whole result ({len(self._result):,} characters)"
+        )
 
 
 class ApprovalCardWidget(QFrame):
@@ -166,8 +167,11 @@ class ApprovalCardWidget(QFrame):
         self.once_button.setObjectName("primaryButton")
         self.always_button.setToolTip(f"Run {request.name} without asking from now on (Settings → Tools lists it)")
         self.deny_button.setToolTip("The call does not run; the model is told it was refused")
-        for button, decision in ((self.once_button, "once"), (self.always_button, "always"),
-                                 (self.deny_button, "deny")):
+        for button, decision in (
+            (self.once_button, "once"),
+            (self.always_button, "always"),
+            (self.deny_button, "deny"),
+        ):
             button.clicked.connect(lambda _=False, d=decision: self.decide(d))
             row.addWidget(button)
         row.addStretch(1)
@@ -285,8 +289,9 @@ class AgentPartsWidget(QWidget):
         self.setVisible(bool(self.cards or self.approvals))
         reasoning = stats.get("reasoning") or {}
         self._live_reasoning = []
-        self.fold.set_reasoning(str(reasoning.get("text", "")), int(reasoning.get("tokens", 0) or 0),
-                                float(reasoning.get("ms", 0.0) or 0.0))
+        self.fold.set_reasoning(
+            str(reasoning.get("text", "")), int(reasoning.get("tokens", 0) or 0), float(reasoning.get("ms", 0.0) or 0.0)
+        )
 
     def add_step(self, step: Mapping[str, Any]) -> ToolCallCardWidget:
         """A call was handled: its card takes the place of its approval card, if any."""

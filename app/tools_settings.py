@@ -94,8 +94,10 @@ class ToolsSettingsDialog(QDialog):
         self._filling = False
 
         lay = QVBoxLayout(self)
-        intro = QLabel("The tools a chat may offer the model when its Tools switch is on. A call that is not "
-                       "always allowed asks first, with its exact arguments.")
+        intro = QLabel(
+            "The tools a chat may offer the model when its Tools switch is on. A call that is not "
+            "always allowed asks first, with its exact arguments."
+        )
         intro.setObjectName("explain")
         intro.setWordWrap(True)
         lay.addWidget(intro)
@@ -237,8 +239,9 @@ class ToolsSettingsDialog(QDialog):
         top.setToolTip(COL_STATUS, status)
         if source != BUILTIN:
             top.setFlags(top.flags() | Qt.ItemFlag.ItemIsUserCheckable)
-            top.setCheckState(COL_ON, Qt.CheckState.Unchecked if perms and perms.is_off(source) else
-                              Qt.CheckState.Checked)
+            top.setCheckState(
+                COL_ON, Qt.CheckState.Unchecked if perms and perms.is_off(source) else Qt.CheckState.Checked
+            )
         self.tree.addTopLevelItem(top)
         for spec in specs:
             child = QTreeWidgetItem([spec.name, "", "", spec.description])

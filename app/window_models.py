@@ -118,8 +118,11 @@ class ModelActions:
         def scan() -> list[Path]:
             return chat_model_files(folder)
 
-        run_in_background(scan, self._while_open(lambda found: self._on_models_scanned(found, first_start)),
-                          self._while_open(self._on_scan_failed))
+        run_in_background(
+            scan,
+            self._while_open(lambda found: self._on_models_scanned(found, first_start)),
+            self._while_open(self._on_scan_failed),
+        )
 
     def _on_scan_failed(self, exc: BaseException) -> None:
         self.show_error(f"Model folder unavailable: {describe_error(exc)}")
@@ -179,8 +182,11 @@ class ModelActions:
             self.models_adapter.library.scan()
             self._auto_load(prefer=model.path)
 
-        run_in_background(install, self._while_open(done),
-                          self._while_open(lambda e: self.show_error(f"Starter model: {describe_error(e)}")))
+        run_in_background(
+            install,
+            self._while_open(done),
+            self._while_open(lambda e: self.show_error(f"Starter model: {describe_error(e)}")),
+        )
 
     def _auto_load(self, prefer: Path | None = None) -> None:
         if self.safe_mode:
@@ -233,8 +239,12 @@ class ModelActions:
             if not hw.gpu_offload_supported:
                 return 0
             draft = draft_for(self.settings, path)  # the draft model goes where the model's layers go
-            estimate = fit.estimate_fit(read_gguf_info(path), hw, self.settings.n_ctx,
-                                        draft=read_gguf_info(draft) if draft is not None and draft.is_file() else None)
+            estimate = fit.estimate_fit(
+                read_gguf_info(path),
+                hw,
+                self.settings.n_ctx,
+                draft=read_gguf_info(draft) if draft is not None and draft.is_file() else None,
+            )
             return int(estimate.gpu_layers)
         except Exception as exc:  # noqa: BLE001 - the estimate is advisory; CPU always works
             log.info("auto GPU layers unavailable: %s", exc)

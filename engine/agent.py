@@ -52,8 +52,7 @@ if TYPE_CHECKING:
     from engine.backends import ChatBackend
 
 Decision = Literal["once", "always", "deny"]
-Approval = Literal["allowed", "always", "allow-listed", "denied", "unknown-tool", "invalid-arguments",
-                   "cancelled"]
+Approval = Literal["allowed", "always", "allow-listed", "denied", "unknown-tool", "invalid-arguments", "cancelled"]
 
 RESULT_SLACK_TOKENS = 32
 """Tokens kept aside per result for the tool message's header, when the room is estimated."""
@@ -216,8 +215,17 @@ class Agent:
         """
         result = AgentResult()
         events = self._loop(
-            list(history), user, params, system, documents, cancel or threading.Event(), tool_choice,
-            thinking, reasoning_effort, result, options,
+            list(history),
+            user,
+            params,
+            system,
+            documents,
+            cancel or threading.Event(),
+            tool_choice,
+            thinking,
+            reasoning_effort,
+            result,
+            options,
         )
         return AgentRun(events, result)
 
@@ -241,8 +249,16 @@ class Agent:
         while True:
             finished: Finished | None = None
             for event in self.backend.stream(
-                messages, user, params, system=system, documents=documents, cancel=cancel, tools=offered,
-                tool_choice=choice if offered else "none", thinking=thinking, reasoning_effort=reasoning_effort,
+                messages,
+                user,
+                params,
+                system=system,
+                documents=documents,
+                cancel=cancel,
+                tools=offered,
+                tool_choice=choice if offered else "none",
+                thinking=thinking,
+                reasoning_effort=reasoning_effort,
                 **options,
             ):
                 if isinstance(event, Finished):
@@ -276,13 +292,23 @@ class Agent:
             elif choice not in (None, "auto", "none"):
                 next_choice = "auto"
             room = self._result_room(
-                finished, messages, calls, params, system=system, documents=documents, tools=offered,
-                tool_choice=next_choice if offered else "none", thinking=thinking,
+                finished,
+                messages,
+                calls,
+                params,
+                system=system,
+                documents=documents,
+                tools=offered,
+                tool_choice=next_choice if offered else "none",
+                thinking=thinking,
                 reasoning_effort=reasoning_effort,
             )
             for call in calls:
-                step = self._not_run(call, result.rounds, "cancelled", "not run: stopped by the user") \
-                    if cancel.is_set() else self._handle(call, result.rounds, cancel, room)
+                step = (
+                    self._not_run(call, result.rounds, "cancelled", "not run: stopped by the user")
+                    if cancel.is_set()
+                    else self._handle(call, result.rounds, cancel, room)
+                )
                 result.steps.append(step)
                 yield step
                 self._append(messages, result, _tool_message(step), step)
@@ -322,21 +348,25 @@ class Agent:
         tool = self._tools.get(call.name)
         if tool is None:
             names = ", ".join(self._tools) or "none"
-            return self._not_run(call, round_, "unknown-tool",
-                                 f"error: there is no tool named {call.name!r} (the tools are: {names})")
+            return self._not_run(
+                call, round_, "unknown-tool", f"error: there is no tool named {call.name!r} (the tools are: {names})"
+            )
         problem = _schema_problem(call.arguments, tool.spec.parameters)
         if problem is not None:
-            return self._not_run(call, round_, "invalid-arguments",
-                                 f"error: the arguments do not match {call.name}'s schema: {problem}",
-                                 source=tool.spec.source)
+            return self._not_run(
+                call,
+                round_,
+                "invalid-arguments",
+                f"error: the arguments do not match {call.name}'s schema: {problem}",
+                source=tool.spec.source,
+            )
         approval: Approval
         if call.name in self.allow:
             approval = "allow-listed"
         else:
             decision = self.approve(call, tool.spec) if self.approve is not None else "deny"
             if cancel.is_set():
-                return self._not_run(call, round_, "cancelled", "not run: stopped by the user",
-                                     source=tool.spec.source)
+                return self._not_run(call, round_, "cancelled", "not run: stopped by the user", source=tool.spec.source)
             if decision == "always":
                 approval = "always"
                 self.allow.add(call.name)
@@ -346,7 +376,9 @@ class Agent:
                 approval = "allowed"
             else:
                 return self._not_run(
-                    call, round_, "denied",
+                    call,
+                    round_,
+                    "denied",
                     f"The user denied this call to {call.name}; it did not run. Do not call it again for "
                     "this request: answer with what you have, or ask the user.",
                     source=tool.spec.source,
@@ -355,14 +387,16 @@ class Agent:
         outcome = _run_call(tool, call, self.timeout_s, cancel)
         ms = round((time.perf_counter() - started) * 1000, 2)
         content, tokens, truncated = truncate_to_tokens(outcome.content, room, self.backend.count_text)
-        return ToolStep(round_, call, tool.spec.source, approval, ToolResult(content, outcome.is_error), ms,
-                        tokens, truncated)
+        return ToolStep(
+            round_, call, tool.spec.source, approval, ToolResult(content, outcome.is_error), ms, tokens, truncated
+        )
 
     def _not_run(self, call: ToolCall, round_: int, approval: Approval, text: str, *, source: str = "") -> ToolStep:
         if not source and call.name in self._tools:
             source = self._tools[call.name].spec.source
-        return ToolStep(round_, call, source, approval, ToolResult(text, is_error=True), 0.0,
-                        self.backend.count_text(text))
+        return ToolStep(
+            round_, call, source, approval, ToolResult(text, is_error=True), 0.0, self.backend.count_text(text)
+        )
 
 
 def _tool_message(step: ToolStep) -> Message:

@@ -106,8 +106,13 @@ def run_bench(
     params = GenerationParams(max_tokens=max_tokens, temperature=0.0)
     report = BenchReport(model=str(model), threads=threads, n_ctx=n_ctx, max_tokens=max_tokens)
     raw = llama_cpp.Llama(
-        model_path=str(model), n_ctx=n_ctx, n_batch=load.n_batch, n_ubatch=load.n_batch,
-        n_threads=threads, n_threads_batch=threads, verbose=False,
+        model_path=str(model),
+        n_ctx=n_ctx,
+        n_batch=load.n_batch,
+        n_ubatch=load.n_batch,
+        n_threads=threads,
+        n_threads_batch=threads,
+        verbose=False,
     )
     try:
         with ChatSession(load) as session:

@@ -377,7 +377,12 @@ def _load(ggml: ctypes.CDLL, folder: Path, policy: BackendPolicy, log: list[str]
     reg = ggml.ggml_backend_load(str(files[chosen.tag]).encode())
     if not reg:
         return BackendInfo(
-            "missing", chosen.tag, chosen.file, (), tuple(scored), tuple(skipped),
+            "missing",
+            chosen.tag,
+            chosen.file,
+            (),
+            tuple(scored),
+            tuple(skipped),
             error=f"{files[chosen.tag]}: llama.cpp could not load its CPU backend ({(log or ['no reason given'])[-1]})",
         )
     gpu, unavailable = _load_gpu_backends(ggml, folder)

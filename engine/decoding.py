@@ -128,8 +128,15 @@ class _Emitter:
     token budget and Stop, for plain and drafted tokens alike."""
 
     def __init__(
-        self, lc: Any, llm: Any, piece: Callable[[int], bytes], params: Any, stops: StopStrings,
-        max_new: int, cancel: Any, send: Callable[[object], None],
+        self,
+        lc: Any,
+        llm: Any,
+        piece: Callable[[int], bytes],
+        params: Any,
+        stops: StopStrings,
+        max_new: int,
+        cancel: Any,
+        send: Callable[[object], None],
     ) -> None:
         self._lc, self._vocab = lc, llm._model.vocab
         self._piece = piece
@@ -226,8 +233,13 @@ def decode(
     # draft model the policy would rightly not use (one as costly as its target).
     fixed = int(os.environ.get("GLASSBOX_TEST_DRAFT_FIXED") or 0)
     head_share = llm.n_vocab() * llm.n_embd() / max(int(llm._model.n_params()), 1)
-    policy = SpeculationPolicy(min(params.draft_max, max(n_batch - 1, 1)), offloaded=offloaded,
-                               draft_cost=draft_cost, fixed=fixed, head_share=head_share)
+    policy = SpeculationPolicy(
+        min(params.draft_max, max(n_batch - 1, 1)),
+        offloaded=offloaded,
+        draft_cost=draft_cost,
+        fixed=fixed,
+        head_share=head_share,
+    )
     drafted_total = accepted_total = 0
     reason = _CONTINUE
     with ChainSampler(lc, llm, params, seed) as sampler:
@@ -262,8 +274,9 @@ def decode(
     if drafter is not None and drafter is not draft_model:
         drafter.close()
     text = emitter.finish(reason)
-    return DecodeOutcome(reason, text, emitter.n_out, emitter.t_first or time.perf_counter(),
-                         drafted_total, accepted_total)
+    return DecodeOutcome(
+        reason, text, emitter.n_out, emitter.t_first or time.perf_counter(), drafted_total, accepted_total
+    )
 
 
 def _verify(llm: Any, sampler: ChainSampler, emitter: _Emitter, token: int, draft: list[int]) -> tuple[int, str, int]:

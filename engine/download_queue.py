@@ -107,8 +107,9 @@ def _partial_size(final: Path) -> tuple[int, float | None]:
 
 def _unreadable(final: Path, reason: str) -> PartialDownload:
     size, mtime = _partial_size(final)
-    return PartialDownload(path=final, repo="", filename=final.name, revision="", done=size, total=None,
-                           updated_at=mtime, error=reason)
+    return PartialDownload(
+        path=final, repo="", filename=final.name, revision="", done=size, total=None, updated_at=mtime, error=reason
+    )
 
 
 def _describe(final: Path, meta_path: Path) -> PartialDownload:
@@ -132,17 +133,22 @@ def _describe(final: Path, meta_path: Path) -> PartialDownload:
     except DownloadError as exc:
         return _unreadable(final, f"its resume metadata is not valid: {exc}")
     parts = PurePosixPath(filename).parts
-    if final.parts[-len(parts):] != parts:
+    if final.parts[-len(parts) :] != parts:
         return _unreadable(final, f"its resume metadata names another file ({filename})")
     size, mtime = _partial_size(final)
     done = document.get("done")
     total = _int_or_none(document.get("total"))
     updated = document.get("updated_at")
     return PartialDownload(
-        path=final, repo=repo, filename=filename, revision=revision,
-        done=min(done, size) if isinstance(done, int) and done > 0 else 0, total=total,
+        path=final,
+        repo=repo,
+        filename=filename,
+        revision=revision,
+        done=min(done, size) if isinstance(done, int) and done > 0 else 0,
+        total=total,
         updated_at=float(updated) if isinstance(updated, int | float) else mtime,
-        commit=_str_or_none(document.get("commit")), endpoint=_str_or_none(document.get("endpoint")),
+        commit=_str_or_none(document.get("commit")),
+        endpoint=_str_or_none(document.get("endpoint")),
         expected_sha256=_str_or_none(document.get("expected_sha256")),
         expected_size=_int_or_none(document.get("expected_size")),
     )
@@ -284,8 +290,7 @@ def file_on_disk(dest_dir: Path, filename: str, expected_size: int | None = None
 
 def check_on_disk(item: QueueItem) -> QueuedOnDisk:
     """How far each of ``item``'s files got (complete, or the bytes a resume keeps)."""
-    return QueuedOnDisk(item, tuple(
-        file_on_disk(Path(item.dest_dir), f.filename, f.expected_size) for f in item.files))
+    return QueuedOnDisk(item, tuple(file_on_disk(Path(item.dest_dir), f.filename, f.expected_size) for f in item.files))
 
 
 class DownloadQueue:
@@ -321,8 +326,9 @@ class DownloadQueue:
             return []
         except (OSError, ValueError, TypeError, KeyError, DownloadError):
             with contextlib.suppress(OSError):
-                os.replace(self.state_file, self.state_file.with_name(
-                    f"{self.state_file.name}.corrupt-{int(time.time())}"))
+                os.replace(
+                    self.state_file, self.state_file.with_name(f"{self.state_file.name}.corrupt-{int(time.time())}")
+                )
             return []
 
     @staticmethod
@@ -339,8 +345,12 @@ class DownloadQueue:
             raise ValueError("queue item without files")
         state = raw.get("state", "queued")
         item = QueueItem(
-            repo=raw["repo"], name=name, dest_dir=str(raw["dest_dir"]), files=files,
-            revision=raw.get("revision", "main"), endpoint=_str_or_none(raw.get("endpoint")),
+            repo=raw["repo"],
+            name=name,
+            dest_dir=str(raw["dest_dir"]),
+            files=files,
+            revision=raw.get("revision", "main"),
+            endpoint=_str_or_none(raw.get("endpoint")),
             # A state this version does not know (a newer app wrote it): the user decides again.
             state=state if state in _QUEUE_STATES else "paused",
             error=_str_or_none(raw.get("error")),
@@ -379,8 +389,9 @@ class DownloadQueue:
         Raises:
             DownloadError: a bad repo id, revision or unsafe file name.
         """
-        item = make_item(repo, filename, dest_dir, [QueueFile(filename, expected_sha256, expected_size)],
-                         revision=revision)
+        item = make_item(
+            repo, filename, dest_dir, [QueueFile(filename, expected_sha256, expected_size)], revision=revision
+        )
         with self._lock:
             for existing in self._items:
                 if existing.key == item.key:
@@ -462,5 +473,4 @@ def _queue_file(raw: Any) -> QueueFile:
     if not isinstance(raw, dict) or not isinstance(raw.get("filename"), str):
         raise TypeError("queued file without a name")
     check_filename(raw["filename"])
-    return QueueFile(raw["filename"], _str_or_none(raw.get("expected_sha256")),
-                     _int_or_none(raw.get("expected_size")))
+    return QueueFile(raw["filename"], _str_or_none(raw.get("expected_sha256")), _int_or_none(raw.get("expected_size")))

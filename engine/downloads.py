@@ -70,9 +70,20 @@ from engine.transfer import (
 from engine.units import format_bytes
 
 __all__ = [
-    "META_SUFFIX", "PARTIAL_SUFFIX", "DownloadProgress", "DownloadResult", "DownloadState",
-    "ProgressCallback", "check_disk_space", "discard_partial", "download_file", "missing_space", "partial_paths",
-    "read_meta_file", "read_partial_meta", "write_json_atomic",
+    "META_SUFFIX",
+    "PARTIAL_SUFFIX",
+    "DownloadProgress",
+    "DownloadResult",
+    "DownloadState",
+    "ProgressCallback",
+    "check_disk_space",
+    "discard_partial",
+    "download_file",
+    "missing_space",
+    "partial_paths",
+    "read_meta_file",
+    "read_partial_meta",
+    "write_json_atomic",
 ]
 
 PARTIAL_SUFFIX = ".partial"
@@ -100,8 +111,6 @@ class DownloadResult:
         data = asdict(self)
         data["path"] = str(self.path)
         return data
-
-
 
 
 def partial_paths(dest_dir: Path, filename: str) -> tuple[Path, Path, Path]:
@@ -191,9 +200,7 @@ def _locked_partial(partial: Path, filename: str) -> Iterator[int]:
             _try_lock(fd)
         except OSError:
             os.close(fd)
-            raise DownloadError(
-                f"{filename}: already being downloaded by another Glassbox window or process"
-            ) from None
+            raise DownloadError(f"{filename}: already being downloaded by another Glassbox window or process") from None
         try:
             same = os.path.samestat(os.fstat(fd), os.stat(partial))
         except FileNotFoundError:
@@ -239,11 +246,27 @@ class _Paused(Exception):
 class _Download:
     """The state of one ``download_file`` call; see there for the parameters."""
 
-    def __init__(self, *, repo: str, filename: str, dest_dir: Path, revision: str, endpoint: str,
-                 expected_sha256: str | None, expected_size: int | None, cancel: threading.Event,
-                 pause: threading.Event, reporter: Reporter, max_retries: int, stall_timeout_s: float,
-                 disk_margin_bytes: int, backoff_s: float, max_backoff_s: float, checksum_retries: int,
-                 fd: int) -> None:
+    def __init__(
+        self,
+        *,
+        repo: str,
+        filename: str,
+        dest_dir: Path,
+        revision: str,
+        endpoint: str,
+        expected_sha256: str | None,
+        expected_size: int | None,
+        cancel: threading.Event,
+        pause: threading.Event,
+        reporter: Reporter,
+        max_retries: int,
+        stall_timeout_s: float,
+        disk_margin_bytes: int,
+        backoff_s: float,
+        max_backoff_s: float,
+        checksum_retries: int,
+        fd: int,
+    ) -> None:
         self.repo = repo
         self.filename = filename
         self.revision = revision
@@ -279,21 +302,25 @@ class _Download:
         return f"{self.endpoint}/{self.repo}/resolve/{ref}/{urllib.parse.quote(self.filename)}"
 
     def save_meta(self) -> None:
-        write_json_atomic(self.meta_path, durable=False, document={
-            "format": _META_FORMAT,
-            "repo": self.repo,
-            "filename": self.filename,
-            "revision": self.revision,
-            "commit": self.commit,
-            "url": self.url(),
-            "endpoint": self.endpoint,
-            "expected_size": self.expected_size,
-            "expected_sha256": self.expected_sha256,
-            "etag": self.etag,
-            "total": self.total,
-            "done": self.done,
-            "updated_at": time.time(),
-        })
+        write_json_atomic(
+            self.meta_path,
+            durable=False,
+            document={
+                "format": _META_FORMAT,
+                "repo": self.repo,
+                "filename": self.filename,
+                "revision": self.revision,
+                "commit": self.commit,
+                "url": self.url(),
+                "endpoint": self.endpoint,
+                "expected_size": self.expected_size,
+                "expected_sha256": self.expected_sha256,
+                "etag": self.etag,
+                "total": self.total,
+                "done": self.done,
+                "updated_at": time.time(),
+            },
+        )
 
     def checkpoint(self, *, force: bool = False) -> None:
         """Records the bytes written so far (about once a second) for a resume.
@@ -391,8 +418,7 @@ class _Download:
         self.check_space()
         failures = 0
         checksum_retries = self.checksum_retries
-        with Watchdog(self.cancel, self.pause, self.stall_timeout_s, self.reporter) as watchdog, \
-                self.writeback:
+        with Watchdog(self.cancel, self.pause, self.stall_timeout_s, self.reporter) as watchdog, self.writeback:
             while True:
                 self.wait_while_paused()
                 self.check_cancel()
@@ -426,9 +452,7 @@ class _Download:
     def check_cancel(self) -> None:
         if self.cancel.is_set():
             self.checkpoint(force=True)
-            raise Cancelled(
-                f"{self.filename}: download cancelled; {self.done} bytes kept, download again to resume"
-            )
+            raise Cancelled(f"{self.filename}: download cancelled; {self.done} bytes kept, download again to resume")
 
     def wait_while_paused(self) -> None:
         if not self.pause.is_set():
@@ -454,8 +478,13 @@ class _Download:
         self.reporter.emit("connecting", f"connecting to {self.endpoint}")
         headers = {"Range": f"bytes={self.done}-"} if self.done else {}
         try:
-            response = open_url(self.url(), endpoint=self.endpoint, headers=headers,
-                                timeout=2 * self.stall_timeout_s + 5, on_socket=watchdog.arm)
+            response = open_url(
+                self.url(),
+                endpoint=self.endpoint,
+                headers=headers,
+                timeout=2 * self.stall_timeout_s + 5,
+                on_socket=watchdog.arm,
+            )
         except OfflineError as exc:
             watchdog.disarm()
             if watchdog.reason in ("cancel", "pause"):
@@ -589,8 +618,7 @@ class _Download:
         if reason == "pause" or self.pause.is_set():
             raise _Paused
         if reason == "stall":
-            raise _Retry(f"no data for {self.stall_timeout_s:g} s (stalled); reconnecting",
-                         progressed=progressed)
+            raise _Retry(f"no data for {self.stall_timeout_s:g} s (stalled); reconnecting", progressed=progressed)
         if self.total is None and failure is None:
             return True
         got = f"{self.done} of {self.total} bytes" if self.total is not None else f"{self.done} bytes"
@@ -732,9 +760,7 @@ def download_file(
     check_revision(revision)
     check_filename(filename)
     if os.path.splitext(filename)[1].lower() in PICKLE_SUFFIXES:
-        raise DownloadError(
-            f"{filename}: pickle weights (unsafe to load); Glassbox only uses GGUF or safetensors"
-        )
+        raise DownloadError(f"{filename}: pickle weights (unsafe to load); Glassbox only uses GGUF or safetensors")
     if expected_sha256 is not None:
         expected_sha256 = expected_sha256.lower()
         if not _SHA256.match(expected_sha256):
@@ -762,11 +788,23 @@ def download_file(
         check_disk_space(final.parent, max(0, expected_size - have) + disk_margin_bytes, filename)
     with _locked_partial(partial, filename) as fd:
         job = _Download(
-            repo=repo, filename=filename, dest_dir=Path(dest_dir), revision=revision, endpoint=base,
-            expected_sha256=expected_sha256, expected_size=expected_size, cancel=cancel, pause=pause,
-            reporter=reporter, max_retries=max_retries, stall_timeout_s=stall_timeout_s,
-            disk_margin_bytes=disk_margin_bytes, backoff_s=backoff_s, max_backoff_s=max_backoff_s,
-            checksum_retries=checksum_retries, fd=fd,
+            repo=repo,
+            filename=filename,
+            dest_dir=Path(dest_dir),
+            revision=revision,
+            endpoint=base,
+            expected_sha256=expected_sha256,
+            expected_size=expected_size,
+            cancel=cancel,
+            pause=pause,
+            reporter=reporter,
+            max_retries=max_retries,
+            stall_timeout_s=stall_timeout_s,
+            disk_margin_bytes=disk_margin_bytes,
+            backoff_s=backoff_s,
+            max_backoff_s=max_backoff_s,
+            checksum_retries=checksum_retries,
+            fd=fd,
         )
         try:
             return job.run()

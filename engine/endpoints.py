@@ -127,8 +127,7 @@ class EndpointStore:
         chosen = name if name is not None else _default_name(clean)
         if not _NAME_RE.match(chosen):
             raise EngineError(
-                f"{chosen}: an endpoint name is 1-64 letters, digits, '.', '_' or '-', "
-                "starting with a letter or digit"
+                f"{chosen}: an endpoint name is 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit"
             )
         if api_key is not None and (not api_key.strip() or any(c in api_key for c in "\r\n")):
             raise EngineError(f"{chosen}: the API key is empty or spans several lines")

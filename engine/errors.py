@@ -71,9 +71,7 @@ class EngineCrashed(EngineError):
         else:
             how = f"exit code {exitcode}"
         said = f": {cause}" if cause else ""
-        super().__init__(
-            f"the inference worker crashed during {during} ({how}){said}; the conversation is safe"
-        )
+        super().__init__(f"the inference worker crashed during {during} ({how}){said}; the conversation is safe")
 
 
 class ContextOverflow(EngineError):

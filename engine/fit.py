@@ -204,9 +204,7 @@ def kv_bytes_per_token(info: GgufInfo, cache_type: str = "f16") -> int:
 
 
 # ---------------------------------------------------------------------- buffers and decode
-def compute_buffer_bytes(
-    info: GgufInfo, n_ctx: int, *, n_ubatch: int = N_UBATCH, flash_attn: bool = False
-) -> int:
+def compute_buffer_bytes(info: GgufInfo, n_ctx: int, *, n_ubatch: int = N_UBATCH, flash_attn: bool = False) -> int:
     """Compute plus output buffers llama.cpp reserves (see the module docstring for the formula)."""
     n_tokens = min(n_ubatch, max(1, n_ctx))
     vocab = info.vocab_size or 32000
@@ -306,9 +304,19 @@ def estimate_fit(
 
     def result(verdict: Verdict, layers: int, on_gpu: int, speed: float | None, message: str) -> FitEstimate:
         return FitEstimate(
-            weights_bytes=weights, kv_bytes=kv, compute_bytes=compute, total_bytes=total, verdict=verdict,
-            gpu_layers=layers, message=message, expected_decode_tps=speed, n_ctx=cells,
-            cache_type=cache_type, ram_budget=ram, vram_budget=vram, gpu_bytes=on_gpu,
+            weights_bytes=weights,
+            kv_bytes=kv,
+            compute_bytes=compute,
+            total_bytes=total,
+            verdict=verdict,
+            gpu_layers=layers,
+            message=message,
+            expected_decode_tps=speed,
+            n_ctx=cells,
+            cache_type=cache_type,
+            ram_budget=ram,
+            vram_budget=vram,
+            gpu_bytes=on_gpu,
         )
 
     if gpus and n_layers:
@@ -333,7 +341,10 @@ def estimate_fit(
                 cpu_share = max(1, weights + kv - offloaded) / (weights + kv)
                 speed = None if full_speed is None else full_speed / cpu_share
                 return result(
-                    "partial", on_gpu, gpu_bytes, speed,
+                    "partial",
+                    on_gpu,
+                    gpu_bytes,
+                    speed,
                     f"fits with partial offload ({on_gpu} of {n_layers} layers on the GPU): "
                     f"{format_bytes(gpu_bytes)} VRAM + {format_bytes(cpu_bytes)} RAM ({parts})"
                     f"{_speed(speed)}",
@@ -342,13 +353,23 @@ def estimate_fit(
     if hw.gpus and not hw.gpu_offload_supported:
         note = "; this llama.cpp build has no GPU offload (rebuild llama-cpp-python with CUDA/Metal/Vulkan)"
     if total <= ram:
-        return result("ram", 0, 0, full_speed,
-                      f"fits in RAM: needs {format_bytes(total)} of {format_bytes(ram)} usable ({parts})"
-                      f"{_speed(full_speed)}{note}")
+        return result(
+            "ram",
+            0,
+            0,
+            full_speed,
+            f"fits in RAM: needs {format_bytes(total)} of {format_bytes(ram)} usable ({parts})"
+            f"{_speed(full_speed)}{note}",
+        )
     with_vram = f" and {format_bytes(vram)} VRAM" if gpus else ""
-    return result("no", 0, 0, None,
-                  f"won't fit: needs {format_bytes(total)} ({parts}), {format_bytes(ram)} RAM usable"
-                  f"{with_vram}; try a smaller quantization or context{note}")
+    return result(
+        "no",
+        0,
+        0,
+        None,
+        f"won't fit: needs {format_bytes(total)} ({parts}), {format_bytes(ram)} RAM usable"
+        f"{with_vram}; try a smaller quantization or context{note}",
+    )
 
 
 def draft_model_bytes(draft: GgufInfo, n_ctx: int, cache_type: str = "f16", *, swa_full: bool = True) -> int:
@@ -371,9 +392,7 @@ def auto_gpu_layers(info: GgufInfo, n_ctx: int, hw: HardwareInfo, cache_type: st
     return estimate_fit(info, hw, n_ctx, cache_type).gpu_layers
 
 
-def estimate_fit_from_size(
-    file_size: int, hw: HardwareInfo, bandwidth_gbps: float | None = None
-) -> FitEstimate:
+def estimate_fit_from_size(file_size: int, hw: HardwareInfo, bandwidth_gbps: float | None = None) -> FitEstimate:
     """A rough verdict from a file size alone (a repo listing, before any header is read).
 
     The KV cache is unknown, so it is left out (the message says so); buffers are taken as 5% of
@@ -387,21 +406,46 @@ def estimate_fit_from_size(
     vram = _vram_budget(gpus)
     speed = bandwidth_gbps * 1e9 / file_size if bandwidth_gbps and file_size > 0 else None
     common: dict[str, Any] = {
-        "weights_bytes": file_size, "kv_bytes": 0, "compute_bytes": compute, "total_bytes": total,
-        "ram_budget": ram, "vram_budget": vram, "approximate": True,
+        "weights_bytes": file_size,
+        "kv_bytes": 0,
+        "compute_bytes": compute,
+        "total_bytes": total,
+        "ram_budget": ram,
+        "vram_budget": vram,
+        "approximate": True,
     }
     caveat = " (from the file size; the KV cache is not included)"
     if gpus and total <= vram:
-        return FitEstimate(**common, verdict="gpu", gpu_layers=0, expected_decode_tps=None,
-                           message=f"likely fits on GPU: about {format_bytes(total)}{caveat}")
+        return FitEstimate(
+            **common,
+            verdict="gpu",
+            gpu_layers=0,
+            expected_decode_tps=None,
+            message=f"likely fits on GPU: about {format_bytes(total)}{caveat}",
+        )
     if gpus and vram > compute and total - vram + compute <= ram:
-        return FitEstimate(**common, verdict="partial", gpu_layers=0, expected_decode_tps=speed,
-                           message=f"likely fits with partial offload: about {format_bytes(total)}{caveat}")
+        return FitEstimate(
+            **common,
+            verdict="partial",
+            gpu_layers=0,
+            expected_decode_tps=speed,
+            message=f"likely fits with partial offload: about {format_bytes(total)}{caveat}",
+        )
     if total <= ram:
-        return FitEstimate(**common, verdict="ram", gpu_layers=0, expected_decode_tps=speed,
-                           message=f"likely fits in RAM: about {format_bytes(total)}{caveat}{_speed(speed)}")
-    return FitEstimate(**common, verdict="no", gpu_layers=0, expected_decode_tps=None,
-                       message=f"won't fit: about {format_bytes(total)}, {format_bytes(ram)} usable{caveat}")
+        return FitEstimate(
+            **common,
+            verdict="ram",
+            gpu_layers=0,
+            expected_decode_tps=speed,
+            message=f"likely fits in RAM: about {format_bytes(total)}{caveat}{_speed(speed)}",
+        )
+    return FitEstimate(
+        **common,
+        verdict="no",
+        gpu_layers=0,
+        expected_decode_tps=None,
+        message=f"won't fit: about {format_bytes(total)}, {format_bytes(ram)} usable{caveat}",
+    )
 
 
 def _speed(tps: float | None) -> str:

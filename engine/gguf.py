@@ -54,9 +54,18 @@ from typing import Any, BinaryIO, TypeVar
 from engine.errors import ModelFileError
 
 __all__ = [
-    "FILE_TYPE_NAMES", "GGML_TYPES", "LLAMA_CPP_ARCHITECTURES", "MAX_CHAT_TEMPLATE_BYTES", "GgufHeaderNeedsMoreBytes",
-    "GgufInfo", "describe_non_gguf", "open_model_file", "parse_gguf_prefix", "read_gguf_info",
-    "sniff_model_file", "unsupported_reason",
+    "FILE_TYPE_NAMES",
+    "GGML_TYPES",
+    "LLAMA_CPP_ARCHITECTURES",
+    "MAX_CHAT_TEMPLATE_BYTES",
+    "GgufHeaderNeedsMoreBytes",
+    "GgufInfo",
+    "describe_non_gguf",
+    "open_model_file",
+    "parse_gguf_prefix",
+    "read_gguf_info",
+    "sniff_model_file",
+    "unsupported_reason",
 ]
 
 GGUF_MAGIC = b"GGUF"
@@ -108,24 +117,82 @@ _FLOAT_TYPES = (6, 12)
 # ggml tensor types (ggml.h of the pinned llama.cpp): id -> (name, elements per block, bytes per block).
 # Ids that ggml removed (4, 5, 31-33, 36-38) are absent, so a file using them is rejected.
 GGML_TYPES: dict[int, tuple[str, int, int]] = {
-    0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 6: ("Q5_0", 32, 22),
-    7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 9: ("Q8_1", 32, 36), 10: ("Q2_K", 256, 84),
-    11: ("Q3_K", 256, 110), 12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210),
-    15: ("Q8_K", 256, 292), 16: ("IQ2_XXS", 256, 66), 17: ("IQ2_XS", 256, 74), 18: ("IQ3_XXS", 256, 98),
-    19: ("IQ1_S", 256, 50), 20: ("IQ4_NL", 32, 18), 21: ("IQ3_S", 256, 110), 22: ("IQ2_S", 256, 82),
-    23: ("IQ4_XS", 256, 136), 24: ("I8", 1, 1), 25: ("I16", 1, 2), 26: ("I32", 1, 4), 27: ("I64", 1, 8),
-    28: ("F64", 1, 8), 29: ("IQ1_M", 256, 56), 30: ("BF16", 1, 2), 34: ("TQ1_0", 256, 54),
-    35: ("TQ2_0", 256, 66), 39: ("MXFP4", 32, 17), 40: ("NVFP4", 64, 36), 41: ("Q1_0", 128, 18),
+    0: ("F32", 1, 4),
+    1: ("F16", 1, 2),
+    2: ("Q4_0", 32, 18),
+    3: ("Q4_1", 32, 20),
+    6: ("Q5_0", 32, 22),
+    7: ("Q5_1", 32, 24),
+    8: ("Q8_0", 32, 34),
+    9: ("Q8_1", 32, 36),
+    10: ("Q2_K", 256, 84),
+    11: ("Q3_K", 256, 110),
+    12: ("Q4_K", 256, 144),
+    13: ("Q5_K", 256, 176),
+    14: ("Q6_K", 256, 210),
+    15: ("Q8_K", 256, 292),
+    16: ("IQ2_XXS", 256, 66),
+    17: ("IQ2_XS", 256, 74),
+    18: ("IQ3_XXS", 256, 98),
+    19: ("IQ1_S", 256, 50),
+    20: ("IQ4_NL", 32, 18),
+    21: ("IQ3_S", 256, 110),
+    22: ("IQ2_S", 256, 82),
+    23: ("IQ4_XS", 256, 136),
+    24: ("I8", 1, 1),
+    25: ("I16", 1, 2),
+    26: ("I32", 1, 4),
+    27: ("I64", 1, 8),
+    28: ("F64", 1, 8),
+    29: ("IQ1_M", 256, 56),
+    30: ("BF16", 1, 2),
+    34: ("TQ1_0", 256, 54),
+    35: ("TQ2_0", 256, 66),
+    39: ("MXFP4", 32, 17),
+    40: ("NVFP4", 64, 36),
+    41: ("Q1_0", 128, 18),
     42: ("Q2_0", 64, 18),
 }
 
 # llama.cpp's LLAMA_FTYPE_MOSTLY_* names, as stored in general.file_type.
 FILE_TYPE_NAMES: dict[int, str] = {
-    0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 4: "Q4_1_SOME_F16", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1",
-    10: "Q2_K", 11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S",
-    17: "Q5_K_M", 18: "Q6_K", 19: "IQ2_XXS", 20: "IQ2_XS", 21: "Q2_K_S", 22: "IQ3_XS", 23: "IQ3_XXS",
-    24: "IQ1_S", 25: "IQ4_NL", 26: "IQ3_S", 27: "IQ3_M", 28: "IQ2_S", 29: "IQ2_M", 30: "IQ4_XS",
-    31: "IQ1_M", 32: "BF16", 36: "TQ1_0", 37: "TQ2_0", 38: "MXFP4_MOE", 39: "NVFP4", 40: "Q1_0", 41: "Q2_0",
+    0: "F32",
+    1: "F16",
+    2: "Q4_0",
+    3: "Q4_1",
+    4: "Q4_1_SOME_F16",
+    7: "Q8_0",
+    8: "Q5_0",
+    9: "Q5_1",
+    10: "Q2_K",
+    11: "Q3_K_S",
+    12: "Q3_K_M",
+    13: "Q3_K_L",
+    14: "Q4_K_S",
+    15: "Q4_K_M",
+    16: "Q5_K_S",
+    17: "Q5_K_M",
+    18: "Q6_K",
+    19: "IQ2_XXS",
+    20: "IQ2_XS",
+    21: "Q2_K_S",
+    22: "IQ3_XS",
+    23: "IQ3_XXS",
+    24: "IQ1_S",
+    25: "IQ4_NL",
+    26: "IQ3_S",
+    27: "IQ3_M",
+    28: "IQ2_S",
+    29: "IQ2_M",
+    30: "IQ4_XS",
+    31: "IQ1_M",
+    32: "BF16",
+    36: "TQ1_0",
+    37: "TQ2_0",
+    38: "MXFP4_MOE",
+    39: "NVFP4",
+    40: "Q1_0",
+    41: "Q2_0",
 }
 FILE_TYPE_GUESSED = 1024
 
@@ -852,9 +919,7 @@ class _Parser:
             return max(ints) if ints else None
         return value
 
-    def _build(
-        self, version: int, arch: str, alignment: int, tensors: list[_TensorRow], data_offset: int
-    ) -> GgufInfo:
+    def _build(self, version: int, arch: str, alignment: int, tensors: list[_TensorRow], data_offset: int) -> GgufInfo:
         self._check_data(tensors, data_offset, alignment)
         n_layers = self._int(f"{arch}.block_count")
         if n_layers is not None and not 0 <= n_layers <= MAX_BLOCK_COUNT:
@@ -990,4 +1055,3 @@ def _version_reason(version: int) -> str:
 
 def _align(value: int, alignment: int) -> int:
     return (value + alignment - 1) // alignment * alignment
-

@@ -81,7 +81,11 @@ def _run_tool(argv: list[str]) -> str | None:
         return None
     try:
         done = subprocess.run(
-            argv, capture_output=True, text=True, timeout=TOOL_TIMEOUT_S, check=False,
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=TOOL_TIMEOUT_S,
+            check=False,
             stdin=subprocess.DEVNULL,
         )
     except (OSError, subprocess.SubprocessError):
@@ -226,9 +230,7 @@ def probe_hardware(
     )
 
 
-def measure_memory_bandwidth(
-    seconds: float = 0.5, size_bytes: int = 256 * MIB, threads: int | None = None
-) -> float:
+def measure_memory_bandwidth(seconds: float = 0.5, size_bytes: int = 256 * MIB, threads: int | None = None) -> float:
     """Measures this machine's memory copy bandwidth in GB/s (10^9 bytes per second).
 
     Copies a ``size_bytes`` array into another, repeatedly for about ``seconds``, and keeps the

@@ -26,7 +26,13 @@ from typing import Literal
 from engine.tool_calls import MAX_CALL_CHARS, ParsedCall, partial_suffix
 
 START, CHANNEL, MESSAGE, END, CALL, RETURN, CONSTRAIN = (
-    "<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|call|>", "<|return|>", "<|constrain|>",
+    "<|start|>",
+    "<|channel|>",
+    "<|message|>",
+    "<|end|>",
+    "<|call|>",
+    "<|return|>",
+    "<|constrain|>",
 )
 MARKERS = (START, CHANNEL, MESSAGE, END, CALL, RETURN, CONSTRAIN)
 _TERMINATORS = (END, CALL, RETURN, START)
@@ -91,9 +97,7 @@ class HarmonySplitter:
     def _read_header(self) -> bool:
         """Collects a message header up to ``<|message|>``; False: wait for more text."""
         head = self._buf.lstrip()
-        if not self._header and head and not any(
-            head.startswith(s) or s.startswith(head) for s in _HEADER_STARTS
-        ):
+        if not self._header and head and not any(head.startswith(s) or s.startswith(head) for s in _HEADER_STARTS):
             self._state = "plain"  # the reply is not harmony at all
             return True
         at = self._buf.find(MESSAGE)
@@ -102,7 +106,7 @@ class HarmonySplitter:
                 self._state = "plain"
                 return True
             return False
-        header, self._buf = self._buf[:at], self._buf[at + len(MESSAGE):]
+        header, self._buf = self._buf[:at], self._buf[at + len(MESSAGE) :]
         self._header = header
         channel = _CHANNEL_NAME.search(header)
         recipient = _RECIPIENT.search(header)
@@ -117,10 +121,10 @@ class HarmonySplitter:
         if found:
             at, marker = min(found)
             body = self._buf[:at]
-            self._buf = self._buf[at + (len(marker) if marker != START else 0):]
+            self._buf = self._buf[at + (len(marker) if marker != START else 0) :]
             out.extend(self._close_body(body))
             if marker == START:
-                self._buf = self._buf[len(START):]
+                self._buf = self._buf[len(START) :]
             self._state = "header"
             self._header = "(after)"  # later headers never turn the reply into plain text
             return True

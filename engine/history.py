@@ -357,9 +357,7 @@ class HistoryStore:
 
     def _migrate(self) -> None:
         conn = self._conn
-        conn.execute(
-            "CREATE TABLE IF NOT EXISTS migrations (name TEXT PRIMARY KEY, applied_at REAL NOT NULL)"
-        )
+        conn.execute("CREATE TABLE IF NOT EXISTS migrations (name TEXT PRIMARY KEY, applied_at REAL NOT NULL)")
         done = {row[0] for row in conn.execute("SELECT name FROM migrations")}
         pending = [m for m in MIGRATIONS if m.name not in done]
         if not pending:
@@ -370,9 +368,7 @@ class HistoryStore:
             conn.execute("BEGIN IMMEDIATE")
             try:
                 migration.apply(conn)
-                conn.execute(
-                    "INSERT INTO migrations (name, applied_at) VALUES (?, ?)", (migration.name, time.time())
-                )
+                conn.execute("INSERT INTO migrations (name, applied_at) VALUES (?, ?)", (migration.name, time.time()))
             except BaseException:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
@@ -406,8 +402,7 @@ class HistoryStore:
 
     # ------------------------------------------------------------------ conversations
     _CONVERSATION_COLUMNS = (
-        "id, title, created_at, updated_at, system_prompt, settings, knowledge_bases, deleted_at,"
-        " current_leaf_id"
+        "id, title, created_at, updated_at, system_prompt, settings, knowledge_bases, deleted_at, current_leaf_id"
     )
 
     @staticmethod
@@ -470,17 +465,14 @@ class HistoryStore:
         where = "" if include_deleted else "WHERE deleted_at IS NULL"
         rows = self._query(
             lambda c: c.execute(
-                f"SELECT {self._CONVERSATION_COLUMNS} FROM conversations {where}"
-                " ORDER BY updated_at DESC, id DESC"
+                f"SELECT {self._CONVERSATION_COLUMNS} FROM conversations {where} ORDER BY updated_at DESC, id DESC"
             ).fetchall()
         )
         return [self._conversation(row) for row in rows]
 
     def _update(self, conversation_id: int, assignments: str, values: Sequence[Any]) -> None:
         with self._transaction() as conn:
-            cursor = conn.execute(
-                f"UPDATE conversations SET {assignments} WHERE id = ?", (*values, conversation_id)
-            )
+            cursor = conn.execute(f"UPDATE conversations SET {assignments} WHERE id = ?", (*values, conversation_id))
             if cursor.rowcount == 0:
                 raise HistoryError(self.path, f"no conversation with id {conversation_id}")
 
@@ -533,9 +525,7 @@ class HistoryStore:
             return cursor.rowcount
 
     # ------------------------------------------------------------------ messages
-    _MESSAGE_COLUMNS = (
-        "id, conversation_id, parent_id, role, content, state, created_at, stats, sources, model, error"
-    )
+    _MESSAGE_COLUMNS = "id, conversation_id, parent_id, role, content, state, created_at, stats, sources, model, error"
 
     @staticmethod
     def _message(row: Sequence[Any]) -> StoredMessage:
@@ -560,9 +550,7 @@ class HistoryStore:
             HistoryError: there is no such message.
         """
         row = self._query(
-            lambda c: c.execute(
-                f"SELECT {self._MESSAGE_COLUMNS} FROM messages WHERE id = ?", (message_id,)
-            ).fetchone()
+            lambda c: c.execute(f"SELECT {self._MESSAGE_COLUMNS} FROM messages WHERE id = ?", (message_id,)).fetchone()
         )
         if row is None:
             raise HistoryError(self.path, f"no message with id {message_id}")
@@ -613,9 +601,7 @@ class HistoryStore:
                 raise HistoryError(self.path, f"no conversation with id {conversation_id}")
             parent = found[0] if parent_id == "leaf" else parent_id
             if parent is not None:
-                owner = conn.execute(
-                    "SELECT conversation_id FROM messages WHERE id = ?", (parent,)
-                ).fetchone()
+                owner = conn.execute("SELECT conversation_id FROM messages WHERE id = ?", (parent,)).fetchone()
                 if owner is None or owner[0] != conversation_id:
                     raise HistoryError(
                         self.path, f"message {parent} is not a message of conversation {conversation_id}"
@@ -699,9 +685,7 @@ class HistoryStore:
             HistoryError: unknown message, or the write failed.
         """
         with self._transaction() as conn:
-            cursor = conn.execute(
-                "UPDATE messages SET content = content || ? WHERE id = ?", (content, message_id)
-            )
+            cursor = conn.execute("UPDATE messages SET content = content || ? WHERE id = ?", (content, message_id))
             if cursor.rowcount == 0:
                 raise HistoryError(self.path, f"no message with id {message_id}")
 

@@ -34,10 +34,30 @@ from engine.hub_http import (
 )
 
 __all__ = [
-    "DEFAULT_ENDPOINT", "PICKLE_SUFFIXES", "GatedRepoError", "HubHTTPError", "ModelChoice", "ModelFile",
-    "OfflineError", "RateLimitedError", "RepoFiles", "RepoNotFoundError", "RepoSummary", "SortKey",
-    "build_repo_files", "check_filename", "check_repo_id", "check_revision", "hf_token", "list_repo_files",
-    "parse_quant", "parse_split", "resolve_commit", "resolve_endpoint", "search_models", "unsafe_name_reason",
+    "DEFAULT_ENDPOINT",
+    "PICKLE_SUFFIXES",
+    "GatedRepoError",
+    "HubHTTPError",
+    "ModelChoice",
+    "ModelFile",
+    "OfflineError",
+    "RateLimitedError",
+    "RepoFiles",
+    "RepoNotFoundError",
+    "RepoSummary",
+    "SortKey",
+    "build_repo_files",
+    "check_filename",
+    "check_repo_id",
+    "check_revision",
+    "hf_token",
+    "list_repo_files",
+    "parse_quant",
+    "parse_split",
+    "resolve_commit",
+    "resolve_endpoint",
+    "search_models",
+    "unsafe_name_reason",
 ]
 
 SortKey = Literal["downloads", "likes", "recent"]
@@ -270,6 +290,7 @@ class RepoFiles:
             "files": [f.to_dict() for f in self.files],
         }
 
+
 # ----------------------------------------------------------------------------------- public API
 
 
@@ -485,7 +506,8 @@ def _group_choices(ggufs: list[ModelFile], mmproj: tuple[ModelFile, ...]) -> tup
         paired = tuple(m for m in mmproj if _folder(m.filename) == folder) or tuple(
             m for m in mmproj if _folder(m.filename) == ""
         )
-        choices.append(ModelChoice(name=name, quant=parts[0].quant, files=tuple(parts), mmproj=paired,
-                                   complete=complete))
+        choices.append(
+            ModelChoice(name=name, quant=parts[0].quant, files=tuple(parts), mmproj=paired, complete=complete)
+        )
     choices.sort(key=lambda c: (c.total_size, c.name))
     return tuple(choices)

@@ -76,8 +76,6 @@ class HubHTTPError(DownloadError):
         super().__init__(message)
 
 
-
-
 # ---------------------------------------------------------------------------------------- endpoint
 
 
@@ -98,7 +96,6 @@ def hf_token() -> str | None:
     """The access token from ``$HF_TOKEN`` (never logged, never sent to another host)."""
     token = os.environ.get("HF_TOKEN", "").strip()
     return token or None
-
 
 
 # ------------------------------------------------------------------------------------------ HTTP
@@ -156,8 +153,7 @@ def _connect(parts: urllib.parse.SplitResult, timeout: float) -> tuple[http.clie
     proxy = _proxy_for(parts)
     if proxy is None:
         if parts.scheme == "https":
-            return http.client.HTTPSConnection(host, port, timeout=timeout,
-                                               context=ssl.create_default_context()), False
+            return http.client.HTTPSConnection(host, port, timeout=timeout, context=ssl.create_default_context()), False
         return http.client.HTTPConnection(host, port, timeout=timeout), False
     proxy_headers: dict[str, str] = {}
     if proxy.username:
@@ -167,8 +163,9 @@ def _connect(parts: urllib.parse.SplitResult, timeout: float) -> tuple[http.clie
         proxy_headers["Proxy-Authorization"] = "Basic " + base64.b64encode(raw.encode()).decode()
     if parts.scheme == "https":
         # CONNECT through the proxy, then TLS to the Hub itself (certificate checked for its name).
-        tunnel = http.client.HTTPSConnection(proxy.hostname or "", proxy.port, timeout=timeout,
-                                             context=ssl.create_default_context())
+        tunnel = http.client.HTTPSConnection(
+            proxy.hostname or "", proxy.port, timeout=timeout, context=ssl.create_default_context()
+        )
         tunnel.set_tunnel(host, port, headers=proxy_headers)
         return tunnel, False
     return http.client.HTTPConnection(proxy.hostname or "", proxy.port, timeout=timeout), True
@@ -271,9 +268,7 @@ def retry_after_seconds(headers: Mapping[str, str]) -> float | None:
 def status_error(status: int, what: str, endpoint: str, headers: Mapping[str, str]) -> DownloadError:
     """The typed, one-line error for an HTTP failure ``status`` while fetching ``what``."""
     if status in (401, 403):
-        return GatedRepoError(
-            f"{what}: gated or private: accept the licence on the model page and set HF_TOKEN"
-        )
+        return GatedRepoError(f"{what}: gated or private: accept the licence on the model page and set HF_TOKEN")
     if status == 404:
         return RepoNotFoundError(f"{what}: no such repository/file (HTTP 404)")
     if status == 429:
@@ -326,8 +321,7 @@ def get_json(
         attempt += 1
         response: HttpResponse | None = None
         try:
-            response = open_url(url, endpoint=endpoint, headers={"Accept": "application/json"},
-                                timeout=timeout)
+            response = open_url(url, endpoint=endpoint, headers={"Accept": "application/json"}, timeout=timeout)
             if response.status == 200:
                 raw = response.body.read(_MAX_JSON_BYTES + 1)
                 if len(raw) > _MAX_JSON_BYTES:

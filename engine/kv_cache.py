@@ -608,4 +608,3 @@ class SeqCachePersistence:
     def close(self) -> None:
         """Finishes the queued write and stops the writer thread."""
         self._writer.shutdown(wait=True)
-

@@ -35,17 +35,35 @@ from engine.errors import ModelFileError
 from engine.gguf import GgufInfo, open_model_file, read_gguf_info
 
 __all__ = [
-    "EMBEDDING_ARCHITECTURES", "PROVENANCE_FIELDS", "FolderStatus", "LibraryEntry", "ModelLibrary",
-    "merge_split_infos", "model_kind", "read_model_info", "split_parts",
+    "EMBEDDING_ARCHITECTURES",
+    "PROVENANCE_FIELDS",
+    "FolderStatus",
+    "LibraryEntry",
+    "ModelLibrary",
+    "merge_split_infos",
+    "model_kind",
+    "read_model_info",
+    "split_parts",
 ]
 
 # Architectures that llama.cpp runs only as embedders (sentence vectors, no text generation); a
 # chat with one fails deep in llama.cpp ("Memory is not initialized"). Other architectures that
 # declare a pooling type and carry no chat template are embedders too (Qwen3-Embedding is qwen3).
-EMBEDDING_ARCHITECTURES = frozenset({
-    "bert", "nomic-bert", "nomic-bert-moe", "neo-bert", "jina-bert-v2", "jina-bert-v3", "eurobert",
-    "modern-bert", "gemma-embedding", "t5encoder", "llama-embed",
-})
+EMBEDDING_ARCHITECTURES = frozenset(
+    {
+        "bert",
+        "nomic-bert",
+        "nomic-bert-moe",
+        "neo-bert",
+        "jina-bert-v2",
+        "jina-bert-v3",
+        "eurobert",
+        "modern-bert",
+        "gemma-embedding",
+        "t5encoder",
+        "llama-embed",
+    }
+)
 PROJECTOR_ARCHITECTURES = frozenset({"clip"})
 
 MANIFEST_VERSION = 1
@@ -142,8 +160,13 @@ class FolderStatus:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
-        return {"path": str(self.path), "owned": self.owned, "available": self.available,
-                "n_models": self.n_models, "error": self.error}
+        return {
+            "path": str(self.path),
+            "owned": self.owned,
+            "available": self.available,
+            "n_models": self.n_models,
+            "error": self.error,
+        }
 
 
 class ModelLibrary:
@@ -222,9 +245,7 @@ class ModelLibrary:
             raise ModelFileError(folder, "not a library folder")
         self._extra = [d for d in self._extra if d != folder]
         if folder in saved and self.folders_file is not None:
-            write_json_atomic(
-                self.folders_file, {"version": 1, "folders": [str(p) for p in saved if p != folder]}
-            )
+            write_json_atomic(self.folders_file, {"version": 1, "folders": [str(p) for p in saved if p != folder]})
 
     def _saved_folders(self) -> list[Path]:
         if self.folders_file is None:
@@ -272,13 +293,15 @@ class ModelLibrary:
             return entry
         others = [entry.path, *(d for d in entry.duplicates if d != path)]
         return _replace(
-            entry, name=path.name, path=path, owned=_is_within(path, self.models_dir),
-            folder=self._folder_of(path), duplicates=others,
+            entry,
+            name=path.name,
+            path=path,
+            owned=_is_within(path, self.models_dir),
+            folder=self._folder_of(path),
+            duplicates=others,
         )
 
-    def _matches(
-        self, name_or_path: str | Path, entries: list[LibraryEntry]
-    ) -> list[tuple[LibraryEntry, Path]]:
+    def _matches(self, name_or_path: str | Path, entries: list[LibraryEntry]) -> list[tuple[LibraryEntry, Path]]:
         """(entry, the file that matched) pairs: exact paths first, else names and labels."""
         as_path = _absolute(Path(str(name_or_path)))
         by_path = [(e, p) for e in entries for p in (e.path, *e.duplicates, *e.parts) if p == as_path]
@@ -323,8 +346,16 @@ class ModelLibrary:
         try:
             st = path.stat()
         except OSError as exc:
-            return LibraryEntry(path.name, path, folder, 0, False, owned, provenance=provenance,
-                                error=f"cannot read the file ({exc.strerror or exc})")
+            return LibraryEntry(
+                path.name,
+                path,
+                folder,
+                0,
+                False,
+                owned,
+                provenance=provenance,
+                error=f"cannot read the file ({exc.strerror or exc})",
+            )
         info, error = self._header(path, key, st, manifest)
         return _make_entry(path, folder, st.st_size, True, owned, provenance, info, error)
 
@@ -597,17 +628,33 @@ def read_model_info(path: Path) -> GgufInfo:
 
 # -------------------------------------------------------------------- helpers
 def _make_entry(
-    path: Path, folder: Path, size: int, available: bool, owned: bool,
-    provenance: dict[str, str], info: GgufInfo | None, error: str | None,
+    path: Path,
+    folder: Path,
+    size: int,
+    available: bool,
+    owned: bool,
+    provenance: dict[str, str],
+    info: GgufInfo | None,
+    error: str | None,
 ) -> LibraryEntry:
     if info is None:
-        return LibraryEntry(path.name, path, folder, size, available, owned, provenance=provenance,
-                            error=error)
+        return LibraryEntry(path.name, path, folder, size, available, owned, provenance=provenance, error=error)
     return LibraryEntry(
-        name=path.name, path=path, folder=folder, size=size, available=available, owned=owned,
-        architecture=info.architecture, params=info.n_params, quant=info.file_type,
-        context_length=info.context_length, has_chat_template=info.has_chat_template, title=info.name,
-        provenance=provenance, error=error, info=info,
+        name=path.name,
+        path=path,
+        folder=folder,
+        size=size,
+        available=available,
+        owned=owned,
+        architecture=info.architecture,
+        params=info.n_params,
+        quant=info.file_type,
+        context_length=info.context_length,
+        has_chat_template=info.has_chat_template,
+        title=info.name,
+        provenance=provenance,
+        error=error,
+        info=info,
     )
 
 

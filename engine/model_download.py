@@ -158,8 +158,13 @@ def download_files(
             on_disk = file_on_disk(job.dest_dir, job.filename, job.expected_size)
             if on_disk.complete:
                 skipped.append(job)
-                report(index, DownloadProgress(job.filename, on_disk.done, on_disk.done, 0.0, None, "done", 1,
-                                               "already downloaded"), index + 1)
+                report(
+                    index,
+                    DownloadProgress(
+                        job.filename, on_disk.done, on_disk.done, 0.0, None, "done", 1, "already downloaded"
+                    ),
+                    index + 1,
+                )
                 base += on_disk.done
                 continue
         result = download_file(

@@ -140,8 +140,7 @@ def _score(native: Any, ctx: Any, vocab: Any, batch: Any, tokens: list[int], n_c
     return nll, scored
 
 
-def _score_batch(native: Any, ctx: Any, vocab: Any, batch: Any, window: list[int], b0: int,
-                 first: int) -> list[float]:
+def _score_batch(native: Any, ctx: Any, vocab: Any, batch: Any, window: list[int], b0: int, first: int) -> list[float]:
     """Child side: decodes ``window[b0 : b0 + _BATCH]``; the negative log-likelihood of each
     position from ``first`` on (of the token after it)."""
     import ctypes

@@ -32,30 +32,86 @@ _TYPE_IDS = {name: type_id for type_id, (name, _block, _bytes) in GGML_TYPES.ite
 
 # The ggml type most tensors get, per llama-quantize file type (llama_model_quantize_impl).
 _DEFAULT_TYPE = {
-    "F32": "F32", "F16": "F16", "BF16": "BF16", "Q8_0": "Q8_0", "Q6_K": "Q6_K",
-    "Q5_K_M": "Q5_K", "Q5_K_S": "Q5_K", "Q5_1": "Q5_1", "Q5_0": "Q5_0",
-    "Q4_K_M": "Q4_K", "Q4_K_S": "Q4_K", "Q4_1": "Q4_1", "Q4_0": "Q4_0", "IQ4_NL": "IQ4_NL", "IQ4_XS": "IQ4_XS",
-    "MXFP4_MOE": "MXFP4", "Q3_K_L": "Q3_K", "Q3_K_M": "Q3_K", "Q3_K_S": "Q3_K", "IQ3_M": "IQ3_S",
-    "IQ3_S": "IQ3_S", "IQ3_XS": "IQ3_S", "IQ3_XXS": "IQ3_XXS", "Q2_K": "Q2_K", "Q2_K_S": "Q2_K",
-    "IQ2_M": "IQ2_S", "IQ2_S": "IQ2_S", "IQ2_XS": "IQ2_XS", "IQ2_XXS": "IQ2_XXS", "Q2_0": "Q2_0",
-    "IQ1_M": "IQ1_M", "IQ1_S": "IQ1_S", "Q1_0": "Q1_0", "TQ2_0": "TQ2_0", "TQ1_0": "TQ1_0",
+    "F32": "F32",
+    "F16": "F16",
+    "BF16": "BF16",
+    "Q8_0": "Q8_0",
+    "Q6_K": "Q6_K",
+    "Q5_K_M": "Q5_K",
+    "Q5_K_S": "Q5_K",
+    "Q5_1": "Q5_1",
+    "Q5_0": "Q5_0",
+    "Q4_K_M": "Q4_K",
+    "Q4_K_S": "Q4_K",
+    "Q4_1": "Q4_1",
+    "Q4_0": "Q4_0",
+    "IQ4_NL": "IQ4_NL",
+    "IQ4_XS": "IQ4_XS",
+    "MXFP4_MOE": "MXFP4",
+    "Q3_K_L": "Q3_K",
+    "Q3_K_M": "Q3_K",
+    "Q3_K_S": "Q3_K",
+    "IQ3_M": "IQ3_S",
+    "IQ3_S": "IQ3_S",
+    "IQ3_XS": "IQ3_S",
+    "IQ3_XXS": "IQ3_XXS",
+    "Q2_K": "Q2_K",
+    "Q2_K_S": "Q2_K",
+    "IQ2_M": "IQ2_S",
+    "IQ2_S": "IQ2_S",
+    "IQ2_XS": "IQ2_XS",
+    "IQ2_XXS": "IQ2_XXS",
+    "Q2_0": "Q2_0",
+    "IQ1_M": "IQ1_M",
+    "IQ1_S": "IQ1_S",
+    "Q1_0": "Q1_0",
+    "TQ2_0": "TQ2_0",
+    "TQ1_0": "TQ1_0",
 }
 _UNQUANTIZED = frozenset({"F32", "F16", "BF16"})
 _LOW_BIT = frozenset({"IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "IQ1_S", "IQ1_M", "IQ3_XXS"})
 # A row that is not a multiple of the chosen type's block falls back (llama_tensor_get_type).
 _FALLBACK = {
-    "TQ1_0": "Q4_0", "TQ2_0": "Q4_0", "IQ2_XXS": "IQ4_NL", "IQ2_XS": "IQ4_NL", "IQ2_S": "IQ4_NL",
-    "IQ3_XXS": "IQ4_NL", "IQ3_S": "IQ4_NL", "IQ1_S": "IQ4_NL", "IQ1_M": "IQ4_NL", "Q2_K": "IQ4_NL",
-    "Q3_K": "IQ4_NL", "IQ4_XS": "IQ4_NL", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0",
+    "TQ1_0": "Q4_0",
+    "TQ2_0": "Q4_0",
+    "IQ2_XXS": "IQ4_NL",
+    "IQ2_XS": "IQ4_NL",
+    "IQ2_S": "IQ4_NL",
+    "IQ3_XXS": "IQ4_NL",
+    "IQ3_S": "IQ4_NL",
+    "IQ1_S": "IQ4_NL",
+    "IQ1_M": "IQ4_NL",
+    "Q2_K": "IQ4_NL",
+    "Q3_K": "IQ4_NL",
+    "IQ4_XS": "IQ4_NL",
+    "Q4_K": "Q5_0",
+    "Q5_K": "Q5_1",
+    "Q6_K": "Q8_0",
 }
 # Tensors the quantizer copies as they are (besides 1-D ones and norms).
 _KEPT_NAMES = (
-    "ffn_gate_inp.weight", "altup", "laurel", "per_layer_model_proj", "ssm_conv1d.weight",
-    "shortconv.conv.weight", "time_mix_first.weight", "time_mix_w0.weight", "time_mix_w1.weight",
-    "time_mix_w2.weight", "time_mix_v0.weight", "time_mix_v1.weight", "time_mix_v2.weight",
-    "time_mix_a0.weight", "time_mix_a1.weight", "time_mix_a2.weight", "time_mix_g1.weight",
-    "time_mix_g2.weight", "time_mix_decay_w1.weight", "time_mix_decay_w2.weight",
-    "time_mix_lerp_fused.weight", "attn_rel_b.weight",
+    "ffn_gate_inp.weight",
+    "altup",
+    "laurel",
+    "per_layer_model_proj",
+    "ssm_conv1d.weight",
+    "shortconv.conv.weight",
+    "time_mix_first.weight",
+    "time_mix_w0.weight",
+    "time_mix_w1.weight",
+    "time_mix_w2.weight",
+    "time_mix_v0.weight",
+    "time_mix_v1.weight",
+    "time_mix_v2.weight",
+    "time_mix_a0.weight",
+    "time_mix_a1.weight",
+    "time_mix_a2.weight",
+    "time_mix_g1.weight",
+    "time_mix_g2.weight",
+    "time_mix_decay_w1.weight",
+    "time_mix_decay_w2.weight",
+    "time_mix_lerp_fused.weight",
+    "attn_rel_b.weight",
 )
 _BLOCK = re.compile(r"blk\.(\d+)\.")
 
@@ -185,8 +241,9 @@ class _Chooser:
         heads, kv_heads = info.n_heads or 0, info.n_kv_heads or 0
         self.n_gqa = heads // kv_heads if heads and kv_heads else 1
         self.n_expert = info.expert_count or 0
-        self.n_attn_v = sum(1 for t in shapes if any(k in t.name for k in ("attn_v.weight", "attn_qkv.weight",
-                                                                             "attn_kv_b.weight")))
+        self.n_attn_v = sum(
+            1 for t in shapes if any(k in t.name for k in ("attn_v.weight", "attn_qkv.weight", "attn_kv_b.weight"))
+        )
         self.n_ffn_down = sum(1 for t in shapes if "ffn_down" in t.name) or 1
         self.i_attn_v = 0
         self.i_ffn_down = 0
@@ -214,8 +271,18 @@ class _Chooser:
             new = self._attn_v(new)
         elif "attn_output.weight" in name and self.n_expert != 8:
             new = {"Q2_K": "Q3_K", "IQ3_XXS": "IQ3_S", "Q3_K_M": "Q4_K", "Q3_K_L": "Q5_K", "IQ3_M": "Q4_K"}.get(q, new)
-        elif "attn_output.weight" in name and q in ("Q2_K", "IQ3_XXS", "Q3_K_S", "Q3_K_M", "IQ4_NL", "Q4_K_S",
-                                                    "Q4_K_M", "IQ3_S", "IQ3_M", "IQ4_XS"):
+        elif "attn_output.weight" in name and q in (
+            "Q2_K",
+            "IQ3_XXS",
+            "Q3_K_S",
+            "Q3_K_M",
+            "IQ4_NL",
+            "Q4_K_S",
+            "Q4_K_M",
+            "IQ3_S",
+            "IQ3_M",
+            "IQ4_XS",
+        ):
             new = "Q5_K"
         elif "attn_qkv.weight" in name:
             new = {"Q3_K_M": "Q4_K", "Q3_K_L": "Q4_K", "IQ3_M": "Q4_K", "Q4_K_M": "Q5_K", "Q5_K_M": "Q6_K"}.get(q, new)
@@ -307,7 +374,13 @@ def estimate_quantized(info: GgufInfo, shapes: Sequence[TensorShape], qtype: str
             other += nbytes
     file_bytes = info.tensor_data_offset + total + padding
     future = dataclasses.replace(
-        info, file_size=file_bytes, file_type=qtype, tensor_bytes=total, layer_bytes=layer_bytes,
-        other_bytes=other, embedding_bytes=embedding, expert_bytes=expert,
+        info,
+        file_size=file_bytes,
+        file_type=qtype,
+        tensor_bytes=total,
+        layer_bytes=layer_bytes,
+        other_bytes=other,
+        embedding_bytes=embedding,
+        expert_bytes=expert,
     )
     return QuantEstimate(qtype, file_bytes, future, type_bytes)

@@ -413,8 +413,9 @@ def run_logged_child(
     log_r, log_w = ctx.Pipe(duplex=False)
     res_r, res_w = ctx.Pipe(duplex=False)
     child_env = {**os.environ, **(env or {})}
-    process = ctx.Process(target=child_main, args=(target, tuple(args), log_w, res_w, child_env, os.getcwd()),
-                          daemon=True)
+    process = ctx.Process(
+        target=child_main, args=(target, tuple(args), log_w, res_w, child_env, os.getcwd()), daemon=True
+    )
     started = time.monotonic()
     tail: list[str] = []
     pending = b""

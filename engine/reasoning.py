@@ -106,7 +106,7 @@ class ReasoningSplitter:
                 if not head or (THINK_OPEN.startswith(head) and len(head) < len(THINK_OPEN)):
                     break  # whitespace or a partial "<think>" so far
                 if head.startswith(THINK_OPEN):
-                    self._buf = head[len(THINK_OPEN):]
+                    self._buf = head[len(THINK_OPEN) :]
                     self._state = "reasoning"
                     self._saw = True
                 else:
@@ -116,7 +116,7 @@ class ReasoningSplitter:
                 if end >= 0:
                     if end:
                         out.append(("reasoning", self._buf[:end]))
-                    self._buf = self._buf[end + len(THINK_CLOSE):]
+                    self._buf = self._buf[end + len(THINK_CLOSE) :]
                     self._state = "after"
                     self._saw = True
                     continue

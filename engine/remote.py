@@ -221,9 +221,7 @@ class RemoteSession:
         match = next((m for m in models if m.id == self.model), None)
         if match is None:
             offered = ", ".join(m.id for m in models[:10]) or "none"
-            raise ModelLoadError(
-                f"{self.base_url}: the server has no model {self.model!r} (it offers: {offered})"
-            )
+            raise ModelLoadError(f"{self.base_url}: the server has no model {self.model!r} (it offers: {offered})")
         n_ctx = self._n_ctx_override or match.context_length or self._probe_props_n_ctx() or 0
         self.info = RemoteInfo(self.base_url, self.model, n_ctx, self._probe_tokenizer())
         return self.info
@@ -378,8 +376,9 @@ class RemoteSession:
                 count_text=self.count_text,
                 policy=self.overflow_policy,
             )
-            payload = chat_payload(self.model, plan.messages, params, llama_family=self.llama_family,
-                                   base_url=self.base_url)
+            payload = chat_payload(
+                self.model, plan.messages, params, llama_family=self.llama_family, base_url=self.base_url
+            )
             add_turn_options(payload, tools, choice, thinking, reasoning_effort)
             t0 = time.perf_counter()
             yield PrefillProgress(0, plan.prompt_tokens)
@@ -403,8 +402,9 @@ class RemoteSession:
                 budget["estimated"] = 1
             calls = () if cancelled else tool_calls(reply, self.base_url)
             yield from calls
-            stats = reply_stats(reply, plan.prompt_tokens, plan.evicted, info.n_ctx, budget, t0,
-                                f"remote:{self.base_url}")
+            stats = reply_stats(
+                reply, plan.prompt_tokens, plan.evicted, info.n_ctx, budget, t0, f"remote:{self.base_url}"
+            )
             yield stats
             reason: FinishReason = "cancelled" if cancelled else finish_reason(reply)
             yield Finished(

@@ -56,8 +56,20 @@ _ID_ALPHABET = string.ascii_letters + string.digits
 
 
 MARKERS = (
-    "<think>", "</think>", "<tool_call>", "</tool_call>", MISTRAL_CALLS, "[ARGS]", "[CALL_ID]", LLAMA_PYTHON_TAG,
-    DS_CALLS_BEGIN, DS_CALLS_END, DS_CALL_BEGIN, DS_CALL_END, DS_SEP, *HARMONY_MARKERS,
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "</tool_call>",
+    MISTRAL_CALLS,
+    "[ARGS]",
+    "[CALL_ID]",
+    LLAMA_PYTHON_TAG,
+    DS_CALLS_BEGIN,
+    DS_CALLS_END,
+    DS_CALL_BEGIN,
+    DS_CALL_END,
+    DS_SEP,
+    *HARMONY_MARKERS,
 )
 """The markup the parsers look for that a vocabulary may hold as one special token."""
 

@@ -191,8 +191,9 @@ class _Worker:
         if params.draft_model_path is not None:
             from engine.speculative import DraftModel
 
-            self.draft = DraftModel(llama_cpp, params.draft_model_path, self.llm, self.n_ctx,
-                                    params.n_threads, params.n_gpu_layers)
+            self.draft = DraftModel(
+                llama_cpp, params.draft_model_path, self.llm, self.n_ctx, params.n_threads, params.n_gpu_layers
+            )
 
     @property
     def n_ctx(self) -> int:
@@ -328,12 +329,24 @@ class _Worker:
             raise EngineError("speculative decoding with a draft model: no draft model was loaded with this model")
         cached = self._reuse_prefix(tokens)
         if not prefill(llm, self._llama_cpp, list(tokens[cached:]), self.params.n_batch, cancel, send):
-            return WorkerResult("cancelled", "", len(tokens), cached, 0, llm.n_tokens,
-                                0.0, (time.perf_counter() - t0) * 1000, 0.0)
+            return WorkerResult(
+                "cancelled", "", len(tokens), cached, 0, llm.n_tokens, 0.0, (time.perf_counter() - t0) * 1000, 0.0
+            )
         t_prefill = time.perf_counter()
-        out = decode(llm, self._llama_cpp, lambda token: self.piece(token, special=False), params, tokens,
-                     n_ctx, self.params.n_batch, _StopMatcher(params.stop), cancel, send, self.draft,
-                     offloaded=self.params.n_gpu_layers != 0 and bool(self._llama_cpp.llama_supports_gpu_offload()))
+        out = decode(
+            llm,
+            self._llama_cpp,
+            lambda token: self.piece(token, special=False),
+            params,
+            tokens,
+            n_ctx,
+            self.params.n_batch,
+            _StopMatcher(params.stop),
+            cancel,
+            send,
+            self.draft,
+            offloaded=self.params.n_gpu_layers != 0 and bool(self._llama_cpp.llama_supports_gpu_offload()),
+        )
         t_end = time.perf_counter()
         t_first = out.t_first
         return WorkerResult(
@@ -693,8 +706,13 @@ def _probe_main(model_path: str, tag: str, n_threads: int | None) -> None:
     import llama_cpp
 
     llm = llama_cpp.Llama(
-        model_path=model_path, n_ctx=256, n_batch=64, n_ubatch=64,
-        n_threads=n_threads, n_threads_batch=n_threads, verbose=False,
+        model_path=model_path,
+        n_ctx=256,
+        n_batch=64,
+        n_ubatch=64,
+        n_threads=n_threads,
+        n_threads_batch=n_threads,
+        verbose=False,
     )
     tokens = llm.tokenize(_PROBE_TEXT)[:64]
     llm.eval(tokens)  # a batch: the matrix-matrix kernels, on every thread

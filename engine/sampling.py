@@ -66,9 +66,10 @@ class ChainSampler:
         lc, chain = self._lc, self._chain
         if params.repeat_penalty != 1.0:
             lc.llama_sampler_chain_add(
-                chain, lc.llama_sampler_init_penalties(
+                chain,
+                lc.llama_sampler_init_penalties(
                     self.n_vocab, self._llm.last_n_tokens_size, params.repeat_penalty, 0.0, 0.0
-                )
+                ),
             )
         if self.bias:
             array = (lc.llama_logit_bias * len(self.bias))()
@@ -204,15 +205,44 @@ def _grammar_text(params: Any) -> str | None:
 # What llama-cpp-python's JSON-schema-to-grammar converter enforces, and the annotations that need
 # no enforcing. Anything else (minimum, multipleOf, uniqueItems, not, if/then, ...) would be
 # silently ignored by it, and the reply could break the schema: it is refused instead.
-_ENFORCED = frozenset({
-    "type", "$ref", "oneOf", "anyOf", "allOf", "const", "enum", "properties", "additionalProperties",
-    "required", "items", "prefixItems", "minItems", "maxItems", "pattern", "minLength", "maxLength",
-    "format", "$defs", "definitions",
-})
-_ANNOTATIONS = frozenset({
-    "$schema", "$id", "$comment", "title", "description", "default", "examples", "deprecated",
-    "readOnly", "writeOnly",
-})
+_ENFORCED = frozenset(
+    {
+        "type",
+        "$ref",
+        "oneOf",
+        "anyOf",
+        "allOf",
+        "const",
+        "enum",
+        "properties",
+        "additionalProperties",
+        "required",
+        "items",
+        "prefixItems",
+        "minItems",
+        "maxItems",
+        "pattern",
+        "minLength",
+        "maxLength",
+        "format",
+        "$defs",
+        "definitions",
+    }
+)
+_ANNOTATIONS = frozenset(
+    {
+        "$schema",
+        "$id",
+        "$comment",
+        "title",
+        "description",
+        "default",
+        "examples",
+        "deprecated",
+        "readOnly",
+        "writeOnly",
+    }
+)
 _FORMATS = frozenset({"date", "time", "date-time", "uuid", "uuid1", "uuid2", "uuid3", "uuid4", "uuid5"})
 _SCHEMA_LISTS = ("oneOf", "anyOf", "allOf", "prefixItems")
 _SCHEMA_MAPS = ("properties", "$defs", "definitions")

@@ -100,9 +100,7 @@ class ChatSession:
             self._worker.close(kill=True)
         worker, info = self._start_with_fallback(cancel)
         self._worker, self.info = worker, info
-        self.template = select_template(
-            info.chat_template, info.architecture, info.bos_token, info.eos_token
-        )
+        self.template = select_template(info.chat_template, info.architecture, info.bos_token, info.eos_token)
         self._specials = None
         return info
 
@@ -174,8 +172,12 @@ class ChatSession:
                     "way: reinstall Glassbox, and if it persists report it with `glassbox --self-test --json`"
                 )
             raise EngineCrashed(
-                exc.exitcode, exc.during, f"{exc.cause}; {advice}",
-                backend=backend, cpu_fault=True, will_repeat=True,
+                exc.exitcode,
+                exc.during,
+                f"{exc.cause}; {advice}",
+                backend=backend,
+                cpu_fault=True,
+                will_repeat=True,
             ) from exc
         name = signal.Signals(-(exc.exitcode or 0)).name if exc.exitcode else "a crash"
         if exc.exitcode == -signal.SIGILL:
@@ -314,8 +316,15 @@ class ChatSession:
         with self._lock:
             self._ensure_worker()
             assert self._worker is not None and self.info is not None and self.template is not None
-            turn = shape_turn(self.template, params, tools=tools, tool_choice=tool_choice, thinking=thinking,
-                              reasoning_effort=reasoning_effort, thinking_budget=thinking_budget)
+            turn = shape_turn(
+                self.template,
+                params,
+                tools=tools,
+                tool_choice=tool_choice,
+                thinking=thinking,
+                reasoning_effort=reasoning_effort,
+                thinking_budget=thinking_budget,
+            )
 
             def count_tokens(messages: Sequence[Message]) -> int:
                 return len(self._tokenize_prompt(turn.render(messages)))
@@ -343,8 +352,9 @@ class ChatSession:
             shaper = turn.shaper(prompt, self._marker_tokens())
             try:
                 self._configure_kv(cache_key)
-                result = yield from turn.generate(self._worker.generate, tokens, run, cancel, shaper,
-                                                  self._tokenize_special)
+                result = yield from turn.generate(
+                    self._worker.generate, tokens, run, cancel, shaper, self._tokenize_special
+                )
             except EngineCrashed as exc:
                 self._worker = None
                 self.last_prompt = []
@@ -358,8 +368,9 @@ class ChatSession:
                 try:
                     self._configure_kv(cache_key)
                     shaper = turn.shaper(prompt, self._marker_tokens())
-                    result = yield from turn.generate(worker.generate, tokens, run, cancel, shaper,
-                                                      self._tokenize_special)
+                    result = yield from turn.generate(
+                        worker.generate, tokens, run, cancel, shaper, self._tokenize_special
+                    )
                 except EngineCrashed as again:
                     self._worker = None
                     if again.cpu_fault:
@@ -368,7 +379,9 @@ class ChatSession:
                 self.last_prompt = tokens
             stats = self._stats(result, plan)
             stats = dataclasses.replace(
-                stats, kv_restored_tokens=result.kv_restored_tokens, kv_restore_ms=result.kv_restore_ms,
+                stats,
+                kv_restored_tokens=result.kv_restored_tokens,
+                kv_restore_ms=result.kv_restore_ms,
                 kv_saved_bytes=result.kv_saved_bytes,
             )
             yield stats
@@ -393,8 +406,14 @@ class ChatSession:
         with self._lock:
             self._ensure_worker()
             assert self.info is not None and self.template is not None
-            turn = shape_turn(self.template, params, tools=tools, tool_choice=tool_choice,
-                              thinking=thinking, reasoning_effort=reasoning_effort)
+            turn = shape_turn(
+                self.template,
+                params,
+                tools=tools,
+                tool_choice=tool_choice,
+                thinking=thinking,
+                reasoning_effort=reasoning_effort,
+            )
             head = system_message(system, documents)
             prompt = turn.render([*([head] if head is not None else []), *messages])
             reserve = effective_reserve(self.info.n_ctx, min(self.reply_reserve, params.max_tokens))

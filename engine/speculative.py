@@ -117,8 +117,14 @@ class DraftModel:
         self._lc = lc
         try:
             self.llm: Any = lc.Llama(
-                model_path=str(path), n_ctx=n_ctx, n_batch=256, n_ubatch=256, n_threads=n_threads,
-                n_threads_batch=n_threads, n_gpu_layers=n_gpu_layers, verbose=False,
+                model_path=str(path),
+                n_ctx=n_ctx,
+                n_batch=256,
+                n_ubatch=256,
+                n_threads=n_threads,
+                n_threads_batch=n_threads,
+                n_gpu_layers=n_gpu_layers,
+                verbose=False,
             )
         except Exception as exc:  # noqa: BLE001 - any load failure is one line for the user
             raise ModelLoadError(f"{path}: the draft model could not be loaded ({exc})") from None
@@ -226,7 +232,12 @@ class SpeculationPolicy:
     """
 
     def __init__(
-        self, draft_max: int, *, offloaded: bool = False, draft_cost: float = 0.0, fixed: int = 0,
+        self,
+        draft_max: int,
+        *,
+        offloaded: bool = False,
+        draft_cost: float = 0.0,
+        fixed: int = 0,
         head_share: float = 0.62,
     ) -> None:
         self.draft_max = draft_max

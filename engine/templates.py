@@ -137,9 +137,7 @@ def _lipsum(n: int = 5, html: bool = True, min: int = 20, max: int = 100) -> str
     return generate_lorem_ipsum(n=n, html=html, min=min, max=max)
 
 
-def _tojson(
-    value: Any, indent: int | None = None, ensure_ascii: bool = False, sort_keys: bool = False
-) -> Markup:
+def _tojson(value: Any, indent: int | None = None, ensure_ascii: bool = False, sort_keys: bool = False) -> Markup:
     # The Hugging Face flavour of tojson (ensure_ascii/sort_keys), which chat templates rely on.
     return Markup(json.dumps(value, indent=indent, ensure_ascii=ensure_ascii, sort_keys=sort_keys))
 
@@ -314,9 +312,7 @@ class _GuardedEnvironment(ImmutableSandboxedEnvironment):
         for block in tree.find_all(nodes.AssignBlock):
             # `{% set x %}...{% endset %}` captures output without any hook: size-check the capture.
             if block.filter is None:
-                block.filter = nodes.Filter(
-                    None, "glassbox_size_guard", [], [], None, None, lineno=block.lineno
-                )
+                block.filter = nodes.Filter(None, "glassbox_size_guard", [], [], None, None, lineno=block.lineno)
         for concat in tree.find_all(nodes.Concat):
             concat.nodes = [
                 nodes.Call(
@@ -352,9 +348,7 @@ class _GuardedEnvironment(ImmutableSandboxedEnvironment):
                     self.check()
                     total += len(chunk)
                     if total > self.max_size:
-                        raise SecurityError(
-                            f"the chat template produced more than {self.max_size} characters"
-                        )
+                        raise SecurityError(f"the chat template produced more than {self.max_size} characters")
                     parts.append(chunk)
                 return "".join(parts)
             finally:
@@ -513,9 +507,7 @@ _FOLDS_SYSTEM = {"gemma", "mistral"}
 _STRIPS_TEXT = {"gemma", "llama3"}
 
 
-def _render_fallback(
-    name: str, messages: list[dict[str, Any]], add_generation_prompt: bool, bos: str, eos: str
-) -> str:
+def _render_fallback(name: str, messages: list[dict[str, Any]], add_generation_prompt: bool, bos: str, eos: str) -> str:
     out: list[str] = []
     if name == "chatml":
         out.extend(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
@@ -684,9 +676,7 @@ def select_template(
         return _reject(gguf_template, architecture, bos, eos, _describe(exc))
     stop = _stops_for(gguf_template, eos)
     sample = [{"role": "system", "content": _SAMPLE_SYSTEM}, *_SAMPLE_TURNS]
-    own = ChatTemplate(
-        "gguf", "gguf", "the model's own chat template", stop, False, timeout_s, bos, eos, env, compiled
-    )
+    own = ChatTemplate("gguf", "gguf", "the model's own chat template", stop, False, timeout_s, bos, eos, env, compiled)
     try:
         rendered = own.render(sample)
     except TemplateError as exc:
@@ -738,8 +728,13 @@ def _with_tool_support(template: ChatTemplate, source: str, architecture: str) -
     except TemplateError:
         works = False
     family: Family = detect_family(source, architecture) if works else "json"
-    return replace(template, supports_tools=works, tool_family=family, thinking=thinking_controls(source),
-                   harmony=is_harmony(source))
+    return replace(
+        template,
+        supports_tools=works,
+        tool_family=family,
+        thinking=thinking_controls(source),
+        harmony=is_harmony(source),
+    )
 
 
 def _stops_for(template: str, eos: str) -> tuple[str, ...]:
@@ -751,6 +746,4 @@ def _stops_for(template: str, eos: str) -> tuple[str, ...]:
 
 def _reject(template: str, architecture: str, bos: str, eos: str, why: str) -> ChatTemplate:
     name = guess_format(template, architecture, bos)
-    return fallback_template(
-        name, f"the model's chat template was rejected ({why}); using the {name} format", bos, eos
-    )
+    return fallback_template(name, f"the model's chat template was rejected ({why}); using the {name} format", bos, eos)

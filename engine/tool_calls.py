@@ -226,7 +226,7 @@ class ToolCallParser:
         at, block = found
         if at:
             out.append(self._buf[:at])
-        self._buf = self._buf[at + len(block.open):]
+        self._buf = self._buf[at + len(block.open) :]
         self._state, self._block = "block", block
         return True
 
@@ -241,7 +241,7 @@ class ToolCallParser:
             return False
         body = self._buf[:end]
         raw = block.open + body + block.close
-        self._buf = self._buf[end + len(block.close):]
+        self._buf = self._buf[end + len(block.close) :]
         pieces = self._parse_or_text(body, raw)
         self._calls += sum(isinstance(piece, ParsedCall) for piece in pieces)
         out.extend(pieces)
@@ -314,8 +314,9 @@ def _calls_from_json(text: str, raw: str) -> list[ParsedCall]:
             objects.extend(value)
         else:
             objects.append(value)
-    calls = [_call_from_object(obj, raw if len(objects) == 1 else json.dumps(obj, ensure_ascii=False))
-             for obj in objects]
+    calls = [
+        _call_from_object(obj, raw if len(objects) == 1 else json.dumps(obj, ensure_ascii=False)) for obj in objects
+    ]
     if not calls or any(call is None for call in calls):
         return []
     return [call for call in calls if call is not None]

@@ -144,9 +144,7 @@ def call_json(name: str, arguments: dict[str, Any]) -> str:
     return json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
 
 
-def fold_tools(
-    messages: Sequence[dict[str, Any]], tools: Sequence[ToolSpec], tool_choice: str
-) -> list[dict[str, Any]]:
+def fold_tools(messages: Sequence[dict[str, Any]], tools: Sequence[ToolSpec], tool_choice: str) -> list[dict[str, Any]]:
     """Rewrites a conversation with tools for a template without tool support.
 
     Args:
@@ -222,11 +220,31 @@ def _object_schema(parameters: dict[str, Any]) -> dict[str, Any]:
     return schema
 
 
-GRAMMAR_KEYWORDS = frozenset({
-    "type", "$ref", "oneOf", "anyOf", "allOf", "const", "enum", "properties", "additionalProperties",
-    "required", "items", "prefixItems", "minItems", "maxItems", "pattern", "minLength", "maxLength",
-    "$defs", "definitions", "description", "title",
-})
+GRAMMAR_KEYWORDS = frozenset(
+    {
+        "type",
+        "$ref",
+        "oneOf",
+        "anyOf",
+        "allOf",
+        "const",
+        "enum",
+        "properties",
+        "additionalProperties",
+        "required",
+        "items",
+        "prefixItems",
+        "minItems",
+        "maxItems",
+        "pattern",
+        "minLength",
+        "maxLength",
+        "$defs",
+        "definitions",
+        "description",
+        "title",
+    }
+)
 """The JSON-schema keywords llama.cpp's schema-to-grammar converter enforces (and two annotations)."""
 _GRAMMAR_FORMATS = frozenset({"date", "time", "date-time", "uuid"})
 _SCHEMA_LISTS = ("oneOf", "anyOf", "allOf", "prefixItems")

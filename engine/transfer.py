@@ -87,8 +87,7 @@ class Reporter:
                 return
             speed = self.speed(now) if state == "downloading" else 0.0
             eta = (self.total - self.done) / speed if speed > 0 and self.total >= self.done else None
-            report = DownloadProgress(self.filename, self.done, self.total, speed, eta, state, self.attempt,
-                                      message)
+            report = DownloadProgress(self.filename, self.done, self.total, speed, eta, state, self.attempt, message)
             self.callback(report)
 
     def idle_tick(self) -> None:
@@ -104,8 +103,7 @@ class Watchdog:
     why the stream ended.
     """
 
-    def __init__(self, cancel: threading.Event, pause: threading.Event, stall_s: float,
-                 reporter: Reporter) -> None:
+    def __init__(self, cancel: threading.Event, pause: threading.Event, stall_s: float, reporter: Reporter) -> None:
         self.cancel = cancel
         self.pause = pause
         self.stall_s = stall_s

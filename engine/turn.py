@@ -98,8 +98,13 @@ class TurnShape:
         if self.json_schema is not None:
             return ReplyShaper(family="json", tool_names=names, thinking=False, specials=marks)
         family = self.template.tool_family if self.tools and self.choice != "none" else None
-        return ReplyShaper(family=family, harmony=self.template.harmony, tool_names=names,
-                           think_started=opened_in_prompt(prompt), specials=marks)
+        return ReplyShaper(
+            family=family,
+            harmony=self.template.harmony,
+            tool_names=names,
+            think_started=opened_in_prompt(prompt),
+            specials=marks,
+        )
 
     def generate(
         self,
@@ -138,8 +143,9 @@ def shape_turn(
     check_tools(offered)
     schema: dict[str, Any] | None = call_schema(offered, choice)
     if schema is not None and (params.json_schema is not None or params.grammar is not None):
-        raise EngineError(f"tool_choice {choice!r} constrains the reply itself: it cannot be combined with a "
-                          "json_schema or grammar")
+        raise EngineError(
+            f"tool_choice {choice!r} constrains the reply itself: it cannot be combined with a json_schema or grammar"
+        )
     if thinking is not None and "enable_thinking" not in template.thinking:
         raise EngineError("this model's chat template has no thinking switch (enable_thinking)")
     if reasoning_effort is not None:

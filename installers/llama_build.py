@@ -139,8 +139,18 @@ def build_wheel(version: str, flags: list[str], folder: Path, python: str) -> Pa
     env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))
     say(f"llama_build: building llama-cpp-python {version} with {' '.join(flags)} (a few minutes)")
     cmd = [
-        python, "-m", "pip", "--disable-pip-version-check", "wheel", "--no-deps", "--no-cache-dir",
-        "--no-binary", "llama-cpp-python", "-w", str(folder), f"llama-cpp-python=={version}",
+        python,
+        "-m",
+        "pip",
+        "--disable-pip-version-check",
+        "wheel",
+        "--no-deps",
+        "--no-cache-dir",
+        "--no-binary",
+        "llama-cpp-python",
+        "-w",
+        str(folder),
+        f"llama-cpp-python=={version}",
     ]
     if subprocess.run(cmd, env=env, check=False).returncode != 0:
         raise BuildError(f"llama-cpp-python {version}: the build failed (flags: {' '.join(flags)})")
@@ -200,7 +210,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--python", default=sys.executable, help="the environment to install into")
     parser.add_argument("--gpu", choices=sorted(GPU_FLAGS), default=os.environ.get("GLASSBOX_LLAMA_GPU") or None)
     parser.add_argument(
-        "--cmake-arg", action="append", default=[], metavar="FLAG",
+        "--cmake-arg",
+        action="append",
+        default=[],
+        metavar="FLAG",
         help="one more CMake flag, e.g. --cmake-arg=-DCMAKE_CUDA_ARCHITECTURES=75;80;86;89;90 (repeatable)",
     )
     args = parser.parse_args(argv)

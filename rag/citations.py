@@ -76,9 +76,7 @@ class ContextBlock:
 def clean_text(text: str) -> str:
     """Removes invisible and control characters (keeps newlines and tabs)."""
     return "".join(
-        ch
-        for ch in text
-        if ch in "\n\t" or (ch not in _INVISIBLE and unicodedata.category(ch) not in ("Cc", "Cf"))
+        ch for ch in text if ch in "\n\t" or (ch not in _INVISIBLE and unicodedata.category(ch) not in ("Cc", "Cf"))
     )
 
 

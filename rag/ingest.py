@@ -538,18 +538,14 @@ class Ingestor:
                 self._fail(kb, doc, DocState.SKIPPED, exc.reason.removeprefix("skipped:").strip(), report)
                 return True
             if doc.sha256 == sha and doc.content_id is not None:
-                self.registry.link_content(
-                    doc.id, doc.content_id, sha256=sha, size=st.st_size, mtime_ns=st.st_mtime_ns
-                )
+                self.registry.link_content(doc.id, doc.content_id, sha256=sha, size=st.st_size, mtime_ns=st.st_mtime_ns)
                 report.unchanged += 1
                 return True
             existing = self.registry.find_content(kb.id, sha)
             if existing is not None:
                 self._delete_vectors(
                     kb,
-                    self.registry.link_content(
-                        doc.id, existing, sha256=sha, size=st.st_size, mtime_ns=st.st_mtime_ns
-                    ),
+                    self.registry.link_content(doc.id, existing, sha256=sha, size=st.st_size, mtime_ns=st.st_mtime_ns),
                 )
                 report.duplicates += 1
                 return True

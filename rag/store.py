@@ -138,9 +138,7 @@ class VectorStore:
             self._collections[name] = coll
         return coll
 
-    def ensure(
-        self, name: str, *, dimension: int, model_id: str, labels: Mapping[str, str] | None = None
-    ) -> None:
+    def ensure(self, name: str, *, dimension: int, model_id: str, labels: Mapping[str, str] | None = None) -> None:
         """Creates the collection if needed, recording the model and dimension it holds.
 
         A collection holding vectors of another dimension is dropped and recreated empty: the
@@ -200,9 +198,7 @@ class VectorStore:
             extra["documents"] = list(documents)
         if metadatas is not None:
             extra["metadatas"] = [dict(m) for m in metadatas]
-        self._call(
-            "cannot write vectors", lambda: coll.upsert(ids=[str(i) for i in ids], embeddings=vectors, **extra)
-        )
+        self._call("cannot write vectors", lambda: coll.upsert(ids=[str(i) for i in ids], embeddings=vectors, **extra))
 
     def delete(self, name: str, ids: Sequence[int]) -> None:
         """Removes vectors (unknown ids are ignored)."""

@@ -31,30 +31,53 @@ if TYPE_CHECKING:
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:
     parser = sub.add_parser("chat", parents=[common], help="chat with a local or remote model in the terminal")
-    parser.add_argument("--model", help="a GGUF path, a model name from the library, or 'starter'; with "
-                        "--endpoint, the server's model id (default: the server's first model)")
-    parser.add_argument("--endpoint", metavar="NAME",
-                        help="chat with a model on this saved OpenAI-compatible endpoint instead of a local one")
+    parser.add_argument(
+        "--model",
+        help="a GGUF path, a model name from the library, or 'starter'; with "
+        "--endpoint, the server's model id (default: the server's first model)",
+    )
+    parser.add_argument(
+        "--endpoint",
+        metavar="NAME",
+        help="chat with a model on this saved OpenAI-compatible endpoint instead of a local one",
+    )
     parser.add_argument("--prompt", help="answer this once (default: read user turns from stdin, one per line)")
     parser.add_argument("--system", help="system prompt")
     parser.add_argument("--kb", action="append", default=[], metavar="NAME", help="answer from this knowledge base")
     parser.add_argument("--chroma-url", metavar="URL", help="knowledge bases on a Chroma server (http://host:port)")
-    parser.add_argument("--n-ctx", type=positive_int, default=None,
-                        help="context window in tokens (default 4096; with --endpoint, what the server reports)")
+    parser.add_argument(
+        "--n-ctx",
+        type=positive_int,
+        default=None,
+        help="context window in tokens (default 4096; with --endpoint, what the server reports)",
+    )
     parser.add_argument("--max-tokens", type=positive_int, default=512, help="reply length limit (default 512)")
     parser.add_argument("--temperature", type=float, default=0.7, help="0 is greedy and deterministic")
     parser.add_argument("--seed", type=int, help="sampling seed")
     parser.add_argument("--threads", type=positive_int, help="CPU threads (default: llama.cpp's choice)")
     parser.add_argument("--gpu-layers", default="0", help="layers to offload to the GPU: N, or 'auto'")
-    parser.add_argument("--overflow", choices=["rolling", "refuse"], default="rolling",
-                        help="when the conversation outgrows the window: drop oldest turns, or refuse")
-    parser.add_argument("--conversation", type=positive_int, metavar="ID",
-                        help="continue this saved conversation (a new one prints its id at the start)")
-    parser.add_argument("--no-kv-cache", action="store_true",
-                        help="neither restore nor save the KV cache saved with the conversation")
-    parser.add_argument("--speculative", metavar="off|lookup|MODEL_PATH", default=None,
-                        help="speculative decoding: 'lookup' drafts from the prompt and the reply (the default), "
-                        "a GGUF path drafts with that smaller model of the same vocabulary, 'off' disables it")
+    parser.add_argument(
+        "--overflow",
+        choices=["rolling", "refuse"],
+        default="rolling",
+        help="when the conversation outgrows the window: drop oldest turns, or refuse",
+    )
+    parser.add_argument(
+        "--conversation",
+        type=positive_int,
+        metavar="ID",
+        help="continue this saved conversation (a new one prints its id at the start)",
+    )
+    parser.add_argument(
+        "--no-kv-cache", action="store_true", help="neither restore nor save the KV cache saved with the conversation"
+    )
+    parser.add_argument(
+        "--speculative",
+        metavar="off|lookup|MODEL_PATH",
+        default=None,
+        help="speculative decoding: 'lookup' drafts from the prompt and the reply (the default), "
+        "a GGUF path drafts with that smaller model of the same vocabulary, 'off' disables it",
+    )
     chat_tools.add_arguments(parser)
     add_json_flag(parser)
     parser.set_defaults(handler=run)
@@ -104,8 +127,13 @@ def run(args: argparse.Namespace, paths: Paths) -> int:
         print(f"glassbox: error: {exc}", file=sys.stderr)
         return 2
     schema = chat_tools.read_json_schema(args.json_schema) if args.json_schema else None
-    params = GenerationParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed,
-                              json_schema=schema, speculative=_speculative_mode(args))
+    params = GenerationParams(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        seed=args.seed,
+        json_schema=schema,
+        speculative=_speculative_mode(args),
+    )
     retriever = _retriever(args, paths) if args.kb else None
     from app.commands.chat_history import ChatLog
 
@@ -119,28 +147,46 @@ def run(args: argparse.Namespace, paths: Paths) -> int:
         for user in _turns(args):
             conversation_id, created = chat_log.start_turn(user, system)
             if created and not args.json:
-                print(f"[conversation {conversation_id}: continue it with --conversation {conversation_id}]",
-                      file=sys.stderr)
+                print(
+                    f"[conversation {conversation_id}: continue it with --conversation {conversation_id}]",
+                    file=sys.stderr,
+                )
             outcome = None  # the agent loop's result, with --tools
             try:
                 search = retriever is not None and not (tools is not None and tools.offers_search)
                 documents, sources = retriever(user, session) if search and retriever is not None else (None, [])
                 key = chat_log.cache_key() if kv_cache else None
                 if tools is not None:
-                    outcome = tools.answer(history, user, params, system, documents, args.json, key,
-                                           progress=chat_log.save_progress)  # each step saved as it happens
+                    outcome = tools.answer(
+                        history, user, params, system, documents, args.json, key, progress=chat_log.save_progress
+                    )  # each step saved as it happens
                     reply, finished = outcome.text, outcome.finished
                 else:
-                    reply, finished = _answer(session, history, user, params, system, documents, args.json, key,
-                                              options=chat_tools.thinking_options(args))
+                    reply, finished = _answer(
+                        session,
+                        history,
+                        user,
+                        params,
+                        system,
+                        documents,
+                        args.json,
+                        key,
+                        options=chat_tools.thinking_options(args),
+                    )
             except BaseException as exc:
                 chat_log.fail_turn(exc)
                 raise
-            chat_log.finish_turn(outcome.saved_text if outcome else reply, finished,
-                                 outcome.record if outcome else None, sources)
+            chat_log.finish_turn(
+                outcome.saved_text if outcome else reply, finished, outcome.record if outcome else None, sources
+            )
             if args.json:
-                print_json({**_turn_document(reply, finished, sources), **chat_tools.turn_extras(finished, outcome),
-                            "conversation_id": conversation_id})
+                print_json(
+                    {
+                        **_turn_document(reply, finished, sources),
+                        **chat_tools.turn_extras(finished, outcome),
+                        "conversation_id": conversation_id,
+                    }
+                )
             elif sources:
                 _print_sources(sources)
             history += [Message("user", user), *(outcome.messages if outcome else [Message("assistant", reply)])]
@@ -155,11 +201,19 @@ def _local_session(args: argparse.Namespace, paths: Paths) -> ChatBackend:
     model = resolve_model(args.model, paths, for_chat=True)
     n_ctx = args.n_ctx or 4096
     gpu_layers = _gpu_layers(args.gpu_layers, model, n_ctx)
-    load = LoadParams(model_path=model, n_ctx=n_ctx, n_threads=args.threads, n_gpu_layers=gpu_layers,
-                      draft_model_path=_draft_model(args.speculative))
+    load = LoadParams(
+        model_path=model,
+        n_ctx=n_ctx,
+        n_threads=args.threads,
+        n_gpu_layers=gpu_layers,
+        draft_model_path=_draft_model(args.speculative),
+    )
     return ChatSession(
-        load, machine_bandwidth_gbps=_bandwidth(paths), overflow_policy=args.overflow,
-        backend_state=paths.cpu_backend_state, kv_cache=None if args.no_kv_cache else _kv_cache(paths),
+        load,
+        machine_bandwidth_gbps=_bandwidth(paths),
+        overflow_policy=args.overflow,
+        backend_state=paths.cpu_backend_state,
+        kv_cache=None if args.no_kv_cache else _kv_cache(paths),
     )
 
 
@@ -231,8 +285,15 @@ def _turns(args: argparse.Namespace) -> Iterator[str]:
 
 
 def _answer(
-    session: ChatBackend, history: list[Any], user: str, params: Any, system: str | None, documents: str | None,
-    quiet: bool, cache_key: Any = None, options: dict[str, Any] | None = None,
+    session: ChatBackend,
+    history: list[Any],
+    user: str,
+    params: Any,
+    system: str | None,
+    documents: str | None,
+    quiet: bool,
+    cache_key: Any = None,
+    options: dict[str, Any] | None = None,
 ) -> tuple[str, Any]:
     from engine.events import Finished, Reasoning, Token
 
@@ -261,8 +322,9 @@ def _answer(
         if finished.reason == "cancelled":
             print("[stopped]", file=sys.stderr)
         if finished.stats.evicted_messages:
-            print(f"[{finished.stats.evicted_messages} older messages no longer fit the context window]",
-                  file=sys.stderr)
+            print(
+                f"[{finished.stats.evicted_messages} older messages no longer fit the context window]", file=sys.stderr
+            )
     return finished.text, finished
 
 

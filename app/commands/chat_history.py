@@ -52,8 +52,9 @@ class ChatLog:
         becomes ``partial``, with every step it saved; the continued conversation goes on after it."""
         for m in self._store.thread(self.conversation.id):
             if m.state == "pending":
-                self._store.finish_message(m.id, m.content, state="partial", stats=m.stats, sources=m.sources,
-                                           error=m.error)
+                self._store.finish_message(
+                    m.id, m.content, state="partial", stats=m.stats, sources=m.sources, error=m.error
+                )
 
     def close(self) -> None:
         self._store.close()
@@ -135,8 +136,13 @@ class ChatLog:
         self._progress = None
         stats = record.stats() if record is not None else None
         try:
-            self._store.finish_message(reply_id, text, state="partial" if text else "error", stats=stats or None,
-                                       error=str(error) or type(error).__name__)
+            self._store.finish_message(
+                reply_id,
+                text,
+                state="partial" if text else "error",
+                stats=stats or None,
+                error=str(error) or type(error).__name__,
+            )
         except Exception:  # noqa: BLE001 - the original error is the one to report
             pass
 

@@ -38,21 +38,40 @@ PREVIEW_CHARS = 300
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The tool, schema and thinking options of ``glassbox chat``."""
-    parser.add_argument("--tools", metavar="NAME[,NAME...]",
-                        help="offer tools to the model: MCP servers by name (glassbox mcp list), 'builtin', "
-                        "'all', or a built-in's name")
-    parser.add_argument("--tool-choice", metavar="auto|required|none|FUNCTION",
-                        help="auto (default with --tools): the model chooses; required: it must call one; "
-                        "FUNCTION: it must call that one; none: no tools")
+    parser.add_argument(
+        "--tools",
+        metavar="NAME[,NAME...]",
+        help="offer tools to the model: MCP servers by name (glassbox mcp list), 'builtin', "
+        "'all', or a built-in's name",
+    )
+    parser.add_argument(
+        "--tool-choice",
+        metavar="auto|required|none|FUNCTION",
+        help="auto (default with --tools): the model chooses; required: it must call one; "
+        "FUNCTION: it must call that one; none: no tools",
+    )
     parser.add_argument("--yes", action="store_true", help="run the model's tool calls without asking")
-    parser.add_argument("--max-steps", type=positive_int, default=8,
-                        help="rounds of tool calls per turn before the model must answer (default 8)")
-    parser.add_argument("--tool-timeout", type=float, default=60.0, metavar="SECONDS",
-                        help="the longest one tool call may run (default 60)")
+    parser.add_argument(
+        "--max-steps",
+        type=positive_int,
+        default=8,
+        help="rounds of tool calls per turn before the model must answer (default 8)",
+    )
+    parser.add_argument(
+        "--tool-timeout",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="the longest one tool call may run (default 60)",
+    )
     parser.add_argument("--json-schema", metavar="FILE", help="constrain every reply to this JSON schema")
-    parser.add_argument("--thinking", type=_thinking, metavar="on|off|TOKENS",
-                        help="the model's thinking switch (on, off: only models whose template has one), "
-                        "or a budget: at most TOKENS of thinking, then the model must answer")
+    parser.add_argument(
+        "--thinking",
+        type=_thinking,
+        metavar="on|off|TOKENS",
+        help="the model's thinking switch (on, off: only models whose template has one), "
+        "or a budget: at most TOKENS of thinking, then the model must answer",
+    )
 
 
 def check_arguments(args: argparse.Namespace) -> str | None:
@@ -62,8 +81,10 @@ def check_arguments(args: argparse.Namespace) -> str | None:
     if args.tool_timeout <= 0:
         return "--tool-timeout must be positive"
     if getattr(args, "endpoint", None) is not None and thinking_options(args).get("thinking_budget") is not None:
-        return ("--thinking TOKENS (a thinking budget) needs a local model: a server decodes on its own; "
-                "use --thinking on or off with --endpoint")
+        return (
+            "--thinking TOKENS (a thinking budget) needs a local model: a server decodes on its own; "
+            "use --thinking on or off with --endpoint"
+        )
     return None
 
 
@@ -133,8 +154,13 @@ class ChatTools:
                 print(f"glassbox: warning: {problem}", file=sys.stderr)
             allow = {spec.name for spec in specs if self.toolset.always_allows(spec.name)}
             self.agent = Agent(
-                session, [self.toolset], approve=self._approve, allow=allow, on_allow=self.toolset.allow_always,
-                max_steps=args.max_steps, timeout_s=args.tool_timeout,
+                session,
+                [self.toolset],
+                approve=self._approve,
+                allow=allow,
+                on_allow=self.toolset.allow_always,
+                max_steps=args.max_steps,
+                timeout_s=args.tool_timeout,
             )
         except BaseException:
             self.toolset.close()
@@ -162,8 +188,11 @@ class ChatTools:
         if self.args.yes:
             return "once"
         if not self._interactive:
-            print(f"glassbox: tool call {call.name} refused: not approved (no terminal to ask; pass --yes to run "
-                  "tool calls without asking)", file=sys.stderr)
+            print(
+                f"glassbox: tool call {call.name} refused: not approved (no terminal to ask; pass --yes to run "
+                "tool calls without asking)",
+                file=sys.stderr,
+            )
             return "deny"
         print(f"\n[tool call] {call.name} ({spec.source}) {arguments}", file=sys.stderr)
         print("Allow? [y]es once, [a]lways, [N]o: ", end="", file=sys.stderr, flush=True)
@@ -173,8 +202,15 @@ class ChatTools:
         return "once" if answer in ("y", "yes") else "deny"
 
     def answer(
-        self, history: list[Any], user: str, params: Any, system: str | None, documents: str | None, quiet: bool,
-        cache_key: Any = None, progress: Callable[[str, Any], None] | None = None,
+        self,
+        history: list[Any],
+        user: str,
+        params: Any,
+        system: str | None,
+        documents: str | None,
+        quiet: bool,
+        cache_key: Any = None,
+        progress: Callable[[str, Any], None] | None = None,
     ) -> ToolTurn:
         """Runs one turn through the agent loop. Ctrl-C stops it.
 
@@ -204,8 +240,16 @@ class ChatTools:
 
         self.agent.on_step = on_step
         run = self.agent.run(
-            history, user, params, system=system, documents=documents, cancel=cancel,
-            tool_choice=self.args.tool_choice, thinking=options.pop("thinking", None), **options, **extra,
+            history,
+            user,
+            params,
+            system=system,
+            documents=documents,
+            cancel=cancel,
+            tool_choice=self.args.tool_choice,
+            thinking=options.pop("thinking", None),
+            **options,
+            **extra,
         )
         events = iter(run)
 
@@ -244,8 +288,10 @@ class ChatTools:
             if result.finished is not None and result.finished.reason == "cancelled":
                 print("[stopped]", file=sys.stderr)
             if result.hit_step_limit:
-                print(f"[{self.args.max_steps} rounds of tool calls: the model had to answer without calling one]",
-                      file=sys.stderr)
+                print(
+                    f"[{self.args.max_steps} rounds of tool calls: the model had to answer without calling one]",
+                    file=sys.stderr,
+                )
         return ToolTurn(result, record, shown.text)
 
 
@@ -284,8 +330,11 @@ def _print_step(step: Any) -> None:
     if len(preview) > PREVIEW_CHARS:
         preview = preview[:PREVIEW_CHARS] + "..."
     what = "ran" if step.ran else step.approval
-    print(f"\n[tool {step.call.name} {arguments}: {what}, {step.ms:.0f} ms, {step.tokens} tokens"
-          f"{', truncated' if step.truncated else ''}] {preview}", file=sys.stderr)
+    print(
+        f"\n[tool {step.call.name} {arguments}: {what}, {step.ms:.0f} ms, {step.tokens} tokens"
+        f"{', truncated' if step.truncated else ''}] {preview}",
+        file=sys.stderr,
+    )
 
 
 def step_document(step: Any) -> dict[str, Any]:

@@ -56,8 +56,9 @@ def resolve_model(spec: str, paths: Paths, *, for_chat: bool = False) -> Path:
         return entry.path
     if path.is_absolute() or spec.startswith(("~", ".")) or path.suffix.lower() == ".gguf":
         raise ModelFileError(path, "no such file")
-    raise ModelFileError(spec, f"no model by that name in the library ({paths.models} and added folders; "
-                               "see `glassbox models list`)")
+    raise ModelFileError(
+        spec, f"no model by that name in the library ({paths.models} and added folders; see `glassbox models list`)"
+    )
 
 
 def _starter(spec: str, paths: Paths) -> Path:
@@ -108,11 +109,17 @@ def _check_chat(path: Path) -> None:
         return
     kind = model_kind(info)
     if kind == "embedding":
-        raise ModelFileError(path, f"an embedding model ({info.architecture}): it makes vectors for search, "
-                                   "it cannot chat; pick a chat model (see `glassbox models list`)")
+        raise ModelFileError(
+            path,
+            f"an embedding model ({info.architecture}): it makes vectors for search, "
+            "it cannot chat; pick a chat model (see `glassbox models list`)",
+        )
     if kind == "projector":
-        raise ModelFileError(path, "a vision projector (mmproj) that goes with a chat model, not a model to "
-                                   "chat with; pick a chat model (see `glassbox models list`)")
+        raise ModelFileError(
+            path,
+            "a vision projector (mmproj) that goes with a chat model, not a model to "
+            "chat with; pick a chat model (see `glassbox models list`)",
+        )
 
 
 def _refuse_non_chat(entry: LibraryEntry) -> None:

@@ -13,7 +13,6 @@ from app.commands import models_hub, models_library, models_quant
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:
     parser = sub.add_parser("models", parents=[common], help="find, download, inspect and quantize models")
-    group = parser.add_subparsers(dest="models_command", metavar="ACTION", required=True,
-                                  parser_class=type(parser))
+    group = parser.add_subparsers(dest="models_command", metavar="ACTION", required=True, parser_class=type(parser))
     for module in (models_library, models_hub, models_quant):
         module.register(group, common)

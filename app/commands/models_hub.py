@@ -27,14 +27,16 @@ if TYPE_CHECKING:
     from engine.hub import ModelFile, RepoFiles
 
 
-def register(
-    sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
-) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:
     """Adds ``search``, ``files`` and ``download`` to the ``models`` group."""
     search = sub.add_parser("search", parents=[common], help="search Hugging Face for GGUF models")
     search.add_argument("query", metavar="QUERY", help="words in the repository name")
-    search.add_argument("--sort", choices=["downloads", "likes", "recent"], default="downloads",
-                        help="order of the results (default: downloads)")
+    search.add_argument(
+        "--sort",
+        choices=["downloads", "likes", "recent"],
+        default="downloads",
+        help="order of the results (default: downloads)",
+    )
     search.add_argument("--limit", type=_limit, default=20, help="at most this many results (default 20)")
     _endpoint_flag(search)
     add_json_flag(search)
@@ -47,26 +49,34 @@ def register(
     add_json_flag(files)
     files.set_defaults(handler=run_files)
 
-    download = sub.add_parser("download", parents=[common],
-                              help="download a model file (resumable, verified)")
+    download = sub.add_parser("download", parents=[common], help="download a model file (resumable, verified)")
     download.add_argument("repo", metavar="REPO", help="owner/name on Hugging Face")
-    download.add_argument("file", metavar="FILE",
-                          help="a file of the repository, or a split model's name (all its parts)")
+    download.add_argument(
+        "file", metavar="FILE", help="a file of the repository, or a split model's name (all its parts)"
+    )
     download.add_argument("--revision", default="main", help="branch, tag or commit (default: main)")
-    download.add_argument("--to", metavar="DIR", type=Path,
-                          help="download into DIR (default: the models folder, under owner/repo)")
-    download.add_argument("--with-mmproj", action="store_true",
-                          help="also download the vision projector (mmproj) that goes with the model")
-    download.add_argument("--force", action="store_true",
-                          help="download even if the model looks too big for this machine")
+    download.add_argument(
+        "--to", metavar="DIR", type=Path, help="download into DIR (default: the models folder, under owner/repo)"
+    )
+    download.add_argument(
+        "--with-mmproj",
+        action="store_true",
+        help="also download the vision projector (mmproj) that goes with the model",
+    )
+    download.add_argument(
+        "--force", action="store_true", help="download even if the model looks too big for this machine"
+    )
     _endpoint_flag(download)
     add_json_flag(download)
     download.set_defaults(handler=run_download)
 
 
 def _endpoint_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--endpoint", metavar="URL",
-                        help="Hugging Face endpoint or mirror (default: $HF_ENDPOINT or https://huggingface.co)")
+    parser.add_argument(
+        "--endpoint",
+        metavar="URL",
+        help="Hugging Face endpoint or mirror (default: $HF_ENDPOINT or https://huggingface.co)",
+    )
 
 
 def _limit(text: str) -> int:
@@ -102,8 +112,9 @@ def run_search(args: argparse.Namespace, paths: Paths) -> int:  # noqa: ARG001 -
         return 0
     rows = [["REPOSITORY", "DOWNLOADS", "LIKES", "UPDATED", ""]]
     for r in results:
-        rows.append([r.id, f"{r.downloads:,}", f"{r.likes:,}", (r.last_modified or "")[:10],
-                     "gated" if r.gated else ""])
+        rows.append(
+            [r.id, f"{r.downloads:,}", f"{r.likes:,}", (r.last_modified or "")[:10], "gated" if r.gated else ""]
+        )
     _table(rows, sys.stdout)
     return 0
 
@@ -125,8 +136,11 @@ def run_files(args: argparse.Namespace, paths: Paths) -> int:
     commit = f" @ {listing.commit[:12]}" if listing.commit else ""
     out.write(f"{listing.repo} ({listing.revision}{commit}){'  [gated]' if listing.gated else ''}\n")
     if not listing.choices:
-        hint = ("it has safetensors weights: download them and use `glassbox models convert`"
-                if listing.has_safetensors else "nothing Glassbox can load")
+        hint = (
+            "it has safetensors weights: download them and use `glassbox models convert`"
+            if listing.has_safetensors
+            else "nothing Glassbox can load"
+        )
         out.write(f"no GGUF models in this repository; {hint}\n")
         return 0
     rows = [["FILE", "QUANT", "SIZE", "PARTS", "FIT", "MMPROJ"]]
@@ -134,11 +148,21 @@ def run_files(args: argparse.Namespace, paths: Paths) -> int:
     for choice in listing.choices:
         parts = str(len(choice.files)) if choice.complete else f"{len(choice.files)} (incomplete)"
         fit = fit_of(choice.total_size) if choice.total_size else None
-        rows.append([choice.name, choice.quant or "?", format_bytes(choice.total_size), parts,
-                     _FIT_LABELS[fit.verdict] if fit else "?", ", ".join(m.filename for m in choice.mmproj)])
+        rows.append(
+            [
+                choice.name,
+                choice.quant or "?",
+                format_bytes(choice.total_size),
+                parts,
+                _FIT_LABELS[fit.verdict] if fit else "?",
+                ", ".join(m.filename for m in choice.mmproj),
+            ]
+        )
     _table(rows, out)
-    out.write("FIT is a rough estimate from the file size (the KV cache is not included); "
-              "`glassbox models fit FILE` gives the exact figure after download.\n")
+    out.write(
+        "FIT is a rough estimate from the file size (the KV cache is not included); "
+        "`glassbox models fit FILE` gives the exact figure after download.\n"
+    )
     return 0
 
 
@@ -194,8 +218,10 @@ class ProgressPrinter:
         """One line: state, file, percentage, bytes, speed, ETA and any message."""
         parts = [f"{report.state} {report.filename}"]
         if report.total:
-            parts.append(f"{100 * report.done / report.total:5.1f}% "
-                         f"({format_bytes(report.done)} of {format_bytes(report.total)})")
+            parts.append(
+                f"{100 * report.done / report.total:5.1f}% "
+                f"({format_bytes(report.done)} of {format_bytes(report.total)})"
+            )
         elif report.done:
             parts.append(format_bytes(report.done))
         if report.state == "downloading" and report.speed_bps > 0:
@@ -222,9 +248,7 @@ def select_files(listing: RepoFiles, wanted: str, with_mmproj: bool) -> list[Mod
     if single is None and choice is None:
         if wanted in listing.unsafe_names:
             raise DownloadError(f"{wanted!r}: unsafe file name in the repository; refusing it")
-        raise DownloadError(
-            f"{wanted}: no such file in {listing.repo} (see `glassbox models files {listing.repo}`)"
-        )
+        raise DownloadError(f"{wanted}: no such file in {listing.repo} (see `glassbox models files {listing.repo}`)")
     if single is not None and (single.split is None or choice is None):
         files = [single]
     else:
@@ -247,8 +271,9 @@ def _record_provenance(paths: Paths, result: DownloadResult) -> None:
 
     try:
         library = ModelLibrary(paths.models, [], paths.models / "manifest.json")
-        library.record_provenance(result.path, repo=result.repo, revision=result.revision,
-                                  sha256=result.sha256, source="huggingface")
+        library.record_provenance(
+            result.path, repo=result.repo, revision=result.revision, sha256=result.sha256, source="huggingface"
+        )
     except (EngineError, OSError, ValueError) as exc:
         # The model is downloaded and verified; only the label is missing. Say so, carry on.
         sys.stderr.write(f"glassbox: warning: could not record where {result.path.name} came from: {exc}\n")
@@ -298,12 +323,14 @@ def run_download(args: argparse.Namespace, paths: Paths) -> int:
         if fit.verdict == "no":
             raise DownloadError(f"{args.file}: {fit.message}; pass --force to download it anyway")
     printer = ProgressPrinter(sys.stderr)
-    jobs = [FileJob(args.repo, f.filename, dest, args.revision, args.endpoint, f.sha256, f.size or None)
-            for f in files]
+    jobs = [FileJob(args.repo, f.filename, dest, args.revision, args.endpoint, f.sha256, f.size or None) for f in files]
     try:
-        outcome = download_files(jobs, progress=lambda update: printer(update.file),
-                                 on_file=lambda result: _record_provenance(paths, result),
-                                 disk_margin_bytes=margin)
+        outcome = download_files(
+            jobs,
+            progress=lambda update: printer(update.file),
+            on_file=lambda result: _record_provenance(paths, result),
+            disk_margin_bytes=margin,
+        )
     except KeyboardInterrupt:
         printer.finish()
         sys.stderr.write("glassbox: download interrupted; run the same command again to resume\n")

@@ -25,9 +25,7 @@ if TYPE_CHECKING:
 DEFAULT_FIT_CTX = 4096
 
 
-def register(
-    sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
-) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:
     """Adds the library subcommands to the ``models`` group."""
     listing = sub.add_parser("list", parents=[common], help="the models in the library, with a fit verdict")
     add_json_flag(listing)
@@ -41,7 +39,9 @@ def register(
     fit = sub.add_parser("fit", parents=[common], help="will this model fit on this machine, and how fast")
     fit.add_argument("path", metavar="PATH", help="a .gguf file, or the name of a model in the library")
     fit.add_argument(
-        "--n-ctx", type=positive_int, metavar="N",
+        "--n-ctx",
+        type=positive_int,
+        metavar="N",
         help=f"context length (default: {DEFAULT_FIT_CTX}, or the model's if smaller)",
     )
     fit.add_argument("--cache-type", default="f16", choices=_cache_types(), help="KV cache type")
@@ -83,10 +83,12 @@ def run_list(args: argparse.Namespace, paths: Paths) -> int:
     hw = probe_hardware()
     fits = {e.path: _entry_fit(e, hw) for e in entries}
     if args.json:
-        print_json({
-            "models": [{**e.to_dict(), "fit": _fit_dict(fits[e.path])} for e in entries],
-            "folders": [f.to_dict() for f in library.folders()],
-        })
+        print_json(
+            {
+                "models": [{**e.to_dict(), "fit": _fit_dict(fits[e.path])} for e in entries],
+                "folders": [f.to_dict() for f in library.folders()],
+            }
+        )
         return 0
     if not entries:
         _out(f"No models yet in {library.models_dir}. Try: glassbox models search QUERY")
@@ -94,10 +96,18 @@ def run_list(args: argparse.Namespace, paths: Paths) -> int:
         rows = [["NAME", "ARCH", "PARAMS", "QUANT", "SIZE", "CTX", "FIT", "WHERE"]]
         for e in entries:
             where = "models" if e.owned else str(e.folder)
-            rows.append([
-                e.label, e.architecture or "-", _params(e.params), e.quant or "-", _size(e.size),
-                str(e.context_length or "-"), _fit_word(fits[e.path], e), where,
-            ])
+            rows.append(
+                [
+                    e.label,
+                    e.architecture or "-",
+                    _params(e.params),
+                    e.quant or "-",
+                    _size(e.size),
+                    str(e.context_length or "-"),
+                    _fit_word(fits[e.path], e),
+                    where,
+                ]
+            )
         _out(_table(rows))
         for e in entries:
             if e.error:
@@ -143,10 +153,15 @@ def run_fit(args: argparse.Namespace, paths: Paths) -> int:
 
         raise ModelFileError(info.path, str(exc)) from None
     if args.json:
-        print_json({
-            "path": str(info.path), **estimate.to_dict(), "bandwidth_gbps": bandwidth,
-            "unsupported": unsupported, "hardware": hw.to_dict(),
-        })
+        print_json(
+            {
+                "path": str(info.path),
+                **estimate.to_dict(),
+                "bandwidth_gbps": bandwidth,
+                "unsupported": unsupported,
+                "hardware": hw.to_dict(),
+            }
+        )
         return 0
     _out(estimate.message)
     if unsupported:
@@ -284,9 +299,7 @@ def _info_lines(info: GgufInfo) -> list[tuple[str, str]]:
     return lines
 
 
-def _fit_lines(
-    info: GgufInfo, est: FitEstimate, hw: HardwareInfo, bandwidth: float | None
-) -> list[tuple[str, str]]:
+def _fit_lines(info: GgufInfo, est: FitEstimate, hw: HardwareInfo, bandwidth: float | None) -> list[tuple[str, str]]:
     gpus = ", ".join(f"{g.name} ({_size(g.free_vram)} free)" for g in hw.gpus) or "none"
     lines = [
         ("model", f"{info.path.name} ({info.architecture}, {_params(info.n_params)}, {info.file_type})"),

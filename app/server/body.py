@@ -165,4 +165,3 @@ def parse_body(body: bytes) -> dict[str, Any]:
             param=where,
         )
     return document
-

@@ -190,9 +190,7 @@ def engine_messages(turns: tuple[WireMessage, ...] | list[WireMessage]) -> list[
             messages.append(Message("assistant", turn.content, tool_calls=calls))
         elif turn.role == "tool":
             call_id = turn.tool_call_id or ""
-            messages.append(
-                Message("tool", turn.content, tool_call_id=call_id, name=names.get(call_id, ""))
-            )
+            messages.append(Message("tool", turn.content, tool_call_id=call_id, name=names.get(call_id, "")))
         else:
             messages.append(Message(turn.role, turn.content))  # type: ignore[arg-type]
     return messages

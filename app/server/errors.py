@@ -50,7 +50,6 @@ class HttpError(Exception):
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
 
-
 def map_errors(fn: Callable[[], Any]) -> Any:
     """Runs ``fn``, turning the engine's and rag's typed errors into HTTP errors (:func:`http_error_for`)."""
     from rag.errors import RagError

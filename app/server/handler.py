@@ -83,9 +83,7 @@ class Handler(BaseHTTPRequestHandler):
         if path.startswith("/v1/models/"):
             self._dispatch({path: lambda: models.one(self, path[len("/v1/models/") :])})
             return
-        self._dispatch(
-            {"/v1/models": lambda: models.listing(self), "/props": self._props, "/health": self._health}
-        )
+        self._dispatch({"/v1/models": lambda: models.listing(self), "/props": self._props, "/health": self._health})
 
     def do_POST(self) -> None:
         from app.server import chat, completions, embeddings, messages, responses

@@ -34,6 +34,7 @@ MIN_TEXT_CHARS = 256 * 1024
 MAX_TOOLS = 128
 """Most tools one request may offer (OpenAI allows 128)."""
 
+
 def text_limit(n_ctx: int | None) -> int:
     """The most characters of message text one request may carry for a window of ``n_ctx`` tokens.
 

@@ -144,8 +144,13 @@ def default_open_tools(request: ToolsRequest, session: ChatBackend) -> Any:
     """The ToolSet for the sources chosen (``app.tool_setup.open_tools``; servers start when listed)."""
     from app.tool_setup import open_tools
 
-    return open_tools(list(request.selection), request.paths, count_text=getattr(session, "count_text", None),
-                      knowledge_bases=request.knowledge_bases, searcher=request.searcher)
+    return open_tools(
+        list(request.selection),
+        request.paths,
+        count_text=getattr(session, "count_text", None),
+        knowledge_bases=request.knowledge_bases,
+        searcher=request.searcher,
+    )
 
 
 def offers_search(toolset: Any) -> bool:
@@ -165,8 +170,14 @@ class ToolsetCache:
         self._toolset: Any = None
 
     def get(self, request: ToolsRequest, session: ChatBackend) -> Any:
-        key = (request.selection, request.knowledge_bases, id(request.searcher), id(session), request.open_tools,
-               *_config_stamp(request.paths))
+        key = (
+            request.selection,
+            request.knowledge_bases,
+            id(request.searcher),
+            id(session),
+            request.open_tools,
+            *_config_stamp(request.paths),
+        )
         if key != self._key or self._toolset is None:
             self.close()
             opener = request.open_tools or default_open_tools
@@ -229,17 +240,36 @@ def agent_events(
 
     def approve(call: ToolCall, spec: ToolSpec) -> Decision:
         gate = ApprovalGate(request.cancel)
-        ask(ApprovalRequest(request.request_id, call.id, call.name, dict(call.arguments), spec.source,
-                            spec.description, gate))
+        ask(
+            ApprovalRequest(
+                request.request_id, call.id, call.name, dict(call.arguments), spec.source, spec.description, gate
+            )
+        )
         return gate.wait()
 
     def on_step(message: Any, step: Any) -> None:
         record(message_record(message, step))
 
-    agent = Agent(session, [toolset], approve=approve, allow=allow, on_allow=toolset.allow_always, on_step=on_step,
-                  max_steps=tools.max_steps, timeout_s=tools.timeout_s)
-    run = agent.run(history, request.user, request.params, system=request.system, documents=documents,
-                    cancel=request.cancel, tool_choice=tools.tool_choice, **options)
+    agent = Agent(
+        session,
+        [toolset],
+        approve=approve,
+        allow=allow,
+        on_allow=toolset.allow_always,
+        on_step=on_step,
+        max_steps=tools.max_steps,
+        timeout_s=tools.timeout_s,
+    )
+    run = agent.run(
+        history,
+        request.user,
+        request.params,
+        system=request.system,
+        documents=documents,
+        cancel=request.cancel,
+        tool_choice=tools.tool_choice,
+        **options,
+    )
     streamed = ReplyText()  # the answer's text over every generation, as the app saves it
     rounds = 0
     for event in run:
@@ -260,6 +290,11 @@ def agent_events(
         from engine.errors import EngineError
 
         raise EngineError("the agent loop ended without a reply")
-    yield dataclasses.replace(last, text=streamed.text, reasoning=result.reasoning,
-                              reasoning_tokens=result.reasoning_tokens, reasoning_ms=result.reasoning_ms,
-                              tool_calls=())
+    yield dataclasses.replace(
+        last,
+        text=streamed.text,
+        reasoning=result.reasoning,
+        reasoning_tokens=result.reasoning_tokens,
+        reasoning_ms=result.reasoning_ms,
+        tool_calls=(),
+    )

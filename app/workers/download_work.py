@@ -40,9 +40,13 @@ class DownloadRun:
         on_progress: called on the GUI thread with ``(transfer, FilesProgress)``.
     """
 
-    def __init__(self, transfer: Transfer, skip_complete: bool,
-                 queue_call: Callable[[Callable[[DownloadQueue], object]], None],
-                 on_progress: Callable[[Transfer, FilesProgress], None]) -> None:
+    def __init__(
+        self,
+        transfer: Transfer,
+        skip_complete: bool,
+        queue_call: Callable[[Callable[[DownloadQueue], object]], None],
+        on_progress: Callable[[Transfer, FilesProgress], None],
+    ) -> None:
         self.transfer = transfer
         self.skip_complete = skip_complete
         self.queue_call = queue_call
@@ -76,8 +80,13 @@ class DownloadRun:
         transfer = self.transfer
         self.set_queue_state("downloading")
         try:
-            outcome = download_files(transfer.files, cancel=transfer.cancel, pause=transfer.pause,
-                                     progress=self.progress, skip_complete=self.skip_complete)
+            outcome = download_files(
+                transfer.files,
+                cancel=transfer.cancel,
+                pause=transfer.pause,
+                progress=self.progress,
+                skip_complete=self.skip_complete,
+            )
         except Cancelled:
             self.set_queue_state("paused")
             raise
@@ -143,8 +152,9 @@ class QueueIO:
             return
         self._executor.submit(work, None, self.on_error)
 
-    def submit(self, work: Callable[[], None], done: Callable[[None], None],
-               failed: Callable[[BaseException], None]) -> Future[None]:
+    def submit(
+        self, work: Callable[[], None], done: Callable[[None], None], failed: Callable[[BaseException], None]
+    ) -> Future[None]:
         """Runs ``work`` in order with the queue's changes; ``done`` or ``failed`` on the GUI thread."""
         return self._executor.submit(work, done, failed)
 
@@ -187,8 +197,9 @@ def look_for_unfinished(
             continue  # the queue cannot be written now; the next start drops it
         if removed:
             dropped += 1
-            records = [(path, item.revision, spec.expected_sha256)
-                       for path, spec in zip(item.paths, item.files, strict=True)]
+            records = [
+                (path, item.revision, spec.expected_sha256) for path, spec in zip(item.paths, item.files, strict=True)
+            ]
             try:
                 record_provenance(library, item.repo, records)
             except OSError:

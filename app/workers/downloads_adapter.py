@@ -65,8 +65,9 @@ class DownloadsAdapter(QObject):
     unfinished_found = Signal(int)
     error_occurred = Signal(str)
 
-    def __init__(self, library: LibraryAdapter, queue_file: Path, endpoint: str | None = None,
-                 parent: QObject | None = None) -> None:
+    def __init__(
+        self, library: LibraryAdapter, queue_file: Path, endpoint: str | None = None, parent: QObject | None = None
+    ) -> None:
         super().__init__(parent)
         self.library = library
         self.endpoint = endpoint
@@ -93,8 +94,11 @@ class DownloadsAdapter(QObject):
 
             return search_models(query, limit=30, endpoint=self.endpoint)
 
-        run_in_background(work, lambda hits: self.search_finished.emit(query, hits),
-                          lambda exc: self.search_failed.emit(query, describe_error(exc)))
+        run_in_background(
+            work,
+            lambda hits: self.search_finished.emit(query, hits),
+            lambda exc: self.search_failed.emit(query, describe_error(exc)),
+        )
 
     def list_files(self, repo: str) -> None:
         def work() -> Any:
@@ -102,8 +106,11 @@ class DownloadsAdapter(QObject):
 
             return list_repo_files(repo, endpoint=self.endpoint)
 
-        run_in_background(work, lambda files: self.files_listed.emit(repo, files),
-                          lambda exc: self.files_failed.emit(repo, describe_error(exc)))
+        run_in_background(
+            work,
+            lambda files: self.files_listed.emit(repo, files),
+            lambda exc: self.files_failed.emit(repo, describe_error(exc)),
+        )
 
     # ------------------------------------------------------------------ downloads
     def download(self, repo: str, choice: Any, commit: str | None = None) -> Transfer:
@@ -118,13 +125,27 @@ class DownloadsAdapter(QObject):
 
         listed = (*choice.files, *choice.mmproj)
         dest = model_folder(self.library.models_dir, repo, [f.filename for f in listed])
-        files = tuple(FileJob(repo, f.filename, dest, commit or "main", self.endpoint, f.sha256, f.size or None)
-                      for f in listed)
-        item = make_item(repo, choice.name, dest, [QueueFile(f.filename, f.expected_sha256, f.expected_size)
-                                                   for f in files], revision=commit or "main", endpoint=self.endpoint)
-        transfer = Transfer(key=key, label=download_label(choice.name, repo, [f.filename for f in files]),
-                            kind="download", repo=repo, files=files, paths=tuple(f.path for f in files),
-                            queue_key=item.key, total=sum(f.size for f in listed))
+        files = tuple(
+            FileJob(repo, f.filename, dest, commit or "main", self.endpoint, f.sha256, f.size or None) for f in listed
+        )
+        item = make_item(
+            repo,
+            choice.name,
+            dest,
+            [QueueFile(f.filename, f.expected_sha256, f.expected_size) for f in files],
+            revision=commit or "main",
+            endpoint=self.endpoint,
+        )
+        transfer = Transfer(
+            key=key,
+            label=download_label(choice.name, repo, [f.filename for f in files]),
+            kind="download",
+            repo=repo,
+            files=files,
+            paths=tuple(f.path for f in files),
+            queue_key=item.key,
+            total=sum(f.size for f in listed),
+        )
         self._take_over(transfer)
         self.transfers[key] = transfer
         self._queue_call(lambda q: q.put(item))  # before the download starts: the queue file comes first
@@ -150,16 +171,23 @@ class DownloadsAdapter(QObject):
         if not current.resumable or self._closed:
             return
         # Fresh events: the previous run's are set, and a late callback must not stop this one.
-        self._submit(dataclasses.replace(current, cancel=threading.Event(), pause=threading.Event(), message=""),
-                     skip_complete=True)
+        self._submit(
+            dataclasses.replace(current, cancel=threading.Event(), pause=threading.Event(), message=""),
+            skip_complete=True,
+        )
 
     def _submit(self, transfer: Transfer, skip_complete: bool = False) -> Transfer:
         """Queues ``transfer``'s files on the download thread; returns its first running snapshot."""
         transfer = self._put(dataclasses.replace(transfer, running=True, state="queued"))
         run = DownloadRun(transfer, skip_complete, self._queue_call, self._on_run_progress)
         self._running = [f for f in self._running if not f.done()]
-        self._running.append(self._downloads.submit(
-            run.work, functools.partial(self._on_run_done, transfer), functools.partial(self._on_run_failed, transfer)))
+        self._running.append(
+            self._downloads.submit(
+                run.work,
+                functools.partial(self._on_run_done, transfer),
+                functools.partial(self._on_run_failed, transfer),
+            )
+        )
         return transfer
 
     def _current(self, run: Transfer) -> Transfer | None:
@@ -172,21 +200,35 @@ class DownloadsAdapter(QObject):
         current = self._current(run)
         if current is None or not current.running:
             return
-        self._put(dataclasses.replace(
-            current, done=update.done, total=update.total if update.count == 1 and update.total else current.total,
-            speed_bps=update.file.speed_bps,
-            eta_s=update.file.eta_s, state=update.state, files_done=update.files_done, message=update.file.message,
-        ))
+        self._put(
+            dataclasses.replace(
+                current,
+                done=update.done,
+                total=update.total if update.count == 1 and update.total else current.total,
+                speed_bps=update.file.speed_bps,
+                eta_s=update.file.eta_s,
+                state=update.state,
+                files_done=update.files_done,
+                message=update.file.message,
+            )
+        )
 
     def _on_run_done(self, run: Transfer, outcome: Any) -> None:
         current = self._current(run) or run
         complete = outcome.complete
-        self._put(dataclasses.replace(
-            current, running=False, state="done" if complete else "cancelled",
-            done=current.total if complete else current.done, speed_bps=0.0, eta_s=None,
-            message="" if complete else "the partial download is kept", result=list(outcome.downloaded),
-            files_done=len(outcome.downloaded) + len(outcome.skipped) if complete else current.files_done,
-        ))
+        self._put(
+            dataclasses.replace(
+                current,
+                running=False,
+                state="done" if complete else "cancelled",
+                done=current.total if complete else current.done,
+                speed_bps=0.0,
+                eta_s=None,
+                message="" if complete else "the partial download is kept",
+                result=list(outcome.downloaded),
+                files_done=len(outcome.downloaded) + len(outcome.skipped) if complete else current.files_done,
+            )
+        )
         records = [(r.path, r.revision, r.sha256) for r in outcome.downloaded]
         records += [(job.path, job.revision, job.expected_sha256) for job in outcome.skipped]
         if records:
@@ -197,10 +239,16 @@ class DownloadsAdapter(QObject):
 
         current = self._current(run) or run
         cancelled = isinstance(exc, Cancelled)
-        self._put(dataclasses.replace(
-            current, running=False, state="cancelled" if cancelled else "error", speed_bps=0.0, eta_s=None,
-            message="the partial download is kept" if cancelled else describe_error(exc),
-        ))
+        self._put(
+            dataclasses.replace(
+                current,
+                running=False,
+                state="cancelled" if cancelled else "error",
+                speed_bps=0.0,
+                eta_s=None,
+                message="the partial download is kept" if cancelled else describe_error(exc),
+            )
+        )
 
     def discard(self, transfer: Transfer) -> None:
         """Deletes a stopped download's partial files and metadata, and forgets its queue item

@@ -63,8 +63,9 @@ class LibraryAdapter(QObject):
         where = (self.models_dir, self.manifest, self.folders_file)
         with self._library_lock:
             if self._library is None or self._library_where != where:
-                self._library = ModelLibrary(self.models_dir, manifest_path=self.manifest,
-                                             folders_file=self.folders_file)
+                self._library = ModelLibrary(
+                    self.models_dir, manifest_path=self.manifest, folders_file=self.folders_file
+                )
                 self._library_where = where
             return self._library
 
@@ -164,8 +165,9 @@ class LibraryAdapter(QObject):
         from engine.fit import estimate_fit
 
         try:
-            return estimate_fit(info, self.hardware, min(n_ctx, info.context_length or n_ctx),
-                                bandwidth_gbps=self.bandwidth_gbps)
+            return estimate_fit(
+                info, self.hardware, min(n_ctx, info.context_length or n_ctx), bandwidth_gbps=self.bandwidth_gbps
+            )
         except (ValueError, ArithmeticError):
             return None
 

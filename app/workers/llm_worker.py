@@ -290,8 +290,19 @@ class LlmWorker(QObject):
         label = request.label or request.model_path.name
         note = getattr(session, "backend_note", None)
         controls = tuple(sorted(getattr(getattr(session, "template", None), "thinking", None) or ()))
-        self.model_loaded.emit(LoadedModel(request.model_path, label, info, load_ms, self._bandwidth, note, controls,
-                                           request.draft_model_path, draft_note))
+        self.model_loaded.emit(
+            LoadedModel(
+                request.model_path,
+                label,
+                info,
+                load_ms,
+                self._bandwidth,
+                note,
+                controls,
+                request.draft_model_path,
+                draft_note,
+            )
+        )
         if not self._bandwidth_done and request.bandwidth_cache is not None:
             # After the load, so the first reply is not delayed; cached for later runs.
             self._bandwidth = measure_bandwidth(request.bandwidth_cache)
@@ -352,14 +363,22 @@ class LlmWorker(QObject):
                 if not stream_accepts(session, "thinking_budget"):
                     from engine.errors import EngineError
 
-                    raise EngineError("a thinking budget needs a local model (this one decodes on its server): "
-                                      "choose the model's default in the chat's Tools menu")
+                    raise EngineError(
+                        "a thinking budget needs a local model (this one decodes on its server): "
+                        "choose the model's default in the chat's Tools menu"
+                    )
                 saved["thinking_budget"] = request.thinking_budget
             if request.tools is not None:
                 rid = request.request_id
                 events = agent_events(
-                    session, toolset, request, history, documents, saved,
-                    lambda ask: self.approval_requested.emit(rid, ask), lambda rec: self.agent_recorded.emit(rid, rec),
+                    session,
+                    toolset,
+                    request,
+                    history,
+                    documents,
+                    saved,
+                    lambda ask: self.approval_requested.emit(rid, ask),
+                    lambda rec: self.agent_recorded.emit(rid, rec),
                 )
             else:
                 events = session.stream(
@@ -396,10 +415,14 @@ class LlmWorker(QObject):
                 elif isinstance(event, Finished):
                     self._flush(request.request_id, thinking, pending, pending_tokens)
                     elapsed = (time.perf_counter() - started) * 1000
-                    reasoning = ({"text": event.reasoning, "tokens": event.reasoning_tokens,
-                                  "ms": round(event.reasoning_ms, 2)} if event.reasoning else None)
-                    outcome = GenerationOutcome(request.request_id, event.reason, event.text, event.stats, elapsed,
-                                                reasoning)
+                    reasoning = (
+                        {"text": event.reasoning, "tokens": event.reasoning_tokens, "ms": round(event.reasoning_ms, 2)}
+                        if event.reasoning
+                        else None
+                    )
+                    outcome = GenerationOutcome(
+                        request.request_id, event.reason, event.text, event.stats, elapsed, reasoning
+                    )
                     self.generation_finished.emit(outcome)
         except Exception as exc:  # noqa: BLE001 - boundary: EngineCrashed, ContextOverflow, ... become a signal
             self._flush(request.request_id, thinking, pending, pending_tokens)

@@ -90,8 +90,7 @@ class ModelJobsAdapter(QObject):
         def failed(exc: BaseException) -> None:
             from engine.errors import Cancelled
 
-            self._update(run, state="cancelled" if isinstance(exc, Cancelled) else "error",
-                         message=describe_error(exc))
+            self._update(run, state="cancelled" if isinstance(exc, Cancelled) else "error", message=describe_error(exc))
 
         return failed
 
@@ -106,24 +105,34 @@ class ModelJobsAdapter(QObject):
 
         def progress(update: Any) -> None:
             if throttle.due():
-                self._post(run, done=update.done_tensors, total=update.total_tensors, state="quantizing",
-                           message=update.tensor_name)
+                self._post(
+                    run,
+                    done=update.done_tensors,
+                    total=update.total_tensors,
+                    state="quantizing",
+                    message=update.tensor_name,
+                )
 
         def work() -> Any:
             from engine.quantize import quantize_model
 
-            return quantize_model(src, dst, qtype, allow_requantize=allow_requantize, cancel=run.cancel,
-                                  progress=progress)
+            return quantize_model(
+                src, dst, qtype, allow_requantize=allow_requantize, cancel=run.cancel, progress=progress
+            )
 
         def done(result: Any) -> None:
             from engine.quantize import size_change
 
-            self._update(run, state="done", result=result,
-                         message=f"{result.dst_bytes / 2**20:.0f} MiB, {size_change(result.ratio)}, "
-                                 f"{result.seconds:.0f} s")
+            self._update(
+                run,
+                state="done",
+                result=result,
+                message=f"{result.dst_bytes / 2**20:.0f} MiB, {size_change(result.ratio)}, {result.seconds:.0f} s",
+            )
             run_in_background(
-                lambda: self.library.model_library().record_provenance(dst, quantized_from=str(src),
-                                                                       source="quantized"),
+                lambda: self.library.model_library().record_provenance(
+                    dst, quantized_from=str(src), source="quantized"
+                ),
                 lambda _r: self.library.scan(),
             )
 
@@ -141,8 +150,13 @@ class ModelJobsAdapter(QObject):
         def progress(update: Any) -> None:
             if throttle.due(force=update.stage != stage[0]):
                 stage[0] = update.stage
-                self._post(run, done=update.done, total=update.total, state=update.stage,
-                           message=f"Step {update.step} of {update.steps}: {update.text}")
+                self._post(
+                    run,
+                    done=update.done,
+                    total=update.total,
+                    state=update.stage,
+                    message=f"Step {update.step} of {update.steps}: {update.text}",
+                )
 
         def work() -> Any:
             from engine.convert import convert_and_quantize
@@ -154,9 +168,12 @@ class ModelJobsAdapter(QObject):
             )  # fmt: skip
 
         def done(result: Any) -> None:
-            self._update(run, state="done", result=result,
-                         message=f"wrote {result.path.name} ({result.dst_bytes / 2**20:.1f} MiB) "
-                                 f"in {result.seconds:.0f} s")
+            self._update(
+                run,
+                state="done",
+                result=result,
+                message=f"wrote {result.path.name} ({result.dst_bytes / 2**20:.1f} MiB) in {result.seconds:.0f} s",
+            )
             self.library.scan()
 
         self._quantize.submit(work, done, self._job_failed(run))
@@ -174,8 +191,12 @@ class ModelJobsAdapter(QObject):
         run = self._start(f"quality:{result}", f"Quality check {result.name}", "quality", total=len(QUALITY_STEPS))
 
         def step(index: int) -> None:
-            self._post(run, state="measuring", done=index,
-                       message=f"Step {index + 1} of {len(QUALITY_STEPS)}: perplexity of {QUALITY_STEPS[index]}")
+            self._post(
+                run,
+                state="measuring",
+                done=index,
+                message=f"Step {index + 1} of {len(QUALITY_STEPS)}: perplexity of {QUALITY_STEPS[index]}",
+            )
 
         def work() -> Any:
             from app.paths import resource_path
@@ -191,8 +212,9 @@ class ModelJobsAdapter(QObject):
 
         def done(report: Any) -> None:
             ppl = f"{report.source_perplexity:.2f} → {report.result_perplexity:.2f}"
-            self._update(run, state="done", done=run.total, result=report,
-                         message=f"{report.summary()} (perplexity {ppl})")
+            self._update(
+                run, state="done", done=run.total, result=report, message=f"{report.summary()} (perplexity {ppl})"
+            )
             if on_done is not None:
                 on_done(report)
 
@@ -201,7 +223,10 @@ class ModelJobsAdapter(QObject):
 
     # ------------------------------------------------------------------ estimates
     def estimate_quantizations(
-        self, path: Path, qtypes: list[str], on_done: Callable[[dict[str, Any]], None],
+        self,
+        path: Path,
+        qtypes: list[str],
+        on_done: Callable[[dict[str, Any]], None],
         on_failed: Callable[[BaseException], None],
     ) -> None:
         """Per-tensor size estimates (``engine.quant_estimate.QuantEstimate`` by type name) of

@@ -74,15 +74,16 @@ def load_session(
     except Exception as exc:
         if draft is None or request.cancel.is_set() or not is_draft_refusal(exc, draft):
             raise
-        reason = str(exc)[len(f"{draft}: "):]
+        reason = str(exc)[len(f"{draft}: ") :]
         log.info("draft model %s refused: %s", draft, reason)
         note = f"Draft model {draft.name} not used: {reason}; {request.model_path.name} loads without it"
     request = replace(request, draft_model_path=None)
     return *_load(factory, request, bandwidth), request, note
 
 
-def _load(factory: Callable[[LoadRequest, float | None], Any], request: LoadRequest,
-          bandwidth: float | None) -> tuple[Any, Any]:
+def _load(
+    factory: Callable[[LoadRequest, float | None], Any], request: LoadRequest, bandwidth: float | None
+) -> tuple[Any, Any]:
     session = factory(request, bandwidth)
     try:
         return session, session.load(request.cancel)
@@ -122,5 +123,10 @@ class ReplyTokens:
 
     def view(self, prompt: Any) -> TokensView:
         """The prompt view with this reply after it."""
-        return TokensView(list(getattr(prompt, "token_ids", []) or []), list(getattr(prompt, "pieces", []) or []),
-                          self.ids, self.pieces, self.drafted)
+        return TokensView(
+            list(getattr(prompt, "token_ids", []) or []),
+            list(getattr(prompt, "pieces", []) or []),
+            self.ids,
+            self.pieces,
+            self.drafted,
+        )

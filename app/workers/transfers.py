@@ -26,6 +26,7 @@ __all__ = ["Transfer", "download_label", "from_partial", "from_queue"]
 #: The states in which a model job (quantize, convert, quality check) has ended.
 JOB_ENDED = ("done", "error", "cancelled")
 
+
 @dataclass(frozen=True)
 class Transfer:
     """One download (or quantization, conversion, quality check) as it stands now.
@@ -93,8 +94,18 @@ def from_queue(status: QueuedOnDisk, endpoint: str | None) -> Transfer:
         total=status.total or sum(f.total or 0 for f in status.files),
         message=item.error or "",
         repo=item.repo,
-        files=tuple(FileJob(item.repo, f.filename, dest, item.revision, item.endpoint or endpoint,
-                            f.expected_sha256, f.expected_size) for f in item.files),
+        files=tuple(
+            FileJob(
+                item.repo,
+                f.filename,
+                dest,
+                item.revision,
+                item.endpoint or endpoint,
+                f.expected_sha256,
+                f.expected_size,
+            )
+            for f in item.files
+        ),
         paths=tuple(item.paths),
         restored=True,
         queue_key=item.key,
@@ -109,8 +120,17 @@ def from_partial(partial: PartialDownload, endpoint: str | None) -> Transfer:
 
     files: tuple[FileJob, ...] = ()
     if partial.resumable:
-        files = (FileJob(partial.repo, partial.filename, partial.dest_dir, partial.revision,
-                         partial.endpoint or endpoint, partial.expected_sha256, partial.expected_size),)
+        files = (
+            FileJob(
+                partial.repo,
+                partial.filename,
+                partial.dest_dir,
+                partial.revision,
+                partial.endpoint or endpoint,
+                partial.expected_sha256,
+                partial.expected_size,
+            ),
+        )
     return Transfer(
         key=f"partial:{partial.path}",
         label=f"{partial.path.name} ({partial.repo})" if partial.resumable else partial.path.name,

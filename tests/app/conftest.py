@@ -37,8 +37,12 @@ def open_panel(qtbot: Any, paths: Paths) -> Iterator[Any]:
     adapters: list[ModelsAdapter] = []
 
     def build() -> tuple[ModelsAdapter, ModelPanel]:
-        adapter = ModelsAdapter(paths.models, paths.models / "manifest.json", paths.config / "model_folders.json",
-                                queue_file=paths.download_queue)
+        adapter = ModelsAdapter(
+            paths.models,
+            paths.models / "manifest.json",
+            paths.config / "model_folders.json",
+            queue_file=paths.download_queue,
+        )
         panel = ModelPanel(adapter, 2048)
         qtbot.addWidget(panel)
         panel.show()

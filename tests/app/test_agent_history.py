@@ -37,9 +37,14 @@ def _call(call_id: str, expression: str) -> ToolCall:
 
 
 def test_plain_turns_read_as_before_and_failed_or_empty_replies_stay_out() -> None:
-    rows = [Row("user", "hi"), Row("assistant", "hello", stats={"reasoning": {"text": "hmm"}}),
-            Row("user", "again"), Row("assistant", "", state="error"), Row("user", "once more"),
-            Row("assistant", "")]
+    rows = [
+        Row("user", "hi"),
+        Row("assistant", "hello", stats={"reasoning": {"text": "hmm"}}),
+        Row("user", "again"),
+        Row("assistant", "", state="error"),
+        Row("user", "once more"),
+        Row("assistant", ""),
+    ]
     assert model_history(rows) == (("user", "hi"), ("assistant", "hello"), ("user", "again"), ("user", "once more"))
 
 
@@ -95,8 +100,16 @@ class ScriptedSession:
     def count_text(self, text: str) -> int:
         return len(text.split())
 
-    def stream(self, history: Sequence[Message], user: str | None, params: Any = None, *,
-               cancel: threading.Event | None = None, cache_key: Any = None, **kw: Any) -> Iterator[Event]:
+    def stream(
+        self,
+        history: Sequence[Message],
+        user: str | None,
+        params: Any = None,
+        *,
+        cancel: threading.Event | None = None,
+        cache_key: Any = None,
+        **kw: Any,
+    ) -> Iterator[Event]:
         self.keys.append(cache_key)
         with HistoryStore(self.db) as store:
             [conversation] = store.list_conversations()
@@ -104,8 +117,11 @@ class ScriptedSession:
         n = len(self.keys)
         if n == self.crash_at:
             raise EngineCrashed(-9, "generation", "killed")
-        script = {1: ("Let me add.", (_call("c1", "2+3"),)), 2: ("", (_call("c2", "6*7"),)),
-                  3: ("The answers are 5 and 42.", ())}
+        script = {
+            1: ("Let me add.", (_call("c1", "2+3"),)),
+            2: ("", (_call("c2", "6*7"),)),
+            3: ("The answers are 5 and 42.", ()),
+        }
         text, calls = script[n]
         yield Reasoning(f"thinking {n}")
         for word in text.split(" ") if text else ():
@@ -113,13 +129,27 @@ class ScriptedSession:
         yield from calls
         stats = Stats(n_ctx=4096, context_used=100, prompt_tokens=50 * n, budget={"reserve": 100})
         yield stats
-        yield Finished(reason="stop", stats=stats, text=text, tool_calls=calls, reasoning=f"thinking {n}",  # type: ignore[arg-type]
-                       reasoning_tokens=2)
+        yield Finished(
+            reason="stop",
+            stats=stats,
+            text=text,
+            tool_calls=calls,
+            reasoning=f"thinking {n}",  # type: ignore[arg-type]
+            reasoning_tokens=2,
+        )
 
 
 def _args() -> argparse.Namespace:
-    return argparse.Namespace(tools="calculator", kb=[], chroma_url=None, yes=True, max_steps=4, tool_timeout=5.0,
-                              tool_choice=None, thinking=None)
+    return argparse.Namespace(
+        tools="calculator",
+        kb=[],
+        chroma_url=None,
+        yes=True,
+        max_steps=4,
+        tool_timeout=5.0,
+        tool_choice=None,
+        thinking=None,
+    )
 
 
 def _turn(paths: Paths, session: ScriptedSession) -> tuple[ChatLog, int, Any]:
@@ -127,8 +157,9 @@ def _turn(paths: Paths, session: ScriptedSession) -> tuple[ChatLog, int, Any]:
     conversation, _ = log.start_turn("What are 2+3 and 6*7?", None)
     tools = ChatTools(_args(), paths, session)
     try:
-        outcome = tools.answer([], "What are 2+3 and 6*7?", None, None, None, True, log.cache_key(),
-                               progress=log.save_progress)
+        outcome = tools.answer(
+            [], "What are 2+3 and 6*7?", None, None, None, True, log.cache_key(), progress=log.save_progress
+        )
     except BaseException as exc:
         log.fail_turn(exc)
         tools.close()
@@ -165,7 +196,9 @@ def test_each_step_is_on_disk_before_the_next_generation_and_the_reply_is_stored
     stats = reply.stats
     assert [m["role"] for m in stats["agent_messages"]] == ["assistant", "tool", "assistant", "tool", "assistant"]
     assert [(s["name"], s["approval"], s["round"]) for s in stats["tool_steps"]] == [
-        ("calculator", "allowed", 1), ("calculator", "allowed", 2)]
+        ("calculator", "allowed", 1),
+        ("calculator", "allowed", 2),
+    ]
     assert [e["kind"] for e in stats["loop"]] == ["generate", "tool", "generate", "tool", "generate"]
     assert stats["reasoning"] == {"text": "thinking 1\n\nthinking 2\n\nthinking 3", "tokens": 6, "ms": 0.0}
     assert stats["finish_reason"] == "stop" and stats["prompt_tokens"] == 150

@@ -20,20 +20,45 @@ def glassbox(
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "app", *args, "--home", str(home)],
-        input=stdin, capture_output=True, text=True, timeout=timeout,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
 
 
 STATS_FIELDS = {
-    "n_ctx", "prompt_tokens", "cached_tokens", "completion_tokens", "context_used", "evicted_messages",
-    "ttft_ms", "prefill_tps", "decode_tps", "kv_cache_bytes", "model_bytes", "bandwidth_gbps",
+    "n_ctx",
+    "prompt_tokens",
+    "cached_tokens",
+    "completion_tokens",
+    "context_used",
+    "evicted_messages",
+    "ttft_ms",
+    "prefill_tps",
+    "decode_tps",
+    "kv_cache_bytes",
+    "model_bytes",
+    "bandwidth_gbps",
 }
 
 
 def test_chat_prompt_json_has_reply_and_every_stats_field(starter_model: Path, tmp_path: Path) -> None:
-    args = ("chat", "--model", str(starter_model), "--prompt", "The capital of France is",
-            "--temperature", "0", "--max-tokens", "12", "--n-ctx", "512", "--json")
+    args = (
+        "chat",
+        "--model",
+        str(starter_model),
+        "--prompt",
+        "The capital of France is",
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "12",
+        "--n-ctx",
+        "512",
+        "--json",
+    )
     first = glassbox(*args, home=tmp_path)
     assert first.returncode == 0, first.stderr
     doc = json.loads(first.stdout)
@@ -47,8 +72,20 @@ def test_chat_prompt_json_has_reply_and_every_stats_field(starter_model: Path, t
 
 
 def test_chat_reads_turns_from_stdin_as_one_conversation(starter_model: Path, tmp_path: Path) -> None:
-    result = glassbox("chat", "--model", str(starter_model), "--temperature", "0", "--max-tokens", "8",
-                      "--n-ctx", "512", "--json", home=tmp_path, stdin="Hello there\nAnd again\n")
+    result = glassbox(
+        "chat",
+        "--model",
+        str(starter_model),
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "8",
+        "--n-ctx",
+        "512",
+        "--json",
+        home=tmp_path,
+        stdin="Hello there\nAnd again\n",
+    )
     assert result.returncode == 0, result.stderr
     turns = [json.loads(line) for line in result.stdout.splitlines()]
     assert len(turns) == 2
@@ -56,8 +93,18 @@ def test_chat_reads_turns_from_stdin_as_one_conversation(starter_model: Path, tm
 
 
 def test_chat_plain_output_streams_text(starter_model: Path, tmp_path: Path) -> None:
-    result = glassbox("chat", "--model", str(starter_model), "--prompt", "One, two, three,",
-                      "--temperature", "0", "--max-tokens", "6", home=tmp_path)
+    result = glassbox(
+        "chat",
+        "--model",
+        str(starter_model),
+        "--prompt",
+        "One, two, three,",
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "6",
+        home=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip()
 
@@ -98,9 +145,26 @@ def test_bad_usage_exits_2(tmp_path: Path) -> None:
 def test_worker_crash_is_reported_as_an_error_not_a_signal(starter_model: Path, tmp_path: Path) -> None:
     # Kill the inference worker (a child of glassbox) while it generates.
     proc = subprocess.Popen(
-        [sys.executable, "-m", "app", "chat", "--model", str(starter_model), "--home", str(tmp_path),
-         "--temperature", "0", "--max-tokens", "400", "--n-ctx", "512"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "app",
+            "chat",
+            "--model",
+            str(starter_model),
+            "--home",
+            str(tmp_path),
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "400",
+            "--n-ctx",
+            "512",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     assert proc.stdin is not None and proc.stdout is not None
     proc.stdin.write("Tell me a very long story about a dragon.\n")
@@ -125,8 +189,20 @@ def test_worker_crash_is_reported_as_an_error_not_a_signal(starter_model: Path, 
 
 
 def test_bench_prints_both_sides_and_ratios(starter_model: Path, tmp_path: Path) -> None:
-    result = glassbox("bench", "--model", str(starter_model), "--rounds", "1", "--max-tokens", "8",
-                      "--n-ctx", "512", "--json", home=tmp_path, timeout=300)
+    result = glassbox(
+        "bench",
+        "--model",
+        str(starter_model),
+        "--rounds",
+        "1",
+        "--max-tokens",
+        "8",
+        "--n-ctx",
+        "512",
+        "--json",
+        home=tmp_path,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     doc = json.loads(result.stdout)
     assert doc["engine"]["prefill_tps"] > 0 and doc["raw"]["prefill_tps"] > 0

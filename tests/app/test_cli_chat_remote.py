@@ -23,10 +23,12 @@ llama_server = test_remote.llama_server
 
 @pytest.fixture
 def server() -> Iterator[ScriptedServer]:
-    scripted = ScriptedServer({
-        "/v1/models": models_route("tiny-a", "tiny-b"),
-        "/v1/chat/completions": lambda body: (200, sse(delta("Hel"), delta("lo!"), delta(finish="stop"))),
-    })
+    scripted = ScriptedServer(
+        {
+            "/v1/models": models_route("tiny-a", "tiny-b"),
+            "/v1/chat/completions": lambda body: (200, sse(delta("Hel"), delta("lo!"), delta(finish="stop"))),
+        }
+    )
     yield scripted
     scripted.close()
 
@@ -39,8 +41,22 @@ def test_chat_endpoint_streams_the_servers_reply(
     paths = Paths.resolve(str(tmp_path))
     paths.config.mkdir(parents=True, exist_ok=True)
     EndpointStore(paths.config / "endpoints.json").add(server.url, name="lab", api_key="sk-secret-key-1234")
-    code = main(["chat", "--endpoint", "lab", "--model", "tiny-b", "--prompt", "Say hello",
-                 "--temperature", "0", "--json", "--home", str(tmp_path)])
+    code = main(
+        [
+            "chat",
+            "--endpoint",
+            "lab",
+            "--model",
+            "tiny-b",
+            "--prompt",
+            "Say hello",
+            "--temperature",
+            "0",
+            "--json",
+            "--home",
+            str(tmp_path),
+        ]
+    )
     out = capsys.readouterr()
     assert code == 0, out.err
     doc = json.loads(out.out)
@@ -78,9 +94,7 @@ def test_chat_unknown_endpoint_is_one_line_exit_1(tmp_path: Path, capsys: pytest
     assert err.count("\n") == 1
 
 
-def test_chat_without_model_or_endpoint_is_a_usage_error(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_chat_without_model_or_endpoint_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["chat", "--prompt", "hi", "--home", str(tmp_path)])
     err = capsys.readouterr().err
     assert code == 2
@@ -97,8 +111,24 @@ def test_chat_endpoint_against_llama_cpp_server(
     paths = Paths.resolve(str(tmp_path))
     paths.config.mkdir(parents=True, exist_ok=True)
     EndpointStore(paths.config / "endpoints.json").add(llama_server, name="llama")
-    args = ["chat", "--endpoint", "llama", "--model", ALIAS, "--prompt", "The capital of France is",
-            "--temperature", "0", "--max-tokens", "8", "--n-ctx", "1024", "--json", "--home", str(tmp_path)]
+    args = [
+        "chat",
+        "--endpoint",
+        "llama",
+        "--model",
+        ALIAS,
+        "--prompt",
+        "The capital of France is",
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "8",
+        "--n-ctx",
+        "1024",
+        "--json",
+        "--home",
+        str(tmp_path),
+    ]
     code = main(args)
     out = capsys.readouterr()
     assert code == 0, out.err

@@ -15,14 +15,20 @@ import pytest
 from app.paths import Paths
 from tests import mcp_servers
 
-ADD_ARGUMENTS = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                 "required": ["a", "b"]}
+ADD_ARGUMENTS = {
+    "type": "object",
+    "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+    "required": ["a", "b"],
+}
 
 
 def glassbox(*args: str, home: Path, stdin: str = "", timeout: float = 600) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "app", *args, "--home", str(home)],
-        input=stdin, capture_output=True, text=True, timeout=timeout,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
 
@@ -43,15 +49,33 @@ def home(tmp_path: Path) -> Path:
 
 
 def _chat(model: Path, home: Path, *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
-    return glassbox("chat", "--model", str(model), "--tools", "tt", "--n-ctx", "2048", "--max-tokens", "40",
-                    "--max-steps", "1", "--temperature", "1", "--json", *args, home=home, stdin=stdin)
+    return glassbox(
+        "chat",
+        "--model",
+        str(model),
+        "--tools",
+        "tt",
+        "--n-ctx",
+        "2048",
+        "--max-tokens",
+        "40",
+        "--max-steps",
+        "1",
+        "--temperature",
+        "1",
+        "--json",
+        *args,
+        home=home,
+        stdin=stdin,
+    )
 
 
 @pytest.mark.model
 @pytest.mark.slow
 def test_named_call_reaches_the_server_and_its_result_the_context(starter_model: Path, home: Path) -> None:
-    result = _chat(starter_model, home, "--tool-choice", "add", "--yes", "--seed", "7",
-                   stdin="What is 2+3?\nAnd what is 10+20?\n")
+    result = _chat(
+        starter_model, home, "--tool-choice", "add", "--yes", "--seed", "7", stdin="What is 2+3?\nAnd what is 10+20?\n"
+    )
     assert result.returncode == 0, result.stderr
     turns = [json.loads(line) for line in result.stdout.splitlines()]
     assert len(turns) == 2
@@ -81,9 +105,7 @@ def test_without_yes_a_run_with_no_terminal_refuses_the_call(starter_model: Path
 
 @pytest.mark.model
 @pytest.mark.slow
-def test_a_server_that_crashes_mid_call_is_a_clear_error_and_the_chat_goes_on(
-    starter_model: Path, home: Path
-) -> None:
+def test_a_server_that_crashes_mid_call_is_a_clear_error_and_the_chat_goes_on(starter_model: Path, home: Path) -> None:
     result = _chat(starter_model, home, "--tool-choice", "crash", "--yes", "--prompt", "Crash it")
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
@@ -97,14 +119,33 @@ def test_a_server_that_crashes_mid_call_is_a_clear_error_and_the_chat_goes_on(
 @pytest.mark.model
 @pytest.mark.slow
 def test_json_schema_file_constrains_the_reply(starter_model: Path, tmp_path: Path) -> None:
-    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
-                                               "sunny": {"type": "boolean"}},
-              "required": ["city", "sunny"], "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 20}, "sunny": {"type": "boolean"}},
+        "required": ["city", "sunny"],
+        "additionalProperties": False,
+    }
     file = tmp_path / "schema.json"
     file.write_text(json.dumps(schema))
-    result = glassbox("chat", "--model", str(starter_model), "--json-schema", str(file), "--prompt",
-                      "The weather in Paris, as JSON:", "--max-tokens", "60", "--temperature", "1", "--seed", "3",
-                      "--n-ctx", "1024", "--json", home=tmp_path / "h")
+    result = glassbox(
+        "chat",
+        "--model",
+        str(starter_model),
+        "--json-schema",
+        str(file),
+        "--prompt",
+        "The weather in Paris, as JSON:",
+        "--max-tokens",
+        "60",
+        "--temperature",
+        "1",
+        "--seed",
+        "3",
+        "--n-ctx",
+        "1024",
+        "--json",
+        home=tmp_path / "h",
+    )
     assert result.returncode == 0, result.stderr
     jsonschema.validate(json.loads(json.loads(result.stdout)["text"]), schema)
 
@@ -118,8 +159,9 @@ def test_json_schema_file_constrains_the_reply(starter_model: Path, tmp_path: Pa
         (("--tools", "tt", "--tool-timeout", "0"), 2, "--tool-timeout must be positive"),
     ],
 )
-def test_bad_tool_options_are_one_line_errors(starter_model: Path, home: Path, args: tuple[str, ...], code: int,
-                                              message: str) -> None:
+def test_bad_tool_options_are_one_line_errors(
+    starter_model: Path, home: Path, args: tuple[str, ...], code: int, message: str
+) -> None:
     result = glassbox("chat", "--model", str(starter_model), "--prompt", "hi", *args, home=home, timeout=120)
     assert result.returncode == code, result.stderr
     assert message in result.stderr
@@ -129,8 +171,17 @@ def test_bad_tool_options_are_one_line_errors(starter_model: Path, home: Path, a
 def test_a_schema_file_that_is_not_json_is_named(starter_model: Path, tmp_path: Path) -> None:
     file = tmp_path / "bad.json"
     file.write_text("{not json")
-    result = glassbox("chat", "--model", str(starter_model), "--prompt", "hi", "--json-schema", str(file),
-                      home=tmp_path / "h", timeout=120)
+    result = glassbox(
+        "chat",
+        "--model",
+        str(starter_model),
+        "--prompt",
+        "hi",
+        "--json-schema",
+        str(file),
+        home=tmp_path / "h",
+        timeout=120,
+    )
     assert result.returncode == 1
     assert f"glassbox: error: {file}: not JSON (line 1" in result.stderr
 
@@ -143,8 +194,12 @@ def _interactive(args: list[str], home: Path, answer: str, timeout: float = 600)
 
     leader, follower = pty.openpty()
     process = subprocess.Popen(
-        [sys.executable, "-m", "app", *args, "--home", str(home)], stdin=follower, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        [sys.executable, "-m", "app", *args, "--home", str(home)],
+        stdin=follower,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     os.close(follower)
     asked = ""
@@ -163,9 +218,28 @@ def _interactive(args: list[str], home: Path, answer: str, timeout: float = 600)
 @pytest.mark.model
 @pytest.mark.slow
 def test_a_terminal_asks_and_always_allow_is_remembered(starter_model: Path, home: Path) -> None:
-    args = ["chat", "--model", str(starter_model), "--tools", "tt", "--tool-choice", "add", "--n-ctx", "2048",
-            "--max-tokens", "40", "--max-steps", "1", "--temperature", "1", "--seed", "5", "--json",
-            "--prompt", "What is 2+3?"]
+    args = [
+        "chat",
+        "--model",
+        str(starter_model),
+        "--tools",
+        "tt",
+        "--tool-choice",
+        "add",
+        "--n-ctx",
+        "2048",
+        "--max-tokens",
+        "40",
+        "--max-steps",
+        "1",
+        "--temperature",
+        "1",
+        "--seed",
+        "5",
+        "--json",
+        "--prompt",
+        "What is 2+3?",
+    ]
     code, out, err = _interactive(args, home, "a")
     assert code == 0, err
     assert "[tool call] add (tt) {" in err and "Allow? [y]es once, [a]lways, [N]o:" in err

@@ -81,10 +81,33 @@ def _pending_call(home: Path) -> int | None:
 
 def test_a_process_killed_mid_call_loses_nothing_and_the_chat_continues(starter_model: Path, home: Path) -> None:
     process = subprocess.Popen(
-        [sys.executable, "-m", "app", "chat", "--model", str(starter_model), "--tools", "slowtools",
-         "--tool-choice", "lookup", "--yes", "--prompt", "Look up the word 'harbour'.", "--temperature", "0",
-         "--max-tokens", "40", "--n-ctx", "2048", "--home", str(home)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        [
+            sys.executable,
+            "-m",
+            "app",
+            "chat",
+            "--model",
+            str(starter_model),
+            "--tools",
+            "slowtools",
+            "--tool-choice",
+            "lookup",
+            "--yes",
+            "--prompt",
+            "Look up the word 'harbour'.",
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "40",
+            "--n-ctx",
+            "2048",
+            "--home",
+            str(home),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     children: list[psutil.Process] = []
     try:
@@ -115,21 +138,40 @@ def test_a_process_killed_mid_call_loses_nothing_and_the_chat_continues(starter_
     [message] = stats["agent_messages"]
     [call] = message["tool_calls"]
     assert call["name"] == "lookup" and call["id"]
-    jsonschema.validate(call["arguments"], {"type": "object", "properties": {"word": {"type": "string"}},
-                                            "required": ["word"]})
+    jsonschema.validate(
+        call["arguments"], {"type": "object", "properties": {"word": {"type": "string"}}, "required": ["word"]}
+    )
     assert stats["tool_steps"] == [] and [e["kind"] for e in stats["loop"]] == ["generate"]
 
     # Continued in a new process: the interrupted call is answered, so the history is well formed.
-    result = glassbox("chat", "--model", str(starter_model), "--conversation", str(conversation), "--prompt",
-                      "Never mind. Say hello.", "--temperature", "0", "--max-tokens", "8", "--n-ctx", "2048",
-                      "--json", home=home)
+    result = glassbox(
+        "chat",
+        "--model",
+        str(starter_model),
+        "--conversation",
+        str(conversation),
+        "--prompt",
+        "Never mind. Say hello.",
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "8",
+        "--n-ctx",
+        "2048",
+        "--json",
+        home=home,
+    )
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
     assert document["conversation_id"] == conversation
     assert document["budget"]["tool_results"] > 0  # the call's (interrupted) result reached the prompt
     thread = _thread(home, conversation)
-    assert [(m.role, m.state) for m in thread] == [("user", "complete"), ("assistant", "partial"),
-                                                   ("user", "complete"), ("assistant", "complete")]
+    assert [(m.role, m.state) for m in thread] == [
+        ("user", "complete"),
+        ("assistant", "partial"),
+        ("user", "complete"),
+        ("assistant", "complete"),
+    ]
     assert thread[1].stats == stats  # the dead reply was ended as it was, every saved step kept
     from app.commands.chat_history import ChatLog
 
@@ -142,10 +184,23 @@ def test_a_process_killed_mid_call_loses_nothing_and_the_chat_continues(starter_
 def test_a_tool_turn_is_saved_with_its_steps_and_a_continued_chat_sends_them_back(
     starter_model: Path, home: Path
 ) -> None:
-    common = ("--tools", "tt", "--yes", "--temperature", "0", "--max-tokens", "24", "--n-ctx", "2048",
-              "--max-steps", "1", "--json")
-    first = glassbox("chat", "--model", str(starter_model), "--tool-choice", "add", "--prompt", "What is 2+3?",
-                     *common, home=home)
+    common = (
+        "--tools",
+        "tt",
+        "--yes",
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "24",
+        "--n-ctx",
+        "2048",
+        "--max-steps",
+        "1",
+        "--json",
+    )
+    first = glassbox(
+        "chat", "--model", str(starter_model), "--tool-choice", "add", "--prompt", "What is 2+3?", *common, home=home
+    )
     assert first.returncode == 0, first.stderr
     turn = json.loads(first.stdout)
     conversation = turn["conversation_id"]
@@ -165,8 +220,19 @@ def test_a_tool_turn_is_saved_with_its_steps_and_a_continued_chat_sends_them_bac
     assert stats["agent_messages"][-1]["content"] == turn["text"]
     assert stats["finish_reason"] == turn["finish_reason"]
 
-    second = glassbox("chat", "--model", str(starter_model), "--conversation", str(conversation),
-                      "--tool-choice", "add", "--prompt", "And 10+20?", *common, home=home)
+    second = glassbox(
+        "chat",
+        "--model",
+        str(starter_model),
+        "--conversation",
+        str(conversation),
+        "--tool-choice",
+        "add",
+        "--prompt",
+        "And 10+20?",
+        *common,
+        home=home,
+    )
     assert second.returncode == 0, second.stderr
     again = json.loads(second.stdout)
     # The first turn's call and result went back to the model.

@@ -20,13 +20,30 @@ DOCUMENT = " ".join(f"Item {i}: the pump on line {i % 7} was serviced at {i % 24
 def glassbox(*args: str, home: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "app", *args, "--home", str(home)],
-        capture_output=True, text=True, timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
 
 
 def chat(model: Path, home: Path, prompt: str, *extra: str) -> dict[str, object]:
-    result = glassbox("chat", "--model", str(model), "--prompt", prompt, "--temperature", "0",
-                      "--max-tokens", "10", "--n-ctx", "1024", "--json", *extra, home=home)
+    result = glassbox(
+        "chat",
+        "--model",
+        str(model),
+        "--prompt",
+        prompt,
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "10",
+        "--n-ctx",
+        "1024",
+        "--json",
+        *extra,
+        home=home,
+    )
     assert result.returncode == 0, result.stderr
     doc: dict[str, object] = json.loads(result.stdout)
     return doc
@@ -57,23 +74,40 @@ def test_a_conversation_is_saved_and_continued_in_a_new_process_from_its_kv_cach
         assert [(m.role, m.state) for m in thread] == [("user", "complete"), ("assistant", "complete")] * 2
         assert thread[1].content == first["text"] and thread[3].content == warm["text"]
         assert thread[3].stats is not None and thread[3].stats["kv_restored_tokens"] == warm["kv_restored_tokens"]
-    cold = chat(starter_model, tmp_path.parent / "cold-home", "Which line was serviced at 03:00?",
-                "--conversation", str(conversation), "--no-kv-cache")
+    cold = chat(
+        starter_model,
+        tmp_path.parent / "cold-home",
+        "Which line was serviced at 03:00?",
+        "--conversation",
+        str(conversation),
+        "--no-kv-cache",
+    )
     assert cold["kv_restored_tokens"] == 0 and cold["kv_saved_bytes"] == 0 and cold["cached_tokens"] == 0
     assert cold["prompt_tokens"] == warm["prompt_tokens"]
     assert cold["text"] == warm["text"]
 
 
 def test_a_new_conversation_prints_its_id_first(starter_model: Path, tmp_path: Path) -> None:
-    result = glassbox("chat", "--model", str(starter_model), "--prompt", "Hello", "--temperature", "0",
-                      "--max-tokens", "4", "--n-ctx", "512", home=tmp_path)
+    result = glassbox(
+        "chat",
+        "--model",
+        str(starter_model),
+        "--prompt",
+        "Hello",
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "4",
+        "--n-ctx",
+        "512",
+        home=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stderr.splitlines()[0] == "[conversation 1: continue it with --conversation 1]"
 
 
 def test_an_unknown_conversation_is_a_one_line_error(starter_model: Path, tmp_path: Path) -> None:
-    result = glassbox("chat", "--model", str(starter_model), "--prompt", "Hello", "--conversation", "42",
-                      home=tmp_path)
+    result = glassbox("chat", "--model", str(starter_model), "--prompt", "Hello", "--conversation", "42", home=tmp_path)
     assert result.returncode == 1
     assert result.stderr.strip().endswith("no conversation with id 42")
     assert len(result.stderr.strip().splitlines()) == 1

@@ -28,13 +28,18 @@ PARTS = [random_bytes(300_000, 10 + i) for i in range(3)]
 @pytest.fixture(scope="module")
 def hub() -> Iterator[FakeHub]:
     with FakeHub() as server:
-        server.add_repo(REPO, {
-            "tiny-Q4_K_M.gguf": Q4,
-            "big/tiny-F16-00001-of-00003.gguf": PARTS[0],
-            "big/tiny-F16-00002-of-00003.gguf": PARTS[1],
-            "big/tiny-F16-00003-of-00003.gguf": PARTS[2],
-            "mmproj-tiny-f16.gguf": b"projector",
-        }, downloads=9, likes=4)
+        server.add_repo(
+            REPO,
+            {
+                "tiny-Q4_K_M.gguf": Q4,
+                "big/tiny-F16-00001-of-00003.gguf": PARTS[0],
+                "big/tiny-F16-00002-of-00003.gguf": PARTS[1],
+                "big/tiny-F16-00003-of-00003.gguf": PARTS[2],
+                "mmproj-tiny-f16.gguf": b"projector",
+            },
+            downloads=9,
+            likes=4,
+        )
         server.add_repo("acme/other-GGUF", {"o-Q8_0.gguf": b"x" * 10}, downloads=99)
         server.add_repo("acme/pickled", {"pytorch_model.bin": b"pickle"})
         server.add_repo("acme/broken-split-GGUF", {"s-00001-of-00002.gguf": b"a"})
@@ -44,8 +49,14 @@ def hub() -> Iterator[FakeHub]:
 def glassbox(*args: str, home: Path, endpoint: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_ENDPOINT": endpoint, "PYTHONUNBUFFERED": "1"}
     env.pop("HF_TOKEN", None)
-    return subprocess.run([sys.executable, "-m", "app", *args, "--home", str(home)], capture_output=True,
-                          text=True, timeout=timeout, env=env, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "app", *args, "--home", str(home)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        check=False,
+    )
 
 
 def one_line_error(result: subprocess.CompletedProcess[str]) -> str:
@@ -58,8 +69,7 @@ def one_line_error(result: subprocess.CompletedProcess[str]) -> str:
 
 
 def test_download_json_prints_path_and_sha256(hub: FakeHub, tmp_path: Path) -> None:
-    result = glassbox("models", "download", REPO, "tiny-Q4_K_M.gguf", "--json", home=tmp_path,
-                      endpoint=hub.url)
+    result = glassbox("models", "download", REPO, "tiny-Q4_K_M.gguf", "--json", home=tmp_path, endpoint=hub.url)
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
     path = Path(document["path"])
@@ -74,18 +84,31 @@ def test_download_json_prints_path_and_sha256(hub: FakeHub, tmp_path: Path) -> N
     # provenance for the model library: repo, commit and sha256
     manifest = json.loads((tmp_path / "data" / "models" / "manifest.json").read_text(encoding="utf-8"))
     (record,) = manifest["models"].values()
-    assert (record["repo"], record["revision"], record["sha256"]) == (REPO, document["revision"],
-                                                                      document["sha256"])
+    assert (record["repo"], record["revision"], record["sha256"]) == (REPO, document["revision"], document["sha256"])
 
 
 def test_download_of_a_split_model_fetches_every_part_and_the_mmproj(hub: FakeHub, tmp_path: Path) -> None:
-    result = glassbox("models", "download", REPO, "big/tiny-F16.gguf", "--with-mmproj", "--json",
-                      "--to", str(tmp_path / "out"), home=tmp_path, endpoint=hub.url)
+    result = glassbox(
+        "models",
+        "download",
+        REPO,
+        "big/tiny-F16.gguf",
+        "--with-mmproj",
+        "--json",
+        "--to",
+        str(tmp_path / "out"),
+        home=tmp_path,
+        endpoint=hub.url,
+    )
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
     names = [Path(f["path"]).name for f in document["files"]]
-    assert names == ["tiny-F16-00001-of-00003.gguf", "tiny-F16-00002-of-00003.gguf",
-                     "tiny-F16-00003-of-00003.gguf", "mmproj-tiny-f16.gguf"]
+    assert names == [
+        "tiny-F16-00001-of-00003.gguf",
+        "tiny-F16-00002-of-00003.gguf",
+        "tiny-F16-00003-of-00003.gguf",
+        "mmproj-tiny-f16.gguf",
+    ]
     assert document["path"] == str(tmp_path / "out" / "big" / "tiny-F16-00001-of-00003.gguf")
     for part, data in zip(document["files"], PARTS, strict=False):
         assert Path(part["path"]).read_bytes() == data
@@ -112,25 +135,28 @@ def test_download_human_output_names_the_file(hub: FakeHub, tmp_path: Path) -> N
     assert sha.strip() == hashlib.sha256(b"x" * 10).hexdigest()
 
 
-@pytest.mark.parametrize(("args", "expected"), [
-    (("acme/tiny-GGUF", "nope.gguf"), "nope.gguf: no such file in acme/tiny-GGUF"),
-    (("acme/tiny-GGUF", "../evil.gguf"), "unsafe file name"),
-    (("acme/tiny-GGUF", "C:\\evil.gguf"), "unsafe file name"),
-    (("nobody/nothing", "x.gguf"), "nobody/nothing: no such repository/file"),
-    (("acme/pickled", "pytorch_model.bin"), "contains only pickle weights (unsafe to load)"),
-    (("acme/broken-split-GGUF", "s.gguf"), "s.gguf: part 2 of 2 is missing in acme/broken-split-GGUF"),
-    (("not a repo", "x.gguf"), "not a Hugging Face repository id"),
-])
-def test_download_errors_are_one_line_with_exit_1(hub: FakeHub, tmp_path: Path, args: tuple[str, str],
-                                                  expected: str) -> None:
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (("acme/tiny-GGUF", "nope.gguf"), "nope.gguf: no such file in acme/tiny-GGUF"),
+        (("acme/tiny-GGUF", "../evil.gguf"), "unsafe file name"),
+        (("acme/tiny-GGUF", "C:\\evil.gguf"), "unsafe file name"),
+        (("nobody/nothing", "x.gguf"), "nobody/nothing: no such repository/file"),
+        (("acme/pickled", "pytorch_model.bin"), "contains only pickle weights (unsafe to load)"),
+        (("acme/broken-split-GGUF", "s.gguf"), "s.gguf: part 2 of 2 is missing in acme/broken-split-GGUF"),
+        (("not a repo", "x.gguf"), "not a Hugging Face repository id"),
+    ],
+)
+def test_download_errors_are_one_line_with_exit_1(
+    hub: FakeHub, tmp_path: Path, args: tuple[str, str], expected: str
+) -> None:
     assert expected in one_line_error(glassbox("models", "download", *args, home=tmp_path, endpoint=hub.url))
 
 
 def test_download_when_offline_says_so(tmp_path: Path) -> None:
     with FakeHub() as server:
         endpoint = server.url
-    line = one_line_error(glassbox("models", "download", REPO, "tiny-Q4_K_M.gguf", home=tmp_path,
-                                   endpoint=endpoint))
+    line = one_line_error(glassbox("models", "download", REPO, "tiny-Q4_K_M.gguf", home=tmp_path, endpoint=endpoint))
     assert f"offline: cannot reach {endpoint}" in line
 
 
@@ -138,11 +164,9 @@ def test_search_json_and_table(hub: FakeHub, tmp_path: Path) -> None:
     result = glassbox("models", "search", "acme", "--json", home=tmp_path, endpoint=hub.url)
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
-    assert [r["id"] for r in document["results"]] == ["acme/other-GGUF", "acme/tiny-GGUF",
-                                                       "acme/broken-split-GGUF"]
+    assert [r["id"] for r in document["results"]] == ["acme/other-GGUF", "acme/tiny-GGUF", "acme/broken-split-GGUF"]
     assert document["results"][1]["likes"] == 4
-    table = glassbox("models", "search", "acme", "--sort", "likes", "--limit", "1", home=tmp_path,
-                     endpoint=hub.url)
+    table = glassbox("models", "search", "acme", "--sort", "likes", "--limit", "1", home=tmp_path, endpoint=hub.url)
     assert table.returncode == 0, table.stderr
     lines = table.stdout.splitlines()
     assert lines[0].split() == ["REPOSITORY", "DOWNLOADS", "LIKES", "UPDATED"]

@@ -48,8 +48,7 @@ def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]
     [
         (b"version https://git-lfs.github.com/spec/v1\noid sha256:00\nsize 1\n", "this is a Git LFS pointer"),
         (build().data[:300], "model file is incomplete"),
-        (b"GGUF" + (3).to_bytes(4, "little") + (2**64 - 1).to_bytes(8, "little") + bytes(8),
-         "model file is malformed"),
+        (b"GGUF" + (3).to_bytes(4, "little") + (2**64 - 1).to_bytes(8, "little") + bytes(8), "model file is malformed"),
     ],
     ids=["lfs", "truncated", "absurd-tensor-count"],
 )
@@ -58,7 +57,11 @@ def test_info_on_a_bad_file_is_one_line_and_exit_1(tmp_path: Path, content: byte
     bad.write_bytes(content)
     done = subprocess.run(
         [sys.executable, "-m", "app", "models", "info", str(bad), "--home", str(tmp_path / "home")],
-        cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     assert done.returncode == 1
@@ -151,17 +154,13 @@ def test_fit_json_uses_the_estimator_and_cached_bandwidth(
     assert doc["verdict"] in ("gpu", "ram")
     assert "total_ram" in doc["hardware"]
     assert doc["unsupported"] is None
-    code, out, _ = _run(
-        capsys, "models", "fit", str(model), "--cache-type", "q8_0", "--json", "--home", str(home)
-    )
+    code, out, _ = _run(capsys, "models", "fit", str(model), "--cache-type", "q8_0", "--json", "--home", str(home))
     assert code == 0
     assert json.loads(out)["kv_bytes"] < doc["kv_bytes"]  # 34 bytes per 32 values instead of 64
 
 
 @pytest.mark.model
-def test_fit_on_the_starter_model(
-    home: Path, starter_model: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_fit_on_the_starter_model(home: Path, starter_model: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = _run(capsys, "models", "fit", str(starter_model), "--n-ctx", "4096", "--home", str(home))
     assert code == 0
     first, *rest = out.splitlines()
@@ -181,8 +180,9 @@ def test_fit_bad_usage_exits_2(home: Path, tmp_path: Path, capsys: pytest.Captur
 
 
 # ---------------------------------------------------------------------- remove and folders
-def test_remove_owned_only_and_asks_first(home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_remove_owned_only_and_asks_first(
+    home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     mine = build().write(_models(home) / "mine.gguf")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -204,8 +204,9 @@ def test_remove_owned_only_and_asks_first(home: Path, tmp_path: Path, capsys: py
     assert not mine.exists()
 
 
-def test_remove_confirmation_on_a_terminal(home: Path, capsys: pytest.CaptureFixture[str],
-                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_remove_confirmation_on_a_terminal(
+    home: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     mine = build().write(_models(home) / "mine.gguf")
 
     class Tty:

@@ -18,13 +18,32 @@ QUOTE = "Repeat after me: the cat sat on the mat, the dog sat on the log, the ca
 def glassbox(*args: str, home: Path, timeout: float = 180, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "app", *args, "--home", str(home)],
-        capture_output=True, text=True, timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
     )
 
 
 def _chat(starter_model: Path, home: Path, *extra: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return glassbox("chat", "--model", str(starter_model), "--prompt", QUOTE, "--temperature", "0",
-                    "--max-tokens", "40", "--n-ctx", "512", "--no-kv-cache", "--json", *extra, home=home, **env)
+    return glassbox(
+        "chat",
+        "--model",
+        str(starter_model),
+        "--prompt",
+        QUOTE,
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "40",
+        "--n-ctx",
+        "512",
+        "--no-kv-cache",
+        "--json",
+        *extra,
+        home=home,
+        **env,
+    )
 
 
 def test_speculative_modes_give_counters_and_the_draft_model_drafts(starter_model: Path, tmp_path: Path) -> None:

@@ -31,8 +31,9 @@ def test_deleting_a_chat_removes_its_saved_kv_caches_off_the_gui_thread(
         return original(self, conversation)
 
     monkeypatch.setattr(KvCacheStore, "remove_conversation", spy)
-    w = make_window(paths, lambda request, bandwidth: FakeSession(request, bandwidth, reply="Hi."),
-                    probe_bandwidth=False)
+    w = make_window(
+        paths, lambda request, bandwidth: FakeSession(request, bandwidth, reply="Hi."), probe_bandwidth=False
+    )
     qtbot.addWidget(w)
     w.show()
     w.start()

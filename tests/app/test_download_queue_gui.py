@@ -53,8 +53,6 @@ def hub(monkeypatch: pytest.MonkeyPatch, parts: dict[str, bytes]) -> Iterator[Fa
         yield server
 
 
-
-
 def queued(paths: Paths) -> list[dict[str, Any]]:
     """The queue file's items, as the next session reads them."""
     if not paths.download_queue.exists():
@@ -152,7 +150,11 @@ def test_a_split_model_stopped_in_part_one_comes_back_as_one_row_and_resumes_eve
 
 
 def test_discard_of_a_split_row_removes_every_partial_and_its_queue_item(
-    qtbot: Any, hub: FakeHub, paths: Paths, open_panel: Any, parts: dict[str, bytes],
+    qtbot: Any,
+    hub: FakeHub,
+    paths: Paths,
+    open_panel: Any,
+    parts: dict[str, bytes],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from PySide6.QtWidgets import QMessageBox
@@ -208,9 +210,15 @@ def test_a_queue_item_whose_files_are_all_present_is_dropped_at_startup(
         (folder / name).write_bytes(data)
     commit = hub.repos[REPO].commit
     queue = DownloadQueue(paths.download_queue)
-    item = queue.put(make_item(REPO, f"{STEM}.gguf", folder,
-                               [QueueFile(name, sha(data), len(data)) for name, data in parts.items()],
-                               revision=commit))
+    item = queue.put(
+        make_item(
+            REPO,
+            f"{STEM}.gguf",
+            folder,
+            [QueueFile(name, sha(data), len(data)) for name, data in parts.items()],
+            revision=commit,
+        )
+    )
     queue.set_state(item.key, "downloading")
     assert len(queued(paths)) == 1
     requests = len(hub.requests)

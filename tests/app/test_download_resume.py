@@ -38,8 +38,6 @@ def hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
         yield server
 
 
-
-
 def shown(button: Any) -> bool:
     return not button.isHidden()
 
@@ -173,11 +171,22 @@ def test_partials_in_an_added_folder_are_found(qtbot: Any, paths: Paths, tmp_pat
     _, partial, meta_file = partial_paths(other, NAME)
     other.mkdir()
     partial.write_bytes(b"x" * 2**20)
-    meta_file.write_text(json.dumps({
-        "format": 1, "repo": REPO, "filename": NAME, "revision": "main", "total": 4 * 2**30, "done": 2**20,
-    }), encoding="utf-8")
-    ModelLibrary(paths.models, manifest_path=paths.models / "manifest.json",
-                 folders_file=paths.config / "model_folders.json").add_folder(other)
+    meta_file.write_text(
+        json.dumps(
+            {
+                "format": 1,
+                "repo": REPO,
+                "filename": NAME,
+                "revision": "main",
+                "total": 4 * 2**30,
+                "done": 2**20,
+            }
+        ),
+        encoding="utf-8",
+    )
+    ModelLibrary(
+        paths.models, manifest_path=paths.models / "manifest.json", folders_file=paths.config / "model_folders.json"
+    ).add_folder(other)
     (other / "stray.gguf.partial").write_bytes(b"not ours")  # not Glassbox's: ignored outside its folder
     _adapter, panel = open_panel()
     qtbot.waitUntil(lambda: panel.queue.rowCount() == 1, timeout=10000)
@@ -192,11 +201,22 @@ def test_downloading_the_same_file_again_takes_over_its_paused_row(
     folder = paths.models / "acme__tiny-GGUF"
     final, partial, meta_file = partial_paths(folder, NAME)
     folder.mkdir(parents=True)
-    partial.write_bytes(PAYLOAD[:2**20])
-    meta_file.write_text(json.dumps({
-        "format": 1, "repo": REPO, "filename": NAME, "revision": hub.repos[REPO].commit, "total": len(PAYLOAD),
-        "done": 2**20, "expected_sha256": SHA, "expected_size": len(PAYLOAD),
-    }), encoding="utf-8")
+    partial.write_bytes(PAYLOAD[: 2**20])
+    meta_file.write_text(
+        json.dumps(
+            {
+                "format": 1,
+                "repo": REPO,
+                "filename": NAME,
+                "revision": hub.repos[REPO].commit,
+                "total": len(PAYLOAD),
+                "done": 2**20,
+                "expected_sha256": SHA,
+                "expected_size": len(PAYLOAD),
+            }
+        ),
+        encoding="utf-8",
+    )
     adapter, panel = open_panel()
     qtbot.waitUntil(lambda: panel.queue.rowCount() == 1, timeout=10000)
     assert panel.queue.item(0, 3).text() == "paused — 1.0 of 3.0 MiB"
@@ -230,9 +250,7 @@ def test_a_model_in_the_old_folder_is_found_not_fetched_again(
     assert panel.queue.item(0, 0).toolTip() == str(old / NAME)
 
 
-def test_progress_reaches_the_page_as_frozen_snapshots_of_one_run(
-    qtbot: Any, hub: FakeHub, open_panel: Any
-) -> None:
+def test_progress_reaches_the_page_as_frozen_snapshots_of_one_run(qtbot: Any, hub: FakeHub, open_panel: Any) -> None:
     """Each change is a new frozen Transfer made on the GUI thread; none is changed after it was emitted."""
     import dataclasses
 

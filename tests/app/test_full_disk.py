@@ -379,7 +379,6 @@ def tmpfs(tmp_path: Path) -> Iterator[Path]:
     yield from mounted_tmpfs(tmp_path, "4m")
 
 
-
 def test_on_a_real_full_tmpfs_nothing_typed_or_answered_is_lost(
     qtbot: Any, open_window: Any, tmpfs: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

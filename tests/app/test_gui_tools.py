@@ -26,9 +26,12 @@ from tests.mcp_servers import register
 
 pytestmark = [pytest.mark.gui, pytest.mark.qt_log_ignore("propagateSizeHints")]
 
-ADD = ToolSpec("add", "Adds two integers.", {"type": "object", "properties": {"a": {"type": "integer"},
-                                                                         "b": {"type": "integer"}},
-                                             "required": ["a", "b"]}, source="fake")
+ADD = ToolSpec(
+    "add",
+    "Adds two integers.",
+    {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]},
+    source="fake",
+)
 THOUGHT = "I should add the numbers before answering."
 
 
@@ -41,8 +44,17 @@ class FakeToolSession(FakeSession):
         self.think = think
         self.template = SimpleNamespace(thinking=frozenset({"enable_thinking"}))
 
-    def stream(self, history: Sequence[Any], user: str | None, params: Any = None, *, system: str | None = None,
-               documents: str | None = None, cancel: threading.Event | None = None, **options: Any) -> Iterator[Any]:
+    def stream(
+        self,
+        history: Sequence[Any],
+        user: str | None,
+        params: Any = None,
+        *,
+        system: str | None = None,
+        documents: str | None = None,
+        cancel: threading.Event | None = None,
+        **options: Any,
+    ) -> Iterator[Any]:
         self.calls.append({"history": list(history), "user": user, "options": options})
         yield PrefillProgress(10, 10)
         reasoning = ""
@@ -53,23 +65,42 @@ class FakeToolSession(FakeSession):
         last = history[-1] if history else None
         results = [m for m in history if isinstance(m, Message) and m.role == "tool"]
         asking = bool(options.get("tools")) and user is not None
-        stats = Stats(n_ctx=self.request.n_ctx, prompt_tokens=30, completion_tokens=4, context_used=34,
-                      prefill_ms=5.0, decode_ms=20.0, budget={"reserve": 64})
+        stats = Stats(
+            n_ctx=self.request.n_ctx,
+            prompt_tokens=30,
+            completion_tokens=4,
+            context_used=34,
+            prefill_ms=5.0,
+            decode_ms=20.0,
+            budget={"reserve": 64},
+        )
         if asking:
             yield Token("Let me add.", 1)
             call = ToolCall("call_1", "add", {"a": 2, "b": 3}, '<tool_call>{"name": "add"}</tool_call>')
             yield stats
-            yield Finished("stop", stats, "Let me add.", reasoning=reasoning, reasoning_tokens=len(THOUGHT.split()) if
-                           reasoning else 0, reasoning_ms=40.0 if reasoning else 0.0, tool_calls=(call,))
+            yield Finished(
+                "stop",
+                stats,
+                "Let me add.",
+                reasoning=reasoning,
+                reasoning_tokens=len(THOUGHT.split()) if reasoning else 0,
+                reasoning_ms=40.0 if reasoning else 0.0,
+                tool_calls=(call,),
+            )
             return
         answer = f"The tool said {last.content}." if isinstance(last, Message) and last.role == "tool" else "Hi."
         if not results and user is None:
             answer = "No result."
         yield Token(answer, 2)
         yield stats
-        yield Finished("stop", stats, answer, reasoning=reasoning,
-                       reasoning_tokens=len(THOUGHT.split()) if reasoning else 0,
-                       reasoning_ms=40.0 if reasoning else 0.0)
+        yield Finished(
+            "stop",
+            stats,
+            answer,
+            reasoning=reasoning,
+            reasoning_tokens=len(THOUGHT.split()) if reasoning else 0,
+            reasoning_ms=40.0 if reasoning else 0.0,
+        )
 
 
 class FakeToolSet:
@@ -90,8 +121,9 @@ class FakeToolSet:
     def allow_always(self, name: str) -> None:
         self.allowed.add(name)
 
-    def call(self, name: str, arguments: dict[str, Any], *, timeout_s: float,
-             cancel: threading.Event | None = None) -> ToolResult:
+    def call(
+        self, name: str, arguments: dict[str, Any], *, timeout_s: float, cancel: threading.Event | None = None
+    ) -> ToolResult:
         self.ran.append(dict(arguments))
         return ToolResult(str(arguments["a"] + arguments["b"]))
 
@@ -141,13 +173,16 @@ def wait_idle(qtbot: Any, w: Any) -> None:
 
 
 def pending_approval(qtbot: Any, w: Any) -> Any:
-    qtbot.waitUntil(lambda: bool(w.chat_view.cards) and any(
-        a.pending for a in w.chat_view.cards[-1].agent_parts.approvals), timeout=10000)
+    qtbot.waitUntil(
+        lambda: bool(w.chat_view.cards) and any(a.pending for a in w.chat_view.cards[-1].agent_parts.approvals),
+        timeout=10000,
+    )
     return next(a for a in w.chat_view.cards[-1].agent_parts.approvals if a.pending)
 
 
-def test_allow_once_runs_the_call_and_its_card_shows_the_result(qtbot: Any, open_window: Any,
-                                                                  toolset: FakeToolSet) -> None:
+def test_allow_once_runs_the_call_and_its_card_shows_the_result(
+    qtbot: Any, open_window: Any, toolset: FakeToolSet
+) -> None:
     w = open_window()
     w.tools_button.set_tools_on(True)
     type_and_send(qtbot, w, "What is 2 + 3?")
@@ -177,8 +212,9 @@ def test_allow_once_runs_the_call_and_its_card_shows_the_result(qtbot: Any, open
     assert "add:" in timeline.caption.text()
 
 
-def test_deny_never_runs_the_call_and_the_model_gets_a_refusal(qtbot: Any, open_window: Any,
-                                                                 toolset: FakeToolSet) -> None:
+def test_deny_never_runs_the_call_and_the_model_gets_a_refusal(
+    qtbot: Any, open_window: Any, toolset: FakeToolSet
+) -> None:
     w = open_window()
     w.tools_button.set_tools_on(True)
     type_and_send(qtbot, w, "What is 2 + 3?")
@@ -223,8 +259,9 @@ def test_stop_refuses_a_waiting_call(qtbot: Any, open_window: Any, toolset: Fake
     assert "stopped: it did not run" in parts.cards[0].header.text()
 
 
-def test_tools_off_by_default_and_the_switch_is_saved_with_the_chat(qtbot: Any, open_window: Any,
-                                                                     toolset: FakeToolSet) -> None:
+def test_tools_off_by_default_and_the_switch_is_saved_with_the_chat(
+    qtbot: Any, open_window: Any, toolset: FakeToolSet
+) -> None:
     w = open_window()
     assert w.tools_button.text() == "Tools: off"
     type_and_send(qtbot, w, "Hello?")
@@ -237,8 +274,9 @@ def test_tools_off_by_default_and_the_switch_is_saved_with_the_chat(qtbot: Any, 
     assert builtin is not None and builtin.isChecked()
 
 
-def test_tool_cards_survive_a_restart_and_old_replies_read_as_before(qtbot: Any, open_window: Any,
-                                                                     toolset: FakeToolSet) -> None:
+def test_tool_cards_survive_a_restart_and_old_replies_read_as_before(
+    qtbot: Any, open_window: Any, toolset: FakeToolSet
+) -> None:
     w = open_window()
     type_and_send(qtbot, w, "A plain question")  # a reply without tools, as histories before had
     wait_idle(qtbot, w)
@@ -346,8 +384,9 @@ def test_settings_tools_add_and_paste_errors_are_one_line_in_place(qtbot: Any, p
     assert Path(paths.mcp_config).exists()
 
 
-def test_each_step_is_in_the_history_before_the_turn_ends(qtbot: Any, open_window: Any, paths: Paths,
-                                                          toolset: FakeToolSet) -> None:
+def test_each_step_is_in_the_history_before_the_turn_ends(
+    qtbot: Any, open_window: Any, paths: Paths, toolset: FakeToolSet
+) -> None:
     """A crash while a call waits loses nothing: the reply's row already holds the call."""
     from engine.history import HistoryStore
 
@@ -374,17 +413,39 @@ def test_a_long_result_is_folded_and_unfolds(qtbot: Any) -> None:
     from app.tool_card import FOLD_CHARS, ToolCallCardWidget
 
     long = "line of output\n" * 200
-    card = ToolCallCardWidget({"id": "c", "name": "big", "arguments": {"n": 3000}, "source": "srv",
-                               "approval": "allowed", "ran": True, "result": long, "is_error": False,
-                               "ms": 1234.0, "tokens": 600, "truncated": True})
+    card = ToolCallCardWidget(
+        {
+            "id": "c",
+            "name": "big",
+            "arguments": {"n": 3000},
+            "source": "srv",
+            "approval": "allowed",
+            "ran": True,
+            "result": long,
+            "is_error": False,
+            "ms": 1234.0,
+            "tokens": 600,
+            "truncated": True,
+        }
+    )
     qtbot.addWidget(card)
     assert card.foldable and len(card.result.text()) <= FOLD_CHARS + 2
     assert "1.2 s" in card.header.text() and "+600 tokens" in card.header.text()
     assert "cut to fit" in card.header.text()
     card.expand_button.click()
     assert card.result.text() == long
-    short = ToolCallCardWidget({"id": "d", "name": "add", "arguments": {}, "approval": "denied", "ran": False,
-                                "result": "refused", "ms": 0, "tokens": 3})
+    short = ToolCallCardWidget(
+        {
+            "id": "d",
+            "name": "add",
+            "arguments": {},
+            "approval": "denied",
+            "ran": False,
+            "result": "refused",
+            "ms": 0,
+            "tokens": 3,
+        }
+    )
     qtbot.addWidget(short)
     assert not short.foldable and short.expand_button.isHidden()
     assert "did not run" in short.header.text() and " ms" not in short.header.text()
@@ -430,8 +491,9 @@ def test_the_switch_names_the_builtin_source_as_the_configuration_does() -> None
 
     assert chat_tools_menu.BUILTIN == tool_config.BUILTIN
     assert chat_tools_menu.describe({"tools": {"on": True, "sources": ["builtin", "srv"]}}) == "Tools: builtin, srv"
-    tools, thinking, budget = chat_tools_menu.turn_options({"tools": {"on": True, "sources": ["srv"]},
-                                                             "thinking": "off"}, None, ())
+    tools, thinking, budget = chat_tools_menu.turn_options(
+        {"tools": {"on": True, "sources": ["srv"]}, "thinking": "off"}, None, ()
+    )
     assert tools is not None and tools.selection == ("srv",)
     assert thinking is None and budget is None  # no switch in this template: the model's default
 

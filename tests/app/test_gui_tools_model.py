@@ -50,10 +50,15 @@ def run_turn(worker: LlmWorker, paths: Paths, decision: str) -> dict[str, Any]:
         signal.connect(slot)
     try:
         tools = ToolsRequest(("calculator",), paths, tool_choice="calculator", max_steps=1)
-        worker._on_generate_requested(GenerateRequest(
-            1, (), "What is 6 times 7?", GenerationParams(max_tokens=96, temperature=0.0, seed=1),
-            tools=tools,
-        ))
+        worker._on_generate_requested(
+            GenerateRequest(
+                1,
+                (),
+                "What is 6 times 7?",
+                GenerationParams(max_tokens=96, temperature=0.0, seed=1),
+                tools=tools,
+            )
+        )
     finally:
         for signal, slot in connections:
             signal.disconnect(slot)

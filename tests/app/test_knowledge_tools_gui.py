@@ -33,8 +33,7 @@ class FakeService:
 
     def query_many(self, names: Sequence[str], text: str, *, k: int = 5) -> list[Any]:
         self.queries.append((list(names), text, threading.current_thread().name))
-        return [SimpleNamespace(path="/docs/otters.md", page=None, heading="Sea otters", text=OTTERS,
-                                fused_score=0.9)]
+        return [SimpleNamespace(path="/docs/otters.md", page=None, heading="Sea otters", text=OTTERS, fused_score=0.9)]
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         raise AssertionError(f"unexpected knowledge call {method}")
@@ -46,13 +45,29 @@ class FakeService:
 class SearchingSession(FakeSession):
     """Calls ``search_knowledge`` when it is offered and no result came back yet, then quotes it."""
 
-    def stream(self, history: Sequence[Any], user: str | None, params: Any = None, *, system: str | None = None,
-               documents: str | None = None, cancel: threading.Event | None = None, **options: Any) -> Iterator[Any]:
+    def stream(
+        self,
+        history: Sequence[Any],
+        user: str | None,
+        params: Any = None,
+        *,
+        system: str | None = None,
+        documents: str | None = None,
+        cancel: threading.Event | None = None,
+        **options: Any,
+    ) -> Iterator[Any]:
         tools = [spec.name for spec in options.get("tools") or ()]
         self.calls.append({"history": list(history), "user": user, "documents": documents, "tools": tools})
         yield PrefillProgress(10, 10)
-        stats = Stats(n_ctx=self.request.n_ctx, prompt_tokens=30, completion_tokens=4, context_used=34,
-                      prefill_ms=5.0, decode_ms=20.0, budget={"reserve": 64})
+        stats = Stats(
+            n_ctx=self.request.n_ctx,
+            prompt_tokens=30,
+            completion_tokens=4,
+            context_used=34,
+            prefill_ms=5.0,
+            decode_ms=20.0,
+            budget={"reserve": 64},
+        )
         last = history[-1] if history else None
         if "search_knowledge" in tools and user is not None:
             call = ToolCall("call_1", "search_knowledge", {"query": "sea otters"}, "")
@@ -60,8 +75,11 @@ class SearchingSession(FakeSession):
             yield stats
             yield Finished("stop", stats, "Looking.", tool_calls=(call,))
             return
-        answer = "Found it." if isinstance(last, Message) and last.role == "tool" and "otters" in last.content \
+        answer = (
+            "Found it."
+            if isinstance(last, Message) and last.role == "tool" and "otters" in last.content
             else "Nothing."
+        )
         yield Token(answer, 2)
         yield stats
         yield Finished("stop", stats, answer)
@@ -94,8 +112,10 @@ def send_and_allow(qtbot: Any, w: Any, text: str) -> None:
 
 def attach(qtbot: Any, w: Any, names: list[str]) -> None:
     w.set_chat_documents(names)
-    qtbot.waitUntil(lambda: w.chat.conversation is not None
-                    and list(w.chat.conversation.knowledge_bases or []) == names, timeout=5000)
+    qtbot.waitUntil(
+        lambda: w.chat.conversation is not None and list(w.chat.conversation.knowledge_bases or []) == names,
+        timeout=5000,
+    )
 
 
 def test_the_models_search_reaches_the_knowledge_service_and_its_card_shows_the_passages(

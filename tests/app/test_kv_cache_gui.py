@@ -85,8 +85,9 @@ def test_stats_of_the_real_engine_carry_the_restore_across_processes(starter_mod
 
     params = GenerationParams(temperature=0.0, max_tokens=8, repeat_penalty=1.0)
     document = " ".join(f"Note {i}: the lamp in room {i % 9} was replaced on day {i}." for i in range(30))
-    load = LoadRequest(model_path=starter_model, n_ctx=1024, n_threads=2, kv_cache_dir=tmp_path / "kv",
-                       kv_cache_max_bytes=10**9)
+    load = LoadRequest(
+        model_path=starter_model, n_ctx=1024, n_threads=2, kv_cache_dir=tmp_path / "kv", kv_cache_max_bytes=10**9
+    )
     outcomes: list[Any] = []
     first = LlmWorker(session_factory=default_session_factory)
     first.generation_finished.connect(outcomes.append)

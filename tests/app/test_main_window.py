@@ -324,7 +324,10 @@ def test_inspector_names_the_cpu_code(qtbot: Any, paths: Paths, fake_model: Path
     from engine.cpu_backend import BackendInfo, CpuVariant
 
     backend = BackendInfo(
-        "variants", "icelake", "libggml-cpu-icelake.so", ("AVX2", "AVX512", "AVX512_VNNI"),
+        "variants",
+        "icelake",
+        "libggml-cpu-icelake.so",
+        ("AVX2", "AVX512", "AVX512_VNNI"),
         (CpuVariant("sapphirerapids", "libggml-cpu-sapphirerapids.so", 2400),),
         (("sapphirerapids", "AMX not yet proven on this machine (llama.cpp bug)"),),
     )

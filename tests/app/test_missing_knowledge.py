@@ -71,11 +71,19 @@ def test_the_searcher_skips_deleted_knowledge_bases_and_says_which() -> None:
 
 
 class RecordingSession(FakeSession):
-    def stream(self, history: Sequence[Any], user: str | None, params: Any = None, *, system: str | None = None,
-               documents: str | None = None, cancel: threading.Event | None = None, **options: Any) -> Iterator[Any]:
+    def stream(
+        self,
+        history: Sequence[Any],
+        user: str | None,
+        params: Any = None,
+        *,
+        system: str | None = None,
+        documents: str | None = None,
+        cancel: threading.Event | None = None,
+        **options: Any,
+    ) -> Iterator[Any]:
         self.calls.append({"documents": documents})
-        yield from super().stream(history, user, params, system=system, documents=documents, cancel=cancel,
-                                  **options)
+        yield from super().stream(history, user, params, system=system, documents=documents, cancel=cancel, **options)
 
 
 @pytest.fixture
@@ -99,8 +107,12 @@ def test_a_deleted_knowledge_base_is_skipped_marked_missing_and_said_once(qtbot:
     w.chat.error_occurred.connect(errors.append)
     w.statusBar().messageChanged.connect(notices.append)
     w.set_chat_documents(["otters", "trains"])
-    qtbot.waitUntil(lambda: w.chat.conversation is not None
-                    and list(w.chat.conversation.knowledge_bases or []) == ["otters", "trains"], timeout=5000)
+    qtbot.waitUntil(
+        lambda: (
+            w.chat.conversation is not None and list(w.chat.conversation.knowledge_bases or []) == ["otters", "trains"]
+        ),
+        timeout=5000,
+    )
     for question in ("Where do otters sleep?", "And at night?", "Why?"):
         send(qtbot, w, question)
         # The answer still comes from the knowledge base that exists.

@@ -34,8 +34,11 @@ def test_only_folders_with_a_gguf_not_known_and_not_declined_are_offered(tmp_pat
     empty.mkdir()
     (empty / ".hidden").mkdir()
     (empty / ".hidden" / "x.gguf").write_bytes(b"GGUF")  # hidden folders are not walked
-    candidates = [OtherAppFolder("A", tmp_path / "a"), OtherAppFolder("B", empty),
-                  OtherAppFolder("C", tmp_path / "missing")]
+    candidates = [
+        OtherAppFolder("A", tmp_path / "a"),
+        OtherAppFolder("B", empty),
+        OtherAppFolder("C", tmp_path / "missing"),
+    ]
     assert has_gguf(tmp_path / "a") and not has_gguf(empty)
     declined_file = tmp_path / "declined.json"
     assert [f.app for f in offered_folders([], declined_file, candidates)] == ["A"]
@@ -61,8 +64,19 @@ def test_the_shipped_suggestions_are_well_formed() -> None:
 def test_bad_suggestions_are_left_out_with_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     good = {"label": "L", "repo": "a/b", "file": "m.gguf", "size": 5, "license": "mit"}
     path = tmp_path / "c.json"
-    path.write_text(json.dumps({"models": [good, {**good, "repo": "../x"}, {**good, "file": "../m.gguf"},
-                                           {**good, "size": -1}, {"label": "no repo"}]}))
+    path.write_text(
+        json.dumps(
+            {
+                "models": [
+                    good,
+                    {**good, "repo": "../x"},
+                    {**good, "file": "../m.gguf"},
+                    {**good, "size": -1},
+                    {"label": "no repo"},
+                ]
+            }
+        )
+    )
     with caplog.at_level(logging.WARNING):
         assert [m.repo for m in load_curated(path)] == ["a/b"]
     assert len([r for r in caplog.records if "left out" in r.getMessage()]) == 4

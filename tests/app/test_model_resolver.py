@@ -60,8 +60,23 @@ def test_misses_and_embedders_are_one_line_errors(paths: Paths, library: dict[st
 def test_glassbox_chat_finds_a_model_in_an_added_folder(paths: Paths, library: dict[str, Path]) -> None:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     home = str(paths.data.parent)
-    base = [sys.executable, "-m", "app", "chat", "--home", home, "--max-tokens", "3", "--temperature", "0",
-            "--n-ctx", "256", "--prompt", "hi", "--json"]
+    base = [
+        sys.executable,
+        "-m",
+        "app",
+        "chat",
+        "--home",
+        home,
+        "--max-tokens",
+        "3",
+        "--temperature",
+        "0",
+        "--n-ctx",
+        "256",
+        "--prompt",
+        "hi",
+        "--json",
+    ]
     ok = subprocess.run([*base, "--model", "elsewhere-F32"], capture_output=True, text=True, timeout=180, env=env)
     assert ok.returncode == 0, ok.stderr
     assert json.loads(ok.stdout)["completion_tokens"] > 0
@@ -74,12 +89,22 @@ def test_glassbox_chat_finds_a_model_in_an_added_folder(paths: Paths, library: d
 def test_models_list_marks_the_embedder(paths: Paths, library: dict[str, Path]) -> None:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     home = str(paths.data.parent)
-    listed = subprocess.run([sys.executable, "-m", "app", "models", "list", "--home", home, "--json"],
-                            capture_output=True, text=True, timeout=120, env=env)
+    listed = subprocess.run(
+        [sys.executable, "-m", "app", "models", "list", "--home", home, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert listed.returncode == 0, listed.stderr
     kinds = {Path(m["path"]).name: m["kind"] for m in json.loads(listed.stdout)["models"]}
     assert kinds == {"tiny-Q8_0.gguf": "chat", "elsewhere-F32.gguf": "chat", "minilm-F32.gguf": "embedding"}
-    table = subprocess.run([sys.executable, "-m", "app", "models", "list", "--home", home],
-                           capture_output=True, text=True, timeout=120, env=env)
+    table = subprocess.run(
+        [sys.executable, "-m", "app", "models", "list", "--home", home],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     row = next(line for line in table.stdout.splitlines() if line.startswith("minilm-F32.gguf"))
     assert " embedder " in row

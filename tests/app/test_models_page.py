@@ -71,8 +71,9 @@ def test_offline_search_fails_on_discover_with_a_retry(
         hub.add_repo("acme/tiny-GGUF", {"tiny-Q4_K_M.gguf": random_bytes(4096, 1)}, downloads=3)
         monkeypatch.setenv("HF_ENDPOINT", hub.url)
         d.search_retry.click()
-        qtbot.waitUntil(lambda: panel.results.count() == 1 and "acme/tiny-GGUF" in panel.results.item(0).text(),
-                        timeout=15000)
+        qtbot.waitUntil(
+            lambda: panel.results.count() == 1 and "acme/tiny-GGUF" in panel.results.item(0).text(), timeout=15000
+        )
         assert not d.search_error.isVisible()
         assert not d.search_retry.isVisible()
 
@@ -117,8 +118,7 @@ def test_a_suggestion_downloads_its_file_when_online(
         assert len(rows) == 1
         assert panel.files.item(rows[0].row(), 0).text() == first.file  # the suggested file is picked
         panel.download_button.click()
-        qtbot.waitUntil(lambda: panel.queue.rowCount() == 1 and "done" in panel.queue.item(0, 3).text(),
-                        timeout=30000)
+        qtbot.waitUntil(lambda: panel.queue.rowCount() == 1 and "done" in panel.queue.item(0, 3).text(), timeout=30000)
     assert next(paths.models.rglob(first.file)).read_bytes() == payload
 
 
@@ -278,14 +278,16 @@ def test_the_quantize_dialog_offers_requantizing_a_q4_k_m_model(
     dialog.quality_check.setChecked(True)
     dialog.start_button.click()
     assert dialog.cancel_button.text() == "Cancel"
-    qtbot.waitUntil(lambda: dialog.transfer is not None and dialog.transfer.state in ("done", "error", "cancelled"),
-                    timeout=60000)
+    qtbot.waitUntil(
+        lambda: dialog.transfer is not None and dialog.transfer.state in ("done", "error", "cancelled"), timeout=60000
+    )
     assert dialog.transfer.state == "done", dialog.transfer.message
     out = dialog.transfer.result.path
     assert out == paths.models / "tiny-Q8_0.gguf"
     assert abs(out.stat().st_size - estimate.file_bytes) <= 64  # the per-tensor estimate held
-    qtbot.waitUntil(lambda: dialog.quality_transfer is not None and dialog.quality_transfer.state == "done",
-                    timeout=120000)
+    qtbot.waitUntil(
+        lambda: dialog.quality_transfer is not None and dialog.quality_transfer.state == "done", timeout=120000
+    )
     assert "perplexity" in dialog.status.text()
     assert "x larger" in dialog.status.text()  # Q4_K_M -> Q8_0 grows: not "0.5x smaller"
     assert dialog.start_button.text() == "Quantize again"
@@ -332,8 +334,9 @@ def test_the_quality_check_shows_progress_and_cancels(
     dialog.reject()
 
 
-def test_a_failed_quantization_can_be_retried(qtbot: Any, open_panel: Any, paths: Paths,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_quantization_can_be_retried(
+    qtbot: Any, open_panel: Any, paths: Paths, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from engine.errors import QuantizeError
 
     write_tiny_llama_gguf(paths.models / "tiny-F16.gguf", dtype="F16")

@@ -229,18 +229,19 @@ def test_inspector_shows_estimated_remote_budget(qtbot: Any, window: Any) -> Non
     budget = {"system": 5, "history": 0, "current": 25, "reserve": 512, "free": 1506, "estimated": 1}
     stats = Stats(n_ctx=2048, prompt_tokens=30, completion_tokens=5, context_used=35, budget=budget)
     window.inspector.set_stats(stats)
-    assert set(window.inspector.context_bar.budget) <= {"system", "documents", "history", "current", "reserve",
-                                                       "free"}
+    assert set(window.inspector.context_bar.budget) <= {"system", "documents", "history", "current", "reserve", "free"}
     assert window.inspector.shown["context_used"].startswith("35 of 2048 tokens used (estimated")
 
 
 def test_real_remote_session_end_to_end_in_the_window(qtbot: Any, paths: Paths, fake_model: Path) -> None:
     from tests.engine.test_remote import ScriptedServer, delta, models_route, sse
 
-    server = ScriptedServer({
-        "/v1/models": models_route("served-model"),
-        "/v1/chat/completions": lambda body: (200, sse(delta("Over "), delta("the wire."), delta(finish="stop"))),
-    })
+    server = ScriptedServer(
+        {
+            "/v1/models": models_route("served-model"),
+            "/v1/chat/completions": lambda body: (200, sse(delta("Over "), delta("the wire."), delta(finish="stop"))),
+        }
+    )
     try:
         EndpointStore(paths.config / "endpoints.json").add(server.url, name="box", api_key="sk-box-key-0042")
         w = make_window(paths, lambda r, b: FakeSession(r, b), probe_bandwidth=False)
@@ -277,8 +278,9 @@ def test_server_follows_the_loaded_model(qtbot: Any, window: Any) -> None:
     first = remote.server
     qtbot.waitUntil(lambda: "big-model · lab (remote)" in picker_entries(window), timeout=5000)
     window.load_model(remote_model_path("lab", "big-model"))
-    qtbot.waitUntil(lambda: bool(window.remote_sessions) and remote._server_backend is window.remote_sessions[0],
-                    timeout=10000)
+    qtbot.waitUntil(
+        lambda: bool(window.remote_sessions) and remote._server_backend is window.remote_sessions[0], timeout=10000
+    )
     assert remote.server is not first
     with pytest.raises(urllib.error.URLError):
         get_json(f"{first.url}/v1/models")

@@ -58,7 +58,11 @@ def test_self_test_json_names_the_cpu_variant_and_the_build(tmp_path: Path, star
     env = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "PYTHONPATH": str(ROOT)}
     result = subprocess.run(
         [sys.executable, "-m", "app", "--self-test", "--json", "--home", str(tmp_path / "home")],
-        capture_output=True, text=True, env=env, timeout=300, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        cwd=ROOT,
     )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
@@ -78,7 +82,10 @@ def test_self_test_json_names_the_cpu_variant_and_the_build(tmp_path: Path, star
 def test_json_before_a_subcommand_is_refused(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "app", "--json", "models", "list", "--home", str(tmp_path)],
-        capture_output=True, text=True, timeout=60, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
     )
     assert result.returncode == 2
     assert "--json before a subcommand goes with --self-test only" in result.stderr
@@ -91,7 +98,11 @@ def test_self_test_explains_a_cpu_crash_that_repeats(tmp_path: Path, starter_mod
     env = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "PYTHONPATH": str(ROOT), "GLASSBOX_TEST_SIGILL": "generate"}
     result = subprocess.run(
         [sys.executable, "-m", "app", "--self-test", "--home", str(tmp_path / "home")],
-        capture_output=True, text=True, env=env, timeout=300, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        cwd=ROOT,
     )
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()

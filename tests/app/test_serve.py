@@ -843,8 +843,20 @@ def test_cli_serve_sigterm_during_a_reply_exits_promptly(starter_model: Path, tm
     """SIGTERM while a long reply streams: the process exits within 5 s (1.3 s here)."""
     env = {**_env_without_key(), "GLASSBOX_HOME": str(tmp_path)}
     process = subprocess.Popen(
-        [sys.executable, "-m", "app", "serve", "--model", str(starter_model), "--port", "0",
-         "--n-ctx", "2048", "--no-embeddings", "--json"],
+        [
+            sys.executable,
+            "-m",
+            "app",
+            "serve",
+            "--model",
+            str(starter_model),
+            "--port",
+            "0",
+            "--n-ctx",
+            "2048",
+            "--no-embeddings",
+            "--json",
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -898,8 +910,20 @@ def test_cli_serve_sigterm_while_a_request_is_stuck_exits_promptly(starter_model
     exits within 5 s (about 1.5 s here; before, it still ran after 60 s)."""
     env = {**_env_without_key(), "GLASSBOX_HOME": str(tmp_path)}
     process = subprocess.Popen(
-        [sys.executable, "-c", _STUCK_SERVE, "serve", "--model", str(starter_model), "--port", "0",
-         "--n-ctx", "256", "--no-embeddings", "--json"],
+        [
+            sys.executable,
+            "-c",
+            _STUCK_SERVE,
+            "serve",
+            "--model",
+            str(starter_model),
+            "--port",
+            "0",
+            "--n-ctx",
+            "256",
+            "--no-embeddings",
+            "--json",
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

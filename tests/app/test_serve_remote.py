@@ -99,6 +99,7 @@ def test_a_server_serving_a_remote_model_refuses_raw_completions(
         assert answer["error"]["param"] == "prompt"
         assert answer["error"]["message"] == "/v1/completions needs a local model; this server serves a remote one"
         assert backend.worker.prompts == [] and backend.calls == []
-        status, answer = post(front, "/v1/chat/completions",
-                              {"model": "fake-model", "messages": [{"role": "user", "content": "one two"}]})
+        status, answer = post(
+            front, "/v1/chat/completions", {"model": "fake-model", "messages": [{"role": "user", "content": "one two"}]}
+        )
         assert status == 200 and answer["choices"][0]["message"]["content"] == "two one"

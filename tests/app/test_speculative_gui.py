@@ -56,8 +56,9 @@ class DraftingSession(FakeSession):
 
         self.params.append(params)
         extra = {"draft_tokens": 4, "accepted_tokens": 3}
-        for event in super().stream(history, user, params, **{k: kw[k] for k in ("system", "documents", "cancel")
-                                                               if k in kw}):
+        for event in super().stream(
+            history, user, params, **{k: kw[k] for k in ("system", "documents", "cancel") if k in kw}
+        ):
             if isinstance(event, Token):
                 event = dataclasses.replace(event, drafted=DRAFTED[event.token_id])
             elif isinstance(event, Stats):
@@ -129,8 +130,7 @@ def test_without_a_draft_model_a_turn_decodes_with_the_setting(
     qtbot: Any, paths: Paths, models: tuple[Path, Path], mode: str
 ) -> None:
     big, _small = models
-    w, sessions = _window(qtbot, paths, Settings(theme="light", last_model=str(big), speculative=mode),
-                          DraftingSession)
+    w, sessions = _window(qtbot, paths, Settings(theme="light", last_model=str(big), speculative=mode), DraftingSession)
     assert sessions[-1].request.draft_model_path is None
     _send(qtbot, w)
     assert [p.speculative for p in sessions[-1].params] == [mode]
@@ -170,8 +170,9 @@ def test_a_chat_model_that_fails_to_load_is_not_tried_again_without_its_draft(tm
     failed: list[BaseException] = []
     worker.model_load_failed.connect(failed.append)
     worker._on_load_requested(LoadRequest(model_path=tmp_path / "big.gguf", draft_model_path=draft))
-    assert len(calls) == 1 and [str(e) for e in failed] == [f"{tmp_path / 'big.gguf'}: llama.cpp could not load it "
-                                                             "(bad tensor)"]
+    assert len(calls) == 1 and [str(e) for e in failed] == [
+        f"{tmp_path / 'big.gguf'}: llama.cpp could not load it (bad tensor)"
+    ]
 
 
 def test_a_missing_draft_model_file_is_said_and_not_loaded(tmp_path: Path) -> None:
@@ -182,8 +183,9 @@ def test_a_missing_draft_model_file_is_said_and_not_loaded(tmp_path: Path) -> No
         return FakeSession(request, bandwidth)
 
     gone = tmp_path / "gone.gguf"
-    _session, info, request, note = load_session(factory, LoadRequest(model_path=tmp_path / "big.gguf",
-                                                                      draft_model_path=gone), None)
+    _session, info, request, note = load_session(
+        factory, LoadRequest(model_path=tmp_path / "big.gguf", draft_model_path=gone), None
+    )
     assert [c.draft_model_path for c in calls] == [None] and request.draft_model_path is None
     assert info.path == str(tmp_path / "big.gguf")
     assert note is not None and str(gone) in note and "missing" in note and "big.gguf loads without it" in note
@@ -199,8 +201,9 @@ class Library:
         from engine.gguf import read_gguf_info
         from engine.library import LibraryEntry
 
-        self.entries = [LibraryEntry(p.name, p, p.parent, p.stat().st_size, True, True, info=read_gguf_info(p))
-                        for p in models]
+        self.entries = [
+            LibraryEntry(p.name, p, p.parent, p.stat().st_size, True, True, info=read_gguf_info(p)) for p in models
+        ]
         self.hardware = hardware
         self.bandwidth_gbps: float | None = None
 
@@ -213,8 +216,14 @@ def test_settings_choose_the_mode_and_a_draft_model_per_chat_model_with_its_memo
     from engine.units import format_bytes
 
     big, small = models
-    hw = HardwareInfo(total_ram=8 << 30, available_ram=7 << 30, cpu_count_physical=2, cpu_count_logical=2,
-                      cpu_name="test", gpu_offload_supported=False)
+    hw = HardwareInfo(
+        total_ram=8 << 30,
+        available_ram=7 << 30,
+        cpu_count_physical=2,
+        cpu_count_logical=2,
+        cpu_name="test",
+        gpu_offload_supported=False,
+    )
     group = SpeculativeSettingsWidget(Settings(n_ctx=512), Library([big, small], hw), big)
     qtbot.addWidget(group)
     assert group.title() == "Speculative decoding"
@@ -292,8 +301,15 @@ def test_automatic_gpu_layers_count_the_draft_model(
 
     def machine(free_vram: int) -> Any:
         gpu = hardware.GpuInfo(name="test GPU", vendor="nvidia", total_vram=free_vram, free_vram=free_vram)
-        return hardware.HardwareInfo(total_ram=8 << 30, available_ram=7 << 30, cpu_count_physical=2,
-                                     cpu_count_logical=2, cpu_name="test", gpu_offload_supported=True, gpus=[gpu])
+        return hardware.HardwareInfo(
+            total_ram=8 << 30,
+            available_ram=7 << 30,
+            cpu_count_physical=2,
+            cpu_count_logical=2,
+            cpu_name="test",
+            gpu_offload_supported=True,
+            gpus=[gpu],
+        )
 
     alone = estimate_fit(big_info, machine(1 << 40), 512)
     hw = machine(VRAM_RESERVE + alone.gpu_bytes + 1024)  # room for the model alone, not for its draft too
@@ -301,8 +317,9 @@ def test_automatic_gpu_layers_count_the_draft_model(
     with_draft = estimate_fit(big_info, hw, 512, draft=small_info).gpu_layers
     assert with_draft < without
     monkeypatch.setattr(hardware, "probe_hardware", lambda: hw)
-    settings = Settings(theme="light", last_model=str(big), n_ctx=512, gpu_layers="auto",
-                        draft_models={str(big): str(small)})
+    settings = Settings(
+        theme="light", last_model=str(big), n_ctx=512, gpu_layers="auto", draft_models={str(big): str(small)}
+    )
     _w, sessions = _window(qtbot, paths, settings, DraftingSession)
     assert sessions[-1].request.n_gpu_layers == with_draft
 

@@ -19,8 +19,10 @@ from tiny_models import write_tiny_llama_gguf
 
 pytestmark = [pytest.mark.model]
 
-PASSAGE = ("The river runs north past the old mill, then east under the stone bridge, and the town "
-           "grew up on both of its banks. ") * 3
+PASSAGE = (
+    "The river runs north past the old mill, then east under the stone bridge, and the town "
+    "grew up on both of its banks. "
+) * 3
 
 
 def _load(worker: LlmWorker, request: LoadRequest) -> LoadedModel:

@@ -11,13 +11,16 @@ from engine import units
 FORMERLY_OWN = ("format_bytes", "format_duration", "format_size", "_size")
 
 
-@pytest.mark.parametrize(("name", "uses"), [
-    ("engine.fit", "format_bytes"),
-    ("app.inspector", "format_duration"),
-    ("app.saved_kv_caches", "format_bytes"),
-    ("app.workers.history_service", "format_bytes"),
-    ("app.inspector_widgets", None),
-])
+@pytest.mark.parametrize(
+    ("name", "uses"),
+    [
+        ("engine.fit", "format_bytes"),
+        ("app.inspector", "format_duration"),
+        ("app.saved_kv_caches", "format_bytes"),
+        ("app.workers.history_service", "format_bytes"),
+        ("app.inspector_widgets", None),
+    ],
+)
 def test_the_former_copies_are_engine_units(name: str, uses: str | None) -> None:
     module = importlib.import_module(name)
     for attr in FORMERLY_OWN:

@@ -29,7 +29,7 @@ def test_a_scan_answered_after_the_window_is_deleted_is_dropped(
     w = make_window(paths, lambda request, bandwidth: FakeSession(request, bandwidth), probe_bandwidth=False)
     monkeypatch.setattr(window_models, "run_in_background", capture)
     w.refresh_models()
-    (scan, on_done, on_error), = answers
+    ((scan, on_done, on_error),) = answers
     found = scan()
     assert found == [fake_model]
     picker = w.model_picker

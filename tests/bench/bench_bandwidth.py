@@ -50,8 +50,10 @@ _DECODE = textwrap.dedent(
 def test_bandwidth_and_decode_prediction(starter_model: Path) -> None:
     runs = [measure_memory_bandwidth(seconds=0.5) for _ in range(5)]
     gbps = max(runs)
-    print(f"\nmemory bandwidth GB/s: runs {', '.join(f'{r:.1f}' for r in runs)}; "
-          f"median {statistics.median(runs):.1f}, best {gbps:.1f}")
+    print(
+        f"\nmemory bandwidth GB/s: runs {', '.join(f'{r:.1f}' for r in runs)}; "
+        f"median {statistics.median(runs):.1f}, best {gbps:.1f}"
+    )
     pytest.importorskip("llama_cpp")
     import os
 
@@ -60,10 +62,15 @@ def test_bandwidth_and_decode_prediction(starter_model: Path) -> None:
     for threads in sorted({1, max(1, min(4, os.cpu_count() or 1))}):
         done = subprocess.run(
             [sys.executable, "-c", _DECODE, str(starter_model), str(threads)],
-            capture_output=True, text=True, timeout=300, check=True,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=True,
         )
         measured = json.loads(done.stdout.strip().splitlines()[-1])
         predicted = expected_decode_tps(info, measured["n_past"], gbps)
-        print(f"starter decode, {threads} thread(s): measured {measured['tps']:.1f} tok/s, bandwidth ceiling "
-              f"{predicted:.1f} tok/s ({measured['tps'] / predicted:.0%} of the ceiling)")
+        print(
+            f"starter decode, {threads} thread(s): measured {measured['tps']:.1f} tok/s, bandwidth ceiling "
+            f"{predicted:.1f} tok/s ({measured['tps'] / predicted:.0%} of the ceiling)"
+        )
         assert measured["tps"] > 0

@@ -77,8 +77,12 @@ def _run(model: Path, tag: str | None, lib: str | None = None) -> dict[str, floa
     if lib is not None:
         env["LLAMA_CPP_LIB_PATH"] = lib
     done = subprocess.run(
-        [sys.executable, "-c", _RUN, str(model), tag or ""], capture_output=True, text=True, env=env,
-        timeout=300, check=False,
+        [sys.executable, "-c", _RUN, str(model), tag or ""],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
@@ -132,7 +136,11 @@ def test_the_chosen_variant_is_as_fast_as_the_best(starter_model: Path) -> None:
     from tests.bench.results import record
 
     for label, mine, best in (("prefill", prefill, best_prefill), ("decode", decode, best_decode)):
-        record(f"chosen CPU variant vs fastest: {label}", mine / best, at_least=BUDGET,
-               detail=f"{chosen['variant']} {mine:.1f} vs {best:.1f} tok/s")
+        record(
+            f"chosen CPU variant vs fastest: {label}",
+            mine / best,
+            at_least=BUDGET,
+            detail=f"{chosen['variant']} {mine:.1f} vs {best:.1f} tok/s",
+        )
     assert prefill >= BUDGET * best_prefill, f"prefill {prefill:.1f} < {BUDGET} x {best_prefill:.1f}"
     assert decode >= BUDGET * best_decode, f"decode {decode:.1f} < {BUDGET} x {best_decode:.1f}"

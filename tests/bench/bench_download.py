@@ -68,8 +68,12 @@ def _plain_copy(url: str, target: Path, *, fsync: bool) -> None:
 @pytest.fixture
 def hub(request: pytest.FixtureRequest) -> Iterator[tuple[str, Path, int]]:
     mib, throttle = request.param
-    server = subprocess.Popen([sys.executable, "-c", _SERVER, str(mib), str(throttle)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
+    server = subprocess.Popen(
+        [sys.executable, "-c", _SERVER, str(mib), str(throttle)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     work = Path(tempfile.mkdtemp(prefix="bench-download-"))
     try:
         assert server.stdout is not None
@@ -125,13 +129,18 @@ def test_download_throughput_vs_plain_copy(hub: tuple[str, Path, int]) -> None:
     med = statistics.median
     print(f"\ndownload {mib} MiB x {RUNS} (interleaved), loopback fake Hub in another process, full speed")
     print(f"  glassbox (sha256 + checkpoints + fsync + rename): median {med(ours):.3f} s = {mib / med(ours):.0f} MiB/s")
-    print(f"  plain copy + fsync (same durability):             median {med(durable):.3f} s "
-          f"= {mib / med(durable):.0f} MiB/s")
-    print(f"  plain copy left in the page cache:                median {med(plain):.3f} s "
-          f"= {mib / med(plain):.0f} MiB/s")
+    print(
+        f"  plain copy + fsync (same durability):             median {med(durable):.3f} s "
+        f"= {mib / med(durable):.0f} MiB/s"
+    )
+    print(
+        f"  plain copy left in the page cache:                median {med(plain):.3f} s = {mib / med(plain):.0f} MiB/s"
+    )
     print(f"  ratio glassbox / plain + fsync: median {vs_durable:.2f} ({runs_durable}); budget >= 0.8")
-    print(f"  ratio glassbox / page-cache copy: median {vs_plain:.2f} ({runs_plain}); bounded here by the "
-          f"disk: durable writes run at {mib / med(durable):.0f} MiB/s, the loopback at {mib / med(plain):.0f}")
+    print(
+        f"  ratio glassbox / page-cache copy: median {vs_plain:.2f} ({runs_plain}); bounded here by the "
+        f"disk: durable writes run at {mib / med(durable):.0f} MiB/s, the loopback at {mib / med(plain):.0f}"
+    )
     from tests.bench.results import record
 
     record("download vs durable plain copy", vs_durable, at_least=0.8, detail=f"{mib} MiB, loopback")
@@ -147,8 +156,9 @@ def test_download_throughput_at_one_gigabit(hub: tuple[str, Path, int]) -> None:
     med = statistics.median
     print(f"\ndownload {mib} MiB x {runs} (interleaved), fake Hub throttled to 1 Gbit/s")
     print(f"  glassbox (sha256 + checkpoints + fsync + rename): median {med(ours):.3f} s = {mib / med(ours):.0f} MiB/s")
-    print(f"  plain copy left in the page cache:                median {med(plain):.3f} s "
-          f"= {mib / med(plain):.0f} MiB/s")
+    print(
+        f"  plain copy left in the page cache:                median {med(plain):.3f} s = {mib / med(plain):.0f} MiB/s"
+    )
     print(f"  ratio glassbox / page-cache copy: median {vs_plain:.2f} ({runs_plain}); budget >= 0.8")
     from tests.bench.results import record
 

@@ -25,6 +25,5 @@ def test_engine_vs_raw(starter_model: Path) -> None:
     print(json.dumps({k: doc[k] for k in ("prefill_ratio", "decode_ratio", "threads", "n_ctx", "max_tokens")}))
     for key, label in (("prefill", "prefill"), ("decode", "decode")):
         engine, raw = doc["engine"][f"{key}_tps"], doc["raw"][f"{key}_tps"]
-        record(f"engine vs raw: {label}", doc[f"{key}_ratio"], at_least=0.97,
-               detail=f"{engine:.1f} vs {raw:.1f} tok/s")
+        record(f"engine vs raw: {label}", doc[f"{key}_ratio"], at_least=0.97, detail=f"{engine:.1f} vs {raw:.1f} tok/s")
     assert doc["prefill_ratio"] > 0 and doc["decode_ratio"] > 0

@@ -124,10 +124,18 @@ def test_the_worker_process_costs_per_chunk_and_per_query(tmp_path: Path, embedd
         f"service median {statistics.median(ping['service']) * 1e3:.3f} ms (the pipe's round trip)"
     )
     ping_ms = statistics.median(ping["service"]) * 1e3
-    record("knowledge process vs in-process: per indexed chunk", chunk_ratio, at_most=1.10,
-           detail=f"in-process {chunk_local * 1e3:.1f} ms, process {chunk_service * 1e3:.1f} ms per chunk")
-    record("knowledge process vs in-process: per query", q_ratio, at_most=1.15,
-           detail=f"median {q_local * 1e3:.1f} vs {q_service * 1e3:.1f} ms; a call's round trip {ping_ms:.2f} ms")
+    record(
+        "knowledge process vs in-process: per indexed chunk",
+        chunk_ratio,
+        at_most=1.10,
+        detail=f"in-process {chunk_local * 1e3:.1f} ms, process {chunk_service * 1e3:.1f} ms per chunk",
+    )
+    record(
+        "knowledge process vs in-process: per query",
+        q_ratio,
+        at_most=1.15,
+        detail=f"median {q_local * 1e3:.1f} vs {q_service * 1e3:.1f} ms; a call's round trip {ping_ms:.2f} ms",
+    )
     assert chunk_ratio <= 1.10
     assert q_ratio <= 1.15
 
@@ -143,8 +151,12 @@ def test_the_gui_process_rss_before_and_after(tmp_path: Path, embedder_path: Pat
         f"heavy modules {now['heavy']}; the knowledge process {now['child_mb']:.0f} MB"
         f"\nratio of the GUI's RSS after use, now / before: {now['after_mb'] / before['after_mb']:.2f}"
     )
-    record("GUI RSS after the Knowledge page, knowledge process", now["after_mb"], unit="MB",
-           at_most=GUI_BUDGET_MB, detail=f"in-process before: {before['after_mb']:.0f} MB; "
-           f"the knowledge process {now['child_mb']:.0f} MB")
+    record(
+        "GUI RSS after the Knowledge page, knowledge process",
+        now["after_mb"],
+        unit="MB",
+        at_most=GUI_BUDGET_MB,
+        detail=f"in-process before: {before['after_mb']:.0f} MB; the knowledge process {now['child_mb']:.0f} MB",
+    )
     assert now["heavy"] == []
     assert now["after_mb"] < GUI_BUDGET_MB

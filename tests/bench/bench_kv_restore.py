@@ -36,9 +36,31 @@ QUESTION = "Which pump was logged at the highest pressure?"
 
 def _chat(home: Path, model: Path, prompt: str, *extra: str) -> dict[str, Any]:
     result = subprocess.run(
-        [sys.executable, "-m", "app", "chat", "--model", str(model), "--prompt", prompt, "--temperature", "0",
-         "--max-tokens", "24", "--n-ctx", "4096", "--json", "--home", str(home), *extra],
-        capture_output=True, text=True, timeout=900, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        [
+            sys.executable,
+            "-m",
+            "app",
+            "chat",
+            "--model",
+            str(model),
+            "--prompt",
+            prompt,
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "24",
+            "--n-ctx",
+            "4096",
+            "--json",
+            "--home",
+            str(home),
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     assert result.returncode == 0, result.stderr
     doc: dict[str, Any] = json.loads(result.stdout.splitlines()[-1])
@@ -72,7 +94,9 @@ def test_kv_restore_vs_cold_prefill(starter_model: Path, tmp_path: Path) -> None
     ratio = warm_ttft / cold_ttft
     print(f"ratio (saved cache / no cache) {ratio:.3f}   budget <= {BUDGET}")
     record(
-        "KV restore vs cold prefill: TTFT", ratio, at_most=BUDGET,
+        "KV restore vs cold prefill: TTFT",
+        ratio,
+        at_most=BUDGET,
         detail=f"{warm_ttft:.0f} ms vs {cold_ttft:.0f} ms at {cold[0]['prompt_tokens']} tokens",
     )
     assert all(d["kv_restored_tokens"] >= first["prompt_tokens"] - 1 for d in warm)

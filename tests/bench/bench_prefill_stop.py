@@ -36,8 +36,15 @@ def test_prefill_speed_with_stop_anywhere(starter_model: Path) -> None:
     from engine.decoding import prefill
 
     load_backends()
-    llm = llama_cpp.Llama(model_path=str(starter_model), n_ctx=2048, n_batch=N_BATCH, n_ubatch=N_BATCH,
-                          n_threads=2, n_threads_batch=2, verbose=False)
+    llm = llama_cpp.Llama(
+        model_path=str(starter_model),
+        n_ctx=2048,
+        n_batch=N_BATCH,
+        n_ubatch=N_BATCH,
+        n_threads=2,
+        n_threads_batch=2,
+        verbose=False,
+    )
     try:
         tokens = llm.tokenize(_TEXT.read_text(encoding="utf-8").encode())
         tokens = (tokens * 2)[:1500]
@@ -75,9 +82,11 @@ def test_prefill_speed_with_stop_anywhere(starter_model: Path) -> None:
         llm.close()
     ratio = statistics.median(ratios)
     updates = sum(1 for _ in progress) / (len(ratios) + 1)
-    print(f"\nprefill of {len(tokens)} tokens: whole {N_BATCH}-token chunks {statistics.median(theirs):.0f} tok/s, "
-          f"engine (first chunk 128, abort callback) {statistics.median(ours):.0f} tok/s, ratio {ratio:.3f}; "
-          f"{updates:.0f} progress updates per prompt")
+    print(
+        f"\nprefill of {len(tokens)} tokens: whole {N_BATCH}-token chunks {statistics.median(theirs):.0f} tok/s, "
+        f"engine (first chunk 128, abort callback) {statistics.median(ours):.0f} tok/s, ratio {ratio:.3f}; "
+        f"{updates:.0f} progress updates per prompt"
+    )
     assert ratio >= 0.95
 
 
@@ -92,6 +101,7 @@ def test_stop_latency_during_prefill(starter_model: Path) -> None:
             worker.reset_cache()
             cancel = threading.Event()
             stopped: list[float] = []
+
             def stop(c: threading.Event = cancel, s: list[float] = stopped) -> None:
                 s.append(time.perf_counter())
                 c.set()

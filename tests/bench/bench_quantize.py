@@ -88,6 +88,10 @@ def test_quantize_vs_raw(tmp_path: Path) -> None:
     print(json.dumps({"ratio": round(ratio, 4), **medians}))
     from tests.bench.results import record
 
-    record("quantize vs raw llama_model_quantize", ratio, at_least=0.95,
-           detail=f"{medians['ours_s']:.2f} vs {medians['raw_s']:.2f} s")
+    record(
+        "quantize vs raw llama_model_quantize",
+        ratio,
+        at_least=0.95,
+        detail=f"{medians['ours_s']:.2f} vs {medians['raw_s']:.2f} s",
+    )
     assert ratio >= 0.95, f"quantization throughput ratio {ratio:.3f} < 0.95"

@@ -63,8 +63,9 @@ def test_indexing_throughput_vs_raw_encode(tmp_path: Path, minilm: SentenceTrans
 
     def raw_encode(texts: list[str], batch_size: int = 32) -> float:
         started = time.perf_counter()
-        model.encode(texts, batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True,
-                     show_progress_bar=False)
+        model.encode(
+            texts, batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
+        )
         return time.perf_counter() - started
 
     with _open(tmp_path / "kb", minilm) as kbs:
@@ -99,12 +100,22 @@ def test_indexing_throughput_vs_raw_encode(tmp_path: Path, minilm: SentenceTrans
     )
     print(
         json.dumps(
-            {"indexing_ratio": round(ratio, 3), "ratio_vs_batch8": round(raw8 / ours, 3), "chunks": len(texts),
-             "ours_s": round(ours, 2), "raw_s": round(raw, 2), "raw8_s": round(raw8, 2)}
+            {
+                "indexing_ratio": round(ratio, 3),
+                "ratio_vs_batch8": round(raw8 / ours, 3),
+                "chunks": len(texts),
+                "ours_s": round(ours, 2),
+                "raw_s": round(raw, 2),
+                "raw8_s": round(raw8, 2),
+            }
         )
     )
-    record("indexing vs raw encoding", ratio, at_least=0.8,
-           detail=f"{len(texts) / ours:.1f} vs {len(texts) / raw:.1f} chunks/s")
+    record(
+        "indexing vs raw encoding",
+        ratio,
+        at_least=0.8,
+        detail=f"{len(texts) / ours:.1f} vs {len(texts) / raw:.1f} chunks/s",
+    )
     assert ratio >= 0.8, f"indexing throughput ratio {ratio:.3f} < 0.8"
 
 

@@ -49,14 +49,25 @@ def test_reply_shaping_vs_decoding(starter_model: Path) -> None:
             tokens = [e.text for e in events if isinstance(e, Token)]
             stats = events[-1].stats  # type: ignore[union-attr]
             decode.append(stats.decode_ms / 1000 / max(stats.completion_tokens - 1, 1))
-            reply = ["<think>", *tokens[: len(tokens) // 2], "</think>", "\n\n", *tokens[len(tokens) // 2:],
-                     "<tool_call>", '\n{"name": "add", ', '"arguments": {"a": 1, "b": 2}}\n', "</tool_call>"]
+            reply = [
+                "<think>",
+                *tokens[: len(tokens) // 2],
+                "</think>",
+                "\n\n",
+                *tokens[len(tokens) // 2 :],
+                "<tool_call>",
+                '\n{"name": "add", ',
+                '"arguments": {"a": 1, "b": 2}}\n',
+                "</tool_call>",
+            ]
             shaping.append(_shape(reply))
     per_token_decode = statistics.median(decode)
     per_token_shaping = statistics.median(shaping)
     ratio = per_token_decode / (per_token_decode + per_token_shaping)
     record(
-        "reply shaping: decode rate with it / without", ratio, at_least=BUDGET,
+        "reply shaping: decode rate with it / without",
+        ratio,
+        at_least=BUDGET,
         detail=f"decode {per_token_decode * 1e3:.2f} ms/token, shaping {per_token_shaping * 1e6:.1f} us/token",
     )
     assert ratio >= BUDGET

@@ -241,8 +241,9 @@ def bench_remote(model: Path, args: argparse.Namespace) -> dict[str, Any]:
         remote = RemoteSession(url, "bench", n_ctx=args.n_ctx)
         remote.load()
         # The exact request RemoteSession sends, so both sides ask for the same work.
-        payload = chat_payload(remote.model, [_user(PROMPT)], params, llama_family=remote.llama_family,
-                               base_url=remote.base_url)
+        payload = chat_payload(
+            remote.model, [_user(PROMPT)], params, llama_family=remote.llama_family, base_url=remote.base_url
+        )
         client = httpx.Client(timeout=300)
         try:
 
@@ -284,8 +285,12 @@ def test_serve_vs_engine(starter_model: Path) -> None:
     for key, label in (("decode_tps", "decode"), ("end_to_end_tps", "end-to-end")):
         ratios[label] = ours[key] / direct[key]
         print(f"serve vs engine, {label}: {ours[key]:.2f} vs {direct[key]:.2f} tok/s, ratio {ratios[label]:.3f}")
-        record(f"serve vs engine: {label}", ratios[label], at_least=0.95,
-               detail=f"{ours[key]:.1f} vs {direct[key]:.1f} tok/s")
+        record(
+            f"serve vs engine: {label}",
+            ratios[label],
+            at_least=0.95,
+            detail=f"{ours[key]:.1f} vs {direct[key]:.1f} tok/s",
+        )
     assert min(ratios.values()) >= 0.95, ratios
 
 

@@ -121,8 +121,10 @@ def _check_divergence(name: str, pairs: list[tuple[WorkerResult, WorkerResult]],
         i = next(i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x.token_id != y.token_id)
         top = a[i].top_logprobs
         gap = top[0][1] - top[1][1]
-        print(f"{'':28} pair {index}: differs at token {i}, where the two best were {gap:.3f} apart "
-              f"({top[0][0]!r} vs {top[1][0]!r})")
+        print(
+            f"{'':28} pair {index}: differs at token {i}, where the two best were {gap:.3f} apart "
+            f"({top[0][0]!r} vs {top[1][0]!r})"
+        )
         assert gap < 1.5, f"{name}: a speculative reply left the plain one at a confident token"
 
 
@@ -149,8 +151,13 @@ def test_lookup_on_a_quoting_answer(starter_model: Path) -> None:
         pairs = list(_pairs(lambda: _run(worker, tokens, plain), lambda: _run(worker, tokens, fast)))
         ratio = _report("quote, lookup vs plain", pairs)
         record("lookup vs plain: quoting answer", ratio, at_least=1.3, detail=_detail(pairs))
-        _check_divergence("quote", pairs, lambda i, side: _tokens(
-            worker, tokens, (fast if side == "fast" else plain).model_copy(update={"logprobs": 2})))
+        _check_divergence(
+            "quote",
+            pairs,
+            lambda i, side: _tokens(
+                worker, tokens, (fast if side == "fast" else plain).model_copy(update={"logprobs": 2})
+            ),
+        )
     assert ratio >= 1.3
 
 
@@ -173,9 +180,19 @@ def _chat(session: ChatSession, prompt: str, params: GenerationParams) -> Worker
         elif isinstance(event, Stats):
             stats = event
     assert stats is not None
-    return WorkerResult("stop", text, stats.prompt_tokens, stats.cached_tokens, stats.completion_tokens,
-                        stats.context_used, stats.ttft_ms, stats.prefill_ms, stats.decode_ms,
-                        stats.draft_tokens, stats.accepted_tokens)
+    return WorkerResult(
+        "stop",
+        text,
+        stats.prompt_tokens,
+        stats.cached_tokens,
+        stats.completion_tokens,
+        stats.context_used,
+        stats.ttft_ms,
+        stats.prefill_ms,
+        stats.decode_ms,
+        stats.draft_tokens,
+        stats.accepted_tokens,
+    )
 
 
 def test_lookup_on_ordinary_chat(starter_model: Path) -> None:
@@ -191,8 +208,9 @@ def test_lookup_on_ordinary_chat(starter_model: Path) -> None:
             prompts += [prompt, prompt]
         ratio = _report("ordinary chat, lookup vs plain", pairs)
         record("lookup vs plain: ordinary chat", ratio, at_least=0.97, detail=_detail(pairs))
-        _check_divergence("ordinary chat", pairs,
-                          lambda i, side: _chat_tokens(session, prompts[i], fast if side == "fast" else plain))
+        _check_divergence(
+            "ordinary chat", pairs, lambda i, side: _chat_tokens(session, prompts[i], fast if side == "fast" else plain)
+        )
     assert ratio >= 0.97
 
 
@@ -214,10 +232,13 @@ def test_draft_model_ratio(starter_model: Path, draft_model: Path, fixed: str, m
             pairs.extend(_pairs(lambda p=prompt: _chat(session, p, plain), lambda p=prompt: _chat(session, p, fast), 2))
             prompts += [prompt, prompt]
         ratio = _report(f"chat, draft model ({fixed or 'policy'})", pairs)
-        _check_divergence("draft model", pairs,
-                          lambda i, side: _chat_tokens(session, prompts[i], fast if side == "fast" else plain))
-    print(f"{'':28} draft {draft_model.name}: {draft_model.stat().st_size / 2**20:.0f} MiB, "
-          f"target {starter_model.stat().st_size / 2**20:.0f} MiB")
+        _check_divergence(
+            "draft model", pairs, lambda i, side: _chat_tokens(session, prompts[i], fast if side == "fast" else plain)
+        )
+    print(
+        f"{'':28} draft {draft_model.name}: {draft_model.stat().st_size / 2**20:.0f} MiB, "
+        f"target {starter_model.stat().st_size / 2**20:.0f} MiB"
+    )
     record(f"draft model vs plain ({fixed or 'policy'} draft length)", ratio, detail=_detail(pairs))
     drafted = sum(fast.draft_tokens for _plain, fast in pairs)
     accepted = sum(fast.accepted_tokens for _plain, fast in pairs)

@@ -122,8 +122,11 @@ def render(records: dict[str, dict[str, Any]], markdown: bool) -> str:
         cells = [str(cell)[: widths[i]].ljust(widths[i]) for i, cell in enumerate(row)]
         out.append("  ".join(cells).rstrip())
     missed = [row[0] for row in table if row[3] == "MISSED"]
-    out += ["", f"{len(table) - sum(r[1] == 'not run' for r in table)} of {len(table)} figures reported"
-            + (f"; over budget: {', '.join(missed)}" if missed else "; all within budget")]
+    out += [
+        "",
+        f"{len(table) - sum(r[1] == 'not run' for r in table)} of {len(table)} figures reported"
+        + (f"; over budget: {', '.join(missed)}" if missed else "; all within budget"),
+    ]
     return "\n".join(out)
 
 

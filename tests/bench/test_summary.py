@@ -20,7 +20,8 @@ def test_records_go_to_the_named_file_one_json_line_each(tmp_path: Path, monkeyp
     record("query p95 at 50k chunks", 61.0, unit="ms", at_most=50, bench="bench_rag.py")
     lines = [json.loads(line) for line in target.read_text().splitlines()]
     assert [(e["name"], e["passed"]) for e in lines] == [
-        ("engine vs raw: decode", True), ("query p95 at 50k chunks", False)
+        ("engine vs raw: decode", True),
+        ("query p95 at 50k chunks", False),
     ]
 
 
@@ -39,8 +40,15 @@ def test_the_summary_shows_every_expected_row_the_last_value_and_the_misses(tmp_
     results = tmp_path / "results.jsonl"
     entries = [
         {"name": "KV restore vs cold prefill: TTFT", "value": 0.5, "unit": "x", "at_most": 0.1, "passed": False},
-        {"name": "KV restore vs cold prefill: TTFT", "value": 0.031, "unit": "x", "at_most": 0.1, "passed": True,
-         "detail": "90 ms vs 2900 ms", "bench": "tests/bench/bench_kv_restore.py"},
+        {
+            "name": "KV restore vs cold prefill: TTFT",
+            "value": 0.031,
+            "unit": "x",
+            "at_most": 0.1,
+            "passed": True,
+            "detail": "90 ms vs 2900 ms",
+            "bench": "tests/bench/bench_kv_restore.py",
+        },
         {"name": "query p95 at 50k chunks", "value": 61.24, "unit": "ms", "at_most": 50, "passed": False},
         {"name": "download vs durable plain copy", "value": 0.93, "unit": "x", "at_least": 0.8, "passed": True},
     ]
@@ -58,6 +66,10 @@ def test_the_summary_shows_every_expected_row_the_last_value_and_the_misses(tmp_
 
 
 def test_the_summary_command_says_when_there_is_nothing(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, "tests/bench/summary.py", str(tmp_path / "none.jsonl")],
-                          capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2])
+    done = subprocess.run(
+        [sys.executable, "tests/bench/summary.py", str(tmp_path / "none.jsonl")],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
     assert done.returncode == 1 and "no benchmark results" in done.stderr

@@ -14,8 +14,19 @@ from typing import Any
 
 # GGUF value types
 UINT8, INT8, UINT16, INT16, UINT32, INT32, FLOAT32, BOOL, STRING, ARRAY, UINT64, INT64, FLOAT64 = range(13)
-_FMT = {UINT8: "<B", INT8: "<b", UINT16: "<H", INT16: "<h", UINT32: "<I", INT32: "<i", FLOAT32: "<f",
-        BOOL: "<B", UINT64: "<Q", INT64: "<q", FLOAT64: "<d"}
+_FMT = {
+    UINT8: "<B",
+    INT8: "<b",
+    UINT16: "<H",
+    INT16: "<h",
+    UINT32: "<I",
+    INT32: "<i",
+    FLOAT32: "<f",
+    BOOL: "<B",
+    UINT64: "<Q",
+    INT64: "<q",
+    FLOAT64: "<d",
+}
 # ggml types used here: (elements per block, bytes per block)
 F32, F16, Q4_0, Q8_0 = 0, 1, 2, 8
 _BLOCKS = {F32: (1, 4), F16: (1, 2), Q4_0: (32, 18), Q8_0: (32, 34)}
@@ -183,4 +194,3 @@ def write_with_gguf_package(path: Path, *, arch: str = "llama", n_layers: int = 
     writer.write_tensors_to_file()
     writer.close()
     return path
-

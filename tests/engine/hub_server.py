@@ -89,8 +89,9 @@ class FakeHub:
         self._server.block_on_close = False
         self.port = self._server.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name="fake-hub", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name="fake-hub", daemon=True
+        )
 
     def __enter__(self) -> FakeHub:
         self._thread.start()
@@ -235,24 +236,44 @@ def _make_handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             sort = query.get("sort", ["downloads"])[0]
             limit = int(query.get("limit", ["20"])[0])
             hits = [
-                (rid, r) for rid, r in hub.repos.items()
+                (rid, r)
+                for rid, r in hub.repos.items()
                 if words in rid.lower() and any(p.endswith(".gguf") for p in r.files)
             ]
-            key = {"downloads": lambda h: h[1].downloads, "likes": lambda h: h[1].likes,
-                   "lastModified": lambda h: h[1].last_modified}[sort]
+            key = {
+                "downloads": lambda h: h[1].downloads,
+                "likes": lambda h: h[1].likes,
+                "lastModified": lambda h: h[1].last_modified,
+            }[sort]
             hits.sort(key=key, reverse=query.get("direction", ["-1"])[0] == "-1")
-            self._send_json([
-                {"_id": rid, "id": rid, "downloads": r.downloads, "likes": r.likes,
-                 "lastModified": r.last_modified, "gated": "manual" if r.gated else False, "private": False}
-                for rid, r in hits[:limit]
-            ])
+            self._send_json(
+                [
+                    {
+                        "_id": rid,
+                        "id": rid,
+                        "downloads": r.downloads,
+                        "likes": r.likes,
+                        "lastModified": r.last_modified,
+                        "gated": "manual" if r.gated else False,
+                        "private": False,
+                    }
+                    for rid, r in hits[:limit]
+                ]
+            )
 
         def _revision(self, repo_id: str, rev: str) -> None:
             repo = self._repo(repo_id, rev)
             if repo is None:
                 return
-            self._send_json({"id": repo_id, "sha": repo.commit, "gated": "manual" if repo.gated else False,
-                             "private": False, "siblings": [{"rfilename": p} for p in repo.files]})
+            self._send_json(
+                {
+                    "id": repo_id,
+                    "sha": repo.commit,
+                    "gated": "manual" if repo.gated else False,
+                    "private": False,
+                    "siblings": [{"rfilename": p} for p in repo.files],
+                }
+            )
 
         def _tree(self, repo_id: str, rev: str, query: dict[str, list[str]]) -> None:
             repo = self._repo(repo_id, rev)
@@ -262,14 +283,18 @@ def _make_handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             folders = sorted({p.rsplit("/", 1)[0] for p in repo.files if "/" in p})
             entries += [{"type": "directory", "oid": "0" * 40, "size": 0, "path": f} for f in folders]
             for name, data in sorted(repo.files.items()):
-                entry: dict[str, Any] = {"type": "file", "oid": hashlib.sha1(data).hexdigest(),
-                                         "size": repo.declared_size.get(name, len(data)), "path": name}
+                entry: dict[str, Any] = {
+                    "type": "file",
+                    "oid": hashlib.sha1(data).hexdigest(),
+                    "size": repo.declared_size.get(name, len(data)),
+                    "path": name,
+                }
                 if repo.is_lfs(name):
                     sha = repo.declared_sha.get(name, hashlib.sha256(data).hexdigest())
                     entry["lfs"] = {"oid": sha, "size": entry["size"], "pointerSize": 134}
                 entries.append(entry)
             start = int(query.get("cursor", ["0"])[0])
-            page = entries[start:start + hub.page_size]
+            page = entries[start : start + hub.page_size]
             headers = {}
             if start + hub.page_size < len(entries):
                 cursor = start + hub.page_size
@@ -317,7 +342,7 @@ def _make_handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                     return
                 self.send_response(206)
                 self.send_header("Content-Range", f"bytes {start}-{end}/{total}")
-                body = memoryview(data)[start:end + 1]
+                body = memoryview(data)[start : end + 1]
             else:
                 self.send_response(200)
                 body = memoryview(data)
@@ -362,7 +387,7 @@ def _make_handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                     time.sleep(faults.stall_s)
                     stall_at = -1
                     continue
-                piece = body[sent:min(limit, sent + chunk)]
+                piece = body[sent : min(limit, sent + chunk)]
                 self.wfile.write(piece)
                 sent += len(piece)
                 if faults.throttle_bps:
@@ -377,9 +402,16 @@ def _make_handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
 def demo_hub() -> FakeHub:
     """A hub with a few repos, for manual runs."""
     hub = FakeHub()
-    hub.add_repo("demo/tiny-GGUF", {"tiny-Q4_K_M.gguf": random_bytes(2 << 20, 1),
-                                    "tiny-Q8_0.gguf": random_bytes(3 << 20, 2),
-                                    "README.md": b"# tiny\n"}, downloads=10, likes=2)
+    hub.add_repo(
+        "demo/tiny-GGUF",
+        {
+            "tiny-Q4_K_M.gguf": random_bytes(2 << 20, 1),
+            "tiny-Q8_0.gguf": random_bytes(3 << 20, 2),
+            "README.md": b"# tiny\n",
+        },
+        downloads=10,
+        likes=2,
+    )
     return hub
 
 

@@ -35,8 +35,13 @@ class Script:
 
 
 def scripted_session(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, template: str | None, script: Script,
-    *, architecture: str = "qwen3", n_ctx: int = 4096,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    template: str | None,
+    script: Script,
+    *,
+    architecture: str = "qwen3",
+    n_ctx: int = 4096,
 ) -> ChatSession:
     """A ChatSession whose worker is scripted; ``template`` is the model's chat template."""
     model = tmp_path / "scripted.gguf"
@@ -49,8 +54,9 @@ def scripted_session(
             self.backend = None
 
         def start(self, cancel: object = None) -> ModelInfo:
-            return ModelInfo(str(model), architecture, n_ctx, n_ctx, 256, 1, 1000, 2, 0, False,
-                             "<s>", "</s>", False, template)
+            return ModelInfo(
+                str(model), architecture, n_ctx, n_ctx, 256, 1, 1000, 2, 0, False, "<s>", "</s>", False, template
+            )
 
         def tokenize(self, text: str, add_bos: bool = False, special: bool = True) -> list[int]:
             if special and text in script.control:
@@ -99,8 +105,8 @@ def _pieces(reply: str, size: int, control: dict[str, int]) -> list[str]:
     while rest:
         found = [(rest.find(marker), marker) for marker in control if marker in rest]
         at, marker = min(found) if found else (len(rest), "")
-        text, rest = rest[:at], rest[at + len(marker):]
-        out.extend(text[i:i + size] for i in range(0, len(text), size))
+        text, rest = rest[:at], rest[at + len(marker) :]
+        out.extend(text[i : i + size] for i in range(0, len(text), size))
         if marker:
             out.append(marker)
     return out

@@ -17,7 +17,8 @@ from engine.events import Event, Finished, Stats, Token, ToolCall
 from engine.tools import ToolResult, ToolSpec
 
 ADD = ToolSpec(
-    "add", "Adds two numbers.",
+    "add",
+    "Adds two numbers.",
     {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}, "required": ["a", "b"]},
 )
 ECHO = ToolSpec("echo", "Says it back.", {"type": "object", "properties": {"text": {"type": "string"}}}, "srv")
@@ -48,9 +49,18 @@ class ScriptedBackend:
         return len(text.split())
 
     def stream(
-        self, history: Sequence[Message], user: str | None, params: Any = None, *, system: str | None = None,
-        documents: str | None = None, cancel: threading.Event | None = None, tools: Sequence[ToolSpec] = (),
-        tool_choice: str | None = None, thinking: bool | None = None, reasoning_effort: str | None = None,
+        self,
+        history: Sequence[Message],
+        user: str | None,
+        params: Any = None,
+        *,
+        system: str | None = None,
+        documents: str | None = None,
+        cancel: threading.Event | None = None,
+        tools: Sequence[ToolSpec] = (),
+        tool_choice: str | None = None,
+        thinking: bool | None = None,
+        reasoning_effort: str | None = None,
     ) -> Iterator[Event]:
         self.seen.append({"history": list(history), "user": user, "tools": tuple(tools), "choice": tool_choice})
         if self.crash_at == len(self.seen):
@@ -74,8 +84,9 @@ class FakeProvider:
     def tools(self) -> list[ToolSpec]:
         return self.specs
 
-    def call(self, name: str, arguments: dict[str, Any], *, timeout_s: float,
-             cancel: threading.Event | None = None) -> ToolResult:
+    def call(
+        self, name: str, arguments: dict[str, Any], *, timeout_s: float, cancel: threading.Event | None = None
+    ) -> ToolResult:
         self.calls.append((name, arguments))
         self.started.set()
         if self.behaviour == "hang":  # ignores both the timeout and the cancel
@@ -157,9 +168,13 @@ def test_without_an_approver_no_call_runs() -> None:
 
 
 def test_always_allow_asks_once_and_updates_the_allow_list() -> None:
-    backend = ScriptedBackend([
-        Reply("", (call("add", a=1, b=1),)), Reply("", (call("add", a=2, b=2),)), Reply("done"),
-    ])
+    backend = ScriptedBackend(
+        [
+            Reply("", (call("add", a=1, b=1),)),
+            Reply("", (call("add", a=2, b=2),)),
+            Reply("done"),
+        ]
+    )
     provider = FakeProvider([ADD])
     asked, approve = approver("always")
     remembered: list[str] = []
@@ -181,9 +196,12 @@ def test_allow_listed_tool_runs_without_asking() -> None:
 
 
 def test_unknown_tool_and_bad_arguments_are_errors_without_approval() -> None:
-    backend = ScriptedBackend([
-        Reply("", (call("rm_rf", path="/"), call("add", a="two", b=3))), Reply("sorry"),
-    ])
+    backend = ScriptedBackend(
+        [
+            Reply("", (call("rm_rf", path="/"), call("add", a="two", b=3))),
+            Reply("sorry"),
+        ]
+    )
     provider = FakeProvider([ADD])
     asked, approve = approver("once", "once")
     _, result = run_all(Agent(backend, [provider], approve=approve))

@@ -27,9 +27,12 @@ from engine.tools import ToolResult, ToolSpec
 
 pytestmark = pytest.mark.model
 
-ADD = ToolSpec("add", "Adds two integers.", {"type": "object", "properties": {"a": {"type": "integer"},
-                                                                              "b": {"type": "integer"}},
-                                             "required": ["a", "b"]}, "test")
+ADD = ToolSpec(
+    "add",
+    "Adds two integers.",
+    {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]},
+    "test",
+)
 DOCUMENT = " ".join(f"Entry {i}: crate {i % 11} left the dock at {i % 24:02d}:30." for i in range(30))
 
 
@@ -37,8 +40,9 @@ class Adder:
     def tools(self) -> list[ToolSpec]:
         return [ADD]
 
-    def call(self, name: str, arguments: dict[str, Any], *, timeout_s: float,
-             cancel: threading.Event | None = None) -> ToolResult:
+    def call(
+        self, name: str, arguments: dict[str, Any], *, timeout_s: float, cancel: threading.Event | None = None
+    ) -> ToolResult:
         return ToolResult(str(arguments["a"] + arguments["b"]))
 
     def close(self) -> None:
@@ -102,8 +106,11 @@ def test_the_step_after_a_tool_result_reuses_the_prefix_and_the_tool_turn_is_res
     # A new worker process continues the chat after the tool turn: its state comes from disk.
     history = [Message("user", question), *run.result.messages]
     with _session(starter_model, folder) as later:
-        [done] = [e for e in later.stream(history, "Thanks. And 4 and 5?", params, tools=[ADD],
-                                          cache_key=KvKey("3", "11")) if isinstance(e, Finished)]
+        [done] = [
+            e
+            for e in later.stream(history, "Thanks. And 4 and 5?", params, tools=[ADD], cache_key=KvKey("3", "11"))
+            if isinstance(e, Finished)
+        ]
     assert done.stats.kv_restored_tokens >= second.stats.prompt_tokens - 1  # past the call and its result
     assert done.stats.prompt_tokens - done.stats.cached_tokens < 64
 
@@ -118,8 +125,11 @@ def plain_session(starter_model: Path) -> Iterator[Any]:
         yield session
 
 
-@pytest.mark.parametrize(("tool_choice", "max_steps"), [("auto", 4), ("add", 4), ("required", 4), ("auto", 1)],
-                         ids=["auto", "named", "required", "step-limit"])
+@pytest.mark.parametrize(
+    ("tool_choice", "max_steps"),
+    [("auto", 4), ("add", 4), ("required", 4), ("auto", 1)],
+    ids=["auto", "named", "required", "step-limit"],
+)
 def test_the_step_after_a_tool_result_reuses_the_previous_steps_prompt(
     plain_session: Any, tool_choice: str, max_steps: int
 ) -> None:

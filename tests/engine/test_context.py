@@ -178,9 +178,7 @@ def test_refuse_policy_is_fine_when_everything_fits() -> None:
 
 def test_documents_that_cannot_fit_are_refused_with_the_numbers() -> None:
     documents = " ".join(["passage"] * 200)
-    with pytest.raises(
-        ContextOverflow, match=r"documents block needs 200 tokens but the context window is 128"
-    ):
+    with pytest.raises(ContextOverflow, match=r"documents block needs 200 tokens but the context window is 128"):
         plan([], n_ctx=128, reserve=32, documents=documents)
 
 
@@ -282,9 +280,7 @@ def starter_counters(starter_model: Path) -> Iterator[Counters]:
 def test_plan_with_the_starter_models_tokenizer_at_n_ctx_256(starter_counters: Counters) -> None:
     count_tokens, count_text = starter_counters
     history = [
-        Message(
-            "user" if i % 2 == 0 else "assistant", f"Turn {i}: tell me something about the number {i}."
-        )
+        Message("user" if i % 2 == 0 else "assistant", f"Turn {i}: tell me something about the number {i}.")
         for i in range(40)
     ]
     result = plan_context(

@@ -92,8 +92,7 @@ def test_a_sigill_is_explained_in_a_users_words() -> None:
     amx = BackendInfo("variants", "sapphirerapids", "libggml-cpu-sapphirerapids.so", ("AVX512", "AMX_INT8"))
     text = describe_crash(-signal.SIGILL, amx)
     assert text == (
-        "llama.cpp was built for CPU instructions this machine cannot run "
-        "(AMX tile, in libggml-cpu-sapphirerapids.so)"
+        "llama.cpp was built for CPU instructions this machine cannot run (AMX tile, in libggml-cpu-sapphirerapids.so)"
     )
     avx512 = BackendInfo("variants", "skylakex", "libggml-cpu-skylakex.so", ("AVX2", "AVX512"))
     assert "(AVX-512, in libggml-cpu-skylakex.so)" in describe_crash(-signal.SIGILL, avx512)
@@ -138,10 +137,7 @@ _PORTABLE = pytest.mark.skipif(not variant_files(), reason="llama-cpp-python is 
 def test_the_build_has_a_baseline_variant_and_the_process_loads_an_existing_one() -> None:
     files = variant_files()
     assert {"x64", "haswell"} <= set(files), sorted(files)
-    code = (
-        "import json; from engine.cpu_backend import load_backends; "
-        "print(json.dumps(load_backends().to_dict()))"
-    )
+    code = "import json; from engine.cpu_backend import load_backends; print(json.dumps(load_backends().to_dict()))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stderr == ""  # ggml's loading chatter stays out of the user's terminal

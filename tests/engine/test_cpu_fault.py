@@ -32,7 +32,10 @@ def backend_here() -> BackendInfo:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     data = json.loads(done.stdout)
     return BackendInfo(
-        data["build"], data["variant"], data["file"], tuple(data["features"]),
+        data["build"],
+        data["variant"],
+        data["file"],
+        tuple(data["features"]),
         tuple(CpuVariant(**v) for v in data["available"]),
     )
 
@@ -146,8 +149,12 @@ def test_amx_is_used_only_after_a_passing_probe(
             assert self.backend is not None
             held = () if self.params.allow_amx else (("sapphirerapids", "AMX not yet proven on this machine"),)
             self.backend = BackendInfo(
-                self.backend.build, self.backend.variant, self.backend.file, self.backend.features,
-                self.backend.available, held,
+                self.backend.build,
+                self.backend.variant,
+                self.backend.file,
+                self.backend.features,
+                self.backend.available,
+                held,
             )
             return info
 

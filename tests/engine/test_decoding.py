@@ -251,9 +251,7 @@ def test_stop_while_decoding_passes_no_token_on_and_the_text_is_what_was_shown(w
 
 # --------------------------------------------------------------------------- speculative decoding
 
-QUOTE_PROMPT = (
-    "Passage:\n" + PASSAGE * 3 + "\nCopy the passage exactly.\nCopy:\n" + PASSAGE[:80]
-)
+QUOTE_PROMPT = "Passage:\n" + PASSAGE * 3 + "\nCopy the passage exactly.\nCopy:\n" + PASSAGE[:80]
 
 
 def _same_up_to_a_near_tie(plain: list[Token], fast: list[Token]) -> int:
@@ -354,6 +352,7 @@ def test_stop_while_the_draft_model_reads_the_prompt(starter_model: Path) -> Non
         assert not _tokens(events)
         assert stopped_at and time.perf_counter() - stopped_at[-1] < 0.35
         # The draft's cache is consistent: the next reply drafts and finishes.
-        again = _run(w, "The history of the printing press", GenerationParams(max_tokens=8, temperature=0.0,
-                                                                               speculative="draft"))[1]
+        again = _run(
+            w, "The history of the printing press", GenerationParams(max_tokens=8, temperature=0.0, speculative="draft")
+        )[1]
         assert again.completion_tokens == 8

@@ -17,9 +17,20 @@ def write_partial(dest: Path, name: str, data: bytes, **meta: object) -> tuple[P
     _, partial, meta_path = partial_paths(dest, name)
     partial.parent.mkdir(parents=True, exist_ok=True)
     partial.write_bytes(data)
-    document = {"format": 1, "repo": REPO, "filename": name, "revision": "main", "commit": COMMIT,
-                "endpoint": "http://127.0.0.1:9", "expected_size": 1000, "expected_sha256": "b" * 64,
-                "total": 1000, "done": len(data), "updated_at": 5.0, **meta}
+    document = {
+        "format": 1,
+        "repo": REPO,
+        "filename": name,
+        "revision": "main",
+        "commit": COMMIT,
+        "endpoint": "http://127.0.0.1:9",
+        "expected_size": 1000,
+        "expected_sha256": "b" * 64,
+        "total": 1000,
+        "done": len(data),
+        "updated_at": 5.0,
+        **meta,
+    }
     meta_path.write_text(json.dumps(document), encoding="utf-8")
     return partial, meta_path
 
@@ -86,8 +97,11 @@ def test_check_on_disk_tells_complete_partial_and_not_started_files(tmp_path: Pa
     (tmp_path / names[0]).write_bytes(b"x" * 1000)
     write_partial(tmp_path, names[1], b"x" * 300)
     status = check_on_disk(item)
-    assert [(f.complete, f.done, f.total) for f in status.files] == [(True, 1000, 1000), (False, 300, 1000),
-                                                                     (False, 0, 1000)]
+    assert [(f.complete, f.done, f.total) for f in status.files] == [
+        (True, 1000, 1000),
+        (False, 300, 1000),
+        (False, 0, 1000),
+    ]
     assert (status.done, status.total, status.files_done, status.complete) == (1300, 3000, 1, False)
     (tmp_path / names[0]).write_bytes(b"x" * 999)  # not the promised size: not complete
     assert not check_on_disk(item).files[0].complete
@@ -97,15 +111,35 @@ def test_queue_items_list_every_file_and_a_format_1_file_still_loads(tmp_path: P
     from engine.download_queue import DownloadQueue, QueueFile, make_item
 
     state = tmp_path / "queue.json"
-    state.write_text(json.dumps({"format": 1, "items": [{
-        "repo": REPO, "filename": "old.gguf", "dest_dir": str(tmp_path), "revision": "main",
-        "expected_sha256": None, "expected_size": 5, "state": "paused", "error": None, "added_at": 1.0,
-    }]}), encoding="utf-8")
+    state.write_text(
+        json.dumps(
+            {
+                "format": 1,
+                "items": [
+                    {
+                        "repo": REPO,
+                        "filename": "old.gguf",
+                        "dest_dir": str(tmp_path),
+                        "revision": "main",
+                        "expected_sha256": None,
+                        "expected_size": 5,
+                        "state": "paused",
+                        "error": None,
+                        "added_at": 1.0,
+                    }
+                ],
+            }
+        ),
+        encoding="utf-8",
+    )
     queue = DownloadQueue(state)
     (old,) = queue.items()
     assert (old.name, old.filename, old.expected_size, old.state) == ("old.gguf", "old.gguf", 5, "paused")
-    files = [QueueFile("a-00001-of-00002.gguf", "c" * 64, 10), QueueFile("a-00002-of-00002.gguf", None, 20),
-             QueueFile("mmproj-a.gguf")]
+    files = [
+        QueueFile("a-00001-of-00002.gguf", "c" * 64, 10),
+        QueueFile("a-00002-of-00002.gguf", None, 20),
+        QueueFile("mmproj-a.gguf"),
+    ]
     first = queue.put(make_item(REPO, "a.gguf", tmp_path, files, revision=COMMIT, endpoint="http://x"))
     again = queue.put(make_item(REPO, "a.gguf", tmp_path, files[:2], revision=COMMIT))  # the same choice, again
     assert again.added_at == first.added_at
@@ -120,9 +154,23 @@ def test_a_queue_state_from_a_newer_app_reads_as_paused(tmp_path: Path) -> None:
     from engine.download_queue import DownloadQueue
 
     state = tmp_path / "queue.json"
-    state.write_text(json.dumps({"format": 2, "items": [{
-        "repo": REPO, "name": "a.gguf", "dest_dir": str(tmp_path), "files": [{"filename": "a.gguf"}],
-        "state": "verifying-later", "future_field": 1,
-    }]}), encoding="utf-8")
+    state.write_text(
+        json.dumps(
+            {
+                "format": 2,
+                "items": [
+                    {
+                        "repo": REPO,
+                        "name": "a.gguf",
+                        "dest_dir": str(tmp_path),
+                        "files": [{"filename": "a.gguf"}],
+                        "state": "verifying-later",
+                        "future_field": 1,
+                    }
+                ],
+            }
+        ),
+        encoding="utf-8",
+    )
     (item,) = DownloadQueue(state).items()
     assert item.state == "paused"

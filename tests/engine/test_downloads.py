@@ -41,15 +41,13 @@ SHA = hashlib.sha256(DATA).hexdigest()
 ROOT = Path(__file__).resolve().parents[2]
 
 # Fast settings for tests: tiny backoff, short stall timeout, no disk margin.
-FAST: dict[str, Any] = {"backoff_s": 0.01, "max_backoff_s": 0.05, "stall_timeout_s": 2.0,
-                        "disk_margin_bytes": 0}
+FAST: dict[str, Any] = {"backoff_s": 0.01, "max_backoff_s": 0.05, "stall_timeout_s": 2.0, "disk_margin_bytes": 0}
 
 
 @pytest.fixture
 def hub() -> Iterator[FakeHub]:
     with FakeHub() as server:
-        server.add_repo(REPO, {NAME: DATA, "sub/part-Q8_0.gguf": random_bytes(50_000, 1),
-                               "config.json": b'{"a": 1}'})
+        server.add_repo(REPO, {NAME: DATA, "sub/part-Q8_0.gguf": random_bytes(50_000, 1), "config.json": b'{"a": 1}'})
         yield server
 
 
@@ -137,7 +135,7 @@ def test_progress_reports_speed_and_eta(hub: FakeHub, dest: Path) -> None:
     moving = [r for r in recorder.reports if r.state == "downloading" and r.speed_bps > 0]
     assert moving, recorder.reports
     assert all(r.eta_s is not None and r.eta_s >= 0 for r in moving)
-    speeds = [r.speed_bps for r in moving[len(moving) // 2:]]
+    speeds = [r.speed_bps for r in moving[len(moving) // 2 :]]
     assert 1 * 2**20 < sum(speeds) / len(speeds) < 12 * 2**20  # about the throttle rate
 
 
@@ -264,15 +262,15 @@ def test_rate_limit_on_the_file_honours_retry_after(hub: FakeHub, dest: Path) ->
     assert "rate limited" in recorder.messages()
 
 
-def test_gated_file_needs_the_token_which_never_reaches_the_cdn(dest: Path,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gated_file_needs_the_token_which_never_reaches_the_cdn(dest: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with FakeHub(cdn_host="localhost") as server:
         server.add_repo(REPO, {NAME: DATA}, gated=True, token="hf_s3cret")
         monkeypatch.delenv("HF_TOKEN", raising=False)
         with pytest.raises(GatedRepoError) as caught:
             download_file(REPO, NAME, dest, endpoint=server.url, **FAST)
-        assert str(caught.value) == (f"{REPO}/{NAME}: gated or private: accept the licence on the model page "
-                                     "and set HF_TOKEN")
+        assert str(caught.value) == (
+            f"{REPO}/{NAME}: gated or private: accept the licence on the model page and set HF_TOKEN"
+        )
         assert not partial_paths(dest, NAME)[1].exists()
         monkeypatch.setenv("HF_TOKEN", "hf_s3cret")
         assert download_file(REPO, NAME, dest, endpoint=server.url, **FAST).sha256 == SHA
@@ -302,8 +300,19 @@ def test_unreachable_endpoint_is_offline(dest: Path) -> None:
 # ------------------------------------------------------------------------------ refusals
 
 
-@pytest.mark.parametrize("name", ["../evil.gguf", "/etc/x.gguf", "C:\\x.gguf", "C:x.gguf",
-                                  "\\\\server\\share\\x.gguf", "a\\b.gguf", "a\x00.gguf", "a/../../b.gguf"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "../evil.gguf",
+        "/etc/x.gguf",
+        "C:\\x.gguf",
+        "C:x.gguf",
+        "\\\\server\\share\\x.gguf",
+        "a\\b.gguf",
+        "a\x00.gguf",
+        "a/../../b.gguf",
+    ],
+)
 def test_unsafe_names_are_refused_before_any_request(hub: FakeHub, dest: Path, name: str) -> None:
     with pytest.raises(DownloadError, match="unsafe file name"):
         download(hub, dest, name)
@@ -344,8 +353,7 @@ def _fake_usage(free: int) -> Any:
     return lambda path: usage(10 * free, 9 * free, free)
 
 
-def test_disk_precheck_refuses_before_downloading(hub: FakeHub, dest: Path,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_disk_precheck_refuses_before_downloading(hub: FakeHub, dest: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(downloads.shutil, "disk_usage", _fake_usage(2**20))
     with pytest.raises(DownloadError) as caught:
         download(hub, dest, expected_size=SIZE, disk_margin_bytes=512 * 2**20)
@@ -353,8 +361,7 @@ def test_disk_precheck_refuses_before_downloading(hub: FakeHub, dest: Path,
     assert hub.requests == []
 
 
-def test_disk_check_runs_once_the_size_is_known(hub: FakeHub, dest: Path,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_disk_check_runs_once_the_size_is_known(hub: FakeHub, dest: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(downloads.shutil, "disk_usage", _fake_usage(SIZE - 1))
     with pytest.raises(DownloadError, match=f"not enough disk space for {NAME}: need 3.0 MiB, 3.0 MiB free"):
         download(hub, dest)
@@ -362,8 +369,9 @@ def test_disk_check_runs_once_the_size_is_known(hub: FakeHub, dest: Path,
     assert not partial_paths(dest, NAME)[1].exists()  # the redirect told the size: no byte written
 
 
-def test_disk_full_while_writing_keeps_the_partial_for_later(hub: FakeHub, dest: Path,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_disk_full_while_writing_keeps_the_partial_for_later(
+    hub: FakeHub, dest: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     real_write = downloads._write_all
     written = [0]
 
@@ -499,9 +507,22 @@ def test_a_partial_that_is_already_complete_is_only_verified(hub: FakeHub, dest:
     dest.mkdir()
     _, partial, meta = partial_paths(dest, NAME)
     partial.write_bytes(DATA)
-    meta.write_text(json.dumps({"format": 1, "repo": REPO, "filename": NAME, "revision": "main",
-                                "commit": hub.repos[REPO].commit, "expected_sha256": SHA,
-                                "expected_size": None, "total": SIZE, "done": SIZE}), encoding="utf-8")
+    meta.write_text(
+        json.dumps(
+            {
+                "format": 1,
+                "repo": REPO,
+                "filename": NAME,
+                "revision": "main",
+                "commit": hub.repos[REPO].commit,
+                "expected_sha256": SHA,
+                "expected_size": None,
+                "total": SIZE,
+                "done": SIZE,
+            }
+        ),
+        encoding="utf-8",
+    )
     assert download(hub, dest).sha256 == SHA
     assert ranges(hub) == [f"bytes={SIZE}-"]
     assert_clean(dest)
@@ -520,9 +541,10 @@ def test_garbage_metadata_restarts_safely(hub: FakeHub, dest: Path) -> None:
 def test_metadata_for_another_revision_is_not_trusted(hub: FakeHub, dest: Path) -> None:
     dest.mkdir()
     _, partial, meta = partial_paths(dest, NAME)
-    partial.write_bytes(DATA[:2**20])
-    meta.write_text(json.dumps({"format": 1, "repo": REPO, "filename": NAME, "revision": "v2",
-                                "done": 2**20}), encoding="utf-8")
+    partial.write_bytes(DATA[: 2**20])
+    meta.write_text(
+        json.dumps({"format": 1, "repo": REPO, "filename": NAME, "revision": "v2", "done": 2**20}), encoding="utf-8"
+    )
     assert download(hub, dest).sha256 == SHA
     assert ranges(hub) == [None]
 
@@ -569,8 +591,12 @@ _CHILD = textwrap.dedent("""
 def test_download_killed_with_sigkill_resumes_in_a_new_process(hub: FakeHub, dest: Path) -> None:
     hub.faults.throttle_bps = 1.5 * 2**20
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    child = subprocess.Popen([sys.executable, "-c", _CHILD, REPO, NAME, str(dest), hub.url], env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    child = subprocess.Popen(
+        [sys.executable, "-c", _CHILD, REPO, NAME, str(dest), hub.url],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -590,8 +616,14 @@ def test_download_killed_with_sigkill_resumes_in_a_new_process(hub: FakeHub, des
     kept = read_partial_meta(dest, NAME)
     assert kept is not None
     hub.faults.throttle_bps = 0
-    second = subprocess.run([sys.executable, "-c", _CHILD, REPO, NAME, str(dest), hub.url], env=env,
-                            capture_output=True, text=True, timeout=60, check=True)
+    second = subprocess.run(
+        [sys.executable, "-c", _CHILD, REPO, NAME, str(dest), hub.url],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     result = json.loads(second.stdout)
     assert result["sha256"] == SHA
     assert result["size"] == SIZE
@@ -613,7 +645,9 @@ def test_queue_persists_across_instances(tmp_path: Path) -> None:
     again = DownloadQueue(state)
     items = again.items()
     assert [(i.repo, i.filename, i.state) for i in items] == [
-        (REPO, NAME, "paused"), ("other/repo-GGUF", "b.gguf", "queued")]
+        (REPO, NAME, "paused"),
+        ("other/repo-GGUF", "b.gguf", "queued"),
+    ]
     assert items[0].expected_sha256 == SHA
     assert again.next_queued() == items[1]
     assert again.remove(first.key)

@@ -41,8 +41,13 @@ def gemma(starter_model: Path) -> GgufInfo:
 
 def machine(ram_gib: float = 32, gpus: list[GpuInfo] | None = None, offload: bool = True) -> HardwareInfo:
     return HardwareInfo(
-        total_ram=int(ram_gib * GIB), available_ram=int(ram_gib * GIB * 0.9), cpu_count_physical=8,
-        cpu_count_logical=16, cpu_name="Test CPU", gpu_offload_supported=offload, gpus=gpus or [],
+        total_ram=int(ram_gib * GIB),
+        available_ram=int(ram_gib * GIB * 0.9),
+        cpu_count_physical=8,
+        cpu_count_logical=16,
+        cpu_name="Test CPU",
+        gpu_offload_supported=offload,
+        gpus=gpus or [],
     )
 
 
@@ -119,7 +124,10 @@ _LOAD = textwrap.dedent(
 def _llama_log(model: Path, n_ctx: int, swa_full: bool) -> str:
     done = subprocess.run(
         [sys.executable, "-c", _LOAD, str(model), str(n_ctx), "1" if swa_full else "0"],
-        capture_output=True, text=True, timeout=120, check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stderr
@@ -152,13 +160,33 @@ def _synthetic(layers: int = 32, layer_bytes: int = 200 * MIB, other: int = 500 
     """A 7B-class shape: 32 layers, 8 KV heads of 128."""
     total = layers * layer_bytes + other
     return GgufInfo(
-        path=Path("synthetic.gguf"), file_size=total + 10 * MIB, version=3, architecture="llama", name="S",
-        n_params=7_000_000_000, n_layers=layers, n_heads=32, n_kv_heads=8, head_dim_k=128, head_dim_v=128,
-        embedding_length=4096, context_length=8192, sliding_window=None, file_type="Q4_K_M",
+        path=Path("synthetic.gguf"),
+        file_size=total + 10 * MIB,
+        version=3,
+        architecture="llama",
+        name="S",
+        n_params=7_000_000_000,
+        n_layers=layers,
+        n_heads=32,
+        n_kv_heads=8,
+        head_dim_k=128,
+        head_dim_v=128,
+        embedding_length=4096,
+        context_length=8192,
+        sliding_window=None,
+        file_type="Q4_K_M",
         chat_template=None,
-        bos_token=None, eos_token=None, n_tensors=291, tensor_data_offset=10 * MIB, tensor_bytes=total,
-        layer_bytes=[layer_bytes] * layers, other_bytes=other, expert_count=None,
-        metadata={"llama.feed_forward_length": 14336}, embedding_bytes=other // 2, tied_embeddings=False,
+        bos_token=None,
+        eos_token=None,
+        n_tensors=291,
+        tensor_data_offset=10 * MIB,
+        tensor_bytes=total,
+        layer_bytes=[layer_bytes] * layers,
+        other_bytes=other,
+        expert_count=None,
+        metadata={"llama.feed_forward_length": 14336},
+        embedding_bytes=other // 2,
+        tied_embeddings=False,
         vocab_size=128256,
     )
 
@@ -226,8 +254,14 @@ def test_huge_model_wont_fit() -> None:
 def test_reserve_keeps_room_for_the_system() -> None:
     info = _synthetic()
     need = estimate_fit(info, machine(), 4096).total_bytes
-    hw = HardwareInfo(total_ram=need + GIB, available_ram=need + GIB, cpu_count_physical=4,
-                      cpu_count_logical=4, cpu_name="x", gpu_offload_supported=False)
+    hw = HardwareInfo(
+        total_ram=need + GIB,
+        available_ram=need + GIB,
+        cpu_count_physical=4,
+        cpu_count_logical=4,
+        cpu_name="x",
+        gpu_offload_supported=False,
+    )
     assert estimate_fit(info, hw, 4096).verdict == "no"  # 1 GiB spare is less than the 1.5 GiB reserve
     roomy = dataclasses.replace(hw, available_ram=need + 2 * GIB, total_ram=need + 2 * GIB)
     assert estimate_fit(info, roomy, 4096).verdict == "ram"
@@ -253,7 +287,8 @@ def test_per_layer_kv_heads_and_mla() -> None:
     hybrid = dataclasses.replace(_synthetic(layers=4), kv_heads_per_layer=[8, 0, 8, 0])
     assert kv_cache_bytes(hybrid, 100) == 2 * 100 * 8 * 256 * 2
     mla = dataclasses.replace(
-        _synthetic(layers=2), architecture="deepseek2",
+        _synthetic(layers=2),
+        architecture="deepseek2",
         metadata={"deepseek2.attention.kv_lora_rank": 512, "deepseek2.rope.dimension_count": 64},
     )
     assert kv_bytes_per_token(mla) == 2 * (512 + 64) * 2

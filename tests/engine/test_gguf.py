@@ -243,9 +243,7 @@ CASES: dict[str, tuple[Callable[[], bytes], str]] = {
         "invalid dimension 0",
     ),
     "negative dim": (
-        lambda: build(
-            raw_tensor_infos=tensor_info("t", [2**64 - 2], F32, 0), n_tensors=1, tensors=[]
-        ).data,
+        lambda: build(raw_tensor_infos=tensor_info("t", [2**64 - 2], F32, 0), n_tensors=1, tensors=[]).data,
         "invalid dimension 18446744073709551614",
     ),
     "shape product overflow": (

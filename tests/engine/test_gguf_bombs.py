@@ -163,7 +163,12 @@ def cli(home: Path, *argv: str, timeout: float = 60) -> tuple[subprocess.Complet
     start = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-c", child, *argv, "--home", str(home)],
-        cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False, env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env=env,
     )
     wall = time.monotonic() - start
     peak = int(rss_file.read_text()) if rss_file.exists() else 0
@@ -181,7 +186,12 @@ def one_line_error(done: subprocess.CompletedProcess[str], path: Path, reason: s
 def run_python(code: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
     """Runs ``code`` in a child (for anything that would block forever if the fix broke)."""
     return subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False,
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
 
@@ -226,8 +236,11 @@ def test_the_library_lists_a_named_pipe_with_its_reason(fifo: Path, tmp_path: Pa
     assert time.monotonic() - start < 20
     assert done.returncode == 0, done.stderr
     errors = json.loads(done.stdout)
-    assert errors == {"empty.gguf": "the file is empty (0 bytes): download it again", "other.gguf": PIPE,
-                      "pipe.gguf": PIPE}
+    assert errors == {
+        "empty.gguf": "the file is empty (0 bytes): download it again",
+        "other.gguf": PIPE,
+        "pipe.gguf": PIPE,
+    }
 
 
 def test_the_reader_refuses_a_pipe_swapped_in_after_the_check(fifo: Path) -> None:
@@ -331,13 +344,20 @@ def test_a_chat_template_over_the_cap_is_noted_not_kept(tmp_path: Path) -> None:
     limit = gguf.MAX_CHAT_TEMPLATE_BYTES
     base = [k for k in default_kvs() if not k.startswith(gstr("tokenizer.chat_template"))]
     at_cap = TEMPLATE + " " * (limit - len(TEMPLATE))
-    kept = read_gguf_info(sparse_gguf(tmp_path / "cap.gguf", [*base, kv("tokenizer.chat_template", STRING, at_cap)],
-                                      len(base) + 1, default_tensors()))
+    kept = read_gguf_info(
+        sparse_gguf(
+            tmp_path / "cap.gguf",
+            [*base, kv("tokenizer.chat_template", STRING, at_cap)],
+            len(base) + 1,
+            default_tensors(),
+        )
+    )
     assert kept.chat_template == at_cap
     assert kept.notes == []
     over: list[Piece] = [*base, gstr("tokenizer.chat_template") + u32(STRING) + u64(16 * MIB) + b"{{", 16 * MIB - 2]
-    peak, info = traced_peak(read_gguf_info, sparse_gguf(tmp_path / "over.gguf", over, len(base) + 1,
-                                                          default_tensors()))
+    peak, info = traced_peak(
+        read_gguf_info, sparse_gguf(tmp_path / "over.gguf", over, len(base) + 1, default_tensors())
+    )
     assert isinstance(info, GgufInfo), info
     assert peak < 4 * MIB
     assert info.chat_template is None
@@ -376,8 +396,10 @@ def test_small_arrays_past_the_kept_budget_are_skipped_and_noted(tmp_path: Path)
     assert isinstance(info, GgufInfo), info
     assert seconds < 0.5
     kept = gguf.MAX_KEPT_ARRAY_ITEMS // 4096 - 1  # the scores array (8 entries) is kept first
-    assert info.notes == [f"{8000 - kept} metadata arrays were not kept: the header holds more than "
-                          f"{gguf.MAX_KEPT_ARRAY_ITEMS} array entries in all"]
+    assert info.notes == [
+        f"{8000 - kept} metadata arrays were not kept: the header holds more than "
+        f"{gguf.MAX_KEPT_ARRAY_ITEMS} array entries in all"
+    ]
     assert info.vocab_size == 8
     peak, _ = traced_peak(read_gguf_info, path)
     assert peak < 16 * MIB
@@ -478,9 +500,7 @@ def test_a_header_that_needs_too_many_reads_is_refused(tmp_path: Path) -> None:
     assert seconds < 0.5
 
 
-def test_models_info_prints_what_the_reader_left_out(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_models_info_prints_what_the_reader_left_out(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from app.cli import main
 
     base = [k for k in default_kvs() if not k.startswith(gstr("tokenizer.chat_template"))]

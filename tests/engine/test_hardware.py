@@ -75,8 +75,9 @@ def test_probe_without_gpus() -> None:
 
 
 def test_apple_silicon_is_unified_memory() -> None:
-    hw = probe_hardware(run=lambda argv: pytest.fail("no tools on macOS"), system="Darwin", machine="arm64",
-                        offload=True)
+    hw = probe_hardware(
+        run=lambda argv: pytest.fail("no tools on macOS"), system="Darwin", machine="arm64", offload=True
+    )
     (gpu,) = hw.gpus
     assert gpu.vendor == "apple"
     assert gpu.unified_memory

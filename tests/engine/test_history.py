@@ -33,9 +33,7 @@ def store(db_path: Path) -> Iterator[HistoryStore]:
 
 def test_conversation_round_trip(db_path: Path) -> None:
     with HistoryStore(db_path) as store:
-        first = store.create_conversation(
-            "Cooking", system_prompt="Be a chef.", settings={"temperature": 0.2}
-        )
+        first = store.create_conversation("Cooking", system_prompt="Be a chef.", settings={"temperature": 0.2})
         second = store.create_conversation()
         store.rename(first.id, "Baking")
         store.update_conversation(first.id, knowledge_bases=["recipes"], settings={"temperature": 0.7})
@@ -390,9 +388,7 @@ def test_new_database_needs_no_backup(db_path: Path) -> None:
     ],
     ids=["text", "png", "sqlite-header-garbage"],
 )
-def test_a_file_that_is_not_a_usable_database_is_reported_and_left_alone(
-    db_path: Path, content: bytes
-) -> None:
+def test_a_file_that_is_not_a_usable_database_is_reported_and_left_alone(db_path: Path, content: bytes) -> None:
     db_path.parent.mkdir(parents=True)
     db_path.write_bytes(content)
     with pytest.raises(HistoryError) as caught:

@@ -31,57 +31,82 @@ from engine.hub_http import retry_after_seconds
 @pytest.fixture
 def hub() -> Iterator[FakeHub]:
     with FakeHub() as server:
-        server.add_repo("alice/Llama-3-8B-GGUF", {
-            "Llama-3-8B-Q4_K_M.gguf": random_bytes(3000, 1),
-            "Llama-3-8B-Q8_0.gguf": random_bytes(5000, 2),
-            "Llama-3-8B-IQ4_XS.gguf": random_bytes(2500, 3),
-            "README.md": b"# readme\n",
-        }, downloads=500, likes=3, last_modified="2024-05-01T00:00:00.000Z")
-        server.add_repo("bob/llama-vision-GGUF", {
-            "model-Q4_K_M.gguf": random_bytes(1000, 4),
-            "mmproj-model-f16.gguf": random_bytes(100, 5),
-            "BF16/model-BF16-00001-of-00003.gguf": random_bytes(700, 6),
-            "BF16/model-BF16-00002-of-00003.gguf": random_bytes(700, 7),
-            "BF16/model-BF16-00003-of-00003.gguf": random_bytes(600, 8),
-            "BF16/mmproj-BF16.gguf": random_bytes(90, 9),
-            "Q2_K/model-Q2_K-00001-of-00002.gguf": random_bytes(300, 10),
-        }, downloads=100, likes=40, last_modified="2025-02-01T00:00:00.000Z")
+        server.add_repo(
+            "alice/Llama-3-8B-GGUF",
+            {
+                "Llama-3-8B-Q4_K_M.gguf": random_bytes(3000, 1),
+                "Llama-3-8B-Q8_0.gguf": random_bytes(5000, 2),
+                "Llama-3-8B-IQ4_XS.gguf": random_bytes(2500, 3),
+                "README.md": b"# readme\n",
+            },
+            downloads=500,
+            likes=3,
+            last_modified="2024-05-01T00:00:00.000Z",
+        )
+        server.add_repo(
+            "bob/llama-vision-GGUF",
+            {
+                "model-Q4_K_M.gguf": random_bytes(1000, 4),
+                "mmproj-model-f16.gguf": random_bytes(100, 5),
+                "BF16/model-BF16-00001-of-00003.gguf": random_bytes(700, 6),
+                "BF16/model-BF16-00002-of-00003.gguf": random_bytes(700, 7),
+                "BF16/model-BF16-00003-of-00003.gguf": random_bytes(600, 8),
+                "BF16/mmproj-BF16.gguf": random_bytes(90, 9),
+                "Q2_K/model-Q2_K-00001-of-00002.gguf": random_bytes(300, 10),
+            },
+            downloads=100,
+            likes=40,
+            last_modified="2025-02-01T00:00:00.000Z",
+        )
         server.add_repo("carol/old-llama", {"pytorch_model.bin": b"pickle", "config.json": b"{}"})
-        server.add_repo("dave/llama-safetensors", {"model.safetensors": b"st", "training_args.bin": b"p",
-                                                   "config.json": b"{}"})
-        server.add_repo("erin/gated-llama-GGUF", {"g-Q4_0.gguf": random_bytes(400, 11)},
-                        gated=True, token="hf_secret", downloads=7, likes=1)
-        server.add_repo("mallory/evil-GGUF", {
-            "good-Q4_K_M.gguf": random_bytes(100, 12),
-            "../evil.gguf": b"x",
-            "/etc/x.gguf": b"x",
-            "C:\\x.gguf": b"x",
-            "dir\\y.gguf": b"x",
-        })
+        server.add_repo(
+            "dave/llama-safetensors", {"model.safetensors": b"st", "training_args.bin": b"p", "config.json": b"{}"}
+        )
+        server.add_repo(
+            "erin/gated-llama-GGUF",
+            {"g-Q4_0.gguf": random_bytes(400, 11)},
+            gated=True,
+            token="hf_secret",
+            downloads=7,
+            likes=1,
+        )
+        server.add_repo(
+            "mallory/evil-GGUF",
+            {
+                "good-Q4_K_M.gguf": random_bytes(100, 12),
+                "../evil.gguf": b"x",
+                "/etc/x.gguf": b"x",
+                "C:\\x.gguf": b"x",
+                "dir\\y.gguf": b"x",
+            },
+        )
         yield server
 
 
 # ---------------------------------------------------------------------------------- parsing
 
 
-@pytest.mark.parametrize(("name", "quant"), [
-    ("Llama-3-8B-Q4_K_M.gguf", "Q4_K_M"),
-    ("llama-3-8b.q4_k_m.gguf", "Q4_K_M"),
-    ("model-IQ4_XS.gguf", "IQ4_XS"),
-    ("model-IQ2_XXS.gguf", "IQ2_XXS"),
-    ("model-IQ4_NL.gguf", "IQ4_NL"),
-    ("model-Q8_0.gguf", "Q8_0"),
-    ("model-Q5_K_S.gguf", "Q5_K_S"),
-    ("model-Q6_K.gguf", "Q6_K"),
-    ("model-F16.gguf", "F16"),
-    ("model-fp16.gguf", "F16"),
-    ("model-BF16-00001-of-00003.gguf", "BF16"),
-    ("BF16/model-00001-of-00002.gguf", None),
-    ("Qwen3-30B-A3B-UD-Q4_K_XL.gguf", "UD-Q4_K_XL"),
-    ("model-MXFP4.gguf", "MXFP4"),
-    ("ggml-model.gguf", None),
-    ("Q4_K_M-not-a-quantQ4.gguf", "Q4_K_M"),
-])
+@pytest.mark.parametrize(
+    ("name", "quant"),
+    [
+        ("Llama-3-8B-Q4_K_M.gguf", "Q4_K_M"),
+        ("llama-3-8b.q4_k_m.gguf", "Q4_K_M"),
+        ("model-IQ4_XS.gguf", "IQ4_XS"),
+        ("model-IQ2_XXS.gguf", "IQ2_XXS"),
+        ("model-IQ4_NL.gguf", "IQ4_NL"),
+        ("model-Q8_0.gguf", "Q8_0"),
+        ("model-Q5_K_S.gguf", "Q5_K_S"),
+        ("model-Q6_K.gguf", "Q6_K"),
+        ("model-F16.gguf", "F16"),
+        ("model-fp16.gguf", "F16"),
+        ("model-BF16-00001-of-00003.gguf", "BF16"),
+        ("BF16/model-00001-of-00002.gguf", None),
+        ("Qwen3-30B-A3B-UD-Q4_K_XL.gguf", "UD-Q4_K_XL"),
+        ("model-MXFP4.gguf", "MXFP4"),
+        ("ggml-model.gguf", None),
+        ("Q4_K_M-not-a-quantQ4.gguf", "Q4_K_M"),
+    ],
+)
 def test_parse_quant_reads_the_type_from_the_name(name: str, quant: str | None) -> None:
     assert parse_quant(name) == quant
 
@@ -93,11 +118,26 @@ def test_parse_split_finds_part_and_total() -> None:
     assert parse_split("model-00000-of-00005.gguf") is None
 
 
-@pytest.mark.parametrize("name", [
-    "../evil.gguf", "a/../../b.gguf", "/etc/x.gguf", "C:\\x.gguf", "C:x.gguf", "\\\\server\\share\\x.gguf",
-    "dir\\y.gguf", "a\x00b.gguf", "", "a//b.gguf", "./a.gguf", "CON.gguf", "aux", "x" * 300 + ".gguf",
-    "trailing. ",
-])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "../evil.gguf",
+        "a/../../b.gguf",
+        "/etc/x.gguf",
+        "C:\\x.gguf",
+        "C:x.gguf",
+        "\\\\server\\share\\x.gguf",
+        "dir\\y.gguf",
+        "a\x00b.gguf",
+        "",
+        "a//b.gguf",
+        "./a.gguf",
+        "CON.gguf",
+        "aux",
+        "x" * 300 + ".gguf",
+        "trailing. ",
+    ],
+)
 def test_unsafe_names_are_refused(name: str) -> None:
     assert unsafe_name_reason(name) is not None
     with pytest.raises(DownloadError, match="unsafe file name"):
@@ -142,15 +182,13 @@ def test_retry_after_accepts_seconds_and_dates() -> None:
 
 def test_search_sorts_and_filters(hub: FakeHub) -> None:
     by_downloads = search_models("llama", "downloads", endpoint=hub.url)
-    assert [r.id for r in by_downloads] == [
-        "alice/Llama-3-8B-GGUF", "bob/llama-vision-GGUF", "erin/gated-llama-GGUF"]
+    assert [r.id for r in by_downloads] == ["alice/Llama-3-8B-GGUF", "bob/llama-vision-GGUF", "erin/gated-llama-GGUF"]
     assert by_downloads[0].downloads == 500
     assert by_downloads[0].likes == 3
     assert by_downloads[0].last_modified == "2024-05-01T00:00:00.000Z"
     assert [r.gated for r in by_downloads] == [False, False, True]
     assert search_models("llama", "likes", endpoint=hub.url)[0].id == "bob/llama-vision-GGUF"
-    assert [r.id for r in search_models("llama", "recent", limit=1, endpoint=hub.url)] == [
-        "bob/llama-vision-GGUF"]
+    assert [r.id for r in search_models("llama", "recent", limit=1, endpoint=hub.url)] == ["bob/llama-vision-GGUF"]
     method, path, _ = hub.requests[0]
     assert method == "GET"
     assert "filter=gguf" in path
@@ -214,12 +252,15 @@ def test_split_parts_are_grouped_and_mmproj_paired(hub: FakeHub) -> None:
 def test_a_single_file_and_a_split_set_with_the_same_stem_stay_apart() -> None:
     from engine.hub import build_repo_files
 
-    entries = [{"type": "file", "path": p, "size": 10} for p in
-               ("m.gguf", "m-00001-of-00002.gguf", "m-00002-of-00002.gguf")]
+    entries = [
+        {"type": "file", "path": p, "size": 10} for p in ("m.gguf", "m-00001-of-00002.gguf", "m-00002-of-00002.gguf")
+    ]
     files = build_repo_files("a/b", "main", None, entries)
     by_name = {c.name: [f.filename for f in c.files] for c in files.choices}
-    assert by_name == {"m.gguf": ["m.gguf"],
-                       "m-00001-of-00002.gguf": ["m-00001-of-00002.gguf", "m-00002-of-00002.gguf"]}
+    assert by_name == {
+        "m.gguf": ["m.gguf"],
+        "m-00001-of-00002.gguf": ["m-00001-of-00002.gguf", "m-00002-of-00002.gguf"],
+    }
 
 
 def test_listing_follows_pagination() -> None:
@@ -234,8 +275,9 @@ def test_listing_follows_pagination() -> None:
 def test_pickle_only_repo_is_refused(hub: FakeHub) -> None:
     with pytest.raises(DownloadError) as caught:
         list_repo_files("carol/old-llama", endpoint=hub.url)
-    assert str(caught.value) == ("carol/old-llama: contains only pickle weights (unsafe to load); "
-                                 "Glassbox only uses GGUF or safetensors")
+    assert str(caught.value) == (
+        "carol/old-llama: contains only pickle weights (unsafe to load); Glassbox only uses GGUF or safetensors"
+    )
 
 
 def test_safetensors_repo_is_listed_as_convertible(hub: FakeHub) -> None:
@@ -258,7 +300,8 @@ def test_gated_repo_needs_a_token(hub: FakeHub, monkeypatch: pytest.MonkeyPatch)
     with pytest.raises(GatedRepoError) as caught:
         list_repo_files("erin/gated-llama-GGUF", endpoint=hub.url)
     assert str(caught.value) == (
-        "erin/gated-llama-GGUF: gated or private: accept the licence on the model page and set HF_TOKEN")
+        "erin/gated-llama-GGUF: gated or private: accept the licence on the model page and set HF_TOKEN"
+    )
     monkeypatch.setenv("HF_TOKEN", "hf_secret")
     files = list_repo_files("erin/gated-llama-GGUF", endpoint=hub.url)
     assert files.gated

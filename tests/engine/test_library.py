@@ -132,8 +132,9 @@ def test_duplicates_by_sha256_join_fingerprint_copies(lib: ModelLibrary, tmp_pat
 
 def test_provenance_is_kept_relative_for_owned_files(lib: ModelLibrary, tmp_path: Path) -> None:
     path = _model(lib.models_dir / "q.gguf")
-    lib.record_provenance(path, repo="org/r", revision="main", sha256="cd" * 32, quantized_from="src.gguf",
-                          label="My model")
+    lib.record_provenance(
+        path, repo="org/r", revision="main", sha256="cd" * 32, quantized_from="src.gguf", label="My model"
+    )
     manifest = json.loads(lib.manifest_path.read_text())
     assert manifest["models"]["q.gguf"]["repo"] == "org/r"
     (entry,) = lib.scan()
@@ -236,7 +237,9 @@ def test_split_models_are_one_entry_and_a_missing_part_is_named(lib: ModelLibrar
     assert big.info is not None
     # the merged header counts every part's tensors, as one file would
     assert (big.params, big.info.tensor_bytes, big.info.layer_bytes) == (
-        whole.n_params, whole.tensor_bytes, whole.layer_bytes
+        whole.n_params,
+        whole.tensor_bytes,
+        whole.layer_bytes,
     )
     assert read_model_info(parts[0]).n_params == whole.n_params
     assert read_gguf_info(parts[1]).architecture == ""  # a later part alone has no metadata
@@ -248,9 +251,7 @@ def test_split_models_are_one_entry_and_a_missing_part_is_named(lib: ModelLibrar
     assert not any(lib.models_dir.glob("big-*"))
 
 
-def test_header_cache_avoids_rereading_unchanged_files(
-    lib: ModelLibrary, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_header_cache_avoids_rereading_unchanged_files(lib: ModelLibrary, monkeypatch: pytest.MonkeyPatch) -> None:
     path = _model(lib.models_dir / "m.gguf")
     assert lib.scan()[0].architecture == "llama"
 

@@ -30,8 +30,10 @@ def hub() -> Iterator[FakeHub]:
 
 
 def jobs(hub: FakeHub, dest: Path, *, sizes: bool = True) -> list[FileJob]:
-    return [FileJob(REPO, name, dest, "main", hub.url, hashlib.sha256(data).hexdigest(),
-                    len(data) if sizes else None) for name, data in PARTS.items()]
+    return [
+        FileJob(REPO, name, dest, "main", hub.url, hashlib.sha256(data).hexdigest(), len(data) if sizes else None)
+        for name, data in PARTS.items()
+    ]
 
 
 def cdn_ranges(hub: FakeHub) -> list[str | None]:
@@ -41,8 +43,9 @@ def cdn_ranges(hub: FakeHub) -> list[str | None]:
 def test_every_file_in_order_with_progress_summed_over_the_files(hub: FakeHub, tmp_path: Path) -> None:
     seen: list[FilesProgress] = []
     recorded: list[Path] = []
-    outcome = download_files(jobs(hub, tmp_path), progress=seen.append,
-                             on_file=lambda result: recorded.append(result.path), **FAST)
+    outcome = download_files(
+        jobs(hub, tmp_path), progress=seen.append, on_file=lambda result: recorded.append(result.path), **FAST
+    )
     assert outcome.complete and not outcome.skipped
     assert [r.path for r in outcome.downloaded] == recorded == [tmp_path / n for n in NAMES]
     for name, data in PARTS.items():

@@ -298,8 +298,9 @@ def test_sweep_removes_only_work_files_of_dead_processes(tmp_path: Path) -> None
 
     from engine.quantize import sweep_work_files
 
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
-                          check=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+    )
     dead_pid = int(dead.stdout)
     alive_pid = os.getpid()
     stale = [

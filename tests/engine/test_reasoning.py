@@ -22,7 +22,7 @@ def _split(reply: str, size: int, started: bool = False) -> tuple[str, str]:
     splitter = ReasoningSplitter(started=started)
     pieces = []
     for start in range(0, len(reply), size):
-        pieces += splitter.feed(reply[start:start + size])
+        pieces += splitter.feed(reply[start : start + size])
     pieces += splitter.finish()
     return (
         "".join(text for kind, text in pieces if kind == "reasoning"),
@@ -139,7 +139,7 @@ def test_a_thinking_budget_closes_the_thinking_and_the_reply_goes_on(
     assert finished.reasoning.startswith("\nhmm") and len(finished.reasoning) < 20
     assert 12 <= finished.reasoning_tokens <= 14  # the budget, and the tag that closed it
     first, second = script.prompts
-    thought = second[len(first):-len(THINK_END)]
+    thought = second[len(first) : -len(THINK_END)]
     assert second == first + thought + THINK_END and thought.startswith("<think>\nhmm")  # went on from there
     assert finished.stats.completion_tokens == len(thought) + len("It is 5.")
     assert "".join(e.text for e in events if isinstance(e, Token)) == "It is 5."

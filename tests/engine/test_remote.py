@@ -279,9 +279,7 @@ def test_stream_uses_server_usage_and_timings(scripted: Callable[[dict[str, Rout
 def test_stream_without_usage_or_tokenizer_is_marked_estimated(
     scripted: Callable[[dict[str, Route]], ScriptedServer],
 ) -> None:
-    server = scripted(
-        {"/v1/chat/completions": lambda _b: (200, sse(delta("a"), delta("b"), delta(None, "length")))}
-    )
+    server = scripted({"/v1/chat/completions": lambda _b: (200, sse(delta("a"), delta("b"), delta(None, "length")))})
     with RemoteSession(server.url, "m1") as remote:
         events = list(remote.stream([], "x" * 40, GREEDY))
     finished = events[-1]
@@ -531,9 +529,7 @@ def test_llama_server_stop_midway_then_next_turn(llama_server: str) -> None:
         assert len(texts) == 3
         assert finished.text == "".join(texts)
         assert time.perf_counter() - started < 60
-        again = list(
-            remote.stream([Message("user", "hi"), Message("assistant", finished.text)], "Go on:", GREEDY)
-        )
+        again = list(remote.stream([Message("user", "hi"), Message("assistant", finished.text)], "Go on:", GREEDY))
         last = again[-1]
         assert isinstance(last, Finished)
         assert last.reason in ("stop", "length")

@@ -150,9 +150,7 @@ def test_killed_worker_raises_engine_crashed_and_a_new_one_works(starter_model: 
 
     with InferenceWorker(params) as fresh:
         fresh.start()
-        _, result = _run(
-            fresh, fresh.tokenize("Hello", add_bos=True), GenerationParams(max_tokens=4, temperature=0)
-        )
+        _, result = _run(fresh, fresh.tokenize("Hello", add_bos=True), GenerationParams(max_tokens=4, temperature=0))
         assert result.completion_tokens > 0
 
 

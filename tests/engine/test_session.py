@@ -32,9 +32,7 @@ def session(starter_model: Path) -> Iterator[ChatSession]:
         yield s
 
 
-def _turn(
-    session: ChatSession, history: list[Message], user: str, **kw: object
-) -> tuple[str, Finished, list]:
+def _turn(session: ChatSession, history: list[Message], user: str, **kw: object) -> tuple[str, Finished, list]:
     events = list(session.stream(history, user, kw.pop("params", GREEDY), **kw))  # type: ignore[arg-type]
     finished = events[-1]
     assert isinstance(finished, Finished)
@@ -105,9 +103,7 @@ def test_long_conversation_evicts_and_keeps_answering(starter_model: Path) -> No
         evicted = []
         for i in range(8):
             user = f"Turn {i}: tell me something about the number {i} and the colour blue, please."
-            text, finished, _ = _turn(
-                small, history, user, params=GenerationParams(max_tokens=24, temperature=0)
-            )
+            text, finished, _ = _turn(small, history, user, params=GenerationParams(max_tokens=24, temperature=0))
             assert finished.reason in ("stop", "length")
             assert finished.stats.prompt_tokens + 24 <= 256 or finished.reason == "length"
             evicted.append(finished.stats.evicted_messages)
@@ -132,9 +128,8 @@ def test_refuse_policy_raises_context_overflow(starter_model: Path) -> None:
 
 def test_crash_mid_generation_then_next_turn_works(session: ChatSession) -> None:
     cancel = threading.Event()
-    stream = session.stream(
-        [], "Tell me a long story about a dragon.", GenerationParams(max_tokens=64), cancel=cancel
-    )
+    stream = session.stream([], "Tell me a long story about a dragon.", GenerationParams(max_tokens=64), cancel=cancel)
+
     def run_until_killed() -> None:
         for event in stream:
             if isinstance(event, Token):
@@ -174,8 +169,22 @@ def test_gpu_out_of_memory_at_load_retries_with_fewer_layers(
             tried.append(self.params.n_gpu_layers)
             if self.params.n_gpu_layers > 4:
                 raise ModelLoadError(f"{self.params.model_path}: cudaMalloc failed: out of memory")
-            return ModelInfo(str(self.params.model_path), "gemma3", 256, 32768, 262144, 1, 1, 18,
-                             self.params.n_gpu_layers, True, "<bos>", "<eos>", True, None)
+            return ModelInfo(
+                str(self.params.model_path),
+                "gemma3",
+                256,
+                32768,
+                262144,
+                1,
+                1,
+                18,
+                self.params.n_gpu_layers,
+                True,
+                "<bos>",
+                "<eos>",
+                True,
+                None,
+            )
 
         def close(self, kill: bool = False) -> None:
             self.alive = False

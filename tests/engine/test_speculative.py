@@ -113,8 +113,15 @@ def test_the_fit_estimate_counts_a_draft_model(starter_model: Path) -> None:
     from engine.hardware import HardwareInfo
 
     info = read_gguf_info(starter_model)
-    hw = HardwareInfo(total_ram=8 << 30, available_ram=7 << 30, cpu_count_physical=2, cpu_count_logical=2,
-                      cpu_name="Test CPU", gpu_offload_supported=False, gpus=[])
+    hw = HardwareInfo(
+        total_ram=8 << 30,
+        available_ram=7 << 30,
+        cpu_count_physical=2,
+        cpu_count_logical=2,
+        cpu_name="Test CPU",
+        gpu_offload_supported=False,
+        gpus=[],
+    )
     alone = estimate_fit(info, hw, 4096)
     paired = estimate_fit(info, hw, 4096, draft=info)
     extra = draft_model_bytes(info, 4096)

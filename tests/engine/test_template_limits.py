@@ -106,8 +106,10 @@ def test_a_large_realistic_template_is_still_used() -> None:
     [
         (filled("{{ x }}"), "characters of code, over the"),
         (filled("{% if x %}" * 90 + "a" + "{% endif %}" * 90), "characters of code, over the"),
-        (HEAD + "".join(f"{{% macro m{i}(a) %}}{{{{ a }}}}{{% endmacro %}}" for i in range(1400)),
-         "characters of code, over the"),
+        (
+            HEAD + "".join(f"{{% macro m{i}(a) %}}{{{{ a }}}}{{% endmacro %}}" for i in range(1400)),
+            "characters of code, over the",
+        ),
         (filled("{{ x(" + ",".join(["1"] * 1000) + ") }}"), "syntax nodes, over the"),
         (filled("{% set a = [" + ",".join(["1"] * 5000) + "] %}"), "syntax nodes, over the"),
     ],

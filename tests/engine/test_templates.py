@@ -95,9 +95,7 @@ def test_unknown_fallback_name_is_a_typed_error() -> None:
         ("some-new-arch", None, "chatml"),
     ],
 )
-def test_missing_template_falls_back_by_architecture(
-    architecture: str, bos: str | None, expected: str
-) -> None:
+def test_missing_template_falls_back_by_architecture(architecture: str, bos: str | None, expected: str) -> None:
     template = select_template(None, architecture, bos, "<eos>")
     assert (template.name, template.source) == (expected, "fallback")
     assert "no chat template" in template.reason
@@ -272,8 +270,7 @@ def test_time_limit_also_applies_when_rendering_later() -> None:
         "{{ '%*d' % (999999999, 1) }}",
         "{{ 10 ** 100000000 }}",
         "{{ messages | tojson(indent=999999999) }}",
-        "{% set a = 'x' * 500000 %}{% set b %}{{ a }}{{ a }}{{ a }}{% endset %}"
-        "{% set c %}{{ b }}{{ b }}{% endset %}",
+        "{% set a = 'x' * 500000 %}{% set b %}{{ a }}{{ a }}{{ a }}{% endset %}{% set c %}{{ b }}{{ b }}{% endset %}",
         "{{ (['x'] * 900000) | map('center', 999999) | join }}",
         "{{ lipsum(999999) }}",
     ],
@@ -366,8 +363,7 @@ def test_gemma_fallback_tokenizes_to_the_starter_models_special_tokens(starter_m
         prompt = template.render(CONVO)
         ids = model.tokenize(prompt.encode(), add_bos=False, special=True)
         start, end = (
-            model.tokenize(t.encode(), add_bos=False, special=True)
-            for t in ("<start_of_turn>", "<end_of_turn>")
+            model.tokenize(t.encode(), add_bos=False, special=True) for t in ("<start_of_turn>", "<end_of_turn>")
         )
         assert len(start) == 1
         assert len(end) == 1

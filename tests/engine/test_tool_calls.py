@@ -123,7 +123,7 @@ def _stream(family: Family, text: str, size: int) -> list[Piece]:
     parser = ToolCallParser(family, NAMES)
     pieces: list[Piece] = []
     for start in range(0, len(text), size):
-        pieces += parser.feed(text[start:start + size])
+        pieces += parser.feed(text[start : start + size])
     return pieces + parser.finish()
 
 
@@ -178,9 +178,11 @@ def test_a_partial_marker_is_held_back_and_released_when_it_is_not_one() -> None
         ("gemma", "```tool_code\nimport os\n```"),
         ("gemma", "```tool_code\nf(__import__('os').system('x'))\n```"),  # positional, not a literal
         ("gemma", "```tool_code\nf(a=open('x'))\n```"),  # not a literal: never evaluated
-        ("deepseek", f"{DS_CALLS_BEGIN}{DS_CALL_BEGIN}function{DS_SEP}add\n```json\n{{oops\n```"
-                     f"{DS_CALL_END}{DS_CALLS_END}"),
-        ("hermes", "<tool_call>\n{\"name\": \"add\", \"arguments\": {}"),  # never closed
+        (
+            "deepseek",
+            f"{DS_CALLS_BEGIN}{DS_CALL_BEGIN}function{DS_SEP}add\n```json\n{{oops\n```{DS_CALL_END}{DS_CALLS_END}",
+        ),
+        ("hermes", '<tool_call>\n{"name": "add", "arguments": {}'),  # never closed
     ],
 )
 def test_broken_markup_comes_back_as_text_not_lost(family: Family, reply: str) -> None:

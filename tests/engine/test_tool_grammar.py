@@ -16,7 +16,8 @@ from engine.tools import ToolResult, ToolSpec
 from tests.engine.test_agent import FakeProvider
 
 WEATHER = ToolSpec(
-    "get_weather", "The current weather in a city.",
+    "get_weather",
+    "The current weather in a city.",
     {
         "type": "object",
         "properties": {
@@ -29,9 +30,13 @@ WEATHER = ToolSpec(
     },
 )
 CONVERT = ToolSpec(
-    "convert", "Converts an amount between currencies.",
-    {"type": "object", "properties": {"amount": {"type": "number"}, "to": {"type": "string", "enum": ["EUR", "USD"]}},
-     "required": ["amount", "to"]},
+    "convert",
+    "Converts an amount between currencies.",
+    {
+        "type": "object",
+        "properties": {"amount": {"type": "number"}, "to": {"type": "string", "enum": ["EUR", "USD"]}},
+        "required": ["amount", "to"],
+    },
 )
 TOOLS = {tool.name: tool for tool in (WEATHER, CONVERT)}
 
@@ -47,8 +52,11 @@ def session(starter_model: Path) -> Iterator[ChatSession]:
 
 def _call(session: ChatSession, choice: str, seed: int) -> Finished:
     params = GenerationParams(max_tokens=60, temperature=1.0, seed=seed)
-    finished = list(session.stream([], "What's the weather like in Paris today?", params,
-                                   tools=[WEATHER, CONVERT], tool_choice=choice))[-1]
+    finished = list(
+        session.stream(
+            [], "What's the weather like in Paris today?", params, tools=[WEATHER, CONVERT], tool_choice=choice
+        )
+    )[-1]
     assert isinstance(finished, Finished)
     return finished
 
@@ -78,8 +86,12 @@ def test_agent_runs_the_call_and_its_result_reaches_the_prompt(session: ChatSess
 
     provider = Weather([WEATHER])
     agent = Agent(session, [provider], allow={"get_weather"})
-    run = agent.run([], "What's the weather like in Paris today?", GenerationParams(max_tokens=80, temperature=0),
-                    tool_choice="get_weather")
+    run = agent.run(
+        [],
+        "What's the weather like in Paris today?",
+        GenerationParams(max_tokens=80, temperature=0),
+        tool_choice="get_weather",
+    )
     list(run)
     assert len(provider.calls) >= 1 and provider.calls[0][0] == "get_weather"
     step = run.result.steps[0]

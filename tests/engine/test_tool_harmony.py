@@ -14,18 +14,26 @@ from tests.engine import family_templates as ft
 from tests.engine.scripted_worker import Script, scripted_session
 from tests.engine.test_agent import ADD
 
-CALL = ('<|channel|>analysis<|message|>They want a sum. I will call add.<|end|>'
-        '<|start|>assistant<|channel|>commentary to=functions.add <|constrain|>json<|message|>{"a": 2, "b": 3}<|call|>')
-ANSWER = ("<|channel|>analysis<|message|>Simple: 5.<|end|>"
-          "<|start|>assistant<|channel|>final<|message|>It is 5.<|return|>")
+CALL = (
+    "<|channel|>analysis<|message|>They want a sum. I will call add.<|end|>"
+    '<|start|>assistant<|channel|>commentary to=functions.add <|constrain|>json<|message|>{"a": 2, "b": 3}<|call|>'
+)
+ANSWER = (
+    "<|channel|>analysis<|message|>Simple: 5.<|end|><|start|>assistant<|channel|>final<|message|>It is 5.<|return|>"
+)
 
 RECORDED: list[tuple[str, bool, str, str, list[tuple[str, dict[str, object]]]]] = [
     (CALL, True, "They want a sum. I will call add.", "", [("add", {"a": 2, "b": 3})]),
     (ANSWER, True, "Simple: 5.", "It is 5.", []),
     ("It is 5, plainly.", True, "", "It is 5, plainly.", []),  # not harmony at all
-    ("<|channel|>commentary<|message|>Let me check.<|end|><|start|>assistant to=functions.add"
-     '<|channel|>commentary json<|message|>{"a": 1, "b": 1}<|call|>', True, "", "Let me check.",
-     [("add", {"a": 1, "b": 1})]),
+    (
+        "<|channel|>commentary<|message|>Let me check.<|end|><|start|>assistant to=functions.add"
+        '<|channel|>commentary json<|message|>{"a": 1, "b": 1}<|call|>',
+        True,
+        "",
+        "Let me check.",
+        [("add", {"a": 1, "b": 1})],
+    ),
     ("<|channel|>commentary to=functions.add <|constrain|>json<|message|>{broken<|call|>", True, "", "{broken", []),
     # no tools offered: a call is shown as text
     ('<|channel|>commentary to=functions.add<|message|>{"a": 1}<|call|>', False, "", '{"a": 1}', []),
@@ -37,7 +45,7 @@ def _split(reply: str, size: int, tools: bool) -> list[HarmonyPiece]:
     splitter = HarmonySplitter(tools_offered=tools)
     pieces: list[HarmonyPiece] = []
     for start in range(0, len(reply), size):
-        pieces += splitter.feed(reply[start:start + size])
+        pieces += splitter.feed(reply[start : start + size])
     return pieces + splitter.finish()
 
 
@@ -86,12 +94,16 @@ def test_through_the_session_with_markers_as_control_tokens(tmp_path: Path, monk
     [call] = [e for e in events if isinstance(e, ToolCall)]
     from engine.context import Message
 
-    history = [Message("user", "What is 2+3?"), Message("assistant", "", tool_calls=(call,)),
-               Message("tool", "5", tool_call_id=call.id, name="add")]
+    history = [
+        Message("user", "What is 2+3?"),
+        Message("assistant", "", tool_calls=(call,)),
+        Message("tool", "5", tool_call_id=call.id, name="add"),
+    ]
     second = list(session.stream(history, None, tools=[ADD]))[-1]
     assert isinstance(second, Finished) and second.text == "It is 5." and second.reasoning == "Simple: 5."
     assert script.prompts[1].endswith(
-        '<|start|>functions.add to=assistant<|channel|>commentary<|message|>"5"<|end|><|start|>assistant')
+        '<|start|>functions.add to=assistant<|channel|>commentary<|message|>"5"<|end|><|start|>assistant'
+    )
     assert "They want a sum" not in script.prompts[1]  # old thinking is never sent back
 
 

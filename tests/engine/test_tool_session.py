@@ -20,8 +20,9 @@ CALL_REPLY = 'Let me add.\n<tool_call>\n{"name": "add", "arguments": {"a": 2, "b
 
 
 @pytest.mark.parametrize("piece", [1, 2, 5, 13, len(CALL_REPLY)])
-def test_a_call_streams_as_one_event_after_the_text(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                    piece: int) -> None:
+def test_a_call_streams_as_one_event_after_the_text(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, piece: int
+) -> None:
     script = Script(replies=[CALL_REPLY], piece=piece)
     session = scripted_session(tmp_path, monkeypatch, ft.QWEN3, script)
     events = list(session.stream([], "What is 2+3?", tools=[ADD]))
@@ -113,8 +114,11 @@ def test_agent_over_the_session_runs_the_call_and_cuts_a_huge_result(
 @pytest.mark.parametrize("piece", [1, 4, 100])
 def test_control_token_markers_reach_the_parser(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, piece: int) -> None:
     # Mistral's [TOOL_CALLS] is a control token: the worker streams it with no text.
-    script = Script(replies=['[TOOL_CALLS][{"name": "add", "arguments": {"a": 4, "b": 5}}]'], piece=piece,
-                    control={"[TOOL_CALLS]": 5})
+    script = Script(
+        replies=['[TOOL_CALLS][{"name": "add", "arguments": {"a": 4, "b": 5}}]'],
+        piece=piece,
+        control={"[TOOL_CALLS]": 5},
+    )
     session = scripted_session(tmp_path, monkeypatch, ft.MISTRAL, script, architecture="llama")
     finished = list(session.stream([], "4+5?", tools=[ADD]))[-1]
     assert isinstance(finished, Finished)

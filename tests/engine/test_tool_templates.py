@@ -15,16 +15,24 @@ from engine.tools import ToolSpec
 from tests.engine import family_templates as ft
 
 ADD = ToolSpec(
-    "add", "Adds two numbers.",
-    {"type": "object", "properties": {"a": {"type": "number", "minimum": 0}, "b": {"type": "number"}},
-     "required": ["a", "b"]},
+    "add",
+    "Adds two numbers.",
+    {
+        "type": "object",
+        "properties": {"a": {"type": "number", "minimum": 0}, "b": {"type": "number"}},
+        "required": ["a", "b"],
+    },
 )
 CONVERSATION: list[dict[str, Any]] = [
     {"role": "system", "content": "Be brief."},
     {"role": "user", "content": "What is 2 plus 3?"},
-    {"role": "assistant", "content": "", "tool_calls": [
-        {"id": "abcdefgh1", "type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 3}}},
-    ]},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"id": "abcdefgh1", "type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 3}}},
+        ],
+    },
     {"role": "tool", "content": "5", "tool_call_id": "abcdefgh1", "name": "add"},
 ]
 
@@ -69,8 +77,12 @@ def test_mistral_style_needs_and_gets_nine_character_ids() -> None:
 def test_arguments_as_json_text_are_accepted_and_broken_ones_refused() -> None:
     template = select_template(ft.QWEN3, "qwen3", "<s>", "</s>")
     wire = [dict(m) for m in CONVERSATION]
-    wire[2] = {**wire[2], "tool_calls": [{"id": "abcdefgh1", "type": "function",
-                                          "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}]}
+    wire[2] = {
+        **wire[2],
+        "tool_calls": [
+            {"id": "abcdefgh1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}
+        ],
+    }
     assert template.render(wire, tools=[ADD]) == template.render(CONVERSATION, tools=[ADD])
     wire[2]["tool_calls"][0]["function"]["arguments"] = "{a: 2"
     with pytest.raises(TemplateError, match="arguments are not JSON"):
@@ -93,9 +105,13 @@ def test_tool_choice_none_after_calls_keeps_the_tools_and_says_not_to_call() -> 
 
 
 SECOND_CALL = [
-    {"role": "assistant", "content": "", "tool_calls": [
-        {"id": "abcdefgh2", "type": "function", "function": {"name": "add", "arguments": {"a": 5, "b": 1}}},
-    ]},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"id": "abcdefgh2", "type": "function", "function": {"name": "add", "arguments": {"a": 5, "b": 1}}},
+        ],
+    },
     {"role": "tool", "content": "6", "tool_call_id": "abcdefgh2", "name": "add"},
 ]
 
@@ -108,8 +124,15 @@ def _shared(earlier: str, later: str) -> int:
 @pytest.mark.parametrize("first_choice", ["auto", "required", "add"])
 @pytest.mark.parametrize(
     ("source", "architecture"),
-    [(ft.QWEN3, "qwen3"), (ft.LLAMA31, "llama"), (ft.NO_TOOLS, "qwen2"), (None, "gemma"), (None, "chatml"),
-     (None, "llama3"), (None, "phi3")],
+    [
+        (ft.QWEN3, "qwen3"),
+        (ft.LLAMA31, "llama"),
+        (ft.NO_TOOLS, "qwen2"),
+        (None, "gemma"),
+        (None, "chatml"),
+        (None, "llama3"),
+        (None, "phi3"),
+    ],
 )  # not the Mistral sample: it renders the tools only when the last message is the user's (its choice)
 def test_each_step_of_a_turn_starts_with_the_previous_steps_prompt(
     source: str | None, architecture: str, first_choice: str
@@ -118,8 +141,11 @@ def test_each_step_of_a_turn_starts_with_the_previous_steps_prompt(
     the step limit after a second call (``none``). Each prompt holds the one before it, all but its
     generation prompt (which some templates write apart from a rendered reply, e.g. the Llama
     sample's header without its blank line)."""
-    template = (select_template(source, architecture, "<s>", "</s>") if source is not None
-                else fallback_template(architecture, "test", "<bos>"))  # type: ignore[arg-type]
+    template = (
+        select_template(source, architecture, "<s>", "</s>")
+        if source is not None
+        else fallback_template(architecture, "test", "<bos>")
+    )  # type: ignore[arg-type]
 
     def prompt(messages: list[dict[str, Any]], choice: str, generation: bool = True) -> str:
         return template.render(messages, generation, tools=[ADD], tool_choice=choice)
@@ -145,12 +171,15 @@ def test_template_without_tool_support_gets_the_documented_fallback_prompt() -> 
     assert json.dumps({"name": "add", "description": ADD.description, "parameters": ADD.parameters}) in system
     assert "You must call" not in system  # the choice is said at the end: the system message is every step's
     assert '<|im_start|>assistant\n{"name": "add", "arguments": {"a": 2, "b": 3}}<|im_end|>' in prompt
-    assert prompt.endswith(f"<|im_start|>user\n{RESULT_HEADER} add (call abcdefgh1):\n5\n\n"
-                           "You must call the tool add now.<|im_end|>\n<|im_start|>assistant\n")
+    assert prompt.endswith(
+        f"<|im_start|>user\n{RESULT_HEADER} add (call abcdefgh1):\n5\n\n"
+        "You must call the tool add now.<|im_end|>\n<|im_start|>assistant\n"
+    )
     assert "<|im_start|>tool" not in prompt
     required = template.render(CONVERSATION[:2], tools=[ADD], tool_choice="required")
-    assert required.endswith("What is 2 plus 3?\n\nYou must call one of these tools now.<|im_end|>\n"
-                             "<|im_start|>assistant\n")
+    assert required.endswith(
+        "What is 2 plus 3?\n\nYou must call one of these tools now.<|im_end|>\n<|im_start|>assistant\n"
+    )
     assert "You must call" not in template.render(CONVERSATION, tools=[ADD])
 
 

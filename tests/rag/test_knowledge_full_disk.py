@@ -229,7 +229,6 @@ def tmpfs(tmp_path: Path) -> Iterator[Path]:
     yield from mounted_tmpfs(tmp_path, "4m")
 
 
-
 def test_kb_add_on_a_real_full_tmpfs_home(tmpfs: Path, docs: Path, capsys: pytest.CaptureFixture[str]) -> None:
     paths = home_with_a_kb(tmpfs / "home")
     fill(tmpfs)

@@ -211,8 +211,9 @@ def test_lexical_search_runs_while_the_query_is_embedded() -> None:
     from rag.retrieval import Retriever
 
     bm25_started = threading.Event()
-    record = ChunkRecord(id=1, content_id=1, index=0, text="alpha", page=None, heading=None, start=0, end=5,
-                         path="/a.txt")
+    record = ChunkRecord(
+        id=1, content_id=1, index=0, text="alpha", page=None, heading=None, start=0, end=5, path="/a.txt"
+    )
 
     class Registry:
         def bm25(self, kb_id: int, query: str, k: int) -> list[tuple[int, float]]:
@@ -231,8 +232,17 @@ def test_lexical_search_runs_while_the_query_is_embedded() -> None:
             assert bm25_started.wait(5), "BM25 did not start before the query embedding finished"
             return np.ones((len(texts), 3), dtype=np.float32)
 
-    kb = KnowledgeBaseInfo(id=1, name="kb", embedder_id="e", embedder_path="/e", dimension=3, max_tokens=64,
-                           overlap_tokens=8, collection="c", created_at=0.0)
+    kb = KnowledgeBaseInfo(
+        id=1,
+        name="kb",
+        embedder_id="e",
+        embedder_path="/e",
+        dimension=3,
+        max_tokens=64,
+        overlap_tokens=8,
+        collection="c",
+        created_at=0.0,
+    )
     retriever = Retriever(Registry(), Store())  # type: ignore[arg-type]
     try:
         found = retriever.search(kb, Embedder(), "alpha", k=3)  # type: ignore[arg-type]
@@ -260,8 +270,17 @@ def test_an_embedding_error_is_the_one_reported_and_bm25_is_not_left_running() -
         def encode(self, texts: list[str], *, batch_size: int | None = None) -> Any:
             raise ValueError("/models/minilm: cannot load the embedding model")
 
-    kb = KnowledgeBaseInfo(id=1, name="kb", embedder_id="e", embedder_path="/e", dimension=3, max_tokens=64,
-                           overlap_tokens=8, collection="c", created_at=0.0)
+    kb = KnowledgeBaseInfo(
+        id=1,
+        name="kb",
+        embedder_id="e",
+        embedder_path="/e",
+        dimension=3,
+        max_tokens=64,
+        overlap_tokens=8,
+        collection="c",
+        created_at=0.0,
+    )
     retriever = Retriever(Registry(), object())  # type: ignore[arg-type]
     try:
         with pytest.raises(ValueError, match="cannot load the embedding model"):
