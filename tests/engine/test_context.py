@@ -392,15 +392,24 @@ def test_sparse_text_grows_the_probes_until_they_stop_fitting() -> None:
 
 @pytest.mark.model
 def test_planning_8001_tiny_messages_on_the_starter_model_is_cheap(starter_counters: Counters) -> None:
-    """The 8,001 one-letter messages of the issue at n_ctx 256: bound 0.5 CPU-s for the planning
-    (rendering the real template, tokenizing with the real vocabulary): 0.06 s here, 6.1 s before."""
-    import time
-
+    """The 8,001 one-letter messages of the issue at n_ctx 256: the planning renders and tokenizes
+    only about what fits, never the whole history. Counted as work (messages rendered through the
+    real template, characters tokenized with the real vocabulary), not as time: this machine is
+    noisy, and a time bound in a unit test fails when it is loaded. Before the fix the planning
+    rendered the whole history at every step (over 8,000 messages a call)."""
     count_tokens, count_text = starter_counters
     history = [Message("user", "a") for _ in range(8000)]
-    # This thread's CPU time: the planning runs here, and threads earlier tests left in the process
-    # (a knowledge service, MCP clients' event loops) must not count against it.
-    started = time.thread_time()
+    rendered: list[int] = []
+    tokenized: list[int] = []
+
+    def counting_tokens(messages: Sequence[Message]) -> int:
+        rendered.append(len(messages))
+        return count_tokens(messages)
+
+    def counting_text(text: str) -> int:
+        tokenized.append(len(text))
+        return count_text(text)
+
     result = plan_context(
         system=None,
         documents=None,
@@ -408,10 +417,13 @@ def test_planning_8001_tiny_messages_on_the_starter_model_is_cheap(starter_count
         user="a",
         n_ctx=256,
         reply_reserve=4,
-        count_tokens=count_tokens,
-        count_text=count_text,
+        count_tokens=counting_tokens,
+        count_text=counting_text,
     )
-    spent = time.thread_time() - started
-    assert 0 < len(result.messages) - 1 < 100
+    kept = len(result.messages)
+    assert 0 < kept - 1 < 100
     assert result.prompt_tokens == count_tokens(result.messages) <= 256 - 4
-    assert spent < 0.5, f"planning took {spent:.2f} CPU-s"
+    # Every render holds at most a few times what fits, and there are few of them.
+    assert max(rendered) <= 4 * kept, (max(rendered), kept)
+    assert sum(rendered) <= 40 * kept, (sum(rendered), len(rendered), kept)
+    assert sum(tokenized) <= 40 * kept * 20, sum(tokenized)
