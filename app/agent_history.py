@@ -31,12 +31,12 @@ TEXT_BREAK = "\n\n"
 
 
 def call_dict(call: Any) -> dict[str, Any]:
-    """An ``engine.events.ToolCall`` as JSON."""
+    """An ``engine.inference.events.ToolCall`` as JSON."""
     return {"id": call.id, "name": call.name, "arguments": dict(call.arguments)}
 
 
 def message_dict(message: Any) -> dict[str, Any]:
-    """An ``engine.context.Message`` as JSON (for the reply's ``agent_messages``)."""
+    """An ``engine.inference.context.Message`` as JSON (for the reply's ``agent_messages``)."""
     out: dict[str, Any] = {"role": message.role, "content": message.content}
     if message.tool_calls:
         out["tool_calls"] = [call_dict(call) for call in message.tool_calls]
@@ -48,7 +48,7 @@ def message_dict(message: Any) -> dict[str, Any]:
 
 
 def step_dict(step: Any) -> dict[str, Any]:
-    """An ``engine.agent.ToolStep`` as JSON (what a tool card shows)."""
+    """An ``engine.agent.loop.ToolStep`` as JSON (what a tool card shows)."""
     return {
         "id": step.call.id,
         "round": step.round,
@@ -66,7 +66,7 @@ def step_dict(step: Any) -> dict[str, Any]:
 
 
 def message_record(message: Any, step: Any) -> dict[str, Any]:
-    """The record of one new message of the loop (``engine.agent.Agent``'s ``on_step``)."""
+    """The record of one new message of the loop (``engine.agent.loop.Agent``'s ``on_step``)."""
     return {"kind": "message", "message": message_dict(message), "step": step_dict(step) if step is not None else None}
 
 
@@ -124,9 +124,9 @@ class ReplyText:
 
 
 def _message_from(data: Any) -> Any:
-    """A stored ``agent_messages`` entry back as an ``engine.context.Message`` (None if unusable)."""
-    from engine.context import Message
-    from engine.events import ToolCall
+    """A stored ``agent_messages`` entry back as an ``engine.inference.context.Message`` (None if unusable)."""
+    from engine.inference.context import Message
+    from engine.inference.events import ToolCall
 
     if not isinstance(data, dict) or data.get("role") not in ("assistant", "tool"):
         return None
@@ -147,7 +147,7 @@ def _message_from(data: Any) -> Any:
 def _answer_every_call(messages: list[Any]) -> list[Any]:
     """Each assistant message's calls followed by a result for each: a call whose result was never
     saved (a crash mid-call) gets :data:`INTERRUPTED_RESULT`, so the history stays well formed."""
-    from engine.context import Message
+    from engine.inference.context import Message
 
     out: list[Any] = []
     i = 0

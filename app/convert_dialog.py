@@ -1,7 +1,7 @@
 """The Convert… dialog: a Hugging Face safetensors checkpoint folder to a GGUF of a chosen type.
 
 The dialog only chooses and watches. :meth:`app.workers.model_jobs.ModelJobsAdapter.convert` runs
-:func:`engine.convert.convert_and_quantize` on the jobs adapter's quantization worker (one child
+:func:`engine.convert.hf_to_gguf.convert_and_quantize` on the jobs adapter's quantization worker (one child
 process per stage, so Cancel really stops it) and reports frozen snapshots through ``transfer_changed``.
 """
 
@@ -34,8 +34,8 @@ DEFAULT_TYPE = "Q4_K_M"
 def convert_targets() -> list[tuple[str, str]]:
     """``(type, description)`` for every target: F16, BF16 and Q8_0, which the converter writes,
     then the quantization types that need no importance matrix, best quality first."""
-    from engine.convert import CONVERT_OUTTYPES
-    from engine.quantize import quant_types
+    from engine.convert.hf_to_gguf import CONVERT_OUTTYPES
+    from engine.convert.quantize import quant_types
 
     described = {qt.name: qt.description for qt in quant_types()}
     direct = [name for name, _bpp in CONVERT_OUTTYPES.values()]
@@ -115,7 +115,7 @@ class ConvertDialog(QDialog):
 
     @Slot()
     def _on_type_combo_current_index_changed(self) -> None:
-        from engine.convert import CONVERT_OUTTYPES
+        from engine.convert.hf_to_gguf import CONVERT_OUTTYPES
 
         two_stages = self.selected_type().lower() not in CONVERT_OUTTYPES
         self.keep_check.setEnabled(two_stages)

@@ -41,7 +41,7 @@ def load_curated(path: Path | None = None) -> list[CuratedModel]:
     """The suggestions, smallest first. A missing or broken file, or a bad entry, is logged and
     left out (the list is a convenience; search still works)."""
     from engine.errors import EngineError
-    from engine.hub import check_filename, check_repo_id
+    from engine.hub.search import check_filename, check_repo_id
 
     path = curated_path() if path is None else path
     try:

@@ -1,7 +1,7 @@
 """Remote endpoints and the local API server in the desktop app.
 
 * :class:`AddEndpointDialog`: URL, optional name and API key; checks the server with
-  ``engine.remote.list_models`` on a worker and saves it with ``engine.endpoints.EndpointStore``.
+  ``engine.inference.remote.list_models`` on a worker and saves it with ``engine.inference.endpoints.EndpointStore``.
 * :class:`RemoteIntegration`: owned by the main window. Lists the saved endpoints' models for the
   model picker (as ``app.workers.model_routing.remote_model_path`` pseudo paths, side by side with
   the local files), and runs ``glassbox serve`` in-process (``app.server.http.start_server``) over the
@@ -43,9 +43,9 @@ def list_remote_models(store_file: Path) -> tuple[list[Path], list[str]]:
 
     Runs on a worker (it talks to the servers).
     """
-    from engine.endpoints import EndpointStore
     from engine.errors import EngineError
-    from engine.remote import list_models
+    from engine.inference.endpoints import EndpointStore
+    from engine.inference.remote import list_models
 
     found: list[Path] = []
     problems: list[str] = []
@@ -76,7 +76,7 @@ class AddEndpointDialog(QDialog):
         self.setWindowTitle("Add endpoint")
         self.setMinimumWidth(480)
         self.store_file = store_file
-        self.saved: Any = None  # engine.endpoints.Endpoint once saved
+        self.saved: Any = None  # engine.inference.endpoints.Endpoint once saved
         self.model_ids: list[str] = []
         layout = QVBoxLayout(self)
         intro = QLabel("An OpenAI-compatible server: vLLM, llama.cpp's server, Ollama, LM Studio, glassbox serve…")
@@ -107,8 +107,8 @@ class AddEndpointDialog(QDialog):
     @Slot()
     def check_and_save(self) -> None:
         """Validates the URL, lists the server's models on a worker, then saves (or shows why not)."""
-        from engine.endpoints import normalize_url
         from engine.errors import EngineError
+        from engine.inference.endpoints import normalize_url
 
         try:
             url = normalize_url(self.url.text())
@@ -120,7 +120,7 @@ class AddEndpointDialog(QDialog):
         self.save_button.setEnabled(False)
 
         def check() -> list[str]:
-            from engine.remote import list_models
+            from engine.inference.remote import list_models
 
             return [model.id for model in list_models(url, key)]
 
@@ -131,8 +131,8 @@ class AddEndpointDialog(QDialog):
         self.status.setText(describe_error(exc))
 
     def _save(self, url: str, key: str | None, ids: list[str]) -> None:
-        from engine.endpoints import EndpointStore
         from engine.errors import EngineError
+        from engine.inference.endpoints import EndpointStore
 
         self.save_button.setEnabled(True)
         try:

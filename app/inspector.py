@@ -350,7 +350,7 @@ class InspectorPanel(QFrame):
         self.phase_label.setText("")
 
     def set_stats(self, stats: Any, saved: bool = False) -> None:
-        """Shows a turn's stats (``engine.events.Stats`` or its dict).
+        """Shows a turn's stats (``engine.inference.events.Stats`` or its dict).
 
         Args:
             stats: the stats.

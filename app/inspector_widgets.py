@@ -248,7 +248,7 @@ class TokensView(QTextBrowser):
     PALETTE_LIGHT = ("#dbeafe", "#fde68a", "#bbf7d0", "#fbcfe8", "#ddd6fe", "#fed7aa")
     PALETTE_DARK = ("#1e3a5f", "#5c4813", "#14532d", "#5b2145", "#3b2f6b", "#5a3514")
     # The reply: tokens the model decoded itself in grey, those accepted from a speculative draft
-    # (engine.events.Token.drafted) in a teal none of the prompt's colours comes near.
+    # (engine.inference.events.Token.drafted) in a teal none of the prompt's colours comes near.
     REPLY_LIGHT, REPLY_DARK = "#e5e7eb", "#3a3f47"
     DRAFTED_LIGHT, DRAFTED_DARK = "#5eead4", "#0d7d72"
 

@@ -396,7 +396,7 @@ class MainWindow(ConversationActions, DocumentActions, ModelActions, QMainWindow
     # ------------------------------------------------------------------ chat
     def turn_context(self) -> TurnContext:
         from app.workers.speculative import speculative_mode
-        from engine.runtime import GenerationParams
+        from engine.inference.runtime import GenerationParams
 
         conv = self.chat.conversation
         conv_settings = dict(getattr(conv, "settings", None) or {})

@@ -383,6 +383,6 @@ class ModelPanel(QWidget):
 
 def quant_type_names() -> list[str]:
     """Names of the types Glassbox can write (for menus and tests)."""
-    from engine.quantize import quant_types
+    from engine.convert.quantize import quant_types
 
     return [t.name for t in quant_types() if t.available]

@@ -114,7 +114,7 @@ class Paths:
 
     @property
     def download_queue(self) -> Path:
-        """The downloads the user asked for and has not got yet (``engine.download_queue``)."""
+        """The downloads the user asked for and has not got yet (``engine.hub.queue``)."""
         return self.data / "download_queue.json"
 
     @property
@@ -137,7 +137,7 @@ class Paths:
 
     @property
     def kv_cache(self) -> Path:
-        """The KV cache saved with each chat (``engine.kv_cache``; created owner-only on first save)."""
+        """The KV cache saved with each chat (``engine.inference.kv_cache``; created owner-only on first save)."""
         return self.data / "kv_cache"
 
     @property

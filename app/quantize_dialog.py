@@ -76,7 +76,7 @@ class QuantizeDialog(QDialog):
 
     def __init__(self, adapter: ModelsAdapter, entry: Any, parent: QWidget | None = None, n_ctx: int = 4096) -> None:
         super().__init__(parent)
-        from engine.quantize import default_output_path
+        from engine.convert.quantize import default_output_path
 
         self.setWindowTitle(f"Quantize {entry.name}")
         self.setMinimumWidth(720)
@@ -135,7 +135,7 @@ class QuantizeDialog(QDialog):
     # ------------------------------------------------------------------ the table
     def _build_table(self) -> QTableWidget:
         """The types on offer (Q4_K_M selected); sizes, speeds and fit come with the estimates."""
-        from engine.quantize import quant_types
+        from engine.convert.quantize import quant_types
 
         table = QTableWidget(0, 5)
         table.setHorizontalHeaderLabels(["Type", "Expected size", "Expected decode", "Fit", "About"])

@@ -1,6 +1,6 @@
 """The "Saved KV caches" group of the settings dialog: the size cap and "Clear saved caches".
 
-The KV cache of each chat is saved in the data folder (``paths.kv_cache``, ``engine.kv_cache``) so
+The KV cache of each chat is saved in the data folder (``paths.kv_cache``, ``engine.inference.kv_cache``) so
 that reopening a long chat, even after a restart, does not prefill it again. Counting and clearing
 the files run off the GUI thread (``app.tasks``).
 """
@@ -63,7 +63,7 @@ class SavedKvCachesWidget(QGroupBox):
         if folder is None:
             return
         from app.tasks import run_in_background
-        from engine.kv_cache import KvCacheStore
+        from engine.inference.kv_cache import KvCacheStore
 
         self.usage.setText("counting…")
         run_in_background(lambda: KvCacheStore(folder).usage(), self._show_usage, self._show_error)
@@ -74,7 +74,7 @@ class SavedKvCachesWidget(QGroupBox):
         if folder is None:
             return
         from app.tasks import run_in_background
-        from engine.kv_cache import KvCacheStore
+        from engine.inference.kv_cache import KvCacheStore
 
         self.clear_button.setEnabled(False)
         self.usage.setText("clearing…")

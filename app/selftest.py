@@ -56,9 +56,9 @@ def _since(started: float) -> float:
 
 
 def _generate(home: Paths, report: _Report) -> str:
-    from engine.events import Token
-    from engine.runtime import GenerationParams, LoadParams
-    from engine.session import ChatSession
+    from engine.inference.events import Token
+    from engine.inference.runtime import GenerationParams, LoadParams
+    from engine.inference.session import ChatSession
     from engine.starter import install_starter_model
 
     starter = install_starter_model(home.models)

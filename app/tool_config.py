@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from app.paths import Paths
+from engine.agent.mcp_client import McpServer, McpServerConfig, McpServerStatus
 from engine.errors import EngineError
-from engine.mcp_client import McpServer, McpServerConfig, McpServerStatus
 
 #: The source of the built-in tools, in permission keys and in ``ToolSpec.source``.
 BUILTIN = "builtin"

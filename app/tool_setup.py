@@ -33,13 +33,13 @@ from app.tool_config import (
     server_status,
     unknown_server_message,
 )
-from engine.builtin_tools import BUILTIN_NAMES, BuiltinTools
+from engine.agent.builtin_tools import BUILTIN_NAMES, BuiltinTools
+from engine.agent.mcp_client import McpServer, McpServerError
 from engine.errors import EngineError
-from engine.mcp_client import McpServer, McpServerError
-from engine.tools import ToolResult, ToolSpec
+from engine.inference.tools import ToolResult, ToolSpec
 
 if TYPE_CHECKING:
-    from engine.tools import ToolProvider
+    from engine.inference.tools import ToolProvider
 
 __all__ = [
     "ALL_BUILTINS",

@@ -59,7 +59,7 @@ def server_entry_for(name: str, target: str) -> dict[str, Any]:
 
 def _check_server(config: Any, keep: list[Any]) -> tuple[list[Any], Any]:
     """Starts one server, lists its tools, stops it (on a background thread)."""
-    from engine.mcp_client import McpServer, McpServerError
+    from engine.agent.mcp_client import McpServer, McpServerError
 
     server = McpServer(config)
     keep.append(server)
@@ -207,7 +207,7 @@ class ToolsSettingsDialog(QDialog):
         self._fill()
 
     def _builtin_specs(self) -> list[Any]:
-        from engine.builtin_tools import BUILTIN_NAMES, BuiltinTools
+        from engine.agent.builtin_tools import BUILTIN_NAMES, BuiltinTools
 
         # read_file is offered only with attached files: a placeholder lists it (nothing is read).
         return BuiltinTools(list(BUILTIN_NAMES), attached_files=[self.paths.config]).tools()

@@ -136,7 +136,7 @@ class ConversationActions:
         kv_folder = self.paths.kv_cache
 
         def delete(store: Any) -> None:
-            from engine.kv_cache import KvCacheStore
+            from engine.inference.kv_cache import KvCacheStore
 
             store.delete(conversation_id)
             KvCacheStore(kv_folder).remove_conversation(str(conversation_id))  # logs what it cannot remove

@@ -375,7 +375,7 @@ def estimate_fit(
 def draft_model_bytes(draft: GgufInfo, n_ctx: int, cache_type: str = "f16", *, swa_full: bool = True) -> int:
     """The memory a draft model for speculative decoding takes beside its target: its weights, its
     own KV cache at the target's context, and its compute buffers (it evaluates in 256-token
-    batches; see engine.speculative.DraftModel)."""
+    batches; see engine.inference.speculative.DraftModel)."""
     cells = _pad(n_ctx, CTX_PAD)
     kv = sum(layer_kv_bytes(draft, cells, cache_type, swa_full=swa_full, n_ubatch=256))
     return draft.tensor_bytes + kv + compute_buffer_bytes(draft, cells, n_ubatch=256)

@@ -87,7 +87,7 @@ MAX_INT64 = (1 << 63) - 1
 MAX_PLAUSIBLE_BYTES = 1 << 50
 METADATA_STRING_CHARS = 256
 MAX_KEPT_STRING_BYTES = 4 * METADATA_STRING_CHARS + 3  # always decodes to >= METADATA_STRING_CHARS chars
-MAX_CHAT_TEMPLATE_BYTES = 64 << 10  # real templates are 1-17 KB; engine.templates refuses longer ones too
+MAX_CHAT_TEMPLATE_BYTES = 64 << 10  # real templates are 1-17 KB; engine.inference.templates refuses longer ones too
 MAX_METADATA_BYTES = 16 << 20  # keys + kept values + template + kept arrays (8 bytes an entry); real: < 1 MiB
 MAX_ARRAY_STRINGS = 1 << 21  # strings walked in all; real: vocabulary + merges, under 700,000
 MAX_KEPT_ARRAY_ITEMS = 1 << 16  # integer/float/bool array entries kept in all; real: a few per-layer arrays

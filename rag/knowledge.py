@@ -79,7 +79,7 @@ class DiskFullError(KnowledgeBaseError):
 
 def free_bytes(folder: Path) -> int | None:
     """Bytes free for this user on the volume of ``folder`` (or of its nearest existing parent), or
-    None when the volume cannot be asked. (``engine.downloads.missing_space`` is the engine's twin;
+    None when the volume cannot be asked. (``engine.disk.missing_space`` is the engine's twin;
     rag does not import the engine.)"""
     for candidate in (folder, *folder.parents):
         try:

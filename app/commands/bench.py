@@ -22,7 +22,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: a
 
 
 def run(args: argparse.Namespace, paths: Paths) -> int:
-    from engine.bench import run_bench
+    from engine.inference.bench import run_bench
 
     model = resolve_model(args.model, paths)
     report = run_bench(model, rounds=args.rounds, max_tokens=args.max_tokens, n_ctx=args.n_ctx, threads=args.threads)

@@ -6,7 +6,7 @@ turn: the reply, ``finish_reason``, every Stats field and ``sources``.
 
 Conversations are saved to the history like the app's (``app.commands.chat_history``): a new one
 prints its id first (``"conversation_id"`` with ``--json``); ``--conversation ID`` continues it, in
-this process or a later one, from the KV cache saved with it (``engine.kv_cache``) unless
+this process or a later one, from the KV cache saved with it (``engine.inference.kv_cache``) unless
 ``--no-kv-cache``.
 """
 
@@ -26,7 +26,7 @@ from app.commands.model_resolver import resolve_model
 from app.paths import Paths
 
 if TYPE_CHECKING:
-    from engine.backends import ChatBackend
+    from engine.inference.backends import ChatBackend
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:
@@ -106,8 +106,8 @@ def _bandwidth(paths: Paths) -> float | None:
 
 
 def run(args: argparse.Namespace, paths: Paths) -> int:
-    from engine.context import Message
-    from engine.runtime import GenerationParams
+    from engine.inference.context import Message
+    from engine.inference.runtime import GenerationParams
 
     if args.endpoint is None and not args.model:
         print("glassbox: error: chat needs --model (or --endpoint NAME for a remote server)", file=sys.stderr)
@@ -195,8 +195,8 @@ def run(args: argparse.Namespace, paths: Paths) -> int:
 
 def _local_session(args: argparse.Namespace, paths: Paths) -> ChatBackend:
     """A ChatSession for ``--model`` (a path, a library name or 'starter'). Raises ModelFileError."""
-    from engine.runtime import LoadParams
-    from engine.session import ChatSession
+    from engine.inference.runtime import LoadParams
+    from engine.inference.session import ChatSession
 
     model = resolve_model(args.model, paths, for_chat=True)
     n_ctx = args.n_ctx or 4096
@@ -252,15 +252,15 @@ def _draft_model(spec: str | None) -> Path | None:
 def _kv_cache(paths: Paths) -> Any:
     """Where the KV cache saved with each chat lives, under the settings' size cap."""
     from app.settings import load_settings
-    from engine.kv_cache import KvCacheConfig
+    from engine.inference.kv_cache import KvCacheConfig
 
     return KvCacheConfig(paths.kv_cache, load_settings(paths.settings_file).settings.kv_cache_max_bytes)
 
 
 def _remote_session(args: argparse.Namespace, paths: Paths) -> ChatBackend:
     """A RemoteSession on the saved endpoint ``--endpoint``. Raises EngineError for an unknown name."""
-    from engine.endpoints import EndpointStore
-    from engine.remote import RemoteSession
+    from engine.inference.endpoints import EndpointStore
+    from engine.inference.remote import RemoteSession
 
     endpoint = EndpointStore(paths.config / "endpoints.json").get(args.endpoint)
     return RemoteSession(
@@ -295,7 +295,7 @@ def _answer(
     cache_key: Any = None,
     options: dict[str, Any] | None = None,
 ) -> tuple[str, Any]:
-    from engine.events import Finished, Reasoning, Token
+    from engine.inference.events import Finished, Reasoning, Token
 
     cancel = threading.Event()
     finished: Finished | None = None

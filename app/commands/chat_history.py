@@ -7,7 +7,7 @@ one. Every turn is saved as the app saves it: the user message first, then the r
 (``app.agent_history``): the reply is rewritten as each message of the loop happens (its calls, each
 result), so a killed process loses no step, and a continued conversation sends the model the calls
 and results back. Each turn's key for the KV cache saved with the chat is the conversation and the
-reply it writes (``engine.kv_cache.KvKey``).
+reply it writes (``engine.inference.kv_cache.KvKey``).
 """
 
 from __future__ import annotations
@@ -74,10 +74,10 @@ class ChatLog:
         return self.conversation.system_prompt if self.conversation is not None else None
 
     def history(self) -> list[Any]:
-        """The saved branch as ``engine.context.Message``, as the app sends it: a reply made with
+        """The saved branch as ``engine.inference.context.Message``, as the app sends it: a reply made with
         tools is its calls, their results and its answer; failed replies and empty ones left out."""
         from app.agent_history import model_history
-        from engine.context import Message
+        from engine.inference.context import Message
 
         if self.conversation is None:
             return []
@@ -101,7 +101,7 @@ class ChatLog:
 
     def cache_key(self) -> Any:
         """This turn's key for the KV cache saved with the chat."""
-        from engine.kv_cache import KvKey
+        from engine.inference.kv_cache import KvKey
 
         assert self.conversation is not None and self._reply_id is not None
         return KvKey(str(self.conversation.id), str(self._reply_id))

@@ -2,7 +2,7 @@
 
 ``--tools NAME[,NAME...]|builtin|all`` offers the built-in tools and the MCP servers of
 ``mcp.json`` (``app.tool_setup``) to the model; each turn then runs the agent loop
-(``engine.agent``): a call on the allow list runs, any other is asked about on an interactive
+(``engine.agent.loop``): a call on the allow list runs, any other is asked about on an interactive
 terminal (``y`` once, ``a`` always, anything else no), and refused with a clear line on stderr
 when there is no terminal to ask, unless ``--yes``. ``--tool-choice auto|required|none|FUNCTION``
 (``required`` and a function name constrain the first reply to a valid call), ``--max-steps N``
@@ -31,7 +31,7 @@ from app.commands._output import positive_int
 from app.paths import Paths
 
 if TYPE_CHECKING:
-    from engine.agent import Decision
+    from engine.agent.loop import Decision
 
 PREVIEW_CHARS = 300
 
@@ -142,7 +142,7 @@ class ChatTools:
 
     def __init__(self, args: argparse.Namespace, paths: Paths, session: Any) -> None:
         from app.tool_setup import open_tools
-        from engine.agent import Agent
+        from engine.agent.loop import Agent
 
         self.args = args
         self.toolset = open_tools(
@@ -225,8 +225,8 @@ class ChatTools:
             The turn: the agent's result, its record and its text as the app saves it.
         """
         from app.agent_history import AgentRecord, ReplyText, generation_record, message_record, reasoning_dict
-        from engine.agent import ToolStep
-        from engine.events import Finished, Reasoning, Token
+        from engine.agent.loop import ToolStep
+        from engine.inference.events import Finished, Reasoning, Token
 
         cancel = threading.Event()
         record, shown, rounds = AgentRecord(), ReplyText(), 0
@@ -300,7 +300,7 @@ class ToolTurn:
     """One turn of the agent loop in ``glassbox chat``.
 
     Attributes:
-        result: the ``engine.agent.AgentResult``.
+        result: the ``engine.agent.loop.AgentResult``.
         record: the ``app.agent_history.AgentRecord`` saved in the reply's stats.
         saved_text: every generation's text, as the app saves and shows the reply.
     """

@@ -154,7 +154,7 @@ def _list(args: argparse.Namespace, paths: Paths) -> int:
 
 
 def _check(entry: Any) -> dict[str, Any]:
-    from engine.mcp_client import McpServer, McpServerError
+    from engine.agent.mcp_client import McpServer, McpServerError
 
     with McpServer(entry.config) as server:
         try:
@@ -166,7 +166,7 @@ def _check(entry: Any) -> dict[str, Any]:
 
 def _tools(args: argparse.Namespace, paths: Paths) -> int:
     from app.tool_setup import Permissions, get_server
-    from engine.mcp_client import McpServer
+    from engine.agent.mcp_client import McpServer
 
     entry = get_server(paths, args.name)
     permissions = Permissions.load(paths)

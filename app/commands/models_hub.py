@@ -1,7 +1,7 @@
 """``glassbox models search | files | download``: find GGUF models on Hugging Face and fetch them.
 
 Downloads go to ``<models>/<owner>/<repo>/<file>`` (the layout LM Studio users know, and the
-Models page's: ``engine.model_download.model_folder``; a model already in the page's older
+Models page's: ``engine.hub.model_download.model_folder``; a model already in the page's older
 ``<owner>__<repo>`` folder is found there), resume where they stopped when the same command
 runs again, print progress on stderr (a redrawn line on a terminal, a line a second otherwise)
 and, with ``--json``, one document with the final path and sha256 on stdout. ``HF_ENDPOINT``
@@ -22,9 +22,9 @@ from app.paths import Paths
 from engine.units import format_bytes, format_eta, format_speed
 
 if TYPE_CHECKING:
-    from engine.downloads import DownloadProgress, DownloadResult
     from engine.fit import FitEstimate
-    from engine.hub import ModelFile, RepoFiles
+    from engine.hub.downloads import DownloadProgress, DownloadResult
+    from engine.hub.search import ModelFile, RepoFiles
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:
@@ -101,7 +101,7 @@ def _table(rows: list[list[str]], out: TextIO) -> None:
 
 def run_search(args: argparse.Namespace, paths: Paths) -> int:  # noqa: ARG001 - the handler signature
     """``models search``."""
-    from engine.hub import search_models
+    from engine.hub.search import search_models
 
     results = search_models(args.query, args.sort, args.limit, args.endpoint)
     if args.json:
@@ -124,7 +124,7 @@ def run_search(args: argparse.Namespace, paths: Paths) -> int:  # noqa: ARG001 -
 
 def run_files(args: argparse.Namespace, paths: Paths) -> int:
     """``models files``."""
-    from engine.hub import list_repo_files
+    from engine.hub.search import list_repo_files
 
     listing = list_repo_files(args.repo, args.revision, args.endpoint)
     for name in listing.unsafe_names:
@@ -300,13 +300,13 @@ def fit_checker(paths: Paths) -> Callable[[int], FitEstimate]:
 
 def run_download(args: argparse.Namespace, paths: Paths) -> int:
     """``models download``."""
-    from engine.downloads import check_disk_space
-    from engine.hub import check_filename, check_repo_id
-    from engine.model_download import FileJob, download_files, model_folder
+    from engine.hub.downloads import check_disk_space
+    from engine.hub.model_download import FileJob, download_files, model_folder
+    from engine.hub.search import check_filename, check_repo_id
 
     check_repo_id(args.repo)
     check_filename(args.file)
-    from engine.hub import list_repo_files
+    from engine.hub.search import list_repo_files
 
     listing = list_repo_files(args.repo, args.revision, args.endpoint)
     files = select_files(listing, args.file, args.with_mmproj)

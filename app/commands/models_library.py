@@ -73,8 +73,8 @@ def open_library(paths: Paths) -> ModelLibrary:
 # ---------------------------------------------------------------------- handlers
 def run_list(args: argparse.Namespace, paths: Paths) -> int:
     """``models list``."""
+    from engine.convert.quantize import sweep_work_files
     from engine.hardware import probe_hardware
-    from engine.quantize import sweep_work_files
 
     for stale in sweep_work_files(paths.models):
         print(f"glassbox: removed {stale}, left by a quantization or conversion that was killed", file=sys.stderr)

@@ -120,7 +120,13 @@ def _record(paths: Paths, path: Path, **fields: str) -> None:
 
 def run_quantize(args: argparse.Namespace, paths: Paths) -> int:
     from app.commands.model_resolver import resolve_model
-    from engine.quantize import QuantizeProgress, default_output_path, find_quant_type, quantize_model, size_change
+    from engine.convert.quantize import (
+        QuantizeProgress,
+        default_output_path,
+        find_quant_type,
+        quantize_model,
+        size_change,
+    )
 
     src = resolve_model(args.src, paths)
     qt = find_quant_type(args.qtype)
@@ -146,7 +152,7 @@ def run_quantize(args: argparse.Namespace, paths: Paths) -> int:
     document: dict[str, Any] = result.to_dict()
     quality = None
     if args.check_quality:
-        from engine.perplexity import quality_check
+        from engine.convert.perplexity import quality_check
 
         text = perplexity_text_path().read_text(encoding="utf-8")
         if sys.stderr.isatty():
@@ -168,7 +174,7 @@ def run_quantize(args: argparse.Namespace, paths: Paths) -> int:
 
 
 def run_convert(args: argparse.Namespace, paths: Paths) -> int:
-    from engine.convert import ConvertProgress, convert_checkpoint, default_convert_path
+    from engine.convert.hf_to_gguf import ConvertProgress, convert_checkpoint, default_convert_path
 
     if args.quantize:
         return _run_convert_and_quantize(args, paths)
@@ -205,7 +211,7 @@ def run_convert(args: argparse.Namespace, paths: Paths) -> int:
 
 def _run_convert_and_quantize(args: argparse.Namespace, paths: Paths) -> int:
     from app.commands.models_library import open_library
-    from engine.convert import PipelineProgress, convert_and_quantize
+    from engine.convert.hf_to_gguf import PipelineProgress, convert_and_quantize
 
     bar = _Progress("")
 
@@ -248,7 +254,7 @@ def _run_convert_and_quantize(args: argparse.Namespace, paths: Paths) -> int:
 
 
 def run_quant_types(args: argparse.Namespace, _paths: Paths) -> int:
-    from engine.quantize import quant_types
+    from engine.convert.quantize import quant_types
 
     types = quant_types()
     if args.json:

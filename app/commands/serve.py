@@ -104,7 +104,7 @@ def _port(text: str) -> int:
 
 def endpoint_store(paths: Paths) -> Any:
     """The saved endpoints of this profile (``<config>/endpoints.json``)."""
-    from engine.endpoints import EndpointStore
+    from engine.inference.endpoints import EndpointStore
 
     return EndpointStore(paths.config / ENDPOINTS_FILE)
 
@@ -205,8 +205,8 @@ def run_serve(args: argparse.Namespace, paths: Paths) -> int:
 
 
 def run_endpoints_add(args: argparse.Namespace, paths: Paths) -> int:
-    from engine.endpoints import normalize_url
-    from engine.remote import list_models
+    from engine.inference.endpoints import normalize_url
+    from engine.inference.remote import list_models
 
     models: list[str] | None = None
     if not args.no_check:
@@ -247,7 +247,7 @@ def run_endpoints_remove(args: argparse.Namespace, paths: Paths) -> int:
 
 
 def run_endpoints_models(args: argparse.Namespace, paths: Paths) -> int:
-    from engine.remote import list_models
+    from engine.inference.remote import list_models
 
     endpoint = endpoint_store(paths).get(args.name)
     models = list_models(endpoint.url, endpoint.api_key)

@@ -96,7 +96,7 @@ def _accepts(fn: Any, name: str) -> bool:
 def check_backend(backend: Any, request: ChatRequest) -> None:
     """Refuses what this backend cannot do, before the model is touched.
 
-    A local session checks the turn's options with the engine's own rules (``engine.turn.shape_turn``:
+    A local session checks the turn's options with the engine's own rules (``engine.inference.turn.shape_turn``:
     the tool choice, a forced call with a schema of the caller's, the template's thinking switches),
     so that they are a 400 naming the reason rather than a failure mid-generation.
 
@@ -120,7 +120,7 @@ def check_backend(backend: Any, request: ChatRequest) -> None:
     template = getattr(backend, "template", None)
     if template is None or not hasattr(template, "thinking"):
         return
-    from engine.turn import shape_turn
+    from engine.inference.turn import shape_turn
 
     try:
         shape_turn(
@@ -174,13 +174,13 @@ def check_fits(backend: Any, request: ChatRequest, documents: str | None) -> Non
 
 def engine_messages(turns: tuple[WireMessage, ...] | list[WireMessage]) -> list[Any]:
     """The engine's Messages for a conversation; a ``tool`` message gets its tool's name from the call."""
-    from engine.context import Message
+    from engine.inference.context import Message
 
     messages: list[Any] = []
     names: dict[str, str] = {}
     for turn in turns:
         if turn.role == "assistant" and turn.tool_calls:
-            from engine.events import ToolCall
+            from engine.inference.events import ToolCall
 
             calls = tuple(
                 ToolCall(call_id, name, arguments, json.dumps({"name": name, "arguments": arguments}))
@@ -224,7 +224,7 @@ def _stream(
     sources: list[dict[str, Any]],
     cancel: threading.Event,
 ) -> None:
-    from engine.events import Finished, Reasoning, Token, ToolCall
+    from engine.inference.events import Finished, Reasoning, Token, ToolCall
 
     state = handler.state
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"

@@ -7,7 +7,7 @@ token-id lists, each prompt answered with ``n`` choices (``index`` counts them a
 ``echo`` (the prompt before the text) work as OpenAI documents them; ``max_tokens`` defaults to 16,
 as there. A prompt that leaves no room for ``max_tokens`` in the window is a 400
 ``context_length_exceeded``. Needs a local model (it generates with
-:meth:`engine.session.ChatSession.complete`): a remote backend's server has its own endpoint.
+:meth:`engine.inference.session.ChatSession.complete`): a remote backend's server has its own endpoint.
 """
 
 from __future__ import annotations
@@ -204,7 +204,7 @@ class _Run:
                 "choices": choices, **extra}  # fmt: skip
 
     def whole(self) -> None:
-        from engine.events import Finished, Token
+        from engine.inference.events import Finished, Token
 
         choices: list[dict[str, Any]] = []
         first = None
@@ -237,7 +237,7 @@ class _Run:
         self.handler.send_json(200, document)
 
     def stream(self, include_usage: bool) -> None:
-        from engine.events import Finished, Token
+        from engine.inference.events import Finished, Token
 
         events = self._events(0)
         head = self.handler.first(events)

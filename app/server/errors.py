@@ -92,7 +92,7 @@ def http_error_for(exc: BaseException) -> HttpError:
     if isinstance(exc, TemplateError):
         # Only a template's own raise_exception(message) is about the conversation; a template
         # that breaks says Python's words, which stay here.
-        from engine.templates import _TemplateRaised
+        from engine.inference.templates import _TemplateRaised
 
         if isinstance(exc.__cause__, _TemplateRaised):
             return HttpError(400, str(exc), code="template_error")

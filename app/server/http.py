@@ -15,7 +15,7 @@ LiteLLM, LlamaIndex) use the models Glassbox manages through:
 * ``POST /v1/embeddings`` (:mod:`app.server.embeddings`): the sentence-transformers embedding
   model, loaded on first use; long inputs are windowed and pooled, token ids accepted;
 * ``POST /tokenize`` and ``GET /props`` (llama.cpp's server's shape), so a Glassbox client of this
-  server (:mod:`engine.remote`) gets exact token counts and the context size.
+  server (:mod:`engine.inference.remote`) gets exact token counts and the context size.
 
 A field the server does not implement is a 400 that names it, never silently ignored
 (:mod:`app.server.params`); a model id it does not serve is a 404 ``model_not_found``; a
@@ -248,8 +248,8 @@ def start_server(
     if backend is None:
         if model_path is None:
             raise ServeError("serve: no model given")
-        from engine.runtime import LoadParams
-        from engine.session import ChatSession
+        from engine.inference.runtime import LoadParams
+        from engine.inference.session import ChatSession
 
         def open_owned(path: Path) -> Any:
             load = LoadParams(model_path=path, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers)

@@ -251,7 +251,7 @@ def count_tokens(handler: Handler) -> None:
     """Answers ``POST /v1/messages/count_tokens``: the prompt's tokens as the model reads it (its
     chat template, the tools included), ``{"input_tokens": N}``."""
     from app.server.chat import engine_messages
-    from engine.context import effective_reserve
+    from engine.inference.context import effective_reserve
 
     state = handler.state
     body = dict(handler.read_json())
@@ -279,7 +279,7 @@ def count_tokens(handler: Handler) -> None:
 
 
 def _stream(handler: Handler, request: ChatRequest, message_id: str, cancel: threading.Event) -> None:
-    from engine.events import Finished, Reasoning, Token, ToolCall
+    from engine.inference.events import Finished, Reasoning, Token, ToolCall
 
     events = handler.generation(open_stream(handler.state.backend, request, 0, None, cancel), cancel)
     head = handler.first(events)

@@ -1,5 +1,5 @@
 """The request fields every generating endpoint shares, checked and turned into
-:class:`~engine.runtime.GenerationParams`.
+:class:`~engine.inference.runtime.GenerationParams`.
 
 The rule (issue 12, "the rest of the server surface"): a field the server does not implement is a
 400 that names it, never silently ignored. So each endpoint lists the fields it knows
@@ -238,9 +238,9 @@ def _check_enforceable(schema_text: str, param: str) -> None:
     Raises:
         HttpError: 400 naming the keyword and where it is.
     """
-    from engine import sampling
+    from engine.inference import sampling
 
-    # WORKAROUND: the engine's check has no public name yet (engine/sampling.py); the decode loop
+    # WORKAROUND: the engine's check has no public name yet (engine/inference/sampling.py); the decode loop
     # runs the same check, so a miss here still ends as a 400 (errors.REQUEST_FIELDS).
     find = getattr(sampling, "unsupported_keyword", None) or getattr(sampling, "_unsupported_keyword", None)
     if find is None:
@@ -267,7 +267,7 @@ def generation_params(body: Mapping[str, Any], max_new: Any, n_vocab: int | None
     """
     from pydantic import ValidationError
 
-    from engine.runtime import GenerationParams
+    from engine.inference.runtime import GenerationParams
 
     options: dict[str, Any] = {
         "max_tokens": max_new,

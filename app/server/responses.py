@@ -329,7 +329,7 @@ def handle(handler: Handler) -> None:
 
 
 def _stream(handler: Handler, shape: _Shape, request: ChatRequest, cancel: threading.Event) -> None:
-    from engine.events import Finished, Reasoning, Token, ToolCall
+    from engine.inference.events import Finished, Reasoning, Token, ToolCall
 
     events = handler.generation(open_stream(handler.state.backend, request, 0, None, cancel), cancel)
     head = handler.first(events)

@@ -1,13 +1,13 @@
 """The OpenAI chat-completions wire format for ``glassbox serve`` (:mod:`app.server.http`).
 
 Turns request bodies into engine calls (messages into system prompt, history and the new user
-message; sampling fields into :class:`~engine.runtime.GenerationParams`) and engine results into
+message; sampling fields into :class:`~engine.inference.runtime.GenerationParams`) and engine results into
 OpenAI-shaped documents (``chat.completion`` and its chunks, ``tool_calls``, ``logprobs``, ``usage``,
 and llama.cpp-style ``timings``). Errors are :class:`~app.server.errors.HttpError`.
 
 The messages: ``system`` and ``developer`` become the system prompt; ``user``, ``assistant`` (with
 ``tool_calls``) and ``tool`` (with ``tool_call_id``) the conversation. Tools are
-:class:`~engine.tools.ToolSpec`; ``tool_choice`` is ``auto``, ``none``, ``required`` or a named
+:class:`~engine.inference.tools.ToolSpec`; ``tool_choice`` is ``auto``, ``none``, ``required`` or a named
 function (``{"type": "function", "function": {"name": ...}}``).
 """
 
@@ -255,7 +255,7 @@ def parse_tools(tools: Any, tool_choice: Any) -> tuple[tuple[Any, ...], str]:
         HttpError: 400 for a malformed tool, a duplicate name, or a choice that names no tool offered.
     """
     from engine.errors import EngineError
-    from engine.tools import ToolSpec, check_tools, normalize_tool_choice
+    from engine.inference.tools import ToolSpec, check_tools, normalize_tool_choice
 
     specs: list[ToolSpec] = []
     if tools is not None:
@@ -284,7 +284,7 @@ def parse_tools(tools: Any, tool_choice: Any) -> tuple[tuple[Any, ...], str]:
 
 
 def _tool_spec(function: Mapping[str, Any], where: str) -> Any:
-    from engine.tools import ToolSpec
+    from engine.inference.tools import ToolSpec
 
     name = function.get("name")
     description = function.get("description") or ""
@@ -429,7 +429,7 @@ class Choice:
 
 def collect(index: int, events: Any, keep_tokens: bool, parallel_calls: bool = True) -> Choice:
     """Reads a whole generation into a :class:`Choice` (the answer, its thinking, its calls)."""
-    from engine.events import Finished, Reasoning, Token, ToolCall
+    from engine.inference.events import Finished, Reasoning, Token, ToolCall
 
     choice = Choice(index)
     for event in events:

@@ -1,4 +1,4 @@
-"""The agent loop in the app: ``engine.agent.Agent`` run on the LLM worker thread, approvals asked
+"""The agent loop in the app: ``engine.agent.loop.Agent`` run on the LLM worker thread, approvals asked
 of the GUI, every step recorded for the history (issue 12, "The app").
 
 * :class:`ToolsRequest` is what a turn with tools carries (the sources chosen in the chat's Tools
@@ -28,10 +28,10 @@ from typing import TYPE_CHECKING, Any
 from app.agent_history import ReplyText, generation_record, message_record
 
 if TYPE_CHECKING:
-    from engine.agent import Decision
-    from engine.backends import ChatBackend
-    from engine.events import ToolCall
-    from engine.tools import ToolSpec
+    from engine.agent.loop import Decision
+    from engine.inference.backends import ChatBackend
+    from engine.inference.events import ToolCall
+    from engine.inference.tools import ToolSpec
 
 APPROVAL_POLL_S = 0.05
 """How often a waiting approval looks at the turn's Stop event."""
@@ -219,7 +219,7 @@ def agent_events(
         session: the chat session.
         toolset: the tools (a ToolProvider with ``always_allows`` and ``allow_always``).
         request: the ``GenerateRequest`` (``tools`` set).
-        history: the earlier messages (``engine.context.Message``).
+        history: the earlier messages (``engine.inference.context.Message``).
         documents: the documents block, if any.
         options: more ``stream`` keywords (the KV cache key, the thinking switch or budget).
         ask: shows an approval to the user (emits a signal); the call then waits on its gate.
@@ -228,8 +228,8 @@ def agent_events(
     Yields:
         Token, PrefillProgress, Reasoning and TextBreak events, then one Finished for the turn.
     """
-    from engine.agent import Agent, ToolStep
-    from engine.events import Finished, Token
+    from engine.agent.loop import Agent, ToolStep
+    from engine.inference.events import Finished, Token
 
     tools: ToolsRequest = request.tools
     specs = toolset.tools()

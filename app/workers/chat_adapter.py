@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from PySide6.QtCore import QCoreApplication, QEvent, QObject, QThread, QTimer, Signal, Slot
 
 if TYPE_CHECKING:
-    from engine.backends import ChatBackend
+    from engine.inference.backends import ChatBackend
 
 from app.agent_history import AgentRecord, model_history
 from app.tasks import describe_error
@@ -101,7 +101,7 @@ class TurnContext:
     """What a chat turn needs besides the text: system prompt, sampling, documents."""
 
     system: str | None
-    params: Any  # engine.runtime.GenerationParams
+    params: Any  # engine.inference.runtime.GenerationParams
     knowledge_bases: tuple[str, ...] = ()
     tools: Any = None  # app.workers.agent_turn.ToolsRequest: the turn runs the agent loop
     thinking: bool | None = None  # the template's thinking switch (None: its default)
@@ -153,8 +153,8 @@ class ChatAdapter(ChatAgentMixin, QObject):
         reply_delta(str, int): text delta, number of tokens in it.
         prefill_progressed(int, int): tokens evaluated, total.
         reply_finished(object): the :class:`GenerationOutcome`.
-        stats_updated(object): ``engine.events.Stats`` of the last turn.
-        prompt_view_updated(object): ``engine.session.PromptView`` of the last prompt.
+        stats_updated(object): ``engine.inference.events.Stats`` of the last turn.
+        prompt_view_updated(object): ``engine.inference.session.PromptView`` of the last prompt.
         error_occurred(str): a one-line message for the user.
         message_not_saved(str, object): the text of a message that could not be saved and the id of
             the message it was editing (or None): it goes back to the composer.

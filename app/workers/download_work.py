@@ -23,8 +23,8 @@ from app.tasks import SerialExecutor, call_on_gui_thread, describe_error
 
 if TYPE_CHECKING:
     from app.workers.transfers import Transfer
-    from engine.download_queue import DownloadQueue, PartialDownload, QueuedOnDisk
-    from engine.model_download import FilesOutcome, FilesProgress
+    from engine.hub.model_download import FilesOutcome, FilesProgress
+    from engine.hub.queue import DownloadQueue, PartialDownload, QueuedOnDisk
 
 PROGRESS_INTERVAL_S = 0.2
 
@@ -75,7 +75,7 @@ class DownloadRun:
     def work(self) -> FilesOutcome:
         """Downloads every file of the run (the download thread's job)."""
         from engine.errors import Cancelled
-        from engine.model_download import download_files
+        from engine.hub.model_download import download_files
 
         transfer = self.transfer
         self.set_queue_state("downloading")
@@ -124,7 +124,7 @@ class QueueIO:
 
     def queue(self) -> DownloadQueue:
         """The queue (its file is read on first use: call it off the GUI thread)."""
-        from engine.download_queue import DownloadQueue
+        from engine.hub.queue import DownloadQueue
 
         with self._lock:
             if self._queue is None:
@@ -175,8 +175,8 @@ def look_for_unfinished(
         recorded.
     """
     from app.workers.library_adapter import record_provenance
-    from engine.download_queue import check_on_disk, find_partials
-    from engine.quantize import sweep_work_files
+    from engine.convert.quantize import sweep_work_files
+    from engine.hub.queue import check_on_disk, find_partials
 
     sweep_work_files(models_dir)  # what a killed quantize or convert left behind
     found = {p.path: p for p in find_partials(models_dir, orphans=True)}

@@ -2,12 +2,12 @@
 
 Hub queries run on the shared background pool; their failures come back as ``search_failed`` and
 ``files_failed``, so Discover shows them where the search was made. Downloads run one at a time
-on ``glassbox-download`` through ``engine.model_download.download_files`` (each with its own
+on ``glassbox-download`` through ``engine.hub.model_download.download_files`` (each with its own
 cancel and pause events). Progress crosses to the GUI thread as the engine's frozen
 ``FilesProgress`` reports, throttled; the adapter turns each into a new frozen
 :class:`~app.workers.transfers.Transfer` there.
 
-Every requested download is remembered in an ``engine.download_queue.DownloadQueue`` (one item
+Every requested download is remembered in an ``engine.hub.queue.DownloadQueue`` (one item
 per model choice, all its files) until all its files are complete or the user discards it, so a
 restart brings back a split model whole, parts not yet started included. The queue file is read
 and written in order on ``glassbox-download-queue``.
@@ -32,7 +32,7 @@ from app.workers.transfers import Transfer, download_label, from_partial, from_q
 
 if TYPE_CHECKING:
     from app.workers.library_adapter import LibraryAdapter
-    from engine.download_queue import DownloadQueue, PartialDownload, QueuedOnDisk
+    from engine.hub.queue import DownloadQueue, PartialDownload, QueuedOnDisk
 
 CHECKPOINT_WAIT_S = 3.0
 
@@ -90,7 +90,7 @@ class DownloadsAdapter(QObject):
     # ------------------------------------------------------------------ Hub
     def search(self, query: str) -> None:
         def work() -> Any:
-            from engine.hub import search_models
+            from engine.hub.search import search_models
 
             return search_models(query, limit=30, endpoint=self.endpoint)
 
@@ -102,7 +102,7 @@ class DownloadsAdapter(QObject):
 
     def list_files(self, repo: str) -> None:
         def work() -> Any:
-            from engine.hub import list_repo_files
+            from engine.hub.search import list_repo_files
 
             return list_repo_files(repo, endpoint=self.endpoint)
 
@@ -115,13 +115,13 @@ class DownloadsAdapter(QObject):
     # ------------------------------------------------------------------ downloads
     def download(self, repo: str, choice: Any, commit: str | None = None) -> Transfer:
         """Queues every file of a model choice (split parts and mmproj included) into
-        ``<models>/<owner>/<repo>/`` (``engine.model_download.model_folder``)."""
+        ``<models>/<owner>/<repo>/`` (``engine.hub.model_download.model_folder``)."""
         key = f"{repo}/{choice.name}"
         existing = self.transfers.get(key)
         if existing is not None and existing.running:
             return existing
-        from engine.download_queue import QueueFile, make_item
-        from engine.model_download import FileJob, model_folder
+        from engine.hub.model_download import FileJob, model_folder
+        from engine.hub.queue import QueueFile, make_item
 
         listed = (*choice.files, *choice.mmproj)
         dest = model_folder(self.library.models_dir, repo, [f.filename for f in listed])
@@ -265,7 +265,7 @@ class DownloadsAdapter(QObject):
         queue_key = current.queue_key
 
         def work() -> None:
-            from engine.downloads import discard_partial
+            from engine.hub.downloads import discard_partial
 
             for path in paths:
                 discard_partial(path.parent, path.name)

@@ -320,7 +320,7 @@ class HistoryService:
         says = _says_full(exc)
         if says is False:
             return exc
-        from engine.downloads import missing_space
+        from engine.disk import missing_space
 
         need = SAVE_MARGIN + 4 * size_hint  # the text, its search index and the log frames, roomily
         try:

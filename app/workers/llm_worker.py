@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from PySide6.QtCore import QObject, Signal, Slot
 
 if TYPE_CHECKING:
-    from engine.backends import ChatBackend
+    from engine.inference.backends import ChatBackend
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ class LoadRequest:
         breadcrumb: file written before the load and removed after it (crash detection).
         bandwidth_cache: where the measured memory bandwidth is cached (None: skip the probe).
         backend_state: where this machine's CPU-variant verdicts are kept (engine.cpu_backend).
-        kv_cache_dir: where the KV cache of each chat is saved (engine.kv_cache); None: not saved.
+        kv_cache_dir: where the KV cache of each chat is saved (engine.inference.kv_cache); None: not saved.
         kv_cache_max_bytes: the size cap of those files (0: none saved).
         draft_model_path: a smaller model of the same vocabulary that drafts for speculative
             decoding (``settings.draft_models``); refused by the engine, the model loads without it.
@@ -74,19 +74,19 @@ class GenerateRequest:
         request_id: echoed in every signal about this request.
         history: earlier turns as ``(role, content)`` pairs, oldest first.
         user: the new user message.
-        params: an ``engine.runtime.GenerationParams``.
+        params: an ``engine.inference.runtime.GenerationParams``.
         system: the system prompt.
         documents: the retrieved documents block, if any.
         cancel: set by the GUI thread to stop.
         retrieve: ``(query, session) -> (documents, sources)``, run on this thread before generating
             (it needs the session's tokenizer to fit the passages).
         cache_key: ``(conversation id, branch)`` of the KV cache saved with the chat
-            (``engine.kv_cache.KvKey``; the branch is the id of the reply being written).
+            (``engine.inference.kv_cache.KvKey``; the branch is the id of the reply being written).
         tools: an ``app.workers.agent_turn.ToolsRequest``: the turn runs the agent loop.
         thinking: the template's thinking switch (None: the template's default).
         thinking_budget: the most tokens of thinking (None: no cap).
 
-    ``history`` entries are ``(role, content)`` pairs or ``engine.context.Message`` objects (a
+    ``history`` entries are ``(role, content)`` pairs or ``engine.inference.context.Message`` objects (a
     reply made with tools: its calls and their results, ``app.agent_history.model_history``).
     """
 
@@ -110,7 +110,7 @@ class LoadedModel:
 
     path: Path
     label: str
-    info: Any  # engine.runtime.ModelInfo
+    info: Any  # engine.inference.runtime.ModelInfo
     load_ms: float
     machine_bandwidth_gbps: float | None
     backend_note: str | None = None  # e.g. the CPU variant crashed and the safe one runs
@@ -126,7 +126,7 @@ class GenerationOutcome:
     request_id: int
     reason: str
     text: str
-    stats: Any  # engine.events.Stats
+    stats: Any  # engine.inference.events.Stats
     elapsed_ms: float
     reasoning: dict[str, Any] | None = None  # {"text", "tokens", "ms"} of the thinking, when there was some
 
@@ -136,8 +136,8 @@ SessionFactory = Callable[[LoadRequest, "float | None"], "ChatBackend"]
 
 def default_session_factory(request: LoadRequest, bandwidth: float | None) -> ChatBackend:
     """Builds the real engine session (imports the engine lazily; llama_cpp stays in the child)."""
-    from engine.runtime import LoadParams
-    from engine.session import ChatSession
+    from engine.inference.runtime import LoadParams
+    from engine.inference.session import ChatSession
 
     params = LoadParams(
         model_path=request.model_path,
@@ -160,7 +160,7 @@ def _kv_cache_config(request: LoadRequest) -> Any:
     """The engine's KvCacheConfig for a load, or None when chats' KV caches are not saved."""
     if request.kv_cache_dir is None or request.kv_cache_max_bytes <= 0:
         return None
-    from engine.kv_cache import KvCacheConfig
+    from engine.inference.kv_cache import KvCacheConfig
 
     return KvCacheConfig(request.kv_cache_dir, request.kv_cache_max_bytes)
 
@@ -336,8 +336,8 @@ class LlmWorker(QObject):
         reply = ReplyTokens()  # for the inspector's token view (accepted drafts tinted)
         try:
             from app.workers.agent_turn import TextBreak, agent_events, offers_search, stream_accepts
-            from engine.context import Message
-            from engine.events import Finished, PrefillProgress, Reasoning, Token
+            from engine.inference.context import Message
+            from engine.inference.events import Finished, PrefillProgress, Reasoning, Token
 
             history = [m if isinstance(m, Message) else Message(*m) for m in request.history]
             documents = request.documents
@@ -354,7 +354,7 @@ class LlmWorker(QObject):
                     self.sources_found.emit(request.request_id, sources)
             saved: dict[str, Any] = {}  # the KV cache saved with the chat, when the session keeps them
             if request.cache_key is not None and getattr(session, "kv_cache", None) is not None:
-                from engine.kv_cache import KvKey
+                from engine.inference.kv_cache import KvKey
 
                 saved["cache_key"] = KvKey(*request.cache_key)
             if request.thinking is not None:

@@ -114,14 +114,14 @@ class ModelJobsAdapter(QObject):
                 )
 
         def work() -> Any:
-            from engine.quantize import quantize_model
+            from engine.convert.quantize import quantize_model
 
             return quantize_model(
                 src, dst, qtype, allow_requantize=allow_requantize, cancel=run.cancel, progress=progress
             )
 
         def done(result: Any) -> None:
-            from engine.quantize import size_change
+            from engine.convert.quantize import size_change
 
             self._update(
                 run,
@@ -142,7 +142,7 @@ class ModelJobsAdapter(QObject):
     # ------------------------------------------------------------------ convert
     def convert(self, folder: Path, qtype: str, keep_intermediate: bool = False) -> Transfer:
         """Converts a Hugging Face checkpoint folder to GGUF in the models folder, quantized to
-        ``qtype`` (``engine.convert.convert_and_quantize``; Cancel kills the running stage's child)."""
+        ``qtype`` (``engine.convert.hf_to_gguf.convert_and_quantize``; Cancel kills the running stage's child)."""
         run = self._start(f"convert:{folder}:{qtype}", f"{folder.name} → {qtype}", "convert")
         throttle = _Throttle()
         stage = [""]  # the last stage posted (worker thread only)
@@ -159,7 +159,7 @@ class ModelJobsAdapter(QObject):
                 )
 
         def work() -> Any:
-            from engine.convert import convert_and_quantize
+            from engine.convert.hf_to_gguf import convert_and_quantize
 
             self.models_dir.mkdir(parents=True, exist_ok=True)
             return convert_and_quantize(
@@ -186,7 +186,7 @@ class ModelJobsAdapter(QObject):
         """Compares the perplexity of a model and its quantization on the shipped text, as
         ``glassbox models quantize --check-quality`` does: step 1 of 2 the source, 2 of 2 the result.
 
-        The last snapshot's ``result`` is the ``engine.perplexity.QualityReport``; Cancel kills the child.
+        The last snapshot's ``result`` is the ``engine.convert.perplexity.QualityReport``; Cancel kills the child.
         """
         run = self._start(f"quality:{result}", f"Quality check {result.name}", "quality", total=len(QUALITY_STEPS))
 
@@ -200,7 +200,7 @@ class ModelJobsAdapter(QObject):
 
         def work() -> Any:
             from app.paths import resource_path
-            from engine.perplexity import QualityReport, perplexity
+            from engine.convert.perplexity import QualityReport, perplexity
 
             text = resource_path("perplexity.txt").read_text(encoding="utf-8")
             step(0)
@@ -229,11 +229,11 @@ class ModelJobsAdapter(QObject):
         on_done: Callable[[dict[str, Any]], None],
         on_failed: Callable[[BaseException], None],
     ) -> None:
-        """Per-tensor size estimates (``engine.quant_estimate.QuantEstimate`` by type name) of
+        """Per-tensor size estimates (``engine.convert.quant_estimate.QuantEstimate`` by type name) of
         quantizing ``path`` to each of ``qtypes``, read off the GUI thread."""
 
         def work() -> dict[str, Any]:
-            from engine.quant_estimate import estimate_quantized, read_tensor_shapes
+            from engine.convert.quant_estimate import estimate_quantized, read_tensor_shapes
 
             info, shapes = read_tensor_shapes(path)
             out: dict[str, Any] = {}

@@ -14,7 +14,7 @@ from urllib.parse import quote, unquote
 from app.workers.llm_worker import LoadRequest, SessionFactory, default_session_factory
 
 if TYPE_CHECKING:
-    from engine.backends import ChatBackend
+    from engine.inference.backends import ChatBackend
 
 __all__ = [
     "REMOTE_ROOT",
@@ -62,7 +62,7 @@ REMOTE_ROOT = "glassbox-remote"
 """First part of the pseudo path that names a model on a saved endpoint (never a real file)."""
 
 RemoteSessionFactory = Callable[[Any, str, LoadRequest], "ChatBackend"]
-"""Builds a session for ``(engine.endpoints.Endpoint, model_id, request)``."""
+"""Builds a session for ``(engine.inference.endpoints.Endpoint, model_id, request)``."""
 
 
 def remote_model_path(endpoint: str, model_id: str) -> Path:
@@ -83,8 +83,8 @@ def parse_remote_model(path: Path) -> tuple[str, str] | None:
 
 
 def make_remote_session(endpoint: Any, model_id: str, request: LoadRequest) -> ChatBackend:
-    """The real remote backend (``engine.remote.RemoteSession``) for a saved endpoint."""
-    from engine.remote import RemoteSession
+    """The real remote backend (``engine.inference.remote.RemoteSession``) for a saved endpoint."""
+    from engine.inference.remote import RemoteSession
 
     return RemoteSession(
         endpoint.url,
@@ -127,8 +127,8 @@ class RoutingSessionFactory:
         if target is None:
             session = self.local(request, bandwidth)
         else:
-            from engine.endpoints import EndpointStore
             from engine.errors import EngineError
+            from engine.inference.endpoints import EndpointStore
 
             if self.endpoints_file is None:
                 raise EngineError(f"{target[0]}: no saved endpoints in this window")

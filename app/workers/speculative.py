@@ -9,7 +9,7 @@ chat turn decodes with, and the reply's tokens for the inspector's token view.
   model has its draft, ``off`` for a model on a remote server (it decodes on its own), else the
   setting (``lookup`` or ``off``).
 * :class:`TokensView` is the prompt as the model saw it plus the reply's tokens, each marked when
-  it was accepted from a draft (``engine.events.Token.drafted``): the inspector tints those.
+  it was accepted from a draft (``engine.inference.events.Token.drafted``): the inspector tints those.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def speculative_mode(loaded: LoadedModel | None, settings: Settings) -> Literal[
 
 def is_draft_refusal(exc: BaseException, draft: Path) -> bool:
     """Whether a load failed because of its draft model (the engine names the draft's file first:
-    ``engine.speculative.DraftModel``), not because of the chat model itself."""
+    ``engine.inference.speculative.DraftModel``), not because of the chat model itself."""
     from engine.errors import ModelLoadError
 
     return isinstance(exc, ModelLoadError) and str(exc).startswith(f"{draft}: ") and "draft" in str(exc)
@@ -97,7 +97,7 @@ def _load(
 
 @dataclass(frozen=True)
 class TokensView:
-    """The last prompt (``token_ids``, ``pieces``: as ``engine.session.PromptView``) and the reply
+    """The last prompt (``token_ids``, ``pieces``: as ``engine.inference.session.PromptView``) and the reply
     that followed it: its token ids, their text, and which were accepted from a draft."""
 
     token_ids: list[int]
@@ -116,7 +116,7 @@ class ReplyTokens:
     drafted: list[bool] = field(default_factory=list)
 
     def add(self, token: Any) -> None:
-        """Records an ``engine.events.Token``."""
+        """Records an ``engine.inference.events.Token``."""
         self.ids.append(int(token.token_id))
         self.pieces.append(str(token.text))
         self.drafted.append(bool(getattr(token, "drafted", False)))

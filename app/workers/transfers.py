@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from engine.download_queue import PartialDownload, QueuedOnDisk
-    from engine.model_download import FileJob
+    from engine.hub.model_download import FileJob
+    from engine.hub.queue import PartialDownload, QueuedOnDisk
 
 __all__ = ["Transfer", "download_label", "from_partial", "from_queue"]
 
@@ -81,7 +81,7 @@ def download_label(name: str, repo: str, filenames: list[str]) -> str:
 
 def from_queue(status: QueuedOnDisk, endpoint: str | None) -> Transfer:
     """The stopped row of a download queue item found at startup (all its files, one row)."""
-    from engine.model_download import FileJob
+    from engine.hub.model_download import FileJob
 
     item = status.item
     dest = Path(item.dest_dir)
@@ -116,7 +116,7 @@ def from_queue(status: QueuedOnDisk, endpoint: str | None) -> Transfer:
 def from_partial(partial: PartialDownload, endpoint: str | None) -> Transfer:
     """The stopped row of a partial file no queue item claims: ``paused``, or ``unreadable``
     (only Discard) when its resume metadata is gone."""
-    from engine.model_download import FileJob
+    from engine.hub.model_download import FileJob
 
     files: tuple[FileJob, ...] = ()
     if partial.resumable:

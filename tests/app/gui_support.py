@@ -14,12 +14,12 @@ from typing import Any
 
 from app.paths import Paths
 from app.settings import Settings
-from engine.events import Finished, PrefillProgress, Stats, Token
+from engine.inference.events import Finished, PrefillProgress, Stats, Token
 
 
 @dataclass(frozen=True)
 class PromptView:
-    """Same shape as engine.session.PromptView."""
+    """Same shape as engine.inference.session.PromptView."""
 
     token_ids: list[int]
     pieces: list[str]
@@ -49,7 +49,7 @@ class FakeSession:
         return len(text.split())
 
     def load(self, cancel: threading.Event | None = None) -> Any:
-        from engine.runtime import ModelInfo
+        from engine.inference.runtime import ModelInfo
 
         return ModelInfo(
             path=str(self.request.model_path),

@@ -24,8 +24,8 @@ import pytest
 
 from app.paths import Paths
 from app.server.http import ServerHandle, start_server
-from engine.events import Event, Finished, PrefillProgress, Reasoning, Stats, Token, ToolCall
-from engine.runtime import GenerationParams, WorkerResult
+from engine.inference.events import Event, Finished, PrefillProgress, Reasoning, Stats, Token, ToolCall
+from engine.inference.runtime import GenerationParams, WorkerResult
 
 KEY = "test-key-0123456789"
 

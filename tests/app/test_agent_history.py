@@ -16,10 +16,10 @@ from app.agent_history import INTERRUPTED_RESULT, AgentRecord, ReplyText, messag
 from app.commands.chat_history import ChatLog
 from app.commands.chat_tools import ChatTools
 from app.paths import Paths
-from engine.context import Message
 from engine.errors import EngineCrashed
-from engine.events import Event, Finished, Reasoning, Stats, Token, ToolCall
 from engine.history import HistoryStore
+from engine.inference.context import Message
+from engine.inference.events import Event, Finished, Reasoning, Stats, Token, ToolCall
 
 
 @dataclass

@@ -29,8 +29,8 @@ from app.tool_setup import (
     parse_server,
     remove_server,
 )
-from engine.mcp_client import McpServer
-from engine.tools import ToolProvider, ToolResult
+from engine.agent.mcp_client import McpServer
+from engine.inference.tools import ToolProvider, ToolResult
 from tests.mcp_servers import SERVER_SCRIPT, wait_gone
 
 

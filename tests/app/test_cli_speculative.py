@@ -59,7 +59,7 @@ def test_speculative_modes_give_counters_and_the_draft_model_drafts(starter_mode
     assert costly.returncode == 0, costly.stderr
     assert json.loads(costly.stdout)["draft_tokens"] == 0
     # ...unless told to: then it drafts, and agrees with itself (the replies may still part at a
-    # near tie: llama.cpp's arithmetic depends on the batch's shape, see engine.speculative).
+    # near tie: llama.cpp's arithmetic depends on the batch's shape, see engine.inference.speculative).
     drafted = _chat(starter_model, tmp_path, "--speculative", str(starter_model), GLASSBOX_TEST_DRAFT_FIXED="4")
     assert drafted.returncode == 0, drafted.stderr
     doc = json.loads(drafted.stdout)

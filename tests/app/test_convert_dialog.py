@@ -93,7 +93,7 @@ def test_convert_and_quantize_through_the_dialog(
 def test_cancel_stops_the_conversion_and_keeps_the_dialog_responsive(
     qtbot: Any, adapter: ModelsAdapter, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from engine.convert import PipelineProgress
+    from engine.convert.hf_to_gguf import PipelineProgress
 
     started = threading.Event()
     calls: list[tuple[Path, str, bool]] = []
@@ -108,7 +108,7 @@ def test_cancel_stops_the_conversion_and_keeps_the_dialog_responsive(
             assert time.monotonic() < deadline, "the dialog never cancelled"
         raise Cancelled(f"{folder}: cancelled while converting; no file was written")
 
-    monkeypatch.setattr("engine.convert.convert_and_quantize", slow_conversion)
+    monkeypatch.setattr("engine.convert.hf_to_gguf.convert_and_quantize", slow_conversion)
     dialog = ConvertDialog(adapter, tmp_path)
     qtbot.addWidget(dialog)
     dialog.show()

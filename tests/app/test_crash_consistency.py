@@ -206,8 +206,8 @@ def test_kill_9_during_kb_add_of_50_files_then_the_next_add_finishes_it(tmp_path
 def test_kill_9_during_quantize_leaves_no_file_at_the_final_path_and_the_next_run_works(
     tmp_path: Path, orphans: set[Proc]
 ) -> None:
+    from engine.convert.quantize import sweep_work_files
     from engine.gguf import read_gguf_info
-    from engine.quantize import sweep_work_files
 
     home = tmp_path / "home"
     src = write_tiny_llama_gguf(tmp_path / "bigger-F16.gguf", dtype="F16", n_embd=512, n_ff=1536, n_layer=6)
@@ -250,7 +250,7 @@ DATA = random_bytes(SIZE, 42)
 
 
 def test_kill_9_during_models_download_leaves_no_half_file_and_the_next_run_resumes(tmp_path: Path) -> None:
-    from engine.downloads import partial_paths, read_partial_meta
+    from engine.hub.downloads import partial_paths, read_partial_meta
 
     home = tmp_path / "home"
     dest = home / "data" / "models" / "acme" / "tiny-GGUF"

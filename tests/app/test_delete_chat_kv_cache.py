@@ -13,7 +13,7 @@ from PySide6.QtCore import Qt
 
 from app.paths import Paths
 from app.workers.chat_adapter import ChatState, ModelState
-from engine.kv_cache import KvCacheStore, KvIdentity, KvKey
+from engine.inference.kv_cache import KvCacheStore, KvIdentity, KvKey
 
 pytestmark = [pytest.mark.gui, pytest.mark.qt_log_ignore("propagateSizeHints")]
 

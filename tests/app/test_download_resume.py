@@ -21,7 +21,7 @@ from app.model_panel import ModelPanel, format_progress
 from app.paths import Paths
 from app.workers.models_worker import ModelsAdapter
 from app.workers.transfers import Transfer
-from engine.downloads import partial_paths, read_partial_meta
+from engine.hub.downloads import partial_paths, read_partial_meta
 
 pytestmark = [pytest.mark.gui, pytest.mark.qt_log_ignore("propagateSizeHints")]
 REPO = "acme/tiny-GGUF"

@@ -19,9 +19,9 @@ from shiboken6 import isValid
 
 from app.paths import Paths
 from app.workers.chat_adapter import ChatState
-from engine.context import Message
-from engine.events import Finished, PrefillProgress, Reasoning, Stats, Token, ToolCall
-from engine.tools import ToolResult, ToolSpec
+from engine.inference.context import Message
+from engine.inference.events import Finished, PrefillProgress, Reasoning, Stats, Token, ToolCall
+from engine.inference.tools import ToolResult, ToolSpec
 from tests.mcp_servers import register
 
 pytestmark = [pytest.mark.gui, pytest.mark.qt_log_ignore("propagateSizeHints")]

@@ -12,7 +12,7 @@ import pytest
 from app.paths import Paths
 from app.workers.agent_turn import ToolsRequest
 from app.workers.llm_worker import GenerateRequest, LlmWorker, LoadRequest
-from engine.runtime import GenerationParams
+from engine.inference.runtime import GenerationParams
 
 pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.gui]
 

@@ -17,8 +17,8 @@ from PySide6.QtCore import Qt
 
 from app.paths import Paths
 from app.workers.chat_adapter import ChatState
-from engine.context import Message
-from engine.events import Finished, PrefillProgress, Stats, Token, ToolCall
+from engine.inference.context import Message
+from engine.inference.events import Finished, PrefillProgress, Stats, Token, ToolCall
 
 pytestmark = [pytest.mark.gui, pytest.mark.qt_log_ignore("propagateSizeHints")]
 

@@ -28,7 +28,7 @@ class KvFakeSession(FakeSession):
         self.keys: list[Any] = []
 
     def stream(self, history: Any, user: str, params: Any = None, *, cache_key: Any = None, **kw: Any) -> Iterator[Any]:
-        from engine.events import Finished, Stats
+        from engine.inference.events import Finished, Stats
 
         self.keys.append(cache_key)
         extra = {"kv_restored_tokens": 35, "kv_restore_ms": 4.5, "kv_saved_bytes": 123_000}
@@ -43,7 +43,7 @@ class KvFakeSession(FakeSession):
 @pytest.mark.gui
 @pytest.mark.qt_log_ignore("propagateSizeHints")
 def test_a_chat_turn_passes_its_conversation_and_reply_as_the_cache_key(qtbot: Any, tmp_path: Path) -> None:
-    from engine.kv_cache import KvKey
+    from engine.inference.kv_cache import KvKey
 
     paths = Paths.resolve(tmp_path / "home").ensure()
     (paths.models / "tiny.gguf").write_bytes(b"GGUF")
@@ -81,7 +81,7 @@ def test_a_session_without_saved_caches_is_not_given_a_key() -> None:
 
 @pytest.mark.model
 def test_stats_of_the_real_engine_carry_the_restore_across_processes(starter_model: Path, tmp_path: Path) -> None:
-    from engine.runtime import GenerationParams
+    from engine.inference.runtime import GenerationParams
 
     params = GenerationParams(temperature=0.0, max_tokens=8, repeat_penalty=1.0)
     document = " ".join(f"Note {i}: the lamp in room {i % 9} was replaced on day {i}." for i in range(30))
@@ -109,7 +109,7 @@ def test_stats_of_the_real_engine_carry_the_restore_across_processes(starter_mod
 @pytest.mark.gui
 def test_the_settings_dialog_sets_the_cap_and_clears_the_saved_caches(qtbot: Any, tmp_path: Path) -> None:
     from app.settings_dialog import SettingsDialog
-    from engine.kv_cache import KvCacheStore, KvIdentity, KvKey
+    from engine.inference.kv_cache import KvCacheStore, KvIdentity, KvKey
 
     folder = tmp_path / "kv"
     store = KvCacheStore(folder)

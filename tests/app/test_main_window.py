@@ -281,7 +281,7 @@ class CrashingSession(FakeSession):
     def stream(self, history: Any, user: str, params: Any = None, **kwargs: Any) -> Any:
         from engine.cpu_backend import BackendInfo, describe_crash
         from engine.errors import EngineCrashed
-        from engine.events import PrefillProgress
+        from engine.inference.events import PrefillProgress
 
         yield PrefillProgress(1, 2)
         backend = BackendInfo("variants", "haswell", "libggml-cpu-haswell.so", ("AVX2",))

@@ -237,7 +237,7 @@ def test_declined_folders_are_not_offered_again(
 @pytest.fixture
 def q4_model(paths: Paths, tmp_path: Path) -> Path:
     """A tiny model that is already Q4_K_M, like the bundled starter."""
-    from engine.quantize import quantize_model
+    from engine.convert.quantize import quantize_model
 
     src = write_tiny_llama_gguf(tmp_path / "tiny-F16.gguf", dtype="F16")
     return quantize_model(src, paths.models / "tiny-Q4_K_M.gguf", "Q4_K_M", threads=2).path
@@ -315,7 +315,7 @@ def test_the_quality_check_shows_progress_and_cancels(
             raise AssertionError("never cancelled")
         raise Cancelled(f"{path}: perplexity cancelled")
 
-    monkeypatch.setattr("engine.perplexity.perplexity", slow_perplexity)
+    monkeypatch.setattr("engine.convert.perplexity.perplexity", slow_perplexity)
     assert panel.select_model(result)
     assert panel.quality_button.isEnabled()
     panel.quality_button.click()
@@ -327,7 +327,9 @@ def test_the_quality_check_shows_progress_and_cancels(
     assert dialog.isVisible() and dialog.status.text() == "Cancelling…"
     qtbot.waitUntil(lambda: dialog.transfer.state == "cancelled", timeout=10000)
     assert dialog.start_button.text() == "Retry" and dialog.start_button.isEnabled()
-    monkeypatch.setattr("engine.perplexity.perplexity", lambda path, *a, **k: 10.0 if "F32" in path.name else 11.0)
+    monkeypatch.setattr(
+        "engine.convert.perplexity.perplexity", lambda path, *a, **k: 10.0 if "F32" in path.name else 11.0
+    )
     dialog.start_button.click()
     qtbot.waitUntil(lambda: dialog.transfer.state == "done", timeout=10000)
     assert "perplexity +10.0%" in dialog.status.text()
@@ -346,7 +348,7 @@ def test_a_failed_quantization_can_be_retried(
     def fail(*_a: Any, **_k: Any) -> None:
         raise QuantizeError("tiny-F16.gguf: quantization to Q4_K_M failed: the disk is full")
 
-    monkeypatch.setattr("engine.quantize.quantize_model", fail)
+    monkeypatch.setattr("engine.convert.quantize.quantize_model", fail)
     dialog.start_button.click()
     qtbot.waitUntil(lambda: dialog.transfer.state == "error", timeout=10000)
     assert "the disk is full" in dialog.status.text()

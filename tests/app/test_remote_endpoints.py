@@ -20,7 +20,7 @@ import pytest
 from gui_support import FakeSession, make_window
 from PySide6.QtCore import Qt
 
-import engine.remote
+import engine.inference.remote
 from app.endpoints_dialog import AddEndpointDialog, list_remote_models
 from app.paths import Paths
 from app.settings import Settings, load_settings, save_settings
@@ -33,10 +33,10 @@ from app.workers.chat_adapter import (
     remote_model_path,
 )
 from app.workers.llm_worker import LoadRequest
-from engine.endpoints import EndpointStore
 from engine.errors import EngineError
-from engine.events import Stats
-from engine.remote import RemoteModel
+from engine.inference.endpoints import EndpointStore
+from engine.inference.events import Stats
+from engine.inference.remote import RemoteModel
 
 pytestmark = [pytest.mark.gui, pytest.mark.qt_log_ignore("propagateSizeHints")]
 
@@ -89,7 +89,7 @@ def test_real_remote_session_is_built_from_the_endpoint(endpoints: EndpointStore
     factory = RoutingSessionFactory(endpoints.path)
     session = factory(LoadRequest(model_path=remote_model_path("lab", "m-1"), overflow_policy="refuse"), None)
     try:
-        assert isinstance(session, engine.remote.RemoteSession)
+        assert isinstance(session, engine.inference.remote.RemoteSession)
         assert session.model == "m-1" and session.base_url.startswith("http://10.9.8.7:8000")
         assert session.overflow_policy == "refuse"
     finally:
@@ -100,7 +100,7 @@ def test_list_remote_models_reports_unreachable_endpoints(
     endpoints: EndpointStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     endpoints.add("http://10.0.0.1:1", name="down")
-    monkeypatch.setattr(engine.remote, "list_models", fake_list_models({"http://10.9.8.7:8000": ["a", "b"]}))
+    monkeypatch.setattr(engine.inference.remote, "list_models", fake_list_models({"http://10.9.8.7:8000": ["a", "b"]}))
     found, problems = list_remote_models(endpoints.path)
     assert found == [remote_model_path("lab", "a"), remote_model_path("lab", "b")]
     assert len(problems) == 1 and problems[0].startswith("down: cannot reach")
@@ -110,7 +110,9 @@ def test_list_remote_models_reports_unreachable_endpoints(
 def window(
     qtbot: Any, paths: Paths, fake_model: Path, endpoints: EndpointStore, monkeypatch: pytest.MonkeyPatch
 ) -> Any:
-    monkeypatch.setattr(engine.remote, "list_models", fake_list_models({"http://10.9.8.7:8000": ["big-model"]}))
+    monkeypatch.setattr(
+        engine.inference.remote, "list_models", fake_list_models({"http://10.9.8.7:8000": ["big-model"]})
+    )
     remote_sessions: list[FakeSession] = []
 
     def remote(endpoint: Any, model_id: str, request: LoadRequest) -> FakeSession:
@@ -155,7 +157,7 @@ def test_picker_lists_remote_models_and_a_turn_goes_through_the_remote_session(q
 
 
 def test_add_endpoint_dialog_checks_then_saves(qtbot: Any, paths: Paths, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(engine.remote, "list_models", fake_list_models({"http://127.0.0.1:9999": ["x", "y"]}))
+    monkeypatch.setattr(engine.inference.remote, "list_models", fake_list_models({"http://127.0.0.1:9999": ["x", "y"]}))
     store_file = paths.config / "endpoints.json"
     dialog = AddEndpointDialog(store_file)
     qtbot.addWidget(dialog)

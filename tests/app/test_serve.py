@@ -32,8 +32,8 @@ from app.server.http import ServeError, ServerHandle, check_host, is_loopback, s
 from app.server.params import MAX_STOP_CHARS, MAX_STOP_STRINGS
 from app.server.wire import MAX_MESSAGES, MIN_TEXT_CHARS
 from engine.errors import ContextOverflow
-from engine.events import Event, Finished, PrefillProgress, Stats, Token
-from engine.runtime import GenerationParams
+from engine.inference.events import Event, Finished, PrefillProgress, Stats, Token
+from engine.inference.runtime import GenerationParams
 
 KEY = "test-key-0123456789"
 ROOT = Path(__file__).resolve().parents[2]
@@ -662,7 +662,7 @@ def test_embeddings_through_openai_client(model_server: ServerHandle) -> None:
 @pytest.mark.model
 def test_remote_session_reads_glassbox_serve(model_server: ServerHandle) -> None:
     """Glassbox as a client of Glassbox: exact token counts, the server's context size and usage."""
-    from engine.remote import RemoteSession
+    from engine.inference.remote import RemoteSession
 
     with RemoteSession(model_server.url, model_server.model, api_key=KEY) as remote:
         info = remote.load()
@@ -759,8 +759,8 @@ def test_abandoned_non_streamed_request_stops_the_model(starter_model: Path, tmp
     """``max_tokens: 1e9`` at n_ctx 1024, the client gone after 1 CPU-s of decoding: bound 2 CPU-s of the worker
     from the hang-up until a next request is answered (0.05-0.09 s here; 28 s before, to the end of
     the window)."""
-    from engine.runtime import LoadParams
-    from engine.session import ChatSession
+    from engine.inference.runtime import LoadParams
+    from engine.inference.session import ChatSession
 
     session = ChatSession(LoadParams(model_path=starter_model, n_ctx=1024, n_threads=2))
     with session, start_server(Paths.resolve(tmp_path), port=0, backend=session) as handle:
@@ -790,7 +790,7 @@ def test_stop_ends_a_worker_call_that_cannot_see_the_cancel(
 ) -> None:
     """A request stuck in a long worker call (a tokenization that would take minutes): stop()
     returns within 4 s, the worker process killed, and the client answered."""
-    from engine.session import ChatSession
+    from engine.inference.session import ChatSession
 
     real_tokenize = ChatSession._tokenize_prompt
     stuck = threading.Event()
@@ -889,7 +889,7 @@ def test_cli_serve_sigterm_during_a_reply_exits_promptly(starter_model: Path, tm
 
 _STUCK_SERVE = """
 import sys
-from engine.session import ChatSession
+from engine.inference.session import ChatSession
 from app.cli import main
 
 real_tokenize = ChatSession._tokenize_prompt

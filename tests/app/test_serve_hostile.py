@@ -29,8 +29,8 @@ from app.server.body import MAX_JSON_DEPTH, MAX_NUMBER_CHARS, nesting_exceeds
 from app.server.http import ServerHandle, start_server
 from app.server.state import MAX_QUEUED
 from engine.errors import EngineCrashed, EngineError, ModelLoadError
-from engine.events import Event, Finished, PrefillProgress, Stats, Token
-from engine.runtime import GenerationParams
+from engine.inference.events import Event, Finished, PrefillProgress, Stats, Token
+from engine.inference.runtime import GenerationParams
 
 CHAT = "/v1/chat/completions"
 JSON_ENDPOINTS = (CHAT, "/v1/completions", "/v1/responses", "/v1/embeddings", "/tokenize")

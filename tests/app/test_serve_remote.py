@@ -1,4 +1,4 @@
-"""Glassbox as a client of Glassbox: :class:`engine.remote.RemoteSession` against ``glassbox serve``
+"""Glassbox as a client of Glassbox: :class:`engine.inference.remote.RemoteSession` against ``glassbox serve``
 (scripted backend, tests/app/serve_support.py), with tools, tool results, reasoning, constrained
 output and logprobs crossing the wire both ways."""
 
@@ -12,11 +12,11 @@ import pytest
 
 from app.paths import Paths
 from app.server.http import ServerHandle, start_server
-from engine.context import Message
-from engine.events import Finished, Reasoning, Token, ToolCall
-from engine.remote import RemoteSession
-from engine.runtime import GenerationParams
-from engine.tools import ToolSpec
+from engine.inference.context import Message
+from engine.inference.events import Finished, Reasoning, Token, ToolCall
+from engine.inference.remote import RemoteSession
+from engine.inference.runtime import GenerationParams
+from engine.inference.tools import ToolSpec
 from tests.app import serve_support
 from tests.app.serve_support import KEY, ScriptedBackend
 

@@ -316,10 +316,10 @@ class _NoChat:
 def test_the_guis_rolling_session_served_still_refuses_an_overflow(starter_model: Path, tmp_path: Path) -> None:
     """The API-server toggle serves the GUI's own session (policy "rolling"): the API answers
     context_length_exceeded, while the session itself still trims for the GUI."""
-    from engine.context import Message
-    from engine.events import Finished
-    from engine.runtime import GenerationParams, LoadParams
-    from engine.session import ChatSession
+    from engine.inference.context import Message
+    from engine.inference.events import Finished
+    from engine.inference.runtime import GenerationParams, LoadParams
+    from engine.inference.session import ChatSession
 
     session = ChatSession(LoadParams(model_path=starter_model, n_ctx=512), overflow_policy="rolling")
     words = " ".join(["history"] * 150)

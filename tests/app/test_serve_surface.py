@@ -424,7 +424,7 @@ def test_logprobs_of_text_held_back_for_a_stop_string() -> None:
     string held back (empty) and flushed with a later token or, at the end, a last Token without a
     log-probability: every token keeps its entry and the entries' text is the reply's."""
     from app.server.wire import logprobs_document
-    from engine.events import Token
+    from engine.inference.events import Token
 
     tokens = [
         Token("Hi", 1, -0.1, (("Hi", -0.1),)),

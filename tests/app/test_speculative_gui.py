@@ -52,7 +52,7 @@ class DraftingSession(FakeSession):
     def stream(self, history: Any, user: str, params: Any = None, **kw: Any) -> Iterator[Any]:
         import dataclasses
 
-        from engine.events import Finished, Stats, Token
+        from engine.inference.events import Finished, Stats, Token
 
         self.params.append(params)
         extra = {"draft_tokens": 4, "accepted_tokens": 3}

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from app.workers.llm_worker import GenerateRequest, LlmWorker, LoadedModel, LoadRequest
-from engine.runtime import GenerationParams
+from engine.inference.runtime import GenerationParams
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
 from tiny_models import write_tiny_llama_gguf
@@ -67,7 +67,7 @@ def test_a_reply_drafted_by_a_draft_model_marks_its_accepted_tokens(
     starter_model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The starter drafting for itself costs as much as it saves, so the policy would not draft:
-    # a fixed draft length exercises the path (engine.decoding, GLASSBOX_TEST_DRAFT_FIXED).
+    # a fixed draft length exercises the path (engine.inference.decoding, GLASSBOX_TEST_DRAFT_FIXED).
     monkeypatch.setenv("GLASSBOX_TEST_DRAFT_FIXED", "4")
     worker = LlmWorker()
     try:

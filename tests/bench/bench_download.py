@@ -1,4 +1,4 @@
-"""Download throughput: ``engine.downloads.download_file`` vs a plain streaming copy of the same bytes.
+"""Download throughput: ``engine.hub.downloads.download_file`` vs a plain streaming copy of the same bytes.
 
 Run explicitly: ``pytest tests/bench/bench_download.py -s`` (``BENCH_DOWNLOAD_MIB`` sets the size,
 default 200; ``BENCH_DOWNLOAD_RUNS`` the runs per side, default 5).
@@ -35,7 +35,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.downloads import download_file
+from engine.hub.downloads import download_file
 
 ROOT = Path(__file__).resolve().parents[2]
 MIB = int(os.environ.get("BENCH_DOWNLOAD_MIB", "200"))

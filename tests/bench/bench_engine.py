@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from engine.bench import run_bench
+from engine.inference.bench import run_bench
 from tests.bench.results import record
 
 

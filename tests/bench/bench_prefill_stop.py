@@ -2,7 +2,7 @@
 
 Run: ``pytest tests/bench/bench_prefill_stop.py -s``.
 
-* Prefill speed: the engine's prefill (``engine.decoding.prefill``: a 128-token first chunk, so
+* Prefill speed: the engine's prefill (``engine.inference.decoding.prefill``: a 128-token first chunk, so
   progress moves early, then whole ones, with llama.cpp's abort callback armed) against evaluating the same prompt in
   whole ``n_batch`` chunks with no callback, on one model, interleaved. Budget >= 0.95x.
 * Stop latency: Stop at random moments of a ~1,300-token prompt through the worker process; the
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.events import Token
-from engine.runtime import GenerationParams, InferenceWorker, LoadParams
+from engine.inference.events import Token
+from engine.inference.runtime import GenerationParams, InferenceWorker, LoadParams
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 
@@ -33,7 +33,7 @@ def test_prefill_speed_with_stop_anywhere(starter_model: Path) -> None:
     import llama_cpp
 
     from engine.cpu_backend import load_backends
-    from engine.decoding import prefill
+    from engine.inference.decoding import prefill
 
     load_backends()
     llm = llama_cpp.Llama(

@@ -1,4 +1,4 @@
-"""Quantization time: ``engine.quantize.quantize_model`` vs the raw ``llama_model_quantize`` call.
+"""Quantization time: ``engine.convert.quantize.quantize_model`` vs the raw ``llama_model_quantize`` call.
 
 Run explicitly: ``pytest tests/bench/bench_quantize.py -s`` (``BENCH_QUANT_LAYERS`` sets the model
 depth, default 4, about 100 MB of F16; ``BENCH_QUANT_RUNS`` the runs per side, default 7;
@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
 from tiny_models import write_tiny_llama_gguf
 
-from engine.quantize import find_quant_type, quantize_model
+from engine.convert.quantize import find_quant_type, quantize_model
 
 LAYERS = int(os.environ.get("BENCH_QUANT_LAYERS", "4"))
 RUNS = int(os.environ.get("BENCH_QUANT_RUNS", "7"))

@@ -2,7 +2,7 @@
 
 Run: ``make bench`` or ``pytest tests/bench/bench_reply_shaping.py -s``.
 
-Every reply now goes through :class:`engine.reply.ReplyShaper` in the parent process, token by
+Every reply now goes through :class:`engine.inference.reply.ReplyShaper` in the parent process, token by
 token. Side by side, interleaved, in one run: the starter model decodes a greedy reply (the
 engine's own ``decode_ms``), and the shaper (with the Hermes tool-call parser, the most common
 family, and the reasoning splitter) processes the same tokens, wrapped as a thinking block and a
@@ -16,10 +16,10 @@ import statistics
 import time
 from pathlib import Path
 
-from engine.events import Token
-from engine.reply import ReplyShaper
-from engine.runtime import GenerationParams, LoadParams
-from engine.session import ChatSession
+from engine.inference.events import Token
+from engine.inference.reply import ReplyShaper
+from engine.inference.runtime import GenerationParams, LoadParams
+from engine.inference.session import ChatSession
 from tests.bench.results import record
 
 ROUNDS = 5

@@ -36,11 +36,11 @@ sys.path.insert(0, str(ROOT))
 
 from app.paths import Paths  # noqa: E402
 from app.server.http import start_server  # noqa: E402
-from engine.events import Finished, Token  # noqa: E402
-from engine.remote import RemoteSession  # noqa: E402
-from engine.remote_request import chat_payload  # noqa: E402
-from engine.runtime import GenerationParams, LoadParams  # noqa: E402
-from engine.session import ChatSession  # noqa: E402
+from engine.inference.events import Finished, Token  # noqa: E402
+from engine.inference.remote import RemoteSession  # noqa: E402
+from engine.inference.remote_request import chat_payload  # noqa: E402
+from engine.inference.runtime import GenerationParams, LoadParams  # noqa: E402
+from engine.inference.session import ChatSession  # noqa: E402
 from engine.starter import install_starter_model  # noqa: E402
 
 PROMPT = "Write a long story about a lighthouse keeper and the sea. Once upon a time,"
@@ -172,7 +172,7 @@ class _InstantBackend:
         return None
 
     def stream(self, history: Any, user: str, params: Any = None, **_: Any) -> Iterator[Any]:
-        from engine.events import Stats
+        from engine.inference.events import Stats
 
         text = ""
         for i in range(params.max_tokens):
@@ -268,7 +268,7 @@ def bench_remote(model: Path, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _user(text: str) -> Any:
-    from engine.context import Message
+    from engine.inference.context import Message
 
     return Message("user", text)
 

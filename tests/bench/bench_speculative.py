@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.events import Stats, Token
-from engine.runtime import GenerationParams, InferenceWorker, LoadParams, WorkerResult
-from engine.session import ChatSession
+from engine.inference.events import Stats, Token
+from engine.inference.runtime import GenerationParams, InferenceWorker, LoadParams, WorkerResult
+from engine.inference.session import ChatSession
 from tests.bench.results import record
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
@@ -130,7 +130,7 @@ def _check_divergence(name: str, pairs: list[tuple[WorkerResult, WorkerResult]],
 
 @pytest.fixture(scope="module")
 def draft_model(starter_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from engine.quantize import quantize_model
+    from engine.convert.quantize import quantize_model
 
     out = tmp_path_factory.mktemp("draft") / "starter-q2_k.gguf"
     quantize_model(starter_model, out, "Q2_K", allow_requantize=True, threads=2)

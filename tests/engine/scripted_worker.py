@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-import engine.session as session_module
-from engine.events import PrefillProgress, Token
-from engine.runtime import GenerationParams, LoadParams, ModelInfo, WorkerResult
-from engine.session import ChatSession
+import engine.inference.session as session_module
+from engine.inference.events import PrefillProgress, Token
+from engine.inference.runtime import GenerationParams, LoadParams, ModelInfo, WorkerResult
+from engine.inference.session import ChatSession
 from tests.engine.gguf_fixtures import build
 
 

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from engine.agent import Agent, Decision, ToolStep
-from engine.context import TRUNCATION_MARKER, Message
+from engine.agent.loop import Agent, Decision, ToolStep
 from engine.errors import EngineCrashed, EngineError
-from engine.events import Event, Finished, Stats, Token, ToolCall
-from engine.tools import ToolResult, ToolSpec
+from engine.inference.context import TRUNCATION_MARKER, Message
+from engine.inference.events import Event, Finished, Stats, Token, ToolCall
+from engine.inference.tools import ToolResult, ToolSpec
 
 ADD = ToolSpec(
     "add",

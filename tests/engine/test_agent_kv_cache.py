@@ -18,12 +18,12 @@ from typing import Any
 
 import pytest
 
-from engine.agent import Agent
-from engine.context import Message
-from engine.events import Event, Finished, ToolCall
-from engine.kv_cache import KvCacheConfig, KvCacheStore, KvKey
-from engine.tool_prompt import choice_note
-from engine.tools import ToolResult, ToolSpec
+from engine.agent.loop import Agent
+from engine.inference.context import Message
+from engine.inference.events import Event, Finished, ToolCall
+from engine.inference.kv_cache import KvCacheConfig, KvCacheStore, KvKey
+from engine.inference.tool_prompt import choice_note
+from engine.inference.tools import ToolResult, ToolSpec
 
 pytestmark = pytest.mark.model
 
@@ -75,8 +75,8 @@ class CallsOnce:
 
 
 def _session(model: Path, folder: Path) -> Any:
-    from engine.runtime import LoadParams
-    from engine.session import ChatSession
+    from engine.inference.runtime import LoadParams
+    from engine.inference.session import ChatSession
 
     return ChatSession(LoadParams(model_path=model, n_ctx=2048, n_threads=2), kv_cache=KvCacheConfig(folder))
 
@@ -84,7 +84,7 @@ def _session(model: Path, folder: Path) -> Any:
 def test_the_step_after_a_tool_result_reuses_the_prefix_and_the_tool_turn_is_restored_by_a_new_process(
     starter_model: Path, tmp_path: Path
 ) -> None:
-    from engine.runtime import GenerationParams
+    from engine.inference.runtime import GenerationParams
 
     folder = tmp_path / "kv"
     params = GenerationParams(temperature=0.0, max_tokens=12, repeat_penalty=1.0)
@@ -118,8 +118,8 @@ def test_the_step_after_a_tool_result_reuses_the_prefix_and_the_tool_turn_is_res
 @pytest.fixture(scope="module")
 def plain_session(starter_model: Path) -> Iterator[Any]:
     """One worker for the prefix tests (no KV cache on disk: the reuse measured is the RAM's)."""
-    from engine.runtime import LoadParams
-    from engine.session import ChatSession
+    from engine.inference.runtime import LoadParams
+    from engine.inference.session import ChatSession
 
     with ChatSession(LoadParams(model_path=starter_model, n_ctx=2048, n_threads=2)) as session:
         yield session
@@ -133,7 +133,7 @@ def plain_session(starter_model: Path) -> Iterator[Any]:
 def test_the_step_after_a_tool_result_reuses_the_previous_steps_prompt(
     plain_session: Any, tool_choice: str, max_steps: int
 ) -> None:
-    from engine.runtime import GenerationParams
+    from engine.inference.runtime import GenerationParams
 
     params = GenerationParams(temperature=0.0, max_tokens=12, repeat_penalty=1.0)
     backend = CallsOnce(plain_session)

@@ -1,5 +1,5 @@
-"""Both backends keep :class:`engine.backends.ChatBackend`'s shape (mypy proves the types in
-engine/backends.py; this checks the names, kinds and defaults at run time too), and what the remote
+"""Both backends keep :class:`engine.inference.backends.ChatBackend`'s shape (mypy proves the types in
+engine/inference/backends.py; this checks the names, kinds and defaults at run time too), and what the remote
 one cannot do is refused, not ignored."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import inspect
 
 import pytest
 
-from engine.backends import ChatBackend
 from engine.errors import EngineError
-from engine.remote import RemoteSession
-from engine.session import ChatSession
+from engine.inference.backends import ChatBackend
+from engine.inference.remote import RemoteSession
+from engine.inference.session import ChatSession
 
 METHODS = ("load", "stream", "count_text", "prompt_view", "close", "__enter__", "__exit__")
 

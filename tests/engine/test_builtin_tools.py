@@ -1,4 +1,4 @@
-"""engine.builtin_tools: the date and time, a bounded calculator without eval, and reading only
+"""engine.agent.builtin_tools: the date and time, a bounded calculator without eval, and reading only
 the attached text files, each failure one line."""
 
 from __future__ import annotations
@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from engine.builtin_tools import (
+from engine.agent.builtin_tools import (
     BUILTIN_NAMES,
     CALC_MAX_CHARS,
     READ_DEFAULT_CHARS,
     BuiltinTools,
     evaluate_expression,
 )
-from engine.tools import ToolProvider, ToolResult, check_tools
+from engine.inference.tools import ToolProvider, ToolResult, check_tools
 
 FIXED = dt.datetime(2026, 3, 14, 15, 9, 26, tzinfo=dt.timezone(dt.timedelta(hours=1)))
 

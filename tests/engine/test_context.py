@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.context import BREAKDOWN_KEYS, ContextPlan, Message, effective_reserve, plan_context
 from engine.errors import ContextOverflow, EngineError
+from engine.inference.context import BREAKDOWN_KEYS, ContextPlan, Message, effective_reserve, plan_context
 
 HEADER, BOS, REPLY_HEADER = 3, 1, 2
 
@@ -224,7 +224,7 @@ def test_bad_arguments_are_typed_errors(kwargs: dict[str, object], message: str)
 
 
 def test_plan_with_a_real_template_renderer_fits_and_adds_up() -> None:
-    from engine.templates import fallback_template
+    from engine.inference.templates import fallback_template
 
     template = fallback_template("gemma", "test", "<bos>", "<eos>")
 
@@ -258,7 +258,7 @@ def starter_counters(starter_model: Path) -> Iterator[Counters]:
     """``count_tokens`` and ``count_text`` as the session has them: the starter model's real
     template and vocabulary (llama.cpp loads only the vocabulary)."""
     llama_cpp = pytest.importorskip("llama_cpp")
-    from engine.templates import select_template
+    from engine.inference.templates import select_template
 
     model = llama_cpp.Llama(str(starter_model), vocab_only=True, verbose=False)
     template = select_template(None, "gemma3", "<bos>", "<eos>")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from tiny_models import cached_tiny_hf_llama, generate_in_subprocess, write_tiny_llama_gguf
 
-from engine.convert import (
+from engine.convert.hf_to_gguf import (
     ConvertProgress,
     ConvertResult,
     PipelineProgress,
@@ -24,10 +24,10 @@ from engine.convert import (
     intermediate_outtype,
     read_safetensors_header,
 )
+from engine.convert.quantize import quantize_model
 from engine.errors import Cancelled, ModelFileError, QuantizeError
 from engine.gguf import read_gguf_info
 from engine.library import ModelLibrary
-from engine.quantize import quantize_model
 
 
 def _safetensors(path: Path, header: object, data: bytes = b"", *, length: int | None = None) -> Path:
@@ -270,7 +270,7 @@ def test_bad_requests_are_refused_before_converting(
     def no_conversion(*_args: object, **_kwargs: object) -> ConvertResult:
         raise AssertionError("the converter must not start")
 
-    monkeypatch.setattr("engine.convert.convert_checkpoint", no_conversion)
+    monkeypatch.setattr("engine.convert.hf_to_gguf.convert_checkpoint", no_conversion)
     out = tmp_path / "out"
     out.mkdir()
     existing = out / "tiny-Q4_K_M.gguf"
@@ -308,8 +308,8 @@ def test_a_failed_quantize_stage_removes_the_intermediate(
         seen.append(src)
         raise QuantizeError(f"{src}: quantization to {qtype} failed after 3 of 21 tensors: out of luck")
 
-    monkeypatch.setattr("engine.convert.convert_checkpoint", fake_convert)
-    monkeypatch.setattr("engine.convert.quantize_model", failing_quantize)
+    monkeypatch.setattr("engine.convert.hf_to_gguf.convert_checkpoint", fake_convert)
+    monkeypatch.setattr("engine.convert.hf_to_gguf.quantize_model", failing_quantize)
     for keep in (False, True):
         with pytest.raises(QuantizeError) as err:
             convert_and_quantize(hf_llama, "Q4_K_M", out_folder=tmp_path, keep_intermediate=keep)

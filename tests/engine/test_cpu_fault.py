@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from engine import session as session_module
 from engine.cpu_backend import BackendInfo, CpuVariant, safe_variant, variant_files
 from engine.errors import EngineCrashed
-from engine.events import Finished
-from engine.runtime import GenerationParams, InferenceWorker, LoadParams, probe_variant
-from engine.session import ChatSession
+from engine.inference import session as session_module
+from engine.inference.events import Finished
+from engine.inference.runtime import GenerationParams, InferenceWorker, LoadParams, probe_variant
+from engine.inference.session import ChatSession
 
 pytestmark = [
     pytest.mark.model,

@@ -14,8 +14,8 @@ import jsonschema
 import pytest
 
 from engine.errors import EngineError, ModelLoadError
-from engine.events import PrefillProgress, Token
-from engine.runtime import GenerationParams, InferenceWorker, LoadParams, WorkerResult
+from engine.inference.events import PrefillProgress, Token
+from engine.inference.runtime import GenerationParams, InferenceWorker, LoadParams, WorkerResult
 
 pytestmark = pytest.mark.model
 
@@ -256,7 +256,7 @@ QUOTE_PROMPT = "Passage:\n" + PASSAGE * 3 + "\nCopy the passage exactly.\nCopy:\
 
 def _same_up_to_a_near_tie(plain: list[Token], fast: list[Token]) -> int:
     """Asserts that a speculative greedy reply is the plain one, or leaves it only at a near tie
-    (llama.cpp's arithmetic depends on the batch's shape: see engine.speculative); returns how
+    (llama.cpp's arithmetic depends on the batch's shape: see engine.inference.speculative); returns how
     many tokens agree. Both runs carry logprobs=2."""
     for i, (a, b) in enumerate(zip(plain, fast, strict=False)):
         if a.token_id != b.token_id:

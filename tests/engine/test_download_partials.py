@@ -1,12 +1,12 @@
-"""engine.download_queue.find_partials: what a restarted app offers to resume or discard."""
+"""engine.hub.queue.find_partials: what a restarted app offers to resume or discard."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from engine.download_queue import find_partials
-from engine.downloads import discard_partial, partial_paths
+from engine.hub.downloads import discard_partial, partial_paths
+from engine.hub.queue import find_partials
 
 REPO = "acme/tiny-GGUF"
 COMMIT = "a" * 40
@@ -90,7 +90,7 @@ def test_a_missing_folder_has_no_partials(tmp_path: Path) -> None:
 
 
 def test_check_on_disk_tells_complete_partial_and_not_started_files(tmp_path: Path) -> None:
-    from engine.download_queue import QueueFile, check_on_disk, make_item
+    from engine.hub.queue import QueueFile, check_on_disk, make_item
 
     names = [f"m-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
     item = make_item(REPO, "m.gguf", tmp_path, [QueueFile(n, "b" * 64, 1000) for n in names], revision=COMMIT)
@@ -108,7 +108,7 @@ def test_check_on_disk_tells_complete_partial_and_not_started_files(tmp_path: Pa
 
 
 def test_queue_items_list_every_file_and_a_format_1_file_still_loads(tmp_path: Path) -> None:
-    from engine.download_queue import DownloadQueue, QueueFile, make_item
+    from engine.hub.queue import DownloadQueue, QueueFile, make_item
 
     state = tmp_path / "queue.json"
     state.write_text(
@@ -151,7 +151,7 @@ def test_queue_items_list_every_file_and_a_format_1_file_still_loads(tmp_path: P
 
 
 def test_a_queue_state_from_a_newer_app_reads_as_paused(tmp_path: Path) -> None:
-    from engine.download_queue import DownloadQueue
+    from engine.hub.queue import DownloadQueue
 
     state = tmp_path / "queue.json"
     state.write_text(

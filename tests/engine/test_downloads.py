@@ -1,4 +1,4 @@
-"""engine.downloads against the loopback fake Hub, with every fault it can produce."""
+"""engine.hub.downloads against the loopback fake Hub, with every fault it can produce."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,17 +22,17 @@ from typing import Any
 import pytest
 from hub_server import FakeHub, random_bytes
 
-import engine.downloads as downloads
-from engine.download_queue import DownloadQueue, find_partials
-from engine.downloads import (
+import engine.hub.downloads as downloads
+from engine.errors import Cancelled, DownloadError
+from engine.hub.downloads import (
     DownloadProgress,
     discard_partial,
     download_file,
     partial_paths,
     read_partial_meta,
 )
-from engine.errors import Cancelled, DownloadError
-from engine.hub import GatedRepoError, RepoNotFoundError
+from engine.hub.queue import DownloadQueue, find_partials
+from engine.hub.search import GatedRepoError, RepoNotFoundError
 
 REPO = "acme/tiny-GGUF"
 NAME = "tiny-Q4_K_M.gguf"
@@ -354,7 +355,7 @@ def _fake_usage(free: int) -> Any:
 
 
 def test_disk_precheck_refuses_before_downloading(hub: FakeHub, dest: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(downloads.shutil, "disk_usage", _fake_usage(2**20))
+    monkeypatch.setattr(shutil, "disk_usage", _fake_usage(2**20))
     with pytest.raises(DownloadError) as caught:
         download(hub, dest, expected_size=SIZE, disk_margin_bytes=512 * 2**20)
     assert str(caught.value) == (f"not enough disk space for {NAME}: need 515.0 MiB, 1.0 MiB free on {dest}")
@@ -362,7 +363,7 @@ def test_disk_precheck_refuses_before_downloading(hub: FakeHub, dest: Path, monk
 
 
 def test_disk_check_runs_once_the_size_is_known(hub: FakeHub, dest: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(downloads.shutil, "disk_usage", _fake_usage(SIZE - 1))
+    monkeypatch.setattr(shutil, "disk_usage", _fake_usage(SIZE - 1))
     with pytest.raises(DownloadError, match=f"not enough disk space for {NAME}: need 3.0 MiB, 3.0 MiB free"):
         download(hub, dest)
     assert not (dest / NAME).exists()
@@ -580,7 +581,7 @@ def test_partials_are_found_and_discarded(hub: FakeHub, dest: Path) -> None:
 _CHILD = textwrap.dedent("""
     import json, sys
     from pathlib import Path
-    from engine.downloads import download_file
+    from engine.hub.downloads import download_file
     result = download_file(sys.argv[1], sys.argv[2], Path(sys.argv[3]), endpoint=sys.argv[4],
                            backoff_s=0.01, disk_margin_bytes=0)
     print(json.dumps(result.to_dict()))
@@ -670,7 +671,7 @@ def test_queue_refuses_unsafe_names(tmp_path: Path) -> None:
 
 
 def test_background_sync_flushes_once_enough_bytes_are_dirty(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from engine.transfer import BackgroundSync
+    from engine.hub.transfer import BackgroundSync
 
     synced = threading.Event()
     calls: list[int] = []

@@ -1,4 +1,4 @@
-"""engine.hub against the loopback fake Hub: search, listing, grouping, refusals, HTTP errors."""
+"""engine.hub.search against the loopback fake Hub: search, listing, grouping, refusals, HTTP errors."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import pytest
 from hub_server import FakeHub, random_bytes
 
 from engine.errors import DownloadError
-from engine.hub import (
+from engine.hub.http import retry_after_seconds
+from engine.hub.search import (
     GatedRepoError,
     HubHTTPError,
     OfflineError,
@@ -25,7 +26,6 @@ from engine.hub import (
     search_models,
     unsafe_name_reason,
 )
-from engine.hub_http import retry_after_seconds
 
 
 @pytest.fixture
@@ -250,7 +250,7 @@ def test_split_parts_are_grouped_and_mmproj_paired(hub: FakeHub) -> None:
 
 
 def test_a_single_file_and_a_split_set_with_the_same_stem_stay_apart() -> None:
-    from engine.hub import build_repo_files
+    from engine.hub.search import build_repo_files
 
     entries = [
         {"type": "file", "path": p, "size": 10} for p in ("m.gguf", "m-00001-of-00002.gguf", "m-00002-of-00002.gguf")

@@ -1,4 +1,4 @@
-"""The KV cache saved with each chat (engine.kv_cache): the store without a model, then the worker
+"""The KV cache saved with each chat (engine.inference.kv_cache): the store without a model, then the worker
 saving a turn and a new worker process restoring it on the starter model."""
 
 from __future__ import annotations
@@ -13,8 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from engine import kv_cache
-from engine.kv_cache import MAGIC, KvCacheConfig, KvCacheStore, KvIdentity, KvKey, common_prefix, model_fingerprint
+from engine.inference import kv_cache
+from engine.inference.kv_cache import (
+    MAGIC,
+    KvCacheConfig,
+    KvCacheStore,
+    KvIdentity,
+    KvKey,
+    common_prefix,
+    model_fingerprint,
+)
 
 IDENTITY = KvIdentity(model="123:abc", n_ctx=4096, cache_type="k1/v1 fa-1", template="gguf:gguf:00", runtime="0.3.36")
 KEY = KvKey("7", "41")
@@ -229,8 +237,8 @@ def kv_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _session(model: Path, folder: Path | None) -> object:
-    from engine.runtime import LoadParams
-    from engine.session import ChatSession
+    from engine.inference.runtime import LoadParams
+    from engine.inference.session import ChatSession
 
     config = KvCacheConfig(folder) if folder is not None else None
     return ChatSession(LoadParams(model_path=model, n_ctx=2048, n_threads=2), kv_cache=config)
@@ -242,8 +250,8 @@ DOCUMENT = " ".join(
 
 
 def _turn(session: object, history: list[object], user: str, key: KvKey | None) -> object:
-    from engine.events import Finished
-    from engine.runtime import GenerationParams
+    from engine.inference.events import Finished
+    from engine.inference.runtime import GenerationParams
 
     params = GenerationParams(temperature=0.0, max_tokens=12, repeat_penalty=1.0)
     finished = [e for e in session.stream(history, user, params, cache_key=key) if isinstance(e, Finished)]  # type: ignore[attr-defined]
@@ -275,7 +283,7 @@ def test_a_finished_turn_is_saved_to_disk(first_turn: tuple[object, Path]) -> No
 def test_a_new_process_restores_the_saved_prefix_and_replies_the_same(
     starter_model: Path, first_turn: tuple[object, Path]
 ) -> None:
-    from engine.context import Message
+    from engine.inference.context import Message
 
     done, folder = first_turn
     history = [Message("user", f"Read this log. {DOCUMENT}"), Message("assistant", done.text)]  # type: ignore[attr-defined]
@@ -299,7 +307,7 @@ def test_a_new_process_restores_the_saved_prefix_and_replies_the_same(
 
 @pytest.mark.model
 def test_a_state_llama_cpp_refuses_is_removed_and_the_turn_prefills(starter_model: Path, tmp_path: Path) -> None:
-    from engine.context import Message
+    from engine.inference.context import Message
 
     folder = tmp_path / "kv"
     session = _session(starter_model, folder)
@@ -335,9 +343,9 @@ def _identity_of(path: Path) -> KvIdentity:
 def test_a_turn_decoded_with_prompt_lookup_is_saved_whole(starter_model: Path, tmp_path: Path) -> None:
     """Speculative decoding trims the KV cells of rejected drafts: the saved state must hold exactly
     the tokens it names, or a new process would refuse it."""
-    from engine.context import Message
-    from engine.events import Finished
-    from engine.runtime import GenerationParams
+    from engine.inference.context import Message
+    from engine.inference.events import Finished
+    from engine.inference.runtime import GenerationParams
 
     folder = tmp_path / "kv"
     params = GenerationParams(temperature=0.0, max_tokens=24, repeat_penalty=1.0, speculative="lookup")
@@ -364,7 +372,7 @@ class _FakeLlm:
 
 
 def test_a_queued_save_a_later_turn_extends_is_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from engine.kv_cache import KvRequest, SeqCachePersistence
+    from engine.inference.kv_cache import KvRequest, SeqCachePersistence
 
     monkeypatch.setattr(kv_cache, "snapshot_seq", lambda llm: bytearray(_state(100 + llm.n_tokens)))
     monkeypatch.setattr(kv_cache, "state_size", lambda llm: 100 + llm.n_tokens)

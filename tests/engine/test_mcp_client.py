@@ -1,4 +1,4 @@
-"""engine.mcp_client against real MCP servers written with the SDK (tests/mcp_servers.py), over
+"""engine.agent.mcp_client against real MCP servers written with the SDK (tests/mcp_servers.py), over
 stdio and streamable HTTP: listing, calls, tool errors, a crash mid-call, a hang, restarts, cancel,
 bad commands, and no child left behind (closed, at exit, and when the parent is killed)."""
 
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.mcp_client import MAX_FAILED_STARTS, McpServer, McpServerConfig, McpServerError
-from engine.tools import ToolProvider, ToolResult
+from engine.agent.mcp_client import MAX_FAILED_STARTS, McpServer, McpServerConfig, McpServerError
+from engine.inference.tools import ToolProvider, ToolResult
 from tests.mcp_servers import SERVER_SCRIPT, stdio_command
 from tests.mcp_servers import process_alive as _alive
 from tests.mcp_servers import wait_gone as _wait_gone
@@ -79,7 +79,7 @@ def test_an_unknown_tool_and_bad_arguments_are_error_results(server: McpServer) 
 
 
 def test_a_long_result_is_cut_with_a_marker(server: McpServer) -> None:
-    from engine import mcp_client
+    from engine.agent import mcp_client
 
     result = server.call("big", {"n": mcp_client.MAX_RESULT_CHARS + 500}, timeout_s=20)
     assert not result.is_error
@@ -240,7 +240,7 @@ _PARENT = textwrap.dedent(
     """
     import sys, time
     sys.path.insert(0, {repo!r})
-    from engine.mcp_client import McpServer, McpServerConfig
+    from engine.agent.mcp_client import McpServer, McpServerConfig
     server = McpServer(McpServerConfig("child", command=sys.executable, args=({script!r},)))
     print(server.call("whoami", {{}}, timeout_s=20).content, flush=True)
     if sys.argv[1] == "wait":
@@ -269,7 +269,7 @@ def test_junk_on_a_servers_stdout_is_survived_quietly(tmp_path: Path) -> None:
             f"""
             import sys
             sys.path.insert(0, {str(REPO)!r})
-            from engine.mcp_client import McpServer, McpServerConfig
+            from engine.agent.mcp_client import McpServer, McpServerConfig
             config = McpServerConfig("junk", command=sys.executable, args=({str(SERVER_SCRIPT)!r}, "--junk"))
             with McpServer(config) as server:
                 print(server.call("add", {{"a": 1, "b": 2}}, timeout_s=20).content)

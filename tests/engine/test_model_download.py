@@ -1,4 +1,4 @@
-"""engine.model_download.download_files: every file of a model in order, against the loopback fake Hub."""
+"""engine.hub.model_download.download_files: every file of a model in order, against the loopback fake Hub."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from hub_server import FakeHub, random_bytes
 
-from engine.downloads import partial_paths, read_partial_meta
 from engine.errors import Cancelled, DownloadError
-from engine.model_download import FileJob, FilesProgress, download_files, model_folder
+from engine.hub.downloads import partial_paths, read_partial_meta
+from engine.hub.model_download import FileJob, FilesProgress, download_files, model_folder
 
 REPO = "acme/split-GGUF"
 PARTS = {f"m-0000{i}-of-00003.gguf": random_bytes(300_000 + i * 1000, i) for i in (1, 2, 3)}

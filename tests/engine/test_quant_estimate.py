@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 from tiny_models import write_tiny_llama_gguf
 
+from engine.convert.quant_estimate import estimate_quantized, read_tensor_shapes
+from engine.convert.quantize import expected_bytes, find_quant_type, quantize_model, size_change
 from engine.errors import ModelFileError
 from engine.fit import decode_bytes_per_token
 from engine.gguf import read_gguf_info
-from engine.quant_estimate import estimate_quantized, read_tensor_shapes
-from engine.quantize import expected_bytes, find_quant_type, quantize_model, size_change
 
 
 @pytest.fixture(scope="module")

@@ -15,16 +15,16 @@ from pathlib import Path
 import pytest
 from tiny_models import generate_in_subprocess, tensor_count, tensor_names, write_tiny_llama_gguf
 
-from engine.errors import Cancelled, ModelFileError, QuantizeError
-from engine.gguf import read_gguf_info
-from engine.perplexity import QualityReport, perplexity, quality_check
-from engine.quantize import (
+from engine.convert.perplexity import QualityReport, perplexity, quality_check
+from engine.convert.quantize import (
     QuantizeProgress,
     default_output_path,
     find_quant_type,
     quant_types,
     quantize_model,
 )
+from engine.errors import Cancelled, ModelFileError, QuantizeError
+from engine.gguf import read_gguf_info
 
 SHIPPED_TEXT = Path(__file__).resolve().parents[2] / "resources" / "perplexity.txt"
 # A third of the shipped text keeps the test quick (the tiny vocabulary is nearly one token per byte).
@@ -296,7 +296,7 @@ def test_sweep_removes_only_work_files_of_dead_processes(tmp_path: Path) -> None
     import subprocess
     import sys
 
-    from engine.quantize import sweep_work_files
+    from engine.convert.quantize import sweep_work_files
 
     dead = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True

@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 from tiny_models import write_tiny_llama_gguf
 
-import engine.quantize as quantize
+import engine.convert.quantize as quantize
+from engine.convert.quantize import ChildOutcome, find_quant_type, quantize_model
 from engine.errors import QuantizeError
 from engine.gguf import read_gguf_info
-from engine.quantize import ChildOutcome, find_quant_type, quantize_model
 from engine.units import format_bytes
 from tests.disk_support import mounted_tmpfs
 

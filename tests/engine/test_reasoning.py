@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from engine.context import Message
 from engine.errors import EngineError
-from engine.events import Finished, Reasoning, Token
-from engine.reasoning import ReasoningSplitter, opened_in_prompt, strip_reasoning, thinking_controls
-from engine.reply import THINK_END, ReplyShaper
+from engine.inference.context import Message
+from engine.inference.events import Finished, Reasoning, Token
+from engine.inference.reasoning import ReasoningSplitter, opened_in_prompt, strip_reasoning, thinking_controls
+from engine.inference.reply import THINK_END, ReplyShaper
 from tests.engine import family_templates as ft
 from tests.engine.scripted_worker import Script, scripted_session
 

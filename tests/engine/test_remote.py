@@ -1,4 +1,4 @@
-"""The remote backend (:mod:`engine.remote`) and saved endpoints (:mod:`engine.endpoints`).
+"""The remote backend (:mod:`engine.inference.remote`) and saved endpoints (:mod:`engine.inference.endpoints`).
 
 Error mapping and stream parsing run against a scripted stdlib server on loopback (fast); the
 ``@pytest.mark.model`` tests run against llama-cpp-python's own OpenAI-compatible server
@@ -23,13 +23,13 @@ from typing import Any
 import httpx
 import pytest
 
-from engine.backends import ChatBackend
-from engine.context import Message
-from engine.endpoints import EndpointStore, mask_key, normalize_url
 from engine.errors import ContextOverflow, EngineError, ModelLoadError
-from engine.events import Finished, PrefillProgress, Stats, Token
-from engine.remote import RemoteSession, api_root, list_models
-from engine.runtime import GenerationParams
+from engine.inference.backends import ChatBackend
+from engine.inference.context import Message
+from engine.inference.endpoints import EndpointStore, mask_key, normalize_url
+from engine.inference.events import Finished, PrefillProgress, Stats, Token
+from engine.inference.remote import RemoteSession, api_root, list_models
+from engine.inference.runtime import GenerationParams
 
 GREEDY = GenerationParams(temperature=0, max_tokens=16)
 

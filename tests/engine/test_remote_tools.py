@@ -1,4 +1,4 @@
-"""The remote backend with tools, reasoning, constraints and logprobs (:mod:`engine.remote`), against
+"""The remote backend with tools, reasoning, constraints and logprobs (:mod:`engine.inference.remote`), against
 a scripted OpenAI-shaped server: what it sends, and how it reads the server's streamed
 ``tool_calls`` (arguments in pieces, as OpenAI sends them) and ``reasoning_content``."""
 
@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from engine.context import Message
 from engine.errors import EngineError
-from engine.events import Finished, Reasoning, Token, ToolCall
-from engine.remote import RemoteSession
-from engine.runtime import GenerationParams
-from engine.tools import ToolSpec
+from engine.inference.context import Message
+from engine.inference.events import Finished, Reasoning, Token, ToolCall
+from engine.inference.remote import RemoteSession
+from engine.inference.runtime import GenerationParams
+from engine.inference.tools import ToolSpec
 from tests.engine import test_remote
 from tests.engine.test_remote import Route, ScriptedServer, sse
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from engine.errors import EngineCrashed, ModelLoadError
-from engine.events import PrefillProgress, Token
-from engine.runtime import GenerationParams, InferenceWorker, LoadParams, WorkerResult
+from engine.inference.events import PrefillProgress, Token
+from engine.inference.runtime import GenerationParams, InferenceWorker, LoadParams, WorkerResult
 
 pytestmark = pytest.mark.model
 

@@ -1,4 +1,4 @@
-"""Stop strings in the worker (``engine.runtime._StopMatcher``), as ``glassbox serve`` passes them:
+"""Stop strings in the worker (``engine.inference.runtime._StopMatcher``), as ``glassbox serve`` passes them:
 the same answers as scanning every stop string at every token, at a cost per token that grows with
 neither their number nor the length of the reply."""
 
@@ -8,7 +8,7 @@ import random
 import time
 from collections.abc import Sequence
 
-from engine.runtime import _StopMatcher
+from engine.inference.runtime import _StopMatcher
 
 
 def find_by_scan(text: str, stops: Sequence[str]) -> int | None:

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from engine.context import Message
 from engine.errors import ContextOverflow, EngineCrashed
-from engine.events import Finished, PrefillProgress, Stats, Token
-from engine.runtime import GenerationParams, LoadParams
-from engine.session import ChatSession
+from engine.inference.context import Message
+from engine.inference.events import Finished, PrefillProgress, Stats, Token
+from engine.inference.runtime import GenerationParams, LoadParams
+from engine.inference.session import ChatSession
 
 pytestmark = pytest.mark.model
 
@@ -153,9 +153,9 @@ def test_prompt_view_shows_the_last_prompt_tokens(session: ChatSession) -> None:
 def test_gpu_out_of_memory_at_load_retries_with_fewer_layers(
     starter_model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import engine.session as session_module
+    import engine.inference.session as session_module
     from engine.errors import ModelLoadError
-    from engine.runtime import ModelInfo
+    from engine.inference.runtime import ModelInfo
 
     tried: list[int] = []
 
@@ -199,7 +199,7 @@ def test_gpu_out_of_memory_at_load_retries_with_fewer_layers(
 
 
 def test_cpu_load_failure_is_not_retried(starter_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import engine.session as session_module
+    import engine.inference.session as session_module
     from engine.errors import ModelLoadError
 
     class Refusing:

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from engine.errors import ContextOverflow, EngineError
-from engine.events import Finished, Stats, Token
-from engine.kv_cache import KvCacheConfig, KvKey
-from engine.runtime import GenerationParams
+from engine.inference.events import Finished, Stats, Token
+from engine.inference.kv_cache import KvCacheConfig, KvKey
+from engine.inference.runtime import GenerationParams
 from tests.engine import family_templates as ft
 from tests.engine.scripted_worker import Script, scripted_session
 

@@ -1,4 +1,4 @@
-"""Prompt lookup and the draft-length policy (engine.speculative), without a model."""
+"""Prompt lookup and the draft-length policy (engine.inference.speculative), without a model."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from engine.errors import EngineError
-from engine.runtime import GenerationParams
-from engine.speculative import LookupDrafter, SpeculationPolicy, make_drafter
+from engine.inference.runtime import GenerationParams
+from engine.inference.speculative import LookupDrafter, SpeculationPolicy, make_drafter
 
 
 def test_lookup_drafts_what_followed_the_last_ngram() -> None:

@@ -20,7 +20,7 @@ import pytest
 from jinja2.exceptions import SecurityError
 
 from engine.gguf import MAX_CHAT_TEMPLATE_BYTES
-from engine.templates import (
+from engine.inference.templates import (
     MAX_COMPILED_SOURCE,
     MAX_TEMPLATE_BYTES,
     MAX_TEMPLATE_NODES,

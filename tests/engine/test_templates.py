@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from engine.errors import TemplateError
-from engine.templates import ChatTemplate, fallback_template, guess_format, select_template
+from engine.inference.templates import ChatTemplate, fallback_template, guess_format, select_template
 
 CONVO = [
     {"role": "system", "content": "Be brief."},

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.tool_calls import (
+from engine.inference.tool_calls import (
     DS_CALL_BEGIN,
     DS_CALL_END,
     DS_CALLS_BEGIN,

@@ -8,11 +8,11 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from engine.agent import Agent
-from engine.events import Finished
-from engine.runtime import GenerationParams, LoadParams
-from engine.session import ChatSession
-from engine.tools import ToolResult, ToolSpec
+from engine.agent.loop import Agent
+from engine.inference.events import Finished
+from engine.inference.runtime import GenerationParams, LoadParams
+from engine.inference.session import ChatSession
+from engine.inference.tools import ToolResult, ToolSpec
 from tests.engine.test_agent import FakeProvider
 
 WEATHER = ToolSpec(

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.events import Finished, Reasoning, Token, ToolCall
-from engine.harmony import MARKERS, HarmonyPiece, HarmonySplitter
-from engine.templates import select_template
-from engine.tool_calls import ParsedCall
+from engine.inference.events import Finished, Reasoning, Token, ToolCall
+from engine.inference.harmony import MARKERS, HarmonyPiece, HarmonySplitter
+from engine.inference.templates import select_template
+from engine.inference.tool_calls import ParsedCall
 from tests.engine import family_templates as ft
 from tests.engine.scripted_worker import Script, scripted_session
 from tests.engine.test_agent import ADD
@@ -92,7 +92,7 @@ def test_through_the_session_with_markers_as_control_tokens(tmp_path: Path, monk
     assert [e for e in events if isinstance(e, Token) and e.text] == []
     assert "Reasoning: low" in script.prompts[0]
     [call] = [e for e in events if isinstance(e, ToolCall)]
-    from engine.context import Message
+    from engine.inference.context import Message
 
     history = [
         Message("user", "What is 2+3?"),

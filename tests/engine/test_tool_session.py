@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from engine.agent import Agent
-from engine.context import TRUNCATION_MARKER, Message
+from engine.agent.loop import Agent
 from engine.errors import EngineError
-from engine.events import Finished, Token, ToolCall
-from engine.tools import ToolSpec
+from engine.inference.context import TRUNCATION_MARKER, Message
+from engine.inference.events import Finished, Token, ToolCall
+from engine.inference.tools import ToolSpec
 from tests.engine import family_templates as ft
 from tests.engine.scripted_worker import Script, scripted_session
 from tests.engine.test_agent import ADD, FakeProvider

@@ -9,9 +9,15 @@ from typing import Any
 import pytest
 
 from engine.errors import TemplateError
-from engine.templates import fallback_template, select_template
-from engine.tool_prompt import FALLBACK_INSTRUCTIONS, NO_CALL_NOTE, RESULT_HEADER, call_schema, enforceable_schema
-from engine.tools import ToolSpec
+from engine.inference.templates import fallback_template, select_template
+from engine.inference.tool_prompt import (
+    FALLBACK_INSTRUCTIONS,
+    NO_CALL_NOTE,
+    RESULT_HEADER,
+    call_schema,
+    enforceable_schema,
+)
+from engine.inference.tools import ToolSpec
 from tests.engine import family_templates as ft
 
 ADD = ToolSpec(
@@ -230,8 +236,8 @@ def test_a_long_tool_list_renders_within_the_size_limits() -> None:
 
 
 def test_a_turn_under_none_with_tools_renders_them_after_calls_but_parses_no_call() -> None:
-    from engine.runtime import GenerationParams
-    from engine.turn import shape_turn
+    from engine.inference.runtime import GenerationParams
+    from engine.inference.turn import shape_turn
 
     template = select_template(ft.QWEN3, "qwen3", "<s>", "</s>")
     at_limit = shape_turn(template, GenerationParams(), tools=[ADD], tool_choice="none")

@@ -1,0 +1,1 @@
+"""Model conversion in killable children: quantization, safetensors to GGUF, perplexity."""

@@ -1,0 +1,380 @@
+"""The worker's prompt evaluation and decode loop (child side of :mod:`engine.inference.runtime`).
+
+Prefill evaluates the new prompt tokens in a small first chunk (so progress moves early) and then
+whole ``n_batch`` chunks, with llama.cpp's abort callback armed: it is checked between the nodes of
+the compute graph, so Stop lands within a few milliseconds at any point of a chunk (on the CPU:
+a GPU backend does not check the callback, and there one ``n_batch`` chunk bounds Stop). An aborted
+chunk leaves nothing behind: whatever it wrote past the tokens already evaluated is removed from
+the KV cache, and the next turn reuses the cache up to there.
+
+The decode loop samples with the reply's sampler chain (:mod:`engine.inference.sampling`) and, when asked,
+verifies speculative drafts (:mod:`engine.inference.speculative`) in one batch: row ``i`` of the batch is
+sampled by the same chain, the draft token is kept only when it is what was sampled, and the KV
+cache of the rejected tail is removed. Every token, drafted or not, passes the same checks in the
+same order (Stop, end of generation, stop strings, the token budget), so the reply is the one
+plain decoding gives (see engine.inference.speculative for llama.cpp's batch-shape arithmetic), and no
+token is sent once Stop is set. With logprobs, every token is sent as its own Token (its text
+may be empty while a possible stop string is held back).
+"""
+
+from __future__ import annotations
+
+import codecs
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from engine.inference.events import PrefillProgress, Token
+from engine.inference.sampling import ChainSampler
+from engine.inference.speculative import DraftModel, SpeculationPolicy, make_drafter
+
+#: The first prompt chunk: small, so progress moves early; later chunks are the full ``n_batch``.
+_FIRST_CHUNK = 128
+_CONTINUE = ""
+
+
+class StopStrings(Protocol):
+    """What the loop needs of the stop-string matcher (engine.inference.runtime._StopMatcher)."""
+
+    def feed(self, piece: str) -> int | None: ...
+
+    @property
+    def partial(self) -> int: ...
+
+
+@dataclass
+class DecodeOutcome:
+    """What the decode loop did."""
+
+    reason: str
+    text: str
+    completion_tokens: int
+    t_first: float
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+
+
+class AbortGuard:
+    """llama.cpp's abort callback on one context, armed only while prefilling (a Python call per
+    graph node is nothing next to a chunk's compute, but would be felt in single-token decoding).
+
+    Args:
+        lc: the ``llama_cpp`` module.
+        ctx: the ``llama_context`` pointer.
+        cancel: the request's cancel event (``is_set()``).
+    """
+
+    def __init__(self, lc: Any, ctx: Any, cancel: Any) -> None:
+        self._lc, self._ctx = lc, ctx
+        self.fired = False
+
+        def check(_data: Any) -> bool:
+            if cancel.is_set():
+                self.fired = True
+                return True
+            return False
+
+        self._callback = lc.ggml_abort_callback(check)  # kept alive while armed
+
+    def __enter__(self) -> AbortGuard:
+        self._lc.llama_set_abort_callback(self._ctx, self._callback, None)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._lc.llama_set_abort_callback(self._ctx, self._lc.ggml_abort_callback(), None)
+
+
+def prefill(
+    llm: Any, lc: Any, tokens: Sequence[int], n_batch: int, cancel: Any, send: Callable[[object], None]
+) -> bool:
+    """Evaluates ``tokens`` after the cached prefix, reporting progress; False when cancelled.
+
+    Stop does not wait for a chunk: llama.cpp's abort callback (armed here) ends the evaluation
+    inside the graph on the CPU backends. So the chunks are as large as llama.cpp batches best:
+    a first one of ``_FIRST_CHUNK`` tokens (progress moves early), then ``n_batch``. The schedule
+    is fixed, not timed: the KV values depend on how the prompt is batched, and a schedule taken
+    from the machine's load would make greedy replies depend on it (measured: sized ~0.25 s chunks
+    cost 10% of prefill speed against whole ones). A GPU backend does not check the callback;
+    there one ``n_batch`` chunk bounds Stop, a fraction of a second.
+    """
+    total = len(tokens)
+    done = 0
+    send(PrefillProgress(0, total))
+    chunk = min(n_batch, _FIRST_CHUNK)
+    with AbortGuard(lc, llm._ctx.ctx, cancel) as guard:
+        while done < total:
+            if cancel.is_set():
+                return False
+            batch = tokens[done : done + chunk]
+            try:
+                llm.eval(batch)
+            except RuntimeError:
+                if not guard.fired:
+                    raise
+                # Aborted: llama.cpp keeps what it wrote of the chunk; the cache must end where
+                # the evaluated tokens do, or the next turn would reuse half a chunk.
+                llm._ctx.kv_cache_seq_rm(-1, llm.n_tokens, -1)
+                return False
+            done += len(batch)
+            send(PrefillProgress(done, total))
+            chunk = n_batch
+    return not cancel.is_set()
+
+
+class _Emitter:
+    """Turns sampled tokens into text and Token events: end of generation, stop strings, the
+    token budget and Stop, for plain and drafted tokens alike."""
+
+    def __init__(
+        self,
+        lc: Any,
+        llm: Any,
+        piece: Callable[[int], bytes],
+        params: Any,
+        stops: StopStrings,
+        max_new: int,
+        cancel: Any,
+        send: Callable[[object], None],
+    ) -> None:
+        self._lc, self._vocab = lc, llm._model.vocab
+        self._piece = piece
+        self._params = params
+        self._stops = stops
+        self._max_new = max_new
+        self._cancel = cancel
+        self._send = send
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.text = ""
+        self.emitted = 0
+        self.n_out = 0
+        self.t_first = 0.0
+
+    def push(self, token: int, sampler: ChainSampler, idx: int, drafted: bool) -> str:
+        """Handles one sampled token; returns "" to go on, else the finish reason."""
+        if not self.t_first:
+            self.t_first = time.perf_counter()
+        if self._cancel.is_set():
+            return "cancelled"
+        if self._lc.llama_vocab_is_eog(self._vocab, token):
+            return "stop"
+        self.n_out += 1
+        logprob: float | None = None
+        tops: tuple[tuple[str, float], ...] = ()
+        if self._params.logprobs:
+            logprob, tops = sampler.logprobs(idx, token, self._params.logprobs, self._text_of)
+        text = self.text + self._decoder.decode(self._piece(token))
+        hit = self._stops.feed(text[len(self.text) :])
+        self.text = text
+        if hit is not None:
+            self.text = text[:hit]
+            if len(self.text) > self.emitted or self._params.logprobs:
+                self._send(Token(self.text[self.emitted :], token, logprob, tops, drafted))
+                self.emitted = len(self.text)
+            return "stop"
+        safe = len(self.text) - self._stops.partial
+        if safe > self.emitted or self._params.logprobs:
+            # With logprobs every token is reported, its text possibly empty (held back).
+            piece = self.text[self.emitted : safe] if safe > self.emitted else ""
+            self._send(Token(piece, token, logprob, tops, drafted))
+            self.emitted = max(self.emitted, safe)
+        if self.n_out >= self._max_new:
+            return "length"
+        return _CONTINUE
+
+    def _text_of(self, token: int) -> str:
+        return self._piece(token).decode("utf-8", errors="replace")
+
+    def finish(self, reason: str) -> str:
+        """The reply's text once the loop ended with ``reason`` (the held-back tail is sent
+        unless the reply was stopped or cancelled)."""
+        self.text += self._decoder.decode(b"", final=True)
+        if reason == "cancelled":
+            self.text = self.text[: self.emitted]  # nothing follows Stop
+        elif reason != "stop" and len(self.text) > self.emitted:
+            self._send(Token(self.text[self.emitted :], -1))
+            self.emitted = len(self.text)
+        return self.text
+
+
+def decode(
+    llm: Any,
+    lc: Any,
+    piece: Callable[[int], bytes],
+    params: Any,
+    prompt: Sequence[int],
+    n_ctx: int,
+    n_batch: int,
+    stops: StopStrings,
+    cancel: Any,
+    send: Callable[[object], None],
+    draft_model: DraftModel | None = None,
+    offloaded: bool = False,
+) -> DecodeOutcome:
+    """Generates the reply after a prefilled prompt (the logits of its last token are current)."""
+    seed = params.seed if params.seed is not None else llm._seed
+    max_new = min(params.max_tokens, n_ctx - llm.n_tokens)
+    emitter = _Emitter(lc, llm, piece, params, stops, max_new, cancel, send)
+    drafter = make_drafter(params.speculative, prompt, draft_model)
+    if isinstance(drafter, DraftModel):  # the draft reads the prompt too, as abortable as the model
+        with AbortGuard(lc, drafter.llm._ctx.ctx, cancel) as guard:
+            try:
+                synced = drafter.sync(cancel)
+            except RuntimeError:
+                if not guard.fired:
+                    raise
+                drafter.llm._ctx.kv_cache_seq_rm(-1, drafter.llm.n_tokens, -1)
+                synced = False
+        if not synced:
+            return DecodeOutcome("cancelled", "", 0, time.perf_counter())
+    draft_cost = drafter.relative_cost if isinstance(drafter, DraftModel) else 0.0
+    # GLASSBOX_TEST_DRAFT_FIXED=N: always draft N tokens, so tests and benchmarks can exercise a
+    # draft model the policy would rightly not use (one as costly as its target).
+    fixed = int(os.environ.get("GLASSBOX_TEST_DRAFT_FIXED") or 0)
+    head_share = llm.n_vocab() * llm.n_embd() / max(int(llm._model.n_params()), 1)
+    policy = SpeculationPolicy(
+        min(params.draft_max, max(n_batch - 1, 1)),
+        offloaded=offloaded,
+        draft_cost=draft_cost,
+        fixed=fixed,
+        head_share=head_share,
+    )
+    drafted_total = accepted_total = 0
+    reason = _CONTINUE
+    with ChainSampler(lc, llm, params, seed) as sampler:
+        token = sampler.sample(-1)
+        reason = emitter.push(token, sampler, -1, False)
+        while not reason:
+            if drafter is not None:
+                drafter.extend([token])
+            room = min(max_new - emitter.n_out, n_ctx - llm.n_tokens - 2, n_batch - 1, policy.draft_max)
+            draft: list[int] = []
+            bucket = ""
+            if drafter is not None and room > 0:
+                if isinstance(drafter, DraftModel):
+                    k = policy.choose("model", room)
+                    if k:
+                        draft, bucket = drafter.propose(k)
+                else:
+                    candidates, bucket = drafter.propose(room)
+                    if candidates:
+                        draft = candidates[: policy.choose(bucket, len(candidates))]
+            if not draft:
+                llm.eval([token])
+                token = sampler.sample(-1)
+                reason = emitter.push(token, sampler, -1, False)
+                continue
+            token, reason, accepted = _verify(llm, sampler, emitter, token, draft)
+            policy.record_acceptance(bucket, len(draft), accepted)
+            drafted_total += len(draft)
+            accepted_total += accepted
+            if drafter is not None:
+                drafter.extend(draft[:accepted])
+    if drafter is not None and drafter is not draft_model:
+        drafter.close()
+    text = emitter.finish(reason)
+    return DecodeOutcome(
+        reason, text, emitter.n_out, emitter.t_first or time.perf_counter(), drafted_total, accepted_total
+    )
+
+
+def _verify(llm: Any, sampler: ChainSampler, emitter: _Emitter, token: int, draft: list[int]) -> tuple[int, str, int]:
+    """Evaluates ``[token, *draft]`` in one batch and samples each row in order.
+
+    Returns:
+        the last token sampled (not yet evaluated), the finish reason ("" to go on), and how many
+        draft tokens were accepted.
+    """
+    batch = [token, *draft]
+    n_past = llm.n_tokens
+    llm._ctx.kv_cache_seq_rm(-1, n_past, -1)
+    llm._batch.set_batch(batch, n_past, logits_all=True)
+    llm._ctx.decode(llm._batch)
+    llm.input_ids[n_past : n_past + len(batch)] = batch
+    accepted = 0
+    reason = _CONTINUE
+    kept = len(batch)
+    for i in range(len(batch)):
+        sampled = sampler.sample(i)
+        hit = i < len(draft) and sampled == draft[i]
+        before = emitter.n_out
+        reason = emitter.push(sampled, sampler, i, hit)
+        token = sampled
+        if hit and emitter.n_out > before:
+            accepted += 1  # a draft token the reply kept (also the last one, when it ends it)
+        if reason or not hit:
+            kept = i + 1
+            break
+    # The cache keeps the batch up to the row whose prediction was taken last.
+    llm.n_tokens = n_past + kept
+    if kept < len(batch):
+        llm._ctx.kv_cache_seq_rm(-1, llm.n_tokens, -1)
+    return token, reason, accepted
+
+
+class StopMatcher:
+    """Finds the stop strings in a reply that grows a piece at a time (an Aho-Corasick automaton).
+
+    The reply costs time in proportion to its length (amortized over its pieces), whatever the
+    number and length of the stop strings; building the automaton costs their total length, once.
+    Replaces scanning every stop string over the whole text at every token.
+
+    Args:
+        stops: the stop strings; empty ones are ignored.
+    """
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        # A trie of the stop strings: _goto[node][char] is the child, _depth[node] its text's length.
+        self._goto: list[dict[str, int]] = [{}]
+        self._depth = [0]
+        ends: set[int] = set()
+        for stop in stops:
+            node = 0
+            for char in stop:
+                child = self._goto[node].get(char)
+                if child is None:
+                    child = len(self._goto)
+                    self._goto[node][char] = child
+                    self._goto.append({})
+                    self._depth.append(self._depth[node] + 1)
+                node = child
+            if stop:
+                ends.add(node)
+        # _fail[node]: the node of the longest proper suffix of node's text that begins a stop string;
+        # _match[node]: the length of the longest stop string that node's text ends with (0: none).
+        self._fail = [0] * len(self._goto)
+        self._match = [0] * len(self._goto)
+        queue = list(self._goto[0].values())  # breadth first: a node's suffixes come before it
+        for node in queue:
+            self._match[node] = self._depth[node] if node in ends else self._match[self._fail[node]]
+            for char, child in self._goto[node].items():
+                fallback = self._fail[node]
+                while fallback and char not in self._goto[fallback]:
+                    fallback = self._fail[fallback]
+                self._fail[child] = self._goto[fallback].get(char, 0) if node else 0
+                queue.append(child)
+        self._state = 0
+        self._length = 0
+
+    def feed(self, piece: str) -> int | None:
+        """Adds ``piece`` to the text; returns where the earliest stop string in the text begins, if any
+        (the text before ``piece`` held none: it ends in ``piece``)."""
+        goto, fail, match = self._goto, self._fail, self._match
+        state = self._state
+        hit: int | None = None
+        for offset, char in enumerate(piece, start=self._length + 1):
+            while state and char not in goto[state]:
+                state = fail[state]
+            state = goto[state].get(char, 0)
+            if match[state]:
+                start = offset - match[state]
+                hit = start if hit is None else min(hit, start)
+        self._state = state
+        self._length += len(piece)
+        return hit
+
+    @property
+    def partial(self) -> int:
+        """Length of the longest tail of the text that could still grow into a stop string."""
+        return self._depth[self._state]

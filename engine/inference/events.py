@@ -1,0 +1,125 @@
+"""The typed events a generation streams back (ARCHITECTURE.md, "Engine events").
+
+Plain frozen dataclasses: they cross the pipe from the inference worker and the Qt adapter turns
+them into signals.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+FinishReason = Literal["stop", "length", "cancelled", "error"]
+
+
+@dataclass(frozen=True)
+class PrefillProgress:
+    """Prompt evaluation progress: ``done`` of ``total`` new tokens evaluated."""
+
+    done: int
+    total: int
+
+
+@dataclass(frozen=True)
+class Token:
+    """One generated token and its text (text may be empty for a partial UTF-8 sequence).
+
+    ``logprob`` and ``top_logprobs`` (the most likely alternatives, as text and log-probability,
+    best first) are set when GenerationParams.logprobs > 0; ``drafted`` when speculative decoding
+    proposed the token and the model accepted it.
+    """
+
+    text: str
+    token_id: int
+    logprob: float | None = None
+    top_logprobs: tuple[tuple[str, float], ...] = ()
+    drafted: bool = False
+
+
+@dataclass(frozen=True)
+class Stats:
+    """What one generation cost, and what it says about memory.
+
+    ``bandwidth_gbps`` is the bytes the decoder must read per token (weights plus the KV cache in
+    use) times decode tokens per second; ``machine_bandwidth_gbps`` is this machine's measured limit.
+    """
+
+    n_ctx: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    context_used: int = 0
+    evicted_messages: int = 0
+    ttft_ms: float = 0.0
+    prefill_ms: float = 0.0
+    decode_ms: float = 0.0
+    prefill_tps: float = 0.0
+    decode_tps: float = 0.0
+    kv_cache_bytes: int = 0
+    kv_used_bytes: int = 0
+    model_bytes: int = 0
+    bandwidth_gbps: float = 0.0
+    machine_bandwidth_gbps: float | None = None
+    template: str = ""
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    kv_restored_tokens: int = 0
+    """Of ``cached_tokens``, those loaded from the chat's saved KV cache on disk (engine.inference.kv_cache)."""
+    kv_restore_ms: float = 0.0
+    """How long finding, checking and loading that saved cache took."""
+    kv_saved_bytes: int = 0
+    """The KV state saved to disk after this turn (written in the background)."""
+    budget: dict[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Reasoning:
+    """A piece of the model's thinking (``<think>...</think>``), streamed apart from the answer so
+    the UI can fold it; it is never sent back as history."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One complete call the model made (engine/inference/tool_calls.py parses it out of the stream).
+
+    Attributes:
+        id: unique within the conversation (``call_...``), for the ``tool`` message that answers it.
+        name: the function called.
+        arguments: the parsed JSON arguments.
+        raw: the text the model wrote for this call (its markup included).
+    """
+
+    id: str
+    name: str
+    arguments: dict[str, Any]
+    raw: str
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The end of a generation. ``text`` is the reply (partial when cancelled): the answer only,
+    without the reasoning and without the markup of tool calls.
+
+    Attributes:
+        reasoning: the thinking text, apart from the answer ("" when none).
+        reasoning_tokens: tokens the thinking took.
+        reasoning_ms: time from its first token to its end.
+        tool_calls: the calls the model made, in order (the caller runs them: engine/agent/loop.py).
+    """
+
+    reason: FinishReason
+    stats: Stats
+    text: str = ""
+    error: str | None = None
+    reasoning: str = ""
+    reasoning_tokens: int = 0
+    reasoning_ms: float = 0.0
+    tool_calls: tuple[ToolCall, ...] = ()
+
+
+Event = PrefillProgress | Token | Stats | Finished | Reasoning | ToolCall

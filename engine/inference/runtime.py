@@ -1,0 +1,761 @@
+"""The inference runtime: llama-cpp-python in a spawned child process.
+
+llama.cpp is native code: a hostile GGUF, a ``GGML_ABORT`` or an out-of-memory kill takes the
+process down with it. So the model lives in a child process (``multiprocessing`` spawn context,
+one per loaded model) and the parent talks to it over a pipe. When the child dies, the parent
+raises :class:`~engine.errors.EngineCrashed` with the exit signal, and the next request can start a
+fresh worker.
+
+The worker offers primitives only: tokenize, token pieces, and generate-from-tokens with prefix
+reuse of its KV cache. Templates, the context budget and stats live in the parent
+(:mod:`engine.inference.session`). The prompt's evaluation and the decode loop (sampling, constrained output,
+logprobs, speculative decoding) are :mod:`engine.inference.decoding`.
+
+Cancellation: each request carries a ``threading.Event`` in the parent. The parent forwards it to a
+shared ``multiprocessing`` event that the child checks inside llama.cpp's graph compute while
+prefilling (the abort callback) and before every token, so Stop lands within milliseconds while
+the prompt is read and no token is sent after it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing
+import multiprocessing.connection
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from engine.cpu_backend import BackendInfo, BackendPolicy, describe_crash, is_cpu_fault, load_backends
+from engine.errors import Cancelled, EngineCrashed, EngineError, ModelLoadError
+from engine.inference.decoding import StopMatcher as _StopMatcher
+from engine.inference.decoding import decode, prefill
+from engine.inference.events import PrefillProgress, Token
+from engine.inference.kv_cache import KvRequest, SeqCachePersistence
+
+_POLL_S = 0.02
+_LOAD_TIMEOUT_S = 600.0
+
+
+class LoadParams(BaseModel):
+    """How to load a model. Picklable: it crosses to the worker process."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model_path: Path
+    n_ctx: int = Field(default=4096, ge=16)
+    n_threads: int | None = Field(default=None, ge=1)
+    n_batch: int = Field(default=512, ge=1)
+    n_gpu_layers: int = Field(default=0, ge=-1)
+    seed: int = 0xFFFFFFFF
+    swa_full: bool | None = None
+    # Which of llama.cpp's CPU variants the worker runs (engine.cpu_backend): a tag forces one;
+    # None chooses the best this CPU runs, except the avoided tags and, unless allowed, AMX.
+    cpu_variant: str | None = None
+    cpu_avoid: tuple[str, ...] = ()
+    allow_amx: bool = False
+    # A smaller model of the same vocabulary, loaded in the same worker to draft tokens for
+    # speculative decoding (GenerationParams.speculative="draft"); refused when the vocabularies differ.
+    draft_model_path: Path | None = None
+
+    def backend_policy(self) -> BackendPolicy:
+        return BackendPolicy(variant=self.cpu_variant, avoid=self.cpu_avoid, allow_amx=self.allow_amx)
+
+
+class GenerationParams(BaseModel):
+    """Sampling settings for one reply. ``temperature=0`` is greedy (deterministic)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_tokens: int = Field(default=512, ge=1)
+    temperature: float = Field(default=0.7, ge=0.0)
+    top_k: int = Field(default=40, ge=0)
+    top_p: float = Field(default=0.95, gt=0.0, le=1.0)
+    min_p: float = Field(default=0.05, ge=0.0, le=1.0)
+    repeat_penalty: float = Field(default=1.0, gt=0.0)
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    # Constrained output: GBNF text (root rule ``root``) or a JSON schema as JSON text, which the
+    # worker turns into a grammar (llama_cpp.LlamaGrammar.from_json_schema). At most one of them.
+    grammar: str | None = None
+    json_schema: str | None = None
+    # (token id, bias) pairs added to the logits before sampling; -inf bans a token.
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    # > 0: each Token carries its log-probability and this many most likely alternatives.
+    logprobs: int = Field(default=0, ge=0, le=20)
+    # Speculative decoding (engine.inference.speculative): "lookup" drafts from n-grams of the prompt and the
+    # reply, "draft" from LoadParams.draft_model_path. Verified by the target model: the output is
+    # what decoding without it would give (up to llama.cpp's batch-shape arithmetic at near ties).
+    speculative: Literal["off", "lookup", "draft"] = "off"
+    draft_max: int = Field(default=12, ge=1, le=64)
+
+    @model_validator(mode="after")
+    def _one_constraint(self) -> GenerationParams:
+        if self.grammar is not None and self.json_schema is not None:
+            raise ValueError("grammar and json_schema cannot both be given")
+        if self.json_schema is not None:
+            import json
+
+            try:
+                schema = json.loads(self.json_schema)
+            except ValueError as exc:
+                raise ValueError(f"json_schema is not valid JSON ({exc})") from None
+            if not isinstance(schema, (dict, bool)):
+                raise ValueError("json_schema must be a JSON object")
+        for token_id, _bias in self.logit_bias:
+            if token_id < 0:
+                raise ValueError(f"logit_bias: token id {token_id} is negative")
+        return self
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the worker reports once the model is loaded."""
+
+    path: str
+    architecture: str
+    n_ctx: int
+    n_ctx_train: int
+    n_vocab: int
+    n_params: int
+    model_bytes: int
+    n_layers: int
+    n_gpu_layers: int
+    gpu_offload_supported: bool
+    bos_token: str | None
+    eos_token: str | None
+    add_bos: bool
+    chat_template: str | None
+    metadata: dict[str, str] = field(default_factory=dict)
+    cpu_backend: BackendInfo | None = None  # the CPU code llama.cpp runs on (set by the parent)
+
+
+@dataclass(frozen=True)
+class WorkerResult:
+    """Counters and timings of one generation, measured inside the worker."""
+
+    reason: str  # "stop" | "length" | "cancelled"
+    text: str
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    n_past: int
+    ttft_ms: float
+    prefill_ms: float
+    decode_ms: float
+    draft_tokens: int = 0  # tokens proposed by speculative decoding
+    accepted_tokens: int = 0  # of those, the ones the model verified and kept
+    kv_restored_tokens: int = 0  # of cached_tokens, the ones loaded from a saved KV cache (engine.inference.kv_cache)
+    kv_restore_ms: float = 0.0
+    kv_saved_bytes: int = 0  # the KV state queued for saving after this turn
+
+
+@dataclass(frozen=True)
+class _WorkerError:
+    kind: str
+    message: str
+
+
+# --------------------------------------------------------------------------- the child side
+
+
+class _Worker:
+    """Runs in the child process: owns the ``Llama`` object."""
+
+    def __init__(self, params: LoadParams) -> None:
+        import llama_cpp
+
+        self._llama_cpp = llama_cpp
+        self.params = params
+        # Typed as Any: llama-cpp-python's internals are partly untyped, and we use a few of them.
+        self.llm: Any = llama_cpp.Llama(
+            model_path=str(params.model_path),
+            n_ctx=params.n_ctx,
+            n_batch=params.n_batch,
+            n_ubatch=params.n_batch,
+            n_threads=params.n_threads,
+            n_threads_batch=params.n_threads,
+            n_gpu_layers=params.n_gpu_layers,
+            seed=params.seed,
+            swa_full=params.swa_full,
+            verbose=False,
+        )
+        self.draft: Any = None  # engine.inference.speculative.DraftModel
+        if params.draft_model_path is not None:
+            from engine.inference.speculative import DraftModel
+
+            self.draft = DraftModel(
+                llama_cpp, params.draft_model_path, self.llm, self.n_ctx, params.n_threads, params.n_gpu_layers
+            )
+
+    @property
+    def n_ctx(self) -> int:
+        """The usable context window.
+
+        WORKAROUND: llama.cpp rounds the context up to a multiple of 256, but llama-cpp-python
+        0.3.36 sizes its token buffer to the requested length: going past it raises deep inside
+        ``Llama.eval``. The smaller of the two is what can really be used.
+        """
+        return int(min(self.llm.n_ctx(), len(self.llm.input_ids)))
+
+    def info(self) -> ModelInfo:
+        llm = self.llm
+        meta = dict(llm.metadata)
+        arch = meta.get("general.architecture", "unknown")
+        vocab = llm._model.vocab
+        bos_id = llm.token_bos()
+        eos_id = llm.token_eos()
+
+        def piece(token_id: int) -> str | None:
+            if token_id < 0:
+                return None
+            return str(llm._model.token_get_text(token_id))
+
+        return ModelInfo(
+            path=str(self.params.model_path),
+            architecture=arch,
+            n_ctx=self.n_ctx,
+            n_ctx_train=llm._model.n_ctx_train(),
+            n_vocab=llm.n_vocab(),
+            n_params=int(llm._model.n_params()),
+            model_bytes=int(llm._model.size()),
+            n_layers=int(meta.get(f"{arch}.block_count", "0") or 0),
+            n_gpu_layers=self.params.n_gpu_layers,
+            gpu_offload_supported=bool(self._llama_cpp.llama_supports_gpu_offload()),
+            bos_token=piece(bos_id),
+            eos_token=piece(eos_id),
+            add_bos=bool(self._llama_cpp.llama_vocab_get_add_bos(vocab)),
+            chat_template=meta.get("tokenizer.chat_template"),
+            metadata={k: v for k, v in meta.items() if len(v) <= 4096},
+        )
+
+    def piece(self, token: int, special: bool) -> bytes:
+        """The bytes of one token.
+
+        WORKAROUND: ``LlamaModel.token_to_piece`` in llama-cpp-python 0.3.36 returns its whole
+        32-byte buffer, NUL padding included; use the length llama.cpp returns instead.
+        """
+        import ctypes
+
+        lc = self._llama_cpp
+        vocab = self.llm._model.vocab
+        size = 64
+        while True:
+            buf = ctypes.create_string_buffer(size)
+            n = lc.llama_token_to_piece(vocab, token, buf, size, 0, special)
+            if n >= 0:
+                return buf.raw[:n]
+            size = -n
+
+    def tokenize(self, text: str, add_bos: bool, special: bool) -> list[int]:
+        return list(self.llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=special))
+
+    def pieces(self, tokens: Sequence[int]) -> list[str]:
+        return [self.piece(t, special=True).decode("utf-8", errors="replace") for t in tokens]
+
+    # the KV cache saved with each chat (engine.inference.kv_cache) -------------------------------
+    _kv: SeqCachePersistence | None = None
+
+    def kv_configure(self, request: KvRequest | None) -> None:
+        """Sets (or, with None, turns off) the saved cache for the turns that follow."""
+        if self._kv is None:
+            from engine.inference.kv_cache import SeqCachePersistence
+
+            self._kv = SeqCachePersistence(self.params.model_path, self.n_ctx)
+        self._kv.configure(request)
+
+    def kv_restore(self, tokens: Sequence[int]) -> None:
+        """Before the prefix reuse: loads the saved state that covers more of ``tokens`` than RAM."""
+        if self._kv is not None:
+            self._kv.restore(self.llm, tokens)
+
+    def kv_result(self, result: WorkerResult) -> WorkerResult:
+        """The result with this turn's restore and save figures."""
+        if self._kv is None:
+            return result
+        return dataclasses.replace(result, **self._kv.result_fields(self.llm, result.cached_tokens))
+
+    def kv_save(self) -> None:
+        """After the result was sent: copies the state and writes it in the background."""
+        if self._kv is not None:
+            self._kv.save(self.llm)
+
+    def kv_close(self) -> None:
+        """Finishes the queued write (before the worker exits)."""
+        if self._kv is not None:
+            self._kv.close()
+
+    def _reuse_prefix(self, tokens: Sequence[int]) -> int:
+        """Keeps the KV cache for the longest common prefix with the last sequence; returns its length."""
+        llm = self.llm
+        cached = llm._input_ids[: llm.n_tokens]
+        prefix = 0
+        for a, b in zip(cached, tokens, strict=False):
+            if a != b:
+                break
+            prefix += 1
+        # At least one token must be evaluated to get fresh logits for sampling.
+        prefix = min(prefix, len(tokens) - 1)
+        if prefix < llm.n_tokens and not llm._ctx.kv_cache_seq_rm(-1, prefix, -1):
+            # Partial removal unsupported (some sliding-window/recurrent caches): start over.
+            llm._ctx.kv_cache_clear()
+            prefix = 0
+        llm.n_tokens = max(prefix, 0)
+        return int(llm.n_tokens)
+
+    def generate(
+        self,
+        tokens: Sequence[int],
+        params: GenerationParams,
+        cancel: Any,
+        send: Any,
+    ) -> WorkerResult:
+        llm = self.llm
+        t0 = time.perf_counter()
+        self.kv_restore(tokens)
+        if not tokens:
+            raise EngineError("empty prompt")
+        n_ctx = self.n_ctx
+        if len(tokens) >= n_ctx:
+            raise EngineError(f"prompt of {len(tokens)} tokens does not fit the context window of {n_ctx}")
+        if params.speculative == "draft" and self.draft is None:
+            raise EngineError("speculative decoding with a draft model: no draft model was loaded with this model")
+        cached = self._reuse_prefix(tokens)
+        if not prefill(llm, self._llama_cpp, list(tokens[cached:]), self.params.n_batch, cancel, send):
+            return WorkerResult(
+                "cancelled", "", len(tokens), cached, 0, llm.n_tokens, 0.0, (time.perf_counter() - t0) * 1000, 0.0
+            )
+        t_prefill = time.perf_counter()
+        out = decode(
+            llm,
+            self._llama_cpp,
+            lambda token: self.piece(token, special=False),
+            params,
+            tokens,
+            n_ctx,
+            self.params.n_batch,
+            _StopMatcher(params.stop),
+            cancel,
+            send,
+            self.draft,
+            offloaded=self.params.n_gpu_layers != 0 and bool(self._llama_cpp.llama_supports_gpu_offload()),
+        )
+        t_end = time.perf_counter()
+        t_first = out.t_first
+        return WorkerResult(
+            reason=out.reason,
+            text=out.text,
+            prompt_tokens=len(tokens),
+            cached_tokens=cached,
+            completion_tokens=out.completion_tokens,
+            n_past=llm.n_tokens,
+            ttft_ms=(t_first - t0) * 1000,
+            prefill_ms=(t_prefill - t0) * 1000,
+            decode_ms=(t_end - t_first) * 1000,
+            draft_tokens=out.draft_tokens,
+            accepted_tokens=out.accepted_tokens,
+        )
+
+
+def _worker_main(
+    conn: multiprocessing.connection.Connection, cancel: Any, params: LoadParams, log_path: str | None
+) -> None:
+    """Entry point of the worker process.
+
+    llama.cpp writes its log, and its last words before an abort, to file descriptor 2: that goes
+    to ``log_path`` so the terminal stays clean and the parent can quote the cause of a crash.
+    """
+    if log_path is not None:
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(fd, 2)
+        os.close(fd)
+    backend = load_backends(params.backend_policy())
+    conn.send(("backend", backend))
+    if backend.error is not None:
+        conn.send(("error", _WorkerError("load", f"{params.model_path}: {backend.error}")))
+        return
+    if os.environ.get("GLASSBOX_TEST_CRASH_ON_LOAD"):
+        os.abort()  # lets tests prove that a native abort during load is survived
+    _test_cpu_fault("load", backend)
+    try:
+        worker = _Worker(params)
+        conn.send(("loaded", worker.info()))
+    except ModelLoadError as exc:  # the draft model's refusal says which file and why
+        conn.send(("error", _WorkerError("load", str(exc))))
+        return
+    except Exception as exc:  # noqa: BLE001 - everything must reach the parent as a typed error
+        conn.send(("error", _WorkerError("load", f"{params.model_path}: llama.cpp could not load it ({exc})")))
+        return
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return
+        op = message[0]
+        try:
+            if op == "close":
+                worker.kv_close()
+                worker.llm.close()
+                return
+            if op == "tokenize":
+                conn.send(("result", worker.tokenize(message[1], message[2], message[3])))
+            elif op == "pieces":
+                conn.send(("result", worker.pieces(message[1])))
+            elif op == "reset":
+                worker.llm._ctx.kv_cache_clear()
+                worker.llm.n_tokens = 0
+                conn.send(("result", None))
+            elif op == "generate":
+                _test_cpu_fault("generate", backend)
+                result = worker.generate(message[1], message[2], cancel, lambda event: conn.send(("event", event)))
+                conn.send(("result", worker.kv_result(result)))
+                worker.kv_save()  # after the result: the reply never waits for the disk
+            elif op == "kv":
+                worker.kv_configure(message[1])
+                conn.send(("result", None))
+            else:
+                conn.send(("error", _WorkerError("protocol", f"unknown request {op!r}")))
+        except EngineError as exc:
+            conn.send(("error", _WorkerError("engine", str(exc))))
+        except Exception as exc:  # noqa: BLE001
+            conn.send(("error", _WorkerError("engine", f"{type(exc).__name__}: {exc}")))
+
+
+def _test_cpu_fault(when: str, backend: BackendInfo) -> None:
+    """Lets tests prove that wrong CPU code is diagnosed: ``GLASSBOX_TEST_SIGILL=load|generate``
+    kills the worker with SIGILL there, unless it runs ``GLASSBOX_TEST_SIGILL_SPARE`` (a variant
+    tag: the one a retry falls back to)."""
+    if os.environ.get("GLASSBOX_TEST_SIGILL") != when:
+        return
+    if backend.variant is not None and backend.variant == os.environ.get("GLASSBOX_TEST_SIGILL_SPARE"):
+        return
+    import signal
+
+    os.kill(os.getpid(), signal.SIGILL)
+    time.sleep(5)  # the signal is delivered at once; never reached
+
+
+# --------------------------------------------------------------------------- the parent side
+
+
+class InferenceWorker:
+    """Parent-side handle of one worker process with one loaded model.
+
+    One owner at a time: the methods are not meant to be called concurrently (the session
+    serialises requests with a lock).
+    """
+
+    def __init__(self, params: LoadParams, log_path: Path | None = None) -> None:
+        self.params = params
+        self.log_path = log_path
+        self._ctx = multiprocessing.get_context("spawn")
+        self._cancel = self._ctx.Event()
+        self._conn: multiprocessing.connection.Connection | None = None
+        self._proc: multiprocessing.process.BaseProcess | None = None
+        self._own_log = False
+        self.info: ModelInfo | None = None
+        self.backend: BackendInfo | None = None
+        self._tokens_out = 0  # tokens this worker produced: a crash before the first is a CPU suspect
+
+    # lifetime ---------------------------------------------------------------------------
+    def start(self, cancel: threading.Event | None = None) -> ModelInfo:
+        """Spawns the worker and loads the model. Raises ModelLoadError or EngineCrashed."""
+        if self.log_path is None:
+            fd, name = tempfile.mkstemp(prefix="glassbox-worker-", suffix=".log")
+            os.close(fd)
+            self.log_path = Path(name)
+            self._own_log = True
+        parent, child = self._ctx.Pipe(duplex=True)
+        proc = self._ctx.Process(
+            target=_worker_main,
+            args=(child, self._cancel, self.params, str(self.log_path)),
+            name="glassbox-inference",
+            daemon=True,
+        )
+        proc.start()
+        child.close()
+        self._conn, self._proc = parent, proc
+        deadline = time.monotonic() + _LOAD_TIMEOUT_S
+        while True:
+            if cancel is not None and cancel.is_set():
+                self.close(kill=True)
+                raise Cancelled("model load cancelled")
+            if self._poll(_POLL_S):
+                kind, payload = self._recv("model load")
+                if kind != "backend":
+                    break
+                self.backend = payload
+                continue
+            if time.monotonic() > deadline:
+                self.close(kill=True)
+                raise ModelLoadError(f"{self.params.model_path}: loading took longer than {_LOAD_TIMEOUT_S:.0f} s")
+        if kind == "error":
+            self.close(kill=True)
+            raise ModelLoadError(payload.message)
+        assert isinstance(payload, ModelInfo)
+        self.info = dataclasses.replace(payload, cpu_backend=self.backend)
+        return self.info
+
+    @property
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.is_alive()
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def close(self, kill: bool = False, timeout: float = 5.0) -> None:
+        """Ends the worker: politely (close request) unless ``kill``; always reaps it."""
+        proc, conn = self._proc, self._conn
+        self._proc = self._conn = None
+        if proc is None:
+            return
+        if not kill and proc.is_alive() and conn is not None:
+            try:
+                conn.send(("close",))
+            except (OSError, BrokenPipeError):
+                pass
+            proc.join(timeout)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(timeout)
+        if conn is not None:
+            conn.close()
+        if self._own_log and self.log_path is not None:
+            self.log_path.unlink(missing_ok=True)
+            self.log_path = None
+            self._own_log = False
+
+    def __enter__(self) -> InferenceWorker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # requests ---------------------------------------------------------------------------
+    def tokenize(self, text: str, add_bos: bool = False, special: bool = True) -> list[int]:
+        return self._call(("tokenize", text, add_bos, special), "tokenization")  # type: ignore[no-any-return]
+
+    def pieces(self, tokens: Sequence[int]) -> list[str]:
+        return self._call(("pieces", list(tokens)), "detokenization")  # type: ignore[no-any-return]
+
+    def reset_cache(self) -> None:
+        self._call(("reset",), "cache reset")
+
+    def configure_kv_cache(self, request: KvRequest | None) -> None:
+        """Saves and restores the turns that follow under ``request``'s key (None: neither)."""
+        self._call(("kv", request), "KV cache setup")
+
+    def generate(
+        self, tokens: Sequence[int], params: GenerationParams, cancel: threading.Event | None = None
+    ) -> Generator[PrefillProgress | Token, None, WorkerResult]:
+        """Streams events; the generator's return value is the :class:`WorkerResult`."""
+        self._cancel.clear()
+        self._send(("generate", list(tokens), params), "generation")
+        forwarded = False
+        finished = False
+        shown: list[str] = []  # the text of the tokens passed on
+        dropped = False
+        try:
+            while True:
+                if cancel is not None and cancel.is_set() and not forwarded:
+                    self._cancel.set()
+                    forwarded = True
+                if not self._poll(_POLL_S):
+                    continue
+                kind, payload = self._recv("generation")
+                if kind == "event":
+                    if isinstance(payload, Token):
+                        self._tokens_out += 1
+                        if forwarded:  # sent before the worker saw Stop: nothing follows Stop
+                            dropped = True
+                            continue
+                        shown.append(payload.text)
+                    yield payload
+                elif kind == "result":
+                    finished = True
+                    assert isinstance(payload, WorkerResult)
+                    if dropped:  # the reply is what was shown
+                        payload = dataclasses.replace(payload, reason="cancelled", text="".join(shown))
+                    return payload
+                else:
+                    finished = True
+                    raise EngineError(payload.message)
+        except EngineCrashed:
+            finished = True
+            raise
+        finally:
+            if not finished:
+                self._abandon()
+
+    def _abandon(self) -> None:
+        """The consumer stopped listening mid-generation: cancel it and drain to the result."""
+        if self._conn is None:
+            return
+        self._cancel.set()
+        deadline = time.monotonic() + 10.0
+        try:
+            while time.monotonic() < deadline:
+                if self._poll(_POLL_S) and self._recv("generation")[0] in ("result", "error"):
+                    return
+        except EngineCrashed:
+            return
+        self.close(kill=True)
+
+    # plumbing ---------------------------------------------------------------------------
+    def _send(self, message: tuple[Any, ...], during: str) -> None:
+        if self._conn is None or self._proc is None:
+            raise EngineCrashed(None, during) if self.info is not None else EngineError("no model is loaded")
+        try:
+            self._conn.send(message)
+        except (OSError, BrokenPipeError):
+            raise self._crashed(during) from None
+
+    def _poll(self, timeout: float) -> bool:
+        assert self._conn is not None and self._proc is not None
+        try:
+            if self._conn.poll(timeout):
+                return True
+        except (OSError, EOFError):
+            raise self._crashed("a request") from None
+        if not self._proc.is_alive():
+            # Drain anything sent just before dying.
+            try:
+                if self._conn.poll(0):
+                    return True
+            except (OSError, EOFError):
+                pass
+            raise self._crashed("a request")
+        return False
+
+    def _recv(self, during: str) -> tuple[str, Any]:
+        assert self._conn is not None
+        try:
+            message = self._conn.recv()
+        except (EOFError, OSError):
+            raise self._crashed(during) from None
+        return message[0], message[1]
+
+    def _call(self, message: tuple[Any, ...], during: str) -> Any:
+        self._send(message, during)
+        while not self._poll(_POLL_S):
+            pass
+        kind, payload = self._recv(during)
+        if kind == "error":
+            raise EngineError(payload.message)
+        return payload
+
+    def _crashed(self, during: str) -> EngineCrashed:
+        proc = self._proc
+        code: int | None = None
+        if proc is not None:
+            proc.join(2.0)
+            code = proc.exitcode
+        cause = _last_words(self.log_path)
+        self.close(kill=True)
+        if is_cpu_fault(code) and self._tokens_out == 0:
+            # On load or before the first token: the CPU code itself is the first suspect.
+            return EngineCrashed(code, during, describe_crash(code, self.backend), backend=self.backend, cpu_fault=True)
+        return EngineCrashed(code, during, cause)
+
+
+def _last_words(log_path: Path | None) -> str | None:
+    """The last error-looking line llama.cpp wrote before the worker died, if any."""
+    if log_path is None:
+        return None
+    try:
+        with log_path.open("rb") as log:
+            log.seek(0, os.SEEK_END)
+            log.seek(max(0, log.tell() - 8192))
+            lines = log.read().decode("utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    markers = ("error", "assert", "abort", "failed", "out of memory")
+    for line in reversed(lines):
+        if any(marker in line.lower() for marker in markers):
+            return line.strip()[:300]
+    return None
+
+
+# --------------------------------------------------------------------------- proving a CPU variant
+
+_PROBE_TIMEOUT_S = 300.0
+_PROBE_TEXT = b"The memory wall: every decoded token reads all the weights once. " * 2
+
+
+def _probe_main(model_path: str, tag: str, n_threads: int | None) -> None:
+    """Child side of :func:`probe_variant`: exit 0 when ``tag`` loaded and decoded; 3 when this
+    CPU cannot run it at all; a signal when its code crashed."""
+    fd = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(fd, 2)
+    os.close(fd)
+    backend = load_backends(BackendPolicy(variant=tag, allow_amx=True))
+    if backend.variant != tag:
+        raise SystemExit(3)
+    if os.environ.get("GLASSBOX_TEST_SIGILL") == "probe":
+        import signal
+
+        os.kill(os.getpid(), signal.SIGILL)
+    import llama_cpp
+
+    llm = llama_cpp.Llama(
+        model_path=model_path,
+        n_ctx=256,
+        n_batch=64,
+        n_ubatch=64,
+        n_threads=n_threads,
+        n_threads_batch=n_threads,
+        verbose=False,
+    )
+    tokens = llm.tokenize(_PROBE_TEXT)[:64]
+    llm.eval(tokens)  # a batch: the matrix-matrix kernels, on every thread
+    for _ in range(2):  # and single tokens: the matrix-vector ones
+        llm.eval([llm.sample(temp=0.0)])
+    llm.close()
+
+
+def probe_variant(
+    model_path: Path, tag: str, n_threads: int | None = None, cancel: threading.Event | None = None
+) -> str:
+    """Loads ``model_path`` on CPU variant ``tag`` in a child and decodes a few tokens.
+
+    Returns:
+        ``"ok"``, or one line saying how it failed (``"crashed (SIGILL)"``, ...).
+
+    Raises:
+        Cancelled: ``cancel`` was set (the child is killed; nothing is concluded).
+    """
+    ctx = multiprocessing.get_context("spawn")
+    proc = ctx.Process(target=_probe_main, args=(str(model_path), tag, n_threads), name="glassbox-cpu-probe")
+    proc.start()
+    deadline = time.monotonic() + _PROBE_TIMEOUT_S
+    while proc.is_alive() and time.monotonic() < deadline:
+        if cancel is not None and cancel.is_set():
+            proc.kill()
+            proc.join(5)
+            raise Cancelled("model load cancelled")
+        proc.join(_POLL_S * 5)
+    if proc.is_alive():
+        proc.kill()
+        proc.join(5)
+        return f"timed out after {_PROBE_TIMEOUT_S:.0f} s"
+    code = proc.exitcode
+    if code == 0:
+        return "ok"
+    if code == 3:
+        return "this CPU cannot run it"
+    if code is not None and code < 0:
+        import signal
+
+        try:
+            return f"crashed ({signal.Signals(-code).name})"
+        except ValueError:
+            return f"crashed (signal {-code})"
+    return f"failed (exit code {code})"

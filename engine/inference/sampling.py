@@ -1,0 +1,275 @@
+"""The sampler the decode loop runs in the worker: llama.cpp's sampler chain, built from GenerationParams.
+
+Child side only (imports llama_cpp lazily, through the ``llama_cpp`` module handed in). The chain is
+built with llama.cpp's own samplers, in the order llama-cpp-python uses: repetition penalties, the
+logit bias, then greedy, or top-k / typical / top-p / min-p / temperature / a seeded draw; the
+grammar (GBNF, or one built from a JSON schema) checks the chosen token and resamples only when it
+refuses it (ChainSampler._sample_constrained). ``llama_sampler_sample`` samples *and* accepts the token
+into the chain (the grammar and the penalties advance), so the chain's state always follows the
+tokens actually kept: speculative verification samples row after row and stops at the first
+mismatch, and a rejected draft never reaches it.
+
+Log-probabilities are the model's own distribution after the logit bias, before the grammar and
+the truncating samplers (what OpenAI's ``logprobs`` reports).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+from engine.errors import EngineError
+
+
+class ChainSampler:
+    """One reply's sampler chain in the worker.
+
+    Args:
+        lc: the ``llama_cpp`` module.
+        llm: the ``llama_cpp.Llama`` whose vocabulary and context it samples from.
+        params: the reply's GenerationParams (duck-typed: this module never imports engine.inference.runtime).
+        seed: the seed of the random draw (when sampling).
+
+    Raises:
+        EngineError: the grammar or JSON schema does not compile (one line).
+    """
+
+    def __init__(self, lc: Any, llm: Any, params: Any, seed: int) -> None:
+        self._lc = lc
+        self._llm = llm
+        self.n_vocab = int(llm.n_vocab())
+        self.bias: dict[int, float] = {}
+        for token_id, bias in params.logit_bias:
+            if token_id >= self.n_vocab:
+                raise EngineError(f"logit_bias: token id {token_id} is outside the vocabulary of {self.n_vocab}")
+            self.bias[int(token_id)] = self.bias.get(int(token_id), 0.0) + float(bias)
+        grammar = _grammar_text(params)
+        chain = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
+        self._chain: Any = chain
+        self._grammar: Any = None
+        try:
+            self._build(params, grammar, seed)
+        except BaseException:
+            self.close()
+            raise
+        self.constrained = grammar is not None
+        if self.constrained:
+            # Candidate arrays for sampling by hand (see sample): the whole vocabulary, and one.
+            import numpy as np
+
+            self._data = (lc.llama_token_data * self.n_vocab)()
+            self._view = np.ctypeslib.as_array(self._data)
+            self._ids = np.arange(self.n_vocab, dtype=self._view["id"].dtype)
+            self._one = (lc.llama_token_data * 1)()
+
+    def _build(self, params: Any, grammar: str | None, seed: int) -> None:
+        lc, chain = self._lc, self._chain
+        if params.repeat_penalty != 1.0:
+            lc.llama_sampler_chain_add(
+                chain,
+                lc.llama_sampler_init_penalties(
+                    self.n_vocab, self._llm.last_n_tokens_size, params.repeat_penalty, 0.0, 0.0
+                ),
+            )
+        if self.bias:
+            array = (lc.llama_logit_bias * len(self.bias))()
+            for slot, (token_id, bias) in zip(array, self.bias.items(), strict=True):
+                slot.token, slot.bias = token_id, bias
+            lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_logit_bias(self.n_vocab, len(self.bias), array))
+        if grammar is not None:
+            vocab = self._llm._model.vocab
+            sampler = lc.llama_sampler_init_grammar(vocab, grammar.encode("utf-8"), b"root")
+            if not sampler:
+                what = "json_schema" if params.json_schema is not None else "grammar"
+                raise EngineError(f"{what}: llama.cpp could not parse the grammar (is there a rule named root?)")
+            self._grammar = sampler  # kept out of the chain: see sample
+        if params.temperature == 0.0:
+            lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_greedy())
+            return
+        lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_top_k(params.top_k))
+        lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_typical(1.0, 1))
+        lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_top_p(params.top_p, 1))
+        lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_min_p(params.min_p, 1))
+        lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_temp(params.temperature))
+        lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_dist(seed))
+
+    def sample(self, idx: int) -> int:
+        """Samples the token after row ``idx`` of the last batch's logits (-1: the last row) and
+        accepts it into the chain (and the grammar)."""
+        if self._grammar is None:
+            return int(self._lc.llama_sampler_sample(self._chain, self._llm._ctx.ctx, idx))
+        return self._sample_constrained(idx)
+
+    def _sample_constrained(self, idx: int) -> int:
+        """Grammar last, as llama.cpp's own samplers do: checking a grammar against the whole
+        vocabulary costs ~100 ms a token with a 262k-token vocabulary, so the token is first
+        sampled without it and kept if the grammar accepts it; only when it does not is the
+        grammar applied to every candidate and the token sampled again. Under greedy decoding
+        that is exactly the best token the grammar allows; under sampling, a token the grammar
+        allows is drawn with its unconstrained probability, the rest renormalized."""
+        lc = self._lc
+        token = self._apply(idx, grammar=False)
+        one = self._one
+        one[0].id, one[0].logit, one[0].p = token, 1.0, 0.0
+        single = lc.llama_token_data_array(data=one, size=1, selected=-1, sorted=False)
+        lc.llama_sampler_apply(self._grammar, ctypes.byref(single))
+        if one[0].logit == float("-inf"):
+            token = self._apply(idx, grammar=True)
+        lc.llama_sampler_accept(self._grammar, token)
+        lc.llama_sampler_accept(self._chain, token)
+        return token
+
+    def _apply(self, idx: int, grammar: bool) -> int:
+        """Runs the chain (after the grammar, if ``grammar``) over row ``idx``; returns its choice."""
+        import numpy as np
+
+        lc = self._lc
+        pointer = lc.llama_get_logits_ith(self._llm._ctx.ctx, idx)
+        logits = np.ctypeslib.as_array(ctypes.cast(pointer, ctypes.POINTER(ctypes.c_float)), shape=(self.n_vocab,))
+        view = self._view
+        view["id"] = self._ids
+        view["logit"] = logits
+        view["p"] = 0.0
+        candidates = lc.llama_token_data_array(data=self._data, size=self.n_vocab, selected=-1, sorted=False)
+        if grammar:
+            lc.llama_sampler_apply(self._grammar, ctypes.byref(candidates))
+        lc.llama_sampler_apply(self._chain, ctypes.byref(candidates))
+        if candidates.selected < 0:
+            raise EngineError("sampling chose no token (the grammar allows none here)")
+        return int(candidates.data[candidates.selected].id)
+
+    def logprobs(self, idx: int, token: int, top: int, piece: Any) -> tuple[float, tuple[tuple[str, float], ...]]:
+        """The log-probability of ``token`` at row ``idx`` and the ``top`` most likely tokens there.
+
+        Args:
+            idx: the row of the last batch's logits (-1: the last).
+            token: the token that was chosen.
+            top: how many alternatives (0..20).
+            piece: ``piece(token_id) -> str``, a token's text.
+        """
+        import numpy as np
+
+        pointer = self._lc.llama_get_logits_ith(self._llm._ctx.ctx, idx)
+        logits = np.ctypeslib.as_array(ctypes.cast(pointer, ctypes.POINTER(ctypes.c_float)), shape=(self.n_vocab,))
+        row = logits.astype(np.float64)
+        for token_id, bias in self.bias.items():
+            row[token_id] += bias
+        peak = float(np.max(row))
+        log_z = peak + float(np.log(np.sum(np.exp(row - peak))))
+        chosen = float(row[token]) - log_z
+        alternatives: tuple[tuple[str, float], ...] = ()
+        if top > 0:
+            best = np.argpartition(-row, top - 1)[:top]
+            best = best[np.argsort(-row[best], kind="stable")]
+            alternatives = tuple((piece(int(t)), float(row[t]) - log_z) for t in best)
+        return chosen, alternatives
+
+    def close(self) -> None:
+        """Frees the chain (and the samplers it owns)."""
+        if self._chain is not None:
+            self._lc.llama_sampler_free(self._chain)
+            self._chain = None
+        if self._grammar is not None:
+            self._lc.llama_sampler_free(self._grammar)
+            self._grammar = None
+
+    def __enter__(self) -> ChainSampler:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _grammar_text(params: Any) -> str | None:
+    """The GBNF text the reply is constrained by, if any."""
+    if params.grammar is not None:
+        if not params.grammar.strip():
+            raise EngineError("grammar: it is empty")
+        return str(params.grammar)
+    if params.json_schema is None:
+        return None
+    import json
+
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    unsupported = _unsupported_keyword(json.loads(params.json_schema), "")
+    if unsupported is not None:
+        raise EngineError(f"json_schema: {unsupported} cannot be enforced by the grammar it is turned into")
+    try:
+        return str(json_schema_to_gbnf(params.json_schema))
+    except Exception as exc:  # noqa: BLE001 - the converter raises many kinds; the user needs one line
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise EngineError(f"json_schema: it cannot be turned into a grammar ({reason})") from None
+
+
+# What llama-cpp-python's JSON-schema-to-grammar converter enforces, and the annotations that need
+# no enforcing. Anything else (minimum, multipleOf, uniqueItems, not, if/then, ...) would be
+# silently ignored by it, and the reply could break the schema: it is refused instead.
+_ENFORCED = frozenset(
+    {
+        "type",
+        "$ref",
+        "oneOf",
+        "anyOf",
+        "allOf",
+        "const",
+        "enum",
+        "properties",
+        "additionalProperties",
+        "required",
+        "items",
+        "prefixItems",
+        "minItems",
+        "maxItems",
+        "pattern",
+        "minLength",
+        "maxLength",
+        "format",
+        "$defs",
+        "definitions",
+    }
+)
+_ANNOTATIONS = frozenset(
+    {
+        "$schema",
+        "$id",
+        "$comment",
+        "title",
+        "description",
+        "default",
+        "examples",
+        "deprecated",
+        "readOnly",
+        "writeOnly",
+    }
+)
+_FORMATS = frozenset({"date", "time", "date-time", "uuid", "uuid1", "uuid2", "uuid3", "uuid4", "uuid5"})
+_SCHEMA_LISTS = ("oneOf", "anyOf", "allOf", "prefixItems")
+_SCHEMA_MAPS = ("properties", "$defs", "definitions")
+
+
+def _unsupported_keyword(schema: object, where: str) -> str | None:
+    """The first keyword of ``schema`` the grammar cannot enforce, as "'minimum' at properties.n"."""
+    if not isinstance(schema, dict):
+        return None
+    at = f" at {where}" if where else ""
+    for key, value in schema.items():
+        if key not in _ENFORCED and key not in _ANNOTATIONS:
+            return f"{key!r}{at}"
+        if key == "format" and value not in _FORMATS:
+            return f"format {value!r}{at}"
+    nested: list[tuple[object, str]] = []
+    for key in _SCHEMA_LISTS:
+        for i, sub in enumerate(schema.get(key) or []):
+            nested.append((sub, f"{where}.{key}[{i}]".lstrip(".")))
+    for key in _SCHEMA_MAPS:
+        for name, sub in (schema.get(key) or {}).items():
+            nested.append((sub, f"{where}.{key}.{name}".lstrip(".")))
+    for key in ("items", "additionalProperties"):
+        if isinstance(schema.get(key), dict):
+            nested.append((schema[key], f"{where}.{key}".lstrip(".")))
+    for sub, path in nested:
+        found = _unsupported_keyword(sub, path)
+        if found is not None:
+            return found
+    return None

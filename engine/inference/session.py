@@ -1,0 +1,553 @@
+"""A chat session: one loaded model, its chat template, the context budget and the stats.
+
+This is the headless heart of a chat turn (DESIGN.md, "How data flows through a chat turn", steps
+2–4): fit the conversation into the window, render the template, tokenize, stream from the worker
+(reusing the KV cache for the common prefix), and measure what it cost.
+
+``ChatSession.stream`` is a plain generator of typed events (:mod:`engine.inference.events`), ending with
+``Finished``. A crashed worker raises :class:`~engine.errors.EngineCrashed`; the next call starts a
+fresh worker, so the conversation (kept by the caller) carries on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import signal
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.cpu_backend import AMX_TAGS, BackendInfo, BackendState, safe_variant
+from engine.errors import ContextOverflow, EngineCrashed, EngineError, ModelLoadError
+from engine.fit import kv_cache_bytes
+from engine.gguf import GgufInfo, read_gguf_info
+from engine.inference.context import (
+    ContextPlan,
+    Message,
+    OverflowPolicy,
+    effective_reserve,
+    plan_context,
+    system_message,
+)
+from engine.inference.events import Event, Finished, Stats
+from engine.inference.kv_cache import KvCacheConfig, KvKey, KvRequest
+from engine.inference.reply import special_markers
+from engine.inference.runtime import (
+    GenerationParams,
+    InferenceWorker,
+    LoadParams,
+    ModelInfo,
+    WorkerResult,
+    probe_variant,
+)
+from engine.inference.templates import ChatTemplate, select_template
+from engine.inference.tools import ToolSpec
+from engine.inference.turn import shape_turn
+
+
+@dataclass(frozen=True)
+class PromptView:
+    """The last prompt as the model saw it: token ids and their text pieces (for the inspector)."""
+
+    token_ids: list[int]
+    pieces: list[str]
+
+
+class ChatSession:
+    """Owns one inference worker and everything needed to turn messages into replies.
+
+    Args:
+        load: how to load the model.
+        machine_bandwidth_gbps: this machine's measured memory bandwidth, reported in Stats.
+        overflow_policy: "rolling" evicts the oldest turns; "refuse" raises ContextOverflow.
+        reply_reserve: tokens kept free for the reply.
+        backend_state: the file where this machine's CPU-variant verdicts are kept (a variant that
+            crashed, whether AMX works); None keeps them for this session only and never enables AMX.
+        kv_cache: where the KV cache of each chat is saved on disk (engine.inference.kv_cache), for the
+            turns that ``stream`` is given a ``cache_key``; None: never saved nor restored.
+    """
+
+    def __init__(
+        self,
+        load: LoadParams,
+        *,
+        machine_bandwidth_gbps: float | None = None,
+        overflow_policy: OverflowPolicy = "rolling",
+        reply_reserve: int = 512,
+        backend_state: Path | None = None,
+        kv_cache: KvCacheConfig | None = None,
+    ) -> None:
+        self.load_params = load
+        self.kv_cache = kv_cache
+        self._kv_sent: tuple[InferenceWorker, KvRequest | None] | None = None
+        self.machine_bandwidth_gbps = machine_bandwidth_gbps
+        self.overflow_policy: OverflowPolicy = overflow_policy
+        self.reply_reserve = reply_reserve
+        self.gguf: GgufInfo = read_gguf_info(load.model_path)
+        self._worker: InferenceWorker | None = None
+        self.info: ModelInfo | None = None
+        self.template: ChatTemplate | None = None
+        self._specials: dict[int, str] | None = None  # marker tokens the worker renders without text
+        self.last_prompt: list[int] = []
+        self.last_plan: ContextPlan | None = None
+        self.offload_note: str | None = None
+        self._prompt_tokens: dict[str, list[int]] = {}
+        self._lock = threading.Lock()
+        self.backend_state_path = backend_state
+        self._backend_state: BackendState | None = None
+        self.backend: BackendInfo | None = None
+        self.backend_note: str | None = None
+
+    # lifetime -------------------------------------------------------------------------------
+    def load(self, cancel: threading.Event | None = None) -> ModelInfo:
+        """Starts the worker and loads the model (idempotent). Raises ModelLoadError, EngineCrashed."""
+        with self._lock:
+            return self._ensure_worker(cancel)
+
+    def _ensure_worker(self, cancel: threading.Event | None = None) -> ModelInfo:
+        if self._worker is not None and self._worker.alive and self.info is not None:
+            return self.info
+        if self._worker is not None:
+            self._worker.close(kill=True)
+        worker, info = self._start_with_fallback(cancel)
+        self._worker, self.info = worker, info
+        self.template = select_template(info.chat_template, info.architecture, info.bos_token, info.eos_token)
+        self._specials = None
+        return info
+
+    def _start_with_fallback(self, cancel: threading.Event | None) -> tuple[InferenceWorker, ModelInfo]:
+        """Starts the worker; when GPU layers fail to load (out of VRAM), retries with fewer; when
+        the CPU code crashes on load, retries once with the safe CPU variant.
+
+        Halves the offloaded layers on each failure, down to CPU only, and remembers what worked
+        in ``load_params`` (``offload_note`` and ``backend_note`` say what happened).
+        """
+        params = self._apply_backend_state(self.load_params)
+        while True:
+            worker = InferenceWorker(params)
+            try:
+                info = worker.start(cancel)
+            except EngineCrashed as exc:
+                if exc.cpu_fault:
+                    params = self._after_cpu_fault(exc, params)
+                    continue
+                if params.n_gpu_layers == 0:
+                    raise
+                params = self._fewer_gpu_layers(params)
+                continue
+            except ModelLoadError:
+                if params.n_gpu_layers == 0:
+                    raise
+                params = self._fewer_gpu_layers(params)
+                continue
+            worker, info, params = self._prove_amx(worker, info, params, cancel)
+            self.load_params = params
+            self.backend = worker.backend
+            return worker, info
+
+    def _fewer_gpu_layers(self, params: LoadParams) -> LoadParams:
+        fewer = 0 if params.n_gpu_layers < 0 else params.n_gpu_layers // 2
+        self.offload_note = f"loading with {params.n_gpu_layers} GPU layers failed; retrying with {fewer}"
+        return params.model_copy(update={"n_gpu_layers": fewer})
+
+    # CPU variants ---------------------------------------------------------------------------
+    def _state(self) -> BackendState:
+        if self._backend_state is None:
+            from engine.hardware import cpu_name
+
+            self._backend_state = BackendState.open(self.backend_state_path, cpu_name())
+        return self._backend_state
+
+    def _apply_backend_state(self, params: LoadParams) -> LoadParams:
+        """What this machine taught us (crashed variants, AMX verdict), unless a variant is forced."""
+        if params.cpu_variant is not None:
+            return params
+        policy = self._state().policy()
+        avoid = tuple(sorted({*params.cpu_avoid, *policy.avoid}))
+        return params.model_copy(update={"cpu_avoid": avoid, "allow_amx": params.allow_amx or policy.allow_amx})
+
+    def _after_cpu_fault(self, exc: EngineCrashed, params: LoadParams) -> LoadParams:
+        """The worker died of SIGILL/SIGSEGV/SIGBUS on load or before its first token: the next
+        load runs the safe CPU variant; when that is what crashed, sending again would too."""
+        backend = exc.backend if isinstance(exc.backend, BackendInfo) else None
+        safe = safe_variant(backend.available) if backend is not None else None
+        if backend is None or backend.variant is None or safe is None or backend.variant == safe.tag:
+            if backend is not None and backend.build == "single":
+                advice = (
+                    "this llama.cpp build has one CPU backend, made for another CPU: reinstall Glassbox "
+                    "(or rebuild with installers/llama_build.py)"
+                )
+            else:
+                advice = (
+                    "that is llama.cpp's safest CPU variant here, so sending again would crash the same "
+                    "way: reinstall Glassbox, and if it persists report it with `glassbox --self-test --json`"
+                )
+            raise EngineCrashed(
+                exc.exitcode,
+                exc.during,
+                f"{exc.cause}; {advice}",
+                backend=backend,
+                cpu_fault=True,
+                will_repeat=True,
+            ) from exc
+        name = signal.Signals(-(exc.exitcode or 0)).name if exc.exitcode else "a crash"
+        if exc.exitcode == -signal.SIGILL:
+            # Only an illegal instruction is certain to be the CPU code's fault: remember it. A
+            # segfault may be the model file's, and must not demote this machine for good.
+            self._state().mark_broken(backend.variant, f"{name} during {exc.during}")
+        self.backend_note = (
+            f"llama.cpp's {backend.variant} CPU code crashed here ({name} during {exc.during}); "
+            f"running its safe {safe.tag} variant ({safe.file}) instead"
+        )
+        return params.model_copy(update={"cpu_variant": safe.tag})
+
+    def _prove_amx(
+        self, worker: InferenceWorker, info: ModelInfo, params: LoadParams, cancel: threading.Event | None
+    ) -> tuple[InferenceWorker, ModelInfo, LoadParams]:
+        """On a CPU with AMX, once per machine and build: a one-token probe in a child decides
+        whether llama.cpp's AMX variant runs here. Until then (and after a failed probe) the worker
+        runs the best variant without AMX; a passing probe reloads on the AMX variant."""
+        backend = worker.backend
+        state = self._state()
+        if backend is None or not backend.amx_untested or state.path is None or state.amx is not None:
+            return worker, info, params
+        tag = next(tag for tag, _ in backend.skipped if tag in AMX_TAGS)
+        verdict = probe_variant(params.model_path, tag, params.n_threads, cancel)
+        state.set_amx(verdict)
+        if verdict != "ok":
+            self.backend_note = f"llama.cpp's AMX code ({tag}) failed a probe on this machine ({verdict}); not used"
+            return worker, info, params
+        amx = params.model_copy(update={"allow_amx": True})
+        fresh = InferenceWorker(amx)
+        try:
+            fresh_info = fresh.start(cancel)
+        except (ModelLoadError, EngineCrashed) as exc:
+            state.set_amx(f"failed after the probe: {exc}")
+            return worker, info, params
+        worker.close()
+        self.backend_note = f"llama.cpp's AMX code ({tag}) passed a probe on this machine"
+        return fresh, fresh_info, amx
+
+    def close(self) -> None:
+        with self._lock:
+            if self._worker is not None:
+                self._worker.close()
+                self._worker = None
+
+    def __enter__(self) -> ChatSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def worker(self) -> InferenceWorker | None:
+        return self._worker
+
+    # tokens ---------------------------------------------------------------------------------
+    def count_text(self, text: str) -> int:
+        assert self._worker is not None
+        return len(self._worker.tokenize(text, add_bos=False, special=False)) if text else 0
+
+    def _tokenize_prompt(self, prompt: str) -> list[int]:
+        """Tokens of a rendered prompt; the last few are remembered, since planning the context
+        renders and counts the very prompt that is then sent (one pipe round trip saved a turn)."""
+        cached = self._prompt_tokens.get(prompt)
+        if cached is not None:
+            return cached
+        assert self._worker is not None and self.info is not None
+        bos = self.info.bos_token
+        add_bos = self.info.add_bos and not (bos and prompt.startswith(bos))
+        tokens = self._worker.tokenize(prompt, add_bos=add_bos, special=True)
+        if len(self._prompt_tokens) >= 8:
+            self._prompt_tokens.pop(next(iter(self._prompt_tokens)))
+        self._prompt_tokens[prompt] = tokens
+        return tokens
+
+    def _marker_tokens(self) -> dict[int, str]:
+        """This vocabulary's tool and thinking markers that are one token (asked once per worker)."""
+        if self._specials is None:
+            self._specials = special_markers(self._tokenize_special)
+        return self._specials
+
+    def _tokenize_special(self, text: str) -> list[int]:
+        """Tokens of text that goes into a prompt after generated tokens (special tokens parsed)."""
+        assert self._worker is not None
+        return self._worker.tokenize(text, add_bos=False, special=True)
+
+    def count_messages(self, messages: Sequence[Message]) -> int:
+        assert self.template is not None
+        return len(self._tokenize_prompt(self.template.render([_as_dict(m) for m in messages])))
+
+    def prompt_view(self) -> PromptView:
+        """The last prompt's tokens and pieces (empty before the first turn)."""
+        with self._lock:
+            if self._worker is None or not self.last_prompt:
+                return PromptView([], [])
+            return PromptView(list(self.last_prompt), self._worker.pieces(self.last_prompt))
+
+    # generation -----------------------------------------------------------------------------
+    def stream(
+        self,
+        history: Sequence[Message],
+        user: str | None,
+        params: GenerationParams | None = None,
+        *,
+        system: str | None = None,
+        documents: str | None = None,
+        cancel: threading.Event | None = None,
+        cache_key: KvKey | None = None,
+        tools: Sequence[ToolSpec] = (),
+        tool_choice: str | None = None,
+        thinking: bool | None = None,
+        reasoning_effort: str | None = None,
+        thinking_budget: int | None = None,
+    ) -> Iterator[Event]:
+        """Generates the reply to ``user`` after ``history``; yields events, ends with Finished.
+
+        ``user=None`` continues the last turn of ``history`` without a new user message (after a
+        ``tool`` message: engine/agent/loop.py). ``tools`` are offered under ``tool_choice`` (``auto``
+        when tools are given, ``none``, ``required`` or a function name; the last two constrain the
+        reply to a valid call); ``thinking`` and ``reasoning_effort`` set the template's switches,
+        ``thinking_budget`` caps the thinking in tokens (engine/inference/turn.py). The reply streams as
+        ``Token`` (the answer), ``Reasoning`` (thinking) and ``ToolCall`` events; ``Finished``
+        carries the answer, the reasoning and the calls apart.
+
+        With a ``cache_key`` (and a ``kv_cache`` folder), the turn starts from that conversation's
+        saved KV cache when it covers more of the prompt than the worker's RAM, and its KV state is
+        saved after it (in the worker, in the background).
+
+        Raises:
+            ContextOverflow: the conversation does not fit and the policy is "refuse" (or even the
+                pinned parts do not fit).
+            EngineCrashed: the worker died; the next call starts a fresh one.
+            EngineError: the tool choice, the tools or the thinking switch are not usable here.
+        """
+        params = params or GenerationParams()
+        with self._lock:
+            self._ensure_worker()
+            assert self._worker is not None and self.info is not None and self.template is not None
+            turn = shape_turn(
+                self.template,
+                params,
+                tools=tools,
+                tool_choice=tool_choice,
+                thinking=thinking,
+                reasoning_effort=reasoning_effort,
+                thinking_budget=thinking_budget,
+            )
+
+            def count_tokens(messages: Sequence[Message]) -> int:
+                return len(self._tokenize_prompt(turn.render(messages)))
+
+            n_ctx = self.info.n_ctx
+            reserve = min(self.reply_reserve, params.max_tokens)
+            plan = plan_context(
+                system=system,
+                documents=documents,
+                history=list(history),
+                user=user,
+                n_ctx=n_ctx,
+                reply_reserve=reserve,
+                count_tokens=count_tokens,
+                count_text=self.count_text,
+                policy=self.overflow_policy,
+                tools_tokens=turn.tools_tokens(lambda text: len(self._tokenize_prompt(text))),
+            )
+            self.last_plan = plan
+            prompt = turn.render(plan.messages)
+            tokens = self._tokenize_prompt(prompt)
+            self.last_prompt = tokens
+            stops = tuple(dict.fromkeys((*params.stop, *self.template.stop)))
+            run = turn.params(params.model_copy(update={"stop": stops}))
+            shaper = turn.shaper(prompt, self._marker_tokens())
+            try:
+                self._configure_kv(cache_key)
+                result = yield from turn.generate(
+                    self._worker.generate, tokens, run, cancel, shaper, self._tokenize_special
+                )
+            except EngineCrashed as exc:
+                self._worker = None
+                self.last_prompt = []
+                if not exc.cpu_fault:
+                    raise
+                # Before the first token: once more on the safe CPU variant (raises if that was it).
+                self.load_params = self._after_cpu_fault(exc, self.load_params)
+                self._ensure_worker()
+                worker = self.worker
+                assert worker is not None
+                try:
+                    self._configure_kv(cache_key)
+                    shaper = turn.shaper(prompt, self._marker_tokens())
+                    result = yield from turn.generate(
+                        worker.generate, tokens, run, cancel, shaper, self._tokenize_special
+                    )
+                except EngineCrashed as again:
+                    self._worker = None
+                    if again.cpu_fault:
+                        self._after_cpu_fault(again, self.load_params)
+                    raise
+                self.last_prompt = tokens
+            stats = self._stats(result, plan)
+            stats = dataclasses.replace(
+                stats,
+                kv_restored_tokens=result.kv_restored_tokens,
+                kv_restore_ms=result.kv_restore_ms,
+                kv_saved_bytes=result.kv_saved_bytes,
+            )
+            yield stats
+            reason = result.reason
+            yield shaper.finished(reason, stats)  # type: ignore[arg-type]
+
+    def result_room(
+        self,
+        messages: Sequence[Message],
+        params: GenerationParams | None = None,
+        *,
+        system: str | None = None,
+        documents: str | None = None,
+        tools: Sequence[ToolSpec] = (),
+        tool_choice: str | None = None,
+        thinking: bool | None = None,
+        reasoning_effort: str | None = None,
+    ) -> int:
+        """Tokens left in the window for tool results (engine/agent/loop.py): ``messages`` is the turn
+        so far, ending with the ``tool`` messages still empty; the reply reserve is kept free."""
+        params = params or GenerationParams()
+        with self._lock:
+            self._ensure_worker()
+            assert self.info is not None and self.template is not None
+            turn = shape_turn(
+                self.template,
+                params,
+                tools=tools,
+                tool_choice=tool_choice,
+                thinking=thinking,
+                reasoning_effort=reasoning_effort,
+            )
+            head = system_message(system, documents)
+            prompt = turn.render([*([head] if head is not None else []), *messages])
+            reserve = effective_reserve(self.info.n_ctx, min(self.reply_reserve, params.max_tokens))
+            return self.info.n_ctx - reserve - len(self._tokenize_prompt(prompt))
+
+    # raw prompts (the legacy /v1/completions) ---------------------------------------------------
+    def tokenize_prompt(self, text: str) -> list[int]:
+        """A raw prompt's tokens as the model reads it: special tokens parsed, and a BOS first where
+        the model wants one and the text has none. Starts the worker if needed."""
+        with self._lock:
+            self._ensure_worker()
+            return list(self._tokenize_prompt(text))
+
+    def pieces(self, tokens: Sequence[int]) -> list[str]:
+        """The text of each token. Starts the worker if needed."""
+        with self._lock:
+            self._ensure_worker()
+            assert self._worker is not None
+            return self._worker.pieces(tokens)
+
+    def complete(
+        self,
+        prompt: str | Sequence[int],
+        params: GenerationParams | None = None,
+        cancel: threading.Event | None = None,
+    ) -> Iterator[Event]:
+        """Generates from a raw prompt (text, or token ids), with no chat template, no tools and
+        no reply shaping; yields the worker's ``PrefillProgress`` and ``Token`` events, then
+        ``Stats`` (``template`` ``"raw"``) and ``Finished`` with the text.
+
+        The session's lock is held throughout, so a chat turn on the same session (the GUI sharing
+        it with ``glassbox serve``) never talks to the worker at the same time, and no
+        conversation's saved KV cache goes with the prompt.
+
+        Raises:
+            ContextOverflow: the prompt and ``params.max_tokens`` do not fit the window.
+            EngineError: the prompt is empty.
+            EngineCrashed: the worker died; the next call starts a fresh one (on the safe CPU
+                variant when the CPU code crashed).
+        """
+        params = params or GenerationParams()
+        with self._lock:
+            self._ensure_worker()
+            assert self.info is not None
+            tokens = list(self._tokenize_prompt(prompt)) if isinstance(prompt, str) else list(prompt)
+            if not tokens:
+                raise EngineError("the prompt is empty")
+            n_ctx = self.info.n_ctx
+            if len(tokens) + params.max_tokens > n_ctx:
+                raise ContextOverflow(
+                    f"the prompt ({len(tokens)} tokens) and max_tokens ({params.max_tokens}) do not fit "
+                    f"the context window of {n_ctx} tokens"
+                )
+            free = n_ctx - len(tokens) - params.max_tokens
+            plan = ContextPlan([], 0, len(tokens), {"current": len(tokens), "reserve": params.max_tokens, "free": free})
+            self.last_prompt = tokens
+            try:
+                worker = self._worker
+                assert worker is not None
+                self._configure_kv(None)
+                result = yield from worker.generate(tokens, params, cancel)
+            except EngineCrashed as exc:
+                self._worker = None
+                self.last_prompt = []
+                if exc.cpu_fault:
+                    self.load_params = self._after_cpu_fault(exc, self.load_params)  # raises on the safe one
+                raise
+            stats = dataclasses.replace(self._stats(result, plan), template="raw")
+            yield stats
+            yield Finished(reason=result.reason, stats=stats, text=result.text)  # type: ignore[arg-type]
+
+    def _configure_kv(self, cache_key: KvKey | None) -> None:
+        """Tells the worker which saved KV cache this turn uses (only when that changes)."""
+        worker = self._worker
+        assert worker is not None and self.template is not None and self.info is not None
+        request: KvRequest | None = None
+        if cache_key is not None and self.kv_cache is not None and self.kv_cache.max_bytes > 0:
+            template = hashlib.sha256((self.info.chat_template or "").encode("utf-8")).hexdigest()[:16]
+            request = KvRequest(self.kv_cache, cache_key, f"{self.template.source}:{self.template.name}:{template}")
+        if self._kv_sent is None and request is None:
+            return
+        if self._kv_sent is not None and self._kv_sent[0] is worker and self._kv_sent[1] == request:
+            return
+        worker.configure_kv_cache(request)
+        self._kv_sent = (worker, request)
+
+    def _stats(self, result: WorkerResult, plan: ContextPlan) -> Stats:
+        assert self.info is not None
+        new_tokens = result.prompt_tokens - result.cached_tokens
+        prefill_tps = new_tokens / (result.prefill_ms / 1000) if result.prefill_ms > 0 else 0.0
+        decoded = max(result.completion_tokens - 1, 0)
+        decode_tps = decoded / (result.decode_ms / 1000) if result.decode_ms > 0 and decoded else 0.0
+        kv_total = kv_cache_bytes(self.gguf, self.info.n_ctx)
+        kv_used = kv_cache_bytes(self.gguf, max(result.n_past, 1))
+        model_bytes = self.info.model_bytes
+        bandwidth = (model_bytes + kv_used) * decode_tps / 1e9
+        assert self.template is not None
+        return Stats(
+            n_ctx=self.info.n_ctx,
+            prompt_tokens=result.prompt_tokens,
+            cached_tokens=result.cached_tokens,
+            completion_tokens=result.completion_tokens,
+            context_used=result.n_past,
+            evicted_messages=plan.evicted,
+            ttft_ms=round(result.ttft_ms, 2),
+            prefill_ms=round(result.prefill_ms, 2),
+            decode_ms=round(result.decode_ms, 2),
+            prefill_tps=round(prefill_tps, 2),
+            decode_tps=round(decode_tps, 2),
+            kv_cache_bytes=kv_total,
+            kv_used_bytes=kv_used,
+            model_bytes=model_bytes,
+            bandwidth_gbps=round(bandwidth, 3),
+            machine_bandwidth_gbps=self.machine_bandwidth_gbps,
+            template=f"{self.template.source}:{self.template.name}",
+            draft_tokens=result.draft_tokens,
+            accepted_tokens=result.accepted_tokens,
+            budget=dict(plan.breakdown),
+        )
+
+
+def _as_dict(message: Message) -> dict[str, Any]:
+    return message.template_dict()

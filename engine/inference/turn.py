@@ -1,0 +1,168 @@
+"""What one turn asks of the template and the sampler: tools, tool choice, thinking.
+
+:func:`shape_turn` validates a turn's options against the model's chat template and returns a
+:class:`TurnShape`, which the session (engine/inference/session.py) uses to render the prompt, to constrain
+the sampler and to shape the reply:
+
+* ``tool_choice="none"`` (or no tools) offers no tools (in a conversation that already holds calls
+  or results the tools stay rendered, with a note not to call one, and the reply is not parsed
+  for calls: an agent's step limit keeps its prompt prefix, engine/inference/tool_prompt.py); ``auto``
+  renders them and lets the model choose; ``required`` and a named function render them and also
+  constrain the reply with a JSON schema (``{"name": <const>, "arguments": <the tool's schema>}``,
+  ``anyOf`` over the tools for ``required``: engine/inference/tool_prompt.py's
+  :func:`~engine.inference.tool_prompt.call_schema`), so that even a small base model produces a call whose
+  arguments validate. Such a reply is parsed as the
+  ``json`` call format, thinking is not recognised in it (the grammar leaves no room for it), and
+  a ``json_schema`` or ``grammar`` of the caller's own is refused alongside it.
+* ``thinking`` (True/False) sets the template's ``enable_thinking`` and ``reasoning_effort`` its
+  ``reasoning_effort``; a template without that switch refuses them (the caller can read
+  :attr:`~engine.inference.templates.ChatTemplate.thinking` first).
+* ``thinking_budget`` (tokens) caps the thinking of any model that writes ``<think>``: at the
+  budget the thinking is closed for it and the reply goes on
+  (:func:`engine.inference.reply.within_thinking_budget`).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Generator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from engine.errors import EngineError
+from engine.inference.context import Message
+from engine.inference.events import Event
+from engine.inference.harmony import MARKERS as HARMONY_MARKERS
+from engine.inference.reasoning import EFFORTS, opened_in_prompt
+from engine.inference.reply import Generate, ReplyShaper, shaped, within_thinking_budget
+from engine.inference.tool_prompt import call_schema
+from engine.inference.tools import ToolSpec, check_tools, normalize_tool_choice
+
+if TYPE_CHECKING:
+    from engine.inference.runtime import GenerationParams, WorkerResult
+    from engine.inference.templates import ChatTemplate
+
+
+@dataclass(frozen=True)
+class TurnShape:
+    """A turn's validated options (build it with :func:`shape_turn`).
+
+    Attributes:
+        tools: the tools given (with ``none`` rendered only where the conversation holds calls or
+            results, and never parsed for).
+        choice: the tool choice (``auto``, ``none``, ``required`` or a function name).
+        json_schema: the call schema the reply is constrained to (JSON text), or None.
+        enable_thinking: the template's thinking switch, or None to leave it be.
+        reasoning_effort: the template's effort switch, or None.
+        thinking_budget: the most thinking tokens, or None for no cap.
+    """
+
+    template: ChatTemplate
+    tools: tuple[ToolSpec, ...] = ()
+    choice: str = "none"
+    json_schema: str | None = None
+    enable_thinking: bool | None = None
+    reasoning_effort: str | None = None
+    thinking_budget: int | None = None
+
+    def render(self, messages: Sequence[Message], *, with_tools: bool = True) -> str:
+        """The prompt for ``messages`` (ending with the assistant header)."""
+        return self.template.render(
+            [m.template_dict() for m in messages],
+            tools=self.tools if with_tools else (),
+            tool_choice=self.choice if with_tools else "none",
+            enable_thinking=self.enable_thinking,
+            reasoning_effort=self.reasoning_effort,
+        )
+
+    def tools_tokens(self, count_prompt: Callable[[str], int]) -> int:
+        """What the tool definitions add to a prompt: a one-message prompt counted with and without them."""
+        if not self.tools:
+            return 0
+        probe = [Message("user", "?")]
+        return max(count_prompt(self.render(probe)) - count_prompt(self.render(probe, with_tools=False)), 0)
+
+    def params(self, params: GenerationParams) -> GenerationParams:
+        """The sampling parameters, with the call schema when the choice forces a call."""
+        if self.json_schema is None:
+            return params
+        return params.model_copy(update={"json_schema": self.json_schema})
+
+    def shaper(self, prompt: str, specials: Mapping[int, str] | None = None) -> ReplyShaper:
+        """A fresh reply shaper for the prompt that was rendered (``specials``: the vocabulary's
+        marker tokens, engine/inference/reply.py's :func:`~engine.inference.reply.special_markers`)."""
+        names = [tool.name for tool in self.tools]
+        # harmony's markers are text only for a harmony model (elsewhere one may be a silent control token)
+        marks = {i: m for i, m in (specials or {}).items() if self.template.harmony or m not in HARMONY_MARKERS}
+        if self.json_schema is not None:
+            return ReplyShaper(family="json", tool_names=names, thinking=False, specials=marks)
+        family = self.template.tool_family if self.tools and self.choice != "none" else None
+        return ReplyShaper(
+            family=family,
+            harmony=self.template.harmony,
+            tool_names=names,
+            think_started=opened_in_prompt(prompt),
+            specials=marks,
+        )
+
+    def generate(
+        self,
+        generate: Generate,
+        tokens: Sequence[int],
+        params: GenerationParams,
+        cancel: threading.Event | None,
+        shaper: ReplyShaper,
+        tokenize: Callable[[str], list[int]],
+    ) -> Generator[Event, None, WorkerResult]:
+        """The worker's generation, shaped, within the thinking budget when there is one."""
+        if self.thinking_budget is None or self.json_schema is not None:
+            return shaped(generate(tokens, params, cancel), shaper)
+        return within_thinking_budget(generate, tokens, params, cancel, shaper, self.thinking_budget, tokenize)
+
+
+def shape_turn(
+    template: ChatTemplate,
+    params: GenerationParams,
+    *,
+    tools: Sequence[ToolSpec] = (),
+    tool_choice: str | None = None,
+    thinking: bool | None = None,
+    reasoning_effort: str | None = None,
+    thinking_budget: int | None = None,
+) -> TurnShape:
+    """Validates a turn's options (see the module docstring).
+
+    Raises:
+        EngineError: an unknown or impossible tool choice, a bad tool list, a thinking switch the
+            template does not have, an unknown effort, or a forced call with the caller's own
+            grammar or schema.
+    """
+    choice = normalize_tool_choice(tool_choice, tools)
+    offered = tuple(tools)
+    check_tools(offered)
+    schema: dict[str, Any] | None = call_schema(offered, choice)
+    if schema is not None and (params.json_schema is not None or params.grammar is not None):
+        raise EngineError(
+            f"tool_choice {choice!r} constrains the reply itself: it cannot be combined with a json_schema or grammar"
+        )
+    if thinking is not None and "enable_thinking" not in template.thinking:
+        raise EngineError("this model's chat template has no thinking switch (enable_thinking)")
+    if reasoning_effort is not None:
+        if "reasoning_effort" not in template.thinking:
+            raise EngineError("this model's chat template has no reasoning_effort switch")
+        if reasoning_effort not in EFFORTS:
+            raise EngineError(f"reasoning_effort must be one of {', '.join(EFFORTS)}, not {reasoning_effort!r}")
+    if thinking_budget is not None and (isinstance(thinking_budget, bool) or thinking_budget < 0):
+        raise EngineError(f"the thinking budget must be a number of tokens (0 or more), not {thinking_budget!r}")
+    if thinking_budget is not None and thinking is False:
+        raise EngineError("a thinking budget was given with thinking switched off")
+    return TurnShape(
+        template=template,
+        tools=offered,
+        choice=choice,
+        json_schema=json.dumps(schema) if schema is not None else None,
+        enable_thinking=thinking,
+        reasoning_effort=reasoning_effort,
+        thinking_budget=thinking_budget,
+    )
