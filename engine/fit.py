@@ -39,7 +39,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from engine.gguf import GGML_TYPES, GgufInfo
+from engine.gguf import GgufInfo
+from engine.gguf_format import GGML_TYPES
 from engine.hardware import GpuInfo, HardwareInfo
 from engine.units import format_bytes
 

@@ -17,7 +17,7 @@ What one header may cost is bounded, whatever it claims (hostile files, ROBUSTNE
   walk at most :data:`MAX_ARRAY_STRINGS` strings of string arrays in all (a vocabulary and its
   merges are a few hundred thousand); an array that would go past either the budget or the end of
   the file is refused before it is walked; the read-ahead shrinks after a seek, and all reads of
-  one header together are capped at :data:`MAX_HEADER_READ_BYTES`; at most :data:`MAX_KV` keys;
+  one header together are capped at :data:`engine.gguf_reader.MAX_HEADER_READ_BYTES`; at most :data:`MAX_KV` keys;
 * **file type**: the path is checked with ``stat`` before it is opened, and opened non-blocking,
   so a named pipe, socket or device called ``*.gguf`` is refused at once instead of blocking.
 
@@ -45,31 +45,41 @@ from __future__ import annotations
 
 import os
 import re
-import stat
-import struct
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
 from engine.errors import ModelFileError
+from engine.gguf_file import describe_non_gguf, open_model_file, os_error
+from engine.gguf_format import (
+    FILE_TYPE_GUESSED,
+    FILE_TYPE_NAMES,
+    GGML_TYPES,
+    LLAMA_CPP_ARCHITECTURES,
+    NOT_CHAT_ARCHITECTURES,
+    SUPPORTED_VERSIONS,
+    T_ARRAY,
+    T_STRING,
+    VALUE_TYPES,
+)
+from engine.gguf_reader import (
+    MAX_STRING_LEN,
+    TOKEN_CHECKPOINT_EVERY,
+    HeaderReader,
+    Malformed,
+    StringArray,
+    Truncated,
+)
 
 __all__ = [
-    "FILE_TYPE_NAMES",
-    "GGML_TYPES",
-    "LLAMA_CPP_ARCHITECTURES",
     "MAX_CHAT_TEMPLATE_BYTES",
     "GgufHeaderNeedsMoreBytes",
     "GgufInfo",
-    "describe_non_gguf",
-    "open_model_file",
     "parse_gguf_prefix",
     "read_gguf_info",
-    "sniff_model_file",
     "unsupported_reason",
 ]
 
-GGUF_MAGIC = b"GGUF"
-SUPPORTED_VERSIONS = (2, 3)
 _P = TypeVar("_P", bound="_Parser")  # a header parser (subclasses keep more than GgufInfo)
 
 # Caps. Real models stay far below each; a file above one is rejected as malformed before the
@@ -77,7 +87,6 @@ _P = TypeVar("_P", bound="_Parser")  # a header parser (subclasses keep more tha
 MAX_KV = 1 << 13  # real models have under 200 keys
 MAX_TENSORS = 1 << 16
 MAX_KEY_LEN = (1 << 16) - 1
-MAX_STRING_LEN = 16 << 20
 MAX_ARRAY_LEN = 1 << 24
 MAX_TENSOR_NAME = 63  # GGML_MAX_NAME (64) including the terminating NUL
 MAX_DIMS = 4  # GGML_MAX_DIMS
@@ -91,137 +100,10 @@ MAX_CHAT_TEMPLATE_BYTES = 64 << 10  # real templates are 1-17 KB; engine.inferen
 MAX_METADATA_BYTES = 16 << 20  # keys + kept values + template + kept arrays (8 bytes an entry); real: < 1 MiB
 MAX_ARRAY_STRINGS = 1 << 21  # strings walked in all; real: vocabulary + merges, under 700,000
 MAX_KEPT_ARRAY_ITEMS = 1 << 16  # integer/float/bool array entries kept in all; real: a few per-layer arrays
-MAX_HEADER_READ_BYTES = 128 << 20  # bytes read from the file per header; real: the header's size, a few MiB
 SMALL_ARRAY_LEN = 4096  # integer/bool arrays up to this length are kept (per-layer head counts)
-TOKEN_CHECKPOINT_EVERY = 4096  # token-array offsets remembered for cheap id -> string look-ups
 
-# GGUF value types: id -> (name, fixed size in bytes, struct format) ; strings and arrays are 0.
-_VALUE_TYPES: dict[int, tuple[str, int, str]] = {
-    0: ("UINT8", 1, "<B"),
-    1: ("INT8", 1, "<b"),
-    2: ("UINT16", 2, "<H"),
-    3: ("INT16", 2, "<h"),
-    4: ("UINT32", 4, "<I"),
-    5: ("INT32", 4, "<i"),
-    6: ("FLOAT32", 4, "<f"),
-    7: ("BOOL", 1, "<B"),
-    8: ("STRING", 0, ""),
-    9: ("ARRAY", 0, ""),
-    10: ("UINT64", 8, "<Q"),
-    11: ("INT64", 8, "<q"),
-    12: ("FLOAT64", 8, "<d"),
-}
-_T_UINT32, _T_BOOL, _T_STRING, _T_ARRAY = 4, 7, 8, 9
-_FLOAT_TYPES = (6, 12)
-
-# ggml tensor types (ggml.h of the pinned llama.cpp): id -> (name, elements per block, bytes per block).
-# Ids that ggml removed (4, 5, 31-33, 36-38) are absent, so a file using them is rejected.
-GGML_TYPES: dict[int, tuple[str, int, int]] = {
-    0: ("F32", 1, 4),
-    1: ("F16", 1, 2),
-    2: ("Q4_0", 32, 18),
-    3: ("Q4_1", 32, 20),
-    6: ("Q5_0", 32, 22),
-    7: ("Q5_1", 32, 24),
-    8: ("Q8_0", 32, 34),
-    9: ("Q8_1", 32, 36),
-    10: ("Q2_K", 256, 84),
-    11: ("Q3_K", 256, 110),
-    12: ("Q4_K", 256, 144),
-    13: ("Q5_K", 256, 176),
-    14: ("Q6_K", 256, 210),
-    15: ("Q8_K", 256, 292),
-    16: ("IQ2_XXS", 256, 66),
-    17: ("IQ2_XS", 256, 74),
-    18: ("IQ3_XXS", 256, 98),
-    19: ("IQ1_S", 256, 50),
-    20: ("IQ4_NL", 32, 18),
-    21: ("IQ3_S", 256, 110),
-    22: ("IQ2_S", 256, 82),
-    23: ("IQ4_XS", 256, 136),
-    24: ("I8", 1, 1),
-    25: ("I16", 1, 2),
-    26: ("I32", 1, 4),
-    27: ("I64", 1, 8),
-    28: ("F64", 1, 8),
-    29: ("IQ1_M", 256, 56),
-    30: ("BF16", 1, 2),
-    34: ("TQ1_0", 256, 54),
-    35: ("TQ2_0", 256, 66),
-    39: ("MXFP4", 32, 17),
-    40: ("NVFP4", 64, 36),
-    41: ("Q1_0", 128, 18),
-    42: ("Q2_0", 64, 18),
-}
-
-# llama.cpp's LLAMA_FTYPE_MOSTLY_* names, as stored in general.file_type.
-FILE_TYPE_NAMES: dict[int, str] = {
-    0: "F32",
-    1: "F16",
-    2: "Q4_0",
-    3: "Q4_1",
-    4: "Q4_1_SOME_F16",
-    7: "Q8_0",
-    8: "Q5_0",
-    9: "Q5_1",
-    10: "Q2_K",
-    11: "Q3_K_S",
-    12: "Q3_K_M",
-    13: "Q3_K_L",
-    14: "Q4_K_S",
-    15: "Q4_K_M",
-    16: "Q5_K_S",
-    17: "Q5_K_M",
-    18: "Q6_K",
-    19: "IQ2_XXS",
-    20: "IQ2_XS",
-    21: "Q2_K_S",
-    22: "IQ3_XS",
-    23: "IQ3_XXS",
-    24: "IQ1_S",
-    25: "IQ4_NL",
-    26: "IQ3_S",
-    27: "IQ3_M",
-    28: "IQ2_S",
-    29: "IQ2_M",
-    30: "IQ4_XS",
-    31: "IQ1_M",
-    32: "BF16",
-    36: "TQ1_0",
-    37: "TQ2_0",
-    38: "MXFP4_MOE",
-    39: "NVFP4",
-    40: "Q1_0",
-    41: "Q2_0",
-}
-FILE_TYPE_GUESSED = 1024
-
-# Architectures the pinned llama.cpp (llama-cpp-python 0.3.36, src/llama-arch.cpp) can load.
-# Update with the pin; a file outside this set gets "model needs a newer engine".
-_ARCHITECTURE_NAMES = """
-    afmoe apertus arcee arctic arwkv7 baichuan bailingmoe bailingmoe2 bailingmoe3 bert bitnet bloom
-    chameleon chatglm clip codeshell cogvlm cohere2 cohere2moe command-r dbrx deci deepseek deepseek2
-    deepseek2-ocr deepseek32 deepseek4 dflash dots1 dots3note dream eagle3 ernie4_5 ernie4_5-moe
-    eurobert exaone exaone-moe exaone4 falcon falcon-h1 gemma gemma-embedding gemma2 gemma3 gemma3n
-    gemma4 gemma4-assistant glm-dsa glm4 glm4moe glm5-next gpt-oss gpt2 gptj gptneox granite granite_swa
-    granitehybrid granitemoe graniteswitch grok grovemoe hrm_text hunyuan-dense hunyuan-moe hunyuan_vl
-    hy_v3 hy_v4 internlm2 jais jais2 jamba jina-bert-v2 jina-bert-v3 kimi-k3 kimi-linear laguna lfm2
-    lfm2moe llada llada-moe llama llama-embed llama4 maincoder mamba mamba2 maple mellum mimo2 minicpm
-    minicpm3 minimax-01 minimax-m2 minimax-m3 mistral3 mistral4 modern-bert mpt muse-glimmer nanbeige
-    nemotron nemotron_h nemotron_h_moe neo-bert nomic-bert nomic-bert-moe olmo olmo2 olmoe openelm orion
-    paddleocr pangu-embedded phi2 phi3 phimoe plamo plamo2 plamo3 plm pockettts qwen qwen2 qwen2moe
-    qwen2vl qwen3 qwen35 qwen35moe qwen3moe qwen3next qwen3tts qwen3vl qwen3vlmoe qwen4exp refact rnd1
-    rwkv6 rwkv6qwen2 rwkv7 seed_oss smallthinker smollm3 spark2_5 stablelm starcoder starcoder2 step35
-    t5 t5encoder talkie wavtokenizer-dec xverse
-"""
-LLAMA_CPP_ARCHITECTURES = frozenset(_ARCHITECTURE_NAMES.split())
-NOT_CHAT_ARCHITECTURES = {"clip": "a vision projector (mmproj) that goes with a chat model"}
-
-_OLD_GGML_MAGICS = {b"ggml": "ggml", b"ggmf": "ggmf", b"ggjt": "ggjt", b"ggla": "ggla", b"ggsn": "ggsn"}
 _BLOCK_RE = re.compile(r"blk\.(\d+)\.")
 _ARCH_RE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
-_U32 = struct.Struct("<I")
-_U64 = struct.Struct("<Q")
 
 Scalar = str | int | float | bool
 
@@ -324,293 +206,6 @@ class GgufInfo:
 _TensorRow = tuple[str, int, int, int]  # name, element count, ggml type, data bytes
 
 
-class _Truncated(Exception):
-    """Internal: the file ends before byte ``needed``."""
-
-    def __init__(self, needed: int) -> None:
-        super().__init__(needed)
-        self.needed = needed
-
-
-class _Malformed(Exception):
-    """Internal: the file breaks a rule; the message says which."""
-
-
-class _Reader:
-    """A forward reader over a file of known size, with its own read-ahead buffer.
-
-    Every read checks ``pos + n <= size`` first, so a count or length from the file can never make
-    it read (or allocate) past the end. The read-ahead is a full ``_CHUNK`` only while reading on
-    from where the buffer ended; after a seek past skipped data it is ``_MIN_CHUNK``, so a header
-    of long values that are seeked past does not read them anyway. All reads together are capped
-    at :data:`MAX_HEADER_READ_BYTES`.
-    """
-
-    _CHUNK = 1 << 20
-    _MIN_CHUNK = 1 << 12
-
-    def __init__(self, fh: BinaryIO, size: int) -> None:
-        self._fh = fh
-        self.size = size
-        self.pos = 0
-        self._buf = b""
-        self._buf_start = 0
-        self.bytes_read = 0
-        self._sought = False  # a skip went past the buffer since it was filled
-
-    def _window(self, n: int) -> tuple[bytes, int]:
-        end = self.pos + n
-        if end > self.size:
-            raise _Truncated(end)
-        rel = self.pos - self._buf_start
-        if rel < 0 or rel + n > len(self._buf):
-            onward = not self._sought and 0 <= rel <= len(self._buf) + self._MIN_CHUNK
-            self._sought = False
-            want = max(n, self._CHUNK if onward else self._MIN_CHUNK)
-            self.bytes_read += want
-            if self.bytes_read > MAX_HEADER_READ_BYTES:
-                raise _Malformed(
-                    f"reading its header takes more than {MAX_HEADER_READ_BYTES >> 20} MiB "
-                    "(a real model's header is a few MiB)"
-                )
-            self._fh.seek(self.pos)
-            self._buf = self._fh.read(want)
-            self._buf_start = self.pos
-            rel = 0
-            if len(self._buf) < n:  # the file shrank, or a prefix ended early
-                raise _Truncated(end)
-        return self._buf, rel
-
-    def u32(self) -> int:
-        buf, rel = self._window(4)
-        self.pos += 4
-        return int(_U32.unpack_from(buf, rel)[0])
-
-    def u64(self) -> int:
-        buf, rel = self._window(8)
-        self.pos += 8
-        return int(_U64.unpack_from(buf, rel)[0])
-
-    def scalar(self, vtype: int) -> int | float | bool:
-        _, size, fmt = _VALUE_TYPES[vtype]
-        buf, rel = self._window(size)
-        self.pos += size
-        value = struct.unpack_from(fmt, buf, rel)[0]
-        if vtype == _T_BOOL:
-            return bool(value)
-        return float(value) if vtype in _FLOAT_TYPES else int(value)
-
-    def raw(self, n: int) -> bytes:
-        buf, rel = self._window(n)
-        self.pos += n
-        return buf[rel : rel + n]
-
-    def skip(self, n: int) -> None:
-        end = self.pos + n
-        if end > self.size:
-            raise _Truncated(end)
-        if n > self._MIN_CHUNK and end > self._buf_start + len(self._buf):
-            self._sought = True  # the next refill need not read ahead much: skipped data follows data
-        self.pos = end
-
-    def string(self, cap: int, what: str) -> str:
-        length = self.u64()
-        if length > cap:
-            raise _Malformed(f"{what} claims a string of {length} bytes (limit {cap})")
-        return self.raw(length).decode("utf-8", errors="replace")
-
-    def string_prefix(self, keep: int, cap: int, what: str) -> tuple[str, int]:
-        """A string's first ``keep`` bytes, decoded, and its full length; the rest is seeked past."""
-        length = self.u64()
-        if length > cap:
-            raise _Malformed(f"{what} claims a string of {length} bytes (limit {cap})")
-        if length <= keep:
-            return self.raw(length).decode("utf-8", errors="replace"), length
-        text = self.raw(keep).decode("utf-8", errors="replace")
-        self.skip(length - keep)
-        return text, length
-
-    def scalars(self, vtype: int, count: int) -> list[int | float | bool]:
-        """``count`` values of a fixed-size type, unpacked at once."""
-        _, size, fmt = _VALUE_TYPES[vtype]
-        buf, rel = self._window(count * size)
-        self.pos += count * size
-        values = struct.unpack_from(f"<{count}{fmt[1]}", buf, rel)
-        if vtype == _T_BOOL:
-            return [bool(v) for v in values]
-        if vtype in _FLOAT_TYPES:
-            return [float(v) for v in values]
-        return [int(v) for v in values]
-
-    def skip_strings(self, count: int, what: str) -> list[int]:
-        """Walks ``count`` strings without keeping them; returns every N-th start offset.
-
-        The hot loop of the reader (a vocabulary has up to a few hundred thousand entries), so it
-        works on local variables and refills the buffer only when a length prefix crosses its end.
-        """
-        marks: list[int] = []
-        unpack = _U64.unpack_from
-        size = self.size
-        pos = self.pos
-        if pos + 8 * count > size:  # every string has its 8-byte length: refuse before walking
-            raise _Truncated(pos + 8 * count)
-        buf, base = self._buf, self._buf_start
-        end_of_buf = base + len(buf)
-        for first in range(0, count, TOKEN_CHECKPOINT_EVERY):
-            marks.append(pos)
-            for _ in range(min(TOKEN_CHECKPOINT_EVERY, count - first)):
-                if pos + 8 > end_of_buf or pos < base:
-                    self.pos = pos
-                    self._window(8)
-                    buf, base = self._buf, self._buf_start
-                    end_of_buf = base + len(buf)
-                length = unpack(buf, pos - base)[0]
-                if length > MAX_STRING_LEN:
-                    limit = MAX_STRING_LEN
-                    raise _Malformed(f"array {what!r} claims a string of {length} bytes (limit {limit})")
-                pos += 8 + length
-                if pos > size:
-                    raise _Truncated(pos)
-        self.pos = pos
-        return marks
-
-
-@dataclass
-class _StringArray:
-    count: int
-    marks: list[int]
-
-
-def sniff_model_file(path: Path | str) -> str | None:
-    """Names what a file is when it is clearly not GGUF (see :func:`describe_non_gguf`).
-
-    Args:
-        path: the file.
-
-    Returns:
-        A one-line reason, or None when the file starts like GGUF.
-
-    Raises:
-        OSError: the file cannot be read.
-    """
-    try:
-        fh = open_model_file(path)
-    except ModelFileError as exc:
-        if exc.__cause__ is not None:
-            raise exc.__cause__ from None  # the OSError, as documented
-        return exc.reason  # not a regular file: a named pipe would block, a folder has no bytes
-    with fh:
-        size = os.fstat(fh.fileno()).st_size
-        return describe_non_gguf(fh.read(4096), size)
-
-
-def open_model_file(path: Path | str) -> BinaryIO:
-    """Opens a model file for reading, refusing anything but a regular file before opening it.
-
-    The type is checked with ``os.stat`` first, so a named pipe called ``model.gguf`` is refused
-    instead of blocking the caller until a writer comes (and a device is never opened); the open
-    itself is non-blocking and the type is checked again on the open file, in case the path was
-    swapped in between.
-
-    Args:
-        path: the file (symlinks are followed).
-
-    Returns:
-        The file, open in binary mode; the caller closes it.
-
-    Raises:
-        ModelFileError: the path is missing, not a regular file or unreadable; its ``reason`` says
-            which. An ``OSError`` behind it is its ``__cause__``.
-    """
-    path = Path(path)
-    try:
-        st = os.stat(path)
-        if not stat.S_ISREG(st.st_mode):
-            raise ModelFileError(path, _not_regular(st.st_mode))
-        flags = os.O_RDONLY | getattr(os, "O_BINARY", 0) | getattr(os, "O_CLOEXEC", 0)
-        fd = os.open(path, flags | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
-    except OSError as exc:
-        raise _os_error(path, exc) from exc
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ModelFileError(path, _not_regular(st.st_mode))
-        if hasattr(os, "O_NONBLOCK"):
-            os.set_blocking(fd, True)  # a regular file reads the same either way; keep it plain
-        return os.fdopen(fd, "rb")
-    except BaseException as exc:
-        os.close(fd)
-        if isinstance(exc, OSError):
-            raise _os_error(path, exc) from exc
-        raise
-
-
-def _not_regular(mode: int) -> str:
-    if stat.S_ISDIR(mode):
-        return "is a folder, not a model file"
-    if stat.S_ISFIFO(mode):
-        kind = "a named pipe"
-    elif stat.S_ISSOCK(mode):
-        kind = "a socket"
-    elif stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        kind = "a device file"
-    else:
-        kind = "a special file"
-    return f"not a regular file ({kind})"
-
-
-def _os_error(path: Path, exc: OSError) -> ModelFileError:
-    if isinstance(exc, FileNotFoundError):
-        return ModelFileError(path, "no such file")
-    if isinstance(exc, IsADirectoryError):
-        return ModelFileError(path, "is a folder, not a model file")
-    if isinstance(exc, PermissionError):
-        return ModelFileError(path, "permission denied")
-    return ModelFileError(path, f"cannot read the file ({exc.strerror or exc})")
-
-
-def describe_non_gguf(head: bytes, file_size: int) -> str | None:
-    """Names what a file is when it is clearly not GGUF, from its first bytes.
-
-    Args:
-        head: the first bytes of the file (at least 64 are best; up to a few KiB help HTML).
-        file_size: the whole file's size.
-
-    Returns:
-        A one-line reason (e.g. "this is a Git LFS pointer, not the model: download the real
-        file"), or None when the file starts like GGUF (or is too short to tell).
-    """
-    if file_size == 0:
-        return "the file is empty (0 bytes): download it again"
-    if head.startswith(GGUF_MAGIC):
-        return None
-    if len(head) < 4 and GGUF_MAGIC.startswith(head):
-        return None  # the parser reports it as incomplete
-    stripped = head.lstrip(b"\xef\xbb\xbf \t\r\n")
-    lowered = stripped[:2048].lower()
-    if stripped.startswith(b"version https://git-lfs"):
-        return "this is a Git LFS pointer, not the model: download the real file"
-    if lowered.startswith((b"<!doctype html", b"<html", b"<head", b"<body")) or b"<html" in lowered:
-        return "this is an HTML page, not a model (wrong URL?): download the file itself"
-    if head[:4] in (b"PK\x03\x04", b"PK\x05\x06"):
-        return "this is a zip archive (for example a PyTorch checkpoint), not a GGUF model"
-    if len(head) >= 9 and head[8:9] == b"{":
-        header_len = int(_U64.unpack_from(head, 0)[0])
-        if 2 <= header_len <= file_size - 8:
-            return "this is a safetensors file, not GGUF: convert it first (glassbox models convert)"
-    if head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):
-        return "this is a Python pickle (PyTorch) file, an unsafe format Glassbox never loads"
-    for magic in (head[:4], head[:4][::-1]):
-        if magic in _OLD_GGML_MAGICS:
-            return f"old GGML format ({_OLD_GGML_MAGICS[magic]}), not supported: convert it to GGUF"
-    if head[:4].lower() == b"gguf" or head[:4] == b"FUGG":
-        return f"not a GGUF file (wrong magic {head[:4]!r})"
-    sample = head[:512]
-    if sample and all(32 <= b < 127 or b in (9, 10, 13) for b in sample):
-        return "this is a text file, not a GGUF model"
-    return f"not a GGUF file (it starts with 0x{head[:4].hex()})"
-
-
 def read_gguf_info(path: Path | str) -> GgufInfo:
     """Reads and checks a GGUF file's header, without loading any tensor data.
 
@@ -639,7 +234,7 @@ def _read_file(path: Path, parser_class: type[_P]) -> tuple[GgufInfo, _P]:
         with fh:
             return _parse(fh, os.fstat(fh.fileno()).st_size, path, prefix_only=False, parser_class=parser_class)
     except OSError as exc:
-        raise _os_error(path, exc) from None
+        raise os_error(path, exc) from None
 
 
 def parse_gguf_prefix(prefix: bytes, file_size: int, source: Path | str) -> GgufInfo:
@@ -680,14 +275,14 @@ def _parse(
     if reason is not None:
         raise ModelFileError(path, reason)
     limit = file_size if prefix_len is None else min(file_size, prefix_len)
-    parser = parser_class(_Reader(fh, limit), path, file_size, prefix_only)
+    parser = parser_class(HeaderReader(fh, limit), path, file_size, prefix_only)
     try:
         return parser.parse(), parser
-    except _Truncated as exc:
+    except Truncated as exc:
         if prefix_len is not None and prefix_len < file_size and exc.needed <= file_size:
             raise GgufHeaderNeedsMoreBytes(path, exc.needed) from None
         raise ModelFileError(path, _incomplete(file_size, exc.needed, header=True)) from None
-    except _Malformed as exc:
+    except Malformed as exc:
         raise ModelFileError(path, f"model file is malformed: {exc}") from None
 
 
@@ -699,14 +294,14 @@ def _incomplete(have: int, need: int, *, header: bool) -> str:
 class _Parser:
     """One pass over header, key/values and tensor infos."""
 
-    def __init__(self, reader: _Reader, path: Path, file_size: int, prefix_only: bool) -> None:
+    def __init__(self, reader: HeaderReader, path: Path, file_size: int, prefix_only: bool) -> None:
         self.r = reader
         self.path = path
         self.file_size = file_size
         self.prefix_only = prefix_only
         self.scalars: dict[str, Scalar] = {}
         self.small_arrays: dict[str, list[int | float | bool]] = {}
-        self.string_arrays: dict[str, _StringArray] = {}
+        self.string_arrays: dict[str, StringArray] = {}
         self.array_lengths: dict[str, int] = {}
         self.array_types: dict[str, int] = {}
         self.chat_template: str | None = None
@@ -727,9 +322,9 @@ class _Parser:
         n_tensors = r.u64()
         n_kv = r.u64()
         if n_tensors > MAX_TENSORS:
-            raise _Malformed(f"it claims {n_tensors} tensors (limit {MAX_TENSORS})")
+            raise Malformed(f"it claims {n_tensors} tensors (limit {MAX_TENSORS})")
         if n_kv > MAX_KV:
-            raise _Malformed(f"it claims {n_kv} metadata keys (limit {MAX_KV})")
+            raise Malformed(f"it claims {n_kv} metadata keys (limit {MAX_KV})")
         for _ in range(n_kv):
             self._read_kv()
         if self.skipped_arrays:
@@ -742,9 +337,9 @@ class _Parser:
         if arch is None and isinstance(split_no, int) and split_no > 0:
             arch = ""  # parts 2.. of a split model carry only split.* keys (gguf-split)
         elif not isinstance(arch, str) or not arch:
-            raise _Malformed("general.architecture is missing")
+            raise Malformed("general.architecture is missing")
         elif not _ARCH_RE.fullmatch(arch):
-            raise _Malformed(f"general.architecture {arch[:40]!r} is not a valid name")
+            raise Malformed(f"general.architecture {arch[:40]!r} is not a valid name")
         self._check_tokenizer()
         alignment = self._alignment()
         tensors = self._read_tensor_infos(n_tensors, alignment)
@@ -755,19 +350,19 @@ class _Parser:
         r = self.r
         key = r.string(MAX_KEY_LEN, "a metadata key")
         if not key:
-            raise _Malformed("a metadata key is empty")
+            raise Malformed("a metadata key is empty")
         if key in self.seen_keys:
-            raise _Malformed(f"duplicate metadata key {key!r}")
+            raise Malformed(f"duplicate metadata key {key!r}")
         self.seen_keys.add(key)
         self._hold(len(key))  # str length: a close enough count of what the key costs
         vtype = r.u32()
-        if vtype not in _VALUE_TYPES:
-            raise _Malformed(f"metadata key {key!r} has invalid type {vtype}")
-        if vtype == _T_ARRAY:
+        if vtype not in VALUE_TYPES:
+            raise Malformed(f"metadata key {key!r} has invalid type {vtype}")
+        if vtype == T_ARRAY:
             self._read_array(key)
-        elif vtype == _T_STRING and key == "tokenizer.chat_template":
+        elif vtype == T_STRING and key == "tokenizer.chat_template":
             self._read_template()
-        elif vtype == _T_STRING:
+        elif vtype == T_STRING:
             value, _length = r.string_prefix(MAX_KEPT_STRING_BYTES, MAX_STRING_LEN, f"metadata key {key!r}")
             self._hold(len(value))
             self.scalars[key] = value
@@ -780,7 +375,7 @@ class _Parser:
         length = r.u64()
         if length > MAX_STRING_LEN:
             what, limit = "metadata key 'tokenizer.chat_template'", MAX_STRING_LEN
-            raise _Malformed(f"{what} claims a string of {length} bytes (limit {limit})")
+            raise Malformed(f"{what} claims a string of {length} bytes (limit {limit})")
         if length > MAX_CHAT_TEMPLATE_BYTES:
             r.skip(length)
             self.notes.append(
@@ -794,7 +389,7 @@ class _Parser:
     def _hold(self, n: int) -> None:
         self.held += n
         if self.held > MAX_METADATA_BYTES:
-            raise _Malformed(
+            raise Malformed(
                 f"its metadata needs more than {MAX_METADATA_BYTES >> 20} MiB to hold "
                 "(a real model's needs well under 1 MiB)"
             )
@@ -802,27 +397,27 @@ class _Parser:
     def _read_array(self, key: str) -> None:
         r = self.r
         etype = r.u32()
-        if etype not in _VALUE_TYPES:
-            raise _Malformed(f"array {key!r} has invalid element type {etype}")
-        if etype == _T_ARRAY:
-            raise _Malformed(f"array {key!r} contains arrays (not supported)")
+        if etype not in VALUE_TYPES:
+            raise Malformed(f"array {key!r} has invalid element type {etype}")
+        if etype == T_ARRAY:
+            raise Malformed(f"array {key!r} contains arrays (not supported)")
         count = r.u64()
         if count > MAX_ARRAY_LEN:
-            raise _Malformed(f"array {key!r} claims {count} entries (limit {MAX_ARRAY_LEN})")
+            raise Malformed(f"array {key!r} claims {count} entries (limit {MAX_ARRAY_LEN})")
         self.array_lengths[key] = count
         self.array_types[key] = etype
-        if etype == _T_STRING:
+        if etype == T_STRING:
             if self.strings_walked + count > MAX_ARRAY_STRINGS:
-                raise _Malformed(
+                raise Malformed(
                     f"array {key!r} claims {count} strings, past the {MAX_ARRAY_STRINGS} strings a header may "
                     f"hold in all ({self.strings_walked} before it)"
                 )
             self.strings_walked += count
             marks = r.skip_strings(count, key)
-            self.string_arrays[key] = _StringArray(count, marks)
+            self.string_arrays[key] = StringArray(count, marks)
             self._hold(8 * len(marks))
             return
-        size = _VALUE_TYPES[etype][1]
+        size = VALUE_TYPES[etype][1]
         if count > SMALL_ARRAY_LEN:
             r.skip(count * size)
         elif self.kept_items + count > MAX_KEPT_ARRAY_ITEMS:
@@ -835,25 +430,25 @@ class _Parser:
 
     def _check_tokenizer(self) -> None:
         """Wrongly typed tokenizer arrays abort llama.cpp (a failed type assertion): refuse them."""
-        expected = {"tokens": _T_STRING, "merges": _T_STRING, "scores": 6, "token_type": 5}
+        expected = {"tokens": T_STRING, "merges": T_STRING, "scores": 6, "token_type": 5}
         for name, etype in expected.items():
             key = f"tokenizer.ggml.{name}"
             if key in self.scalars or (key in self.array_types and self.array_types[key] != etype):
-                raise _Malformed(f"{key} must be an array of {_VALUE_TYPES[etype][0]}")
+                raise Malformed(f"{key} must be an array of {VALUE_TYPES[etype][0]}")
         n_tokens = self.array_lengths.get("tokenizer.ggml.tokens")
         for name in ("scores", "token_type"):
             count = self.array_lengths.get(f"tokenizer.ggml.{name}")
             if count is not None and count != n_tokens:
-                raise _Malformed(f"tokenizer.ggml.{name} has {count} entries for {n_tokens} tokens")
+                raise Malformed(f"tokenizer.ggml.{name} has {count} entries for {n_tokens} tokens")
 
     def _alignment(self) -> int:
         if "general.alignment" not in self.scalars:
             return 32
         value = self.scalars["general.alignment"]
         if isinstance(value, bool) or not isinstance(value, int):
-            raise _Malformed("general.alignment is not an integer")
+            raise Malformed("general.alignment is not an integer")
         if value <= 0 or value & (value - 1) or value > MAX_ALIGNMENT:
-            raise _Malformed(f"general.alignment {value} is not a power of two up to {MAX_ALIGNMENT}")
+            raise Malformed(f"general.alignment {value} is not a power of two up to {MAX_ALIGNMENT}")
         return value
 
     # -- tensors ------------------------------------------------------------------------------
@@ -866,36 +461,36 @@ class _Parser:
         for _ in range(n_tensors):
             name = r.string(MAX_TENSOR_NAME * 4, "a tensor name")
             if len(name.encode()) > MAX_TENSOR_NAME:
-                raise _Malformed(f"tensor name {name[:40]!r}... is longer than {MAX_TENSOR_NAME} bytes")
+                raise Malformed(f"tensor name {name[:40]!r}... is longer than {MAX_TENSOR_NAME} bytes")
             if name in seen:
-                raise _Malformed(f"duplicate tensor {name!r}")
+                raise Malformed(f"duplicate tensor {name!r}")
             seen.add(name)
             n_dims = r.u32()
             if n_dims > MAX_DIMS:
-                raise _Malformed(f"tensor {name!r} has {n_dims} dimensions (limit {MAX_DIMS})")
+                raise Malformed(f"tensor {name!r} has {n_dims} dimensions (limit {MAX_DIMS})")
             dims = [r.u64() for _ in range(n_dims)]
             n_elements = 1
             for d in dims:
                 if d == 0 or d > MAX_INT64:
-                    raise _Malformed(f"tensor {name!r} has an invalid dimension {d}")
+                    raise Malformed(f"tensor {name!r} has an invalid dimension {d}")
                 n_elements *= d
                 if n_elements > MAX_INT64:
-                    raise _Malformed(f"tensor {name!r} has a shape whose size overflows ({dims})")
+                    raise Malformed(f"tensor {name!r} has a shape whose size overflows ({dims})")
             ttype = r.u32()
             if ttype not in GGML_TYPES:
-                raise _Malformed(f"tensor {name!r} has an invalid type {ttype}")
+                raise Malformed(f"tensor {name!r} has an invalid type {ttype}")
             tname, block, block_bytes = GGML_TYPES[ttype]
             if dims and dims[0] % block:
-                raise _Malformed(f"tensor {name!r} row of {dims[0]} is not a multiple of the {tname} block")
+                raise Malformed(f"tensor {name!r} row of {dims[0]} is not a multiple of the {tname} block")
             nbytes = n_elements // block * block_bytes
             offset = r.u64()
             if offset % alignment:
-                raise _Malformed(f"tensor {name!r} data offset {offset} is not aligned to {alignment}")
+                raise Malformed(f"tensor {name!r} data offset {offset} is not aligned to {alignment}")
             if offset != expected_offset:
-                raise _Malformed(f"tensor {name!r} data offset {offset} should be {expected_offset}")
+                raise Malformed(f"tensor {name!r} data offset {offset} should be {expected_offset}")
             expected_offset = offset + _align(nbytes, alignment)
             if expected_offset > MAX_PLAUSIBLE_BYTES:  # a lie, not a cut: no model is a petabyte
-                raise _Malformed(f"tensor {name!r} claims data up to byte {expected_offset}")
+                raise Malformed(f"tensor {name!r} claims data up to byte {expected_offset}")
             out.append((name, n_elements, ttype, nbytes))
         return out
 
@@ -923,7 +518,7 @@ class _Parser:
         self._check_data(tensors, data_offset, alignment)
         n_layers = self._int(f"{arch}.block_count")
         if n_layers is not None and not 0 <= n_layers <= MAX_BLOCK_COUNT:
-            raise _Malformed(f"{arch}.block_count is {n_layers} (limit {MAX_BLOCK_COUNT})")
+            raise Malformed(f"{arch}.block_count is {n_layers} (limit {MAX_BLOCK_COUNT})")
         layer_bytes: list[int] = [0] * (n_layers or 0)
         other = expert = embedding = 0
         type_bytes: dict[int, int] = {}
@@ -943,7 +538,7 @@ class _Parser:
                 continue
             index = int(m.group(1))
             if index >= MAX_BLOCK_COUNT or (n_layers is not None and index >= n_layers):
-                raise _Malformed(f"tensor {name!r} belongs to block {index}, beyond the block count")
+                raise Malformed(f"tensor {name!r} belongs to block {index}, beyond the block count")
             if index >= len(layer_bytes):
                 layer_bytes.extend([0] * (index + 1 - len(layer_bytes)))
             layer_bytes[index] += nbytes
@@ -1019,7 +614,7 @@ class _Parser:
             for _ in range(token_id % TOKEN_CHECKPOINT_EVERY):
                 r.skip(r.u64())
             text, _length = r.string_prefix(MAX_KEPT_STRING_BYTES, MAX_STRING_LEN, "a token")
-        except _Truncated:
+        except Truncated:
             return None
         finally:
             r.pos = saved

@@ -32,7 +32,8 @@ from typing import Any
 
 from engine.atomic import write_json_atomic
 from engine.errors import ModelFileError
-from engine.gguf import GgufInfo, open_model_file, read_gguf_info
+from engine.gguf import GgufInfo, read_gguf_info
+from engine.gguf_file import open_model_file
 
 __all__ = [
     "EMBEDDING_ARCHITECTURES",

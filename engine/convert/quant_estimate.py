@@ -24,7 +24,9 @@ from pathlib import Path
 
 from engine import gguf as _gguf
 from engine.errors import ModelFileError
-from engine.gguf import GGML_TYPES, GgufInfo
+from engine.gguf import GgufInfo
+from engine.gguf_format import GGML_TYPES
+from engine.gguf_reader import HeaderReader
 
 __all__ = ["QuantEstimate", "TensorShape", "estimate_quantized", "read_tensor_shapes"]
 
@@ -158,7 +160,7 @@ class _ShapeParser(_gguf._Parser):
     records are checked by the parser first, then read again from the same bytes.
     """
 
-    def __init__(self, reader: _gguf._Reader, path: Path, file_size: int, prefix_only: bool) -> None:
+    def __init__(self, reader: HeaderReader, path: Path, file_size: int, prefix_only: bool) -> None:
         super().__init__(reader, path, file_size, prefix_only)
         self.shapes: list[TensorShape] = []
 

@@ -34,12 +34,11 @@ from gguf_fixtures import (
 from engine.errors import ModelFileError
 from engine.gguf import (
     GgufHeaderNeedsMoreBytes,
-    describe_non_gguf,
     parse_gguf_prefix,
     read_gguf_info,
-    sniff_model_file,
     unsupported_reason,
 )
+from engine.gguf_file import describe_non_gguf, sniff_model_file
 
 
 # ------------------------------------------------------------------ valid files
@@ -117,10 +116,10 @@ def test_valid_file_from_the_byte_writer(tmp_path: Path) -> None:
 def test_our_block_sizes_match_the_gguf_package() -> None:
     from gguf.constants import GGML_QUANT_SIZES
 
-    from engine.gguf import GGML_TYPES
+    from engine.gguf_format import GGML_TYPES
 
     for qtype, sizes in GGML_QUANT_SIZES.items():
-        assert int(qtype) in GGML_TYPES, f"{qtype.name} is unknown to engine.gguf"
+        assert int(qtype) in GGML_TYPES, f"{qtype.name} is unknown to engine.gguf_format"
         if qtype.name == "Q8_1":  # gguf-py's table is stale here; ggml's block_q8_1 is 36 bytes
             continue
         assert GGML_TYPES[int(qtype)] == (qtype.name, *sizes)

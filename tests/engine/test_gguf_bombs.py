@@ -48,7 +48,9 @@ from gguf_fixtures import (
 
 from engine import gguf
 from engine.errors import ModelFileError
-from engine.gguf import GgufInfo, read_gguf_info, sniff_model_file
+from engine.gguf import GgufInfo, read_gguf_info
+from engine.gguf_file import sniff_model_file
+from engine.gguf_reader import HeaderReader
 from engine.library import ModelLibrary
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -142,7 +144,7 @@ def cli(home: Path, *argv: str, timeout: float = 60) -> tuple[subprocess.Complet
     child = (
         "import json, os, resource, sys\n"
         "from datetime import UTC, datetime\n"
-        "from app.cli import main\n"
+        "from app.cli.main import main\n"
         "from app.paths import Paths\n"
         "from engine.hardware import cpu_name\n"
         "paths = Paths.resolve(sys.argv[-1]).ensure()  # a measured bandwidth: fit does not measure it\n"
@@ -248,19 +250,19 @@ def test_the_reader_refuses_a_pipe_swapped_in_after_the_check(fifo: Path) -> Non
     # and the check on the open file refuse it. Bound: under 20 s of a 30 s timeout.
     code = (
         "import os, stat, json\n"
-        "from engine import gguf\n"
+        "from engine import gguf, gguf_file\n"
         "from engine.errors import ModelFileError\n"
         "real = os.stat\n"
         "def fake(path, *a, **k):\n"
         "    st = list(real(path, *a, **k)); st[0] = stat.S_IFREG | 0o644\n"
         "    return os.stat_result(st)\n"
-        "gguf.os.stat = fake\n"
+        "gguf_file.os.stat = fake\n"
         "out = {}\n"
         "try:\n"
         f"    gguf.read_gguf_info({str(fifo)!r})\n"
         "except ModelFileError as exc:\n"
         "    out['read'] = exc.reason\n"
-        f"out['sniff'] = gguf.sniff_model_file({str(fifo)!r})\n"
+        f"out['sniff'] = gguf_file.sniff_model_file({str(fifo)!r})\n"
         "print(json.dumps(out))\n"
     )
     start = time.monotonic()
@@ -271,7 +273,7 @@ def test_the_reader_refuses_a_pipe_swapped_in_after_the_check(fifo: Path) -> Non
 
 
 def test_sniffing_a_pipe_names_it_and_a_missing_file_still_raises(fifo: Path, tmp_path: Path) -> None:
-    done = run_python(f"from engine.gguf import sniff_model_file; print(sniff_model_file({str(fifo)!r}))", 30)
+    done = run_python(f"from engine.gguf_file import sniff_model_file; print(sniff_model_file({str(fifo)!r}))", 30)
     assert done.stdout.strip() == PIPE, done.stderr
     with pytest.raises(FileNotFoundError):
         sniff_model_file(tmp_path / "missing.gguf")
@@ -478,7 +480,7 @@ def test_long_values_that_are_skipped_are_not_read(tmp_path: Path) -> None:
     assert seconds < 0.5
     assert info.metadata["v3999"] == "\0" * 256
     with path.open("rb") as fh:
-        reader = gguf._Reader(fh, path.stat().st_size)
+        reader = HeaderReader(fh, path.stat().st_size)
         gguf._Parser(reader, path, reader.size, prefix_only=False).parse()
     assert reader.bytes_read < 32 * MIB
 
@@ -501,7 +503,7 @@ def test_a_header_that_needs_too_many_reads_is_refused(tmp_path: Path) -> None:
 
 
 def test_models_info_prints_what_the_reader_left_out(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from app.cli import main
+    from app.cli.main import main
 
     base = [k for k in default_kvs() if not k.startswith(gstr("tokenizer.chat_template"))]
     over: list[Piece] = [*base, gstr("tokenizer.chat_template") + u32(STRING) + u64(16 * MIB) + b"{{", 16 * MIB - 2]
