@@ -15,6 +15,9 @@ One connection serves all threads (``check_same_thread=False``), guarded by a lo
 not an SQLite database, or is corrupt, raises :class:`~engine.errors.HistoryError` naming the file;
 it is never overwritten.
 
+The file itself (opening, privacy, migrations, the lock) is :mod:`engine.history_db`; the
+records, the schema steps and the search syntax are :mod:`engine.history_schema`.
+
 A history written by a newer Glassbox (migrations this version does not know) is refused with a
 :class:`~engine.errors.HistoryError` that says so, before anything is written: it is read through a
 read-only connection first, which never checkpoints the ``-wal`` into the file nor deletes it.
@@ -28,167 +31,17 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
-from pathlib import Path
-from types import TracebackType
-from typing import Any, Final, Literal, TypeVar, cast
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, cast
 
-from engine.atomic import PRIVATE_FOLDER_MODE, create_private_file, make_private
 from engine.errors import HistoryError
+from engine.history_db import HistoryDatabase
+from engine.history_schema import ROLES, STATES, Conversation, MessageState, SearchHit, StoredMessage, fts_query
 
-MessageState = Literal["complete", "partial", "pending", "error"]
-STATES: Final = ("complete", "partial", "pending", "error")
-ROLES: Final = ("system", "user", "assistant")
-SQLITE_MAGIC: Final = b"SQLite format 3\x00"
-SIDE_FILES: Final = ("-wal", "-shm", "-journal")
-"""Suffixes of the files SQLite keeps beside a database (they hold its data too)."""
-MIN_PREFIX: Final = 3
+__all__ = ["HistoryStore"]
 
 _UNSET: Any = object()
-_T = TypeVar("_T")
-
-
-# ---------------------------------------------------------------------------- records
-@dataclass(frozen=True)
-class Conversation:
-    """A conversation's row."""
-
-    id: int
-    title: str
-    created_at: float
-    updated_at: float
-    system_prompt: str | None
-    settings: dict[str, Any]
-    knowledge_bases: list[str]
-    deleted_at: float | None
-    current_leaf_id: int | None
-
-
-@dataclass(frozen=True)
-class StoredMessage:
-    """A message's row. ``state`` is ``pending`` while a reply streams, ``partial`` when stopped."""
-
-    id: int
-    conversation_id: int
-    parent_id: int | None
-    role: str
-    content: str
-    state: MessageState
-    created_at: float
-    stats: dict[str, Any] | None
-    sources: list[dict[str, Any]] | None
-    model: str | None
-    error: str | None
-
-
-@dataclass(frozen=True)
-class SearchHit:
-    """One search result; ``snippet`` marks the matched words with ``**``."""
-
-    conversation_id: int
-    conversation_title: str
-    message_id: int
-    snippet: str
-    role: str
-
-
-# ---------------------------------------------------------------------------- migrations
-@dataclass(frozen=True)
-class Migration:
-    """A named schema step, applied once, in order, inside a transaction."""
-
-    name: str
-    statements: tuple[str, ...]
-
-    def apply(self, conn: sqlite3.Connection) -> None:
-        """Run the statements (the caller owns the transaction)."""
-        for statement in self.statements:
-            conn.execute(statement)
-
-
-MIGRATIONS: Final = (
-    Migration(
-        "m001_initial",
-        (
-            """CREATE TABLE conversations (
-                id INTEGER PRIMARY KEY,
-                title TEXT NOT NULL,
-                created_at REAL NOT NULL,
-                updated_at REAL NOT NULL,
-                system_prompt TEXT,
-                settings TEXT NOT NULL DEFAULT '{}',
-                knowledge_bases TEXT NOT NULL DEFAULT '[]',
-                deleted_at REAL,
-                current_leaf_id INTEGER REFERENCES messages(id) ON DELETE SET NULL
-            )""",
-            """CREATE TABLE messages (
-                id INTEGER PRIMARY KEY,
-                conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
-                parent_id INTEGER REFERENCES messages(id) ON DELETE CASCADE,
-                role TEXT NOT NULL,
-                content TEXT NOT NULL,
-                state TEXT NOT NULL CHECK (state IN ('complete', 'partial', 'pending', 'error')),
-                created_at REAL NOT NULL,
-                stats TEXT,
-                sources TEXT,
-                model TEXT,
-                error TEXT
-            )""",
-            "CREATE INDEX messages_conversation ON messages(conversation_id)",
-            "CREATE INDEX messages_parent ON messages(parent_id)",
-            "CREATE INDEX conversations_updated ON conversations(updated_at)",
-        ),
-    ),
-    Migration(
-        "m002_fts",
-        (
-            """CREATE VIRTUAL TABLE messages_fts USING fts5(
-                content, content='messages', content_rowid='id',
-                tokenize='porter unicode61 remove_diacritics 2'
-            )""",
-            """CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN
-                INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content);
-            END""",
-            """CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages BEGIN
-                INSERT INTO messages_fts(messages_fts, rowid, content) VALUES ('delete', old.id, old.content);
-            END""",
-            """CREATE TRIGGER messages_fts_update AFTER UPDATE OF content ON messages BEGIN
-                INSERT INTO messages_fts(messages_fts, rowid, content) VALUES ('delete', old.id, old.content);
-                INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content);
-            END""",
-            "INSERT INTO messages_fts(messages_fts) VALUES ('rebuild')",
-        ),
-    ),
-)
-"""Every schema step ever shipped, oldest first. Append only; never edit a shipped one."""
-
-
-def fts_query(text: str) -> str:
-    """Turn free text into a safe FTS5 query: every word quoted, all required, the last a prefix.
-
-    The last word is a prefix (search as you type) once it has :data:`MIN_PREFIX` characters;
-    shorter prefixes match most of the history and are slow to rank.
-
-    Quoting makes operators (``AND``, ``(``, ``*``, ``:``, ``"``) plain text, so no input can be a
-    syntax error.
-
-    Args:
-        text: what the user typed.
-
-    Returns:
-        The FTS5 query, or ``""`` when there is nothing to search for.
-    """
-    words = [w for w in text.split() if any(ch.isalnum() for ch in w)]
-    if not words:
-        return ""
-    quoted = ['"' + w.replace('"', '""') + '"' for w in words]
-    if len(words[-1]) >= MIN_PREFIX:
-        quoted[-1] += "*"
-    return " ".join(quoted)
 
 
 def _loads(text: str | None) -> Any:
@@ -199,9 +52,8 @@ def _dumps(value: Any) -> str | None:
     return None if value is None else json.dumps(value, ensure_ascii=False, sort_keys=True)
 
 
-# ---------------------------------------------------------------------------- store
-class HistoryStore:
-    """The chat history database.
+class HistoryStore(HistoryDatabase):
+    """The chat history: conversations and their tree of messages, over :class:`HistoryDatabase`.
 
     Args:
         path: the database file (``Paths.history_db``); created with its folder if missing.
@@ -209,196 +61,6 @@ class HistoryStore:
     Raises:
         HistoryError: the file is not an SQLite database, is corrupt or cannot be opened.
     """
-
-    def __init__(self, path: Path) -> None:
-        self.path = Path(path)
-        self._lock = threading.RLock()
-        self._check_header()
-        try:
-            self.path.parent.mkdir(mode=PRIVATE_FOLDER_MODE, parents=True, exist_ok=True)
-        except OSError as exc:
-            raise HistoryError(self.path, f"cannot create the folder: {exc.strerror or exc}") from exc
-        self._make_private()
-        self._refuse_newer()
-        try:
-            self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=10)
-        except sqlite3.Error as exc:
-            raise HistoryError(self.path, f"cannot open the chat history: {exc}") from exc
-        try:
-            with self._guard():
-                self._conn.execute("PRAGMA foreign_keys = ON")
-                self._conn.execute("PRAGMA busy_timeout = 10000")
-                mode = self._conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-                self._conn.execute("PRAGMA synchronous = FULL")
-                if str(mode).lower() != "wal":
-                    raise HistoryError(self.path, f"cannot use write-ahead logging (journal mode {mode})")
-                self._migrate()
-        except BaseException:
-            self._conn.close()
-            raise
-
-    # ------------------------------------------------------------------ lifetime
-    def close(self) -> None:
-        """Close the connection (idempotent)."""
-        with self._lock:
-            self._conn.close()
-
-    def __enter__(self) -> HistoryStore:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
-
-    # ------------------------------------------------------------------ plumbing
-    def _make_private(self) -> None:
-        """Creates a new database file owner-only, or makes an existing one (and its side files and
-        backups) owner-only; SQLite then creates its side files with the database's mode."""
-        try:
-            if create_private_file(self.path):
-                return
-        except OSError as exc:
-            raise HistoryError(self.path, f"cannot create the chat history: {exc.strerror or exc}") from exc
-        companions = [self.path.with_name(self.path.name + suffix) for suffix in SIDE_FILES]
-        companions += sorted(self.path.parent.glob(f"{self.path.name}.bak-v*"))
-        for path in (self.path, *companions):
-            make_private(path)
-
-    def _check_header(self) -> None:
-        try:
-            with self.path.open("rb") as handle:
-                header = handle.read(len(SQLITE_MAGIC))
-        except (FileNotFoundError, NotADirectoryError):
-            return  # a new history (a folder in the way is reported when it is created)
-        except OSError as exc:
-            raise HistoryError(self.path, f"cannot read the chat history: {exc.strerror or exc}") from exc
-        if header and header != SQLITE_MAGIC:
-            raise HistoryError(
-                self.path,
-                "not an SQLite database, so it is not a chat history; it was left untouched "
-                "(move it away to start a new history)",
-            )
-
-    def _refuse_newer(self) -> None:
-        """Refuses a history with migrations this version does not know, read without writing a byte
-        to it or its ``-wal``. A file this cannot read (new, empty, damaged) is left to the regular open.
-
-        Raises:
-            HistoryError: the history was written by a newer Glassbox.
-        """
-        try:
-            if self.path.stat().st_size == 0:
-                return
-            wal = self.path.with_name(self.path.name + "-wal")
-            # Without a -wal to read, immutable: SQLite then creates no -wal or -shm beside the file.
-            immutable = "" if wal.exists() and wal.stat().st_size > 0 else "&immutable=1"
-            conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro{immutable}", uri=True, timeout=10)
-        except (OSError, sqlite3.Error):
-            return
-        try:
-            done = {str(row[0]) for row in conn.execute("SELECT name FROM migrations")}
-        except (sqlite3.Error, UnicodeDecodeError):
-            return  # no migrations table yet, or damage: the regular open says so
-        finally:
-            conn.close()
-        unknown = sorted(done - {m.name for m in MIGRATIONS})
-        if not unknown:
-            return
-        if len(done) > len(MIGRATIONS):
-            who = f"a newer Glassbox (schema {len(done)}; this one reads up to {len(MIGRATIONS)})"
-        else:
-            names = " ".join(", ".join(unknown).split())[:200]  # one line, whatever the file holds
-            who = f"another Glassbox (schema steps this one does not know: {names})"
-        raise HistoryError(self.path, f"written by {who}; it was left untouched")
-
-    @contextmanager
-    def _guard(self) -> Iterator[None]:
-        """Hold the lock and turn SQLite errors into one-line HistoryErrors.
-
-        Damage can also show as stored text that is no UTF-8 (``UnicodeDecodeError``, or SQLite's
-        "Could not decode to UTF-8 column ... with text ..."): it is reported as corruption without
-        quoting the text, which is the user's chats.
-        """
-        with self._lock:
-            try:
-                yield
-            except (sqlite3.Error, UnicodeDecodeError) as exc:
-                text = " ".join(str(exc).split())[:200]  # one line, whatever SQLite says
-                if isinstance(exc, UnicodeDecodeError) or "Could not decode to UTF-8" in text:
-                    reason = "the chat history is corrupt (stored text is not valid UTF-8); it was left untouched"
-                elif "full" in text:
-                    reason = "could not save: the disk is full"
-                elif "not a database" in text or "malformed" in text:
-                    reason = f"the chat history is corrupt ({text}); it was left untouched"
-                elif "fts5" in text:  # the search index's own pages, which SQLite's b-tree checks pass
-                    reason = f"the chat history is corrupt (its search index is damaged: {text}); it was left untouched"
-                elif isinstance(exc, sqlite3.ProgrammingError) and "closed" in text:
-                    reason = "the chat history is closed"
-                else:
-                    reason = f"chat history error: {text}"
-                raise HistoryError(self.path, reason) from exc
-
-    @contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        with self._guard():
-            self._conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._conn
-            except BaseException:
-                if self._conn.in_transaction:  # SQLite may have rolled back already (disk full, I/O)
-                    self._conn.execute("ROLLBACK")
-                raise
-            self._conn.execute("COMMIT")
-
-    def _query(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
-        with self._guard():
-            return fn(self._conn)
-
-    def _migrate(self) -> None:
-        conn = self._conn
-        conn.execute("CREATE TABLE IF NOT EXISTS migrations (name TEXT PRIMARY KEY, applied_at REAL NOT NULL)")
-        done = {row[0] for row in conn.execute("SELECT name FROM migrations")}
-        pending = [m for m in MIGRATIONS if m.name not in done]
-        if not pending:
-            return
-        if done:
-            self._backup(len(done))
-        for migration in pending:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                migration.apply(conn)
-                conn.execute("INSERT INTO migrations (name, applied_at) VALUES (?, ?)", (migration.name, time.time()))
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
-
-    def _backup(self, version: int) -> Path:
-        target = self.path.with_name(f"{self.path.name}.bak-v{version}")
-        if target.exists():
-            return target  # an earlier attempt already saved this version
-        partial = target.with_name(target.name + ".tmp")
-        partial.unlink(missing_ok=True)
-        create_private_file(partial)  # a copy of every chat: owner-only, like the history itself
-        destination = sqlite3.connect(partial)
-        try:
-            self._conn.backup(destination)
-        finally:
-            destination.close()
-        partial.replace(target)
-        return target
-
-    def integrity_check(self) -> str:
-        """``PRAGMA integrity_check``: ``"ok"`` for a sound database, else the problems found."""
-        rows = self._query(lambda c: c.execute("PRAGMA integrity_check").fetchall())
-        return "\n".join(str(row[0]) for row in rows)
-
-    @property
-    def schema_version(self) -> int:
-        """The number of migrations applied."""
-        return int(self._query(lambda c: c.execute("SELECT count(*) FROM migrations").fetchone()[0]))
 
     # ------------------------------------------------------------------ conversations
     _CONVERSATION_COLUMNS = (

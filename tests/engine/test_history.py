@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 
 from engine.errors import HistoryError
-from engine.history import MIGRATIONS, SQLITE_MAGIC, HistoryStore, fts_query
+from engine.history import HistoryStore
+from engine.history_db import SQLITE_MAGIC
+from engine.history_schema import MIGRATIONS, fts_query
 
 REPO = Path(__file__).resolve().parents[2]
 

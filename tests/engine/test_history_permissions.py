@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from engine.history import MIGRATIONS, HistoryStore
+from engine.history import HistoryStore
+from engine.history_schema import MIGRATIONS
 from tests.disk_support import file_mode
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX permission bits")
@@ -63,7 +64,7 @@ def test_the_file_is_owner_only_before_sqlite_opens_it(
         conn: sqlite3.Connection = real_connect(path, *args, **kwargs)
         return conn
 
-    monkeypatch.setattr(sqlite3, "connect", connect)  # the module engine.history calls
+    monkeypatch.setattr(sqlite3, "connect", connect)  # the module engine.history_db calls
     with HistoryStore(db_path):
         pass
     assert seen == [0o600]

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from engine.errors import HistoryError
-from engine.history import MIGRATIONS, HistoryStore
+from engine.history import HistoryStore
+from engine.history_schema import MIGRATIONS
 
 
 def _current_history(path: Path) -> None:
