@@ -14,8 +14,8 @@ Its ``content`` is what was shown: every generation's text, a blank line between
 mid-loop keeps every step before it; :func:`model_history` turns a thread back into what the model
 is sent, answering a call the crash left without a result.
 
-Qt-free: the GUI's LLM worker (``app.workers.agent_turn``) and the CLI
-(``app.commands.chat_history``) both build their records here.
+Qt-free: the GUI's LLM worker (``app.gui.workers.agent_turn``) and the CLI
+(``app.cli.commands.chat_history``) both build their records here.
 """
 
 from __future__ import annotations

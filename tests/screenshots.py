@@ -148,11 +148,11 @@ def main(argv: list[str] | None = None) -> int:
 def shoot(out: Path, width: int, height: int, with_model: bool) -> int:
     from PySide6.QtWidgets import QApplication
 
-    from app.main_window import MainWindow
+    from app.gui.main_window import MainWindow
+    from app.gui.theme import DARK, LIGHT, apply_theme
+    from app.gui.workers.chat_adapter import ModelState
     from app.paths import Paths
     from app.settings import SamplingPreset, Settings
-    from app.theme import DARK, LIGHT, apply_theme
-    from app.workers.chat_adapter import ModelState
 
     app = QApplication.instance() or QApplication([])
     tmp = Path(tempfile.mkdtemp(prefix="glassbox-shots-"))
@@ -235,7 +235,7 @@ def shoot(out: Path, width: int, height: int, with_model: bool) -> int:
     save("knowledge-dark")
     window.show_page(0)
 
-    from app.settings_dialog import SettingsDialog
+    from app.gui.settings_dialog import SettingsDialog
 
     apply_theme(app, LIGHT)
     window.colors = LIGHT

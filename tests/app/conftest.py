@@ -31,8 +31,8 @@ def fake_model(paths: Paths) -> Path:
 def open_panel(qtbot: Any, paths: Paths) -> Iterator[Any]:
     """Builds the Models page with its adapter on its Discover tab, as the app does at startup; call
     it again to 'restart' (every adapter is shut down at the end)."""
-    from app.model_panel import ModelPanel
-    from app.workers.models_worker import ModelsAdapter
+    from app.gui.model_panel import ModelPanel
+    from app.gui.workers.models_worker import ModelsAdapter
 
     adapters: list[ModelsAdapter] = []
 

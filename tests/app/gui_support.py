@@ -131,7 +131,7 @@ class FakeSession:
 
 
 def make_window(paths: Paths, factory: Any = None, settings: Settings | None = None, **kwargs: Any) -> Any:
-    from app.main_window import MainWindow
+    from app.gui.main_window import MainWindow
 
     return MainWindow(paths, settings or Settings(theme="light"), session_factory=factory, **kwargs)
 
@@ -156,7 +156,7 @@ def start_window(
     Returns:
         The window; the test calls ``shutdown()`` when done.
     """
-    from app.workers.chat_adapter import ModelState
+    from app.gui.workers.chat_adapter import ModelState
 
     sessions: list[Any] = []
 
@@ -181,7 +181,7 @@ def send(qtbot: Any, w: Any, text: str, timeout_ms: int = 5000) -> None:
     reply is no longer pending."""
     from PySide6.QtCore import Qt
 
-    from app.workers.chat_adapter import ChatState
+    from app.gui.workers.chat_adapter import ChatState
 
     w.composer.edit.setPlainText(text)
     qtbot.keyClick(w.composer.edit, Qt.Key.Key_Return)
@@ -193,7 +193,7 @@ def send(qtbot: Any, w: Any, text: str, timeout_ms: int = 5000) -> None:
 
 def transfer_buttons(panel: Any, row: int = 0) -> Any:
     """The Pause/Cancel/Resume/Discard buttons of row ``row`` of the Models page's download list."""
-    from app.model_panel import TransferButtonsWidget
+    from app.gui.model_panel import TransferButtonsWidget
 
     widget = panel.queue.cellWidget(row, 4)
     assert isinstance(widget, TransferButtonsWidget)

@@ -20,7 +20,7 @@ from typing import Any
 
 from PySide6.QtWidgets import QApplication
 
-from app.main_window import MainWindow
+from app.gui.main_window import MainWindow
 from app.paths import Paths
 from app.settings import Settings
 

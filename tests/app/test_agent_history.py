@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from app.agent_history import INTERRUPTED_RESULT, AgentRecord, ReplyText, message_record, model_history
-from app.commands.chat_history import ChatLog
-from app.commands.chat_tools import ChatTools
+from app.cli.commands.chat_history import ChatLog
+from app.cli.commands.chat_tools import ChatTools
 from app.paths import Paths
 from engine.errors import EngineCrashed
 from engine.history import HistoryStore

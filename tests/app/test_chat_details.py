@@ -11,12 +11,12 @@ import pytest
 from gui_support import send, start_window
 from PySide6.QtWidgets import QApplication, QPushButton
 
-from app.chat_view import ChatView, format_stats_line, highlight_html, search_terms
-from app.inspector import InspectorPanel
+from app.gui.chat_view import ChatView, format_stats_line, highlight_html, search_terms
+from app.gui.inspector import InspectorPanel
+from app.gui.theme import DARK, LIGHT, contrast_ratio
+from app.gui.workers.history_service import DisplayMessage
 from app.paths import Paths
 from app.settings import Settings
-from app.theme import DARK, LIGHT, contrast_ratio
-from app.workers.history_service import DisplayMessage
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
 from tiny_models import write_tiny_llama_gguf
@@ -126,7 +126,7 @@ def test_highlight_marks_text_not_tags() -> None:
 
 # ---------------------------------------------------------------------------- search
 def test_search_hits_show_and_mark_the_matched_words(qtbot: Any, window: Any) -> None:
-    from app.sidebar import HIT_HTML_ROLE
+    from app.gui.sidebar import HIT_HTML_ROLE
 
     send(qtbot, window, "the zebra question")
     zebra_id = window.chat.thread_messages[0].id
@@ -244,7 +244,7 @@ def test_export_is_named_for_the_chat_and_keeps_the_system_prompt(
 
 
 def test_sampling_controls_per_chat(qtbot: Any, window: Any, monkeypatch: Any) -> None:
-    from app.conversation_settings import ConversationSettingsDialog
+    from app.gui.conversation_settings import ConversationSettingsDialog
 
     send(qtbot, window, "first")
 
@@ -268,7 +268,7 @@ def test_sampling_controls_per_chat(qtbot: Any, window: Any, monkeypatch: Any) -
 
 
 def test_settings_dialog_gpu_layers_and_kv_size(qtbot: Any, paths: Paths) -> None:
-    from app.settings_dialog import SettingsDialog
+    from app.gui.settings_dialog import SettingsDialog
 
     model = write_tiny_llama_gguf(paths.models / "tiny.gguf", n_ctx=512)
     dialog = SettingsDialog(Settings(gpu_layers="auto", n_ctx=1024), model_path=model)

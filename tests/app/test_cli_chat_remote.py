@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from app.cli import main
+from app.cli.main import main
 from engine.inference.endpoints import EndpointStore
 from tests.engine import test_remote
 from tests.engine.test_remote import ALIAS, ScriptedServer, delta, models_route, sse

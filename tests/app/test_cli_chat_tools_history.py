@@ -173,7 +173,7 @@ def test_a_process_killed_mid_call_loses_nothing_and_the_chat_continues(starter_
         ("assistant", "complete"),
     ]
     assert thread[1].stats == stats  # the dead reply was ended as it was, every saved step kept
-    from app.commands.chat_history import ChatLog
+    from app.cli.commands.chat_history import ChatLog
 
     with ChatLog(Paths.resolve(home), conversation, None) as log:
         sent = log.history()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from app.cli import main
+from app.cli.main import main
 
 pytestmark = pytest.mark.model
 

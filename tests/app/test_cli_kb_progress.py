@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from app.cli import main
-from app.commands.kb import _Progress
+from app.cli.commands.kb import _Progress
+from app.cli.main import main
 from rag.ingest import IngestProgress
 
 

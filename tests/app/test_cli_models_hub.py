@@ -16,7 +16,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
 from hub_server import FakeHub, random_bytes
 
-from app.commands.models_hub import ProgressPrinter
+from app.cli.commands.models_hub import ProgressPrinter
 from engine.hub.downloads import DownloadProgress
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -202,8 +202,8 @@ def test_files_lists_quants_groups_and_mmproj(hub: FakeHub, tmp_path: Path) -> N
 def test_download_refuses_a_model_too_big_for_the_machine_unless_forced(
     hub: FakeHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from app import cli
-    from app.commands import models_hub
+    from app.cli import main as cli
+    from app.cli.commands import models_hub
     from engine.fit import FitEstimate
 
     def too_big(paths: object) -> object:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from app.cli import main
+from app.cli.main import main
 from app.paths import Paths
 from engine.fit import kv_cache_bytes
 from engine.gguf import read_gguf_info

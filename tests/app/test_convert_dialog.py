@@ -16,10 +16,10 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
 from tiny_models import cached_tiny_hf_llama
 
-from app.convert_dialog import ConvertDialog
+from app.gui.convert_dialog import ConvertDialog
+from app.gui.workers.models_worker import ModelsAdapter
+from app.gui.workers.transfers import Transfer
 from app.paths import Paths
-from app.workers.models_worker import ModelsAdapter
-from app.workers.transfers import Transfer
 from engine.errors import Cancelled
 from engine.gguf import read_gguf_info
 
@@ -152,7 +152,7 @@ def test_cancel_stops_the_conversion_and_keeps_the_dialog_responsive(
 
 
 def test_the_models_page_opens_the_dialog(qtbot: Any, adapter: ModelsAdapter, monkeypatch: pytest.MonkeyPatch) -> None:
-    from app.model_panel import ModelPanel
+    from app.gui.model_panel import ModelPanel
 
     panel = ModelPanel(adapter, 2048)
     qtbot.addWidget(panel)

@@ -11,8 +11,8 @@ import pytest
 from gui_support import FakeSession, make_window
 from PySide6.QtCore import Qt
 
+from app.gui.workers.chat_adapter import ChatState, ModelState
 from app.paths import Paths
-from app.workers.chat_adapter import ChatState, ModelState
 from engine.inference.kv_cache import KvCacheStore, KvIdentity, KvKey
 
 pytestmark = [pytest.mark.gui, pytest.mark.qt_log_ignore("propagateSizeHints")]

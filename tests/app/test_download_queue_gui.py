@@ -18,10 +18,10 @@ from gui_support import transfer_buttons
 from hub_server import FakeHub, random_bytes
 from tiny_models import write_tiny_llama_gguf
 
-from app.model_panel import ModelPanel, format_progress
+from app.gui.model_panel import ModelPanel, format_progress
+from app.gui.workers.models_worker import ModelsAdapter
+from app.gui.workers.transfers import Transfer
 from app.paths import Paths
-from app.workers.models_worker import ModelsAdapter
-from app.workers.transfers import Transfer
 from engine.hub.downloads import partial_paths, read_partial_meta
 from engine.hub.queue import DownloadQueue, QueueFile, make_item
 

@@ -17,10 +17,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
 from gui_support import transfer_buttons
 from hub_server import FakeHub, random_bytes
 
-from app.model_panel import ModelPanel, format_progress
+from app.gui.model_panel import ModelPanel, format_progress
+from app.gui.workers.models_worker import ModelsAdapter
+from app.gui.workers.transfers import Transfer
 from app.paths import Paths
-from app.workers.models_worker import ModelsAdapter
-from app.workers.transfers import Transfer
 from engine.hub.downloads import partial_paths, read_partial_meta
 
 pytestmark = [pytest.mark.gui, pytest.mark.qt_log_ignore("propagateSizeHints")]

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from app.export import export_conversation, to_html, to_markdown
-from app.workers.history_service import DisplayMessage
+from app.gui.export import export_conversation, to_html, to_markdown
+from app.gui.workers.history_service import DisplayMessage
 
 MESSAGES = [
     DisplayMessage(1, None, "user", "What is <b>2+2</b>?", "complete", None, None, None, None, (1,)),

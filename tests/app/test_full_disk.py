@@ -18,10 +18,10 @@ import pytest
 from gui_support import FakeSession, make_window
 from PySide6.QtCore import Qt
 
+from app.gui.workers import chat_adapter
+from app.gui.workers.chat_adapter import ChatState, ModelState
+from app.gui.workers.history_service import SAVE_MARGIN, HistoryDiskFull, HistoryService
 from app.paths import Paths
-from app.workers import chat_adapter
-from app.workers.chat_adapter import ChatState, ModelState
-from app.workers.history_service import SAVE_MARGIN, HistoryDiskFull, HistoryService
 from engine.history import HistoryStore
 from engine.units import format_bytes
 from tests.disk_support import fill, mounted_tmpfs

@@ -17,8 +17,8 @@ from gui_support import FakeSession, start_window
 from PySide6.QtCore import Qt
 from shiboken6 import isValid
 
+from app.gui.workers.chat_adapter import ChatState
 from app.paths import Paths
-from app.workers.chat_adapter import ChatState
 from engine.inference.context import Message
 from engine.inference.events import Finished, PrefillProgress, Reasoning, Stats, Token, ToolCall
 from engine.inference.tools import ToolResult, ToolSpec
@@ -134,7 +134,7 @@ class FakeToolSet:
 @pytest.fixture
 def toolset(monkeypatch: pytest.MonkeyPatch) -> FakeToolSet:
     fake = FakeToolSet()
-    monkeypatch.setattr("app.workers.agent_turn.default_open_tools", lambda request, session: fake)
+    monkeypatch.setattr("app.gui.workers.agent_turn.default_open_tools", lambda request, session: fake)
     return fake
 
 
@@ -334,8 +334,8 @@ def test_a_thinking_budget_goes_to_the_session(qtbot: Any, open_window: Any) -> 
 
 
 def test_settings_tools_lists_a_real_mcp_servers_tools(qtbot: Any, paths: Paths) -> None:
+    from app.gui.tools_settings import COL_ALLOW, COL_ON, ToolsSettingsDialog
     from app.tool_config import Permissions
-    from app.tools_settings import COL_ALLOW, COL_ON, ToolsSettingsDialog
 
     register(paths, "testtools")
     dialog = ToolsSettingsDialog(paths)
@@ -361,7 +361,7 @@ def test_settings_tools_lists_a_real_mcp_servers_tools(qtbot: Any, paths: Paths)
 
 
 def test_settings_tools_add_and_paste_errors_are_one_line_in_place(qtbot: Any, paths: Paths) -> None:
-    from app.tools_settings import ToolsSettingsDialog
+    from app.gui.tools_settings import ToolsSettingsDialog
 
     dialog = ToolsSettingsDialog(paths, check_on_open=False)
     qtbot.addWidget(dialog)
@@ -410,7 +410,7 @@ def test_each_step_is_in_the_history_before_the_turn_ends(
 
 
 def test_a_long_result_is_folded_and_unfolds(qtbot: Any) -> None:
-    from app.tool_card import FOLD_CHARS, ToolCallCardWidget
+    from app.gui.tool_card import FOLD_CHARS, ToolCallCardWidget
 
     long = "line of output\n" * 200
     card = ToolCallCardWidget(
@@ -452,7 +452,7 @@ def test_a_long_result_is_folded_and_unfolds(qtbot: Any) -> None:
 
 
 def test_a_thinking_budget_on_a_session_without_one_is_a_clear_error(qtbot: Any, paths: Paths) -> None:
-    from app.workers.llm_worker import GenerateRequest, LlmWorker, LoadRequest
+    from app.gui.workers.llm_worker import GenerateRequest, LlmWorker, LoadRequest
 
     worker = LlmWorker(lambda request, bandwidth: FakeSession(request, bandwidth))  # no thinking_budget
     failed: list[Any] = []
@@ -487,7 +487,8 @@ def test_a_waiting_call_survives_a_redrawn_transcript_and_leaving_the_chat_refus
 
 
 def test_the_switch_names_the_builtin_source_as_the_configuration_does() -> None:
-    from app import chat_tools_menu, tool_config
+    from app import tool_config
+    from app.gui import chat_tools_menu
 
     assert chat_tools_menu.BUILTIN == tool_config.BUILTIN
     assert chat_tools_menu.describe({"tools": {"on": True, "sources": ["builtin", "srv"]}}) == "Tools: builtin, srv"
@@ -515,7 +516,7 @@ def test_a_real_mcp_servers_tool_runs_from_the_chat_after_approval(qtbot: Any, o
 
 
 def test_a_source_removed_from_mcp_json_can_still_be_unticked(qtbot: Any, paths: Paths) -> None:
-    from app.chat_tools_menu import ChatToolsButton
+    from app.gui.chat_tools_menu import ChatToolsButton
 
     button = ChatToolsButton(paths)
     qtbot.addWidget(button)

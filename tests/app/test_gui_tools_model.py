@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
+from app.gui.workers.agent_turn import ToolsRequest
+from app.gui.workers.llm_worker import GenerateRequest, LlmWorker, LoadRequest
 from app.paths import Paths
-from app.workers.agent_turn import ToolsRequest
-from app.workers.llm_worker import GenerateRequest, LlmWorker, LoadRequest
 from engine.inference.runtime import GenerationParams
 
 pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.gui]

@@ -2,7 +2,7 @@
 with bytes flipped in its pages, gives one clear line naming the file, leaves the file as it was,
 and never a traceback or another exception type.
 
-The history is read the way the app reads it at start (``app.workers.history_service`` opens an
+The history is read the way the app reads it at start (``app.gui.workers.history_service`` opens an
 ``engine.history.HistoryStore``, recovers pending replies, lists the chats and opens the newest),
 then every chat and a search. No command of the ``glassbox`` CLI reads the history (``chat`` keeps
 its turns in memory); the window's start path with an unreadable file is covered by
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from app.workers.history_service import is_unreadable
+from app.gui.workers.history_service import is_unreadable
 from engine.errors import HistoryError
 from engine.history import HistoryStore
 

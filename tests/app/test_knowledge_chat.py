@@ -14,11 +14,11 @@ from PySide6.QtCore import QMimeData, QPoint, QPointF, Qt, QUrl
 from PySide6.QtGui import QDragEnterEvent, QDragLeaveEvent, QDropEvent
 from PySide6.QtWidgets import QApplication, QFileDialog
 
-from app.documents_bar import documents_name
-from app.knowledge_panel import document_file_filter
+from app.gui.documents_bar import documents_name
+from app.gui.knowledge_panel import document_file_filter
+from app.gui.workers.chat_adapter import ChatState, ModelState
 from app.paths import Paths
 from app.settings import Settings
-from app.workers.chat_adapter import ChatState, ModelState
 
 pytestmark = [pytest.mark.gui, pytest.mark.qt_log_ignore("propagateSizeHints")]
 
@@ -46,7 +46,7 @@ def test_the_file_filter_offers_the_supported_types() -> None:
 
 
 def test_the_documents_button_elides_and_never_widens_the_header(qtbot: Any) -> None:
-    from app.documents_bar import MAX_BUTTON_WIDTH, DocumentsBarWidget
+    from app.gui.documents_bar import MAX_BUTTON_WIDTH, DocumentsBarWidget
 
     bar = DocumentsBarWidget()
     qtbot.addWidget(bar)
@@ -81,8 +81,8 @@ def test_the_documents_button_shows_its_whole_text_when_it_has_room(qtbot: Any) 
     """Under the app's stylesheet (set after the button was sized), a short text is never cut."""
     from PySide6.QtWidgets import QHBoxLayout, QWidget
 
-    from app.documents_bar import DocumentsBarWidget
-    from app.theme import LIGHT, apply_theme
+    from app.gui.documents_bar import DocumentsBarWidget
+    from app.gui.theme import LIGHT, apply_theme
 
     holder = QWidget()
     qtbot.addWidget(holder)

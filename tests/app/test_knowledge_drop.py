@@ -10,8 +10,8 @@ from gui_support import FakeSession, make_window
 from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
 from PySide6.QtGui import QDropEvent
 
+from app.gui.workers.chat_adapter import ChatState, ModelState
 from app.paths import Paths
-from app.workers.chat_adapter import ChatState, ModelState
 from engine.history import HistoryStore
 
 pytestmark = [

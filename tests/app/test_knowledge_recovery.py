@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from app.knowledge_panel import KnowledgePanel
-from app.workers.knowledge_worker import KnowledgeAdapter
+from app.gui.knowledge_panel import KnowledgePanel
+from app.gui.workers.knowledge_worker import KnowledgeAdapter
 from rag.embeddings import SentenceTransformerEmbedder
 from rag.knowledge import KnowledgeBases
 

@@ -15,8 +15,8 @@ import pytest
 from gui_support import FakeSession, start_window
 from PySide6.QtCore import Qt
 
+from app.gui.workers.chat_adapter import ChatState
 from app.paths import Paths
-from app.workers.chat_adapter import ChatState
 from engine.inference.context import Message
 from engine.inference.events import Finished, PrefillProgress, Stats, Token, ToolCall
 

@@ -12,10 +12,10 @@ import pytest
 from gui_support import FakeSession, make_window
 from PySide6.QtCore import Qt
 
+from app.gui.workers.chat_adapter import ChatState, ModelState
+from app.gui.workers.llm_worker import GenerateRequest, LlmWorker, LoadRequest, default_session_factory
 from app.paths import Paths
 from app.settings import Settings
-from app.workers.chat_adapter import ChatState, ModelState
-from app.workers.llm_worker import GenerateRequest, LlmWorker, LoadRequest, default_session_factory
 
 
 class KvFakeSession(FakeSession):
@@ -108,7 +108,7 @@ def test_stats_of_the_real_engine_carry_the_restore_across_processes(starter_mod
 
 @pytest.mark.gui
 def test_the_settings_dialog_sets_the_cap_and_clears_the_saved_caches(qtbot: Any, tmp_path: Path) -> None:
-    from app.settings_dialog import SettingsDialog
+    from app.gui.settings_dialog import SettingsDialog
     from engine.inference.kv_cache import KvCacheStore, KvIdentity, KvKey
 
     folder = tmp_path / "kv"
@@ -129,7 +129,7 @@ def test_the_settings_dialog_sets_the_cap_and_clears_the_saved_caches(qtbot: Any
 
 @pytest.mark.gui
 def test_without_a_folder_the_group_offers_only_the_cap(qtbot: Any) -> None:
-    from app.settings_dialog import SettingsDialog
+    from app.gui.settings_dialog import SettingsDialog
 
     dialog = SettingsDialog(Settings(kv_cache_max_gb=0.0))
     qtbot.addWidget(dialog)

@@ -10,8 +10,8 @@ import pytest
 from gui_support import FakeSession, make_window, send, start_window
 from PySide6.QtCore import Qt
 
+from app.gui.workers.chat_adapter import ChatState, ModelState
 from app.paths import Paths
-from app.workers.chat_adapter import ChatState, ModelState
 from engine.history import HistoryStore
 
 pytestmark = [pytest.mark.gui, pytest.mark.qt_log_ignore("propagateSizeHints")]
@@ -161,7 +161,7 @@ def test_inspector_shows_the_engine_stats(qtbot: Any, window: Any) -> None:
 
 
 def test_eviction_marker_shows_where_history_was_dropped(qtbot: Any, window: Any) -> None:
-    from app.workers.history_service import DisplayMessage
+    from app.gui.workers.history_service import DisplayMessage
 
     def msg(i: int, role: str, stats: dict[str, Any] | None = None) -> DisplayMessage:
         return DisplayMessage(i, i - 1 or None, role, f"m{i}", "complete", stats, None, None, None, (i,))
@@ -215,7 +215,7 @@ def test_close_while_generating_finishes_in_time(qtbot: Any, window: Any, paths:
 
 
 def test_per_conversation_system_prompt_and_preset(qtbot: Any, window: Any, monkeypatch: Any) -> None:
-    from app.conversation_settings import ConversationSettingsDialog
+    from app.gui.conversation_settings import ConversationSettingsDialog
 
     send(qtbot, window, "first")
 

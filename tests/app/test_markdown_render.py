@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.markdown_render import render_markdown
+from app.gui.markdown_render import render_markdown
 
 
 def test_raw_html_is_escaped() -> None:

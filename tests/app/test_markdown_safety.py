@@ -1,7 +1,7 @@
 """A model reply cannot load a local file into the chat view or open anything but a web or mail
 link (ROBUSTNESS U3, I11; OWASP LLM05).
 
-Each hostile reply is rendered by the real card (``app.chat_view.MessageCard``) offscreen. Two
+Each hostile reply is rendered by the real card (``app.gui.chat_view.MessageCard``) offscreen. Two
 things are checked on the HTML its labels hold: a ``QTextDocument`` that records every resource it
 is asked for lays the HTML out and is asked for nothing (the spy is shown to work on an ``<img>``
 first, so the check can fail), and the only link targets are http(s), mailto and the card's own
@@ -22,10 +22,10 @@ from PySide6.QtCore import QUrl
 from PySide6.QtGui import QTextDocument
 from PySide6.QtWidgets import QLabel
 
-from app import chat_view
-from app.chat_view import MessageCard
-from app.markdown_render import LIGHT_CODE, render_markdown
-from app.workers.history_service import DisplayMessage
+from app.gui import chat_view
+from app.gui.chat_view import MessageCard
+from app.gui.markdown_render import LIGHT_CODE, render_markdown
+from app.gui.workers.history_service import DisplayMessage
 
 pytestmark = [pytest.mark.gui, pytest.mark.qt_log_ignore("propagateSizeHints")]
 

@@ -15,8 +15,8 @@ import gui_support
 import pytest
 from gui_support import FakeSession, start_window
 
+from app.gui.workers.knowledge_worker import ChatSearcher
 from app.paths import Paths
-from app.workers.knowledge_worker import ChatSearcher
 from rag.errors import KnowledgeBaseError
 
 pytestmark = [pytest.mark.gui, pytest.mark.qt_log_ignore("propagateSizeHints")]
@@ -131,7 +131,7 @@ def test_a_deleted_knowledge_base_is_skipped_marked_missing_and_said_once(qtbot:
 
 
 def test_a_knowledge_base_being_created_is_not_missing(qtbot: Any) -> None:
-    from app.documents_bar import DocumentsBarWidget
+    from app.gui.documents_bar import DocumentsBarWidget
 
     bar = DocumentsBarWidget()
     qtbot.addWidget(bar)

@@ -15,8 +15,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
 from hub_server import FakeHub, random_bytes
 from tiny_models import write_tiny_llama_gguf
 
+from app.gui.workers.chat_adapter import ModelState
 from app.paths import Paths
-from app.workers.chat_adapter import ModelState
 
 pytestmark = [pytest.mark.gui, pytest.mark.qt_log_ignore("propagateSizeHints")]
 PAYLOAD = random_bytes(1_500_000, 7)
@@ -80,7 +80,7 @@ def test_download_from_the_hub_through_the_panel(qtbot: Any, window: Any, hub: F
 
 @pytest.mark.model
 def test_quantize_through_the_dialog(qtbot: Any, window: Any, paths: Paths) -> None:
-    from app.model_panel import QuantizeDialog
+    from app.gui.model_panel import QuantizeDialog
 
     panel = window.models_page
     qtbot.waitUntil(lambda: panel.library.rowCount() == 1, timeout=10000)

@@ -19,9 +19,9 @@ from hub_server import FakeHub, random_bytes
 from tiny_models import write_tiny_llama_gguf
 
 from app.curated_models import load_curated
+from app.gui.quantize_dialog import QuantizeDialog
+from app.gui.workers.chat_adapter import ModelState
 from app.paths import Paths
-from app.quantize_dialog import QuantizeDialog
-from app.workers.chat_adapter import ModelState
 from engine.errors import Cancelled
 from engine.units import format_bytes
 
@@ -387,8 +387,8 @@ def test_first_start_offers_lm_studio_in_the_status_bar(
 
 def test_the_gui_and_the_cli_print_sizes_alike() -> None:
     """The Models page and ``glassbox models`` print sizes, speeds and times left with engine.units."""
-    from app import discover_panel, model_panel, quantize_dialog
-    from app.commands import models_hub, models_quant
+    from app.cli.commands import models_hub, models_quant
+    from app.gui import discover_panel, model_panel, quantize_dialog
     from engine import units
 
     for module in (discover_panel, model_panel, quantize_dialog, models_hub, models_quant):

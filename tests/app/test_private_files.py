@@ -17,7 +17,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from app.cli import main
+from app.cli.main import main
 from app.paths import Paths
 from app.server.http import start_server
 from app.settings import Settings, load_settings, save_settings

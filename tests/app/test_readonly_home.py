@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from app.cli import main
+from app.cli.main import main
 from app.paths import Paths, ReadOnlyFolder
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX permissions and mounts")
@@ -135,7 +135,7 @@ def test_lock_in_a_read_only_folder_is_not_taken_for_another_instance(tmp_path: 
     script = f"""
 import sys
 from pathlib import Path
-from app.single_instance import SingleInstance
+from app.gui.single_instance import SingleInstance
 try:
     acquired = SingleInstance(Path({str(data / "glassbox.lock")!r})).acquire()
 except OSError as exc:  # ReadOnlyFolder is one
@@ -212,7 +212,7 @@ def test_simulated_subcommand_with_existing_read_only_folders(
 def test_simulated_gui_start_with_logs_missing(
     qapp: Any, tmp_path: Path, refuse_writes: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from app.main_window import run_gui
+    from app.gui.main_window import run_gui
 
     home = tmp_path / "home"
     paths = Paths.resolve(home).ensure()
@@ -234,7 +234,7 @@ def test_simulated_gui_start_with_logs_missing(
 def test_simulated_lock_that_cannot_be_created(tmp_path: Path) -> None:
     from PySide6.QtCore import QLockFile
 
-    from app.single_instance import SingleInstance
+    from app.gui.single_instance import SingleInstance
 
     class RefusedLock:
         """What QLockFile reports when open(O_CREAT) fails with EACCES or EROFS."""

@@ -11,9 +11,9 @@ import pytest
 from gui_support import make_window
 from PySide6.QtCore import Qt, QTimer
 
+from app.gui.workers.chat_adapter import ChatState, ModelState
 from app.paths import Paths
 from app.settings import SamplingPreset, Settings
-from app.workers.chat_adapter import ChatState, ModelState
 from engine.history import HistoryStore
 
 pytestmark = [pytest.mark.gui, pytest.mark.model, pytest.mark.qt_log_ignore("propagateSizeHints")]

@@ -21,10 +21,8 @@ from gui_support import FakeSession, make_window
 from PySide6.QtCore import Qt
 
 import engine.inference.remote
-from app.endpoints_dialog import AddEndpointDialog, list_remote_models
-from app.paths import Paths
-from app.settings import Settings, load_settings, save_settings
-from app.workers.chat_adapter import (
+from app.gui.endpoints_dialog import AddEndpointDialog, list_remote_models
+from app.gui.workers.chat_adapter import (
     ChatState,
     ModelState,
     RoutingSessionFactory,
@@ -32,7 +30,9 @@ from app.workers.chat_adapter import (
     parse_remote_model,
     remote_model_path,
 )
-from app.workers.llm_worker import LoadRequest
+from app.gui.workers.llm_worker import LoadRequest
+from app.paths import Paths
+from app.settings import Settings, load_settings, save_settings
 from engine.errors import EngineError
 from engine.inference.endpoints import EndpointStore
 from engine.inference.events import Stats
@@ -293,7 +293,7 @@ def test_server_follows_the_loaded_model(qtbot: Any, window: Any) -> None:
 
 
 def test_settings_dialog_edits_the_server_section(qtbot: Any) -> None:
-    from app.settings_dialog import SettingsDialog
+    from app.gui.settings_dialog import SettingsDialog
 
     dialog = SettingsDialog(Settings(), server_url="http://127.0.0.1:8123/v1")
     qtbot.addWidget(dialog)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from app.gui.selftest import run_self_test
 from app.paths import Paths
-from app.selftest import run_self_test
 
 ROOT = Path(__file__).resolve().parents[2]
 

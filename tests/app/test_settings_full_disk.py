@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from app import settings as settings_mod
+from app.gui.tasks import describe_error
 from app.settings import Settings, load_settings, save_settings
-from app.tasks import describe_error
 
 
 def _no_space(*_args: Any, **_kwargs: Any) -> Any:

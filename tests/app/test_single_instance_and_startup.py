@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from app.gui.single_instance import SingleInstance
 from app.paths import Paths
-from app.single_instance import SingleInstance
 
 pytestmark = [pytest.mark.gui, pytest.mark.qt_log_ignore("propagateSizeHints")]
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,7 +48,7 @@ def test_stale_lock_from_a_dead_process_is_taken_over(tmp_path: Path) -> None:
 def test_breadcrumb_from_a_crashed_load_starts_safe_mode(qtbot: Any, paths: Paths, fake_model: Path) -> None:
     from gui_support import FakeSession, make_window
 
-    from app.lifecycle import safe_mode_reason
+    from app.gui.lifecycle import safe_mode_reason
 
     paths.breadcrumb.write_text(json.dumps({"attempting": "load model", "path": str(fake_model)}))
     reason = safe_mode_reason(paths)
@@ -82,7 +82,7 @@ import sys, time
 t0 = time.perf_counter()
 from PySide6.QtWidgets import QApplication
 app = QApplication([])
-from app.main_window import MainWindow
+from app.gui.main_window import MainWindow
 from app.paths import Paths
 from app.settings import Settings
 w = MainWindow(Paths.resolve({str(tmp_path / "home")!r}).ensure(), Settings(), probe_bandwidth=False)

@@ -14,14 +14,14 @@ import pytest
 from gui_support import FakeSession, start_window
 from PySide6.QtCore import Qt
 
-from app.inspector import InspectorPanel
+from app.gui.inspector import InspectorPanel
+from app.gui.speculative_settings import SpeculativeSettingsWidget
+from app.gui.theme import DARK
+from app.gui.workers.chat_adapter import ChatState
+from app.gui.workers.llm_worker import LlmWorker, LoadRequest
+from app.gui.workers.speculative import TokensView, load_session
 from app.paths import Paths
 from app.settings import Settings
-from app.speculative_settings import SpeculativeSettingsWidget
-from app.theme import DARK
-from app.workers.chat_adapter import ChatState
-from app.workers.llm_worker import LlmWorker, LoadRequest
-from app.workers.speculative import TokensView, load_session
 from engine.errors import ModelLoadError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
@@ -259,7 +259,7 @@ def test_settings_without_chat_models_say_so_and_keep_the_saved_choices(qtbot: A
 def test_choosing_a_draft_for_the_loaded_model_in_settings_reloads_it_with_the_draft(
     qtbot: Any, paths: Paths, models: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from app.settings_dialog import SettingsDialog
+    from app.gui.settings_dialog import SettingsDialog
 
     big, small = models
     w, sessions = _window(qtbot, paths, Settings(theme="light", last_model=str(big)), DraftingSession)
@@ -325,9 +325,9 @@ def test_automatic_gpu_layers_count_the_draft_model(
 
 
 def test_a_remote_model_is_never_asked_to_speculate() -> None:
-    from app.workers.chat_adapter import remote_model_path
-    from app.workers.llm_worker import LoadedModel
-    from app.workers.speculative import speculative_mode
+    from app.gui.workers.chat_adapter import remote_model_path
+    from app.gui.workers.llm_worker import LoadedModel
+    from app.gui.workers.speculative import speculative_mode
 
     remote = LoadedModel(remote_model_path("lab", "qwen"), "qwen", None, 1.0, None)
     local = LoadedModel(Path("/m/big.gguf"), "big", None, 1.0, None)

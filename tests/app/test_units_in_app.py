@@ -15,10 +15,10 @@ FORMERLY_OWN = ("format_bytes", "format_duration", "format_size", "_size")
     ("name", "uses"),
     [
         ("engine.fit", "format_bytes"),
-        ("app.inspector", "format_duration"),
-        ("app.saved_kv_caches", "format_bytes"),
-        ("app.workers.history_service", "format_bytes"),
-        ("app.inspector_widgets", None),
+        ("app.gui.inspector", "format_duration"),
+        ("app.gui.saved_kv_caches", "format_bytes"),
+        ("app.gui.workers.history_service", "format_bytes"),
+        ("app.gui.inspector_widgets", None),
     ],
 )
 def test_the_former_copies_are_engine_units(name: str, uses: str | None) -> None:

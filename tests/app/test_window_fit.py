@@ -12,10 +12,10 @@ from PySide6.QtCore import QByteArray, QRect, QSettings, QSize, Qt
 from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import QApplication, QLabel, QWidget
 
+from app.gui.theme import DARK, LIGHT, apply_theme, contrast_ratio
+from app.gui.window_layout import ElidedLabel, geometry_fits, initial_geometry, wrap_anywhere
 from app.paths import Paths
 from app.settings import Settings
-from app.theme import DARK, LIGHT, apply_theme, contrast_ratio
-from app.window_layout import ElidedLabel, geometry_fits, initial_geometry, wrap_anywhere
 
 pytestmark = [pytest.mark.gui, pytest.mark.qt_log_ignore("propagateSizeHints")]
 
@@ -229,7 +229,7 @@ def test_closing_hides_the_window_before_the_slow_shutdown(qtbot: Any, window: A
 def test_flow_layout_wraps_instead_of_cutting(qtbot: Any) -> None:
     from PySide6.QtWidgets import QPushButton
 
-    from app.window_layout import FlowLayout
+    from app.gui.window_layout import FlowLayout
 
     holder = QWidget()
     flow = FlowLayout(holder)

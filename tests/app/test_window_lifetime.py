@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.gui, pytest.mark.qt_log_ignore("propagateSizeHints")]
 def test_a_scan_answered_after_the_window_is_deleted_is_dropped(
     qtbot: Any, paths: Paths, fake_model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import app.window_models as window_models
+    import app.gui.window_models as window_models
 
     answers: list[Any] = []
 

@@ -37,7 +37,7 @@ GLASSBOX = """
 import sys
 from PySide6.QtWidgets import QApplication
 app = QApplication([])
-from app.main_window import MainWindow
+from app.gui.main_window import MainWindow
 from app.paths import Paths
 from app.settings import Settings
 w = MainWindow(Paths.resolve(sys.argv[1]).ensure(), Settings(auto_load_model=False), probe_bandwidth=False)

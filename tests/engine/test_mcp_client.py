@@ -211,6 +211,60 @@ def test_a_server_that_never_answers_the_handshake_times_out() -> None:
         assert time.monotonic() - started < 10
 
 
+_NO_SDK = textwrap.dedent(
+    """
+    import sys, time
+    sys.path.insert(0, {repo!r})
+
+    class LeftOut:  # as in a bundle built without starlette: importing it fails
+        def find_spec(self, name, path=None, target=None):
+            if name.partition(".")[0] == "starlette":
+                raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+
+    sys.meta_path.insert(0, LeftOut())
+    from engine.agent.mcp_client import McpServer, McpServerConfig, McpServerError
+    assert "mcp" not in sys.modules  # the SDK is imported on first use, inside the start
+    marker = {marker!r}
+    config = McpServerConfig("tiny", command=sys.executable, args=("-c", f"open({{marker!r}}, 'w')"))
+    started = time.monotonic()
+    with McpServer(config, connect_timeout_s=60) as server:
+        try:
+            server.tools()
+        except McpServerError as exc:
+            print(f"{{time.monotonic() - started:.2f}} {{exc}}")
+    """
+)
+
+
+def test_an_sdk_that_cannot_be_imported_is_one_line_at_once(tmp_path: Path) -> None:
+    # The frozen bundle once left out a module the SDK imports: the start's task died on the import,
+    # nothing told the caller, and the user waited 30 s for "did not answer within 30 s of starting".
+    marker = tmp_path / "server-ran"
+    script = tmp_path / "no_sdk.py"
+    script.write_text(_NO_SDK.format(repo=str(REPO), marker=str(marker)))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    seconds, message = done.stdout.strip().split(" ", 1)
+    assert message == (
+        "MCP server 'tiny': it did not start: Glassbox's MCP support cannot load "
+        "(the module 'starlette' is missing; this installation is incomplete)"
+    )
+    assert float(seconds) < 10  # at once, not after the 60 s connect timeout
+    assert not marker.exists()  # the server was never run
+
+
+def test_a_start_whose_task_dies_unheard_fails_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def broken_hold(self: McpServer, ready: object) -> None:
+        raise RuntimeError("the holder broke")
+
+    monkeypatch.setattr(McpServer, "_hold", broken_hold)
+    with McpServer(_config("broken"), connect_timeout_s=60) as server:
+        started = time.monotonic()
+        with pytest.raises(McpServerError, match=r"^MCP server 'broken': it did not start: the holder broke"):
+            server.tools()
+        assert time.monotonic() - started < 5
+
+
 def test_close_during_a_start_ends_the_wait_at_once() -> None:
     config = McpServerConfig("mute", command=sys.executable, args=("-c", "import time; time.sleep(60)"))
     server = McpServer(config, connect_timeout_s=60)

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from standins import FakeEmbedder, TextParser, paragraph_chunks, write
 
-from app.cli import main
+from app.cli.main import main
 from app.paths import Paths
 from rag.errors import KnowledgeBaseError
 from rag.knowledge import KnowledgeBases

@@ -260,7 +260,7 @@ def test_a_bad_name_given_directly_is_reported(tmp_path: Path) -> None:
 
 
 def test_the_text_report_prints_one_escaped_line_per_file(capsys: pytest.CaptureFixture[str]) -> None:
-    from app.commands.kb import _report
+    from app.cli.commands.kb import _report
 
     report = IngestReport(indexed=1, skipped=2)
     report.failures = [("/d/new\nline.txt", FIFO_REASON), ("/d/bad\udcff.txt", BAD_NAME_REASON)]

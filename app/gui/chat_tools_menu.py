@@ -1,0 +1,298 @@
+"""The chat's Tools switch: per conversation, off by default; which sources (the built-in tools,
+each MCP server of ``mcp.json``) and the thinking switch (model's default, on, off, a budget in
+tokens) — issue 12, "The app".
+
+The choice is saved in the conversation's ``settings`` (``"tools": {"on", "sources"}``,
+``"thinking": "on" | "off" | TOKENS``); :func:`turn_options` turns it into the turn's
+``ToolsRequest`` and thinking keywords. :class:`ChatToolsController` wires the switch, the
+transcript's tool cards, approvals and thinking, and the inspector's loop timeline into the main
+window, so the window only creates it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from PySide6.QtCore import QObject, Signal, Slot
+from PySide6.QtGui import QAction
+from PySide6.QtWidgets import QInputDialog, QMenu, QToolButton, QWidget
+
+from app.gui.workers.agent_turn import ToolsRequest
+
+BUILTIN = "builtin"
+"""``app.tool_config.BUILTIN`` (not imported here: it brings the MCP client, the window need not)."""
+DEFAULT_THINKING_BUDGET = 1024
+
+
+def tools_choice(settings: Mapping[str, Any] | None) -> tuple[bool, list[str]]:
+    """``(on, sources)`` saved with a conversation (off, built-in tools, when nothing is saved)."""
+    saved = (settings or {}).get("tools")
+    if not isinstance(saved, dict):
+        return False, [BUILTIN]
+    sources = [str(s) for s in saved.get("sources", [BUILTIN]) if isinstance(s, str)]
+    return bool(saved.get("on")), sources
+
+
+def thinking_choice(settings: Mapping[str, Any] | None) -> str | int | None:
+    """``"on"``, ``"off"``, a budget in tokens, or None (the model's default)."""
+    value = (settings or {}).get("thinking")
+    if value in ("on", "off"):
+        return str(value)
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return None
+
+
+def turn_options(
+    settings: Mapping[str, Any] | None, paths: Any, thinking_controls: Sequence[str] = ()
+) -> tuple[ToolsRequest | None, bool | None, int | None]:
+    """The turn's tools request, thinking switch and thinking budget for a conversation's settings.
+
+    The switch is sent only when the loaded model's template has one (``enable_thinking``);
+    a budget works for any model that writes ``<think>``.
+    """
+    on, sources = tools_choice(settings)
+    tools = ToolsRequest(tuple(sources), paths) if on and sources else None
+    thinking = thinking_choice(settings)
+    if thinking in ("on", "off"):
+        return tools, (thinking == "on") if "enable_thinking" in thinking_controls else None, None
+    if isinstance(thinking, int):
+        return tools, None, thinking
+    return tools, None, None
+
+
+def describe(settings: Mapping[str, Any] | None) -> str:
+    """The switch's text: ``Tools: off`` or ``Tools: builtin, testtools``."""
+    on, sources = tools_choice(settings)
+    text = f"Tools: {', '.join(sources) or 'none'}" if on else "Tools: off"
+    thinking = thinking_choice(settings)
+    if thinking is not None:
+        text += f" · thinking {thinking if isinstance(thinking, str) else f'≤ {thinking}'}"
+    return text
+
+
+class ChatToolsButton(QToolButton):
+    """The Tools switch in the chat header (a menu).
+
+    Args:
+        paths: where ``mcp.json`` is (the servers are listed when the menu opens).
+
+    Signals:
+        changed(object): the conversation's new ``tools`` and ``thinking`` settings (a dict).
+        settings_requested(): the user chose Settings → Tools….
+    """
+
+    changed = Signal(object)
+    settings_requested = Signal()
+
+    def __init__(self, paths: Any, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.paths = paths
+        self.setObjectName("toolsSwitch")
+        self.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
+        self.setToolTip("Let the model call tools in this chat (off by default); its thinking switch")
+        self.setAccessibleName("Tools in this chat")
+        self.menu_ = QMenu(self)
+        self.menu_.aboutToShow.connect(self._on_menu_about_to_show)
+        self.setMenu(self.menu_)
+        self.settings: dict[str, Any] = {}
+        self.thinking_controls: tuple[str, ...] = ()
+        self.server_problem: str | None = None
+        self.set_conversation_settings({})
+
+    def set_conversation_settings(self, settings: Mapping[str, Any] | None) -> None:
+        self.settings = {k: v for k, v in (settings or {}).items() if k in ("tools", "thinking")}
+        self.setText(describe(self.settings))
+
+    def set_thinking_controls(self, controls: Sequence[str]) -> None:
+        self.thinking_controls = tuple(controls)
+
+    def server_names(self) -> list[str]:
+        """The MCP servers of ``mcp.json`` (a damaged file: none, and the reason is kept)."""
+        from app.tool_config import ToolSetupError, load_servers
+
+        try:
+            names = sorted(load_servers(self.paths))
+        except ToolSetupError as exc:
+            self.server_problem = str(exc)
+            return []
+        self.server_problem = None
+        return names
+
+    def build_menu(self) -> None:
+        """Fills the menu for the current choice (also called by the tests)."""
+        menu = self.menu_
+        menu.clear()
+        on, sources = tools_choice(self.settings)
+        use = menu.addAction("Use tools in this chat")
+        use.setCheckable(True)
+        use.setChecked(on)
+        use.toggled.connect(self._on_use_action_toggled)
+        menu.addSection("Sources")
+        configured = self.server_names()
+        gone = [n for n in sources if n != BUILTIN and n not in configured]  # removed from mcp.json since
+        for name, label in (
+            (BUILTIN, "Built-in tools (date and time, calculator, this chat's documents)"),
+            *((n, f"MCP server {n}") for n in configured),
+            *((n, f"MCP server {n} (not configured any more: untick it)") for n in gone),
+        ):
+            action = menu.addAction(label)
+            action.setObjectName(f"source_{name}")
+            action.setCheckable(True)
+            action.setChecked(name in sources)
+            action.toggled.connect(lambda checked, n=name: self.set_source(n, checked))
+        if self.server_problem:
+            menu.addAction(self.server_problem).setEnabled(False)
+        menu.addSection("Thinking")
+        thinking = thinking_choice(self.settings)
+        switch = "enable_thinking" in self.thinking_controls
+        for label, value, enabled in (("Model's default", None, True), ("On", "on", switch), ("Off", "off", switch)):
+            action = menu.addAction(label)
+            action.setCheckable(True)
+            action.setChecked(thinking == value)
+            action.setEnabled(enabled)
+            if not enabled:
+                action.setToolTip("This model's chat template has no thinking switch")
+            action.triggered.connect(lambda _=False, v=value: self.set_thinking(v))
+        budget = menu.addAction(
+            f"At most {thinking} tokens of thinking…" if isinstance(thinking, int) else "A thinking budget…"
+        )
+        budget.setCheckable(True)
+        budget.setChecked(isinstance(thinking, int))
+        budget.triggered.connect(self._on_budget_action_triggered)
+        menu.addSeparator()
+        menu.addAction("Settings → Tools…").triggered.connect(self.settings_requested)
+        menu.setToolTipsVisible(True)
+
+    def action(self, name: str) -> QAction | None:
+        """The menu's action whose object name is ``name`` (``source_builtin``...)."""
+        return next((a for a in self.menu_.actions() if a.objectName() == name), None)
+
+    def set_tools_on(self, on: bool) -> None:
+        _, sources = tools_choice(self.settings)
+        self._change({"tools": {"on": on, "sources": sources}})
+
+    def set_source(self, name: str, chosen: bool) -> None:
+        on, sources = tools_choice(self.settings)
+        sources = [s for s in sources if s != name] + ([name] if chosen else [])
+        self._change({"tools": {"on": on or chosen, "sources": sources}})
+
+    def set_thinking(self, value: str | int | None) -> None:
+        self._change({"thinking": value})
+
+    def _change(self, update: dict[str, Any]) -> None:
+        merged = {**self.settings, **update}
+        if merged.get("thinking") is None:
+            merged.pop("thinking", None)
+        self.set_conversation_settings(merged)
+        self.changed.emit(dict(self.settings))
+
+    @Slot()
+    def _on_menu_about_to_show(self) -> None:
+        self.build_menu()
+
+    @Slot(bool)
+    def _on_use_action_toggled(self, checked: bool) -> None:
+        self.set_tools_on(checked)
+
+    @Slot()
+    def _on_budget_action_triggered(self) -> None:
+        current = thinking_choice(self.settings)
+        value, ok = QInputDialog.getInt(
+            self,
+            "Thinking budget",
+            "The most tokens the model may think before it must answer:",
+            current if isinstance(current, int) else DEFAULT_THINKING_BUDGET,
+            0,
+            1_000_000,
+            64,
+        )
+        self.set_thinking(value if ok else current)
+
+
+class ChatToolsController(QObject):
+    """Wires the Tools switch and the agent's signals into the main window (created by it once).
+
+    Args:
+        window: the MainWindow (its ``chat`` adapter, ``chat_view``, ``inspector``, ``tools_button``).
+    """
+
+    def __init__(self, window: Any) -> None:
+        super().__init__(window)
+        self.window = window
+        self.button: ChatToolsButton = window.tools_button
+        self._unsaved: dict[str, Any] | None = None  # chosen before the chat existed
+        chat = window.chat
+        chat.reasoning_delta.connect(window.chat_view.append_reasoning)
+        chat.tool_step_added.connect(self._on_chat_tool_step_added)
+        chat.approval_requested.connect(self._on_chat_approval_requested)
+        chat.loop_updated.connect(window.inspector.set_loop)
+        chat.conversation_opened.connect(self._on_chat_conversation_opened)
+        chat.model_loaded.connect(self._on_chat_model_loaded)
+        self.button.changed.connect(self._on_button_changed)
+        self.button.settings_requested.connect(self.open_tools_settings)
+
+    def turn_options(self) -> tuple[ToolsRequest | None, bool | None, int | None]:
+        """The running chat's tools request, thinking switch and budget.
+
+        With the built-in tools on and knowledge bases attached, the request carries them and the
+        knowledge service (``KnowledgeAdapter.chat_searcher``: a deleted one is skipped), so the model
+        gets ``search_knowledge`` (it decides when to retrieve).
+        """
+        loaded = self.window.chat.loaded
+        controls = getattr(loaded, "thinking_controls", ()) if loaded is not None else ()
+        tools, thinking, budget = turn_options(self.button.settings, self.window.paths, controls)
+        kbs = tuple(getattr(self.window.chat.conversation, "knowledge_bases", None) or ())
+        if tools is not None and kbs and BUILTIN in tools.selection:
+            tools = replace(tools, knowledge_bases=kbs, searcher=self.window.knowledge.chat_searcher)
+        return tools, thinking, budget
+
+    @Slot(object)
+    def _on_button_changed(self, choice: dict[str, Any]) -> None:
+        conv = self.window.chat.conversation
+        if conv is None:
+            self._unsaved = dict(choice)  # saved with the chat the first message creates
+            return
+        settings = {k: v for k, v in dict(conv.settings or {}).items() if k not in ("tools", "thinking")}
+        self.window.chat.update_conversation(settings={**settings, **choice})
+
+    @Slot(object, object)
+    def _on_chat_conversation_opened(self, conversation: Any, _messages: Any) -> None:
+        settings = dict(getattr(conversation, "settings", None) or {})
+        if self._unsaved is not None and conversation is not None and "tools" not in settings:
+            choice, self._unsaved = self._unsaved, None
+            self.button.set_conversation_settings(choice)
+            self._on_button_changed(choice)
+            return
+        if conversation is not None:
+            self._unsaved = None
+            self.button.set_conversation_settings(settings)
+
+    @Slot(object)
+    def _on_chat_approval_requested(self, request: Any) -> None:
+        card = self.window.chat_view.show_approval(request)
+        if card is not None:
+            composer = self.window.composer
+            composer.set_state_text(f"Waiting for you: allow the call to {request.name}?")
+            card.decided.connect(
+                lambda d: composer.set_state_text(
+                    f"Running {request.name}…" if d != "deny" else "Telling the model the call was denied…"
+                )
+            )
+
+    @Slot(object)
+    def _on_chat_tool_step_added(self, step: dict[str, Any]) -> None:
+        self.window.chat_view.add_tool_step(step)
+        self.window.composer.set_state_text(f"{step.get('name', 'The tool')} done; the model goes on…")
+
+    @Slot(object)
+    def _on_chat_model_loaded(self, loaded: Any) -> None:
+        self.button.set_thinking_controls(getattr(loaded, "thinking_controls", ()))
+
+    @Slot()
+    def open_tools_settings(self) -> None:
+        from app.gui.tools_settings import ToolsSettingsDialog
+
+        ToolsSettingsDialog(self.window.paths, self.window).exec()

@@ -1,0 +1,680 @@
+"""The chat transcript: message cards, streaming, branches, sources and the eviction marker.
+
+Each message is a card with a rich-text body (safe Markdown, :mod:`app.gui.markdown_render`), an action
+row (copy, edit, regenerate, ‹ 1/2 › between branches) and, for replies, a stats line and its
+sources. The streaming reply is re-rendered at most ~30 times a second (the worker coalesces
+tokens); the view follows the bottom only while the user has not scrolled up.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import QEvent, Qt, QTimer, QUrl, Signal, Slot
+from PySide6.QtGui import QDesktopServices, QGuiApplication
+from PySide6.QtWidgets import (
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QScrollArea,
+    QSizePolicy,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.gui.markdown_render import (
+    COPY_SCHEME,
+    LIGHT_CODE,
+    SAFE_LINK_SCHEMES,
+    CodeColors,
+    plain_html,
+    render_markdown,
+    split_blocks,
+)
+from app.gui.tool_card import AgentPartsWidget, ApprovalCardWidget
+from app.gui.window_layout import make_wrapping, set_wrapped_text
+from app.gui.workers.history_service import DisplayMessage
+
+SOURCE_SCHEME = "gb-source"
+
+
+def plural(n: int, word: str) -> str:
+    """``1 token``, ``2 tokens``, ``3,812 tokens``."""
+    return f"{n:,} {word}" + ("" if n == 1 else "s")
+
+
+def format_stats_line(stats: dict[str, Any] | None) -> str:
+    """A one-line summary of a reply's stats (tokens, TTFT, speeds)."""
+    if not stats:
+        return ""
+    parts = [plural(int(stats.get("completion_tokens", 0) or 0), "token")]
+    if stats.get("ttft_ms"):
+        parts.append(f"TTFT {stats['ttft_ms']:.0f} ms")
+    if stats.get("decode_tps"):
+        parts.append(f"{stats['decode_tps']:.1f} tok/s")
+    if stats.get("cached_tokens"):
+        parts.append(f"{int(stats['cached_tokens']):,} reused from cache")
+    reason = stats.get("finish_reason")
+    if reason and reason != "stop":
+        parts.append({"length": "hit max tokens", "cancelled": "stopped"}.get(str(reason), str(reason)))
+    return " · ".join(parts)
+
+
+def format_stats_tooltip(stats: dict[str, Any] | None, model: str | None) -> str:
+    """The full per-message stats shown on hover."""
+    if not stats:
+        return model or ""
+    rows = [
+        ("Model", model or "?"),
+        ("Prompt tokens", f"{stats.get('prompt_tokens', 0)} ({stats.get('cached_tokens', 0)} reused)"),
+        ("Reply tokens", str(stats.get("completion_tokens", 0))),
+        ("Time to first token", f"{stats.get('ttft_ms', 0):.0f} ms"),
+        ("Prefill", f"{stats.get('prefill_tps', 0):.1f} tok/s"),
+        ("Decode", f"{stats.get('decode_tps', 0):.1f} tok/s"),
+        ("Context used", f"{stats.get('context_used', 0)} / {stats.get('n_ctx', 0)}"),
+        ("Evicted messages", str(stats.get("evicted_messages", 0))),
+    ]
+    return "<table>" + "".join(f"<tr><td>{k}&nbsp;&nbsp;</td><td><b>{v}</b></td></tr>" for k, v in rows) + "</table>"
+
+
+def source_label(source: dict[str, Any], number: int) -> str:
+    """``[1] report.pdf, p. 3 — “snippet…”`` for a source dict (path, page, snippet, score)."""
+    path = str(source.get("path") or source.get("file") or "?")
+    name = Path(path).name
+    page = source.get("page")
+    where = f", p. {page}" if page not in (None, "", 0) else ""
+    snippet = " ".join(str(source.get("snippet") or source.get("text") or "").split())
+    if len(snippet) > 110:
+        snippet = snippet[:110] + "…"
+    return f'[{number}] <a href="{SOURCE_SCHEME}:{number - 1}">{html.escape(name)}{where}</a>' + (
+        f" — “{html.escape(snippet)}”" if snippet else ""
+    )
+
+
+def open_source(source: dict[str, Any]) -> bool:
+    """Opens a cited file with the system viewer (a PDF at its page where the viewer takes #page=)."""
+    path = source.get("path") or source.get("file")
+    if not path:
+        return False
+    url = QUrl.fromLocalFile(str(path))
+    page = source.get("page")
+    if page and str(path).lower().endswith(".pdf"):
+        url.setFragment(f"page={page}")
+    return bool(QDesktopServices.openUrl(url))
+
+
+HIGHLIGHT_STYLE = "background-color:#fde68a; color:#111318;"
+_TAG = re.compile(r"(<[^>]*>)")
+
+
+def highlight_html(markup: str, terms: Sequence[str]) -> str:
+    """``markup`` with each of ``terms`` (case-insensitive, in text only, never inside a tag) marked."""
+    words = sorted({html.escape(t) for t in terms if t.strip()}, key=len, reverse=True)
+    if not words:
+        return markup
+    pattern = re.compile("(" + "|".join(re.escape(w) for w in words) + ")", re.IGNORECASE)
+    parts = _TAG.split(markup)
+    for i in range(0, len(parts), 2):  # even indexes are text between tags
+        parts[i] = pattern.sub(lambda m: f'<span style="{HIGHLIGHT_STYLE}">{m.group(0)}</span>', parts[i])
+    return "".join(parts)
+
+
+def search_terms(query: str) -> list[str]:
+    """The words of a search, as the history's full-text search matches them (quotes dropped)."""
+    return [w for w in re.split(r"[^\w]+", query) if w]
+
+
+class BlockLabel(QLabel):
+    """A rich-text label that remembers its height for each width.
+
+    QLabel lays its rich text out again every time a layout asks ``heightForWidth``; a transcript
+    asks every label on each streamed update. Caching until the text changes makes an update cost
+    one layout (the streaming label's) instead of one per label on screen.
+    """
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._heights: dict[int, int] = {}
+
+    def setText(self, text: str) -> None:
+        self._heights.clear()
+        super().setText(text)
+
+    def heightForWidth(self, width: int) -> int:
+        height = self._heights.get(width)
+        if height is None:
+            height = super().heightForWidth(width)
+            self._heights[width] = height
+        return height
+
+    def changeEvent(self, event: QEvent) -> None:
+        if event.type() in (QEvent.Type.FontChange, QEvent.Type.StyleChange):
+            self._heights.clear()
+        super().changeEvent(event)
+
+
+STREAM_CHUNK = 900
+"""While streaming, long paragraphs are cut into labels of about this many characters."""
+
+
+def stream_segments(text: str, final: bool) -> list[str]:
+    """The pieces a reply is rendered in: Markdown blocks, and long paragraphs cut at spaces.
+
+    Cut points depend only on the text before them, so pieces that are complete never change
+    while more text streams in and are rendered once. Code fences are never cut.
+    """
+    del final  # the same pieces when finished: nothing is laid out twice
+    blocks = split_blocks(text)
+    out: list[str] = []
+    for block in blocks:
+        if len(block) <= STREAM_CHUNK or block.lstrip().startswith(("```", "~~~")):
+            out.append(block)
+            continue
+        start = 0
+        while len(block) - start > STREAM_CHUNK:
+            cut = block.rfind(" ", start + STREAM_CHUNK // 2, start + STREAM_CHUNK)
+            cut = cut if cut > start else start + STREAM_CHUNK
+            out.append(block[start:cut])
+            start = cut
+        out.append(block[start:])
+    return out
+
+
+class MessageCard(QFrame):
+    """One message: role, body, actions, stats and sources.
+
+    Signals:
+        action_triggered(str, int): ("copy" | "edit" | "regenerate" | "prev" | "next"), message id.
+        source_activated(object): the source dict the user clicked.
+    """
+
+    action_triggered = Signal(str, int)
+    source_activated = Signal(object)
+
+    def __init__(self, message: DisplayMessage, colors: CodeColors, assistant_name: str, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setObjectName("messageCard")
+        self.message = message
+        self._colors = colors
+        self._code_blocks: tuple[str, ...] = ()
+        self._text = message.content
+        self._streaming_state = False
+        is_user = message.role == "user"
+
+        outer = QHBoxLayout(self)
+        outer.setContentsMargins(16, 6, 16, 6)
+        bubble = QFrame()
+        bubble.setObjectName("userBubble" if is_user else "assistantBubble")
+        inner = QVBoxLayout(bubble)
+        inner.setContentsMargins(14, 10, 14, 8)
+        inner.setSpacing(4)
+        if is_user:
+            outer.addStretch(1)
+            bubble.setMaximumWidth(640)
+        outer.addWidget(bubble, 0 if is_user else 1)
+
+        role = QLabel("You" if is_user else (message.model or assistant_name or "Assistant"))
+        role.setObjectName("roleLabel")
+        inner.addWidget(role)
+
+        # The body is one label per Markdown block (see markdown_render.split_blocks): while a
+        # reply streams only the last block is re-rendered.
+        self.body = self._new_block_label()
+        self._blocks: list[tuple[str, QLabel, tuple[str, ...]]] = []
+        self._body_layout = QVBoxLayout()
+        self._body_layout.setContentsMargins(0, 0, 0, 0)
+        self._body_layout.setSpacing(6)
+        self._body_layout.addWidget(self.body)
+        # A reply's tool calls go above its answer, its thinking folded under it (app/gui/tool_card.py).
+        self.agent_parts = AgentPartsWidget()
+        inner.addWidget(self.agent_parts)
+        inner.addLayout(self._body_layout)
+        inner.addWidget(self.agent_parts.fold)
+
+        self.sources_box = QLabel()
+        self.sources_box.setObjectName("sourceLink")
+        self.sources_box.setWordWrap(True)
+        self.sources_box.setTextFormat(Qt.TextFormat.RichText)
+        self.sources_box.linkActivated.connect(self._on_sources_link_activated)
+        self.sources_box.setVisible(False)
+        inner.addWidget(self.sources_box)
+
+        actions = QHBoxLayout()
+        actions.setSpacing(2)
+        # The stats (or the error) wrap on a line of their own: a long one never widens the card
+        # past the transcript (it hid the Edit button).
+        self.stats_label = QLabel()
+        self.stats_label.setObjectName("statsLine")
+        make_wrapping(self.stats_label)
+        self.stats_label.setAccessibleName("Reply details")
+        self.prev_button = self._tool("‹", "Previous branch", "prev")
+        self.branch_label = QLabel()
+        self.branch_label.setObjectName("statsLine")
+        self.next_button = self._tool("›", "Next branch", "next")
+        actions.addWidget(self.prev_button)
+        actions.addWidget(self.branch_label)
+        actions.addWidget(self.next_button)
+        self.copy_button = self._tool("Copy", "Copy this message", "copy")
+        actions.addWidget(self.copy_button)
+        if is_user:
+            self.edit_button: QToolButton | None = self._tool("Edit", "Edit and resend as a new branch", "edit")
+            actions.addWidget(self.edit_button)
+            self.regen_button: QToolButton | None = None
+        else:
+            self.edit_button = None
+            self.regen_button = self._tool("Regenerate", "Generate another reply (keeps this one)", "regenerate")
+            actions.addWidget(self.regen_button)
+        actions.addStretch(1)
+        inner.addLayout(actions)
+        inner.addWidget(self.stats_label)
+        self._actions = [b for b in (self.copy_button, self.edit_button, self.regen_button) if b is not None]
+        self.update_message(message)
+
+    def _tool(self, text: str, tip: str, action: str) -> QToolButton:
+        button = QToolButton()
+        button.setText(text)
+        button.setToolTip(tip)
+        button.setAutoRaise(True)
+        button.setObjectName(f"action_{action}")
+        button.clicked.connect(lambda: self.action_triggered.emit(action, self.message.id))
+        return button
+
+    def update_message(self, message: DisplayMessage) -> None:
+        """Shows a (re)loaded stored message."""
+        self.message = message
+        self.set_text(message.content, final=True)
+        stats = message.stats
+        line = format_stats_line(stats)
+        if message.state == "partial" and message.error:
+            # The engine crashed mid-reply: not a stop the user asked for.
+            line = (line + " · " if line else "") + f"interrupted (partial): {message.error}"
+        elif message.state == "partial" and "stopped" not in line:
+            line = (line + " · " if line else "") + "stopped (partial)"
+        if message.state == "error":
+            line = f"error: {message.error or 'generation failed'}"
+        if message.state == "pending":
+            line = "interrupted (partial)" if message.content else "…"
+        set_wrapped_text(self.stats_label, line)
+        self.stats_label.setVisible(bool(line))
+        self.setToolTip(format_stats_tooltip(stats, message.model) if message.role == "assistant" else "")
+        many = message.sibling_count > 1
+        for widget in (self.prev_button, self.branch_label, self.next_button):
+            widget.setVisible(many)
+        if many:
+            self.branch_label.setText(f"{message.sibling_index + 1}/{message.sibling_count}")
+            self.prev_button.setEnabled(message.sibling_index > 0)
+            self.next_button.setEnabled(message.sibling_index < message.sibling_count - 1)
+        self.set_sources(message.sources or [])
+        self.agent_parts.set_stats(stats if message.role == "assistant" else None)
+
+    def _new_block_label(self) -> QLabel:
+        label = BlockLabel()
+        label.setObjectName("messageBody")
+        label.setWordWrap(True)
+        label.setTextFormat(Qt.TextFormat.RichText)
+        label.setTextInteractionFlags(
+            Qt.TextInteractionFlag.TextSelectableByMouse | Qt.TextInteractionFlag.LinksAccessibleByMouse
+        )
+        label.setOpenExternalLinks(False)
+        label.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
+        label.linkActivated.connect(lambda link, lab=label: self._on_block_link_activated(lab, link))
+        return label
+
+    def _render_blocks(self, text: str, final: bool = False) -> None:
+        blocks = stream_segments(text, final) or [""]
+        for index, block in enumerate(blocks):
+            if index < len(self._blocks) and self._blocks[index][0] == block:
+                continue  # a finished block: rendered already
+            rendered = render_markdown(block, self._colors)
+            if index < len(self._blocks):
+                label = self._blocks[index][1]
+            elif index == 0:
+                label = self.body
+            else:
+                label = self._new_block_label()
+                self._body_layout.addWidget(label)
+            label.setText(rendered.html)
+            entry = (block, label, rendered.code_blocks)
+            if index < len(self._blocks):
+                self._blocks[index] = entry
+            else:
+                self._blocks.append(entry)
+        for _block, label, _code in self._blocks[len(blocks) :]:
+            label.setParent(None)
+            label.deleteLater()
+        del self._blocks[len(blocks) :]
+        self._code_blocks = tuple(code for _b, _l, codes in self._blocks for code in codes)
+
+    def set_text(self, text: str, final: bool = False) -> None:
+        """Renders the body (Markdown for replies, verbatim for the user)."""
+        self._text = text
+        if self.message.role == "user":
+            self.body.setText(plain_html(text))
+            # A wrapped label asks for its minimum width; size the bubble to the text instead.
+            metrics = self.body.fontMetrics()
+            longest = max((metrics.horizontalAdvance(line) for line in text.splitlines() or [""]), default=0)
+            self.body.setMinimumWidth(min(longest + 8, 560))
+            return
+        if not text and not final:
+            self._render_blocks("")
+            self.body.setText(f'<span style="color:{self._colors.muted};">…</span>')
+            self._blocks[0] = ("\0placeholder", self.body, ())
+            return
+        self._render_blocks(text, final)
+
+    @property
+    def text(self) -> str:
+        return self._text
+
+    def set_colors(self, colors: CodeColors) -> None:
+        """Renders the body again in another theme's colours (code blocks, links)."""
+        self._colors = colors
+        self._blocks = [("\0stale", label, codes) for _block, label, codes in self._blocks]
+        self.set_text(self._text, final=self._streaming_state is False)
+
+    def highlight(self, terms: Sequence[str]) -> int:
+        """Marks ``terms`` in the body (a search hit); returns how many blocks have one."""
+        marked = 0
+        for _block, label, _codes in self._blocks or [("", self.body, ())]:
+            before = label.text()
+            after = highlight_html(before, terms)
+            if after != before:
+                label.setText(after)
+                marked += 1
+        return marked
+
+    def set_sources(self, sources: Sequence[dict[str, Any]]) -> None:
+        self._sources = list(sources)
+        if not sources:
+            self.sources_box.setVisible(False)
+            return
+        lines = [source_label(s, i + 1) for i, s in enumerate(sources)]
+        self.sources_box.setText("<b>Sources</b><br>" + "<br>".join(lines))
+        self.sources_box.setVisible(True)
+
+    def set_streaming(self, streaming: bool) -> None:
+        self._streaming_state = streaming
+        for button in self._actions:
+            button.setEnabled(not streaming)
+        if streaming:
+            self.stats_label.setText("generating…")
+            self.stats_label.setVisible(True)
+
+    def _on_block_link_activated(self, label: QLabel, link: str) -> None:
+        if link.startswith(f"{COPY_SCHEME}:"):
+            codes = next((c for _b, lab, c in self._blocks if lab is label), ())
+            index = int(link.split(":", 1)[1])
+            if 0 <= index < len(codes):
+                QGuiApplication.clipboard().setText(codes[index])
+            return
+        url = QUrl(link)
+        # The renderer makes links only of these schemes; anything else (a local file, a script,
+        # an app-internal scheme) is never handed to the desktop, whatever put it in the label.
+        if not link.lower().startswith(SAFE_LINK_SCHEMES) or not url.isValid():
+            return
+        QDesktopServices.openUrl(url)
+
+    def copy_code(self, index: int) -> str | None:
+        """The raw text of the message's ``index``-th code block (for the Copy links)."""
+        return self._code_blocks[index] if 0 <= index < len(self._code_blocks) else None
+
+    @Slot(str)
+    def _on_sources_link_activated(self, link: str) -> None:
+        if link.startswith(f"{SOURCE_SCHEME}:"):
+            index = int(link.split(":", 1)[1])
+            if 0 <= index < len(self._sources):
+                self.source_activated.emit(self._sources[index])
+
+
+class ChatView(QScrollArea):
+    """The scrolling transcript.
+
+    Signals:
+        copy_requested(int), edit_requested(int, str), regenerate_requested(int),
+        branch_requested(int): the sibling message id to switch to.
+        source_activated(object): a clicked source dict.
+    """
+
+    edit_requested = Signal(int, str)
+    regenerate_requested = Signal(int)
+    branch_requested = Signal(int)
+    source_activated = Signal(object)
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("transcript")
+        self.setWidgetResizable(True)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self._body = QWidget()
+        self._body.setObjectName("transcriptBody")
+        self._layout = QVBoxLayout(self._body)
+        self._layout.setContentsMargins(0, 12, 0, 12)
+        self._layout.setSpacing(2)
+        self._layout.addStretch(1)
+        self.setWidget(self._body)
+        self._colors = LIGHT_CODE
+        self._assistant_name = "Assistant"
+        self.cards: list[MessageCard] = []
+        self.marker: QLabel | None = None
+        self._evicted = 0
+        self._streaming: MessageCard | None = None
+        self._stream_text: list[str] = []
+        self._follow = True
+        self._anchor: tuple[int, int] | None = None  # (message id, its y in the viewport) to keep
+        self._reveal: tuple[int, list[str]] | None = None  # a search hit to show and mark
+        self.empty = QLabel(
+            "Ask anything.\nThe inspector on the right shows what the model is doing while it answers.\n"
+            "Drop files or folders on the window to chat with your documents."
+        )
+        self.empty.setObjectName("emptyState")
+        self.empty.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self._layout.insertWidget(0, self.empty)
+        self.verticalScrollBar().valueChanged.connect(self._on_scrollbar_value_changed)
+        self.verticalScrollBar().rangeChanged.connect(self._on_scrollbar_range_changed)
+        self._render_timer = QTimer(self)
+        self._render_timer.setSingleShot(True)
+        self._render_timer.setInterval(33)
+        self._render_timer.timeout.connect(self._render_stream)
+
+    def set_colors(self, colors: CodeColors) -> None:
+        """The theme's code and link colours; the cards shown are rendered again in them."""
+        if colors == self._colors:
+            return
+        self._colors = colors
+        for card in self.cards:
+            card.set_colors(colors)
+
+    def set_assistant_name(self, name: str) -> None:
+        self._assistant_name = name
+
+    # ------------------------------------------------------------------ whole thread
+    def set_thread(self, messages: Sequence[DisplayMessage], evicted: int = 0) -> None:
+        """Shows a conversation's current branch; ``evicted`` older messages get a marker after them."""
+        streaming_id = self._streaming.message.id if self._streaming is not None else None
+        same_shape = [c.message.id for c in self.cards] == [m.id for m in messages] and self._evicted == evicted
+        if same_shape and messages:
+            # The same messages (a reply finished, a checkpoint): update the cards in place
+            # instead of rebuilding the transcript.
+            for card, message in zip(self.cards, messages, strict=True):
+                if message.id == streaming_id and message.state == "pending":
+                    continue
+                if card.message != message:
+                    card.update_message(message)
+                    if card is self._streaming:
+                        card.set_streaming(False)
+                        self._streaming = None
+            return
+        self._evicted = evicted
+        # Calls of the streaming reply still waiting for the user move to its new card (below).
+        waiting = self._streaming.agent_parts.take_pending() if self._streaming is not None else []
+        for card in self.cards:
+            card.setParent(None)
+            card.deleteLater()
+        self.cards.clear()
+        if self.marker is not None:
+            self.marker.setParent(None)
+            self.marker.deleteLater()
+            self.marker = None
+        self._streaming = None
+        position = 0
+        for index, message in enumerate(messages):
+            if evicted and index == evicted:
+                self.marker = QLabel(
+                    f"⤒ {evicted} earlier message{'s' if evicted != 1 else ''} no longer fit in the context "
+                    "window and were not sent to the model"
+                )
+                self.marker.setObjectName("evictionMarker")
+                self.marker.setAlignment(Qt.AlignmentFlag.AlignCenter)
+                self._layout.insertWidget(position, self.marker)
+                position += 1
+            card = self._make_card(message)
+            self._layout.insertWidget(position, card)
+            position += 1
+            if message.id == streaming_id and message.state == "pending":
+                self._streaming = card
+                card.set_streaming(True)
+                card.set_text("".join(self._stream_text))
+                for request in waiting:
+                    card.agent_parts.add_approval(request)
+                waiting = []
+        for request in waiting:  # the reply is not shown any more: its calls are refused, never left waiting
+            request.answer("deny")
+        self.empty.setVisible(not messages)
+        if self._reveal is not None and self.card_for(self._reveal[0]) is not None:
+            message_id, terms = self._reveal
+            self._reveal = None
+            revealed = self.card_for(message_id)
+            assert revealed is not None
+            revealed.highlight(terms)
+            self._follow = False
+            QTimer.singleShot(0, self, lambda c=revealed: self.ensureWidgetVisible(c, 0, 40))
+        elif self._anchor is not None and self.card_for(self._anchor[0]) is not None:
+            message_id, offset = self._anchor
+            self._anchor = None
+            self._follow = False
+            QTimer.singleShot(0, self, lambda: self._scroll_card_to(message_id, offset))
+        elif self._follow:
+            QTimer.singleShot(0, self, self.scroll_to_bottom)
+
+    def _make_card(self, message: DisplayMessage) -> MessageCard:
+        card = MessageCard(message, self._colors, self._assistant_name)
+        card.action_triggered.connect(self._on_card_action_triggered)
+        card.source_activated.connect(self.source_activated)
+        self.cards.append(card)
+        return card
+
+    # ------------------------------------------------------------------ streaming
+    def begin_stream(self, reply_id: int) -> None:
+        """Marks the card of ``reply_id`` as the one receiving text."""
+        self._stream_text = []
+        self._follow = True
+        for card in self.cards:
+            if card.message.id == reply_id:
+                self._streaming = card
+                card.set_streaming(True)
+                card.set_text("")
+        self.scroll_to_bottom()
+
+    def append_stream(self, text: str) -> None:
+        """Adds streamed text; the card re-renders at most every 33 ms."""
+        self._stream_text.append(text)
+        if not self._render_timer.isActive():
+            self._render_timer.start()
+
+    def end_stream(self) -> None:
+        self._render_timer.stop()
+        self._render_stream()
+        if self._streaming is not None:
+            self._streaming.set_streaming(False)
+            self._streaming.agent_parts.expire_approvals()  # Stop: a waiting call is refused
+        self._streaming = None
+
+    def add_tool_step(self, step: dict[str, Any]) -> None:
+        """A call of the streaming reply was handled: its card (app/gui/tool_card.py)."""
+        if self._streaming is not None:
+            self._streaming.agent_parts.add_step(step)
+
+    def show_approval(self, request: Any) -> ApprovalCardWidget | None:
+        """A call of the streaming reply waits for the user: its approval card (None: no reply
+        streams, and the call is refused)."""
+        if self._streaming is None:
+            request.answer("deny")
+            return None
+        card = self._streaming.agent_parts.add_approval(request)
+        QTimer.singleShot(0, self, lambda: self.ensureWidgetVisible(card, 0, 40))
+        return card
+
+    def append_reasoning(self, text: str) -> None:
+        """Thinking of the streaming reply (folded under it)."""
+        if self._streaming is not None:
+            self._streaming.agent_parts.append_reasoning(text)
+
+    def _render_stream(self) -> None:
+        if self._streaming is not None:
+            self._streaming.set_text("".join(self._stream_text))
+
+    @property
+    def streamed_text(self) -> str:
+        return "".join(self._stream_text)
+
+    # ------------------------------------------------------------------ scrolling
+    def reveal(self, message_id: int, terms: Sequence[str]) -> None:
+        """When ``message_id`` is next shown (a search hit opening), scrolls to it and marks ``terms``."""
+        card = self.card_for(message_id)
+        if card is None:
+            self._reveal = (message_id, list(terms))
+            return
+        self._reveal = None
+        card.highlight(terms)
+        self._follow = False
+        self.ensureWidgetVisible(card, 0, 40)
+
+    def _scroll_card_to(self, message_id: int, offset: int) -> None:
+        card = self.card_for(message_id)
+        if card is not None:
+            self.verticalScrollBar().setValue(max(card.y() - offset, 0))
+
+    def scroll_to_bottom(self) -> None:
+        bar = self.verticalScrollBar()
+        bar.setValue(bar.maximum())
+
+    @Slot(int)
+    def _on_scrollbar_value_changed(self, value: int) -> None:
+        bar = self.verticalScrollBar()
+        self._follow = value >= bar.maximum() - 24
+
+    @Slot(int, int)
+    def _on_scrollbar_range_changed(self, _minimum: int, maximum: int) -> None:
+        if self._follow:
+            self.verticalScrollBar().setValue(maximum)
+
+    # ------------------------------------------------------------------ actions
+    @Slot(str, int)
+    def _on_card_action_triggered(self, action: str, message_id: int) -> None:
+        card = next((c for c in self.cards if c.message.id == message_id), None)
+        if card is None:
+            return
+        message = card.message
+        if action == "copy":
+            QGuiApplication.clipboard().setText(card.text)
+        elif action == "edit":
+            self.edit_requested.emit(message_id, message.content)
+        elif action == "regenerate":
+            self.regenerate_requested.emit(message_id)
+        elif action in ("prev", "next"):
+            step = -1 if action == "prev" else 1
+            target = message.sibling_index + step
+            if 0 <= target < len(message.sibling_ids):
+                # The other branch shows where this one was: the view does not jump to the bottom.
+                sibling = message.sibling_ids[target]
+                self._anchor = (sibling, card.y() - self.verticalScrollBar().value())
+                self._follow = False
+                self.branch_requested.emit(sibling)
+
+    def card_for(self, message_id: int) -> MessageCard | None:
+        return next((c for c in self.cards if c.message.id == message_id), None)

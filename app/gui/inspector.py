@@ -1,0 +1,530 @@
+"""The inspector: what the model is doing, live (issue 5, "our signature").
+
+* Context map: a stacked bar of the context window (system, documents, history, current message,
+  reply reserve, free) with token counts.
+* Speed: prefill and decode tokens per second, a live decode chart, time to first token, tokens
+  reused from the KV cache.
+* Memory: KV cache and weights, and the memory wall meter: achieved decode bandwidth against this
+  machine's measured bandwidth. Decode reads every weight once per token, so tokens per second can
+  never beat bandwidth / model size.
+* Tokens: the last prompt as the model saw it, in coloured pieces with their ids on hover.
+
+The painted pieces are in :mod:`app.gui.inspector_widgets`; nothing here computes more than a few numbers.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import (
+    QFrame,
+    QGridLayout,
+    QLabel,
+    QScrollArea,
+    QTabWidget,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.gui.agent_timeline import LoopTimelineWidget
+from app.gui.inspector_widgets import (
+    OPTIONAL_SEGMENTS,
+    SEGMENTS,
+    WALL_EXPLANATION,
+    ContextBar,
+    SpeedChart,
+    TokensView,
+    WallMeter,
+    format_tps,
+)
+from app.gui.theme import LIGHT, ThemeColors
+from engine.units import format_bytes, format_duration
+
+__all__ = ["SEGMENTS", "InspectorPanel", "format_tps"]
+
+
+def _get(stats: Any, key: str, default: Any = None) -> Any:
+    if stats is None:
+        return default
+    if isinstance(stats, Mapping):
+        return stats.get(key, default)
+    return getattr(stats, key, default)
+
+
+def _metric(label: str) -> tuple[QLabel, QLabel]:
+    value = QLabel("—")
+    value.setObjectName("metricValue")
+    value.setAccessibleName(label)
+    caption = QLabel(label)
+    caption.setObjectName("metricLabel")
+    return value, caption
+
+
+class InspectorPanel(QFrame):
+    """The side panel. Every number shown is kept in ``shown`` (for tests and screenshots)."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("inspector")
+        self.setAttribute(Qt.WidgetAttribute.WA_StyledBackground, True)
+        self.setMinimumWidth(320)
+        self.shown: dict[str, str] = {}
+        self.colors = LIGHT
+        self._live: list[float] = []
+        self._last_sample: tuple[float, int] | None = None
+        self.model_bytes: int | None = None
+        self.machine_bandwidth: float | None = None
+        self.n_ctx: int | None = None
+        self.kv_allocated: int | None = None
+        self.reply_limit: int | None = None  # max tokens of the next (or running) reply
+        self.live = False
+
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(0, 0, 0, 0)
+        title = QLabel("INSPECTOR")
+        title.setObjectName("sectionTitle")
+        title.setContentsMargins(14, 12, 14, 0)
+        outer.addWidget(title)
+        # Whose numbers these are: this reply live, the last reply of this chat, or none yet. The
+        # numbers of another turn are never shown as if they were live.
+        self.freshness = QLabel("No reply yet in this chat")
+        self.freshness.setObjectName("explain")
+        self.freshness.setContentsMargins(14, 0, 14, 0)
+        self.freshness.setWordWrap(True)
+        self.freshness.setAccessibleName("Inspector shows")
+        outer.addWidget(self.freshness)
+        self.tabs = QTabWidget()
+        outer.addWidget(self.tabs, 1)
+
+        live = QWidget()
+        lay = QVBoxLayout(live)
+        lay.setContentsMargins(14, 8, 14, 14)
+        lay.setSpacing(8)
+
+        # context map
+        lay.addWidget(self._section("CONTEXT WINDOW"))
+        self.context_summary = QLabel("no turn yet")
+        self.context_summary.setObjectName("metricLabel")
+        lay.addWidget(self.context_summary)
+        self.context_bar = ContextBar()
+        lay.addWidget(self.context_bar)
+        legend = QGridLayout()
+        legend.setHorizontalSpacing(10)
+        legend.setVerticalSpacing(2)
+        self.legend_labels: dict[str, QLabel] = {}
+        self.legend_rows: dict[str, tuple[QLabel, QLabel, QLabel]] = {}
+        for i, (key, label) in enumerate(SEGMENTS):
+            swatch = QLabel("■")
+            swatch.setObjectName(f"swatch_{key}")
+            name = QLabel(label)
+            value = QLabel("—")
+            value.setAlignment(Qt.AlignmentFlag.AlignRight)
+            self.legend_labels[key] = value
+            legend.addWidget(swatch, i, 0)
+            legend.addWidget(name, i, 1)
+            legend.addWidget(value, i, 2)
+            self.legend_rows[key] = (swatch, name, value)
+            if key in OPTIONAL_SEGMENTS:
+                for widget in self.legend_rows[key]:
+                    widget.setVisible(False)
+        legend.setColumnStretch(1, 1)
+        legend.setColumnMinimumWidth(0, 16)
+        lay.addLayout(legend)
+        self.reserve_label = QLabel("")
+        self.reserve_label.setObjectName("explain")
+        self.reserve_label.setWordWrap(True)
+        lay.addWidget(self.reserve_label)
+        self.evicted_label = QLabel("")
+        self.evicted_label.setObjectName("explain")
+        self.evicted_label.setWordWrap(True)
+        lay.addWidget(self.evicted_label)
+
+        # speed
+        lay.addWidget(self._section("SPEED"))
+        grid = QGridLayout()
+        grid.setVerticalSpacing(0)
+        self.metrics: dict[str, QLabel] = {}
+        for i, (key, label) in enumerate(
+            (
+                ("decode_tps", "decode tok/s"),
+                ("prefill_tps", "prefill tok/s"),
+                ("ttft_ms", "time to first token"),
+                ("cached_tokens", "reused from KV cache"),
+            )
+        ):
+            value, caption = _metric(label)
+            self.metrics[key] = value
+            grid.addWidget(value, (i // 2) * 2, i % 2)
+            grid.addWidget(caption, (i // 2) * 2 + 1, i % 2)
+        lay.addLayout(grid)
+        # A turn that restored its KV cache from disk, and speculative decoding's acceptance.
+        self.restore_label = QLabel("")
+        self.restore_label.setObjectName("explain")
+        self.restore_label.setWordWrap(True)
+        self.restore_label.setVisible(False)
+        lay.addWidget(self.restore_label)
+        self.draft_label = QLabel("")
+        self.draft_label.setObjectName("explain")
+        self.draft_label.setWordWrap(True)
+        self.draft_label.setVisible(False)
+        lay.addWidget(self.draft_label)
+        self.chart = SpeedChart()
+        lay.addWidget(self.chart)
+        self.loop_timeline = LoopTimelineWidget()  # a turn with tool calls: its steps (app/gui/agent_timeline.py)
+        lay.addWidget(self.loop_timeline)
+        self.phase_label = QLabel("")
+        self.phase_label.setObjectName("explain")
+        lay.addWidget(self.phase_label)
+
+        # memory
+        lay.addWidget(self._section("MEMORY"))
+        mgrid = QGridLayout()
+        mgrid.setVerticalSpacing(0)
+        for i, (key, label) in enumerate(
+            (
+                ("model_bytes", "model weights"),
+                ("kv_cache_bytes", "KV cache (allocated)"),
+                ("bandwidth_gbps", "decode bandwidth"),
+                ("machine_bandwidth_gbps", "machine bandwidth"),
+            )
+        ):
+            value, caption = _metric(label)
+            self.metrics[key] = value
+            mgrid.addWidget(value, (i // 2) * 2, i % 2)
+            mgrid.addWidget(caption, (i // 2) * 2 + 1, i % 2)
+        lay.addLayout(mgrid)
+        wall_title = QLabel("Memory wall")
+        wall_title.setObjectName("metricLabel")
+        lay.addWidget(wall_title)
+        self.wall = WallMeter()
+        lay.addWidget(self.wall)
+        explain = QLabel(WALL_EXPLANATION)
+        explain.setObjectName("explain")
+        explain.setWordWrap(True)
+        lay.addWidget(explain)
+        self.ceiling_label = QLabel("")
+        self.ceiling_label.setObjectName("explain")
+        self.ceiling_label.setWordWrap(True)
+        lay.addWidget(self.ceiling_label)
+        # The instructions the decoder runs on are part of its speed: which of llama.cpp's CPU
+        # variants this machine got, and what it uses.
+        self.cpu_label = QLabel("")
+        self.cpu_label.setObjectName("explain")
+        self.cpu_label.setWordWrap(True)
+        self.cpu_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        lay.addWidget(self.cpu_label)
+        lay.addStretch(1)
+
+        scroll = QScrollArea()
+        scroll.setWidgetResizable(True)
+        scroll.setFrameShape(QFrame.Shape.NoFrame)
+        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        scroll.setWidget(live)
+        self.tabs.addTab(scroll, "Live")
+
+        self.tokens_view = TokensView()
+        tokens_page = QWidget()
+        tl = QVBoxLayout(tokens_page)
+        tl.setContentsMargins(8, 8, 8, 8)
+        self.tokens_caption = QLabel("The last prompt, exactly as the model saw it. Hover a piece for its id.")
+        self.tokens_caption.setObjectName("explain")
+        self.tokens_caption.setWordWrap(True)
+        tl.addWidget(self.tokens_caption)
+        tl.addWidget(self.tokens_view, 1)
+        self.tokens_legend = QLabel("")  # the reply's tints: accepted draft tokens, decoded ones
+        self.tokens_legend.setObjectName("tokensLegend")
+        self.tokens_legend.setWordWrap(True)
+        self.tokens_legend.setVisible(False)
+        tl.addWidget(self.tokens_legend)
+        self.tabs.addTab(tokens_page, "Tokens")
+        self.set_colors(LIGHT)
+
+    def _section(self, text: str) -> QLabel:
+        label = QLabel(text)
+        label.setObjectName("sectionTitle")
+        label.setContentsMargins(0, 6, 0, 0)
+        return label
+
+    # ------------------------------------------------------------------ theme
+    def set_colors(self, colors: ThemeColors) -> None:
+        self.colors = colors
+        for widget in (self.context_bar, self.chart, self.wall):
+            widget.colors = colors
+            widget.update()
+        self.loop_timeline.set_colors(colors)
+        for key, _ in SEGMENTS:
+            swatch = self.findChild(QLabel, f"swatch_{key}")
+            if swatch is not None:
+                swatch.setStyleSheet(f"color: {colors.segment(key)}; font-size: 13pt;")
+        self.tokens_view.dark = colors.name == "dark"
+        if self.tokens_view.token_ids or self.tokens_view.reply_ids:
+            self.tokens_view.rerender()
+        self.tokens_legend.setText(self.tokens_view.legend_html())
+
+    # ------------------------------------------------------------------ data
+    def _show(self, key: str, text: str, label: QLabel | None = None) -> None:
+        self.shown[key] = text
+        target = label if label is not None else self.metrics.get(key)
+        if target is not None:
+            target.setText(text)
+
+    def set_model(self, model_bytes: int | None, n_ctx: int | None, machine_bandwidth: float | None) -> None:
+        """A model was loaded: weights, window size and the machine's bandwidth."""
+        self.model_bytes = model_bytes
+        self.machine_bandwidth = machine_bandwidth
+        if n_ctx:
+            self.n_ctx = n_ctx
+        self._show("model_bytes", format_bytes(model_bytes))
+        self._show("machine_bandwidth_gbps", f"{machine_bandwidth:.1f} GB/s" if machine_bandwidth else "not measured")
+        if n_ctx:
+            self.context_summary.setText(f"{n_ctx} tokens in the window")
+            self.context_bar.set_budget({"free": n_ctx})
+            for key, _ in SEGMENTS:
+                self.legend_labels[key].setText(str(n_ctx) if key == "free" else "0")
+        self.wall.set_values(None, machine_bandwidth)
+        if model_bytes and machine_bandwidth:
+            ceiling = machine_bandwidth * 1e9 / model_bytes
+            self.ceiling_label.setText(f"Ceiling for this model on this machine: ≈ {ceiling:.0f} tok/s.")
+
+    def set_cpu_backend(self, backend: Any, note: str | None = None) -> None:
+        """The CPU code llama.cpp runs (``engine.cpu_backend.BackendInfo``; None: not known)."""
+        if backend is None:
+            self._show("cpu_backend", "", self.cpu_label)
+            return
+        features = " ".join(f for f in backend.features if "=" not in f)
+        text = f"CPU code: {backend.label}" + (f" — {features}" if features else "")
+        if backend.gpu:
+            text += f". GPU: {', '.join(backend.gpu)}"
+        held = [f"{tag} ({why})" for tag, why in backend.skipped]
+        if held:
+            text += f". Not used: {'; '.join(held)}"
+        if note:
+            text += f". {note}"
+        self._show("cpu_backend", text, self.cpu_label)
+        self.cpu_label.setToolTip(text)
+
+    def set_machine_bandwidth(self, gbps: float) -> None:
+        """The machine's measured memory bandwidth arrived (probed after the first load)."""
+        self.set_model(self.model_bytes, None, gbps)
+
+    def set_kv_allocation(self, kv_bytes: int | None) -> None:
+        """The KV cache the loaded model allocated (known at load, before any turn)."""
+        self.kv_allocated = kv_bytes
+        if kv_bytes:
+            self._show("kv_cache_bytes", format_bytes(kv_bytes))
+            tokens = f"{self.n_ctx:,}" if self.n_ctx else "the"
+            self.metrics["kv_cache_bytes"].setToolTip(f"{format_bytes(kv_bytes)} allocated for {tokens} tokens")
+
+    def set_reply_limit(self, max_tokens: int | None) -> None:
+        """The max tokens of the reply about to run (the chat's sampling): what a reply may use."""
+        self.reply_limit = max_tokens
+
+    def clear_turn(self, why: str = "No reply yet in this chat") -> None:
+        """Forgets the last turn's numbers (a new chat, a deleted one): dashes, an empty window map."""
+        self.live = False
+        self.loop_timeline.set_entries([])
+        self.freshness.setText(why)
+        self.shown["freshness"] = why
+        for key in ("decode_tps", "prefill_tps", "ttft_ms", "cached_tokens", "bandwidth_gbps"):
+            self._show(key, "—")
+        if self.n_ctx:
+            self.context_bar.set_budget({"free": self.n_ctx})
+            self._show("context_used", f"{self.n_ctx:,} tokens in the window", self.context_summary)
+            for key, _ in SEGMENTS:
+                self._show(f"budget.{key}", f"{self.n_ctx:,}" if key == "free" else "0", self.legend_labels[key])
+        else:
+            self.context_bar.set_budget({})
+            self._show("context_used", "no turn yet", self.context_summary)
+            for key, _ in SEGMENTS:
+                self._show(f"budget.{key}", "—", self.legend_labels[key])
+        self.evicted_label.setText("")
+        self.reserve_label.setText("")
+        self.restore_label.setVisible(False)
+        self.draft_label.setVisible(False)
+        self.chart.set_samples([])
+        self.wall.set_values(None, self.machine_bandwidth)
+        self.shown["wall_ratio"] = "—"
+        self.phase_label.setText("")
+
+    def set_stats(self, stats: Any, saved: bool = False) -> None:
+        """Shows a turn's stats (``engine.inference.events.Stats`` or its dict).
+
+        Args:
+            stats: the stats.
+            saved: they are a stored reply's (a chat opened), not the reply that just ran.
+        """
+        if stats is None:
+            return
+        if isinstance(stats, Mapping):  # a stored reply: its loop, if it had one (live: set_loop)
+            self.loop_timeline.set_entries(stats.get("loop") or [])
+        self.live = False
+        why = "The last reply in this chat (saved)" if saved else "The reply that just finished"
+        self.freshness.setText(why)
+        self.shown["freshness"] = why
+        raw = dict(_get(stats, "budget", {}) or {})
+        # A remote backend adds flags (``estimated``, ``n_ctx_unknown``): not parts of the window.
+        budget = {key: int(raw[key]) for key, _ in SEGMENTS if key in raw}
+        n_ctx = int(_get(stats, "n_ctx", 0) or 0)
+        used = int(_get(stats, "context_used", 0) or 0)
+        if budget:
+            self.context_bar.set_budget(budget)
+            for key, _ in SEGMENTS:
+                self._show(f"budget.{key}", str(int(budget.get(key, 0))), self.legend_labels[key])
+            for key in OPTIONAL_SEGMENTS:
+                for widget in self.legend_rows[key]:
+                    widget.setVisible(bool(budget.get(key)))
+        window = "an unknown window size" if raw.get("n_ctx_unknown") else f"{n_ctx}"
+        summary = f"{used} of {window} tokens used"
+        if raw.get("estimated"):
+            summary += " (estimated: the server has no tokenizer endpoint)"
+        self._show("context_used", summary, self.context_summary)
+        self._show_reserve(budget, int(_get(stats, "prompt_tokens", 0) or 0), n_ctx)
+        evicted = int(_get(stats, "evicted_messages", 0) or 0)
+        self.shown["evicted_messages"] = str(evicted)
+        self.evicted_label.setText(
+            f"⚠ {evicted} older message{'s' if evicted != 1 else ''} evicted to fit (rolling window)" if evicted else ""
+        )
+        self._show("decode_tps", format_tps(_get(stats, "decode_tps")))
+        self._show("prefill_tps", format_tps(_get(stats, "prefill_tps")))
+        self._show("ttft_ms", f"{float(_get(stats, 'ttft_ms', 0) or 0):.0f} ms")
+        cached = int(_get(stats, "cached_tokens", 0) or 0)
+        prompt = int(_get(stats, "prompt_tokens", 0) or 0)
+        self._show("cached_tokens", f"{cached} / {prompt}")
+        self._show_restore(stats)
+        self._show_draft(stats)
+        self._show("model_bytes", format_bytes(_get(stats, "model_bytes")))
+        kv_used = _get(stats, "kv_used_bytes")
+        kv_total = _get(stats, "kv_cache_bytes") or self.kv_allocated
+        self._show("kv_cache_bytes", format_bytes(kv_total))
+        self.shown["kv_used_bytes"] = format_bytes(kv_used)
+        self.metrics["kv_cache_bytes"].setToolTip(f"{format_bytes(kv_used)} in use by this conversation")
+        achieved = float(_get(stats, "bandwidth_gbps", 0.0) or 0.0)
+        machine = _get(stats, "machine_bandwidth_gbps") or self.machine_bandwidth
+        self._show("bandwidth_gbps", f"{achieved:.1f} GB/s")
+        if machine:
+            self._show("machine_bandwidth_gbps", f"{float(machine):.1f} GB/s")
+        self.wall.set_values(achieved or None, float(machine) if machine else None)
+        ratio = self.wall.ratio
+        self.shown["wall_ratio"] = f"{ratio * 100:.0f}%" if ratio is not None else "—"
+        decode = float(_get(stats, "decode_tps", 0.0) or 0.0)
+        model_bytes = _get(stats, "model_bytes")
+        if machine and model_bytes:
+            ceiling = float(machine) * 1e9 / (float(model_bytes) + float(kv_used or 0))
+            self.ceiling_label.setText(
+                f"Ceiling ≈ {ceiling:.0f} tok/s on this machine; achieved {decode:.1f} tok/s "
+                f"({decode / ceiling * 100:.0f}% of it)."
+            )
+        self.phase_label.setText(f"template: {_get(stats, 'template', '')}")
+
+    def _show_reserve(self, budget: Mapping[str, int], prompt: int, n_ctx: int) -> None:
+        """What a reply may use: its max tokens, within the window left after the prompt. The
+        reserve is only the part kept free for it (at most a quarter of a small window)."""
+        reserve = int(budget.get("reserve", 0))
+        if not n_ctx or not budget:
+            self.reserve_label.setText("")
+            return
+        room = max(n_ctx - prompt, 0)
+        may_use = min(self.reply_limit, room) if self.reply_limit else room
+        text = f"A reply may use up to {may_use:,} tokens"
+        if self.reply_limit:
+            text += f" (max tokens {self.reply_limit:,}"
+            text += f", {room:,} left in the window)" if room < self.reply_limit else ")"
+        text += f"; {reserve:,} of them are kept free for it (the reply reserve)."
+        self.shown["reply_may_use"] = str(may_use)
+        self.reserve_label.setText(text)
+
+    def _show_restore(self, stats: Any) -> None:
+        restored = int(_get(stats, "kv_restored_tokens", 0) or 0)
+        restore_ms = float(_get(stats, "kv_restore_ms", 0) or 0)
+        if not restored:
+            self.restore_label.setVisible(False)
+            self.shown.pop("kv_restored", None)
+            return
+        text = f"restored {restored:,} tokens from disk in {restore_ms:.0f} ms"
+        prefill_tps = float(_get(stats, "prefill_tps", 0) or 0)
+        if prefill_tps > 0:
+            text += f" (prefill would take {format_duration(restored / prefill_tps)})"
+        self.shown["kv_restored"] = text
+        self.restore_label.setText("KV cache " + text)
+        self.restore_label.setVisible(True)
+
+    def _show_draft(self, stats: Any) -> None:
+        drafted = int(_get(stats, "draft_tokens", 0) or 0)
+        accepted = int(_get(stats, "accepted_tokens", 0) or 0)
+        if not drafted:
+            self.draft_label.setVisible(False)
+            self.shown.pop("draft", None)
+            return
+        completion = int(_get(stats, "completion_tokens", 0) or 0)
+        # Each pass of the model reads every weight once and yields its accepted drafts plus one.
+        passes = max(completion - accepted, 1)
+        text = (
+            f"Speculative decoding: {accepted / drafted * 100:.0f}% of drafted tokens accepted "
+            f"({accepted:,} of {drafted:,}); {completion / passes:.2f} tokens per weight read"
+        )
+        self.shown["draft"] = text
+        self.draft_label.setText(text)
+        self.draft_label.setVisible(True)
+
+    # ------------------------------------------------------------------ live
+    def begin_generation(self) -> None:
+        """A reply starts: the last turn's numbers give way to dashes until this one's arrive."""
+        self.live = True
+        self._live = []
+        self._last_sample = None
+        self.chart.set_samples([])
+        self.loop_timeline.set_entries([])
+        self.freshness.setText("Live: this reply")
+        self.shown["freshness"] = "Live: this reply"
+        for key in ("decode_tps", "prefill_tps", "ttft_ms", "cached_tokens", "bandwidth_gbps"):
+            self._show(key, "…")
+        self._show("context_used", "this turn's numbers come when the reply ends", self.context_summary)
+        self.restore_label.setVisible(False)
+        self.draft_label.setVisible(False)
+        self.evicted_label.setText("")
+        self.wall.set_values(None, self.machine_bandwidth)
+        self.phase_label.setText("reading the prompt…")
+
+    def set_loop(self, entries: Any) -> None:
+        """The running turn's agent loop so far (generations and tool calls, in order)."""
+        self.loop_timeline.set_entries(list(entries or []))
+
+    def set_prefill(self, done: int, total: int) -> None:
+        self.phase_label.setText(f"reading the prompt: {done:,} / {total:,} tokens")
+
+    def live_sample(self, tokens: int) -> None:
+        """Called ~4 times a second while generating with the tokens received so far."""
+        now = time.perf_counter()
+        if self._last_sample is not None:
+            then, before = self._last_sample
+            if now > then and tokens > before:
+                rate = (tokens - before) / (now - then)
+                self._live.append(rate)
+                self.chart.set_samples(self._live)
+                self.metrics["decode_tps"].setText(f"{rate:.1f} tok/s")
+                self.phase_label.setText(f"generating: {tokens:,} token{'s' if tokens != 1 else ''}")
+        self._last_sample = (now, tokens)
+
+    def set_prompt_view(self, view: Any) -> None:
+        ids = list(getattr(view, "token_ids", []) or [])
+        pieces = list(getattr(view, "pieces", []) or [])
+        # app.gui.workers.speculative.TokensView adds the reply; a bare PromptView has none.
+        reply_ids = list(getattr(view, "reply_ids", []) or [])
+        drafted = list(getattr(view, "reply_drafted", []) or [])
+        self.tokens_view.set_tokens(
+            ids,
+            pieces,
+            reply_ids=reply_ids,
+            reply_pieces=list(getattr(view, "reply_pieces", []) or []),
+            reply_drafted=drafted,
+        )
+        reply = ""
+        if reply_ids:
+            reply = f", then the reply: {len(reply_ids)} tokens, {sum(drafted)} of them accepted from a draft"
+        self.tokens_caption.setText(
+            f"The last prompt, exactly as the model saw it: {len(ids)} tokens{reply}. Hover a piece for its id."
+        )
+        self.tokens_legend.setVisible(bool(reply_ids))

@@ -1,0 +1,248 @@
+"""The main window's documents actions: the chat header's documents control (which knowledge bases
+the open chat answers from, several at once), files dropped anywhere (an overlay says where they
+go while they are dragged), and indexing progress in the header. A mixin of
+:class:`app.gui.main_window.MainWindow` (kept apart for size).
+
+Dropped files go to the knowledge base selected on the Knowledge page when that page is shown;
+otherwise to the open chat's first knowledge base, or to a new one named after them (the
+folder's or the file's name, see :func:`app.gui.documents_bar.documents_name`) that the chat then uses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from PySide6.QtCore import QEvent, QObject, QTimer, Slot
+from PySide6.QtWidgets import QFileDialog, QWidget
+
+from app.gui.documents_bar import DocumentsBarWidget, DropOverlayWidget, documents_name
+
+if TYPE_CHECKING:
+    from PySide6.QtWidgets import QLabel, QStackedWidget, QStatusBar
+
+    from app.gui.chat_view import ChatView
+    from app.gui.workers.chat_adapter import ChatAdapter
+    from app.gui.workers.history_service import HistoryService
+    from app.gui.workers.knowledge_worker import IndexJob, KnowledgeAdapter
+
+KNOWLEDGE_PAGE = 2
+
+
+class _DragWatcher(QObject):
+    """Shows the drop overlay while local files are dragged over the window, hides it after."""
+
+    def __init__(self, window: Any) -> None:
+        super().__init__(window)
+        self.window = window
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
+        del watched  # installed on the window only
+        kind = event.type()
+        if kind == QEvent.Type.DragEnter:
+            mime = event.mimeData()  # type: ignore[attr-defined]
+            if mime.hasUrls() and any(u.isLocalFile() for u in mime.urls()):
+                self.window.drop_overlay.show_message(self.window.drop_target_text())
+        elif kind in (QEvent.Type.DragLeave, QEvent.Type.Drop):
+            self.window.drop_overlay.setVisible(False)
+        return False  # the window still handles the event
+
+
+class DocumentActions:
+    """Documents actions of the main window (needs the attributes annotated below)."""
+
+    chat: ChatAdapter
+    history: HistoryService
+    knowledge: KnowledgeAdapter
+    chat_view: ChatView
+    docs_label: QLabel
+    index_label: QLabel
+    pages: QStackedWidget
+    _knowledge_page: Any
+    _index_timer: QTimer
+    documents_bar: DocumentsBarWidget
+    drop_overlay: DropOverlayWidget
+
+    if TYPE_CHECKING:  # provided by MainWindow / QMainWindow; declared for the type checker only
+
+        def statusBar(self) -> QStatusBar: ...
+        def show_page(self, index: int) -> None: ...
+        def installEventFilter(self, watcher: QObject) -> None: ...
+
+    # ------------------------------------------------------------------ the header control
+    def _build_documents_bar(self) -> QWidget:
+        """The chat header's documents control (call once, while the header is built)."""
+        bar = DocumentsBarWidget()
+        self.documents_bar = bar
+        self.docs_label.setVisible(False)  # the control says which documents the chat uses
+        bar.attachments_changed.connect(self._on_documents_bar_attachments_changed)
+        bar.add_files_requested.connect(self._on_documents_bar_add_files_requested)
+        bar.manage_requested.connect(lambda: self.show_page(KNOWLEDGE_PAGE))
+        bar.menu_opening.connect(self.knowledge.list_names)
+        self.knowledge.names_listed.connect(bar.set_available)
+        self._missing_said: set[str] = set()  # deleted knowledge bases a notice was shown for
+        self.knowledge.missing_found.connect(self._on_knowledge_missing_found)
+        self.chat.conversation_opened.connect(self._on_documents_conversation_opened)
+        self.drop_overlay = DropOverlayWidget(self)  # type: ignore[arg-type]
+        self.installEventFilter(_DragWatcher(self))
+        QTimer.singleShot(0, self.knowledge.list_names)  # from the registry file: the process waits
+        return bar
+
+    @Slot(object, object)
+    def _on_documents_conversation_opened(self, conversation: Any, _messages: Any) -> None:
+        self.documents_bar.set_attached(list(getattr(conversation, "knowledge_bases", None) or []))
+
+    @Slot(object)
+    def _on_knowledge_missing_found(self, names: list[str]) -> None:
+        """A chat searched knowledge bases that were deleted: they are skipped, the documents
+        button says "(missing)" once the list is read again, and one notice says so (once each)."""
+        self.knowledge.list_names()
+        new = [name for name in names if name not in self._missing_said]
+        if not new:
+            return
+        self._missing_said.update(new)
+        quoted = ", ".join(f"“{name}”" for name in new)
+        self.statusBar().showMessage(
+            f"Knowledge base {quoted} no longer exists: this chat skips it (untick it under Documents).", 15000
+        )
+
+    @Slot(object)
+    def _on_documents_bar_attachments_changed(self, names: tuple[str, ...]) -> None:
+        self.set_chat_documents(list(names))
+
+    @Slot()
+    def _on_documents_bar_add_files_requested(self) -> None:
+        from app.gui.knowledge_panel import document_file_filter
+
+        parent = self if isinstance(self, QWidget) else None
+        files, _ = QFileDialog.getOpenFileNames(parent, "Add documents to this chat", str(Path.home()),
+                                                document_file_filter())  # fmt: skip
+        if files:
+            self.attach_documents([Path(f) for f in files], to_chat=True)
+
+    def set_chat_documents(self, names: Sequence[str]) -> None:
+        """Makes the open chat answer from ``names`` (a new chat is made when none is open)."""
+        chosen = list(dict.fromkeys(names))
+        if self.chat.conversation is None:
+            self._when_a_chat_opens(lambda: self.set_chat_documents(chosen))
+            self.chat.new_conversation()
+            return
+        self.chat.update_conversation(knowledge_bases=chosen)
+        self.documents_bar.set_attached(chosen)
+        self.docs_label.setText(f"Documents: {', '.join(chosen)}" if chosen else "")
+
+    def _when_a_chat_opens(self, then: Callable[[], None]) -> None:
+        """Runs ``then`` once, when the next conversation has opened."""
+
+        def once(conversation: Any, _messages: Any) -> None:
+            self.chat.conversation_opened.disconnect(once)
+            if conversation is not None:
+                then()
+
+        self.chat.conversation_opened.connect(once)
+
+    # ------------------------------------------------------------------ dropped files
+    def drop_target_text(self) -> str:
+        """What the overlay says while files are dragged over the window."""
+        kb = self._knowledge_page_kb()
+        if kb is not None:
+            return f"Drop to add to the knowledge base “{kb}”"
+        conv = self.chat.conversation
+        kbs = list(getattr(conv, "knowledge_bases", None) or [])
+        if kbs:
+            return f"Drop to add to this chat's documents (“{kbs[0]}”)"
+        return "Drop files or folders to use them in this chat"
+
+    def _knowledge_page_kb(self) -> str | None:
+        page = self._knowledge_page
+        if page is not None and self.pages.currentIndex() == KNOWLEDGE_PAGE and page.current:
+            return str(page.current)
+        return None
+
+    def attach_documents(self, paths: Sequence[Path], *, to_chat: bool = False) -> None:
+        """Indexes files or folders for use in a chat.
+
+        On the Knowledge page with a knowledge base selected they go into it (unless ``to_chat``).
+        Otherwise they go into the open chat's first knowledge base, or into a new one named after
+        them (``documents_name``) that the chat then uses; a chat is made when none is open.
+
+        Args:
+            paths: files and folders (dropped or picked).
+            to_chat: always the chat's documents, whatever page is shown.
+        """
+        items = [Path(p) for p in paths]
+        if not items:
+            return
+        selected = None if to_chat else self._knowledge_page_kb()
+        if selected is not None:
+            self.knowledge.add(selected, items)
+            self.statusBar().showMessage(f"Indexing {len(items)} item(s) into {selected}…", 5000)
+            return
+        conv = self.chat.conversation
+        if conv is None:
+            self._when_a_chat_opens(lambda: self.attach_documents(items, to_chat=True))
+            self.chat.new_conversation()
+            return
+        kbs = list(conv.knowledge_bases or [])
+        if kbs:
+            self.knowledge.add(kbs[0], items)
+            self.statusBar().showMessage(f"Indexing {len(items)} item(s) into {kbs[0]}…", 5000)
+            return
+        conv_id = conv.id
+        from rag.service import unique_name
+
+        # Attached at once under the name it will most likely get (the header says so while the
+        # embedding model loads); corrected below if another took that name meanwhile.
+        guess = unique_name(documents_name(items), set(self.knowledge.names))
+        self.documents_bar.creating.add(guess)  # not "(missing)" while it is being made
+        self.set_chat_documents([guess])
+        self.index_label.setText(f"Creating the knowledge base “{guess}”…")
+
+        def created(kb: Any) -> None:
+            self.documents_bar.creating.discard(guess)
+            current = self.chat.conversation
+            if kb.name != guess and current is not None and current.id == conv_id:
+                kept = [n for n in (current.knowledge_bases or self.documents_bar.attached) if n != guess]
+                self.set_chat_documents([*kept, kb.name])
+            self.knowledge.add(kb.name, items)
+            self.statusBar().showMessage(f"Indexing {len(items)} item(s) into {kb.name}…", 5000)
+
+        def failed(_message: str) -> None:
+            self.documents_bar.creating.discard(guess)
+            self.index_label.setText("")
+            current = self.chat.conversation
+            if current is not None and current.id == conv_id:
+                self.set_chat_documents([n for n in self.documents_bar.attached if n != guess])
+
+        self.knowledge.create(guess, created, failed, unique=True)
+
+    def add_documents(self, paths: list[Path]) -> None:
+        """The former name of :meth:`attach_documents` (kept for callers of the old name)."""
+        self.attach_documents(paths)
+
+    # ------------------------------------------------------------------ indexing progress
+    @Slot(object)
+    def _on_knowledge_job_started(self, job: IndexJob) -> None:
+        self.index_label.setText(f"{job.label}…")
+
+    @Slot(object, object)
+    def _on_knowledge_progress_changed(self, job: IndexJob, progress: Any) -> None:
+        from app.gui.knowledge_panel import progress_text
+
+        self.index_label.setText(f"{job.kb or job.label}: {progress_text(progress)}")
+
+    @Slot(object, object)
+    def _on_knowledge_job_finished(self, job: IndexJob, report: Any) -> None:
+        if report is None:
+            self.index_label.setText("")
+            return
+        line = report.summary() if hasattr(report, "summary") else "done"
+        self.index_label.setText(f"{job.kb or job.label}: {line}")
+        self._index_timer.start(10000)
+
+    @Slot(object)
+    def _on_chat_sources_found(self, sources: list[dict[str, Any]]) -> None:
+        card = self.chat_view._streaming
+        if card is not None:
+            card.set_sources(sources)
