@@ -17,7 +17,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.hub.downloads import DownloadProgress, DownloadResult, download_file, partial_paths
+from engine.hub.download_job import DownloadResult
+from engine.hub.downloads import DownloadProgress, download_file
+from engine.hub.partials import partial_paths
 from engine.hub.queue import file_on_disk
 
 __all__ = ["DEFAULT_DISK_MARGIN", "FileJob", "FilesOutcome", "FilesProgress", "download_files", "model_folder"]

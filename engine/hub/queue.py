@@ -20,13 +20,13 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
+from engine.atomic import write_json_atomic
 from engine.errors import DownloadError
-from engine.hub.downloads import (
-    _META_FORMAT,  # the sidecar's format; this module reads it back
+from engine.hub.partials import (
+    META_FORMAT,  # the sidecar's format; this module reads it back
     META_SUFFIX,
     PARTIAL_SUFFIX,
     partial_paths,
-    write_json_atomic,
 )
 from engine.hub.search import check_filename, check_repo_id, check_revision
 
@@ -120,7 +120,7 @@ def _describe(final: Path, meta_path: Path) -> PartialDownload:
         return _unreadable(final, f"its resume metadata cannot be read: {exc.strerror or exc}")
     except ValueError:
         return _unreadable(final, "its resume metadata is corrupt (not JSON)")
-    if not isinstance(document, dict) or document.get("format") != _META_FORMAT:
+    if not isinstance(document, dict) or document.get("format") != META_FORMAT:
         return _unreadable(final, "its resume metadata has an unknown format")
     fields = {k: document.get(k) for k in ("repo", "filename", "revision")}
     if not all(isinstance(v, str) and v for v in fields.values()):

@@ -250,7 +250,7 @@ DATA = random_bytes(SIZE, 42)
 
 
 def test_kill_9_during_models_download_leaves_no_half_file_and_the_next_run_resumes(tmp_path: Path) -> None:
-    from engine.hub.downloads import partial_paths, read_partial_meta
+    from engine.hub.partials import partial_paths, read_partial_meta
 
     home = tmp_path / "home"
     dest = home / "data" / "models" / "acme" / "tiny-GGUF"

@@ -22,7 +22,7 @@ from app.gui.model_panel import ModelPanel, format_progress
 from app.gui.workers.models_worker import ModelsAdapter
 from app.gui.workers.transfers import Transfer
 from app.paths import Paths
-from engine.hub.downloads import partial_paths, read_partial_meta
+from engine.hub.partials import partial_paths, read_partial_meta
 from engine.hub.queue import DownloadQueue, QueueFile, make_item
 
 pytestmark = [pytest.mark.gui, pytest.mark.qt_log_ignore("propagateSizeHints")]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from engine.hub.downloads import discard_partial, partial_paths
+from engine.hub.partials import discard_partial, partial_paths
 from engine.hub.queue import find_partials
 
 REPO = "acme/tiny-GGUF"

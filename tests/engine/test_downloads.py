@@ -22,15 +22,11 @@ from typing import Any
 import pytest
 from hub_server import FakeHub, random_bytes
 
-import engine.hub.downloads as downloads
+import engine.hub.download_job as download_job
 from engine.errors import Cancelled, DownloadError
-from engine.hub.downloads import (
-    DownloadProgress,
-    discard_partial,
-    download_file,
-    partial_paths,
-    read_partial_meta,
-)
+from engine.hub.download_job import DownloadResult
+from engine.hub.downloads import DownloadProgress, download_file
+from engine.hub.partials import discard_partial, partial_paths, read_partial_meta
 from engine.hub.queue import DownloadQueue, find_partials
 from engine.hub.search import GatedRepoError, RepoNotFoundError
 
@@ -86,7 +82,7 @@ def assert_clean(dest: Path, name: str = NAME) -> None:
     assert not meta.exists()
 
 
-def download(hub: FakeHub, dest: Path, name: str = NAME, **kwargs: Any) -> downloads.DownloadResult:
+def download(hub: FakeHub, dest: Path, name: str = NAME, **kwargs: Any) -> DownloadResult:
     options = {**FAST, **kwargs}
     return download_file(REPO, name, dest, endpoint=hub.url, **options)
 
@@ -373,7 +369,7 @@ def test_disk_check_runs_once_the_size_is_known(hub: FakeHub, dest: Path, monkey
 def test_disk_full_while_writing_keeps_the_partial_for_later(
     hub: FakeHub, dest: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real_write = downloads._write_all
+    real_write = download_job.write_all
     written = [0]
 
     def write_until_full(fd: int, data: bytes | memoryview) -> None:
@@ -382,7 +378,7 @@ def test_disk_full_while_writing_keeps_the_partial_for_later(
         real_write(fd, data)
         written[0] += len(data)
 
-    monkeypatch.setattr(downloads, "_write_all", write_until_full)
+    monkeypatch.setattr(download_job, "write_all", write_until_full)
     with pytest.raises(DownloadError) as caught:
         download(hub, dest)
     message = str(caught.value)
@@ -395,7 +391,7 @@ def test_disk_full_while_writing_keeps_the_partial_for_later(
     meta = read_partial_meta(dest, NAME)
     assert meta is not None
     assert meta["done"] == written[0] == partial.stat().st_size
-    monkeypatch.setattr(downloads, "_write_all", real_write)
+    monkeypatch.setattr(download_job, "write_all", real_write)
     assert download(hub, dest).sha256 == SHA
     assert ranges(hub)[-1] == f"bytes={written[0]}-"
     assert_clean(dest)
@@ -407,7 +403,7 @@ def test_disk_full_reported_by_the_final_fsync_is_the_same_clear_error(
     def full(fd: int) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(downloads.os, "fsync", full)
+    monkeypatch.setattr(download_job.os, "fsync", full)
     with pytest.raises(DownloadError, match=f"not enough disk space for {NAME}: need"):
         download(hub, dest)
     assert not (dest / NAME).exists()

@@ -12,8 +12,8 @@ import pytest
 from hub_server import FakeHub, random_bytes
 
 from engine.errors import Cancelled, DownloadError
-from engine.hub.downloads import partial_paths, read_partial_meta
 from engine.hub.model_download import FileJob, FilesProgress, download_files, model_folder
+from engine.hub.partials import partial_paths, read_partial_meta
 
 REPO = "acme/split-GGUF"
 PARTS = {f"m-0000{i}-of-00003.gguf": random_bytes(300_000 + i * 1000, i) for i in (1, 2, 3)}

@@ -23,7 +23,8 @@ from engine.units import format_bytes, format_eta, format_speed
 
 if TYPE_CHECKING:
     from engine.fit import FitEstimate
-    from engine.hub.downloads import DownloadProgress, DownloadResult
+    from engine.hub.download_job import DownloadResult
+    from engine.hub.downloads import DownloadProgress
     from engine.hub.search import ModelFile, RepoFiles
 
 
@@ -300,8 +301,8 @@ def fit_checker(paths: Paths) -> Callable[[int], FitEstimate]:
 
 def run_download(args: argparse.Namespace, paths: Paths) -> int:
     """``models download``."""
-    from engine.hub.downloads import check_disk_space
     from engine.hub.model_download import FileJob, download_files, model_folder
+    from engine.hub.partials import check_disk_space
     from engine.hub.search import check_filename, check_repo_id
 
     check_repo_id(args.repo)

@@ -265,7 +265,7 @@ class DownloadsAdapter(QObject):
         queue_key = current.queue_key
 
         def work() -> None:
-            from engine.hub.downloads import discard_partial
+            from engine.hub.partials import discard_partial
 
             for path in paths:
                 discard_partial(path.parent, path.name)
