@@ -808,10 +808,9 @@ def test_abandoned_non_streamed_request_stops_the_model(
         assert len(replies) == 2  # the next request was served after the abandoned one had ended
         finished = replies[0][-1]
         assert isinstance(finished, Finished), finished
-        assert finished.reason == "cancelled"
         after = finished.stats.completion_tokens - at_hangup
-        print('TEMPMEASURE', at_hangup, after, finished.stats.completion_tokens)
         assert after <= 256, f"the abandoned reply went on for {after} tokens after the hang-up"
+        assert finished.reason == "cancelled"
 
 
 @pytest.mark.model
