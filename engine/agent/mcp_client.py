@@ -430,9 +430,11 @@ class McpServer:
                 yield _WatchedReadStream(read, on_end), write
 
     async def _hold(self, ready: asyncio.Future[None]) -> None:
-        """Holds one connection: enters the SDK client, waits for a stop or the end, leaves it."""
-        from mcp import Client
+        """Holds one connection: enters the SDK client, waits for a stop or the end, leaves it.
 
+        Every failure before the connection stands, the SDK's own import included, goes to
+        ``ready``: a start that cannot happen says why at once, never as a timeout.
+        """
         assert self._wake is not None
         wake = self._wake
         ended = False
@@ -443,6 +445,8 @@ class McpServer:
             wake.set()
 
         try:
+            from mcp import Client
+
             transport = self._transport(on_end)
             async with Client(transport) as client:
                 self._client = client
@@ -489,6 +493,7 @@ class McpServer:
             self._starts += 1
             ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._holder = asyncio.get_running_loop().create_task(self._hold(ready))
+            self._holder.add_done_callback(lambda holder: _settle(ready, holder))
             try:
                 await asyncio.wait_for(asyncio.shield(ready), self._connect_timeout_s)
             except BaseException as exc:  # the boundary: any failure of the connection is reported
@@ -689,6 +694,9 @@ class McpServer:
             return f"{what}: the command {self.config.command!r} was not found"
         if isinstance(exc, PermissionError):
             return f"{what}: the command {self.config.command!r} cannot be run (permission denied)"
+        if isinstance(exc, ImportError):
+            missing = f"the module {exc.name!r} is missing" if exc.name else _one_line(str(exc))
+            return f"{what}: Glassbox's MCP support cannot load ({missing}; this installation is incomplete)"
         text = _one_line(str(exc)) or type(exc).__name__
         if text == "Connection closed" and self.config.command is not None:
             text = "it exited or closed its output before answering"
@@ -699,6 +707,17 @@ class McpServer:
                 return f"{what}: {self.config.url} answered {status}{hint}"
             return f"{what}: {self.config.url}: {text}"
         return f"{what}: {text}{self._last_words()}"
+
+
+def _settle(ready: asyncio.Future[None], holder: asyncio.Task[None]) -> None:
+    """Ends a start's wait when its holder task ended without a word (a bug there, not a timeout)."""
+    if ready.done():
+        return
+    if holder.cancelled():
+        ready.cancel()
+        return
+    exc = holder.exception()
+    ready.set_exception(exc if exc is not None else RuntimeError("the connection ended before it was made"))
 
 
 def _one_line(text: str, limit: int = 300) -> str:
