@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from rag.loaders import ParsedDocument, Section
+from rag.sections import ParsedDocument, Section
 
 _SECTION, _PARAGRAPH, _LINE, _SENTENCE, _WORD, _CHAR = 5, 4, 3, 2, 1, 0
 _PARAGRAPH_BREAK = re.compile(r"\n[ \t]*\n\s*")

@@ -20,9 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
+from rag.detect import file_type, not_regular
 from rag.embeddings import Embedder
 from rag.errors import DocumentError, KnowledgeBaseError
-from rag.loaders import check_size, file_type, not_regular
+from rag.loaders import check_size
 from rag.registry import ChunkLike, ChunkRecord, DocState, DocumentRecord, KnowledgeBaseInfo, Registry
 from rag.store import VectorStore
 

@@ -29,7 +29,8 @@ from types import TracebackType
 from typing import Any, Protocol
 
 from rag.errors import DocumentError
-from rag.loaders import ParsedDocument, check_size, load_document
+from rag.loaders import check_size, load_document
+from rag.sections import ParsedDocument
 
 log = logging.getLogger(__name__)
 

@@ -74,7 +74,7 @@ def progress_text(progress: Any) -> str:
 def document_file_filter() -> str:
     """The file dialog's filters: every supported type first, then one per kind, then all files
     (any other text file is read as plain text)."""
-    from rag.loaders import FILE_TYPES
+    from rag.detect import FILE_TYPES
 
     def patterns(exts: tuple[str, ...]) -> str:
         return " ".join(f"*{ext}" for ext in exts)

@@ -15,7 +15,8 @@ import zipfile
 import zlib
 from pathlib import Path
 
-from rag.loaders import ParsedDocument, load_document
+from rag.loaders import load_document
+from rag.sections import ParsedDocument
 
 LOREM = (
     "Glassbox keeps every document on this computer. The parser runs in a child process. "

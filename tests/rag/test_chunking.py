@@ -13,8 +13,9 @@ import pytest
 from doc_fixtures import LOREM, word_count, write_pdf
 
 from rag.chunking import Chunk, chunk_document
-from rag.loaders import ParsedDocument, Section, load_document
+from rag.loaders import load_document
 from rag.markup import SectionKind
+from rag.sections import ParsedDocument, Section
 
 MD_GUIDE = (
     "# Install\n\n"

@@ -21,9 +21,11 @@ from doc_fixtures import (
     write_zip_bomb_docx,
 )
 
-from rag import loaders
+from rag import loaders, pdf_loader, zip_formats
+from rag.detect import detect_kind
 from rag.errors import DocumentError
-from rag.loaders import ParsedDocument, detect_kind, load_document
+from rag.loaders import load_document
+from rag.sections import ParsedDocument
 
 
 def assert_spans(doc: ParsedDocument) -> None:
@@ -388,7 +390,7 @@ def test_corrupt_pdf(tmp_path: Path) -> None:
 
 
 def test_pdf_bomb_hits_the_decompression_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(loaders, "PDF_MAX_STREAM_BYTES", 2 * 2**20)
+    monkeypatch.setattr(pdf_loader, "PDF_MAX_STREAM_BYTES", 2 * 2**20)
     path = write_pdf_bomb(tmp_path / "bomb.pdf", decompressed_bytes=8 * 2**20)
     assert path.stat().st_size < 100_000
     assert skipped(path).startswith("skipped: could not be parsed safely (possible PDF bomb")
@@ -406,7 +408,7 @@ def test_zip_bomb_docx(tmp_path: Path) -> None:
 
 
 def test_zip_total_size_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(loaders, "ZIP_MAX_UNCOMPRESSED_BYTES", 1000)
+    monkeypatch.setattr(zip_formats, "ZIP_MAX_UNCOMPRESSED_BYTES", 1000)
     path = write_epub(tmp_path / "big.epub", [("One", "x" * 2000)])
     assert "limit 0 MB (possible zip bomb)" in skipped(path)
 

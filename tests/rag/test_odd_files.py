@@ -23,9 +23,10 @@ from standins import FakeEmbedder, TextParser, paragraph_chunks, write
 from rag.errors import DocumentError, KnowledgeBaseError
 from rag.ingest import IngestReport, Parser, display_path, sha256_file, walk_files
 from rag.knowledge import KnowledgeBases
-from rag.loaders import load_document, read_text
+from rag.loaders import load_document
 from rag.parsing import ParserPool
 from rag.registry import DocState
+from rag.text_files import read_text
 
 pytestmark = [
     pytest.mark.skipif(sys.platform == "win32", reason="FIFOs and byte file names are POSIX"),
