@@ -198,6 +198,19 @@ class _Emitter:
         return self.text
 
 
+def sync_draft(lc: Any, drafter: DraftModel, cancel: Any) -> bool:
+    """Brings the draft model's KV cache to the sequence, under the abort callback like a prefill;
+    False when Stop came first (the draft's cache then keeps only what it had fully read)."""
+    with AbortGuard(lc, drafter.llm._ctx.ctx, cancel) as guard:
+        try:
+            return drafter.sync(cancel)
+        except RuntimeError:
+            if not guard.fired:
+                raise
+            drafter.llm._ctx.kv_cache_seq_rm(-1, drafter.llm.n_tokens, -1)
+            return False
+
+
 def decode(
     llm: Any,
     lc: Any,
@@ -217,17 +230,7 @@ def decode(
     max_new = min(params.max_tokens, n_ctx - llm.n_tokens)
     emitter = _Emitter(lc, llm, piece, params, stops, max_new, cancel, send)
     drafter = make_drafter(params.speculative, prompt, draft_model)
-    if isinstance(drafter, DraftModel):  # the draft reads the prompt too, as abortable as the model
-        with AbortGuard(lc, drafter.llm._ctx.ctx, cancel) as guard:
-            try:
-                synced = drafter.sync(cancel)
-            except RuntimeError:
-                if not guard.fired:
-                    raise
-                drafter.llm._ctx.kv_cache_seq_rm(-1, drafter.llm.n_tokens, -1)
-                synced = False
-        if not synced:
-            return DecodeOutcome("cancelled", "", 0, time.perf_counter())
+    draft_synced = False
     draft_cost = drafter.relative_cost if isinstance(drafter, DraftModel) else 0.0
     # GLASSBOX_TEST_DRAFT_FIXED=N: always draft N tokens, so tests and benchmarks can exercise a
     # draft model the policy would rightly not use (one as costly as its target).
@@ -254,6 +257,13 @@ def decode(
             if drafter is not None and room > 0:
                 if isinstance(drafter, DraftModel):
                     k = policy.choose("model", room)
+                    if k and not draft_synced:
+                        # The draft reads the prompt only once the policy first drafts (a draft the
+                        # policy declines costs nothing), as abortable as the model's prefill.
+                        if not sync_draft(lc, drafter, cancel):
+                            reason = "cancelled"
+                            break
+                        draft_synced = True
                     if k:
                         draft, bucket = drafter.propose(k)
                 else:

@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
+from typing import Any
 
 import jsonschema
 import pytest
@@ -16,6 +17,7 @@ import pytest
 from engine.errors import EngineError, ModelLoadError
 from engine.inference.events import PrefillProgress, Token
 from engine.inference.runtime import GenerationParams, InferenceWorker, LoadParams, WorkerResult
+from engine.inference.speculative import DraftModel
 
 pytestmark = pytest.mark.model
 
@@ -356,3 +358,84 @@ def test_stop_while_the_draft_model_reads_the_prompt(starter_model: Path) -> Non
             w, "The history of the printing press", GenerationParams(max_tokens=8, temperature=0.0, speculative="draft")
         )[1]
         assert again.completion_tokens == 8
+
+
+class _RecordingDraft(DraftModel):
+    """A draft model that only records what the decode loop asks of it: how many times it was
+    brought to the sequence, and how many drafts it was asked for (it proposes nothing)."""
+
+    def __init__(self, llm: Any, relative_cost: float) -> None:
+        self.llm = llm  # a context for the abort guard the loop arms around the draft's prefill
+        self.tokens = []
+        self.relative_cost = relative_cost
+        self.syncs = 0
+        self.proposals = 0
+
+    def sync(self, cancel: object = None, chunk: int = 256) -> bool:
+        self.syncs += 1
+        return True
+
+    def propose(self, k: int) -> tuple[list[int], str]:
+        self.proposals += 1
+        return [], ""
+
+
+@pytest.fixture(scope="module")
+def target(starter_model: Path) -> Iterator[object]:
+    """The starter model in this process, for the decode loop called directly."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from engine.cpu_backend import load_backends
+
+    backend = load_backends()
+    assert backend.error is None, backend.error
+    llm = llama_cpp.Llama(str(starter_model), n_ctx=256, n_batch=256, n_threads=2, verbose=False)
+    try:
+        yield llm
+    finally:
+        llm.close()
+
+
+def _decode_with(target: object, draft: _RecordingDraft) -> None:
+    import llama_cpp
+
+    from engine.inference.decoding import StopMatcher, decode
+
+    llm: Any = target
+    tokens = llm.tokenize(PASSAGE.encode())
+    llm.reset()
+    llm.eval(tokens)
+    params = GenerationParams(max_tokens=8, temperature=0.0, speculative="draft")
+    outcome = decode(
+        llm,
+        llama_cpp,
+        lambda t: llm.detokenize([t]),
+        params,
+        tokens,
+        256,
+        256,
+        StopMatcher([]),
+        threading.Event(),
+        lambda event: None,
+        draft,
+    )
+    assert outcome.reason == "length" and outcome.completion_tokens == 8
+
+
+def test_a_draft_model_the_policy_declines_never_reads_the_prompt(
+    target: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A draft as costly as its target is never worth drafting with: the loop then never brings
+    its KV cache to the prompt (before, every reply prefilled the whole prompt into the draft)."""
+    monkeypatch.delenv("GLASSBOX_TEST_DRAFT_FIXED", raising=False)
+    draft = _RecordingDraft(target, relative_cost=1.0)
+    _decode_with(target, draft)
+    assert (draft.syncs, draft.proposals) == (0, 0)
+
+
+def test_a_draft_model_reads_the_prompt_once_when_the_policy_first_drafts(
+    target: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GLASSBOX_TEST_DRAFT_FIXED", "2")
+    draft = _RecordingDraft(target, relative_cost=1.0)
+    _decode_with(target, draft)
+    assert draft.syncs == 1 and draft.proposals >= 7
