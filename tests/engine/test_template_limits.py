@@ -2,8 +2,9 @@
 
 The template is compiled in the app's own process (the chat session picks it), so its cost is
 bounded before Jinja or Python's compiler see it: the text by MAX_TEMPLATE_BYTES, the parse tree by
-MAX_TEMPLATE_NODES, the generated code by MAX_COMPILED_SOURCE. Time is CPU seconds
-(``time.process_time``); memory is the ``tracemalloc`` peak of the call.
+MAX_TEMPLATE_NODES, the generated code by MAX_COMPILED_SOURCE. The bounds are the work done,
+counted, not timed (CI machines are noisy): which of the costly steps (Jinja's parse, Jinja's code
+generation, Python's compile) ran on the refused template, and the ``tracemalloc`` peak of the call.
 
 Measured on the 2-core dev machine, before -> after: a 1 MiB template 8.3 s and a 550 MiB peak
 (over 1 GB of RSS in the app) -> 0.00 s and 0 MiB; templates under the cap that compile to too
@@ -12,14 +13,17 @@ much: 0.3-1.0 s and 24-80 MiB (three of them were accepted) -> at most 0.4 s and
 
 from __future__ import annotations
 
-import time
 import tracemalloc
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
+from jinja2 import nodes
 from jinja2.exceptions import SecurityError
 
 from engine.gguf import MAX_CHAT_TEMPLATE_BYTES
+from engine.inference import templates
 from engine.inference.templates import (
     MAX_COMPILED_SOURCE,
     MAX_TEMPLATE_BYTES,
@@ -34,17 +38,42 @@ HEAD = "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}"
 CONVERSATION = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
 
 
-def measured(fn: Callable[[], ChatTemplate]) -> tuple[float, int, ChatTemplate]:
-    """(CPU seconds of an untraced call, tracemalloc peak of a second one, the result).
+@dataclass
+class Work:
+    """The sizes of what each costly step of compiling a template was given, in one call."""
 
-    Two calls, since tracing makes the compile several times slower."""
-    start = time.process_time()
-    result = fn()
-    seconds = time.process_time() - start
+    parsed: list[int] = field(default_factory=list)  # characters of template Jinja parsed
+    generated: list[int] = field(default_factory=list)  # syntax nodes Jinja generated code for
+    compiled: list[int] = field(default_factory=list)  # characters of Python that Python compiled
+
+
+def measured(fn: Callable[[], ChatTemplate], monkeypatch: pytest.MonkeyPatch) -> tuple[Work, int, ChatTemplate]:
+    """(the work of a first call, the tracemalloc peak of a second one, the result)."""
+    work = Work()
+    real_parse = _GuardedEnvironment.parse
+    real_generate = _GuardedEnvironment.compile
+
+    def parse(self: _GuardedEnvironment, source: str, *args: Any, **kwargs: Any) -> Any:
+        work.parsed.append(len(source))
+        return real_parse(self, source, *args, **kwargs)
+
+    def generate(self: _GuardedEnvironment, source: Any, *args: Any, **kwargs: Any) -> Any:
+        work.generated.append(sum(1 for _ in source.find_all(nodes.Node)) if isinstance(source, nodes.Node) else -1)
+        return real_generate(self, source, *args, **kwargs)
+
+    def python_compile(source: Any, *args: Any, **kwargs: Any) -> Any:
+        work.compiled.append(len(source))
+        return compile(source, *args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(_GuardedEnvironment, "parse", parse)
+        patch.setattr(_GuardedEnvironment, "compile", generate)
+        patch.setattr(templates, "compile", python_compile, raising=False)
+        result = fn()
     tracemalloc.start()
     try:
         fn()
-        return seconds, tracemalloc.get_traced_memory()[1], result
+        return work, tracemalloc.get_traced_memory()[1], result
     finally:
         tracemalloc.stop()
 
@@ -62,12 +91,15 @@ def test_the_cap_is_the_readers_cap() -> None:
     ("marker", "architecture", "expected"),
     [("<|im_start|>", "llama", "chatml"), ("", "gemma3", "gemma"), ("", "phi3", "phi3")],
 )
-def test_a_1_mib_template_is_refused_before_it_is_compiled(marker: str, architecture: str, expected: str) -> None:
-    # Bound: under 0.05 s CPU and a 1 MiB tracemalloc peak (before: 8.3 s, 550 MiB). The fallback
-    # is chosen as for any rejected template (its markers, else the architecture), with the reason.
+def test_a_1_mib_template_is_refused_before_it_is_compiled(
+    marker: str, architecture: str, expected: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Bound: never parsed, and a 1 MiB tracemalloc peak (before: parsed and compiled, 8.3 s, 550 MiB).
+    # The fallback is chosen as for any rejected template (its markers, else the architecture), with the reason.
     template = HEAD + marker + "{{ messages[0].content }}" * (MIB // 25)
-    seconds, peak, chosen = measured(lambda: select_template(template, architecture, "<s>", "</s>"))
-    assert seconds < 0.05
+    work, peak, chosen = measured(lambda: select_template(template, architecture, "<s>", "</s>"), monkeypatch)
+    assert max(work.parsed, default=0) <= MAX_TEMPLATE_BYTES, work  # the fallback's own template may be parsed
+    assert max(work.compiled, default=0) <= MAX_COMPILED_SOURCE, work
     assert peak < MIB
     assert (chosen.source, chosen.name) == ("fallback", expected)
     assert chosen.reason == (
@@ -115,12 +147,17 @@ def test_a_large_realistic_template_is_still_used() -> None:
     ],
     ids=["outputs", "nested-ifs", "macros", "call-arguments", "list-literal"],
 )
-def test_templates_under_the_cap_that_compile_to_too_much_are_refused(template: str, reason: str) -> None:
-    # Bound: under 1 s CPU and a 16 MiB tracemalloc peak (before: 0.3-1.0 s, 24-80 MiB, and the
-    # nested-ifs, macros and list-literal templates were accepted).
+def test_templates_under_the_cap_that_compile_to_too_much_are_refused(
+    template: str, reason: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Bound: Python never compiles more than MAX_COMPILED_SOURCE characters, Jinja never generates
+    # code for more than MAX_TEMPLATE_NODES nodes, and a 16 MiB tracemalloc peak (before: 24-80 MiB,
+    # and the nested-ifs, macros and list-literal templates were accepted).
     assert len(template) <= MAX_TEMPLATE_BYTES
-    seconds, peak, chosen = measured(lambda: select_template(template, "llama", "", ""))
-    assert seconds < 1.0
+    work, peak, chosen = measured(lambda: select_template(template, "llama", "", ""), monkeypatch)
+    assert len(template) in work.parsed, work  # it was parsed: the caps below are what stopped it
+    assert max(work.generated, default=0) <= MAX_TEMPLATE_NODES, work
+    assert max(work.compiled, default=0) <= MAX_COMPILED_SOURCE, work
     assert peak < 16 * MIB
     assert chosen.source == "fallback"
     assert reason in chosen.reason
