@@ -9,7 +9,8 @@ Steps, each logged to ``build/installer-logs/`` with a one-line summary printed 
 0. check that llama-cpp-python is the portable build (``installers/llama_build.py check``);
 1. render the app icon from ``resources/icons/glassbox.svg`` (PyInstaller converts it to .ico/.icns);
 2. PyInstaller with ``installers/glassbox.spec`` into ``dist/glassbox/`` (one folder);
-3. the frozen app's ``--self-test`` (a temporary home; the starter model, a document, the window);
+3. the frozen app's ``--self-test`` (a temporary home; the starter model, a document, a stdio MCP
+   server the bundle runs itself, the window);
 4. the bundle's size per part (Qt, torch, llama.cpp, the starter models, the rest);
 5. packages: Linux ``.tar.gz`` and ``.deb``; Windows the Inno Setup installer when ``iscc`` is on
    PATH; macOS the ``.dmg`` (``installers/macos/make_dmg.sh``).

@@ -1,7 +1,8 @@
 """``glassbox --self-test``: the smoke test of an installed or frozen Glassbox (CONTRIBUTING.md rule 21).
 
 With a temporary home: load the starter model and generate 5 tokens, index a small document and
-query it, then open and close the main window offscreen. Exit 0, or 1 with the reason on stderr.
+query it, start a real stdio MCP server and list and call its tool, then open and close the main
+window offscreen. Exit 0, or 1 with the reason on stderr.
 Each step's line says what it found; the first one names the CPU code llama.cpp ran on (which of
 its CPU variants, and the instructions it uses). ``--json`` prints one object instead.
 """
@@ -14,6 +15,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from app.paths import Paths
@@ -21,6 +23,11 @@ from app.paths import Paths
 DOCUMENT = (
     "Glassbox self-test document.\n\nThe lighthouse keeper counts forty-two steps to the lamp room every evening.\n"
 )
+
+#: The argument on which the frozen app runs :func:`serve_self_test_mcp_server` and exits (the runtime
+#: hook installers/hooks/rthook_self_test_mcp_server.py): in a bundle ``sys.executable`` is Glassbox
+#: itself, not Python, and the user's machine may have no Python at all.
+MCP_SERVER_FLAG = "--self-test-mcp-server"
 
 
 class SelfTestError(Exception):
@@ -103,6 +110,47 @@ def _index_and_query(home: Paths) -> str:
     return f"{len(passages)} passage(s)"
 
 
+def serve_self_test_mcp_server() -> None:
+    """Runs the self-test's MCP server on stdin and stdout (one tool, ``add``) until its client leaves."""
+    from mcp.server.mcpserver import MCPServer
+
+    server = MCPServer("glassbox-self-test")
+
+    @server.tool()
+    def add(a: int, b: int) -> int:
+        """Adds two integers."""
+        return a + b
+
+    server.run()  # stdio
+
+
+def mcp_server_command() -> tuple[str, tuple[str, ...], str | None]:
+    """How to start :func:`serve_self_test_mcp_server` as a child: the command, its arguments, its folder.
+
+    Frozen, the bundle runs it itself (:data:`MCP_SERVER_FLAG`); from source, this Python runs it,
+    in the folder that holds the ``app`` package.
+    """
+    if getattr(sys, "frozen", False):
+        return sys.executable, (MCP_SERVER_FLAG,), None
+    code = "from app.gui.selftest import serve_self_test_mcp_server; serve_self_test_mcp_server()"
+    return sys.executable, ("-c", code), str(Path(__file__).resolve().parents[2])
+
+
+def _mcp_tools() -> str:
+    from engine.agent.mcp_client import McpServer, McpServerConfig
+
+    command, args, cwd = mcp_server_command()
+    with McpServer(McpServerConfig("self-test", command=command, args=args, cwd=cwd)) as server:
+        names = sorted(spec.name for spec in server.tools())
+        if names != ["add"]:
+            raise SelfTestError(f"MCP: the server listed the tools {names}, not ['add']")
+        result = server.call("add", {"a": 2, "b": 3}, timeout_s=30.0)
+    if result.is_error or result.content.strip() != "5":
+        raise SelfTestError(f"MCP: add(2, 3) answered {result.content!r}")
+    kind = "this bundle" if getattr(sys, "frozen", False) else "Python"
+    return f"a stdio server ({kind}) listed 1 tool; add(2, 3) = 5"
+
+
 def _window(home: Paths) -> str:
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     from PySide6.QtWidgets import QApplication
@@ -142,6 +190,7 @@ def run_self_test(paths: Paths, as_json: bool = False) -> int:
         try:
             report.step("load the starter model and generate 5 tokens", lambda: _generate(home, report))
             report.step("index a document and query it", lambda: _index_and_query(home))
+            report.step("start a stdio MCP server and call its tool", _mcp_tools)
             report.step("open and close the main window", lambda: _window(home))
         except SelfTestError as exc:
             failure = str(exc)
