@@ -37,14 +37,9 @@ from engine.hub.download_job import SHA256_HEX, DownloadJob, DownloadResult, has
 from engine.hub.http import resolve_endpoint
 from engine.hub.partials import check_disk_space, locked_partial, partial_paths
 from engine.hub.search import PICKLE_SUFFIXES, check_filename, check_repo_id, check_revision
-from engine.hub.transfer import DownloadProgress, DownloadState, ProgressCallback, Reporter
+from engine.hub.transfer import ProgressCallback, Reporter
 
-__all__ = [
-    "DownloadProgress",
-    "DownloadState",
-    "ProgressCallback",
-    "download_file",
-]
+__all__ = ["download_file"]
 
 
 def download_file(

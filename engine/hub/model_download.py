@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.hub.download_job import DownloadResult
-from engine.hub.downloads import DownloadProgress, download_file
+from engine.hub.downloads import download_file
 from engine.hub.partials import partial_paths
 from engine.hub.queue import file_on_disk
+from engine.hub.transfer import DownloadProgress
 
 __all__ = ["DEFAULT_DISK_MARGIN", "FileJob", "FilesOutcome", "FilesProgress", "download_files", "model_folder"]
 

@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
 from hub_server import FakeHub, random_bytes
 
 from app.cli.commands.models_hub import ProgressPrinter
-from engine.hub.downloads import DownloadProgress
+from engine.hub.transfer import DownloadProgress
 
 ROOT = Path(__file__).resolve().parents[2]
 REPO = "acme/tiny-GGUF"

@@ -24,8 +24,8 @@ from engine.units import format_bytes, format_eta, format_speed
 if TYPE_CHECKING:
     from engine.fit import FitEstimate
     from engine.hub.download_job import DownloadResult
-    from engine.hub.downloads import DownloadProgress
     from engine.hub.search import ModelFile, RepoFiles
+    from engine.hub.transfer import DownloadProgress
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:
