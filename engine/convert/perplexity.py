@@ -21,7 +21,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.convert.quantize import describe_exit, import_native_bindings, run_logged_child, size_change
+from engine.convert.child_entry import import_native_bindings
+from engine.convert.quantize import describe_exit, run_logged_child, size_change
 from engine.errors import Cancelled, EngineError, ModelLoadError
 
 MAX_TEXT_CHARS = 200_000

@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.convert.child_entry import child_main, import_native_bindings, quantize_child
+from engine.convert.child_entry import child_main, quantize_child
 from engine.errors import Cancelled, ModelFileError, QuantizeError
 from engine.gguf import read_gguf_info
 from engine.library import read_model_info, split_parts
@@ -766,7 +766,6 @@ __all__ = [
     "disk_full_reason",
     "expected_bytes",
     "find_quant_type",
-    "import_native_bindings",
     "is_no_space",
     "quant_types",
     "quantize_model",

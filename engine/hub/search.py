@@ -21,41 +21,26 @@ from typing import Any, Literal
 
 from engine.errors import DownloadError
 from engine.hub.http import (
-    DEFAULT_ENDPOINT,
-    GatedRepoError,
-    HubHTTPError,
-    OfflineError,
-    RateLimitedError,
-    RepoNotFoundError,
     get_json,
-    hf_token,
     next_link,
     resolve_endpoint,
 )
 
 __all__ = [
-    "DEFAULT_ENDPOINT",
     "PICKLE_SUFFIXES",
-    "GatedRepoError",
-    "HubHTTPError",
     "ModelChoice",
     "ModelFile",
-    "OfflineError",
-    "RateLimitedError",
     "RepoFiles",
-    "RepoNotFoundError",
     "RepoSummary",
     "SortKey",
     "build_repo_files",
     "check_filename",
     "check_repo_id",
     "check_revision",
-    "hf_token",
     "list_repo_files",
     "parse_quant",
     "parse_split",
     "resolve_commit",
-    "resolve_endpoint",
     "search_models",
     "unsafe_name_reason",
 ]

@@ -26,9 +26,9 @@ import engine.hub.download_job as download_job
 from engine.errors import Cancelled, DownloadError
 from engine.hub.download_job import DownloadResult
 from engine.hub.downloads import download_file
+from engine.hub.http import GatedRepoError, RepoNotFoundError
 from engine.hub.partials import discard_partial, partial_paths, read_partial_meta
 from engine.hub.queue import DownloadQueue, find_partials
-from engine.hub.search import GatedRepoError, RepoNotFoundError
 from engine.hub.transfer import DownloadProgress
 
 REPO = "acme/tiny-GGUF"

@@ -10,19 +10,21 @@ import pytest
 from hub_server import FakeHub, random_bytes
 
 from engine.errors import DownloadError
-from engine.hub.http import retry_after_seconds
-from engine.hub.search import (
+from engine.hub.http import (
     GatedRepoError,
     HubHTTPError,
     OfflineError,
     RateLimitedError,
     RepoNotFoundError,
+    resolve_endpoint,
+    retry_after_seconds,
+)
+from engine.hub.search import (
     check_filename,
     check_repo_id,
     list_repo_files,
     parse_quant,
     parse_split,
-    resolve_endpoint,
     search_models,
     unsafe_name_reason,
 )
