@@ -115,12 +115,70 @@ def _truncate(text: str, budget: int, count_tokens: Callable[[str], int]) -> str
     return " ".join(words[:lo]) + " …" if lo else ""
 
 
+@dataclass(frozen=True)
+class CitedPassages:
+    """Retrieved passages, best first, numbered and fenced but not fitted to any budget.
+
+    A chat turn hands them to the engine, whose documents band keeps the best that fit
+    (``engine.inference.context.fit_documents``: this satisfies its ``RankedDocuments``);
+    :meth:`text` renders the block of any prefix, with the numbers the sources have.
+
+    Attributes:
+        entries: each passage as it appears in the block, best first.
+        sources: the source of each entry (``sources[i].n == i + 1``).
+    """
+
+    entries: tuple[str, ...]
+    sources: tuple[Source, ...]
+
+    @property
+    def count(self) -> int:
+        """How many passages there are."""
+        return len(self.entries)
+
+    def text(self, kept: int) -> str:
+        """The documents block with the ``kept`` best passages ("" for none)."""
+        return _block(self.entries[: max(kept, 0)])
+
+
+def cite_passages(passages: Sequence[PassageLike]) -> CitedPassages:
+    """Numbers and fences every passage, best first, without fitting them (see :class:`CitedPassages`)."""
+    entries: list[str] = []
+    sources: list[Source] = []
+    for n, passage in enumerate(passages, start=1):
+        text = clean_text(passage.text).strip()
+        entries.append(_entry(n, passage, text))
+        sources.append(_source(n, passage, text))
+    return CitedPassages(tuple(entries), tuple(sources))
+
+
+def _source(n: int, passage: PassageLike, text: str) -> Source:
+    return Source(
+        n=n,
+        path=passage.path,
+        page=passage.page,
+        snippet=snippet(text),
+        score=float(passage.fused_score),
+        heading=passage.heading,
+    )
+
+
+def _block(entries: Sequence[str]) -> str:
+    """The block around ``entries`` ("" for none): the preamble and markers tagged with their digest."""
+    if not entries:
+        return ""
+    body = "\n\n".join(entries)
+    tag = hashlib.sha256(body.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    return f"{PREAMBLE}\n{BEGIN.format(tag=tag)}\n{body}\n{END.format(tag=tag)}"
+
+
 def build_context_block(
     passages: Sequence[PassageLike],
     budget_tokens: int,
     count_tokens: Callable[[str], int],
 ) -> ContextBlock:
-    """Numbers and fences passages, best first, within a token budget.
+    """Numbers and fences passages, best first, within a token budget (a tool's search result; a
+    chat turn's documents are fitted by the engine instead: :func:`cite_passages`).
 
     A passage that does not fit is dropped (a later, shorter one may still fit); when even the
     first does not fit whole, it is cut to the budget rather than leaving the model nothing.
@@ -158,22 +216,10 @@ def build_context_block(
             cost = count_tokens(entry + "\n\n")
         used += cost
         entries.append(entry)
-        sources.append(
-            Source(
-                n=n,
-                path=passage.path,
-                page=passage.page,
-                snippet=snippet(text),
-                score=float(passage.fused_score),
-                heading=passage.heading,
-            )
-        )
+        sources.append(_source(n, passage, text))
     if not sources:
         return ContextBlock("", [], dropped)
-    body = "\n\n".join(entries)
-    tag = hashlib.sha256(body.encode("utf-8", "surrogatepass")).hexdigest()[:12]
-    text = f"{PREAMBLE}\n{BEGIN.format(tag=tag)}\n{body}\n{END.format(tag=tag)}"
-    return ContextBlock(text, sources, dropped)
+    return ContextBlock(_block(entries), sources, dropped)
 
 
 def map_citations(answer_text: str, sources: Sequence[Source]) -> list[Source]:

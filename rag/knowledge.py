@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Protocol
 
-from rag.citations import ContextBlock, build_context_block
+from rag.citations import CitedPassages, ContextBlock, build_context_block, cite_passages
 from rag.embeddings import Embedder, SentenceTransformerEmbedder, default_embedder_path, model_id_for
 from rag.errors import KnowledgeBaseError
 from rag.ingest import Chunker, Ingestor, IngestProgress, IngestReport, Parser
@@ -701,7 +701,9 @@ def retrieve_context(
     *,
     k: int = 6,
 ) -> ContextBlock:
-    """Retrieves passages from knowledge bases and fits them, cited, into a context block.
+    """Retrieves passages from knowledge bases and fits them, cited, into a context block of at
+    most ``budget_tokens`` (a tool's search result, or a caller without the engine's documents band;
+    a chat turn uses :func:`retrieve_passages` and the engine fits them).
 
     Args:
         kb: the knowledge bases (or anything with their ``query_many``).
@@ -718,6 +720,24 @@ def retrieve_context(
     return build_context_block(passages, budget_tokens, count_tokens)
 
 
+def retrieve_passages(kb: Searcher, names: Sequence[str], query: str, *, k: int = 6) -> CitedPassages:
+    """Retrieves passages from knowledge bases, cited, best first, without fitting them: a chat
+    turn's documents band is the engine's (``engine.inference.context.fit_documents``), which drops
+    the lowest-ranked passages that do not fit.
+
+    Args:
+        kb: the knowledge bases (or anything with their ``query_many``).
+        names: which ones to search.
+        query: the user's message.
+        k: how many passages to retrieve.
+
+    Returns:
+        The passages (none when ``names`` is empty or nothing matched).
+    """
+    passages = kb.query_many(names, query, k=k) if names else []
+    return cite_passages(passages)
+
+
 __all__ = [
     "MIN_FREE_BYTES",
     "ONE_HOME",
@@ -729,4 +749,5 @@ __all__ = [
     "free_bytes",
     "refuse_a_full_disk",
     "retrieve_context",
+    "retrieve_passages",
 ]

@@ -3,9 +3,12 @@
 The prompt is built from, in order:
 
 1. **The system message** (pinned, never dropped): the system prompt, then a blank line, then the
-   documents block (retrieved passages) when there is one. Documents go into the system message
-   because every chat format has a place for it there (the formats without a system role fold it
-   into the first user turn), and because a pinned prefix keeps the KV cache reusable.
+   documents block (retrieved passages) when there is one. The documents band
+   (:data:`DOCUMENTS_SHARE` of the window) is owned here: :func:`fit_documents` keeps the
+   best-ranked passages that fit it and reports how many of the lowest-ranked were dropped.
+   Documents go into the system message because every chat format has a place for it there (the
+   formats without a system role fold it into the first user turn), and because a pinned prefix
+   keeps the KV cache reusable.
 2. **History**, kept newest first. When it does not fit, policy ``"rolling"`` drops the oldest whole
    turns (a user message and the replies after it) and reports how many messages went; policy
    ``"refuse"`` raises :class:`~engine.errors.ContextOverflow`. Nothing is ever truncated silently.
@@ -44,7 +47,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from engine.errors import ContextOverflow, EngineError
 from engine.inference.events import ToolCall
@@ -128,6 +131,90 @@ class ContextPlan:
         return self.breakdown["reserve"]
 
 
+DOCUMENTS_SHARE = 0.35
+"""The share of the context window that retrieved passages may take: the documents band."""
+
+MIN_DOCUMENTS_TOKENS = 64
+"""The documents band of a tiny window is at least this many tokens."""
+
+
+class RankedDocuments(Protocol):
+    """Retrieved passages, best first, not yet fitted (``rag.citations.CitedPassages`` satisfies it).
+
+    The block for a prefix keeps the passages' numbers, so the ``[n]`` the model cites name the
+    same sources whatever was dropped.
+    """
+
+    @property
+    def count(self) -> int:
+        """How many passages there are."""
+        ...
+
+    def text(self, kept: int) -> str:
+        """The documents block with the ``kept`` best passages ("" when ``kept`` is 0)."""
+        ...
+
+
+@dataclass(frozen=True)
+class DocumentsFit:
+    """What :func:`fit_documents` kept of the passages.
+
+    Attributes:
+        text: the documents block to pin after the system prompt (None when nothing was kept).
+        kept: how many passages, the best ones, are in it.
+        dropped: how many of the lowest-ranked passages did not fit the band.
+        tokens: the block's tokens.
+    """
+
+    text: str | None
+    kept: int
+    dropped: int
+    tokens: int
+
+
+def documents_band(n_ctx: int) -> int:
+    """Tokens the documents block may take in a window of ``n_ctx`` tokens (:data:`DOCUMENTS_SHARE`)."""
+    return max(MIN_DOCUMENTS_TOKENS, int(n_ctx * DOCUMENTS_SHARE))
+
+
+def fit_documents(documents: RankedDocuments, n_ctx: int, count_text: Callable[[str], int]) -> DocumentsFit:
+    """Keeps the best passages that fit the documents band; the lowest-ranked ones are dropped.
+
+    This is the one place that decides how much of the window retrieved passages take (the app
+    and rag hand over all they found); nothing is refused for being too long: passages are dropped
+    from the bottom of the ranking, down to none, and the fit says how many went. The whole set is
+    counted first (it usually fits), else a binary search over the prefixes counts O(log n) blocks.
+
+    Args:
+        documents: the passages, best first.
+        n_ctx: the context window in tokens.
+        count_text: the chat model's token counter.
+
+    Returns:
+        The fit.
+    """
+    band = documents_band(n_ctx)
+    total = max(documents.count, 0)
+    counted: dict[int, int] = {0: 0}
+
+    def tokens(kept: int) -> int:
+        if kept not in counted:
+            counted[kept] = count_text(documents.text(kept))
+        return counted[kept]
+
+    low = total
+    if total and tokens(total) > band:
+        low, high = 0, total - 1
+        while low < high:  # the most passages whose block fits the band
+            middle = (low + high + 1) // 2
+            if tokens(middle) <= band:
+                low = middle
+            else:
+                high = middle - 1
+    text = documents.text(low) if low else ""
+    return DocumentsFit(text or None, low, total - low, tokens(low) if text else 0)
+
+
 def effective_reserve(n_ctx: int, reply_reserve: int) -> int:
     """The reply reserve actually kept: ``reply_reserve``, but at most a quarter of the window."""
     return max(0, min(reply_reserve, n_ctx // 4))
@@ -167,7 +254,9 @@ def plan_context(
 
     Args:
         system: the system prompt (pinned).
-        documents: the retrieved documents block (pinned after the system prompt).
+        documents: the retrieved documents block (pinned after the system prompt); retrieved
+            passages are fitted to the documents band first (:func:`fit_documents`, which drops
+            the lowest-ranked rather than refuse), so only a block built elsewhere can be refused.
         history: earlier messages, oldest first.
         user: the new user message; None continues the last turn of ``history`` (after a tool
             result), which is then pinned like a new message.

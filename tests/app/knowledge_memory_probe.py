@@ -45,13 +45,6 @@ def wait(app: QApplication, done: Callable[[], bool], timeout: float = 180) -> N
         time.sleep(0.01)
 
 
-class _Counting:
-    info = None
-
-    def count_text(self, text: str) -> int:
-        return len(text.split())
-
-
 def main(argv: list[str]) -> dict[str, Any]:
     home, docs, embedder = (Path(p) for p in argv[:3])
     in_process = len(argv) > 3 and argv[3] == "in-process"
@@ -84,7 +77,10 @@ def main(argv: list[str]) -> dict[str, Any]:
     page.query.setText("Why do otters hold hands?")
     page.query_button.click()
     wait(app, lambda: bool(answers))
-    _block, sources = w.knowledge.chat_retriever(["Notes"])("otters", _Counting())
+    found: list[Any] = []
+    w.knowledge.chat_retriever(["Notes"]).retrieve("otters", found.append, found.append)
+    wait(app, lambda: bool(found))
+    sources = getattr(found[0], "sources", None) or ()
     for _ in range(50):
         app.processEvents()
     after = rss_mb()

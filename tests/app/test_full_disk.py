@@ -18,7 +18,7 @@ import pytest
 from gui_support import FakeSession, make_window
 from PySide6.QtCore import Qt
 
-from app.gui.workers import chat_adapter
+from app.gui.workers import chat_reply
 from app.gui.workers.chat_adapter import ChatState, ModelState
 from app.gui.workers.history_service import SAVE_MARGIN, HistoryDiskFull, HistoryService
 from app.paths import Paths
@@ -266,8 +266,8 @@ def test_an_unreadable_history_keeps_the_message_and_offers_a_new_history_beside
 def test_a_reply_written_while_the_disk_fills_is_saved_whole_when_space_returns(
     qtbot: Any, open_window: Any, paths: Paths, disk: Disk, monkeypatch: pytest.MonkeyPatch, stop: bool
 ) -> None:
-    monkeypatch.setattr(chat_adapter, "CHECKPOINT_S", 0.0)  # a checkpoint for every batch of tokens
-    monkeypatch.setattr(chat_adapter, "RETRY_S", 0.2)
+    monkeypatch.setattr(chat_reply, "CHECKPOINT_S", 0.0)  # a checkpoint for every batch of tokens
+    monkeypatch.setattr(chat_reply, "RETRY_S", 0.2)
     w = open_window(paths, history_factory=full_disk_store(disk))
     w.reply["text"] = LONG_REPLY
     w.reply["delay"] = 0.005
@@ -319,7 +319,7 @@ def test_a_reply_written_while_the_disk_fills_is_saved_whole_when_space_returns(
 def test_an_unsaved_reply_is_saved_before_the_next_message(
     qtbot: Any, open_window: Any, paths: Paths, disk: Disk, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(chat_adapter, "RETRY_S", 3600.0)  # only the next write can save it
+    monkeypatch.setattr(chat_reply, "RETRY_S", 3600.0)  # only the next write can save it
     w = open_window(paths, history_factory=full_disk_store(disk))
 
     def fill_up(_reply_id: int) -> None:
@@ -382,7 +382,7 @@ def tmpfs(tmp_path: Path) -> Iterator[Path]:
 def test_on_a_real_full_tmpfs_nothing_typed_or_answered_is_lost(
     qtbot: Any, open_window: Any, tmpfs: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(chat_adapter, "RETRY_S", 0.2)
+    monkeypatch.setattr(chat_reply, "RETRY_S", 0.2)
     paths = Paths.resolve(tmpfs / "home").ensure()
     (paths.models / "fake-model.gguf").write_bytes(build_gguf().data)
     w = open_window(paths)

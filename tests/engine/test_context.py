@@ -10,7 +10,15 @@ from pathlib import Path
 import pytest
 
 from engine.errors import ContextOverflow, EngineError
-from engine.inference.context import BREAKDOWN_KEYS, ContextPlan, Message, effective_reserve, plan_context
+from engine.inference.context import (
+    BREAKDOWN_KEYS,
+    ContextPlan,
+    Message,
+    documents_band,
+    effective_reserve,
+    fit_documents,
+    plan_context,
+)
 
 HEADER, BOS, REPLY_HEADER = 3, 1, 2
 
@@ -427,3 +435,59 @@ def test_planning_8001_tiny_messages_on_the_starter_model_is_cheap(starter_count
     assert max(rendered) <= 4 * kept, (max(rendered), kept)
     assert sum(rendered) <= 40 * kept, (sum(rendered), len(rendered), kept)
     assert sum(tokenized) <= 40 * kept * 20, sum(tokenized)
+
+
+class Ranked:
+    """Passages of ``words`` words each, best first, as ``rag.citations.CitedPassages`` gives them."""
+
+    def __init__(self, *words: int) -> None:
+        self.entries = [" ".join([f"p{n}"] * size) for n, size in enumerate(words, start=1)]
+        self.rendered: list[int] = []
+
+    @property
+    def count(self) -> int:
+        return len(self.entries)
+
+    def text(self, kept: int) -> str:
+        self.rendered.append(kept)
+        return "HEADER " + " ".join(self.entries[:kept]) if kept else ""
+
+
+def _words(text: str) -> int:
+    return len(text.split())
+
+
+def test_passages_that_fit_the_documents_band_are_all_kept_after_one_count() -> None:
+    ranked = Ranked(10, 10, 10)
+    fit = fit_documents(ranked, 1000, _words)  # a band of 350 words
+    assert (fit.kept, fit.dropped, fit.tokens) == (3, 0, 31)
+    assert fit.text == ranked.text(3)
+    assert ranked.rendered[:-1] == [3, 3]  # counted once, rendered once more to hand it over
+
+
+def test_passages_past_the_band_are_dropped_from_the_lowest_ranked_not_refused() -> None:
+    ranked = Ranked(100, 100, 100, 100, 100, 100)
+    band = documents_band(1000)
+    fit = fit_documents(ranked, 1000, _words)
+    assert band == 350 and (fit.kept, fit.dropped) == (3, 3)
+    assert fit.text is not None and "p3" in fit.text and "p4" not in fit.text
+    assert fit.tokens == _words(fit.text) <= band
+    # The documents fitted this way always fit the plan (the band is inside the budget).
+    plan = plan_context(
+        system="Be brief.",
+        documents=fit.text,
+        history=[],
+        user="hi",
+        n_ctx=1000,
+        reply_reserve=100,
+        count_tokens=lambda ms: sum(_words(m.content) + 2 for m in ms),
+        count_text=_words,
+    )
+    assert plan.breakdown["documents"] == fit.tokens
+
+
+def test_when_not_even_the_best_passage_fits_none_is_kept_and_all_are_reported() -> None:
+    fit = fit_documents(Ranked(500, 10), 1000, _words)
+    assert (fit.text, fit.kept, fit.dropped, fit.tokens) == (None, 0, 2, 0)
+    assert fit_documents(Ranked(), 1000, _words) == fit_documents(Ranked(), 64, _words)
+    assert documents_band(10) == 64  # a tiny window still gets a small band

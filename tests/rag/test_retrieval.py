@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from standins import MakeKbs, write
 
-from rag.citations import PREAMBLE, Source, build_context_block, map_citations
+from rag.citations import PREAMBLE, Source, build_context_block, cite_passages, map_citations
 from rag.knowledge import retrieve_context
 from rag.registry import ChunkRecord
 from rag.retrieval import Passage, fuse, reciprocal_rank_fusion, remove_near_duplicates
@@ -288,3 +288,15 @@ def test_an_embedding_error_is_the_one_reported_and_bm25_is_not_left_running() -
         assert bm25_done.is_set()
     finally:
         retriever.close()
+
+
+def test_cited_passages_render_any_prefix_with_the_sources_numbers() -> None:
+    passages = [_passage(n, f"/d/{n}.md", f"passage number {n} " * 3, score=1.0 - n / 10) for n in range(1, 4)]
+    cited = cite_passages(passages)
+    assert cited.count == 3 and [s.n for s in cited.sources] == [1, 2, 3]
+    assert cited.text(0) == ""
+    two = cited.text(2)
+    assert two.startswith(PREAMBLE) and "[1] 1.md" in two and "[2] 2.md" in two and "3.md" not in two
+    assert cited.text(3).count("passage number") == 9
+    # Not fitted: the same passages through build_context_block with room for all give the same block.
+    assert build_context_block(passages, 10_000, _words).text == cited.text(3)

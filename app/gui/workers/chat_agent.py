@@ -1,68 +1,66 @@
-"""The chat adapter's agent side: the tool steps, approvals and thinking of the running turn
-(``app.gui.workers.agent_turn`` runs the loop on the LLM thread; this mixin takes its signals on the
-GUI thread). Mixed into :class:`app.gui.workers.chat_adapter.ChatAdapter`, whose state it uses
-(``_turn``, ``history``, the signals).
+"""The running turn's agent side, on the GUI thread: its thinking, tool steps and approvals.
+
+``app.gui.workers.agent_turn`` runs the loop on the LLM thread; :class:`AgentSide` takes the LLM
+worker's ``reasoning_received``, ``approval_requested`` and ``agent_recorded`` signals for the chat
+adapter (which connects them) and keeps each step in the turn's record and the history.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from PySide6.QtCore import Slot
+from PySide6.QtCore import QObject, Slot
+
+if TYPE_CHECKING:
+    from app.gui.workers.agent_turn import ApprovalRequest
+    from app.gui.workers.chat_adapter import ChatAdapter
+    from app.gui.workers.chat_reply import ReplyTurn
 
 
-class ChatAgentMixin:
-    """The slots for the LLM worker's ``reasoning_received``, ``approval_requested`` and
-    ``agent_recorded`` signals (ChatAdapter connects them)."""
+class AgentSide(QObject):
+    """The agent signals of the running turn.
 
-    _turn: Any
-    history: Any
-    reasoning_delta: Any
-    approval_requested: Any
-    tool_step_added: Any
-    loop_updated: Any
-    error_occurred: Any
-    _on_reply_save_failed: Any  # ChatAdapter's: a write the disk refused is kept and retried
+    Args:
+        chat: the adapter (the running turn, the reply keeper, the signals).
+    """
+
+    def __init__(self, chat: ChatAdapter) -> None:
+        super().__init__(chat)
+        self._chat = chat
+
+    def _current(self, request_id: int) -> ReplyTurn | None:
+        return self._chat.turns.current(request_id)
 
     @Slot(int, str)
-    def _on_worker_reasoning_received(self, request_id: int, text: str) -> None:
-        if self._turn is not None and self._turn.request.request_id == request_id:
-            self._turn.agent.reasoning.append(text)
-            self.reasoning_delta.emit(text)
+    def on_reasoning(self, request_id: int, text: str) -> None:
+        """Thinking text of the running reply (shown folded, never sent back)."""
+        turn = self._current(request_id)
+        if turn is not None:
+            turn.agent.reasoning.append(text)
+            self._chat.reasoning_delta.emit(text)
 
     @Slot(int, object)
-    def _on_worker_approval_requested(self, request_id: int, ask: Any) -> None:
-        if self._turn is None or self._turn.request.request_id != request_id:
-            ask.answer("deny")  # a turn that is gone: nothing may run for it
+    def on_approval(self, request_id: int, ask: ApprovalRequest) -> None:
+        """A call waits for the user; a turn that is gone gets ``deny`` (nothing may run for it)."""
+        if self._current(request_id) is None:
+            ask.answer("deny")
             return
-        self.approval_requested.emit(ask)
+        self._chat.approval_requested.emit(ask)
 
     @Slot(int, object)
-    def _on_worker_agent_recorded(self, request_id: int, record: dict[str, Any]) -> None:
-        turn = self._turn
-        if turn is None or turn.request.request_id != request_id:
+    def on_record(self, request_id: int, record: dict[str, Any]) -> None:
+        """A record of the loop: tools that did not start, a message (saved at once), a generation."""
+        turn = self._current(request_id)
+        if turn is None:
             return
+        chat = self._chat
         if record.get("kind") == "problems":
-            self.error_occurred.emit("Tools: " + "; ".join(record["problems"]))
+            chat.error_occurred.emit("Tools: " + "; ".join(record["problems"]))
             return
         turn.agent.add(record)
         step = record.get("step")
         if step is not None:
-            self.tool_step_added.emit(step)
-        self.loop_updated.emit(list(turn.agent.loop))
+            chat.tool_step_added.emit(step)
+        chat.loop_updated.emit(list(turn.agent.loop))
         if record.get("kind") == "message":
-            self._save_progress(turn)
-
-    def _save_progress(self, turn: Any) -> None:
-        """Saves the turn so far, its tool steps included, as each step happens (state stays
-        ``pending``: a crash leaves it ``partial`` with every step before it)."""
-        text, stored, reply_id, extra = "".join(turn.text), turn.stored, turn.reply_id, turn.agent.stats()
-
-        def save(store: Any) -> None:
-            store.finish_message(reply_id, text, state="pending", stats=extra)
-            stored.chars = len(text)
-
-        def failed(exc: BaseException) -> None:
-            self._on_reply_save_failed(turn, exc)
-
-        self.history.keep(("reply", reply_id), save, None, failed, size_hint=len(text))
+            chat.replies.save_progress(turn)

@@ -4,10 +4,10 @@ The knowledge bases (Chroma, the registry, the embedding model) live in a child 
 (``rag.service.KnowledgeService``), started on first use, so the GUI process never imports
 chromadb or torch (ARCHITECTURE.md: the idle app stays under 250 MB). Indexing jobs (add, remove,
 re-index) are sent in order from the ``glassbox-index`` thread with a per-job cancel and pause
-event, which the service forwards to the child; listings and test queries go from
-``glassbox-kb-query``; a chat's retrieval from the LLM thread. Progress is throttled to ~10 updates
-a second before it reaches the GUI. Tests that share one loaded embedder pass ``kb_factory``: the
-same calls are then answered in this process (``rag.service.LocalService``).
+event, which the service forwards to the child; listings, test queries and a chat turn's
+retrieval (before its request reaches the LLM worker) go from ``glassbox-kb-query``. Progress is
+throttled to ~10 updates a second before it reaches the GUI. Tests that share one loaded embedder
+pass ``kb_factory``: the same calls are then answered in this process (``rag.service.LocalService``).
 
 At start-up (the first turn of the event loop) :meth:`KnowledgeAdapter.check_store` looks at the
 local Chroma folder on the index thread: unless it is exactly as last found good and nothing waits
@@ -29,6 +29,7 @@ from typing import Any
 from PySide6.QtCore import QObject, QTimer, Signal
 
 from app.gui.tasks import SerialExecutor, call_on_gui_thread, describe_error
+from app.gui.workers.chat_retrieval import Retrieved
 
 log = logging.getLogger(__name__)
 PROGRESS_INTERVAL_S = 0.1
@@ -51,7 +52,8 @@ class IndexJob:
 class ChatSearcher:
     """The knowledge service as a chat searches it (the documents block and ``search_knowledge``):
     a knowledge base the chat still names but that was deleted is skipped, never an error on every
-    turn. Runs on the LLM thread (the service's calls block).
+    turn. Runs on the knowledge query thread (a turn's passages) or the LLM thread (the model's
+    ``search_knowledge``): the service's calls block.
 
     Args:
         service: returns the knowledge service (a ``rag.knowledge.Searcher`` with ``call``).
@@ -100,6 +102,57 @@ class ChatSearcher:
                 foreign = set()
             gone = [name for name in gone if name not in foreign]
         return gone
+
+
+CHAT_PASSAGES = 6
+"""How many passages a chat turn retrieves (the engine's documents band keeps those that fit)."""
+
+
+class ChatRetriever:
+    """A chat turn's retrieval over some knowledge bases, on the knowledge adapter's query thread.
+
+    Args:
+        adapter: the knowledge adapter (its query thread and :attr:`KnowledgeAdapter.chat_searcher`).
+        names: the knowledge bases the chat has attached.
+    """
+
+    def __init__(self, adapter: KnowledgeAdapter, names: Sequence[str]) -> None:
+        self._adapter = adapter
+        self.names = tuple(dict.fromkeys(names))
+
+    def retrieve(
+        self,
+        query: str,
+        on_done: Callable[[Retrieved], None],
+        on_error: Callable[[BaseException], None],
+        *,
+        skip: Callable[[], bool] | None = None,
+    ) -> None:
+        """Searches for ``query``; ``on_done`` or ``on_error`` is called on the GUI thread.
+
+        Args:
+            query: the user's message.
+            on_done: takes the :class:`Retrieved` passages.
+            on_error: takes what the search raised (the turn then goes on without documents).
+            skip: asked first, on the query thread (it may read a file): True returns nothing
+                retrieved (the model searches the knowledge bases itself).
+        """
+        adapter, names = self._adapter, self.names
+
+        def work() -> Retrieved:
+            from rag.knowledge import retrieve_passages
+
+            if skip is not None and skip():
+                return Retrieved(None, (), skipped=True)
+            cited = retrieve_passages(adapter.chat_searcher, names, query, k=CHAT_PASSAGES)
+            if not cited.count:
+                return Retrieved(None, ())
+            return Retrieved(cited, tuple(asdict(source) for source in cited.sources))
+
+        if adapter.closed:
+            on_error(RuntimeError("the knowledge bases are closed"))
+            return
+        adapter._query.submit(work, on_done, on_error)
 
 
 class KnowledgeAdapter(QObject):
@@ -165,6 +218,11 @@ class KnowledgeAdapter(QObject):
             QTimer.singleShot(0, self.check_store)
 
     # ------------------------------------------------------------------ the store
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`shutdown` ran (nothing new is submitted)."""
+        return self._closed
+
     def _make_service(self, kb_factory: Callable[[], Any] | None) -> Any:
         from rag.service import KnowledgeService, LocalService
 
@@ -384,28 +442,14 @@ class KnowledgeAdapter(QObject):
         return job
 
     # ------------------------------------------------------------------ chat
-    def chat_retriever(self, names: Sequence[str]) -> Callable[[str, Any], tuple[str | None, list[dict[str, Any]]]]:
-        """A function for the LLM worker: ``(query, session) -> (documents block, sources)``.
+    def chat_retriever(self, names: Sequence[str]) -> ChatRetriever:
+        """What a chat turn asks for its passages over ``names`` (``ChatAdapter``'s retriever factory).
 
-        It runs on the LLM thread (which owns the session's tokenizer): the passages come from
-        the knowledge process (:attr:`service`, a ``rag.knowledge.Searcher``, through
-        :attr:`chat_searcher`, which skips deleted knowledge bases), the block is fitted here with
-        the chat model's token counter.
+        The search runs on the ``glassbox-kb-query`` thread, before the request reaches the LLM
+        worker; the passages come back, cited but not fitted, on the GUI thread: the engine's
+        documents band fits them with the chat model's token counter.
         """
-        chosen = list(names)
-
-        def retrieve(query: str, session: Any) -> tuple[str | None, list[dict[str, Any]]]:
-            from app.knowledge_glue import documents_budget
-            from rag.knowledge import retrieve_context
-
-            info = getattr(session, "info", None)
-            n_ctx = getattr(info, "n_ctx", 4096) or 4096
-            block = retrieve_context(self.chat_searcher, chosen, query, documents_budget(n_ctx), session.count_text)
-            if not block.sources:
-                return None, []
-            return block.text, [asdict(source) for source in block.sources]
-
-        return retrieve
+        return ChatRetriever(self, names)
 
     # ------------------------------------------------------------------ shutdown
     def shutdown(self, wait: bool = True) -> None:

@@ -22,6 +22,7 @@ from PySide6.QtCore import QObject, Signal, Slot
 
 if TYPE_CHECKING:
     from engine.inference.backends import ChatBackend
+    from engine.inference.context import RankedDocuments
 
 log = logging.getLogger(__name__)
 
@@ -76,10 +77,11 @@ class GenerateRequest:
         user: the new user message.
         params: an ``engine.inference.runtime.GenerationParams``.
         system: the system prompt.
-        documents: the retrieved documents block, if any.
+        documents: a documents block built elsewhere, if any (used as it is).
         cancel: set by the GUI thread to stop.
-        retrieve: ``(query, session) -> (documents, sources)``, run on this thread before generating
-            (it needs the session's tokenizer to fit the passages).
+        passages: the passages retrieved for this turn (on the knowledge thread, before the
+            request came here), best first: the engine's documents band keeps those that fit
+            (``engine.inference.context.fit_documents``) and the outcome says how many it dropped.
         cache_key: ``(conversation id, branch)`` of the KV cache saved with the chat
             (``engine.inference.kv_cache.KvKey``; the branch is the id of the reply being written).
         tools: an ``app.gui.workers.agent_turn.ToolsRequest``: the turn runs the agent loop.
@@ -97,7 +99,7 @@ class GenerateRequest:
     system: str | None = None
     documents: str | None = None
     cancel: threading.Event = field(default_factory=threading.Event, compare=False)
-    retrieve: Callable[[str, Any], tuple[str | None, list[dict[str, Any]]]] | None = field(default=None, compare=False)
+    passages: RankedDocuments | None = field(default=None, compare=False)
     cache_key: tuple[str, str] | None = None
     tools: Any = None
     thinking: bool | None = None
@@ -129,6 +131,7 @@ class GenerationOutcome:
     stats: Any  # engine.inference.events.Stats
     elapsed_ms: float
     reasoning: dict[str, Any] | None = None  # {"text", "tokens", "ms"} of the thinking, when there was some
+    documents_dropped: int = 0  # the lowest-ranked passages the documents band had no room for
 
 
 SessionFactory = Callable[[LoadRequest, "float | None"], "ChatBackend"]
@@ -232,9 +235,8 @@ class LlmWorker(QObject):
         generation_failed(int, object): request id, the exception.
         prompt_view_ready(object): ``app.gui.workers.speculative.TokensView``: the last prompt and its reply.
         bandwidth_measured(float): the machine's memory bandwidth in GB/s (probed once, cached).
-        retrieval_started(int): request id; documents are being searched.
-        sources_found(int, object): request id and the sources (list of dicts) given to the model.
-        retrieval_failed(int, object): request id and the exception; the reply goes on without them.
+        retrieval_failed(int, object): request id and the exception: the passages could not be
+            fitted (the reply goes on without them).
         reasoning_received(int, str): request id, coalesced thinking text.
         agent_recorded(int, object): request id, a record of the agent loop (agent_turn.agent_events).
         approval_requested(int, object): request id, an ``agent_turn.ApprovalRequest`` to answer.
@@ -249,8 +251,6 @@ class LlmWorker(QObject):
     generation_failed = Signal(int, object)
     prompt_view_ready = Signal(object)
     bandwidth_measured = Signal(float)
-    retrieval_started = Signal(int)
-    sources_found = Signal(int, object)
     retrieval_failed = Signal(int, object)
     reasoning_received = Signal(int, str)
     agent_recorded = Signal(int, object)
@@ -340,18 +340,10 @@ class LlmWorker(QObject):
             from engine.inference.events import Finished, PrefillProgress, Reasoning, Token
 
             history = [m if isinstance(m, Message) else Message(*m) for m in request.history]
-            documents = request.documents
             toolset = self._toolsets.get(request.tools, session) if request.tools is not None else None
             # With search_knowledge offered the model retrieves when it decides to: no passages up front.
-            retrieve = None if toolset is not None and offers_search(toolset) else request.retrieve
-            if retrieve is not None and not request.cancel.is_set():
-                self.retrieval_started.emit(request.request_id)
-                try:
-                    documents, sources = retrieve(request.user, session)
-                except Exception as exc:  # noqa: BLE001 - documents are optional: answer without them
-                    self.retrieval_failed.emit(request.request_id, exc)
-                else:
-                    self.sources_found.emit(request.request_id, sources)
+            searches = toolset is not None and offers_search(toolset)
+            documents, dropped = self._documents(request, session, searches)
             saved: dict[str, Any] = {}  # the KV cache saved with the chat, when the session keeps them
             if request.cache_key is not None and getattr(session, "kv_cache", None) is not None:
                 from engine.inference.kv_cache import KvKey
@@ -421,7 +413,7 @@ class LlmWorker(QObject):
                         else None
                     )
                     outcome = GenerationOutcome(
-                        request.request_id, event.reason, event.text, event.stats, elapsed, reasoning
+                        request.request_id, event.reason, event.text, event.stats, elapsed, reasoning, dropped
                     )
                     self.generation_finished.emit(outcome)
         except Exception as exc:  # noqa: BLE001 - boundary: EngineCrashed, ContextOverflow, ... become a signal
@@ -429,6 +421,25 @@ class LlmWorker(QObject):
             self.generation_failed.emit(request.request_id, exc)
             return
         self._emit_prompt_view(session, reply)
+
+    def _documents(self, request: GenerateRequest, session: ChatBackend, searches: bool) -> tuple[str | None, int]:
+        """The documents block of a turn and how many passages the documents band dropped.
+
+        The passages came with the request; the engine's band fits them with this session's
+        token counter. A fit that fails (the counter raised) is reported and the turn goes on
+        without them.
+        """
+        if request.passages is None or searches:
+            return request.documents, 0
+        from engine.inference.context import fit_documents
+
+        n_ctx = getattr(getattr(session, "info", None), "n_ctx", None) or 4096  # a remote server may not say
+        try:
+            fit = fit_documents(request.passages, n_ctx, session.count_text)
+        except Exception as exc:  # noqa: BLE001 - documents are optional: answer without them
+            self.retrieval_failed.emit(request.request_id, exc)
+            return request.documents, 0
+        return fit.text, fit.dropped
 
     def _flush(self, request_id: int, thinking: list[str], pending: list[str], tokens: int) -> None:
         """Sends the thinking and the text gathered since the last update, and empties both lists."""

@@ -1,0 +1,117 @@
+"""The chat adapter's conversations: listing, opening, creating, branches and per-chat settings.
+
+Every read and write runs on the history thread (``HistoryService``); the results come back on the
+GUI thread and become the adapter's open conversation and its thread.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from app.gui.tasks import describe_error
+from app.gui.workers.history_service import DisplayMessage, display_thread, is_unreadable
+
+if TYPE_CHECKING:
+    from app.gui.workers.chat_adapter import ChatAdapter
+    from engine.history import HistoryStore
+    from engine.history_schema import Conversation
+
+Opened = tuple["Conversation", list[DisplayMessage]]
+"""A conversation and its current branch."""
+
+
+class Conversations:
+    """The conversation calls of :class:`~app.gui.workers.chat_adapter.ChatAdapter`.
+
+    Args:
+        chat: the adapter (its history service, open conversation and signals).
+    """
+
+    def __init__(self, chat: ChatAdapter) -> None:
+        self._chat = chat
+
+    def refresh(self) -> None:
+        """Reloads the conversation list (``conversations_changed``)."""
+        chat = self._chat
+        chat.history.call(lambda s: s.list_conversations(), chat.conversations_changed.emit, self.on_error)
+
+    def open(self, conversation_id: int) -> None:
+        """Shows a conversation (its current branch)."""
+
+        def load(store: HistoryStore) -> Opened:
+            return store.get_conversation(conversation_id), display_thread(store, conversation_id)
+
+        self._chat.history.call(load, self.opened, self.on_error)
+
+    def new(self, system_prompt: str | None = None, settings: dict[str, Any] | None = None) -> None:
+        """Creates and opens an empty conversation."""
+
+        def create(store: HistoryStore) -> Opened:
+            return store.create_conversation(system_prompt=system_prompt, settings=settings or {}), []
+
+        self._chat.history.call(create, self.created, self.on_error)
+
+    def created(self, result: Opened) -> None:
+        """A conversation was made: open it and list it."""
+        self.opened(result)
+        self.refresh()
+
+    def opened(self, result: Opened) -> None:
+        """Makes ``result`` the open conversation (``conversation_opened``)."""
+        conversation, messages = result
+        self._chat.show_thread(conversation, messages)
+
+    def reload(self) -> None:
+        """Re-reads the open conversation's current branch."""
+        if self._chat.conversation is not None:
+            self.open(self._chat.conversation.id)
+
+    def select_branch(self, message_id: int) -> None:
+        """Switches the open conversation to the branch through ``message_id``."""
+        chat = self._chat
+        if chat.busy or chat.conversation is None:
+            return
+        conv_id = chat.conversation.id
+
+        def switch(store: HistoryStore) -> Opened:
+            store.select_branch(message_id)
+            return store.get_conversation(conv_id), display_thread(store, conv_id)
+
+        chat.history.call(switch, self.opened, self.on_error)
+
+    def update(self, **changes: Any) -> None:
+        """Saves per-conversation settings (system_prompt, settings, knowledge_bases)."""
+        chat = self._chat
+        if chat.conversation is None:
+            return
+        conv_id = chat.conversation.id
+
+        def update(store: HistoryStore) -> Conversation:
+            store.update_conversation(conv_id, **changes)
+            return store.get_conversation(conv_id)
+
+        def done(conv: Conversation) -> None:
+            if chat.conversation is not None and chat.conversation.id == conv.id:
+                chat.conversation = conv
+
+        chat.history.call(update, done, self.on_error)
+
+    def on_error(self, exc: BaseException) -> None:
+        """A history call failed: one line for the user (and the unreadable-file offer)."""
+        self._chat.error_occurred.emit(f"History: {describe_error(exc)}")
+        if is_unreadable(exc):
+            self._chat.history_unreadable.emit(describe_error(exc))
+
+
+def title_from(text: str) -> str:
+    """A new chat's title: the first message on one line, cut at 48 characters."""
+    line = " ".join(text.split())
+    return (line[:48] + "…") if len(line) > 48 else line or "New chat"
+
+
+def last_stats(messages: list[DisplayMessage]) -> dict[str, Any] | None:
+    """The stats of the last reply that has some."""
+    for message in reversed(messages):
+        if message.role == "assistant" and message.stats:
+            return message.stats
+    return None
