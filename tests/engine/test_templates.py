@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import time
+import tracemalloc
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from engine.errors import TemplateError
-from engine.inference.templates import ChatTemplate, fallback_template, guess_format, select_template
+from engine.inference import templates
+from engine.inference.templates import (
+    ChatTemplate,
+    _GuardedEnvironment,
+    fallback_template,
+    guess_format,
+    select_template,
+)
 
 CONVO = [
     {"role": "system", "content": "Be brief."},
@@ -222,6 +231,30 @@ def test_syntax_errors_fall_back_with_a_reason(source: str) -> None:
     assert "rejected" in template.reason
 
 
+@pytest.fixture
+def template_clock(monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
+    """A clock for the sandbox that moves ``step`` (10 ms) at every look, so a 0.3 s deadline passes
+    after 30 looks on any machine, however slow; ``checks`` counts the deadline checks made (a loop
+    checks at every iteration). Past 1,000,000 checks the render is failed: a loop the deadline did
+    not stop."""
+    clock = SimpleNamespace(now=0.0, step=0.01, checks=0)
+    real_check = _GuardedEnvironment.check
+
+    def monotonic() -> float:
+        clock.now += clock.step
+        return float(clock.now)
+
+    def check(self: _GuardedEnvironment) -> None:
+        clock.checks += 1
+        if clock.checks > 1_000_000:
+            raise AssertionError("the deadline did not stop the loop")
+        real_check(self)
+
+    monkeypatch.setattr(templates, "time", SimpleNamespace(monotonic=monotonic))
+    monkeypatch.setattr(_GuardedEnvironment, "check", check)
+    return clock
+
+
 @pytest.mark.parametrize(
     "source",
     [
@@ -234,27 +267,28 @@ def test_syntax_errors_fall_back_with_a_reason(source: str) -> None:
         "{% for m in messages recursive %}{{ loop(['ab' * 50000]) }}{% endfor %}",
     ],
 )
-def test_time_limit_stops_huge_loops(source: str) -> None:
-    started = time.monotonic()
+def test_time_limit_stops_huge_loops(source: str, template_clock: SimpleNamespace) -> None:
+    # Bound, counted on a clock that moves 10 ms a look: at most 2,000 checks (960 here: 30 looks,
+    # one every 32 checks), not 10^10 iterations; a slow machine changes none of it.
     template = select_template(source + CHATML, "qwen2", None, None, timeout_s=0.3)
-    elapsed = time.monotonic() - started
-    assert elapsed < 3.0
     assert template.source == "fallback"
     assert "took too long" in template.reason or "recursed" in template.reason
+    assert template_clock.checks <= 2000, f"{template_clock.checks} checks"
 
 
-def test_time_limit_also_applies_when_rendering_later() -> None:
+def test_time_limit_also_applies_when_rendering_later(template_clock: SimpleNamespace) -> None:
     # Passes validation (4 messages) but loops for minutes on a longer conversation.
     source = (
         "{% for a in range(100000 if messages|length > 5 else 1) %}{% for b in range(100000) %}"
         "{% endfor %}{% endfor %}" + CHATML
     )
+    template_clock.step = 0.0  # the validation's 100,000 iterations run to their end
     template = select_template(source, "qwen2", None, None, timeout_s=0.3)
     assert template.source == "gguf"
-    started = time.monotonic()
+    template_clock.step, template_clock.checks = 0.01, 0
     with pytest.raises(TemplateError, match="took too long"):
         template.render(CONVO * 2)
-    assert time.monotonic() - started < 3.0
+    assert template_clock.checks <= 2000, f"{template_clock.checks} checks"
 
 
 @pytest.mark.parametrize(
@@ -276,9 +310,14 @@ def test_time_limit_also_applies_when_rendering_later() -> None:
     ],
 )
 def test_memory_blowups_are_refused(source: str) -> None:
-    started = time.monotonic()
-    template = select_template(source + CHATML, "qwen2", None, None)
-    assert time.monotonic() - started < 2.0
+    # Bound: refused within a 128 MiB tracemalloc peak (0.2-68 MiB here; the blowups ask for GBs).
+    tracemalloc.start()
+    try:
+        template = select_template(source + CHATML, "qwen2", None, None)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 128 << 20, f"{peak >> 20} MiB"
     assert template.source == "fallback"
     assert "unsafe" in template.reason
 
@@ -343,15 +382,31 @@ def test_gemma_fallback_matches_a_gemma_style_model_template() -> None:
         template.render([{"role": "assistant", "content": "first"}])
 
 
-def test_rendering_a_long_conversation_is_fast() -> None:
+def test_rendering_a_long_conversation_costs_in_proportion_to_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Bound, counted, not timed: at most 32 sandbox checks a message (16.5 here) and at most twice
+    # the output's characters size-checked (1.04x here): linear in the conversation.
     template = select_template(GEMMA3_STYLE, "gemma3", "<bos>", "<eos>")
     long = [{"role": "system", "content": "s"}] + [
         {"role": "user" if i % 2 == 0 else "assistant", "content": f"message {i} " * 50} for i in range(400)
     ]
-    started = time.perf_counter()
+    checks = [0]
+    counted = [0]
+    real_check, real_count = _GuardedEnvironment.check, _GuardedEnvironment._count
+
+    def check(self: _GuardedEnvironment) -> None:
+        checks[0] += 1
+        real_check(self)
+
+    def count(self: _GuardedEnvironment, size: int) -> None:
+        counted[0] += size
+        real_count(self, size)
+
+    monkeypatch.setattr(_GuardedEnvironment, "check", check)
+    monkeypatch.setattr(_GuardedEnvironment, "_count", count)
     rendered = template.render(long)
-    assert time.perf_counter() - started < 0.5
     assert rendered.count("<start_of_turn>") == 401
+    assert checks[0] <= 32 * len(long), checks[0]
+    assert counted[0] <= 2 * len(rendered), counted[0]
 
 
 @pytest.mark.model
