@@ -15,8 +15,8 @@ The painted pieces are in :mod:`app.gui.inspector_widgets`; nothing here compute
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
@@ -41,17 +41,70 @@ from app.gui.inspector_widgets import (
     format_tps,
 )
 from app.gui.theme import LIGHT, ThemeColors
+from engine.inference.events import Stats
 from engine.units import format_bytes, format_duration
+
+if TYPE_CHECKING:
+    from engine.cpu_backend import BackendInfo
 
 __all__ = ["SEGMENTS", "InspectorPanel", "format_tps"]
 
 
-def _get(stats: Any, key: str, default: Any = None) -> Any:
-    if stats is None:
-        return default
+StatsLike = Stats | Mapping[str, object]
+"""A turn's stats: the engine's, live, or the dict a stored reply keeps (``Stats.to_dict``)."""
+
+
+class PromptLike(Protocol):
+    """The last prompt (``engine.inference.session.PromptView``); ``app.gui.workers.speculative.TokensView``
+    adds the reply (``reply_ids``, ``reply_pieces``, ``reply_drafted``)."""
+
+    @property
+    def token_ids(self) -> Sequence[int]: ...
+
+    @property
+    def pieces(self) -> Sequence[str]: ...
+
+
+def _get(stats: StatsLike, key: str) -> object:
     if isinstance(stats, Mapping):
-        return stats.get(key, default)
-    return getattr(stats, key, default)
+        return stats.get(key)
+    return getattr(stats, key, None)
+
+
+def _as_int(value: object) -> int:
+    """A count from stats: 0 when missing or empty."""
+    return int(value) if isinstance(value, (int, float, str)) and value else 0
+
+
+def _int(stats: StatsLike, key: str) -> int:
+    return _as_int(_get(stats, key))
+
+
+def _float(stats: StatsLike, key: str) -> float:
+    value = _get(stats, key)
+    return float(value) if isinstance(value, (int, float, str)) and value else 0.0
+
+
+def _opt_float(stats: StatsLike, key: str, keep_zero: bool = False) -> float | None:
+    """A number from stats, None when missing (and when zero, unless ``keep_zero``)."""
+    value = _get(stats, key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if value or keep_zero else None
+
+
+def _entries(value: object) -> list[Mapping[str, object]]:
+    """An agent loop's entries, as stored (a list of dicts); anything else is no loop."""
+    if not isinstance(value, Sequence) or isinstance(value, str):
+        return []
+    return [entry for entry in value if isinstance(entry, Mapping)]
+
+
+def _explain_label(text: str = "") -> QLabel:
+    label = QLabel(text)
+    label.setObjectName("explain")
+    label.setWordWrap(True)
+    return label
 
 
 def _metric(label: str) -> tuple[QLabel, QLabel]:
@@ -81,9 +134,20 @@ class InspectorPanel(QFrame):
         self.kv_allocated: int | None = None
         self.reply_limit: int | None = None  # max tokens of the next (or running) reply
         self.live = False
+        self.metrics: dict[str, QLabel] = {}
 
         outer = QVBoxLayout(self)
         outer.setContentsMargins(0, 0, 0, 0)
+        self._build_header(outer)
+        self.tabs = QTabWidget()
+        outer.addWidget(self.tabs, 1)
+        self.tabs.addTab(self._build_live_page(), "Live")
+        self.tabs.addTab(self._build_tokens_page(), "Tokens")
+        self.set_colors(LIGHT)
+
+    # ------------------------------------------------------------------ layout
+    def _build_header(self, outer: QVBoxLayout) -> None:
+        """The title and whose numbers these are."""
         title = QLabel("INSPECTOR")
         title.setObjectName("sectionTitle")
         title.setContentsMargins(14, 12, 14, 0)
@@ -96,21 +160,41 @@ class InspectorPanel(QFrame):
         self.freshness.setWordWrap(True)
         self.freshness.setAccessibleName("Inspector shows")
         outer.addWidget(self.freshness)
-        self.tabs = QTabWidget()
-        outer.addWidget(self.tabs, 1)
 
+    def _build_live_page(self) -> QScrollArea:
+        """The Live tab: the context window, speed and memory sections, scrolled."""
         live = QWidget()
         lay = QVBoxLayout(live)
         lay.setContentsMargins(14, 8, 14, 14)
         lay.setSpacing(8)
+        self._build_context_section(lay)
+        self._build_speed_section(lay)
+        self._build_memory_section(lay)
+        lay.addStretch(1)
 
-        # context map
+        scroll = QScrollArea()
+        scroll.setWidgetResizable(True)
+        scroll.setFrameShape(QFrame.Shape.NoFrame)
+        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        scroll.setWidget(live)
+        return scroll
+
+    def _build_context_section(self, lay: QVBoxLayout) -> None:
+        """The context map: the stacked bar, its legend, the reply reserve and evictions."""
         lay.addWidget(self._section("CONTEXT WINDOW"))
         self.context_summary = QLabel("no turn yet")
         self.context_summary.setObjectName("metricLabel")
         lay.addWidget(self.context_summary)
         self.context_bar = ContextBar()
         lay.addWidget(self.context_bar)
+        lay.addLayout(self._build_legend())
+        self.reserve_label = _explain_label()
+        lay.addWidget(self.reserve_label)
+        self.evicted_label = _explain_label()
+        lay.addWidget(self.evicted_label)
+
+    def _build_legend(self) -> QGridLayout:
+        """One row per segment of the window: its swatch, its name, its tokens."""
         legend = QGridLayout()
         legend.setHorizontalSpacing(10)
         legend.setVerticalSpacing(2)
@@ -132,43 +216,37 @@ class InspectorPanel(QFrame):
                     widget.setVisible(False)
         legend.setColumnStretch(1, 1)
         legend.setColumnMinimumWidth(0, 16)
-        lay.addLayout(legend)
-        self.reserve_label = QLabel("")
-        self.reserve_label.setObjectName("explain")
-        self.reserve_label.setWordWrap(True)
-        lay.addWidget(self.reserve_label)
-        self.evicted_label = QLabel("")
-        self.evicted_label.setObjectName("explain")
-        self.evicted_label.setWordWrap(True)
-        lay.addWidget(self.evicted_label)
+        return legend
 
-        # speed
-        lay.addWidget(self._section("SPEED"))
+    def _metric_grid(self, metrics: Sequence[tuple[str, str]]) -> QGridLayout:
+        """Two metrics a row, each a value over its caption; the values go in ``self.metrics``."""
         grid = QGridLayout()
         grid.setVerticalSpacing(0)
-        self.metrics: dict[str, QLabel] = {}
-        for i, (key, label) in enumerate(
-            (
-                ("decode_tps", "decode tok/s"),
-                ("prefill_tps", "prefill tok/s"),
-                ("ttft_ms", "time to first token"),
-                ("cached_tokens", "reused from KV cache"),
-            )
-        ):
+        for i, (key, label) in enumerate(metrics):
             value, caption = _metric(label)
             self.metrics[key] = value
             grid.addWidget(value, (i // 2) * 2, i % 2)
             grid.addWidget(caption, (i // 2) * 2 + 1, i % 2)
-        lay.addLayout(grid)
+        return grid
+
+    def _build_speed_section(self, lay: QVBoxLayout) -> None:
+        """Speeds, the KV restore and draft lines, the live chart, the loop timeline, the phase."""
+        lay.addWidget(self._section("SPEED"))
+        lay.addLayout(
+            self._metric_grid(
+                (
+                    ("decode_tps", "decode tok/s"),
+                    ("prefill_tps", "prefill tok/s"),
+                    ("ttft_ms", "time to first token"),
+                    ("cached_tokens", "reused from KV cache"),
+                )
+            )
+        )
         # A turn that restored its KV cache from disk, and speculative decoding's acceptance.
-        self.restore_label = QLabel("")
-        self.restore_label.setObjectName("explain")
-        self.restore_label.setWordWrap(True)
+        self.restore_label = _explain_label()
         self.restore_label.setVisible(False)
         lay.addWidget(self.restore_label)
-        self.draft_label = QLabel("")
-        self.draft_label.setObjectName("explain")
-        self.draft_label.setWordWrap(True)
+        self.draft_label = _explain_label()
         self.draft_label.setVisible(False)
         lay.addWidget(self.draft_label)
         self.chart = SpeedChart()
@@ -179,59 +257,40 @@ class InspectorPanel(QFrame):
         self.phase_label.setObjectName("explain")
         lay.addWidget(self.phase_label)
 
-        # memory
+    def _build_memory_section(self, lay: QVBoxLayout) -> None:
+        """Weights, KV cache, bandwidths, the memory wall and the CPU code."""
         lay.addWidget(self._section("MEMORY"))
-        mgrid = QGridLayout()
-        mgrid.setVerticalSpacing(0)
-        for i, (key, label) in enumerate(
-            (
-                ("model_bytes", "model weights"),
-                ("kv_cache_bytes", "KV cache (allocated)"),
-                ("bandwidth_gbps", "decode bandwidth"),
-                ("machine_bandwidth_gbps", "machine bandwidth"),
+        lay.addLayout(
+            self._metric_grid(
+                (
+                    ("model_bytes", "model weights"),
+                    ("kv_cache_bytes", "KV cache (allocated)"),
+                    ("bandwidth_gbps", "decode bandwidth"),
+                    ("machine_bandwidth_gbps", "machine bandwidth"),
+                )
             )
-        ):
-            value, caption = _metric(label)
-            self.metrics[key] = value
-            mgrid.addWidget(value, (i // 2) * 2, i % 2)
-            mgrid.addWidget(caption, (i // 2) * 2 + 1, i % 2)
-        lay.addLayout(mgrid)
+        )
         wall_title = QLabel("Memory wall")
         wall_title.setObjectName("metricLabel")
         lay.addWidget(wall_title)
         self.wall = WallMeter()
         lay.addWidget(self.wall)
-        explain = QLabel(WALL_EXPLANATION)
-        explain.setObjectName("explain")
-        explain.setWordWrap(True)
-        lay.addWidget(explain)
-        self.ceiling_label = QLabel("")
-        self.ceiling_label.setObjectName("explain")
-        self.ceiling_label.setWordWrap(True)
+        lay.addWidget(_explain_label(WALL_EXPLANATION))
+        self.ceiling_label = _explain_label()
         lay.addWidget(self.ceiling_label)
         # The instructions the decoder runs on are part of its speed: which of llama.cpp's CPU
         # variants this machine got, and what it uses.
-        self.cpu_label = QLabel("")
-        self.cpu_label.setObjectName("explain")
-        self.cpu_label.setWordWrap(True)
+        self.cpu_label = _explain_label()
         self.cpu_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         lay.addWidget(self.cpu_label)
-        lay.addStretch(1)
 
-        scroll = QScrollArea()
-        scroll.setWidgetResizable(True)
-        scroll.setFrameShape(QFrame.Shape.NoFrame)
-        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        scroll.setWidget(live)
-        self.tabs.addTab(scroll, "Live")
-
+    def _build_tokens_page(self) -> QWidget:
+        """The Tokens tab: the last prompt (and reply) in coloured pieces."""
         self.tokens_view = TokensView()
         tokens_page = QWidget()
         tl = QVBoxLayout(tokens_page)
         tl.setContentsMargins(8, 8, 8, 8)
-        self.tokens_caption = QLabel("The last prompt, exactly as the model saw it. Hover a piece for its id.")
-        self.tokens_caption.setObjectName("explain")
-        self.tokens_caption.setWordWrap(True)
+        self.tokens_caption = _explain_label("The last prompt, exactly as the model saw it. Hover a piece for its id.")
         tl.addWidget(self.tokens_caption)
         tl.addWidget(self.tokens_view, 1)
         self.tokens_legend = QLabel("")  # the reply's tints: accepted draft tokens, decoded ones
@@ -239,8 +298,7 @@ class InspectorPanel(QFrame):
         self.tokens_legend.setWordWrap(True)
         self.tokens_legend.setVisible(False)
         tl.addWidget(self.tokens_legend)
-        self.tabs.addTab(tokens_page, "Tokens")
-        self.set_colors(LIGHT)
+        return tokens_page
 
     def _section(self, text: str) -> QLabel:
         label = QLabel(text)
@@ -289,7 +347,7 @@ class InspectorPanel(QFrame):
             ceiling = machine_bandwidth * 1e9 / model_bytes
             self.ceiling_label.setText(f"Ceiling for this model on this machine: ≈ {ceiling:.0f} tok/s.")
 
-    def set_cpu_backend(self, backend: Any, note: str | None = None) -> None:
+    def set_cpu_backend(self, backend: BackendInfo | None, note: str | None = None) -> None:
         """The CPU code llama.cpp runs (``engine.cpu_backend.BackendInfo``; None: not known)."""
         if backend is None:
             self._show("cpu_backend", "", self.cpu_label)
@@ -349,7 +407,7 @@ class InspectorPanel(QFrame):
         self.shown["wall_ratio"] = "—"
         self.phase_label.setText("")
 
-    def set_stats(self, stats: Any, saved: bool = False) -> None:
+    def set_stats(self, stats: StatsLike | None, saved: bool = False) -> None:
         """Shows a turn's stats (``engine.inference.events.Stats`` or its dict).
 
         Args:
@@ -359,16 +417,30 @@ class InspectorPanel(QFrame):
         if stats is None:
             return
         if isinstance(stats, Mapping):  # a stored reply: its loop, if it had one (live: set_loop)
-            self.loop_timeline.set_entries(stats.get("loop") or [])
+            self.loop_timeline.set_entries(_entries(stats.get("loop")))
         self.live = False
         why = "The last reply in this chat (saved)" if saved else "The reply that just finished"
         self.freshness.setText(why)
         self.shown["freshness"] = why
-        raw = dict(_get(stats, "budget", {}) or {})
+        self._show_context(stats)
+        self._show("decode_tps", format_tps(_opt_float(stats, "decode_tps")))
+        self._show("prefill_tps", format_tps(_opt_float(stats, "prefill_tps")))
+        self._show("ttft_ms", f"{_float(stats, 'ttft_ms'):.0f} ms")
+        self._show("cached_tokens", f"{_int(stats, 'cached_tokens')} / {_int(stats, 'prompt_tokens')}")
+        self._show_restore(stats)
+        self._show_draft(stats)
+        self._show_memory(stats)
+        template = _get(stats, "template")
+        self.phase_label.setText(f"template: {'' if template is None else template}")
+
+    def _show_context(self, stats: StatsLike) -> None:
+        """The context map of a finished turn: its bands, the summary, the reserve, evictions."""
+        raw_budget = _get(stats, "budget")
+        raw: Mapping[str, object] = raw_budget if isinstance(raw_budget, Mapping) else {}
         # A remote backend adds flags (``estimated``, ``n_ctx_unknown``): not parts of the window.
-        budget = {key: int(raw[key]) for key, _ in SEGMENTS if key in raw}
-        n_ctx = int(_get(stats, "n_ctx", 0) or 0)
-        used = int(_get(stats, "context_used", 0) or 0)
+        budget = {key: _as_int(raw[key]) for key, _ in SEGMENTS if key in raw}
+        n_ctx = _int(stats, "n_ctx")
+        used = _int(stats, "context_used")
         if budget:
             self.context_bar.set_budget(budget)
             for key, _ in SEGMENTS:
@@ -381,43 +453,37 @@ class InspectorPanel(QFrame):
         if raw.get("estimated"):
             summary += " (estimated: the server has no tokenizer endpoint)"
         self._show("context_used", summary, self.context_summary)
-        self._show_reserve(budget, int(_get(stats, "prompt_tokens", 0) or 0), n_ctx)
-        evicted = int(_get(stats, "evicted_messages", 0) or 0)
+        self._show_reserve(budget, _int(stats, "prompt_tokens"), n_ctx)
+        evicted = _int(stats, "evicted_messages")
         self.shown["evicted_messages"] = str(evicted)
         self.evicted_label.setText(
             f"⚠ {evicted} older message{'s' if evicted != 1 else ''} evicted to fit (rolling window)" if evicted else ""
         )
-        self._show("decode_tps", format_tps(_get(stats, "decode_tps")))
-        self._show("prefill_tps", format_tps(_get(stats, "prefill_tps")))
-        self._show("ttft_ms", f"{float(_get(stats, 'ttft_ms', 0) or 0):.0f} ms")
-        cached = int(_get(stats, "cached_tokens", 0) or 0)
-        prompt = int(_get(stats, "prompt_tokens", 0) or 0)
-        self._show("cached_tokens", f"{cached} / {prompt}")
-        self._show_restore(stats)
-        self._show_draft(stats)
-        self._show("model_bytes", format_bytes(_get(stats, "model_bytes")))
-        kv_used = _get(stats, "kv_used_bytes")
-        kv_total = _get(stats, "kv_cache_bytes") or self.kv_allocated
+
+    def _show_memory(self, stats: StatsLike) -> None:
+        """Weights, the KV cache, the bandwidths, the memory wall and the ceiling of a finished turn."""
+        model_bytes = _opt_float(stats, "model_bytes", keep_zero=True)
+        self._show("model_bytes", format_bytes(model_bytes))
+        kv_used = _opt_float(stats, "kv_used_bytes", keep_zero=True)
+        kv_total = _opt_float(stats, "kv_cache_bytes") or self.kv_allocated
         self._show("kv_cache_bytes", format_bytes(kv_total))
         self.shown["kv_used_bytes"] = format_bytes(kv_used)
         self.metrics["kv_cache_bytes"].setToolTip(f"{format_bytes(kv_used)} in use by this conversation")
-        achieved = float(_get(stats, "bandwidth_gbps", 0.0) or 0.0)
-        machine = _get(stats, "machine_bandwidth_gbps") or self.machine_bandwidth
+        achieved = _float(stats, "bandwidth_gbps")
+        machine = _opt_float(stats, "machine_bandwidth_gbps") or self.machine_bandwidth
         self._show("bandwidth_gbps", f"{achieved:.1f} GB/s")
         if machine:
             self._show("machine_bandwidth_gbps", f"{float(machine):.1f} GB/s")
         self.wall.set_values(achieved or None, float(machine) if machine else None)
         ratio = self.wall.ratio
         self.shown["wall_ratio"] = f"{ratio * 100:.0f}%" if ratio is not None else "—"
-        decode = float(_get(stats, "decode_tps", 0.0) or 0.0)
-        model_bytes = _get(stats, "model_bytes")
+        decode = _float(stats, "decode_tps")
         if machine and model_bytes:
-            ceiling = float(machine) * 1e9 / (float(model_bytes) + float(kv_used or 0))
+            ceiling = float(machine) * 1e9 / (model_bytes + (kv_used or 0.0))
             self.ceiling_label.setText(
                 f"Ceiling ≈ {ceiling:.0f} tok/s on this machine; achieved {decode:.1f} tok/s "
                 f"({decode / ceiling * 100:.0f}% of it)."
             )
-        self.phase_label.setText(f"template: {_get(stats, 'template', '')}")
 
     def _show_reserve(self, budget: Mapping[str, int], prompt: int, n_ctx: int) -> None:
         """What a reply may use: its max tokens, within the window left after the prompt. The
@@ -436,29 +502,29 @@ class InspectorPanel(QFrame):
         self.shown["reply_may_use"] = str(may_use)
         self.reserve_label.setText(text)
 
-    def _show_restore(self, stats: Any) -> None:
-        restored = int(_get(stats, "kv_restored_tokens", 0) or 0)
-        restore_ms = float(_get(stats, "kv_restore_ms", 0) or 0)
+    def _show_restore(self, stats: StatsLike) -> None:
+        restored = _int(stats, "kv_restored_tokens")
+        restore_ms = _float(stats, "kv_restore_ms")
         if not restored:
             self.restore_label.setVisible(False)
             self.shown.pop("kv_restored", None)
             return
         text = f"restored {restored:,} tokens from disk in {restore_ms:.0f} ms"
-        prefill_tps = float(_get(stats, "prefill_tps", 0) or 0)
+        prefill_tps = _float(stats, "prefill_tps")
         if prefill_tps > 0:
             text += f" (prefill would take {format_duration(restored / prefill_tps)})"
         self.shown["kv_restored"] = text
         self.restore_label.setText("KV cache " + text)
         self.restore_label.setVisible(True)
 
-    def _show_draft(self, stats: Any) -> None:
-        drafted = int(_get(stats, "draft_tokens", 0) or 0)
-        accepted = int(_get(stats, "accepted_tokens", 0) or 0)
+    def _show_draft(self, stats: StatsLike) -> None:
+        drafted = _int(stats, "draft_tokens")
+        accepted = _int(stats, "accepted_tokens")
         if not drafted:
             self.draft_label.setVisible(False)
             self.shown.pop("draft", None)
             return
-        completion = int(_get(stats, "completion_tokens", 0) or 0)
+        completion = _int(stats, "completion_tokens")
         # Each pass of the model reads every weight once and yields its accepted drafts plus one.
         passes = max(completion - accepted, 1)
         text = (
@@ -488,7 +554,7 @@ class InspectorPanel(QFrame):
         self.wall.set_values(None, self.machine_bandwidth)
         self.phase_label.setText("reading the prompt…")
 
-    def set_loop(self, entries: Any) -> None:
+    def set_loop(self, entries: Sequence[Mapping[str, object]] | None) -> None:
         """The running turn's agent loop so far (generations and tool calls, in order)."""
         self.loop_timeline.set_entries(list(entries or []))
 
@@ -508,17 +574,18 @@ class InspectorPanel(QFrame):
                 self.phase_label.setText(f"generating: {tokens:,} token{'s' if tokens != 1 else ''}")
         self._last_sample = (now, tokens)
 
-    def set_prompt_view(self, view: Any) -> None:
-        ids = list(getattr(view, "token_ids", []) or [])
-        pieces = list(getattr(view, "pieces", []) or [])
+    def set_prompt_view(self, view: PromptLike) -> None:
+        """Shows the last prompt (and the reply after it, when the view has one) on the Tokens tab."""
+        ids = list(view.token_ids or [])
+        pieces = list(view.pieces or [])
         # app.gui.workers.speculative.TokensView adds the reply; a bare PromptView has none.
-        reply_ids = list(getattr(view, "reply_ids", []) or [])
-        drafted = list(getattr(view, "reply_drafted", []) or [])
+        reply_ids: list[int] = list(getattr(view, "reply_ids", []) or [])
+        drafted: list[bool] = list(getattr(view, "reply_drafted", []) or [])
         self.tokens_view.set_tokens(
             ids,
             pieces,
             reply_ids=reply_ids,
-            reply_pieces=list(getattr(view, "reply_pieces", []) or []),
+            reply_pieces=[str(piece) for piece in getattr(view, "reply_pieces", []) or []],
             reply_drafted=drafted,
         )
         reply = ""
