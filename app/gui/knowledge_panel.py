@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import html
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import Qt, Slot
+from PySide6.QtGui import QShowEvent
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QFileDialog,
@@ -32,6 +33,13 @@ from PySide6.QtWidgets import (
 from app.gui.window_layout import make_wrapping, set_wrapped_text
 from app.gui.workers.knowledge_worker import IndexJob, KnowledgeAdapter
 
+if TYPE_CHECKING:
+    from rag.ingest import IngestProgress, IngestReport
+    from rag.knowledge import KnowledgeBaseSummary
+    from rag.registry import DocumentRecord, KnowledgeBaseInfo
+    from rag.retrieval import Passage
+    from rag.store_health import StoreRecovery
+
 STATE_LABELS = {
     "queued": "queued",
     "indexing": "indexing…",
@@ -52,7 +60,7 @@ def format_eta(seconds: float | None) -> str:
     return f"~{seconds:.0f} s left"
 
 
-def progress_text(progress: Any) -> str:
+def progress_text(progress: IngestProgress) -> str:
     """One line for an IngestProgress."""
     state = str(getattr(progress, "state", ""))
     chunks_total = getattr(progress, "chunks_total", None)
@@ -86,7 +94,9 @@ def document_file_filter() -> str:
     return ";;".join(lines)
 
 
-def recovery_text(recovery: Any, progress: Any = None, report: Any = None) -> str:
+def recovery_text(
+    recovery: StoreRecovery, progress: IngestProgress | None = None, report: IngestReport | None = None
+) -> str:
     """The one-line notice about a damaged document index (a ``rag.store_health.StoreRecovery``)."""
     head = f"The document index was damaged ({recovery.reason})"
     if report is not None:
@@ -115,7 +125,33 @@ class KnowledgePanel(QWidget):
         outer.setContentsMargins(0, 0, 0, 0)
         splitter = QSplitter(Qt.Orientation.Horizontal)
         outer.addWidget(splitter)
+        splitter.addWidget(self._build_list_side())
+        right = QWidget()
+        rl = QVBoxLayout(right)
+        rl.setContentsMargins(18, 14, 18, 14)
+        rl.setSpacing(8)
+        self._build_heading(rl)
+        rl.addLayout(self._build_tools_row())
+        self._build_progress(rl)
+        rl.addWidget(self._build_documents_table(), 2)
+        self._build_test_retrieval(rl)
+        splitter.addWidget(right)
+        splitter.setSizes([260, 900])
 
+        adapter.kbs_changed.connect(self._on_adapter_kbs_changed)
+        adapter.documents_changed.connect(self._on_adapter_documents_changed)
+        adapter.job_started.connect(self._on_adapter_job_started)
+        adapter.progress_changed.connect(self._on_adapter_progress_changed)
+        adapter.job_finished.connect(self._on_adapter_job_finished)
+        adapter.query_finished.connect(self._on_adapter_query_finished)
+        adapter.store_recovered.connect(self._on_adapter_store_recovered)
+        if adapter.recovery is not None:
+            self._on_adapter_store_recovered(adapter.recovery)
+        self._update_buttons()
+
+    # ------------------------------------------------------------------ layout
+    def _build_list_side(self) -> QFrame:
+        """The left side: New, the knowledge bases, Delete."""
         left = QFrame()
         left.setObjectName("sidebar")
         left.setAttribute(Qt.WidgetAttribute.WA_StyledBackground, True)
@@ -134,12 +170,10 @@ class KnowledgePanel(QWidget):
         self.drop_button = QPushButton("Delete knowledge base…")
         self.drop_button.clicked.connect(self._on_drop_button_clicked)
         ll.addWidget(self.drop_button)
-        splitter.addWidget(left)
+        return left
 
-        right = QWidget()
-        rl = QVBoxLayout(right)
-        rl.setContentsMargins(18, 14, 18, 14)
-        rl.setSpacing(8)
+    def _build_heading(self, rl: QVBoxLayout) -> None:
+        """The selected knowledge base's name, its summary and the damaged-index notice."""
         self.heading = QLabel("<h2>Knowledge</h2>")
         rl.addWidget(self.heading)
         self.summary = QLabel(
@@ -156,6 +190,8 @@ class KnowledgePanel(QWidget):
         self.notice.setVisible(False)
         rl.addWidget(self.notice)
 
+    def _build_tools_row(self) -> QHBoxLayout:
+        """Add files, Add folder, Remove, Re-index."""
         tools = QHBoxLayout()
         self.add_files_button = QPushButton("Add files…")
         self.add_files_button.clicked.connect(self._on_add_files_button_clicked)
@@ -174,8 +210,10 @@ class KnowledgePanel(QWidget):
         ):
             tools.addWidget(button)
         tools.addStretch(1)
-        rl.addLayout(tools)
+        return tools
 
+    def _build_progress(self, rl: QVBoxLayout) -> None:
+        """The indexing job's bar with Pause and Cancel, and its line of text."""
         progress_row = QHBoxLayout()
         self.progress = QProgressBar()
         self.progress.setTextVisible(False)
@@ -195,6 +233,8 @@ class KnowledgePanel(QWidget):
         rl.addWidget(self.progress_label)
         self._show_job(None)
 
+    def _build_documents_table(self) -> QTableWidget:
+        """The selected knowledge base's documents: name, state, chunks, details."""
         self.docs = QTableWidget(0, 4)
         self.docs.setHorizontalHeaderLabels(["Document", "State", "Chunks", "Details"])
         self.docs.verticalHeader().setVisible(False)
@@ -204,8 +244,10 @@ class KnowledgePanel(QWidget):
         header = self.docs.horizontalHeader()
         header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
         header.setSectionResizeMode(3, QHeaderView.ResizeMode.Stretch)
-        rl.addWidget(self.docs, 2)
+        return self.docs
 
+    def _build_test_retrieval(self, rl: QVBoxLayout) -> None:
+        """A query box and the passages a chat would get, with their scores."""
         test_title = QLabel("TEST RETRIEVAL")
         test_title.setObjectName("sectionTitle")
         rl.addWidget(test_title)
@@ -222,21 +264,8 @@ class KnowledgePanel(QWidget):
         self.results.setOpenLinks(False)
         self.results.setPlaceholderText("Passages appear here with their dense, keyword (BM25) and fused scores.")
         rl.addWidget(self.results, 1)
-        splitter.addWidget(right)
-        splitter.setSizes([260, 900])
 
-        adapter.kbs_changed.connect(self._on_adapter_kbs_changed)
-        adapter.documents_changed.connect(self._on_adapter_documents_changed)
-        adapter.job_started.connect(self._on_adapter_job_started)
-        adapter.progress_changed.connect(self._on_adapter_progress_changed)
-        adapter.job_finished.connect(self._on_adapter_job_finished)
-        adapter.query_finished.connect(self._on_adapter_query_finished)
-        adapter.store_recovered.connect(self._on_adapter_store_recovered)
-        if adapter.recovery is not None:
-            self._on_adapter_store_recovered(adapter.recovery)
-        self._update_buttons()
-
-    def showEvent(self, event: Any) -> None:
+    def showEvent(self, event: QShowEvent) -> None:
         super().showEvent(event)
         if not self._loaded:
             self._loaded = True
@@ -244,7 +273,7 @@ class KnowledgePanel(QWidget):
 
     # ------------------------------------------------------------------ adapter events
     @Slot(object)
-    def _on_adapter_kbs_changed(self, summaries: list[Any]) -> None:
+    def _on_adapter_kbs_changed(self, summaries: list[KnowledgeBaseSummary]) -> None:
         self._loaded = True
         keep = self.current
         self.kb_list.blockSignals(True)
@@ -270,12 +299,12 @@ class KnowledgePanel(QWidget):
         self._update_buttons()
 
     @Slot(object)
-    def _on_adapter_store_recovered(self, recovery: Any) -> None:
+    def _on_adapter_store_recovered(self, recovery: StoreRecovery) -> None:
         self.notice.setText(recovery_text(recovery))
         self.notice.setVisible(True)
 
     @Slot(QListWidgetItem, QListWidgetItem)
-    def _on_kb_list_current_item_changed(self, item: QListWidgetItem | None, _previous: Any) -> None:
+    def _on_kb_list_current_item_changed(self, item: QListWidgetItem | None, _previous: QListWidgetItem | None) -> None:
         self.current = item.data(Qt.ItemDataRole.UserRole) if item is not None else None
         self.heading.setText(f"<h2>{html.escape(self.current or 'Knowledge')}</h2>")
         if self.current:
@@ -283,7 +312,7 @@ class KnowledgePanel(QWidget):
         self._update_buttons()
 
     @Slot(str, object)
-    def _on_adapter_documents_changed(self, name: str, docs: list[Any]) -> None:
+    def _on_adapter_documents_changed(self, name: str, docs: list[DocumentRecord]) -> None:
         if name != self.current:
             return
         self.docs.setRowCount(len(docs))
@@ -310,7 +339,7 @@ class KnowledgePanel(QWidget):
         set_wrapped_text(self.progress_label, f"{job.label}: starting…")
 
     @Slot(object, object)
-    def _on_adapter_progress_changed(self, job: IndexJob, progress: Any) -> None:
+    def _on_adapter_progress_changed(self, job: IndexJob, progress: IngestProgress) -> None:
         if job is not self.job:
             self._show_job(job)
         chunks_total = getattr(progress, "chunks_total", None)
@@ -325,7 +354,7 @@ class KnowledgePanel(QWidget):
         set_wrapped_text(self.progress_label, f"{job.label} — {progress_text(progress)}")
 
     @Slot(object, object)
-    def _on_adapter_job_finished(self, job: IndexJob, report: Any) -> None:
+    def _on_adapter_job_finished(self, job: IndexJob, report: IngestReport | None) -> None:
         if job is self.job:
             self._show_job(None)
         if report is not None and not job.kb and self.adapter.recovery is not None and not report.cancelled:
@@ -340,7 +369,7 @@ class KnowledgePanel(QWidget):
                 set_wrapped_text(self.progress_label, f"{job.label}: {line}. Skipped: {shown}")
 
     @Slot(str, object)
-    def _on_adapter_query_finished(self, text: str, passages: list[Any]) -> None:
+    def _on_adapter_query_finished(self, text: str, passages: list[Passage]) -> None:
         if not passages:
             self.results.setHtml(f"<p>No passages found for <b>{html.escape(text)}</b>.</p>")
             return
@@ -395,7 +424,7 @@ class KnowledgePanel(QWidget):
         self.progress.setVisible(True)
         self.new_button.setEnabled(False)
 
-        def done(kb: Any) -> None:
+        def done(kb: KnowledgeBaseInfo) -> None:
             self.creating = None
             self.current = kb.name
             self.progress.setRange(0, 1)
