@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QMargins, Qt
 from PySide6.QtGui import QGuiApplication
@@ -33,6 +33,11 @@ from app.gui.saved_kv_caches import SavedKvCachesWidget
 from app.gui.speculative_settings import SpeculativeSettingsWidget
 from app.settings import Settings
 
+if TYPE_CHECKING:
+    from app.gui.workers.library_adapter import LibraryAdapter
+    from app.paths import Paths
+    from engine.gguf import GgufInfo
+
 GPU_MODES = (
     ("Automatic: as many layers as fit in free GPU memory", "auto"),
     ("All layers on the GPU", "all"),
@@ -61,8 +66,8 @@ class SettingsDialog(QDialog):
         server_url: str | None = None,
         model_path: Path | None = None,
         kv_cache_dir: Path | None = None,
-        tools_paths: Any = None,
-        library: Any = None,
+        tools_paths: Paths | None = None,
+        library: LibraryAdapter | None = None,
     ) -> None:
         super().__init__(parent)
         self.setWindowTitle("Settings")
@@ -80,7 +85,25 @@ class SettingsDialog(QDialog):
         self._scroll.setWidget(body)
         outer.addWidget(self._scroll, 1)
         form = QFormLayout()
+        self._build_models_rows(form, settings)
+        self._build_gpu_row(form, settings)
+        self._build_context_row(form, settings, model_path)
+        self._build_chat_rows(form, settings, tools_paths)
+        layout.addLayout(form)
+        layout.addWidget(self._server_section(settings, server_url))
+        self.kv_caches = SavedKvCachesWidget(settings, kv_cache_dir, self)
+        layout.addWidget(self.kv_caches)
+        self.speculative = SpeculativeSettingsWidget(settings, library, model_path, self)
+        layout.addWidget(self.speculative)
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
+        buttons.accepted.connect(self.accept)
+        buttons.rejected.connect(self.reject)
+        outer.addWidget(buttons)
+        self._fit_to_screen(body, buttons)
 
+    # ------------------------------------------------------------------ layout
+    def _build_models_rows(self, form: QFormLayout, settings: Settings) -> None:
+        """The models folder (with Browse) and the CPU threads."""
         self.models_dir = QLineEdit(str(settings.models_dir) if settings.models_dir else "")
         self.models_dir.setPlaceholderText("default: the data folder's models/")
         browse = QPushButton("Browse…")
@@ -96,8 +119,9 @@ class SettingsDialog(QDialog):
         self.threads.setValue(settings.n_threads or 0)
         form.addRow("CPU threads:", self.threads)
 
-        # GPU layers: a choice, with a number only when the user wants one (a spin box whose -2
-        # meant "auto" read as a bug).
+    def _build_gpu_row(self, form: QFormLayout, settings: Settings) -> None:
+        """GPU layers: a choice, with a number only when the user wants one (a spin box whose -2
+        meant "auto" read as a bug)."""
         self.gpu_mode = QComboBox()
         self.gpu_mode.setAccessibleName("GPU layers")
         for label, value in GPU_MODES:
@@ -120,6 +144,8 @@ class SettingsDialog(QDialog):
         gpu_row.addWidget(self.gpu_count)
         form.addRow("GPU layers:", gpu_row)
 
+    def _build_context_row(self, form: QFormLayout, settings: Settings, model_path: Path | None) -> None:
+        """The context length, with the KV cache it implies for the loaded model (read off the GUI thread)."""
         self.n_ctx = QSpinBox()
         self.n_ctx.setRange(256, 1_048_576)
         self.n_ctx.setSingleStep(1024)
@@ -134,13 +160,15 @@ class SettingsDialog(QDialog):
         ctx_box.addWidget(self.n_ctx)
         ctx_box.addWidget(self.kv_label)
         form.addRow("Context length:", ctx_box)
-        self._gguf: Any = None
+        self._gguf: GgufInfo | None = None
         self._model_name = model_path.name if model_path is not None else ""
         self.n_ctx.valueChanged.connect(self._show_kv_size)
         self._show_kv_size()
         if model_path is not None:
             self._read_model(model_path)
 
+    def _build_chat_rows(self, form: QFormLayout, settings: Settings, tools_paths: Paths | None) -> None:
+        """Overflow policy, default system prompt, embedder, theme, auto-load and the Tools button."""
         self.overflow = QComboBox()
         self.overflow.addItem("Rolling window: drop the oldest turns (marked in the chat)", "rolling")
         self.overflow.addItem("Refuse: stop and say the chat is too long", "refuse")
@@ -168,19 +196,8 @@ class SettingsDialog(QDialog):
             self.tools_button = QPushButton("MCP servers, tools and the allow list…")
             self.tools_button.clicked.connect(lambda: self._open_tools(tools_paths))
             form.addRow("Tools:", self.tools_button)
-        layout.addLayout(form)
-        layout.addWidget(self._server_section(settings, server_url))
-        self.kv_caches = SavedKvCachesWidget(settings, kv_cache_dir, self)
-        layout.addWidget(self.kv_caches)
-        self.speculative = SpeculativeSettingsWidget(settings, library, model_path, self)
-        layout.addWidget(self.speculative)
-        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
-        buttons.accepted.connect(self.accept)
-        buttons.rejected.connect(self.reject)
-        outer.addWidget(buttons)
-        self._fit_to_screen(body, buttons)
 
-    def _open_tools(self, paths: Any) -> None:
+    def _open_tools(self, paths: Paths) -> None:
         from app.gui.tools_settings import ToolsSettingsDialog
 
         self.tools_dialog = ToolsSettingsDialog(paths, self)
@@ -228,12 +245,12 @@ class SettingsDialog(QDialog):
         """Reads the model's header off the GUI thread, then shows the KV size."""
         from app.gui.tasks import run_in_background
 
-        def read() -> Any:
+        def read() -> GgufInfo:
             from engine.gguf import read_gguf_info
 
             return read_gguf_info(path)
 
-        def done(info: Any) -> None:
+        def done(info: GgufInfo) -> None:
             if isValid(self):  # the dialog may be closed already
                 self._gguf = info
                 self._show_kv_size()
