@@ -14,14 +14,17 @@ The library's entries already hold their headers, so the estimate is arithmetic 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Protocol, TypedDict
 
 from PySide6.QtWidgets import QComboBox, QFormLayout, QGroupBox, QLabel, QWidget
 from shiboken6 import isValid
 
 from app.settings import Settings
+
+if TYPE_CHECKING:
+    from engine.library import LibraryEntry
 
 MODES = (
     ("Prompt lookup: draft from the prompt and the reply so far", "lookup"),
@@ -29,9 +32,27 @@ MODES = (
 )
 
 
-def chat_entries(library: Any) -> list[Any]:
+class ModelsLibrary(Protocol):
+    """What the group reads of the models library (``app.gui.workers.library_adapter.LibraryAdapter``);
+    its ``hardware``, ``bandwidth_gbps``, ``library_changed`` and ``scan`` are used when it has them."""
+
+    @property
+    def entries(self) -> Sequence[LibraryEntry]: ...
+
+
+class SpeculativeUpdates(TypedDict):
+    """The settings the group sets (``Settings.speculative``, ``Settings.draft_models``)."""
+
+    speculative: str
+    draft_models: dict[str, str]
+
+
+def chat_entries(library: ModelsLibrary | None) -> list[LibraryEntry]:
     """The library's models that can chat and whose header was read (``library.entries``)."""
-    entries = list(getattr(library, "entries", None) or [])
+    return _chat_models(list(getattr(library, "entries", None) or []))
+
+
+def _chat_models(entries: Sequence[LibraryEntry]) -> list[LibraryEntry]:
     return [e for e in entries if e.info is not None and e.available and e.kind == "chat" and not e.error]
 
 
@@ -46,7 +67,11 @@ class SpeculativeSettingsWidget(QGroupBox):
     """
 
     def __init__(
-        self, settings: Settings, library: Any = None, model_path: Path | None = None, parent: QWidget | None = None
+        self,
+        settings: Settings,
+        library: ModelsLibrary | None = None,
+        model_path: Path | None = None,
+        parent: QWidget | None = None,
     ) -> None:
         super().__init__("Speculative decoding", parent)
         self.setObjectName("speculativeSettings")
@@ -84,28 +109,30 @@ class SpeculativeSettingsWidget(QGroupBox):
         self._fill_models()
         self._ask_library(library)
 
-    def _ask_library(self, library: Any) -> None:
+    def _ask_library(self, library: ModelsLibrary | None) -> None:
         """Scans the library (off the GUI thread) when it was not read yet, and probes the hardware
         for the fit estimate when it was not probed; the group fills in when they answer."""
-        if library is None:
+        from app.gui.workers.library_adapter import LibraryAdapter
+
+        if not isinstance(library, LibraryAdapter):  # None, or a fixed list of entries
             return
-        if not self._entries and hasattr(library, "library_changed"):
+        if not self._entries:
             self._scanning = True
             library.library_changed.connect(self._on_library_changed)
             library.scan()
             self._show_memory()
-        if getattr(library, "hardware", None) is None and hasattr(library, "hardware_ready"):
+        if library.hardware is None:
             library.hardware_ready.connect(self._on_hardware_ready)
             library.probe()
 
-    def _on_library_changed(self, entries: list[Any]) -> None:
+    def _on_library_changed(self, entries: list[LibraryEntry]) -> None:
         if not isValid(self):
             return
         self._scanning = False
-        self._entries = {str(e.path): e for e in chat_entries(SimpleNamespace(entries=entries))}
+        self._entries = {str(e.path): e for e in _chat_models(entries)}
         self._fill_models()
 
-    def _on_hardware_ready(self, _hw: Any) -> None:
+    def _on_hardware_ready(self, _hw: object) -> None:
         if isValid(self):
             self._show_memory()
 
@@ -121,7 +148,7 @@ class SpeculativeSettingsWidget(QGroupBox):
         self.chat_model.blockSignals(False)
         self._fill_drafts()
 
-    def updates(self) -> dict[str, Any]:
+    def updates(self) -> SpeculativeUpdates:
         """The settings this group sets."""
         return {"speculative": self.mode.currentData(), "draft_models": dict(self._choices)}
 
@@ -173,9 +200,12 @@ class SpeculativeSettingsWidget(QGroupBox):
         from engine.fit import draft_model_bytes, estimate_fit
         from engine.units import format_bytes
 
-        n_ctx = min(self._n_ctx, target.info.context_length or self._n_ctx)
+        target_info, draft_info = target.info, draft.info
+        if target_info is None or draft_info is None:  # chat_entries keeps only read headers
+            return "The header of a model was not read: its memory is unknown."
+        n_ctx = min(self._n_ctx, target_info.context_length or self._n_ctx)
         try:
-            extra = draft_model_bytes(draft.info, n_ctx)
+            extra = draft_model_bytes(draft_info, n_ctx)
         except (ValueError, ArithmeticError) as exc:
             return f"Memory of {draft.label} unknown: {exc}"
         text = f"{draft.label} adds {format_bytes(extra)} (weights, KV cache and buffers at {n_ctx:,} tokens)"
@@ -183,16 +213,16 @@ class SpeculativeSettingsWidget(QGroupBox):
         if hw is not None:
             try:
                 bandwidth = getattr(self._library, "bandwidth_gbps", None)
-                fit = estimate_fit(target.info, hw, n_ctx, bandwidth_gbps=bandwidth, draft=draft.info)
+                fit = estimate_fit(target_info, hw, n_ctx, bandwidth_gbps=bandwidth, draft=draft_info)
                 text += f"; with {target.label}: {fit.message}"
             except (ValueError, ArithmeticError):
                 pass
         notes = []
-        if draft.info.tensor_bytes >= target.info.tensor_bytes:
+        if draft_info.tensor_bytes >= target_info.tensor_bytes:
             notes.append("it is not smaller than the chat model, so drafting with it saves nothing")
-        if draft.info.vocab_size and target.info.vocab_size and draft.info.vocab_size != target.info.vocab_size:
+        if draft_info.vocab_size and target_info.vocab_size and draft_info.vocab_size != target_info.vocab_size:
             notes.append(
-                f"its vocabulary differs ({draft.info.vocab_size:,} tokens, the chat model has "
-                f"{target.info.vocab_size:,}): the model will load without it"
+                f"its vocabulary differs ({draft_info.vocab_size:,} tokens, the chat model has "
+                f"{target_info.vocab_size:,}): the model will load without it"
             )
         return text + "." + "".join(f" Note: {n}." for n in notes)
