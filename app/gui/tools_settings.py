@@ -12,7 +12,7 @@ entry or paste its reason under the buttons. Closing the dialog stops the server
 from __future__ import annotations
 
 import shlex
-from typing import Any
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import Qt, Slot
 from PySide6.QtWidgets import (
@@ -33,13 +33,18 @@ from PySide6.QtWidgets import (
 from shiboken6 import isValid
 
 from app.gui.tasks import describe_error, run_in_background
-from app.tool_config import BUILTIN, Permissions, ToolSetupError
+from app.tool_config import BUILTIN, Permissions, ServerEntry, ToolSetupError
+
+if TYPE_CHECKING:
+    from app.paths import Paths
+    from engine.agent.mcp_client import McpServer, McpServerConfig, McpServerStatus
+    from engine.inference.tools import ToolSpec
 
 COL_NAME, COL_ON, COL_ALLOW, COL_STATUS = range(4)
 ROLE_KEY = Qt.ItemDataRole.UserRole + 1  # (source, tool) of a row; tool "*" for a server's row
 
 
-def server_entry_for(name: str, target: str) -> dict[str, Any]:
+def server_entry_for(name: str, target: str) -> dict[str, str | list[str]]:
     """The ``mcp.json`` object for a command line or a URL typed in the Add row.
 
     Raises:
@@ -57,7 +62,7 @@ def server_entry_for(name: str, target: str) -> dict[str, Any]:
     return {"command": words[0], "args": words[1:]}
 
 
-def _check_server(config: Any, keep: list[Any]) -> tuple[list[Any], Any]:
+def _check_server(config: McpServerConfig, keep: list[McpServer]) -> tuple[list[ToolSpec], McpServerStatus]:
     """Starts one server, lists its tools, stops it (on a background thread)."""
     from engine.agent.mcp_client import McpServer, McpServerError
 
@@ -80,20 +85,35 @@ class ToolsSettingsDialog(QDialog):
         check_on_open: start every server at once to show its status and tools.
     """
 
-    def __init__(self, paths: Any, parent: QWidget | None = None, check_on_open: bool = True) -> None:
+    def __init__(self, paths: Paths, parent: QWidget | None = None, check_on_open: bool = True) -> None:
         super().__init__(parent)
         self.setWindowTitle("Settings — Tools")
         self.setMinimumSize(620, 520)
         self.paths = paths
         self.permissions: Permissions | None = None
-        self.servers: dict[str, Any] = {}
-        self.tools_of: dict[str, list[Any]] = {}
+        self.servers: dict[str, ServerEntry] = {}
+        self.tools_of: dict[str, list[ToolSpec]] = {}
         self.status_of: dict[str, str] = {}
         self._checking: set[str] = set()
-        self._started: list[Any] = []  # servers being checked (closed on Stop and at close)
+        self._started: list[McpServer] = []  # servers being checked (closed on Stop and at close)
         self._filling = False
 
         lay = QVBoxLayout(self)
+        self._build_sources(lay)
+        self._build_server_rows(lay)
+        self._build_allow_list(lay)
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
+        buttons.rejected.connect(self.reject)
+        lay.addWidget(buttons)
+
+        self.reload()
+        self._show_progress()
+        if check_on_open:
+            self.check_all()
+
+    # ------------------------------------------------------------------ layout
+    def _build_sources(self, lay: QVBoxLayout) -> None:
+        """The intro, the tree of sources and tools, and the checks' busy bar with Stop."""
         intro = QLabel(
             "The tools a chat may offer the model when its Tools switch is on. A call that is not "
             "always allowed asks first, with its exact arguments."
@@ -124,6 +144,8 @@ class ToolsSettingsDialog(QDialog):
         progress_row.addWidget(self.stop_button)
         lay.addLayout(progress_row)
 
+    def _build_server_rows(self, lay: QVBoxLayout) -> None:
+        """Check and Remove, the Add row (name, command or URL), the mcp.json paste and the error line."""
         row = QHBoxLayout()
         self.check_button = QPushButton("Check servers")
         self.check_button.setToolTip("Start each server, show its status and the tools it offers")
@@ -165,6 +187,8 @@ class ToolsSettingsDialog(QDialog):
         self.error_label.setVisible(False)
         lay.addWidget(self.error_label)
 
+    def _build_allow_list(self, lay: QVBoxLayout) -> None:
+        """The tools always allowed, with Ask again."""
         allow_title = QLabel("Always allowed (these run without asking)")
         allow_title.setObjectName("metricLabel")
         lay.addWidget(allow_title)
@@ -178,15 +202,6 @@ class ToolsSettingsDialog(QDialog):
         allow_row.addWidget(self.allow_list, 1)
         allow_row.addWidget(self.forget_button, 0, Qt.AlignmentFlag.AlignTop)
         lay.addLayout(allow_row)
-
-        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
-        buttons.rejected.connect(self.reject)
-        lay.addWidget(buttons)
-
-        self.reload()
-        self._show_progress()
-        if check_on_open:
-            self.check_all()
 
     # ------------------------------------------------------------------ data
     def show_error(self, text: str) -> None:
@@ -206,7 +221,7 @@ class ToolsSettingsDialog(QDialog):
             self.servers = {}
         self._fill()
 
-    def _builtin_specs(self) -> list[Any]:
+    def _builtin_specs(self) -> list[ToolSpec]:
         from engine.agent.builtin_tools import BUILTIN_NAMES, BuiltinTools
 
         # read_file is offered only with attached files: a placeholder lists it (nothing is read).
@@ -233,7 +248,9 @@ class ToolsSettingsDialog(QDialog):
         if perms is not None:
             self.allow_list.addItems(perms.allowed())
 
-    def _add_source(self, source: str, label: str, status: str, specs: list[Any], perms: Permissions | None) -> None:
+    def _add_source(
+        self, source: str, label: str, status: str, specs: list[ToolSpec], perms: Permissions | None
+    ) -> None:
         top = QTreeWidgetItem([label, "", "", status])
         top.setData(COL_NAME, ROLE_KEY, (source, "*"))
         top.setToolTip(COL_STATUS, status)
@@ -307,7 +324,7 @@ class ToolsSettingsDialog(QDialog):
         config = self.servers[name].config
         started = self._started
 
-        def done(result: tuple[list[Any], Any]) -> None:
+        def done(result: tuple[list[ToolSpec], McpServerStatus]) -> None:
             if isValid(self):
                 self._after_check(name, *result)
 
@@ -319,11 +336,13 @@ class ToolsSettingsDialog(QDialog):
         self._fill()
         self._show_progress()
 
-    def _after_check(self, name: str, specs: list[Any], status: Any, error: str | None = None) -> None:
+    def _after_check(
+        self, name: str, specs: list[ToolSpec], status: McpServerStatus | None, error: str | None = None
+    ) -> None:
         self._checking.discard(name)
         self._started[:] = [s for s in self._started if s.name != name]
         self.tools_of[name] = specs
-        reason = error or (getattr(status, "last_error", None) if status is not None else None)
+        reason = error or (status.last_error if status is not None else None)
         if reason:
             self.status_of[name] = f"did not start: {reason}"
         else:
