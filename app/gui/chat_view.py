@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import html
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QEvent, Qt, QTimer, QUrl, Signal, Slot
 from PySide6.QtGui import QDesktopServices, QGuiApplication
@@ -40,6 +40,9 @@ from app.gui.tool_card import AgentPartsWidget, ApprovalCardWidget
 from app.gui.window_layout import make_wrapping, set_wrapped_text
 from app.gui.workers.history_service import DisplayMessage
 
+if TYPE_CHECKING:
+    from app.gui.workers.agent_turn import ApprovalRequest
+
 SOURCE_SCHEME = "gb-source"
 
 
@@ -48,24 +51,29 @@ def plural(n: int, word: str) -> str:
     return f"{n:,} {word}" + ("" if n == 1 else "s")
 
 
-def format_stats_line(stats: dict[str, Any] | None) -> str:
+def _count(value: object) -> int:
+    """A count kept in a reply's stats: 0 when missing or empty."""
+    return int(value) if isinstance(value, (int, float, str)) and value else 0
+
+
+def format_stats_line(stats: Mapping[str, object] | None) -> str:
     """A one-line summary of a reply's stats (tokens, TTFT, speeds)."""
     if not stats:
         return ""
-    parts = [plural(int(stats.get("completion_tokens", 0) or 0), "token")]
+    parts = [plural(_count(stats.get("completion_tokens")), "token")]
     if stats.get("ttft_ms"):
         parts.append(f"TTFT {stats['ttft_ms']:.0f} ms")
     if stats.get("decode_tps"):
         parts.append(f"{stats['decode_tps']:.1f} tok/s")
     if stats.get("cached_tokens"):
-        parts.append(f"{int(stats['cached_tokens']):,} reused from cache")
+        parts.append(f"{_count(stats['cached_tokens']):,} reused from cache")
     reason = stats.get("finish_reason")
     if reason and reason != "stop":
         parts.append({"length": "hit max tokens", "cancelled": "stopped"}.get(str(reason), str(reason)))
     return " · ".join(parts)
 
 
-def format_stats_tooltip(stats: dict[str, Any] | None, model: str | None) -> str:
+def format_stats_tooltip(stats: Mapping[str, object] | None, model: str | None) -> str:
     """The full per-message stats shown on hover."""
     if not stats:
         return model or ""
@@ -82,7 +90,7 @@ def format_stats_tooltip(stats: dict[str, Any] | None, model: str | None) -> str
     return "<table>" + "".join(f"<tr><td>{k}&nbsp;&nbsp;</td><td><b>{v}</b></td></tr>" for k, v in rows) + "</table>"
 
 
-def source_label(source: dict[str, Any], number: int) -> str:
+def source_label(source: Mapping[str, object], number: int) -> str:
     """``[1] report.pdf, p. 3 — “snippet…”`` for a source dict (path, page, snippet, score)."""
     path = str(source.get("path") or source.get("file") or "?")
     name = Path(path).name
@@ -96,7 +104,7 @@ def source_label(source: dict[str, Any], number: int) -> str:
     )
 
 
-def open_source(source: dict[str, Any]) -> bool:
+def open_source(source: Mapping[str, object]) -> bool:
     """Opens a cited file with the system viewer (a PDF at its page where the viewer takes #page=)."""
     path = source.get("path") or source.get("file")
     if not path:
@@ -206,6 +214,16 @@ class MessageCard(QFrame):
         self._streaming_state = False
         is_user = message.role == "user"
 
+        inner = self._build_bubble(is_user, message.model or assistant_name or "Assistant")
+        self._build_body(inner)
+        self._build_sources(inner)
+        self._build_actions(inner, is_user)
+        self._actions = [b for b in (self.copy_button, self.edit_button, self.regen_button) if b is not None]
+        self.update_message(message)
+
+    # ------------------------------------------------------------------ layout
+    def _build_bubble(self, is_user: bool, assistant: str) -> QVBoxLayout:
+        """The bubble (right-aligned for the user) with its role line; returns the bubble's layout."""
         outer = QHBoxLayout(self)
         outer.setContentsMargins(16, 6, 16, 6)
         bubble = QFrame()
@@ -218,10 +236,13 @@ class MessageCard(QFrame):
             bubble.setMaximumWidth(640)
         outer.addWidget(bubble, 0 if is_user else 1)
 
-        role = QLabel("You" if is_user else (message.model or assistant_name or "Assistant"))
+        role = QLabel("You" if is_user else assistant)
         role.setObjectName("roleLabel")
         inner.addWidget(role)
+        return inner
 
+    def _build_body(self, inner: QVBoxLayout) -> None:
+        """The body, one label per Markdown block, between the reply's tool calls and its folded thinking."""
         # The body is one label per Markdown block (see markdown_render.split_blocks): while a
         # reply streams only the last block is re-rendered.
         self.body = self._new_block_label()
@@ -236,6 +257,8 @@ class MessageCard(QFrame):
         inner.addLayout(self._body_layout)
         inner.addWidget(self.agent_parts.fold)
 
+    def _build_sources(self, inner: QVBoxLayout) -> None:
+        """The reply's cited sources, as links."""
         self.sources_box = QLabel()
         self.sources_box.setObjectName("sourceLink")
         self.sources_box.setWordWrap(True)
@@ -244,6 +267,8 @@ class MessageCard(QFrame):
         self.sources_box.setVisible(False)
         inner.addWidget(self.sources_box)
 
+    def _build_actions(self, inner: QVBoxLayout, is_user: bool) -> None:
+        """‹ 1/2 ›, Copy, Edit (the user's) or Regenerate (a reply's), and the stats line under them."""
         actions = QHBoxLayout()
         actions.setSpacing(2)
         # The stats (or the error) wrap on a line of their own: a long one never widens the card
@@ -272,8 +297,6 @@ class MessageCard(QFrame):
         actions.addStretch(1)
         inner.addLayout(actions)
         inner.addWidget(self.stats_label)
-        self._actions = [b for b in (self.copy_button, self.edit_button, self.regen_button) if b is not None]
-        self.update_message(message)
 
     def _tool(self, text: str, tip: str, action: str) -> QToolButton:
         button = QToolButton()
@@ -388,7 +411,7 @@ class MessageCard(QFrame):
                 marked += 1
         return marked
 
-    def set_sources(self, sources: Sequence[dict[str, Any]]) -> None:
+    def set_sources(self, sources: Sequence[Mapping[str, object]]) -> None:
         self._sources = list(sources)
         if not sources:
             self.sources_box.setVisible(False)
@@ -498,20 +521,32 @@ class ChatView(QScrollArea):
         streaming_id = self._streaming.message.id if self._streaming is not None else None
         same_shape = [c.message.id for c in self.cards] == [m.id for m in messages] and self._evicted == evicted
         if same_shape and messages:
-            # The same messages (a reply finished, a checkpoint): update the cards in place
-            # instead of rebuilding the transcript.
-            for card, message in zip(self.cards, messages, strict=True):
-                if message.id == streaming_id and message.state == "pending":
-                    continue
-                if card.message != message:
-                    card.update_message(message)
-                    if card is self._streaming:
-                        card.set_streaming(False)
-                        self._streaming = None
+            self._update_cards(messages, streaming_id)
             return
         self._evicted = evicted
         # Calls of the streaming reply still waiting for the user move to its new card (below).
         waiting = self._streaming.agent_parts.take_pending() if self._streaming is not None else []
+        self._clear_cards()
+        waiting = self._insert_cards(messages, evicted, streaming_id, waiting)
+        for request in waiting:  # the reply is not shown any more: its calls are refused, never left waiting
+            request.answer("deny")
+        self.empty.setVisible(not messages)
+        self._scroll_after_rebuild()
+
+    def _update_cards(self, messages: Sequence[DisplayMessage], streaming_id: int | None) -> None:
+        """The same messages (a reply finished, a checkpoint): updates the cards in place instead of
+        rebuilding the transcript."""
+        for card, message in zip(self.cards, messages, strict=True):
+            if message.id == streaming_id and message.state == "pending":
+                continue
+            if card.message != message:
+                card.update_message(message)
+                if card is self._streaming:
+                    card.set_streaming(False)
+                    self._streaming = None
+
+    def _clear_cards(self) -> None:
+        """Removes every card and the eviction marker."""
         for card in self.cards:
             card.setParent(None)
             card.deleteLater()
@@ -521,6 +556,16 @@ class ChatView(QScrollArea):
             self.marker.deleteLater()
             self.marker = None
         self._streaming = None
+
+    def _insert_cards(
+        self,
+        messages: Sequence[DisplayMessage],
+        evicted: int,
+        streaming_id: int | None,
+        waiting: list[ApprovalRequest],
+    ) -> list[ApprovalRequest]:
+        """A card per message, the marker after the evicted ones; the streaming reply's card takes
+        the text streamed so far and the ``waiting`` approvals. Returns those no card took."""
         position = 0
         for index, message in enumerate(messages):
             if evicted and index == evicted:
@@ -542,9 +587,10 @@ class ChatView(QScrollArea):
                 for request in waiting:
                     card.agent_parts.add_approval(request)
                 waiting = []
-        for request in waiting:  # the reply is not shown any more: its calls are refused, never left waiting
-            request.answer("deny")
-        self.empty.setVisible(not messages)
+        return waiting
+
+    def _scroll_after_rebuild(self) -> None:
+        """Shows a search hit to reveal, else keeps a switched branch where it was, else follows the bottom."""
         if self._reveal is not None and self.card_for(self._reveal[0]) is not None:
             message_id, terms = self._reveal
             self._reveal = None
@@ -594,12 +640,12 @@ class ChatView(QScrollArea):
             self._streaming.agent_parts.expire_approvals()  # Stop: a waiting call is refused
         self._streaming = None
 
-    def add_tool_step(self, step: dict[str, Any]) -> None:
+    def add_tool_step(self, step: Mapping[str, object]) -> None:
         """A call of the streaming reply was handled: its card (app/gui/tool_card.py)."""
         if self._streaming is not None:
             self._streaming.agent_parts.add_step(step)
 
-    def show_approval(self, request: Any) -> ApprovalCardWidget | None:
+    def show_approval(self, request: ApprovalRequest) -> ApprovalCardWidget | None:
         """A call of the streaming reply waits for the user: its approval card (None: no reply
         streams, and the call is refused)."""
         if self._streaming is None:
