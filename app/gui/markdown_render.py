@@ -11,10 +11,16 @@ rich-text engine understands.
 from __future__ import annotations
 
 import html
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import MutableMapping, Sequence
+from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from markdown_it import MarkdownIt
+    from markdown_it.renderer import RendererProtocol
+    from markdown_it.token import Token
+    from markdown_it.utils import OptionsDict
 
 COPY_SCHEME = "gb-copy"
 SAFE_LINK_SCHEMES = ("http://", "https://", "mailto:")
@@ -51,6 +57,30 @@ class RenderedMarkdown:
     code_blocks: tuple[str, ...]
 
 
+@dataclass
+class _RenderState:
+    """One render: the theme's colours, what it collects (the code blocks' raw text), and whether
+    each open link was kept."""
+
+    colors: CodeColors = LIGHT_CODE
+    code_blocks: list[str] = field(default_factory=list)
+    link_stack: list[bool] = field(default_factory=list)
+
+
+_STATE = "glassbox_state"
+Env = MutableMapping[str, object]
+"""markdown-it's ``env`` of one render: it carries the :class:`_RenderState`."""
+
+
+def _state(env: Env) -> _RenderState:
+    """The render's state in markdown-it's ``env`` (made on first use)."""
+    state = env.get(_STATE)
+    if not isinstance(state, _RenderState):
+        state = _RenderState()
+        env[_STATE] = state
+    return state
+
+
 def _code_block(code: str, language: str, index: int, colors: CodeColors) -> str:
     lang = html.escape(language or "code")
     body = html.escape(code.rstrip("\n"))
@@ -65,57 +95,66 @@ def _code_block(code: str, language: str, index: int, colors: CodeColors) -> str
     )
 
 
-@lru_cache(maxsize=4)
-def _parser(colors: CodeColors) -> Any:
+# The render rules (markdown-it's fixed signature: the renderer, the tokens, the index, the options, env).
+
+
+def _fence(self: RendererProtocol, tokens: Sequence[Token], idx: int, options: OptionsDict, env: Env) -> str:
+    token = tokens[idx]
+    state = _state(env)
+    state.code_blocks.append(token.content)
+    language = token.info.split()[0] if token.info else ""
+    return _code_block(token.content, language, len(state.code_blocks) - 1, state.colors)
+
+
+def _image(self: RendererProtocol, tokens: Sequence[Token], idx: int, options: OptionsDict, env: Env) -> str:
+    token = tokens[idx]
+    alt = html.escape("".join(child.content for child in token.children or []) or "image")
+    return f'<span style="color:{_state(env).colors.muted};">[image: {alt}]</span>'
+
+
+def _link_open(self: RendererProtocol, tokens: Sequence[Token], idx: int, options: OptionsDict, env: Env) -> str:
+    href = str(tokens[idx].attrGet("href") or "")
+    safe = href.lower().startswith(SAFE_LINK_SCHEMES)
+    state = _state(env)
+    state.link_stack.append(safe)
+    if not safe:
+        return "<span>"
+    return f'<a href="{html.escape(href, quote=True)}" style="color:{state.colors.link};">'
+
+
+def _link_close(self: RendererProtocol, tokens: Sequence[Token], idx: int, options: OptionsDict, env: Env) -> str:
+    stack = _state(env).link_stack
+    safe = stack.pop() if stack else False
+    return "</a>" if safe else "</span>"
+
+
+def _table_open(self: RendererProtocol, tokens: Sequence[Token], idx: int, options: OptionsDict, env: Env) -> str:
+    return (
+        f'<table border="1" cellspacing="0" cellpadding="5" '
+        f'style="border-color:{_state(env).colors.border}; border-collapse: collapse; margin: 4px 0;">\n'
+    )
+
+
+def _code_inline(self: RendererProtocol, tokens: Sequence[Token], idx: int, options: OptionsDict, env: Env) -> str:
+    content = html.escape(tokens[idx].content)
+    return f'<code style="background-color:{_state(env).colors.code_bg};">&nbsp;{content}&nbsp;</code>'
+
+
+@lru_cache(maxsize=1)
+def _parser() -> MarkdownIt:
     from markdown_it import MarkdownIt  # imported on first render: keeps start-up light
 
     # breaks: a single newline in a reply is a line break, as the model meant it ("cat\ncat"), not
     # CommonMark's soft break that joins the lines.
     md = MarkdownIt("commonmark", {"html": False, "linkify": False, "typographer": False, "breaks": True})
     md.enable(["table", "strikethrough"])
-
-    def fence(self: Any, tokens: Sequence[Any], idx: int, options: Any, env: dict[str, Any]) -> str:
-        token = tokens[idx]
-        blocks: list[str] = env.setdefault("code_blocks", [])
-        blocks.append(token.content)
-        language = token.info.split()[0] if token.info else ""
-        return _code_block(token.content, language, len(blocks) - 1, colors)
-
-    def image(self: Any, tokens: Sequence[Any], idx: int, options: Any, env: dict[str, Any]) -> str:
-        token = tokens[idx]
-        alt = html.escape("".join(child.content for child in token.children or []) or "image")
-        return f'<span style="color:{colors.muted};">[image: {alt}]</span>'
-
-    def link_open(self: Any, tokens: Sequence[Any], idx: int, options: Any, env: dict[str, Any]) -> str:
-        href = str(tokens[idx].attrGet("href") or "")
-        safe = href.lower().startswith(SAFE_LINK_SCHEMES)
-        env.setdefault("link_stack", []).append(safe)
-        if not safe:
-            return "<span>"
-        return f'<a href="{html.escape(href, quote=True)}" style="color:{colors.link};">'
-
-    def link_close(self: Any, tokens: Sequence[Any], idx: int, options: Any, env: dict[str, Any]) -> str:
-        stack: list[bool] = env.setdefault("link_stack", [])
-        safe = stack.pop() if stack else False
-        return "</a>" if safe else "</span>"
-
-    def table_open(self: Any, tokens: Sequence[Any], idx: int, options: Any, env: dict[str, Any]) -> str:
-        return (
-            f'<table border="1" cellspacing="0" cellpadding="5" '
-            f'style="border-color:{colors.border}; border-collapse: collapse; margin: 4px 0;">\n'
-        )
-
-    def code_inline(self: Any, tokens: Sequence[Any], idx: int, options: Any, env: dict[str, Any]) -> str:
-        content = html.escape(tokens[idx].content)
-        return f'<code style="background-color:{colors.code_bg};">&nbsp;{content}&nbsp;</code>'
-
-    md.add_render_rule("fence", fence)
-    md.add_render_rule("code_block", fence)
-    md.add_render_rule("image", image)
-    md.add_render_rule("link_open", link_open)
-    md.add_render_rule("link_close", link_close)
-    md.add_render_rule("table_open", table_open)
-    md.add_render_rule("code_inline", code_inline)
+    md.add_render_rule("fence", _fence)
+    md.add_render_rule("code_block", _fence)
+    md.add_render_rule("image", _image)
+    md.add_render_rule("link_open", _link_open)
+    md.add_render_rule("link_close", _link_close)
+    md.add_render_rule("table_open", _table_open)
+    md.add_render_rule("code_inline", _code_inline)
     return md
 
 
@@ -129,9 +168,10 @@ def render_markdown(text: str, colors: CodeColors = LIGHT_CODE) -> RenderedMarkd
     Returns:
         The HTML and the code blocks' raw text.
     """
-    env: dict[str, Any] = {}
-    body = _parser(colors).render(text, env)
-    return RenderedMarkdown(html=body, code_blocks=tuple(env.get("code_blocks", [])))
+    state = _RenderState(colors)
+    env: Env = {_STATE: state}
+    body = str(_parser().render(text, env))
+    return RenderedMarkdown(html=body, code_blocks=tuple(state.code_blocks))
 
 
 def plain_html(text: str) -> str:
