@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QObject, Signal, Slot
 from PySide6.QtGui import QAction
@@ -21,12 +21,19 @@ from PySide6.QtWidgets import QInputDialog, QMenu, QToolButton, QWidget
 
 from app.gui.workers.agent_turn import ToolsRequest
 
+if TYPE_CHECKING:
+    from app.gui.main_window import MainWindow
+    from app.gui.workers.agent_turn import ApprovalRequest
+    from app.gui.workers.llm_worker import LoadedModel
+    from app.paths import Paths
+    from engine.history_schema import Conversation
+
 BUILTIN = "builtin"
 """``app.tool_config.BUILTIN`` (not imported here: it brings the MCP client, the window need not)."""
 DEFAULT_THINKING_BUDGET = 1024
 
 
-def tools_choice(settings: Mapping[str, Any] | None) -> tuple[bool, list[str]]:
+def tools_choice(settings: Mapping[str, object] | None) -> tuple[bool, list[str]]:
     """``(on, sources)`` saved with a conversation (off, built-in tools, when nothing is saved)."""
     saved = (settings or {}).get("tools")
     if not isinstance(saved, dict):
@@ -35,7 +42,7 @@ def tools_choice(settings: Mapping[str, Any] | None) -> tuple[bool, list[str]]:
     return bool(saved.get("on")), sources
 
 
-def thinking_choice(settings: Mapping[str, Any] | None) -> str | int | None:
+def thinking_choice(settings: Mapping[str, object] | None) -> str | int | None:
     """``"on"``, ``"off"``, a budget in tokens, or None (the model's default)."""
     value = (settings or {}).get("thinking")
     if value in ("on", "off"):
@@ -46,7 +53,7 @@ def thinking_choice(settings: Mapping[str, Any] | None) -> str | int | None:
 
 
 def turn_options(
-    settings: Mapping[str, Any] | None, paths: Any, thinking_controls: Sequence[str] = ()
+    settings: Mapping[str, object] | None, paths: Paths, thinking_controls: Sequence[str] = ()
 ) -> tuple[ToolsRequest | None, bool | None, int | None]:
     """The turn's tools request, thinking switch and thinking budget for a conversation's settings.
 
@@ -63,7 +70,7 @@ def turn_options(
     return tools, None, None
 
 
-def describe(settings: Mapping[str, Any] | None) -> str:
+def describe(settings: Mapping[str, object] | None) -> str:
     """The switch's text: ``Tools: off`` or ``Tools: builtin, testtools``."""
     on, sources = tools_choice(settings)
     text = f"Tools: {', '.join(sources) or 'none'}" if on else "Tools: off"
@@ -87,7 +94,7 @@ class ChatToolsButton(QToolButton):
     changed = Signal(object)
     settings_requested = Signal()
 
-    def __init__(self, paths: Any, parent: QWidget | None = None) -> None:
+    def __init__(self, paths: Paths, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.paths = paths
         self.setObjectName("toolsSwitch")
@@ -97,12 +104,12 @@ class ChatToolsButton(QToolButton):
         self.menu_ = QMenu(self)
         self.menu_.aboutToShow.connect(self._on_menu_about_to_show)
         self.setMenu(self.menu_)
-        self.settings: dict[str, Any] = {}
+        self.settings: dict[str, object] = {}
         self.thinking_controls: tuple[str, ...] = ()
         self.server_problem: str | None = None
         self.set_conversation_settings({})
 
-    def set_conversation_settings(self, settings: Mapping[str, Any] | None) -> None:
+    def set_conversation_settings(self, settings: Mapping[str, object] | None) -> None:
         self.settings = {k: v for k, v in (settings or {}).items() if k in ("tools", "thinking")}
         self.setText(describe(self.settings))
 
@@ -182,7 +189,7 @@ class ChatToolsButton(QToolButton):
     def set_thinking(self, value: str | int | None) -> None:
         self._change({"thinking": value})
 
-    def _change(self, update: dict[str, Any]) -> None:
+    def _change(self, update: Mapping[str, object]) -> None:
         merged = {**self.settings, **update}
         if merged.get("thinking") is None:
             merged.pop("thinking", None)
@@ -219,11 +226,11 @@ class ChatToolsController(QObject):
         window: the MainWindow (its ``chat`` adapter, ``chat_view``, ``inspector``, ``tools_button``).
     """
 
-    def __init__(self, window: Any) -> None:
+    def __init__(self, window: MainWindow) -> None:
         super().__init__(window)
         self.window = window
         self.button: ChatToolsButton = window.tools_button
-        self._unsaved: dict[str, Any] | None = None  # chosen before the chat existed
+        self._unsaved: dict[str, object] | None = None  # chosen before the chat existed
         chat = window.chat
         chat.reasoning_delta.connect(window.chat_view.append_reasoning)
         chat.tool_step_added.connect(self._on_chat_tool_step_added)
@@ -250,7 +257,7 @@ class ChatToolsController(QObject):
         return tools, thinking, budget
 
     @Slot(object)
-    def _on_button_changed(self, choice: dict[str, Any]) -> None:
+    def _on_button_changed(self, choice: Mapping[str, object]) -> None:
         conv = self.window.chat.conversation
         if conv is None:
             self._unsaved = dict(choice)  # saved with the chat the first message creates
@@ -259,7 +266,7 @@ class ChatToolsController(QObject):
         self.window.chat.update_conversation(settings={**settings, **choice})
 
     @Slot(object, object)
-    def _on_chat_conversation_opened(self, conversation: Any, _messages: Any) -> None:
+    def _on_chat_conversation_opened(self, conversation: Conversation | None, _messages: object) -> None:
         settings = dict(getattr(conversation, "settings", None) or {})
         if self._unsaved is not None and conversation is not None and "tools" not in settings:
             choice, self._unsaved = self._unsaved, None
@@ -271,7 +278,7 @@ class ChatToolsController(QObject):
             self.button.set_conversation_settings(settings)
 
     @Slot(object)
-    def _on_chat_approval_requested(self, request: Any) -> None:
+    def _on_chat_approval_requested(self, request: ApprovalRequest) -> None:
         card = self.window.chat_view.show_approval(request)
         if card is not None:
             composer = self.window.composer
@@ -283,12 +290,12 @@ class ChatToolsController(QObject):
             )
 
     @Slot(object)
-    def _on_chat_tool_step_added(self, step: dict[str, Any]) -> None:
+    def _on_chat_tool_step_added(self, step: Mapping[str, object]) -> None:
         self.window.chat_view.add_tool_step(step)
         self.window.composer.set_state_text(f"{step.get('name', 'The tool')} done; the model goes on…")
 
     @Slot(object)
-    def _on_chat_model_loaded(self, loaded: Any) -> None:
+    def _on_chat_model_loaded(self, loaded: LoadedModel | None) -> None:
         self.button.set_thinking_controls(getattr(loaded, "thinking_controls", ()))
 
     @Slot()
