@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import Qt, Signal, Slot
 from PySide6.QtGui import QFontDatabase
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QToolButton, QVBoxLayout, QWidget
+
+if TYPE_CHECKING:
+    from app.gui.workers.agent_turn import ApprovalRequest
 
 FOLD_CHARS = 400
 """A result longer than this (or than :data:`FOLD_LINES` lines) is folded to its start."""
@@ -36,9 +39,19 @@ APPROVAL_WORDS = {
 }
 
 
-def arguments_text(arguments: Mapping[str, Any]) -> str:
+def arguments_text(arguments: Mapping[str, object]) -> str:
     """The call's arguments exactly, as indented JSON."""
     return json.dumps(dict(arguments), ensure_ascii=False, indent=2, sort_keys=False)
+
+
+def _number(value: object) -> float:
+    """A number kept in a stored step or reply: 0 when missing or empty."""
+    return float(value) if isinstance(value, (int, float, str)) and value else 0.0
+
+
+def _mapping(value: object) -> Mapping[str, object]:
+    """A JSON object kept in a stored step or reply; anything else is an empty one."""
+    return value if isinstance(value, Mapping) else {}
 
 
 def folded(text: str) -> tuple[str, bool]:
@@ -54,15 +67,15 @@ def format_duration_ms(ms: float) -> str:
     return f"{ms:.0f} ms" if ms < 1000 else f"{ms / 1000:.1f} s"
 
 
-def step_summary(step: Mapping[str, Any]) -> str:
+def step_summary(step: Mapping[str, object]) -> str:
     """``add · testtools · allowed once · 12 ms · +3 tokens`` (the card's header)."""
     parts = [str(step.get("name", "?"))]
     if step.get("source"):
         parts.append(str(step["source"]))
     parts.append(APPROVAL_WORDS.get(str(step.get("approval")), str(step.get("approval") or "")))
     if step.get("ran"):
-        parts.append(format_duration_ms(float(step.get("ms", 0) or 0)))
-    parts.append(f"+{int(step.get('tokens', 0) or 0):,} tokens")
+        parts.append(format_duration_ms(_number(step.get("ms"))))
+    parts.append(f"+{int(_number(step.get('tokens'))):,} tokens")
     if step.get("truncated"):
         parts.append("result cut to fit the window")
     return " · ".join(p for p in parts if p)
@@ -87,7 +100,7 @@ def _mono_label(text: str, name: str) -> QLabel:
 class ToolCallCardWidget(QFrame):
     """One handled call: tool, arguments, result (folded when long), duration and tokens added."""
 
-    def __init__(self, step: Mapping[str, Any], parent: QWidget | None = None) -> None:
+    def __init__(self, step: Mapping[str, object], parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setObjectName("toolCard")
         self.setFrameShape(QFrame.Shape.StyledPanel)
@@ -100,7 +113,7 @@ class ToolCallCardWidget(QFrame):
         )
         self.header.setAccessibleName("Tool call")
         lay.addWidget(self.header)
-        self.arguments = _mono_label(arguments_text(step.get("arguments") or {}), "toolArguments")
+        self.arguments = _mono_label(arguments_text(_mapping(step.get("arguments"))), "toolArguments")
         self.arguments.setAccessibleName("Arguments")
         lay.addWidget(self.arguments)
         result = str(step.get("result", ""))
@@ -144,7 +157,7 @@ class ApprovalCardWidget(QFrame):
 
     decided = Signal(str)
 
-    def __init__(self, request: Any, parent: QWidget | None = None) -> None:
+    def __init__(self, request: ApprovalRequest, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setObjectName("approvalCard")
         self.setFrameShape(QFrame.Shape.StyledPanel)
@@ -275,10 +288,11 @@ class AgentPartsWidget(QWidget):
         self._live_reasoning: list[str] = []
         self.setVisible(False)
 
-    def set_stats(self, stats: Mapping[str, Any] | None) -> None:
+    def set_stats(self, stats: Mapping[str, object] | None) -> None:
         """Shows a stored reply's calls and thinking (``stats`` of the history)."""
         stats = stats or {}
-        steps: Sequence[Mapping[str, Any]] = stats.get("tool_steps") or []
+        saved = stats.get("tool_steps")
+        steps = [s for s in saved if isinstance(s, Mapping)] if isinstance(saved, Sequence) else []
         if [c.step for c in self.cards] != [dict(s) for s in steps]:
             for card in self.cards:  # approvals still waiting stay (a reply saved mid-turn)
                 card.setParent(None)
@@ -287,13 +301,13 @@ class AgentPartsWidget(QWidget):
             for step in steps:
                 self.add_step(step)
         self.setVisible(bool(self.cards or self.approvals))
-        reasoning = stats.get("reasoning") or {}
+        reasoning = _mapping(stats.get("reasoning"))
         self._live_reasoning = []
         self.fold.set_reasoning(
-            str(reasoning.get("text", "")), int(reasoning.get("tokens", 0) or 0), float(reasoning.get("ms", 0.0) or 0.0)
+            str(reasoning.get("text", "")), int(_number(reasoning.get("tokens"))), _number(reasoning.get("ms"))
         )
 
-    def add_step(self, step: Mapping[str, Any]) -> ToolCallCardWidget:
+    def add_step(self, step: Mapping[str, object]) -> ToolCallCardWidget:
         """A call was handled: its card takes the place of its approval card, if any."""
         for approval in list(self.approvals):
             if approval.request.call_id == step.get("id"):  # handled: answered, or refused by Stop
@@ -306,14 +320,14 @@ class AgentPartsWidget(QWidget):
         self.setVisible(True)
         return card
 
-    def add_approval(self, request: Any) -> ApprovalCardWidget:
+    def add_approval(self, request: ApprovalRequest) -> ApprovalCardWidget:
         card = ApprovalCardWidget(request)
         self._layout.addWidget(card)
         self.approvals.append(card)
         self.setVisible(True)
         return card
 
-    def take_pending(self) -> list[Any]:
+    def take_pending(self) -> list[ApprovalRequest]:
         """The requests still waiting for the user (the card is about to be rebuilt)."""
         return [card.request for card in self.approvals if card.pending and not card.request.gate.answered]
 
