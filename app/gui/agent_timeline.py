@@ -9,7 +9,6 @@ the reply's stats): ``{"kind": "generate", "round", "ttft_ms", "prefill_ms", "de
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from PySide6.QtCore import QRectF, QSize, Qt
 from PySide6.QtGui import QColor, QPainter, QPaintEvent
@@ -20,30 +19,35 @@ from app.gui.theme import LIGHT, ThemeColors
 MIN_SEGMENT_PX = 3.0
 
 
-def entry_ms(entry: Mapping[str, Any]) -> float:
+def _number(value: object) -> float:
+    """A number kept in a loop entry: 0 when missing or empty."""
+    return float(value) if isinstance(value, (int, float, str)) and value else 0.0
+
+
+def entry_ms(entry: Mapping[str, object]) -> float:
     """How long one step took (a generation: its prefill and decode)."""
     if entry.get("kind") == "tool":
-        return float(entry.get("ms", 0) or 0)
-    return float(entry.get("prefill_ms", 0) or 0) + float(entry.get("decode_ms", 0) or 0)
+        return _number(entry.get("ms"))
+    return _number(entry.get("prefill_ms")) + _number(entry.get("decode_ms"))
 
 
 def _ms(ms: float) -> str:
     return f"{ms:.0f} ms" if ms < 1000 else f"{ms / 1000:.1f} s"
 
 
-def describe_loop(entries: Sequence[Mapping[str, Any]]) -> str:
+def describe_loop(entries: Sequence[Mapping[str, object]]) -> str:
     """``generate 1: 420 ms, 31 tokens → add: 12 ms, +3 tokens → generate 2: …`` (empty: no loop)."""
     if not any(e.get("kind") == "tool" for e in entries):
         return ""
     parts = []
     for entry in entries:
         if entry.get("kind") == "tool":
-            what = f"+{int(entry.get('tokens', 0) or 0):,} tokens" if entry.get("ran") else "did not run"
+            what = f"+{int(_number(entry.get('tokens'))):,} tokens" if entry.get("ran") else "did not run"
             parts.append(f"{entry.get('name', '?')}: {_ms(entry_ms(entry))}, {what}")
         else:
             parts.append(
                 f"generate {entry.get('round', '?')}: {_ms(entry_ms(entry))}, "
-                f"{int(entry.get('tokens', 0) or 0):,} tokens"
+                f"{int(_number(entry.get('tokens'))):,} tokens"
             )
     return " → ".join(parts)
 
@@ -53,7 +57,7 @@ class LoopBar(QWidget):
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.entries: list[dict[str, Any]] = []
+        self.entries: list[dict[str, object]] = []
         self.colors = LIGHT
         self.setMinimumHeight(14)
         self.setFocusPolicy(Qt.FocusPolicy.TabFocus)
@@ -103,10 +107,10 @@ class LoopTimelineWidget(QWidget):
         self.setVisible(False)
 
     @property
-    def entries(self) -> list[dict[str, Any]]:
+    def entries(self) -> list[dict[str, object]]:
         return self.bar.entries
 
-    def set_entries(self, entries: Sequence[Mapping[str, Any]]) -> None:
+    def set_entries(self, entries: Sequence[Mapping[str, object]]) -> None:
         self.bar.entries = [dict(e) for e in entries]
         text = describe_loop(self.bar.entries)
         self.caption.setText(text)
