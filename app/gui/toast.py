@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
 
 from PySide6.QtCore import Qt, QTimer, Slot
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QWidget
@@ -30,11 +30,13 @@ class Toast(QFrame):
         self._timer = QTimer(self)
         self._timer.setSingleShot(True)
         self._timer.timeout.connect(self.hide)
-        self._callback: Any = None
+        self._callback: Callable[[], object] | None = None
         self.action.clicked.connect(self._on_action_clicked)
         self.hide()
 
-    def show_message(self, text: str, action: str | None = None, callback: Any = None, ms: int = 8000) -> None:
+    def show_message(
+        self, text: str, action: str | None = None, callback: Callable[[], object] | None = None, ms: int = 8000
+    ) -> None:
         """Shows ``text`` (wrapped to the window's width) and an optional action for ``ms``."""
         parent = self.parentWidget()
         if parent is not None:
