@@ -10,9 +10,12 @@ import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from app.gui.markdown_render import COPY_SCHEME, render_markdown
+
+if TYPE_CHECKING:
+    from app.gui.workers.history_service import DisplayMessage
 
 _COPY_LINK = re.compile(rf'(?:&nbsp;)*<a href="{COPY_SCHEME}:\d+"[^>]*>Copy</a>')
 FORMATS = {"md": "Markdown (*.md)", "html": "HTML (*.html)", "json": "JSON (*.json)", "pdf": "PDF (*.pdf)"}
@@ -34,17 +37,17 @@ def export_file_name(title: str, conversation_id: int, fmt: str) -> str:
 _RESERVED = {"CON", "PRN", "AUX", "NUL", *(f"COM{i}" for i in range(1, 10)), *(f"LPT{i}" for i in range(1, 10))}
 
 
-def _state_note(m: Any) -> str:
+def _state_note(m: DisplayMessage) -> str:
     if m.state != "partial":
         return ""
-    return " *(interrupted, partial)*" if getattr(m, "error", None) else " *(stopped, partial)*"
+    return " *(interrupted, partial)*" if m.error else " *(stopped, partial)*"
 
 
 def _role(role: str) -> str:
     return {"user": "You", "assistant": "Assistant", "system": "System"}.get(role, role)
 
 
-def to_markdown(title: str, messages: Sequence[Any], system_prompt: str | None = None) -> str:
+def to_markdown(title: str, messages: Sequence[DisplayMessage], system_prompt: str | None = None) -> str:
     """The conversation as Markdown: a heading per message, sources as a list."""
     lines = [f"# {title}", ""]
     if system_prompt:
@@ -61,7 +64,7 @@ def to_markdown(title: str, messages: Sequence[Any], system_prompt: str | None =
     return "\n".join(lines).rstrip() + "\n"
 
 
-def to_html(title: str, messages: Sequence[Any], system_prompt: str | None = None) -> str:
+def to_html(title: str, messages: Sequence[DisplayMessage], system_prompt: str | None = None) -> str:
     """A standalone HTML page (no scripts, no remote resources)."""
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'>",
@@ -86,7 +89,7 @@ def to_html(title: str, messages: Sequence[Any], system_prompt: str | None = Non
     return "\n".join(parts)
 
 
-def to_json(title: str, messages: Sequence[Any], system_prompt: str | None = None) -> str:
+def to_json(title: str, messages: Sequence[DisplayMessage], system_prompt: str | None = None) -> str:
     """Everything we know about each message, as JSON."""
     data = {
         "title": title,
@@ -110,7 +113,7 @@ def to_json(title: str, messages: Sequence[Any], system_prompt: str | None = Non
 
 
 def export_conversation(
-    path: Path, fmt: str, title: str, messages: Sequence[Any], system_prompt: str | None = None
+    path: Path, fmt: str, title: str, messages: Sequence[DisplayMessage], system_prompt: str | None = None
 ) -> None:
     """Writes the export atomically.
 
