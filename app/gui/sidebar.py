@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import html
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QModelIndex, QPersistentModelIndex, QPoint, QSize, Qt, QTimer, Signal, Slot
 from PySide6.QtGui import QPainter, QPalette, QTextDocument
@@ -23,6 +23,9 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
     QWidget,
 )
+
+if TYPE_CHECKING:
+    from engine.history_schema import Conversation, SearchHit
 
 CONV_ROLE = Qt.ItemDataRole.UserRole
 MSG_ROLE = Qt.ItemDataRole.UserRole + 1
@@ -135,12 +138,12 @@ class Sidebar(QWidget):
         self._debounce.setSingleShot(True)
         self._debounce.setInterval(200)
         self._debounce.timeout.connect(lambda: self.search_requested.emit(self.search.text().strip()))
-        self._conversations: list[Any] = []
+        self._conversations: list[Conversation] = []
         self._current: int | None = None
         self._searching = False
 
     # ------------------------------------------------------------------ data
-    def set_conversations(self, conversations: Sequence[Any]) -> None:
+    def set_conversations(self, conversations: Sequence[Conversation]) -> None:
         """Shows the conversation list (unless a search is showing)."""
         self._conversations = list(conversations)
         if not self._searching:
@@ -169,7 +172,7 @@ class Sidebar(QWidget):
             if item.data(CONV_ROLE) == conversation_id and item.data(MSG_ROLE) is None:
                 self.list.setCurrentItem(item)
 
-    def show_hits(self, query: str, hits: Sequence[Any]) -> None:
+    def show_hits(self, query: str, hits: Sequence[SearchHit]) -> None:
         """Shows search hits (conversation title + snippet)."""
         if query != self.search.text().strip():
             return  # an older search came back late
