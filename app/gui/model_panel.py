@@ -10,9 +10,10 @@ marked, and Load on one says why instead of doing nothing.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import Qt, Signal, Slot
+from PySide6.QtGui import QShowEvent
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QDialog,
@@ -40,6 +41,10 @@ from app.gui.quantize_dialog import verdict_item as _verdict_item
 from app.gui.workers.model_routing import model_label, model_tooltip
 from app.gui.workers.models_worker import ModelsAdapter
 from engine.units import format_bytes
+
+if TYPE_CHECKING:
+    from app.model_folders import OtherAppFolder
+    from engine.library import LibraryEntry
 
 __all__ = [
     "ModelPanel",
@@ -76,9 +81,9 @@ class ModelPanel(QWidget):
         self.n_ctx = n_ctx
         self.loaded_path: Path | None = None
         self._started = False
-        self._rows: list[Any] = []  # the entry shown in each row of the library table
+        self._rows: list[LibraryEntry] = []  # the entry shown in each row of the library table
         self._selected_path: Path | None = None  # the model the user picked, kept across rescans
-        self._offered: list[Any] = []  # other apps' model folders on offer
+        self._offered: list[OtherAppFolder] = []  # other apps' model folders on offer
         self.dialog: QDialog | None = None  # the Quantize / Check quality / Convert dialog open now
         layout = QVBoxLayout(self)
         layout.setContentsMargins(18, 14, 18, 14)
@@ -95,7 +100,7 @@ class ModelPanel(QWidget):
         adapter.library.hardware_ready.connect(self._on_adapter_hardware_ready)
         adapter.library.other_folders_found.connect(self._on_adapter_other_folders_found)
 
-    def showEvent(self, event: Any) -> None:
+    def showEvent(self, event: QShowEvent) -> None:
         super().showEvent(event)
         if not self._started:
             self._started = True
@@ -189,7 +194,7 @@ class ModelPanel(QWidget):
         row.addWidget(self.folder_button)
         return row
 
-    def selected_entry(self) -> Any:
+    def selected_entry(self) -> LibraryEntry | None:
         """The entry of the highlighted row (as shown: a rescan reselects it by path)."""
         rows = self.library.selectionModel().selectedRows()
         if not rows or rows[0].row() >= len(self._rows):
@@ -214,11 +219,11 @@ class ModelPanel(QWidget):
         self.quality_button.setEnabled(entry is not None and bool(entry.provenance.get("quantized_from")))
 
     @Slot(object)
-    def _on_adapter_hardware_ready(self, _hw: Any) -> None:
+    def _on_adapter_hardware_ready(self, _hw: object) -> None:
         self._on_adapter_library_changed(self.adapter.library.entries)
 
     @Slot(object)
-    def _on_adapter_library_changed(self, entries: list[Any]) -> None:
+    def _on_adapter_library_changed(self, entries: list[LibraryEntry]) -> None:
         hw = self.adapter.library.hardware
         if hw is not None:
             gpus = ", ".join(g.name for g in getattr(hw, "gpus", [])) or "no GPU"
@@ -240,7 +245,7 @@ class ModelPanel(QWidget):
             self.library.selectRow(0)
         self._on_library_item_selection_changed()
 
-    def _fill_row(self, row: int, entry: Any) -> None:
+    def _fill_row(self, row: int, entry: LibraryEntry) -> None:
         label = entry.provenance.get("label") or model_label(entry.path)
         name = label + ("  (loaded)" if self.loaded_path == entry.path else "")
         tip = model_tooltip(entry.path)
@@ -355,7 +360,7 @@ class ModelPanel(QWidget):
 
     # ------------------------------------------------------------------ other apps' folders
     @Slot(object)
-    def _on_adapter_other_folders_found(self, folders: list[Any]) -> None:
+    def _on_adapter_other_folders_found(self, folders: list[OtherAppFolder]) -> None:
         self._offered = list(folders)
         if not folders:
             self.offer_bar.setVisible(False)
