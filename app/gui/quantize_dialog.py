@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import html
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import shiboken6
 from PySide6.QtCore import Qt, Slot
@@ -35,6 +35,11 @@ from app.gui.workers.models_worker import ModelsAdapter
 from app.gui.workers.transfers import JOB_ENDED, Transfer
 from engine.units import format_bytes
 
+if TYPE_CHECKING:
+    from engine.convert.quant_estimate import QuantEstimate
+    from engine.fit import FitEstimate
+    from engine.library import LibraryEntry
+
 VERDICT_TEXT = {"gpu": "fits on GPU", "partial": "partial offload", "ram": "fits in RAM", "no": "won't fit"}
 VERDICT_COLOR = {"gpu": "#16a34a", "partial": "#0891b2", "ram": "#4f46e5", "no": "#dc2626"}
 UNQUANTIZED = ("F32", "F16", "BF16")
@@ -50,7 +55,7 @@ def table_item(text: str, tip: str = "", align_right: bool = False) -> QTableWid
     return item
 
 
-def verdict_item(fit: Any) -> QTableWidgetItem:
+def verdict_item(fit: FitEstimate | None) -> QTableWidgetItem:
     """A coloured ``● fits in RAM`` cell (``…`` while the machine is being probed)."""
     if fit is None:
         return table_item("…", "checking this machine")
@@ -74,7 +79,9 @@ class QuantizeDialog(QDialog):
         parent: the parent widget.
     """
 
-    def __init__(self, adapter: ModelsAdapter, entry: Any, parent: QWidget | None = None, n_ctx: int = 4096) -> None:
+    def __init__(
+        self, adapter: ModelsAdapter, entry: LibraryEntry, parent: QWidget | None = None, n_ctx: int = 4096
+    ) -> None:
         super().__init__(parent)
         from engine.convert.quantize import default_output_path
 
@@ -86,7 +93,7 @@ class QuantizeDialog(QDialog):
         self.n_ctx = n_ctx
         self.transfer: Transfer | None = None
         self.quality_transfer: Transfer | None = None
-        self.estimates: dict[str, Any] = {}
+        self.estimates: dict[str, QuantEstimate] = {}
         self._default_output = default_output_path
         layout = QVBoxLayout(self)
         source_type = entry.quant or "?"
@@ -154,10 +161,10 @@ class QuantizeDialog(QDialog):
         return table
 
     @Slot(object)
-    def _on_adapter_hardware_ready(self, _hw: Any) -> None:
+    def _on_adapter_hardware_ready(self, _hw: object) -> None:
         self._fill_estimates()
 
-    def _on_estimates_ready(self, estimates: dict[str, Any]) -> None:
+    def _on_estimates_ready(self, estimates: dict[str, QuantEstimate]) -> None:
         if not shiboken6.isValid(self):
             return  # closed before the estimate came back
         self.estimates = estimates
