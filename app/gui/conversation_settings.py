@@ -3,7 +3,8 @@ then temperature, top-p, top-k, min-p, repeat penalty, max tokens and seed of th
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -22,13 +23,17 @@ from PySide6.QtWidgets import (
 
 from app.settings import SamplingPreset, Settings
 
+if TYPE_CHECKING:
+    from engine.history_schema import Conversation
+
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "max_tokens", "seed")
 
 
-def conversation_sampling(settings: Settings, conversation_settings: dict[str, Any] | None) -> SamplingPreset:
+def conversation_sampling(settings: Settings, conversation_settings: Mapping[str, object] | None) -> SamplingPreset:
     """The sampling a chat uses: its preset with its own values on top."""
     conv = dict(conversation_settings or {})
-    return settings.preset(conv.get("preset")).with_overrides(conv.get("sampling"))
+    preset = conv.get("preset")
+    return settings.preset(preset if isinstance(preset, str) else None).with_overrides(conv.get("sampling"))
 
 
 class ConversationSettingsDialog(QDialog):
@@ -42,7 +47,7 @@ class ConversationSettingsDialog(QDialog):
         conversation: the open ``engine.history.Conversation`` (None: applies to a new chat).
     """
 
-    def __init__(self, settings: Settings, conversation: Any, parent: QWidget | None = None) -> None:
+    def __init__(self, settings: Settings, conversation: Conversation | None, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("Chat settings")
         self.setMinimumWidth(480)
@@ -111,10 +116,10 @@ class ConversationSettingsDialog(QDialog):
     def _on_preset_current_index_changed(self, _index: int) -> None:
         self._fill(self._settings.preset(str(self.preset.currentData())))
 
-    def sampling(self) -> dict[str, Any]:
+    def sampling(self) -> dict[str, float | int | None]:
         """The controls' values that differ from the chosen preset (the chat's own values)."""
         base = self._settings.preset(str(self.preset.currentData()))
-        values: dict[str, Any] = {
+        values: dict[str, float | int | None] = {
             "temperature": round(self.temperature.value(), 4),
             "top_p": round(self.top_p.value(), 4),
             "top_k": self.top_k.value(),
