@@ -11,7 +11,7 @@ so where it was made, with a Retry button.
 from __future__ import annotations
 
 import html
-from typing import Any
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import Qt, Signal, Slot
 from PySide6.QtWidgets import (
@@ -38,6 +38,9 @@ from app.gui.workers.models_worker import ModelsAdapter
 from app.gui.workers.transfers import Transfer
 from engine.units import format_bytes, format_eta, format_speed
 
+if TYPE_CHECKING:
+    from engine.hub.search import RepoFiles, RepoSummary
+
 REPO_ROLE = Qt.ItemDataRole.UserRole
 FILE_ROLE = Qt.ItemDataRole.UserRole + 1
 SEARCH_HINT = "Search Hugging Face for GGUF models (e.g. qwen 0.5b instruct)"
@@ -56,7 +59,7 @@ class DiscoverWidget(QWidget):
         from app.curated_models import load_curated
 
         self.adapter = adapter
-        self.repo_files: Any = None
+        self.repo_files: RepoFiles | None = None
         self.curated = load_curated()
         self._pending_repo: str | None = None  # the repository whose files were asked for last
         self._wanted_file: str | None = None  # the suggested file to select once they are listed
@@ -203,7 +206,7 @@ class DiscoverWidget(QWidget):
             self.results.addItem(item)
 
     @Slot(object)
-    def _on_adapter_hardware_ready(self, _hw: Any) -> None:
+    def _on_adapter_hardware_ready(self, _hw: object) -> None:
         if self.showing_suggestions():
             current = self.results.currentRow()
             self.results.blockSignals(True)
@@ -250,7 +253,7 @@ class DiscoverWidget(QWidget):
         self._on_search_return_pressed()
 
     @Slot(str, object)
-    def _on_adapter_search_finished(self, query: str, hits: list[Any]) -> None:
+    def _on_adapter_search_finished(self, query: str, hits: list[RepoSummary]) -> None:
         if query != self.search.text().strip():
             return
         self.results.clear()
@@ -287,7 +290,7 @@ class DiscoverWidget(QWidget):
         self.adapter.downloads.list_files(repo)
 
     @Slot(QListWidgetItem, QListWidgetItem)
-    def _on_results_current_item_changed(self, item: QListWidgetItem | None, _prev: Any) -> None:
+    def _on_results_current_item_changed(self, item: QListWidgetItem | None, _prev: QListWidgetItem | None) -> None:
         repo = item.data(REPO_ROLE) if item is not None else None
         if repo:
             self._wanted_file = item.data(FILE_ROLE) if item is not None else None
@@ -299,7 +302,7 @@ class DiscoverWidget(QWidget):
             self._list(self._pending_repo)
 
     @Slot(str, object)
-    def _on_adapter_files_listed(self, repo: str, files: Any) -> None:
+    def _on_adapter_files_listed(self, repo: str, files: RepoFiles) -> None:
         if self._pending_repo is not None and repo != self._pending_repo:
             return  # an answer for a repository picked before the current one
         self._pending_repo = repo
