@@ -20,9 +20,20 @@ Qt-free: the GUI's LLM worker (``app.gui.workers.agent_turn``) and the CLI
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Literal, Protocol
+
+if TYPE_CHECKING:
+    from engine.agent.loop import ToolStep
+    from engine.inference.context import Message
+    from engine.inference.events import Finished, ToolCall
+
+Record = dict[str, object]
+"""One JSON record of the loop, as it is stored in a reply's ``stats``."""
+
+PlainTurn = tuple[Literal["user", "assistant"], str]
+"""A turn without tools, as the model is sent it: (role, content)."""
 
 INTERRUPTED_RESULT = "not run: the reply was interrupted before this call finished"
 """The result a call gets when its reply was saved without one (the app or the CLI was killed)."""
@@ -30,14 +41,14 @@ TEXT_BREAK = "\n\n"
 """What separates the text of two generations of one turn."""
 
 
-def call_dict(call: Any) -> dict[str, Any]:
+def call_dict(call: ToolCall) -> Record:
     """An ``engine.inference.events.ToolCall`` as JSON."""
     return {"id": call.id, "name": call.name, "arguments": dict(call.arguments)}
 
 
-def message_dict(message: Any) -> dict[str, Any]:
+def message_dict(message: Message) -> Record:
     """An ``engine.inference.context.Message`` as JSON (for the reply's ``agent_messages``)."""
-    out: dict[str, Any] = {"role": message.role, "content": message.content}
+    out: Record = {"role": message.role, "content": message.content}
     if message.tool_calls:
         out["tool_calls"] = [call_dict(call) for call in message.tool_calls]
     if message.tool_call_id:
@@ -47,7 +58,7 @@ def message_dict(message: Any) -> dict[str, Any]:
     return out
 
 
-def step_dict(step: Any) -> dict[str, Any]:
+def step_dict(step: ToolStep) -> Record:
     """An ``engine.agent.loop.ToolStep`` as JSON (what a tool card shows)."""
     return {
         "id": step.call.id,
@@ -65,12 +76,12 @@ def step_dict(step: Any) -> dict[str, Any]:
     }
 
 
-def message_record(message: Any, step: Any) -> dict[str, Any]:
+def message_record(message: Message, step: ToolStep | None) -> Record:
     """The record of one new message of the loop (``engine.agent.loop.Agent``'s ``on_step``)."""
     return {"kind": "message", "message": message_dict(message), "step": step_dict(step) if step is not None else None}
 
 
-def generation_record(round_: int, finished: Any) -> dict[str, Any]:
+def generation_record(round_: int, finished: Finished) -> Record:
     """The record of one generation of the loop (its ``Finished``), for the timeline: its times,
     its tokens, and where its prompt came from (``cached_tokens`` reused, ``kv_restored_tokens``
     of them from the KV cache saved with the chat)."""
@@ -90,7 +101,7 @@ def generation_record(round_: int, finished: Any) -> dict[str, Any]:
     }
 
 
-def reasoning_dict(text: str, tokens: int, ms: float) -> dict[str, Any]:
+def reasoning_dict(text: str, tokens: int, ms: float) -> dict[str, str | int | float]:
     """The thinking as it is stored (and printed by ``glassbox chat --json``)."""
     return {"text": text, "tokens": tokens, "ms": round(ms, 2)}
 
@@ -123,12 +134,29 @@ class ReplyText:
         return "".join(self._parts)
 
 
-def _message_from(data: Any) -> Any:
+class StoredRow(Protocol):
+    """A message of a stored thread (``engine.history.StoredMessage``, the GUI's ``DisplayMessage``)."""
+
+    @property
+    def role(self) -> str: ...
+
+    @property
+    def content(self) -> str: ...
+
+    @property
+    def state(self) -> str: ...
+
+    @property
+    def stats(self) -> Mapping[str, object] | None: ...
+
+
+def _message_from(data: object) -> Message | None:
     """A stored ``agent_messages`` entry back as an ``engine.inference.context.Message`` (None if unusable)."""
     from engine.inference.context import Message
     from engine.inference.events import ToolCall
 
-    if not isinstance(data, dict) or data.get("role") not in ("assistant", "tool"):
+    role = data.get("role") if isinstance(data, dict) else None
+    if not isinstance(data, dict) or (role != "assistant" and role != "tool"):
         return None
     calls = tuple(
         ToolCall(str(c.get("id", "")), str(c.get("name", "")), dict(c.get("arguments") or {}), "")
@@ -136,7 +164,7 @@ def _message_from(data: Any) -> Any:
         if isinstance(c, dict)
     )
     return Message(
-        data["role"],
+        role,
         str(data.get("content") or ""),
         tool_calls=calls,
         tool_call_id=str(data.get("tool_call_id") or ""),
@@ -144,12 +172,12 @@ def _message_from(data: Any) -> Any:
     )
 
 
-def _answer_every_call(messages: list[Any]) -> list[Any]:
+def _answer_every_call(messages: list[Message]) -> list[Message]:
     """Each assistant message's calls followed by a result for each: a call whose result was never
     saved (a crash mid-call) gets :data:`INTERRUPTED_RESULT`, so the history stays well formed."""
     from engine.inference.context import Message
 
-    out: list[Any] = []
+    out: list[Message] = []
     i = 0
     while i < len(messages):
         message = messages[i]
@@ -170,7 +198,7 @@ def _answer_every_call(messages: list[Any]) -> list[Any]:
     return out
 
 
-def model_history(messages: Sequence[Any]) -> tuple[Any, ...]:
+def model_history(messages: Sequence[StoredRow]) -> tuple[Message | PlainTurn, ...]:
     """The messages sent to the model for the earlier turns of a thread (``DisplayMessage`` or
     ``engine.history.StoredMessage`` rows).
 
@@ -178,18 +206,18 @@ def model_history(messages: Sequence[Any]) -> tuple[Any, ...]:
     results and its answer (``agent_messages``), every call answered. Failed replies and empty ones
     are left out, and thinking never goes back.
     """
-    out: list[Any] = []
+    out: list[Message | PlainTurn] = []
     for m in messages:
         if m.role not in ("user", "assistant") or m.state == "error":
             continue
         agent = (m.stats or {}).get("agent_messages") if m.role == "assistant" else None
-        if agent:
+        if isinstance(agent, list) and agent:
             rebuilt = [msg for msg in (_message_from(d) for d in agent) if msg is not None]
             if rebuilt:
                 out.extend(_answer_every_call(rebuilt))
                 continue
         if m.content:
-            out.append((m.role, m.content))
+            out.append(("user" if m.role == "user" else "assistant", m.content))
     return tuple(out)
 
 
@@ -197,18 +225,20 @@ def model_history(messages: Sequence[Any]) -> tuple[Any, ...]:
 class AgentRecord:
     """A turn's tool steps, messages, timeline and thinking, as they arrive."""
 
-    steps: list[dict[str, Any]] = field(default_factory=list)
-    messages: list[dict[str, Any]] = field(default_factory=list)
-    loop: list[dict[str, Any]] = field(default_factory=list)
+    steps: list[Record] = field(default_factory=list)
+    messages: list[Record] = field(default_factory=list)
+    loop: list[Record] = field(default_factory=list)
     reasoning: list[str] = field(default_factory=list)
-    reasoning_done: dict[str, Any] | None = None
+    reasoning_done: Mapping[str, object] | None = None
 
-    def add(self, record: dict[str, Any]) -> None:
+    def add(self, record: Mapping[str, object]) -> None:
         """Takes one record (:func:`message_record`, :func:`generation_record`)."""
         if record.get("kind") == "message":
-            self.messages.append(record["message"])
+            message = record.get("message")
+            if isinstance(message, dict):
+                self.messages.append(message)
             step = record.get("step")
-            if step is not None:
+            if isinstance(step, dict):
                 self.steps.append(step)
                 self.loop.append(
                     {
@@ -222,9 +252,9 @@ class AgentRecord:
         elif record.get("kind") == "generation":
             self.loop.append({k: v for k, v in record.items() if k != "kind"} | {"kind": "generate"})
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, object]:
         """What the reply's stats get (nothing for a plain turn without thinking)."""
-        out: dict[str, Any] = {}
+        out: dict[str, object] = {}
         if self.messages:
             out["agent_messages"] = list(self.messages)
             out["tool_steps"] = list(self.steps)

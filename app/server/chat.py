@@ -15,7 +15,7 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from app.server import params as fields
@@ -24,6 +24,10 @@ from app.server.handler import openai_error_events
 from app.server.wire import (
     ChatRequest,
     Choice,
+    ChunkDocument,
+    DeltaDocument,
+    LogprobsDocument,
+    Source,
     WireMessage,
     collect,
     completion_document,
@@ -38,9 +42,12 @@ from app.server.wire import (
 
 if TYPE_CHECKING:
     from app.server.handler import Handler
+    from engine.inference.backends import ChatBackend
+    from engine.inference.context import Message, Role
+    from engine.inference.events import Event, Stats
 
 
-def n_vocab(backend: Any) -> int | None:
+def n_vocab(backend: object) -> int | None:
     """The model's vocabulary size, when the backend says (to check ``logit_bias``)."""
     value = getattr(getattr(backend, "info", None), "n_vocab", None)
     return value if isinstance(value, int) and value > 0 else None
@@ -54,7 +61,8 @@ def handle(handler: Handler) -> None:
     request = parse_chat(body, state.default_kbs, text_limit(state.n_ctx), n_vocab(state.backend))
     with handler.use_model(wanted) as cancel:
         check_backend(state.backend, request)
-        documents, sources = None, []
+        documents: str | None = None
+        sources: list[Source] = []
         if request.knowledge_bases:
             query = request.user or _last_user_text(request)
             documents, sources = map_errors(lambda: state.retrieve(request.knowledge_bases, query))
@@ -86,14 +94,14 @@ def _last_user_text(request: ChatRequest) -> str:
 # ---------------------------------------------------------------------------- the engine call
 
 
-def _accepts(fn: Any, name: str) -> bool:
+def _accepts(fn: Callable[..., object], name: str) -> bool:
     try:
         return name in inspect.signature(fn).parameters
     except (TypeError, ValueError):
         return False
 
 
-def check_backend(backend: Any, request: ChatRequest) -> None:
+def check_backend(backend: ChatBackend, request: ChatRequest) -> None:
     """Refuses what this backend cannot do, before the model is touched.
 
     A local session checks the turn's options with the engine's own rules (``engine.inference.turn.shape_turn``:
@@ -138,7 +146,7 @@ def check_backend(backend: Any, request: ChatRequest) -> None:
         raise HttpError(400, str(exc), code="invalid_value", param=param) from None
 
 
-def check_fits(backend: Any, request: ChatRequest, documents: str | None) -> None:
+def check_fits(backend: ChatBackend, request: ChatRequest, documents: str | None) -> None:
     """The API's contract on a session that trims: a conversation that does not fit is a 400.
 
     A session the server owns refuses overflow itself (policy ``"refuse"``). The GUI's own session,
@@ -148,10 +156,11 @@ def check_fits(backend: Any, request: ChatRequest, documents: str | None) -> Non
     Raises:
         HttpError: 400 ``context_length_exceeded``.
     """
-    if getattr(backend, "overflow_policy", "refuse") == "refuse" or not hasattr(backend, "result_room"):
+    result_room = getattr(backend, "result_room", None)
+    if getattr(backend, "overflow_policy", "refuse") == "refuse" or result_room is None:
         return
     room = map_errors(
-        lambda: backend.result_room(
+        lambda: result_room(
             engine_messages(request.messages),
             request.params,
             system=request.system,
@@ -172,11 +181,11 @@ def check_fits(backend: Any, request: ChatRequest, documents: str | None) -> Non
         )
 
 
-def engine_messages(turns: tuple[WireMessage, ...] | list[WireMessage]) -> list[Any]:
+def engine_messages(turns: Sequence[WireMessage]) -> list[Message]:
     """The engine's Messages for a conversation; a ``tool`` message gets its tool's name from the call."""
     from engine.inference.context import Message
 
-    messages: list[Any] = []
+    messages: list[Message] = []
     names: dict[str, str] = {}
     for turn in turns:
         if turn.role == "assistant" and turn.tool_calls:
@@ -192,14 +201,17 @@ def engine_messages(turns: tuple[WireMessage, ...] | list[WireMessage]) -> list[
             call_id = turn.tool_call_id or ""
             messages.append(Message("tool", turn.content, tool_call_id=call_id, name=names.get(call_id, "")))
         else:
-            messages.append(Message(turn.role, turn.content))  # type: ignore[arg-type]
+            role: Role = "assistant" if turn.role == "assistant" else "user"
+            messages.append(Message(role, turn.content))
     return messages
 
 
 def open_stream(
-    backend: Any, request: ChatRequest, index: int, documents: str | None, cancel: threading.Event
-) -> Iterator[Any]:
+    backend: ChatBackend, request: ChatRequest, index: int, documents: str | None, cancel: threading.Event
+) -> Iterator[Event]:
     """The backend's events for choice ``index`` of ``request``."""
+    # Only the options the request uses: a backend without tools or thinking switches takes none
+    # (check_backend has refused a request that needs them).
     kwargs: dict[str, Any] = {"system": request.system, "documents": documents, "cancel": cancel}
     if request.tools or any(m.role == "tool" or m.tool_calls for m in request.messages):
         kwargs.update(tools=list(request.tools), tool_choice=request.tool_choice)
@@ -210,8 +222,7 @@ def open_stream(
     history = engine_messages(request.history)
     # After a tool's result the reply continues the last turn: no new user message (user=None).
     user = request.user if request.messages[-1].role == "user" else None
-    stream: Iterator[Any] = backend.stream(history, user, fields.seeded(request.params, index), **kwargs)
-    return stream
+    return backend.stream(history, user, fields.seeded(request.params, index), **kwargs)
 
 
 # ---------------------------------------------------------------------------- streaming
@@ -221,75 +232,103 @@ def _stream(
     handler: Handler,
     request: ChatRequest,
     documents: str | None,
-    sources: list[dict[str, Any]],
+    sources: list[Source],
     cancel: threading.Event,
 ) -> None:
-    from engine.inference.events import Finished, Reasoning, Token, ToolCall
-
-    state = handler.state
-    completion_id = f"chatcmpl-{uuid.uuid4().hex}"
-    created = int(time.time())
-    events = handler.generation(open_stream(state.backend, request, 0, documents, cancel), cancel)
+    events = handler.generation(open_stream(handler.state.backend, request, 0, documents, cancel), cancel)
     head = handler.first(events)
+    stream = _ChunkStream(handler, request, documents, sources, cancel)
+    handler.sse(lambda: stream.produce(_prepend(head, events)), cancel, openai_error_events)
 
-    def chunk(index: int, delta: dict[str, Any], finish: str | None = None, **extra: Any) -> dict[str, Any]:
+
+class _ChunkStream:
+    """The ``chat.completion.chunk`` events of one streamed request, choice after choice."""
+
+    def __init__(
+        self,
+        handler: Handler,
+        request: ChatRequest,
+        documents: str | None,
+        sources: list[Source],
+        cancel: threading.Event,
+    ) -> None:
+        self.handler = handler
+        self.request = request
+        self.documents = documents
+        self.sources = sources
+        self.cancel = cancel
+        self.id = f"chatcmpl-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.model = handler.state.model_id
+        self.first_stats: Stats | None = None
+        self.completion_tokens = 0
+
+    def chunk(
+        self,
+        index: int,
+        delta: DeltaDocument,
+        finish: str | None = None,
+        logprobs: LogprobsDocument | None = None,
+    ) -> ChunkDocument:
         return {
-            "id": completion_id,
+            "id": self.id,
             "object": "chat.completion.chunk",
-            "created": created,
-            "model": state.model_id,
-            "choices": [
-                {"index": index, "delta": delta, "logprobs": extra.pop("logprobs", None), "finish_reason": finish}
-            ],
-            **extra,
+            "created": self.created,
+            "model": self.model,
+            "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
         }
 
-    def produce() -> None:
-        nonlocal events
-        first_stats = None
-        completion_tokens = 0
+    def produce(self, first: Iterator[Event]) -> None:
+        """Streams every choice (``first``: choice 0's events), the usage when asked, then ``[DONE]``."""
+        request, handler = self.request, self.handler
         for index in range(request.n):
-            stream: Iterator[Any] = events
             if index == 0:
-                stream = _prepend(head, events)
+                events = first
             else:
-                events = handler.generation(open_stream(state.backend, request, index, documents, cancel), cancel)
-                stream = events
-            handler.send_event(chunk(index, {"role": "assistant", "content": ""}))
-            calls = 0
-            for event in stream:
-                if isinstance(event, Token) and (event.text or event.logprob is not None):
-                    logprobs = None
-                    if request.top_logprobs is not None and event.logprob is not None:
-                        logprobs = {"content": [logprob_entry(event, request.top_logprobs)], "refusal": None}
-                    handler.send_event(chunk(index, {"content": event.text}, logprobs=logprobs))
-                elif isinstance(event, Reasoning) and event.text:
-                    handler.send_event(chunk(index, {"reasoning_content": event.text}))
-                elif isinstance(event, ToolCall) and (request.parallel_tool_calls or calls == 0):
-                    handler.send_event(chunk(index, {"tool_calls": [tool_call_document(event, calls)]}))
-                    calls += 1
-                elif isinstance(event, Finished):
-                    first_stats = first_stats or event.stats
-                    completion_tokens += event.stats.completion_tokens
-                    extra: dict[str, Any] = {"timings": timings_document(event.stats)}
-                    if sources and index == request.n - 1:
-                        extra["sources"] = sources
-                    handler.send_event(chunk(index, {}, finish_reason(event.reason, calls > 0), **extra))
-        if request.include_usage and first_stats is not None:
-            usage = {
-                "id": completion_id,
+                events = handler.generation(
+                    open_stream(handler.state.backend, request, index, self.documents, self.cancel), self.cancel
+                )
+            self.choice(index, events)
+        if request.include_usage and self.first_stats is not None:
+            usage: ChunkDocument = {
+                "id": self.id,
                 "object": "chat.completion.chunk",
-                "created": created,
-                "model": state.model_id,
+                "created": self.created,
+                "model": self.model,
                 "choices": [],
-                "usage": usage_document(first_stats, completion_tokens),
+                "usage": usage_document(self.first_stats, self.completion_tokens),
             }
             handler.send_event(usage)
         handler.send_event("[DONE]")
 
-    handler.sse(produce, cancel, openai_error_events)
+    def choice(self, index: int, events: Iterator[Event]) -> None:
+        """The chunks of one choice: the role, then its tokens, thinking and calls, then its end."""
+        from engine.inference.events import Finished, Reasoning, Token, ToolCall
+
+        request, send = self.request, self.handler.send_event
+        send(self.chunk(index, {"role": "assistant", "content": ""}))
+        calls = 0
+        for event in events:
+            if isinstance(event, Token) and (event.text or event.logprob is not None):
+                logprobs: LogprobsDocument | None = None
+                if request.top_logprobs is not None and event.logprob is not None:
+                    logprobs = {"content": [logprob_entry(event, request.top_logprobs)], "refusal": None}
+                send(self.chunk(index, {"content": event.text}, logprobs=logprobs))
+            elif isinstance(event, Reasoning) and event.text:
+                send(self.chunk(index, {"reasoning_content": event.text}))
+            elif isinstance(event, ToolCall) and (request.parallel_tool_calls or calls == 0):
+                send(self.chunk(index, {"tool_calls": [tool_call_document(event, calls)]}))
+                calls += 1
+            elif isinstance(event, Finished):
+                self.first_stats = self.first_stats or event.stats
+                self.completion_tokens += event.stats.completion_tokens
+                last = self.chunk(index, {}, finish_reason(event.reason, calls > 0))
+                last["timings"] = timings_document(event.stats)
+                if self.sources and index == request.n - 1:
+                    last["sources"] = self.sources
+                send(last)
 
 
-def _prepend(head: Any, events: Iterator[Any]) -> Iterator[Any]:
+def _prepend(head: Event, events: Iterator[Event]) -> Iterator[Event]:
     yield head
     yield from events

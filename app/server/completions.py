@@ -15,19 +15,21 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol, TypedDict
 
 from app.server import params as fields
 from app.server.chat import n_vocab
 from app.server.errors import HttpError, map_errors
 from app.server.handler import openai_error_events
-from app.server.wire import text_limit, timings_document
+from app.server.wire import TimingsDocument, text_limit, timings_document
 
 if TYPE_CHECKING:
     from app.server.handler import Handler
+    from engine.inference.events import Event, Finished, Token
+    from engine.inference.runtime import GenerationParams
 
 COMPLETION_FIELDS = frozenset(
     {"model", "prompt", "max_tokens", "n", "stream", "stream_options", "logprobs", "echo", "grammar", "json_schema"}
@@ -42,13 +44,47 @@ MAX_PROMPTS = 16
 """Most prompts in one request (times ``n``: at most :data:`~app.server.params.MAX_N` choices in all)."""
 
 
+class Completer(Protocol):
+    """What ``/v1/completions`` needs of the backend: a local model's raw prompt (a ChatSession)."""
+
+    def tokenize_prompt(self, text: str) -> list[int]: ...
+
+    def pieces(self, tokens: Sequence[int]) -> list[str]: ...
+
+    def complete(
+        self, prompt: str | Sequence[int], params: GenerationParams | None = None, cancel: threading.Event | None = None
+    ) -> Iterator[Event]: ...
+
+
+class LegacyLogprobs(TypedDict):
+    """The legacy ``logprobs``: parallel lists, one entry per token."""
+
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
+class TextChoice(TypedDict):
+    text: str
+    index: int
+    logprobs: LegacyLogprobs | None
+    finish_reason: str | None
+
+
+class Usage(TypedDict):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
 @dataclass(frozen=True)
 class _Prompt:
     text: str | None  # None when given as token ids
     tokens: tuple[int, ...] | None
 
 
-def _prompts(value: Any) -> list[_Prompt]:
+def _prompts(value: object) -> list[_Prompt]:
     if isinstance(value, str):
         return [_Prompt(value, None)]
     if isinstance(value, list) and value and all(_is_id(v) for v in value):
@@ -72,11 +108,11 @@ def _prompts(value: Any) -> list[_Prompt]:
     )
 
 
-def _is_id(value: Any) -> bool:
+def _is_id(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def _tokens(backend: Any, prompt: _Prompt, limit: int) -> list[int]:
+def _tokens(backend: Completer, prompt: _Prompt, limit: int) -> list[int]:
     """A prompt's token ids, as the model reads it (a BOS first where the model wants one)."""
     if prompt.tokens is not None:
         vocab = n_vocab(backend)
@@ -86,14 +122,13 @@ def _tokens(backend: Any, prompt: _Prompt, limit: int) -> list[int]:
     text = prompt.text or ""
     if len(text) > limit:
         raise HttpError(400, f"'prompt' is longer than {limit} characters, the most allowed per request")
-    tokens: list[int] = backend.tokenize_prompt(text)
-    return tokens
+    return backend.tokenize_prompt(text)
 
 
-def _logprobs(tokens: Sequence[Any], top: int, offset: int) -> dict[str, Any]:
+def _logprobs(tokens: Sequence[Token], top: int, offset: int) -> LegacyLogprobs:
     """The legacy ``logprobs`` shape: parallel lists of tokens, their log-probabilities, the
     alternatives (``{text: logprob}``) and each token's offset in the text."""
-    document: dict[str, Any] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    document: LegacyLogprobs = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
     for token in tokens:
         if token.logprob is None:  # the held-back tail, flushed at the end: the last tokens' text
             if token.text and document["tokens"]:
@@ -120,10 +155,7 @@ def handle(handler: Handler) -> None:
     n = fields.choices(body)
     if len(prompts) * n > fields.MAX_N:
         raise HttpError(400, f"prompts times n is more than {fields.MAX_N} choices", param="n")
-    top = body.get("logprobs")
-    bad_top = isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= fields.MAX_TOP_LOGPROBS
-    if top is not None and bad_top:
-        raise HttpError(400, f"'logprobs' must be an integer from 0 to {fields.MAX_TOP_LOGPROBS}", param="logprobs")
+    top = _top_logprobs(body.get("logprobs"))
     echo = fields.flag(body, "echo")
     if echo and top is not None:
         raise HttpError(
@@ -134,12 +166,13 @@ def handle(handler: Handler) -> None:
     params = fields.generation_params(body, max_new, n_vocab(state.backend), **extra)
     if not callable(getattr(state.backend, "complete", None)):
         raise HttpError(400, "/v1/completions needs a local model; this server serves a remote one", param="prompt")
+    backend: Completer = state.backend
     stream = fields.flag(body, "stream")
     stream_options = body.get("stream_options")
     include_usage = isinstance(stream_options, dict) and bool(stream_options.get("include_usage"))
     with handler.use_model(wanted) as cancel:
         limit = text_limit(state.n_ctx)
-        encoded: list[list[int]] = [map_errors(partial(_tokens, state.backend, p, limit)) for p in prompts]
+        encoded = [map_errors(partial(_tokens, backend, p, limit)) for p in prompts]
         n_ctx = state.n_ctx or 0
         for tokens in encoded:
             if not tokens:
@@ -152,7 +185,7 @@ def handle(handler: Handler) -> None:
                     code="context_length_exceeded",
                     param="prompt",
                 )
-        echoes = [_echo_text(state.backend, p, t) if echo else "" for p, t in zip(prompts, encoded, strict=True)]
+        echoes = [_echo_text(backend, p, t) if echo else "" for p, t in zip(prompts, encoded, strict=True)]
         run = _Run(handler, encoded, echoes, n, params, top, cancel)
         if stream:
             run.stream(include_usage)
@@ -160,7 +193,16 @@ def handle(handler: Handler) -> None:
             run.whole()
 
 
-def _echo_text(backend: Any, prompt: _Prompt, tokens: list[int]) -> str:
+def _top_logprobs(value: object) -> int | None:
+    """``logprobs``: the alternatives per token (None: not asked for). Raises HttpError."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= fields.MAX_TOP_LOGPROBS:
+        raise HttpError(400, f"'logprobs' must be an integer from 0 to {fields.MAX_TOP_LOGPROBS}", param="logprobs")
+    return value
+
+
+def _echo_text(backend: Completer, prompt: _Prompt, tokens: list[int]) -> str:
     if prompt.text is not None:
         return prompt.text
     return "".join(map_errors(lambda: backend.pieces(tokens)))
@@ -175,7 +217,7 @@ class _Run:
         encoded: list[list[int]],
         echoes: list[str],
         n: int,
-        params: Any,
+        params: GenerationParams,
         top: int | None,
         cancel: threading.Event,
     ) -> None:
@@ -190,29 +232,36 @@ class _Run:
         self.created = int(time.time())
         self.prompt_tokens = sum(len(tokens) for tokens in encoded)
 
-    def _events(self, choice: int) -> Iterator[Any]:
-        backend = self.handler.state.backend
+    def _events(self, choice: int) -> Iterator[Event]:
+        backend: Completer = self.handler.state.backend
         tokens = self.encoded[choice // self.n]
         params = fields.seeded(self.params, choice % self.n)
         # ChatSession.complete holds the session's lock (a GUI sharing it never talks to the worker
         # at the same time) and sends no conversation's saved KV cache with the prompt.
         return self.handler.generation(backend.complete(tokens, params, self.cancel), self.cancel)
 
-    def _document(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    def _document(
+        self, choices: list[TextChoice], usage: Usage | None = None, timings: TimingsDocument | None = None
+    ) -> dict[str, object]:
         model = self.handler.state.model_id
-        return {"id": self.id, "object": "text_completion", "created": self.created, "model": model,
-                "choices": choices, **extra}  # fmt: skip
+        document: dict[str, object] = {"id": self.id, "object": "text_completion", "created": self.created,
+                                       "model": model, "choices": choices}  # fmt: skip
+        if usage is not None:
+            document["usage"] = usage
+        if timings is not None:
+            document["timings"] = timings
+        return document
 
     def whole(self) -> None:
         from engine.inference.events import Finished, Token
 
-        choices: list[dict[str, Any]] = []
+        choices: list[TextChoice] = []
         first = None
         completion_tokens = 0
         for choice in range(len(self.encoded) * self.n):
-            tokens: list[Any] = []
-            finished: Any = None
-            events: list[Any] = map_errors(partial(_listed, self._events, choice))
+            tokens: list[Token] = []
+            finished: Finished | None = None
+            events = map_errors(partial(_listed, self._events, choice))
             for event in events:
                 if isinstance(event, Token):
                     tokens.append(event)
@@ -269,15 +318,17 @@ class _Run:
         self.handler.sse(produce, self.cancel, openai_error_events)
 
 
-def _listed(events: Any, choice: int) -> list[Any]:
+def _listed(events: Callable[[int], Iterator[Event]], choice: int) -> list[Event]:
     return list(events(choice))
 
 
-def _text_choice(index: int, text: str, logprobs: Any = None, finish: str | None = None) -> dict[str, Any]:
+def _text_choice(
+    index: int, text: str, logprobs: LegacyLogprobs | None = None, finish: str | None = None
+) -> TextChoice:
     return {"text": text, "index": index, "logprobs": logprobs, "finish_reason": finish}
 
 
-def _usage(completion_tokens: int, prompt_tokens: int) -> dict[str, Any]:
+def _usage(completion_tokens: int, prompt_tokens: int) -> Usage:
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
@@ -285,6 +336,6 @@ def _usage(completion_tokens: int, prompt_tokens: int) -> dict[str, Any]:
     }
 
 
-def _prepend(head: Any, events: Iterator[Any]) -> Iterator[Any]:
+def _prepend(head: Event, events: Iterator[Event]) -> Iterator[Event]:
     yield head
     yield from events

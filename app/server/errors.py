@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TypeVar
 
 from engine.errors import (
     ContextOverflow,
@@ -20,6 +20,8 @@ from engine.errors import (
 )
 
 log = logging.getLogger("glassbox.serve")
+
+T = TypeVar("T")
 
 
 class HttpError(Exception):
@@ -46,11 +48,11 @@ class HttpError(Exception):
         self.retry_after = retry_after
         self.param = param
 
-    def body(self) -> dict[str, Any]:
+    def body(self) -> dict[str, dict[str, str | None]]:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
 
-def map_errors(fn: Callable[[], Any]) -> Any:
+def map_errors(fn: Callable[[], T]) -> T:
     """Runs ``fn``, turning the engine's and rag's typed errors into HTTP errors (:func:`http_error_for`)."""
     from rag.errors import RagError
 

@@ -23,11 +23,11 @@ import logging
 import select
 import socket
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from app.server.body import encode_text, parse_body
 from app.server.errors import HttpError, http_error_for, map_errors
@@ -37,6 +37,11 @@ from engine.errors import EngineError
 
 if TYPE_CHECKING:
     from http.server import ThreadingHTTPServer
+
+    from engine.inference.events import Event
+
+SseEvent = tuple[str | None, Mapping[str, object] | str]
+"""One server-sent event to send: its ``event:`` name (None: unnamed) and its data."""
 
 log = logging.getLogger("glassbox.serve")
 
@@ -48,7 +53,7 @@ class ClientGone(Exception):
     """The client closed its connection while its request waited: nobody to answer."""
 
 
-def anthropic_error(error: HttpError) -> dict[str, Any]:
+def anthropic_error(error: HttpError) -> dict[str, object]:
     """Anthropic's error body (``{"type": "error", "error": {"type", "message"}}``)."""
     kinds = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error"}
     kinds.update({404: "not_found_error", 413: "request_too_large", 503: "overloaded_error"})
@@ -64,7 +69,7 @@ class Handler(BaseHTTPRequestHandler):
     server: ThreadingHTTPServer
     _body_read = False
     _responded = False  # a status line is on its way: an error can no longer be a fresh answer
-    _live: Iterator[Any] | None = None  # the generation being streamed, drained after a failure
+    _live: Iterator[Event] | None = None  # the generation being streamed, drained after a failure
     anthropic = False  # the endpoint answers errors in Anthropic's shape
 
     def setup(self) -> None:
@@ -72,7 +77,7 @@ class Handler(BaseHTTPRequestHandler):
         # Each token is one small write: without this, Nagle's algorithm delays them.
         self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the stdlib's name)
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (the stdlib's name)
         log.debug("%s %s", self.address_string(), format % args)
 
     # routing ----------------------------------------------------------------------------------
@@ -163,7 +168,7 @@ class Handler(BaseHTTPRequestHandler):
             raise HttpError(401, "invalid or missing API key", code="invalid_api_key")
 
     # request and response plumbing -----------------------------------------------------------
-    def read_json(self) -> dict[str, Any]:
+    def read_json(self) -> dict[str, object]:
         """The request's JSON body (see the module docstring). Raises HttpError."""
         if self.headers.get("Transfer-Encoding"):
             raise HttpError(411, "send the body with a Content-Length")
@@ -184,7 +189,7 @@ class Handler(BaseHTTPRequestHandler):
         return parse_body(body)
 
     def send_json(
-        self, status: int, document: dict[str, Any], *, close: bool = False, retry_after: int | None = None
+        self, status: int, document: Mapping[str, object], *, close: bool = False, retry_after: int | None = None
     ) -> None:
         data = encode_text(json.dumps(document, ensure_ascii=False))
         self.send_response(status)
@@ -206,7 +211,7 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("X-Accel-Buffering", "no")
         self.end_headers()
 
-    def send_event(self, payload: str | dict[str, Any], event: str | None = None) -> None:
+    def send_event(self, payload: str | Mapping[str, object], event: str | None = None) -> None:
         """One server-sent event: ``data:`` (a JSON document or text), after ``event:`` when named."""
         text = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
         head = f"event: {event}\n" if event else ""
@@ -255,12 +260,12 @@ class Handler(BaseHTTPRequestHandler):
         finally:
             state.leave_queue()
 
-    def generation(self, events: Iterator[Any], cancel: threading.Event) -> Iterator[Any]:
+    def generation(self, events: Iterator[Event], cancel: threading.Event) -> Iterator[Event]:
         """``events``, watched for a client that leaves; kept so that a failure can drain it."""
         self._live = self._watched(events, cancel)
         return self._live
 
-    def _watched(self, events: Iterator[Any], cancel: threading.Event) -> Iterator[Any]:
+    def _watched(self, events: Iterator[Event], cancel: threading.Event) -> Iterator[Event]:
         try:
             for event in events:
                 if not cancel.is_set() and self.hung_up():
@@ -272,7 +277,7 @@ class Handler(BaseHTTPRequestHandler):
             if close is not None:
                 close()
 
-    def first(self, events: Iterator[Any]) -> Any:
+    def first(self, events: Iterator[Event]) -> Event:
         """The first event: planning errors become HTTP errors here, before any 200."""
         return map_errors(lambda: next(events))
 
@@ -280,7 +285,7 @@ class Handler(BaseHTTPRequestHandler):
         self,
         produce: Callable[[], None],
         cancel: threading.Event,
-        error_events: Callable[[HttpError], list[tuple[str | None, dict[str, Any] | str]]],
+        error_events: Callable[[HttpError], list[SseEvent]],
     ) -> None:
         """Streams a reply: ``produce`` sends its events; a failure mid-stream cancels the model,
         lets the worker settle, and ends the stream with ``error_events`` (the endpoint's dialect)."""
@@ -343,7 +348,7 @@ class Handler(BaseHTTPRequestHandler):
         self.send_json(200, {"tokens": tokens})
 
 
-def openai_error_events(error: HttpError) -> list[tuple[str | None, dict[str, Any] | str]]:
+def openai_error_events(error: HttpError) -> list[SseEvent]:
     """The events that end an OpenAI stream after a failure: the error, then ``[DONE]``."""
     return [(None, {"error": {"message": error.message, "type": error.kind, "code": error.code}}), (None, "[DONE]")]
 

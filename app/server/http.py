@@ -67,12 +67,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from app.paths import Paths
 from app.server.handler import Handler
 from app.server.state import ModelCatalog, ServerState
 from engine.errors import EngineError
+
+if TYPE_CHECKING:
+    from engine.inference.backends import ChatBackend
 
 log = logging.getLogger("glassbox.serve")
 
@@ -154,7 +157,7 @@ class _Server(ThreadingHTTPServer):
     request_queue_size = LISTEN_BACKLOG
     state: ServerState
 
-    def handle_error(self, request: Any, client_address: Any) -> None:
+    def handle_error(self, request: object, client_address: object) -> None:
         """Logs instead of printing a traceback on stderr; a client hanging up is routine."""
         import sys
 
@@ -171,7 +174,7 @@ class _Server6(_Server):
     address_family = socket.AF_INET6
 
 
-def _kill_worker(backend: Any) -> None:
+def _kill_worker(backend: object) -> None:
     """Ends the inference worker process of a ``ChatSession`` at once: the call waiting on it raises
     ``EngineCrashed`` and lets go of the model."""
     worker = getattr(backend, "worker", None)
@@ -204,9 +207,9 @@ def start_server(
     n_gpu_layers: int = 0,
     knowledge_bases: tuple[str, ...] = (),
     chroma_url: str | None = None,
-    knowledge: Any = None,
+    knowledge: object = None,
     embedder_path: Path | None = None,
-    backend: Any = None,
+    backend: ChatBackend | None = None,
     machine_bandwidth_gbps: float | None = None,
     catalog: ModelCatalog | None = None,
 ) -> ServerHandle:
@@ -243,35 +246,63 @@ def start_server(
         ModelFileError, ModelLoadError, EngineCrashed: the model cannot be loaded.
     """
     check_host(host, api_key)
-    loopback = is_loopback(host)
-    open_session: Callable[[Path], Any] | None = None
+    open_session: Callable[[Path], ChatBackend] | None = None
     if backend is None:
         if model_path is None:
             raise ServeError("serve: no model given")
-        from engine.inference.runtime import LoadParams
-        from engine.inference.session import ChatSession
-
-        def open_owned(path: Path) -> Any:
-            load = LoadParams(model_path=path, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers)
-            # The API's contract: a conversation longer than the window is a 400 context_length_exceeded
-            # (OpenAI, llama.cpp; LiteLLM's fallbacks rely on it), not trimmed like the GUI's.
-            return ChatSession(
-                load,
-                machine_bandwidth_gbps=machine_bandwidth_gbps,
-                backend_state=paths.cpu_backend_state,
-                overflow_policy="refuse",
-            )
-
-        open_session = open_owned
-        backend = open_owned(model_path)
-        model_id = model_path.stem
-        owned = True
+        open_session = _owned_sessions(paths, n_ctx, n_threads, n_gpu_layers, machine_bandwidth_gbps)
+        backend, model_id, owned = open_session(model_path), model_path.stem, True
     else:
         model_id = getattr(backend, "model", None) or (model_path.stem if model_path else "glassbox")
         owned = False
+    server = _bind_and_load(host, port, backend, owned)
+    state = ServerState(
+        paths, backend, model_id, api_key, is_loopback(host), embedder_path, knowledge_bases, chroma_url, knowledge
+    )
+    if catalog is not None and open_session is not None and model_path is not None:
+        state.allow_switching(catalog, open_session, model_path)
+    server.state = state
+    bound_port = int(server.server_address[1])
+    url_host = f"[{host.strip('[]')}]" if isinstance(server, _Server6) else host
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.2}, name="glassbox-serve", daemon=True
+    )
+    thread.start()
+    log.info("serving %s on http://%s:%d", model_id, url_host, bound_port)
+    stop = _Stopper(server, state, thread, owned)
+    return ServerHandle(f"http://{url_host}:{bound_port}", host, bound_port, model_id, stop, thread)
+
+
+def _owned_sessions(
+    paths: Paths, n_ctx: int, n_threads: int | None, n_gpu_layers: int, machine_bandwidth_gbps: float | None
+) -> Callable[[Path], ChatBackend]:
+    """How the server opens a model it owns (the one it starts with, and each one a request names)."""
+    from app.compose import BackendOptions, LoadSettings, LocalModel, open_backend
+
+    load = LoadSettings(n_ctx=n_ctx, n_threads=n_threads, gpu_layers=n_gpu_layers)
+    # The API's contract: a conversation longer than the window is a 400 context_length_exceeded
+    # (OpenAI, llama.cpp; LiteLLM's fallbacks rely on it), not trimmed like the GUI's.
+    options = BackendOptions(
+        overflow_policy="refuse", machine_bandwidth_gbps=machine_bandwidth_gbps, backend_state=paths.cpu_backend_state
+    )
+
+    def open_owned(path: Path) -> ChatBackend:
+        return open_backend(LocalModel(path), load, options, None)
+
+    return open_owned
+
+
+def _bind_and_load(host: str, port: int, backend: ChatBackend, owned: bool) -> _Server:
+    """Binds ``host:port``, then loads the model: a taken port fails at once, before a model load.
+    On failure an owned backend is closed.
+
+    Raises:
+        ServeError: the port cannot be bound.
+        ModelFileError, ModelLoadError, EngineCrashed: the model cannot be loaded.
+    """
     release = backend.close if owned else _nothing
     server_class = _Server6 if ":" in host.strip("[]") else _Server
-    try:  # bind first: a taken port fails at once, before a model load
+    try:
         server = server_class((host.strip("[]"), port), Handler)
     except OSError as exc:
         release()
@@ -282,33 +313,27 @@ def start_server(
         server.server_close()
         release()
         raise
-    state = ServerState(
-        paths, backend, model_id, api_key, loopback, embedder_path, knowledge_bases, chroma_url, knowledge
-    )
-    if catalog is not None and open_session is not None and model_path is not None:
-        state.allow_switching(catalog, open_session, model_path)
-    server.state = state
-    bound_port = int(server.server_address[1])
-    url_host = f"[{host.strip('[]')}]" if server_class is _Server6 else host
-    thread = threading.Thread(
-        target=server.serve_forever, kwargs={"poll_interval": 0.2}, name="glassbox-serve", daemon=True
-    )
-    thread.start()
-    stopped = threading.Event()
+    return server
 
-    def stop() -> None:
-        if stopped.is_set():
+
+class _Stopper:
+    """Stops a running server once: cancels the replies, shuts the loop down, unloads an owned model."""
+
+    def __init__(self, server: _Server, state: ServerState, thread: threading.Thread, owned: bool) -> None:
+        self._server, self._state, self._thread, self._owned = server, state, thread, owned
+        self._stopped = threading.Event()
+
+    def __call__(self) -> None:
+        if self._stopped.is_set():
             return
-        stopped.set()
+        self._stopped.set()
+        state = self._state
         state.cancel_all()
-        server.shutdown()
-        server.server_close()
-        thread.join(5.0)
-        if owned and not state.wait_idle(STOP_GRACE_S):
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(5.0)
+        if self._owned and not state.wait_idle(STOP_GRACE_S):
             _kill_worker(state.backend)  # a call that cannot see the cancel still holds the model
-        if owned:
+        if self._owned:
             state.backend.close()  # waits for the reply in progress to let go of the model
         state.close_knowledge()
-
-    log.info("serving %s on http://%s:%d", model_id, url_host, bound_port)
-    return ServerHandle(f"http://{url_host}:{bound_port}", host, bound_port, model_id, stop, thread)

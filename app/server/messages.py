@@ -22,16 +22,17 @@ import json
 import threading
 import uuid
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from app.server import params as fields
 from app.server.chat import check_backend, check_fits, n_vocab, open_stream, whole_choice
 from app.server.errors import HttpError, map_errors
-from app.server.handler import anthropic_error
-from app.server.wire import ChatRequest, Choice, WireMessage, chat_request, parse_tools, text_limit
+from app.server.handler import SseEvent, anthropic_error
+from app.server.wire import Arguments, ChatRequest, Choice, WireMessage, chat_request, parse_tools, text_limit
 
 if TYPE_CHECKING:
     from app.server.handler import Handler
+    from engine.inference.events import Event, Finished, Stats
 
 MESSAGE_FIELDS = frozenset(
     {
@@ -52,35 +53,38 @@ MESSAGE_FIELDS = frozenset(
 """The ``/v1/messages`` fields this server reads; any other is a 400."""
 
 
-def _blocks(content: Any, where: str) -> list[dict[str, Any]]:
+def _blocks(content: object, where: str) -> list[dict[str, object]]:
     if isinstance(content, str):
         return [{"type": "text", "text": content}]
     if not isinstance(content, list):
         raise HttpError(400, f"{where} must be text or a list of content blocks", param=where)
+    blocks: list[dict[str, object]] = []
     for index, block in enumerate(content):
         if not isinstance(block, dict):
             raise HttpError(400, f"{where}[{index}] must be a content block", param=where)
-    return content
+        blocks.append(block)
+    return blocks
 
 
-def _result_text(content: Any, where: str) -> str:
+def _result_text(content: object, where: str) -> str:
     if content is None:
         return ""
     parts = []
     for index, block in enumerate(_blocks(content, where)):
-        if block.get("type") != "text" or not isinstance(block.get("text"), str):
+        text = block.get("text")
+        if block.get("type") != "text" or not isinstance(text, str):
             raise HttpError(400, f"{where}[{index}]: a tool result may only hold text", param=where)
-        parts.append(block["text"])
+        parts.append(text)
     return "".join(parts)
 
 
-def _system(value: Any) -> str | None:
+def _system(value: object) -> str | None:
     if value is None or isinstance(value, str):
         return value or None
     return _result_text(value, "system") or None
 
 
-def _conversation(messages: Any, max_chars: int) -> list[WireMessage]:
+def _conversation(messages: object, max_chars: int) -> list[WireMessage]:
     if not isinstance(messages, list) or not messages:
         raise HttpError(400, "'messages' must be a non-empty list", param="messages")
     turns: list[WireMessage] = []
@@ -91,36 +95,12 @@ def _conversation(messages: Any, max_chars: int) -> list[WireMessage]:
         if role not in ("user", "assistant"):
             raise HttpError(400, f"{where}: role must be user or assistant", param=where)
         text: list[str] = []
-        calls: list[tuple[str, str, dict[str, Any]]] = []
+        calls: list[tuple[str, str, Arguments]] = []
+        results: list[WireMessage] = []
         for number, block in enumerate(_blocks(message.get("content"), f"{where}.content")):
-            kind = block.get("type")
-            spot = f"{where}.content[{number}]"
-            if kind == "text" and isinstance(block.get("text"), str):
-                text.append(block["text"])
-            elif kind == "tool_use" and role == "assistant":
-                arguments = block.get("input") or {}
-                if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str):
-                    raise HttpError(400, f"{spot}: a tool_use block needs 'id', 'name' and 'input'", param=spot)
-                if not isinstance(arguments, dict):
-                    raise HttpError(400, f"{spot}: 'input' must be an object", param=spot)
-                calls.append((block["id"], block["name"], arguments))
-            elif kind == "tool_result" and role == "user":
-                if not isinstance(block.get("tool_use_id"), str):
-                    raise HttpError(400, f"{spot}: a tool_result block needs its 'tool_use_id'", param=spot)
-                result = _result_text(block.get("content"), f"{spot}.content")
-                if block.get("is_error"):
-                    result = f"Error: {result}"
-                chars += len(result)
-                turns.append(WireMessage("tool", result, tool_call_id=block["tool_use_id"]))
-            elif kind in ("thinking", "redacted_thinking") and role == "assistant":
-                continue  # old reasoning is never sent back
-            else:
-                raise HttpError(
-                    400,
-                    f"{spot}: {str(kind)[:40]!r} blocks are not supported here",
-                    code="unsupported_content",
-                    param=spot,
-                )
+            _read_block(block, role == "assistant", f"{where}.content[{number}]", text, calls, results)
+        chars += sum(len(result.content) for result in results)
+        turns.extend(results)
         joined = "".join(text)
         chars += len(joined)
         if chars > max_chars:
@@ -134,20 +114,60 @@ def _conversation(messages: Any, max_chars: int) -> list[WireMessage]:
     return turns
 
 
-def _tool_choice(value: Any) -> tuple[Any, bool]:
+def _read_block(
+    block: dict[str, object],
+    assistant: bool,
+    spot: str,
+    text: list[str],
+    calls: list[tuple[str, str, Arguments]],
+    results: list[WireMessage],
+) -> None:
+    """Adds one content block of a message to its text, its calls (an assistant's ``tool_use``) or
+    its tool results (a user's ``tool_result``). Raises HttpError for a block not supported there."""
+    kind = block.get("type")
+    if kind == "text" and isinstance(block.get("text"), str):
+        text.append(str(block["text"]))
+    elif kind == "tool_use" and assistant:
+        arguments = block.get("input") or {}
+        call_id, name = block.get("id"), block.get("name")
+        if not isinstance(call_id, str) or not isinstance(name, str):
+            raise HttpError(400, f"{spot}: a tool_use block needs 'id', 'name' and 'input'", param=spot)
+        if not isinstance(arguments, dict):
+            raise HttpError(400, f"{spot}: 'input' must be an object", param=spot)
+        calls.append((call_id, name, arguments))
+    elif kind == "tool_result" and not assistant:
+        call_id = block.get("tool_use_id")
+        if not isinstance(call_id, str):
+            raise HttpError(400, f"{spot}: a tool_result block needs its 'tool_use_id'", param=spot)
+        result = _result_text(block.get("content"), f"{spot}.content")
+        if block.get("is_error"):
+            result = f"Error: {result}"
+        results.append(WireMessage("tool", result, tool_call_id=call_id))
+    elif kind in ("thinking", "redacted_thinking") and assistant:
+        return  # old reasoning is never sent back
+    else:
+        raise HttpError(
+            400,
+            f"{spot}: {str(kind)[:40]!r} blocks are not supported here",
+            code="unsupported_content",
+            param=spot,
+        )
+
+
+def _tool_choice(value: object) -> tuple[str | dict[str, object] | None, bool]:
     """Anthropic's ``tool_choice`` as the chat one, and whether parallel calls are allowed."""
     if value is None:
         return None, True
     if not isinstance(value, dict) or value.get("type") not in ("auto", "any", "tool", "none"):
         raise HttpError(400, "'tool_choice' must be {'type': 'auto' | 'any' | 'tool' | 'none'}", param="tool_choice")
     parallel = not value.get("disable_parallel_tool_use", False)
-    kind = value["type"]
+    kind = str(value["type"])
     if kind == "tool":
         return {"type": "function", "function": {"name": value.get("name")}}, parallel
     return ("required" if kind == "any" else kind), parallel
 
 
-def parse_message_request(body: dict[str, Any], max_chars: int, n_vocab: int | None) -> ChatRequest:
+def parse_message_request(body: Mapping[str, object], max_chars: int, n_vocab: int | None) -> ChatRequest:
     """A ``/v1/messages`` body as a ChatRequest (see the module docstring). Raises HttpError."""
     body = fields.present(body)
     fields.check_fields(body, MESSAGE_FIELDS, "/v1/messages")
@@ -177,7 +197,7 @@ def parse_message_request(body: dict[str, Any], max_chars: int, n_vocab: int | N
         if not isinstance(thinking, dict) or thinking.get("type") not in ("enabled", "disabled"):
             raise HttpError(400, "'thinking' must be {'type': 'enabled' | 'disabled'}", param="thinking")
         switch = thinking["type"] == "enabled"
-    sampling: dict[str, Any] = {k: body[k] for k in ("temperature", "top_p", "top_k") if k in body}
+    sampling: dict[str, object] = {k: body[k] for k in ("temperature", "top_p", "top_k") if k in body}
     if "stop_sequences" in body:
         sampling["stop"] = body["stop_sequences"]
     params = fields.generation_params(sampling, body.get("max_tokens"), n_vocab)
@@ -195,13 +215,13 @@ def parse_message_request(body: dict[str, Any], max_chars: int, n_vocab: int | N
     )
 
 
-def _stop_reason(finished: Any, calls: bool) -> str:
+def _stop_reason(finished: Finished, calls: bool) -> str:
     if calls:
         return "tool_use"
     return "max_tokens" if finished.reason == "length" else "end_turn"
 
 
-def _usage(stats: Any) -> dict[str, Any]:
+def _usage(stats: Stats) -> dict[str, int]:
     return {
         "input_tokens": stats.prompt_tokens - stats.cached_tokens,
         "cache_read_input_tokens": stats.cached_tokens,
@@ -210,8 +230,8 @@ def _usage(stats: Any) -> dict[str, Any]:
     }
 
 
-def _content(choice: Choice) -> list[dict[str, Any]]:
-    blocks: list[dict[str, Any]] = []
+def _content(choice: Choice) -> list[dict[str, object]]:
+    blocks: list[dict[str, object]] = []
     if choice.reasoning:
         blocks.append({"type": "thinking", "thinking": choice.reasoning, "signature": ""})
     if choice.text or not choice.tool_calls:
@@ -221,8 +241,8 @@ def _content(choice: Choice) -> list[dict[str, Any]]:
 
 
 def _message(
-    model: str, message_id: str, content: list[dict[str, Any]], stop: str | None, usage: Mapping[str, Any]
-) -> dict[str, Any]:
+    model: str, message_id: str, content: list[dict[str, object]], stop: str | None, usage: Mapping[str, int]
+) -> dict[str, object]:
     return {"id": message_id, "type": "message", "role": "assistant", "model": model, "content": content,
             "stop_reason": stop, "stop_sequence": None, "usage": dict(usage)}  # fmt: skip
 
@@ -285,7 +305,7 @@ def _stream(handler: Handler, request: ChatRequest, message_id: str, cancel: thr
     head = handler.first(events)
     model = handler.state.model_id
 
-    def send(kind: str, **data: Any) -> None:
+    def send(kind: str, **data: object) -> None:
         handler.send_event({"type": kind, **data}, kind)
 
     def produce() -> None:
@@ -295,7 +315,7 @@ def _stream(handler: Handler, request: ChatRequest, message_id: str, cancel: thr
         open_kind: str | None = None
         calls = 0
 
-        def start(kind: str, block: dict[str, Any]) -> None:
+        def start(kind: str, block: dict[str, object]) -> None:
             nonlocal index, open_kind
             if open_kind is not None:
                 send("content_block_stop", index=index)
@@ -325,12 +345,12 @@ def _stream(handler: Handler, request: ChatRequest, message_id: str, cancel: thr
                 send("message_delta", delta=delta, usage=_usage(event.stats))
                 send("message_stop")
 
-    def error_events(error: HttpError) -> list[tuple[str | None, dict[str, Any] | str]]:
+    def error_events(error: HttpError) -> list[SseEvent]:
         return [("error", anthropic_error(error))]
 
     handler.sse(produce, cancel, error_events)
 
 
-def _prepend(head: Any, events: Iterator[Any]) -> Iterator[Any]:
+def _prepend(head: Event, events: Iterator[Event]) -> Iterator[Event]:
     yield head
     yield from events

@@ -19,9 +19,12 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Collection, Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 from app.server.errors import HttpError
+
+if TYPE_CHECKING:
+    from engine.inference.runtime import GenerationParams
 
 MAX_STOP_STRINGS = 16
 """Most stop strings per request (OpenAI allows 4)."""
@@ -41,7 +44,7 @@ MAX_TOP_LOGPROBS = 20
 MAX_GRAMMAR_CHARS = 256 * 1024
 """Longest GBNF grammar or JSON schema, in characters (building the grammar costs time in its size)."""
 
-NEUTRAL: dict[str, tuple[Any, ...]] = {
+NEUTRAL: dict[str, tuple[object, ...]] = {
     "frequency_penalty": (0, 0.0),
     "presence_penalty": (0, 0.0),
     "store": (False,),
@@ -62,12 +65,12 @@ CONSTRAINTS = frozenset({"response_format", "grammar", "json_schema"})
 """The constrained-output fields :func:`constraint` reads."""
 
 
-def present(body: Mapping[str, Any]) -> dict[str, Any]:
+def present(body: Mapping[str, object]) -> dict[str, object]:
     """``body`` without its ``null`` fields (``null`` means "not given")."""
     return {key: value for key, value in body.items() if value is not None}
 
 
-def check_fields(body: Mapping[str, Any], known: Collection[str], endpoint: str) -> None:
+def check_fields(body: Mapping[str, object], known: Collection[str], endpoint: str) -> None:
     """Refuses fields this endpoint does not implement.
 
     Args:
@@ -100,7 +103,7 @@ def check_fields(body: Mapping[str, Any], known: Collection[str], endpoint: str)
         )
 
 
-def max_tokens(body: Mapping[str, Any], *names: str) -> Any:
+def max_tokens(body: Mapping[str, object], *names: str) -> object:
     """The first of ``names`` the body gives (so ``max_completion_tokens: null`` leaves ``max_tokens``)."""
     for name in names:
         if body.get(name) is not None:
@@ -108,7 +111,7 @@ def max_tokens(body: Mapping[str, Any], *names: str) -> Any:
     return None
 
 
-def stop_strings(body: Mapping[str, Any]) -> tuple[str, ...] | None:
+def stop_strings(body: Mapping[str, object]) -> tuple[str, ...] | None:
     """``stop`` as a tuple, checked against :data:`MAX_STOP_STRINGS` and :data:`MAX_STOP_CHARS`.
 
     Raises:
@@ -135,7 +138,7 @@ def stop_strings(body: Mapping[str, Any]) -> tuple[str, ...] | None:
     return tuple(stop)
 
 
-def logit_bias(body: Mapping[str, Any], n_vocab: int | None) -> tuple[tuple[int, float], ...]:
+def logit_bias(body: Mapping[str, object], n_vocab: int | None) -> tuple[tuple[int, float], ...]:
     """``logit_bias`` (``{"token id": bias}``, bias in -100..100) as (id, bias) pairs.
 
     Raises:
@@ -174,7 +177,7 @@ def logit_bias(body: Mapping[str, Any], n_vocab: int | None) -> tuple[tuple[int,
     return tuple(pairs)
 
 
-def constraint(body: Mapping[str, Any]) -> dict[str, str]:
+def constraint(body: Mapping[str, object]) -> dict[str, str]:
     """The ``grammar`` or ``json_schema`` a request asks for, as GenerationParams fields.
 
     Raises:
@@ -259,7 +262,9 @@ def _check_enforceable(schema_text: str, param: str) -> None:
         )
 
 
-def generation_params(body: Mapping[str, Any], max_new: Any, n_vocab: int | None, **extra: Any) -> Any:
+def generation_params(
+    body: Mapping[str, object], max_new: object, n_vocab: int | None, **extra: int
+) -> GenerationParams:
     """The GenerationParams of a request: sampling, ``max_new`` tokens, constraint, ``extra``.
 
     Raises:
@@ -269,7 +274,7 @@ def generation_params(body: Mapping[str, Any], max_new: Any, n_vocab: int | None
 
     from engine.inference.runtime import GenerationParams
 
-    options: dict[str, Any] = {
+    options: dict[str, object] = {
         "max_tokens": max_new,
         "temperature": body.get("temperature"),
         "top_p": body.get("top_p"),
@@ -283,14 +288,14 @@ def generation_params(body: Mapping[str, Any], max_new: Any, n_vocab: int | None
         **extra,
     }
     try:
-        return GenerationParams(**{k: v for k, v in options.items() if v is not None})
+        return GenerationParams.model_validate({k: v for k, v in options.items() if v is not None})
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first.get("loc", ())) or "request"
         raise HttpError(400, f"{where}: {first.get('msg', 'invalid value')}", code="invalid_value") from None
 
 
-def choices(body: Mapping[str, Any]) -> int:
+def choices(body: Mapping[str, object]) -> int:
     """``n``: how many choices (1 when absent or null).
 
     Raises:
@@ -304,7 +309,7 @@ def choices(body: Mapping[str, Any]) -> int:
     return n
 
 
-def flag(body: Mapping[str, Any], name: str) -> bool:
+def flag(body: Mapping[str, object], name: str) -> bool:
     """A boolean field (false when absent).
 
     Raises:
@@ -316,7 +321,7 @@ def flag(body: Mapping[str, Any], name: str) -> bool:
     return value
 
 
-def seeded(params: Any, index: int) -> Any:
+def seeded(params: GenerationParams, index: int) -> GenerationParams:
     """The params of choice ``index``: a given seed becomes ``seed + index``, so choices differ yet
     repeat from one run to the next."""
     if index == 0 or params.seed is None:

@@ -22,16 +22,17 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Literal, NotRequired, TypedDict
 
 from app.server import params as fields
 from app.server.chat import check_backend, check_fits, n_vocab, open_stream, whole_choice
 from app.server.errors import HttpError
-from app.server.wire import ChatRequest, Choice, WireMessage, chat_request, parse_tools, text_limit
+from app.server.wire import Arguments, ChatRequest, Choice, WireMessage, chat_request, parse_tools, text_limit
 
 if TYPE_CHECKING:
-    from app.server.handler import Handler
+    from app.server.handler import Handler, SseEvent
+    from engine.inference.events import Event, Finished, ToolCall
 
 RESPONSE_FIELDS = frozenset(
     {
@@ -58,7 +59,43 @@ RESPONSE_FIELDS = frozenset(
 """The ``/v1/responses`` fields this server reads; any other is a 400."""
 
 
-def _text(content: Any, where: str) -> str:
+class OutputText(TypedDict):
+    type: Literal["output_text"]
+    text: str
+    annotations: list[object]
+
+
+class ReasoningItem(TypedDict):
+    """A ``reasoning`` output item (while it streams, without its content)."""
+
+    type: Literal["reasoning"]
+    id: str
+    summary: list[object]
+    content: NotRequired[list[dict[str, str]]]
+    encrypted_content: NotRequired[None]
+
+
+class MessageItem(TypedDict):
+    type: Literal["message"]
+    id: str
+    status: str
+    role: Literal["assistant"]
+    content: list[OutputText]
+
+
+class CallItem(TypedDict):
+    type: Literal["function_call"]
+    id: str
+    call_id: str
+    name: str
+    arguments: str  # JSON text
+    status: str
+
+
+OutputItem = ReasoningItem | MessageItem | CallItem
+
+
+def _text(content: object, where: str) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
@@ -78,7 +115,7 @@ def _text(content: Any, where: str) -> str:
     raise HttpError(400, f"{where} must be text or a list of text parts", param=where)
 
 
-def _items(value: Any, instructions: Any, max_chars: int) -> tuple[str | None, list[WireMessage]]:
+def _items(value: object, instructions: object, max_chars: int) -> tuple[str | None, list[WireMessage]]:
     """The system prompt and the conversation of ``instructions`` and ``input``."""
     system = [instructions] if isinstance(instructions, str) and instructions else []
     if instructions is not None and not isinstance(instructions, str):
@@ -135,7 +172,7 @@ def _items(value: Any, instructions: Any, max_chars: int) -> tuple[str | None, l
     return ("\n\n".join(system) if system else None), turns
 
 
-def _arguments(value: Any, where: str) -> dict[str, Any]:
+def _arguments(value: object, where: str) -> Arguments:
     try:
         arguments = json.loads(value) if isinstance(value, str) and value.strip() else (value or {})
     except ValueError:
@@ -145,13 +182,13 @@ def _arguments(value: Any, where: str) -> dict[str, Any]:
     return arguments
 
 
-def _tools(value: Any) -> Any:
+def _tools(value: object) -> list[dict[str, object]] | None:
     """Responses-shaped function tools (``{"type": "function", "name", ...}``) in chat-completions shape."""
     if value is None:
         return None
     if not isinstance(value, list):
         raise HttpError(400, "'tools' must be a list", param="tools")
-    tools = []
+    tools: list[dict[str, object]] = []
     for index, tool in enumerate(value):
         if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("name"), str):
             kind = tool.get("type") if isinstance(tool, dict) else None
@@ -166,7 +203,7 @@ def _tools(value: Any) -> Any:
     return tools
 
 
-def _format(text: Any) -> dict[str, Any]:
+def _format(text: object) -> dict[str, object]:
     """``text.format`` as a chat ``response_format``."""
     if text is None:
         return {}
@@ -186,7 +223,7 @@ def _format(text: Any) -> dict[str, Any]:
     return {"response_format": fmt}
 
 
-def parse_response_request(body: dict[str, Any], max_chars: int, n_vocab: int | None) -> ChatRequest:
+def parse_response_request(body: Mapping[str, object], max_chars: int, n_vocab: int | None) -> ChatRequest:
     """A ``/v1/responses`` body as a ChatRequest (see the module docstring). Raises HttpError."""
     body = fields.present(body)
     fields.check_fields(body, RESPONSE_FIELDS, "/v1/responses")
@@ -210,7 +247,7 @@ def parse_response_request(body: dict[str, Any], max_chars: int, n_vocab: int | 
         if not isinstance(reasoning, dict) or set(reasoning) - {"effort", "summary"}:
             raise HttpError(400, "'reasoning' may only hold effort", code="unsupported_parameter", param="reasoning")
         effort = reasoning.get("effort")
-    sampling: dict[str, Any] = {
+    sampling: dict[str, object] = {
         k: body[k] for k in ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "seed") if k in body
     }
     params = fields.generation_params({**sampling, **_format(body.get("text"))}, body.get("max_output_tokens"), n_vocab)
@@ -231,23 +268,24 @@ def parse_response_request(body: dict[str, Any], max_chars: int, n_vocab: int | 
 class _Shape:
     """The ``response`` document and its items, for one request."""
 
-    def __init__(self, handler: Handler, body: Mapping[str, Any], request: ChatRequest) -> None:
+    def __init__(self, handler: Handler, body: Mapping[str, object], request: ChatRequest) -> None:
         self.id = f"resp_{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.model = handler.state.model_id
         self.body = body
         self.request = request
 
-    def response(self, status: str, output: list[dict[str, Any]], finished: Any = None) -> dict[str, Any]:
-        stats = finished.stats if finished is not None else None
+    def response(
+        self, status: str, output: Sequence[OutputItem], finished: Finished | None = None
+    ) -> dict[str, object]:
         incomplete = {"reason": "max_output_tokens"} if finished is not None and finished.reason == "length" else None
-        document: dict[str, Any] = {
+        document: dict[str, object] = {
             "id": self.id,
             "object": "response",
             "created_at": self.created,
             "status": "incomplete" if incomplete else status,
             "model": self.model,
-            "output": output,
+            "output": list(output),
             "error": None,
             "incomplete_details": incomplete,
             "instructions": self.body.get("instructions"),
@@ -261,7 +299,8 @@ class _Shape:
             "text": self.body.get("text") or {"format": {"type": "text"}},
             "store": False,
         }
-        if stats is not None:
+        if finished is not None:
+            stats = finished.stats
             document["usage"] = {
                 "input_tokens": stats.prompt_tokens,
                 "input_tokens_details": {"cached_tokens": stats.cached_tokens},
@@ -272,7 +311,7 @@ class _Shape:
         return document
 
     @staticmethod
-    def reasoning_item(item_id: str, text: str) -> dict[str, Any]:
+    def reasoning_item(item_id: str, text: str) -> ReasoningItem:
         # encrypted_content stays empty: reasoning is never carried into the next turn (it wastes the
         # window), so a client that asks for it to send back gets nothing to send.
         return {
@@ -284,18 +323,20 @@ class _Shape:
         }
 
     @staticmethod
-    def message_item(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:
-        content = [{"type": "output_text", "text": text, "annotations": []}] if status == "completed" else []
+    def message_item(item_id: str, text: str, status: str = "completed") -> MessageItem:
+        content: list[OutputText] = (
+            [{"type": "output_text", "text": text, "annotations": []}] if status == "completed" else []
+        )
         return {"type": "message", "id": item_id, "status": status, "role": "assistant", "content": content}
 
     @staticmethod
-    def call_item(call: Any, status: str = "completed") -> dict[str, Any]:
+    def call_item(call: ToolCall, status: str = "completed") -> CallItem:
         arguments = json.dumps(call.arguments, ensure_ascii=False) if status == "completed" else ""
         return {"type": "function_call", "id": f"fc_{call.id}", "call_id": call.id, "name": call.name,
                 "arguments": arguments, "status": status}  # fmt: skip
 
-    def output(self, choice: Choice) -> list[dict[str, Any]]:
-        items: list[dict[str, Any]] = []
+    def output(self, choice: Choice) -> list[OutputItem]:
+        items: list[OutputItem] = []
         if choice.reasoning:
             items.append(self.reasoning_item(f"rs_{uuid.uuid4().hex}", choice.reasoning))
         if choice.text or not choice.tool_calls:
@@ -329,96 +370,114 @@ def handle(handler: Handler) -> None:
 
 
 def _stream(handler: Handler, shape: _Shape, request: ChatRequest, cancel: threading.Event) -> None:
-    from engine.inference.events import Finished, Reasoning, Token, ToolCall
-
     events = handler.generation(open_stream(handler.state.backend, request, 0, None, cancel), cancel)
     head = handler.first(events)
-    sequence = 0
+    stream = _ResponseStream(handler, shape, request)
+    handler.sse(lambda: stream.produce(_prepend(head, events)), cancel, stream.error_events)
 
-    def send(kind: str, **data: Any) -> None:
-        nonlocal sequence
-        handler.send_event({"type": kind, "sequence_number": sequence, **data}, kind)
-        sequence += 1
 
-    def produce() -> None:
-        output: list[dict[str, Any]] = []
-        open_item: dict[str, Any] | None = None  # the reasoning or message item being streamed
-        text = ""
-        send("response.created", response=shape.response("in_progress", []))
-        send("response.in_progress", response=shape.response("in_progress", []))
+class _ResponseStream:
+    """The typed events of one streamed response: items open, grow by deltas and close in order."""
 
-        def close_item() -> None:
-            nonlocal open_item, text
-            if open_item is None:
-                return
-            index = len(output)
-            if open_item["type"] == "reasoning":
-                item = shape.reasoning_item(open_item["id"], text)
-                send("response.reasoning_text.done", item_id=item["id"], output_index=index, content_index=0, text=text)
-            else:
-                item = shape.message_item(open_item["id"], text)
-                part = item["content"][0]
-                send("response.output_text.done", item_id=item["id"], output_index=index, content_index=0, text=text,
-                     logprobs=[])  # fmt: skip
-                send("response.content_part.done", item_id=item["id"], output_index=index, content_index=0, part=part)
-            send("response.output_item.done", output_index=index, item=item)
-            output.append(item)
-            open_item, text = None, ""
+    def __init__(self, handler: Handler, shape: _Shape, request: ChatRequest) -> None:
+        self.handler = handler
+        self.shape = shape
+        self.request = request
+        self.sequence = 0
+        self.output: list[OutputItem] = []
+        self.open_item: ReasoningItem | MessageItem | None = None  # the reasoning or message item being streamed
+        self.text = ""
+        self.calls = 0
 
-        def open_kind(kind: str) -> dict[str, Any]:
-            nonlocal open_item
-            if open_item is not None and open_item["type"] == kind:
-                return open_item
-            close_item()
-            index = len(output)
-            if kind == "reasoning":
-                open_item = {"type": "reasoning", "id": f"rs_{uuid.uuid4().hex}", "summary": []}
-                send("response.output_item.added", output_index=index, item=open_item)
-            else:
-                open_item = shape.message_item(f"msg_{uuid.uuid4().hex}", "", "in_progress")
-                send("response.output_item.added", output_index=index, item=open_item)
-                send("response.content_part.added", item_id=open_item["id"], output_index=index, content_index=0,
-                     part={"type": "output_text", "text": "", "annotations": []})  # fmt: skip
-            return open_item
+    def send(self, kind: str, **data: object) -> None:
+        self.handler.send_event({"type": kind, "sequence_number": self.sequence, **data}, kind)
+        self.sequence += 1
 
-        calls = 0
-        for event in _prepend(head, events):
+    def produce(self, events: Iterator[Event]) -> None:
+        from engine.inference.events import Finished, Reasoning, Token, ToolCall
+
+        self.send("response.created", response=self.shape.response("in_progress", []))
+        self.send("response.in_progress", response=self.shape.response("in_progress", []))
+        for event in events:
             if isinstance(event, Reasoning) and event.text:
-                item = open_kind("reasoning")
-                text += event.text
-                send("response.reasoning_text.delta", item_id=item["id"], output_index=len(output), content_index=0,
-                     delta=event.text)  # fmt: skip
+                item = self.open_kind("reasoning")
+                self.text += event.text
+                self.send("response.reasoning_text.delta", item_id=item["id"], output_index=len(self.output),
+                          content_index=0, delta=event.text)  # fmt: skip
             elif isinstance(event, Token) and event.text:
-                item = open_kind("message")
-                text += event.text
-                send("response.output_text.delta", item_id=item["id"], output_index=len(output), content_index=0,
-                     delta=event.text, logprobs=[])  # fmt: skip
-            elif isinstance(event, ToolCall) and (request.parallel_tool_calls or calls == 0):
-                close_item()
-                calls += 1
-                index = len(output)
-                send("response.output_item.added", output_index=index, item=shape.call_item(event, "in_progress"))
-                done = shape.call_item(event)
-                send("response.function_call_arguments.delta", item_id=done["id"], output_index=index,
-                     delta=done["arguments"])  # fmt: skip
-                send("response.function_call_arguments.done", item_id=done["id"], output_index=index,
-                     arguments=done["arguments"])  # fmt: skip
-                send("response.output_item.done", output_index=index, item=done)
-                output.append(done)
+                item = self.open_kind("message")
+                self.text += event.text
+                self.send("response.output_text.delta", item_id=item["id"], output_index=len(self.output),
+                          content_index=0, delta=event.text, logprobs=[])  # fmt: skip
+            elif isinstance(event, ToolCall) and (self.request.parallel_tool_calls or self.calls == 0):
+                self.tool_call(event)
             elif isinstance(event, Finished):
-                if not output and open_item is None:
-                    open_kind("message")  # an empty answer is still a message
-                close_item()
-                final = shape.response("completed", output, event)
-                send("response.incomplete" if final["status"] == "incomplete" else "response.completed", response=final)
+                self.finish(event)
 
-    def error_events(error: HttpError) -> list[tuple[str | None, dict[str, Any] | str]]:
-        return [("error", {"type": "error", "sequence_number": sequence, "code": error.code or error.kind,
+    def close_item(self) -> None:
+        """Ends the reasoning or message item being streamed, if any."""
+        if self.open_item is None:
+            return
+        index, text = len(self.output), self.text
+        item: ReasoningItem | MessageItem
+        if self.open_item["type"] == "reasoning":
+            item = self.shape.reasoning_item(self.open_item["id"], text)
+            self.send("response.reasoning_text.done", item_id=item["id"], output_index=index, content_index=0,
+                      text=text)  # fmt: skip
+        else:
+            item = self.shape.message_item(self.open_item["id"], text)
+            part = item["content"][0]
+            self.send("response.output_text.done", item_id=item["id"], output_index=index, content_index=0, text=text,
+                      logprobs=[])  # fmt: skip
+            self.send("response.content_part.done", item_id=item["id"], output_index=index, content_index=0,
+                      part=part)  # fmt: skip
+        self.send("response.output_item.done", output_index=index, item=item)
+        self.output.append(item)
+        self.open_item, self.text = None, ""
+
+    def open_kind(self, kind: str) -> ReasoningItem | MessageItem:
+        """The item of ``kind`` being streamed: the open one, or a new one (closing the other)."""
+        if self.open_item is not None and self.open_item["type"] == kind:
+            return self.open_item
+        self.close_item()
+        index = len(self.output)
+        if kind == "reasoning":
+            item: ReasoningItem | MessageItem = {"type": "reasoning", "id": f"rs_{uuid.uuid4().hex}", "summary": []}
+            self.send("response.output_item.added", output_index=index, item=item)
+        else:
+            item = self.shape.message_item(f"msg_{uuid.uuid4().hex}", "", "in_progress")
+            self.send("response.output_item.added", output_index=index, item=item)
+            self.send("response.content_part.added", item_id=item["id"], output_index=index, content_index=0,
+                      part={"type": "output_text", "text": "", "annotations": []})  # fmt: skip
+        self.open_item = item
+        return item
+
+    def tool_call(self, event: ToolCall) -> None:
+        """One ``function_call`` item, whole: its arguments come in one delta."""
+        self.close_item()
+        self.calls += 1
+        index = len(self.output)
+        self.send("response.output_item.added", output_index=index, item=self.shape.call_item(event, "in_progress"))
+        done = self.shape.call_item(event)
+        self.send("response.function_call_arguments.delta", item_id=done["id"], output_index=index,
+                  delta=done["arguments"])  # fmt: skip
+        self.send("response.function_call_arguments.done", item_id=done["id"], output_index=index,
+                  arguments=done["arguments"])  # fmt: skip
+        self.send("response.output_item.done", output_index=index, item=done)
+        self.output.append(done)
+
+    def finish(self, event: Finished) -> None:
+        if not self.output and self.open_item is None:
+            self.open_kind("message")  # an empty answer is still a message
+        self.close_item()
+        final = self.shape.response("completed", self.output, event)
+        self.send("response.incomplete" if final["status"] == "incomplete" else "response.completed", response=final)
+
+    def error_events(self, error: HttpError) -> list[SseEvent]:
+        return [("error", {"type": "error", "sequence_number": self.sequence, "code": error.code or error.kind,
                            "message": error.message, "param": error.param})]  # fmt: skip
 
-    handler.sse(produce, cancel, error_events)
 
-
-def _prepend(head: Any, events: Iterator[Any]) -> Iterator[Any]:
+def _prepend(head: Event, events: Iterator[Event]) -> Iterator[Event]:
     yield head
     yield from events

@@ -14,12 +14,23 @@ function (``{"type": "function", "function": {"name": ...}}``).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Literal, NotRequired, TypedDict, Unpack
 
 from app.server import params as fields
 from app.server.errors import HttpError
+
+if TYPE_CHECKING:
+    from engine.inference.events import Event, Finished, Stats, Token, ToolCall
+    from engine.inference.runtime import GenerationParams
+    from engine.inference.tools import ToolSpec
+
+Arguments = dict[str, object]
+"""A tool call's arguments: a JSON object."""
+
+Source = dict[str, object]
+"""One cited passage of a reply's ``sources`` (``app.knowledge_glue``: n, path, page, snippet, ...)."""
 
 MAX_MESSAGES = 2048
 """Most messages one chat request may carry (planning the context window costs more per message)."""
@@ -81,7 +92,7 @@ class WireMessage:
 
     role: str
     content: str
-    tool_calls: tuple[tuple[str, str, dict[str, Any]], ...] = ()
+    tool_calls: tuple[tuple[str, str, Arguments], ...] = ()
     tool_call_id: str | None = None
 
 
@@ -105,23 +116,39 @@ class ChatRequest:
     """
 
     system: str | None
-    history: list[Any]
+    history: list[WireMessage]
     user: str
-    params: Any
+    params: GenerationParams
     stream: bool
     include_usage: bool
     knowledge_bases: tuple[str, ...]
     messages: tuple[WireMessage, ...] = ()
     n: int = 1
     top_logprobs: int | None = None
-    tools: tuple[Any, ...] = ()
+    tools: tuple[ToolSpec, ...] = ()
     tool_choice: str = "none"
     parallel_tool_calls: bool = True
     thinking: bool | None = None
     reasoning_effort: str | None = None
 
 
-def chat_request(system: str | None, turns: Sequence[WireMessage], **fields: Any) -> ChatRequest:
+class RequestFields(TypedDict, total=False):
+    """The fields of a :class:`ChatRequest` besides its conversation (see :func:`chat_request`)."""
+
+    params: GenerationParams
+    stream: bool
+    include_usage: bool
+    knowledge_bases: tuple[str, ...]
+    n: int
+    top_logprobs: int | None
+    tools: tuple[ToolSpec, ...]
+    tool_choice: str
+    parallel_tool_calls: bool
+    thinking: bool | None
+    reasoning_effort: str | None
+
+
+def chat_request(system: str | None, turns: Sequence[WireMessage], **fields: Unpack[RequestFields]) -> ChatRequest:
     """Builds the ChatRequest of a conversation, its last message split off.
 
     Args:
@@ -143,7 +170,7 @@ def chat_request(system: str | None, turns: Sequence[WireMessage], **fields: Any
     )
 
 
-def _text_content(content: Any, index: int) -> str:
+def _text_content(content: object, index: int) -> str:
     if isinstance(content, str):
         return content
     if content is None:
@@ -169,7 +196,7 @@ def _text_content(content: Any, index: int) -> str:
     raise HttpError(400, f"messages[{index}].content must be a string or a list of text parts")
 
 
-def _arguments(value: Any, where: str) -> dict[str, Any]:
+def _arguments(value: object, where: str) -> Arguments:
     """A call's arguments: OpenAI sends them as JSON text, Anthropic as an object."""
     if isinstance(value, str):
         try:
@@ -181,12 +208,12 @@ def _arguments(value: Any, where: str) -> dict[str, Any]:
     return value
 
 
-def _tool_calls(value: Any, index: int) -> tuple[tuple[str, str, dict[str, Any]], ...]:
+def _tool_calls(value: object, index: int) -> tuple[tuple[str, str, Arguments], ...]:
     if value is None:
         return ()
     if not isinstance(value, list):
         raise HttpError(400, f"messages[{index}].tool_calls must be a list", code="invalid_value")
-    calls: list[tuple[str, str, dict[str, Any]]] = []
+    calls: list[tuple[str, str, Arguments]] = []
     for number, call in enumerate(value):
         where = f"messages[{index}].tool_calls[{number}]"
         function = call.get("function") if isinstance(call, dict) else None
@@ -197,7 +224,7 @@ def _tool_calls(value: Any, index: int) -> tuple[tuple[str, str, dict[str, Any]]
     return tuple(calls)
 
 
-def parse_messages(messages: Any, max_chars: int) -> tuple[str | None, list[WireMessage]]:
+def parse_messages(messages: object, max_chars: int) -> tuple[str | None, list[WireMessage]]:
     """The system prompt and the conversation of an OpenAI ``messages`` list.
 
     Raises:
@@ -248,14 +275,14 @@ def parse_messages(messages: Any, max_chars: int) -> tuple[str | None, list[Wire
     return ("\n\n".join(system_parts) if system_parts else None), turns
 
 
-def parse_tools(tools: Any, tool_choice: Any) -> tuple[tuple[Any, ...], str]:
+def parse_tools(tools: object, tool_choice: object) -> tuple[tuple[ToolSpec, ...], str]:
     """OpenAI's ``tools`` and ``tool_choice`` as ToolSpecs and the engine's choice.
 
     Raises:
         HttpError: 400 for a malformed tool, a duplicate name, or a choice that names no tool offered.
     """
     from engine.errors import EngineError
-    from engine.inference.tools import ToolSpec, check_tools, normalize_tool_choice
+    from engine.inference.tools import check_tools, normalize_tool_choice
 
     specs: list[ToolSpec] = []
     if tools is not None:
@@ -283,7 +310,7 @@ def parse_tools(tools: Any, tool_choice: Any) -> tuple[tuple[Any, ...], str]:
         raise HttpError(400, str(exc), code="invalid_value", param="tool_choice") from None
 
 
-def _tool_spec(function: Mapping[str, Any], where: str) -> Any:
+def _tool_spec(function: Mapping[str, object], where: str) -> ToolSpec:
     from engine.inference.tools import ToolSpec
 
     name = function.get("name")
@@ -296,7 +323,7 @@ def _tool_spec(function: Mapping[str, Any], where: str) -> Any:
     return ToolSpec(name=name, description=description, parameters=parameters, source="request")
 
 
-def _tool_choice(value: Any) -> str | None:
+def _tool_choice(value: object) -> str | None:
     if value is None or isinstance(value, str):
         return value
     if isinstance(value, dict):
@@ -313,7 +340,7 @@ def _tool_choice(value: Any) -> str | None:
     )
 
 
-def knowledge_bases(body: Mapping[str, Any], default_kbs: tuple[str, ...]) -> tuple[str, ...]:
+def knowledge_bases(body: Mapping[str, object], default_kbs: tuple[str, ...]) -> tuple[str, ...]:
     """The knowledge bases a request names (``knowledge_base``), else the server's defaults."""
     kbs = body.get("knowledge_base")
     if isinstance(kbs, str):
@@ -325,7 +352,7 @@ def knowledge_bases(body: Mapping[str, Any], default_kbs: tuple[str, ...]) -> tu
     return tuple(kbs)
 
 
-def logprob_count(body: Mapping[str, Any]) -> int | None:
+def logprob_count(body: Mapping[str, object]) -> int | None:
     """``top_logprobs`` when ``logprobs`` is true (0 means the chosen token's only), else None.
 
     Raises:
@@ -344,7 +371,10 @@ def logprob_count(body: Mapping[str, Any]) -> int | None:
 
 
 def parse_chat(
-    body: dict[str, Any], default_kbs: tuple[str, ...], max_chars: int = MIN_TEXT_CHARS, n_vocab: int | None = None
+    body: Mapping[str, object],
+    default_kbs: tuple[str, ...],
+    max_chars: int = MIN_TEXT_CHARS,
+    n_vocab: int | None = None,
 ) -> ChatRequest:
     """Turns a ``/v1/chat/completions`` body into engine terms.
 
@@ -363,7 +393,7 @@ def parse_chat(
     system, turns = parse_messages(body.get("messages"), max_chars)
     tools, tool_choice = parse_tools(body.get("tools"), body.get("tool_choice"))
     top_logprobs = logprob_count(body)
-    extra: dict[str, Any] = {}
+    extra: dict[str, int] = {}
     if top_logprobs is not None:
         extra["logprobs"] = max(top_logprobs, 1)
     limit = fields.max_tokens(body, "max_completion_tokens", "max_tokens")
@@ -390,7 +420,7 @@ def parse_chat(
     )
 
 
-def thinking_switch(body: Mapping[str, Any]) -> bool | None:
+def thinking_switch(body: Mapping[str, object]) -> bool | None:
     """``chat_template_kwargs.enable_thinking`` (llama.cpp's and vLLM's switch), or None.
 
     Raises:
@@ -420,54 +450,125 @@ class Choice:
     """What one choice of a reply came to: its text, thinking, calls, tokens and end."""
 
     index: int
+    finished: Finished
     text: str = ""
     reasoning: str = ""
-    tool_calls: list[Any] = field(default_factory=list)
-    tokens: list[Any] = field(default_factory=list)
-    finished: Any = None
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    tokens: list[Token] = field(default_factory=list)
 
 
-def collect(index: int, events: Any, keep_tokens: bool, parallel_calls: bool = True) -> Choice:
+def collect(index: int, events: Iterable[Event], keep_tokens: bool, parallel_calls: bool = True) -> Choice:
     """Reads a whole generation into a :class:`Choice` (the answer, its thinking, its calls)."""
     from engine.inference.events import Finished, Reasoning, Token, ToolCall
 
-    choice = Choice(index)
+    text, reasoning = "", ""
+    calls: list[ToolCall] = []
+    tokens: list[Token] = []
+    finished: Finished | None = None
     for event in events:
         if isinstance(event, Token):
-            choice.text += event.text
+            text += event.text
             if keep_tokens:
-                choice.tokens.append(event)
+                tokens.append(event)
         elif isinstance(event, Reasoning):
-            choice.reasoning += event.text
+            reasoning += event.text
         elif isinstance(event, ToolCall):
-            if parallel_calls or not choice.tool_calls:
-                choice.tool_calls.append(event)
+            if parallel_calls or not calls:
+                calls.append(event)
         elif isinstance(event, Finished):
-            choice.finished = event
-    if choice.finished is None:
+            finished = event
+    if finished is None:
         from engine.errors import EngineError
 
         raise EngineError("the engine ended without finishing the reply")
-    return choice
+    return Choice(index, finished, text, reasoning, calls, tokens)
 
 
-def tool_call_document(call: Any, index: int | None = None) -> dict[str, Any]:
+class FunctionDocument(TypedDict):
+    name: str
+    arguments: str  # JSON text
+
+
+class ToolCallDocument(TypedDict):
+    """One OpenAI ``tool_calls`` entry; ``index`` only in streamed deltas."""
+
+    index: NotRequired[int]
+    id: str
+    type: Literal["function"]
+    function: FunctionDocument
+
+
+class TokenLogprob(TypedDict):
+    token: str
+    logprob: float
+    bytes: list[int]
+    top_logprobs: NotRequired[list[TokenLogprob]]
+
+
+class LogprobsDocument(TypedDict):
+    content: list[TokenLogprob]
+    refusal: None
+
+
+class UsageDocument(TypedDict):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: dict[str, int]
+
+
+class TimingsDocument(TypedDict):
+    """llama.cpp's server's ``timings``."""
+
+    prompt_n: int
+    cache_n: int
+    prompt_ms: float
+    prompt_per_second: float
+    predicted_n: int
+    predicted_ms: float
+    predicted_per_second: float
+
+
+class MessageDocument(TypedDict):
+    role: Literal["assistant"]
+    content: str | None
+    tool_calls: NotRequired[list[ToolCallDocument]]
+    reasoning_content: NotRequired[str]
+
+
+class ChoiceDocument(TypedDict):
+    index: int
+    message: MessageDocument
+    finish_reason: str
+    logprobs: LogprobsDocument | None
+
+
+class CompletionDocument(TypedDict):
+    """A ``chat.completion``."""
+
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[ChoiceDocument]
+    usage: UsageDocument
+    timings: TimingsDocument
+    sources: NotRequired[list[Source]]
+
+
+def tool_call_document(call: ToolCall, index: int | None = None) -> ToolCallDocument:
     """One OpenAI ``tool_calls`` entry (``index`` is set in streamed deltas)."""
-    document: dict[str, Any] = {
-        "id": call.id,
-        "type": "function",
-        "function": {"name": call.name, "arguments": json.dumps(call.arguments, ensure_ascii=False)},
-    }
+    function = FunctionDocument(name=call.name, arguments=json.dumps(call.arguments, ensure_ascii=False))
     if index is not None:
-        document = {"index": index, **document}
-    return document
+        return ToolCallDocument(index=index, id=call.id, type="function", function=function)
+    return ToolCallDocument(id=call.id, type="function", function=function)
 
 
-def _token_entry(text: str, logprob: float) -> dict[str, Any]:
+def _token_entry(text: str, logprob: float) -> TokenLogprob:
     return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8", errors="replace"))}
 
 
-def logprob_entry(token: Any, top: int) -> dict[str, Any]:
+def logprob_entry(token: Token, top: int) -> TokenLogprob:
     """One ``logprobs.content`` entry for a Token that carries a log-probability (its alternatives
     cut to ``top``).
 
@@ -475,16 +576,16 @@ def logprob_entry(token: Any, top: int) -> dict[str, Any]:
     could begin a stop string: then its entry's text is empty, and the text comes with a later token
     (or, at the end, with a last Token that has no log-probability: see :func:`logprobs_document`).
     """
-    entry = _token_entry(token.text, float(token.logprob))
+    entry = _token_entry(token.text, float(token.logprob or 0.0))
     entry["top_logprobs"] = [_token_entry(text, value) for text, value in token.top_logprobs[:top]]
     return entry
 
 
-def logprobs_document(tokens: Sequence[Any], top: int | None) -> dict[str, Any] | None:
+def logprobs_document(tokens: Sequence[Token], top: int | None) -> LogprobsDocument | None:
     """A choice's ``logprobs`` (None when not asked for)."""
     if top is None:
         return None
-    entries: list[dict[str, Any]] = []
+    entries: list[TokenLogprob] = []
     for token in tokens:
         if token.logprob is not None:
             entries.append(logprob_entry(token, top))
@@ -501,7 +602,7 @@ def finish_reason(reason: str, tool_calls: bool = False) -> str:
     return "length" if reason == "length" else "stop"
 
 
-def usage_document(stats: Any, completion_tokens: int | None = None) -> dict[str, Any]:
+def usage_document(stats: Stats, completion_tokens: int | None = None) -> UsageDocument:
     """``usage``: the prompt's tokens and (all choices') completion tokens."""
     completion = stats.completion_tokens if completion_tokens is None else completion_tokens
     return {
@@ -512,7 +613,7 @@ def usage_document(stats: Any, completion_tokens: int | None = None) -> dict[str
     }
 
 
-def timings_document(stats: Any) -> dict[str, Any]:
+def timings_document(stats: Stats) -> TimingsDocument:
     """llama.cpp's server's ``timings`` shape, so its clients read our figures too."""
     return {
         "prompt_n": stats.prompt_tokens - stats.cached_tokens,
@@ -525,10 +626,10 @@ def timings_document(stats: Any) -> dict[str, Any]:
     }
 
 
-def message_document(choice: Choice) -> dict[str, Any]:
+def message_document(choice: Choice) -> MessageDocument:
     """The assistant ``message`` of a whole reply: its text (None when it only calls tools), its
     ``tool_calls`` and its ``reasoning_content`` (the thinking, apart from the answer)."""
-    message: dict[str, Any] = {"role": "assistant", "content": choice.text}
+    message: MessageDocument = {"role": "assistant", "content": choice.text}
     if choice.tool_calls:
         message["content"] = choice.text or None
         message["tool_calls"] = [tool_call_document(call) for call in choice.tool_calls]
@@ -542,12 +643,12 @@ def completion_document(
     created: int,
     model: str,
     choices: Sequence[Choice],
-    sources: list[dict[str, Any]],
+    sources: list[Source],
     top_logprobs: int | None = None,
-) -> dict[str, Any]:
+) -> CompletionDocument:
     """The ``chat.completion`` document of a whole reply (one entry per choice)."""
     first = choices[0].finished.stats
-    document: dict[str, Any] = {
+    document: CompletionDocument = {
         "id": completion_id,
         "object": "chat.completion",
         "created": created,
@@ -567,3 +668,32 @@ def completion_document(
     if sources:
         document["sources"] = sources
     return document
+
+
+class DeltaDocument(TypedDict, total=False):
+    """What one streamed chunk adds to a choice's message."""
+
+    role: Literal["assistant"]
+    content: str
+    reasoning_content: str
+    tool_calls: list[ToolCallDocument]
+
+
+class ChunkChoiceDocument(TypedDict):
+    index: int
+    delta: DeltaDocument
+    logprobs: LogprobsDocument | None
+    finish_reason: str | None
+
+
+class ChunkDocument(TypedDict):
+    """A ``chat.completion.chunk``: one choice's delta, or (``choices: []``) the usage at the end."""
+
+    id: str
+    object: Literal["chat.completion.chunk"]
+    created: int
+    model: str
+    choices: list[ChunkChoiceDocument]
+    timings: NotRequired[TimingsDocument]
+    sources: NotRequired[list[Source]]
+    usage: NotRequired[UsageDocument]

@@ -31,7 +31,14 @@ from app.cli.commands._output import positive_int
 from app.paths import Paths
 
 if TYPE_CHECKING:
-    from engine.agent.loop import Decision
+    from app.agent_history import AgentRecord
+    from engine.agent.loop import AgentResult, Decision, ToolStep
+    from engine.inference.backends import ChatBackend
+    from engine.inference.context import Message
+    from engine.inference.events import Event, Finished, ToolCall
+    from engine.inference.kv_cache import KvKey
+    from engine.inference.runtime import GenerationParams
+    from engine.inference.tools import ToolSpec
 
 PREVIEW_CHARS = 300
 
@@ -140,7 +147,7 @@ class ChatTools:
         session: the loaded ChatSession.
     """
 
-    def __init__(self, args: argparse.Namespace, paths: Paths, session: Any) -> None:
+    def __init__(self, args: argparse.Namespace, paths: Paths, session: ChatBackend) -> None:
         from app.tool_setup import open_tools
         from engine.agent.loop import Agent
 
@@ -183,7 +190,7 @@ class ChatTools:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _approve(self, call: Any, spec: Any) -> Decision:
+    def _approve(self, call: ToolCall, spec: ToolSpec) -> Decision:
         arguments = json.dumps(call.arguments, ensure_ascii=False)
         if self.args.yes:
             return "once"
@@ -203,14 +210,14 @@ class ChatTools:
 
     def answer(
         self,
-        history: list[Any],
+        history: list[Message],
         user: str,
-        params: Any,
+        params: GenerationParams | None,
         system: str | None,
         documents: str | None,
         quiet: bool,
-        cache_key: Any = None,
-        progress: Callable[[str, Any], None] | None = None,
+        cache_key: KvKey | None = None,
+        progress: Callable[[str, AgentRecord], None] | None = None,
     ) -> ToolTurn:
         """Runs one turn through the agent loop. Ctrl-C stops it.
 
@@ -224,21 +231,13 @@ class ChatTools:
         Returns:
             The turn: the agent's result, its record and its text as the app saves it.
         """
-        from app.agent_history import AgentRecord, ReplyText, generation_record, message_record, reasoning_dict
-        from engine.agent.loop import ToolStep
-        from engine.inference.events import Finished, Reasoning, Token
+        from app.agent_history import reasoning_dict
 
         cancel = threading.Event()
-        record, shown, rounds = AgentRecord(), ReplyText(), 0
+        recorder = _TurnRecorder(progress)
+        self.agent.on_step = recorder.on_step
         extra: dict[str, Any] = {"cache_key": cache_key} if cache_key is not None else {}
         options = thinking_options(self.args)
-
-        def on_step(message: Any, step: Any) -> None:
-            record.add(message_record(message, step))
-            if progress is not None:
-                progress(shown.text, record)
-
-        self.agent.on_step = on_step
         run = self.agent.run(
             history,
             user,
@@ -252,47 +251,79 @@ class ChatTools:
             **extra,
         )
         events = iter(run)
-
-        def take(event: Any) -> None:
-            nonlocal rounds
-            if isinstance(event, Token):
-                shown.add(event.text)
-            elif isinstance(event, Reasoning):
-                record.reasoning.append(event.text)
-            elif isinstance(event, Finished):
-                rounds += 1
-                record.add(generation_record(rounds, event))
-                shown.end_generation()
-
         try:
             for event in events:
-                take(event)
-                if quiet:
-                    continue
-                if isinstance(event, Token):
-                    sys.stdout.write(event.text)
-                    sys.stdout.flush()
-                elif isinstance(event, Reasoning):
-                    sys.stderr.write(event.text)
-                elif isinstance(event, ToolStep):
-                    _print_step(event)
+                recorder.take(event)
+                if not quiet:
+                    _show(event)
         except KeyboardInterrupt:
             cancel.set()
             for event in events:
-                take(event)
+                recorder.take(event)
         result = run.result
         if result.reasoning:
-            record.reasoning_done = reasoning_dict(result.reasoning, result.reasoning_tokens, result.reasoning_ms)
+            recorder.record.reasoning_done = reasoning_dict(
+                result.reasoning, result.reasoning_tokens, result.reasoning_ms
+            )
         if not quiet:
-            sys.stdout.write("\n")
-            if result.finished is not None and result.finished.reason == "cancelled":
-                print("[stopped]", file=sys.stderr)
-            if result.hit_step_limit:
-                print(
-                    f"[{self.args.max_steps} rounds of tool calls: the model had to answer without calling one]",
-                    file=sys.stderr,
-                )
-        return ToolTurn(result, record, shown.text)
+            self._show_end(result)
+        return ToolTurn(result, recorder.record, recorder.shown.text)
+
+    def _show_end(self, result: AgentResult) -> None:
+        sys.stdout.write("\n")
+        if result.finished is not None and result.finished.reason == "cancelled":
+            print("[stopped]", file=sys.stderr)
+        if result.hit_step_limit:
+            print(
+                f"[{self.args.max_steps} rounds of tool calls: the model had to answer without calling one]",
+                file=sys.stderr,
+            )
+
+
+class _TurnRecorder:
+    """What one turn of the loop adds to the reply as it happens: its text, thinking and record."""
+
+    def __init__(self, progress: Callable[[str, AgentRecord], None] | None) -> None:
+        from app.agent_history import AgentRecord, ReplyText
+
+        self.record = AgentRecord()
+        self.shown = ReplyText()
+        self.rounds = 0
+        self._progress = progress
+
+    def on_step(self, message: Message, step: ToolStep | None) -> None:
+        from app.agent_history import message_record
+
+        self.record.add(message_record(message, step))
+        if self._progress is not None:
+            self._progress(self.shown.text, self.record)
+
+    def take(self, event: Event | ToolStep) -> None:
+        from app.agent_history import generation_record
+        from engine.inference.events import Finished, Reasoning, Token
+
+        if isinstance(event, Token):
+            self.shown.add(event.text)
+        elif isinstance(event, Reasoning):
+            self.record.reasoning.append(event.text)
+        elif isinstance(event, Finished):
+            self.rounds += 1
+            self.record.add(generation_record(self.rounds, event))
+            self.shown.end_generation()
+
+
+def _show(event: Event | ToolStep) -> None:
+    """Prints an event of the loop: the answer on stdout, the thinking and the calls on stderr."""
+    from engine.agent.loop import ToolStep
+    from engine.inference.events import Reasoning, Token
+
+    if isinstance(event, Token):
+        sys.stdout.write(event.text)
+        sys.stdout.flush()
+    elif isinstance(event, Reasoning):
+        sys.stderr.write(event.text)
+    elif isinstance(event, ToolStep):
+        _print_step(event)
 
 
 @dataclass
@@ -305,8 +336,8 @@ class ToolTurn:
         saved_text: every generation's text, as the app saves and shows the reply.
     """
 
-    result: Any
-    record: Any
+    result: AgentResult
+    record: AgentRecord
     saved_text: str
 
     @property
@@ -315,16 +346,16 @@ class ToolTurn:
         return str(self.result.text)
 
     @property
-    def finished(self) -> Any:
+    def finished(self) -> Finished | None:
         return self.result.finished
 
     @property
-    def messages(self) -> list[Any]:
+    def messages(self) -> list[Message]:
         """The messages the loop added (what the next turn's history gets)."""
         return list(self.result.messages)
 
 
-def _print_step(step: Any) -> None:
+def _print_step(step: ToolStep) -> None:
     arguments = json.dumps(step.call.arguments, ensure_ascii=False)
     preview = " ".join(step.result.content.split())
     if len(preview) > PREVIEW_CHARS:
@@ -337,7 +368,7 @@ def _print_step(step: Any) -> None:
     )
 
 
-def step_document(step: Any) -> dict[str, Any]:
+def step_document(step: ToolStep) -> dict[str, object]:
     """One call in ``--json``."""
     return {
         "name": step.call.name,
@@ -352,7 +383,7 @@ def step_document(step: Any) -> dict[str, Any]:
     }
 
 
-def turn_extras(finished: Any, outcome: ToolTurn | None) -> dict[str, Any]:
+def turn_extras(finished: Finished | None, outcome: ToolTurn | None) -> dict[str, object]:
     """What ``--json`` adds to a turn: its tool calls and its thinking (``outcome``: the turn with
     ``--tools``, else None)."""
     from app.agent_history import reasoning_dict
@@ -363,6 +394,7 @@ def turn_extras(finished: Any, outcome: ToolTurn | None) -> dict[str, Any]:
             "tool_calls": [step_document(step) for step in result.steps],
             "reasoning": reasoning_dict(result.reasoning, result.reasoning_tokens, result.reasoning_ms),
         }
+    assert finished is not None  # a turn without tools always ends in its Finished
     return {
         "tool_calls": [],
         "reasoning": reasoning_dict(finished.reasoning, finished.reasoning_tokens, finished.reasoning_ms),
