@@ -174,16 +174,17 @@ def test_without_logprobs_tokens_carry_none(worker: InferenceWorker) -> None:
 # --------------------------------------------------------------------------- Stop while reading the prompt
 
 
-def test_stop_during_prefill_lands_fast_and_no_token_follows(worker: InferenceWorker) -> None:
+def test_stop_during_prefill_reads_at_most_a_chunk_more_and_no_token_follows(worker: InferenceWorker) -> None:
     prompt = PASSAGE * 16  # ~1,500 tokens: seconds of prefill on two cores
     tokens = worker.tokenize(prompt, add_bos=True)
     assert len(tokens) > 1000
     worker.reset_cache()
     cancel = threading.Event()
-    stopped_at: list[float] = []
+    stopped_at: list[int] = []  # the prompt tokens reported read when Stop came
+    read = [0]
 
     def stop() -> None:
-        stopped_at.append(time.perf_counter())
+        stopped_at.append(read[0])
         cancel.set()
 
     # Stop 0.3 s after the first progress report (on a busy machine the first chunk alone can
@@ -191,6 +192,8 @@ def test_stop_during_prefill_lands_fast_and_no_token_follows(worker: InferenceWo
     timer = threading.Timer(0.3, stop)
 
     def start_timer(event: object) -> None:
+        if isinstance(event, PrefillProgress):
+            read[0] = event.done
         if isinstance(event, PrefillProgress) and event.done > 0 and not timer.is_alive() and not stopped_at:
             timer.start()
 
@@ -199,12 +202,14 @@ def test_stop_during_prefill_lands_fast_and_no_token_follows(worker: InferenceWo
         events, result = _drain(gen, start_timer)
     finally:
         timer.cancel()
-    ended = time.perf_counter()
     assert result.reason == "cancelled"
     assert not _tokens(events)
     assert stopped_at, "the prompt was read before Stop: make it longer"
-    assert ended - stopped_at[0] < 0.35, f"Stop took {ended - stopped_at[0]:.3f} s"
     progress = [e.done for e in events if isinstance(e, PrefillProgress)]
+    # Bound, counted, not timed: after Stop, at most the one chunk already on its way was read
+    # (n_batch, 512 tokens; the chunk in flight is aborted, so usually none), never the ~1,500 of
+    # the whole prompt.
+    assert progress[-1] - stopped_at[0] <= 512, (stopped_at, progress)
     assert progress[-1] < len(tokens)
     # Real progress: the first report comes after a small chunk, not after n_batch (512) tokens.
     assert 0 < next(done for done in progress if done) <= 128
@@ -352,7 +357,10 @@ def test_stop_while_the_draft_model_reads_the_prompt(starter_model: Path) -> Non
         events, result = _drain(gen, stop_while_the_draft_reads)
         assert result.reason == "cancelled"
         assert not _tokens(events)
-        assert stopped_at and time.perf_counter() - stopped_at[-1] < 0.35
+        # A hang guard, not the latency target (that is bench_prefill_stop's): the draft model's
+        # reading is not reported, so no count shows it stopped; 5 s is over 14x the former 0.35 s
+        # bound, which the stop met here.
+        assert stopped_at and time.perf_counter() - stopped_at[-1] < 5.0
         # The draft's cache is consistent: the next reply drafts and finishes.
         again = _run(
             w, "The history of the printing press", GenerationParams(max_tokens=8, temperature=0.0, speculative="draft")
