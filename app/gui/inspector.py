@@ -47,7 +47,7 @@ from engine.units import format_bytes, format_duration
 if TYPE_CHECKING:
     from engine.cpu_backend import BackendInfo
 
-__all__ = ["SEGMENTS", "InspectorPanel", "format_tps"]
+__all__ = ["InspectorPanel"]
 
 
 StatsLike = Stats | Mapping[str, object]

@@ -31,9 +31,6 @@ from PySide6.QtWidgets import (
 
 from app.gui.discover_panel import (
     DiscoverWidget,
-    TransferButtonsWidget,
-    format_progress,
-    transfer_status,
 )
 from app.gui.quantize_dialog import QualityDialog, QuantizeDialog
 from app.gui.quantize_dialog import table_item as _item
@@ -46,14 +43,7 @@ if TYPE_CHECKING:
     from app.model_folders import OtherAppFolder
     from engine.library import LibraryEntry
 
-__all__ = [
-    "ModelPanel",
-    "QuantizeDialog",
-    "TransferButtonsWidget",
-    "format_params",
-    "format_progress",
-    "transfer_status",
-]
+__all__ = ["ModelPanel", "format_params"]
 PATH_ROLE = Qt.ItemDataRole.UserRole
 KIND_TEXT = {"embedding": "embedder", "projector": "vision projector"}
 

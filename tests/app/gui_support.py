@@ -171,7 +171,7 @@ def start_window(
     w.show()
     w.start()
     if model is not None and w.chat.model_state is not ModelState.LOADED:
-        w.load_model(model)
+        w.model_control.load_model(model)
     qtbot.waitUntil(lambda: w.chat.model_state is ModelState.LOADED, timeout=30000)
     return w
 
@@ -193,7 +193,7 @@ def send(qtbot: Any, w: Any, text: str, timeout_ms: int = 5000) -> None:
 
 def transfer_buttons(panel: Any, row: int = 0) -> Any:
     """The Pause/Cancel/Resume/Discard buttons of row ``row`` of the Models page's download list."""
-    from app.gui.model_panel import TransferButtonsWidget
+    from app.gui.discover_panel import TransferButtonsWidget
 
     widget = panel.queue.cellWidget(row, 4)
     assert isinstance(widget, TransferButtonsWidget)

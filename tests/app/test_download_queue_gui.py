@@ -18,7 +18,8 @@ from gui_support import transfer_buttons
 from hub_server import FakeHub, random_bytes
 from tiny_models import write_tiny_llama_gguf
 
-from app.gui.model_panel import ModelPanel, format_progress
+from app.gui.discover_panel import format_progress
+from app.gui.model_panel import ModelPanel
 from app.gui.workers.models_worker import ModelsAdapter
 from app.gui.workers.transfers import Transfer
 from app.paths import Paths

@@ -17,7 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
 from gui_support import transfer_buttons
 from hub_server import FakeHub, random_bytes
 
-from app.gui.model_panel import ModelPanel, format_progress
+from app.gui.discover_panel import format_progress
+from app.gui.model_panel import ModelPanel
 from app.gui.workers.models_worker import ModelsAdapter
 from app.gui.workers.transfers import Transfer
 from app.paths import Paths

@@ -80,7 +80,7 @@ def test_download_from_the_hub_through_the_panel(qtbot: Any, window: Any, hub: F
 
 @pytest.mark.model
 def test_quantize_through_the_dialog(qtbot: Any, window: Any, paths: Paths) -> None:
-    from app.gui.model_panel import QuantizeDialog
+    from app.gui.quantize_dialog import QuantizeDialog
 
     panel = window.models_page
     qtbot.waitUntil(lambda: panel.library.rowCount() == 1, timeout=10000)
