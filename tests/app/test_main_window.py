@@ -195,9 +195,7 @@ def test_export_writes_markdown_html_json(qtbot: Any, window: Any, tmp_path: Pat
     assert [m["role"] for m in data["messages"]] == ["user", "assistant"]
 
 
-def test_close_while_generating_finishes_in_time(qtbot: Any, window: Any, paths: Paths) -> None:
-    import time
-
+def test_close_while_generating_stops_the_reply_and_keeps_it(qtbot: Any, window: Any, paths: Paths) -> None:
     window.reply["text"] = " ".join(f"w{i}" for i in range(2000))
     window.reply["delay"] = 0.01
     window.load_model(Path(window.models[0]))
@@ -205,13 +203,14 @@ def test_close_while_generating_finishes_in_time(qtbot: Any, window: Any, paths:
     window.composer.edit.setPlainText("long")
     qtbot.keyClick(window.composer.edit, Qt.Key.Key_Return)
     qtbot.waitUntil(lambda: window.chat_view.streamed_text.count("w") >= 3, timeout=5000)
-    started = time.perf_counter()
+    # The outcome, not a duration: True means the reply stopped within the shutdown's own deadline,
+    # and the reply was cut far short of its 2,000 words (20 s of them; a few past the close here).
     assert window.shutdown() is True
-    assert time.perf_counter() - started < 5.0
     saved = stored_thread(paths)
     assert saved[0].content == "long"  # the user message was saved before generating
     assert saved[1].state == "partial"
     assert saved[1].content.startswith("w0 w1 w2")
+    assert len(saved[1].content.split()) <= 500, f"{len(saved[1].content.split())} words: the reply went on"
 
 
 def test_per_conversation_system_prompt_and_preset(qtbot: Any, window: Any, monkeypatch: Any) -> None:

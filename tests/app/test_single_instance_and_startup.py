@@ -77,9 +77,10 @@ def test_breadcrumb_from_a_crashed_load_starts_safe_mode(qtbot: Any, paths: Path
 
 
 def test_showing_the_window_imports_nothing_heavy(tmp_path: Path) -> None:
+    """Counted, not timed (the 1 s startup budget is bench_startup's): no heavy library, and at most
+    600 modules in all when the window shows (351 here; numpy alone brings ~150, torch over 1,000)."""
     script = f"""
-import sys, time
-t0 = time.perf_counter()
+import sys
 from PySide6.QtWidgets import QApplication
 app = QApplication([])
 from app.gui.main_window import MainWindow
@@ -88,14 +89,13 @@ from app.settings import Settings
 w = MainWindow(Paths.resolve({str(tmp_path / "home")!r}).ensure(), Settings(), probe_bandwidth=False)
 w.show()
 app.processEvents()
-shown = time.perf_counter() - t0
 heavy = [m for m in {HEAVY!r} if m in sys.modules]
-print(heavy, round(shown, 3))
+print(heavy, len(sys.modules))
 w.shutdown()
 """
     env = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60, cwd=ROOT)
     assert out.returncode == 0, out.stderr
-    heavy, shown = out.stdout.strip().rsplit(" ", 1)
+    heavy, modules = out.stdout.strip().splitlines()[-1].rsplit(" ", 1)
     assert heavy == "[]"
-    assert float(shown) < 3.0  # the budget is 1 s on a normal machine; this one is shared and slow
+    assert int(modules) <= 600, f"{modules} modules imported to show the window"
