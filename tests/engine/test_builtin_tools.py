@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import threading
 import time
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -120,11 +122,19 @@ def test_the_calculator_refuses_in_one_line(expression: str, reason: str) -> Non
 def test_the_calculator_bounds_the_work() -> None:
     assert _calc("1+" * (CALC_MAX_CHARS // 2) + "1").content.startswith("calculator: the expression is longer")
     assert _calc("-" * 300 + "1").content == "calculator: the expression has more than 200 parts"
-    started = time.monotonic()
-    # Every step stays under the bit cap, and the product of two big numbers is refused before it is made.
-    result = _calc("(2**4000) * (2**4000)")
+    # Every step stays under the bit cap, and the product of two big numbers is refused before it is
+    # made: counted in memory, not timed (the 8,000-bit product would be 1 KB; the tracemalloc peak
+    # stays under 256 KB, where 2 ** 10 ** 9 would take 128 MB).
+    tracemalloc.start()
+    try:
+        result = _calc("(2**4000) * (2**4000)")
+        huge = _calc("2 ** 1000000000")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
     assert result == ToolResult("calculator: a number grew past 4096 bits", is_error=True)
-    assert time.monotonic() - started < 1
+    assert huge == ToolResult("calculator: 2 ** 1000000000 is too large", is_error=True)
+    assert peak < 256 << 10, peak
     assert _calc("").content == "calculator: expression must be a non-empty string"
     assert BuiltinTools().call("calculator", {}, timeout_s=1).is_error
     with pytest.raises(ValueError, match="division by zero"):
@@ -194,9 +204,14 @@ def test_read_file_refuses_binary_non_utf8_pipes_and_bad_arguments(tmp_path: Pat
     assert _read(tools, path="blob.bin").content == f"read_file: {binary}: not a text file (binary data)"
     assert _read(tools, path="latin.txt").content == f"read_file: {latin}: not UTF-8 text (byte 3 cannot be decoded)"
     assert _read(tools, path="gone.txt").content == f"read_file: {gone}: No such file or directory"
-    started = time.monotonic()
-    assert _read(tools, path="pipe").content == f"read_file: {fifo}: not a regular file"
-    assert time.monotonic() - started < 1
+    # A named pipe would block an open() forever: read in a thread, with a 10 s hang guard (the
+    # refusal is immediate here), so a regression fails instead of hanging the suite.
+    answers: list[ToolResult] = []
+    reader = threading.Thread(target=lambda: answers.append(_read(tools, path="pipe")), daemon=True)
+    reader.start()
+    reader.join(10)
+    assert not reader.is_alive(), "read_file blocked on a named pipe"
+    assert answers[0].content == f"read_file: {fifo}: not a regular file"
     assert _read(tools, path="").content == "read_file: path must be a non-empty string"
     assert _read(tools, path="blob.bin", offset=-1).content == "read_file: offset must be a whole number >= 0"
     assert _read(tools, path="blob.bin", max_chars=True).content == "read_file: max_chars must be a whole number >= 1"
