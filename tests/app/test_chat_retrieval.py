@@ -160,3 +160,17 @@ def test_a_failed_search_is_one_line_and_the_reply_comes_without_documents(
     assert errors == ["Documents not used: the index is unreadable"]
     assert reply.state == "complete" and not reply.sources
     assert sessions[-1].calls[-1]["documents"] is None
+
+
+def test_with_tools_the_turn_searches_up_front_only_when_the_model_cannot(paths: Paths) -> None:
+    from app.gui.workers.agent_turn import ToolsRequest
+    from app.gui.workers.chat_retrieval import model_searches
+    from app.tool_config import BUILTIN, Permissions
+    from app.tool_setup import SEARCH_KNOWLEDGE
+
+    assert model_searches(None) is None
+    assert model_searches(ToolsRequest(("builtin",), paths)) is None  # no knowledge bases: no search tool
+    searches = model_searches(ToolsRequest(("builtin",), paths, knowledge_bases=("notes",)))
+    assert searches is not None and searches() is True  # the model gets search_knowledge
+    Permissions.load(paths).set_off(BUILTIN, SEARCH_KNOWLEDGE)
+    assert searches() is False  # turned off: the passages come first, as without tools

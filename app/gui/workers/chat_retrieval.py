@@ -63,12 +63,12 @@ def model_searches(tools: ToolsRequest | None) -> Callable[[], bool] | None:
         return None
 
     def searches() -> bool:
-        from app.tool_config import BUILTIN, Permissions
+        from app.tool_config import BUILTIN, Permissions, ToolSetupError
         from app.tool_setup import SEARCH_KNOWLEDGE
 
         try:
             return not Permissions.load(tools.paths).is_off(BUILTIN, SEARCH_KNOWLEDGE)
-        except Exception:  # noqa: BLE001 - a damaged permissions file fails the turn's tools, not this
+        except (ToolSetupError, OSError):  # a damaged permissions file fails the turn's tools, not this
             return True
 
     return searches
