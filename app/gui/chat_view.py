@@ -87,6 +87,9 @@ def format_stats_tooltip(stats: Mapping[str, object] | None, model: str | None) 
         ("Context used", f"{stats.get('context_used', 0)} / {stats.get('n_ctx', 0)}"),
         ("Evicted messages", str(stats.get("evicted_messages", 0))),
     ]
+    dropped = stats.get("documents_dropped")
+    if isinstance(dropped, int) and dropped > 0:  # passages found that did not fit the window
+        rows.append(("Passages left out", str(dropped)))
     return "<table>" + "".join(f"<tr><td>{k}&nbsp;&nbsp;</td><td><b>{v}</b></td></tr>" for k, v in rows) + "</table>"
 
 

@@ -11,7 +11,7 @@ import pytest
 from gui_support import send, start_window
 from PySide6.QtWidgets import QApplication, QPushButton
 
-from app.gui.chat_view import ChatView, format_stats_line, highlight_html, search_terms
+from app.gui.chat_view import ChatView, format_stats_line, format_stats_tooltip, highlight_html, search_terms
 from app.gui.inspector import InspectorPanel
 from app.gui.theme import DARK, LIGHT, contrast_ratio
 from app.gui.workers.history_service import DisplayMessage
@@ -130,7 +130,7 @@ def test_search_hits_show_and_mark_the_matched_words(qtbot: Any, window: Any) ->
 
     send(qtbot, window, "the zebra question")
     zebra_id = window.chat.thread_messages[0].id
-    window.new_chat()
+    window.conversations.new_chat()
     qtbot.waitUntil(lambda: window.chat.conversation is not None and not window.chat.thread_messages, timeout=5000)
     send(qtbot, window, "a giraffe question")
     window.sidebar.search.setText("zebra")
@@ -155,14 +155,14 @@ def test_inspector_says_whose_numbers_it_shows(qtbot: Any, window: Any) -> None:
     assert inspector.shown["freshness"].startswith("Live")
     assert inspector.shown["ttft_ms"] == "…" and inspector.shown["cached_tokens"] == "…"
     conv_id = window.chat.conversation.id
-    window.new_chat()
+    window.conversations.new_chat()
     qtbot.waitUntil(lambda: window.chat.conversation.id != conv_id, timeout=5000)
     assert inspector.shown["freshness"] == "No reply yet in this chat"
     assert inspector.shown["ttft_ms"] == "—"
     window.chat.open_conversation(conv_id)
     qtbot.waitUntil(lambda: inspector.shown["freshness"].endswith("(saved)"), timeout=5000)
     assert inspector.shown["ttft_ms"] == "12 ms"
-    window.delete_conversation(conv_id)
+    window.conversations.delete_conversation(conv_id)
     qtbot.waitUntil(lambda: inspector.shown["freshness"] == "No chat open", timeout=5000)
     assert inspector.shown["decode_tps"] == "—"
 
@@ -210,7 +210,7 @@ def test_buttons_have_names_and_dark_links_have_contrast(window: Any) -> None:
             continue
         assert button.text().strip() or button.accessibleName(), button.objectName()
     assert window.composer.edit.accessibleName() == "Message"
-    assert window.model_picker.accessibleName() == "Model"
+    assert window.header.model_bar.picker.accessibleName() == "Model"
     for theme in (LIGHT, DARK):
         for background in (theme.window, theme.surface, theme.surface_alt, theme.user_bubble):
             assert contrast_ratio(theme.accent, background) >= 4.5, (theme.name, background)
@@ -237,7 +237,7 @@ def test_export_is_named_for_the_chat_and_keeps_the_system_prompt(
         return str(target), ""
 
     monkeypatch.setattr(QFileDialog, "getSaveFileName", save_name)
-    window.export_conversation(None, "md")
+    window.conversations.export_conversation(None, "md")
     qtbot.waitUntil(target.exists, timeout=5000)
     assert Path(asked[0]).name == "Plan the Q3 budget.md"
     assert f"**System prompt:** {window.settings.default_system_prompt}" in target.read_text()
@@ -258,9 +258,9 @@ def test_sampling_controls_per_chat(qtbot: Any, window: Any, monkeypatch: Any) -
         return 1
 
     monkeypatch.setattr(ConversationSettingsDialog, "exec", accept)
-    window.open_conversation_settings()
+    window.conversations.open_conversation_settings()
     qtbot.waitUntil(lambda: bool((window.chat.conversation.settings or {}).get("sampling")), timeout=5000)
-    params = window.turn_context().params
+    params = window.turns.turn_context().params
     assert (params.temperature, params.top_k, params.max_tokens, params.seed) == (0.4, 7, 128, 1234)
     assert params.top_p == window.settings.preset("Creative").top_p  # the rest from the preset
     assert window.chat.conversation.settings["sampling"] == {"temperature": 0.4, "top_k": 7, "max_tokens": 128,
@@ -315,3 +315,12 @@ def test_tool_segments_show_only_when_a_turn_used_them(qtbot: Any) -> None:
     assert all(w.isVisibleTo(panel) for w in panel.legend_rows["tools"])
     panel.set_stats({"n_ctx": 1024, "budget": {**budget, "tools": 0, "tool_results": 0, "free": 728}})
     assert not any(w.isVisibleTo(panel) for w in panel.legend_rows["tools"])
+
+
+def test_the_stats_tooltip_says_how_many_passages_did_not_fit() -> None:
+    """A reply whose retrieved passages did not all fit the window says so on hover; one where all
+    fitted (or none were retrieved) shows no such row."""
+    stats = {"prompt_tokens": 400, "n_ctx": 512, "documents_dropped": 4}
+    assert "<td>Passages left out&nbsp;&nbsp;</td><td><b>4</b></td>" in format_stats_tooltip(stats, "m")
+    assert "Passages left out" not in format_stats_tooltip({**stats, "documents_dropped": 0}, "m")
+    assert "Passages left out" not in format_stats_tooltip({"prompt_tokens": 3}, "m")
