@@ -136,6 +136,31 @@ class Paths:
         return self.config / "tool_permissions.json"
 
     @property
+    def endpoints_file(self) -> Path:
+        """The remote servers the user saved (``engine.inference.endpoints.EndpointStore``)."""
+        return self.config / "endpoints.json"
+
+    @property
+    def model_folders(self) -> Path:
+        """The library's other folders (``app.model_folders``, ``engine.library``)."""
+        return self.config / "model_folders.json"
+
+    @property
+    def models_manifest(self) -> Path:
+        """Where each downloaded model came from (``engine.library``'s provenance manifest)."""
+        return self.manifest_of(self.models)
+
+    @staticmethod
+    def manifest_of(models_folder: Path) -> Path:
+        """The provenance manifest of a models folder (the settings may name another than ``models``)."""
+        return models_folder / "manifest.json"
+
+    @property
+    def window_state(self) -> Path:
+        """The main window's geometry and layout (``QSettings``, INI format; nothing else goes there)."""
+        return self.config / "window.ini"
+
+    @property
     def kv_cache(self) -> Path:
         """The KV cache saved with each chat (``engine.inference.kv_cache``; created owner-only on first save)."""
         return self.data / "kv_cache"

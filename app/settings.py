@@ -29,7 +29,7 @@ os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
-from engine.atomic import PRIVATE_FILE_MODE, make_private, write_bytes_atomic
+from engine.atomic import PRIVATE_FILE_MODE, make_private, write_bytes_atomic, write_text_atomic
 
 SCHEMA_VERSION = 1
 
@@ -313,19 +313,11 @@ def save_settings(settings: Settings, path: Path) -> None:
     """
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     text = json.dumps(settings.file_data(), indent=2, sort_keys=True) + "\n"
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE_MODE)
-        with open(fd, "w", encoding="utf-8") as out:
-            os.chmod(tmp, PRIVATE_FILE_MODE)  # it can hold the API key: owner-only before the first byte
-            out.write(text)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, path)
+        # It can hold the API key: the temporary file is owner-only before the first byte.
+        write_text_atomic(path, text, mode=PRIVATE_FILE_MODE)
     except OSError as exc:
         raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc  # the subclass follows errno
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def _first_line(exc: BaseException) -> str:

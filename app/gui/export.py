@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from app.gui.markdown_render import COPY_SCHEME, render_markdown
+from engine.atomic import write_bytes_atomic, write_text_atomic
 
 if TYPE_CHECKING:
     from app.gui.workers.history_service import DisplayMessage
@@ -125,16 +126,15 @@ def export_conversation(
     if render is None:
         raise ValueError(f"{path}: unknown export format {fmt!r}")
     text = render(title, messages, system_prompt)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        if fmt == "pdf":
-            from app.gui.export_pdf import write_pdf
+    if fmt != "pdf":
+        write_text_atomic(path, text)  # owner-only, like every file that holds a chat
+        return
+    from app.gui.export_pdf import write_pdf
 
-            write_pdf(tmp, text, title)
-        else:
-            tmp.write_text(text, encoding="utf-8")
-        with open(tmp, "rb+") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+    # QPdfWriter writes a file of its own: lay it out beside the target, then replace atomically.
+    layout = path.with_name(f".{path.name}.layout-{os.getpid()}")
+    try:
+        write_pdf(layout, text, title)
+        write_bytes_atomic(path, layout.read_bytes())
     finally:
-        tmp.unlink(missing_ok=True)
+        layout.unlink(missing_ok=True)

@@ -32,6 +32,7 @@ from PySide6.QtWidgets import (
 
 from app.gui.window_layout import make_wrapping, set_wrapped_text
 from app.gui.workers.knowledge_worker import IndexJob, KnowledgeAdapter
+from engine.units import format_eta
 
 if TYPE_CHECKING:
     from rag.ingest import IngestProgress, IngestReport
@@ -51,13 +52,11 @@ STATE_LABELS = {
 }
 
 
-def format_eta(seconds: float | None) -> str:
-    """'~2 min left' / '~40 s left' / ''."""
-    if seconds is None or seconds < 0:
-        return ""
-    if seconds >= 90:
-        return f"~{seconds / 60:.0f} min left"
-    return f"~{seconds:.0f} s left"
+def approximate_eta(seconds: float | None) -> str:
+    """'~2 min left' / '~40 s left' / '': ``engine.units.format_eta``'s words, marked as the estimate
+    an indexing time left is (``glassbox kb`` says "about")."""
+    eta = format_eta(seconds)
+    return f"~{eta}" if eta else ""
 
 
 def progress_text(progress: IngestProgress) -> str:
@@ -66,14 +65,14 @@ def progress_text(progress: IngestProgress) -> str:
     chunks_total = getattr(progress, "chunks_total", None)
     if chunks_total is not None:  # a rebuild re-embeds stored chunks; no files are read
         line = f"{state}: {getattr(progress, 'chunks_done', 0)} of {chunks_total} chunks"
-        eta = format_eta(getattr(progress, "eta_s", None))
+        eta = approximate_eta(getattr(progress, "eta_s", None))
         return f"{line} · {eta}" if eta and state == "rebuilding" else line
     done, total = getattr(progress, "files_done", 0), getattr(progress, "files_total", 0)
     current = getattr(progress, "current_file", None)
     parts = [f"{state}: {done}/{total} files", f"{getattr(progress, 'chunks_done', 0)} chunks"]
     if current:
         parts.append(Path(str(current)).name)
-    eta = format_eta(getattr(progress, "eta_s", None))
+    eta = approximate_eta(getattr(progress, "eta_s", None))
     if eta:
         parts.append(eta)
     return " · ".join(parts)

@@ -7,7 +7,6 @@ disk, the rename) raises ``OSError(ENOSPC)`` as the kernel would. Bound: one sma
 
 from __future__ import annotations
 
-import builtins
 import errno
 import os
 from pathlib import Path
@@ -56,9 +55,9 @@ def test_a_full_disk_keeps_the_old_settings_and_says_so_in_one_line(
     saved: tuple[Path, Settings, bytes], monkeypatch: pytest.MonkeyPatch, step: str
 ) -> None:
     path, before, old_bytes = saved
-    if step == "write":
-        real_open = builtins.open
-        monkeypatch.setattr(settings_mod, "open", lambda *a, **k: _FullFile(real_open(*a, **k)), raising=False)
+    if step == "write":  # engine.atomic writes through os.fdopen
+        real_fdopen = os.fdopen
+        monkeypatch.setattr(settings_mod.os, "fdopen", lambda *a, **k: _FullFile(real_fdopen(*a, **k)))
     elif step == "fsync":
         monkeypatch.setattr(settings_mod.os, "fsync", _no_space)
     else:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from app.cli.commands._output import add_json_flag, print_json
 from app.paths import Paths
+from engine.units import format_eta
 
 if TYPE_CHECKING:
     from rag.ingest import IngestProgress, IngestReport
@@ -197,9 +198,7 @@ class _Progress:
 
 
 def _progress_words(p: IngestProgress) -> str:
-    eta = ""
-    if p.eta_s:
-        eta = f", about {p.eta_s / 60:.0f} min left" if p.eta_s >= 90 else f", about {p.eta_s:.0f} s left"
+    eta = f", about {format_eta(p.eta_s)}" if p.eta_s and p.eta_s > 0 else ""  # an estimate: "about"
     if p.chunks_total is not None:
         return f"{p.state} {p.chunks_done} of {p.chunks_total} chunks{eta}"
     name = f" {Path(p.current_file).name}" if p.current_file and p.state == "indexing" else ""

@@ -271,7 +271,7 @@ def _record_provenance(paths: Paths, result: DownloadResult) -> None:
     from engine.library import ModelLibrary
 
     try:
-        library = ModelLibrary(paths.models, [], paths.models / "manifest.json")
+        library = ModelLibrary(paths.models, [], paths.models_manifest)
         library.record_provenance(
             result.path, repo=result.repo, revision=result.revision, sha256=result.sha256, source="huggingface"
         )

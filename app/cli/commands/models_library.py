@@ -65,9 +65,7 @@ def open_library(paths: Paths) -> ModelLibrary:
     """The library of this profile: ``models/`` plus the folders in ``config/model_folders.json``."""
     from engine.library import ModelLibrary
 
-    return ModelLibrary(
-        paths.models, [], paths.models / "manifest.json", folders_file=paths.config / "model_folders.json"
-    )
+    return ModelLibrary(paths.models, [], paths.models_manifest, folders_file=paths.model_folders)
 
 
 # ---------------------------------------------------------------------- handlers
