@@ -322,11 +322,10 @@ def test_a_2_gib_sparse_text_file_is_skipped_without_being_read(
     hashed: list[Path] = []
     real_hash = ingest.sha256_file
     monkeypatch.setattr(ingest, "sha256_file", lambda path: hashed.append(path) or real_hash(path))
-    report, seconds = _add_within(kbs, [docs])
+    report, _ = _add_within(kbs, [docs])  # its DEADLINE_S is the hang guard; the bound is counted:
     _check_batch(kbs, report, parser)
     assert _reason(kbs, target.name) == "too large: 2,048.0 MB, limit 512 MB"
     assert target not in hashed and target not in parser.parsed  # a stat, not a read of 2 GiB
-    assert seconds < 20, seconds
 
 
 def test_symlink_loops_in_a_folder_are_left_out(kbs: KnowledgeBases, docs: Path, parser: PeakParser) -> None:
