@@ -128,7 +128,7 @@ class MainWindow(ConversationActions, DocumentActions, ModelActions, QMainWindow
         self.knowledge = KnowledgeAdapter(paths.knowledge, embedder, kb_factory, parent=self)
         folder = settings.models_folder(paths.models)
         self.models_adapter = ModelsAdapter(
-            folder, folder / "manifest.json", paths.config / "model_folders.json", parent=self,
+            folder, Paths.manifest_of(folder), paths.model_folders, parent=self,
             queue_file=paths.download_queue,
         )  # fmt: skip
         self.chat = ChatAdapter(
@@ -136,7 +136,7 @@ class MainWindow(ConversationActions, DocumentActions, ModelActions, QMainWindow
             session_factory,
             retriever_factory=self.knowledge.chat_retriever,
             parent=self,
-            endpoints_file=paths.config / "endpoints.json",
+            endpoints_file=paths.endpoints_file,
         )
         from app.gui.endpoints_dialog import RemoteIntegration
 
@@ -681,7 +681,7 @@ class MainWindow(ConversationActions, DocumentActions, ModelActions, QMainWindow
     def _restore_geometry(self) -> None:
         """Restores the saved geometry only where it fits a screen as it is now, else keeps the first
         size (a window saved on a big monitor must not open past the edge of a laptop's screen)."""
-        qs = QSettings(str(self.paths.config / "window.ini"), QSettings.Format.IniFormat)
+        qs = QSettings(str(self.paths.window_state), QSettings.Format.IniFormat)
         geometry = qs.value("geometry")
         if isinstance(geometry, QByteArray):
             first = self.geometry()
@@ -701,7 +701,7 @@ class MainWindow(ConversationActions, DocumentActions, ModelActions, QMainWindow
         return any(geometry_fits(frame, screen.availableGeometry()) for screen in QGuiApplication.screens())
 
     def _save_geometry(self) -> None:
-        qs = QSettings(str(self.paths.config / "window.ini"), QSettings.Format.IniFormat)
+        qs = QSettings(str(self.paths.window_state), QSettings.Format.IniFormat)
         qs.setValue("geometry", self.saveGeometry())
         qs.setValue("splitter", self.splitter.saveState())
         qs.sync()

@@ -208,10 +208,10 @@ def lower_priority(session: Any) -> None:
 
 def write_breadcrumb(path: Path, what: str, target: Path) -> None:
     """Records risky work about to start, so the next launch can tell what crashed."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"attempting": what, "path": str(target), "at": time.time()}), encoding="utf-8")
-    os.replace(tmp, path)
+    from engine.atomic import write_text_atomic
+
+    document = {"attempting": what, "path": str(target), "at": time.time()}
+    write_text_atomic(path, json.dumps(document), durable=False)  # cheap to lose: no fsync, as before
 
 
 def clear_breadcrumb(path: Path) -> None:
