@@ -197,7 +197,7 @@ def test_a_hanging_check_is_killed_at_the_timeout(tmp_path: Path) -> None:
     started = time.monotonic()
     reason = check_store(folder, timeout_s=1.0, target=hanging_target)
     assert reason == "the check timed out (after 1 s)"
-    assert time.monotonic() - started < 15
+    assert time.monotonic() - started < 30  # a hang guard: the check hangs 600 s; this takes ~1.3 s here
     assert not store_health.fingerprint_path(folder).exists()
 
 
