@@ -184,7 +184,7 @@ def shoot(out: Path, width: int, height: int, with_model: bool) -> int:
         if loaded and window.chat.model_state is ModelState.LOADED:
             wait_until(app, lambda: window.chat.conversation is not None, 10)
             before = window.chat.conversation.id if window.chat.conversation is not None else None
-            window.new_chat()
+            window.conversations.new_chat()
             wait_until(app, lambda: window.chat.conversation is not None and window.chat.conversation.id != before, 10)
             window.composer.edit.setPlainText("Tell me a short story about a lighthouse keeper.")
             window.composer._on_edit_submitted()

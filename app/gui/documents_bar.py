@@ -3,7 +3,7 @@
 :class:`DocumentsBarWidget` shows which knowledge bases the open chat uses ("Documents: notes,
 manuals", elided to the room it gets; the whole list in its tooltip) and opens a menu with every knowledge base as a
 check box (several at once), "Add files to this chat…" and "Manage knowledge bases…". It only
-emits what the user chose; :class:`app.gui.window_documents.DocumentActions` saves it with the chat.
+emits what the user chose; :class:`app.gui.documents_controller.DocumentsController` saves it with the chat.
 """
 
 from __future__ import annotations

@@ -1,18 +1,16 @@
 """The main window's fixed chrome, as widgets: the navigation rail (:class:`NavRailWidget`) and
 the chat header with its model bar (:class:`ChatHeaderWidget`). They only build and lay out their
-controls; the window connects them (``app.gui.main_window``) and keeps a name for each control, so
-its mixins and the tests reach them as before (``window.model_picker``, ``window.nav_buttons``).
+controls; the window hands them to the controllers that drive them (``app.gui.main_window``).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QSize, Qt
 from PySide6.QtGui import QIcon
 from PySide6.QtWidgets import (
     QButtonGroup,
-    QComboBox,
     QFrame,
     QHBoxLayout,
     QLabel,
@@ -22,8 +20,12 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.gui.model_bar import ModelBarWidget
 from app.gui.theme import RESOURCES
 from app.gui.window_layout import ElidedLabel, FlowLayout, make_wrapping
+
+if TYPE_CHECKING:
+    from app.paths import Paths
 
 PAGES = (
     ("chat", "Chat", "Chat (Ctrl+1)"),
@@ -91,47 +93,39 @@ class NavRailWidget(QFrame):
 class ChatHeaderWidget(QFrame):
     """The chat header: two rows, so that it never sets the window's width.
 
-    The first row is the model bar (the picker, Load, Add endpoint); the second wraps
-    (``FlowLayout``): the model's state, the chat's documents (``documents_slot``, filled by the
-    window with ``app.gui.documents_bar``'s control), indexing, this chat's settings, its Tools switch
-    and the inspector toggle. Every text in it elides (the whole text is its tooltip).
+    The first row is the model bar (:class:`app.gui.model_bar.ModelBarWidget`: the picker, Load,
+    Add endpoint); the second wraps (``FlowLayout``): the model's state, the chat's documents
+    (``documents_slot``, filled by the window with ``app.gui.documents_bar``'s control), indexing,
+    this chat's settings, its Tools switch and the inspector toggle. Every text in it elides (the
+    whole text is its tooltip).
 
     Args:
         paths: the data folders (the Tools switch lists ``mcp.json``'s servers).
         show_inspector: whether the inspector toggle starts checked.
     """
 
-    def __init__(self, paths: Any, show_inspector: bool, parent: QWidget | None = None) -> None:
+    def __init__(self, paths: Paths, show_inspector: bool, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setObjectName("chatHeader")
         self.setAttribute(Qt.WidgetAttribute.WA_StyledBackground, True)
         hl = QVBoxLayout(self)
         hl.setContentsMargins(12, 6, 12, 6)
         hl.setSpacing(4)
-        row = QHBoxLayout()
-        row.setSpacing(6)
-        self.model_picker = QComboBox()
-        self.model_picker.setObjectName("modelPicker")
-        self.model_picker.setMinimumWidth(120)
-        self.model_picker.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
-        self.model_picker.setMinimumContentsLength(12)
-        self.model_picker.setToolTip("The model to chat with")
-        self.model_picker.setAccessibleName("Model")
-        self.model_picker.setAccessibleDescription("The model to chat with; choosing one loads it")
-        self.model_picker.setPlaceholderText("No models yet")
-        row.addWidget(self.model_picker, 1)
-        self.load_button = QPushButton("Load")
-        self.load_button.setToolTip("Load the selected model (Ctrl+L)")
-        self.load_button.setAccessibleDescription("Load the selected model, or eject the loaded one")
-        row.addWidget(self.load_button)
-        self.add_endpoint_button = QPushButton("Add endpoint…")
-        self.add_endpoint_button.setToolTip("Chat with models on an OpenAI-compatible server (vLLM, Ollama, …)")
-        self.add_endpoint_button.setAccessibleDescription(self.add_endpoint_button.toolTip())
-        row.addWidget(self.add_endpoint_button)
-        hl.addLayout(row)
-
+        self.model_bar = ModelBarWidget()
+        hl.addWidget(self.model_bar)
         # The second row wraps (FlowLayout) rather than set the window's width: every control that
         # joins the header keeps its whole size and moves to a new line when the column is narrow.
+        hl.addLayout(self._build_state_row(paths, show_inspector))
+        self.starter_note = QLabel(
+            "Starter model: a tiny base model for trying the app. It continues text rather than following "
+            "instructions; load a chat model from Models for real answers."
+        )
+        self.starter_note.setObjectName("starterNote")
+        make_wrapping(self.starter_note)
+        self.starter_note.setVisible(False)
+        hl.addWidget(self.starter_note)
+
+    def _build_state_row(self, paths: Paths, show_inspector: bool) -> FlowLayout:
         state_row = FlowLayout(spacing=6)
         self.model_status = ElidedLabel("No model loaded", max_chars=40)
         self.model_status.setObjectName("modelStatus")
@@ -166,12 +160,4 @@ class ChatHeaderWidget(QFrame):
         self.inspector_button.setToolTip("Show or hide the inspector (Ctrl+I)")
         self.inspector_button.setAccessibleDescription("Shows or hides the inspector panel")
         state_row.addWidget(self.inspector_button)
-        hl.addLayout(state_row)
-        self.starter_note = QLabel(
-            "Starter model: a tiny base model for trying the app. It continues text rather than following "
-            "instructions; load a chat model from Models for real answers."
-        )
-        self.starter_note.setObjectName("starterNote")
-        make_wrapping(self.starter_note)
-        self.starter_note.setVisible(False)
-        hl.addWidget(self.starter_note)
+        return state_row

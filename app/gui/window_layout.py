@@ -15,8 +15,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from PySide6.QtCore import QPoint, QRect, QSize, Qt
-from PySide6.QtGui import QResizeEvent
+from PySide6.QtCore import QByteArray, QPoint, QRect, QSize, Qt
+from PySide6.QtGui import QGuiApplication, QResizeEvent, QScreen
 from PySide6.QtWidgets import QLabel, QLayout, QLayoutItem, QSizePolicy, QSplitter, QWidget
 
 FIRST_SIZE = QSize(1320, 820)
@@ -49,6 +49,39 @@ def initial_geometry(available: QRect, wanted: QSize = FIRST_SIZE) -> QRect:
 def geometry_fits(saved: QRect, available: QRect) -> bool:
     """Whether a saved window rectangle lies wholly inside a screen's available geometry."""
     return saved.isValid() and available.contains(saved)
+
+
+def apply_first_geometry(window: QWidget) -> None:
+    """Sizes a new window to its screen's available geometry (a small screen gets all of it)."""
+    screen: QScreen | None = window.screen() or QGuiApplication.primaryScreen()
+    if screen is None:  # no screen at all (some offscreen setups): the plain first size
+        window.resize(FIRST_SIZE)
+        return
+    window.setGeometry(initial_geometry(screen.availableGeometry()))
+
+
+def restore_geometry(window: QWidget, saved: object) -> None:
+    """Restores a saved geometry only where it fits a screen as it is now, else keeps the window's
+    size (a window saved on a big monitor must not open past the edge of a laptop's screen).
+
+    Args:
+        window: the top-level window.
+        saved: what ``saveGeometry`` gave (anything else is ignored).
+    """
+    if not isinstance(saved, QByteArray):
+        return
+    first = window.geometry()
+    if window.restoreGeometry(saved) and not fits_a_screen(window):
+        window.setWindowState(Qt.WindowState.WindowNoState)
+        window.setGeometry(first)
+
+
+def fits_a_screen(window: QWidget) -> bool:
+    """Whether the window is maximized, full screen, or wholly inside one screen's available area."""
+    if window.isMaximized() or window.isFullScreen():
+        return True
+    frame = window.frameGeometry()
+    return any(geometry_fits(frame, screen.availableGeometry()) for screen in QGuiApplication.screens())
 
 
 def wrap_anywhere(text: str) -> str:

@@ -50,7 +50,7 @@ def test_deleting_a_chat_removes_its_saved_kv_caches_off_the_gui_thread(
         store.save(KvKey(str(conversation + 1), "9"), IDENTITY, [1, 2], bytes(1000))
         assert store.usage()[0] == 3
 
-        w.delete_conversation(conversation)
+        w.conversations.delete_conversation(conversation)
         qtbot.waitUntil(lambda: w.sidebar.list.count() == 0, timeout=10000)
         assert store.files() == [other]  # only another chat's cache is left
         assert removed_on and threading.main_thread().name not in removed_on

@@ -255,17 +255,17 @@ def test_a_drop_shows_an_overlay_and_makes_a_kb_named_after_the_folder(
     w = _window(qtbot, paths, embedder_path, sessions, "At eleven [1].")
     try:
         _drag(w, [folder], "enter")
-        assert w.drop_overlay.isVisible()
-        assert w.drop_overlay.message == "Drop files or folders to use them in this chat"
-        assert w.drop_overlay.geometry() == w.rect()
+        assert w.documents.drop_overlay.isVisible()
+        assert w.documents.drop_overlay.message == "Drop files or folders to use them in this chat"
+        assert w.documents.drop_overlay.geometry() == w.rect()
         _drag(w, [folder], "leave")
-        assert not w.drop_overlay.isVisible()
+        assert not w.documents.drop_overlay.isVisible()
 
         finished: list[Any] = []
         w.knowledge.job_finished.connect(lambda _job, report: finished.append(report))
         _drag(w, [folder], "enter")
         _drag(w, [folder], "drop")
-        assert not w.drop_overlay.isVisible()
+        assert not w.documents.drop_overlay.isVisible()
         qtbot.waitUntil(lambda: bool(w.chat.conversation and w.chat.conversation.knowledge_bases), timeout=60000)
         assert w.chat.conversation.knowledge_bases == ["Trip plans"]
         assert w.documents_bar.button.full_text() == "Documents: Trip plans"
@@ -273,7 +273,7 @@ def test_a_drop_shows_an_overlay_and_makes_a_kb_named_after_the_folder(
         assert finished[0] is not None and finished[0].indexed == 1
         # The overlay now names where a drop goes.
         _drag(w, [folder], "enter")
-        assert w.drop_overlay.message == "Drop to add to this chat's documents (“Trip plans”)"
+        assert w.documents.drop_overlay.message == "Drop to add to this chat's documents (“Trip plans”)"
         _drag(w, [folder], "leave")
         reply = _ask(qtbot, w, "When does the night train leave?")
         assert reply.sources and reply.sources[0]["path"] == str(folder / "trains.md")
@@ -282,7 +282,7 @@ def test_a_drop_shows_an_overlay_and_makes_a_kb_named_after_the_folder(
         w.show_page(2)
         qtbot.waitUntil(lambda: w.knowledge_page.current == "Trip plans", timeout=30000)
         _drag(w, [folder], "enter")
-        assert w.drop_overlay.message == "Drop to add to the knowledge base “Trip plans”"
+        assert w.documents.drop_overlay.message == "Drop to add to the knowledge base “Trip plans”"
         _drag(w, [folder], "leave")
         w.show_page(0)
 

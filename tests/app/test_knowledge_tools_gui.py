@@ -111,7 +111,7 @@ def send_and_allow(qtbot: Any, w: Any, text: str) -> None:
 
 
 def attach(qtbot: Any, w: Any, names: list[str]) -> None:
-    w.set_chat_documents(names)
+    w.documents.set_chat_documents(names)
     qtbot.waitUntil(
         lambda: w.chat.conversation is not None and list(w.chat.conversation.knowledge_bases or []) == names,
         timeout=5000,

@@ -72,7 +72,7 @@ def test_second_turn_sends_history(qtbot: Any, window: Any) -> None:
 def test_stop_saves_partial_reply(qtbot: Any, window: Any, paths: Paths) -> None:
     window.reply["text"] = " ".join(f"word{i}" for i in range(400))
     window.reply["delay"] = 0.01
-    window.load_model(Path(window.models[0]))
+    window.model_control.load_model(Path(window.model_control.models[0]))
     qtbot.waitUntil(lambda: window.chat.model_state is ModelState.LOADED, timeout=5000)
     window.composer.edit.setPlainText("go on forever")
     qtbot.keyClick(window.composer.edit, Qt.Key.Key_Return)
@@ -121,7 +121,7 @@ def test_regenerate_keeps_old_reply_as_sibling(qtbot: Any, window: Any) -> None:
 
 def test_search_finds_words_across_chats(qtbot: Any, window: Any) -> None:
     send(qtbot, window, "the zebra question")
-    window.new_chat()
+    window.conversations.new_chat()
     qtbot.waitUntil(lambda: window.chat.conversation is not None and not window.chat.thread_messages, timeout=5000)
     send(qtbot, window, "a giraffe question")
     window.sidebar.search.setText("zebra")
@@ -136,7 +136,7 @@ def test_search_finds_words_across_chats(qtbot: Any, window: Any) -> None:
 def test_delete_and_undo(qtbot: Any, window: Any) -> None:
     send(qtbot, window, "keep me")
     conv_id = window.chat.conversation.id
-    window.delete_conversation(conv_id)
+    window.conversations.delete_conversation(conv_id)
     qtbot.waitUntil(lambda: window.sidebar.list.count() == 0, timeout=5000)
     assert window.toast.isVisible()
     window.toast.action.click()
@@ -172,7 +172,7 @@ def test_eviction_marker_shows_where_history_was_dropped(qtbot: Any, window: Any
         msg(3, "user"),
         msg(4, "assistant", {"evicted_messages": 2}),
     ]
-    window._on_chat_conversation_opened(type("C", (), {"id": 1, "title": "t"})(), messages)
+    window.turns.show_conversation(type("C", (), {"id": 1, "title": "t"})(), messages)
     marker = window.chat_view.marker
     assert marker is not None
     assert "2 earlier messages" in marker.text()
@@ -187,7 +187,7 @@ def test_export_writes_markdown_html_json(qtbot: Any, window: Any, tmp_path: Pat
     for fmt in ("md", "html", "json"):
         target = tmp_path / f"out.{fmt}"
         monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda *a, t=target, **k: (str(t), ""))
-        window.export_conversation(None, fmt)
+        window.conversations.export_conversation(None, fmt)
         qtbot.waitUntil(target.exists, timeout=5000)
     assert "## You" in (tmp_path / "out.md").read_text()
     assert "<script" not in (tmp_path / "out.html").read_text()
@@ -198,7 +198,7 @@ def test_export_writes_markdown_html_json(qtbot: Any, window: Any, tmp_path: Pat
 def test_close_while_generating_stops_the_reply_and_keeps_it(qtbot: Any, window: Any, paths: Paths) -> None:
     window.reply["text"] = " ".join(f"w{i}" for i in range(2000))
     window.reply["delay"] = 0.01
-    window.load_model(Path(window.models[0]))
+    window.model_control.load_model(Path(window.model_control.models[0]))
     qtbot.waitUntil(lambda: window.chat.model_state is ModelState.LOADED, timeout=5000)
     window.composer.edit.setPlainText("long")
     qtbot.keyClick(window.composer.edit, Qt.Key.Key_Return)
@@ -225,12 +225,12 @@ def test_per_conversation_system_prompt_and_preset(qtbot: Any, window: Any, monk
         return 1
 
     monkeypatch.setattr(ConversationSettingsDialog, "exec", accept)
-    window.open_conversation_settings()
+    window.conversations.open_conversation_settings()
     qtbot.waitUntil(lambda: window.chat.conversation.system_prompt == "Answer like a pirate.", timeout=5000)
     send(qtbot, window, "second")
     call = window.sessions[-1].calls[-1]
     assert call["system"] == "Answer like a pirate."
-    context = window.turn_context()
+    context = window.turns.turn_context()
     assert context.params.temperature == 0.0
     assert window.chat.conversation.settings["preset"] == "Precise (greedy)"
 
@@ -243,7 +243,7 @@ def test_keyboard_shortcuts_new_chat_and_stop(qtbot: Any, window: Any) -> None:
     assert window.chat_view.cards == []
     window.reply["text"] = " ".join(f"t{i}" for i in range(500))
     window.reply["delay"] = 0.01
-    window.load_model(Path(window.models[0]))
+    window.model_control.load_model(Path(window.model_control.models[0]))
     qtbot.waitUntil(lambda: window.chat.model_state is ModelState.LOADED, timeout=5000)
     window.composer.edit.setPlainText("go")
     qtbot.keyClick(window.composer.edit, Qt.Key.Key_Return)

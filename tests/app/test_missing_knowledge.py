@@ -106,7 +106,7 @@ def test_a_deleted_knowledge_base_is_skipped_marked_missing_and_said_once(qtbot:
     notices: list[str] = []
     w.chat.error_occurred.connect(errors.append)
     w.statusBar().messageChanged.connect(notices.append)
-    w.set_chat_documents(["otters", "trains"])
+    w.documents.set_chat_documents(["otters", "trains"])
     qtbot.waitUntil(
         lambda: (
             w.chat.conversation is not None and list(w.chat.conversation.knowledge_bases or []) == ["otters", "trains"]

@@ -165,7 +165,7 @@ def test_embedders_and_broken_files_say_why_they_cannot_load(qtbot: Any, paths: 
     w.show_page(1)
     panel = w.models_page
     qtbot.waitUntil(lambda: panel.library.rowCount() == 3, timeout=10000)
-    picker = [w.model_picker.itemText(i) for i in range(w.model_picker.count())]
+    picker = [w.header.model_bar.picker.itemText(i) for i in range(w.header.model_bar.picker.count())]
     assert not any("minilm" in name.lower() for name in picker)
     assert not any("broken" in name.lower() for name in picker)
     loads: list[Path] = []

@@ -67,7 +67,7 @@ def test_breadcrumb_from_a_crashed_load_starts_safe_mode(qtbot: Any, paths: Path
     qtbot.addWidget(w)
     w.show()
     w.start()
-    qtbot.waitUntil(lambda: w.model_picker.count() == 1, timeout=5000)
+    qtbot.waitUntil(lambda: w.header.model_bar.picker.count() == 1, timeout=5000)
     qtbot.wait(200)
     assert loaded == []  # nothing was auto-loaded
     assert w.banner.isVisible()

@@ -57,9 +57,9 @@ def test_saved_geometry_that_does_not_fit_the_screen_is_not_restored(qtbot: Any,
 
 def test_long_status_lines_never_widen_the_window(qtbot: Any, window: Any) -> None:
     window.show_error(LONG)
-    window.model_status.setText(LONG)
-    window.docs_label.setText(LONG)
-    window.index_label.setText(LONG)
+    window.header.model_status.setText(LONG)
+    window.header.docs_label.setText(LONG)
+    window.header.index_label.setText(LONG)
     window.composer.set_ready(False, LONG)
     window.statusBar().showMessage(LONG)
     window.toast.show_message(LONG, "Undo", lambda: None)
@@ -76,11 +76,11 @@ def test_long_status_lines_never_widen_the_window(qtbot: Any, window: Any) -> No
     assert hint.width() <= 1024, hint
     assert hint.height() <= 700, hint
     # The whole text stays reachable.
-    assert window.model_status.toolTip() == "" or window.model_status.toolTip() == LONG
+    assert window.header.model_status.toolTip() == "" or window.header.model_status.toolTip() == LONG
     window.resize(1024, 700)
     qtbot.waitUntil(lambda: window.width() == 1024, timeout=2000)
     QApplication.processEvents()
-    assert window.model_status.toolTip() == LONG
+    assert window.header.model_status.toolTip() == LONG
     assert window.composer.state_label.text() == LONG
     assert window.banner.toolTip() == LONG
     assert window.statusBar().toolTip() == LONG
@@ -106,15 +106,18 @@ def test_header_and_composer_fit_a_small_window(qtbot: Any, window: Any, size: t
     window.resize(*size)
     qtbot.waitUntil(lambda: window.size() == QSize(*size), timeout=2000)
     QApplication.processEvents()
-    header = window.chat_settings_button.parentWidget()
+    header = window.header.chat_settings_button.parentWidget()
+    bar = window.header.model_bar  # the model bar's controls are the header's first row
     for inspector_open in (window.inspector_button.isChecked(), not window.inspector_button.isChecked()):
         if window.inspector_button.isChecked() != inspector_open:
             window.inspector_button.click()
             QApplication.processEvents()
-        controls = [w for w in header.findChildren(QWidget) if w.isVisibleTo(header) and w.parentWidget() is header]
-        buttons = [w for w in controls if not isinstance(w, QLabel)]
-        assert window.inspector_button in buttons and window.load_button in buttons
-        for button in [window.composer.send_button, window.settings_button]:
+        controls = [
+            w for w in header.findChildren(QWidget) if w.isVisibleTo(header) and w.parentWidget() in (header, bar)
+        ]
+        buttons = [w for w in controls if not isinstance(w, QLabel) and w is not bar]
+        assert window.inspector_button in buttons and window.header.model_bar.load_button in buttons
+        for button in [window.composer.send_button, window.nav_rail.settings_button]:
             assert _visible_in(button, window), (inspector_open, button)
         for button in buttons:
             assert _visible_in(button, header), (inspector_open, button)  # not cut by the header's edge
@@ -159,7 +162,7 @@ def test_ctrl_digit_shortcuts_reach_every_page(qtbot: Any, window: Any) -> None:
     for key, index in ((Qt.Key.Key_2, 1), (Qt.Key.Key_3, 2), (Qt.Key.Key_1, 0)):
         qtbot.keyClick(window, key, Qt.KeyboardModifier.ControlModifier)
         qtbot.waitUntil(lambda i=index: window.pages.currentIndex() == i, timeout=3000)
-        assert window.nav_group.checkedId() == index
+        assert window.nav_rail.nav_group.checkedId() == index
 
 
 @pytest.mark.parametrize("theme", [LIGHT, DARK])

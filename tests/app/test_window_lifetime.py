@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.gui, pytest.mark.qt_log_ignore("propagateSizeHints")]
 def test_a_scan_answered_after_the_window_is_deleted_is_dropped(
     qtbot: Any, paths: Paths, fake_model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import app.gui.window_models as window_models
+    import app.gui.model_bar as model_bar
 
     answers: list[Any] = []
 
@@ -27,12 +27,12 @@ def test_a_scan_answered_after_the_window_is_deleted_is_dropped(
         answers.append((fn, on_done, on_error))
 
     w = make_window(paths, lambda request, bandwidth: FakeSession(request, bandwidth), probe_bandwidth=False)
-    monkeypatch.setattr(window_models, "run_in_background", capture)
-    w.refresh_models()
+    monkeypatch.setattr(model_bar, "run_in_background", capture)
+    w.model_control.refresh_models()
     ((scan, on_done, on_error),) = answers
     found = scan()
     assert found == [fake_model]
-    picker = w.model_picker
+    picker = w.header.model_bar.picker
     # While the window is open, the answer fills the picker.
     on_done(found)
     assert picker.count() == 1
@@ -42,4 +42,4 @@ def test_a_scan_answered_after_the_window_is_deleted_is_dropped(
     # The same answers, queued before the window went, now arrive: nothing runs, nothing raises.
     on_done(found)
     on_error(OSError("the folder went away"))
-    w.set_models(found)  # a library_changed signal queued before the close
+    w.model_control.set_models(found)  # a library_changed signal queued before the close

@@ -1,63 +1,112 @@
-"""The main window's conversation actions: new, open, search, rename, delete with undo, export,
-per-chat settings. A mixin of :class:`app.gui.main_window.MainWindow` (kept apart for size)."""
+"""The conversation controller: new, open, search, rename, delete with undo, export, this chat's
+settings, and what keeps a message from being lost when the history cannot take it.
+
+It is given every collaborator in its constructor (the chat adapter, the history, the widgets it
+updates, the settings and where notices go) and connects their signals itself; the main window
+only builds it.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING
 
-from PySide6.QtCore import Slot
-from PySide6.QtWidgets import QFileDialog
+from PySide6.QtCore import QObject, Slot
+from PySide6.QtWidgets import QFileDialog, QWidget
 
 from app.gui.tasks import describe_error
 
 if TYPE_CHECKING:
-    from PySide6.QtWidgets import QPushButton, QStatusBar, QWidget
-
     from app.gui.chat_view import ChatView
     from app.gui.composer import Composer
     from app.gui.inspector import InspectorPanel
     from app.gui.sidebar import Sidebar
     from app.gui.toast import Toast
+    from app.gui.window_services import Notices, SettingsStore
     from app.gui.workers.chat_adapter import ChatAdapter
     from app.gui.workers.history_service import HistoryService
-    from app.paths import Paths
-    from app.settings import Settings
+    from engine.history import HistoryStore
+    from engine.history_schema import Conversation
 
 
-class ConversationActions:
-    """Conversation actions of the main window (needs the attributes annotated below)."""
+class ConversationController(QObject):
+    """The chat list's actions and the open chat's own settings.
 
-    chat: ChatAdapter
-    history: HistoryService
-    sidebar: Sidebar
-    chat_view: ChatView
-    composer: Composer
-    inspector: InspectorPanel
-    inspector_button: QPushButton
-    toast: Toast
-    settings: Settings
-    paths: Paths
-    _pending_delete: int | None
+    Args:
+        chat: the chat adapter (the open conversation, its thread).
+        history: the history thread.
+        sidebar: the chat list (its requests are connected here).
+        chat_view: the transcript (cleared when the open chat is deleted).
+        composer: the composer (a message the history refused goes back to it).
+        inspector: the inspector (cleared with a deleted chat).
+        toast: where Undo and the new-history offer appear.
+        settings: the window's settings (the default system prompt).
+        kv_cache: the folder of the chats' saved KV caches (a deleted chat's go with it).
+        notices: the error banner and the status bar.
+        window: the parent of the dialogs; its title names the open chat.
+    """
 
-    if TYPE_CHECKING:  # provided by MainWindow / QMainWindow; declared for the type checker only
+    def __init__(
+        self,
+        *,
+        chat: ChatAdapter,
+        history: HistoryService,
+        sidebar: Sidebar,
+        chat_view: ChatView,
+        composer: Composer,
+        inspector: InspectorPanel,
+        toast: Toast,
+        settings: SettingsStore,
+        kv_cache: Path,
+        notices: Notices,
+        window: QWidget,
+    ) -> None:
+        super().__init__(window)
+        self.chat = chat
+        self.history = history
+        self.sidebar = sidebar
+        self.chat_view = chat_view
+        self.composer = composer
+        self.inspector = inspector
+        self.toast = toast
+        self.settings = settings
+        self.kv_cache = kv_cache
+        self.notices = notices
+        self.window = window
+        self.pending_delete: int | None = None  # the chat whose deletion Undo would take back
+        sidebar.new_requested.connect(self.new_chat)
+        sidebar.conversation_selected.connect(self._on_sidebar_conversation_selected)
+        sidebar.hit_selected.connect(self._on_sidebar_hit_selected)
+        sidebar.rename_requested.connect(self._on_sidebar_rename_requested)
+        sidebar.delete_requested.connect(self.delete_conversation)
+        sidebar.search_requested.connect(self._on_sidebar_search_requested)
+        sidebar.export_requested.connect(self.export_conversation)
+        chat.conversations_changed.connect(sidebar.set_conversations)
+        self._wire_history_safety()
 
-        def show_error(self, message: str) -> None: ...
-        def show_page(self, index: int) -> None: ...
-        def setWindowTitle(self, title: str) -> None: ...
-        def statusBar(self) -> QStatusBar: ...
+    def start(self) -> None:
+        """Finishes replies a crash left pending and opens the newest chat (on the history thread)."""
+        self.history.call(lambda s: s.recover_pending(), None, lambda e: self.notices.show_error(describe_error(e)))
+        self.history.call(lambda s: s.list_conversations(), self._on_first_conversations, self.history_failed)
+
+    def _on_first_conversations(self, conversations: list[Conversation]) -> None:
+        self.sidebar.set_conversations(conversations)
+        if conversations:
+            self.sidebar.set_current(conversations[0].id)
+            self.chat.open_conversation(conversations[0].id)
 
     def _wire_history_safety(self) -> None:
         """What keeps a message or a reply from being lost when the history cannot take it: the
         text goes back to the composer, and an unreadable history file can be replaced."""
         self.chat.message_not_saved.connect(self.composer.restore)
         self.chat.history_unreadable.connect(self._offer_new_history)
-        self.chat.notice_posted.connect(lambda text: self.statusBar().showMessage(text, 8000))
+        self.chat.notice_posted.connect(lambda text: self.notices.show_status(text, 8000))
 
-    def _on_history_failed(self, exc: BaseException) -> None:
+    def history_failed(self, exc: BaseException) -> None:
+        """Says the history failed; an unreadable file can be replaced (the toast offers it)."""
         from app.gui.workers.history_service import is_unreadable
 
-        self.show_error(f"Chat history unavailable: {describe_error(exc)}")
+        self.notices.show_error(f"Chat history unavailable: {describe_error(exc)}")
         if is_unreadable(exc):
             self._offer_new_history(describe_error(exc))
 
@@ -82,12 +131,14 @@ class ConversationActions:
                 message = f"Started a new chat history at {path}. The unreadable file was moved, untouched, to {moved}."
                 if self.composer.edit.toPlainText().strip():
                     message += " Press Send to save your message."
-            self.statusBar().showMessage(message, 60000)
+            self.notices.show_status(message, 60000)
             if moved is not None:
                 self.toast.show_message(f"New chat history started; the old file is kept as {moved.name}", ms=15000)
             self.chat.refresh_conversations()
 
-        self.history.start_fresh(done, lambda e: self.show_error(f"Could not start a new history: {describe_error(e)}"))
+        self.history.start_fresh(
+            done, lambda e: self.notices.show_error(f"Could not start a new history: {describe_error(e)}")
+        )
 
     def new_chat(self) -> None:
         if self.chat.busy:
@@ -98,7 +149,7 @@ class ConversationActions:
     @Slot(int)
     def _on_sidebar_conversation_selected(self, conversation_id: int) -> None:
         if self.chat.busy:
-            self.show_error("Stop the current reply before switching chats.")
+            self.notices.show_error("Stop the current reply before switching chats.")
             return
         self.chat.open_conversation(conversation_id)
 
@@ -109,16 +160,16 @@ class ConversationActions:
 
         from app.gui.chat_view import search_terms
 
-        def open_branch(store: Any) -> None:
+        def open_branch(store: HistoryStore) -> None:
             store.select_branch(message_id)
 
         # The hit's message is scrolled to and its matched words marked once the thread shows.
         self.chat_view.reveal(message_id, search_terms(self.sidebar.search.text()))
-        self.history.call(open_branch, lambda _r: self.chat.open_conversation(conversation_id), self._on_history_failed)
+        self.history.call(open_branch, lambda _r: self.chat.open_conversation(conversation_id), self.history_failed)
 
     @Slot(int, str)
     def _on_sidebar_rename_requested(self, conversation_id: int, title: str) -> None:
-        def rename(store: Any) -> None:
+        def rename(store: HistoryStore) -> None:
             store.rename(conversation_id, title)
 
         def done(_r: None) -> None:
@@ -126,44 +177,44 @@ class ConversationActions:
             if self.chat.conversation is not None and self.chat.conversation.id == conversation_id:
                 self.chat.reload_thread()
 
-        self.history.call(rename, done, self._on_history_failed)
+        self.history.call(rename, done, self.history_failed)
 
     def delete_conversation(self, conversation_id: int) -> None:
         """Soft-deletes a chat; the toast offers Undo. Its saved KV caches go at once, on the history
         thread: they hold the chat's tokens (an undone chat only prefills again)."""
         if self.chat.busy and self.chat.conversation is not None and self.chat.conversation.id == conversation_id:
             self.chat.stop()
-        kv_folder = self.paths.kv_cache
+        kv_folder = self.kv_cache
 
-        def delete(store: Any) -> None:
+        def delete(store: HistoryStore) -> None:
             from engine.inference.kv_cache import KvCacheStore
 
             store.delete(conversation_id)
             KvCacheStore(kv_folder).remove_conversation(str(conversation_id))  # logs what it cannot remove
 
         def done(_r: None) -> None:
-            self._pending_delete = conversation_id
+            self.pending_delete = conversation_id
             self.chat.refresh_conversations()
             if self.chat.conversation is not None and self.chat.conversation.id == conversation_id:
                 self.chat.conversation = None
                 self.chat.thread_messages = []
                 self.chat_view.set_thread([])
                 self.inspector.clear_turn("No chat open")
-                self.setWindowTitle("Glassbox")
+                self.window.setWindowTitle("Glassbox")
             self.toast.show_message("Chat deleted.", "Undo", lambda: self.undo_delete(conversation_id))
 
-        self.history.call(delete, done, self._on_history_failed)
+        self.history.call(delete, done, self.history_failed)
 
     def undo_delete(self, conversation_id: int) -> None:
-        def restore(store: Any) -> None:
+        def restore(store: HistoryStore) -> None:
             store.restore(conversation_id)
 
         def done(_r: None) -> None:
-            self._pending_delete = None
+            self.pending_delete = None
             self.chat.refresh_conversations()
             self.chat.open_conversation(conversation_id)
 
-        self.history.call(restore, done, self._on_history_failed)
+        self.history.call(restore, done, self.history_failed)
 
     @Slot(str)
     def _on_sidebar_search_requested(self, query: str) -> None:
@@ -173,15 +224,8 @@ class ConversationActions:
         self.history.call(
             lambda s: s.search(query),
             lambda hits: self.sidebar.show_hits(query, hits),
-            self._on_history_failed,
+            self.history_failed,
         )
-
-    def _focus_search(self) -> None:
-        self.show_page(0)
-        if not self.sidebar.isVisible() and self.inspector_button.isChecked():
-            self.inspector_button.setChecked(False)  # a narrow window: the chat list comes back
-        self.sidebar.search.setFocus()
-        self.sidebar.search.selectAll()
 
     def export_conversation(self, conversation_id: int | None, fmt: str) -> None:
         """Asks for a file name and exports the chat's current branch."""
@@ -193,7 +237,7 @@ class ConversationActions:
             return
         title = self.sidebar.title_of(conv_id) or getattr(self.chat.conversation, "title", "")
         path_text, _filter = QFileDialog.getSaveFileName(
-            cast("QWidget", self),
+            self.window,
             "Export chat",
             str(Path.home() / export_file_name(title, conv_id, fmt)),
             ";;".join(FORMATS.values()),
@@ -208,9 +252,9 @@ class ConversationActions:
             chosen = fmt
             path = path.with_suffix(f".{fmt}")
 
-        default_prompt = self.settings.default_system_prompt or None
+        default_prompt = self.settings.current.default_system_prompt or None
 
-        def write(store: Any) -> Path:
+        def write(store: HistoryStore) -> Path:
             conv = store.get_conversation(conv_id)
             # A chat without its own prompt was sent the default one: the export says so.
             system = conv.system_prompt if conv.system_prompt is not None else default_prompt
@@ -219,15 +263,15 @@ class ConversationActions:
 
         self.history.call(
             write,
-            lambda p: self.statusBar().showMessage(f"Exported to {p}", 8000),
-            lambda e: self.show_error(f"Export failed: {describe_error(e)}"),
+            lambda p: self.notices.show_status(f"Exported to {p}", 8000),
+            lambda e: self.notices.show_error(f"Export failed: {describe_error(e)}"),
         )
 
     def open_conversation_settings(self) -> None:
         from app.gui.conversation_settings import ConversationSettingsDialog
 
         conv = self.chat.conversation
-        dialog = ConversationSettingsDialog(self.settings, conv, cast("QWidget", self))
+        dialog = ConversationSettingsDialog(self.settings.current, conv, self.window)
         if dialog.exec():
             system, preset = dialog.values()
             own = dialog.sampling()

@@ -1,7 +1,7 @@
-"""The main window's documents actions: the chat header's documents control (which knowledge bases
-the open chat answers from, several at once), files dropped anywhere (an overlay says where they
-go while they are dragged), and indexing progress in the header. A mixin of
-:class:`app.gui.main_window.MainWindow` (kept apart for size).
+"""The documents controller: the chat header's documents control (which knowledge bases the open
+chat answers from, several at once), files dropped anywhere (an overlay says where they go while
+they are dragged) or picked with "Add files to this chat…" (both call :meth:`DocumentsController.attach_documents`),
+and indexing progress in the header.
 
 Dropped files go to the knowledge base selected on the Knowledge page when that page is shown;
 otherwise to the open chat's first knowledge base, or to a new one named after them (the
@@ -12,86 +12,108 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QEvent, QObject, QTimer, Slot
-from PySide6.QtWidgets import QFileDialog, QWidget
+from PySide6.QtGui import QDragEnterEvent
+from PySide6.QtWidgets import QFileDialog, QLabel, QWidget
 
 from app.gui.documents_bar import DocumentsBarWidget, DropOverlayWidget, documents_name
 
 if TYPE_CHECKING:
-    from PySide6.QtWidgets import QLabel, QStackedWidget, QStatusBar
-
-    from app.gui.chat_view import ChatView
+    from app.gui.window_services import Notices
     from app.gui.workers.chat_adapter import ChatAdapter
-    from app.gui.workers.history_service import HistoryService
+    from app.gui.workers.history_service import DisplayMessage
     from app.gui.workers.knowledge_worker import IndexJob, KnowledgeAdapter
-
-KNOWLEDGE_PAGE = 2
+    from engine.history_schema import Conversation
+    from rag.ingest import IngestProgress, IngestReport
+    from rag.registry import KnowledgeBaseInfo
 
 
 class _DragWatcher(QObject):
     """Shows the drop overlay while local files are dragged over the window, hides it after."""
 
-    def __init__(self, window: Any) -> None:
+    def __init__(self, window: QWidget, overlay: DropOverlayWidget, target_text: Callable[[], str]) -> None:
         super().__init__(window)
-        self.window = window
+        self._overlay = overlay
+        self._target_text = target_text
 
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:
         del watched  # installed on the window only
         kind = event.type()
-        if kind == QEvent.Type.DragEnter:
-            mime = event.mimeData()  # type: ignore[attr-defined]
+        if kind == QEvent.Type.DragEnter and isinstance(event, QDragEnterEvent):
+            mime = event.mimeData()
             if mime.hasUrls() and any(u.isLocalFile() for u in mime.urls()):
-                self.window.drop_overlay.show_message(self.window.drop_target_text())
+                self._overlay.show_message(self._target_text())
         elif kind in (QEvent.Type.DragLeave, QEvent.Type.Drop):
-            self.window.drop_overlay.setVisible(False)
+            self._overlay.setVisible(False)
         return False  # the window still handles the event
 
 
-class DocumentActions:
-    """Documents actions of the main window (needs the attributes annotated below)."""
+class DocumentsController(QObject):
+    """Which documents the open chat uses, and where added files go.
 
-    chat: ChatAdapter
-    history: HistoryService
-    knowledge: KnowledgeAdapter
-    chat_view: ChatView
-    docs_label: QLabel
-    index_label: QLabel
-    pages: QStackedWidget
-    _knowledge_page: Any
-    _index_timer: QTimer
-    documents_bar: DocumentsBarWidget
-    drop_overlay: DropOverlayWidget
+    Args:
+        chat: the chat adapter (the open conversation).
+        knowledge: the knowledge adapter (names, create, add, indexing progress).
+        bar: the header's documents control (its choices are connected here).
+        docs_label: the header's plain documents line (hidden: the control says it).
+        index_label: the header's indexing line.
+        notices: the error banner and the status bar.
+        selected_knowledge_base: the knowledge base selected on the Knowledge page while that page
+            shows, else None (a drop goes there).
+        show_knowledge: shows the Knowledge page ("Manage knowledge bases…").
+        window: where files are dropped (the overlay covers it) and the file dialog's parent.
+    """
 
-    if TYPE_CHECKING:  # provided by MainWindow / QMainWindow; declared for the type checker only
-
-        def statusBar(self) -> QStatusBar: ...
-        def show_page(self, index: int) -> None: ...
-        def installEventFilter(self, watcher: QObject) -> None: ...
-
-    # ------------------------------------------------------------------ the header control
-    def _build_documents_bar(self) -> QWidget:
-        """The chat header's documents control (call once, while the header is built)."""
-        bar = DocumentsBarWidget()
+    def __init__(
+        self,
+        *,
+        chat: ChatAdapter,
+        knowledge: KnowledgeAdapter,
+        bar: DocumentsBarWidget,
+        docs_label: QLabel,
+        index_label: QLabel,
+        notices: Notices,
+        selected_knowledge_base: Callable[[], str | None],
+        show_knowledge: Callable[[], None],
+        window: QWidget,
+    ) -> None:
+        super().__init__(window)
+        self.chat = chat
+        self.knowledge = knowledge
         self.documents_bar = bar
-        self.docs_label.setVisible(False)  # the control says which documents the chat uses
+        self.docs_label = docs_label
+        self.index_label = index_label
+        self.notices = notices
+        self._selected_knowledge_base = selected_knowledge_base
+        self.window = window
+        self._missing_said: set[str] = set()  # deleted knowledge bases a notice was shown for
+        self._index_timer = QTimer(self)  # owned here, so it dies with the window
+        self._index_timer.setSingleShot(True)
+        self._index_timer.timeout.connect(lambda: self.index_label.setText(""))
+        docs_label.setVisible(False)  # the control says which documents the chat uses
         bar.attachments_changed.connect(self._on_documents_bar_attachments_changed)
         bar.add_files_requested.connect(self._on_documents_bar_add_files_requested)
-        bar.manage_requested.connect(lambda: self.show_page(KNOWLEDGE_PAGE))
-        bar.menu_opening.connect(self.knowledge.list_names)
-        self.knowledge.names_listed.connect(bar.set_available)
-        self._missing_said: set[str] = set()  # deleted knowledge bases a notice was shown for
-        self.knowledge.missing_found.connect(self._on_knowledge_missing_found)
-        self.chat.conversation_opened.connect(self._on_documents_conversation_opened)
-        self.drop_overlay = DropOverlayWidget(self)  # type: ignore[arg-type]
-        self.installEventFilter(_DragWatcher(self))
-        QTimer.singleShot(0, self.knowledge.list_names)  # from the registry file: the process waits
-        return bar
+        bar.manage_requested.connect(show_knowledge)
+        bar.menu_opening.connect(knowledge.list_names)
+        knowledge.names_listed.connect(bar.set_available)
+        knowledge.missing_found.connect(self._on_knowledge_missing_found)
+        knowledge.job_started.connect(self._on_knowledge_job_started)
+        knowledge.progress_changed.connect(self._on_knowledge_progress_changed)
+        knowledge.job_finished.connect(self._on_knowledge_job_finished)
+        chat.conversation_opened.connect(self._on_documents_conversation_opened)
+        self.drop_overlay = DropOverlayWidget(window)
+        window.installEventFilter(_DragWatcher(window, self.drop_overlay, self.drop_target_text))
+        QTimer.singleShot(0, knowledge.list_names)  # from the registry file: the process waits
 
     @Slot(object, object)
-    def _on_documents_conversation_opened(self, conversation: Any, _messages: Any) -> None:
-        self.documents_bar.set_attached(list(getattr(conversation, "knowledge_bases", None) or []))
+    def _on_documents_conversation_opened(
+        self, conversation: Conversation | None, _messages: list[DisplayMessage]
+    ) -> None:
+        kbs = list(getattr(conversation, "knowledge_bases", None) or [])
+        self.documents_bar.set_attached(kbs)
+        self.docs_label.setText(f"Documents: {', '.join(kbs)}" if kbs else "")
 
     @Slot(object)
     def _on_knowledge_missing_found(self, names: list[str]) -> None:
@@ -103,7 +125,7 @@ class DocumentActions:
             return
         self._missing_said.update(new)
         quoted = ", ".join(f"“{name}”" for name in new)
-        self.statusBar().showMessage(
+        self.notices.show_status(
             f"Knowledge base {quoted} no longer exists: this chat skips it (untick it under Documents).", 15000
         )
 
@@ -115,8 +137,7 @@ class DocumentActions:
     def _on_documents_bar_add_files_requested(self) -> None:
         from app.gui.knowledge_panel import document_file_filter
 
-        parent = self if isinstance(self, QWidget) else None
-        files, _ = QFileDialog.getOpenFileNames(parent, "Add documents to this chat", str(Path.home()),
+        files, _ = QFileDialog.getOpenFileNames(self.window, "Add documents to this chat", str(Path.home()),
                                                 document_file_filter())  # fmt: skip
         if files:
             self.attach_documents([Path(f) for f in files], to_chat=True)
@@ -135,7 +156,7 @@ class DocumentActions:
     def _when_a_chat_opens(self, then: Callable[[], None]) -> None:
         """Runs ``then`` once, when the next conversation has opened."""
 
-        def once(conversation: Any, _messages: Any) -> None:
+        def once(conversation: Conversation | None, _messages: list[DisplayMessage]) -> None:
             self.chat.conversation_opened.disconnect(once)
             if conversation is not None:
                 then()
@@ -145,7 +166,7 @@ class DocumentActions:
     # ------------------------------------------------------------------ dropped files
     def drop_target_text(self) -> str:
         """What the overlay says while files are dragged over the window."""
-        kb = self._knowledge_page_kb()
+        kb = self._selected_knowledge_base()
         if kb is not None:
             return f"Drop to add to the knowledge base “{kb}”"
         conv = self.chat.conversation
@@ -153,12 +174,6 @@ class DocumentActions:
         if kbs:
             return f"Drop to add to this chat's documents (“{kbs[0]}”)"
         return "Drop files or folders to use them in this chat"
-
-    def _knowledge_page_kb(self) -> str | None:
-        page = self._knowledge_page
-        if page is not None and self.pages.currentIndex() == KNOWLEDGE_PAGE and page.current:
-            return str(page.current)
-        return None
 
     def attach_documents(self, paths: Sequence[Path], *, to_chat: bool = False) -> None:
         """Indexes files or folders for use in a chat.
@@ -174,10 +189,10 @@ class DocumentActions:
         items = [Path(p) for p in paths]
         if not items:
             return
-        selected = None if to_chat else self._knowledge_page_kb()
+        selected = None if to_chat else self._selected_knowledge_base()
         if selected is not None:
             self.knowledge.add(selected, items)
-            self.statusBar().showMessage(f"Indexing {len(items)} item(s) into {selected}…", 5000)
+            self.notices.show_status(f"Indexing {len(items)} item(s) into {selected}…", 5000)
             return
         conv = self.chat.conversation
         if conv is None:
@@ -187,7 +202,7 @@ class DocumentActions:
         kbs = list(conv.knowledge_bases or [])
         if kbs:
             self.knowledge.add(kbs[0], items)
-            self.statusBar().showMessage(f"Indexing {len(items)} item(s) into {kbs[0]}…", 5000)
+            self.notices.show_status(f"Indexing {len(items)} item(s) into {kbs[0]}…", 5000)
             return
         conv_id = conv.id
         from rag.service import unique_name
@@ -199,14 +214,14 @@ class DocumentActions:
         self.set_chat_documents([guess])
         self.index_label.setText(f"Creating the knowledge base “{guess}”…")
 
-        def created(kb: Any) -> None:
+        def created(kb: KnowledgeBaseInfo) -> None:
             self.documents_bar.creating.discard(guess)
             current = self.chat.conversation
             if kb.name != guess and current is not None and current.id == conv_id:
                 kept = [n for n in (current.knowledge_bases or self.documents_bar.attached) if n != guess]
                 self.set_chat_documents([*kept, kb.name])
             self.knowledge.add(kb.name, items)
-            self.statusBar().showMessage(f"Indexing {len(items)} item(s) into {kb.name}…", 5000)
+            self.notices.show_status(f"Indexing {len(items)} item(s) into {kb.name}…", 5000)
 
         def failed(_message: str) -> None:
             self.documents_bar.creating.discard(guess)
@@ -217,32 +232,22 @@ class DocumentActions:
 
         self.knowledge.create(guess, created, failed, unique=True)
 
-    def add_documents(self, paths: list[Path]) -> None:
-        """The former name of :meth:`attach_documents` (kept for callers of the old name)."""
-        self.attach_documents(paths)
-
     # ------------------------------------------------------------------ indexing progress
     @Slot(object)
     def _on_knowledge_job_started(self, job: IndexJob) -> None:
         self.index_label.setText(f"{job.label}…")
 
     @Slot(object, object)
-    def _on_knowledge_progress_changed(self, job: IndexJob, progress: Any) -> None:
+    def _on_knowledge_progress_changed(self, job: IndexJob, progress: IngestProgress) -> None:
         from app.gui.knowledge_panel import progress_text
 
         self.index_label.setText(f"{job.kb or job.label}: {progress_text(progress)}")
 
     @Slot(object, object)
-    def _on_knowledge_job_finished(self, job: IndexJob, report: Any) -> None:
+    def _on_knowledge_job_finished(self, job: IndexJob, report: IngestReport | None) -> None:
         if report is None:
             self.index_label.setText("")
             return
         line = report.summary() if hasattr(report, "summary") else "done"
         self.index_label.setText(f"{job.kb or job.label}: {line}")
         self._index_timer.start(10000)
-
-    @Slot(object)
-    def _on_chat_sources_found(self, sources: list[dict[str, Any]]) -> None:
-        card = self.chat_view._streaming
-        if card is not None:
-            card.set_sources(sources)

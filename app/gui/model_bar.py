@@ -1,0 +1,446 @@
+"""The model bar: the picker, Load/Eject and Add endpoint (:class:`ModelBarWidget`), and what
+drives it (:class:`ModelController`): scanning the models folder, the starter model, the saved
+endpoints' remote models, loading and ejecting, and the model's state in the header.
+
+The controller is given every collaborator in its constructor and connects their signals itself;
+the main window only builds it.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import shiboken6
+from PySide6.QtCore import QObject, Qt, Slot
+from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QPushButton, QWidget
+
+from app.gui.endpoints_dialog import AddEndpointDialog, endpoints_file, list_remote_models
+from app.gui.tasks import describe_error, run_in_background
+from app.gui.window_services import while_alive
+from app.gui.workers.chat_adapter import ModelState
+from app.gui.workers.llm_worker import LoadRequest
+from app.gui.workers.model_routing import model_label, model_tooltip
+from app.gui.workers.speculative import draft_for
+
+if TYPE_CHECKING:
+    from app.gui.chat_view import ChatView
+    from app.gui.composer import Composer
+    from app.gui.inspector import InspectorPanel
+    from app.gui.window_services import Notices, SettingsStore
+    from app.gui.workers.chat_adapter import ChatAdapter
+    from app.gui.workers.llm_worker import LoadedModel
+    from app.gui.workers.models_worker import ModelsAdapter
+    from app.model_folders import OtherAppFolder
+    from app.paths import Paths
+    from engine.library import LibraryEntry
+    from engine.starter import StarterModel
+
+log = logging.getLogger(__name__)
+
+
+def list_model_files(folder: Path) -> list[Path]:
+    """GGUF files in the models folder (sorted, no partial downloads)."""
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.rglob("*.gguf") if p.is_file() and not p.name.startswith("."))
+
+
+def chat_model_files(folder: Path) -> list[Path]:
+    """:func:`list_model_files` without the models that cannot chat: embedders and vision
+    projectors (which fail deep in llama.cpp) and files whose header is unreadable (the Models page
+    lists those with the reason)."""
+    from engine.errors import ModelFileError
+    from engine.library import model_kind, read_model_info, split_parts
+
+    out = []
+    for path in list_model_files(folder):
+        parts = split_parts(path)
+        if parts is not None and path != parts[0]:
+            continue  # a later part of a split model: the first part stands for it
+        try:
+            if model_kind(read_model_info(path)) != "chat":
+                continue
+        except ModelFileError:
+            continue
+        out.append(path)
+    return out
+
+
+class ModelBarWidget(QWidget):
+    """The chat header's first row: the model picker, Load (Eject once loaded) and Add endpoint."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        row = QHBoxLayout(self)
+        row.setContentsMargins(0, 0, 0, 0)
+        row.setSpacing(6)
+        self.picker = QComboBox()
+        self.picker.setObjectName("modelPicker")
+        self.picker.setMinimumWidth(120)
+        self.picker.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.picker.setMinimumContentsLength(12)
+        self.picker.setToolTip("The model to chat with")
+        self.picker.setAccessibleName("Model")
+        self.picker.setAccessibleDescription("The model to chat with; choosing one loads it")
+        self.picker.setPlaceholderText("No models yet")
+        row.addWidget(self.picker, 1)
+        self.load_button = QPushButton("Load")
+        self.load_button.setToolTip("Load the selected model (Ctrl+L)")
+        self.load_button.setAccessibleDescription("Load the selected model, or eject the loaded one")
+        row.addWidget(self.load_button)
+        self.add_endpoint_button = QPushButton("Add endpoint…")
+        self.add_endpoint_button.setToolTip("Chat with models on an OpenAI-compatible server (vLLM, Ollama, …)")
+        self.add_endpoint_button.setAccessibleDescription(self.add_endpoint_button.toolTip())
+        row.addWidget(self.add_endpoint_button)
+
+
+class ModelController(QObject):
+    """The models the picker offers, loading and ejecting them, and the model's state in the header.
+
+    Args:
+        bar: the model bar (its picker and buttons are connected here).
+        status: the header's model state line.
+        starter_note: the note shown while the starter model is loaded.
+        chat: the chat adapter (loads, ejects, says the model's state).
+        models: the Models page's adapters (the library: its scans, other apps' folders, bandwidth).
+        composer: the composer (ready or not, and why).
+        chat_view: the transcript (the assistant's name).
+        inspector: the inspector (the model's size, context and CPU variant).
+        settings: the window's settings (load parameters, the last model, auto-load).
+        paths: the data folders (models, KV caches, the breadcrumb, the endpoints file).
+        notices: the error banner and the status bar.
+        window: the parent of the Add endpoint dialog.
+        safe_mode: no model is loaded automatically.
+        probe_bandwidth: measure the memory bandwidth at load (tests turn it off).
+    """
+
+    def __init__(
+        self,
+        *,
+        bar: ModelBarWidget,
+        status: QLabel,
+        starter_note: QLabel,
+        chat: ChatAdapter,
+        models: ModelsAdapter,
+        composer: Composer,
+        chat_view: ChatView,
+        inspector: InspectorPanel,
+        settings: SettingsStore,
+        paths: Paths,
+        notices: Notices,
+        window: QWidget,
+        safe_mode: bool = False,
+        probe_bandwidth: bool = True,
+    ) -> None:
+        super().__init__(window)
+        self.bar = bar
+        self.picker = bar.picker
+        self.status = status
+        self.starter_note = starter_note
+        self.chat = chat
+        self.models_adapter = models
+        self.composer = composer
+        self.chat_view = chat_view
+        self.inspector = inspector
+        self.settings = settings
+        self.paths = paths
+        self.notices = notices
+        self.window = window
+        self.safe_mode = safe_mode
+        self.probe_bandwidth = probe_bandwidth
+        self.models: list[Path] = []  # the local chat models in the picker
+        self.remote_models: list[Path] = []  # the saved endpoints' models, after the local ones
+        self.endpoints_file = endpoints_file(paths.config)
+        self._closed = False
+        self._other_apps_note = ""  # the offer of other apps' model folders, until a load message repeats it
+        bar.load_button.clicked.connect(self.load_or_eject)
+        bar.add_endpoint_button.clicked.connect(lambda: self.add_endpoint())
+        bar.picker.activated.connect(self._on_model_picker_activated)
+        chat.model_state_changed.connect(self._on_chat_model_state_changed)
+        chat.model_loaded.connect(self._on_chat_model_loaded)
+        chat.bandwidth_measured.connect(self._on_chat_bandwidth_measured)
+        models.library_changed.connect(self._on_models_library_changed)
+
+    def start(self) -> None:
+        """Finds the local models (then auto-loads one, or installs the starter) and the remote ones."""
+        self.refresh_models(first_start=True)
+        self.refresh_remote_models()
+
+    def shutdown(self) -> None:
+        """Later background answers are dropped (the window is closing)."""
+        self._closed = True
+
+    def models_folder(self) -> Path:
+        return self.settings.current.models_folder(self.paths.models)
+
+    def widgets_alive(self) -> bool:
+        """Whether the model bar is still shown: not closing, and the picker's C++ object still
+        exists (Qt deletes it with the window)."""
+        return not self._closed and shiboken6.isValid(self.picker)
+
+    # ------------------------------------------------------------------ the picker's models
+    def refresh_models(self, first_start: bool = False) -> None:
+        """Scans the models folder on a worker, then fills the picker."""
+        folder = self.models_folder()
+
+        def scan() -> list[Path]:
+            return chat_model_files(folder)
+
+        run_in_background(
+            scan,
+            while_alive(self.widgets_alive, lambda found: self._on_models_scanned(found, first_start)),
+            while_alive(self.widgets_alive, self._on_scan_failed),
+        )
+
+    def _on_scan_failed(self, exc: BaseException) -> None:
+        self.notices.show_error(f"Model folder unavailable: {describe_error(exc)}")
+        self.composer.set_ready(False, "No model folder")
+
+    def _on_models_scanned(self, found: list[Path], first_start: bool) -> None:
+        self.set_models(found)
+        if first_start:  # the Hugging Face cache and LM Studio's folder are hidden: offer them by name
+            self.models_adapter.library.other_folders_found.connect(self._on_models_other_folders_found)
+            self.models_adapter.library.find_other_apps()
+        if not found and first_start:
+            self._install_starter()
+            return
+        if first_start:
+            self._auto_load()
+        elif self.chat.model_state is not ModelState.LOADED:
+            self.composer.set_ready(False, "Pick a model and press Load")
+
+    def set_models(self, found: list[Path]) -> None:
+        """Fills the picker with ``found`` and the remote models, keeping the current choice."""
+        if not self.widgets_alive():
+            return  # a queued answer after the window closed (its picker is gone)
+        picker = self.picker
+        current = picker.currentData()
+        self.models = list(found)
+        picker.clear()
+        entries: list[Path] = [*found, *self.remote_models]
+        for path in entries:
+            picker.addItem(model_label(path), str(path))
+            picker.setItemData(picker.count() - 1, model_tooltip(path), Qt.ItemDataRole.ToolTipRole)
+        if current is not None:
+            index = picker.findData(current)
+            if index >= 0:
+                picker.setCurrentIndex(index)
+        self.bar.load_button.setEnabled(picker.count() > 0)
+
+    def refresh_remote_models(self) -> None:
+        """Lists the saved endpoints' models on a worker, then refreshes the picker."""
+        run_in_background(
+            lambda: list_remote_models(self.endpoints_file),
+            while_alive(self.widgets_alive, self._on_remote_models_listed),
+            while_alive(self.widgets_alive, self._on_remote_list_failed),
+        )
+
+    def _on_remote_models_listed(self, result: tuple[list[Path], list[str]]) -> None:
+        self.remote_models, problems = result
+        self.set_models(self.models)
+        if problems:
+            self.notices.show_status("Endpoint unavailable: " + "; ".join(problems), 10000)
+
+    def _on_remote_list_failed(self, exc: BaseException) -> None:
+        self.notices.show_status(f"Endpoints: {describe_error(exc)}", 10000)
+
+    def add_endpoint(self) -> AddEndpointDialog:
+        """Opens the "Add endpoint" dialog (non-modal); a saved endpoint refreshes the picker."""
+        dialog = AddEndpointDialog(self.endpoints_file, self.window)
+        dialog.accepted.connect(self.refresh_remote_models)
+        dialog.open()
+        return dialog
+
+    def _install_starter(self) -> None:
+        from engine.starter import starter_package_available
+
+        if not starter_package_available():
+            self.composer.set_ready(False, "No models yet: download one from the Models page.")
+            self.notices.show_status("No models installed. Open Models → Discover to download one.")
+            return
+        self.status.setText("Preparing the starter model…")
+        self.composer.set_ready(False, "Preparing the starter model (one time, ~250 MB)…")
+        folder = self.models_folder()
+
+        def install() -> StarterModel | None:
+            from engine.starter import install_starter_model
+
+            return install_starter_model(folder)
+
+        def done(model: StarterModel | None) -> None:
+            if model is None:
+                self.composer.set_ready(False, "The starter model is not installed.")
+                return
+            self.set_models(chat_model_files(folder) or [model.path])
+            self.models_adapter.library.scan()
+            self._auto_load(prefer=model.path)
+
+        run_in_background(
+            install,
+            while_alive(self.widgets_alive, done),
+            while_alive(self.widgets_alive, lambda e: self.notices.show_error(f"Starter model: {describe_error(e)}")),
+        )
+
+    def _auto_load(self, prefer: Path | None = None) -> None:
+        settings = self.settings.current
+        if self.safe_mode:
+            self.composer.set_ready(False, "Safe mode: no model was loaded automatically. Pick one and press Load.")
+            self.status.setText("Safe mode")
+            return
+        if not settings.auto_load_model or not self.models:
+            self.composer.set_ready(False, "Pick a model and press Load")
+            return
+        target = prefer
+        if target is None and settings.last_model:
+            last = Path(settings.last_model)
+            target = last if last in self.models else None
+        if target is None:
+            target = self.models[0]
+        index = self.picker.findData(str(target))
+        if index >= 0:
+            self.picker.setCurrentIndex(index)
+        self.load_model(target)
+
+    # ------------------------------------------------------------------ loading
+    def load_request_for(self, path: Path) -> LoadRequest:
+        settings = self.settings.current
+        gpu = settings.gpu_layers
+        n_gpu_layers = 0 if gpu == "auto" else int(gpu)
+        if gpu == "auto":
+            n_gpu_layers = self._auto_gpu_layers(path)
+        return LoadRequest(
+            model_path=path,
+            n_ctx=settings.n_ctx,
+            n_threads=settings.n_threads,
+            n_gpu_layers=n_gpu_layers,
+            overflow_policy=settings.overflow_policy,
+            reply_reserve=settings.reply_reserve,
+            label=model_label(path),
+            breadcrumb=self.paths.breadcrumb,
+            bandwidth_cache=self.paths.bandwidth_cache if self.probe_bandwidth else None,
+            backend_state=self.paths.cpu_backend_state,
+            kv_cache_dir=self.paths.kv_cache,
+            kv_cache_max_bytes=settings.kv_cache_max_bytes,
+            draft_model_path=draft_for(settings, path),  # speculative decoding's draft, from Settings
+        )
+
+    def _auto_gpu_layers(self, path: Path) -> int:
+        """Layers to offload for "auto" (0 when the engine cannot tell or the build is CPU-only)."""
+        try:
+            from engine import fit, hardware
+            from engine.gguf import read_gguf_info
+
+            hw = hardware.probe_hardware()
+            if not hw.gpu_offload_supported:
+                return 0
+            draft = draft_for(self.settings.current, path)  # the draft model goes where the model's layers go
+            estimate = fit.estimate_fit(
+                read_gguf_info(path),
+                hw,
+                self.settings.current.n_ctx,
+                draft=read_gguf_info(draft) if draft is not None and draft.is_file() else None,
+            )
+            return int(estimate.gpu_layers)
+        except Exception as exc:  # noqa: BLE001 - the estimate is advisory; CPU always works
+            log.info("auto GPU layers unavailable: %s", exc)
+            return 0
+
+    def load_model(self, path: Path) -> None:
+        """Loads ``path`` (a local file or a remote model) and remembers it as the last model."""
+        self.chat.load_model(self.load_request_for(path))
+        self.settings.current.last_model = str(path)
+        self.settings.save()
+
+    def load_from_page(self, path: Path) -> None:
+        """Loads a model chosen on the Models page (the picker shows it, even a new file)."""
+        index = self.picker.findData(str(path))
+        if index < 0:
+            self.picker.addItem(model_label(path), str(path))
+            index = self.picker.count() - 1
+        self.picker.setCurrentIndex(index)
+        self.load_model(path)
+
+    @Slot()
+    def load_or_eject(self) -> None:
+        """Load (and Ctrl+L): loads the picker's model, or ejects it when it is the one loaded."""
+        loaded = self.chat.loaded
+        if (
+            self.chat.model_state is ModelState.LOADED
+            and loaded is not None
+            and Path(self.picker.currentData() or "") == loaded.path
+        ):
+            self.chat.unload_model()
+            return
+        data = self.picker.currentData()
+        if data:
+            self.load_model(Path(data))
+
+    @Slot(int)
+    def _on_model_picker_activated(self, index: int) -> None:
+        data = self.picker.itemData(index)
+        loaded = self.chat.loaded
+        if data and (loaded is None or loaded.path != Path(data)):
+            self.load_model(Path(data))
+
+    @Slot(object, str)
+    def _on_chat_model_state_changed(self, state: ModelState, detail: str) -> None:
+        load_button = self.bar.load_button
+        if state is ModelState.LOADING:
+            self.status.setText("⟳ Loading…")
+            self.composer.set_ready(False, f"Loading {detail}…")
+            load_button.setText("Load")
+        elif state is ModelState.LOADED:
+            self.status.setText("● Loaded")
+            self.composer.set_ready(True)
+            self.composer.set_state_text("")
+            load_button.setText("Eject")
+        elif state is ModelState.FAILED:
+            self.status.setText("✕ Failed")
+            self.composer.set_ready(False, detail)
+            load_button.setText("Load")
+        else:
+            self.status.setText("No model loaded")
+            self.composer.set_ready(False, "No model loaded")
+            load_button.setText("Load")
+            self.starter_note.setVisible(False)
+
+    @Slot(object)
+    def _on_models_library_changed(self, entries: list[LibraryEntry]) -> None:
+        self.set_models([e.path for e in entries if e.chat_problem() is None])  # no embedders, no mmproj
+
+    @Slot(object)
+    def _on_models_other_folders_found(self, folders: list[OtherAppFolder]) -> None:
+        self.models_adapter.library.other_folders_found.disconnect(self._on_models_other_folders_found)
+        if folders:
+            names = ", ".join(sorted({f.app for f in folders}))
+            self._other_apps_note = f"Models from {names} were found here: open Models → Library to use them."
+            self.notices.show_status(self._other_apps_note, 20000)
+
+    @Slot(float)
+    def _on_chat_bandwidth_measured(self, gbps: float) -> None:
+        self.models_adapter.library.bandwidth_gbps = gbps
+
+    @Slot(object)
+    def _on_chat_model_loaded(self, loaded: LoadedModel) -> None:
+        from engine.starter import STARTER_MODEL_FILE
+
+        info = loaded.info
+        self.starter_note.setVisible(loaded.path.name == STARTER_MODEL_FILE)
+        self.chat_view.set_assistant_name(loaded.label)
+        self.inspector.set_model(
+            getattr(info, "model_bytes", None), getattr(info, "n_ctx", None), loaded.machine_bandwidth_gbps
+        )
+        self.inspector.set_cpu_backend(getattr(info, "cpu_backend", None), loaded.backend_note)
+        note = self._other_apps_note  # said once more, or the load message would hide it
+        self._other_apps_note = ""
+        loaded_text = f"Loaded {loaded.label} in {loaded.load_ms / 1000:.1f} s"
+        if loaded.draft_path is not None:
+            loaded_text += f", {loaded.draft_path.name} drafting for it"
+        self.notices.show_status(f"{loaded_text} · {note}" if note else loaded_text, 20000 if note else 8000)
+        if loaded.machine_bandwidth_gbps:
+            self.models_adapter.library.bandwidth_gbps = loaded.machine_bandwidth_gbps
+        self.notices.clear_error()
+        if loaded.draft_note:  # the draft model chosen in Settings was refused: said, not hidden
+            self.notices.show_error(loaded.draft_note)
