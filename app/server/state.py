@@ -230,20 +230,12 @@ class ServerState:
         One ``KnowledgeBases`` serves every request: it holds the knowledge folder's lock, so a
         second one in the same process would be refused.
         """
-        from app.knowledge_glue import make_retriever
-        from rag.knowledge import KnowledgeBases
+        from app.knowledge_glue import make_retriever, open_knowledge_bases
 
         if self._knowledge is None:
-            self._knowledge = KnowledgeBases(
-                self.paths.knowledge, embedder_path=self.embedder_path, chroma_url=self.chroma_url
+            self._knowledge = open_knowledge_bases(
+                self.paths, self.embedder_path, self.chroma_url, report=lambda line: log.warning("%s", line)
             )
-            if self._knowledge.recovered is not None:
-                recovery = self._knowledge.recovered
-                log.warning(
-                    "the document index was damaged (%s); it was moved to %s and is being rebuilt",
-                    recovery.reason,
-                    recovery.moved_to,
-                )
         from rag.errors import KnowledgeBaseError
 
         for name in names:

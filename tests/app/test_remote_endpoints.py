@@ -21,6 +21,7 @@ from gui_support import FakeSession, make_window
 from PySide6.QtCore import Qt
 
 import engine.inference.remote
+from app import compose
 from app.gui.endpoints_dialog import AddEndpointDialog, list_remote_models
 from app.gui.workers.chat_adapter import (
     ChatState,
@@ -28,7 +29,6 @@ from app.gui.workers.chat_adapter import (
     RoutingSessionFactory,
     model_label,
     parse_remote_model,
-    remote_model_path,
 )
 from app.gui.workers.llm_worker import LoadRequest
 from app.paths import Paths
@@ -59,10 +59,11 @@ def endpoints(paths: Paths) -> EndpointStore:
     return store
 
 
-def test_remote_model_paths_round_trip() -> None:
-    path = remote_model_path("lab", "org/Model-7B:q4")
-    assert parse_remote_model(Path(str(path))) == ("lab", "org/Model-7B:q4")
-    assert model_label(path) == "org/Model-7B:q4 · lab (remote)"
+def test_remote_model_references_round_trip() -> None:
+    model = compose.RemoteModel("lab", "org/Model-7B:q4")
+    assert parse_remote_model(compose.model_key(model)) == ("lab", "org/Model-7B:q4")
+    assert parse_remote_model(Path("glassbox-remote/lab/org%2FModel-7B%3Aq4")) == ("lab", "org/Model-7B:q4")  # older
+    assert model_label(model) == "org/Model-7B:q4 · lab (remote)"
     assert parse_remote_model(Path("/models/fake-model.gguf")) is None
 
 
@@ -75,19 +76,19 @@ def test_routing_factory_builds_a_remote_session_for_a_saved_endpoint(endpoints:
         return FakeSession(request, None)
 
     factory = RoutingSessionFactory(endpoints.path, lambda r, b: local.append(r) or FakeSession(r, b), remote)
-    session = factory(LoadRequest(model_path=remote_model_path("lab", "m-1")), None)
+    session = factory(LoadRequest(model_path=compose.RemoteModel("lab", "m-1")), None)
     assert made[0][0].url == "http://10.9.8.7:8000" and made[0][0].api_key == "sk-lab-secret-0001"
     assert made[0][1] == "m-1"
     assert factory.last_session is session and not local
     factory(LoadRequest(model_path=Path("/x/local.gguf")), None)
     assert len(local) == 1
     with pytest.raises(EngineError, match="gone: no saved endpoint"):
-        factory(LoadRequest(model_path=remote_model_path("gone", "m")), None)
+        factory(LoadRequest(model_path=compose.RemoteModel("gone", "m")), None)
 
 
 def test_real_remote_session_is_built_from_the_endpoint(endpoints: EndpointStore) -> None:
     factory = RoutingSessionFactory(endpoints.path)
-    session = factory(LoadRequest(model_path=remote_model_path("lab", "m-1"), overflow_policy="refuse"), None)
+    session = factory(LoadRequest(model_path=compose.RemoteModel("lab", "m-1"), overflow_policy="refuse"), None)
     try:
         assert isinstance(session, engine.inference.remote.RemoteSession)
         assert session.model == "m-1" and session.base_url.startswith("http://10.9.8.7:8000")
@@ -102,7 +103,7 @@ def test_list_remote_models_reports_unreachable_endpoints(
     endpoints.add("http://10.0.0.1:1", name="down")
     monkeypatch.setattr(engine.inference.remote, "list_models", fake_list_models({"http://10.9.8.7:8000": ["a", "b"]}))
     found, problems = list_remote_models(endpoints.path)
-    assert found == [remote_model_path("lab", "a"), remote_model_path("lab", "b")]
+    assert found == [compose.RemoteModel("lab", "a"), compose.RemoteModel("lab", "b")]
     assert len(problems) == 1 and problems[0].startswith("down: cannot reach")
 
 
@@ -132,7 +133,7 @@ def window(
 
 
 def picker_entries(w: Any) -> list[str]:
-    return [w.header.model_bar.picker.itemText(i) for i in range(w.header.model_bar.picker.count())]
+    return [w.model_picker.itemText(i) for i in range(w.model_picker.count())]
 
 
 def test_picker_lists_remote_models_and_a_turn_goes_through_the_remote_session(qtbot: Any, window: Any) -> None:
@@ -140,8 +141,8 @@ def test_picker_lists_remote_models_and_a_turn_goes_through_the_remote_session(q
     entries = picker_entries(window)
     assert entries[0] == "fake-model", "local models first"
     index = entries.index("big-model · lab (remote)")
-    window.header.model_bar.picker.setCurrentIndex(index)
-    window.header.model_bar.picker.activated.emit(index)
+    window.model_picker.setCurrentIndex(index)
+    window._on_model_picker_activated(index)
     qtbot.waitUntil(
         lambda: window.chat.model_state is ModelState.LOADED and window.chat.loaded.label.endswith("(remote)"),
         timeout=5000,
@@ -153,7 +154,8 @@ def test_picker_lists_remote_models_and_a_turn_goes_through_the_remote_session(q
     qtbot.waitUntil(lambda: window.chat.thread_messages[-1].state != "pending", timeout=5000)
     assert window.remote_sessions[0].calls[0]["user"] == "Hello remote"
     assert window.chat_view.cards[-1].text == "Remote big-model at http://10.9.8.7:8000 says hi"
-    assert window.settings.last_model == str(remote_model_path("lab", "big-model"))
+    assert window.settings.last_model == compose.model_key(compose.RemoteModel("lab", "big-model"))
+    assert compose.LEGACY_REMOTE_ROOT not in window.settings.last_model  # the old pseudo path is never written
 
 
 def test_add_endpoint_dialog_checks_then_saves(qtbot: Any, paths: Paths, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -185,11 +187,11 @@ def get_json(url: str, key: str | None = None) -> Any:
 
 
 def test_server_setting_starts_and_stops_the_local_api(qtbot: Any, window: Any, paths: Paths) -> None:
-    remote = window.api_server
+    remote = window.remote
     window.settings = window.settings.model_copy(
         update={"api_server_enabled": True, "api_server_port": 0, "api_server_key": "glassbox-test-key-1"}
     )
-    remote.apply_settings()
+    remote.apply_server_settings()
     qtbot.waitUntil(lambda: remote.server_url is not None, timeout=10000)
     url = remote.server_url
     assert url.startswith("http://127.0.0.1:") and url.endswith("/v1")
@@ -202,7 +204,7 @@ def test_server_setting_starts_and_stops_the_local_api(qtbot: Any, window: Any, 
     assert remote._server_backend is window.chat.current_session()
 
     window.settings = window.settings.model_copy(update={"api_server_enabled": False})
-    remote.apply_settings()
+    remote.apply_server_settings()
     assert remote.server_url is None
     with pytest.raises(urllib.error.URLError):
         get_json(f"{url}/models", "glassbox-test-key-1")
@@ -210,9 +212,9 @@ def test_server_setting_starts_and_stops_the_local_api(qtbot: Any, window: Any, 
 
 def test_server_stops_when_the_window_closes(qtbot: Any, window: Any) -> None:
     window.settings = window.settings.model_copy(update={"api_server_enabled": True, "api_server_port": 0})
-    window.api_server.apply_settings()
-    qtbot.waitUntil(lambda: window.api_server.server_url is not None, timeout=10000)
-    url = window.api_server.server_url
+    window.remote.apply_server_settings()
+    qtbot.waitUntil(lambda: window.remote.server_url is not None, timeout=10000)
+    url = window.remote.server_url
     assert get_json(f"{url}/models")["data"]
     window.shutdown()
     with pytest.raises(urllib.error.URLError):
@@ -253,8 +255,8 @@ def test_real_remote_session_end_to_end_in_the_window(qtbot: Any, paths: Paths, 
         qtbot.waitUntil(lambda: "served-model · box (remote)" in picker_entries(w), timeout=10000)
         qtbot.waitUntil(lambda: w.chat.model_state is ModelState.LOADED, timeout=5000)
         index = picker_entries(w).index("served-model · box (remote)")
-        w.header.model_bar.picker.setCurrentIndex(index)
-        w.header.model_bar.picker.activated.emit(index)
+        w.model_picker.setCurrentIndex(index)
+        w._on_model_picker_activated(index)
         qtbot.waitUntil(lambda: w.chat.loaded is not None and w.chat.loaded.label.endswith("(remote)"), timeout=10000)
         w.composer.edit.setPlainText("Ping")
         qtbot.keyClick(w.composer.edit, Qt.Key.Key_Return)
@@ -273,13 +275,13 @@ def test_real_remote_session_end_to_end_in_the_window(qtbot: Any, paths: Paths, 
 
 
 def test_server_follows_the_loaded_model(qtbot: Any, window: Any) -> None:
-    remote = window.api_server
+    remote = window.remote
     window.settings = window.settings.model_copy(update={"api_server_enabled": True, "api_server_port": 0})
-    remote.apply_settings()
+    remote.apply_server_settings()
     qtbot.waitUntil(lambda: remote.server_url is not None, timeout=10000)
     first = remote.server
     qtbot.waitUntil(lambda: "big-model · lab (remote)" in picker_entries(window), timeout=5000)
-    window.model_control.load_model(remote_model_path("lab", "big-model"))
+    window.load_model(compose.RemoteModel("lab", "big-model"))
     qtbot.waitUntil(
         lambda: bool(window.remote_sessions) and remote._server_backend is window.remote_sessions[0], timeout=10000
     )

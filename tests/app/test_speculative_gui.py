@@ -325,11 +325,11 @@ def test_automatic_gpu_layers_count_the_draft_model(
 
 
 def test_a_remote_model_is_never_asked_to_speculate() -> None:
-    from app.gui.workers.chat_adapter import remote_model_path
+    from app.compose import RemoteModel
     from app.gui.workers.llm_worker import LoadedModel
     from app.gui.workers.speculative import speculative_mode
 
-    remote = LoadedModel(remote_model_path("lab", "qwen"), "qwen", None, 1.0, None)
+    remote = LoadedModel(RemoteModel("lab", "qwen"), "qwen", None, 1.0, None)
     local = LoadedModel(Path("/m/big.gguf"), "big", None, 1.0, None)
     drafted = LoadedModel(Path("/m/big.gguf"), "big", None, 1.0, None, draft_path=Path("/m/small.gguf"))
     settings = Settings(speculative="lookup")

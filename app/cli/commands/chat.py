@@ -83,19 +83,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: a
     parser.set_defaults(handler=run)
 
 
-def _gpu_layers(spec: str, model: Path, n_ctx: int) -> int:
-    if spec != "auto":
-        try:
-            return int(spec)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"--gpu-layers must be a number or 'auto', not {spec!r}") from None
-    from engine.fit import auto_gpu_layers
-    from engine.hardware import probe_hardware
-    from engine.library import read_model_info
-
-    return auto_gpu_layers(read_model_info(model), n_ctx, probe_hardware())
-
-
 def _bandwidth(paths: Paths) -> float | None:
     from engine.hardware import cached_memory_bandwidth
 
@@ -195,26 +182,21 @@ def run(args: argparse.Namespace, paths: Paths) -> int:
 
 def _local_session(args: argparse.Namespace, paths: Paths) -> ChatBackend:
     """A ChatSession for ``--model`` (a path, a library name or 'starter'). Raises ModelFileError."""
-    from engine.inference.runtime import LoadParams
-    from engine.inference.session import ChatSession
+    from app.compose import BackendOptions, LoadSettings, LocalModel, open_backend, parse_gpu_layers
 
     model = resolve_model(args.model, paths, for_chat=True)
-    n_ctx = args.n_ctx or 4096
-    gpu_layers = _gpu_layers(args.gpu_layers, model, n_ctx)
-    load = LoadParams(
-        model_path=model,
-        n_ctx=n_ctx,
-        n_threads=args.threads,
-        n_gpu_layers=gpu_layers,
-        draft_model_path=_draft_model(args.speculative),
-    )
-    return ChatSession(
-        load,
-        machine_bandwidth_gbps=_bandwidth(paths),
+    try:
+        gpu_layers = parse_gpu_layers(args.gpu_layers)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    load = LoadSettings(args.n_ctx or 4096, args.threads, gpu_layers, _draft_model(args.speculative))
+    options = BackendOptions(
         overflow_policy=args.overflow,
+        machine_bandwidth_gbps=_bandwidth(paths),
         backend_state=paths.cpu_backend_state,
         kv_cache=None if args.no_kv_cache else _kv_cache(paths),
     )
+    return open_backend(LocalModel(model), load, options, None)
 
 
 def _speculative_setting(args: argparse.Namespace, paths: Paths) -> str:
@@ -259,13 +241,11 @@ def _kv_cache(paths: Paths) -> Any:
 
 def _remote_session(args: argparse.Namespace, paths: Paths) -> ChatBackend:
     """A RemoteSession on the saved endpoint ``--endpoint``. Raises EngineError for an unknown name."""
-    from engine.inference.endpoints import EndpointStore
-    from engine.inference.remote import RemoteSession
+    from app.compose import BackendOptions, LoadSettings, RemoteModel, open_backend
 
-    endpoint = EndpointStore(paths.config / "endpoints.json").get(args.endpoint)
-    return RemoteSession(
-        endpoint.url, args.model or None, endpoint.api_key, n_ctx=args.n_ctx, overflow_policy=args.overflow
-    )
+    options = BackendOptions(overflow_policy=args.overflow, n_ctx=args.n_ctx)
+    model = RemoteModel(args.endpoint, args.model or "")  # no --model: the server's first model
+    return open_backend(model, LoadSettings(), options, paths.config / "endpoints.json")
 
 
 def _turns(args: argparse.Namespace) -> Iterator[str]:

@@ -29,7 +29,6 @@ from app.gui.workers.llm_worker import LlmWorker, LoadedModel, LoadRequest, Sess
 
 # The model paths and their backends (split out; these names are still importable from here).
 from app.gui.workers.model_routing import (
-    REMOTE_ROOT,
     STARTER_SHORT_LABEL,
     RemoteSessionFactory,
     RoutingSessionFactory,
@@ -37,7 +36,7 @@ from app.gui.workers.model_routing import (
     model_label,
     model_tooltip,
     parse_remote_model,
-    remote_model_path,
+    picker_model,
 )
 
 if TYPE_CHECKING:
@@ -47,7 +46,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CHECKPOINT_S",
-    "REMOTE_ROOT",
     "RETRY_S",
     "STARTER_SHORT_LABEL",
     "ChatAdapter",
@@ -61,7 +59,7 @@ __all__ = [
     "model_label",
     "model_tooltip",
     "parse_remote_model",
-    "remote_model_path",
+    "picker_model",
 ]
 
 

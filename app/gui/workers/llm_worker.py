@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from PySide6.QtCore import QObject, Signal, Slot
 
 if TYPE_CHECKING:
+    from app.compose import GpuLayers, RemoteModel
     from engine.inference.backends import ChatBackend
     from engine.inference.context import RankedDocuments
 
@@ -35,10 +36,11 @@ class LoadRequest:
     """Load (or replace) the model.
 
     Args:
-        model_path: the GGUF file.
+        model_path: the GGUF file, or an ``app.compose.RemoteModel`` (a model on a saved endpoint).
         n_ctx: context length.
         n_threads: CPU threads (None: llama.cpp decides).
-        n_gpu_layers: layers to offload (0 on CPU-only builds).
+        n_gpu_layers: layers to offload (0 on CPU-only builds), or "auto": computed on the worker
+            thread before the load (``app.compose.resolve_gpu_layers``; it probes the hardware).
         overflow_policy: "rolling" or "refuse".
         reply_reserve: tokens kept free for the reply.
         label: the name shown in the UI.
@@ -51,10 +53,10 @@ class LoadRequest:
             decoding (``settings.draft_models``); refused by the engine, the model loads without it.
     """
 
-    model_path: Path
+    model_path: Path | RemoteModel
     n_ctx: int = 4096
     n_threads: int | None = None
-    n_gpu_layers: int = 0
+    n_gpu_layers: GpuLayers = 0
     overflow_policy: str = "rolling"
     reply_reserve: int = 512
     label: str = ""
@@ -108,9 +110,9 @@ class GenerateRequest:
 
 @dataclass(frozen=True)
 class LoadedModel:
-    """A loaded model, as the GUI sees it."""
+    """A loaded model, as the GUI sees it (``path``: its file, or an ``app.compose.RemoteModel``)."""
 
-    path: Path
+    path: Path | RemoteModel
     label: str
     info: Any  # engine.inference.runtime.ModelInfo
     load_ms: float
@@ -139,24 +141,31 @@ SessionFactory = Callable[[LoadRequest, "float | None"], "ChatBackend"]
 
 def default_session_factory(request: LoadRequest, bandwidth: float | None) -> ChatBackend:
     """Builds the real engine session (imports the engine lazily; llama_cpp stays in the child)."""
-    from engine.inference.runtime import LoadParams
-    from engine.inference.session import ChatSession
+    from app.compose import BackendOptions, LoadSettings, load_params, open_local
 
-    params = LoadParams(
-        model_path=request.model_path,
-        n_ctx=request.n_ctx,
-        n_threads=request.n_threads,
-        n_gpu_layers=request.n_gpu_layers,
-        draft_model_path=request.draft_model_path,
-    )
-    return ChatSession(
-        params,
-        machine_bandwidth_gbps=bandwidth,
-        overflow_policy=request.overflow_policy,  # type: ignore[arg-type]
+    if not isinstance(request.model_path, Path):
+        raise TypeError(f"{request.model_path}: a remote model has no local session")
+    load = LoadSettings(request.n_ctx, request.n_threads, request.n_gpu_layers, request.draft_model_path)
+    options = BackendOptions(
+        overflow_policy=request.overflow_policy,
         reply_reserve=request.reply_reserve,
+        machine_bandwidth_gbps=bandwidth,
         backend_state=request.backend_state,
         kv_cache=_kv_cache_config(request),
     )
+    return open_local(load_params(request.model_path, load), options)
+
+
+def _resolve_gpu_layers(request: LoadRequest) -> LoadRequest:
+    """``request`` with ``n_gpu_layers="auto"`` replaced by the count (computed once per load)."""
+    if request.n_gpu_layers != "auto":
+        return request
+    from dataclasses import replace
+
+    from app.compose import resolve_gpu_layers
+
+    layers = resolve_gpu_layers("auto", request.model_path, request.n_ctx, request.draft_model_path)
+    return replace(request, n_gpu_layers=layers)
 
 
 def _kv_cache_config(request: LoadRequest) -> Any:
@@ -206,11 +215,12 @@ def lower_priority(session: Any) -> None:
         log.info("could not lower the inference process's priority: %s", exc)
 
 
-def write_breadcrumb(path: Path, what: str, target: Path) -> None:
+def write_breadcrumb(path: Path, what: str, target: Path | RemoteModel) -> None:
     """Records risky work about to start, so the next launch can tell what crashed."""
+    from app.compose import model_key
     from engine.atomic import write_text_atomic
 
-    document = {"attempting": what, "path": str(target), "at": time.time()}
+    document = {"attempting": what, "path": model_key(target), "at": time.time()}
     write_text_atomic(path, json.dumps(document), durable=False)  # cheap to lose: no fsync, as before
 
 
@@ -276,6 +286,7 @@ class LlmWorker(QObject):
         try:
             from app.gui.workers.speculative import load_session
 
+            request = _resolve_gpu_layers(request)  # "auto" probes the hardware: here, never on the GUI thread
             session, info, request, draft_note = load_session(self._factory, request, self._bandwidth)
         except Exception as exc:  # noqa: BLE001 - boundary: every failure becomes a signal (CONTRIBUTING.md rule 18)
             if request.breadcrumb is not None:

@@ -1,0 +1,315 @@
+"""The composition root: how every front end (the window, ``glassbox chat``, ``glassbox serve``)
+turns settings or flags and a model into a chat backend. Qt-free; it imports the engine lazily.
+
+* A model is named by a typed reference, :data:`ModelRef`: :class:`LocalModel` (a GGUF file) or
+  :class:`RemoteModel` (a model id on a saved OpenAI-compatible endpoint). :func:`model_key` is
+  its text (the model picker's data, ``settings.last_model``); :func:`model_ref` reads that text
+  back, and also the ``glassbox-remote/ENDPOINT/MODEL`` pseudo path that older versions saved, so
+  a saved model still opens after an upgrade (it is never written again).
+* :func:`load_params` maps :class:`LoadSettings` (from Settings: :func:`load_settings_from`, or
+  from a command's flags) and a model file to the engine's ``LoadParams``. ``gpu_layers="auto"``
+  is computed by :func:`resolve_gpu_layers`, once per load, with the engine's one computation
+  (``engine.fit.auto_gpu_layers``) over the split-aware header (all parts of a split model, and
+  the draft model beside it). It probes the hardware (imports llama_cpp, runs nvidia-smi): never
+  call it on the GUI thread; the window resolves it on the LLM worker thread.
+* :func:`open_backend` opens the ``ChatBackend`` a reference names: a local ``ChatSession`` or a
+  ``RemoteSession`` on the saved endpoint (:func:`open_local`, :func:`open_remote`).
+
+The retriever the front ends share is built in one place, ``app.knowledge_glue``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, cast
+from urllib.parse import quote, unquote
+
+if TYPE_CHECKING:
+    from app.settings import Settings
+    from engine.inference.backends import ChatBackend
+    from engine.inference.endpoints import Endpoint
+    from engine.inference.runtime import LoadParams
+
+__all__ = [
+    "LEGACY_REMOTE_ROOT",
+    "REMOTE_PREFIX",
+    "BackendOptions",
+    "GpuLayers",
+    "LoadSettings",
+    "LocalModel",
+    "ModelRef",
+    "RemoteModel",
+    "auto_gpu_layers_for",
+    "find_endpoint",
+    "load_params",
+    "load_settings_from",
+    "model_key",
+    "model_ref",
+    "open_backend",
+    "open_local",
+    "open_remote",
+    "open_remote_session",
+    "parse_gpu_layers",
+    "resolve_gpu_layers",
+]
+
+log = logging.getLogger(__name__)
+
+GpuLayers = int | Literal["auto"]
+"""Layers to offload to the GPU: a count (0: CPU only, -1: all), or "auto" (as many as fit)."""
+
+
+# ---------------------------------------------------------------------------- model references
+
+
+@dataclass(frozen=True)
+class LocalModel:
+    """A model file on this machine (the first part of a split model)."""
+
+    path: Path
+
+    @property
+    def name(self) -> str:
+        """The file name."""
+        return self.path.name
+
+
+@dataclass(frozen=True)
+class RemoteModel:
+    """A model on a saved OpenAI-compatible endpoint (``engine.inference.endpoints``).
+
+    Not to be confused with ``engine.inference.remote.RemoteModel``, one entry of a server's
+    ``/v1/models`` listing.
+
+    Attributes:
+        endpoint: the saved endpoint's name.
+        model_id: the server's model id ("" lets the server choose its first model).
+    """
+
+    endpoint: str
+    model_id: str
+
+    @property
+    def name(self) -> str:
+        """The model id (what a label or a log line shows)."""
+        return self.model_id
+
+
+ModelRef = LocalModel | RemoteModel
+"""What a front end loads: a local file or a model on a saved endpoint."""
+
+REMOTE_PREFIX = "remote:"
+"""How :func:`model_key` writes a :class:`RemoteModel`: ``remote:ENDPOINT/QUOTED_MODEL_ID``."""
+
+LEGACY_REMOTE_ROOT = "glassbox-remote"
+"""The first part of the pseudo path ``glassbox-remote/ENDPOINT/MODEL`` that older versions wrote
+for a remote model (the model picker, ``settings.last_model``); read, never written."""
+
+
+def model_key(model: Path | ModelRef) -> str:
+    """The text that stands for ``model`` in the model picker and in ``settings.last_model``.
+
+    A local model's key is its path, as before; a remote one's is ``remote:ENDPOINT/MODEL_ID``
+    (the id percent-quoted: ids hold ``/`` and ``:``). :func:`model_ref` reads it back.
+    """
+    if isinstance(model, RemoteModel):
+        return f"{REMOTE_PREFIX}{quote(model.endpoint, safe='')}/{quote(model.model_id, safe='')}"
+    return str(model.path if isinstance(model, LocalModel) else model)
+
+
+def model_ref(value: str | Path | ModelRef) -> ModelRef:
+    """The reference ``value`` stands for: a :func:`model_key`, a file path, the legacy
+    ``glassbox-remote/ENDPOINT/MODEL`` pseudo path, or a reference already."""
+    if isinstance(value, (LocalModel, RemoteModel)):
+        return value
+    text = str(value)
+    if text.startswith(REMOTE_PREFIX):
+        endpoint, sep, model_id = text[len(REMOTE_PREFIX) :].partition("/")
+        if sep and endpoint:
+            return RemoteModel(unquote(endpoint), unquote(model_id))
+    parts = Path(text).parts
+    if len(parts) == 3 and parts[0] == LEGACY_REMOTE_ROOT:
+        return RemoteModel(parts[1], unquote(parts[2]))
+    return LocalModel(value if isinstance(value, Path) else Path(text))
+
+
+# ---------------------------------------------------------------------------- load parameters
+
+
+@dataclass(frozen=True)
+class LoadSettings:
+    """How to load a local model, from Settings or a command's flags.
+
+    Attributes:
+        n_ctx: the context window.
+        n_threads: CPU threads (None: llama.cpp decides).
+        gpu_layers: layers to offload, or "auto" (resolved by :func:`resolve_gpu_layers`).
+        draft_model: the draft model for speculative decoding, loaded beside it (None: none).
+    """
+
+    n_ctx: int = 4096
+    n_threads: int | None = None
+    gpu_layers: GpuLayers = 0
+    draft_model: Path | None = None
+
+
+def load_settings_from(settings: Settings, model: Path) -> LoadSettings:
+    """The window's :class:`LoadSettings` for ``model``: Settings' context, threads, GPU layers and
+    the draft model chosen for it (``settings.draft_models``)."""
+    draft = settings.draft_models.get(str(model))
+    return LoadSettings(
+        n_ctx=settings.n_ctx,
+        n_threads=settings.n_threads,
+        gpu_layers=settings.gpu_layers,
+        draft_model=Path(draft) if draft else None,
+    )
+
+
+def parse_gpu_layers(text: str) -> GpuLayers:
+    """``--gpu-layers N|auto``.
+
+    Raises:
+        ValueError: neither a number nor ``auto`` (the message names the flag).
+    """
+    if text == "auto":
+        return "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"--gpu-layers must be a number or 'auto', not {text!r}") from None
+
+
+def auto_gpu_layers_for(model: Path, n_ctx: int, draft: Path | None = None) -> int:
+    """As many layers of ``model`` as fit in this machine's VRAM at ``n_ctx`` (0 on a CPU-only
+    build, or when it cannot tell: the estimate is advisory, the CPU always works).
+
+    Reads every part of a split model (``engine.library.read_model_info``) and counts a draft
+    model that exists beside it; probes the hardware (slow: never on the GUI thread).
+    """
+    try:
+        from engine import hardware
+        from engine.fit import auto_gpu_layers
+        from engine.library import read_model_info
+
+        hw = hardware.probe_hardware()
+        if not hw.gpu_offload_supported:
+            return 0
+        draft_info = read_model_info(draft) if draft is not None and draft.is_file() else None
+        return auto_gpu_layers(read_model_info(model), n_ctx, hw, draft=draft_info)
+    except Exception as exc:  # noqa: BLE001 - the estimate is advisory; CPU always works
+        log.info("auto GPU layers unavailable for %s: %s", model, exc)
+        return 0
+
+
+def resolve_gpu_layers(spec: GpuLayers, model: Path | ModelRef, n_ctx: int, draft: Path | None = None) -> int:
+    """The layer count a load uses: ``spec`` itself, or for "auto" :func:`auto_gpu_layers_for`
+    (0 for a remote model, which loads nothing here)."""
+    if spec != "auto":
+        return int(spec)
+    ref = model_ref(model)
+    if isinstance(ref, RemoteModel):
+        return 0
+    return auto_gpu_layers_for(ref.path, n_ctx, draft)
+
+
+def load_params(model: Path, load: LoadSettings) -> LoadParams:
+    """The engine's ``LoadParams`` for ``model`` (GPU layers resolved: see :func:`resolve_gpu_layers`)."""
+    from engine.inference.runtime import LoadParams
+
+    return LoadParams(
+        model_path=model,
+        n_ctx=load.n_ctx,
+        n_threads=load.n_threads,
+        n_gpu_layers=resolve_gpu_layers(load.gpu_layers, model, load.n_ctx, load.draft_model),
+        draft_model_path=load.draft_model,
+    )
+
+
+# ---------------------------------------------------------------------------- backends
+
+
+@dataclass(frozen=True)
+class BackendOptions:
+    """How a backend treats a conversation, whichever model it runs.
+
+    Attributes:
+        overflow_policy: "rolling" (drop the oldest turns) or "refuse" (``ContextOverflow``).
+        reply_reserve: tokens kept free for the reply.
+        machine_bandwidth_gbps: the machine's memory bandwidth, for Stats (local only).
+        backend_state: this machine's CPU-variant verdicts (``engine.cpu_backend``; local only).
+        kv_cache: an ``engine.inference.kv_cache.KvCacheConfig`` (None: chats' KV caches not saved).
+        n_ctx: a remote model's window, when the server's own is not to be trusted (None: ask it).
+    """
+
+    overflow_policy: str = "rolling"
+    reply_reserve: int = 512
+    machine_bandwidth_gbps: float | None = None
+    backend_state: Path | None = None
+    kv_cache: Any = None
+    n_ctx: int | None = None
+
+
+def open_local(params: LoadParams, options: BackendOptions) -> ChatBackend:
+    """A ``ChatSession`` for ``params`` (not loaded yet; the engine stays in its worker process)."""
+    from engine.inference.session import ChatSession
+
+    return ChatSession(
+        params,
+        machine_bandwidth_gbps=options.machine_bandwidth_gbps,
+        overflow_policy=cast("Any", options.overflow_policy),
+        reply_reserve=options.reply_reserve,
+        backend_state=options.backend_state,
+        kv_cache=options.kv_cache,
+    )
+
+
+def find_endpoint(endpoints_file: Path | None, name: str) -> Endpoint:
+    """The saved endpoint called ``name``.
+
+    Raises:
+        EngineError: no endpoints file, or none by that name (one line naming it).
+    """
+    from engine.errors import EngineError
+    from engine.inference.endpoints import EndpointStore
+
+    if endpoints_file is None:
+        raise EngineError(f"{name}: no saved endpoints in this window")
+    return EndpointStore(endpoints_file).get(name)
+
+
+def open_remote_session(endpoint: Endpoint, model_id: str, options: BackendOptions) -> ChatBackend:
+    """A ``RemoteSession`` for ``model_id`` on ``endpoint`` ("": the server's first model)."""
+    from engine.inference.remote import RemoteSession
+
+    return RemoteSession(
+        endpoint.url,
+        model_id or None,
+        endpoint.api_key,
+        n_ctx=options.n_ctx,
+        overflow_policy=cast("Any", options.overflow_policy),
+        reply_reserve=options.reply_reserve,
+    )
+
+
+def open_remote(model: RemoteModel, endpoints_file: Path | None, options: BackendOptions) -> ChatBackend:
+    """The ``RemoteSession`` for ``model``. Raises EngineError for an endpoint no longer saved."""
+    return open_remote_session(find_endpoint(endpoints_file, model.endpoint), model.model_id, options)
+
+
+def open_backend(
+    model: ModelRef,
+    load: LoadSettings,
+    options: BackendOptions,
+    endpoints_file: Path | None,
+) -> ChatBackend:
+    """The backend ``model`` names, not loaded yet: a local session loaded with ``load``, or a
+    remote one on its saved endpoint (``load`` does not apply to it).
+
+    Raises:
+        EngineError: a remote model whose endpoint is not saved.
+    """
+    if isinstance(model, RemoteModel):
+        return open_remote(model, endpoints_file, options)
+    return open_local(load_params(model.path, load), options)
