@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -162,7 +161,7 @@ def test_incremental_rules(tmp_path: Path, make_kbs: MakeKbs) -> None:
         kbs.remove("fruit", docs / "sub")
 
 
-def test_rescan_of_1000_unchanged_files_takes_seconds(
+def test_rescan_of_1000_unchanged_files_reads_none_and_queries_in_bulk(
     tmp_path: Path, make_kbs: MakeKbs, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     docs = tmp_path / "many"
@@ -184,10 +183,14 @@ def test_rescan_of_1000_unchanged_files_takes_seconds(
     monkeypatch.setattr(rag.ingest, "sha256_file", forbidden)
     monkeypatch.setattr(kbs, "_parser", type("P", (), {"parse": forbidden})())
     encoded = fake.encoded
-    started = time.perf_counter()
-    again = kbs.add("many", [docs])
-    elapsed = time.perf_counter() - started
+    statements: list[str] = []  # what the rescan asked of the registry's database
+    kbs.registry._db.set_trace_callback(statements.append)
+    try:
+        again = kbs.add("many", [docs])
+    finally:
+        kbs.registry._db.set_trace_callback(None)
     assert again.unchanged == 1000
     assert again.indexed == 0
     assert fake.encoded == encoded
-    assert elapsed < 5.0, f"rescan took {elapsed:.2f} s"
+    # Counted, not timed: a handful of statements for all 1,000 files (5 here), not one or more per file.
+    assert len(statements) <= 50, len(statements)
