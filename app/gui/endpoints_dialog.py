@@ -1,11 +1,12 @@
-"""Remote endpoints and the local API server in the desktop app.
+"""Remote endpoints in the desktop app.
 
 * :class:`AddEndpointDialog`: URL, optional name and API key; checks the server with
   ``engine.inference.remote.list_models`` on a worker and saves it with ``engine.inference.endpoints.EndpointStore``.
-* :class:`RemoteIntegration`: owned by the main window. Lists the saved endpoints' models for the
-  model picker (as ``app.compose.RemoteModel`` references, side by side with
-  the local files), and runs ``glassbox serve`` in-process (``app.server.http.start_server``) over the
-  window's loaded session while the "Local API server" setting is on.
+* :func:`list_remote_models`: the saved endpoints' models for the model picker (as
+  ``app.compose.RemoteModel`` references), listed by ``app.gui.model_bar.ModelController`` beside
+  the local files.
+
+The local API server the app can run is ``app.gui.api_server_control``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QObject, Slot
+from PySide6.QtCore import Slot
 from PySide6.QtWidgets import (
     QDialog,
     QDialogButtonBox,
@@ -27,7 +28,6 @@ from PySide6.QtWidgets import (
 
 from app.compose import RemoteModel
 from app.gui.tasks import describe_error, run_in_background
-from app.gui.workers.chat_adapter import ModelState
 
 log = logging.getLogger(__name__)
 ENDPOINTS_FILE = "endpoints.json"
@@ -142,131 +142,3 @@ class AddEndpointDialog(QDialog):
             return
         self.model_ids = ids
         self.accept()
-
-
-class _SharedKnowledge:
-    """The window's KnowledgeBases, opened on first use by a server thread (never by the GUI thread)."""
-
-    def __init__(self, adapter: Any) -> None:
-        self._adapter = adapter
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._adapter.kbs, name)
-
-
-class RemoteIntegration(QObject):
-    """Remote models in the picker and the local API server, for one main window.
-
-    Args:
-        window: the ``app.gui.main_window.MainWindow`` (its paths, settings, chat adapter, picker).
-    """
-
-    def __init__(self, window: Any) -> None:
-        super().__init__(window)
-        self.window = window
-        self.store_file = endpoints_file(window.paths.config)
-        self.remote_models: list[RemoteModel] = []
-        self.server: Any = None  # app.server.http.ServerHandle while serving
-        self._server_backend: Any = None
-        self._server_config: tuple[int, str | None] | None = None
-        self._generation = 0
-        self._closed = False
-        self.server_status = QLabel("")
-        self.server_status.setObjectName("apiServerStatus")
-        window.statusBar().addPermanentWidget(self.server_status)
-        window.chat.model_state_changed.connect(self._on_model_state_changed)
-
-    # ------------------------------------------------------------------ remote models
-    def refresh_models(self) -> None:
-        """Lists the saved endpoints' models on a worker, then refreshes the picker."""
-        run_in_background(lambda: list_remote_models(self.store_file), self._on_models_listed, self._on_list_failed)
-
-    def _on_models_listed(self, result: tuple[list[RemoteModel], list[str]]) -> None:
-        if self._closed:
-            return
-        self.remote_models, problems = result
-        self.window.set_models(self.window.models)
-        if problems:
-            self.window.statusBar().showMessage("Endpoint unavailable: " + "; ".join(problems), 10000)
-
-    def _on_list_failed(self, exc: BaseException) -> None:
-        self.window.statusBar().showMessage(f"Endpoints: {describe_error(exc)}", 10000)
-
-    def add_endpoint(self) -> AddEndpointDialog:
-        """Opens the "Add endpoint" dialog (non-modal); a saved endpoint refreshes the picker."""
-        dialog = AddEndpointDialog(self.store_file, self.window)
-        dialog.accepted.connect(self.refresh_models)
-        dialog.open()
-        return dialog
-
-    # ------------------------------------------------------------------ local API server
-    def apply_server_settings(self) -> None:
-        """Starts, restarts or stops the server to match the settings and the loaded model."""
-        settings = self.window.settings
-        backend = self.window.chat.current_session()
-        if not settings.api_server_enabled:
-            self.stop_server()
-            self.server_status.setText("")
-            return
-        if backend is None:
-            self.stop_server()
-            self.server_status.setText("API server: waiting for a model")
-            return
-        config = (settings.api_server_port, settings.api_server_key or None)
-        if self.server is not None and backend is self._server_backend and config == self._server_config:
-            return
-        self.stop_server()
-        self._start_server(backend, config)
-
-    def _start_server(self, backend: Any, config: tuple[int, str | None]) -> None:
-        from app.server.http import start_server
-
-        self._generation += 1
-        generation = self._generation
-        paths = self.window.paths
-        knowledge = _SharedKnowledge(self.window.knowledge)
-        port, key = config
-        self.server_status.setText("API server: starting…")
-
-        def start() -> Any:
-            return start_server(paths, "127.0.0.1", port, key, backend=backend, knowledge=knowledge)
-
-        def started(handle: Any) -> None:
-            if self._closed or generation != self._generation:
-                handle.stop()
-                return
-            self.server, self._server_backend, self._server_config = handle, backend, config
-            self.server_status.setText(f"API server: {self.server_url}")
-            self.window.statusBar().showMessage(f"Local API server at {self.server_url}", 8000)
-
-        def failed(exc: BaseException) -> None:
-            if generation != self._generation:
-                return
-            self.server_status.setText("API server: off")
-            self.window.show_error(f"Local API server: {describe_error(exc)}")
-
-        run_in_background(start, started, failed)
-
-    @property
-    def server_url(self) -> str | None:
-        """The OpenAI base URL (``http://127.0.0.1:PORT/v1``) while serving, else None."""
-        return f"{self.server.url}/v1" if self.server is not None else None
-
-    def stop_server(self) -> None:
-        """Stops the server (if running) and forgets a start still in flight."""
-        self._generation += 1
-        handle, self.server, self._server_backend, self._server_config = self.server, None, None, None
-        if handle is not None:
-            handle.stop()
-
-    @Slot(object, str)
-    def _on_model_state_changed(self, state: ModelState, _detail: str) -> None:
-        if state in (ModelState.LOADED, ModelState.NONE, ModelState.FAILED):
-            self.apply_server_settings()
-        elif state is ModelState.LOADING:
-            self.stop_server()  # the old session is about to be closed
-
-    def shutdown(self) -> None:
-        """Stops the server; called when the window closes."""
-        self._closed = True
-        self.stop_server()

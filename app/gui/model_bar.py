@@ -16,12 +16,13 @@ import shiboken6
 from PySide6.QtCore import QObject, Qt, Slot
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QPushButton, QWidget
 
+from app.compose import RemoteModel, model_key
 from app.gui.endpoints_dialog import AddEndpointDialog, endpoints_file, list_remote_models
 from app.gui.tasks import describe_error, run_in_background
 from app.gui.window_services import while_alive
 from app.gui.workers.chat_adapter import ModelState
 from app.gui.workers.llm_worker import LoadRequest
-from app.gui.workers.model_routing import model_label, model_tooltip
+from app.gui.workers.model_routing import model_label, model_tooltip, picker_model
 from app.gui.workers.speculative import draft_for
 
 if TYPE_CHECKING:
@@ -151,7 +152,7 @@ class ModelController(QObject):
         self.safe_mode = safe_mode
         self.probe_bandwidth = probe_bandwidth
         self.models: list[Path] = []  # the local chat models in the picker
-        self.remote_models: list[Path] = []  # the saved endpoints' models, after the local ones
+        self.remote_models: list[RemoteModel] = []  # the saved endpoints' models, after the local ones
         self.endpoints_file = endpoints_file(paths.config)
         self._closed = False
         self._other_apps_note = ""  # the offer of other apps' model folders, until a load message repeats it
@@ -219,9 +220,9 @@ class ModelController(QObject):
         current = picker.currentData()
         self.models = list(found)
         picker.clear()
-        entries: list[Path] = [*found, *self.remote_models]
+        entries: list[Path | RemoteModel] = [*found, *self.remote_models]
         for path in entries:
-            picker.addItem(model_label(path), str(path))
+            picker.addItem(model_label(path), model_key(path))
             picker.setItemData(picker.count() - 1, model_tooltip(path), Qt.ItemDataRole.ToolTipRole)
         if current is not None:
             index = picker.findData(current)
@@ -237,7 +238,7 @@ class ModelController(QObject):
             while_alive(self.widgets_alive, self._on_remote_list_failed),
         )
 
-    def _on_remote_models_listed(self, result: tuple[list[Path], list[str]]) -> None:
+    def _on_remote_models_listed(self, result: tuple[list[RemoteModel], list[str]]) -> None:
         self.remote_models, problems = result
         self.set_models(self.models)
         if problems:
@@ -294,27 +295,25 @@ class ModelController(QObject):
             return
         target = prefer
         if target is None and settings.last_model:
-            last = Path(settings.last_model)
-            target = last if last in self.models else None
+            last = picker_model(settings.last_model)  # a remote model is not loaded at start
+            target = last if isinstance(last, Path) and last in self.models else None
         if target is None:
             target = self.models[0]
-        index = self.picker.findData(str(target))
+        index = self.picker.findData(model_key(target))
         if index >= 0:
             self.picker.setCurrentIndex(index)
         self.load_model(target)
 
     # ------------------------------------------------------------------ loading
-    def load_request_for(self, path: Path) -> LoadRequest:
+    def load_request_for(self, path: Path | RemoteModel) -> LoadRequest:
+        """The load of ``path`` with Settings' parameters; ``gpu_layers="auto"`` stays "auto" here and
+        is computed on the LLM worker thread (it probes the hardware: never on the GUI thread)."""
         settings = self.settings.current
-        gpu = settings.gpu_layers
-        n_gpu_layers = 0 if gpu == "auto" else int(gpu)
-        if gpu == "auto":
-            n_gpu_layers = self._auto_gpu_layers(path)
         return LoadRequest(
             model_path=path,
             n_ctx=settings.n_ctx,
             n_threads=settings.n_threads,
-            n_gpu_layers=n_gpu_layers,
+            n_gpu_layers=settings.gpu_layers,
             overflow_policy=settings.overflow_policy,
             reply_reserve=settings.reply_reserve,
             label=model_label(path),
@@ -323,41 +322,22 @@ class ModelController(QObject):
             backend_state=self.paths.cpu_backend_state,
             kv_cache_dir=self.paths.kv_cache,
             kv_cache_max_bytes=settings.kv_cache_max_bytes,
-            draft_model_path=draft_for(settings, path),  # speculative decoding's draft, from Settings
+            # speculative decoding's draft, from Settings (a remote model decodes on its own)
+            draft_model_path=draft_for(settings, path) if isinstance(path, Path) else None,
         )
 
-    def _auto_gpu_layers(self, path: Path) -> int:
-        """Layers to offload for "auto" (0 when the engine cannot tell or the build is CPU-only)."""
-        try:
-            from engine import fit, hardware
-            from engine.gguf import read_gguf_info
-
-            hw = hardware.probe_hardware()
-            if not hw.gpu_offload_supported:
-                return 0
-            draft = draft_for(self.settings.current, path)  # the draft model goes where the model's layers go
-            estimate = fit.estimate_fit(
-                read_gguf_info(path),
-                hw,
-                self.settings.current.n_ctx,
-                draft=read_gguf_info(draft) if draft is not None and draft.is_file() else None,
-            )
-            return int(estimate.gpu_layers)
-        except Exception as exc:  # noqa: BLE001 - the estimate is advisory; CPU always works
-            log.info("auto GPU layers unavailable: %s", exc)
-            return 0
-
-    def load_model(self, path: Path) -> None:
+    def load_model(self, path: Path | RemoteModel) -> None:
         """Loads ``path`` (a local file or a remote model) and remembers it as the last model."""
+        path = picker_model(path)  # an old glassbox-remote/... pseudo path: the remote model it meant
         self.chat.load_model(self.load_request_for(path))
-        self.settings.current.last_model = str(path)
+        self.settings.current.last_model = model_key(path)
         self.settings.save()
 
     def load_from_page(self, path: Path) -> None:
         """Loads a model chosen on the Models page (the picker shows it, even a new file)."""
-        index = self.picker.findData(str(path))
+        index = self.picker.findData(model_key(path))
         if index < 0:
-            self.picker.addItem(model_label(path), str(path))
+            self.picker.addItem(model_label(path), model_key(path))
             index = self.picker.count() - 1
         self.picker.setCurrentIndex(index)
         self.load_model(path)
@@ -369,20 +349,20 @@ class ModelController(QObject):
         if (
             self.chat.model_state is ModelState.LOADED
             and loaded is not None
-            and Path(self.picker.currentData() or "") == loaded.path
+            and picker_model(self.picker.currentData() or "") == loaded.path
         ):
             self.chat.unload_model()
             return
         data = self.picker.currentData()
         if data:
-            self.load_model(Path(data))
+            self.load_model(picker_model(data))
 
     @Slot(int)
     def _on_model_picker_activated(self, index: int) -> None:
         data = self.picker.itemData(index)
         loaded = self.chat.loaded
-        if data and (loaded is None or loaded.path != Path(data)):
-            self.load_model(Path(data))
+        if data and (loaded is None or loaded.path != picker_model(data)):
+            self.load_model(picker_model(data))
 
     @Slot(object, str)
     def _on_chat_model_state_changed(self, state: ModelState, detail: str) -> None:

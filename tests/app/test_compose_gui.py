@@ -46,7 +46,7 @@ def test_auto_gpu_layers_are_probed_once_on_the_worker_thread(
         assert probed_on[0] is not threading.main_thread(), "the hardware probe ran on the GUI thread"
         assert w.sessions[-1].request.n_gpu_layers == fit.auto_gpu_layers(read_model_info(fake_model), 512, hw) > 0
         assert w.settings.last_model == str(fake_model)  # a local model is saved as its path, as before
-        w.load_model(fake_model)
+        w.model_control.load_model(fake_model)
         qtbot.waitUntil(lambda: len(w.sessions) == 2, timeout=10000)
         assert len(probed_on) == 2 and probed_on[1] is not threading.main_thread()
     finally:
@@ -58,7 +58,7 @@ def test_an_old_remote_last_model_is_read_and_a_local_model_loads(qtbot: Any, pa
     w = start_window(qtbot, paths, settings=settings)
     try:
         assert w.sessions[-1].request.model_path == fake_model  # as before: a remote one is not loaded at start
-        picker = w.model_picker
+        picker = w.header.model_bar.picker
         assert [picker.itemData(i) for i in range(picker.count())] == [compose.model_key(fake_model)]
     finally:
         w.shutdown()

@@ -133,7 +133,7 @@ def window(
 
 
 def picker_entries(w: Any) -> list[str]:
-    return [w.model_picker.itemText(i) for i in range(w.model_picker.count())]
+    return [w.header.model_bar.picker.itemText(i) for i in range(w.header.model_bar.picker.count())]
 
 
 def test_picker_lists_remote_models_and_a_turn_goes_through_the_remote_session(qtbot: Any, window: Any) -> None:
@@ -141,8 +141,8 @@ def test_picker_lists_remote_models_and_a_turn_goes_through_the_remote_session(q
     entries = picker_entries(window)
     assert entries[0] == "fake-model", "local models first"
     index = entries.index("big-model · lab (remote)")
-    window.model_picker.setCurrentIndex(index)
-    window._on_model_picker_activated(index)
+    window.header.model_bar.picker.setCurrentIndex(index)
+    window.header.model_bar.picker.activated.emit(index)
     qtbot.waitUntil(
         lambda: window.chat.model_state is ModelState.LOADED and window.chat.loaded.label.endswith("(remote)"),
         timeout=5000,
@@ -187,11 +187,11 @@ def get_json(url: str, key: str | None = None) -> Any:
 
 
 def test_server_setting_starts_and_stops_the_local_api(qtbot: Any, window: Any, paths: Paths) -> None:
-    remote = window.remote
+    remote = window.api_server
     window.settings = window.settings.model_copy(
         update={"api_server_enabled": True, "api_server_port": 0, "api_server_key": "glassbox-test-key-1"}
     )
-    remote.apply_server_settings()
+    remote.apply_settings()
     qtbot.waitUntil(lambda: remote.server_url is not None, timeout=10000)
     url = remote.server_url
     assert url.startswith("http://127.0.0.1:") and url.endswith("/v1")
@@ -204,7 +204,7 @@ def test_server_setting_starts_and_stops_the_local_api(qtbot: Any, window: Any, 
     assert remote._server_backend is window.chat.current_session()
 
     window.settings = window.settings.model_copy(update={"api_server_enabled": False})
-    remote.apply_server_settings()
+    remote.apply_settings()
     assert remote.server_url is None
     with pytest.raises(urllib.error.URLError):
         get_json(f"{url}/models", "glassbox-test-key-1")
@@ -212,9 +212,9 @@ def test_server_setting_starts_and_stops_the_local_api(qtbot: Any, window: Any, 
 
 def test_server_stops_when_the_window_closes(qtbot: Any, window: Any) -> None:
     window.settings = window.settings.model_copy(update={"api_server_enabled": True, "api_server_port": 0})
-    window.remote.apply_server_settings()
-    qtbot.waitUntil(lambda: window.remote.server_url is not None, timeout=10000)
-    url = window.remote.server_url
+    window.api_server.apply_settings()
+    qtbot.waitUntil(lambda: window.api_server.server_url is not None, timeout=10000)
+    url = window.api_server.server_url
     assert get_json(f"{url}/models")["data"]
     window.shutdown()
     with pytest.raises(urllib.error.URLError):
@@ -255,8 +255,8 @@ def test_real_remote_session_end_to_end_in_the_window(qtbot: Any, paths: Paths, 
         qtbot.waitUntil(lambda: "served-model · box (remote)" in picker_entries(w), timeout=10000)
         qtbot.waitUntil(lambda: w.chat.model_state is ModelState.LOADED, timeout=5000)
         index = picker_entries(w).index("served-model · box (remote)")
-        w.model_picker.setCurrentIndex(index)
-        w._on_model_picker_activated(index)
+        w.header.model_bar.picker.setCurrentIndex(index)
+        w.header.model_bar.picker.activated.emit(index)
         qtbot.waitUntil(lambda: w.chat.loaded is not None and w.chat.loaded.label.endswith("(remote)"), timeout=10000)
         w.composer.edit.setPlainText("Ping")
         qtbot.keyClick(w.composer.edit, Qt.Key.Key_Return)
@@ -275,13 +275,13 @@ def test_real_remote_session_end_to_end_in_the_window(qtbot: Any, paths: Paths, 
 
 
 def test_server_follows_the_loaded_model(qtbot: Any, window: Any) -> None:
-    remote = window.remote
+    remote = window.api_server
     window.settings = window.settings.model_copy(update={"api_server_enabled": True, "api_server_port": 0})
-    remote.apply_server_settings()
+    remote.apply_settings()
     qtbot.waitUntil(lambda: remote.server_url is not None, timeout=10000)
     first = remote.server
     qtbot.waitUntil(lambda: "big-model · lab (remote)" in picker_entries(window), timeout=5000)
-    window.load_model(compose.RemoteModel("lab", "big-model"))
+    window.model_control.load_model(compose.RemoteModel("lab", "big-model"))
     qtbot.waitUntil(
         lambda: bool(window.remote_sessions) and remote._server_backend is window.remote_sessions[0], timeout=10000
     )
