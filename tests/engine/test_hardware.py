@@ -107,7 +107,8 @@ def test_hanging_tool_times_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(hardware, "TOOL_TIMEOUT_S", 0.5)
     start = time.monotonic()
     hw = probe_hardware(system="Linux", machine="x86_64", offload=False)
-    assert time.monotonic() - start < 10
+    # A hang guard, not a speed target: the tool hangs 30 s; 20 s is 40x its 0.5 s timeout.
+    assert time.monotonic() - start < 20
     assert hw.gpus == []
 
 
