@@ -30,12 +30,6 @@ from app.compose import RemoteModel
 from app.gui.tasks import describe_error, run_in_background
 
 log = logging.getLogger(__name__)
-ENDPOINTS_FILE = "endpoints.json"
-
-
-def endpoints_file(config: Path) -> Path:
-    """Where the saved endpoints live (the same file ``glassbox endpoints`` uses)."""
-    return config / ENDPOINTS_FILE
 
 
 def list_remote_models(store_file: Path) -> tuple[list[RemoteModel], list[str]]:

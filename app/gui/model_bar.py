@@ -17,7 +17,7 @@ from PySide6.QtCore import QObject, Qt, Slot
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QPushButton, QWidget
 
 from app.compose import RemoteModel, model_key
-from app.gui.endpoints_dialog import AddEndpointDialog, endpoints_file, list_remote_models
+from app.gui.endpoints_dialog import AddEndpointDialog, list_remote_models
 from app.gui.tasks import describe_error, run_in_background
 from app.gui.window_services import while_alive
 from app.gui.workers.chat_adapter import ModelState
@@ -153,7 +153,7 @@ class ModelController(QObject):
         self.probe_bandwidth = probe_bandwidth
         self.models: list[Path] = []  # the local chat models in the picker
         self.remote_models: list[RemoteModel] = []  # the saved endpoints' models, after the local ones
-        self.endpoints_file = endpoints_file(paths.config)
+        self.endpoints_file = paths.endpoints_file
         self._closed = False
         self._other_apps_note = ""  # the offer of other apps' model folders, until a load message repeats it
         bar.load_button.clicked.connect(self.load_or_eject)
