@@ -10,8 +10,9 @@ main window only builds it.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import shiboken6
 from PySide6.QtCore import QObject, QTimer, Slot
@@ -209,7 +210,7 @@ class TurnController(QObject):
         self.chat_view.end_stream()
 
     @Slot(object)
-    def _on_chat_sources_found(self, sources: list[dict[str, Any]]) -> None:
+    def _on_chat_sources_found(self, sources: Sequence[Mapping[str, object]]) -> None:
         card = self.chat_view.card_for(self._streaming_reply) if self._streaming_reply is not None else None
         if card is not None:
             card.set_sources(sources)
@@ -231,7 +232,7 @@ class TurnController(QObject):
             self.composer.set_state_text(state.value + "…")
 
     @Slot(object)
-    def _on_chat_view_source_activated(self, source: dict[str, Any]) -> None:
+    def _on_chat_view_source_activated(self, source: Mapping[str, object]) -> None:
         if not open_source(source):
             self.notices.show_error(f"Could not open {source.get('path', 'the file')}")
 
