@@ -45,6 +45,7 @@ CALLS = frozenset(
     {
         "create", "get", "list", "documents", "drop", "add", "remove", "refresh", "reindex",
         "pending", "rebuild", "query", "query_many", "foreign", "status", "ensure", "create_unique",
+        "searchable",
     }
 )  # fmt: skip
 #: Calls that take ``progress``, ``cancel`` and ``pause``.

@@ -9,7 +9,8 @@ permanent label says where it is. Every collaborator is given in the constructor
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QObject, Slot
 from PySide6.QtWidgets import QLabel
@@ -30,14 +31,37 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class _SharedKnowledge:
-    """The window's KnowledgeBases, opened on first use by a server thread (never by the GUI thread)."""
+class SharedKnowledge:
+    """The window's knowledge bases as the API server uses them (``app.server.state`` and
+    ``app.knowledge_glue.make_retriever``): each call goes to the window's knowledge process, from
+    the server's thread, so the GUI process never opens them itself (the knowledge folder has one
+    owner). The window keeps owning the process: :meth:`close` does nothing."""
 
-    def __init__(self, adapter: Any) -> None:
+    def __init__(self, adapter: KnowledgeAdapter) -> None:
         self._adapter = adapter
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._adapter.kbs, name)
+    def get(self, name: str) -> object:
+        """The knowledge base called ``name`` (``KnowledgeBaseError`` when there is none)."""
+        return self._adapter.call("get", name)
+
+    def searchable(self, names: Sequence[str]) -> list[str]:
+        """The names that are this home's own (raises for one that cannot be searched)."""
+        return list(self._adapter.call("searchable", list(names)))
+
+    def pending(self, names: Sequence[str] | None = None) -> int:
+        """How many stored chunks of ``names`` wait for their embedding."""
+        return int(self._adapter.call("pending", None if names is None else list(names)))
+
+    def rebuild(self, names: Sequence[str] | None = None) -> object:
+        """Embeds the chunks of ``names`` still waiting (blocks the server's thread)."""
+        return self._adapter.call("rebuild", None if names is None else list(names))
+
+    def query_many(self, names: Sequence[str], text: str, *, k: int = 5) -> list[object]:
+        """The passages of ``names`` nearest ``text`` (a ``rag.knowledge.Searcher``)."""
+        return list(self._adapter.call("query_many", list(names), text, k=k))
+
+    def close(self) -> None:
+        """Nothing: the window owns its knowledge process."""
 
 
 class ApiServerControl(QObject):
@@ -104,7 +128,7 @@ class ApiServerControl(QObject):
         self._generation += 1
         generation = self._generation
         paths = self.paths
-        knowledge = _SharedKnowledge(self.knowledge)
+        knowledge = SharedKnowledge(self.knowledge)
         port, key = config
         self.server_status.setText("API server: starting…")
 
