@@ -20,6 +20,7 @@ from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
     QLabel,
+    QMessageBox,
     QScrollArea,
     QSizePolicy,
     QToolButton,
@@ -105,6 +106,35 @@ def source_label(source: Mapping[str, object], number: int) -> str:
     return f'[{number}] <a href="{SOURCE_SCHEME}:{number - 1}">{html.escape(name)}{where}</a>' + (
         f" — “{html.escape(snippet)}”" if snippet else ""
     )
+
+
+def link_dialog(parent: QWidget | None, url: QUrl) -> QMessageBox:
+    """The question asked before a link in a reply is opened: the whole address, since a model's
+    link text can say anything (``[your bank](https://elsewhere.example)``). Open, Copy link or
+    Cancel (the default: Enter or Escape open nothing)."""
+    box = QMessageBox(parent)
+    box.setObjectName("linkDialog")
+    box.setIcon(QMessageBox.Icon.Question)
+    box.setWindowTitle("Open link")
+    host = url.host() or url.scheme()
+    box.setText(f"Open this link from the reply in your browser?\n\n{host}")
+    box.setInformativeText(url.toString())
+    box.setTextFormat(Qt.TextFormat.PlainText)
+    box.addButton("Open", QMessageBox.ButtonRole.AcceptRole).setObjectName("linkOpen")
+    box.addButton("Copy link", QMessageBox.ButtonRole.ActionRole).setObjectName("linkCopy")
+    cancel = box.addButton(QMessageBox.StandardButton.Cancel)
+    box.setDefaultButton(cancel)
+    box.setEscapeButton(cancel)
+    return box
+
+
+def confirm_link(parent: QWidget | None, url: QUrl) -> str:
+    """Asks (:func:`link_dialog`) and returns ``"open"``, ``"copy"`` or ``"cancel"``."""
+    box = link_dialog(parent, url)
+    box.exec()
+    clicked = box.clickedButton()
+    name = clicked.objectName() if clicked is not None else ""
+    return {"linkOpen": "open", "linkCopy": "copy"}.get(name, "cancel")
 
 
 def open_source(source: Mapping[str, object]) -> bool:
@@ -443,7 +473,11 @@ class MessageCard(QFrame):
         # an app-internal scheme) is never handed to the desktop, whatever put it in the label.
         if not link.lower().startswith(SAFE_LINK_SCHEMES) or not url.isValid():
             return
-        QDesktopServices.openUrl(url)
+        choice = confirm_link(self, url)
+        if choice == "copy":
+            QGuiApplication.clipboard().setText(url.toString())
+        elif choice == "open":
+            QDesktopServices.openUrl(url)
 
     def copy_code(self, index: int) -> str | None:
         """The raw text of the message's ``index``-th code block (for the Copy links)."""

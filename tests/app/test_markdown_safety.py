@@ -119,6 +119,7 @@ def test_a_hostile_reply_loads_nothing_and_links_only_to_the_web(
 ) -> None:
     opened: list[str] = []
     monkeypatch.setattr(chat_view.QDesktopServices, "openUrl", lambda url: opened.append(url.toString()) or True)
+    monkeypatch.setattr(chat_view, "confirm_link", lambda parent, url: "open")  # the user says Open
     card = _card(qtbot, f"Before.\n\n{reply}\n\nAfter [ok](https://example.org/page).")
     labels = _labels(card)
     assert labels
@@ -145,6 +146,7 @@ def test_the_view_refuses_to_open_other_schemes_even_if_a_link_got_through(
 ) -> None:
     opened: list[str] = []
     monkeypatch.setattr(chat_view.QDesktopServices, "openUrl", lambda url: opened.append(url.toString()) or True)
+    monkeypatch.setattr(chat_view, "confirm_link", lambda parent, url: "open")  # the user says Open
     card = _card(qtbot, "A reply with a [web link](https://example.org).")
     (label,) = _labels(card)
     label.linkActivated.emit(link)
@@ -157,6 +159,7 @@ def test_the_view_refuses_to_open_other_schemes_even_if_a_link_got_through(
 def test_a_copy_link_copies_and_opens_nothing(qtbot: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     opened: list[str] = []
     monkeypatch.setattr(chat_view.QDesktopServices, "openUrl", lambda url: opened.append(url.toString()) or True)
+    monkeypatch.setattr(chat_view, "confirm_link", lambda parent, url: "open")  # the user says Open
     card = _card(qtbot, "```\nprint('hi')\n```")
     (label,) = _labels(card)
     label.linkActivated.emit("gb-copy:0")
@@ -177,3 +180,39 @@ def test_the_markup_check_catches_what_it_looks_for() -> None:
         with pytest.raises(AssertionError):
             _check_markup(bad)
     assert _check_markup('<a href="https://example.org">x</a>') == ["https://example.org"]
+
+
+def test_a_link_opens_only_after_the_user_saw_its_whole_address(qtbot: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model's link text can say anything: the question shows the real address, and only Open
+    opens it; Copy link copies it; Cancel (the default) does nothing."""
+    opened: list[str] = []
+    monkeypatch.setattr(chat_view.QDesktopServices, "openUrl", lambda url: opened.append(url.toString()) or True)
+    answers = iter(["cancel", "copy", "open"])
+    asked: list[str] = []
+
+    def confirm(parent: object, url: Any) -> str:
+        asked.append(url.toString())
+        return next(answers)
+
+    monkeypatch.setattr(chat_view, "confirm_link", confirm)
+    card = _card(qtbot, "Log in at [your bank](https://elsewhere.example/login?x=1).")
+    (label,) = _labels(card)
+    target = "https://elsewhere.example/login?x=1"
+    label.linkActivated.emit(target)
+    assert opened == []
+    label.linkActivated.emit(target)
+    assert opened == [] and chat_view.QGuiApplication.clipboard().text() == target
+    label.linkActivated.emit(target)
+    assert opened == [target] and asked == [target] * 3
+
+
+def test_the_link_question_names_the_host_and_the_whole_address_and_defaults_to_cancel(qtbot: Any) -> None:
+    from PySide6.QtCore import QUrl
+
+    box = chat_view.link_dialog(None, QUrl("https://elsewhere.example/login?x=1"))
+    qtbot.addWidget(box)
+    assert "elsewhere.example" in box.text()
+    assert box.informativeText() == "https://elsewhere.example/login?x=1"
+    assert box.defaultButton() is box.escapeButton()
+    assert box.defaultButton().text() not in ("Open", "Copy link")
+    assert sorted(b.text() for b in box.buttons() if b.objectName()) == ["Copy link", "Open"]
