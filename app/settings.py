@@ -22,7 +22,7 @@ import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 # Glassbox uses no pydantic plugins; skipping their entry-point scan saves ~0.1 s at start-up.
 os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
@@ -37,7 +37,7 @@ Theme = Literal["system", "light", "dark"]
 OverflowPolicy = Literal["rolling", "refuse"]
 log = logging.getLogger(__name__)
 
-Migration = Callable[[dict[str, Any]], dict[str, Any]]
+Migration = Callable[[dict[str, object]], dict[str, object]]
 MIGRATIONS: dict[int, Migration] = {}
 """``MIGRATIONS[n]`` turns a version-``n`` dict into a version-``n + 1`` dict."""
 
@@ -67,7 +67,7 @@ class SamplingPreset(BaseModel):
     seed: int | None = Field(default=None, ge=0, le=2**31 - 1)
     """None: a new random seed each reply; a number makes replies repeatable."""
 
-    def with_overrides(self, overrides: Any) -> SamplingPreset:
+    def with_overrides(self, overrides: object) -> SamplingPreset:
         """This preset with a chat's own values (``conversation.settings["sampling"]``) on top.
 
         Values that do not fit a field (a hand-edited history) are left out; the preset's stay.
@@ -134,12 +134,12 @@ class Settings(BaseModel):
     def kv_cache_max_bytes(self) -> int:
         return int(self.kv_cache_max_gb * 2**30)
 
-    _unknown: dict[str, Any] = PrivateAttr(default_factory=dict)
+    _unknown: dict[str, object] = PrivateAttr(default_factory=dict)
     """Keys of the file this version does not know, with their values as read."""
-    _unread: dict[str, tuple[Any, Any]] = PrivateAttr(default_factory=dict)
+    _unread: dict[str, tuple[object, object]] = PrivateAttr(default_factory=dict)
     """Settings of a newer file this version could not read: ``(value in the file, value used)``."""
 
-    def file_data(self) -> dict[str, Any]:
+    def file_data(self) -> dict[str, object]:
         """What ``save_settings`` writes: the settings, plus what the file held that this version did
         not understand (unknown keys; a newer file's unreadable values the user has not changed)."""
         data = self.model_dump(mode="json")
@@ -169,7 +169,7 @@ class SettingsLoad(BaseModel):
     warning: str | None = None
 
 
-def _migrate(raw: dict[str, Any], path: Path) -> dict[str, Any]:
+def _migrate(raw: dict[str, object], path: Path) -> dict[str, object]:
     version = raw.get("schema_version", 1)
     if not isinstance(version, int) or version < 1:
         raise ValueError(f"{path}: schema_version {version!r} is not a positive integer")
@@ -218,7 +218,7 @@ def load_settings(path: Path) -> SettingsLoad:
             warning=f"{path}: settings could not be read ({_first_line(exc)}); using defaults{kept}",
         )
     version = raw.get("schema_version", SCHEMA_VERSION)
-    newer = version > SCHEMA_VERSION
+    newer = isinstance(version, int) and version > SCHEMA_VERSION  # _migrate refused any other
     settings._unknown = {key: value for key, value in raw.items() if key not in Settings.model_fields}
     if newer and bad:
         used = settings.model_dump(mode="json")
@@ -243,7 +243,7 @@ def load_settings(path: Path) -> SettingsLoad:
     return SettingsLoad(settings=settings)
 
 
-def _validate_each(raw: dict[str, Any]) -> tuple[Settings, list[str], str | None]:
+def _validate_each(raw: dict[str, object]) -> tuple[Settings, list[str], str | None]:
     """Validates ``raw``, leaving out each value that does not fit (its setting gets the default).
 
     A bad item of a list (one preset) drops that item alone; a list left empty gets the default.
@@ -278,7 +278,10 @@ def _validate_each(raw: dict[str, Any]) -> tuple[Settings, list[str], str | None
             for key, indexes in items.items():
                 if key in keys:
                     continue
-                left = [value for i, value in enumerate(data[key]) if i not in indexes]
+                current = data[key]
+                if not isinstance(current, list):  # item errors are recorded for lists only (above)
+                    continue
+                left = [value for i, value in enumerate(current) if i not in indexes]
                 bad += [f"{key}[{i}]" for i in sorted(indexes)]
                 if left:
                     data[key] = left

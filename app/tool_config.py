@@ -28,7 +28,7 @@ import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from app.paths import Paths
 from engine.agent.mcp_client import McpServer, McpServerConfig, McpServerStatus
@@ -62,6 +62,19 @@ class ToolSetupError(EngineError):
 # ---------------------------------------------------------------------- mcp.json
 
 
+class ServerListing(TypedDict, total=False):
+    """A server as ``glassbox mcp list`` and Settings → Tools show it: no secret values."""
+
+    name: str
+    transport: str
+    command: str
+    args: list[str]
+    env: list[str]  # the names only
+    cwd: str
+    url: str | None
+    headers: list[str]  # the names only
+
+
 @dataclass(frozen=True)
 class ServerEntry:
     """One server of ``mcp.json``.
@@ -72,26 +85,26 @@ class ServerEntry:
     """
 
     config: McpServerConfig
-    raw: Mapping[str, Any] = field(default_factory=dict)
+    raw: Mapping[str, object] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
         return self.config.name
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         """The object to store under ``mcpServers.NAME`` (secrets included: the file is private)."""
         return dict(self.raw)
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> ServerListing:
         """A listing entry without secrets: env and header values are not shown, only their names."""
         config = self.config
-        listing: dict[str, Any] = {"name": config.name, "transport": config.transport}
+        listing: ServerListing = {"name": config.name, "transport": config.transport}
         if config.command is not None:
-            listing.update(command=config.command, args=list(config.args), env=sorted(config.env))
+            listing.update({"command": config.command, "args": list(config.args), "env": sorted(config.env)})
             if config.cwd:
                 listing["cwd"] = config.cwd
         else:
-            listing.update(url=config.url, headers=sorted(config.headers))
+            listing.update({"url": config.url, "headers": sorted(config.headers)})
         return listing
 
 
@@ -116,13 +129,13 @@ def _no_nul(text: str, where: Path | str, field_name: str) -> str:
     return text
 
 
-def _strings(value: Any, where: Path | str, field_name: str) -> list[str]:
+def _strings(value: object, where: Path | str, field_name: str) -> list[str]:
     if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
         raise ToolSetupError(where, f"{field_name}: must be a list of strings")
     return [_no_nul(item, where, field_name) for item in value]
 
 
-def _string_map(value: Any, where: Path | str, field_name: str) -> dict[str, str]:
+def _string_map(value: object, where: Path | str, field_name: str) -> dict[str, str]:
     if not isinstance(value, dict):
         raise ToolSetupError(where, f"{field_name}: must be an object of strings")
     for key, item in value.items():
@@ -132,7 +145,7 @@ def _string_map(value: Any, where: Path | str, field_name: str) -> dict[str, str
     return dict(value)
 
 
-def parse_server(name: str, entry: Any, where: Path | str = "mcp.json") -> ServerEntry:
+def parse_server(name: str, entry: object, where: Path | str = "mcp.json") -> ServerEntry:
     """One ``mcpServers`` entry checked and turned into a :class:`ServerEntry`.
 
     Raises:
@@ -243,18 +256,23 @@ def get_server(paths: Paths, name: str) -> ServerEntry:
     return servers[name]
 
 
-def _raw_document(paths: Paths) -> dict[str, Any]:
-    """The whole ``mcp.json`` (its other top-level keys kept), checked."""
+def _raw_document(paths: Paths) -> tuple[dict[str, object], dict[str, object]]:
+    """The whole ``mcp.json`` (its other top-level keys kept), checked, and its ``mcpServers`` object."""
     if not paths.mcp_config.exists():
-        return {"mcpServers": {}}
+        servers: dict[str, object] = {}
+        return {"mcpServers": servers}, servers
     load_servers(paths)  # refuses a damaged file before anything is written over it
     document = json.loads(paths.mcp_config.read_bytes().decode("utf-8-sig"))
     if "mcpServers" not in document:
         document = {"mcpServers": document}
-    return dict(document)
+    document = dict(document)
+    servers = document["mcpServers"]
+    if not isinstance(servers, dict):  # load_servers has refused such a file already
+        raise ToolSetupError(paths.mcp_config, "mcpServers: must be an object of servers")
+    return document, servers
 
 
-def _save(paths: Paths, document: dict[str, Any]) -> None:
+def _save(paths: Paths, document: Mapping[str, object]) -> None:
     from engine.atomic import PRIVATE_FILE_MODE, write_text_atomic
 
     write_text_atomic(
@@ -268,8 +286,7 @@ def add_server(paths: Paths, entry: ServerEntry, *, replace: bool = False) -> No
     Raises:
         ToolSetupError: the name is taken (without ``replace``), or the file is damaged.
     """
-    document = _raw_document(paths)
-    servers = document.setdefault("mcpServers", {})
+    document, servers = _raw_document(paths)
     if entry.name in servers and not replace:
         raise ToolSetupError(paths.mcp_config, f"a server named {entry.name!r} exists (remove it first)")
     servers[entry.name] = entry.to_json()
@@ -286,8 +303,8 @@ def remove_server(paths: Paths, name: str) -> ServerEntry:
     if name not in servers:
         raise ToolSetupError(paths.mcp_config, unknown_server_message(name, servers))
     permissions = Permissions.load(paths)  # a damaged file refuses before anything changes
-    document = _raw_document(paths)
-    del document["mcpServers"][name]
+    document, stored = _raw_document(paths)
+    del stored[name]
     _save(paths, document)
     permissions.forget_source(name)
     return servers[name]
@@ -324,8 +341,7 @@ def import_servers_text(
 
 
 def _merge(paths: Paths, incoming: dict[str, ServerEntry], where: Path | str, replace: bool) -> list[str]:
-    document = _raw_document(paths)
-    servers = document.setdefault("mcpServers", {})
+    document, servers = _raw_document(paths)
     taken = [name for name in incoming if name in servers]
     if taken and not replace:
         raise ToolSetupError(where, f"servers already configured: {', '.join(taken)} (use --replace to replace them)")
@@ -335,12 +351,12 @@ def _merge(paths: Paths, incoming: dict[str, ServerEntry], where: Path | str, re
     return list(incoming)
 
 
-def unknown_server_message(name: str, servers: Mapping[str, Any]) -> str:
+def unknown_server_message(name: str, servers: Mapping[str, object]) -> str:
     known = ", ".join(sorted(servers)) or "none yet; add one with: glassbox mcp add NAME -- COMMAND"
     return f"no MCP server named {name!r} (configured: {known})"
 
 
-def server_status(server: McpServer) -> dict[str, Any]:
+def server_status(server: McpServer) -> dict[str, object]:
     """A running server's state as JSON (``state``, ``starts``, ``last_error``)."""
     status: McpServerStatus = server.status()
     return {"state": status.state, "starts": status.starts, "last_error": status.last_error}
@@ -362,7 +378,7 @@ class Permissions:
         path: Path,
         always_allow: Iterable[str] = (),
         off: Iterable[str] = (),
-        extra: Mapping[str, Any] | None = None,
+        extra: Mapping[str, object] | None = None,
     ) -> None:
         self.path = path
         self._allow = set(always_allow)

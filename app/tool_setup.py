@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from app.paths import Paths
 from app.tool_config import (
@@ -40,6 +40,7 @@ from engine.inference.tools import ToolResult, ToolSpec
 
 if TYPE_CHECKING:
     from engine.inference.tools import ToolProvider
+    from rag.knowledge import KnowledgeBases, Searcher
 
 __all__ = [
     "ALL_BUILTINS",
@@ -98,7 +99,7 @@ class KnowledgeSearchTool:
         paths: Paths,
         names: Sequence[str],
         *,
-        searcher: Any = None,
+        searcher: Searcher | None = None,
         count_text: Callable[[str], int] | None = None,
         budget_tokens: int = SEARCH_BUDGET_TOKENS,
         embedder_path: Path | None = None,
@@ -107,14 +108,14 @@ class KnowledgeSearchTool:
         self._paths = paths
         self._names = list(names)
         self._searcher = searcher
-        self._own = searcher is None
+        self._owned: KnowledgeBases | None = None  # opened here, on the first search: closed here
         self._count = count_text or (lambda text: max(1, len(text) // 4))
         self._budget = budget_tokens
         self._embedder_path = embedder_path
         self._chroma_url = chroma_url
         self._lock = threading.Lock()
         # The sources of every search, in order: the chat shows and saves them like retrieved ones.
-        self.sources: list[dict[str, Any]] = []
+        self.sources: list[dict[str, object]] = []
 
     def tools(self) -> list[ToolSpec]:
         names = ", ".join(self._names)
@@ -133,7 +134,7 @@ class KnowledgeSearchTool:
         ]
 
     def call(
-        self, name: str, arguments: dict[str, Any], *, timeout_s: float, cancel: threading.Event | None = None
+        self, name: str, arguments: Mapping[str, object], *, timeout_s: float, cancel: threading.Event | None = None
     ) -> ToolResult:
         """Searches; every failure is an error result with one line."""
         del timeout_s  # the search runs in this thread and is bounded by its own k
@@ -160,7 +161,7 @@ class KnowledgeSearchTool:
         self.sources.extend(asdict(source) for source in block.sources)
         return ToolResult(block.text)
 
-    def _open(self) -> Any:
+    def _open(self) -> Searcher:
         if self._searcher is None:
             from rag.knowledge import KnowledgeBases
 
@@ -173,14 +174,14 @@ class KnowledgeSearchTool:
             except BaseException:
                 kbs.close()
                 raise
-            self._searcher = kbs
+            self._searcher = self._owned = kbs
         return self._searcher
 
     def close(self) -> None:
         with self._lock:
-            searcher, self._searcher = self._searcher, None
-        if searcher is not None and self._own:
-            searcher.close()
+            owned, self._owned, self._searcher = self._owned, None, None
+        if owned is not None:
+            owned.close()
 
 
 # ---------------------------------------------------------------------- the selection
@@ -282,7 +283,7 @@ class ToolSet:
         self.permissions.set_always_allow(source, name)
 
     def call(
-        self, name: str, arguments: dict[str, Any], *, timeout_s: float, cancel: threading.Event | None = None
+        self, name: str, arguments: dict[str, object], *, timeout_s: float, cancel: threading.Event | None = None
     ) -> ToolResult:
         """Runs the call on the provider that offers ``name``; an unknown name is an error result."""
         self.tools()
@@ -313,7 +314,7 @@ class ToolSet:
 
 
 def parse_selection(
-    selection: str | Sequence[str] | None, servers: Mapping[str, Any], where: str = "--tools"
+    selection: str | Sequence[str] | None, servers: Mapping[str, object], where: str = "--tools"
 ) -> tuple[list[str], list[str]]:
     """``--tools`` words as ``(builtins, servers)``.
 
@@ -354,7 +355,7 @@ def open_tools(
     *,
     attached_files: Sequence[Path | str] = (),
     knowledge_bases: Sequence[str] = (),
-    searcher: Any = None,
+    searcher: Searcher | None = None,
     count_text: Callable[[str], int] | None = None,
     embedder_path: Path | None = None,
     chroma_url: str | None = None,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Any
+from typing import NoReturn
 
 from app.server.errors import HttpError
 
@@ -85,7 +85,7 @@ def _parse_float(text: str) -> float:
     return value
 
 
-def _parse_constant(text: str) -> Any:
+def _parse_constant(text: str) -> NoReturn:
     raise _BadNumber(f"the request body holds {text[:9]}, which is not JSON")
 
 
@@ -102,10 +102,10 @@ def encode_text(text: str) -> bytes:
         return _SURROGATE.sub("\ufffd", text).encode("utf-8")
 
 
-def lone_surrogate_field(document: Any) -> str | None:
+def lone_surrogate_field(document: object) -> str | None:
     """The path (``messages[0].content``) of the first string or key in ``document`` holding a lone
     UTF-16 surrogate, which no UTF-8 text can carry; None when there is none. Iterative."""
-    stack: list[tuple[Any, str]] = [(document, "")]
+    stack: list[tuple[object, str]] = [(document, "")]
     while stack:
         value, where = stack.pop()
         if isinstance(value, str):
@@ -124,7 +124,7 @@ def lone_surrogate_field(document: Any) -> str | None:
     return None
 
 
-def parse_body(body: bytes) -> dict[str, Any]:
+def parse_body(body: bytes) -> dict[str, object]:
     """A request body as a JSON object, refusing hostile shapes with a 400 that says what is wrong.
 
     Raises:

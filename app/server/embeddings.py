@@ -15,12 +15,16 @@ from __future__ import annotations
 import base64
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from app.server import params as fields
 from app.server.errors import HttpError, map_errors
 
 if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
+    from transformers import PreTrainedTokenizerBase
+
     from app.server.handler import Handler
 
 MAX_EMBED_INPUTS = 2048
@@ -45,10 +49,10 @@ class Embeddings:
         self.embedder = SentenceTransformerEmbedder(folder)
         self.folder = folder
         self.model_id = self.embedder.model_id
-        self._tokenizer: Any = None
+        self._tokenizer: PreTrainedTokenizerBase | None = None
         self._lock = threading.Lock()  # a fast tokenizer is not safe to share between threads
 
-    def _tokenizer_for(self) -> Any:
+    def _tokenizer_for(self) -> PreTrainedTokenizerBase:
         if self._tokenizer is None:
             from transformers import AutoTokenizer
 
@@ -78,7 +82,7 @@ class Embeddings:
         parts = [ids[start : start + room] for start in range(0, len(ids), room)]
         return [(self.decode(part), len(part)) for part in parts]
 
-    def embed(self, texts: list[str]) -> tuple[Any, list[int], list[int]]:
+    def embed(self, texts: list[str]) -> tuple[NDArray[np.float32], list[int], list[int]]:
         """Vectors for ``texts`` (one row each, normalized), their tokens and their windows."""
         import numpy as np
 
@@ -98,11 +102,11 @@ class Embeddings:
         return (pooled / np.where(norms > 0, norms, 1.0)).astype(np.float32), tokens, windows
 
 
-def _is_id(value: Any) -> bool:
+def _is_id(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def _inputs(value: Any) -> list[str | list[int]]:
+def _inputs(value: object) -> list[str | list[int]]:
     """The inputs as texts or token-id lists.
 
     Raises:
@@ -180,10 +184,10 @@ def handle(handler: Handler) -> None:
     data = []
     for index, vector in enumerate(vectors):
         if encoding == "base64":
-            value: Any = base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
+            value: str | list[float] = base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
         else:
             value = [float(x) for x in vector]
-        entry: dict[str, Any] = {"object": "embedding", "index": index, "embedding": value}
+        entry: dict[str, object] = {"object": "embedding", "index": index, "embedding": value}
         if windows[index] > 1:
             entry["chunks"] = windows[index]
         data.append(entry)

@@ -261,6 +261,11 @@ def start_server(
     )
     if catalog is not None and open_session is not None and model_path is not None:
         state.allow_switching(catalog, open_session, model_path)
+    return _serve(server, state, host, owned)
+
+
+def _serve(server: _Server, state: ServerState, host: str, owned: bool) -> ServerHandle:
+    """Starts the HTTP loop on its thread (``glassbox-serve``); the handle stops it."""
     server.state = state
     bound_port = int(server.server_address[1])
     url_host = f"[{host.strip('[]')}]" if isinstance(server, _Server6) else host
@@ -268,9 +273,9 @@ def start_server(
         target=server.serve_forever, kwargs={"poll_interval": 0.2}, name="glassbox-serve", daemon=True
     )
     thread.start()
-    log.info("serving %s on http://%s:%d", model_id, url_host, bound_port)
+    log.info("serving %s on http://%s:%d", state.model_id, url_host, bound_port)
     stop = _Stopper(server, state, thread, owned)
-    return ServerHandle(f"http://{url_host}:{bound_port}", host, bound_port, model_id, stop, thread)
+    return ServerHandle(f"http://{url_host}:{bound_port}", host, bound_port, state.model_id, stop, thread)
 
 
 def _owned_sessions(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from app.server.errors import HttpError
 
@@ -10,9 +10,9 @@ if TYPE_CHECKING:
     from app.server.handler import Handler
 
 
-def _documents(handler: Handler) -> list[dict[str, Any]]:
+def _documents(handler: Handler) -> list[dict[str, object]]:
     state = handler.state
-    data: list[dict[str, Any]] = [
+    data: list[dict[str, object]] = [
         {
             "id": state.model_id,
             "object": "model",

@@ -5,17 +5,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
 
 
-def print_json(document: Any) -> None:
+def print_json(document: object) -> None:
     """Prints one JSON document on stdout."""
     json.dump(document, sys.stdout, ensure_ascii=False, indent=None, default=str)
     sys.stdout.write("\n")
     sys.stdout.flush()
 
 
-def add_json_flag(parser: Any) -> None:
+def add_json_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON document on stdout")
 
 

@@ -12,9 +12,17 @@ reply it writes (``engine.inference.kv_cache.KvKey``).
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from app.paths import Paths
+
+if TYPE_CHECKING:
+    from app.agent_history import AgentRecord
+    from engine.history_schema import Conversation
+    from engine.inference.context import Message
+    from engine.inference.events import Finished
+    from engine.inference.kv_cache import KvKey
 
 _TITLE_CHARS = 60
 
@@ -36,9 +44,9 @@ class ChatLog:
 
         self._store = HistoryStore(paths.history_db)
         self.model = model
-        self.conversation: Any = None  # engine.history.Conversation
+        self.conversation: Conversation | None = None
         self._reply_id: int | None = None
-        self._progress: tuple[str, Any] | None = None  # the open turn's last save_progress
+        self._progress: tuple[str, AgentRecord] | None = None  # the open turn's last save_progress
         if conversation_id is not None:
             try:
                 self.conversation = self._store.get_conversation(conversation_id)
@@ -50,6 +58,7 @@ class ChatLog:
     def _end_dead_replies(self) -> None:
         """A reply of this conversation left ``pending`` by a process that died (killed mid-turn)
         becomes ``partial``, with every step it saved; the continued conversation goes on after it."""
+        assert self.conversation is not None
         for m in self._store.thread(self.conversation.id):
             if m.state == "pending":
                 self._store.finish_message(
@@ -73,7 +82,7 @@ class ChatLog:
     def system_prompt(self) -> str | None:
         return self.conversation.system_prompt if self.conversation is not None else None
 
-    def history(self) -> list[Any]:
+    def history(self) -> list[Message]:
         """The saved branch as ``engine.inference.context.Message``, as the app sends it: a reply made with
         tools is its calls, their results and its answer; failed replies and empty ones left out."""
         from app.agent_history import model_history
@@ -91,32 +100,40 @@ class ChatLog:
             The conversation id, and whether the conversation was created now.
         """
         created = self.conversation is None
-        if created:
+        conversation = self.conversation
+        if conversation is None:
             title = " ".join(user.split())[:_TITLE_CHARS] or "New chat"
-            self.conversation = self._store.create_conversation(title=title, system_prompt=system)
-        self._store.add_message(self.conversation.id, "user", user)
-        reply = self._store.add_message(self.conversation.id, "assistant", "", state="pending", model=self.model)
+            conversation = self.conversation = self._store.create_conversation(title=title, system_prompt=system)
+        self._store.add_message(conversation.id, "user", user)
+        reply = self._store.add_message(conversation.id, "assistant", "", state="pending", model=self.model)
         self._reply_id, self._progress = reply.id, None
-        return self.conversation.id, created
+        return conversation.id, created
 
-    def cache_key(self) -> Any:
+    def cache_key(self) -> KvKey:
         """This turn's key for the KV cache saved with the chat."""
         from engine.inference.kv_cache import KvKey
 
         assert self.conversation is not None and self._reply_id is not None
         return KvKey(str(self.conversation.id), str(self._reply_id))
 
-    def save_progress(self, text: str, record: Any) -> None:
+    def save_progress(self, text: str, record: AgentRecord) -> None:
         """Saves the turn so far as the app does after each message of the loop: the text shown so
         far and the ``record`` (an ``app.agent_history.AgentRecord``); the reply stays ``pending``."""
         assert self._reply_id is not None
         self._store.finish_message(self._reply_id, text, state="pending", stats=record.stats())
         self._progress = (text, record)
 
-    def finish_turn(self, text: str, finished: Any, record: Any = None, sources: Any = None) -> None:
+    def finish_turn(
+        self,
+        text: str,
+        finished: Finished | None,
+        record: AgentRecord | None = None,
+        sources: Sequence[Mapping[str, object]] | None = None,
+    ) -> None:
         """Saves the reply: complete, or partial when stopped, with its stats, the turn's tool steps
         and thinking (``record``; without one, the thinking of ``finished``) and its sources."""
         assert self._reply_id is not None
+        assert finished is not None  # a turn that did not finish raised instead (fail_turn saves it)
         state = "partial" if finished.reason == "cancelled" else "complete"
         stats = finished.stats.to_dict()
         stats["finish_reason"] = finished.reason
@@ -147,7 +164,7 @@ class ChatLog:
             pass
 
 
-def _record(record: Any, finished: Any) -> Any:
+def _record(record: AgentRecord | None, finished: Finished) -> AgentRecord:
     """The turn's record; a plain turn's is only its thinking."""
     from app.agent_history import AgentRecord, reasoning_dict
 

@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from app.cli.commands._output import add_json_flag, print_json
 from app.paths import Paths
+
+if TYPE_CHECKING:
+    from app.tool_config import ServerEntry
 
 
 def _out(line: str = "") -> None:
@@ -68,7 +72,9 @@ class _CommandAfterDashes(argparse.ArgumentParser):
     """A parser that takes everything after ``--`` as ``command``, so options may come before it
     in any order (argparse alone would match an empty ``nargs="*"`` positional too early)."""
 
-    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+    def parse_known_args(  # type: ignore[override]  # argparse's overloads; this one keeps their shape
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
         words = list(sys.argv[1:] if args is None else args)
         command: list[str] = []
         if "--" in words:
@@ -101,7 +107,7 @@ def _add(args: argparse.Namespace, paths: Paths) -> int:
     if args.url:
         if args.env or args.cwd:
             raise ToolSetupError("glassbox mcp add", "--env and --cwd go with a command, not with --url")
-        raw: dict[str, Any] = {"url": args.url}
+        raw: dict[str, object] = {"url": args.url}
         if args.header:
             raw["headers"] = _pairs(args.header, "--header")
     elif args.command:
@@ -131,10 +137,9 @@ def _list(args: argparse.Namespace, paths: Paths) -> int:
 
     servers = load_servers(paths)
     permissions = Permissions.load(paths)
-    rows: list[dict[str, Any]] = []
+    rows: list[dict[str, object]] = []
     for name, entry in servers.items():
-        row = entry.describe()
-        row["off"] = permissions.is_off(name)
+        row: dict[str, object] = {**entry.describe(), "off": permissions.is_off(name)}
         if args.check:
             row.update(_check(entry))
         rows.append(row)
@@ -153,7 +158,7 @@ def _list(args: argparse.Namespace, paths: Paths) -> int:
     return 0
 
 
-def _check(entry: Any) -> dict[str, Any]:
+def _check(entry: ServerEntry) -> dict[str, object]:
     from engine.agent.mcp_client import McpServer, McpServerError
 
     with McpServer(entry.config) as server:
