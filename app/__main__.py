@@ -20,7 +20,7 @@ class _QtFrontEnd:
 
     @staticmethod
     def run_gui(paths: Paths, *, safe_mode: bool) -> int:
-        from app.gui.main_window import run_gui
+        from app.gui.launch import run_gui
 
         return run_gui(paths, safe_mode=safe_mode)
 

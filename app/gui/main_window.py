@@ -1,4 +1,4 @@
-"""The main window and ``run_gui`` (the ``glassbox`` command without a subcommand).
+"""The main window (started by ``app.gui.launch.run_gui``, the ``glassbox`` command without a subcommand).
 
 The window is built from light widgets only and shown before anything slow happens: history,
 the model scan, the starter model and the model load all start after the first paint, on workers.
@@ -14,7 +14,6 @@ documents (``documents_controller``), the model bar (``model_bar``) and the loca
 from __future__ import annotations
 
 import logging
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -40,7 +39,6 @@ from app.gui.api_server_control import ApiServerControl
 from app.gui.chat_page import ChatPage
 from app.gui.conversation_controller import ConversationController
 from app.gui.documents_controller import DocumentsController
-from app.gui.lifecycle import quit_on_signals, safe_mode_reason
 from app.gui.model_bar import ModelController
 from app.gui.page_stack import PageStack
 from app.gui.tasks import run_in_background, shutdown_background
@@ -56,7 +54,7 @@ from app.gui.workers.knowledge_worker import KnowledgeAdapter
 from app.gui.workers.llm_worker import SessionFactory
 from app.gui.workers.models_worker import ModelsAdapter
 from app.paths import Paths
-from app.settings import Settings, load_settings
+from app.settings import Settings
 
 if TYPE_CHECKING:
     from app.gui.knowledge_panel import KnowledgePanel
@@ -468,52 +466,3 @@ class MainWindow(QMainWindow):
         QApplication.processEvents()
         self.shutdown()
         event.accept()
-
-
-def run_gui(paths: Paths, safe_mode: bool = False) -> int:
-    """Starts the desktop app; returns the exit code.
-
-    Args:
-        paths: where data lives (``--home`` already applied).
-        safe_mode: do not load a model automatically.
-    """
-    from app.gui.lifecycle import start_error
-    from app.gui.single_instance import SingleInstance
-
-    app = QApplication.instance() or QApplication(sys.argv[:1])
-    assert isinstance(app, QApplication)
-    app.setApplicationName("Glassbox")
-    app.setOrganizationName("Glassbox")
-    app.setDesktopFileName("glassbox")
-    try:
-        paths.ensure()
-        instance = SingleInstance(paths.lock_file)
-        acquired = instance.acquire()
-    except OSError as exc:  # ReadOnlyFolder among them: one line, exit code 1, no traceback
-        print(f"glassbox: error: {start_error(exc)}", file=sys.stderr)  # noqa: T201
-        return 1
-    if not acquired:
-        if instance.notify_running():
-            print("glassbox: already running; brought its window forward", file=sys.stderr)  # noqa: T201
-            return 0
-        print(f"glassbox: error: {paths.lock_file}: another Glassbox holds this data folder", file=sys.stderr)  # noqa: T201
-        return 1
-    reason = safe_mode_reason(paths)
-    loaded = load_settings(paths.settings_file)
-    window = MainWindow(
-        paths,
-        loaded.settings,
-        safe_mode=safe_mode or reason is not None,
-        safe_reason=reason,
-        settings_warning=loaded.warning,
-    )
-    instance.activation_requested.connect(window.activate_from_second_launch)
-    quit_on_signals(app)
-    window.show()
-    window.composer.edit.setFocus()  # a user can type at once
-    QTimer.singleShot(0, window.start)
-    try:
-        return int(app.exec())
-    finally:
-        window.shutdown()
-        instance.release()

@@ -212,7 +212,7 @@ def test_simulated_subcommand_with_existing_read_only_folders(
 def test_simulated_gui_start_with_logs_missing(
     qapp: Any, tmp_path: Path, refuse_writes: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from app.gui.main_window import run_gui
+    from app.gui.launch import run_gui
 
     home = tmp_path / "home"
     paths = Paths.resolve(home).ensure()
