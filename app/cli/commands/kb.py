@@ -14,7 +14,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from app.cli.commands._output import add_json_flag, print_json
 from app.paths import Paths
@@ -23,6 +23,7 @@ from engine.units import format_eta
 if TYPE_CHECKING:
     from rag.ingest import IngestProgress, IngestReport
     from rag.knowledge import KnowledgeBases
+    from rag.retrieval import Passage
 
 EMBEDDER_ENV = "GLASSBOX_EMBEDDER"
 
@@ -294,7 +295,7 @@ def _drop(args: argparse.Namespace, paths: Paths) -> int:
     return 0
 
 
-def _passage_json(passage: Any) -> dict[str, Any]:
+def _passage_json(passage: Passage) -> dict[str, object]:
     return dataclasses.asdict(passage)
 
 

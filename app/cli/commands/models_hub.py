@@ -15,7 +15,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from app.cli.commands._output import add_json_flag, print_json
 from app.paths import Paths
@@ -342,7 +342,7 @@ def run_download(args: argparse.Namespace, paths: Paths) -> int:
     results = outcome.downloaded
     first = results[0]
     if args.json:
-        document: dict[str, Any] = {**first.to_dict(), "files": [r.to_dict() for r in results]}
+        document: dict[str, object] = {**first.to_dict(), "files": [r.to_dict() for r in results]}
         print_json(document)
     else:
         for r in results:

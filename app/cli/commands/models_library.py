@@ -240,7 +240,7 @@ def _entry_fit(entry: LibraryEntry, hw: HardwareInfo) -> FitEstimate | None:
         return None
 
 
-def _fit_dict(estimate: FitEstimate | None) -> dict[str, Any] | None:
+def _fit_dict(estimate: FitEstimate | None) -> dict[str, object] | None:
     return None if estimate is None else estimate.to_dict()
 
 

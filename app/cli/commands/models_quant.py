@@ -12,7 +12,6 @@ import argparse
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from app.cli.commands._output import add_json_flag, positive_int, print_json
 from app.paths import Paths
@@ -149,7 +148,7 @@ def run_quantize(args: argparse.Namespace, paths: Paths) -> int:
     finally:
         bar.end()
     _record(paths, result.path, quantized_from=str(result.source.resolve()), source="quantized")
-    document: dict[str, Any] = result.to_dict()
+    document: dict[str, object] = result.to_dict()
     quality = None
     if args.check_quality:
         from engine.convert.perplexity import quality_check
