@@ -19,12 +19,12 @@ from PySide6.QtCore import QObject, Signal, Slot
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QInputDialog, QMenu, QToolButton, QWidget
 
-from app.gui.workers.agent_turn import ToolsRequest
+from app.gui.workers.agent_tools import ToolsRequest
 
 if TYPE_CHECKING:
     from app.gui.main_window import MainWindow
     from app.gui.workers.agent_turn import ApprovalRequest
-    from app.gui.workers.llm_worker import LoadedModel
+    from app.gui.workers.llm_requests import LoadedModel
     from app.paths import Paths
     from engine.history_schema import Conversation
 

@@ -51,7 +51,7 @@ from app.gui.window_services import SettingsStore
 from app.gui.workers.chat_adapter import ChatAdapter
 from app.gui.workers.history_service import HistoryService
 from app.gui.workers.knowledge_worker import KnowledgeAdapter
-from app.gui.workers.llm_worker import SessionFactory
+from app.gui.workers.llm_loading import SessionFactory
 from app.gui.workers.models_worker import ModelsAdapter
 from app.paths import Paths
 from app.settings import Settings
@@ -59,7 +59,7 @@ from app.settings import Settings
 if TYPE_CHECKING:
     from app.gui.knowledge_panel import KnowledgePanel
     from app.gui.model_panel import ModelPanel
-    from app.gui.workers.llm_worker import LoadedModel
+    from app.gui.workers.llm_requests import LoadedModel
 
 log = logging.getLogger(__name__)
 SHUTDOWN_DEADLINE_S = 5.0

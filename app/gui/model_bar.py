@@ -21,7 +21,7 @@ from app.gui.endpoints_dialog import AddEndpointDialog, list_remote_models
 from app.gui.tasks import describe_error, run_in_background
 from app.gui.window_services import while_alive
 from app.gui.workers.chat_adapter import ModelState
-from app.gui.workers.llm_worker import LoadRequest
+from app.gui.workers.llm_requests import LoadRequest
 from app.gui.workers.model_routing import model_label, model_tooltip, picker_model
 from app.gui.workers.speculative import draft_for
 
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from app.gui.inspector import InspectorPanel
     from app.gui.window_services import Notices, SettingsStore
     from app.gui.workers.chat_adapter import ChatAdapter
-    from app.gui.workers.llm_worker import LoadedModel
+    from app.gui.workers.llm_requests import LoadedModel
     from app.gui.workers.models_worker import ModelsAdapter
     from app.model_folders import OtherAppFolder
     from app.paths import Paths

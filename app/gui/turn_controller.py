@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from app.gui.window_services import Notices, SettingsStore
     from app.gui.workers.chat_adapter import ChatAdapter
     from app.gui.workers.history_service import DisplayMessage
-    from app.gui.workers.llm_worker import LoadedModel
+    from app.gui.workers.llm_requests import LoadedModel
     from engine.history_schema import Conversation
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from gui_support import FakeSession
 from app.gui.workers.chat_adapter import ChatAdapter, ChatState, ModelState, TurnContext
 from app.gui.workers.history_service import HistoryService
 from app.gui.workers.knowledge_worker import KnowledgeAdapter
-from app.gui.workers.llm_worker import GenerateRequest, LoadRequest
+from app.gui.workers.llm_requests import GenerateRequest, LoadRequest
 from app.paths import Paths
 from engine.inference.runtime import GenerationParams
 
@@ -163,7 +163,7 @@ def test_a_failed_search_is_one_line_and_the_reply_comes_without_documents(
 
 
 def test_with_tools_the_turn_searches_up_front_only_when_the_model_cannot(paths: Paths) -> None:
-    from app.gui.workers.agent_turn import ToolsRequest
+    from app.gui.workers.agent_tools import ToolsRequest
     from app.gui.workers.chat_retrieval import model_searches
     from app.tool_config import BUILTIN, Permissions
     from app.tool_setup import SEARCH_KNOWLEDGE

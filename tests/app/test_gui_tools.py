@@ -134,7 +134,7 @@ class FakeToolSet:
 @pytest.fixture
 def toolset(monkeypatch: pytest.MonkeyPatch) -> FakeToolSet:
     fake = FakeToolSet()
-    monkeypatch.setattr("app.gui.workers.agent_turn.default_open_tools", lambda request, session: fake)
+    monkeypatch.setattr("app.gui.workers.agent_tools.default_open_tools", lambda request, session: fake)
     return fake
 
 
@@ -452,7 +452,8 @@ def test_a_long_result_is_folded_and_unfolds(qtbot: Any) -> None:
 
 
 def test_a_thinking_budget_on_a_session_without_one_is_a_clear_error(qtbot: Any, paths: Paths) -> None:
-    from app.gui.workers.llm_worker import GenerateRequest, LlmWorker, LoadRequest
+    from app.gui.workers.llm_requests import GenerateRequest, LoadRequest
+    from app.gui.workers.llm_worker import LlmWorker
 
     worker = LlmWorker(lambda request, bandwidth: FakeSession(request, bandwidth))  # no thinking_budget
     failed: list[Any] = []

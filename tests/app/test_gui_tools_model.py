@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from app.gui.workers.agent_turn import ToolsRequest
-from app.gui.workers.llm_worker import GenerateRequest, LlmWorker, LoadRequest
+from app.gui.workers.agent_tools import ToolsRequest
+from app.gui.workers.llm_requests import GenerateRequest, LoadRequest
+from app.gui.workers.llm_worker import LlmWorker
 from app.paths import Paths
 from engine.inference.runtime import GenerationParams
 

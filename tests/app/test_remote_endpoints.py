@@ -30,7 +30,7 @@ from app.gui.workers.chat_adapter import (
     model_label,
     parse_remote_model,
 )
-from app.gui.workers.llm_worker import LoadRequest
+from app.gui.workers.llm_requests import LoadRequest
 from app.paths import Paths
 from app.settings import Settings, load_settings, save_settings
 from engine.errors import EngineError

@@ -18,7 +18,8 @@ from app.gui.inspector import InspectorPanel
 from app.gui.speculative_settings import SpeculativeSettingsWidget
 from app.gui.theme import DARK
 from app.gui.workers.chat_adapter import ChatState
-from app.gui.workers.llm_worker import LlmWorker, LoadRequest
+from app.gui.workers.llm_requests import LoadRequest
+from app.gui.workers.llm_worker import LlmWorker
 from app.gui.workers.speculative import TokensView, load_session
 from app.paths import Paths
 from app.settings import Settings
@@ -326,7 +327,7 @@ def test_automatic_gpu_layers_count_the_draft_model(
 
 def test_a_remote_model_is_never_asked_to_speculate() -> None:
     from app.compose import RemoteModel
-    from app.gui.workers.llm_worker import LoadedModel
+    from app.gui.workers.llm_requests import LoadedModel
     from app.gui.workers.speculative import speculative_mode
 
     remote = LoadedModel(RemoteModel("lab", "qwen"), "qwen", None, 1.0, None)

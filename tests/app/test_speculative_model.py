@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from app.gui.workers.llm_worker import GenerateRequest, LlmWorker, LoadedModel, LoadRequest
+from app.gui.workers.llm_requests import GenerateRequest, LoadedModel, LoadRequest
+from app.gui.workers.llm_worker import LlmWorker
 from engine.inference.runtime import GenerationParams
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))

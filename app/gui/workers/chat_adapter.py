@@ -25,7 +25,9 @@ from app.gui.workers.chat_retrieval import RetrieverFactory
 from app.gui.workers.chat_state import ChatState, ModelState, TurnContext
 from app.gui.workers.chat_turn import TurnRunner
 from app.gui.workers.history_service import DisplayMessage, HistoryService
-from app.gui.workers.llm_worker import LlmWorker, LoadedModel, LoadRequest, SessionFactory
+from app.gui.workers.llm_loading import SessionFactory
+from app.gui.workers.llm_requests import LoadedModel, LoadRequest
+from app.gui.workers.llm_worker import LlmWorker
 
 # The model paths and their backends (split out; these names are still importable from here).
 from app.gui.workers.model_routing import (

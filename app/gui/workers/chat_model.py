@@ -11,7 +11,7 @@ from app.gui.workers.chat_state import ChatState, ModelState
 
 if TYPE_CHECKING:
     from app.gui.workers.chat_adapter import ChatAdapter
-    from app.gui.workers.llm_worker import LoadedModel, LoadRequest
+    from app.gui.workers.llm_requests import LoadedModel, LoadRequest
     from engine.inference.backends import ChatBackend
 
 

@@ -20,7 +20,7 @@ from app.gui.workers.history_service import DisplayMessage, display_thread
 
 if TYPE_CHECKING:
     from app.gui.workers.chat_adapter import ChatAdapter
-    from app.gui.workers.llm_worker import GenerateRequest
+    from app.gui.workers.llm_requests import GenerateRequest
     from engine.history import HistoryStore
     from engine.inference.events import Stats
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from app.gui.workers.agent_turn import ToolsRequest
+    from app.gui.workers.agent_tools import ToolsRequest
     from engine.inference.context import RankedDocuments
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from app.gui.workers.agent_turn import ToolsRequest
+    from app.gui.workers.agent_tools import ToolsRequest
     from engine.inference.runtime import GenerationParams
 
 

@@ -32,7 +32,7 @@ from app.gui.workers.chat_send import (
 )
 from app.gui.workers.chat_state import ChatState, TurnContext
 from app.gui.workers.history_service import is_unreadable
-from app.gui.workers.llm_worker import GenerateRequest, GenerationOutcome
+from app.gui.workers.llm_requests import GenerateRequest, GenerationOutcome
 
 if TYPE_CHECKING:
     from app.gui.workers.chat_adapter import ChatAdapter

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from app.compose import BackendOptions, LocalModel, ModelRef, RemoteModel, find_endpoint, model_ref, open_remote_session
-from app.gui.workers.llm_worker import LoadRequest, SessionFactory, default_session_factory
+from app.gui.workers.llm_loading import SessionFactory, default_session_factory
+from app.gui.workers.llm_requests import LoadRequest
 
 if TYPE_CHECKING:
     from engine.inference.backends import ChatBackend

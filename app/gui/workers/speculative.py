@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
-    from app.gui.workers.llm_worker import LoadedModel, LoadRequest
+    from app.gui.workers.llm_requests import LoadedModel, LoadRequest
     from app.settings import Settings
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,138 @@
+"""What crosses the ``glassbox-llm`` thread: the requests the GUI sends the LLM worker and what it sends back.
+
+Every object here is a frozen dataclass (CONTRIBUTING.md rule 9): a request is built on the GUI
+thread and read on the worker's; a :class:`LoadedModel` or :class:`GenerationOutcome` is built on
+the worker's and read on the GUI's. Each generation carries its own ``threading.Event`` for Stop.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, TypedDict
+
+if TYPE_CHECKING:
+    from app.agent_history import PlainTurn
+    from app.compose import GpuLayers, RemoteModel
+    from app.gui.workers.agent_tools import ToolsRequest
+    from engine.inference.context import Message, RankedDocuments
+    from engine.inference.events import Stats
+    from engine.inference.runtime import GenerationParams
+
+
+@dataclass(frozen=True)
+class LoadRequest:
+    """Load (or replace) the model.
+
+    Args:
+        model_path: the GGUF file, or an ``app.compose.RemoteModel`` (a model on a saved endpoint).
+        n_ctx: context length.
+        n_threads: CPU threads (None: llama.cpp decides).
+        n_gpu_layers: layers to offload (0 on CPU-only builds), or "auto": computed on the worker
+            thread before the load (``app.compose.resolve_gpu_layers``; it probes the hardware).
+        overflow_policy: "rolling" or "refuse".
+        reply_reserve: tokens kept free for the reply.
+        label: the name shown in the UI.
+        breadcrumb: file written before the load and removed after it (crash detection).
+        bandwidth_cache: where the measured memory bandwidth is cached (None: skip the probe).
+        backend_state: where this machine's CPU-variant verdicts are kept (engine.cpu_backend).
+        kv_cache_dir: where the KV cache of each chat is saved (engine.inference.kv_cache); None: not saved.
+        kv_cache_max_bytes: the size cap of those files (0: none saved).
+        draft_model_path: a smaller model of the same vocabulary that drafts for speculative
+            decoding (``settings.draft_models``); refused by the engine, the model loads without it.
+    """
+
+    model_path: Path | RemoteModel
+    n_ctx: int = 4096
+    n_threads: int | None = None
+    n_gpu_layers: GpuLayers = 0
+    overflow_policy: str = "rolling"
+    reply_reserve: int = 512
+    label: str = ""
+    breadcrumb: Path | None = None
+    bandwidth_cache: Path | None = None
+    backend_state: Path | None = None
+    kv_cache_dir: Path | None = None
+    kv_cache_max_bytes: int = 0
+    draft_model_path: Path | None = None
+    cancel: threading.Event = field(default_factory=threading.Event, compare=False)
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """Generate one reply.
+
+    Args:
+        request_id: echoed in every signal about this request.
+        history: earlier turns as ``(role, content)`` pairs, oldest first.
+        user: the new user message.
+        params: the sampling and decoding parameters.
+        system: the system prompt.
+        documents: a documents block built elsewhere, if any (used as it is).
+        cancel: set by the GUI thread to stop.
+        passages: the passages retrieved for this turn (on the knowledge thread, before the
+            request came here), best first: the engine's documents band keeps those that fit
+            (``engine.inference.context.fit_documents``) and the outcome says how many it dropped.
+        cache_key: ``(conversation id, branch)`` of the KV cache saved with the chat
+            (``engine.inference.kv_cache.KvKey``; the branch is the id of the reply being written).
+        tools: the turn runs the agent loop with these tools (None: a plain generation).
+        thinking: the template's thinking switch (None: the template's default).
+        thinking_budget: the most tokens of thinking (None: no cap).
+
+    ``history`` entries are ``(role, content)`` pairs or ``engine.inference.context.Message`` objects (a
+    reply made with tools: its calls and their results, ``app.agent_history.model_history``).
+    """
+
+    request_id: int
+    history: tuple[Message | PlainTurn, ...]
+    user: str
+    params: GenerationParams | None
+    system: str | None = None
+    documents: str | None = None
+    cancel: threading.Event = field(default_factory=threading.Event, compare=False)
+    passages: RankedDocuments | None = field(default=None, compare=False)
+    cache_key: tuple[str, str] | None = None
+    tools: ToolsRequest | None = None
+    thinking: bool | None = None
+    thinking_budget: int | None = None
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A loaded model, as the GUI sees it (``path``: its file, or an ``app.compose.RemoteModel``).
+
+    ``info`` is what the backend's ``load`` reported: an ``engine.inference.runtime.ModelInfo``
+    locally, an ``engine.inference.remote.RemoteInfo`` for a server (readers look its fields up).
+    """
+
+    path: Path | RemoteModel
+    label: str
+    info: object
+    load_ms: float
+    machine_bandwidth_gbps: float | None
+    backend_note: str | None = None  # e.g. the CPU variant crashed and the safe one runs
+    thinking_controls: tuple[str, ...] = ()  # the template's switches (enable_thinking, reasoning_effort)
+    draft_path: Path | None = None  # the draft model loaded with it (speculative decoding)
+    draft_note: str | None = None  # one line: why the draft model asked for was not used
+
+
+class ReasoningSummary(TypedDict):
+    """The thinking of a reply: its text, its tokens and how long it took."""
+
+    text: str
+    tokens: int
+    ms: float
+
+
+@dataclass(frozen=True)
+class GenerationOutcome:
+    """The end of a generation: the reason, the whole text, and the engine's Stats."""
+
+    request_id: int
+    reason: str
+    text: str
+    stats: Stats
+    elapsed_ms: float
+    reasoning: ReasoningSummary | None = None  # the thinking, when there was some
+    documents_dropped: int = 0  # the lowest-ranked passages the documents band had no room for
