@@ -15,7 +15,7 @@ import gui_support
 import pytest
 from gui_support import FakeSession, start_window
 
-from app.gui.workers.knowledge_worker import ChatSearcher
+from app.gui.workers.knowledge_chat import ChatSearcher
 from app.paths import Paths
 from rag.errors import KnowledgeBaseError
 

@@ -1,13 +1,10 @@
-"""The knowledge adapter: the app's knowledge bases, in a worker process, and the threads that wait on it.
+"""The knowledge adapter: the ordered writes and the indexing jobs, on the ``glassbox-index`` thread.
 
-The knowledge bases (Chroma, the registry, the embedding model) live in a child process
-(``rag.service.KnowledgeService``), started on first use, so the GUI process never imports
-chromadb or torch (ARCHITECTURE.md: the idle app stays under 250 MB). Indexing jobs (add, remove,
+:class:`KnowledgeAdapter` is what the GUI holds; its service, signals and reads are
+:class:`~app.gui.workers.knowledge_queries.KnowledgeQueries`. Indexing jobs (add, remove,
 re-index) are sent in order from the ``glassbox-index`` thread with a per-job cancel and pause
-event, which the service forwards to the child; listings, test queries and a chat turn's
-retrieval (before its request reaches the LLM worker) go from ``glassbox-kb-query``. Progress is
-throttled to ~10 updates a second before it reaches the GUI. Tests that share one loaded embedder
-pass ``kb_factory``: the same calls are then answered in this process (``rag.service.LocalService``).
+event (an :class:`IndexJob`), which the service forwards to the child. Progress is throttled to
+~10 updates a second before it reaches the GUI.
 
 At start-up (the first turn of the event loop) :meth:`KnowledgeAdapter.check_store` looks at the
 local Chroma folder on the index thread: unless it is exactly as last found good and nothing waits
@@ -18,20 +15,23 @@ registry as an ordinary job with progress.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-from PySide6.QtCore import QObject, QTimer, Signal
+from PySide6.QtCore import QObject, QTimer
 
-from app.gui.tasks import SerialExecutor, call_on_gui_thread, describe_error
-from app.gui.workers.chat_retrieval import Retrieved
+from app.gui.tasks import call_on_gui_thread, describe_error
+from app.gui.workers.knowledge_queries import KnowledgeQueries
 
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from rag.ingest import IngestProgress, IngestReport
+    from rag.registry import KnowledgeBaseInfo
+    from rag.store_health import StoreRecovery
+
 PROGRESS_INTERVAL_S = 0.1
 
 
@@ -49,114 +49,8 @@ class IndexJob:
     started: float = field(default_factory=time.perf_counter)
 
 
-class ChatSearcher:
-    """The knowledge service as a chat searches it (the documents block and ``search_knowledge``):
-    a knowledge base the chat still names but that was deleted is skipped, never an error on every
-    turn. Runs on the knowledge query thread (a turn's passages) or the LLM thread (the model's
-    ``search_knowledge``): the service's calls block.
-
-    Args:
-        service: returns the knowledge service (a ``rag.knowledge.Searcher`` with ``call``).
-        on_missing: told the names skipped (from the calling thread).
-    """
-
-    def __init__(self, service: Callable[[], Any], on_missing: Callable[[list[str]], None]) -> None:
-        self._service = service
-        self._on_missing = on_missing
-
-    def query_many(self, names: Sequence[str], text: str, *, k: int = 5) -> list[Any]:
-        """``query_many`` over the names that exist (the others are reported to ``on_missing``).
-
-        Raises:
-            RagError: what the search raises for another reason than a missing knowledge base.
-        """
-        from rag.errors import KnowledgeBaseError
-
-        chosen = list(dict.fromkeys(names))
-        service = self._service()
-        try:
-            return list(service.query_many(chosen, text, k=k)) if chosen else []
-        except KnowledgeBaseError:
-            gone = self._missing(service, chosen)
-            if not gone:
-                raise
-        self._on_missing(gone)
-        rest = [name for name in chosen if name not in gone]
-        return list(service.query_many(rest, text, k=k)) if rest else []
-
-    @staticmethod
-    def _missing(service: Any, names: Sequence[str]) -> list[str]:
-        """The names that are neither this home's knowledge bases nor another's on the Chroma server."""
-        from rag.errors import KnowledgeBaseError
-
-        gone = []
-        for name in names:
-            try:
-                service.call("get", name)
-            except KnowledgeBaseError:
-                gone.append(name)
-        if gone:
-            try:
-                foreign = set(service.call("foreign"))
-            except KnowledgeBaseError:
-                foreign = set()
-            gone = [name for name in gone if name not in foreign]
-        return gone
-
-
-CHAT_PASSAGES = 6
-"""How many passages a chat turn retrieves (the engine's documents band keeps those that fit)."""
-
-
-class ChatRetriever:
-    """A chat turn's retrieval over some knowledge bases, on the knowledge adapter's query thread.
-
-    Args:
-        adapter: the knowledge adapter (its query thread and :attr:`KnowledgeAdapter.chat_searcher`).
-        names: the knowledge bases the chat has attached.
-    """
-
-    def __init__(self, adapter: KnowledgeAdapter, names: Sequence[str]) -> None:
-        self._adapter = adapter
-        self.names = tuple(dict.fromkeys(names))
-
-    def retrieve(
-        self,
-        query: str,
-        on_done: Callable[[Retrieved], None],
-        on_error: Callable[[BaseException], None],
-        *,
-        skip: Callable[[], bool] | None = None,
-    ) -> None:
-        """Searches for ``query``; ``on_done`` or ``on_error`` is called on the GUI thread.
-
-        Args:
-            query: the user's message.
-            on_done: takes the :class:`Retrieved` passages.
-            on_error: takes what the search raised (the turn then goes on without documents).
-            skip: asked first, on the query thread (it may read a file): True returns nothing
-                retrieved (the model searches the knowledge bases itself).
-        """
-        adapter, names = self._adapter, self.names
-
-        def work() -> Retrieved:
-            from rag.knowledge import retrieve_passages
-
-            if skip is not None and skip():
-                return Retrieved(None, (), skipped=True)
-            cited = retrieve_passages(adapter.chat_searcher, names, query, k=CHAT_PASSAGES)
-            if not cited.count:
-                return Retrieved(None, ())
-            return Retrieved(cited, tuple(asdict(source) for source in cited.sources))
-
-        if adapter.closed:
-            on_error(RuntimeError("the knowledge bases are closed"))
-            return
-        adapter._query.submit(work, on_done, on_error)
-
-
-class KnowledgeAdapter(QObject):
-    """Fronts the knowledge bases for the GUI.
+class KnowledgeAdapter(KnowledgeQueries):
+    """Fronts the knowledge bases for the GUI: the reads of :class:`KnowledgeQueries`, and the writes.
 
     Args:
         root: ``paths.knowledge``.
@@ -164,137 +58,22 @@ class KnowledgeAdapter(QObject):
         kb_factory: builds the KnowledgeBases in this process (tests share a loaded embedder);
             None runs them in a worker process.
         check_at_start: run :meth:`check_store` once the event loop runs (the app's start-up).
-
-    Signals:
-        kbs_changed(object): list of ``rag.knowledge.KnowledgeBaseSummary``.
-        names_listed(object): the list of knowledge-base names (after every listing).
-        kb_created(object): the ``KnowledgeBaseInfo`` of a knowledge base just created.
-        documents_changed(str, object): a KB name and its ``DocumentRecord`` list.
-        job_started(object): the :class:`IndexJob`.
-        progress_changed(object, object): the job and an ``rag.ingest.IngestProgress``.
-        job_finished(object, object): the job and its ``IngestReport`` (or None on error).
-        query_finished(str, object): the query text and its ``Passage`` list.
-        store_recovered(object): the ``rag.store_health.StoreRecovery`` of a damaged index that
-            was moved aside (a rebuild job follows).
-        missing_found(object): knowledge bases a chat searched that no longer exist (skipped).
-        error_occurred(str): a one-line message.
     """
-
-    kbs_changed = Signal(object)
-    kb_created = Signal(object)
-    names_listed = Signal(object)
-    documents_changed = Signal(str, object)
-    job_started = Signal(object)
-    progress_changed = Signal(object, object)
-    job_finished = Signal(object, object)
-    query_finished = Signal(str, object)
-    store_recovered = Signal(object)
-    missing_found = Signal(object)
-    error_occurred = Signal(str)
 
     def __init__(
         self,
         root: Path,
         embedder_path: Path | None = None,
-        kb_factory: Callable[[], Any] | None = None,
+        kb_factory: Callable[[], object] | None = None,
         parent: QObject | None = None,
         *,
         check_at_start: bool = True,
     ) -> None:
-        super().__init__(parent)
-        self.root = root
-        self.embedder_path = embedder_path
-        self.service: Any = self._make_service(kb_factory)
-        self.names: list[str] = []  # the knowledge bases as last listed
-        self._index = SerialExecutor("glassbox-index")
-        self._query = SerialExecutor("glassbox-kb-query")
-        self.jobs: list[IndexJob] = []
-        self.recovery: Any = None  # the StoreRecovery of this session, if the index was damaged
-        self._closed = False
-        # What chats search (documents and search_knowledge): a deleted knowledge base is skipped.
-        # The signal is emitted on the LLM thread and queued to the GUI's.
-        self.chat_searcher = ChatSearcher(lambda: self.service, self.missing_found.emit)
+        super().__init__(root, embedder_path, kb_factory, parent)
         if check_at_start:
             QTimer.singleShot(0, self.check_store)
 
     # ------------------------------------------------------------------ the store
-    @property
-    def closed(self) -> bool:
-        """True once :meth:`shutdown` ran (nothing new is submitted)."""
-        return self._closed
-
-    def _make_service(self, kb_factory: Callable[[], Any] | None) -> Any:
-        from rag.service import KnowledgeService, LocalService
-
-        if kb_factory is not None:
-            return LocalService(kb_factory)
-        return KnowledgeService(self.root, self.embedder_path)
-
-    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        """Runs one ``rag.service`` call (blocks: call from a worker thread only)."""
-        return self.service.call(method, *args, **kwargs)
-
-    def _submit(
-        self,
-        executor: SerialExecutor,
-        fn: Callable[[], Any],
-        on_done: Callable[[Any], None] | None = None,
-        on_error: Callable[[BaseException], None] | None = None,
-    ) -> None:
-        if self._closed:
-            return  # a late request during shutdown
-        executor.submit(fn, on_done, on_error)
-
-    def _fail(self, prefix: str) -> Callable[[BaseException], None]:
-        return lambda exc: self.error_occurred.emit(f"{prefix}: {describe_error(exc)}")
-
-    # ------------------------------------------------------------------ reads
-    def refresh(self) -> None:
-        """Reloads the KB list."""
-        self._submit(self._query, lambda: self.call("list"), self._on_listed, self._fail("Knowledge"))
-
-    def list_names(self) -> None:
-        """Lists the knowledge bases' names (``names_listed``): read from the registry file without
-        starting the knowledge process, else by a full :meth:`refresh`."""
-
-        def names() -> list[str] | None:
-            from rag.registry import Registry
-
-            return Registry.kb_names(self.root / "registry.sqlite3")
-
-        def done(found: list[str] | None) -> None:
-            if found is None:
-                self.refresh()
-                return
-            self.names = list(found)
-            self.names_listed.emit(list(found))
-
-        self._submit(self._query, names, done, self._fail("Knowledge"))
-
-    def _on_listed(self, summaries: list[Any]) -> None:
-        self.names = [summary.info.name for summary in summaries]
-        self.kbs_changed.emit(summaries)
-        self.names_listed.emit(list(self.names))
-
-    def load_documents(self, name: str) -> None:
-        """Reloads one KB's documents."""
-        self._submit(
-            self._query,
-            lambda: self.call("documents", name),
-            lambda docs: self.documents_changed.emit(name, docs),
-            self._fail(name),
-        )
-
-    def test_query(self, names: Sequence[str], text: str, k: int = 8) -> None:
-        """Runs a retrieval and reports passages with their scores (query_finished)."""
-        chosen = list(names)
-        self._submit(
-            self._query,
-            lambda: self.call("query_many", chosen, text, k=k),
-            lambda passages: self.query_finished.emit(text, passages),
-            self._fail("Test retrieval"),
-        )
-
     def check_store(self) -> None:
         """Checks the local store on the index thread now rather than on first use: unless it is as
         last found good with nothing waiting, the knowledge bases are opened (which checks the
@@ -304,7 +83,7 @@ class KnowledgeAdapter(QObject):
         if not (self.root / "registry.sqlite3").exists():
             return
 
-        def opened() -> tuple[Any, int]:
+        def opened() -> tuple[StoreRecovery | None, int]:
             from rag.registry import Registry
             from rag.store_health import known_healthy
 
@@ -316,7 +95,7 @@ class KnowledgeAdapter(QObject):
             recovered, pending = self.call("status")
             return recovered, int(pending)
 
-        def done(result: tuple[Any, int]) -> None:
+        def done(result: tuple[StoreRecovery | None, int]) -> None:
             recovery, pending = result
             if recovery is not None:
                 self.recovery = recovery
@@ -338,7 +117,7 @@ class KnowledgeAdapter(QObject):
     def create(
         self,
         name: str,
-        on_done: Callable[[Any], None] | None = None,
+        on_done: Callable[[KnowledgeBaseInfo], None] | None = None,
         on_error: Callable[[str], None] | None = None,
         *,
         unique: bool = False,
@@ -352,7 +131,7 @@ class KnowledgeAdapter(QObject):
             unique: take ``name 2``, ``name 3``, ... when ``name`` is taken instead of failing.
         """
 
-        def done(kb: Any) -> None:
+        def done(kb: KnowledgeBaseInfo) -> None:
             self.kb_created.emit(kb)
             self.refresh()
             if on_done is not None:
@@ -377,7 +156,7 @@ class KnowledgeAdapter(QObject):
             self._index, lambda: self.call("drop", name), lambda _r: self.refresh(), self._fail(f"Drop {name}")
         )
 
-    def add(self, name: str, paths: Sequence[Path], on_done: Callable[[Any], None] | None = None) -> IndexJob:
+    def add(self, name: str, paths: Sequence[Path], on_done: Callable[[IngestReport], None] | None = None) -> IndexJob:
         """Indexes files or folders into ``name``; returns the job (pause/cancel it through its events)."""
         files = [Path(p) for p in paths]
         label = files[0].name if len(files) == 1 else f"{len(files)} items"
@@ -409,20 +188,20 @@ class KnowledgeAdapter(QObject):
     def _run_job(
         self,
         job: IndexJob,
-        work: Callable[[Callable[[Any], None]], Any],
-        on_done: Callable[[Any], None] | None,
+        work: Callable[[Callable[[IngestProgress], None]], IngestReport],
+        on_done: Callable[[IngestReport], None] | None,
     ) -> IndexJob:
         self.jobs.append(job)
         self.job_started.emit(job)
         last = [0.0]
 
-        def progress(update: Any) -> None:
+        def progress(update: IngestProgress) -> None:
             now = time.perf_counter()
             if now - last[0] >= PROGRESS_INTERVAL_S or update.state in ("done", "cancelled", "paused"):
                 last[0] = now
                 call_on_gui_thread(lambda: self.progress_changed.emit(job, update))
 
-        def finished(report: Any) -> None:
+        def finished(report: IngestReport) -> None:
             if job in self.jobs:
                 self.jobs.remove(job)
             self.job_finished.emit(job, report)
@@ -440,29 +219,3 @@ class KnowledgeAdapter(QObject):
 
         self._submit(self._index, lambda: work(progress), finished, failed)
         return job
-
-    # ------------------------------------------------------------------ chat
-    def chat_retriever(self, names: Sequence[str]) -> ChatRetriever:
-        """What a chat turn asks for its passages over ``names`` (``ChatAdapter``'s retriever factory).
-
-        The search runs on the ``glassbox-kb-query`` thread, before the request reaches the LLM
-        worker; the passages come back, cited but not fitted, on the GUI thread: the engine's
-        documents band fits them with the chat model's token counter.
-        """
-        return ChatRetriever(self, names)
-
-    # ------------------------------------------------------------------ shutdown
-    def shutdown(self, wait: bool = True) -> None:
-        """Cancels running jobs, waits for them, closes the store."""
-        if self._closed:
-            return
-        self._closed = True
-        for job in list(self.jobs):
-            job.pause.clear()
-            job.cancel.set()
-        self._query.shutdown(wait=wait)
-        self._index.shutdown(wait=wait)
-        try:
-            self.service.close()
-        except Exception as exc:  # noqa: BLE001 - closing must not raise at exit
-            log.warning("closing the knowledge bases failed: %s", exc)
