@@ -150,7 +150,7 @@ def shoot(out: Path, width: int, height: int, with_model: bool) -> int:
 
     from app.gui.main_window import MainWindow
     from app.gui.theme import DARK, LIGHT, apply_theme
-    from app.gui.workers.chat_adapter import ModelState
+    from app.gui.workers.chat_state import ModelState
     from app.paths import Paths
     from app.settings import SamplingPreset, Settings
 

@@ -16,7 +16,7 @@ from PySide6.QtCore import QObject, Slot
 from PySide6.QtWidgets import QLabel
 
 from app.gui.tasks import describe_error, run_in_background
-from app.gui.workers.chat_adapter import ModelState
+from app.gui.workers.chat_state import ModelState
 
 if TYPE_CHECKING:
     from PySide6.QtWidgets import QStatusBar

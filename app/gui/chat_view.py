@@ -39,7 +39,7 @@ from app.gui.markdown_render import (
 )
 from app.gui.tool_card import AgentPartsWidget, ApprovalCardWidget
 from app.gui.window_layout import make_wrapping, set_wrapped_text
-from app.gui.workers.history_service import DisplayMessage
+from app.gui.workers.history_reads import DisplayMessage
 
 if TYPE_CHECKING:
     from app.gui.workers.agent_turn import ApprovalRequest

@@ -104,7 +104,7 @@ class ConversationController(QObject):
 
     def history_failed(self, exc: BaseException) -> None:
         """Says the history failed; an unreadable file can be replaced (the toast offers it)."""
-        from app.gui.workers.history_service import is_unreadable
+        from app.gui.workers.history_disk import is_unreadable
 
         self.notices.show_error(f"Chat history unavailable: {describe_error(exc)}")
         if is_unreadable(exc):
@@ -230,7 +230,7 @@ class ConversationController(QObject):
     def export_conversation(self, conversation_id: int | None, fmt: str) -> None:
         """Asks for a file name and exports the chat's current branch."""
         from app.gui.export import FORMATS, export_conversation, export_file_name
-        from app.gui.workers.history_service import display_thread
+        from app.gui.workers.history_reads import display_thread
 
         conv_id = conversation_id if conversation_id is not None else getattr(self.chat.conversation, "id", None)
         if conv_id is None:

@@ -23,7 +23,7 @@ from app.gui.documents_bar import DocumentsBarWidget, DropOverlayWidget, documen
 if TYPE_CHECKING:
     from app.gui.window_services import Notices
     from app.gui.workers.chat_adapter import ChatAdapter
-    from app.gui.workers.history_service import DisplayMessage
+    from app.gui.workers.history_reads import DisplayMessage
     from app.gui.workers.knowledge_worker import IndexJob, KnowledgeAdapter
     from engine.history_schema import Conversation
     from rag.ingest import IngestProgress, IngestReport

@@ -16,7 +16,7 @@ from app.gui.markdown_render import COPY_SCHEME, render_markdown
 from engine.atomic import write_bytes_atomic, write_text_atomic
 
 if TYPE_CHECKING:
-    from app.gui.workers.history_service import DisplayMessage
+    from app.gui.workers.history_reads import DisplayMessage
 
 _COPY_LINK = re.compile(rf'(?:&nbsp;)*<a href="{COPY_SCHEME}:\d+"[^>]*>Copy</a>')
 FORMATS = {"md": "Markdown (*.md)", "html": "HTML (*.html)", "json": "JSON (*.json)", "pdf": "PDF (*.pdf)"}

@@ -20,7 +20,7 @@ from app.compose import RemoteModel, model_key
 from app.gui.endpoints_dialog import AddEndpointDialog, list_remote_models
 from app.gui.tasks import describe_error, run_in_background
 from app.gui.window_services import while_alive
-from app.gui.workers.chat_adapter import ModelState
+from app.gui.workers.chat_state import ModelState
 from app.gui.workers.llm_requests import LoadRequest
 from app.gui.workers.model_routing import model_label, model_tooltip, picker_model
 from app.gui.workers.speculative import draft_for

@@ -21,7 +21,7 @@ from app.gui.chat_view import open_source
 from app.gui.conversation_settings import conversation_sampling
 from app.gui.tasks import run_in_background
 from app.gui.window_services import while_alive
-from app.gui.workers.chat_adapter import ChatState, ModelState, TurnContext
+from app.gui.workers.chat_state import ChatState, ModelState, TurnContext
 
 if TYPE_CHECKING:
     from PySide6.QtWidgets import QWidget
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from app.gui.sidebar import Sidebar
     from app.gui.window_services import Notices, SettingsStore
     from app.gui.workers.chat_adapter import ChatAdapter
-    from app.gui.workers.history_service import DisplayMessage
+    from app.gui.workers.history_reads import DisplayMessage
     from app.gui.workers.llm_requests import LoadedModel
     from engine.history_schema import Conversation
 

@@ -156,7 +156,7 @@ def start_window(
     Returns:
         The window; the test calls ``shutdown()`` when done.
     """
-    from app.gui.workers.chat_adapter import ModelState
+    from app.gui.workers.chat_state import ModelState
 
     sessions: list[Any] = []
 
@@ -181,7 +181,7 @@ def send(qtbot: Any, w: Any, text: str, timeout_ms: int = 5000) -> None:
     reply is no longer pending."""
     from PySide6.QtCore import Qt
 
-    from app.gui.workers.chat_adapter import ChatState
+    from app.gui.workers.chat_state import ChatState
 
     w.composer.edit.setPlainText(text)
     qtbot.keyClick(w.composer.edit, Qt.Key.Key_Return)

@@ -14,7 +14,7 @@ from PySide6.QtWidgets import QApplication, QPushButton
 from app.gui.chat_view import ChatView, format_stats_line, format_stats_tooltip, highlight_html, search_terms
 from app.gui.inspector import InspectorPanel
 from app.gui.theme import DARK, LIGHT, contrast_ratio
-from app.gui.workers.history_service import DisplayMessage
+from app.gui.workers.history_reads import DisplayMessage
 from app.paths import Paths
 from app.settings import Settings
 

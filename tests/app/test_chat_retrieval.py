@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 from gui_support import FakeSession
 
-from app.gui.workers.chat_adapter import ChatAdapter, ChatState, ModelState, TurnContext
+from app.gui.workers.chat_adapter import ChatAdapter
+from app.gui.workers.chat_state import ChatState, ModelState, TurnContext
 from app.gui.workers.history_service import HistoryService
 from app.gui.workers.knowledge_worker import KnowledgeAdapter
 from app.gui.workers.llm_requests import GenerateRequest, LoadRequest

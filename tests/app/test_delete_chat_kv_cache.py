@@ -11,7 +11,7 @@ import pytest
 from gui_support import FakeSession, make_window
 from PySide6.QtCore import Qt
 
-from app.gui.workers.chat_adapter import ChatState, ModelState
+from app.gui.workers.chat_state import ChatState, ModelState
 from app.paths import Paths
 from engine.inference.kv_cache import KvCacheStore, KvIdentity, KvKey
 

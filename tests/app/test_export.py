@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from app.gui.export import export_conversation, to_html, to_markdown
-from app.gui.workers.history_service import DisplayMessage
+from app.gui.workers.history_reads import DisplayMessage
 
 MESSAGES = [
     DisplayMessage(1, None, "user", "What is <b>2+2</b>?", "complete", None, None, None, None, (1,)),

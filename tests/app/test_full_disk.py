@@ -19,8 +19,9 @@ from gui_support import FakeSession, make_window
 from PySide6.QtCore import Qt
 
 from app.gui.workers import chat_reply
-from app.gui.workers.chat_adapter import ChatState, ModelState
-from app.gui.workers.history_service import SAVE_MARGIN, HistoryDiskFull, HistoryService
+from app.gui.workers.chat_state import ChatState, ModelState
+from app.gui.workers.history_disk import SAVE_MARGIN, HistoryDiskFull
+from app.gui.workers.history_service import HistoryService
 from app.paths import Paths
 from engine.history import HistoryStore
 from engine.units import format_bytes

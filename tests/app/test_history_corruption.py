@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from app.gui.workers.history_service import is_unreadable
+from app.gui.workers.history_disk import is_unreadable
 from engine.errors import HistoryError
 from engine.history import HistoryStore
 

@@ -16,7 +16,7 @@ from PySide6.QtWidgets import QApplication, QFileDialog
 
 from app.gui.documents_bar import documents_name
 from app.gui.knowledge_panel import document_file_filter
-from app.gui.workers.chat_adapter import ChatState, ModelState
+from app.gui.workers.chat_state import ChatState, ModelState
 from app.paths import Paths
 from app.settings import Settings
 

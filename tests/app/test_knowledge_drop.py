@@ -10,7 +10,7 @@ from gui_support import FakeSession, make_window
 from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
 from PySide6.QtGui import QDropEvent
 
-from app.gui.workers.chat_adapter import ChatState, ModelState
+from app.gui.workers.chat_state import ChatState, ModelState
 from app.paths import Paths
 from engine.history import HistoryStore
 

@@ -15,7 +15,7 @@ import pytest
 from gui_support import FakeSession, start_window
 from PySide6.QtCore import Qt
 
-from app.gui.workers.chat_adapter import ChatState
+from app.gui.workers.chat_state import ChatState
 from app.paths import Paths
 from engine.inference.context import Message
 from engine.inference.events import Finished, PrefillProgress, Stats, Token, ToolCall

@@ -12,7 +12,7 @@ import pytest
 from gui_support import FakeSession, make_window
 from PySide6.QtCore import Qt
 
-from app.gui.workers.chat_adapter import ChatState, ModelState
+from app.gui.workers.chat_state import ChatState, ModelState
 from app.gui.workers.llm_loading import default_session_factory
 from app.gui.workers.llm_requests import GenerateRequest, LoadRequest
 from app.gui.workers.llm_worker import LlmWorker

@@ -10,7 +10,7 @@ import pytest
 from gui_support import FakeSession, make_window, send, start_window
 from PySide6.QtCore import Qt
 
-from app.gui.workers.chat_adapter import ChatState, ModelState
+from app.gui.workers.chat_state import ChatState, ModelState
 from app.paths import Paths
 from engine.history import HistoryStore
 
@@ -161,7 +161,7 @@ def test_inspector_shows_the_engine_stats(qtbot: Any, window: Any) -> None:
 
 
 def test_eviction_marker_shows_where_history_was_dropped(qtbot: Any, window: Any) -> None:
-    from app.gui.workers.history_service import DisplayMessage
+    from app.gui.workers.history_reads import DisplayMessage
 
     def msg(i: int, role: str, stats: dict[str, Any] | None = None) -> DisplayMessage:
         return DisplayMessage(i, i - 1 or None, role, f"m{i}", "complete", stats, None, None, None, (i,))

@@ -25,7 +25,7 @@ from PySide6.QtWidgets import QLabel
 from app.gui import chat_view
 from app.gui.chat_view import MessageCard
 from app.gui.markdown_render import LIGHT_CODE, render_markdown
-from app.gui.workers.history_service import DisplayMessage
+from app.gui.workers.history_reads import DisplayMessage
 
 pytestmark = [pytest.mark.gui, pytest.mark.qt_log_ignore("propagateSizeHints")]
 

@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
 from hub_server import FakeHub, random_bytes
 from tiny_models import write_tiny_llama_gguf
 
-from app.gui.workers.chat_adapter import ModelState
+from app.gui.workers.chat_state import ModelState
 from app.paths import Paths
 
 pytestmark = [pytest.mark.gui, pytest.mark.qt_log_ignore("propagateSizeHints")]

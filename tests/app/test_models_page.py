@@ -20,7 +20,7 @@ from tiny_models import write_tiny_llama_gguf
 
 from app.curated_models import load_curated
 from app.gui.quantize_dialog import QuantizeDialog
-from app.gui.workers.chat_adapter import ModelState
+from app.gui.workers.chat_state import ModelState
 from app.paths import Paths
 from engine.errors import Cancelled
 from engine.units import format_bytes

@@ -12,7 +12,7 @@ import pytest
 from gui_support import make_window
 from PySide6.QtCore import Qt, QTimer
 
-from app.gui.workers.chat_adapter import ChatState, ModelState
+from app.gui.workers.chat_state import ChatState, ModelState
 from app.paths import Paths
 from app.settings import SamplingPreset, Settings
 from engine.history import HistoryStore

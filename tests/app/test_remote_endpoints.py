@@ -23,14 +23,9 @@ from PySide6.QtCore import Qt
 import engine.inference.remote
 from app import compose
 from app.gui.endpoints_dialog import AddEndpointDialog, list_remote_models
-from app.gui.workers.chat_adapter import (
-    ChatState,
-    ModelState,
-    RoutingSessionFactory,
-    model_label,
-    parse_remote_model,
-)
+from app.gui.workers.chat_state import ChatState, ModelState
 from app.gui.workers.llm_requests import LoadRequest
+from app.gui.workers.model_routing import RoutingSessionFactory, model_label, parse_remote_model
 from app.paths import Paths
 from app.settings import Settings, load_settings, save_settings
 from engine.errors import EngineError

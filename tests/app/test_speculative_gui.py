@@ -17,7 +17,7 @@ from PySide6.QtCore import Qt
 from app.gui.inspector import InspectorPanel
 from app.gui.speculative_settings import SpeculativeSettingsWidget
 from app.gui.theme import DARK
-from app.gui.workers.chat_adapter import ChatState
+from app.gui.workers.chat_state import ChatState
 from app.gui.workers.llm_requests import LoadRequest
 from app.gui.workers.llm_worker import LlmWorker
 from app.gui.workers.speculative import TokensView, load_session

@@ -17,7 +17,7 @@ FORMERLY_OWN = ("format_bytes", "format_duration", "format_size", "_size")
         ("engine.fit", "format_bytes"),
         ("app.gui.inspector", "format_duration"),
         ("app.gui.saved_kv_caches", "format_bytes"),
-        ("app.gui.workers.history_service", "format_bytes"),
+        ("app.gui.workers.history_disk", "format_bytes"),
         ("app.gui.inspector_widgets", None),
     ],
 )

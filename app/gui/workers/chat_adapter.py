@@ -20,49 +20,21 @@ from PySide6.QtCore import QCoreApplication, QEvent, QObject, QThread, QTimer, S
 from app.gui.workers.chat_agent import AgentSide
 from app.gui.workers.chat_conversations import Conversations, Opened, last_stats
 from app.gui.workers.chat_model import ModelSlot
-from app.gui.workers.chat_reply import CHECKPOINT_S, RETRY_S, ReplyKeeper
+from app.gui.workers.chat_reply import ReplyKeeper
 from app.gui.workers.chat_retrieval import RetrieverFactory
 from app.gui.workers.chat_state import ChatState, ModelState, TurnContext
 from app.gui.workers.chat_turn import TurnRunner
-from app.gui.workers.history_service import DisplayMessage, HistoryService
+from app.gui.workers.history_reads import DisplayMessage
+from app.gui.workers.history_service import HistoryService
 from app.gui.workers.llm_loading import SessionFactory
 from app.gui.workers.llm_requests import LoadedModel, LoadRequest
 from app.gui.workers.llm_worker import LlmWorker
-
-# The model paths and their backends (split out; these names are still importable from here).
-from app.gui.workers.model_routing import (
-    STARTER_SHORT_LABEL,
-    RemoteSessionFactory,
-    RoutingSessionFactory,
-    make_remote_session,
-    model_label,
-    model_tooltip,
-    parse_remote_model,
-    picker_model,
-)
+from app.gui.workers.model_routing import RoutingSessionFactory
 
 if TYPE_CHECKING:
     from engine.history_schema import Conversation
     from engine.inference.backends import ChatBackend
     from engine.inference.events import Stats
-
-__all__ = [
-    "CHECKPOINT_S",
-    "RETRY_S",
-    "STARTER_SHORT_LABEL",
-    "ChatAdapter",
-    "ChatState",
-    "ModelState",
-    "RemoteSessionFactory",
-    "RetrieverFactory",
-    "RoutingSessionFactory",
-    "TurnContext",
-    "make_remote_session",
-    "model_label",
-    "model_tooltip",
-    "parse_remote_model",
-    "picker_model",
-]
 
 
 class ChatAdapter(QObject):

@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from app.gui.tasks import describe_error
-from app.gui.workers.history_service import DisplayMessage, display_thread, is_unreadable
+from app.gui.workers.history_disk import is_unreadable
+from app.gui.workers.history_reads import DisplayMessage, display_thread
 
 if TYPE_CHECKING:
     from app.gui.workers.chat_adapter import ChatAdapter

@@ -16,7 +16,7 @@ from PySide6.QtCore import QObject, QTimer, Slot
 
 from app.agent_history import AgentRecord
 from app.gui.tasks import describe_error
-from app.gui.workers.history_service import DisplayMessage, display_thread
+from app.gui.workers.history_reads import DisplayMessage, display_thread
 
 if TYPE_CHECKING:
     from app.gui.workers.chat_adapter import ChatAdapter

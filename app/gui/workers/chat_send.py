@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Literal
 
 from app.gui.tasks import describe_error
 from app.gui.workers.chat_conversations import title_from
-from app.gui.workers.history_service import DisplayMessage, HistoryDiskFull, display_thread, is_unreadable
+from app.gui.workers.history_disk import HistoryDiskFull, is_unreadable
+from app.gui.workers.history_reads import DisplayMessage, display_thread
 
 if TYPE_CHECKING:
     from app.gui.workers.chat_adapter import ChatAdapter

@@ -31,7 +31,7 @@ from app.gui.workers.chat_send import (
     save_regeneration,
 )
 from app.gui.workers.chat_state import ChatState, TurnContext
-from app.gui.workers.history_service import is_unreadable
+from app.gui.workers.history_disk import is_unreadable
 from app.gui.workers.llm_requests import GenerateRequest, GenerationOutcome
 
 if TYPE_CHECKING:

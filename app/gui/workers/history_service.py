@@ -6,149 +6,45 @@ thread through callbacks (:mod:`app.gui.tasks`). Writes of a user message happen
 starts, so nothing the user typed is lost.
 
 A full disk (ROBUSTNESS.md P8): a write that fails because the disk is full raises
-:class:`HistoryDiskFull`, which says how much more space is needed and where. A write that must not
+:class:`~app.gui.workers.history_disk.HistoryDiskFull`, which says how much more space is needed
+and where (:mod:`app.gui.workers.history_disk`). A write that must not
 be lost (a reply) goes through :meth:`HistoryService.keep`: it stays in memory until it is saved,
 and is tried again before every later call, on :meth:`HistoryService.retry_unsaved` and at close.
 A history file that is not SQLite (or is corrupt) is left untouched; :meth:`HistoryService.start_fresh`
-moves it aside, with its side files, and starts a new history in its place.
+moves it aside, with its side files, and starts a new history in its place. What the chat view
+reads (:class:`~app.gui.workers.history_reads.DisplayMessage`) is :mod:`app.gui.workers.history_reads`.
 """
 
 from __future__ import annotations
 
-import errno
 import functools
 import logging
-import os
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from app.gui.tasks import SerialExecutor, call_on_gui_thread
+from app.gui.workers.history_disk import can_succeed_later, explain, is_unreadable, set_aside
 from engine.errors import HistoryError
-from engine.units import format_bytes
+
+if TYPE_CHECKING:
+    from engine.history import HistoryStore
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-SAVE_MARGIN = 2**20
-"""Space a history write needs beyond its own text: write-ahead-log frames, index and search pages."""
-SIDE_FILES = ("-wal", "-shm", "-journal")
-_NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)})
-
-
-class HistoryDiskFull(HistoryError):
-    """A history write failed because the disk is full.
-
-    Args:
-        path: the history file.
-        missing: about how many more bytes the write needs.
-        free: the bytes free on its disk now (None: unknown).
-    """
-
-    def __init__(self, path: Path, missing: int, free: int | None) -> None:
-        self.folder = Path(path).parent
-        self.missing = missing
-        self.free = free
-        there = f" ({format_bytes(free)} free)" if free is not None else ""
-        super().__init__(path, f"the disk is full: {format_bytes(missing)} more are needed on {self.folder}{there}")
-
-
-def is_unreadable(exc: BaseException) -> bool:
-    """True when ``exc`` says the history file is not SQLite or is corrupt (it was left untouched)."""
-    reason = exc.reason if isinstance(exc, HistoryError) else ""
-    return "not an SQLite database" in reason or "is corrupt" in reason
-
-
-def _chain(exc: BaseException) -> list[BaseException]:
-    found: list[BaseException] = []
-    current: BaseException | None = exc
-    while current is not None and current not in found:
-        found.append(current)
-        current = current.__cause__ or current.__context__
-    return found
-
-
-def _says_full(exc: BaseException) -> bool | None:
-    """True: the disk is full; None: an I/O error (full only if the free space says so); False: neither."""
-    io_error = False
-    for error in _chain(exc):
-        code = str(getattr(error, "sqlite_errorname", ""))
-        if isinstance(error, OSError) and error.errno in _NO_SPACE_ERRNOS:
-            return True
-        if code == "SQLITE_FULL" or "disk is full" in str(error):
-            return True
-        io_error = io_error or code.startswith("SQLITE_IOERR") or "disk I/O error" in str(error)
-    return None if io_error else False
-
-
-def _can_succeed_later(exc: BaseException) -> bool:
-    """Whether a failed write may succeed when tried again: the disk was full, busy or failing,
-    not the write itself wrong (a message that is gone, a bad state)."""
-    if _says_full(exc) is not False:
-        return True
-    text = " ".join(str(error) for error in _chain(exc)).lower()
-    return "locked" in text or "busy" in text
 
 
 @dataclass
 class _Unsaved:
     """A write kept until it is saved (see :meth:`HistoryService.keep`)."""
 
-    fn: Callable[[Any], Any]
-    on_done: Callable[[Any], None] | None
+    fn: Callable[[HistoryStore], object]
+    on_done: Callable[[Any], None] | None  # takes what ``fn`` returned
     on_error: Callable[[BaseException], None] | None
     size_hint: int
-
-
-@dataclass(frozen=True)
-class DisplayMessage:
-    """A stored message plus its place among its siblings (for ‹ 1/2 › navigation)."""
-
-    id: int
-    parent_id: int | None
-    role: str
-    content: str
-    state: str
-    stats: dict[str, Any] | None
-    sources: list[dict[str, Any]] | None
-    model: str | None
-    error: str | None
-    sibling_ids: tuple[int, ...]
-
-    @property
-    def sibling_index(self) -> int:
-        """0-based position of this message among its siblings."""
-        return self.sibling_ids.index(self.id) if self.id in self.sibling_ids else 0
-
-    @property
-    def sibling_count(self) -> int:
-        return max(len(self.sibling_ids), 1)
-
-
-def display_thread(store: Any, conversation_id: int) -> list[DisplayMessage]:
-    """The current branch of a conversation with sibling information (runs on the history thread)."""
-    out: list[DisplayMessage] = []
-    for message in store.thread(conversation_id):
-        siblings = tuple(s.id for s in store.siblings(message.id))
-        out.append(
-            DisplayMessage(
-                id=message.id,
-                parent_id=message.parent_id,
-                role=message.role,
-                content=message.content,
-                state=message.state,
-                stats=message.stats,
-                sources=message.sources,
-                model=message.model,
-                error=message.error,
-                sibling_ids=siblings or (message.id,),
-            )
-        )
-    return out
 
 
 class HistoryService:
@@ -159,19 +55,20 @@ class HistoryService:
         store_factory: builds the store (tests may inject a fake); default ``engine.history.HistoryStore``.
     """
 
-    def __init__(self, path: Path, store_factory: Callable[[Path], Any] | None = None) -> None:
+    def __init__(self, path: Path, store_factory: Callable[[Path], object] | None = None) -> None:
         self.path = path
         self._factory = store_factory
-        self._store: Any = None
+        self._store: HistoryStore | None = None
         self._executor = SerialExecutor("glassbox-history")
         self.open_error: BaseException | None = None
         self._unsaved: dict[Hashable, _Unsaved] = {}  # touched on the history thread only
         self._unsaved_count = 0
 
-    def _get_store(self) -> Any:
+    def _get_store(self) -> HistoryStore:
         if self._store is None:
             if self._factory is not None:
-                self._store = self._factory(self.path)
+                # A test's stand-in: it answers the calls its test makes, as a HistoryStore would.
+                self._store = cast("HistoryStore", self._factory(self.path))
             else:
                 from engine.history import HistoryStore
 
@@ -185,7 +82,7 @@ class HistoryService:
 
     def call(
         self,
-        fn: Callable[[Any], T],
+        fn: Callable[[HistoryStore], T],
         on_done: Callable[[T], None] | None = None,
         on_error: Callable[[BaseException], None] | None = None,
         *,
@@ -194,8 +91,8 @@ class HistoryService:
         """Runs ``fn(store)`` on the history thread; callbacks run on the GUI thread.
 
         Kept writes not saved yet are tried first, so the history stays in order. A failure of a
-        full disk reaches ``on_error`` as :class:`HistoryDiskFull`; ``size_hint`` (the bytes of text
-        the call writes) goes into how much space it says is needed.
+        full disk reaches ``on_error`` as :class:`~app.gui.workers.history_disk.HistoryDiskFull`;
+        ``size_hint`` (the bytes of text the call writes) goes into how much space it says is needed.
 
         After :meth:`close` the call is dropped (a late signal during shutdown) and None returned.
         """
@@ -210,7 +107,7 @@ class HistoryService:
                     self._retry(store)
                 return fn(store)
             except Exception as exc:
-                error = self._explain(exc, size_hint)
+                error = explain(exc, self.path, size_hint)
                 if error is exc:
                     raise
                 raise error from exc
@@ -220,7 +117,7 @@ class HistoryService:
     def keep(
         self,
         key: Hashable,
-        fn: Callable[[Any], T],
+        fn: Callable[[HistoryStore], T],
         on_done: Callable[[T], None] | None = None,
         on_error: Callable[[BaseException], None] | None = None,
         *,
@@ -252,7 +149,7 @@ class HistoryService:
             try:
                 store = self._get_store()
             except Exception as exc:
-                error = self._explain(exc, size_hint)
+                error = explain(exc, self.path, size_hint)
                 if error is exc:
                     raise
                 raise error from exc
@@ -282,7 +179,7 @@ class HistoryService:
 
         self._executor.submit(job, on_done, failed)
 
-    def _retry(self, store: Any, report: _Unsaved | None = None) -> BaseException | None:
+    def _retry(self, store: HistoryStore, report: _Unsaved | None = None) -> BaseException | None:
         """Tries every kept write, oldest first (history thread).
 
         One the disk refuses (full, an I/O error, busy) stays kept; one that can never succeed (its
@@ -296,10 +193,10 @@ class HistoryService:
             try:
                 result = entry.fn(store)
             except Exception as exc:  # noqa: BLE001 - every failure is kept or reported, never lost
-                error = self._explain(exc, entry.size_hint)
+                error = explain(exc, self.path, entry.size_hint)
                 if entry is report:
                     failure = error
-                if _can_succeed_later(exc):
+                if can_succeed_later(exc):
                     continue
                 del self._unsaved[key]
                 log.error("history: a kept write failed for good: %s", error)
@@ -311,27 +208,6 @@ class HistoryService:
                 call_on_gui_thread(functools.partial(entry.on_done, result))
         self._unsaved_count = len(self._unsaved)
         return failure
-
-    def _explain(self, exc: BaseException, size_hint: int = 0) -> BaseException:
-        """``exc``, or a :class:`HistoryDiskFull` that says how much space is needed when the disk
-        is full (runs on the history thread: asking the disk may block)."""
-        if isinstance(exc, HistoryDiskFull):
-            return exc
-        says = _says_full(exc)
-        if says is False:
-            return exc
-        from engine.disk import missing_space
-
-        need = SAVE_MARGIN + 4 * size_hint  # the text, its search index and the log frames, roomily
-        try:
-            missing, free = missing_space(self.path.parent, need)
-        except OSError:
-            missing, free = need, None
-        if says is None and (free is None or free >= SAVE_MARGIN):
-            return exc  # an I/O error on a disk with room: not a full disk
-        error = HistoryDiskFull(self.path, missing or need, free)
-        error.__cause__ = exc
-        return error
 
     def start_fresh(
         self,
@@ -379,40 +255,3 @@ class HistoryService:
         except RuntimeError:
             return
         self._executor.shutdown(wait=wait)
-
-
-def set_aside(path: Path) -> Path:
-    """Renames an unreadable history (and its side files) to ``<name>.unreadable-<UTC time>``.
-
-    Returns:
-        The new name of the file.
-
-    Raises:
-        HistoryError: it cannot be renamed.
-    """
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    target = path.with_name(f"{path.name}.unreadable-{stamp}")
-    n = 1
-    while any(Path(f"{target}{suffix}").exists() for suffix in ("", *SIDE_FILES)):
-        target = path.with_name(f"{path.name}.unreadable-{stamp}-{n}")
-        n += 1
-    try:
-        os.rename(path, target)
-        for suffix in SIDE_FILES:
-            side = Path(f"{path}{suffix}")
-            if side.exists():
-                os.rename(side, Path(f"{target}{suffix}"))
-    except OSError as exc:
-        raise HistoryError(path, f"cannot move it aside: {exc.strerror or exc}") from exc
-    return target
-
-
-__all__ = [
-    "SAVE_MARGIN",
-    "DisplayMessage",
-    "HistoryDiskFull",
-    "HistoryService",
-    "display_thread",
-    "is_unreadable",
-    "set_aside",
-]
