@@ -5,7 +5,7 @@ Hub queries run on the shared background pool; their failures come back as ``sea
 on ``glassbox-download`` through ``engine.hub.model_download.download_files`` (each with its own
 cancel and pause events). Progress crosses to the GUI thread as the engine's frozen
 ``FilesProgress`` reports, throttled; the adapter turns each into a new frozen
-:class:`~app.gui.workers.transfers.Transfer` there.
+:class:`~app.gui.workers.transfers.Transfer` there (:mod:`app.gui.workers.download_snapshots`).
 
 Every requested download is remembered in an ``engine.hub.queue.DownloadQueue`` (one item
 per model choice, all its files) until all its files are complete or the user discards it, so a
@@ -22,17 +22,20 @@ from collections.abc import Callable
 from concurrent import futures
 from concurrent.futures import Future
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QObject, Signal
 
 from app.gui.tasks import SerialExecutor, describe_error, run_in_background
+from app.gui.workers.download_snapshots import after_failure, after_outcome, after_progress, new_download, provenance
 from app.gui.workers.download_work import DownloadRun, QueueIO, look_for_unfinished
-from app.gui.workers.transfers import Transfer, download_label, from_partial, from_queue
+from app.gui.workers.transfers import Transfer, from_partial, from_queue
 
 if TYPE_CHECKING:
     from app.gui.workers.library_adapter import LibraryAdapter
+    from engine.hub.model_download import FilesOutcome, FilesProgress
     from engine.hub.queue import DownloadQueue, PartialDownload, QueuedOnDisk
+    from engine.hub.search import ModelChoice, RepoFiles, RepoSummary
 
 CHECKPOINT_WAIT_S = 3.0
 
@@ -75,7 +78,7 @@ class DownloadsAdapter(QObject):
         self._downloads = SerialExecutor("glassbox-download")
         self._queue_io = QueueIO(queue_file, self._fail("Download queue"))
         self.queue_file = queue_file
-        self._running: list[Future[Any]] = []
+        self._running: list[Future[FilesOutcome]] = []
         self._closed = False
 
     def _fail(self, prefix: str) -> Callable[[BaseException], None]:
@@ -89,7 +92,7 @@ class DownloadsAdapter(QObject):
 
     # ------------------------------------------------------------------ Hub
     def search(self, query: str) -> None:
-        def work() -> Any:
+        def work() -> list[RepoSummary]:
             from engine.hub.search import search_models
 
             return search_models(query, limit=30, endpoint=self.endpoint)
@@ -101,7 +104,7 @@ class DownloadsAdapter(QObject):
         )
 
     def list_files(self, repo: str) -> None:
-        def work() -> Any:
+        def work() -> RepoFiles:
             from engine.hub.search import list_repo_files
 
             return list_repo_files(repo, endpoint=self.endpoint)
@@ -113,41 +116,15 @@ class DownloadsAdapter(QObject):
         )
 
     # ------------------------------------------------------------------ downloads
-    def download(self, repo: str, choice: Any, commit: str | None = None) -> Transfer:
+    def download(self, repo: str, choice: ModelChoice, commit: str | None = None) -> Transfer:
         """Queues every file of a model choice (split parts and mmproj included) into
         ``<models>/<owner>/<repo>/`` (``engine.hub.model_download.model_folder``)."""
-        key = f"{repo}/{choice.name}"
-        existing = self.transfers.get(key)
+        existing = self.transfers.get(f"{repo}/{choice.name}")
         if existing is not None and existing.running:
             return existing
-        from engine.hub.model_download import FileJob, model_folder
-        from engine.hub.queue import QueueFile, make_item
-
-        listed = (*choice.files, *choice.mmproj)
-        dest = model_folder(self.library.models_dir, repo, [f.filename for f in listed])
-        files = tuple(
-            FileJob(repo, f.filename, dest, commit or "main", self.endpoint, f.sha256, f.size or None) for f in listed
-        )
-        item = make_item(
-            repo,
-            choice.name,
-            dest,
-            [QueueFile(f.filename, f.expected_sha256, f.expected_size) for f in files],
-            revision=commit or "main",
-            endpoint=self.endpoint,
-        )
-        transfer = Transfer(
-            key=key,
-            label=download_label(choice.name, repo, [f.filename for f in files]),
-            kind="download",
-            repo=repo,
-            files=files,
-            paths=tuple(f.path for f in files),
-            queue_key=item.key,
-            total=sum(f.size for f in listed),
-        )
+        transfer, item = new_download(repo, choice, commit, self.library.models_dir, self.endpoint)
         self._take_over(transfer)
-        self.transfers[key] = transfer
+        self.transfers[transfer.key] = transfer
         self._queue_call(lambda q: q.put(item))  # before the download starts: the queue file comes first
         return self._submit(transfer)
 
@@ -195,60 +172,22 @@ class DownloadsAdapter(QObject):
         current = self.transfers.get(run.key)
         return current if current is not None and current.same_run(run) else None
 
-    def _on_run_progress(self, run: Transfer, update: Any) -> None:
+    def _on_run_progress(self, run: Transfer, update: FilesProgress) -> None:
         """GUI thread: one throttled ``FilesProgress`` of ``run``."""
         current = self._current(run)
         if current is None or not current.running:
             return
-        self._put(
-            dataclasses.replace(
-                current,
-                done=update.done,
-                total=update.total if update.count == 1 and update.total else current.total,
-                speed_bps=update.file.speed_bps,
-                eta_s=update.file.eta_s,
-                state=update.state,
-                files_done=update.files_done,
-                message=update.file.message,
-            )
-        )
+        self._put(after_progress(current, update))
 
-    def _on_run_done(self, run: Transfer, outcome: Any) -> None:
+    def _on_run_done(self, run: Transfer, outcome: FilesOutcome) -> None:
         current = self._current(run) or run
-        complete = outcome.complete
-        self._put(
-            dataclasses.replace(
-                current,
-                running=False,
-                state="done" if complete else "cancelled",
-                done=current.total if complete else current.done,
-                speed_bps=0.0,
-                eta_s=None,
-                message="" if complete else "the partial download is kept",
-                result=list(outcome.downloaded),
-                files_done=len(outcome.downloaded) + len(outcome.skipped) if complete else current.files_done,
-            )
-        )
-        records = [(r.path, r.revision, r.sha256) for r in outcome.downloaded]
-        records += [(job.path, job.revision, job.expected_sha256) for job in outcome.skipped]
+        self._put(after_outcome(current, outcome))
+        records = provenance(outcome)
         if records:
             self.library.record(current.repo, records)
 
     def _on_run_failed(self, run: Transfer, exc: BaseException) -> None:
-        from engine.errors import Cancelled
-
-        current = self._current(run) or run
-        cancelled = isinstance(exc, Cancelled)
-        self._put(
-            dataclasses.replace(
-                current,
-                running=False,
-                state="cancelled" if cancelled else "error",
-                speed_bps=0.0,
-                eta_s=None,
-                message="the partial download is kept" if cancelled else describe_error(exc),
-            )
-        )
+        self._put(after_failure(self._current(run) or run, exc))
 
     def discard(self, transfer: Transfer) -> None:
         """Deletes a stopped download's partial files and metadata, and forgets its queue item
