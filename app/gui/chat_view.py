@@ -1,9 +1,12 @@
 """The chat transcript: message cards, streaming, branches, sources and the eviction marker.
 
-Each message is a card with a rich-text body (safe Markdown, :mod:`app.gui.markdown_render`), an action
-row (copy, edit, regenerate, ‹ 1/2 › between branches) and, for replies, a stats line and its
-sources. The streaming reply is re-rendered at most ~30 times a second (the worker coalesces
-tokens); the view follows the bottom only while the user has not scrolled up.
+Each message is a card with a rich-text body (safe Markdown, :mod:`app.gui.markdown_render`, one label
+per block: :mod:`app.gui.reply_blocks`), an action row (copy, edit, regenerate, ‹ 1/2 › between
+branches) and, for replies, a stats line and its sources. A reply made with tools reads in the order
+the loop ran it: each step's text, then its calls' cards, then the answer
+(``app.gui.tool_card.turn_layout``), live and when opened again. The streaming reply is re-rendered at
+most ~30 times a second (the worker coalesces tokens); the view follows the bottom only while the
+user has not scrolled up.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from PySide6.QtCore import QEvent, Qt, QTimer, QUrl, Signal, Slot
+from PySide6.QtCore import Qt, QTimer, QUrl, Signal, Slot
 from PySide6.QtGui import QDesktopServices, QGuiApplication
 from PySide6.QtWidgets import (
     QFrame,
@@ -28,16 +31,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.gui.markdown_render import (
-    COPY_SCHEME,
-    LIGHT_CODE,
-    SAFE_LINK_SCHEMES,
-    CodeColors,
-    plain_html,
-    render_markdown,
-    split_blocks,
-)
-from app.gui.tool_card import AgentPartsWidget, ApprovalCardWidget
+from app.gui.markdown_render import COPY_SCHEME, LIGHT_CODE, SAFE_LINK_SCHEMES, CodeColors, plain_html
+from app.gui.reply_blocks import BlockLabel, TextBlocks
+from app.gui.tool_card import AgentPartsWidget, ApprovalCardWidget, StepTextWidget, turn_layout
 from app.gui.window_layout import make_wrapping, set_wrapped_text
 from app.gui.workers.history_reads import DisplayMessage
 
@@ -170,60 +166,30 @@ def search_terms(query: str) -> list[str]:
     return [w for w in re.split(r"[^\w]+", query) if w]
 
 
-class BlockLabel(QLabel):
-    """A rich-text label that remembers its height for each width.
+class MarkdownStepText(StepTextWidget):
+    """The text of one step of a tool turn in a reply card: Markdown, as the answer is (its links
+    and code copies are the card's)."""
 
-    QLabel lays its rich text out again every time a layout asks ``heightForWidth``; a transcript
-    asks every label on each streamed update. Caching until the text changes makes an update cost
-    one layout (the streaming label's) instead of one per label on screen.
-    """
+    def __init__(self, card: MessageCard) -> None:
+        super().__init__(card.new_block_label())
+        self._card = card
+        self.blocks = TextBlocks(self.box, self.label, card.new_block_label)
 
-    def __init__(self, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self._heights: dict[int, int] = {}
+    def set_text(self, text: str) -> None:
+        self.text = text
+        self.blocks.render(text, self._card.colors, final=True)
 
-    def setText(self, text: str) -> None:
-        self._heights.clear()
-        super().setText(text)
+    def restyle(self) -> None:
+        """Renders the text again (the theme's colours changed)."""
+        self.blocks.mark_stale()
+        self.blocks.render(self.text, self._card.colors, final=True)
 
-    def heightForWidth(self, width: int) -> int:
-        height = self._heights.get(width)
-        if height is None:
-            height = super().heightForWidth(width)
-            self._heights[width] = height
-        return height
+    @property
+    def code_blocks(self) -> tuple[str, ...]:
+        return self.blocks.code_blocks
 
-    def changeEvent(self, event: QEvent) -> None:
-        if event.type() in (QEvent.Type.FontChange, QEvent.Type.StyleChange):
-            self._heights.clear()
-        super().changeEvent(event)
-
-
-STREAM_CHUNK = 900
-"""While streaming, long paragraphs are cut into labels of about this many characters."""
-
-
-def stream_segments(text: str, final: bool) -> list[str]:
-    """The pieces a reply is rendered in: Markdown blocks, and long paragraphs cut at spaces.
-
-    Cut points depend only on the text before them, so pieces that are complete never change
-    while more text streams in and are rendered once. Code fences are never cut.
-    """
-    del final  # the same pieces when finished: nothing is laid out twice
-    blocks = split_blocks(text)
-    out: list[str] = []
-    for block in blocks:
-        if len(block) <= STREAM_CHUNK or block.lstrip().startswith(("```", "~~~")):
-            out.append(block)
-            continue
-        start = 0
-        while len(block) - start > STREAM_CHUNK:
-            cut = block.rfind(" ", start + STREAM_CHUNK // 2, start + STREAM_CHUNK)
-            cut = cut if cut > start else start + STREAM_CHUNK
-            out.append(block[start:cut])
-            start = cut
-        out.append(block[start:])
-    return out
+    def labels(self) -> list[QLabel]:
+        return self.blocks.labels()
 
 
 class MessageCard(QFrame):
@@ -245,6 +211,7 @@ class MessageCard(QFrame):
         self._code_blocks: tuple[str, ...] = ()
         self._text = message.content
         self._streaming_state = False
+        self._agent_stats: Mapping[str, object] | None = None  # the turn's steps (stored, or live)
         is_user = message.role == "user"
 
         inner = self._build_bubble(is_user, message.model or assistant_name or "Assistant")
@@ -275,17 +242,18 @@ class MessageCard(QFrame):
         return inner
 
     def _build_body(self, inner: QVBoxLayout) -> None:
-        """The body, one label per Markdown block, between the reply's tool calls and its folded thinking."""
+        """The body, one label per Markdown block, after the reply's steps and before its folded thinking."""
         # The body is one label per Markdown block (see markdown_render.split_blocks): while a
         # reply streams only the last block is re-rendered.
-        self.body = self._new_block_label()
-        self._blocks: list[tuple[str, QLabel, tuple[str, ...]]] = []
+        self.body = self.new_block_label()
         self._body_layout = QVBoxLayout()
         self._body_layout.setContentsMargins(0, 0, 0, 0)
         self._body_layout.setSpacing(6)
         self._body_layout.addWidget(self.body)
-        # A reply's tool calls go above its answer, its thinking folded under it (app/gui/tool_card.py).
-        self.agent_parts = AgentPartsWidget()
+        self._answer = TextBlocks(self._body_layout, self.body, self.new_block_label)
+        # A turn with tools reads in the order it ran: each step's text and its calls' cards, then
+        # the answer; the thinking is folded under the answer (app/gui/tool_card.py).
+        self.agent_parts = AgentPartsWidget(new_text=lambda: MarkdownStepText(self))
         inner.addWidget(self.agent_parts)
         inner.addLayout(self._body_layout)
         inner.addWidget(self.agent_parts.fold)
@@ -343,6 +311,7 @@ class MessageCard(QFrame):
     def update_message(self, message: DisplayMessage) -> None:
         """Shows a (re)loaded stored message."""
         self.message = message
+        self._agent_stats = message.stats if message.role == "assistant" else None
         self.set_text(message.content, final=True)
         stats = message.stats
         line = format_stats_line(stats)
@@ -366,9 +335,14 @@ class MessageCard(QFrame):
             self.prev_button.setEnabled(message.sibling_index > 0)
             self.next_button.setEnabled(message.sibling_index < message.sibling_count - 1)
         self.set_sources(message.sources or [])
-        self.agent_parts.set_stats(stats if message.role == "assistant" else None)
+        self.agent_parts.set_reasoning(stats if message.role == "assistant" else None)
 
-    def _new_block_label(self) -> QLabel:
+    @property
+    def colors(self) -> CodeColors:
+        return self._colors
+
+    def new_block_label(self) -> QLabel:
+        """A label for one Markdown block of the reply (links and code copies handled here)."""
         label = BlockLabel()
         label.setObjectName("messageBody")
         label.setWordWrap(True)
@@ -381,33 +355,9 @@ class MessageCard(QFrame):
         label.linkActivated.connect(lambda link, lab=label: self._on_block_link_activated(lab, link))
         return label
 
-    def _render_blocks(self, text: str, final: bool = False) -> None:
-        blocks = stream_segments(text, final) or [""]
-        for index, block in enumerate(blocks):
-            if index < len(self._blocks) and self._blocks[index][0] == block:
-                continue  # a finished block: rendered already
-            rendered = render_markdown(block, self._colors)
-            if index < len(self._blocks):
-                label = self._blocks[index][1]
-            elif index == 0:
-                label = self.body
-            else:
-                label = self._new_block_label()
-                self._body_layout.addWidget(label)
-            label.setText(rendered.html)
-            entry = (block, label, rendered.code_blocks)
-            if index < len(self._blocks):
-                self._blocks[index] = entry
-            else:
-                self._blocks.append(entry)
-        for _block, label, _code in self._blocks[len(blocks) :]:
-            label.setParent(None)
-            label.deleteLater()
-        del self._blocks[len(blocks) :]
-        self._code_blocks = tuple(code for _b, _l, codes in self._blocks for code in codes)
-
     def set_text(self, text: str, final: bool = False) -> None:
-        """Renders the body (Markdown for replies, verbatim for the user)."""
+        """Renders the body (Markdown for replies, verbatim for the user); a reply made with tools
+        reads in order: each step's text and cards, then the answer (:func:`turn_layout`)."""
         self._text = text
         if self.message.role == "user":
             self.body.setText(plain_html(text))
@@ -416,27 +366,45 @@ class MessageCard(QFrame):
             longest = max((metrics.horizontalAdvance(line) for line in text.splitlines() or [""]), default=0)
             self.body.setMinimumWidth(min(longest + 8, 560))
             return
-        if not text and not final:
-            self._render_blocks("")
-            self.body.setText(f'<span style="color:{self._colors.muted};">…</span>')
-            self._blocks[0] = ("\0placeholder", self.body, ())
-            return
-        self._render_blocks(text, final)
+        layout = turn_layout(text, self._agent_stats, live=not final)
+        self.agent_parts.show_turn(layout, live=not final)
+        if not layout.answer and not final:
+            self._answer.placeholder(self._colors)
+        else:
+            self._answer.render(layout.answer, self._colors, final)
+        self._code_blocks = tuple(c for part in self._step_texts() for c in part.code_blocks) + self._answer.code_blocks
+
+    def set_agent(self, stats: Mapping[str, object] | None) -> None:
+        """The running turn's steps so far (its messages and calls, as they are stored): the text
+        streamed so far is shown in their order."""
+        self._agent_stats = stats
+        self.set_text(self._text, final=not self._streaming_state)
+
+    def _step_texts(self) -> list[StepTextWidget]:
+        return [group.text_widget for group in self.agent_parts.groups]
+
+    def _labels(self) -> list[QLabel]:
+        """Every label of the reply's text, in order (the steps', then the answer's)."""
+        return [label for part in self._step_texts() for label in part.labels()] + self._answer.labels()
 
     @property
     def text(self) -> str:
+        """The message's whole text, as it is stored (what Copy copies)."""
         return self._text
 
     def set_colors(self, colors: CodeColors) -> None:
         """Renders the body again in another theme's colours (code blocks, links)."""
         self._colors = colors
-        self._blocks = [("\0stale", label, codes) for _block, label, codes in self._blocks]
+        self._answer.mark_stale()
+        for part in self._step_texts():
+            if isinstance(part, MarkdownStepText):
+                part.restyle()
         self.set_text(self._text, final=self._streaming_state is False)
 
     def highlight(self, terms: Sequence[str]) -> int:
-        """Marks ``terms`` in the body (a search hit); returns how many blocks have one."""
+        """Marks ``terms`` in the text (a search hit); returns how many blocks have one."""
         marked = 0
-        for _block, label, _codes in self._blocks or [("", self.body, ())]:
+        for label in self._labels():
             before = label.text()
             after = highlight_html(before, terms)
             if after != before:
@@ -463,7 +431,11 @@ class MessageCard(QFrame):
 
     def _on_block_link_activated(self, label: QLabel, link: str) -> None:
         if link.startswith(f"{COPY_SCHEME}:"):
-            codes = next((c for _b, lab, c in self._blocks if lab is label), ())
+            codes = self._answer.codes_of(label)
+            for part in self._step_texts():
+                if codes is None and isinstance(part, MarkdownStepText):
+                    codes = part.blocks.codes_of(label)
+            codes = codes or ()
             index = int(link.split(":", 1)[1])
             if 0 <= index < len(codes):
                 QGuiApplication.clipboard().setText(codes[index])
@@ -524,6 +496,7 @@ class ChatView(QScrollArea):
         self._evicted = 0
         self._streaming: MessageCard | None = None
         self._stream_text: list[str] = []
+        self._live_agent: Mapping[str, object] | None = None  # the streaming turn's steps so far
         self._follow = True
         self._anchor: tuple[int, int] | None = None  # (message id, its y in the viewport) to keep
         self._reveal: tuple[int, list[str]] | None = None  # a search hit to show and mark
@@ -620,6 +593,7 @@ class ChatView(QScrollArea):
             if message.id == streaming_id and message.state == "pending":
                 self._streaming = card
                 card.set_streaming(True)
+                card.set_agent(self._live_agent)
                 card.set_text("".join(self._stream_text))
                 for request in waiting:
                     card.agent_parts.add_approval(request)
@@ -655,11 +629,13 @@ class ChatView(QScrollArea):
     def begin_stream(self, reply_id: int) -> None:
         """Marks the card of ``reply_id`` as the one receiving text."""
         self._stream_text = []
+        self._live_agent = None
         self._follow = True
         for card in self.cards:
             if card.message.id == reply_id:
                 self._streaming = card
                 card.set_streaming(True)
+                card.set_agent(None)
                 card.set_text("")
         self.scroll_to_bottom()
 
@@ -676,6 +652,14 @@ class ChatView(QScrollArea):
             self._streaming.set_streaming(False)
             self._streaming.agent_parts.expire_approvals()  # Stop: a waiting call is refused
         self._streaming = None
+        self._live_agent = None
+
+    def set_live_agent(self, stats: Mapping[str, object]) -> None:
+        """The streaming turn's steps so far (``app.agent_history.AgentRecord.stats``: its messages
+        and calls, recorded as they happen): its card shows each step's text, then its calls."""
+        self._live_agent = dict(stats)
+        if self._streaming is not None:
+            self._streaming.set_agent(self._live_agent)
 
     def add_tool_step(self, step: Mapping[str, object]) -> None:
         """A call of the streaming reply was handled: its card (app/gui/tool_card.py)."""

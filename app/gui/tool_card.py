@@ -6,7 +6,8 @@ thinking folded under the answer (issue 12, "The app").
 * :class:`ApprovalCardWidget`: a call waiting for the user, with its exact arguments and *Allow
   once* / *Always allow this tool* / *Deny*; Stop (or the end of the turn) closes it unanswered.
 * :class:`ReasoningFoldWidget`: the thinking, folded, with its token count and time.
-* :class:`AgentPartsWidget`: a reply's cards and approvals (above the answer) and its fold (below).
+* :class:`AgentPartsWidget`: a reply's steps in the order the loop ran them (each step's text, then its
+  cards and approvals: :func:`turn_layout`), above the answer; its fold below the answer.
 
 The data are plain dicts (``app.agent_history.step_dict``, the reply's ``stats``), so a
 stored reply shows the same cards after a restart.
@@ -15,7 +16,8 @@ stored reply shows the same cards after a restart.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from PySide6.QtCore import Qt, Signal, Slot
@@ -273,57 +275,295 @@ class ReasoningFoldWidget(QFrame):
         self.body.setVisible(checked)
 
 
-class AgentPartsWidget(QWidget):
-    """A reply's tool cards and approvals; the reply card puts it above its answer, and
-    :attr:`fold` below it."""
+@dataclass(frozen=True)
+class TurnStep:
+    """One generation of a turn that called tools: its text, then its calls.
 
-    def __init__(self, parent: QWidget | None = None) -> None:
+    Attributes:
+        text: what the model wrote before calling (may be empty).
+        call_ids: the ids of its calls, in the order it made them.
+        steps: the handled calls (``app.agent_history.step_dict``) known so far, in that order.
+    """
+
+    text: str
+    call_ids: tuple[str, ...]
+    steps: tuple[Mapping[str, object], ...]
+
+
+@dataclass(frozen=True)
+class TurnLayout:
+    """A reply in the order the loop ran: each calling generation's text and calls, then the answer.
+
+    Attributes:
+        steps: the generations that called tools, in order (none for a plain reply).
+        answer: the text after the last call: the final answer (the whole text when not ordered).
+        ordered: False when the stored turn cannot be put in order (a history without its
+            messages): then one step without text holds every card, above the whole text.
+    """
+
+    steps: tuple[TurnStep, ...]
+    answer: str
+    ordered: bool = True
+
+
+def _saved_steps(stats: Mapping[str, object]) -> list[Mapping[str, object]]:
+    saved = stats.get("tool_steps")
+    return [s for s in saved if isinstance(s, Mapping)] if isinstance(saved, Sequence) else []
+
+
+def turn_layout(content: str, stats: Mapping[str, object] | None, *, live: bool = False) -> TurnLayout:
+    """How a reply reads in order, from its text and its stats (stored, or the running turn's).
+
+    The reply's text is every generation's text joined as ``app.agent_history.ReplyText`` joins
+    them; each assistant message of ``agent_messages`` that has calls is one step, its calls' cards
+    (``tool_steps``, matched by call id) after its text; what follows the last step's text is the
+    answer. ``live``: the text may lag behind the messages (the worker sends text in batches), so a
+    text shorter than the steps' is an empty answer, not a mismatch.
+    """
+    from app.agent_history import ReplyText
+
+    stats = stats or {}
+    steps = _saved_steps(stats)
+    messages = stats.get("agent_messages")
+    calling = (
+        [m for m in messages if isinstance(m, Mapping) and m.get("role") == "assistant" and m.get("tool_calls")]
+        if isinstance(messages, Sequence)
+        else []
+    )
+    if not calling:
+        if not steps:
+            return TurnLayout((), content)
+        return TurnLayout((TurnStep("", tuple(str(s.get("id", "")) for s in steps), tuple(steps)),), content, False)
+    by_id = {str(s.get("id", "")): s for s in steps}
+    joined = ReplyText()
+    out: list[TurnStep] = []
+    placed: set[str] = set()
+    for message in calling:
+        text = str(message.get("content") or "")
+        joined.add(text)
+        joined.end_generation()
+        raw_calls = message.get("tool_calls")
+        calls = raw_calls if isinstance(raw_calls, Sequence) else ()
+        ids = tuple(str(c.get("id", "")) for c in calls if isinstance(c, Mapping))
+        placed.update(ids)
+        out.append(TurnStep(text, ids, tuple(by_id[i] for i in ids if i in by_id)))
+    stray = [s for s in steps if str(s.get("id", "")) not in placed]  # a call no message names: kept in view
+    if stray:
+        last = out[-1]
+        out[-1] = TurnStep(
+            last.text, last.call_ids + tuple(str(s.get("id", "")) for s in stray), last.steps + tuple(stray)
+        )
+    prefix = joined.text
+    if content.startswith(prefix):
+        return TurnLayout(tuple(out), content[len(prefix) :].lstrip("\n"))
+    if live and prefix.startswith(content):
+        return TurnLayout(tuple(out), "")
+    return TurnLayout((TurnStep("", tuple(str(s.get("id", "")) for s in steps), tuple(steps)),), content, False)
+
+
+class StepTextWidget(QWidget):
+    """The text of one step of a turn (plain text; the message card gives a Markdown one).
+
+    Args:
+        label: the label of its first block (a plain one by default).
+    """
+
+    def __init__(self, label: QLabel | None = None, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("agentStepText")
+        self.box = QVBoxLayout(self)
+        self.box.setContentsMargins(0, 0, 0, 0)
+        self.box.setSpacing(6)
+        self.label = label if label is not None else _label("", "messageBody")
+        self.box.addWidget(self.label)
+        self.text = ""
+
+    def set_text(self, text: str) -> None:
+        self.text = text
+        self.label.setText(text)
+
+    @property
+    def code_blocks(self) -> tuple[str, ...]:
+        """The raw text of its code blocks (none in plain text)."""
+        return ()
+
+    def labels(self) -> list[QLabel]:
+        """The labels its text is shown in."""
+        return [self.label]
+
+
+class StepGroupWidget(QWidget):
+    """One step of a turn: the model's text, then its calls' cards (or their approval cards)."""
+
+    def __init__(self, text_widget: StepTextWidget, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("agentStep")
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(0, 0, 0, 0)
+        lay.setSpacing(4)
+        self.text_widget = text_widget
+        lay.addWidget(text_widget)
+        self._calls = QVBoxLayout()
+        self._calls.setContentsMargins(0, 0, 0, 2)
+        self._calls.setSpacing(4)
+        lay.addLayout(self._calls)
+        self.call_ids: tuple[str, ...] = ()
+        self.text: str | None = None
+        text_widget.setVisible(False)
+
+    def set_text(self, text: str) -> None:
+        if text != self.text:
+            self.text = text
+            self.text_widget.set_text(text)
+            self.text_widget.setVisible(bool(text.strip()))
+
+    def widgets(self) -> list[QWidget]:
+        """The cards shown, in order."""
+        items = (self._calls.itemAt(i) for i in range(self._calls.count()))
+        return [w for w in (item.widget() for item in items if item is not None) if w is not None]
+
+    def set_widgets(self, widgets: Sequence[QWidget]) -> None:
+        """Shows these cards, in this order (taken from wherever they were)."""
+        if self.widgets() == list(widgets):
+            return
+        for widget in self.widgets():
+            self._calls.removeWidget(widget)
+        for widget in widgets:
+            self._calls.addWidget(widget)
+
+    def add_widget(self, widget: QWidget, replacing: QWidget | None = None) -> None:
+        """Adds a card (where ``replacing`` was, if it is here)."""
+        index = self._calls.indexOf(replacing) if replacing is not None else -1
+        if index >= 0:
+            self._calls.insertWidget(index, widget)
+        else:
+            self._calls.addWidget(widget)
+
+
+class AgentPartsWidget(QWidget):
+    """A reply's steps in order: each step's text, then its cards and approvals; the reply card
+    puts it above its answer, and :attr:`fold` (the thinking) under the answer.
+
+    Args:
+        new_text: makes a step's text widget (the message card gives a Markdown one).
+    """
+
+    def __init__(self, new_text: Callable[[], StepTextWidget] | None = None, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self._layout = QVBoxLayout(self)
         self._layout.setContentsMargins(0, 0, 0, 0)
-        self._layout.setSpacing(4)
+        self._layout.setSpacing(6)
+        self._new_text = new_text or StepTextWidget
+        self.groups: list[StepGroupWidget] = []
         self.cards: list[ToolCallCardWidget] = []
         self.approvals: list[ApprovalCardWidget] = []
         self.fold = ReasoningFoldWidget()
         self._live_reasoning: list[str] = []
+        self._shown: tuple[object, ...] | None = None
         self.setVisible(False)
 
-    def set_stats(self, stats: Mapping[str, object] | None) -> None:
-        """Shows a stored reply's calls and thinking (``stats`` of the history)."""
-        stats = stats or {}
-        saved = stats.get("tool_steps")
-        steps = [s for s in saved if isinstance(s, Mapping)] if isinstance(saved, Sequence) else []
-        if [c.step for c in self.cards] != [dict(s) for s in steps]:
-            for card in self.cards:  # approvals still waiting stay (a reply saved mid-turn)
-                card.setParent(None)
-                card.deleteLater()
-            self.cards.clear()
-            for step in steps:
-                self.add_step(step)
-        self.setVisible(bool(self.cards or self.approvals))
-        reasoning = _mapping(stats.get("reasoning"))
+    # ------------------------------------------------------------------ a whole turn
+    def show_turn(self, layout: TurnLayout, live: bool = False) -> None:
+        """Shows the steps of ``layout`` in order, keeping the cards already shown (an unfolded
+        result stays unfolded) and the approvals still waiting (in their step).
+
+        ``live``: the layout may be behind what was added since (:meth:`add_step`): a card it does
+        not have yet stays, in the last step; a stored reply's layout is the whole truth.
+        """
+        key = tuple((s.text, s.call_ids, tuple(map(dict, s.steps))) for s in layout.steps)
+        if key == self._shown:
+            return
+        self._shown = key
+        self._drop_approvals_of({str(d.get("id", "")) for step in layout.steps for d in step.steps})
+        cards = {str(c.step.get("id", "")): c for c in self.cards}
+        used: list[ToolCallCardWidget] = []
+        placed: list[ApprovalCardWidget] = []
+        for index, step in enumerate(layout.steps):
+            group = self._group(index)
+            group.set_text(step.text)
+            group.call_ids = step.call_ids
+            widgets: list[QWidget] = []
+            for data in step.steps:
+                card = cards.pop(str(data.get("id", "")), None)
+                if card is None or card.step != dict(data):
+                    card = ToolCallCardWidget(data)
+                used.append(card)
+                widgets.append(card)
+            waiting = [a for a in self.approvals if a.request.call_id in step.call_ids]
+            placed += waiting
+            group.set_widgets([*widgets, *waiting])
+        newer: list[QWidget] = list(cards.values()) if live else []
+        for card in [] if live else cards.values():
+            card.setParent(None)
+            card.deleteLater()
+        self.cards = used + [c for c in self.cards if c in newer]
+        stray = newer + [a for a in self.approvals if a not in placed]
+        if stray:  # a call no step names (yet): it stays in view, in the last step
+            last = self._group(max(len(layout.steps) - 1, 0))
+            last.set_widgets([*(w for w in last.widgets() if w not in stray), *stray])
+        keep = len(layout.steps) or (1 if stray else 0)
+        for group in self.groups[keep:]:
+            group.setParent(None)
+            group.deleteLater()
+        del self.groups[keep:]
+        self.setVisible(bool(self.cards or self.approvals or any((g.text or "").strip() for g in self.groups)))
+
+    def set_reasoning(self, stats: Mapping[str, object] | None) -> None:
+        """Shows a stored reply's thinking (folded under the answer)."""
+        reasoning = _mapping((stats or {}).get("reasoning"))
         self._live_reasoning = []
         self.fold.set_reasoning(
             str(reasoning.get("text", "")), int(_number(reasoning.get("tokens"))), _number(reasoning.get("ms"))
         )
 
-    def add_step(self, step: Mapping[str, object]) -> ToolCallCardWidget:
-        """A call was handled: its card takes the place of its approval card, if any."""
+    def set_stats(self, stats: Mapping[str, object] | None, content: str = "") -> TurnLayout:
+        """Shows a stored reply's steps and thinking; returns the layout (its answer is the card's body)."""
+        layout = turn_layout(content, stats)
+        self.show_turn(layout)
+        self.set_reasoning(stats)
+        return layout
+
+    def _group(self, index: int) -> StepGroupWidget:
+        while len(self.groups) <= index:
+            group = StepGroupWidget(self._new_text())
+            self._layout.addWidget(group)
+            self.groups.append(group)
+        return self.groups[index]
+
+    def _group_of(self, call_id: object) -> StepGroupWidget:
+        """The step a call belongs to; a call no step names yet goes to the last step (or a first one)."""
+        for group in self.groups:
+            if call_id in group.call_ids:
+                return group
+        return self._group(max(len(self.groups) - 1, 0))
+
+    def _drop_approvals_of(self, handled: set[str]) -> None:
         for approval in list(self.approvals):
-            if approval.request.call_id == step.get("id"):  # handled: answered, or refused by Stop
+            if approval.request.call_id in handled:  # handled: answered, or refused by Stop
                 self.approvals.remove(approval)
                 approval.setParent(None)
                 approval.deleteLater()
+
+    # ------------------------------------------------------------------ live
+    def add_step(self, step: Mapping[str, object]) -> ToolCallCardWidget:
+        """A call was handled: its card takes the place of its approval card, if any, in its step."""
+        call_id = str(step.get("id", ""))
+        group = self._group_of(call_id)
+        waiting = next((a for a in self.approvals if a.request.call_id == call_id), None)
         card = ToolCallCardWidget(step)
-        self._layout.addWidget(card)
+        group.add_widget(card, replacing=waiting)
+        self._drop_approvals_of({call_id})
         self.cards.append(card)
+        self._shown = None
         self.setVisible(True)
         return card
 
     def add_approval(self, request: ApprovalRequest) -> ApprovalCardWidget:
+        """A call waits for the user: its card goes after its step's text."""
         card = ApprovalCardWidget(request)
-        self._layout.addWidget(card)
+        self._group_of(request.call_id).add_widget(card)
         self.approvals.append(card)
+        self._shown = None
         self.setVisible(True)
         return card
 

@@ -100,6 +100,7 @@ class TurnController(QObject):
         chat.prompt_view_updated.connect(self.inspector.set_prompt_view)
         chat.bandwidth_measured.connect(self.inspector.set_machine_bandwidth)
         chat.sources_found.connect(self._on_chat_sources_found)
+        chat.loop_updated.connect(self._on_chat_loop_updated)
         self.composer.send_requested.connect(self._on_composer_send_requested)
         self.composer.stop_requested.connect(chat.stop)
         self.chat_view.edit_requested.connect(self.composer.begin_edit)
@@ -214,6 +215,14 @@ class TurnController(QObject):
         card = self.chat_view.card_for(self._streaming_reply) if self._streaming_reply is not None else None
         if card is not None:
             card.set_sources(sources)
+
+    @Slot(object)
+    def _on_chat_loop_updated(self, _loop: object) -> None:
+        """A message of the running turn was recorded (a step's text with its calls, a call's
+        result): the transcript puts the streamed text and the cards in the order they happened."""
+        turn = self.chat.turns.turn
+        if turn is not None and turn.reply_id == self._streaming_reply:
+            self.chat_view.set_live_agent(turn.agent.stats())
 
     @Slot()
     def _on_live_timer_timeout(self) -> None:

@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 from gui_support import FakeSession, start_window
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QPoint, Qt
+from PySide6.QtWidgets import QApplication
 from shiboken6 import isValid
 
 from app.gui.workers.chat_state import ChatState
@@ -527,3 +528,37 @@ def test_a_source_removed_from_mcp_json_can_still_be_unticked(qtbot: Any, paths:
     assert action is not None and action.isChecked() and "not configured" in action.text()
     action.setChecked(False)
     assert button.settings["tools"]["sources"] == ["builtin"]
+
+
+def test_the_reply_reads_in_the_order_the_loop_ran_live_and_after_a_restart(
+    qtbot: Any, open_window: Any, toolset: FakeToolSet
+) -> None:
+    w = open_window()
+    w.tools_button.set_tools_on(True)
+    type_and_send(qtbot, w, "What is 2 + 3?")
+    approval = pending_approval(qtbot, w)
+    parts = w.chat_view.cards[-1].agent_parts
+    # Waiting: the step's text, then the call it asks for; the answer has not started.
+    qtbot.waitUntil(lambda: parts.groups and parts.groups[0].text_widget.text == "Let me add.", timeout=5000)
+    assert parts.groups[0].widgets() == [approval]
+    assert "Let me add." not in w.chat_view.cards[-1].body.text()
+    qtbot.mouseClick(approval.once_button, Qt.MouseButton.LeftButton)
+    wait_idle(qtbot, w)
+
+    def order(card: Any) -> list[str]:
+        group = card.agent_parts.groups[0]
+        assert group.text_widget.text == "Let me add." and len(card.agent_parts.groups) == 1
+        assert [c.step["name"] for c in group.widgets()] == ["add"]
+        QApplication.processEvents()
+        assert group.mapTo(card, group.rect().bottomLeft()).y() <= card.body.mapTo(card, QPoint(0, 0)).y()
+        return [group.text_widget.text, group.widgets()[0].step["result"], card.text]
+
+    assert order(w.chat_view.cards[-1]) == ["Let me add.", "5", "Let me add.\n\nThe tool said 5."]
+    assert "The tool said 5." in w.chat_view.cards[-1].body.text()
+    assert "Let me add." not in w.chat_view.cards[-1].body.text()
+    conv_id = w.chat.conversation.id
+    w.shutdown()
+    w2 = open_window()
+    w2.chat.open_conversation(conv_id)
+    qtbot.waitUntil(lambda: len(w2.chat_view.cards) == 2, timeout=10000)
+    assert order(w2.chat_view.cards[-1]) == ["Let me add.", "5", "Let me add.\n\nThe tool said 5."]
