@@ -17,14 +17,15 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from app.gui.tasks import SerialExecutor, call_on_gui_thread, describe_error
 
 if TYPE_CHECKING:
     from app.gui.workers.transfers import Transfer
     from engine.hub.model_download import FilesOutcome, FilesProgress
-    from engine.hub.queue import DownloadQueue, PartialDownload, QueuedOnDisk
+    from engine.hub.queue import DownloadQueue, PartialDownload, QueuedOnDisk, QueueState
+    from engine.library import ModelLibrary
 
 PROGRESS_INTERVAL_S = 0.2
 
@@ -54,7 +55,7 @@ class DownloadRun:
         self.last_emit = 0.0
         self.queue_state = ""
 
-    def set_queue_state(self, state: Any, error: str | None = None) -> None:
+    def set_queue_state(self, state: QueueState, error: str | None = None) -> None:
         """Records the run's state in its queue item (once per change)."""
         key = self.transfer.queue_key
         if key is not None and self.queue_state != state:
@@ -164,7 +165,7 @@ class QueueIO:
 
 
 def look_for_unfinished(
-    models_dir: Path, library: Any, queue: DownloadQueue
+    models_dir: Path, library: ModelLibrary, queue: DownloadQueue
 ) -> tuple[list[QueuedOnDisk], list[PartialDownload], int]:
     """What an earlier session left unfinished (background pool).
 

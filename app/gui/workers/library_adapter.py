@@ -10,11 +10,18 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QObject, Signal
 
 from app.gui.tasks import describe_error, run_in_background
+
+if TYPE_CHECKING:
+    from app.model_folders import OtherAppFolder
+    from engine.fit import FitEstimate
+    from engine.gguf import GgufInfo
+    from engine.hardware import HardwareInfo
+    from engine.library import LibraryEntry, ModelLibrary
 
 DECLINED_FILE_NAME = "model_folders_declined.json"
 
@@ -45,14 +52,14 @@ class LibraryAdapter(QObject):
         self.models_dir = models_dir
         self.manifest = manifest
         self.folders_file = folders_file
-        self.hardware: Any = None
+        self.hardware: HardwareInfo | None = None
         self.bandwidth_gbps: float | None = None
-        self.entries: list[Any] = []
+        self.entries: list[LibraryEntry] = []
         self._library_lock = threading.Lock()
-        self._library: Any = None
+        self._library: ModelLibrary | None = None
         self._library_where: tuple[Path, Path, Path] | None = None
 
-    def model_library(self) -> Any:
+    def model_library(self) -> ModelLibrary:
         """The library (pure to build; call it off the GUI thread to use it).
 
         One instance while the folders stay the same: its lock keeps a scan from writing back a
@@ -77,7 +84,7 @@ class LibraryAdapter(QObject):
     def scan(self) -> None:
         """Rescans the library (library_changed)."""
 
-        def done(entries: list[Any]) -> None:
+        def done(entries: list[LibraryEntry]) -> None:
             self.entries = entries
             self.library_changed.emit(entries)
 
@@ -114,7 +121,7 @@ class LibraryAdapter(QObject):
     def find_other_apps(self) -> None:
         """Looks for the Hugging Face cache and LM Studio's models folder (other_folders_found)."""
 
-        def work() -> list[Any]:
+        def work() -> list[OtherAppFolder]:
             from app.model_folders import offered_folders
 
             return offered_folders(self.model_library().extra_dirs, self.declined_file)
@@ -135,22 +142,22 @@ class LibraryAdapter(QObject):
     def probe(self) -> None:
         """Probes the hardware once (for fit badges)."""
 
-        def work() -> Any:
+        def work() -> HardwareInfo:
             from engine.hardware import probe_hardware
 
             return probe_hardware()
 
-        def done(hw: Any) -> None:
+        def done(hw: HardwareInfo) -> None:
             self.hardware = hw
             self.hardware_ready.emit(hw)
 
         run_in_background(work, done, self.fail("Hardware probe"))
 
-    def fit(self, entry: Any, n_ctx: int) -> Any:
+    def fit(self, entry: LibraryEntry, n_ctx: int) -> FitEstimate | None:
         """The fit estimate for a library entry (None when unknown). Cheap: pure arithmetic."""
         return self.fit_for_info(entry.info, min(n_ctx, entry.context_length or n_ctx))
 
-    def fit_for_size(self, size: int) -> Any:
+    def fit_for_size(self, size: int) -> FitEstimate | None:
         """A rough fit verdict for a file not downloaded yet."""
         if self.hardware is None or size <= 0:
             return None
@@ -158,7 +165,7 @@ class LibraryAdapter(QObject):
 
         return estimate_fit_from_size(size, self.hardware, self.bandwidth_gbps)
 
-    def fit_for_info(self, info: Any, n_ctx: int) -> Any:
+    def fit_for_info(self, info: GgufInfo | None, n_ctx: int) -> FitEstimate | None:
         """The fit estimate for a header (say, of a file a quantization will write); None when unknown."""
         if self.hardware is None or info is None:
             return None
@@ -172,7 +179,7 @@ class LibraryAdapter(QObject):
             return None
 
 
-def record_provenance(library: Any, repo: str, records: list[tuple[Path, str, str | None]]) -> None:
+def record_provenance(library: ModelLibrary, repo: str, records: list[tuple[Path, str, str | None]]) -> None:
     """Records where downloaded files came from: ``(path, revision, sha256)`` each."""
     for path, revision, sha256 in records:
         fields = {"repo": repo, "revision": revision}

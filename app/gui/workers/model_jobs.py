@@ -24,6 +24,10 @@ from app.gui.workers.transfers import Transfer
 
 if TYPE_CHECKING:
     from app.gui.workers.library_adapter import LibraryAdapter
+    from engine.convert.hf_to_gguf import ConvertQuantizeResult, PipelineProgress
+    from engine.convert.perplexity import QualityReport
+    from engine.convert.quant_estimate import QuantEstimate
+    from engine.convert.quantize import QuantizeProgress, QuantizeResult
 
 PROGRESS_INTERVAL_S = 0.2
 QUALITY_STEPS = ("the source", "the result")
@@ -103,7 +107,7 @@ class ModelJobsAdapter(QObject):
         run = self._start(f"quantize:{dst}", f"{src.name} → {qtype}", "quantize")
         throttle = _Throttle()
 
-        def progress(update: Any) -> None:
+        def progress(update: QuantizeProgress) -> None:
             if throttle.due():
                 self._post(
                     run,
@@ -113,14 +117,14 @@ class ModelJobsAdapter(QObject):
                     message=update.tensor_name,
                 )
 
-        def work() -> Any:
+        def work() -> QuantizeResult:
             from engine.convert.quantize import quantize_model
 
             return quantize_model(
                 src, dst, qtype, allow_requantize=allow_requantize, cancel=run.cancel, progress=progress
             )
 
-        def done(result: Any) -> None:
+        def done(result: QuantizeResult) -> None:
             from engine.convert.quantize import size_change
 
             self._update(
@@ -147,7 +151,7 @@ class ModelJobsAdapter(QObject):
         throttle = _Throttle()
         stage = [""]  # the last stage posted (worker thread only)
 
-        def progress(update: Any) -> None:
+        def progress(update: PipelineProgress) -> None:
             if throttle.due(force=update.stage != stage[0]):
                 stage[0] = update.stage
                 self._post(
@@ -158,7 +162,7 @@ class ModelJobsAdapter(QObject):
                     message=f"Step {update.step} of {update.steps}: {update.text}",
                 )
 
-        def work() -> Any:
+        def work() -> ConvertQuantizeResult:
             from engine.convert.hf_to_gguf import convert_and_quantize
 
             self.models_dir.mkdir(parents=True, exist_ok=True)
@@ -167,7 +171,7 @@ class ModelJobsAdapter(QObject):
                 library=self.library.model_library(), cancel=run.cancel, progress=progress,
             )  # fmt: skip
 
-        def done(result: Any) -> None:
+        def done(result: ConvertQuantizeResult) -> None:
             self._update(
                 run,
                 state="done",
@@ -181,7 +185,7 @@ class ModelJobsAdapter(QObject):
 
     # ------------------------------------------------------------------ quality
     def check_quality(
-        self, source: Path, result: Path, qtype: str, on_done: Callable[[Any], None] | None = None
+        self, source: Path, result: Path, qtype: str, on_done: Callable[[QualityReport], None] | None = None
     ) -> Transfer:
         """Compares the perplexity of a model and its quantization on the shipped text, as
         ``glassbox models quantize --check-quality`` does: step 1 of 2 the source, 2 of 2 the result.
@@ -198,7 +202,7 @@ class ModelJobsAdapter(QObject):
                 message=f"Step {index + 1} of {len(QUALITY_STEPS)}: perplexity of {QUALITY_STEPS[index]}",
             )
 
-        def work() -> Any:
+        def work() -> QualityReport:
             from app.paths import resource_path
             from engine.convert.perplexity import QualityReport, perplexity
 
@@ -210,7 +214,7 @@ class ModelJobsAdapter(QObject):
             ratio = source.stat().st_size / max(result.stat().st_size, 1)
             return QualityReport(qtype=qtype, size_ratio=ratio, source_perplexity=before, result_perplexity=after)
 
-        def done(report: Any) -> None:
+        def done(report: QualityReport) -> None:
             ppl = f"{report.source_perplexity:.2f} → {report.result_perplexity:.2f}"
             self._update(
                 run, state="done", done=run.total, result=report, message=f"{report.summary()} (perplexity {ppl})"
@@ -226,17 +230,17 @@ class ModelJobsAdapter(QObject):
         self,
         path: Path,
         qtypes: list[str],
-        on_done: Callable[[dict[str, Any]], None],
+        on_done: Callable[[dict[str, QuantEstimate]], None],
         on_failed: Callable[[BaseException], None],
     ) -> None:
         """Per-tensor size estimates (``engine.convert.quant_estimate.QuantEstimate`` by type name) of
         quantizing ``path`` to each of ``qtypes``, read off the GUI thread."""
 
-        def work() -> dict[str, Any]:
+        def work() -> dict[str, QuantEstimate]:
             from engine.convert.quant_estimate import estimate_quantized, read_tensor_shapes
 
             info, shapes = read_tensor_shapes(path)
-            out: dict[str, Any] = {}
+            out: dict[str, QuantEstimate] = {}
             for q in qtypes:
                 try:
                     out[q] = estimate_quantized(info, shapes, q)

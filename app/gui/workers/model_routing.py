@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from app.compose import BackendOptions, LocalModel, ModelRef, RemoteModel, find_endpoint, model_ref, open_remote_session
 from app.gui.workers.llm_loading import SessionFactory, default_session_factory
@@ -17,6 +17,7 @@ from app.gui.workers.llm_requests import LoadRequest
 
 if TYPE_CHECKING:
     from engine.inference.backends import ChatBackend
+    from engine.inference.endpoints import Endpoint
 
 __all__ = [
     "STARTER_SHORT_LABEL",
@@ -74,11 +75,11 @@ def parse_remote_model(model: str | Path | ModelRef) -> tuple[str, str] | None:
 
 # ---------------------------------------------------------------------------- remote models
 
-RemoteSessionFactory = Callable[[Any, str, LoadRequest], "ChatBackend"]
+RemoteSessionFactory = Callable[["Endpoint", str, LoadRequest], "ChatBackend"]
 """Builds a session for ``(engine.inference.endpoints.Endpoint, model_id, request)``."""
 
 
-def make_remote_session(endpoint: Any, model_id: str, request: LoadRequest) -> ChatBackend:
+def make_remote_session(endpoint: Endpoint, model_id: str, request: LoadRequest) -> ChatBackend:
     """The real remote backend (``engine.inference.remote.RemoteSession``) for a saved endpoint."""
     options = BackendOptions(overflow_policy=request.overflow_policy, reply_reserve=request.reply_reserve)
     return open_remote_session(endpoint, model_id, options)

@@ -14,13 +14,17 @@ and gives the main window the few signals it listens to.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QObject, Signal
 
 from app.gui.workers.downloads_adapter import DownloadsAdapter
 from app.gui.workers.library_adapter import LibraryAdapter
 from app.gui.workers.model_jobs import ModelJobsAdapter
+
+if TYPE_CHECKING:
+    from engine.hardware import HardwareInfo
+    from engine.library import LibraryEntry
 
 __all__ = ["ModelsAdapter"]
 
@@ -73,12 +77,12 @@ class ModelsAdapter(QObject):
         return self.downloads.queue_file
 
     @property
-    def hardware(self) -> Any:
+    def hardware(self) -> HardwareInfo | None:
         """``engine.hardware.HardwareInfo`` once probed, else None."""
         return self.library.hardware
 
     @property
-    def entries(self) -> list[Any]:
+    def entries(self) -> list[LibraryEntry]:
         """The library's entries at the last scan."""
         return self.library.entries
 

@@ -15,14 +15,16 @@ chat turn decodes with, and the reply's tokens for the inspector's token view.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
+    from app.gui.workers.llm_loading import SessionFactory
     from app.gui.workers.llm_requests import LoadedModel, LoadRequest
     from app.settings import Settings
+    from engine.inference.backends import ChatBackend
+    from engine.inference.events import Token
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +55,8 @@ def is_draft_refusal(exc: BaseException, draft: Path) -> bool:
 
 
 def load_session(
-    factory: Callable[[LoadRequest, float | None], Any], request: LoadRequest, bandwidth: float | None
-) -> tuple[Any, Any, LoadRequest, str | None]:
+    factory: SessionFactory, request: LoadRequest, bandwidth: float | None
+) -> tuple[ChatBackend, object, LoadRequest, str | None]:
     """Builds and loads the session for ``request``; without its draft when the draft is refused.
 
     Returns:
@@ -81,9 +83,7 @@ def load_session(
     return *_load(factory, request, bandwidth), request, note
 
 
-def _load(
-    factory: Callable[[LoadRequest, float | None], Any], request: LoadRequest, bandwidth: float | None
-) -> tuple[Any, Any]:
+def _load(factory: SessionFactory, request: LoadRequest, bandwidth: float | None) -> tuple[ChatBackend, object]:
     session = factory(request, bandwidth)
     try:
         return session, session.load(request.cancel)
@@ -115,14 +115,14 @@ class ReplyTokens:
     pieces: list[str] = field(default_factory=list)
     drafted: list[bool] = field(default_factory=list)
 
-    def add(self, token: Any) -> None:
+    def add(self, token: Token) -> None:
         """Records an ``engine.inference.events.Token``."""
         self.ids.append(int(token.token_id))
         self.pieces.append(str(token.text))
         self.drafted.append(bool(getattr(token, "drafted", False)))
 
-    def view(self, prompt: Any) -> TokensView:
-        """The prompt view with this reply after it."""
+    def view(self, prompt: object) -> TokensView:
+        """The prompt view (an ``engine.inference.session.PromptView``) with this reply after it."""
         return TokensView(
             list(getattr(prompt, "token_ids", []) or []),
             list(getattr(prompt, "pieces", []) or []),
