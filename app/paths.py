@@ -179,6 +179,11 @@ class Paths:
         return self.logs / "attempting.json"
 
     @property
+    def selftest_document(self) -> Path:
+        """The small document ``glassbox --self-test`` indexes (in its own throwaway home)."""
+        return self.data / "selftest.txt"
+
+    @property
     def lock_file(self) -> Path:
         return self.data / "glassbox.lock"
 

