@@ -1,5 +1,11 @@
 """Where the two halves meet: knowledge-base passages (rag) become the documents part of a chat
 turn (engine). This is the only place that knows both; engine and rag never import each other.
+
+Every front end fits a turn's passages the same way: rag retrieves them ranked and cited, not
+fitted (``rag.knowledge.retrieve_passages``), and the engine's documents band
+(``engine.inference.context.fit_documents``) keeps the best-ranked that fit the session's window,
+dropping the lowest-ranked rather than refusing; :func:`fit_passages` is that one call, and
+:class:`Retrieval` says what was kept and how many were dropped.
 """
 
 from __future__ import annotations
@@ -8,53 +14,83 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from app.paths import Paths
 
-#: The share of the context window that retrieved passages may take.
-DOCUMENTS_SHARE = 0.35
+if TYPE_CHECKING:
+    from engine.inference.context import DocumentsFit, RankedDocuments
+    from rag.knowledge import Searcher
+
+CHAT_PASSAGES = 6
+"""Passages retrieved for a chat turn, best first, before the documents band fits them."""
+
+DEFAULT_N_CTX = 4096
+"""The window the documents band assumes for a session that does not say (a remote server may not)."""
 
 
 class _Counting(Protocol):
-    """What the glue needs from a chat session (local or remote)."""
+    """What the glue needs from a chat session (local or remote); its window is read from ``info``."""
 
     def count_text(self, text: str) -> int: ...
 
-    @property
-    def info(self) -> Any: ...
+
+class Retrieval(NamedTuple):
+    """A turn's documents after the documents band fitted them.
+
+    Attributes:
+        documents: the documents block to pin after the system prompt (None when nothing was kept).
+        sources: one plain dict per passage kept (n, path, page, snippet, score, heading), best
+            first, ready for JSON and history.
+        dropped: how many of the lowest-ranked passages found did not fit and were left out.
+    """
+
+    documents: str | None
+    sources: list[dict[str, Any]]
+    dropped: int
 
 
-Retriever = Callable[[str, _Counting], tuple[str | None, list[dict[str, Any]]]]
+Retriever = Callable[[str, _Counting], Retrieval]
 
 
-def documents_budget(n_ctx: int) -> int:
-    """Tokens the documents block may take in a window of ``n_ctx`` tokens."""
-    return max(64, int(n_ctx * DOCUMENTS_SHARE))
+def session_n_ctx(session: object) -> int:
+    """The context window ``session`` reports (``info.n_ctx``), else :data:`DEFAULT_N_CTX`."""
+    n_ctx = getattr(getattr(session, "info", None), "n_ctx", None)
+    return n_ctx if isinstance(n_ctx, int) and n_ctx > 0 else DEFAULT_N_CTX
 
 
-def documents_retriever(searcher: Any, names: Sequence[str]) -> Retriever:
+def fit_passages(passages: RankedDocuments, session: _Counting) -> DocumentsFit:
+    """The engine's documents band over ``passages`` (best first), with ``session``'s window and its
+    own token counter: the one call every front end makes (it runs where the tokenizer lives).
+
+    Raises:
+        Exception: what ``session.count_text`` raises (a remote server's tokenizer may fail).
+    """
+    from engine.inference.context import fit_documents
+
+    return fit_documents(passages, session_n_ctx(session), session.count_text)
+
+
+def documents_retriever(searcher: Searcher, names: Sequence[str]) -> Retriever:
     """The retriever of the in-process front ends (``glassbox chat --kb``, ``glassbox serve``):
-    ``fn(query, session) -> (documents block or None, sources)``.
+    ``fn(query, session) -> Retrieval``.
 
-    ``searcher`` is what ``rag.knowledge.retrieve_context`` searches: an open ``KnowledgeBases``, or
-    anything with its ``query_many`` (the app's knowledge process, ``rag.knowledge.Searcher``). The
-    window retrieves on its knowledge thread instead (``app.gui.workers.knowledge_worker.ChatRetriever``:
-    passages that the engine's documents band fits). The block is fitted to :func:`documents_budget`
-    of the session's window (4096 when it does not say: a remote server may not) with the
-    session's own token counter, so it runs where the session's tokenizer lives. Sources are plain
-    dicts (n, path, page, snippet, score, heading), ready for JSON and history.
+    ``searcher`` is an open ``KnowledgeBases``, or anything with its ``query_many`` (the app's
+    knowledge process, ``rag.knowledge.Searcher``). The window retrieves on its knowledge thread
+    instead (``app.gui.workers.knowledge_worker.ChatRetriever``) and its LLM worker fits the
+    passages with the same band. Up to :data:`CHAT_PASSAGES` are retrieved and fitted by
+    :func:`fit_passages`; the sources are those of the passages kept.
     """
     chosen = list(names)
 
-    def retrieve(query: str, session: _Counting) -> tuple[str | None, list[dict[str, Any]]]:
-        from rag.knowledge import retrieve_context
+    def retrieve(query: str, session: _Counting) -> Retrieval:
+        from rag.knowledge import retrieve_passages
 
-        n_ctx = getattr(getattr(session, "info", None), "n_ctx", None) or 4096
-        block = retrieve_context(searcher, chosen, query, documents_budget(n_ctx), session.count_text)
-        if not block.sources:
-            return None, []
-        return block.text, [asdict(source) for source in block.sources]
+        cited = retrieve_passages(searcher, chosen, query, k=CHAT_PASSAGES)
+        if not cited.count:
+            return Retrieval(None, [], 0)
+        fit = fit_passages(cited, session)
+        return Retrieval(fit.text, [asdict(source) for source in cited.sources[: fit.kept]], fit.dropped)
 
     return retrieve
 

@@ -686,8 +686,8 @@ def _new_collection_name() -> str:
 
 
 class Searcher(Protocol):
-    """What :func:`retrieve_context` needs: a :class:`KnowledgeBases`, or a
-    ``rag.service.KnowledgeService`` that runs one in a worker process."""
+    """What :func:`retrieve_passages` and :func:`retrieve_context` search: a :class:`KnowledgeBases`,
+    or a ``rag.service.KnowledgeService`` that runs one in a worker process."""
 
     def query_many(self, names: Sequence[str], text: str, *, k: int = 5) -> builtins.list[Passage]: ...
 
@@ -702,8 +702,9 @@ def retrieve_context(
     k: int = 6,
 ) -> ContextBlock:
     """Retrieves passages from knowledge bases and fits them, cited, into a context block of at
-    most ``budget_tokens`` (a tool's search result, or a caller without the engine's documents band;
-    a chat turn uses :func:`retrieve_passages` and the engine fits them).
+    most ``budget_tokens``: a tool's search result (``search_knowledge``), which has its own budget.
+    A chat turn's documents, in every front end, come from :func:`retrieve_passages` and the
+    engine's documents band fits them.
 
     Args:
         kb: the knowledge bases (or anything with their ``query_many``).

@@ -63,17 +63,20 @@ def handle(handler: Handler) -> None:
         check_backend(state.backend, request)
         documents: str | None = None
         sources: list[Source] = []
+        dropped = 0  # passages the documents band left out: the reply's documents_dropped
         if request.knowledge_bases:
             query = request.user or _last_user_text(request)
-            documents, sources = map_errors(lambda: state.retrieve(request.knowledge_bases, query))
+            documents, sources, dropped = map_errors(lambda: state.retrieve(request.knowledge_bases, query))
         check_fits(state.backend, request, documents)
         if request.stream:
-            _stream(handler, request, documents, sources, cancel)
+            _stream(handler, request, documents, sources, cancel, dropped)
         else:
             choices = [whole_choice(handler, request, index, documents, cancel) for index in range(request.n)]
             completion = completion_document(
                 f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), state.model_id, choices, sources, request.top_logprobs
             )
+            if dropped:
+                completion["documents_dropped"] = dropped
             handler.send_json(200, completion)
 
 
@@ -234,10 +237,12 @@ def _stream(
     documents: str | None,
     sources: list[Source],
     cancel: threading.Event,
+    dropped: int = 0,
 ) -> None:
     events = handler.generation(open_stream(handler.state.backend, request, 0, documents, cancel), cancel)
     head = handler.first(events)
     stream = _ChunkStream(handler, request, documents, sources, cancel)
+    stream.dropped = dropped
     handler.sse(lambda: stream.produce(_prepend(head, events)), cancel, openai_error_events)
 
 
@@ -256,6 +261,7 @@ class _ChunkStream:
         self.request = request
         self.documents = documents
         self.sources = sources
+        self.dropped = 0  # passages the documents band left out, sent with the last choice's end
         self.cancel = cancel
         self.id = f"chatcmpl-{uuid.uuid4().hex}"
         self.created = int(time.time())
@@ -326,6 +332,8 @@ class _ChunkStream:
                 last["timings"] = timings_document(event.stats)
                 if self.sources and index == request.n - 1:
                     last["sources"] = self.sources
+                if self.dropped and index == request.n - 1:
+                    last["documents_dropped"] = self.dropped
                 send(last)
 
 

@@ -8,7 +8,10 @@ LiteLLM, LlamaIndex) use the models Glassbox manages through:
   then ``data: [DONE]``) or whole; ``n`` choices, ``logprobs``, ``logit_bias``, tools and
   ``tool_choice``, ``response_format`` (JSON object or schema) and a GBNF ``grammar``. An extra field
   ``knowledge_base`` (a name or a list of names) answers from those knowledge bases; the reply then
-  carries ``sources``. Replies also carry llama.cpp-style ``timings``;
+  carries ``sources`` (the passages kept) and, when the engine's documents band (a share of the
+  window) had no room for the lowest-ranked passages found, ``documents_dropped``: how many were
+  left out (in a whole reply, and in the last choice's final chunk of a stream, beside
+  ``sources``). Replies also carry llama.cpp-style ``timings``;
 * ``POST /v1/completions`` (:mod:`app.server.completions`): raw-text completions, the legacy API;
 * ``POST /v1/responses`` (:mod:`app.server.responses`) and Anthropic's ``POST /v1/messages``
   (:mod:`app.server.messages`), over the same core;

@@ -14,6 +14,7 @@ from app.paths import Paths
 from app.server.errors import HttpError
 
 if TYPE_CHECKING:
+    from app.knowledge_glue import Retrieval
     from app.server.embeddings import Embeddings
 
 log = logging.getLogger("glassbox.serve")
@@ -224,8 +225,11 @@ class ServerState:
                 self._embedder = Embeddings(self.embedder_path)
             return self._embedder
 
-    def retrieve(self, names: tuple[str, ...], query: str) -> tuple[str | None, list[dict[str, Any]]]:
-        """The cited documents block for ``query`` from ``names``, and its sources (called under ``lock``).
+    def retrieve(self, names: tuple[str, ...], query: str) -> Retrieval:
+        """The passages for ``query`` from ``names``, fitted to the served model's window by the
+        engine's documents band (called under ``lock``): the documents block, the sources of the
+        passages kept, and how many of the lowest-ranked were dropped (the reply's
+        ``documents_dropped``).
 
         One ``KnowledgeBases`` serves every request: it holds the knowledge folder's lock, so a
         second one in the same process would be refused.

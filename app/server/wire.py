@@ -554,6 +554,7 @@ class CompletionDocument(TypedDict):
     usage: UsageDocument
     timings: TimingsDocument
     sources: NotRequired[list[Source]]
+    documents_dropped: NotRequired[int]  # passages found that did not fit the window (when some did not)
 
 
 def tool_call_document(call: ToolCall, index: int | None = None) -> ToolCallDocument:
@@ -696,4 +697,5 @@ class ChunkDocument(TypedDict):
     choices: list[ChunkChoiceDocument]
     timings: NotRequired[TimingsDocument]
     sources: NotRequired[list[Source]]
+    documents_dropped: NotRequired[int]
     usage: NotRequired[UsageDocument]

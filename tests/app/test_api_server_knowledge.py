@@ -77,8 +77,8 @@ def test_the_servers_retrieval_reaches_the_windows_knowledge_bases(
     shared, kbs = knowledge
     shared.get("notes")
     retrieve = make_retriever(Paths.resolve(tmp_path), ["notes"], kbs=shared)
-    block, sources = retrieve("where is the lighthouse?", Session())
-    assert (block, sources) == (None, [])  # nothing found: no documents block
+    found = retrieve("where is the lighthouse?", Session())
+    assert (found.documents, found.sources, found.dropped) == (None, [], 0)  # nothing found: no documents block
     assert [name for name, _ in kbs.calls] == ["get", "searchable", "get", "pending", "rebuild", "query_many"]
     assert kbs.calls[-1][1][:2] == (["notes"], "where is the lighthouse?")  # type: ignore[index]
     shared.close()  # the window keeps owning its knowledge process

@@ -2,7 +2,11 @@
 
 With ``--prompt`` it answers once. Without it, each line of stdin is a user turn of one
 conversation, so the KV cache of earlier turns is reused. ``--json`` prints one JSON object per
-turn: the reply, ``finish_reason``, every Stats field and ``sources``.
+turn: the reply, ``finish_reason``, every Stats field, ``sources`` and ``documents_dropped``.
+
+With ``--kb`` the passages found are fitted by the engine's documents band, as in the app
+(``app.knowledge_glue.fit_passages``): the lowest-ranked that do not fit are left out, said in one
+line on stderr and recorded as ``documents_dropped`` with the reply's stats.
 
 Conversations are saved to the history like the app's (``app.cli.commands.chat_history``): a new one
 prints its id first (``"conversation_id"`` with ``--json``); ``--conversation ID`` continues it, in
@@ -23,10 +27,15 @@ from typing import TYPE_CHECKING, Any, Literal
 from app.cli.commands import chat_tools
 from app.cli.commands._output import add_json_flag, positive_int, print_json
 from app.cli.commands.model_resolver import resolve_model
+from app.knowledge_glue import Retrieval
 from app.paths import Paths
 
 if TYPE_CHECKING:
+    from app.knowledge_glue import Retriever
     from engine.inference.backends import ChatBackend
+
+NOTHING = Retrieval(None, [], 0)
+"""A turn without retrieved documents."""
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:
@@ -141,7 +150,7 @@ def run(args: argparse.Namespace, paths: Paths) -> int:
             outcome = None  # the agent loop's result, with --tools
             try:
                 search = retriever is not None and not (tools is not None and tools.offers_search)
-                documents, sources = retriever(user, session) if search and retriever is not None else (None, [])
+                documents, sources, dropped = retriever(user, session) if search and retriever is not None else NOTHING
                 key = chat_log.cache_key() if kv_cache else None
                 if tools is not None:
                     outcome = tools.answer(
@@ -164,18 +173,25 @@ def run(args: argparse.Namespace, paths: Paths) -> int:
                 chat_log.fail_turn(exc)
                 raise
             chat_log.finish_turn(
-                outcome.saved_text if outcome else reply, finished, outcome.record if outcome else None, sources
+                outcome.saved_text if outcome else reply,
+                finished,
+                outcome.record if outcome else None,
+                sources,
+                documents_dropped=dropped,
             )
             if args.json:
                 print_json(
                     {
-                        **_turn_document(reply, finished, sources),
+                        **_turn_document(reply, finished, sources, dropped),
                         **chat_tools.turn_extras(finished, outcome),
                         "conversation_id": conversation_id,
                     }
                 )
-            elif sources:
-                _print_sources(sources)
+            else:
+                if dropped:
+                    print(f"[{dropped_line(dropped)}]", file=sys.stderr)
+                if sources:
+                    _print_sources(sources)
             history += [Message("user", user), *(outcome.messages if outcome else [Message("assistant", reply)])]
     return 0
 
@@ -308,11 +324,19 @@ def _answer(
     return finished.text, finished
 
 
-def _turn_document(reply: str, finished: Any, sources: list[dict[str, Any]]) -> dict[str, Any]:
+def _turn_document(reply: str, finished: Any, sources: list[dict[str, Any]], dropped: int = 0) -> dict[str, Any]:
     document: dict[str, Any] = {"text": reply, "finish_reason": finished.reason}
     document.update(finished.stats.to_dict())
     document["sources"] = sources
+    document["documents_dropped"] = dropped
     return document
+
+
+def dropped_line(dropped: int) -> str:
+    """What ``glassbox chat`` says when the documents band left passages out (one line, stderr)."""
+    if dropped == 1:
+        return "1 passage did not fit the context window and was left out"
+    return f"{dropped} passages did not fit the context window and were left out"
 
 
 def _print_sources(sources: list[dict[str, Any]]) -> None:
@@ -322,8 +346,9 @@ def _print_sources(sources: list[dict[str, Any]]) -> None:
         print(f"  [{source['n']}] {source['path']}{page}", file=sys.stderr)
 
 
-def _retriever(args: argparse.Namespace, paths: Paths) -> Any:
-    """Returns ``fn(query, session) -> (documents_block, sources)`` over the named knowledge bases."""
+def _retriever(args: argparse.Namespace, paths: Paths) -> Retriever:
+    """Returns ``fn(query, session) -> Retrieval`` over the named knowledge bases: the passages found,
+    fitted by the engine's documents band (``app.knowledge_glue.fit_passages``)."""
     from app.knowledge_glue import make_retriever
 
     return make_retriever(paths, args.kb, args.chroma_url)
