@@ -84,7 +84,8 @@ def message_record(message: Message, step: ToolStep | None) -> Record:
 def generation_record(round_: int, finished: Finished) -> Record:
     """The record of one generation of the loop (its ``Finished``), for the timeline: its times,
     its tokens, and where its prompt came from (``cached_tokens`` reused, ``kv_restored_tokens``
-    of them from the KV cache saved with the chat)."""
+    of them from the KV cache saved with the chat); ``reasoning_chars`` and ``reasoning_tokens``
+    say how much of the turn's joined thinking is this generation's (its fold in the transcript)."""
     stats = finished.stats
     return {
         "kind": "generation",
@@ -95,6 +96,8 @@ def generation_record(round_: int, finished: Finished) -> Record:
         "tokens": stats.completion_tokens,
         "calls": len(finished.tool_calls),
         "reasoning_ms": finished.reasoning_ms,
+        "reasoning_chars": len(finished.reasoning),
+        "reasoning_tokens": finished.reasoning_tokens,
         "prompt_tokens": stats.prompt_tokens,
         "cached_tokens": stats.cached_tokens,
         "kv_restored_tokens": stats.kv_restored_tokens,
