@@ -61,7 +61,7 @@ class AddEndpointDialog(QDialog):
     """Asks for an OpenAI-compatible server, checks that it answers, and saves it.
 
     Args:
-        store_file: the endpoints file (``paths.config / "endpoints.json"``).
+        store_file: the endpoints file (``paths.endpoints_file``).
         parent: the parent widget.
     """
 

@@ -261,7 +261,7 @@ def _remote_session(args: argparse.Namespace, paths: Paths) -> ChatBackend:
 
     options = BackendOptions(overflow_policy=args.overflow, n_ctx=args.n_ctx)
     model = RemoteModel(args.endpoint, args.model or "")  # no --model: the server's first model
-    return open_backend(model, LoadSettings(), options, paths.config / "endpoints.json")
+    return open_backend(model, LoadSettings(), options, paths.endpoints_file)
 
 
 def _turns(args: argparse.Namespace) -> Iterator[str]:

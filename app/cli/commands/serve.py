@@ -19,7 +19,6 @@ from typing import Any
 from app.cli.commands._output import add_json_flag, positive_int, print_json
 from app.paths import Paths
 
-ENDPOINTS_FILE = "endpoints.json"
 API_KEY_ENV = "GLASSBOX_SERVE_API_KEY"
 
 
@@ -103,10 +102,10 @@ def _port(text: str) -> int:
 
 
 def endpoint_store(paths: Paths) -> Any:
-    """The saved endpoints of this profile (``<config>/endpoints.json``)."""
+    """The saved endpoints of this profile (``paths.endpoints_file``)."""
     from engine.inference.endpoints import EndpointStore
 
-    return EndpointStore(paths.config / ENDPOINTS_FILE)
+    return EndpointStore(paths.endpoints_file)
 
 
 def _embedder_path(paths: Paths) -> Path | None:
