@@ -335,7 +335,6 @@ class MessageCard(QFrame):
             self.prev_button.setEnabled(message.sibling_index > 0)
             self.next_button.setEnabled(message.sibling_index < message.sibling_count - 1)
         self.set_sources(message.sources or [])
-        self.agent_parts.set_reasoning(stats if message.role == "assistant" else None)
 
     @property
     def colors(self) -> CodeColors:
@@ -368,6 +367,7 @@ class MessageCard(QFrame):
             return
         layout = turn_layout(text, self._agent_stats, live=not final)
         self.agent_parts.show_turn(layout, live=not final)
+        self.agent_parts.show_thoughts(self._agent_stats, live=not final)
         if not layout.answer and not final:
             self._answer.placeholder(self._colors)
         else:
@@ -635,6 +635,7 @@ class ChatView(QScrollArea):
             if card.message.id == reply_id:
                 self._streaming = card
                 card.set_streaming(True)
+                card.agent_parts.reset_live()
                 card.set_agent(None)
                 card.set_text("")
         self.scroll_to_bottom()

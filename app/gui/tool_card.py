@@ -244,10 +244,14 @@ class ReasoningFoldWidget(QFrame):
         self.body.setVisible(False)
         lay.addWidget(self.body)
         self.text = ""
+        self._shown: tuple[str, int, float, bool] | None = None
         self.setVisible(False)
 
     def set_reasoning(self, text: str, tokens: int = 0, ms: float = 0.0, live: bool = False) -> None:
         """Shows the thinking (hidden when there is none)."""
+        if (text, tokens, ms, live) == self._shown:
+            return
+        self._shown = (text, tokens, ms, live)
         self.text = text
         if live:
             title = "Thinking…"
@@ -361,6 +365,48 @@ def turn_layout(content: str, stats: Mapping[str, object] | None, *, live: bool 
     return TurnLayout((TurnStep("", tuple(str(s.get("id", "")) for s in steps), tuple(steps)),), content, False)
 
 
+@dataclass(frozen=True)
+class Thought:
+    """One generation's thinking: its text, tokens and time."""
+
+    text: str
+    tokens: int = 0
+    ms: float = 0.0
+
+
+def thoughts_of(stats: Mapping[str, object], text: str, *, live: bool = False) -> tuple[list[Thought], str] | None:
+    """Each finished generation's thinking, cut from the turn's ``text`` by the lengths its
+    generation records keep (``reasoning_chars`` in ``loop``), and what follows them (the
+    generation still thinking, live).
+
+    The stored text joins the generations' thinking with a blank line (``engine.agent.loop``);
+    ``live`` text is the streamed pieces, joined by nothing, and may lag behind the records.
+
+    Returns:
+        None when the records do not say (a history written before them, a plain reply) or the
+        lengths do not add up: the thinking then stays in one fold under the answer.
+    """
+    loop = stats.get("loop")
+    gens = [e for e in loop if isinstance(e, Mapping) and e.get("kind") == "generate"] if isinstance(loop, list) else []
+    if not gens or any("reasoning_chars" not in e for e in gens):
+        return None
+    out: list[Thought] = []
+    pos, seen = 0, False
+    for entry in gens:
+        size = int(_number(entry.get("reasoning_chars")))
+        if size and seen and not live:
+            if text[pos : pos + 2] != "\n\n":
+                return None
+            pos += 2
+        seen = seen or bool(size)
+        tokens, ms = int(_number(entry.get("reasoning_tokens"))), _number(entry.get("reasoning_ms"))
+        out.append(Thought(text[pos : pos + size], tokens, ms))
+        pos += size
+    if not live and pos != len(text):
+        return None
+    return out, text[pos:]
+
+
 class StepTextWidget(QWidget):
     """The text of one step of a turn (plain text; the message card gives a Markdown one).
 
@@ -403,6 +449,8 @@ class StepGroupWidget(QWidget):
         lay.setSpacing(4)
         self.text_widget = text_widget
         lay.addWidget(text_widget)
+        self.fold = ReasoningFoldWidget()  # the thinking of this step's generation, when known
+        lay.addWidget(self.fold)
         self._calls = QVBoxLayout()
         self._calls.setContentsMargins(0, 0, 0, 2)
         self._calls.setSpacing(4)
@@ -459,6 +507,7 @@ class AgentPartsWidget(QWidget):
         self.approvals: list[ApprovalCardWidget] = []
         self.fold = ReasoningFoldWidget()
         self._live_reasoning: list[str] = []
+        self._thought_stats: Mapping[str, object] = {}
         self._shown: tuple[object, ...] | None = None
         self.setVisible(False)
 
@@ -508,20 +557,40 @@ class AgentPartsWidget(QWidget):
         del self.groups[keep:]
         self.setVisible(bool(self.cards or self.approvals or any((g.text or "").strip() for g in self.groups)))
 
-    def set_reasoning(self, stats: Mapping[str, object] | None) -> None:
-        """Shows a stored reply's thinking (folded under the answer)."""
-        reasoning = _mapping((stats or {}).get("reasoning"))
-        self._live_reasoning = []
-        self.fold.set_reasoning(
-            str(reasoning.get("text", "")), int(_number(reasoning.get("tokens"))), _number(reasoning.get("ms"))
-        )
+    def show_thoughts(self, stats: Mapping[str, object] | None, live: bool = False) -> None:
+        """Folds each step's thinking under that step's text and the answer's under the answer
+        (:func:`thoughts_of`); when the records do not say whose it is, all of it under the answer.
 
-    def set_stats(self, stats: Mapping[str, object] | None, content: str = "") -> TurnLayout:
-        """Shows a stored reply's steps and thinking; returns the layout (its answer is the card's body)."""
-        layout = turn_layout(content, stats)
-        self.show_turn(layout)
-        self.set_reasoning(stats)
-        return layout
+        ``live``: the thinking streamed so far (:meth:`append_reasoning`); else the stored one.
+        """
+        stats = stats or {}
+        self._thought_stats = stats
+        stored = _mapping(stats.get("reasoning"))
+        text = "".join(self._live_reasoning) if live else str(stored.get("text", ""))
+        if not live:
+            self._live_reasoning = []
+        split = thoughts_of(stats, text, live=live) if self.groups else None
+        steps = len(self.groups)
+        if split is None or len(split[0]) > steps + 1 or (not live and len(split[0]) < steps):
+            for group in self.groups:
+                group.fold.set_reasoning("")
+            tokens, ms = int(_number(stored.get("tokens"))), _number(stored.get("ms"))
+            self.fold.set_reasoning(text, 0 if live else tokens, 0.0 if live else ms, live=live)
+            return
+        thoughts, rest = split
+        for index, group in enumerate(self.groups):
+            own = thoughts[index] if index < len(thoughts) else Thought("")
+            group.fold.set_reasoning(own.text, own.tokens, own.ms)
+        answer = thoughts[steps] if len(thoughts) > steps else Thought("")
+        if live and rest.strip():  # the generation thinking now
+            self.fold.set_reasoning(answer.text + rest, live=True)
+        else:
+            self.fold.set_reasoning(answer.text, answer.tokens, answer.ms)
+
+    def reset_live(self) -> None:
+        """A new reply streams into this card: no thinking yet."""
+        self._live_reasoning = []
+        self._thought_stats = {}
 
     def _group(self, index: int) -> StepGroupWidget:
         while len(self.groups) <= index:
@@ -576,5 +645,6 @@ class AgentPartsWidget(QWidget):
             card.expire()
 
     def append_reasoning(self, text: str) -> None:
+        """Thinking of the streaming reply: folded with the step it belongs to, once known."""
         self._live_reasoning.append(text)
-        self.fold.set_reasoning("".join(self._live_reasoning), live=True)
+        self.show_thoughts(self._thought_stats, live=True)

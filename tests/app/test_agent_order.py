@@ -17,7 +17,7 @@ from PySide6.QtWidgets import QApplication, QWidget
 from app.agent_history import AgentRecord, ReplyText, generation_record, message_record, reasoning_dict
 from app.gui.chat_view import ChatView, MessageCard
 from app.gui.theme import LIGHT, stylesheet
-from app.gui.tool_card import TurnLayout, turn_layout
+from app.gui.tool_card import TurnLayout, thoughts_of, turn_layout
 from app.gui.workers.agent_turn import ApprovalGate, ApprovalRequest
 from app.gui.workers.history_reads import DisplayMessage
 from engine.agent.loop import ToolStep
@@ -38,24 +38,35 @@ def _step(round_: int, call: ToolCall, result: str, ms: float) -> ToolStep:
     return ToolStep(round_, call, "builtin", "allow-listed", ToolResult(result), ms, len(result.split()))
 
 
-def two_step_turn(answer: str = ANSWER) -> tuple[str, dict[str, Any]]:
-    """The text and stats of a two-step turn, built with the recorders the app saves a turn with."""
+THOUGHTS = ("The user wants the weather first.", "", "Both known: answer.")
+
+
+def _finished(said: str, thought: str, calls: tuple[ToolCall, ...] = ()) -> Finished:
+    stats = Stats(prompt_tokens=40, completion_tokens=12, decode_ms=30.0)
+    tokens, ms = len(thought.split()), 10.0 * len(thought.split())
+    return Finished("stop", stats, said, reasoning=thought, reasoning_tokens=tokens, reasoning_ms=ms, tool_calls=calls)
+
+
+def two_step_turn(answer: str = ANSWER, thoughts: tuple[str, str, str] = THOUGHTS) -> tuple[str, dict[str, Any]]:
+    """The text and stats of a two-step turn (each generation's thinking: ``thoughts``), built with
+    the recorders the app saves a turn with."""
     record = AgentRecord()
     text = ReplyText()
-    stats = Stats(prompt_tokens=40, completion_tokens=12, decode_ms=30.0)
     weather = _step(1, WEATHER, "18 °C, light rain", 41.0)
     clock = _step(2, CLOCK, "14:05", 3.0)
     for round_, said, step in ((1, FIRST, weather), (2, SECOND, clock)):
         text.add(said)
         text.end_generation()
-        record.add(generation_record(round_, Finished("stop", stats, said, tool_calls=(step.call,))))
+        record.add(generation_record(round_, _finished(said, thoughts[round_ - 1], (step.call,))))
         record.add(message_record(Message("assistant", said, tool_calls=(step.call,)), None))
         record.add(
             message_record(Message("tool", step.result.content, tool_call_id=step.call.id, name=step.call.name), step)
         )
     text.add(answer)
+    record.add(generation_record(3, _finished(answer, thoughts[2])))
     record.add(message_record(Message("assistant", answer), None))
-    record.reasoning_done = reasoning_dict("The user wants weather and time.", 7, 90.0)
+    joined = "\n\n".join(t for t in thoughts if t)  # as engine.agent.loop joins them
+    record.reasoning_done = reasoning_dict(joined, sum(len(t.split()) for t in thoughts), 90.0)
     return text.text, {"completion_tokens": 36, "decode_tps": 41.5, **record.stats()}
 
 
@@ -77,6 +88,8 @@ def reading_order(card: MessageCard) -> list[str]:
     for group in card.agent_parts.groups:
         if group.text_widget.isVisibleTo(card):
             shown.append((top(group.text_widget, card), "text:" + group.text_widget.text))
+        if group.fold.isVisibleTo(card):
+            shown.append((top(group.fold, card), f"thinking {card.agent_parts.groups.index(group) + 1}"))
         for widget in group.widgets():
             name = widget.step["name"] if hasattr(widget, "step") else "approval:" + widget.request.name
             shown.append((top(widget, card), str(name)))
@@ -139,6 +152,7 @@ def test_a_reopened_two_step_turn_reads_in_order_with_copy_stats_and_search(qtbo
     card = view.cards[1]
     assert reading_order(card) == [
         "text:" + FIRST,
+        "thinking 1",
         "get_weather",
         "text:" + SECOND,
         "local_time",
@@ -146,7 +160,10 @@ def test_a_reopened_two_step_turn_reads_in_order_with_copy_stats_and_search(qtbo
         "thinking",
     ]
     assert "14:05" in answer_html(card) and FIRST not in answer_html(card)  # the answer alone in the body
-    assert "Thought for 90 ms" in card.agent_parts.fold.title
+    assert card.agent_parts.fold.text == THOUGHTS[2] and card.agent_parts.fold.title == "Thought for 30 ms · 3 tokens"
+    first_fold = card.agent_parts.groups[0].fold
+    assert first_fold.text == THOUGHTS[0] and first_fold.title == "Thought for 60 ms · 6 tokens"
+    assert not first_fold.unfolded and not card.agent_parts.groups[1].fold.isVisibleTo(card)
     card.copy_button.click()
     assert QApplication.clipboard().text() == content  # Copy copies the reply's whole text, as before
     assert card.stats_label.text() == "36 tokens · 41.5 tok/s" and card.stats_label.isVisible()
@@ -179,6 +196,7 @@ def test_an_old_reply_with_cards_but_no_messages_looks_as_it_did(qtbot: Any) -> 
     QApplication.processEvents()
     assert reading_order(card) == ["get_weather", "local_time", "answer", "thinking"]
     assert FIRST in answer_html(card) and "14:05" in answer_html(card)  # the whole text, as before
+    assert card.agent_parts.fold.text == "\n\n".join(t for t in THOUGHTS if t)  # one fold, all of it
 
 
 # ---------------------------------------------------------------------------- the card, live
@@ -259,3 +277,56 @@ def test_a_call_shown_before_its_step_is_known_stays_in_view(qtbot: Any) -> None
     assert [c.step["name"] for c in parts.cards] == ["get_weather"] and parts.cards[0].parent() is not None
     assert parts.cards[0] in parts.groups[0].widgets()
     view.end_stream()
+
+
+def test_thinking_without_its_lengths_stays_in_one_fold_under_the_answer(qtbot: Any) -> None:
+    content, stats = two_step_turn()
+    for entry in stats["loop"]:  # a history written before the records kept them
+        entry.pop("reasoning_chars", None)  # (tool entries never had it)
+    card = MessageCard(message(2, "assistant", content, stats), LIGHT.code, "Assistant")
+    qtbot.addWidget(card)
+    assert card.agent_parts.fold.text == "\n\n".join(t for t in THOUGHTS if t)
+    assert card.agent_parts.fold.title == "Thought for 90 ms · 9 tokens"
+    assert all(not g.fold.text for g in card.agent_parts.groups)
+    assert thoughts_of(stats, "anything") is None
+
+
+def test_thoughts_are_cut_by_their_lengths_and_a_mismatch_is_refused() -> None:
+    _content, stats = two_step_turn()
+    split = thoughts_of(stats, stats["reasoning"]["text"])
+    assert split is not None and [t.text for t in split[0]] == list(THOUGHTS) and split[1] == ""
+    assert thoughts_of(stats, stats["reasoning"]["text"] + "x") is None
+    live = thoughts_of({"loop": stats["loop"][:1]}, THOUGHTS[0] + "Both", live=True)
+    assert live is not None and [t.text for t in live[0]] == [THOUGHTS[0]] and live[1] == "Both"
+
+
+def test_live_thinking_goes_with_its_step_once_the_step_is_recorded(qtbot: Any) -> None:
+    content, stats = two_step_turn()
+    messages, steps, loop = stats["agent_messages"], stats["tool_steps"], stats["loop"]
+    view = ChatView()
+    qtbot.addWidget(view)
+    view.set_thread([message(1, "user", "Weather?"), message(2, "assistant", "", None, state="pending")])
+    view.begin_stream(2)
+    card = view.cards[1]
+    view.append_reasoning(THOUGHTS[0][:10])
+    assert card.agent_parts.fold.title == "Thinking…" and card.agent_parts.fold.text == THOUGHTS[0][:10]
+    view.append_reasoning(THOUGHTS[0][10:])
+    view.append_stream(FIRST)
+    view.set_live_agent({"agent_messages": messages[:1], "tool_steps": [], "loop": loop[:1]})
+    assert card.agent_parts.groups[0].fold.text == THOUGHTS[0]
+    assert card.agent_parts.fold.text == ""  # the answer has no thinking yet
+    view.add_tool_step(steps[0])
+    view.set_live_agent({"agent_messages": messages[:2], "tool_steps": steps[:1], "loop": loop[:2]})
+    view.append_stream("\n\n" + SECOND)
+    view.set_live_agent({"agent_messages": messages[:3], "tool_steps": steps[:1], "loop": loop[:3]})
+    view.add_tool_step(steps[1])
+    view.set_live_agent({"agent_messages": messages[:4], "tool_steps": steps, "loop": loop[:4]})
+    view.append_reasoning(THOUGHTS[2])
+    assert card.agent_parts.fold.text == THOUGHTS[2] and card.agent_parts.fold.title == "Thinking…"
+    assert card.agent_parts.groups[0].fold.text == THOUGHTS[0] and not card.agent_parts.groups[1].fold.text
+    view.append_stream("\n\n" + ANSWER)
+    view.end_stream()
+    view.set_thread([message(1, "user", "Weather?"), message(2, "assistant", content, stats)])
+    saved = view.cards[1].agent_parts
+    assert saved.groups[0].fold.text == THOUGHTS[0] and saved.fold.text == THOUGHTS[2]
+    assert saved.fold.title == "Thought for 30 ms · 3 tokens"

@@ -562,3 +562,22 @@ def test_the_reply_reads_in_the_order_the_loop_ran_live_and_after_a_restart(
     w2.chat.open_conversation(conv_id)
     qtbot.waitUntil(lambda: len(w2.chat_view.cards) == 2, timeout=10000)
     assert order(w2.chat_view.cards[-1]) == ["Let me add.", "5", "Let me add.\n\nThe tool said 5."]
+
+
+def test_each_steps_thinking_is_folded_with_its_step(qtbot: Any, open_window: Any, toolset: FakeToolSet) -> None:
+    w = open_window(think=True)
+    w.tools_button.set_thinking("on")
+    w.tools_button.set_tools_on(True)
+    type_and_send(qtbot, w, "What is 2 + 3?")
+    approval = pending_approval(qtbot, w)
+    parts = w.chat_view.cards[-1].agent_parts
+    # Live, with its step (the worker may still hold the rest of it while the call waits).
+    qtbot.waitUntil(lambda: parts.groups and THOUGHT.startswith(parts.groups[0].fold.text.strip() or "?"), timeout=5000)
+    assert not parts.fold.text.strip()  # nothing of it under the answer
+    qtbot.mouseClick(approval.once_button, Qt.MouseButton.LeftButton)
+    wait_idle(qtbot, w)
+    parts = w.chat_view.cards[-1].agent_parts
+    assert parts.groups[0].fold.text.strip() == THOUGHT and parts.groups[0].fold.title.startswith("Thought for 40 ms")
+    assert parts.fold.text.strip() == THOUGHT and parts.fold.title.startswith("Thought for 40 ms")  # the answer's
+    reasoning = w.chat.thread_messages[-1].stats["reasoning"]
+    assert reasoning["text"].count(THOUGHT) == 2  # stored once, joined: each fold shows its own part
