@@ -16,21 +16,9 @@ from typing import TYPE_CHECKING
 from app.paths import Paths
 from app.tool_config import (
     BUILTIN,
-    RESERVED_NAMES,
     Permissions,
-    ServerEntry,
     ToolSetupError,
-    add_server,
-    check_server_name,
-    get_server,
-    import_servers,
-    import_servers_text,
     load_servers,
-    parse_mcp_json,
-    parse_server,
-    read_mcp_json,
-    remove_server,
-    server_status,
     unknown_server_message,
 )
 from engine.agent.builtin_tools import BUILTIN_NAMES, BuiltinTools
@@ -44,27 +32,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ALL_BUILTINS",
-    "BUILTIN",
-    "RESERVED_NAMES",
     "SEARCH_KNOWLEDGE",
     "KnowledgeSearchTool",
-    "Permissions",
-    "ServerEntry",
     "ToolSet",
-    "ToolSetupError",
-    "add_server",
-    "check_server_name",
-    "get_server",
-    "import_servers",
-    "import_servers_text",
-    "load_servers",
     "open_tools",
-    "parse_mcp_json",
     "parse_selection",
-    "parse_server",
-    "read_mcp_json",
-    "remove_server",
-    "server_status",
 ]
 
 SEARCH_KNOWLEDGE = "search_knowledge"

@@ -40,7 +40,7 @@ def stdio_command() -> tuple[str, list[str]]:
 def register(paths: object, name: str = "testtools", **env: str) -> None:
     """Adds this server (stdio) to the ``mcp.json`` of ``paths`` (an ``app.paths.Paths``) as
     ``name``, with ``env`` for it; ``glassbox chat --tools NAME`` then offers its tools."""
-    from app.tool_setup import add_server, parse_server
+    from app.tool_config import add_server, parse_server
 
     command, args = stdio_command()
     entry: dict[str, object] = {"command": command, "args": args}

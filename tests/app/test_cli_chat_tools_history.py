@@ -42,7 +42,7 @@ BLOCKING_SERVER = (
 @pytest.fixture
 def home(tmp_path: Path) -> Path:
     """A home with the test MCP server as ``tt`` and the blocking one as ``slowtools``."""
-    from app.tool_setup import add_server, parse_server
+    from app.tool_config import add_server, parse_server
 
     root = tools_home(tmp_path)
     slow = parse_server("slowtools", {"command": sys.executable, "args": ["-c", BLOCKING_SERVER]})

@@ -16,19 +16,17 @@ import pytest
 
 from app.cli.main import main
 from app.paths import Paths
-from app.tool_setup import (
-    KnowledgeSearchTool,
+from app.tool_config import (
     Permissions,
     ToolSetupError,
     add_server,
     get_server,
     load_servers,
-    open_tools,
     parse_mcp_json,
-    parse_selection,
     parse_server,
     remove_server,
 )
+from app.tool_setup import KnowledgeSearchTool, open_tools, parse_selection
 from engine.agent.mcp_client import McpServer
 from engine.inference.tools import ToolProvider, ToolResult
 from tests.mcp_servers import SERVER_SCRIPT, wait_gone
@@ -288,7 +286,7 @@ def test_a_damaged_mcp_json_is_reported_and_kept(paths: Paths, capsys: pytest.Ca
 
 
 def test_a_pasted_mcp_json_is_imported(paths: Paths) -> None:
-    from app.tool_setup import import_servers_text
+    from app.tool_config import import_servers_text
 
     assert import_servers_text(paths, json.dumps(CLAUDE_DESKTOP)) == ["filesystem", "github", "remote"]
     with pytest.raises(ToolSetupError, match=r"^the pasted mcp.json: not valid JSON"):

@@ -88,7 +88,7 @@ class _CommandAfterDashes(argparse.ArgumentParser):
 
 
 def _pairs(values: list[str], option: str) -> dict[str, str]:
-    from app.tool_setup import ToolSetupError
+    from app.tool_config import ToolSetupError
 
     pairs: dict[str, str] = {}
     for value in values:
@@ -100,7 +100,7 @@ def _pairs(values: list[str], option: str) -> dict[str, str]:
 
 
 def _add(args: argparse.Namespace, paths: Paths) -> int:
-    from app.tool_setup import ToolSetupError, add_server, parse_server
+    from app.tool_config import ToolSetupError, add_server, parse_server
 
     if args.url and args.command:
         raise ToolSetupError("glassbox mcp add", "give either -- COMMAND [ARGS...] or --url URL, not both")
@@ -133,7 +133,7 @@ def _add(args: argparse.Namespace, paths: Paths) -> int:
 
 
 def _list(args: argparse.Namespace, paths: Paths) -> int:
-    from app.tool_setup import Permissions, load_servers
+    from app.tool_config import Permissions, load_servers
 
     servers = load_servers(paths)
     permissions = Permissions.load(paths)
@@ -170,7 +170,7 @@ def _check(entry: ServerEntry) -> dict[str, object]:
 
 
 def _tools(args: argparse.Namespace, paths: Paths) -> int:
-    from app.tool_setup import Permissions, get_server
+    from app.tool_config import Permissions, get_server
     from engine.agent.mcp_client import McpServer
 
     entry = get_server(paths, args.name)
@@ -200,7 +200,7 @@ def _tools(args: argparse.Namespace, paths: Paths) -> int:
 
 
 def _remove(args: argparse.Namespace, paths: Paths) -> int:
-    from app.tool_setup import remove_server
+    from app.tool_config import remove_server
 
     entry = remove_server(paths, args.name)
     if args.json:
@@ -211,7 +211,7 @@ def _remove(args: argparse.Namespace, paths: Paths) -> int:
 
 
 def _import(args: argparse.Namespace, paths: Paths) -> int:
-    from app.tool_setup import import_servers
+    from app.tool_config import import_servers
 
     names = import_servers(paths, args.file.expanduser(), replace=args.replace)
     if args.json:
