@@ -52,9 +52,11 @@ SEARCH_BUDGET_TOKENS = 1500
 class KnowledgeSearchTool:
     """``search_knowledge``: the model searches the attached knowledge bases when it decides to.
 
-    Uses rag's public retrieval (``rag.knowledge.retrieve_context``), as ``app/knowledge_glue.py``
-    does for the documents block. The knowledge bases are opened on the first search (Chroma and
-    the embedder are heavy), unless a ``searcher`` is given.
+    Uses rag's public retrieval (``rag.knowledge.retrieve_context``), fitted to the tool result's own
+    budget: a tool result is its own band of the window, not the documents band that passages
+    attached to a turn go through (``app/knowledge_glue.py`` ``fit_passages``). The knowledge bases
+    are opened on the first search (Chroma and the embedder are heavy), unless a ``searcher`` is
+    given.
 
     Args:
         paths: where the knowledge folder is.
