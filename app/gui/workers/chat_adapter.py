@@ -12,13 +12,14 @@ and the agent side of a turn with tools (:class:`~app.gui.workers.chat_agent.Age
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 from PySide6.QtCore import QCoreApplication, QEvent, QObject, QThread, QTimer, Signal
 
 from app.gui.workers.chat_agent import AgentSide
-from app.gui.workers.chat_conversations import Conversations, Opened, last_stats
+from app.gui.workers.chat_conversations import ConversationChanges, Conversations, Opened, last_stats
 from app.gui.workers.chat_model import ModelSlot
 from app.gui.workers.chat_reply import ReplyKeeper
 from app.gui.workers.chat_retrieval import RetrieverFactory
@@ -217,7 +218,7 @@ class ChatAdapter(QObject):
         """Shows a conversation (its current branch)."""
         self.conversations.open(conversation_id)
 
-    def new_conversation(self, system_prompt: str | None = None, settings: dict[str, Any] | None = None) -> None:
+    def new_conversation(self, system_prompt: str | None = None, settings: Mapping[str, object] | None = None) -> None:
         """Creates and opens an empty conversation."""
         self.conversations.new(system_prompt, settings)
 
@@ -233,7 +234,7 @@ class ChatAdapter(QObject):
         """Switches the open conversation to the branch through ``message_id``."""
         self.conversations.select_branch(message_id)
 
-    def update_conversation(self, **changes: Any) -> None:
+    def update_conversation(self, **changes: Unpack[ConversationChanges]) -> None:
         """Saves per-conversation settings (system_prompt, settings, knowledge_bases)."""
         self.conversations.update(**changes)
 

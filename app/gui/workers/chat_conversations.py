@@ -6,7 +6,8 @@ GUI thread and become the adapter's open conversation and its thread.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 from app.gui.tasks import describe_error
 from app.gui.workers.history_disk import is_unreadable
@@ -19,6 +20,14 @@ if TYPE_CHECKING:
 
 Opened = tuple["Conversation", list[DisplayMessage]]
 """A conversation and its current branch."""
+
+
+class ConversationChanges(TypedDict, total=False):
+    """The per-conversation settings :meth:`Conversations.update` saves (those given change)."""
+
+    system_prompt: str | None
+    settings: Mapping[str, object]
+    knowledge_bases: Sequence[str]
 
 
 class Conversations:
@@ -44,7 +53,7 @@ class Conversations:
 
         self._chat.history.call(load, self.opened, self.on_error)
 
-    def new(self, system_prompt: str | None = None, settings: dict[str, Any] | None = None) -> None:
+    def new(self, system_prompt: str | None = None, settings: Mapping[str, object] | None = None) -> None:
         """Creates and opens an empty conversation."""
 
         def create(store: HistoryStore) -> Opened:
@@ -80,7 +89,7 @@ class Conversations:
 
         chat.history.call(switch, self.opened, self.on_error)
 
-    def update(self, **changes: Any) -> None:
+    def update(self, **changes: Unpack[ConversationChanges]) -> None:
         """Saves per-conversation settings (system_prompt, settings, knowledge_bases)."""
         chat = self._chat
         if chat.conversation is None:

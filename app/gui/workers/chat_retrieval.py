@@ -32,7 +32,7 @@ class Retrieved:
 
 
 class PassageRetriever(Protocol):
-    """A chat's retrieval over its knowledge bases (``knowledge_worker.ChatRetriever``)."""
+    """A chat's retrieval over its knowledge bases (``knowledge_chat.ChatRetriever``)."""
 
     def retrieve(
         self,

@@ -15,7 +15,7 @@ import functools
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict, Unpack
 
 from PySide6.QtCore import QObject, Signal
 
@@ -28,6 +28,17 @@ if TYPE_CHECKING:
     from engine.convert.perplexity import QualityReport
     from engine.convert.quant_estimate import QuantEstimate
     from engine.convert.quantize import QuantizeProgress, QuantizeResult
+
+
+class JobChanges(TypedDict, total=False):
+    """What a model job changes in its :class:`~app.gui.workers.transfers.Transfer` snapshot."""
+
+    state: str
+    done: int
+    total: int
+    message: str
+    result: object
+
 
 PROGRESS_INTERVAL_S = 0.2
 QUALITY_STEPS = ("the source", "the result")
@@ -70,7 +81,7 @@ class ModelJobsAdapter(QObject):
     def models_dir(self) -> Path:
         return self.library.models_dir
 
-    def _start(self, key: str, label: str, kind: str, **fields: Any) -> Transfer:
+    def _start(self, key: str, label: str, kind: str, **fields: Unpack[JobChanges]) -> Transfer:
         return self._put(Transfer(key=key, label=label, kind=kind, **fields))
 
     def _put(self, transfer: Transfer) -> Transfer:
@@ -78,13 +89,13 @@ class ModelJobsAdapter(QObject):
         self.transfer_changed.emit(transfer)
         return transfer
 
-    def _update(self, run: Transfer, **changes: Any) -> None:
+    def _update(self, run: Transfer, **changes: Unpack[JobChanges]) -> None:
         """GUI thread: the next snapshot of ``run`` (ignored once another run holds its key)."""
         current = self.transfers.get(run.key)
         if current is not None and current.same_run(run):
             self._put(dataclasses.replace(current, **changes))
 
-    def _post(self, run: Transfer, **changes: Any) -> None:
+    def _post(self, run: Transfer, **changes: Unpack[JobChanges]) -> None:
         """Worker thread: asks the GUI thread for the next snapshot of ``run``."""
         call_on_gui_thread(functools.partial(self._update, run, **changes))
 
