@@ -497,6 +497,7 @@ class ChatView(QScrollArea):
         self._streaming: MessageCard | None = None
         self._stream_text: list[str] = []
         self._live_agent: Mapping[str, object] | None = None  # the streaming turn's steps so far
+        self._live_reasoning: list[str] = []  # and its thinking (a rebuilt card gets both)
         self._follow = True
         self._anchor: tuple[int, int] | None = None  # (message id, its y in the viewport) to keep
         self._reveal: tuple[int, list[str]] | None = None  # a search hit to show and mark
@@ -593,6 +594,7 @@ class ChatView(QScrollArea):
             if message.id == streaming_id and message.state == "pending":
                 self._streaming = card
                 card.set_streaming(True)
+                card.agent_parts.reset_live(self._live_reasoning)
                 card.set_agent(self._live_agent)
                 card.set_text("".join(self._stream_text))
                 for request in waiting:
@@ -630,6 +632,7 @@ class ChatView(QScrollArea):
         """Marks the card of ``reply_id`` as the one receiving text."""
         self._stream_text = []
         self._live_agent = None
+        self._live_reasoning = []
         self._follow = True
         for card in self.cards:
             if card.message.id == reply_id:
@@ -654,6 +657,7 @@ class ChatView(QScrollArea):
             self._streaming.agent_parts.expire_approvals()  # Stop: a waiting call is refused
         self._streaming = None
         self._live_agent = None
+        self._live_reasoning = []
 
     def set_live_agent(self, stats: Mapping[str, object]) -> None:
         """The streaming turn's steps so far (``app.agent_history.AgentRecord.stats``: its messages
@@ -679,6 +683,7 @@ class ChatView(QScrollArea):
 
     def append_reasoning(self, text: str) -> None:
         """Thinking of the streaming reply (folded under it)."""
+        self._live_reasoning.append(text)
         if self._streaming is not None:
             self._streaming.agent_parts.append_reasoning(text)
 

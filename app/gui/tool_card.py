@@ -587,9 +587,9 @@ class AgentPartsWidget(QWidget):
         else:
             self.fold.set_reasoning(answer.text, answer.tokens, answer.ms)
 
-    def reset_live(self) -> None:
-        """A new reply streams into this card: no thinking yet."""
-        self._live_reasoning = []
+    def reset_live(self, reasoning: Sequence[str] = ()) -> None:
+        """A reply streams into this card, with the thinking streamed so far (none when it starts)."""
+        self._live_reasoning = list(reasoning)
         self._thought_stats = {}
 
     def _group(self, index: int) -> StepGroupWidget:

@@ -330,3 +330,24 @@ def test_live_thinking_goes_with_its_step_once_the_step_is_recorded(qtbot: Any) 
     saved = view.cards[1].agent_parts
     assert saved.groups[0].fold.text == THOUGHTS[0] and saved.fold.text == THOUGHTS[2]
     assert saved.fold.title == "Thought for 30 ms · 3 tokens"
+
+
+def test_a_transcript_rebuilt_while_a_call_waits_keeps_the_step_its_thinking_and_the_approval(qtbot: Any) -> None:
+    _content, stats = two_step_turn()
+    view = ChatView()
+    qtbot.addWidget(view)
+    thread = [message(1, "user", "Weather?"), message(2, "assistant", "", None, state="pending")]
+    view.set_thread(thread)
+    view.begin_stream(2)
+    view.append_reasoning(THOUGHTS[0])
+    view.append_stream(FIRST)
+    view.set_live_agent({"agent_messages": stats["agent_messages"][:1], "tool_steps": [], "loop": stats["loop"][:1]})
+    gate = ApprovalGate(threading.Event())
+    view.show_approval(ApprovalRequest(1, "call_1", "get_weather", {"city": "Paris"}, "", "", gate))
+    view.set_thread(thread, evicted=1)  # another shape: every card is built again
+    parts = view.cards[1].agent_parts
+    assert parts.groups[0].text_widget.text == FIRST and parts.groups[0].fold.text == THOUGHTS[0]
+    assert [a.request.call_id for a in parts.groups[0].widgets() if a in parts.approvals] == ["call_1"]
+    assert not gate.answered  # still waiting for the user, in its new card
+    view.end_stream()
+    assert gate.answered
