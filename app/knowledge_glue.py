@@ -77,7 +77,7 @@ def documents_retriever(searcher: Searcher, names: Sequence[str]) -> Retriever:
 
     ``searcher`` is an open ``KnowledgeBases``, or anything with its ``query_many`` (the app's
     knowledge process, ``rag.knowledge.Searcher``). The window retrieves on its knowledge thread
-    instead (``app.gui.workers.knowledge_worker.ChatRetriever``) and its LLM worker fits the
+    instead (``app.gui.workers.knowledge_chat.ChatRetriever``) and its LLM worker fits the
     passages with the same band. Up to :data:`CHAT_PASSAGES` are retrieved and fitted by
     :func:`fit_passages`; the sources are those of the passages kept.
     """

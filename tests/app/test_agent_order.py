@@ -351,3 +351,31 @@ def test_a_transcript_rebuilt_while_a_call_waits_keeps_the_step_its_thinking_and
     assert not gate.answered  # still waiting for the user, in its new card
     view.end_stream()
     assert gate.answered
+
+
+def test_the_worker_sends_a_steps_streamed_text_and_thinking_before_its_approval_question() -> None:
+    """Text and thinking are coalesced (~30 updates a second); a step's record or its call's
+    approval question must not overtake what was streamed before it, or a waiting approval would
+    show under a step whose thinking is cut short."""
+    from app.gui.workers.llm_generate import Coalescer
+    from app.gui.workers.llm_worker import LlmWorker
+    from engine.inference.events import Reasoning, Token
+
+    sent: list[tuple[str, object]] = []
+    stream = Coalescer(
+        7,
+        lambda rid, text, n: sent.append(("text", text)),
+        lambda rid, text: sent.append(("thinking", text)),
+        lambda rid, done, total: None,
+    )
+    stream.flush()  # the first update goes at once; what follows waits for the next tick
+    stream.take(Reasoning("I should look it up."))
+    stream.take(Token("Let me check.", 42))
+    assert sent == []  # still coalescing
+
+    class Signal:
+        def emit(self, rid: int, payload: object) -> None:
+            sent.append(("approval", payload))
+
+    LlmWorker._after_flush(stream, Signal(), 7, "ask")  # type: ignore[arg-type]
+    assert sent == [("thinking", "I should look it up."), ("text", "Let me check."), ("approval", "ask")]

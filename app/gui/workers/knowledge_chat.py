@@ -77,10 +77,6 @@ class ChatSearcher:
         return gone
 
 
-CHAT_PASSAGES = 6
-"""How many passages a chat turn retrieves (the engine's documents band keeps those that fit)."""
-
-
 class ChatRetriever:
     """A chat turn's retrieval over some knowledge bases, on the knowledge adapter's query thread.
 
@@ -113,6 +109,7 @@ class ChatRetriever:
         adapter, names = self._adapter, self.names
 
         def work() -> Retrieved:
+            from app.knowledge_glue import CHAT_PASSAGES
             from rag.knowledge import retrieve_passages
 
             if skip is not None and skip():

@@ -27,6 +27,9 @@ from app.gui.workers.llm_loading import (
 from app.gui.workers.llm_requests import GenerateRequest, LoadedModel, LoadRequest
 
 if TYPE_CHECKING:
+    from PySide6.QtCore import SignalInstance
+
+    from app.gui.workers.llm_generate import Coalescer
     from app.gui.workers.speculative import ReplyTokens
     from engine.inference.backends import ChatBackend
 
@@ -161,8 +164,8 @@ class LlmWorker(QObject):
                 history,
                 toolset,
                 documents,
-                lambda ask: self.approval_requested.emit(rid, ask),
-                lambda rec: self.agent_recorded.emit(rid, rec),
+                lambda ask: self._after_flush(stream, self.approval_requested, rid, ask),
+                lambda rec: self._after_flush(stream, self.agent_recorded, rid, rec),
             )
             for event in events:
                 if isinstance(event, Finished):
@@ -185,15 +188,21 @@ class LlmWorker(QObject):
         """
         if request.passages is None or searches:
             return request.documents, 0
-        from engine.inference.context import fit_documents
+        from app.knowledge_glue import fit_passages
 
-        n_ctx = getattr(getattr(session, "info", None), "n_ctx", None) or 4096  # a remote server may not say
         try:
-            fit = fit_documents(request.passages, n_ctx, session.count_text)
+            fit = fit_passages(request.passages, session)
         except Exception as exc:  # noqa: BLE001 - documents are optional: answer without them
             self.retrieval_failed.emit(request.request_id, exc)
             return request.documents, 0
         return fit.text, fit.dropped
+
+    @staticmethod
+    def _after_flush(stream: Coalescer, signal: SignalInstance, rid: int, payload: object) -> None:
+        """Sends what was streamed so far, then ``signal``: a step's text and thinking reach the
+        view before its record or its call's approval question."""
+        stream.flush()
+        signal.emit(rid, payload)
 
     def _emit_prompt_view(self, session: ChatBackend, reply: ReplyTokens | None = None) -> None:
         try:

@@ -91,7 +91,7 @@ class RoutingSessionFactory:
     Runs on the LLM worker thread, so the worker keeps owning every session it makes.
 
     Args:
-        endpoints_file: the saved endpoints (``paths.config / "endpoints.json"``); None: no remotes.
+        endpoints_file: the saved endpoints (``paths.endpoints_file``); None: no remotes.
         local: builds local sessions (default: the real engine; tests inject fakes).
         remote: builds remote sessions (default: :func:`make_remote_session`; tests inject fakes).
     """
