@@ -220,9 +220,9 @@ class TurnController(QObject):
     def _on_chat_loop_updated(self, _loop: object) -> None:
         """A message of the running turn was recorded (a step's text with its calls, a call's
         result): the transcript puts the streamed text and the cards in the order they happened."""
-        turn = self.chat.turns.turn
-        if turn is not None and turn.reply_id == self._streaming_reply:
-            self.chat_view.set_live_agent(turn.agent.stats())
+        record = self.chat.live_agent_record(self._streaming_reply)
+        if record is not None:
+            self.chat_view.set_live_agent(record)
 
     @Slot()
     def _on_live_timer_timeout(self) -> None:

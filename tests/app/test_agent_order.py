@@ -353,13 +353,18 @@ def test_a_transcript_rebuilt_while_a_call_waits_keeps_the_step_its_thinking_and
     assert gate.answered
 
 
-def test_the_worker_sends_a_steps_streamed_text_and_thinking_before_its_approval_question() -> None:
+def test_the_worker_sends_a_steps_streamed_text_and_thinking_before_its_approval_question(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Text and thinking are coalesced (~30 updates a second); a step's record or its call's
     approval question must not overtake what was streamed before it, or a waiting approval would
     show under a step whose thinking is cut short."""
+    from app.gui.workers import llm_generate
     from app.gui.workers.llm_generate import Coalescer
     from app.gui.workers.llm_worker import LlmWorker
     from engine.inference.events import Reasoning, Token
+
+    monkeypatch.setattr(llm_generate, "COALESCE_S", 3600.0)  # nothing is due by itself in this test
 
     sent: list[tuple[str, object]] = []
     stream = Coalescer(
@@ -368,7 +373,8 @@ def test_the_worker_sends_a_steps_streamed_text_and_thinking_before_its_approval
         lambda rid, text: sent.append(("thinking", text)),
         lambda rid, done, total: None,
     )
-    stream.flush()  # the first update goes at once; what follows waits for the next tick
+    stream.take(Token("", 1))  # the first update goes at once; what follows waits for the next tick
+    sent.clear()
     stream.take(Reasoning("I should look it up."))
     stream.take(Token("Let me check.", 42))
     assert sent == []  # still coalescing

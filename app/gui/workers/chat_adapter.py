@@ -266,6 +266,14 @@ class ChatAdapter(QObject):
         turn = self.turns.turn
         return turn.reply_text if turn is not None else ""
 
+    def live_agent_record(self, reply_id: int | None) -> dict[str, object] | None:
+        """The agent loop of the running turn so far (its steps and their calls, as a stored reply's
+        stats keep them), when the running turn is ``reply_id``'s; else None."""
+        turn = self.turns.turn
+        if turn is None or reply_id is None or turn.reply_id != reply_id:
+            return None
+        return turn.agent.stats()
+
     def live_tokens(self) -> tuple[int, float, float | None]:
         """Tokens received, seconds since the turn started, and when the first token came."""
         turn = self.turns.turn
