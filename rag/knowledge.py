@@ -199,6 +199,12 @@ def _lock_folder(root: Path) -> IO[str] | None:
     return handle
 
 
+REGISTRY_FILE = "registry.sqlite3"
+"""The document registry (the truth) inside a knowledge folder."""
+CHROMA_FOLDER = "chroma"
+"""The vector index (rebuildable from the registry) inside a knowledge folder."""
+
+
 class KnowledgeBases:
     """All knowledge bases under one folder.
 
@@ -246,7 +252,7 @@ class KnowledgeBases:
         # between the committed batches of a running ingest.
         self._writing = threading.RLock()
         self.recovered: StoreRecovery | None = None
-        registry_files = [root / f"registry.sqlite3{suffix}" for suffix in ("", "-wal", "-shm")]
+        registry_files = [root / f"{REGISTRY_FILE}{suffix}" for suffix in ("", "-wal", "-shm")]
         before = _existing(registry_files)
         try:
             # A full disk is refused before the lock file, the store check or the registry touch it
@@ -266,15 +272,15 @@ class KnowledgeBases:
     def _open(self, root: Path, chroma_url: str | None, check_timeout_s: float | None) -> None:
         """Checks the local store, opens the registry and the store (the folder lock is held)."""
         if chroma_url is None and check_timeout_s is not None:
-            self.recovered = recover_if_damaged(root / "chroma", timeout_s=check_timeout_s)
-        self.registry = Registry(root / "registry.sqlite3")
+            self.recovered = recover_if_damaged(root / CHROMA_FOLDER, timeout_s=check_timeout_s)
+        self.registry = Registry(root / REGISTRY_FILE)
         if chroma_url is None:
-            chroma = root / "chroma"
+            chroma = root / CHROMA_FOLDER
             try:
                 private_folder(chroma)  # before Chroma creates it with the umask's mode
             except OSError as exc:
                 raise KnowledgeBaseError(f"{chroma}: cannot create the folder ({exc.strerror or exc})") from exc
-        self.store = VectorStore(root / "chroma", url=chroma_url)
+        self.store = VectorStore(root / CHROMA_FOLDER, url=chroma_url)
         if self.recovered is not None:
             self._requeue_everything()
 
@@ -302,7 +308,7 @@ class KnowledgeBases:
             vouch = self.store.local and self.store.connected and not self.store.had_errors
             self.store.close()
             if vouch and self._lock_handle is not None:
-                remember_healthy(self.root / "chroma")
+                remember_healthy(self.root / CHROMA_FOLDER)
         if hasattr(self, "registry"):
             self.registry.close()
         if self._lock_handle is not None:

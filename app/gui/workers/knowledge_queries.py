@@ -140,9 +140,10 @@ class KnowledgeQueries(QObject):
         starting the knowledge process, else by a full :meth:`refresh`."""
 
         def names() -> list[str] | None:
+            from rag.knowledge import REGISTRY_FILE
             from rag.registry import Registry
 
-            return Registry.kb_names(self.root / "registry.sqlite3")
+            return Registry.kb_names(self.root / REGISTRY_FILE)
 
         def done(found: list[str] | None) -> None:
             if found is None:

@@ -80,7 +80,9 @@ class KnowledgeAdapter(KnowledgeQueries):
         store in a child); a damaged store emits ``store_recovered`` and is rebuilt as a job, and
         chunks an interrupted run left unembedded are embedded. Does nothing before the first
         knowledge base exists."""
-        if not (self.root / "registry.sqlite3").exists():
+        from rag.knowledge import CHROMA_FOLDER, REGISTRY_FILE
+
+        if not (self.root / REGISTRY_FILE).exists():
             return
 
         def opened() -> tuple[StoreRecovery | None, int]:
@@ -90,7 +92,7 @@ class KnowledgeAdapter(KnowledgeQueries):
             # The usual start: the store is as it was last found good and nothing waits to be
             # embedded. Then opening the knowledge bases (chromadb, about 2 s of CPU beside the
             # model loading) waits for their first use.
-            if known_healthy(self.root / "chroma") and not Registry.has_pending(self.root / "registry.sqlite3"):
+            if known_healthy(self.root / CHROMA_FOLDER) and not Registry.has_pending(self.root / REGISTRY_FILE):
                 return None, 0
             recovered, pending = self.call("status")
             return recovered, int(pending)
