@@ -6,10 +6,14 @@ Two files under the config folder (``app/paths.py``):
   so a user can paste theirs: ``{"mcpServers": {NAME: {"command", "args", "env", "cwd"} |
   {"url", "headers"}}}``. Keys Glassbox does not use are kept as they are. It may hold API keys
   (in ``env`` or ``headers``): it is written atomically and owner-only (0600).
-- ``tool_permissions.json``: ``{"format": 1, "always_allow": [KEY...], "off": [KEY...]}`` where a
-  KEY is ``SOURCE/TOOL`` (``builtin/calculator``, ``files/read_file``) or ``SOURCE/*`` (every tool
-  of a server). ``always_allow``: calls that run without asking (the approval's "Always allow this
-  tool"); ``off``: tools, or whole servers, never offered to the model.
+- ``tool_permissions.json``: ``{"format": 1, "always_allow": [KEY...], "off": [KEY...],
+  "max_steps": N, "timeout_s": S}`` where a KEY is ``SOURCE/TOOL`` (``builtin/calculator``,
+  ``files/read_file``) or ``SOURCE/*`` (every tool of a server). ``always_allow``: calls that run
+  without asking (the approval's "Always allow this tool"); ``off``: tools, or whole servers, never
+  offered to the model; ``max_steps`` and ``timeout_s``: the app's step limit and per-call timeout
+  (:class:`ToolLimits`; a file without them, an older one, means the defaults); ``seen_tools``:
+  ``{SERVER: [TOOL...]}``, the tools Settings → Tools last found on each server (the chat's Tools
+  menu lists them for a named tool choice without starting the server).
 
 Every problem with either file is a :class:`ToolSetupError` whose ``str()`` is one line naming the
 file, the field and the reason; a damaged file is reported and never written over. The GUI's
@@ -41,8 +45,34 @@ RESERVED_NAMES = frozenset({BUILTIN, "all", "none"})
 #: The longest ``mcp.json`` read (a pasted config is small; a 1 GB file is a mistake).
 MAX_CONFIG_BYTES = 1024 * 1024
 
+#: The app's step limit (rounds of tool calls in one turn): its default and range.
+DEFAULT_MAX_STEPS = 8
+MAX_STEPS_RANGE = (1, 64)
+#: The app's per-call timeout in seconds: its default and range.
+DEFAULT_TIMEOUT_S = 60
+TIMEOUT_S_RANGE = (5, 600)
+
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _PERMISSIONS_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class ToolLimits:
+    """How far one chat turn with tools may go (Settings → Tools; kept in ``tool_permissions.json``).
+
+    Attributes:
+        max_steps: rounds of tool calls before the model must answer without calling one.
+        timeout_s: the longest one call may run, in seconds.
+    """
+
+    max_steps: int = DEFAULT_MAX_STEPS
+    timeout_s: int = DEFAULT_TIMEOUT_S
+
+    def __post_init__(self) -> None:
+        for name, (low, high) in (("max_steps", MAX_STEPS_RANGE), ("timeout_s", TIMEOUT_S_RANGE)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise ValueError(f"{name}: must be a whole number from {low} to {high}, not {value!r}")
 
 
 class ToolSetupError(EngineError):
@@ -364,6 +394,21 @@ def server_status(server: McpServer) -> dict[str, object]:
 
 # ---------------------------------------------------------------------- permissions
 
+_LIMIT_KEYS = ("max_steps", "timeout_s")
+_SEEN = "seen_tools"
+
+
+def load_limits(paths: Paths | None) -> ToolLimits:
+    """The saved step limit and per-call timeout; the defaults when the file is missing or damaged
+    (a damaged file is reported where the tools are opened and in Settings → Tools), or without
+    data folders (``paths`` None)."""
+    if paths is None:
+        return ToolLimits()
+    try:
+        return Permissions.load(paths).limits
+    except ToolSetupError:
+        return ToolLimits()
+
 
 class Permissions:
     """The tools that run without asking, and the tools turned off (``tool_permissions.json``).
@@ -379,11 +424,21 @@ class Permissions:
         always_allow: Iterable[str] = (),
         off: Iterable[str] = (),
         extra: Mapping[str, object] | None = None,
+        limits: ToolLimits | None = None,
     ) -> None:
         self.path = path
         self._allow = set(always_allow)
         self._off = set(off)
-        self._extra = dict(extra or {})
+        self._extra = {k: v for k, v in (extra or {}).items() if k not in _LIMIT_KEYS}
+        self._limits = limits or ToolLimits()
+        seen = self._extra.get(_SEEN)
+        self._seen: dict[str, list[str]] = (
+            {k: [n for n in v if isinstance(n, str)] for k, v in seen.items() if isinstance(v, list)}
+            if isinstance(seen, dict)
+            else {}
+        )
+        self._extra.pop(_SEEN, None)
+        self._set_here: set[str] = set()  # "limits", "seen": set through this object (else the file's are kept)
         self._lock = threading.Lock()
 
     @classmethod
@@ -393,7 +448,15 @@ class Permissions:
         Raises:
             ToolSetupError: the file is not JSON or not that shape.
         """
-        path = paths.tool_permissions
+        return cls.load_file(paths.tool_permissions)
+
+    @classmethod
+    def load_file(cls, path: Path) -> Permissions:
+        """The permissions saved at ``path`` (:meth:`load`'s file).
+
+        Raises:
+            ToolSetupError: the file is not JSON or not that shape.
+        """
         try:
             text = path.read_text(encoding="utf-8")
         except FileNotFoundError:
@@ -409,8 +472,42 @@ class Permissions:
         lists = {}
         for key in ("always_allow", "off"):
             lists[key] = _strings(document.get(key, []), path, key)
-        extra = {k: v for k, v in document.items() if k not in ("always_allow", "off", "format")}
-        return cls(path, lists["always_allow"], lists["off"], extra)
+        try:
+            limits = ToolLimits(**{k: document[k] for k in _LIMIT_KEYS if k in document})
+        except ValueError as exc:
+            raise ToolSetupError(path, str(exc)) from None
+        extra = {k: v for k, v in document.items() if k not in ("always_allow", "off", "format", *_LIMIT_KEYS)}
+        return cls(path, lists["always_allow"], lists["off"], extra, limits)
+
+    @property
+    def limits(self) -> ToolLimits:
+        """The step limit and the per-call timeout (the defaults when the file has none)."""
+        with self._lock:
+            return self._limits
+
+    def seen_tools(self, source: str) -> list[str]:
+        """The tools Settings → Tools last found on a server (none when never checked)."""
+        with self._lock:
+            return list(self._seen.get(source, []))
+
+    def remember_tools(self, source: str, names: Iterable[str]) -> None:
+        """Keeps the tools a server offered when it was last checked, and saves if they changed."""
+        listed = list(names)
+        with self._lock:
+            if self._seen.get(source) == listed:
+                return
+            self._seen[source] = listed
+            self._set_here.add("seen")
+        self.save()
+
+    def set_limits(self, limits: ToolLimits) -> None:
+        """Changes the step limit and the per-call timeout, and saves."""
+        with self._lock:
+            if limits == self._limits:
+                return
+            self._limits = limits
+            self._set_here.add("limits")
+        self.save()
 
     @staticmethod
     def key(source: str, tool: str = "*") -> str:
@@ -449,7 +546,10 @@ class Permissions:
             before = (len(self._allow), len(self._off))
             self._allow = {k for k in self._allow if not k.startswith(f"{source}/")}
             self._off = {k for k in self._off if not k.startswith(f"{source}/")}
-            changed = before != (len(self._allow), len(self._off))
+            forgot_seen = self._seen.pop(source, None) is not None
+            if forgot_seen:
+                self._set_here.add("seen")
+            changed = before != (len(self._allow), len(self._off)) or forgot_seen
         if changed:
             self.save()
 
@@ -464,13 +564,27 @@ class Permissions:
         self.save()
 
     def save(self) -> None:
+        """Writes the file. The limits and the servers' tools seen are the file's as it is now unless
+        they were set through this object: a ToolSet's copy saving an "Always allow" keeps what
+        Settings → Tools set meanwhile."""
         from engine.atomic import PRIVATE_FILE_MODE, write_text_atomic
 
+        try:
+            on_disk: Permissions | None = Permissions.load_file(self.path) if len(self._set_here) < 2 else None
+        except ToolSetupError:
+            on_disk = None
         with self._lock:
+            if on_disk is not None and "limits" not in self._set_here:
+                self._limits = on_disk._limits
+            if on_disk is not None and "seen" not in self._set_here:
+                self._seen = {**on_disk._seen}
             document = {
                 "format": _PERMISSIONS_FORMAT,
                 **self._extra,
                 "always_allow": sorted(self._allow),
                 "off": sorted(self._off),
+                "max_steps": self._limits.max_steps,
+                "timeout_s": self._limits.timeout_s,
+                **({_SEEN: {k: list(v) for k, v in sorted(self._seen.items())}} if self._seen else {}),
             }
         write_text_atomic(self.path, json.dumps(document, indent=1) + "\n", mode=PRIVATE_FILE_MODE)

@@ -1,9 +1,11 @@
 """The chat's Tools switch: per conversation, off by default; which sources (the built-in tools,
-each MCP server of ``mcp.json``) and the thinking switch (model's default, on, off, a budget in
-tokens) — issue 12, "The app".
+each MCP server of ``mcp.json``), the tool choice (Auto, Required, None or one named tool) and the
+thinking switch (model's default, on, off, a budget in tokens) — issue 12, "The app".
 
-The choice is saved in the conversation's ``settings`` (``"tools": {"on", "sources"}``,
-``"thinking": "on" | "off" | TOKENS``); :func:`turn_options` turns it into the turn's
+The choice is saved in the conversation's ``settings`` (``"tools": {"on", "sources", "choice"}``,
+``choice`` absent for Auto, else ``required``, ``none`` or a tool's name as ``--tool-choice`` takes
+it; ``"thinking": "on" | "off" | TOKENS``); :func:`turn_options` turns it, with the step limit and
+the per-call timeout of Settings → Tools (``app.tool_config.ToolLimits``), into the turn's
 ``ToolsRequest`` and thinking keywords. :class:`ChatToolsController` wires the switch, the
 transcript's tool cards, approvals and thinking, and the inspector's loop timeline into the main
 window, so the window only creates it.
@@ -31,6 +33,12 @@ if TYPE_CHECKING:
 BUILTIN = "builtin"
 """``app.tool_config.BUILTIN`` (not imported here: it brings the MCP client, the window need not)."""
 DEFAULT_THINKING_BUDGET = 1024
+CHOICES = (
+    (None, "Auto — the model decides"),
+    ("required", "Required — always call a tool"),
+    ("none", "None — offer no tools"),
+)
+"""The tool choices that are not one named tool, with their menu labels (None is Auto)."""
 
 
 def tools_choice(settings: Mapping[str, object] | None) -> tuple[bool, list[str]]:
@@ -40,6 +48,13 @@ def tools_choice(settings: Mapping[str, object] | None) -> tuple[bool, list[str]
         return False, [BUILTIN]
     sources = [str(s) for s in saved.get("sources", [BUILTIN]) if isinstance(s, str)]
     return bool(saved.get("on")), sources
+
+
+def tool_choice(settings: Mapping[str, object] | None) -> str | None:
+    """The chat's tool choice: None (Auto), ``required``, ``none`` or a tool's name."""
+    saved = (settings or {}).get("tools")
+    choice = saved.get("choice") if isinstance(saved, dict) else None
+    return choice if isinstance(choice, str) and choice.strip() and choice != "auto" else None
 
 
 def thinking_choice(settings: Mapping[str, object] | None) -> str | int | None:
@@ -61,7 +76,18 @@ def turn_options(
     a budget works for any model that writes ``<think>``.
     """
     on, sources = tools_choice(settings)
-    tools = ToolsRequest(tuple(sources), paths) if on and sources else None
+    tools = None
+    if on and sources:
+        from app.tool_config import load_limits
+
+        limits = load_limits(paths)
+        tools = ToolsRequest(
+            tuple(sources),
+            paths,
+            tool_choice=tool_choice(settings),
+            max_steps=limits.max_steps,
+            timeout_s=float(limits.timeout_s),
+        )
     thinking = thinking_choice(settings)
     if thinking in ("on", "off"):
         return tools, (thinking == "on") if "enable_thinking" in thinking_controls else None, None
@@ -71,9 +97,13 @@ def turn_options(
 
 
 def describe(settings: Mapping[str, object] | None) -> str:
-    """The switch's text: ``Tools: off`` or ``Tools: builtin, testtools``."""
+    """The switch's text: ``Tools: off``, ``Tools: builtin, testtools`` or, when the tool choice is
+    not Auto, ``Tools: builtin · required`` (``· none``, ``· calculator``)."""
     on, sources = tools_choice(settings)
     text = f"Tools: {', '.join(sources) or 'none'}" if on else "Tools: off"
+    choice = tool_choice(settings)
+    if on and choice is not None:
+        text += f" · {choice}"
     thinking = thinking_choice(settings)
     if thinking is not None:
         text += f" · thinking {thinking if isinstance(thinking, str) else f'≤ {thinking}'}"
@@ -152,6 +182,7 @@ class ChatToolsButton(QToolButton):
             action.toggled.connect(lambda checked, n=name: self.set_source(n, checked))
         if self.server_problem:
             menu.addAction(self.server_problem).setEnabled(False)
+        self._add_choice_section(menu, sources)
         menu.addSection("Thinking")
         thinking = thinking_choice(self.settings)
         switch = "enable_thinking" in self.thinking_controls
@@ -173,18 +204,83 @@ class ChatToolsButton(QToolButton):
         menu.addAction("Settings → Tools…").triggered.connect(self.settings_requested)
         menu.setToolTipsVisible(True)
 
+    def _add_choice_section(self, menu: QMenu, sources: Sequence[str]) -> None:
+        """Auto, Required, None, and one named tool of the sources ticked (a submenu)."""
+        menu.addSection("Tool choice")
+        choice = tool_choice(self.settings)
+        for value, label in CHOICES:
+            action = menu.addAction(label)
+            action.setObjectName(f"choice_{value or 'auto'}")
+            action.setCheckable(True)
+            action.setChecked(choice == value)
+            action.triggered.connect(lambda _=False, v=value: self.set_tool_choice(v))
+        names = self.tool_names(sources)
+        named = choice if choice is not None and choice not in ("required", "none") else None
+        sub = menu.addMenu(f"Always call {named}" if named else "Always call one tool")
+        sub.setObjectName("choice_named")
+        sub.setToolTipsVisible(True)
+        entries = [(n, n) for n in names]
+        if named and named not in names:
+            entries.append((named, f"{named} (not on in this chat: Auto is used)"))
+        for name, label in entries:
+            action = sub.addAction(label)
+            action.setObjectName(f"choice_tool_{name}")
+            action.setCheckable(True)
+            action.setChecked(name == named)
+            action.triggered.connect(lambda _=False, n=name: self.set_tool_choice(n))
+        if not entries:
+            sub.addAction("No tools known: tick a source, or check servers in Settings → Tools").setEnabled(False)
+
+    def tool_names(self, sources: Sequence[str]) -> list[str]:
+        """The tools the sources ticked offer, as far as known without starting a server: the
+        built-ins (``read_file`` and ``search_knowledge`` only with files or knowledge bases
+        attached, so they are not listed) and the tools Settings → Tools last found on each
+        server; the tools turned off there are left out."""
+        from app.tool_config import Permissions, ToolSetupError
+
+        try:
+            permissions: Permissions | None = Permissions.load(self.paths)
+        except ToolSetupError:
+            permissions = None
+        names: list[str] = []
+        for source in sources:
+            if source == BUILTIN:
+                from engine.agent.builtin_tools import CALCULATOR, CURRENT_TIME
+
+                found = [CURRENT_TIME, CALCULATOR]
+            else:
+                found = permissions.seen_tools(source) if permissions is not None else []
+            off = permissions is not None and permissions.is_off(source)
+            names += [n for n in found if not off and not (permissions and permissions.is_off(source, n))]
+        return list(dict.fromkeys(names))
+
     def action(self, name: str) -> QAction | None:
-        """The menu's action whose object name is ``name`` (``source_builtin``...)."""
-        return next((a for a in self.menu_.actions() if a.objectName() == name), None)
+        """The menu's action whose object name is ``name`` (``source_builtin``, ``choice_required``,
+        ``choice_tool_calculator`` in the named-tool submenu...)."""
+        actions = list(self.menu_.actions())
+        actions += [a for m in self.menu_.findChildren(QMenu) for a in m.actions()]
+        return next((a for a in actions if a.objectName() == name), None)
 
     def set_tools_on(self, on: bool) -> None:
         _, sources = tools_choice(self.settings)
-        self._change({"tools": {"on": on, "sources": sources}})
+        self._change({"tools": self._tools_entry(on, sources, tool_choice(self.settings))})
 
     def set_source(self, name: str, chosen: bool) -> None:
         on, sources = tools_choice(self.settings)
         sources = [s for s in sources if s != name] + ([name] if chosen else [])
-        self._change({"tools": {"on": on or chosen, "sources": sources}})
+        self._change({"tools": self._tools_entry(on or chosen, sources, tool_choice(self.settings))})
+
+    def set_tool_choice(self, choice: str | None) -> None:
+        """None (Auto), ``required``, ``none`` or a tool's name (Required or a name turns the tools on)."""
+        on, sources = tools_choice(self.settings)
+        self._change({"tools": self._tools_entry(on or choice not in (None, "none"), sources, choice)})
+
+    @staticmethod
+    def _tools_entry(on: bool, sources: Sequence[str], choice: str | None) -> dict[str, object]:
+        entry: dict[str, object] = {"on": on, "sources": list(sources)}
+        if choice is not None and choice != "auto":
+            entry["choice"] = choice
+        return entry
 
     def set_thinking(self, value: str | int | None) -> None:
         self._change({"thinking": value})

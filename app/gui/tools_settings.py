@@ -1,6 +1,6 @@
 """Settings → Tools: the MCP servers (add by command or URL, paste an ``mcp.json``, remove), each
-one's status and the tools it offers, on/off per tool and per server, and the allow list
-(issue 12, "The app").
+one's status and the tools it offers, on/off per tool and per server, the allow list, and the
+limits of one turn: the step limit and the per-call timeout (issue 12, "The app").
 
 Everything is ``app.tool_config`` (``mcp.json`` and ``tool_permissions.json``, saved at once).
 Starting a server blocks, so each check runs on a background thread (``app.gui.tasks``) with a busy
@@ -18,6 +18,7 @@ from PySide6.QtCore import Qt, Slot
 from PySide6.QtWidgets import (
     QDialog,
     QDialogButtonBox,
+    QGridLayout,
     QHBoxLayout,
     QLabel,
     QLineEdit,
@@ -25,6 +26,7 @@ from PySide6.QtWidgets import (
     QPlainTextEdit,
     QProgressBar,
     QPushButton,
+    QSpinBox,
     QTreeWidget,
     QTreeWidgetItem,
     QVBoxLayout,
@@ -33,7 +35,15 @@ from PySide6.QtWidgets import (
 from shiboken6 import isValid
 
 from app.gui.tasks import describe_error, run_in_background
-from app.tool_config import BUILTIN, Permissions, ServerEntry, ToolSetupError
+from app.tool_config import (
+    BUILTIN,
+    MAX_STEPS_RANGE,
+    TIMEOUT_S_RANGE,
+    Permissions,
+    ServerEntry,
+    ToolLimits,
+    ToolSetupError,
+)
 
 if TYPE_CHECKING:
     from app.paths import Paths
@@ -102,6 +112,7 @@ class ToolsSettingsDialog(QDialog):
         self._build_sources(lay)
         self._build_server_rows(lay)
         self._build_allow_list(lay)
+        self._build_limits(lay)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
         buttons.rejected.connect(self.reject)
         lay.addWidget(buttons)
@@ -203,6 +214,35 @@ class ToolsSettingsDialog(QDialog):
         allow_row.addWidget(self.forget_button, 0, Qt.AlignmentFlag.AlignTop)
         lay.addLayout(allow_row)
 
+    def _build_limits(self, lay: QVBoxLayout) -> None:
+        """The step limit and the per-call timeout, each with its one-line explanation."""
+        title = QLabel("Limits of one reply")
+        title.setObjectName("metricLabel")
+        lay.addWidget(title)
+        grid = QGridLayout()
+        self.steps_spin = QSpinBox()
+        self.steps_spin.setRange(*MAX_STEPS_RANGE)
+        self.steps_spin.setSuffix(" rounds")
+        self.steps_spin.setAccessibleName("Step limit")
+        self.timeout_spin = QSpinBox()
+        self.timeout_spin.setRange(*TIMEOUT_S_RANGE)
+        self.timeout_spin.setSuffix(" s")
+        self.timeout_spin.setAccessibleName("Timeout per call")
+        for row, (label, spin, explain) in enumerate(
+            (
+                ("Step limit", self.steps_spin, "Rounds of tool calls in one reply; then the model must answer."),
+                ("Timeout per call", self.timeout_spin, "A call that runs longer is stopped; the model is told."),
+            )
+        ):
+            note = QLabel(explain)
+            note.setObjectName("explain")
+            grid.addWidget(QLabel(label), row, 0)
+            grid.addWidget(spin, row, 1)
+            grid.addWidget(note, row, 2)
+            spin.valueChanged.connect(self._on_limit_changed)
+        grid.setColumnStretch(2, 1)
+        lay.addLayout(grid)
+
     # ------------------------------------------------------------------ data
     def show_error(self, text: str) -> None:
         """One line under the buttons (empty: hidden)."""
@@ -247,6 +287,13 @@ class ToolsSettingsDialog(QDialog):
         self.allow_list.clear()
         if perms is not None:
             self.allow_list.addItems(perms.allowed())
+        limits = perms.limits if perms is not None else ToolLimits()
+        self._filling = True
+        self.steps_spin.setValue(limits.max_steps)
+        self.timeout_spin.setValue(limits.timeout_s)
+        self._filling = False
+        for spin in (self.steps_spin, self.timeout_spin):
+            spin.setEnabled(perms is not None)  # a damaged file is not written over
 
     def _add_source(
         self, source: str, label: str, status: str, specs: list[ToolSpec], perms: Permissions | None
@@ -291,6 +338,17 @@ class ToolsSettingsDialog(QDialog):
             return []
         children = (top.child(j) for j in range(top.childCount()))
         return [child.text(COL_NAME) for child in children if child is not None]
+
+    @Slot()
+    def _on_limit_changed(self) -> None:
+        if self._filling or self.permissions is None:
+            return
+        try:
+            self.permissions.set_limits(ToolLimits(self.steps_spin.value(), self.timeout_spin.value()))
+        except OSError as exc:
+            self.show_error(f"{self.paths.tool_permissions}: not saved ({describe_error(exc)})")
+            return
+        self.show_error("")
 
     @Slot(QTreeWidgetItem, int)
     def _on_tree_item_changed(self, item: QTreeWidgetItem, column: int) -> None:
@@ -342,6 +400,11 @@ class ToolsSettingsDialog(QDialog):
         self._checking.discard(name)
         self._started[:] = [s for s in self._started if s.name != name]
         self.tools_of[name] = specs
+        if specs and self.permissions is not None:
+            try:  # what the chat's Tools menu offers as a named tool choice
+                self.permissions.remember_tools(name, [spec.name for spec in specs])
+            except OSError:
+                pass  # only a convenience: the next check tries again
         reason = error or (status.last_error if status is not None else None)
         if reason:
             self.status_of[name] = f"did not start: {reason}"

@@ -135,8 +135,13 @@ def agent_events(
     if tools is None:
         raise ValueError("agent_events needs a request with tools")
     # Listing the tools first: it is what finds the servers that did not start.
-    allow = {spec.name for spec in toolset.tools() if toolset.always_allows(spec.name)}
+    offered = [spec.name for spec in toolset.tools()]
+    allow = {name for name in offered if toolset.always_allows(name)}
     problems = list(getattr(toolset, "problems", None) or ())
+    choice = tools.tool_choice
+    if choice not in (None, "auto", "required", "none") and choice not in offered:  # turned off since
+        problems.append(f"{choice} is not on any more: the model decides this turn (Auto)")
+        choice = None
     if problems:  # a server that did not start: the chat goes on with the other tools
         record({"kind": "problems", "problems": problems})
     agent = _agent(session, toolset, request, tools, allow, ask, record)
@@ -147,7 +152,7 @@ def agent_events(
         system=request.system,
         documents=documents,
         cancel=request.cancel,
-        tool_choice=tools.tool_choice,
+        tool_choice=choice,
         **options,
     )
     streamed = ReplyText()  # the answer's text over every generation, as the app saves it
