@@ -187,6 +187,28 @@ def test_a_named_tool_no_longer_on_is_shown_as_such_and_servers_tools_come_from_
     assert button.action("choice_tool_list_notes") is None  # turned off in Settings → Tools
 
 
+def test_a_real_servers_tools_found_in_settings_are_offered_as_a_named_choice(qtbot: Any, paths: Paths) -> None:
+    from app.gui.chat_tools_menu import ChatToolsButton
+    from app.gui.tools_settings import ToolsSettingsDialog
+    from tests.mcp_servers import register
+
+    register(paths, "testtools")
+    button = ChatToolsButton(paths)
+    qtbot.addWidget(button)
+    button.set_conversation_settings({"tools": {"on": True, "sources": ["testtools"]}})
+    assert button.tool_names(["testtools"]) == []  # never checked: not started just to fill a menu
+    dialog = ToolsSettingsDialog(paths)
+    qtbot.addWidget(dialog)
+    qtbot.waitUntil(lambda: not dialog.checking, timeout=60000)
+    dialog.close()
+    assert {"add", "echo", "whoami"} <= set(button.tool_names(["testtools"]))
+    button.build_menu()
+    add = button.action("choice_tool_add")
+    assert add is not None
+    add.trigger()
+    assert button.text() == "Tools: testtools · add"
+
+
 def test_old_chats_without_a_choice_read_as_auto_and_the_turn_gets_the_choice_and_limits(paths: Paths) -> None:
     from app.gui.chat_tools_menu import describe, tool_choice, turn_options
 
