@@ -21,6 +21,7 @@ import contextlib
 import sys
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -31,8 +32,11 @@ from app.knowledge_glue import Retrieval
 from app.paths import Paths
 
 if TYPE_CHECKING:
+    from app.cli.commands.chat_history import ChatLog
     from app.knowledge_glue import Retriever
     from engine.inference.backends import ChatBackend
+    from engine.inference.context import Message
+    from engine.inference.runtime import GenerationParams
 
 NOTHING = Retrieval(None, [], 0)
 """A turn without retrieved documents."""
@@ -101,19 +105,83 @@ def _bandwidth(paths: Paths) -> float | None:
         return None
 
 
-def run(args: argparse.Namespace, paths: Paths) -> int:
-    from engine.inference.context import Message
-    from engine.inference.runtime import GenerationParams
-
+def _usage_error(args: argparse.Namespace) -> str | None:
+    """What is wrong with the flags together (exit code 2), or None."""
     if args.endpoint is None and not args.model:
-        print("glassbox: error: chat needs --model (or --endpoint NAME for a remote server)", file=sys.stderr)
-        return 2
+        return "chat needs --model (or --endpoint NAME for a remote server)"
     usage = chat_tools.check_arguments(args)
     if usage is not None:
-        print(f"glassbox: error: {usage}", file=sys.stderr)
-        return 2
+        return usage
     if args.endpoint is not None and args.speculative is not None:
-        print("glassbox: error: --speculative applies to local models, not to --endpoint", file=sys.stderr)
+        return "--speculative applies to local models, not to --endpoint"
+    return None
+
+
+@dataclass
+class _Chat:
+    """One ``glassbox chat`` run: what every turn of it uses."""
+
+    args: argparse.Namespace
+    session: ChatBackend
+    log: ChatLog
+    params: GenerationParams
+    system: str | None
+    retriever: Retriever | None
+    tools: chat_tools.ChatTools | None = None
+
+    def turn(self, history: list[Message], user: str) -> list[Message]:
+        """Answers ``user`` after ``history``, saves and prints the turn; returns its messages."""
+        from engine.inference.context import Message
+
+        args, chat_log, tools = self.args, self.log, self.tools
+        conversation_id, created = chat_log.start_turn(user, self.system)
+        if created and not args.json:
+            print(
+                f"[conversation {conversation_id}: continue it with --conversation {conversation_id}]", file=sys.stderr
+            )
+        outcome = None  # the agent loop's result, with --tools
+        try:
+            search = self.retriever is not None and not (tools is not None and tools.offers_search)
+            documents, sources, dropped = self.retriever(user, self.session) if search and self.retriever else NOTHING
+            key = chat_log.cache_key() if args.endpoint is None and not args.no_kv_cache else None
+            if tools is not None:
+                outcome = tools.answer(
+                    history, user, self.params, self.system, documents, args.json, key, progress=chat_log.save_progress
+                )  # each step saved as it happens
+                reply, finished = outcome.text, outcome.finished
+            else:
+                options = chat_tools.thinking_options(args)
+                reply, finished = _answer(
+                    self.session, history, user, self.params, self.system, documents, args.json, key, options=options
+                )
+        except BaseException as exc:
+            chat_log.fail_turn(exc)
+            raise
+        saved = outcome.saved_text if outcome else reply
+        chat_log.finish_turn(saved, finished, outcome.record if outcome else None, sources, documents_dropped=dropped)
+        if args.json:
+            print_json(
+                {
+                    **_turn_document(reply, finished, sources, dropped),
+                    **chat_tools.turn_extras(finished, outcome),
+                    "conversation_id": conversation_id,
+                }
+            )
+        else:
+            if dropped:
+                print(f"[{dropped_line(dropped)}]", file=sys.stderr)
+            if sources:
+                _print_sources(sources)
+        return [Message("user", user), *(outcome.messages if outcome else [Message("assistant", reply)])]
+
+
+def run(args: argparse.Namespace, paths: Paths) -> int:
+    from app.cli.commands.chat_history import ChatLog
+    from engine.inference.runtime import GenerationParams
+
+    usage = _usage_error(args)
+    if usage is not None:
+        print(f"glassbox: error: {usage}", file=sys.stderr)
         return 2
     if args.endpoint is None and args.speculative is None:
         args.speculative = _speculative_setting(args, paths)
@@ -131,68 +199,15 @@ def run(args: argparse.Namespace, paths: Paths) -> int:
         speculative=_speculative_mode(args),
     )
     retriever = _retriever(args, paths) if args.kb else None
-    from app.cli.commands.chat_history import ChatLog
-
     chat_log = ChatLog(paths, args.conversation, args.model or args.endpoint)
     history: list[Message] = chat_log.history()
     system = args.system if args.system is not None else chat_log.system_prompt
-    kv_cache = args.endpoint is None and not args.no_kv_cache
+    chat = _Chat(args, session, chat_log, params, system, retriever)
     with session, chat_log, contextlib.ExitStack() as stack:
-        tools = stack.enter_context(chat_tools.ChatTools(args, paths, session)) if args.tools else None
+        chat.tools = stack.enter_context(chat_tools.ChatTools(args, paths, session)) if args.tools else None
         session.load()
         for user in _turns(args):
-            conversation_id, created = chat_log.start_turn(user, system)
-            if created and not args.json:
-                print(
-                    f"[conversation {conversation_id}: continue it with --conversation {conversation_id}]",
-                    file=sys.stderr,
-                )
-            outcome = None  # the agent loop's result, with --tools
-            try:
-                search = retriever is not None and not (tools is not None and tools.offers_search)
-                documents, sources, dropped = retriever(user, session) if search and retriever is not None else NOTHING
-                key = chat_log.cache_key() if kv_cache else None
-                if tools is not None:
-                    outcome = tools.answer(
-                        history, user, params, system, documents, args.json, key, progress=chat_log.save_progress
-                    )  # each step saved as it happens
-                    reply, finished = outcome.text, outcome.finished
-                else:
-                    reply, finished = _answer(
-                        session,
-                        history,
-                        user,
-                        params,
-                        system,
-                        documents,
-                        args.json,
-                        key,
-                        options=chat_tools.thinking_options(args),
-                    )
-            except BaseException as exc:
-                chat_log.fail_turn(exc)
-                raise
-            chat_log.finish_turn(
-                outcome.saved_text if outcome else reply,
-                finished,
-                outcome.record if outcome else None,
-                sources,
-                documents_dropped=dropped,
-            )
-            if args.json:
-                print_json(
-                    {
-                        **_turn_document(reply, finished, sources, dropped),
-                        **chat_tools.turn_extras(finished, outcome),
-                        "conversation_id": conversation_id,
-                    }
-                )
-            else:
-                if dropped:
-                    print(f"[{dropped_line(dropped)}]", file=sys.stderr)
-                if sources:
-                    _print_sources(sources)
-            history += [Message("user", user), *(outcome.messages if outcome else [Message("assistant", reply)])]
+            history += chat.turn(history, user)
     return 0
 
 
