@@ -43,6 +43,9 @@ class StopStrings(Protocol):
     @property
     def partial(self) -> int: ...
 
+    @property
+    def matched(self) -> str | None: ...
+
 
 @dataclass
 class DecodeOutcome:
@@ -54,6 +57,7 @@ class DecodeOutcome:
     t_first: float
     draft_tokens: int = 0
     accepted_tokens: int = 0
+    stop_sequence: str | None = None  # the stop string that ended the reply (reason "stop"), if one did
 
 
 class AbortGuard:
@@ -150,6 +154,7 @@ class _Emitter:
         self.emitted = 0
         self.n_out = 0
         self.t_first = 0.0
+        self.stop_sequence: str | None = None
 
     def push(self, token: int, sampler: ChainSampler, idx: int, drafted: bool) -> str:
         """Handles one sampled token; returns "" to go on, else the finish reason."""
@@ -169,6 +174,7 @@ class _Emitter:
         self.text = text
         if hit is not None:
             self.text = text[:hit]
+            self.stop_sequence = self._stops.matched
             if len(self.text) > self.emitted or self._params.logprobs:
                 self._send(Token(self.text[self.emitted :], token, logprob, tops, drafted))
                 self.emitted = len(self.text)
@@ -285,7 +291,13 @@ def decode(
         drafter.close()
     text = emitter.finish(reason)
     return DecodeOutcome(
-        reason, text, emitter.n_out, emitter.t_first or time.perf_counter(), drafted_total, accepted_total
+        reason,
+        text,
+        emitter.n_out,
+        emitter.t_first or time.perf_counter(),
+        drafted_total,
+        accepted_total,
+        emitter.stop_sequence if reason == "stop" else None,
     )
 
 
@@ -338,7 +350,7 @@ class StopMatcher:
         # A trie of the stop strings: _goto[node][char] is the child, _depth[node] its text's length.
         self._goto: list[dict[str, int]] = [{}]
         self._depth = [0]
-        ends: set[int] = set()
+        ends: dict[int, str] = {}
         for stop in stops:
             node = 0
             for char in stop:
@@ -350,14 +362,17 @@ class StopMatcher:
                     self._depth.append(self._depth[node] + 1)
                 node = child
             if stop:
-                ends.add(node)
+                ends[node] = stop
         # _fail[node]: the node of the longest proper suffix of node's text that begins a stop string;
-        # _match[node]: the length of the longest stop string that node's text ends with (0: none).
+        # _match[node]: the length of the longest stop string that node's text ends with (0: none),
+        # _stop[node]: that stop string ("": none).
         self._fail = [0] * len(self._goto)
         self._match = [0] * len(self._goto)
+        self._stop = [""] * len(self._goto)
         queue = list(self._goto[0].values())  # breadth first: a node's suffixes come before it
         for node in queue:
             self._match[node] = self._depth[node] if node in ends else self._match[self._fail[node]]
+            self._stop[node] = ends[node] if node in ends else self._stop[self._fail[node]]
             for char, child in self._goto[node].items():
                 fallback = self._fail[node]
                 while fallback and char not in self._goto[fallback]:
@@ -366,10 +381,11 @@ class StopMatcher:
                 queue.append(child)
         self._state = 0
         self._length = 0
+        self._matched: str | None = None
 
     def feed(self, piece: str) -> int | None:
         """Adds ``piece`` to the text; returns where the earliest stop string in the text begins, if any
-        (the text before ``piece`` held none: it ends in ``piece``)."""
+        (the text before ``piece`` held none: it ends in ``piece``); :attr:`matched` is then that stop string."""
         goto, fail, match = self._goto, self._fail, self._match
         state = self._state
         hit: int | None = None
@@ -379,7 +395,8 @@ class StopMatcher:
             state = goto[state].get(char, 0)
             if match[state]:
                 start = offset - match[state]
-                hit = start if hit is None else min(hit, start)
+                if hit is None or start < hit:
+                    hit, self._matched = start, self._stop[state]
         self._state = state
         self._length += len(piece)
         return hit
@@ -388,3 +405,8 @@ class StopMatcher:
     def partial(self) -> int:
         """Length of the longest tail of the text that could still grow into a stop string."""
         return self._depth[self._state]
+
+    @property
+    def matched(self) -> str | None:
+        """The stop string found by the last :meth:`feed` that found one (None before any)."""
+        return self._matched

@@ -110,6 +110,9 @@ class Finished:
         reasoning_tokens: tokens the thinking took.
         reasoning_ms: time from its first token to its end.
         tool_calls: the calls the model made, in order (the caller runs them: engine/agent/loop.py).
+        stop_sequence: the stop string that ended the reply (``reason`` "stop"), None when none did
+            (the end-of-generation token, or a remote backend, which does not say). A chat turn's
+            stop strings are the request's and its template's, so the caller checks which it was.
     """
 
     reason: FinishReason
@@ -120,6 +123,7 @@ class Finished:
     reasoning_tokens: int = 0
     reasoning_ms: float = 0.0
     tool_calls: tuple[ToolCall, ...] = ()
+    stop_sequence: str | None = None
 
 
 Event = PrefillProgress | Token | Stats | Finished | Reasoning | ToolCall

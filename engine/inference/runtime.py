@@ -155,6 +155,7 @@ class WorkerResult:
     kv_restored_tokens: int = 0  # of cached_tokens, the ones loaded from a saved KV cache (engine.inference.kv_cache)
     kv_restore_ms: float = 0.0
     kv_saved_bytes: int = 0  # the KV state queued for saving after this turn
+    stop_sequence: str | None = None  # the stop string (of GenerationParams.stop) that ended the reply, if one did
 
 
 @dataclass(frozen=True)
@@ -361,6 +362,7 @@ class _Worker:
             decode_ms=(t_end - t_first) * 1000,
             draft_tokens=out.draft_tokens,
             accepted_tokens=out.accepted_tokens,
+            stop_sequence=out.stop_sequence,
         )
 
 
@@ -583,7 +585,9 @@ class InferenceWorker:
                     finished = True
                     assert isinstance(payload, WorkerResult)
                     if dropped:  # the reply is what was shown
-                        payload = dataclasses.replace(payload, reason="cancelled", text="".join(shown))
+                        payload = dataclasses.replace(
+                            payload, reason="cancelled", text="".join(shown), stop_sequence=None
+                        )
                     return payload
                 else:
                     finished = True

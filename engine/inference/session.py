@@ -400,7 +400,8 @@ class ChatSession:
             )
             yield stats
             reason = result.reason
-            yield shaper.finished(reason, stats)  # type: ignore[arg-type]
+            finished = shaper.finished(reason, stats)  # type: ignore[arg-type]
+            yield dataclasses.replace(finished, stop_sequence=result.stop_sequence)
 
     def result_room(
         self,
@@ -497,7 +498,7 @@ class ChatSession:
                 raise
             stats = dataclasses.replace(self._stats(result, plan), template="raw")
             yield stats
-            yield Finished(reason=result.reason, stats=stats, text=result.text)  # type: ignore[arg-type]
+            yield Finished(reason=result.reason, stats=stats, text=result.text, stop_sequence=result.stop_sequence)  # type: ignore[arg-type]
 
     def _configure_kv(self, cache_key: KvKey | None) -> None:
         """Tells the worker which saved KV cache this turn uses (only when that changes)."""
