@@ -9,11 +9,12 @@ sets the template's thinking switch. The key may come as ``x-api-key`` (the hand
 errors answer in Anthropic's shape (``{"type": "error", "error": {...}}``).
 
 The answer is a ``message`` with ``thinking``, ``text`` and ``tool_use`` content blocks and a
-``stop_reason`` (``end_turn``, ``max_tokens``, ``tool_use``); streamed, the events
-``message_start``, ``content_block_start`` / ``_delta`` / ``_stop`` per block, ``message_delta``
-(the stop reason and the usage) and ``message_stop``. A stop sequence ends the reply as
-``end_turn``: the engine does not say which string matched. ``POST /v1/messages/count_tokens``
-counts a request's prompt with the model's own template.
+``stop_reason`` (``end_turn``, ``max_tokens``, ``tool_use``, or ``stop_sequence`` with the one of the
+request's ``stop_sequences`` that matched in ``stop_sequence``, as the engine reports it in
+``Finished.stop_sequence``; a remote backend does not say, and its stop is an ``end_turn``); streamed,
+the events ``message_start``, ``content_block_start`` / ``_delta`` / ``_stop`` per block,
+``message_delta`` (the stop reason, the stop sequence and the usage) and ``message_stop``.
+``POST /v1/messages/count_tokens`` counts a request's prompt with the model's own template.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from __future__ import annotations
 import json
 import threading
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from app.server import params as fields
@@ -215,10 +216,17 @@ def parse_message_request(body: Mapping[str, object], max_chars: int, n_vocab: i
     )
 
 
-def _stop_reason(finished: Finished, calls: bool) -> str:
+def _stop_reason(finished: Finished, calls: bool, stops: Sequence[str]) -> tuple[str, str | None]:
+    """Anthropic's ``stop_reason`` and ``stop_sequence``. The engine's stop strings also hold the
+    template's (its end-of-turn text): only one of the request's ``stops`` is a ``stop_sequence``."""
     if calls:
-        return "tool_use"
-    return "max_tokens" if finished.reason == "length" else "end_turn"
+        return "tool_use", None
+    if finished.reason == "length":
+        return "max_tokens", None
+    matched = finished.stop_sequence
+    if finished.reason == "stop" and matched is not None and matched in stops:
+        return "stop_sequence", matched
+    return "end_turn", None
 
 
 def _usage(stats: Stats) -> dict[str, int]:
@@ -241,10 +249,14 @@ def _content(choice: Choice) -> list[dict[str, object]]:
 
 
 def _message(
-    model: str, message_id: str, content: list[dict[str, object]], stop: str | None, usage: Mapping[str, int]
+    model: str,
+    message_id: str,
+    content: list[dict[str, object]],
+    stop: tuple[str | None, str | None],
+    usage: Mapping[str, int],
 ) -> dict[str, object]:
     return {"id": message_id, "type": "message", "role": "assistant", "model": model, "content": content,
-            "stop_reason": stop, "stop_sequence": None, "usage": dict(usage)}  # fmt: skip
+            "stop_reason": stop[0], "stop_sequence": stop[1], "usage": dict(usage)}  # fmt: skip
 
 
 def handle(handler: Handler) -> None:
@@ -261,7 +273,7 @@ def handle(handler: Handler) -> None:
             _stream(handler, request, message_id, cancel)
             return
         choice = whole_choice(handler, request, 0, None, cancel)
-        stop = _stop_reason(choice.finished, bool(choice.tool_calls))
+        stop = _stop_reason(choice.finished, bool(choice.tool_calls), request.params.stop)
         handler.send_json(
             200, _message(state.model_id, message_id, _content(choice), stop, _usage(choice.finished.stats))
         )
@@ -310,7 +322,7 @@ def _stream(handler: Handler, request: ChatRequest, message_id: str, cancel: thr
 
     def produce() -> None:
         zero = {"input_tokens": 0, "output_tokens": 0}
-        send("message_start", message=_message(model, message_id, [], None, zero))
+        send("message_start", message=_message(model, message_id, [], (None, None), zero))
         index = -1
         open_kind: str | None = None
         calls = 0
@@ -341,7 +353,8 @@ def _stream(handler: Handler, request: ChatRequest, message_id: str, cancel: thr
                 if open_kind is None:
                     start("text", {"type": "text", "text": ""})
                 send("content_block_stop", index=index)
-                delta = {"stop_reason": _stop_reason(event, calls > 0), "stop_sequence": None}
+                reason, sequence = _stop_reason(event, calls > 0, request.params.stop)
+                delta = {"stop_reason": reason, "stop_sequence": sequence}
                 send("message_delta", delta=delta, usage=_usage(event.stats))
                 send("message_stop")
 
