@@ -82,11 +82,14 @@ class Handler(BaseHTTPRequestHandler):
 
     # routing ----------------------------------------------------------------------------------
     def do_GET(self) -> None:
-        from app.server import models
+        from app.server import models, responses
 
         path = self._path()
         if path.startswith("/v1/models/"):
             self._dispatch({path: lambda: models.one(self, path[len("/v1/models/") :])})
+            return
+        if _is_response_path(path):
+            self._dispatch({path: lambda: responses.retrieve(self)})
             return
         self._dispatch({"/v1/models": lambda: models.listing(self), "/props": self._props, "/health": self._health})
 
@@ -104,6 +107,12 @@ class Handler(BaseHTTPRequestHandler):
                 "/tokenize": self._tokenize,
             }
         )
+
+    def do_DELETE(self) -> None:
+        from app.server import responses
+
+        path = self._path()
+        self._dispatch({path: lambda: responses.delete(self)} if _is_response_path(path) else {})
 
     def send_response(self, code: int, message: str | None = None) -> None:
         self._responded = True
@@ -376,3 +385,9 @@ def _host_name(header: str) -> str:
     if header.startswith("["):
         return header.split("]", 1)[0] + "]"
     return header.split(":", 1)[0]
+
+
+def _is_response_path(path: str) -> bool:
+    """Whether ``path`` is ``/v1/responses/{id}`` (a stored response)."""
+    head, _, response_id = path.partition("/v1/responses/")
+    return not head and bool(response_id) and "/" not in response_id

@@ -13,8 +13,9 @@ LiteLLM, LlamaIndex) use the models Glassbox manages through:
   left out (in a whole reply, and in the last choice's final chunk of a stream, beside
   ``sources``). Replies also carry llama.cpp-style ``timings``;
 * ``POST /v1/completions`` (:mod:`app.server.completions`): raw-text completions, the legacy API;
-* ``POST /v1/responses`` (:mod:`app.server.responses`) and Anthropic's ``POST /v1/messages``
-  (:mod:`app.server.messages`), over the same core;
+* ``POST /v1/responses`` (:mod:`app.server.responses`; responses are stored in memory, bounded,
+  for ``previous_response_id``, ``GET`` and ``DELETE /v1/responses/{id}``) and Anthropic's
+  ``POST /v1/messages`` (:mod:`app.server.messages`), over the same core;
 * ``POST /v1/embeddings`` (:mod:`app.server.embeddings`): the sentence-transformers embedding
   model, loaded on first use; long inputs are windowed and pooled, token ids accepted;
 * ``POST /tokenize`` and ``GET /props`` (llama.cpp's server's shape), so a Glassbox client of this

@@ -5,10 +5,19 @@ The coding agents that LM Studio, Ollama and Jan launch against local models spe
 parts, ``function_call`` and ``function_call_output``; ``reasoning`` items are dropped, since old
 reasoning is never sent back) become a :class:`~app.server.wire.ChatRequest`; function tools use
 the Responses shape (``{"type": "function", "name", "parameters"}``), ``text.format`` is the
-constrained output, ``reasoning.effort`` the template's effort switch. Nothing is stored: a
-``previous_response_id`` is a 400, as is any other field this server does not implement;
-``include: ["reasoning.encrypted_content"]`` (what stateless agents ask for) is accepted and the
-reasoning items carry none, since reasoning never goes back into the next turn.
+constrained output, ``reasoning.effort`` the template's effort switch. A field this server does
+not implement is a 400; ``include: ["reasoning.encrypted_content"]`` (what stateless agents ask
+for) is accepted and the reasoning items carry none, since reasoning never goes back into the next
+turn.
+
+Stored responses, as OpenAI's: a response is stored unless the request says ``store: false``
+(:class:`~app.server.state.ResponseStore`, in this server's memory: the last 256 responses, at
+most 64 MiB of JSON in all, the oldest forgotten first; a server restart forgets them all).
+``previous_response_id`` continues from a stored response: its input (with the input of the ones
+it continued) and its output come before the new input; its ``instructions`` do not carry over
+(OpenAI's rule: send them again). ``GET /v1/responses/{id}`` answers a stored response and
+``DELETE /v1/responses/{id}`` forgets it; an id not stored (unknown, forgotten, deleted, or made
+with ``store: false``) is a 404 in OpenAI's error shape.
 
 The answer is a ``response`` whose ``output`` holds a ``reasoning`` item (the thinking), a
 ``message`` (``output_text``) and one ``function_call`` per call; streamed, the typed events
@@ -54,6 +63,8 @@ RESPONSE_FIELDS = frozenset(
         "reasoning",
         "include",
         "truncation",
+        "store",
+        "previous_response_id",
     }
 )
 """The ``/v1/responses`` fields this server reads; any other is a 400."""
@@ -268,12 +279,22 @@ def parse_response_request(body: Mapping[str, object], max_chars: int, n_vocab: 
 class _Shape:
     """The ``response`` document and its items, for one request."""
 
-    def __init__(self, handler: Handler, body: Mapping[str, object], request: ChatRequest) -> None:
+    def __init__(
+        self, handler: Handler, body: Mapping[str, object], request: ChatRequest, items: Sequence[object] = ()
+    ) -> None:
         self.id = f"resp_{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.model = handler.state.model_id
         self.body = body
         self.request = request
+        self.store = body.get("store") is not False
+        self.items = list(items)  # the conversation before the output (stored with it)
+        self.responses = handler.state.responses
+
+    def keep(self, document: Mapping[str, object], output: Sequence[OutputItem]) -> None:
+        """Stores the finished response, unless the request said ``store: false``."""
+        if self.store:
+            self.responses.put(self.id, document, [*self.items, *output])  # type: ignore[list-item]
 
     def response(
         self, status: str, output: Sequence[OutputItem], finished: Finished | None = None
@@ -297,7 +318,8 @@ class _Shape:
             "top_p": self.request.params.top_p,
             "max_output_tokens": self.body.get("max_output_tokens"),
             "text": self.body.get("text") or {"format": {"type": "text"}},
-            "store": False,
+            "store": self.store,
+            "previous_response_id": self.body.get("previous_response_id"),
         }
         if finished is not None:
             stats = finished.stats
@@ -349,16 +371,13 @@ def handle(handler: Handler) -> None:
     """Answers ``POST /v1/responses``."""
     state = handler.state
     body = handler.read_json()
-    if body.get("previous_response_id") is not None:
-        raise HttpError(
-            400,
-            "this server stores no responses: send the whole conversation in 'input' (previous_response_id)",
-            code="unsupported_parameter",
-            param="previous_response_id",
-        )
+    store = body.get("store")
+    if store is not None and not isinstance(store, bool):
+        raise HttpError(400, "'store' must be true or false", code="invalid_value", param="store")
+    items = _conversation(handler, body)
     wanted = state.check_model(body)
-    request = parse_response_request(body, text_limit(state.n_ctx), n_vocab(state.backend))
-    shape = _Shape(handler, body, request)
+    request = parse_response_request({**body, "input": items}, text_limit(state.n_ctx), n_vocab(state.backend))
+    shape = _Shape(handler, body, request, items if isinstance(items, list) else ())
     with handler.use_model(wanted) as cancel:
         check_backend(state.backend, request)
         check_fits(state.backend, request, None)
@@ -366,7 +385,61 @@ def handle(handler: Handler) -> None:
             _stream(handler, shape, request, cancel)
             return
         choice = whole_choice(handler, request, 0, None, cancel)
-        handler.send_json(200, shape.response("completed", shape.output(choice), choice.finished))
+        output = shape.output(choice)
+        document = shape.response("completed", output, choice.finished)
+        shape.keep(document, output)
+        handler.send_json(200, document)
+
+
+def _conversation(handler: Handler, body: Mapping[str, object]) -> object:
+    """The request's ``input`` as items, after the conversation of its ``previous_response_id``
+    (the input as it is when there is none, or when it is not a string or a list: the parser then
+    says what is wrong). Raises HttpError: 404 when that response is not stored."""
+    value = body.get("input")
+    if isinstance(value, str):
+        value = [{"type": "message", "role": "user", "content": value}]
+    previous = body.get("previous_response_id")
+    if previous is None:
+        return value
+    if not isinstance(previous, str) or not previous:
+        raise HttpError(400, "'previous_response_id' must be a response id", param="previous_response_id")
+    stored = handler.state.responses.get(previous)
+    if stored is None:
+        raise _not_found(previous, "previous_response_id")
+    return [*stored[1], *value] if isinstance(value, list) and value else value
+
+
+def _not_found(response_id: str, param: str | None = None) -> HttpError:
+    return HttpError(404, f"Response with id {response_id[:200]!r} not found.", param=param)
+
+
+def _response_id(handler: Handler) -> str:
+    """The ``{id}`` of ``/v1/responses/{id}``; a query string is refused (none is supported)."""
+    path, _, query = handler.path.partition("?")
+    if query:
+        name = query.split("=", 1)[0][:40]
+        raise HttpError(400, f"the query parameter {name!r} is not supported", code="unsupported_parameter",
+                        param=name)  # fmt: skip
+    return path.rstrip("/")[len("/v1/responses/") :]
+
+
+def retrieve(handler: Handler) -> None:
+    """Answers ``GET /v1/responses/{id}``: the stored response, as it was answered."""
+    response_id = _response_id(handler)
+    stored = handler.state.responses.get(response_id)
+    if stored is None:
+        raise _not_found(response_id)
+    handler.send_json(200, stored[0])
+
+
+def delete(handler: Handler) -> None:
+    """Answers ``DELETE /v1/responses/{id}``: forgets the stored response."""
+    if (handler.headers.get("Content-Length") or "0").strip() != "0" or handler.headers.get("Transfer-Encoding"):
+        handler.close_connection = True  # a body no one reads would be taken for the next request
+    response_id = _response_id(handler)
+    if not handler.state.responses.delete(response_id):
+        raise _not_found(response_id)
+    handler.send_json(200, {"id": response_id, "object": "response", "deleted": True})
 
 
 def _stream(handler: Handler, shape: _Shape, request: ChatRequest, cancel: threading.Event) -> None:
@@ -471,6 +544,7 @@ class _ResponseStream:
             self.open_kind("message")  # an empty answer is still a message
         self.close_item()
         final = self.shape.response("completed", self.output, event)
+        self.shape.keep(final, self.output)
         self.send("response.incomplete" if final["status"] == "incomplete" else "response.completed", response=final)
 
     def error_events(self, error: HttpError) -> list[SseEvent]:

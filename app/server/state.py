@@ -1,12 +1,16 @@
 """What the request handlers of ``glassbox serve`` share: the backend, the one-model-at-a-time
-queue, the embedding model and the knowledge bases, each opened on first use."""
+queue, the embedding model and the knowledge bases, each opened on first use, and the stored
+``/v1/responses`` (:class:`ResponseStore`: in memory, bounded, forgotten when the server stops).
+"""
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -37,6 +41,74 @@ class ModelCatalog(Protocol):
         ...
 
 
+MAX_STORED_RESPONSES = 256
+"""The stored ``/v1/responses`` a server keeps: past that, the oldest is forgotten."""
+MAX_STORED_BYTES = 64 * 1024 * 1024
+"""The JSON text the stored responses may hold in all (each holds its whole conversation); past
+that, the oldest are forgotten, and a response larger than this alone is not kept."""
+
+
+class ResponseStore:
+    """The responses ``/v1/responses`` stored (``store`` true, OpenAI's default), by id, for
+    ``previous_response_id``, ``GET`` and ``DELETE /v1/responses/{id}``.
+
+    In memory only: a server restart forgets them. Bounded: the last ``max_responses``, at most
+    ``max_bytes`` of JSON text in all, the oldest forgotten first. Thread-safe (the server answers
+    on several threads). Each entry is kept as JSON text, so what a caller does with what it put or
+    got never changes what is stored.
+    """
+
+    def __init__(self, max_responses: int = MAX_STORED_RESPONSES, max_bytes: int = MAX_STORED_BYTES) -> None:
+        self.max_responses = max_responses
+        self.max_bytes = max_bytes
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[str, tuple[str, int]] = OrderedDict()  # id -> (JSON [document, items], bytes)
+        self._bytes = 0
+
+    def put(self, response_id: str, document: Mapping[str, object], items: Sequence[Mapping[str, object]]) -> bool:
+        """Stores a response: its document as answered and its conversation (the input items, those
+        of the responses it continued first, then its output). False when it alone is too large."""
+        text = json.dumps([document, list(items)], ensure_ascii=False)
+        size = len(text.encode("utf-8"))
+        if size > self.max_bytes:
+            log.warning("response %s (%d bytes) is larger than the store (%d bytes): not kept", response_id,
+                        size, self.max_bytes)  # fmt: skip
+            return False
+        with self._lock:
+            self._drop(response_id)
+            self._entries[response_id] = (text, size)
+            self._bytes += size
+            while len(self._entries) > self.max_responses or self._bytes > self.max_bytes:
+                self._drop(next(iter(self._entries)))
+        return True
+
+    def get(self, response_id: str) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+        """The stored document and conversation items of ``response_id``, or None (unknown,
+        forgotten, deleted, or made with ``store: false``)."""
+        with self._lock:
+            entry = self._entries.get(response_id)
+        if entry is None:
+            return None
+        document, items = json.loads(entry[0])
+        return document, items
+
+    def delete(self, response_id: str) -> bool:
+        """Forgets ``response_id``; False when it was not stored."""
+        with self._lock:
+            return self._drop(response_id)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+    def _drop(self, response_id: str) -> bool:
+        entry = self._entries.pop(response_id, None)
+        if entry is None:
+            return False
+        self._bytes -= entry[1]
+        return True
+
+
 def backend_n_ctx(backend: Any) -> int | None:
     """The context window a backend reports (``info.n_ctx``), or None."""
     info = getattr(backend, "info", None)
@@ -51,6 +123,7 @@ class ServerState:
         backend: the chat backend (a ``ChatSession`` or a ``RemoteSession``).
         model_id: the chat model's id in ``/v1/models``; requests naming another get a 404.
         lock: one model at a time: every request that uses the backend holds it.
+        responses: the stored ``/v1/responses`` of this server (:class:`ResponseStore`).
     """
 
     def __init__(
@@ -88,6 +161,7 @@ class ServerState:
         self._open_session: Callable[[Path], Any] | None = None
         self.model_path: Path | None = None
         self._first: tuple[str, Path | None] = (model_id, None)
+        self.responses = ResponseStore()
 
     def allow_switching(self, catalog: ModelCatalog, open_session: Callable[[Path], Any], path: Path) -> None:
         """Lets requests name the catalog's models: :meth:`switch_model` loads them with ``open_session``."""

@@ -107,7 +107,6 @@ def test_responses_streamed_events(served: tuple[ServerHandle, ScriptedBackend])
 def test_responses_refuse_what_they_cannot_do(served: tuple[ServerHandle, ScriptedBackend]) -> None:
     handle, backend = served
     for extra, param in (
-        ({"previous_response_id": "resp_1"}, "previous_response_id"),
         ({"tools": [{"type": "web_search"}]}, "tools[0]"),
         ({"include": ["file_search_call.results"]}, "include"),
         ({"background": True}, "background"),
