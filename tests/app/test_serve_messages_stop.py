@@ -127,3 +127,34 @@ def test_the_backend_cuts_where_the_engine_would(served: tuple[ServerHandle, Sto
     events = list(backend.stream([], "a b c", GenerationParams(stop=("b",))))
     finished = events[-1]
     assert isinstance(finished, Finished) and finished.stop_sequence == "b" and finished.text == "c "
+
+
+@pytest.fixture(scope="module")
+def real(starter_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
+    """A server over the real starter model (a base model: the mechanics, not the answer)."""
+    home = Paths.resolve(tmp_path_factory.mktemp("serve-messages-stop"))
+    handle = start_server(home, port=0, model_path=starter_model, n_ctx=1024)
+    yield handle
+    handle.stop()
+
+
+@pytest.mark.model
+def test_the_real_engine_reports_the_stop_sequence(real: ServerHandle) -> None:
+    """The whole path: the worker's stop matcher, the session, the server. Greedy, so the reply
+    with a stop sequence is the reply without one, cut where that sequence first appears."""
+    question = [{"role": "user", "content": "Name three colours of the rainbow."}]
+    ask: dict[str, Any] = {"max_tokens": 24, "temperature": 0.0, "messages": question}  # the model served
+    status, free = post(real, "/v1/messages", ask)
+    assert status == 200, free
+    text = free["content"][-1]["text"]
+    words = [word for word in text.split() if len(word) >= 3]
+    assert free["stop_reason"] in ("end_turn", "max_tokens") and free["stop_sequence"] is None
+    assert len(words) >= 2, text
+    stop = words[1]
+    status, cut = post(real, "/v1/messages", {**ask, "stop_sequences": ["zzqqxx", stop]})
+    assert status == 200, cut
+    assert (cut["stop_reason"], cut["stop_sequence"]) == ("stop_sequence", stop)
+    assert stop not in cut["content"][-1]["text"]
+    status, events = post(real, "/v1/messages", {**ask, "stop_sequences": [stop], "stream": True})
+    delta = next(event.data for event in events if event.event == "message_delta")
+    assert delta["delta"] == {"stop_reason": "stop_sequence", "stop_sequence": stop}
