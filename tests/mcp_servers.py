@@ -15,7 +15,7 @@ Run one as a child: ``python tests/mcp_servers.py [--junk] [--http PORT]`` (stdi
 
 The environment variable ``GLASSBOX_TEST_MCP_MARK``, when set, is prefixed to every ``echo``, so a
 test sees that the configured ``env`` reached the server. Used by ``tests/engine/test_mcp_client.py``,
-``tests/app/test_cli_mcp.py`` and the ``glassbox chat --tools`` end-to-end tests.
+``tests/app/cli/test_cli_mcp.py`` and the ``glassbox chat --tools`` end-to-end tests.
 """
 
 from __future__ import annotations

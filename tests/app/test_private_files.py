@@ -22,7 +22,7 @@ from app.paths import Paths
 from app.server.http import start_server
 from app.settings import Settings, load_settings, save_settings
 from engine.inference.endpoints import EndpointStore
-from tests.app.serve_support import ScriptedBackend
+from tests.app.server.serve_support import ScriptedBackend
 from tests.disk_support import file_mode, usual_umask  # noqa: F401 - a fixture pytestmark names
 
 pytestmark = [

@@ -29,7 +29,7 @@ import pytest
 
 from rag.knowledge import KnowledgeBases
 from rag.service import KnowledgeService
-from tests.app.knowledge_memory_probe import GUI_BUDGET_MB, run_probe
+from tests.app.gui.knowledge_memory_probe import GUI_BUDGET_MB, run_probe
 from tests.bench.results import record
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]

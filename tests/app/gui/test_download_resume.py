@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from PySide6.QtCore import Qt
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "engine"))
 from gui_support import transfer_buttons
 from hub_server import FakeHub, random_bytes
 

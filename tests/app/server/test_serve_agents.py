@@ -1,6 +1,6 @@
 """``glassbox serve``'s ``/v1/responses`` (the official ``openai`` client) and Anthropic's
 ``/v1/messages`` (raw HTTP: the ``anthropic`` package is not installed), over the scripted backend
-of tests/app/serve_support.py, and one real-model turn of each.
+of tests/app/server/serve_support.py, and one real-model turn of each.
 
 What the coding agents need: text, tool calls, the tool's result sent back, thinking apart from the
 answer, the streamed event sequences, errors in each API's own shape.
@@ -17,8 +17,8 @@ import pytest
 
 from app.paths import Paths
 from app.server.http import ServerHandle, start_server
-from tests.app import serve_support
-from tests.app.serve_support import KEY, ScriptedBackend, client, post
+from tests.app.server import serve_support
+from tests.app.server.serve_support import KEY, ScriptedBackend, client, post
 
 WEATHER_FN = {
     "type": "function",
@@ -144,7 +144,7 @@ def _anthropic(handle: ServerHandle, body: dict[str, Any], path: str = "/v1/mess
         response = connection.getresponse()
         raw = response.read().decode()
         if (response.getheader("Content-Type") or "").startswith("text/event-stream"):
-            from tests.app.serve_support import sse_events
+            from tests.app.server.serve_support import sse_events
 
             return response.status, sse_events(raw)
         return response.status, json.loads(raw)

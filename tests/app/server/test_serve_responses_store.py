@@ -1,5 +1,5 @@
 """``/v1/responses`` stores responses as OpenAI does (the official ``openai`` client and raw HTTP,
-over the scripted backend of tests/app/serve_support.py): stored unless ``store: false``,
+over the scripted backend of tests/app/server/serve_support.py): stored unless ``store: false``,
 ``previous_response_id`` continues the conversation, ``GET``/``DELETE /v1/responses/{id}``, an id
 not stored a 404 in OpenAI's shape; the store itself is bounded, thread-safe and per server."""
 
@@ -17,8 +17,8 @@ import pytest
 from app.paths import Paths
 from app.server.http import ServerHandle, start_server
 from app.server.state import MAX_STORED_BYTES, MAX_STORED_RESPONSES, ResponseStore
-from tests.app import serve_support
-from tests.app.serve_support import KEY, ScriptedBackend, client, post
+from tests.app.server import serve_support
+from tests.app.server.serve_support import KEY, ScriptedBackend, client, post
 
 served = serve_support.served
 

@@ -20,7 +20,7 @@ from app.server.http import ServerHandle, start_server
 from engine.inference.events import Event
 from engine.inference.runtime import GenerationParams
 from tests.app.documents_band_support import RankedKnowledgeBases, passages_in, ranked_passages
-from tests.app.serve_support import KEY, ScriptedBackend, client, post
+from tests.app.server.serve_support import KEY, ScriptedBackend, client, post
 
 CHAT = "/v1/chat/completions"
 

@@ -18,7 +18,7 @@ from app.paths import Paths
 from app.server.http import ServerHandle, start_server
 from engine.inference.events import Event, Finished, Token
 from engine.inference.runtime import GenerationParams
-from tests.app.serve_support import KEY, ScriptedBackend, client, post
+from tests.app.server.serve_support import KEY, ScriptedBackend, client, post
 
 TEMPLATE_STOP = "<|im_end|>"
 

@@ -19,11 +19,11 @@ import pytest
 
 from app.agent_history import INTERRUPTED_RESULT
 from app.paths import Paths
-from tests.app.test_cli_chat_tools import glassbox, tools_home
+from tests.app.cli.test_cli_chat_tools import glassbox, tools_home
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 # The test server plus a tool that never answers in time: the loop is caught in the middle of a call.
 BLOCKING_SERVER = (
     "import sys\n"

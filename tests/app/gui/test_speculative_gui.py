@@ -25,7 +25,7 @@ from app.paths import Paths
 from app.settings import Settings
 from engine.errors import ModelLoadError
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "engine"))
 from tiny_models import write_tiny_llama_gguf
 
 pytestmark = [pytest.mark.gui, pytest.mark.qt_log_ignore("propagateSizeHints")]

@@ -103,7 +103,7 @@ def run_probe(home: Path, docs: Path, embedder: Path, *, in_process: bool = Fals
     env = {**os.environ, "QT_QPA_PLATFORM": "offscreen"}
     here = Path(__file__).resolve()
     command = [sys.executable, str(here), str(home), str(docs), str(embedder)] + (["in-process"] if in_process else [])
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=here.parents[2])
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=here.parents[3])
     if done.returncode != 0:
         raise AssertionError(f"the probe failed: {done.stderr[-3000:]}")
     line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))

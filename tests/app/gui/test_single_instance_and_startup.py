@@ -15,7 +15,7 @@ from app.gui.single_instance import SingleInstance
 from app.paths import Paths
 
 pytestmark = [pytest.mark.gui, pytest.mark.qt_log_ignore("propagateSizeHints")]
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 HEAVY = ("llama_cpp", "torch", "sentence_transformers", "chromadb", "huggingface_hub", "transformers")
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "engine"))
 from tiny_models import cached_tiny_hf_llama, write_tiny_llama_gguf
 
 from app.cli.main import main
@@ -23,7 +23,7 @@ def tiny_f16(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_llama_gguf(tmp_path_factory.mktemp("cli") / "tiny-F16.gguf", dtype="F16")
 
 
-_CACHE = Path(os.environ.get("GLASSBOX_TEST_CACHE", Path(__file__).resolve().parents[2] / ".home" / "test-cache"))
+_CACHE = Path(os.environ.get("GLASSBOX_TEST_CACHE", Path(__file__).resolve().parents[3] / ".home" / "test-cache"))
 
 
 @pytest.fixture

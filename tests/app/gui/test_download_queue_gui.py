@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "engine"))
 from gui_support import transfer_buttons
 from hub_server import FakeHub, random_bytes
 from tiny_models import write_tiny_llama_gguf

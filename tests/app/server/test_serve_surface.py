@@ -1,5 +1,5 @@
 """``glassbox serve``: the API surface real clients hit, with the official ``openai`` client against a
-scripted backend (tests/app/serve_support.py): unsupported fields refused by name, constrained
+scripted backend (tests/app/server/serve_support.py): unsupported fields refused by name, constrained
 output, ``n``, ``logprobs`` and ``logit_bias``, tools and ``tool_calls``, the usage chunk, unknown
 models, and the legacy ``/v1/completions``.
 
@@ -19,8 +19,8 @@ import pytest
 
 from app.paths import Paths
 from app.server.http import ServerHandle, start_server
-from tests.app import serve_support
-from tests.app.serve_support import KEY, NoToolsBackend, ScriptedBackend, client, post
+from tests.app.server import serve_support
+from tests.app.server.serve_support import KEY, NoToolsBackend, ScriptedBackend, client, post
 
 CHAT = "/v1/chat/completions"
 HI = [{"role": "user", "content": "alpha beta gamma"}]

@@ -37,7 +37,7 @@ from engine.inference.events import Event, Finished, PrefillProgress, Stats, Tok
 from engine.inference.runtime import GenerationParams
 
 KEY = "test-key-0123456789"
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 class FakeBackend:

@@ -28,7 +28,7 @@ from app.paths import Paths, ReadOnlyFolder
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX permissions and mounts")
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 _MOUNT_READ_ONLY = 'mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" && shift && exec "$@"'
 
 

@@ -1,5 +1,5 @@
 """Glassbox as a client of Glassbox: :class:`engine.inference.remote.RemoteSession` against ``glassbox serve``
-(scripted backend, tests/app/serve_support.py), with tools, tool results, reasoning, constrained
+(scripted backend, tests/app/server/serve_support.py), with tools, tool results, reasoning, constrained
 output and logprobs crossing the wire both ways."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from engine.inference.events import Finished, Reasoning, Token, ToolCall
 from engine.inference.remote import RemoteSession
 from engine.inference.runtime import GenerationParams
 from engine.inference.tools import ToolSpec
-from tests.app import serve_support
-from tests.app.serve_support import KEY, ScriptedBackend
+from tests.app.server import serve_support
+from tests.app.server.serve_support import KEY, ScriptedBackend
 
 WEATHER = ToolSpec("get_weather", "The weather", {"type": "object", "properties": {"city": {"type": "string"}}})
 
@@ -90,7 +90,7 @@ def test_a_server_serving_a_remote_model_refuses_raw_completions(
 ) -> None:
     """``glassbox serve`` in front of a RemoteSession: chat goes through, ``/v1/completions`` (raw
     prompts: ChatSession.complete only) is a 400 naming the prompt, and nothing reaches the model."""
-    from tests.app.serve_support import post
+    from tests.app.server.serve_support import post
 
     _, backend, remote = pair
     with start_server(Paths.resolve(tmp_path / "front"), port=0, api_key=KEY, backend=remote) as front:

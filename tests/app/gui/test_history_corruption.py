@@ -6,7 +6,7 @@ The history is read the way the app reads it at start (``app.gui.workers.history
 ``engine.history.HistoryStore``, recovers pending replies, lists the chats and opens the newest),
 then every chat and a search. No command of the ``glassbox`` CLI reads the history (``chat`` keeps
 its turns in memory); the window's start path with an unreadable file is covered by
-``tests/app/test_full_disk.py::test_an_unreadable_history_keeps_the_message_and_offers_a_new_history_beside_it``.
+``tests/app/gui/test_full_disk.py::test_an_unreadable_history_keeps_the_message_and_offers_a_new_history_beside_it``.
 
 Bound: one history of about 50 pages (12 chats of 8 messages), 10 truncations and 2 x 32 pages with
 flipped bytes or bits; each case copies well under a MB and reads it once (the whole file runs in about a

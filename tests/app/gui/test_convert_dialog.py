@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "engine"))
 from tiny_models import cached_tiny_hf_llama
 
 from app.gui.convert_dialog import ConvertDialog
@@ -24,7 +24,7 @@ from engine.errors import Cancelled
 from engine.gguf import read_gguf_info
 
 pytestmark = [pytest.mark.gui, pytest.mark.qt_log_ignore("propagateSizeHints")]
-_CACHE = Path(os.environ.get("GLASSBOX_TEST_CACHE", Path(__file__).resolve().parents[2] / ".home" / "test-cache"))
+_CACHE = Path(os.environ.get("GLASSBOX_TEST_CACHE", Path(__file__).resolve().parents[3] / ".home" / "test-cache"))
 
 
 @pytest.fixture

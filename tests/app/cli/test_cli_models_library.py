@@ -17,7 +17,7 @@ from engine.fit import kv_cache_bytes
 from engine.gguf import read_gguf_info
 from engine.hardware import cpu_name
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "tests" / "engine"))
 from gguf_fixtures import build  # noqa: E402
 

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "engine"))
 from hub_server import FakeHub, random_bytes
 
 from app.cli.commands.models_hub import ProgressPrinter
 from engine.hub.transfer import DownloadProgress
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 REPO = "acme/tiny-GGUF"
 Q4 = random_bytes(2 * 2**20 + 7, 1)
 PARTS = [random_bytes(300_000, 10 + i) for i in range(3)]

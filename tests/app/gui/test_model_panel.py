@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from gui_support import FakeSession, make_window
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "engine"))
 from hub_server import FakeHub, random_bytes
 from tiny_models import write_tiny_llama_gguf
 

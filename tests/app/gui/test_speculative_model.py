@@ -15,7 +15,7 @@ from app.gui.workers.llm_requests import GenerateRequest, LoadedModel, LoadReque
 from app.gui.workers.llm_worker import LlmWorker
 from engine.inference.runtime import GenerationParams
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "engine"))
 from tiny_models import write_tiny_llama_gguf
 
 pytestmark = [pytest.mark.model]

@@ -12,7 +12,7 @@ import pytest
 from app.gui.selftest import run_self_test
 from app.paths import Paths
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_missing_starter_model_fails_with_one_line(
