@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QObject, Signal, Slot
 from PySide6.QtGui import QAction
-from PySide6.QtWidgets import QInputDialog, QMenu, QToolButton, QWidget
+from PySide6.QtWidgets import QInputDialog, QLabel, QMenu, QToolButton, QWidget, QWidgetAction
 
 from app.gui.workers.agent_tools import ToolsRequest
 
@@ -110,6 +110,22 @@ def describe(settings: Mapping[str, object] | None) -> str:
     return text
 
 
+def add_heading(menu: QMenu, text: str) -> QWidgetAction:
+    """A separator and a small heading over a group of the menu. ``QMenu.addSection``'s text is
+    drawn by few styles (not Fusion, not macOS's native menus), which left "On" and "Off" with no
+    word of what they switch; a label is drawn everywhere, and the keyboard skips it."""
+    menu.addSeparator()
+    label = QLabel(text)
+    label.setObjectName("menuHeading")
+    label.setStyleSheet("font-weight: 600; padding: 4px 10px 2px 10px;")
+    label.setEnabled(False)  # drawn in the palette's muted colour, like a group title
+    action = QWidgetAction(menu)
+    action.setDefaultWidget(label)
+    action.setEnabled(False)
+    menu.addAction(action)
+    return action
+
+
 class ChatToolsButton(QToolButton):
     """The Tools switch in the chat header (a menu).
 
@@ -167,7 +183,7 @@ class ChatToolsButton(QToolButton):
         use.setCheckable(True)
         use.setChecked(on)
         use.toggled.connect(self._on_use_action_toggled)
-        menu.addSection("Sources")
+        add_heading(menu, "Sources")
         configured = self.server_names()
         gone = [n for n in sources if n != BUILTIN and n not in configured]  # removed from mcp.json since
         for name, label in (
@@ -183,7 +199,7 @@ class ChatToolsButton(QToolButton):
         if self.server_problem:
             menu.addAction(self.server_problem).setEnabled(False)
         self._add_choice_section(menu, sources)
-        menu.addSection("Thinking")
+        add_heading(menu, "Thinking")
         thinking = thinking_choice(self.settings)
         switch = "enable_thinking" in self.thinking_controls
         for label, value, enabled in (("Model's default", None, True), ("On", "on", switch), ("Off", "off", switch)):
@@ -206,7 +222,7 @@ class ChatToolsButton(QToolButton):
 
     def _add_choice_section(self, menu: QMenu, sources: Sequence[str]) -> None:
         """Auto, Required, None, and one named tool of the sources ticked (a submenu)."""
-        menu.addSection("Tool choice")
+        add_heading(menu, "Tool choice")
         choice = tool_choice(self.settings)
         for value, label in CHOICES:
             action = menu.addAction(label)
