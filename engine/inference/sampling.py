@@ -205,7 +205,7 @@ def _grammar_text(params: Any) -> str | None:
 # What llama-cpp-python's JSON-schema-to-grammar converter enforces, and the annotations that need
 # no enforcing. Anything else (minimum, multipleOf, uniqueItems, not, if/then, ...) would be
 # silently ignored by it, and the reply could break the schema: it is refused instead.
-_ENFORCED = frozenset(
+ENFORCED_KEYWORDS = frozenset(
     {
         "type",
         "$ref",
@@ -243,9 +243,9 @@ _ANNOTATIONS = frozenset(
         "writeOnly",
     }
 )
-_FORMATS = frozenset({"date", "time", "date-time", "uuid", "uuid1", "uuid2", "uuid3", "uuid4", "uuid5"})
-_SCHEMA_LISTS = ("oneOf", "anyOf", "allOf", "prefixItems")
-_SCHEMA_MAPS = ("properties", "$defs", "definitions")
+ENFORCED_FORMATS = frozenset({"date", "time", "date-time", "uuid", "uuid1", "uuid2", "uuid3", "uuid4", "uuid5"})
+SCHEMA_LISTS = ("oneOf", "anyOf", "allOf", "prefixItems")
+SCHEMA_MAPS = ("properties", "$defs", "definitions")
 
 
 def _unsupported_keyword(schema: object, where: str) -> str | None:
@@ -254,15 +254,15 @@ def _unsupported_keyword(schema: object, where: str) -> str | None:
         return None
     at = f" at {where}" if where else ""
     for key, value in schema.items():
-        if key not in _ENFORCED and key not in _ANNOTATIONS:
+        if key not in ENFORCED_KEYWORDS and key not in _ANNOTATIONS:
             return f"{key!r}{at}"
-        if key == "format" and value not in _FORMATS:
+        if key == "format" and value not in ENFORCED_FORMATS:
             return f"format {value!r}{at}"
     nested: list[tuple[object, str]] = []
-    for key in _SCHEMA_LISTS:
+    for key in SCHEMA_LISTS:
         for i, sub in enumerate(schema.get(key) or []):
             nested.append((sub, f"{where}.{key}[{i}]".lstrip(".")))
-    for key in _SCHEMA_MAPS:
+    for key in SCHEMA_MAPS:
         for name, sub in (schema.get(key) or {}).items():
             nested.append((sub, f"{where}.{key}.{name}".lstrip(".")))
     for key in ("items", "additionalProperties"):

@@ -41,6 +41,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from engine.errors import TemplateError
+from engine.inference.sampling import ENFORCED_FORMATS, ENFORCED_KEYWORDS, SCHEMA_LISTS, SCHEMA_MAPS
 from engine.inference.tools import ToolSpec
 
 FALLBACK_INSTRUCTIONS = (
@@ -220,35 +221,10 @@ def _object_schema(parameters: dict[str, Any]) -> dict[str, Any]:
     return schema
 
 
-GRAMMAR_KEYWORDS = frozenset(
-    {
-        "type",
-        "$ref",
-        "oneOf",
-        "anyOf",
-        "allOf",
-        "const",
-        "enum",
-        "properties",
-        "additionalProperties",
-        "required",
-        "items",
-        "prefixItems",
-        "minItems",
-        "maxItems",
-        "pattern",
-        "minLength",
-        "maxLength",
-        "$defs",
-        "definitions",
-        "description",
-        "title",
-    }
-)
-"""The JSON-schema keywords llama.cpp's schema-to-grammar converter enforces (and two annotations)."""
-_GRAMMAR_FORMATS = frozenset({"date", "time", "date-time", "uuid"})
-_SCHEMA_LISTS = ("oneOf", "anyOf", "allOf", "prefixItems")
-_SCHEMA_MAPS = ("properties", "$defs", "definitions")
+GRAMMAR_KEYWORDS = (ENFORCED_KEYWORDS - {"format"}) | {"description", "title"}
+"""What a constrained call's schema keeps: the keywords llama.cpp's schema-to-grammar converter
+enforces (``engine.inference.sampling``'s list, the one place it is kept) and two annotations; a
+``format`` stays only when the converter enforces it."""
 
 
 def enforceable_schema(schema: Any) -> Any:
@@ -262,13 +238,13 @@ def enforceable_schema(schema: Any) -> Any:
         return schema
     out: dict[str, Any] = {}
     for key, value in schema.items():
-        if key == "format" and value in _GRAMMAR_FORMATS:
+        if key == "format" and value in ENFORCED_FORMATS:
             out[key] = value
         elif key not in GRAMMAR_KEYWORDS:
             continue
-        elif key in _SCHEMA_LISTS and isinstance(value, list):
+        elif key in SCHEMA_LISTS and isinstance(value, list):
             out[key] = [enforceable_schema(sub) for sub in value]
-        elif key in _SCHEMA_MAPS and isinstance(value, dict):
+        elif key in SCHEMA_MAPS and isinstance(value, dict):
             out[key] = {name: enforceable_schema(sub) for name, sub in value.items()}
         elif key in ("items", "additionalProperties") and isinstance(value, dict):
             out[key] = enforceable_schema(value)
