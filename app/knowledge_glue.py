@@ -55,8 +55,9 @@ Retriever = Callable[[str, _Counting], Retrieval]
 
 def session_n_ctx(session: object) -> int:
     """The context window ``session`` reports (``info.n_ctx``), else :data:`DEFAULT_N_CTX`."""
-    n_ctx = getattr(getattr(session, "info", None), "n_ctx", None)
-    return n_ctx if isinstance(n_ctx, int) and n_ctx > 0 else DEFAULT_N_CTX
+    from app.compose import reported_n_ctx
+
+    return reported_n_ctx(session) or DEFAULT_N_CTX
 
 
 def fit_passages(passages: RankedDocuments, session: _Counting) -> DocumentsFit:

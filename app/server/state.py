@@ -109,13 +109,6 @@ class ResponseStore:
         return True
 
 
-def backend_n_ctx(backend: Any) -> int | None:
-    """The context window a backend reports (``info.n_ctx``), or None."""
-    info = getattr(backend, "info", None)
-    n_ctx = getattr(info, "n_ctx", None)
-    return n_ctx if isinstance(n_ctx, int) and n_ctx > 0 else None
-
-
 class ServerState:
     """Everything the request handlers share; one per server.
 
@@ -245,7 +238,9 @@ class ServerState:
     @property
     def n_ctx(self) -> int | None:
         """The chat model's context window, when the backend says."""
-        return backend_n_ctx(self.backend)
+        from app.compose import reported_n_ctx
+
+        return reported_n_ctx(self.backend)
 
     @property
     def embedder_id(self) -> str | None:
