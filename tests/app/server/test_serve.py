@@ -139,6 +139,21 @@ def _env_without_key() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k != "GLASSBOX_SERVE_API_KEY"}
 
 
+def _start_serve(launcher: list[str], model: Path, home: Path, *, n_ctx: int) -> subprocess.Popen[str]:
+    """``glassbox serve`` of ``model`` on a free port, no key, no embeddings, ``--json`` (its first
+    line says where), in a child started with ``python LAUNCHER...`` (``-m app``, or ``-c CODE``)."""
+    env = {**_env_without_key(), "GLASSBOX_HOME": str(home)}
+    command = [sys.executable, *launcher, "serve", "--model", str(model), "--port", "0", "--n-ctx", str(n_ctx)]
+    return subprocess.Popen(
+        [*command, "--no-embeddings", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env=env,
+    )
+
+
 # ----------------------------------------------------------------------------- security
 
 
@@ -692,28 +707,7 @@ def test_remote_session_reads_glassbox_serve(model_server: ServerHandle) -> None
 
 @pytest.mark.model
 def test_cli_serve_subprocess_starts_answers_and_stops(starter_model: Path, tmp_path: Path) -> None:
-    env = {**_env_without_key(), "GLASSBOX_HOME": str(tmp_path)}
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "app",
-            "serve",
-            "--model",
-            str(starter_model),
-            "--port",
-            "0",
-            "--n-ctx",
-            "256",
-            "--no-embeddings",
-            "--json",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-        env=env,
-    )
+    process = _start_serve(["-m", "app"], starter_model, tmp_path, n_ctx=256)
     try:
         assert process.stdout is not None
         started = json.loads(process.stdout.readline())
@@ -870,28 +864,7 @@ def test_stop_ends_a_worker_call_that_cannot_see_the_cancel(
 def test_cli_serve_sigterm_during_a_reply_exits_promptly(starter_model: Path, tmp_path: Path) -> None:
     """SIGTERM while a long reply streams: the reply stops (at most 64 more tokens of its 1,500)
     and the process exits with 0 (1.3 s here; the hang guard allows 30 s)."""
-    env = {**_env_without_key(), "GLASSBOX_HOME": str(tmp_path)}
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "app",
-            "serve",
-            "--model",
-            str(starter_model),
-            "--port",
-            "0",
-            "--n-ctx",
-            "2048",
-            "--no-embeddings",
-            "--json",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-        env=env,
-    )
+    process = _start_serve(["-m", "app"], starter_model, tmp_path, n_ctx=2048)
     try:
         assert process.stdout is not None
         started = json.loads(process.stdout.readline())
@@ -943,28 +916,7 @@ sys.exit(main(sys.argv[1:]))
 def test_cli_serve_sigterm_while_a_request_is_stuck_exits_promptly(starter_model: Path, tmp_path: Path) -> None:
     """SIGTERM while a request holds the model in a call that cannot see the cancel: the process
     exits (about 1.5 s here; the hang guard allows 30 s; before, it still ran after 60 s)."""
-    env = {**_env_without_key(), "GLASSBOX_HOME": str(tmp_path)}
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            _STUCK_SERVE,
-            "serve",
-            "--model",
-            str(starter_model),
-            "--port",
-            "0",
-            "--n-ctx",
-            "256",
-            "--no-embeddings",
-            "--json",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-        env=env,
-    )
+    process = _start_serve(["-c", _STUCK_SERVE], starter_model, tmp_path, n_ctx=256)
     try:
         assert process.stdout is not None
         started = json.loads(process.stdout.readline())
