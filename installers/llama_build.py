@@ -14,6 +14,11 @@ the version and the flags, installs from there, and leaves a marker in the insta
     python installers/llama_build.py flags                 the CMake flags for this platform
     python installers/llama_build.py install [--gpu cuda]  build (once per flag set) and install
     python installers/llama_build.py check                 exit 1 unless the installed build is ours
+    python installers/llama_build.py sdist                 the path of the source the build was made from
+
+The wheel is built from the llama-cpp-python sdist, kept beside it in the same folder: the tests read
+the published artifacts it carries (llama.cpp's chat templates, its own format tests, its model
+converter) from there, never from copies in the repository.
 
 ``--gpu`` adds a GPU backend (cuda, metal, vulkan, hip) to the same portable CPU flags, and
 ``--cmake-arg=-DNAME=VALUE`` any other flag (CUDA architectures, say); both are part of the key.
@@ -130,11 +135,42 @@ def installed_build(python: str) -> dict[str, object] | None:
     return marker
 
 
+def sdist_file(folder: Path, version: str) -> Path:
+    """Where the sdist of ``version`` is kept in a wheel folder."""
+    return folder / f"llama_cpp_python-{version}.tar.gz"
+
+
+def fetch_sdist(version: str, folder: Path, python: str) -> Path:
+    """The sdist of ``version`` in ``folder``, downloaded from the package index when absent."""
+    target = sdist_file(folder, version)
+    if target.is_file():
+        return target
+    folder.mkdir(parents=True, exist_ok=True)
+    say(f"llama_build: fetching the llama-cpp-python {version} source")
+    cmd = [
+        python,
+        "-m",
+        "pip",
+        "--disable-pip-version-check",
+        "download",
+        "--no-deps",
+        "--no-cache-dir",
+        "--no-binary",
+        ":all:",
+        "-d",
+        str(folder),
+        f"llama-cpp-python=={version}",
+    ]
+    if subprocess.run(cmd, check=False).returncode != 0 or not target.is_file():
+        raise BuildError(f"llama-cpp-python {version}: could not download its source into {folder}")
+    return target
+
+
 def build_wheel(version: str, flags: list[str], folder: Path, python: str) -> Path:
     wheels = sorted(folder.glob("llama_cpp_python-*.whl"))
     if wheels:
         return wheels[-1]
-    folder.mkdir(parents=True, exist_ok=True)
+    sdist = fetch_sdist(version, folder, python)
     env = dict(os.environ, CMAKE_ARGS=" ".join(flags))
     env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))
     say(f"llama_build: building llama-cpp-python {version} with {' '.join(flags)} (a few minutes)")
@@ -146,11 +182,9 @@ def build_wheel(version: str, flags: list[str], folder: Path, python: str) -> Pa
         "wheel",
         "--no-deps",
         "--no-cache-dir",
-        "--no-binary",
-        "llama-cpp-python",
         "-w",
         str(folder),
-        f"llama-cpp-python=={version}",
+        str(sdist),
     ]
     if subprocess.run(cmd, env=env, check=False).returncode != 0:
         raise BuildError(f"llama-cpp-python {version}: the build failed (flags: {' '.join(flags)})")
@@ -164,11 +198,13 @@ def install(python: str, gpu: str | None, extra: list[str] | None = None) -> dic
     version = pinned_version()
     flags = cmake_flags(gpu=gpu, extra=extra)
     key = build_key(version, flags)
+    folder = wheel_folder(key, version)
     current = installed_build(python)
     if current is not None and current.get("key") == key:
+        fetch_sdist(version, folder, python)  # a folder from before the sdist was kept gets it now
         say(f"llama_build: llama-cpp-python {version} is installed with these flags ({key})")
         return current
-    wheel = build_wheel(version, flags, wheel_folder(key, version), python)
+    wheel = build_wheel(version, flags, folder, python)
     cmd = [python, "-m", "pip", "--disable-pip-version-check", "install", "--no-deps", "--force-reinstall", str(wheel)]
     if subprocess.run(cmd, check=False).returncode != 0:
         raise BuildError(f"{wheel}: pip could not install it")
@@ -177,6 +213,7 @@ def install(python: str, gpu: str | None, extra: list[str] | None = None) -> dic
         raise BuildError(f"{wheel}: installed, but {python} cannot find llama_cpp")
     marker: dict[str, object] = {"key": key, "version": version, "cmake_args": flags, "libs": _libs_digest(lib)}
     (lib / MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
+    fetch_sdist(version, folder, python)  # a wheel reused from before the sdist was kept
     say(f"llama_build: installed {wheel.name} ({key})")
     return marker
 
@@ -199,6 +236,15 @@ def check(python: str, gpu: str | None = None, extra: list[str] | None = None) -
     return f"llama-cpp-python {version}, portable build ({' '.join(flags)})"
 
 
+def installed_sdist(python: str) -> Path:
+    """The sdist the installed build was made from (fetched into its wheel folder when missing)."""
+    marker = installed_build(python)
+    if marker is None:
+        raise BuildError("llama-cpp-python was not built by installers/llama_build.py: run make test")
+    version, key = str(marker.get("version")), str(marker.get("key"))
+    return fetch_sdist(version, wheel_folder(key, version), python)
+
+
 def say(line: str) -> None:
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
@@ -206,7 +252,7 @@ def say(line: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="llama_build.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", choices=("flags", "install", "check"))
+    parser.add_argument("command", choices=("flags", "install", "check", "sdist"))
     parser.add_argument("--python", default=sys.executable, help="the environment to install into")
     parser.add_argument("--gpu", choices=sorted(GPU_FLAGS), default=os.environ.get("GLASSBOX_LLAMA_GPU") or None)
     parser.add_argument(
@@ -222,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
             say(" ".join(cmake_flags(gpu=args.gpu, extra=args.cmake_arg)))
         elif args.command == "install":
             install(args.python, args.gpu, args.cmake_arg)
+        elif args.command == "sdist":
+            say(str(installed_sdist(args.python)))
         else:
             say(check(args.python, args.gpu, args.cmake_arg))
     except BuildError as exc:

@@ -43,3 +43,14 @@ def embedder_path() -> Path:
 # llama.cpp's OpenMP threads spin while waiting; on a busy 2-core machine that turns a 270M model
 # into a crawl. Tests run beside other processes, so let the threads sleep instead.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+@pytest.fixture(scope="session")
+def llama_cpp_source() -> Path:
+    """llama.cpp's published artifacts (templates, format tests, converters) from the pinned sdist."""
+    from tests.llama_sdist import llama_cpp_source as unpack
+
+    try:
+        return unpack()
+    except RuntimeError as exc:
+        pytest.fail(f"the llama-cpp-python sdist is not available: {exc}")

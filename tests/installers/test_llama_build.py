@@ -132,3 +132,33 @@ def test_workflows_build_llama_cpp_portable_and_run_the_tests() -> None:
     assert any(run.startswith("make test") for run in runs)
     makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
     assert "installers/llama_build.py install" in makefile
+
+
+def test_the_sdist_is_kept_beside_the_wheel_and_fetched_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    version = lb.pinned_version()
+    folder = tmp_path / "wheels" / "key"
+    calls: list[list[str]] = []
+
+    def fake_run(cmd: list[str], **_: object) -> object:
+        calls.append(cmd)
+        (folder / f"llama_cpp_python-{version}.tar.gz").write_bytes(b"sdist")
+        return type("Done", (), {"returncode": 0})()
+
+    monkeypatch.setattr(lb.subprocess, "run", fake_run)
+    first = lb.fetch_sdist(version, folder, sys.executable)
+    assert first == lb.sdist_file(folder, version) and first.read_bytes() == b"sdist"
+    assert calls and "download" in calls[0] and f"llama-cpp-python=={version}" in calls[0]
+    assert lb.fetch_sdist(version, folder, sys.executable) == first
+    assert len(calls) == 1  # kept: the second call downloads nothing
+    # A download that leaves no file is an error naming the folder, not a missing file later.
+    monkeypatch.setattr(lb.subprocess, "run", lambda *a, **k: type("Done", (), {"returncode": 0})())
+    with pytest.raises(lb.BuildError, match="could not download its source"):
+        lb.fetch_sdist("0.0.1", tmp_path / "other", sys.executable)
+
+
+def test_the_installed_builds_sdist_carries_llamacpps_published_artifacts(llama_cpp_source: Path) -> None:
+    templates = sorted((llama_cpp_source / "models" / "templates").glob("*.jinja"))
+    assert len(templates) >= 60
+    assert (llama_cpp_source / "tests" / "test-chat.cpp").is_file()
+    assert (llama_cpp_source / "convert_hf_to_gguf.py").is_file()
+    assert (llama_cpp_source / "gguf-py" / "gguf" / "__init__.py").is_file()
