@@ -52,7 +52,6 @@ from jinja2.exceptions import SecurityError
 from jinja2.runtime import LoopContext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.utils import generate_lorem_ipsum
-from markupsafe import Markup
 
 from engine.errors import TemplateError
 from engine.gguf import MAX_CHAT_TEMPLATE_BYTES
@@ -137,9 +136,17 @@ def _lipsum(n: int = 5, html: bool = True, min: int = 20, max: int = 100) -> str
     return generate_lorem_ipsum(n=n, html=html, min=min, max=max)
 
 
-def _tojson(value: Any, indent: int | None = None, ensure_ascii: bool = False, sort_keys: bool = False) -> Markup:
-    # The Hugging Face flavour of tojson (ensure_ascii/sort_keys), which chat templates rely on.
-    return Markup(json.dumps(value, indent=indent, ensure_ascii=ensure_ascii, sort_keys=sort_keys))
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    # The Hugging Face flavour of tojson (its arguments, in its order), which chat templates rely on.
+    # A plain str, not Jinja's Markup: with autoescape off nothing is escaped, but Markup + str
+    # escapes the str, so `'<|tag|>' + x|tojson` would print `&lt;|tag|&gt;`.
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
 _CHECK_EVERY = 32

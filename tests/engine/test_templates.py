@@ -144,6 +144,20 @@ def test_template_with_common_hf_features_renders() -> None:
     assert concat.render([{"role": "user", "content": "x"}]) == "user:12345678x"
 
 
+def test_tojson_is_plain_text_so_concatenating_it_escapes_nothing() -> None:
+    # Jinja's Markup + str escapes the str; tojson must return a str (as transformers' does), or
+    # `'<|tag|>' + x|tojson` prints `&lt;|tag|&gt;` and `&#34;` (DeepSeek, gpt-oss, Granite did).
+    source = (
+        "{% for m in messages %}{{ '<|' + m.role + '|>' + m.content|tojson + '<\\'' }}"
+        "{{ {'q': m.content}|tojson(separators=(',', ':'), indent=None) }}{% endfor %}"
+    )
+    template = select_template(source, "llama", None, None)
+    assert template.source == "gguf", template.reason
+    rendered = template.render([{"role": "user", "content": 'say "<hi>" & go'}])
+    assert rendered == '<|user|>"say \\"<hi>\\" & go"<\'{"q":"say \\"<hi>\\" & go"}'
+    assert "&" + "lt;" not in rendered and "&#34;" not in rendered
+
+
 def test_template_rejecting_system_role_folds_it_into_the_first_user_turn() -> None:
     source = (
         "{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
