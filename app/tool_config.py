@@ -52,7 +52,7 @@ MAX_STEPS_RANGE = (1, 64)
 DEFAULT_TIMEOUT_S = 60
 TIMEOUT_S_RANGE = (5, 600)
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # fullmatch: "$" would let a final newline in
 _PERMISSIONS_FORMAT = 1
 
 
@@ -144,7 +144,7 @@ def check_server_name(name: str, where: Path | str = "mcp.json") -> str:
     Raises:
         ToolSetupError: it cannot.
     """
-    if not isinstance(name, str) or not _NAME.match(name):
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ToolSetupError(
             where, f"server name {name!r}: use letters, digits, '_', '.' or '-' (at most 64, first a letter or digit)"
         )

@@ -61,7 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _fail(message: str) -> int:
-    print(f"glassbox: error: {message}", file=sys.stderr)
+    from engine.display import printable
+
+    # Errors name files, models and servers others named: no control or bidi character reaches the terminal.
+    print(f"glassbox: error: {printable(message)}", file=sys.stderr)
     return 1
 
 

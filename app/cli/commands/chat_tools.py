@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from app.cli.commands._output import positive_int
 from app.paths import Paths
+from engine.display import printable
 
 if TYPE_CHECKING:
     from app.agent_history import AgentRecord
@@ -158,7 +159,7 @@ class ChatTools:
         try:
             specs = self.toolset.tools()
             for problem in self.toolset.problems:
-                print(f"glassbox: warning: {problem}", file=sys.stderr)
+                print(f"glassbox: warning: {printable(problem)}", file=sys.stderr)
             allow = {spec.name for spec in specs if self.toolset.always_allows(spec.name)}
             self.agent = Agent(
                 session,
@@ -201,7 +202,7 @@ class ChatTools:
                 file=sys.stderr,
             )
             return "deny"
-        print(f"\n[tool call] {call.name} ({spec.source}) {arguments}", file=sys.stderr)
+        print(f"\n{printable(f'[tool call] {call.name} ({spec.source}) {arguments}')}", file=sys.stderr)
         print("Allow? [y]es once, [a]lways, [N]o: ", end="", file=sys.stderr, flush=True)
         answer = sys.stdin.readline().strip().lower()
         if answer in ("a", "always"):
@@ -361,11 +362,11 @@ def _print_step(step: ToolStep) -> None:
     if len(preview) > PREVIEW_CHARS:
         preview = preview[:PREVIEW_CHARS] + "..."
     what = "ran" if step.ran else step.approval
-    print(
-        f"\n[tool {step.call.name} {arguments}: {what}, {step.ms:.0f} ms, {step.tokens} tokens"
-        f"{', truncated' if step.truncated else ''}] {preview}",
-        file=sys.stderr,
+    line = (
+        f"[tool {step.call.name} {arguments}: {what}, {step.ms:.0f} ms, {step.tokens} tokens"
+        f"{', truncated' if step.truncated else ''}] {preview}"
     )
+    print(f"\n{printable(line)}", file=sys.stderr)
 
 
 def step_document(step: ToolStep) -> dict[str, object]:

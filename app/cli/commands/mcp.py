@@ -23,7 +23,11 @@ if TYPE_CHECKING:
 
 
 def _out(line: str = "") -> None:
-    sys.stdout.write(line + "\n")
+    """Prints one line; the names and descriptions in it come from servers and files others wrote,
+    so control and bidi characters are escaped (``engine.display.printable``)."""
+    from engine.display import printable
+
+    sys.stdout.write(printable(line) + "\n")
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:

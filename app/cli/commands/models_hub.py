@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from app.cli.commands._output import add_json_flag, print_json
 from app.paths import Paths
+from engine.display import printable
 from engine.units import format_bytes, format_eta, format_speed
 
 if TYPE_CHECKING:
@@ -91,6 +92,7 @@ def _limit(text: str) -> int:
 
 
 def _table(rows: list[list[str]], out: TextIO) -> None:
+    rows = [[printable(cell) for cell in row] for row in rows]  # names from the Hub: no terminal control
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         cells = (cell.ljust(width) for cell, width in zip(row, widths, strict=True))
@@ -109,7 +111,7 @@ def run_search(args: argparse.Namespace, paths: Paths) -> int:  # noqa: ARG001 -
         print_json({"query": args.query, "sort": args.sort, "results": [r.to_dict() for r in results]})
         return 0
     if not results:
-        sys.stdout.write(f"no GGUF models found for {args.query!r}\n")
+        sys.stdout.write(f"no GGUF models found for {printable(repr(args.query))}\n")
         return 0
     rows = [["REPOSITORY", "DOWNLOADS", "LIKES", "UPDATED", ""]]
     for r in results:
@@ -135,7 +137,8 @@ def run_files(args: argparse.Namespace, paths: Paths) -> int:
         return 0
     out = sys.stdout
     commit = f" @ {listing.commit[:12]}" if listing.commit else ""
-    out.write(f"{listing.repo} ({listing.revision}{commit}){'  [gated]' if listing.gated else ''}\n")
+    title = f"{listing.repo} ({listing.revision}{commit}){'  [gated]' if listing.gated else ''}"
+    out.write(printable(title) + "\n")
     if not listing.choices:
         hint = (
             "it has safetensors weights: download them and use `glassbox models convert`"
@@ -346,5 +349,5 @@ def run_download(args: argparse.Namespace, paths: Paths) -> int:
         print_json(document)
     else:
         for r in results:
-            sys.stdout.write(f"{r.path}  sha256 {r.sha256}\n")
+            sys.stdout.write(printable(f"{r.path}  sha256 {r.sha256}") + "\n")
     return 0

@@ -356,9 +356,11 @@ def _size(n: int) -> str:
 
 
 def _clean(text: str) -> str:
-    """Escapes control characters: names and tokens come from untrusted files and must not drive
-    the terminal (ANSI escapes) or break lines."""
-    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+    """Escapes control and bidi characters: names and tokens come from untrusted files and must not
+    drive the terminal (ANSI escapes), break lines or reorder them (``engine.display.printable``)."""
+    from engine.display import printable
+
+    return printable(text)
 
 
 def _table(rows: list[list[str]]) -> str:
@@ -374,4 +376,5 @@ def _key_values(lines: list[tuple[str, str]]) -> str:
 
 
 def _out(text: str) -> None:
-    sys.stdout.write(text + "\n")
+    """Prints ``text``, each of its lines with control and bidi characters escaped."""
+    sys.stdout.write("\n".join(_clean(line) for line in text.split("\n")) + "\n")

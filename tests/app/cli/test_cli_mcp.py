@@ -480,3 +480,56 @@ def test_search_knowledge_finds_a_real_passage(paths: Paths, tmp_path: Path, emb
         (search,) = tools.providers
         assert isinstance(search, KnowledgeSearchTool)
         assert search.sources[0]["path"].endswith("kiwi.txt")
+
+
+# ---------------------------------------------------------------------- names others chose
+
+
+def _no_terminal_control(text: str) -> None:
+    for ch in ("\x1b", "\x07", "\r", "\u202e", "\u200b"):
+        assert ch not in text, (ch, text)
+
+
+def test_tools_of_a_hostile_server_are_listed_with_their_controls_escaped(
+    paths: Paths, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.mcp_servers import HOSTILE_NAME
+
+    code, _, err = _run(capsys, "mcp", "add", "hostile", "--", sys.executable, str(SERVER_SCRIPT), "--hostile")
+    assert code == 0, err
+    code, out, err = _run(capsys, "mcp", "tools", "hostile")
+    assert code == 0, err
+    _no_terminal_control(out)
+    assert "evil\\x1b]0;pwned\\x07name\\u202egpj.exe" in out
+    assert "\\x1b[2J\\x1b[Hcleared over\\u200bwritten \\u202eesrever" in out  # the summary folds whitespace
+    code, out, err = _run(capsys, "mcp", "tools", "hostile", "--json")
+    assert code == 0, err
+    _no_terminal_control(out)
+    assert HOSTILE_NAME in [tool["name"] for tool in json.loads(out)["tools"]]  # the same data, escaped as JSON
+
+
+def test_an_imported_server_is_listed_with_its_controls_escaped(
+    paths: Paths, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    source = tmp_path / "mcp.json"
+    hostile = {"command": "npx\x1b[2J", "args": ["-y", "srv\u202egpj.exe", "\rover"]}
+    source.write_text(json.dumps({"mcpServers": {"fine": hostile}}))
+    code, out, err = _run(capsys, "mcp", "import", str(source))
+    assert code == 0, err
+    code, out, err = _run(capsys, "mcp", "list")
+    assert code == 0, err
+    _no_terminal_control(out)
+    assert "npx\\x1b[2J -y srv\\u202egpj.exe \\rover" in out
+
+
+@pytest.mark.parametrize("name", ["calc\n", "calc\r", "ca\u202elc"])
+def test_a_server_name_with_a_line_break_or_bidi_character_is_refused(
+    paths: Paths, capsys: pytest.CaptureFixture[str], tmp_path: Path, name: str
+) -> None:
+    source = tmp_path / "mcp.json"
+    source.write_text(json.dumps({"mcpServers": {name: {"command": "x"}}}))
+    code, _, err = _run(capsys, "mcp", "import", str(source))
+    assert code == 1
+    assert "server name" in err
+    assert err.count("\n") == 1
+    _no_terminal_control(err)

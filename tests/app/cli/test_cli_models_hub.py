@@ -23,6 +23,10 @@ ROOT = Path(__file__).resolve().parents[3]
 REPO = "acme/tiny-GGUF"
 Q4 = random_bytes(2 * 2**20 + 7, 1)
 PARTS = [random_bytes(300_000, 10 + i) for i in range(3)]
+# Names a Hub answer may carry: a right-to-left override (``…gguf.exe`` disguised), terminal controls.
+HOSTILE_REPO = "mallory/photo\u202eFUGG.exe"
+HOSTILE_CLEAR = "mallory/x\x1b[2J\x1b]0;pwned\x07-GGUF"
+HOSTILE_FILE = "tiny\u202egpj\x9b2J-Q4_0.gguf"
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +47,9 @@ def hub() -> Iterator[FakeHub]:
         server.add_repo("acme/other-GGUF", {"o-Q8_0.gguf": b"x" * 10}, downloads=99)
         server.add_repo("acme/pickled", {"pytorch_model.bin": b"pickle"})
         server.add_repo("acme/broken-split-GGUF", {"s-00001-of-00002.gguf": b"a"})
+        server.add_repo(HOSTILE_REPO, {"x-Q4_0.gguf": b"x"}, downloads=1)
+        server.add_repo(HOSTILE_CLEAR, {"x-Q4_0.gguf": b"x"}, downloads=0)
+        server.add_repo("names/names-GGUF", {HOSTILE_FILE: b"x" * 10, "ok-Q8_0.gguf": b"y" * 10})
         yield server
 
 
@@ -231,3 +238,29 @@ def test_progress_printer_redraws_on_a_terminal() -> None:
     assert text.count("\r\x1b[2K") == 3
     assert " 50.0% (50 B of 100 B)  2.0 KiB/s  25 s left  attempt 2" in text  # the words the GUI uses
     assert text.endswith("\n")
+
+
+def _no_terminal_control(text: str) -> None:
+    for ch in ("\x1b", "\x07", "\x9b", "\u202e"):
+        assert ch not in text, (ch, text)
+
+
+def test_search_escapes_the_controls_in_repository_names(hub: FakeHub, tmp_path: Path) -> None:
+    table = glassbox("models", "search", "mallory", home=tmp_path, endpoint=hub.url)
+    assert table.returncode == 0, table.stderr
+    _no_terminal_control(table.stdout)
+    assert "mallory/photo\\u202eFUGG.exe" in table.stdout
+    assert "mallory/x\\x1b[2J\\x1b]0;pwned\\x07-GGUF" in table.stdout
+    document = glassbox("models", "search", "mallory", "--json", home=tmp_path, endpoint=hub.url)
+    _no_terminal_control(document.stdout)
+    assert {r["id"] for r in json.loads(document.stdout)["results"]} == {HOSTILE_REPO, HOSTILE_CLEAR}
+
+
+def test_files_escapes_the_controls_in_file_names(hub: FakeHub, tmp_path: Path) -> None:
+    table = glassbox("models", "files", "names/names-GGUF", home=tmp_path, endpoint=hub.url)
+    assert table.returncode == 0, table.stderr
+    _no_terminal_control(table.stdout + table.stderr)
+    assert "tiny\\u202egpj\\x9b2J-Q4_0.gguf" in table.stdout
+    document = glassbox("models", "files", "names/names-GGUF", "--json", home=tmp_path, endpoint=hub.url)
+    _no_terminal_control(document.stdout)
+    assert HOSTILE_FILE in {c["name"] for c in json.loads(document.stdout)["choices"]}
