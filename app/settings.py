@@ -11,8 +11,11 @@ What another version wrote is never lost: keys this version does not know are wr
 were, a newer file keeps its ``schema_version``, and a newer file's values this version cannot read
 are written back as they were unless the user changes that setting.
 
-The file can hold ``api_server_key``, so it and the kept copy of a damaged one are owner-only
+The file can hold ``api_server_key``, so it and the kept copies of a damaged one are owner-only
 (0600) from their first byte; older ones left readable by others are made owner-only when read.
+Each damaged file is kept under its own name, ``settings.json.<date>-<time>.bad`` beside it, the
+newest :data:`MAX_BAD_COPIES` of them (a copy identical to one kept is not made twice), so a second
+bad edit never costs the first one's values.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
@@ -32,6 +37,8 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 from engine.atomic import PRIVATE_FILE_MODE, make_private, write_bytes_atomic, write_text_atomic
 
 SCHEMA_VERSION = 1
+MAX_BAD_COPIES = 5
+"""How many copies of damaged settings files are kept (the newest; ``settings.json.<stamp>.bad``)."""
 
 Theme = Literal["system", "light", "dark"]
 OverflowPolicy = Literal["rolling", "refuse"]
@@ -187,12 +194,13 @@ def load_settings(path: Path) -> SettingsLoad:
     """Reads the settings file; never raises for a bad file.
 
     A missing file gives the defaults. An unreadable, invalid or unmigratable file is copied to
-    ``<name>.bad`` (owner-only, so nothing the user wrote is lost) and the defaults are used, with a
-    warning. A value that does not fit its setting gets that setting's default, the other values are
-    kept, the file is copied to ``<name>.bad`` too, and the warning names the settings. Keys this
-    version does not know are kept for the next save (:meth:`Settings.file_data`); a file from a newer
+    ``<name>.<date>-<time>.bad`` (owner-only, so nothing the user wrote is lost; the newest
+    :data:`MAX_BAD_COPIES` copies are kept) and the defaults are used, with a warning naming the
+    copy. A value that does not fit its setting gets that setting's default, the other values are
+    kept, the file is copied the same way, and the warning names the settings. Keys this version
+    does not know are kept for the next save (:meth:`Settings.file_data`); a file from a newer
     Glassbox keeps its ``schema_version`` and, unless the user changes them, the values this version
-    could not read. The file and an older ``<name>.bad`` are made owner-only if others could read them.
+    could not read. The file and older copies are made owner-only if others could read them.
 
     Args:
         path: ``paths.settings_file``.
@@ -200,8 +208,9 @@ def load_settings(path: Path) -> SettingsLoad:
     Returns:
         The settings, and a one-line warning when the file could not be used as is.
     """
-    backup = path.with_name(path.name + ".bad")
-    make_private(backup)
+    for copy in _bad_copies(path):
+        make_private(copy)
+    make_private(path.with_name(path.name + ".bad"))  # the one copy older versions kept
     if not path.exists():
         return SettingsLoad(settings=Settings())
     make_private(path)
@@ -212,7 +221,8 @@ def load_settings(path: Path) -> SettingsLoad:
         raw = _migrate(raw, path)
         settings, bad, reason = _validate_each(raw)
     except (OSError, ValueError, ValidationError) as exc:
-        kept = f", old file kept as {backup.name}" if _keep_copy(path, backup) else ""
+        backup = _keep_copy(path)
+        kept = f", old file kept as {backup}" if backup is not None else ""
         return SettingsLoad(
             settings=Settings(),
             warning=f"{path}: settings could not be read ({_first_line(exc)}); using defaults{kept}",
@@ -227,7 +237,8 @@ def load_settings(path: Path) -> SettingsLoad:
     if newer:
         said.append(f"written by a newer Glassbox (schema {version}; this one reads up to {SCHEMA_VERSION})")
     if bad:
-        kept = f"; the file as it was is kept as {backup.name}" if _keep_copy(path, backup) else ""
+        backup = _keep_copy(path)
+        kept = f"; the file as it was is kept as {backup}" if backup is not None else ""
         names = ", ".join(bad)
         if newer:
             said.append(
@@ -297,13 +308,51 @@ def _key(name: str) -> str:
     return name.split("[", 1)[0]
 
 
-def _keep_copy(path: Path, backup: Path) -> bool:
-    """Copies the file as it is to ``backup`` (owner-only: it may hold the API key); False if it failed."""
+def _bad_copies(path: Path) -> list[Path]:
+    """The kept copies of damaged versions of ``path``, oldest first."""
+    return [entry for _, _, entry in _stamped_copies(path)]
+
+
+def _stamped_copies(path: Path) -> list[tuple[str, int, Path]]:
+    """``(stamp, serial, copy)`` of each kept copy, oldest first (``settings.json.<stamp>[-<serial>].bad``)."""
+    pattern = re.compile(re.escape(path.name) + r"\.(\d{8}-\d{6})(?:-(\d+))?\.bad")
     try:
-        write_bytes_atomic(backup, path.read_bytes(), mode=PRIVATE_FILE_MODE)
+        entries = list(path.parent.iterdir())
     except OSError:
-        return False
-    return True
+        return []
+    found: list[tuple[str, int, Path]] = []
+    for entry in entries:
+        match = pattern.fullmatch(entry.name)
+        if match is not None:
+            found.append((match.group(1), int(match.group(2) or 1), entry))
+    return sorted(found)
+
+
+def _keep_copy(path: Path) -> Path | None:
+    """Copies the file as it is to ``<name>.<date>-<time>.bad`` beside it (owner-only: it may hold the
+    API key) and removes the oldest copies past :data:`MAX_BAD_COPIES`.
+
+    Returns:
+        The copy (an existing one when it holds the same bytes), or None if it could not be made.
+    """
+    try:
+        data = path.read_bytes()
+        copies = _stamped_copies(path)
+        for _, _, copy in reversed(copies):
+            if copy.stat().st_size == len(data) and copy.read_bytes() == data:
+                return copy  # the same damaged file read again: one copy is enough
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime())
+        serial = 1 + max((n for at, n, _ in copies if at == stamp), default=0)  # more than one in a second
+        backup = path.with_name(f"{path.name}.{stamp}.bad" if serial == 1 else f"{path.name}.{stamp}-{serial}.bad")
+        write_bytes_atomic(backup, data, mode=PRIVATE_FILE_MODE)
+    except OSError:
+        return None
+    for old in _bad_copies(path)[:-MAX_BAD_COPIES]:
+        try:
+            old.unlink()
+        except OSError as exc:
+            log.warning("could not remove an old copy of damaged settings %s: %s", old, exc)
+    return backup
 
 
 def save_settings(settings: Settings, path: Path) -> None:

@@ -96,21 +96,23 @@ def test_copy_of_a_damaged_settings_file_is_owner_only(home: Path) -> None:
     paths = Paths.resolve(home).ensure()
     damaged = '{"api_server_key": "' + KEY + '", "n_ctx": "not a number"'  # cut short: not JSON
     paths.settings_file.write_text(damaged)
-    backup = paths.config / "settings.json.bad"
-    backup.write_text("an older damaged copy")
-    backup.chmod(0o644)
+    older = paths.config / "settings.json.bad"  # the one copy older versions kept
+    older.write_text("an older damaged copy")
+    older.chmod(0o644)
     loaded = load_settings(paths.settings_file)
-    assert loaded.warning is not None and "settings.json.bad" in loaded.warning
+    [backup] = paths.config.glob("settings.json.*.bad")
+    assert loaded.warning is not None and str(backup) in loaded.warning
     assert KEY not in loaded.warning
     assert backup.read_text() == damaged
-    assert file_mode(backup) == 0o600
+    assert older.read_text() == "an older damaged copy"
+    assert file_mode(backup) == file_mode(older) == 0o600
     assert file_mode(paths.settings_file) == 0o600
 
 
 def test_loose_settings_and_backup_are_made_owner_only_when_read(home: Path, caplog: pytest.LogCaptureFixture) -> None:
     paths = Paths.resolve(home).ensure()
     paths.settings_file.write_text(json.dumps({"schema_version": 1, "api_server_key": KEY}))
-    backup = paths.config / "settings.json.bad"
+    backup = paths.config / "settings.json.20260101-120000.bad"
     backup.write_text(json.dumps({"api_server_key": KEY}))
     for path in (paths.settings_file, backup):
         path.chmod(0o644)
