@@ -406,8 +406,8 @@ class ToolsSettingsDialog(QDialog):
             except OSError:
                 pass  # only a convenience: the next check tries again
         reason = error or (status.last_error if status is not None else None)
-        if reason:
-            self.status_of[name] = f"did not start: {reason}"
+        if reason:  # the engine's reason is a sentence about the server ("it did not start: ..."): no prefix
+            self.status_of[name] = reason[:1].upper() + reason[1:]
         else:
             self.status_of[name] = f"works · {len(specs)} tool{'s' if len(specs) != 1 else ''}"
         self._fill()

@@ -4,7 +4,11 @@ user attached. None of them writes a file or runs a command.
 :class:`BuiltinTools` is an :class:`engine.inference.tools.ToolProvider`. Each tool is bounded: the
 calculator walks the expression's syntax tree (no ``eval``) with caps on its length, its nodes
 and the size of every number it makes; ``read_file`` reads only the files it was given, only
-regular text files, at most :data:`READ_MAX_CHARS` characters a call. Bad arguments give an error
+regular text files, at most :data:`READ_MAX_CHARS` characters a call, and only the file that was
+attached: each is resolved to its real path when attached, and read by walking that path with
+``O_NOFOLLOW`` at every component, so a symbolic link swapped in afterwards (for the file or a
+folder above it) is refused, never followed (where there is no ``O_NOFOLLOW``, the opened file's
+device and inode must be those it had when it was attached). Bad arguments give an error
 result with one line, never an exception. (The knowledge-base search tool needs ``rag``, so the
 app adds it, in ``app/tool_setup.py``.)
 """
@@ -13,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import datetime as dt
+import errno
 import math
 import operator
 import os
@@ -82,6 +87,9 @@ class BuiltinTools:
         if unknown:
             raise ValueError(f"unknown built-in tool {unknown[0]!r} (there are: {', '.join(BUILTIN_NAMES)})")
         self._files = [Path(path).expanduser().absolute() for path in attached_files]
+        # What each attached path was when attached: its real path (a link the user attached is
+        # resolved now, once) and the identity of the file there, so a later swap is not followed.
+        self._real = {path: _AttachedFile.of(path) for path in self._files}
         self._enabled = tuple(name for name in names if name != READ_FILE or self._files)
         self._clock = clock or (lambda: dt.datetime.now().astimezone())
 
@@ -177,8 +185,13 @@ class BuiltinTools:
             names = ", ".join(path.name for path in self._files)
             return ToolResult(f"read_file: {asked}: not an attached file (attached: {names})", is_error=True)
         try:
-            return _read_window(path, offset, limit)
+            return _read_window(path, self._real[path], offset, limit)
         except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.EMLINK) or isinstance(exc, _Swapped):
+                return ToolResult(
+                    f"read_file: {path}: it was replaced since it was attached ({_swap_reason(exc)}); not read",
+                    is_error=True,
+                )
             return ToolResult(f"read_file: {path}: {exc.strerror or exc}", is_error=True)
 
     def _attached(self, asked: str) -> Path | None:
@@ -197,22 +210,77 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _read_window(path: Path, offset: int, limit: int) -> ToolResult:
+class _Swapped(OSError):
+    """The file opened is not the one attached (another device and inode)."""
+
+
+def _swap_reason(exc: OSError) -> str:
+    if isinstance(exc, _Swapped):
+        return "it is another file now"
+    return "a symbolic link is there now"
+
+
+_NO_FOLLOW_WALK = hasattr(os, "O_NOFOLLOW") and hasattr(os, "O_DIRECTORY") and os.open in os.supports_dir_fd
+
+
+class _AttachedFile:
+    """An attached file as it was when attached: its real path and, if it existed, its identity."""
+
+    def __init__(self, real: Path, identity: tuple[int, int] | None) -> None:
+        self.real = real
+        self.identity = identity
+
+    @classmethod
+    def of(cls, path: Path) -> _AttachedFile:
+        real = Path(os.path.realpath(path))
+        try:
+            st = os.stat(real)
+        except OSError:
+            return cls(real, None)
+        return cls(real, (st.st_dev, st.st_ino))
+
+    def open(self) -> int:
+        """A read-only descriptor of the attached file; never follows a link put there later.
+
+        Raises:
+            OSError: it cannot be opened; ``ELOOP`` when a component became a symbolic link,
+                :class:`_Swapped` when (without ``O_NOFOLLOW``) it is another file now.
+        """
+        flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
+        if not _NO_FOLLOW_WALK:
+            fd = os.open(self.real, flags)
+            st = os.fstat(fd)
+            if self.identity is not None and (st.st_dev, st.st_ino) != self.identity:
+                os.close(fd)
+                raise _Swapped(errno.ESTALE, "another file is there now", str(self.real))
+            return fd
+        # The real path had no link when attached: walk it one component at a time, refusing any
+        # link (ELOOP), so a file or folder swapped for a link since is never followed.
+        parts = self.real.parts
+        folder = os.open(parts[0], os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            for part in parts[1:-1]:
+                inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=folder)
+                os.close(folder)
+                folder = inner
+            return os.open(parts[-1], flags | os.O_NOFOLLOW, dir_fd=folder)
+        finally:
+            os.close(folder)
+
+
+def _read_window(path: Path, attached: _AttachedFile, offset: int, limit: int) -> ToolResult:
     """Characters ``offset .. offset+limit`` of a regular UTF-8 text file, with a note when more follows.
 
     Raises:
-        OSError: the file cannot be opened or read.
+        OSError: the file cannot be opened or read, or it is not the one attached.
     """
-    st = os.stat(path)
-    if not stat.S_ISREG(st.st_mode):  # a FIFO or a device would block or never end: never open it
-        return ToolResult(f"read_file: {path}: not a regular file", is_error=True)
-    if st.st_size > READ_MAX_FILE_BYTES:
-        return ToolResult(f"read_file: {path}: too large ({st.st_size} bytes; the limit is 50 MiB)", is_error=True)
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
-    fd = os.open(path, flags)
+    fd = attached.open()  # non-blocking: a FIFO or a device put there opens at once and is refused below
     with open(fd, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):  # swapped for a pipe since the stat
+        st = os.fstat(handle.fileno())
+        if not stat.S_ISREG(st.st_mode):  # a FIFO or a device would block or never end: never read it
             return ToolResult(f"read_file: {path}: not a regular file", is_error=True)
+        if st.st_size > READ_MAX_FILE_BYTES:
+            return ToolResult(f"read_file: {path}: too large ({st.st_size} bytes; the limit is 50 MiB)", is_error=True)
         data = handle.read(READ_MAX_FILE_BYTES + 1)
     if b"\x00" in data[:8192]:
         return ToolResult(f"read_file: {path}: not a text file (binary data)", is_error=True)
@@ -326,7 +394,41 @@ def _evaluate(node: ast.AST) -> Any:
         return _check_size(function(*[_evaluate(arg) for arg in node.args]))
     if isinstance(node, ast.Call):
         raise _CalcError("only the listed functions can be called, by name, without keywords")
-    raise _CalcError(f"{type(node).__name__} is not allowed (only arithmetic and the listed functions)")
+    if isinstance(node, (ast.BinOp, ast.UnaryOp)):
+        symbol = _OPERATORS.get(type(node.op), type(node.op).__name__)
+        raise _CalcError(f"the operator {symbol} is not arithmetic here" + _WHAT_IS)
+    raise _CalcError(_NOT_ARITHMETIC.get(type(node), "this is not arithmetic") + _WHAT_IS)
+
+
+_OPERATORS: dict[type[ast.AST], str] = {
+    ast.BitAnd: "&",
+    ast.BitOr: "|",
+    ast.BitXor: "^",
+    ast.LShift: "<<",
+    ast.RShift: ">>",
+    ast.MatMult: "@",
+    ast.Invert: "~",
+    ast.Not: "not",
+}
+
+
+# What a construct the calculator refuses is called in words (not the syntax tree's class names).
+_NOT_ARITHMETIC: dict[type[ast.AST], str] = {
+    ast.Tuple: "a comma separates two values here (is there a stray or trailing comma?); give one expression",
+    ast.List: "lists ([...]) are not arithmetic",
+    ast.Set: "sets ({...}) are not arithmetic",
+    ast.Dict: "dictionaries ({...: ...}) are not arithmetic",
+    ast.Attribute: "attributes (x.y) are not arithmetic",
+    ast.Subscript: "indexing (x[...]) is not arithmetic",
+    ast.Compare: "comparisons (<, ==, ...) are not arithmetic",
+    ast.BoolOp: "and / or are not arithmetic",
+    ast.IfExp: "conditionals (... if ... else ...) are not arithmetic",
+    ast.Lambda: "functions (lambda) cannot be defined",
+    ast.Starred: "unpacking (*x) is not arithmetic",
+    ast.JoinedStr: "strings are not numbers",
+    ast.NamedExpr: "assignments (:=) are not arithmetic",
+}
+_WHAT_IS = " (numbers, + - * / // % **, parentheses and the listed functions are)"
 
 
 def evaluate_expression(expression: str) -> int | float:

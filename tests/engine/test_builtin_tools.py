@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import sys
 import threading
 import time
 import tracemalloc
@@ -22,6 +23,11 @@ from engine.agent.builtin_tools import (
 from engine.inference.tools import ToolProvider, ToolResult, check_tools
 
 FIXED = dt.datetime(2026, 3, 14, 15, 9, 26, tzinfo=dt.timezone(dt.timedelta(hours=1)))
+
+
+ARITHMETIC = (
+    " (numbers, + - * / // % **, parentheses and the listed functions are)"  # what the calculator's refusals end with
+)
 
 
 def _calc(expression: str) -> ToolResult:
@@ -104,11 +110,18 @@ def test_the_calculator_computes(expression: str, value: str) -> None:
         ("__import__('os')", "unknown function '__import__'"),
         ("__import__('os').system('true')", "only the listed functions can be called, by name, without keywords"),
         ("round(x=1)", "only the listed functions can be called, by name, without keywords"),
-        ("(1).__class__", "Attribute is not allowed (only arithmetic and the listed functions)"),
-        ("[1, 2]", "List is not allowed (only arithmetic and the listed functions)"),
+        ("(1).__class__", "attributes (x.y) are not arithmetic" + ARITHMETIC),
+        ("[1, 2]", "lists ([...]) are not arithmetic" + ARITHMETIC),
+        (
+            "1 + 2,",
+            "a comma separates two values here (is there a stray or trailing comma?); give one expression" + ARITHMETIC,
+        ),
+        ("3 & 1", "the operator & is not arithmetic here" + ARITHMETIC),
+        ("not 1", "the operator not is not arithmetic here" + ARITHMETIC),
+        ("1 < 2", "comparisons (<, ==, ...) are not arithmetic" + ARITHMETIC),
         ("'a' * 3", "'a' is not a number"),
-        ("1 if 1 else 2", "IfExp is not allowed (only arithmetic and the listed functions)"),
-        ("lambda: 1", "Lambda is not allowed (only arithmetic and the listed functions)"),
+        ("1 if 1 else 2", "conditionals (... if ... else ...) are not arithmetic" + ARITHMETIC),
+        ("lambda: 1", "functions (lambda) cannot be defined" + ARITHMETIC),
         ("1 +", "not an expression (invalid syntax)"),
         ("max()", "wrong arguments (max expected at least 1 argument, got 0)"),
         ("round(1.5, 10**9)", "round's digits must be a whole number between -100 and 100"),
@@ -215,3 +228,45 @@ def test_read_file_refuses_binary_non_utf8_pipes_and_bad_arguments(tmp_path: Pat
     assert _read(tools, path="").content == "read_file: path must be a non-empty string"
     assert _read(tools, path="blob.bin", offset=-1).content == "read_file: offset must be a whole number >= 0"
     assert _read(tools, path="blob.bin", max_chars=True).content == "read_file: max_chars must be a whole number >= 1"
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="symbolic links need privileges on Windows")
+def test_read_file_never_follows_a_link_swapped_in_after_attaching(tmp_path: Path) -> None:
+    secret = tmp_path / "secret.txt"
+    secret.write_text("the user's private key")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    notes = shared / "notes.txt"
+    notes.write_text("notes")
+    tools = BuiltinTools(attached_files=[notes])
+    assert _read(tools, path="notes.txt").content == "notes"
+    notes.unlink()
+    notes.symlink_to(secret)  # swapped after it was attached
+    result = _read(tools, path="notes.txt")
+    assert result == ToolResult(
+        f"read_file: {notes}: it was replaced since it was attached (a symbolic link is there now); not read",
+        is_error=True,
+    )
+    # A folder above it swapped for a link to a folder holding a file of the same name.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "notes.txt").write_text("someone else's notes")
+    notes.unlink()
+    shared.rmdir()
+    shared.symlink_to(elsewhere)
+    assert "someone else" not in _read(tools, path="notes.txt").content
+    assert _read(tools, path="notes.txt").is_error
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="symbolic links need privileges on Windows")
+def test_read_file_reads_a_link_the_user_attached_and_a_file_saved_again(tmp_path: Path) -> None:
+    target = tmp_path / "real.txt"
+    target.write_text("v1")
+    link = tmp_path / "link.txt"
+    link.symlink_to(target)
+    tools = BuiltinTools(attached_files=[link])  # the user attached a link: what it points at now is read
+    assert _read(tools, path="link.txt").content == "v1"
+    replacement = tmp_path / "real.txt.tmp"
+    replacement.write_text("v2")
+    replacement.replace(target)  # an editor's atomic save: a new file at the same path
+    assert _read(tools, path="link.txt").content == "v2"

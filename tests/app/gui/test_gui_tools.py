@@ -380,7 +380,8 @@ def test_settings_tools_add_and_paste_errors_are_one_line_in_place(qtbot: Any, p
     assert dialog.item_for("web") is not None
     qtbot.waitUntil(lambda: not dialog.checking, timeout=60000)
     status = dialog.item_for("web").text(3)  # type: ignore[union-attr]
-    assert status.startswith("did not start:") and "\n" not in status
+    assert status.startswith("It did not start: http://127.0.0.1:9/mcp") and "\n" not in status
+    assert status.count("did not start") == 1  # said once (issue 28: "did not start: it did not start: ...")
     dialog.close()
     assert Path(paths.mcp_config).exists()
 
