@@ -75,7 +75,22 @@ class EngineCrashed(EngineError):
 
 
 class ContextOverflow(EngineError):
-    """The conversation does not fit the context window and the policy says refuse."""
+    """The conversation does not fit the context window and the policy says refuse.
+
+    Args:
+        message: one line saying what does not fit.
+        n_ctx: the context window, in tokens, when known.
+        prompt_tokens: the tokens of what had to fit (the prompt, or the part named), when counted.
+        reserve: the tokens kept for the reply beside them.
+    """
+
+    def __init__(
+        self, message: str, *, n_ctx: int | None = None, prompt_tokens: int | None = None, reserve: int = 0
+    ) -> None:
+        super().__init__(message)
+        self.n_ctx = n_ctx
+        self.prompt_tokens = prompt_tokens
+        self.reserve = reserve
 
 
 class TemplateError(EngineError):

@@ -124,6 +124,38 @@ def lone_surrogate_field(document: object) -> str | None:
     return None
 
 
+def parse_json_text(text: str, where: str) -> object:
+    """JSON text held in a string field (a tool call's ``arguments``), under the same limits as a
+    body: at most :data:`MAX_JSON_DEPTH` levels, no number longer than :data:`MAX_NUMBER_CHARS` or
+    out of a float's range, no lone surrogate. The empty text is ``{}``.
+
+    Raises:
+        HttpError: 400 naming ``where`` and what is wrong (``param`` is ``where``).
+    """
+    if not text.strip():
+        return {}
+    reason: str | None = None
+    if nesting_exceeds(text.encode("utf-8", "surrogatepass")):
+        reason = f"nests arrays or objects more than {MAX_JSON_DEPTH} levels deep"
+    else:
+        try:
+            value = json.loads(text, parse_int=_parse_int, parse_float=_parse_float, parse_constant=_parse_constant)
+        except json.JSONDecodeError as exc:
+            reason = f"is not valid JSON (column {exc.colno})"
+        except _BadNumber as exc:
+            reason = str(exc).replace("the request body holds", "holds")
+        except RecursionError:
+            reason = "nests arrays or objects too deeply"
+        else:
+            if _SURROGATE.search(text) or (
+                _SURROGATE_ESCAPE.search(text) and _SURROGATE.search(json.dumps(value, ensure_ascii=False))
+            ):
+                reason = "holds a lone UTF-16 surrogate, which is not text: send valid Unicode"
+            else:
+                return value
+    raise HttpError(400, f"{where}: the JSON text {reason}", code="invalid_value", param=where)
+
+
 def parse_body(body: bytes) -> dict[str, object]:
     """A request body as a JSON object, refusing hostile shapes with a 400 that says what is wrong.
 

@@ -58,7 +58,7 @@ def handle(handler: Handler) -> None:
     state = handler.state
     body = handler.read_json()
     wanted = state.check_model(body)
-    request = parse_chat(body, state.default_kbs, text_limit(state.n_ctx), n_vocab(state.backend))
+    request = parse_chat(body, state.default_kbs, text_limit(state.n_ctx), n_vocab(state.backend), state.n_ctx)
     with handler.use_model(wanted) as cancel:
         check_backend(state.backend, request)
         documents: str | None = None

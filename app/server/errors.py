@@ -27,7 +27,10 @@ T = TypeVar("T")
 class HttpError(Exception):
     """An error answer: status and an OpenAI-style error body.
 
-    ``retry_after`` (seconds), when set, is sent as a ``Retry-After`` header.
+    ``retry_after`` (seconds), when set, is sent as a ``Retry-After`` header. Where clients match
+    an error by its words (a context overflow, an unknown model: LiteLLM's exception mapping, the
+    SDKs' error classes), ``message`` is in OpenAI's words, ``anthropic`` in Anthropic's (for
+    ``/v1/messages``), and Glassbox's own explanation goes in the body's ``detail`` field.
     """
 
     def __init__(
@@ -39,6 +42,8 @@ class HttpError(Exception):
         *,
         retry_after: int | None = None,
         param: str | None = None,
+        detail: str | None = None,
+        anthropic: tuple[int, str, str] | None = None,
     ):
         super().__init__(message)
         self.status = status
@@ -47,9 +52,70 @@ class HttpError(Exception):
         self.code = code
         self.retry_after = retry_after
         self.param = param
+        self.detail = detail
+        self.anthropic = anthropic  # (status, error type, message) where Anthropic's differ
 
     def body(self) -> dict[str, dict[str, str | None]]:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+        error = {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}
+        if self.detail is not None:
+            error["detail"] = self.detail
+        return {"error": error}
+
+
+def context_length_error(
+    n_ctx: int | None, prompt_tokens: int | None, reserve: int, detail: str, param: str | None = "messages"
+) -> HttpError:
+    """A 400 ``context_length_exceeded`` in the words OpenAI and Anthropic use, which clients match
+    (LiteLLM raises ``ContextWindowExceededError`` and runs its fallbacks on them); ``detail`` is
+    Glassbox's own explanation."""
+    window = f"{n_ctx} tokens" if n_ctx is not None else "smaller than this request"
+    if prompt_tokens is None:
+        told = "your messages resulted in more tokens than that. Please reduce the length of the messages"
+        anthropic = f"prompt is too long: it exceeds the {window} maximum"
+    elif n_ctx is not None and prompt_tokens <= n_ctx and reserve:
+        told = (
+            f"you requested {prompt_tokens + reserve} tokens ({prompt_tokens} in the messages, {reserve} in the "
+            "completion). Please reduce the length of the messages or completion"
+        )
+        anthropic = f"prompt is too long: {prompt_tokens} tokens + {reserve} max_tokens > {n_ctx} maximum"
+    else:
+        told = f"your messages resulted in {prompt_tokens} tokens. Please reduce the length of the messages"
+        anthropic = f"prompt is too long: {prompt_tokens} tokens > {n_ctx} maximum"
+    return HttpError(
+        400,
+        f"This model's maximum context length is {window}. However, {told}.",
+        code="context_length_exceeded",
+        param=param,
+        detail=detail,
+        anthropic=(400, "invalid_request_error", anthropic),
+    )
+
+
+def model_not_found(name: str, detail: str, param: str = "model") -> HttpError:
+    """OpenAI's 404 ``model_not_found`` (Anthropic's ``not_found_error``) for a model not served."""
+    shown = name[:200]
+    return HttpError(
+        404,
+        f"The model `{shown}` does not exist or you do not have access to it.",
+        code="model_not_found",
+        param=param,
+        detail=detail,
+        anthropic=(404, "not_found_error", f"model: {shown}"),
+    )
+
+
+def overloaded(detail: str, retry_after: int) -> HttpError:
+    """A 503 with ``Retry-After`` (Anthropic: 529 ``overloaded_error``) when the model is busy:
+    the SDKs retry both after the time the header says."""
+    return HttpError(
+        503,
+        f"The server is overloaded with other requests. Please retry your request after {retry_after} seconds.",
+        "server_error",
+        "overloaded",
+        retry_after=retry_after,
+        detail=detail,
+        anthropic=(529, "overloaded_error", "Overloaded"),
+    )
 
 
 def map_errors(fn: Callable[[], T]) -> T:
@@ -87,7 +153,7 @@ def http_error_for(exc: BaseException) -> HttpError:
     if isinstance(exc, HttpError):
         return exc
     if isinstance(exc, ContextOverflow):
-        return HttpError(400, str(exc), code="context_length_exceeded")
+        return context_length_error(exc.n_ctx, exc.prompt_tokens, exc.reserve, str(exc))
     field = _request_field(exc)
     if field is not None:
         return HttpError(400, str(exc), code="invalid_value", param=field)

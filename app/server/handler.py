@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from app.server.body import encode_text, parse_body
-from app.server.errors import HttpError, http_error_for, map_errors
+from app.server.errors import HttpError, http_error_for, map_errors, overloaded
 from app.server.state import ServerState
 from app.server.wire import text_limit
 from engine.errors import EngineError
@@ -46,6 +46,15 @@ SseEvent = tuple[str | None, Mapping[str, object] | str]
 log = logging.getLogger("glassbox.serve")
 
 MAX_BODY_BYTES = 16 * 2**20
+
+WRITE_STALL_S = 15.0
+"""How long one write to a client may block (its socket full, because it stopped reading) before
+the reply is cancelled and the model let go: a client that opens a stream and never reads it does
+not hold the model for others."""
+
+STREAM_SEND_BUFFER = 64 * 1024
+"""The kernel send buffer of a streamed reply, in bytes: with the client's receive buffer, how far
+generation may run ahead of a client that stopped reading before a write blocks."""
 _LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1", "[::1]")
 
 
@@ -53,12 +62,26 @@ class ClientGone(Exception):
     """The client closed its connection while its request waited: nobody to answer."""
 
 
+def anthropic_status(error: HttpError) -> int:
+    """The status of ``error`` in Anthropic's API (an overload is its 529)."""
+    return error.anthropic[0] if error.anthropic is not None else error.status
+
+
 def anthropic_error(error: HttpError) -> dict[str, object]:
-    """Anthropic's error body (``{"type": "error", "error": {"type", "message"}}``)."""
-    kinds = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error"}
-    kinds.update({404: "not_found_error", 413: "request_too_large", 503: "overloaded_error"})
-    kind = kinds.get(error.status, "api_error" if error.status >= 500 else "invalid_request_error")
-    return {"type": "error", "error": {"type": kind, "message": error.message}}
+    """Anthropic's error body (``{"type": "error", "error": {"type", "message"}}``; Glassbox's own
+    explanation, where the message is Anthropic's wording, in ``detail``)."""
+    if error.anthropic is not None:
+        _, kind, message = error.anthropic
+    else:
+        kinds = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error"}
+        kinds.update({404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error"})
+        kinds[503] = "overloaded_error"
+        kind = kinds.get(error.status, "api_error" if error.status >= 500 else "invalid_request_error")
+        message = error.message
+    body: dict[str, object] = {"type": kind, "message": message}
+    if error.detail is not None:
+        body["detail"] = error.detail
+    return {"type": "error", "error": body}
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -76,6 +99,22 @@ class Handler(BaseHTTPRequestHandler):
         super().setup()
         # Each token is one small write: without this, Nagle's algorithm delays them.
         self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def handle_one_request(self) -> None:
+        # A keep-alive connection waits for its next request with the idle timeout, whatever a
+        # reply's writes were bounded by (_bound_writes).
+        self.connection.settimeout(self.timeout)
+        super().handle_one_request()
+
+    def _bound_writes(self, stream: bool = False) -> None:
+        """Bounds how long a write may block (:data:`WRITE_STALL_S`) and, for a stream, how much it
+        may buffer (:data:`STREAM_SEND_BUFFER`)."""
+        self.connection.settimeout(WRITE_STALL_S)
+        if stream:
+            try:
+                self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, STREAM_SEND_BUFFER)
+            except OSError:
+                pass
 
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (the stdlib's name)
         log.debug("%s %s", self.address_string(), format % args)
@@ -137,7 +176,7 @@ class Handler(BaseHTTPRequestHandler):
             # A body left unread would be taken for the next request: close instead.
             unread = self.command == "POST" and not self._body_read
             self.send_json(
-                exc.status,
+                anthropic_status(exc) if self.anthropic else exc.status,
                 anthropic_error(exc) if self.anthropic else exc.body(),
                 close=unread or exc.status in (401, 403, 411, 413),
                 retry_after=exc.retry_after,
@@ -145,7 +184,8 @@ class Handler(BaseHTTPRequestHandler):
         except ClientGone:
             log.debug("client %s went away while queued", self.address_string())
             self.close_connection = True
-        except (BrokenPipeError, ConnectionResetError):
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):
+            # Gone, or stopped reading for WRITE_STALL_S: nobody to answer.
             self.close_connection = True
         except Exception as exc:  # noqa: BLE001 - whatever broke, the client gets an answer, the log the detail
             self.close_connection = True
@@ -201,6 +241,7 @@ class Handler(BaseHTTPRequestHandler):
         self, status: int, document: Mapping[str, object], *, close: bool = False, retry_after: int | None = None
     ) -> None:
         data = encode_text(json.dumps(document, ensure_ascii=False))
+        self._bound_writes()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
@@ -213,6 +254,7 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def start_sse(self) -> None:
+        self._bound_writes(stream=True)
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
@@ -252,7 +294,7 @@ class Handler(BaseHTTPRequestHandler):
         cancel = threading.Event()
         state.enter_queue()
         try:
-            with state.lock:
+            with self._model_lock():
                 state.activate(cancel)
                 try:
                     if self.hung_up():
@@ -269,6 +311,25 @@ class Handler(BaseHTTPRequestHandler):
         finally:
             state.leave_queue()
 
+    @contextmanager
+    def _model_lock(self) -> Iterator[None]:
+        """The model's lock, waited for at most :data:`~app.server.state.QUEUE_WAIT_S` (then a 503
+        with ``Retry-After``: an answer, not a connection its client gives up on)."""
+        from app.server import state as server_state
+
+        lock = self.state.lock
+        if not lock.acquire(timeout=server_state.QUEUE_WAIT_S):
+            if self.hung_up():
+                raise ClientGone
+            raise overloaded(
+                f"the model was busy with other requests for {server_state.QUEUE_WAIT_S:g} s",
+                server_state.BUSY_RETRY_AFTER_S,
+            )
+        try:
+            yield
+        finally:
+            lock.release()
+
     def generation(self, events: Iterator[Event], cancel: threading.Event) -> Iterator[Event]:
         """``events``, watched for a client that leaves; kept so that a failure can drain it."""
         self._live = self._watched(events, cancel)
@@ -281,6 +342,9 @@ class Handler(BaseHTTPRequestHandler):
                     log.debug("client %s went away; cancelling its reply", self.address_string())
                     cancel.set()
                 yield event
+        except GeneratorExit:
+            cancel.set()  # closed before its end (its reader failed): nobody wants the rest
+            raise
         finally:
             close = getattr(events, "close", None)
             if close is not None:
@@ -303,7 +367,9 @@ class Handler(BaseHTTPRequestHandler):
             produce()
             self.end_sse()
         except (BrokenPipeError, ConnectionResetError, TimeoutError):
-            # The client went away (its Stop button): stop the model and let the worker settle.
+            # The client went away (its Stop button), or stopped reading for WRITE_STALL_S: stop the
+            # model and let the worker settle.
+            log.debug("client %s went away or stopped reading; cancelling its reply", self.address_string())
             cancel.set()
             self._drain()
             self.close_connection = True
@@ -350,7 +416,7 @@ class Handler(BaseHTTPRequestHandler):
             raise HttpError(404, "this backend has no tokenizer", code="not_found")
         self.state.enter_queue()
         try:
-            with self.state.lock:
+            with self._model_lock():
                 tokens = map_errors(lambda: worker.tokenize(content, add_bos=False, special=True))
         finally:
             self.state.leave_queue()

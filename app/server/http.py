@@ -43,9 +43,14 @@ dropped connection. An answer never carries Python exception text: the server's 
 fixed message and a line in the server log, and anything unforeseen a 500 (or, mid-stream, an error
 event), never a connection closed without an answer.
 
-Bounded work per request: at most :data:`~app.server.wire.MAX_MESSAGES` messages and
-:func:`~app.server.wire.text_limit` characters of text (32 per token of the window, at least 256 Ki),
-at most 16 stop strings of 256 characters; anything more is a 400 before the model is touched.
+Bounded work per request, in every dialect: at most :data:`~app.server.wire.MAX_MESSAGES` messages
+(or Responses items) and :func:`~app.server.wire.text_limit` characters of text (32 per token of the
+window, at least 256 Ki: the system prompt, instructions, tool definitions and call arguments count
+too), at most 16 stop strings of 256 characters; anything more is a 400 before the model is touched.
+A call's arguments sent as JSON text are parsed under a body's limits. A client that stops reading
+a reply cannot hold the model: a stream's send buffer is small (:data:`~app.server.handler.STREAM_SEND_BUFFER`)
+and a write blocked for :data:`~app.server.handler.WRITE_STALL_S` cancels the reply; a request that
+waits :data:`~app.server.state.QUEUE_WAIT_S` for the model is answered 503 with ``Retry-After``.
 A client that closes its connection cancels its reply (checked before the reply starts and between
 its events; a client that half-closes its sending side counts as gone). Past
 :data:`~app.server.state.MAX_QUEUED` waiting requests the answer is a 503 with

@@ -29,7 +29,18 @@ from app.server import params as fields
 from app.server.chat import check_backend, check_fits, n_vocab, open_stream, whole_choice
 from app.server.errors import HttpError, map_errors
 from app.server.handler import SseEvent, anthropic_error
-from app.server.wire import Arguments, ChatRequest, Choice, WireMessage, chat_request, parse_tools, text_limit
+from app.server.wire import (
+    Arguments,
+    ChatRequest,
+    Choice,
+    TextBudget,
+    WireMessage,
+    chat_request,
+    check_count,
+    parse_tools,
+    text_limit,
+    tools_chars,
+)
 
 if TYPE_CHECKING:
     from app.server.handler import Handler
@@ -85,11 +96,11 @@ def _system(value: object) -> str | None:
     return _result_text(value, "system") or None
 
 
-def _conversation(messages: object, max_chars: int) -> list[WireMessage]:
+def _conversation(messages: object, budget: TextBudget) -> list[WireMessage]:
     if not isinstance(messages, list) or not messages:
         raise HttpError(400, "'messages' must be a non-empty list", param="messages")
+    check_count(messages, "messages")
     turns: list[WireMessage] = []
-    chars = 0
     for index, message in enumerate(messages):
         where = f"messages[{index}]"
         role = message.get("role") if isinstance(message, dict) else None
@@ -100,12 +111,11 @@ def _conversation(messages: object, max_chars: int) -> list[WireMessage]:
         results: list[WireMessage] = []
         for number, block in enumerate(_blocks(message.get("content"), f"{where}.content")):
             _read_block(block, role == "assistant", f"{where}.content[{number}]", text, calls, results)
-        chars += sum(len(result.content) for result in results)
+        budget.add(sum(len(result.content) for result in results))
+        budget.add(sum(len(json.dumps(arguments, ensure_ascii=False)) for _, _, arguments in calls))
         turns.extend(results)
         joined = "".join(text)
-        chars += len(joined)
-        if chars > max_chars:
-            raise HttpError(400, f"the messages hold more than {max_chars} characters of text", param="messages")
+        budget.add(len(joined))
         if role == "assistant":
             turns.append(WireMessage("assistant", joined, tuple(calls)))
         elif joined or not turns or turns[-1].role != "tool":
@@ -168,13 +178,20 @@ def _tool_choice(value: object) -> tuple[str | dict[str, object] | None, bool]:
     return ("required" if kind == "any" else kind), parallel
 
 
-def parse_message_request(body: Mapping[str, object], max_chars: int, n_vocab: int | None) -> ChatRequest:
+def parse_message_request(
+    body: Mapping[str, object], max_chars: int, n_vocab: int | None, n_ctx: int | None = None
+) -> ChatRequest:
     """A ``/v1/messages`` body as a ChatRequest (see the module docstring). Raises HttpError."""
     body = fields.present(body)
     fields.check_fields(body, MESSAGE_FIELDS, "/v1/messages")
     if "max_tokens" not in body:
         raise HttpError(400, "'max_tokens' is required", param="max_tokens")
-    turns = _conversation(body.get("messages"), max_chars)
+    # The system prompt and the tools count with the messages, before anything is tokenized.
+    budget = TextBudget(max_chars, n_ctx)
+    system = _system(body.get("system"))
+    budget.add(len(system or ""), "system")
+    budget.add(tools_chars(body.get("tools")), "tools")
+    turns = _conversation(body.get("messages"), budget)
     tools = body.get("tools")
     if tools is not None and not isinstance(tools, list):
         raise HttpError(400, "'tools' must be a list", param="tools")
@@ -203,7 +220,7 @@ def parse_message_request(body: Mapping[str, object], max_chars: int, n_vocab: i
         sampling["stop"] = body["stop_sequences"]
     params = fields.generation_params(sampling, body.get("max_tokens"), n_vocab)
     return chat_request(
-        _system(body.get("system")),
+        system,
         turns,
         params=params,
         stream=fields.flag(body, "stream"),
@@ -264,7 +281,7 @@ def handle(handler: Handler) -> None:
     state = handler.state
     body = handler.read_json()
     wanted = state.check_model(body)
-    request = parse_message_request(body, text_limit(state.n_ctx), n_vocab(state.backend))
+    request = parse_message_request(body, text_limit(state.n_ctx), n_vocab(state.backend), state.n_ctx)
     message_id = f"msg_{uuid.uuid4().hex}"
     with handler.use_model(wanted) as cancel:
         check_backend(state.backend, request)
@@ -289,7 +306,7 @@ def count_tokens(handler: Handler) -> None:
     body = dict(handler.read_json())
     body.setdefault("max_tokens", 1)
     wanted = state.check_model(body)
-    request = parse_message_request(body, text_limit(state.n_ctx), n_vocab(state.backend))
+    request = parse_message_request(body, text_limit(state.n_ctx), n_vocab(state.backend), state.n_ctx)
     with handler.use_model(wanted):
         backend = state.backend
         n_ctx, reserve = state.n_ctx, getattr(backend, "reply_reserve", None)

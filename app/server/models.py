@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from app.server.errors import HttpError
+from app.server.errors import model_not_found
 
 if TYPE_CHECKING:
     from app.server.handler import Handler
@@ -45,4 +45,4 @@ def one(handler: Handler, model_id: str) -> None:
         if document["id"] == wanted:
             handler.send_json(200, document)
             return
-    raise HttpError(404, f"the model {wanted[:200]!r} does not exist here", code="model_not_found", param="model")
+    raise model_not_found(wanted, f"the model {wanted[:200]!r} does not exist here")

@@ -37,7 +37,18 @@ from typing import TYPE_CHECKING, Literal, NotRequired, TypedDict
 from app.server import params as fields
 from app.server.chat import check_backend, check_fits, n_vocab, open_stream, whole_choice
 from app.server.errors import HttpError
-from app.server.wire import Arguments, ChatRequest, Choice, WireMessage, chat_request, parse_tools, text_limit
+from app.server.wire import (
+    ChatRequest,
+    Choice,
+    TextBudget,
+    WireMessage,
+    call_arguments,
+    chat_request,
+    check_count,
+    parse_tools,
+    text_limit,
+    tools_chars,
+)
 
 if TYPE_CHECKING:
     from app.server.handler import Handler, SseEvent
@@ -126,17 +137,19 @@ def _text(content: object, where: str) -> str:
     raise HttpError(400, f"{where} must be text or a list of text parts", param=where)
 
 
-def _items(value: object, instructions: object, max_chars: int) -> tuple[str | None, list[WireMessage]]:
-    """The system prompt and the conversation of ``instructions`` and ``input``."""
+def _items(value: object, instructions: object, budget: TextBudget) -> tuple[str | None, list[WireMessage]]:
+    """The system prompt and the conversation of ``instructions`` and ``input``, counted against
+    ``budget`` (and at most :data:`~app.server.wire.MAX_MESSAGES` items) as they are read."""
     system = [instructions] if isinstance(instructions, str) and instructions else []
     if instructions is not None and not isinstance(instructions, str):
         raise HttpError(400, "'instructions' must be a string", param="instructions")
+    budget.add(len(instructions) if isinstance(instructions, str) else 0, "instructions")
     if isinstance(value, str):
         value = [{"role": "user", "content": value}]
     if not isinstance(value, list) or not value:
         raise HttpError(400, "'input' must be a string or a non-empty list of items", param="input")
+    check_count(value, "input")
     turns: list[WireMessage] = []
-    chars = 0
     for index, item in enumerate(value):
         where = f"input[{index}]"
         if not isinstance(item, dict):
@@ -155,7 +168,9 @@ def _items(value: object, instructions: object, max_chars: int) -> tuple[str | N
             name, call_id = item.get("name"), item.get("call_id")
             if not isinstance(name, str) or not isinstance(call_id, str):
                 raise HttpError(400, f"{where}: a function_call needs its 'name' and 'call_id'", param=where)
-            arguments = _arguments(item.get("arguments"), where)
+            raw = item.get("arguments")
+            arguments = call_arguments(raw, f"{where}.arguments")  # checked first, so a bad one is named
+            budget.add(len(raw) if isinstance(raw, str) else len(json.dumps(arguments, ensure_ascii=False)), "input")
             if turns and turns[-1].role == "assistant":  # calls after the assistant's text: one turn
                 last = turns.pop()
                 turns.append(WireMessage("assistant", last.content, (*last.tool_calls, (call_id, name, arguments))))
@@ -173,24 +188,10 @@ def _items(value: object, instructions: object, max_chars: int) -> tuple[str | N
             continue  # old reasoning is never sent back (it wastes the window)
         else:
             raise HttpError(400, f"{where}: items of type {str(kind)[:40]!r} are not supported", param=where)
-        chars += len(text)
-        if chars > max_chars:
-            raise HttpError(
-                400, f"the input holds more than {max_chars} characters of text", code="context_length_exceeded"
-            )
+        budget.add(len(text), "input")
     if not turns or turns[-1].role not in ("user", "tool"):
         raise HttpError(400, "the input must end with a user message or a function_call_output", param="input")
     return ("\n\n".join(system) if system else None), turns
-
-
-def _arguments(value: object, where: str) -> Arguments:
-    try:
-        arguments = json.loads(value) if isinstance(value, str) and value.strip() else (value or {})
-    except ValueError:
-        raise HttpError(400, f"{where}: the arguments are not valid JSON", param=where) from None
-    if not isinstance(arguments, dict):
-        raise HttpError(400, f"{where}: the arguments must be a JSON object", param=where)
-    return arguments
 
 
 def _tools(value: object) -> list[dict[str, object]] | None:
@@ -234,7 +235,9 @@ def _format(text: object) -> dict[str, object]:
     return {"response_format": fmt}
 
 
-def parse_response_request(body: Mapping[str, object], max_chars: int, n_vocab: int | None) -> ChatRequest:
+def parse_response_request(
+    body: Mapping[str, object], max_chars: int, n_vocab: int | None, n_ctx: int | None = None
+) -> ChatRequest:
     """A ``/v1/responses`` body as a ChatRequest (see the module docstring). Raises HttpError."""
     body = fields.present(body)
     fields.check_fields(body, RESPONSE_FIELDS, "/v1/responses")
@@ -250,7 +253,9 @@ def parse_response_request(body: Mapping[str, object], max_chars: int, n_vocab: 
         raise HttpError(
             400, "only truncation 'disabled' is supported", code="unsupported_parameter", param="truncation"
         )
-    system, turns = _items(body.get("input"), body.get("instructions"), max_chars)
+    budget = TextBudget(max_chars, n_ctx)
+    budget.add(tools_chars(body.get("tools")), "tools")
+    system, turns = _items(body.get("input"), body.get("instructions"), budget)
     tools, tool_choice = parse_tools(_tools(body.get("tools")), body.get("tool_choice"))
     reasoning = body.get("reasoning")
     effort = None
@@ -376,7 +381,9 @@ def handle(handler: Handler) -> None:
         raise HttpError(400, "'store' must be true or false", code="invalid_value", param="store")
     items = _conversation(handler, body)
     wanted = state.check_model(body)
-    request = parse_response_request({**body, "input": items}, text_limit(state.n_ctx), n_vocab(state.backend))
+    request = parse_response_request(
+        {**body, "input": items}, text_limit(state.n_ctx), n_vocab(state.backend), state.n_ctx
+    )
     shape = _Shape(handler, body, request, items if isinstance(items, list) else ())
     with handler.use_model(wanted) as cancel:
         check_backend(state.backend, request)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from app.paths import Paths
-from app.server.errors import HttpError
+from app.server.errors import HttpError, model_not_found, overloaded
 
 if TYPE_CHECKING:
     from app.knowledge_glue import Retrieval
@@ -27,6 +27,11 @@ MAX_QUEUED = 32
 """Requests that may wait for the model; past that the answer is a 503 with ``Retry-After``."""
 RETRY_AFTER_S = 2
 """The ``Retry-After`` sent with a 503 when :data:`MAX_QUEUED` requests already wait."""
+QUEUE_WAIT_S = 20.0
+"""How long a request waits for the model before it is answered 503 with ``Retry-After`` (rather
+than left to its client's own timeout, which ends in a dropped connection)."""
+BUSY_RETRY_AFTER_S = 5
+"""The ``Retry-After`` of a request that waited :data:`QUEUE_WAIT_S` for the model."""
 
 
 class ModelCatalog(Protocol):
@@ -199,12 +204,7 @@ class ServerState:
             if self.closed:
                 raise HttpError(503, "the server is shutting down", "server_error")
             if self.queued >= MAX_QUEUED:
-                raise HttpError(
-                    503,
-                    f"too many requests waiting ({MAX_QUEUED}); try again later",
-                    "server_error",
-                    retry_after=RETRY_AFTER_S,
-                )
+                raise overloaded(f"too many requests waiting ({MAX_QUEUED}); try again later", RETRY_AFTER_S)
             self.queued += 1
 
     def leave_queue(self) -> None:
@@ -279,9 +279,7 @@ class ServerState:
                 return Path(path)
         what = "embedding model" if embeddings else "model"
         offered = f"this server serves {served!r}" if served else "this server serves no embedding model"
-        raise HttpError(
-            404, f"the {what} {name[:200]!r} does not exist here; {offered}", code="model_not_found", param="model"
-        )
+        raise model_not_found(name, f"the {what} {name[:200]!r} does not exist here; {offered}")
 
     # lazily built helpers ---------------------------------------------------------------------
     def embedder(self) -> Embeddings:

@@ -55,6 +55,60 @@ def text_limit(n_ctx: int | None) -> int:
     return max(MIN_TEXT_CHARS, TEXT_CHARS_PER_TOKEN * (n_ctx or 0))
 
 
+class TextBudget:
+    """The text one request may carry (:func:`text_limit`), counted as the request is read: every
+    dialect refuses a request over it before any of it is tokenized.
+
+    Args:
+        max_chars: the most characters (:func:`text_limit` of the window).
+        n_ctx: the window, for the error's words (None: unknown).
+    """
+
+    def __init__(self, max_chars: int, n_ctx: int | None = None) -> None:
+        self.max_chars = max_chars
+        self.n_ctx = n_ctx
+        self.chars = 0
+
+    def add(self, chars: int, param: str = "messages") -> None:
+        """Counts ``chars`` more characters.
+
+        Raises:
+            HttpError: 400 ``context_length_exceeded`` past :attr:`max_chars`.
+        """
+        self.chars += chars
+        if self.chars > self.max_chars:
+            from app.server.errors import context_length_error
+
+            raise context_length_error(
+                self.n_ctx,
+                None,
+                0,
+                f"the request holds more than {self.max_chars} characters of text, the most allowed per request "
+                "with this context window: shorten the conversation",
+                param,
+            )
+
+
+def check_count(items: Sequence[object], param: str) -> None:
+    """Refuses more than :data:`MAX_MESSAGES` messages or items (planning costs more per message).
+
+    Raises:
+        HttpError: 400 ``too_many_messages`` naming ``param``.
+    """
+    if len(items) > MAX_MESSAGES:
+        raise HttpError(
+            400,
+            f"'{param}' has {len(items)} messages; at most {MAX_MESSAGES} are allowed per request",
+            code="too_many_messages",
+            param=param,
+        )
+
+
+def tools_chars(tools: object) -> int:
+    """The characters of a request's tool definitions (their JSON text), counted with its text."""
+    return len(json.dumps(tools, ensure_ascii=False)) if tools else 0
+
+
 CHAT_FIELDS = frozenset(
     {
         "messages",
@@ -196,15 +250,22 @@ def _text_content(content: object, index: int) -> str:
     raise HttpError(400, f"messages[{index}].content must be a string or a list of text parts")
 
 
-def _arguments(value: object, where: str) -> Arguments:
-    """A call's arguments: OpenAI sends them as JSON text, Anthropic as an object."""
+def call_arguments(value: object, where: str) -> Arguments:
+    """A call's arguments in a conversation: OpenAI sends them as JSON text (parsed under the body's
+    limits, :func:`~app.server.body.parse_json_text`), Anthropic as an object; None is ``{}``.
+
+    Raises:
+        HttpError: 400 naming ``where`` when the text is not JSON, nests too deep, holds a lone
+            surrogate or a huge number, or is not a JSON object.
+    """
+    from app.server.body import parse_json_text
+
+    if value is None:
+        return {}
     if isinstance(value, str):
-        try:
-            value = json.loads(value) if value.strip() else {}
-        except ValueError:
-            raise HttpError(400, f"{where}: the arguments are not valid JSON", code="invalid_value") from None
+        value = parse_json_text(value, where)
     if not isinstance(value, dict):
-        raise HttpError(400, f"{where}: the arguments must be a JSON object", code="invalid_value")
+        raise HttpError(400, f"{where}: the arguments must be a JSON object", code="invalid_value", param=where)
     return value
 
 
@@ -220,47 +281,37 @@ def _tool_calls(value: object, index: int) -> tuple[tuple[str, str, Arguments], 
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
             raise HttpError(400, f"{where} must be {{'id', 'type': 'function', 'function': {{'name', 'arguments'}}}}")
         call_id = call.get("id") if isinstance(call.get("id"), str) else f"call_{index}_{number}"
-        calls.append((call_id, function["name"], _arguments(function.get("arguments"), where)))
+        arguments = call_arguments(function.get("arguments"), f"{where}.function.arguments")
+        calls.append((call_id, function["name"], arguments))
     return tuple(calls)
 
 
-def parse_messages(messages: object, max_chars: int) -> tuple[str | None, list[WireMessage]]:
+def parse_messages(messages: object, budget: TextBudget) -> tuple[str | None, list[WireMessage]]:
     """The system prompt and the conversation of an OpenAI ``messages`` list.
 
     Raises:
-        HttpError: 400 for a malformed message, more than :data:`MAX_MESSAGES` messages or
-            ``max_chars`` characters of text.
+        HttpError: 400 for a malformed message, more than :data:`MAX_MESSAGES` messages or more
+            text than ``budget`` allows (the calls' arguments count too).
     """
     if not isinstance(messages, list) or not messages:
         raise HttpError(400, "'messages' must be a non-empty list", code="invalid_messages")
-    if len(messages) > MAX_MESSAGES:
-        raise HttpError(
-            400,
-            f"'messages' has {len(messages)} messages; at most {MAX_MESSAGES} are allowed per request",
-            code="too_many_messages",
-        )
+    check_count(messages, "messages")
     system_parts: list[str] = []
     turns: list[WireMessage] = []
-    chars = 0
     for index, message in enumerate(messages):
         if not isinstance(message, dict):
             raise HttpError(400, f"messages[{index}] must be an object")
         role = message.get("role")
         text = _text_content(message.get("content"), index)
-        chars += len(text)
-        if chars > max_chars:
-            raise HttpError(
-                400,
-                f"the messages hold more than {max_chars} characters of text, the most allowed per request "
-                "with this context window: shorten the conversation",
-                code="context_length_exceeded",
-            )
+        budget.add(len(text))
         if role in ("system", "developer"):
             system_parts.append(text)
         elif role == "user":
             turns.append(WireMessage("user", text))
         elif role == "assistant":
-            turns.append(WireMessage("assistant", text, _tool_calls(message.get("tool_calls"), index)))
+            calls = _tool_calls(message.get("tool_calls"), index)  # checked first, so a bad one is named
+            budget.add(sum(len(json.dumps(arguments, ensure_ascii=False)) for _, _, arguments in calls))
+            turns.append(WireMessage("assistant", text, calls))
         elif role == "tool":
             call_id = message.get("tool_call_id")
             if not isinstance(call_id, str) or not call_id:
@@ -375,6 +426,7 @@ def parse_chat(
     default_kbs: tuple[str, ...],
     max_chars: int = MIN_TEXT_CHARS,
     n_vocab: int | None = None,
+    n_ctx: int | None = None,
 ) -> ChatRequest:
     """Turns a ``/v1/chat/completions`` body into engine terms.
 
@@ -383,6 +435,7 @@ def parse_chat(
         default_kbs: knowledge bases to answer from when the body names none.
         max_chars: the most characters of message text allowed (see :func:`text_limit`).
         n_vocab: the model's vocabulary size, to check ``logit_bias`` (None: unchecked).
+        n_ctx: the model's window, for the words of an overflow (None: unknown).
 
     Raises:
         HttpError: 400 with the reason: an unsupported field (named), a bad value, more than
@@ -390,7 +443,9 @@ def parse_chat(
     """
     body = fields.present(body)
     fields.check_fields(body, CHAT_FIELDS, "/v1/chat/completions")
-    system, turns = parse_messages(body.get("messages"), max_chars)
+    budget = TextBudget(max_chars, n_ctx)
+    budget.add(tools_chars(body.get("tools")), "tools")
+    system, turns = parse_messages(body.get("messages"), budget)
     tools, tool_choice = parse_tools(body.get("tools"), body.get("tool_choice"))
     top_logprobs = logprob_count(body)
     extra: dict[str, int] = {}

@@ -292,7 +292,10 @@ def plan_context(
     if documents_tokens > budget:
         raise ContextOverflow(
             f"the documents block needs {documents_tokens} tokens but {where}: "
-            "use fewer or shorter passages or raise the context length"
+            "use fewer or shorter passages or raise the context length",
+            n_ctx=n_ctx,
+            prompt_tokens=documents_tokens,
+            reserve=reserve,
         )
     head = system_message(system, documents)
     lead = [head] if head is not None else []
@@ -310,7 +313,10 @@ def plan_context(
         tools_part = " and tool definitions" if tools_tokens else ""
         raise ContextOverflow(
             f"the system prompt, documents{tools_part} and {what} need {base_tokens} tokens but {where}: "
-            "shorten them or raise the context length"
+            "shorten them or raise the context length",
+            n_ctx=n_ctx,
+            prompt_tokens=base_tokens,
+            reserve=reserve,
         )
 
     counted: dict[int, int] = {len(turns): base_tokens}
@@ -326,7 +332,10 @@ def plan_context(
         if tokens_without(0) > budget:
             raise ContextOverflow(
                 f"conversation needs {tokens_without(0)} tokens but {where}: start a new chat, "
-                "raise the context length or switch the overflow policy to rolling"
+                "raise the context length or switch the overflow policy to rolling",
+                n_ctx=n_ctx,
+                prompt_tokens=tokens_without(0),
+                reserve=reserve,
             )
     elif turns:
         dropped = _fewest_to_drop(turns, budget, tokens_without)

@@ -480,7 +480,10 @@ class ChatSession:
             if len(tokens) + params.max_tokens > n_ctx:
                 raise ContextOverflow(
                     f"the prompt ({len(tokens)} tokens) and max_tokens ({params.max_tokens}) do not fit "
-                    f"the context window of {n_ctx} tokens"
+                    f"the context window of {n_ctx} tokens",
+                    n_ctx=n_ctx,
+                    prompt_tokens=len(tokens),
+                    reserve=params.max_tokens,
                 )
             free = n_ctx - len(tokens) - params.max_tokens
             plan = ContextPlan([], 0, len(tokens), {"current": len(tokens), "reserve": params.max_tokens, "free": free})

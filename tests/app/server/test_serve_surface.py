@@ -104,7 +104,10 @@ def test_an_unknown_model_is_a_404_and_the_served_one_is_listed(served: tuple[Se
     with pytest.raises(openai.NotFoundError) as caught:
         client(handle).chat.completions.create(model="gpt-4o", messages=HI)
     assert caught.value.code == "model_not_found"
-    assert "'fake-model'" in caught.value.message
+    # OpenAI's words (what clients match), and which model is served in Glassbox's own field.
+    assert "The model `gpt-4o` does not exist or you do not have access to it." in caught.value.message
+    assert isinstance(caught.value.body, dict)
+    assert "'fake-model'" in caught.value.body["detail"]
     with pytest.raises(openai.NotFoundError):
         client(handle).completions.create(model="gpt-4o", prompt="x")
     assert client(handle).models.retrieve("fake-model").id == "fake-model"
