@@ -24,6 +24,7 @@ from app.tool_config import (
 from engine.agent.builtin_tools import BUILTIN_NAMES, BuiltinTools
 from engine.agent.mcp_client import McpServer, McpServerError
 from engine.errors import EngineError
+from engine.inference.tool_schema import schema_problem
 from engine.inference.tools import ToolResult, ToolSpec
 
 if TYPE_CHECKING:
@@ -223,6 +224,10 @@ class ToolSet:
                     continue
                 if not spec.name or any(c.isspace() or not c.isprintable() for c in spec.name):
                     self.problems.append(f"tool {spec.name!r} of {spec.source!r} is left out: its name has spaces")
+                    continue
+                unusable = schema_problem(spec.parameters)
+                if unusable is not None:
+                    self.problems.append(f"tool {spec.name!r} of {spec.source!r} is left out: {unusable}")
                     continue
                 if spec.name in self._routes:
                     self.problems.append(

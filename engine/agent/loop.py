@@ -9,8 +9,9 @@ One :meth:`Agent.run` is one user turn::
   answers ``"once"`` or ``"always"`` (which adds the tool to the allow list and tells
   ``on_allow``). ``"deny"``, or no callback at all, sends a refusal back to the model as the
   call's result; the tool never runs. A call to a tool that is not offered, or whose arguments do
-  not match the tool's schema (checked with ``jsonschema``), is answered with an error and never
-  reaches approval.
+  not match the tool's schema (checked with ``jsonschema``, bounded by ``engine.inference.tool_schema``:
+  no reference fetched, patterns under a time budget), is answered with an error and never reaches
+  approval.
 * **Limits**: each call runs with ``timeout_s`` (the provider gets it and a cancel event; a
   provider that ignores both is abandoned when the time is up, and the result says so); a result
   larger than the room left in the window is cut to fit with a visible marker
@@ -404,19 +405,11 @@ def _tool_message(step: ToolStep) -> Message:
 
 
 def _schema_problem(arguments: dict[str, Any], schema: dict[str, Any]) -> str | None:
-    """Why ``arguments`` break ``schema`` (one line), or None when they match."""
-    import jsonschema
+    """Why ``arguments`` break ``schema`` (one line), or None when they match (bounded: no reference
+    is fetched, patterns run under a time budget; ``engine.inference.tool_schema``)."""
+    from engine.inference.tool_schema import argument_problem
 
-    try:
-        validator_class = jsonschema.validators.validator_for(schema)
-        validator = validator_class(schema)
-        error = jsonschema.exceptions.best_match(validator.iter_errors(arguments))
-    except jsonschema.exceptions.SchemaError as exc:
-        return f"the tool's own schema is invalid ({exc.message})"
-    if error is None:
-        return None
-    where = ".".join(str(part) for part in error.absolute_path)
-    return f"{where}: {error.message}" if where else error.message
+    return argument_problem(arguments, schema)
 
 
 def _run_call(tool: _Tool, call: ToolCall, timeout_s: float, cancel: threading.Event) -> ToolResult:

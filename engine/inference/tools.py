@@ -113,8 +113,12 @@ def check_tools(tools: Sequence[ToolSpec]) -> None:
     """Refuses tool lists a template cannot render unambiguously.
 
     Raises:
-        EngineError: a name is empty or repeated, or a schema is not a JSON object schema.
+        EngineError: a name is empty or repeated, or a schema is not a JSON object schema or is
+            refused by :func:`engine.inference.tool_schema.schema_problem` (too large or deep, a
+            remote or endless ``$ref``, a bad pattern).
     """
+    from engine.inference.tool_schema import schema_problem
+
     seen: set[str] = set()
     for tool in tools:
         if not tool.name or any(c.isspace() for c in tool.name):
@@ -124,3 +128,6 @@ def check_tools(tools: Sequence[ToolSpec]) -> None:
         seen.add(tool.name)
         if not isinstance(tool.parameters, dict) or tool.parameters.get("type", "object") != "object":
             raise EngineError(f"tool {tool.name!r}: parameters must be a JSON schema of type object")
+        problem = schema_problem(tool.parameters)
+        if problem is not None:
+            raise EngineError(f"tool {tool.name!r}: {problem}")

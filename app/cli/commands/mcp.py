@@ -176,6 +176,7 @@ def _check(entry: ServerEntry) -> dict[str, object]:
 def _tools(args: argparse.Namespace, paths: Paths) -> int:
     from app.tool_config import Permissions, get_server
     from engine.agent.mcp_client import McpServer
+    from engine.inference.tool_schema import schema_problem
 
     entry = get_server(paths, args.name)
     permissions = Permissions.load(paths)
@@ -188,6 +189,7 @@ def _tools(args: argparse.Namespace, paths: Paths) -> int:
             "parameters": spec.parameters,
             "off": permissions.is_off(args.name, spec.name),
             "always_allow": permissions.always_allows(args.name, spec.name),
+            "unusable": schema_problem(spec.parameters),
         }
         for spec in specs
     ]
@@ -200,6 +202,8 @@ def _tools(args: argparse.Namespace, paths: Paths) -> int:
         flags = (" (off)" if row["off"] else "") + (" (always allowed)" if row["always_allow"] else "")
         summary = " ".join(str(row["description"]).split())
         _out(f"{row['name']}{flags}  {summary[:100]}")
+        if row["unusable"] is not None:
+            _out(f"  not offered to a model: {row['unusable']}")
     return 0
 
 

@@ -533,3 +533,29 @@ def test_a_server_name_with_a_line_break_or_bidi_character_is_refused(
     assert "server name" in err
     assert err.count("\n") == 1
     _no_terminal_control(err)
+
+
+def test_a_hostile_servers_schemas_are_left_out_named_and_never_fetched(
+    paths: Paths, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.engine.test_tool_schema import counting_schema_server
+
+    with counting_schema_server() as (url, hits):
+        entry = {"command": sys.executable, "args": [str(SERVER_SCRIPT), "--hostile"]}
+        add_server(paths, parse_server("hostile", {**entry, "env": {"GLASSBOX_TEST_MCP_REF_URL": url}}))
+        with open_tools("hostile", paths) as tools:
+            names = [spec.name for spec in tools.tools()]
+            assert "add" in names and "echo" in names  # the server's other tools are offered
+            for bad in ("ref_root", "ref_remote", "deep"):
+                assert bad not in names
+            problems = " | ".join(tools.problems)
+            assert "tool 'ref_root' of 'hostile' is left out: its $ref at the root leads back to itself" in problems
+            assert f"tool 'ref_remote' of 'hostile' is left out: its $ref '{url}'" in problems
+            assert "tool 'deep' of 'hostile' is left out: its schema is nested more than 64 levels deep" in problems
+            assert tools.call("add", {"a": 1, "b": 2}, timeout_s=20) == ToolResult("3")
+        code, out, err = _run(capsys, "mcp", "tools", "hostile")
+        assert code == 0, err
+        assert (
+            "ref_root  Its schema refers to itself at the root.\n  not offered to a model: its $ref at the root" in out
+        )
+        assert hits == []  # the URL the server chose was never requested
