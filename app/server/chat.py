@@ -16,6 +16,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from app.server import params as fields
@@ -32,6 +33,7 @@ from app.server.wire import (
     collect,
     completion_document,
     finish_reason,
+    keeps_call,
     logprob_entry,
     parse_chat,
     text_limit,
@@ -59,6 +61,7 @@ def handle(handler: Handler) -> None:
     body = handler.read_json()
     wanted = state.check_model(body)
     request = parse_chat(body, state.default_kbs, text_limit(state.n_ctx), n_vocab(state.backend), state.n_ctx)
+    handler.warnings.extend(request.warnings)
     with handler.use_model(wanted) as cancel:
         check_backend(state.backend, request)
         documents: str | None = None
@@ -84,9 +87,7 @@ def whole_choice(
     handler: Handler, request: ChatRequest, index: int, documents: str | None, cancel: threading.Event
 ) -> Choice:
     events = handler.generation(open_stream(handler.state.backend, request, index, documents, cancel), cancel)
-    choice: Choice = map_errors(
-        lambda: collect(index, events, request.top_logprobs is not None, request.parallel_tool_calls)
-    )
+    choice: Choice = map_errors(lambda: collect(index, events, request.top_logprobs is not None, request))
     return choice
 
 
@@ -147,6 +148,21 @@ def check_backend(backend: ChatBackend, request: ChatRequest) -> None:
         if "thinking switch" in str(exc):
             param = "chat_template_kwargs"
         raise HttpError(400, str(exc), code="invalid_value", param=param) from None
+
+
+@contextmanager
+def overflow_allowed(backend: ChatBackend, allowed: bool) -> Iterator[None]:
+    """While a request that allows it runs (Responses' ``truncation: "auto"``), a session the server
+    owns drops the oldest turns to fit instead of refusing (called under the model's lock)."""
+    policy = getattr(backend, "overflow_policy", None)
+    if not allowed or policy != "refuse":
+        yield
+        return
+    backend.overflow_policy = "rolling"  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        backend.overflow_policy = policy  # type: ignore[attr-defined]
 
 
 def check_fits(backend: ChatBackend, request: ChatRequest, documents: str | None) -> None:
@@ -322,7 +338,7 @@ class _ChunkStream:
                 send(self.chunk(index, {"content": event.text}, logprobs=logprobs))
             elif isinstance(event, Reasoning) and event.text:
                 send(self.chunk(index, {"reasoning_content": event.text}))
-            elif isinstance(event, ToolCall) and (request.parallel_tool_calls or calls == 0):
+            elif isinstance(event, ToolCall) and keeps_call(request, calls):
                 send(self.chunk(index, {"tool_calls": [tool_call_document(event, calls)]}))
                 calls += 1
             elif isinstance(event, Finished):

@@ -165,6 +165,7 @@ class Handler(BaseHTTPRequestHandler):
         self._body_read = False
         self._responded = False
         self._live = None
+        self.warnings: list[str] = []  # said in the X-Glassbox-Warning header (fields with no effect)
         self.anthropic = path.startswith("/v1/messages")
         try:
             self._check_access()
@@ -247,6 +248,7 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         if retry_after is not None:
             self.send_header("Retry-After", str(retry_after))
+        self._send_warnings()
         if close:
             self.send_header("Connection", "close")
             self.close_connection = True
@@ -260,7 +262,13 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Cache-Control", "no-cache")
         self.send_header("Transfer-Encoding", "chunked")
         self.send_header("X-Accel-Buffering", "no")
+        self._send_warnings()
         self.end_headers()
+
+    def _send_warnings(self) -> None:
+        if self.warnings:
+            text = "; ".join(self.warnings).encode("ascii", "replace").decode("ascii")
+            self.send_header("X-Glassbox-Warning", text.replace("\r", " ").replace("\n", " ")[:2000])
 
     def send_event(self, payload: str | Mapping[str, object], event: str | None = None) -> None:
         """One server-sent event: ``data:`` (a JSON document or text), after ``event:`` when named."""

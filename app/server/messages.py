@@ -37,6 +37,7 @@ from app.server.wire import (
     WireMessage,
     chat_request,
     check_count,
+    keeps_call,
     parse_tools,
     text_limit,
     tools_chars,
@@ -60,9 +61,42 @@ MESSAGE_FIELDS = frozenset(
         "tools",
         "tool_choice",
         "thinking",
+        "output_config",
     }
 )
 """The ``/v1/messages`` fields this server reads; any other is a 400."""
+
+MESSAGE_NO_EFFECT = ("cache_control", "service_tier")
+"""The :data:`~app.server.params.NO_EFFECT` fields ``/v1/messages`` accepts (prompt caching: the
+KV cache is reused anyway)."""
+
+
+def _output_config(value: object) -> tuple[dict[str, object], str | None]:
+    """``output_config`` (the ``anthropic`` SDK's structured output, what ``messages.parse()`` sends):
+    its ``format`` as the chat ``response_format``, its ``effort`` as the template's reasoning effort.
+
+    Raises:
+        HttpError: 400 for another key, or a format that is not ``json_schema`` with its schema.
+    """
+    if value is None:
+        return {}, None
+    if not isinstance(value, dict) or set(value) - {"format", "effort"}:
+        raise HttpError(
+            400, "'output_config' may only hold format and effort", code="unsupported_parameter", param="output_config"
+        )
+    effort = value.get("effort")
+    if effort is not None and not isinstance(effort, str):
+        raise HttpError(400, "output_config.effort must be a string", param="output_config.effort")
+    fmt = value.get("format")
+    if fmt is None:
+        return {}, effort
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
+        raise HttpError(
+            400,
+            "output_config.format must be {'type': 'json_schema', 'schema': {...}}",
+            param="output_config.format",
+        )
+    return {"response_format": {"type": "json_schema", "json_schema": {"schema": fmt["schema"]}}}, effort
 
 
 def _blocks(content: object, where: str) -> list[dict[str, object]]:
@@ -183,7 +217,7 @@ def parse_message_request(
 ) -> ChatRequest:
     """A ``/v1/messages`` body as a ChatRequest (see the module docstring). Raises HttpError."""
     body = fields.present(body)
-    fields.check_fields(body, MESSAGE_FIELDS, "/v1/messages")
+    fields.check_fields(body, MESSAGE_FIELDS, "/v1/messages", MESSAGE_NO_EFFECT)
     if "max_tokens" not in body:
         raise HttpError(400, "'max_tokens' is required", param="max_tokens")
     # The system prompt and the tools count with the messages, before anything is tokenized.
@@ -208,7 +242,7 @@ def parse_message_request(
                         "parameters": tool.get("input_schema")}  # fmt: skip
             openai_tools.append({"type": "function", "function": function})
     choice, parallel = _tool_choice(body.get("tool_choice"))
-    specs, tool_choice = parse_tools(openai_tools, choice)
+    specs, tool_choice, warnings = parse_tools(openai_tools, choice)
     thinking = body.get("thinking")
     switch = None
     if thinking is not None:
@@ -218,7 +252,8 @@ def parse_message_request(
     sampling: dict[str, object] = {k: body[k] for k in ("temperature", "top_p", "top_k") if k in body}
     if "stop_sequences" in body:
         sampling["stop"] = body["stop_sequences"]
-    params = fields.generation_params(sampling, body.get("max_tokens"), n_vocab)
+    output_format, effort = _output_config(body.get("output_config"))
+    params = fields.generation_params({**sampling, **output_format}, body.get("max_tokens"), n_vocab)
     return chat_request(
         system,
         turns,
@@ -230,6 +265,8 @@ def parse_message_request(
         tool_choice=tool_choice,
         parallel_tool_calls=parallel,
         thinking=switch,
+        reasoning_effort=effort,
+        warnings=warnings,
     )
 
 
@@ -282,6 +319,7 @@ def handle(handler: Handler) -> None:
     body = handler.read_json()
     wanted = state.check_model(body)
     request = parse_message_request(body, text_limit(state.n_ctx), n_vocab(state.backend), state.n_ctx)
+    handler.warnings.extend(request.warnings)
     message_id = f"msg_{uuid.uuid4().hex}"
     with handler.use_model(wanted) as cancel:
         check_backend(state.backend, request)
@@ -361,7 +399,7 @@ def _stream(handler: Handler, request: ChatRequest, message_id: str, cancel: thr
                 if open_kind != "text":
                     start("text", {"type": "text", "text": ""})
                 send("content_block_delta", index=index, delta={"type": "text_delta", "text": event.text})
-            elif isinstance(event, ToolCall) and (request.parallel_tool_calls or calls == 0):
+            elif isinstance(event, ToolCall) and keeps_call(request, calls):
                 calls += 1
                 start("tool_use", {"type": "tool_use", "id": event.id, "name": event.name, "input": {}})
                 partial = json.dumps(event.arguments, ensure_ascii=False)

@@ -5,8 +5,10 @@ The rule (issue 12, "the rest of the server surface"): a field the server does n
 400 that names it, never silently ignored. So each endpoint lists the fields it knows
 (:func:`check_fields`): an unknown field is refused like OpenAI refuses one ("unrecognized request
 argument"), and a known field the server cannot honour is accepted only at its neutral value
-(``frequency_penalty: 0``, ``modalities: ["text"]``). Labels that change nothing in the output
-(``user``, ``metadata``) are accepted. ``null`` means "not given" everywhere.
+(``modalities: ["text"]``, ``background: false``). Labels that change nothing in the output
+(``user``, ``metadata``) are accepted everywhere, and the fields of :data:`NO_EFFECT` where an
+endpoint lists them (ARCHITECTURE.md has the table of every field, per dialect). ``null`` means
+"not given" everywhere.
 
 Constrained output: ``response_format`` ``{"type": "json_object"}`` (any JSON object) and
 ``{"type": "json_schema", "json_schema": {"schema": {...}}}`` become
@@ -45,21 +47,59 @@ MAX_GRAMMAR_CHARS = 256 * 1024
 """Longest GBNF grammar or JSON schema, in characters (building the grammar costs time in its size)."""
 
 NEUTRAL: dict[str, tuple[object, ...]] = {
-    "frequency_penalty": (0, 0.0),
-    "presence_penalty": (0, 0.0),
-    "store": (False,),
-    "service_tier": ("auto", "default"),
     "modalities": (["text"],),
     "best_of": (1,),
+    "background": (False,),
 }
 """Fields accepted only at the value that changes nothing (the server cannot honour any other)."""
 
 LABELS = frozenset({"user", "metadata", "safety_identifier", "prompt_cache_key", "cache_prompt"})
 """Fields that label a request and change nothing in its output: accepted everywhere."""
 
-SAMPLING = frozenset({"temperature", "top_p", "top_k", "min_p", "repeat_penalty", "seed", "stop", "logit_bias"})
-"""The sampling fields :func:`generation_params` reads (``top_k``, ``min_p`` and ``repeat_penalty``
-are llama.cpp's extensions)."""
+NO_EFFECT: dict[str, str] = {
+    "store": "this server stores no chat completions",
+    "service_tier": "",
+    "verbosity": "verbosity is a hint this server does not follow",
+    "prediction": "",
+    "prompt_cache_retention": "",
+    "cache_control": "",
+}
+"""Fields clients send that change nothing in what this server answers, accepted where the endpoint
+lists them: hints (``verbosity``), service and caching options (``service_tier``,
+``prompt_cache_retention``, Anthropic's ``cache_control``: the KV cache is reused anyway), a
+predicted output (``prediction``: it only speeds up a server that uses it), ``store`` on chat
+completions (nothing is stored). The text, when there is one, is a warning sent with the answer
+(the ``X-Glassbox-Warning`` header; :func:`no_effect_warnings`)."""
+
+SAMPLING = frozenset(
+    {
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "repeat_penalty",
+        "frequency_penalty",
+        "presence_penalty",
+        "typical_p",
+        "mirostat",
+        "mirostat_tau",
+        "mirostat_eta",
+        "seed",
+        "stop",
+        "logit_bias",
+    }
+)
+"""The sampling fields :func:`generation_params` reads (``top_k``, ``min_p``, ``repeat_penalty``,
+``typical_p`` and ``mirostat``/``mirostat_tau``/``mirostat_eta`` are llama.cpp's extensions)."""
+
+PENALTIES_AND_SAMPLERS = (
+    "frequency_penalty",
+    "presence_penalty",
+    "typical_p",
+    "mirostat",
+    "mirostat_tau",
+    "mirostat_eta",
+)
 
 CONSTRAINTS = frozenset({"response_format", "grammar", "json_schema"})
 """The constrained-output fields :func:`constraint` reads."""
@@ -70,13 +110,16 @@ def present(body: Mapping[str, object]) -> dict[str, object]:
     return {key: value for key, value in body.items() if value is not None}
 
 
-def check_fields(body: Mapping[str, object], known: Collection[str], endpoint: str) -> None:
+def check_fields(
+    body: Mapping[str, object], known: Collection[str], endpoint: str, no_effect: Collection[str] = ()
+) -> None:
     """Refuses fields this endpoint does not implement.
 
     Args:
         body: the request body, without its nulls.
         known: the fields the endpoint reads.
         endpoint: its path, for the message.
+        no_effect: the fields of :data:`NO_EFFECT` this endpoint accepts.
 
     Raises:
         HttpError: 400 naming the first field that is unknown, or given at a value the server
@@ -84,6 +127,9 @@ def check_fields(body: Mapping[str, object], known: Collection[str], endpoint: s
     """
     for key, value in body.items():
         if key in known or key in LABELS:
+            continue
+        if key in no_effect:
+            _check_no_effect(key, value)
             continue
         if key in NEUTRAL:
             if value in NEUTRAL[key]:
@@ -101,6 +147,32 @@ def check_fields(body: Mapping[str, object], known: Collection[str], endpoint: s
             code="unsupported_parameter",
             param=key[:64],
         )
+
+
+def _check_no_effect(key: str, value: object) -> None:
+    """The shape of a field accepted with no effect (a wrong type is still a 400)."""
+    shapes: dict[str, tuple[type, ...]] = {
+        "store": (bool,),
+        "service_tier": (str,),
+        "verbosity": (str,),
+        "prediction": (dict,),
+        "prompt_cache_retention": (str,),
+        "cache_control": (dict,),
+    }
+    if not isinstance(value, shapes.get(key, (object,))):
+        raise HttpError(400, f"'{key}' has the wrong type", code="invalid_value", param=key)
+    if key == "verbosity" and value not in ("low", "medium", "high"):
+        raise HttpError(400, "'verbosity' must be low, medium or high", code="invalid_value", param=key)
+
+
+def no_effect_warnings(body: Mapping[str, object], no_effect: Collection[str]) -> list[str]:
+    """The warnings for the fields of ``body`` accepted with no effect (``store`` only when true)."""
+    warnings = []
+    for key in no_effect:
+        text = NO_EFFECT.get(key, "")
+        if key in body and text and (key != "store" or body[key] is True):
+            warnings.append(f"{key}: {text}")
+    return warnings
 
 
 def max_tokens(body: Mapping[str, object], *names: str) -> object:
@@ -281,6 +353,7 @@ def generation_params(
         "top_k": body.get("top_k"),
         "min_p": body.get("min_p"),
         "repeat_penalty": body.get("repeat_penalty"),
+        **{name: body.get(name) for name in PENALTIES_AND_SAMPLERS},
         "seed": body.get("seed"),
         "stop": stop_strings(body),
         "logit_bias": logit_bias(body, n_vocab) or None,
@@ -292,7 +365,10 @@ def generation_params(
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first.get("loc", ())) or "request"
-        raise HttpError(400, f"{where}: {first.get('msg', 'invalid value')}", code="invalid_value") from None
+        param = where if where != "request" else None
+        raise HttpError(
+            400, f"{where}: {first.get('msg', 'invalid value')}", code="invalid_value", param=param
+        ) from None
 
 
 def choices(body: Mapping[str, object]) -> int:

@@ -35,16 +35,20 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Literal, NotRequired, TypedDict
 
 from app.server import params as fields
-from app.server.chat import check_backend, check_fits, n_vocab, open_stream, whole_choice
+from app.server.chat import check_backend, check_fits, n_vocab, open_stream, overflow_allowed, whole_choice
 from app.server.errors import HttpError
 from app.server.wire import (
     ChatRequest,
     Choice,
     TextBudget,
+    TokenLogprob,
     WireMessage,
     call_arguments,
     chat_request,
     check_count,
+    keeps_call,
+    logprob_entry,
+    logprobs_document,
     parse_tools,
     text_limit,
     tools_chars,
@@ -76,15 +80,26 @@ RESPONSE_FIELDS = frozenset(
         "truncation",
         "store",
         "previous_response_id",
+        "top_logprobs",
+        "max_tool_calls",
+        "stream_options",
+        *fields.SAMPLING - {"stop", "logit_bias"},
     }
 )
 """The ``/v1/responses`` fields this server reads; any other is a 400."""
+
+RESPONSE_NO_EFFECT = ("service_tier", "prompt_cache_retention")
+"""The :data:`~app.server.params.NO_EFFECT` fields ``/v1/responses`` accepts."""
+
+INCLUDES = frozenset({"reasoning.encrypted_content", "message.output_text.logprobs"})
+"""What ``include`` may ask for (the reasoning's encrypted content is empty here)."""
 
 
 class OutputText(TypedDict):
     type: Literal["output_text"]
     text: str
     annotations: list[object]
+    logprobs: NotRequired[list[TokenLogprob]]
 
 
 class ReasoningItem(TypedDict):
@@ -226,8 +241,8 @@ def _format(text: object) -> dict[str, object]:
         or (fmt is not None and not isinstance(fmt, dict))
     ):
         raise HttpError(400, "'text' may only hold {'format': {...}}", code="unsupported_parameter", param="text")
-    if text.get("verbosity") not in (None, "medium"):
-        raise HttpError(400, "text.verbosity is not supported", code="unsupported_parameter", param="text.verbosity")
+    if text.get("verbosity") not in (None, "low", "medium", "high"):  # a hint, accepted with no effect
+        raise HttpError(400, "text.verbosity must be low, medium or high", param="text.verbosity")
     if not fmt or fmt.get("type") == "text":
         return {}
     if fmt.get("type") == "json_schema":
@@ -240,33 +255,40 @@ def parse_response_request(
 ) -> ChatRequest:
     """A ``/v1/responses`` body as a ChatRequest (see the module docstring). Raises HttpError."""
     body = fields.present(body)
-    fields.check_fields(body, RESPONSE_FIELDS, "/v1/responses")
+    fields.check_fields(body, RESPONSE_FIELDS, "/v1/responses", RESPONSE_NO_EFFECT)
     include = body.get("include")
-    if include is not None and (not isinstance(include, list) or set(include) - {"reasoning.encrypted_content"}):
+    if include is not None and (not isinstance(include, list) or set(include) - INCLUDES):
         raise HttpError(
             400,
-            "'include' may only ask for reasoning.encrypted_content (which is empty here)",
+            f"'include' may only ask for {' and '.join(sorted(INCLUDES))}",
             code="unsupported_parameter",
             param="include",
         )
-    if body.get("truncation") not in (None, "disabled"):
-        raise HttpError(
-            400, "only truncation 'disabled' is supported", code="unsupported_parameter", param="truncation"
-        )
+    if body.get("truncation") not in (None, "disabled", "auto"):
+        raise HttpError(400, "'truncation' must be 'auto' or 'disabled'", code="invalid_value", param="truncation")
+    top = body.get("top_logprobs")
+    if top is not None and (isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= 20):
+        raise HttpError(400, "'top_logprobs' must be an integer from 0 to 20", param="top_logprobs")
+    max_calls = body.get("max_tool_calls")
+    if max_calls is not None and (isinstance(max_calls, bool) or not isinstance(max_calls, int) or max_calls < 1):
+        raise HttpError(400, "'max_tool_calls' must be a positive integer", param="max_tool_calls")
+    stream_options = body.get("stream_options")
+    if stream_options is not None and not isinstance(stream_options, dict):
+        raise HttpError(400, "'stream_options' must be an object", param="stream_options")
     budget = TextBudget(max_chars, n_ctx)
     budget.add(tools_chars(body.get("tools")), "tools")
     system, turns = _items(body.get("input"), body.get("instructions"), budget)
-    tools, tool_choice = parse_tools(_tools(body.get("tools")), body.get("tool_choice"))
+    tools, tool_choice, warnings = parse_tools(_tools(body.get("tools")), body.get("tool_choice"))
     reasoning = body.get("reasoning")
     effort = None
     if reasoning is not None:
         if not isinstance(reasoning, dict) or set(reasoning) - {"effort", "summary"}:
             raise HttpError(400, "'reasoning' may only hold effort", code="unsupported_parameter", param="reasoning")
         effort = reasoning.get("effort")
-    sampling: dict[str, object] = {
-        k: body[k] for k in ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "seed") if k in body
-    }
-    params = fields.generation_params({**sampling, **_format(body.get("text"))}, body.get("max_output_tokens"), n_vocab)
+    sampling: dict[str, object] = {k: body[k] for k in fields.SAMPLING if k in body}
+    extra = {"logprobs": max(top, 1)} if top is not None else {}
+    text_format = _format(body.get("text"))
+    params = fields.generation_params({**sampling, **text_format}, body.get("max_output_tokens"), n_vocab, **extra)
     return chat_request(
         system,
         turns,
@@ -278,6 +300,10 @@ def parse_response_request(
         tool_choice=tool_choice,
         parallel_tool_calls=body.get("parallel_tool_calls") is not False,
         reasoning_effort=effort if isinstance(effort, str) else None,
+        top_logprobs=top,
+        max_tool_calls=max_calls,
+        truncate=body.get("truncation") == "auto",
+        warnings=(*fields.no_effect_warnings(body, RESPONSE_NO_EFFECT), *warnings),
     )
 
 
@@ -350,10 +376,13 @@ class _Shape:
         }
 
     @staticmethod
-    def message_item(item_id: str, text: str, status: str = "completed") -> MessageItem:
-        content: list[OutputText] = (
-            [{"type": "output_text", "text": text, "annotations": []}] if status == "completed" else []
-        )
+    def message_item(
+        item_id: str, text: str, status: str = "completed", logprobs: list[TokenLogprob] | None = None
+    ) -> MessageItem:
+        part: OutputText = {"type": "output_text", "text": text, "annotations": []}
+        if logprobs is not None:
+            part["logprobs"] = logprobs
+        content: list[OutputText] = [part] if status == "completed" else []
         return {"type": "message", "id": item_id, "status": status, "role": "assistant", "content": content}
 
     @staticmethod
@@ -367,7 +396,9 @@ class _Shape:
         if choice.reasoning:
             items.append(self.reasoning_item(f"rs_{uuid.uuid4().hex}", choice.reasoning))
         if choice.text or not choice.tool_calls:
-            items.append(self.message_item(f"msg_{uuid.uuid4().hex}", choice.text))
+            logprobs = logprobs_document(choice.tokens, self.request.top_logprobs)
+            content = logprobs["content"] if logprobs is not None else None
+            items.append(self.message_item(f"msg_{uuid.uuid4().hex}", choice.text, logprobs=content))
         items.extend(self.call_item(call) for call in choice.tool_calls)
         return items
 
@@ -384,10 +415,12 @@ def handle(handler: Handler) -> None:
     request = parse_response_request(
         {**body, "input": items}, text_limit(state.n_ctx), n_vocab(state.backend), state.n_ctx
     )
+    handler.warnings.extend(request.warnings)
     shape = _Shape(handler, body, request, items if isinstance(items, list) else ())
-    with handler.use_model(wanted) as cancel:
+    with handler.use_model(wanted) as cancel, overflow_allowed(state.backend, request.truncate):
         check_backend(state.backend, request)
-        check_fits(state.backend, request, None)
+        if not request.truncate:
+            check_fits(state.backend, request, None)
         if request.stream:
             _stream(handler, shape, request, cancel)
             return
@@ -467,6 +500,7 @@ class _ResponseStream:
         self.output: list[OutputItem] = []
         self.open_item: ReasoningItem | MessageItem | None = None  # the reasoning or message item being streamed
         self.text = ""
+        self.logprobs: list[TokenLogprob] = []
         self.calls = 0
 
     def send(self, kind: str, **data: object) -> None:
@@ -484,12 +518,15 @@ class _ResponseStream:
                 self.text += event.text
                 self.send("response.reasoning_text.delta", item_id=item["id"], output_index=len(self.output),
                           content_index=0, delta=event.text)  # fmt: skip
-            elif isinstance(event, Token) and event.text:
+            elif isinstance(event, Token) and (event.text or event.logprob is not None):
                 item = self.open_kind("message")
                 self.text += event.text
+                top = self.request.top_logprobs
+                entries = [logprob_entry(event, top)] if top is not None and event.logprob is not None else []
+                self.logprobs.extend(entries)
                 self.send("response.output_text.delta", item_id=item["id"], output_index=len(self.output),
-                          content_index=0, delta=event.text, logprobs=[])  # fmt: skip
-            elif isinstance(event, ToolCall) and (self.request.parallel_tool_calls or self.calls == 0):
+                          content_index=0, delta=event.text, logprobs=entries)  # fmt: skip
+            elif isinstance(event, ToolCall) and keeps_call(self.request, self.calls):
                 self.tool_call(event)
             elif isinstance(event, Finished):
                 self.finish(event)
@@ -505,15 +542,16 @@ class _ResponseStream:
             self.send("response.reasoning_text.done", item_id=item["id"], output_index=index, content_index=0,
                       text=text)  # fmt: skip
         else:
-            item = self.shape.message_item(self.open_item["id"], text)
+            kept = self.logprobs if self.request.top_logprobs is not None else None
+            item = self.shape.message_item(self.open_item["id"], text, logprobs=kept)
             part = item["content"][0]
             self.send("response.output_text.done", item_id=item["id"], output_index=index, content_index=0, text=text,
-                      logprobs=[])  # fmt: skip
+                      logprobs=kept or [])  # fmt: skip
             self.send("response.content_part.done", item_id=item["id"], output_index=index, content_index=0,
                       part=part)  # fmt: skip
         self.send("response.output_item.done", output_index=index, item=item)
         self.output.append(item)
-        self.open_item, self.text = None, ""
+        self.open_item, self.text, self.logprobs = None, "", []
 
     def open_kind(self, kind: str) -> ReasoningItem | MessageItem:
         """The item of ``kind`` being streamed: the open one, or a new one (closing the other)."""

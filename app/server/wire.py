@@ -126,10 +126,14 @@ CHAT_FIELDS = frozenset(
         "knowledge_base",
         "reasoning_effort",
         "chat_template_kwargs",
+        "n_probs",
         *fields.SAMPLING,
         *fields.CONSTRAINTS,
     }
 )
+
+CHAT_NO_EFFECT = ("store", "service_tier", "verbosity", "prediction", "prompt_cache_retention")
+"""The :data:`~app.server.params.NO_EFFECT` fields ``/v1/chat/completions`` accepts."""
 """The ``/v1/chat/completions`` fields this server reads; any other is a 400 (see :mod:`app.server.params`)."""
 
 
@@ -167,6 +171,9 @@ class ChatRequest:
         parallel_tool_calls: False keeps only the first call of a reply.
         thinking: the template's thinking switch (``chat_template_kwargs.enable_thinking``), or None.
         reasoning_effort: the template's ``reasoning_effort`` switch, or None.
+        warnings: what the answer says about fields accepted with no effect (``X-Glassbox-Warning``).
+        max_tool_calls: the most calls a reply keeps (None: no limit).
+        truncate: the oldest turns may be dropped to fit the window (Responses' ``truncation: auto``).
     """
 
     system: str | None
@@ -184,6 +191,9 @@ class ChatRequest:
     parallel_tool_calls: bool = True
     thinking: bool | None = None
     reasoning_effort: str | None = None
+    warnings: tuple[str, ...] = ()
+    max_tool_calls: int | None = None
+    truncate: bool = False
 
 
 class RequestFields(TypedDict, total=False):
@@ -200,6 +210,9 @@ class RequestFields(TypedDict, total=False):
     parallel_tool_calls: bool
     thinking: bool | None
     reasoning_effort: str | None
+    warnings: tuple[str, ...]
+    max_tool_calls: int | None
+    truncate: bool
 
 
 def chat_request(system: str | None, turns: Sequence[WireMessage], **fields: Unpack[RequestFields]) -> ChatRequest:
@@ -326,8 +339,11 @@ def parse_messages(messages: object, budget: TextBudget) -> tuple[str | None, li
     return ("\n\n".join(system_parts) if system_parts else None), turns
 
 
-def parse_tools(tools: object, tool_choice: object) -> tuple[tuple[ToolSpec, ...], str]:
-    """OpenAI's ``tools`` and ``tool_choice`` as ToolSpecs and the engine's choice.
+def parse_tools(tools: object, tool_choice: object) -> tuple[tuple[ToolSpec, ...], str, tuple[str, ...]]:
+    """OpenAI's ``tools`` and ``tool_choice`` as ToolSpecs, the engine's choice and the warnings.
+
+    A ``tool_choice`` with no tools offered applies to nothing (OpenAI answers it; LlamaIndex's
+    ``structured_predict`` sends ``required`` so): it is taken as ``none``, and a warning says so.
 
     Raises:
         HttpError: 400 for a malformed tool, a duplicate name, or a choice that names no tool offered.
@@ -354,9 +370,13 @@ def parse_tools(tools: object, tool_choice: object) -> tuple[tuple[ToolSpec, ...
                 )
             specs.append(_tool_spec(function, f"tools[{index}].function"))
     choice = _tool_choice(tool_choice)
+    warnings: tuple[str, ...] = ()
+    if not specs and choice not in (None, "auto", "none"):
+        warnings = (f"tool_choice: {choice[:64]!r} with no tools offered applies to nothing; taken as 'none'",)
+        choice = "none"
     try:
         check_tools(specs)
-        return tuple(specs), normalize_tool_choice(choice, specs)
+        return tuple(specs), normalize_tool_choice(choice, specs), warnings
     except EngineError as exc:
         raise HttpError(400, str(exc), code="invalid_value", param="tool_choice") from None
 
@@ -411,6 +431,12 @@ def logprob_count(body: Mapping[str, object]) -> int | None:
     """
     wanted = fields.flag(body, "logprobs")
     top = body.get("top_logprobs")
+    n_probs = body.get("n_probs")  # llama.cpp's name: the alternatives per token, logprobs implied
+    if n_probs is not None:
+        if isinstance(n_probs, bool) or not isinstance(n_probs, int) or not 0 <= n_probs <= fields.MAX_TOP_LOGPROBS:
+            raise HttpError(400, f"'n_probs' must be an integer from 0 to {fields.MAX_TOP_LOGPROBS}", param="n_probs")
+        if n_probs and top is None and "logprobs" not in body:
+            wanted, top = True, n_probs
     if top is not None:
         if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= fields.MAX_TOP_LOGPROBS:
             raise HttpError(
@@ -442,11 +468,11 @@ def parse_chat(
             :data:`MAX_MESSAGES` messages or ``max_chars`` characters, too many stop strings.
     """
     body = fields.present(body)
-    fields.check_fields(body, CHAT_FIELDS, "/v1/chat/completions")
+    fields.check_fields(body, CHAT_FIELDS, "/v1/chat/completions", CHAT_NO_EFFECT)
     budget = TextBudget(max_chars, n_ctx)
     budget.add(tools_chars(body.get("tools")), "tools")
     system, turns = parse_messages(body.get("messages"), budget)
-    tools, tool_choice = parse_tools(body.get("tools"), body.get("tool_choice"))
+    tools, tool_choice, warnings = parse_tools(body.get("tools"), body.get("tool_choice"))
     top_logprobs = logprob_count(body)
     extra: dict[str, int] = {}
     if top_logprobs is not None:
@@ -472,6 +498,7 @@ def parse_chat(
         parallel_tool_calls=body.get("parallel_tool_calls") is not False,
         thinking=thinking_switch(body),
         reasoning_effort=effort,
+        warnings=(*fields.no_effect_warnings(body, CHAT_NO_EFFECT), *warnings),
     )
 
 
@@ -512,8 +539,16 @@ class Choice:
     tokens: list[Token] = field(default_factory=list)
 
 
-def collect(index: int, events: Iterable[Event], keep_tokens: bool, parallel_calls: bool = True) -> Choice:
-    """Reads a whole generation into a :class:`Choice` (the answer, its thinking, its calls)."""
+def keeps_call(request: ChatRequest, calls: int) -> bool:
+    """Whether a reply that has kept ``calls`` calls keeps one more (``parallel_tool_calls: false``
+    keeps the first only, ``max_tool_calls`` at most that many)."""
+    limit = 1 if not request.parallel_tool_calls else request.max_tool_calls
+    return limit is None or calls < limit
+
+
+def collect(index: int, events: Iterable[Event], keep_tokens: bool, request: ChatRequest | None = None) -> Choice:
+    """Reads a whole generation into a :class:`Choice` (the answer, its thinking, the calls
+    ``request`` keeps: :func:`keeps_call`)."""
     from engine.inference.events import Finished, Reasoning, Token, ToolCall
 
     text, reasoning = "", ""
@@ -528,7 +563,7 @@ def collect(index: int, events: Iterable[Event], keep_tokens: bool, parallel_cal
         elif isinstance(event, Reasoning):
             reasoning += event.text
         elif isinstance(event, ToolCall):
-            if parallel_calls or not calls:
+            if request is None or keeps_call(request, len(calls)):
                 calls.append(event)
         elif isinstance(event, Finished):
             finished = event

@@ -252,6 +252,7 @@ def decode(
     drafted_total = accepted_total = 0
     reason = _CONTINUE
     with ChainSampler(lc, llm, params, seed) as sampler:
+        sampler.prime(prompt)
         token = sampler.sample(-1)
         reason = emitter.push(token, sampler, -1, False)
         while not reason:

@@ -49,6 +49,15 @@ def chat_payload(
     if llama_family:
         # llama.cpp's family reads these too; strict servers (OpenAI's own) reject unknown fields.
         payload.update(top_k=params.top_k, min_p=params.min_p, repeat_penalty=params.repeat_penalty)
+    for name in ("frequency_penalty", "presence_penalty"):  # OpenAI's own fields: every server reads them
+        if getattr(params, name):
+            payload[name] = getattr(params, name)
+    if llama_family and (params.typical_p != 1.0 or params.mirostat):
+        payload.update(typical_p=params.typical_p)
+        if params.mirostat:
+            payload.update(mirostat=params.mirostat, mirostat_tau=params.mirostat_tau, mirostat_eta=params.mirostat_eta)
+    elif params.typical_p != 1.0 or params.mirostat:
+        raise EngineError(f"{base_url}: typical_p and mirostat are llama.cpp's samplers; this server has neither")
     if params.seed is not None:
         payload["seed"] = params.seed
     if params.stop:

@@ -80,6 +80,16 @@ class GenerationParams(BaseModel):
     top_p: float = Field(default=0.95, gt=0.0, le=1.0)
     min_p: float = Field(default=0.05, ge=0.0, le=1.0)
     repeat_penalty: float = Field(default=1.0, gt=0.0)
+    # OpenAI's penalties (llama.cpp's penalties sampler, over the last tokens of the context):
+    # subtract frequency_penalty per earlier occurrence of a token, presence_penalty once if it occurred.
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    # Locally typical sampling (1.0: off), and Mirostat (1 or 2: llama.cpp's samplers in place of
+    # top-k / typical / top-p / min-p, after the temperature; tau the target surprise, eta its rate).
+    typical_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    mirostat: Literal[0, 1, 2] = 0
+    mirostat_tau: float = Field(default=5.0, gt=0.0, le=100.0)
+    mirostat_eta: float = Field(default=0.1, gt=0.0, le=1.0)
     seed: int | None = None
     stop: tuple[str, ...] = ()
     # Constrained output: GBNF text (root rule ``root``) or a JSON schema as JSON text, which the

@@ -1,8 +1,9 @@
 """The sampler the decode loop runs in the worker: llama.cpp's sampler chain, built from GenerationParams.
 
 Child side only (imports llama_cpp lazily, through the ``llama_cpp`` module handed in). The chain is
-built with llama.cpp's own samplers, in the order llama-cpp-python uses: repetition penalties, the
-logit bias, then greedy, or top-k / typical / top-p / min-p / temperature / a seeded draw; the
+built with llama.cpp's own samplers, in the order llama-cpp-python uses: the penalties (repetition,
+frequency, presence), the logit bias, then greedy, or top-k / typical / top-p / min-p / temperature /
+a seeded draw (with Mirostat 1 or 2: the temperature, then Mirostat's own draw); the
 grammar (GBNF, or one built from a JSON schema) checks the chosen token and resamples only when it
 refuses it (ChainSampler._sample_constrained). ``llama_sampler_sample`` samples *and* accepts the token
 into the chain (the grammar and the penalties advance), so the chain's state always follows the
@@ -64,11 +65,13 @@ class ChainSampler:
 
     def _build(self, params: Any, grammar: str | None, seed: int) -> None:
         lc, chain = self._lc, self._chain
-        if params.repeat_penalty != 1.0:
+        frequency, presence = _penalty(params, "frequency_penalty"), _penalty(params, "presence_penalty")
+        self._penalized = params.repeat_penalty != 1.0 or frequency != 0.0 or presence != 0.0
+        if self._penalized:
             lc.llama_sampler_chain_add(
                 chain,
                 lc.llama_sampler_init_penalties(
-                    self.n_vocab, self._llm.last_n_tokens_size, params.repeat_penalty, 0.0, 0.0
+                    self.n_vocab, self._llm.last_n_tokens_size, params.repeat_penalty, frequency, presence
                 ),
             )
         if self.bias:
@@ -86,12 +89,33 @@ class ChainSampler:
         if params.temperature == 0.0:
             lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_greedy())
             return
+        mirostat = int(getattr(params, "mirostat", 0))
+        if mirostat:
+            # llama.cpp's order (common/sampling.cpp): the temperature, then Mirostat, which draws.
+            tau, eta = float(params.mirostat_tau), float(params.mirostat_eta)
+            lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_temp(params.temperature))
+            if mirostat == 1:
+                lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_mirostat(self.n_vocab, seed, tau, eta, 100))
+            else:
+                lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_mirostat_v2(seed, tau, eta))
+            return
         lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_top_k(params.top_k))
-        lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_typical(1.0, 1))
+        typical = float(getattr(params, "typical_p", 1.0))
+        lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_typical(typical, 1))
         lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_top_p(params.top_p, 1))
         lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_min_p(params.min_p, 1))
         lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_temp(params.temperature))
         lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_dist(seed))
+
+    def prime(self, prompt: Any) -> None:
+        """Feeds the prompt's last tokens (the penalties' window) to the penalties, as llama.cpp's
+        server does: a token the prompt holds counts as having occurred. Nothing else in the chain
+        keeps state from accepted tokens (the grammar is kept apart)."""
+        if not getattr(self, "_penalized", False):
+            return
+        window = int(self._llm.last_n_tokens_size)
+        for token in list(prompt)[-window:] if window > 0 else []:
+            self._lc.llama_sampler_accept(self._chain, int(token))
 
     def sample(self, idx: int) -> int:
         """Samples the token after row ``idx`` of the last batch's logits (-1: the last row) and
@@ -178,6 +202,10 @@ class ChainSampler:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _penalty(params: Any, name: str) -> float:
+    return float(getattr(params, name, 0.0))
 
 
 def _grammar_text(params: Any) -> str | None:

@@ -143,6 +143,41 @@ def test_logit_bias_of_minus_infinity_bans_a_token(worker: InferenceWorker) -> N
     assert [t.token_id for t in _tokens(_run(worker, "Hello there", forced)[0])] == [ids[0]] * 3
 
 
+# --------------------------------------------------------------------------- penalties, typical-p, Mirostat
+
+
+def test_frequency_and_presence_penalties_stop_a_repetition(worker: InferenceWorker) -> None:
+    # The starter is a base model: greedy, it says "the capital of the country of France ... the".
+    prompt = "The capital of France is"
+    greedy = GenerationParams(max_tokens=24, temperature=0.0)
+    plain = [t.token_id for t in _tokens(_run(worker, prompt, greedy)[0])]
+    for update in ({"frequency_penalty": 2.0}, {"presence_penalty": 2.0}):
+        penalized = [t.token_id for t in _tokens(_run(worker, prompt, greedy.model_copy(update=update))[0])]
+        assert penalized != plain, update
+        # Each token is penalised once it has occurred: fewer repeats than the plain reply.
+        assert len(set(penalized)) > len(set(plain)), update
+    # A negative presence penalty rewards what occurred: still a reply, and a different one.
+    rewarded = greedy.model_copy(update={"presence_penalty": -2.0})
+    assert _tokens(_run(worker, prompt, rewarded)[0])
+
+
+def test_typical_p_and_mirostat_sample_reproducibly_and_differently(worker: InferenceWorker) -> None:
+    prompt = "Once upon a time"
+    base = GenerationParams(max_tokens=16, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=7)
+    replies = {}
+    for name, update in (
+        ("plain", {}),
+        ("typical", {"typical_p": 0.2}),
+        ("mirostat1", {"mirostat": 1, "mirostat_tau": 2.0}),
+        ("mirostat2", {"mirostat": 2, "mirostat_tau": 2.0}),
+    ):
+        params = base.model_copy(update=update)
+        first = [t.token_id for t in _tokens(_run(worker, prompt, params)[0])]
+        assert first == [t.token_id for t in _tokens(_run(worker, prompt, params)[0])], name  # seeded
+        replies[name] = tuple(first)
+    assert len(set(replies.values())) == len(replies), replies
+
+
 def test_logit_bias_outside_the_vocabulary_is_an_error(worker: InferenceWorker) -> None:
     with pytest.raises(EngineError, match="outside the vocabulary"):
         _run(worker, "Hello", GenerationParams(max_tokens=2, logit_bias=((10**7, 1.0),)))

@@ -44,11 +44,14 @@ served = serve_support.served  # the fixture: a server in front of a ScriptedBac
 @pytest.mark.parametrize(
     ("extra", "param"),
     [
-        ({"frequency_penalty": 0.5}, "frequency_penalty"),
-        ({"presence_penalty": 1}, "presence_penalty"),
+        ({"frequency_penalty": 2.5}, "frequency_penalty"),  # OpenAI's range is -2..2
+        ({"web_search_options": {}}, "web_search_options"),  # it would change the answer
+        ({"verbosity": "extreme"}, "verbosity"),
+        ({"store": "yes"}, "store"),
+        ({"mirostat": 3}, "mirostat"),
+        ({"n_probs": 21}, "n_probs"),
         ({"functions": [{"name": "f"}]}, "functions"),
         ({"audio": {"voice": "alloy"}}, "audio"),
-        ({"prediction": {"type": "content", "content": "x"}}, "prediction"),
         ({"modalities": ["text", "audio"]}, "modalities"),
         ({"response_format": {"type": "xml"}}, "response_format.type"),
         (
@@ -56,7 +59,6 @@ served = serve_support.served  # the fixture: a server in front of a ScriptedBac
             "response_format.json_schema.schema",
         ),
         ({"tools": [{"type": "web_search"}]}, "tools[0]"),
-        ({"tool_choice": "get_weather"}, "tool_choice"),
         ({"tools": [WEATHER], "tool_choice": "nope"}, "tool_choice"),
         ({"logit_bias": {"abc": 1}}, "logit_bias"),
         ({"logit_bias": {"5000": 1}}, "logit_bias"),  # the vocabulary has 1000 tokens
@@ -76,6 +78,55 @@ def test_unsupported_fields_are_a_400_naming_them(
     assert error["param"] == param
     assert param.split(".")[0].split("[")[0] in error["message"]
     assert backend.calls == []  # refused before the model was touched
+
+
+def test_fields_with_no_effect_are_accepted_and_said_so(served: tuple[ServerHandle, ScriptedBackend]) -> None:
+    handle, backend = served
+    raw = client(handle).chat.completions.with_raw_response.create(
+        model="fake-model",
+        messages=HI,
+        store=True,
+        service_tier="auto",
+        verbosity="low",
+        prediction={"type": "content", "content": "gamma"},
+        extra_body={"prompt_cache_retention": "24h"},
+    )
+    assert raw.parse().choices[0].message.content == "gamma beta alpha"
+    warning = raw.headers["X-Glassbox-Warning"]
+    assert "store: this server stores no chat completions" in warning
+    assert "verbosity" in warning
+    # tool_choice with no tools applies to nothing (LlamaIndex's structured_predict sends it): none.
+    for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+        raw = client(handle).chat.completions.with_raw_response.create(
+            model="fake-model",
+            messages=HI,
+            tool_choice=choice,  # type: ignore[arg-type]
+        )
+        assert raw.parse().choices[0].message.content == "gamma beta alpha"
+        assert "applies to nothing; taken as 'none'" in raw.headers["X-Glassbox-Warning"]
+    assert [call.tool_choice for call in backend.calls] == [None, None, None]
+    status, answer = post(handle, "/v1/messages", {"max_tokens": 9, "messages": HI, "tool_choice": {"type": "any"}})
+    assert status == 200, answer
+
+
+def test_sampling_fields_reach_the_engine(served: tuple[ServerHandle, ScriptedBackend]) -> None:
+    handle, backend = served
+    client(handle).chat.completions.create(
+        model="fake-model",
+        messages=HI,
+        frequency_penalty=0.5,
+        presence_penalty=-1,
+        extra_body={"typical_p": 0.9, "mirostat": 2, "mirostat_tau": 4.0, "mirostat_eta": 0.2, "n_probs": 3},
+    )
+    params = backend.calls[-1].params
+    assert (params.frequency_penalty, params.presence_penalty, params.typical_p) == (0.5, -1.0, 0.9)
+    assert (params.mirostat, params.mirostat_tau, params.mirostat_eta, params.logprobs) == (2, 4.0, 0.2, 3)
+    status, body = post(handle, "/v1/responses", {"input": "a b", "frequency_penalty": 1.0, "top_logprobs": 2})
+    assert status == 200, body
+    assert backend.calls[-1].params.frequency_penalty == 1.0
+    logprobs = body["output"][0]["content"][0]["logprobs"]
+    assert [entry["token"] for entry in logprobs] == ["b", " a"]
+    assert len(logprobs[0]["top_logprobs"]) == 2
 
 
 def test_neutral_values_nulls_and_labels_are_accepted(served: tuple[ServerHandle, ScriptedBackend]) -> None:
