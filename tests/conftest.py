@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -54,3 +55,23 @@ def llama_cpp_source() -> Path:
         return unpack()
     except RuntimeError as exc:
         pytest.fail(f"the llama-cpp-python sdist is not available: {exc}")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(llama_cpp_source: Path) -> Callable[[str], Path]:
+    """A tiny random-weight GGUF of a real architecture by family name (tests/engine/tiny_arch.py:
+    a transformers config, a tokenizer trained in the test, a published template, llama.cpp's
+    converter), built once per machine into the test cache."""
+    from tests.engine.tiny_arch import tiny_gguf
+
+    built: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name not in built:
+            try:
+                built[name] = tiny_gguf(name, llama_cpp_source, _CACHE)
+            except RuntimeError as exc:
+                pytest.fail(str(exc))
+        return built[name]
+
+    return get
