@@ -520,7 +520,8 @@ class InspectorPanel(QFrame):
     def _show_draft(self, stats: StatsLike) -> None:
         drafted = _int(stats, "draft_tokens")
         accepted = _int(stats, "accepted_tokens")
-        if not drafted:
+        note = str(_get(stats, "speculation_note") or "")
+        if not drafted and not note:
             self.draft_label.setVisible(False)
             self.shown.pop("draft", None)
             return
@@ -530,7 +531,12 @@ class InspectorPanel(QFrame):
         text = (
             f"Speculative decoding: {accepted / drafted * 100:.0f}% of drafted tokens accepted "
             f"({accepted:,} of {drafted:,}); {completion / passes:.2f} tokens per weight read"
+            if drafted
+            else note[:1].upper() + note[1:]
         )
+        restores = _int(stats, "draft_restores")
+        if restores:
+            text += f"; {restores:,} rejected drafts undone by restoring the model's recurrent state"
         self.shown["draft"] = text
         self.draft_label.setText(text)
         self.draft_label.setVisible(True)

@@ -7,6 +7,11 @@ a GPU backend does not check the callback, and there one ``n_batch`` chunk bound
 chunk leaves nothing behind: whatever it wrote past the tokens already evaluated is removed from
 the KV cache, and the next turn reuses the cache up to there.
 
+Taking tokens back (a rejected draft's tail, an aborted chunk) goes through
+:class:`engine.inference.seq_memory.SeqMemory`, which checks that the memory let them go: a
+recurrent or hybrid model's state cannot be cut, so a copy of it taken before the batch is
+restored instead and the kept tokens are evaluated again.
+
 The decode loop samples with the reply's sampler chain (:mod:`engine.inference.sampling`) and, when asked,
 verifies speculative drafts (:mod:`engine.inference.speculative`) in one batch: row ``i`` of the batch is
 sampled by the same chain, the draft token is kept only when it is what was sampled, and the KV
@@ -28,6 +33,7 @@ from typing import Any, Protocol
 
 from engine.inference.events import PrefillProgress, Token
 from engine.inference.sampling import ChainSampler
+from engine.inference.seq_memory import SeqMemory
 from engine.inference.speculative import DraftModel, SpeculationPolicy, make_drafter
 
 #: The first prompt chunk: small, so progress moves early; later chunks are the full ``n_batch``.
@@ -58,6 +64,8 @@ class DecodeOutcome:
     draft_tokens: int = 0
     accepted_tokens: int = 0
     stop_sequence: str | None = None  # the stop string that ended the reply (reason "stop"), if one did
+    draft_restores: int = 0  # rejected drafts taken back by restoring a copy of the state (recurrent memory)
+    speculation_note: str = ""  # why speculation was off for this reply although it was asked for
 
 
 class AbortGuard:
@@ -91,7 +99,14 @@ class AbortGuard:
 
 
 def prefill(
-    llm: Any, lc: Any, tokens: Sequence[int], n_batch: int, cancel: Any, send: Callable[[object], None]
+    llm: Any,
+    lc: Any,
+    tokens: Sequence[int],
+    n_batch: int,
+    cancel: Any,
+    send: Callable[[object], None],
+    memory: SeqMemory | None = None,
+    before_last: Callable[[], None] | None = None,
 ) -> bool:
     """Evaluates ``tokens`` after the cached prefix, reporting progress; False when cancelled.
 
@@ -102,16 +117,27 @@ def prefill(
     from the machine's load would make greedy replies depend on it (measured: sized ~0.25 s chunks
     cost 10% of prefill speed against whole ones). A GPU backend does not check the callback;
     there one ``n_batch`` chunk bounds Stop, a fraction of a second.
+
+    An aborted chunk is taken back out of the memory (``memory``, made here when not given): on a
+    recurrent model, whose state the aborted graph may have half written, from a copy of the state
+    taken before the chunk. With ``before_last``, the last token is read on its own, after
+    ``before_last()`` is called with every other token read (a recurrent memory copies its state
+    there, which a later prompt starting with all but this one's last token can restore).
     """
+    memory = memory if memory is not None else SeqMemory(lc, llm)
     total = len(tokens)
     done = 0
     send(PrefillProgress(0, total))
     chunk = min(n_batch, _FIRST_CHUNK)
+    hold = total - 1 if before_last is not None and total else total
     with AbortGuard(lc, llm._ctx.ctx, cancel) as guard:
         while done < total:
             if cancel.is_set():
                 return False
-            batch = tokens[done : done + chunk]
+            if done == hold and before_last is not None:
+                before_last()
+            batch = tokens[done : min(done + chunk, hold if done < hold else total)]
+            checkpoint = memory.checkpoint() if llm.n_tokens else None  # None for a KV cache
             try:
                 llm.eval(batch)
             except RuntimeError:
@@ -119,7 +145,7 @@ def prefill(
                     raise
                 # Aborted: llama.cpp keeps what it wrote of the chunk; the cache must end where
                 # the evaluated tokens do, or the next turn would reuse half a chunk.
-                llm._ctx.kv_cache_seq_rm(-1, llm.n_tokens, -1)
+                llm.n_tokens = memory.rewind(llm.n_tokens, checkpoint)
                 return False
             done += len(batch)
             send(PrefillProgress(done, total))
@@ -213,7 +239,7 @@ def sync_draft(lc: Any, drafter: DraftModel, cancel: Any) -> bool:
         except RuntimeError:
             if not guard.fired:
                 raise
-            drafter.llm._ctx.kv_cache_seq_rm(-1, drafter.llm.n_tokens, -1)
+            drafter.llm.n_tokens = drafter.memory.rewind(drafter.llm.n_tokens)
             return False
 
 
@@ -230,12 +256,23 @@ def decode(
     send: Callable[[object], None],
     draft_model: DraftModel | None = None,
     offloaded: bool = False,
+    memory: SeqMemory | None = None,
 ) -> DecodeOutcome:
-    """Generates the reply after a prefilled prompt (the logits of its last token are current)."""
+    """Generates the reply after a prefilled prompt (the logits of its last token are current).
+
+    ``memory`` (made here when not given) takes a rejected draft's tail back out of the cache.
+    """
     seed = params.seed if params.seed is not None else llm._seed
     max_new = min(params.max_tokens, n_ctx - llm.n_tokens)
     emitter = _Emitter(lc, llm, piece, params, stops, max_new, cancel, send)
-    drafter = make_drafter(params.speculative, prompt, draft_model)
+    memory = memory if memory is not None else SeqMemory(lc, llm)
+    restores_before = memory.restores
+    note = ""
+    if params.speculative != "off" and not memory.trimmable and memory.checkpoint() is None:
+        # A memory that cannot be cut and whose state cannot be copied: a rejected draft could
+        # not be taken back, so this reply decodes plainly.
+        note = f"speculative decoding is off for this model: {memory.broken}"
+    drafter = make_drafter(params.speculative if not note else "off", prompt, draft_model)
     draft_synced = False
     draft_cost = drafter.relative_cost if isinstance(drafter, DraftModel) else 0.0
     # GLASSBOX_TEST_DRAFT_FIXED=N: always draft N tokens, so tests and benchmarks can exercise a
@@ -248,6 +285,7 @@ def decode(
         draft_cost=draft_cost,
         fixed=fixed,
         head_share=head_share,
+        restore_cost=not memory.trimmable,
     )
     drafted_total = accepted_total = 0
     reason = _CONTINUE
@@ -282,7 +320,7 @@ def decode(
                 token = sampler.sample(-1)
                 reason = emitter.push(token, sampler, -1, False)
                 continue
-            token, reason, accepted = _verify(llm, sampler, emitter, token, draft)
+            token, reason, accepted = _verify(llm, sampler, emitter, token, draft, memory)
             policy.record_acceptance(bucket, len(draft), accepted)
             drafted_total += len(draft)
             accepted_total += accepted
@@ -299,11 +337,19 @@ def decode(
         drafted_total,
         accepted_total,
         emitter.stop_sequence if reason == "stop" else None,
+        memory.restores - restores_before,
+        note,
     )
 
 
-def _verify(llm: Any, sampler: ChainSampler, emitter: _Emitter, token: int, draft: list[int]) -> tuple[int, str, int]:
+def _verify(
+    llm: Any, sampler: ChainSampler, emitter: _Emitter, token: int, draft: list[int], memory: SeqMemory
+) -> tuple[int, str, int]:
     """Evaluates ``[token, *draft]`` in one batch and samples each row in order.
+
+    The rows after the last one kept are taken back out of the memory; where it cannot be cut (a
+    recurrent state), the copy taken before the batch is restored and the kept rows are evaluated
+    again, so the memory holds what plain decoding would have put there.
 
     Returns:
         the last token sampled (not yet evaluated), the finish reason ("" to go on), and how many
@@ -311,7 +357,8 @@ def _verify(llm: Any, sampler: ChainSampler, emitter: _Emitter, token: int, draf
     """
     batch = [token, *draft]
     n_past = llm.n_tokens
-    llm._ctx.kv_cache_seq_rm(-1, n_past, -1)
+    _settle(llm, memory, n_past)
+    checkpoint = memory.checkpoint()  # None for a KV cache, which cuts
     llm._batch.set_batch(batch, n_past, logits_all=True)
     llm._ctx.decode(llm._batch)
     llm.input_ids[n_past : n_past + len(batch)] = batch
@@ -330,10 +377,20 @@ def _verify(llm: Any, sampler: ChainSampler, emitter: _Emitter, token: int, draf
             kept = i + 1
             break
     # The cache keeps the batch up to the row whose prediction was taken last.
-    llm.n_tokens = n_past + kept
+    llm.n_tokens = n_past + len(batch)
     if kept < len(batch):
-        llm._ctx.kv_cache_seq_rm(-1, llm.n_tokens, -1)
+        _settle(llm, memory, n_past + kept, checkpoint)
     return token, reason, accepted
+
+
+def _settle(llm: Any, memory: SeqMemory, keep: int, checkpoint: Any = None) -> None:
+    """Makes the memory hold exactly the sequence's first ``keep`` tokens (``llm.input_ids``):
+    the tail is taken out and, where the memory could only go back further, the rest is
+    evaluated again."""
+    held = memory.rewind(keep, checkpoint)
+    llm.n_tokens = held
+    if held < keep:
+        llm.eval([int(t) for t in llm.input_ids[held:keep]])
 
 
 class StopMatcher:

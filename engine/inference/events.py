@@ -69,6 +69,11 @@ class Stats:
     """How long finding, checking and loading that saved cache took."""
     kv_saved_bytes: int = 0
     """The KV state saved to disk after this turn (written in the background)."""
+    draft_restores: int = 0
+    """Rejected drafts taken back by restoring a copy of the model's recurrent state (a Mamba-style
+    memory cannot drop its last tokens: engine.inference.seq_memory)."""
+    speculation_note: str = ""
+    """Why speculative decoding was off for this reply although it was asked for ("" otherwise)."""
     budget: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:

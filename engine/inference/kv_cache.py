@@ -45,9 +45,12 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from engine.atomic import PRIVATE_FILE_MODE, PRIVATE_FOLDER_MODE, write_bytes_atomic
+
+if TYPE_CHECKING:
+    from engine.inference.seq_memory import Checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -519,25 +522,34 @@ class SeqCachePersistence:
 
         return KvIdentity(self._fingerprint, self.n_ctx, cache_type(llm), self.request.template, llama_cpp.__version__)
 
-    def restore(self, llm: Any, tokens: Sequence[int]) -> None:
+    def restore(self, llm: Any, tokens: Sequence[int], in_ram: int | None = None, trimmable: bool = True) -> None:
         """Loads this conversation's saved state when it covers more of ``tokens`` than the KV cache
         in RAM does (by at least :data:`MIN_GAIN_TOKENS`). Never raises: on an unexpected failure
-        the KV cache is emptied (the turn then prefills everything) and the cause logged."""
+        the KV cache is emptied (the turn then prefills everything) and the cause logged.
+
+        Args:
+            llm: the ``llama_cpp.Llama``.
+            tokens: the new prompt.
+            in_ram: how many of ``tokens`` the memory in RAM keeps (None: its common prefix).
+            trimmable: the memory can be cut to any prefix; a recurrent one cannot, so a saved
+                state is only worth loading when all of its tokens begin the new prompt.
+        """
         self.restored_tokens, self.restore_ms, self.saved_bytes = 0, 0.0, 0
         try:
-            self._restore(llm, tokens)
+            self._restore(llm, tokens, in_ram, trimmable)
         except Exception as exc:  # noqa: BLE001 - the cache is an optimisation; the turn goes on
             log.warning("restoring the saved KV cache failed: %s", exc)
             self.restored_tokens = 0
             llm._ctx.kv_cache_clear()
             llm.n_tokens = 0
 
-    def _restore(self, llm: Any, tokens: Sequence[int]) -> None:
+    def _restore(self, llm: Any, tokens: Sequence[int], in_ram: int | None, trimmable: bool) -> None:
         request, store = self.request, self._store
         if request is None or store is None or not 1 < len(tokens) < self.n_ctx:
             return
         started = time.perf_counter()
-        in_ram = common_prefix(llm.input_ids[: llm.n_tokens].tolist(), tokens)
+        if in_ram is None:
+            in_ram = common_prefix(llm.input_ids[: llm.n_tokens].tolist(), tokens)
         identity = self.identity(llm)
         if identity is None:
             return
@@ -546,6 +558,8 @@ class SeqCachePersistence:
             return
         entry, common = found
         usable = min(common, len(tokens) - 1)
+        if not trimmable and usable < len(entry.tokens):
+            return  # a recurrent state cannot be cut back to the shared prefix
         if usable - in_ram < MIN_GAIN_TOKENS:
             return
         state = store.load_state(entry)
@@ -557,12 +571,16 @@ class SeqCachePersistence:
         self.restored_tokens = usable
         self.restore_ms = (time.perf_counter() - started) * 1000
 
-    def result_fields(self, llm: Any, cached_tokens: int) -> dict[str, Any]:
-        """``kv_restored_tokens``, ``kv_restore_ms`` and ``kv_saved_bytes`` for this turn's result."""
+    def result_fields(self, llm: Any, cached_tokens: int, checkpoint: Checkpoint | None = None) -> dict[str, Any]:
+        """``kv_restored_tokens``, ``kv_restore_ms`` and ``kv_saved_bytes`` for this turn's result
+        (``checkpoint``: the state :meth:`save` will write instead of the context's)."""
         restored = min(self.restored_tokens, cached_tokens)
         saving = self.request is not None and self.request.config.max_bytes > 0 and llm.n_tokens > 0
         try:
-            self.saved_bytes = state_size(llm) + 4 * int(llm.n_tokens) if saving else 0
+            if checkpoint is not None:
+                self.saved_bytes = len(checkpoint.state) + 4 * checkpoint.n_tokens if saving else 0
+            else:
+                self.saved_bytes = state_size(llm) + 4 * int(llm.n_tokens) if saving else 0
             if self.request is not None and self.saved_bytes > self.request.config.max_bytes:
                 self.saved_bytes = 0  # over the cap on its own: not even copied
         except Exception as exc:  # noqa: BLE001 - never fail a finished turn for the cache
@@ -574,9 +592,10 @@ class SeqCachePersistence:
             "kv_saved_bytes": self.saved_bytes,
         }
 
-    def save(self, llm: Any) -> None:
-        """Copies the sequence's state now and writes it on the background thread. Never raises:
-        a failed save costs only the next start's prefill (logged)."""
+    def save(self, llm: Any, checkpoint: Checkpoint | None = None) -> None:
+        """Copies the sequence's state now (or takes ``checkpoint``'s, a whole state with its
+        tokens) and writes it on the background thread. Never raises: a failed save costs only the
+        next start's prefill (logged)."""
         request, store = self.request, self._store
         if request is None or store is None or not self.saved_bytes:
             return
@@ -584,8 +603,11 @@ class SeqCachePersistence:
             identity = self.identity(llm)
             if identity is None:
                 return
-            tokens = llm.input_ids[: llm.n_tokens].tolist()
-            state = snapshot_seq(llm)
+            if checkpoint is not None and checkpoint.full and checkpoint.tokens is not None:
+                tokens, state = list(checkpoint.tokens), bytearray(checkpoint.state)
+            else:
+                tokens = llm.input_ids[: llm.n_tokens].tolist()
+                state = snapshot_seq(llm)
         except Exception as exc:  # noqa: BLE001 - the cache is an optimisation; the turn is done
             log.warning("saving the KV cache failed: %s", exc)
             return

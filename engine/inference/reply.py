@@ -313,7 +313,7 @@ def within_thinking_budget(
 
 def _joined(first: WorkerResult, second: WorkerResult, glue: str) -> WorkerResult:
     extra: dict[str, Any] = {}
-    for name in ("draft_tokens", "accepted_tokens"):
+    for name in ("draft_tokens", "accepted_tokens", "draft_restores"):
         if hasattr(first, name):
             extra[name] = getattr(first, name) + getattr(second, name)
     return dataclasses.replace(

@@ -39,6 +39,7 @@ from engine.inference.decoding import StopMatcher as _StopMatcher
 from engine.inference.decoding import decode, prefill
 from engine.inference.events import PrefillProgress, Token
 from engine.inference.kv_cache import KvRequest, SeqCachePersistence
+from engine.inference.seq_memory import Checkpoint, SeqMemory
 
 _POLL_S = 0.02
 _LOAD_TIMEOUT_S = 600.0
@@ -145,6 +146,9 @@ class ModelInfo:
     chat_template: str | None
     metadata: dict[str, str] = field(default_factory=dict)
     cpu_backend: BackendInfo | None = None  # the CPU code llama.cpp runs on (set by the parent)
+    # The model's sequence memory (engine.inference.seq_memory): "kv" (a transformer's cache, cut
+    # at any token), "recurrent" (Mamba, RWKV: one state, restored from copies) or "hybrid".
+    memory: str = "kv"
 
 
 @dataclass(frozen=True)
@@ -166,6 +170,8 @@ class WorkerResult:
     kv_restore_ms: float = 0.0
     kv_saved_bytes: int = 0  # the KV state queued for saving after this turn
     stop_sequence: str | None = None  # the stop string (of GenerationParams.stop) that ended the reply, if one did
+    draft_restores: int = 0  # rejected drafts taken back by restoring a copy of a recurrent state
+    speculation_note: str = ""  # why speculation was off although it was asked for ("" when it was not)
 
 
 @dataclass(frozen=True)
@@ -205,6 +211,11 @@ class _Worker:
             self.draft = DraftModel(
                 llama_cpp, params.draft_model_path, self.llm, self.n_ctx, params.n_threads, params.n_gpu_layers
             )
+        self.memory = SeqMemory(llama_cpp, self.llm)
+        # A memory that cannot be cut (recurrent) keeps a copy of its state at the end of the last
+        # prompt: the next turn's prompt starts with it, whatever the reply re-tokenizes to.
+        self.prompt_checkpoint: Checkpoint | None = None
+        self._checkpoint_fresh = False  # taken by this turn (else a turn stopped before it)
 
     @property
     def n_ctx(self) -> int:
@@ -245,6 +256,7 @@ class _Worker:
             add_bos=bool(self._llama_cpp.llama_vocab_get_add_bos(vocab)),
             chat_template=meta.get("tokenizer.chat_template"),
             metadata={k: v for k, v in meta.items() if len(v) <= 4096},
+            memory=self.memory.kind,
         )
 
     def piece(self, token: int, special: bool) -> bytes:
@@ -285,26 +297,38 @@ class _Worker:
     def kv_restore(self, tokens: Sequence[int]) -> None:
         """Before the prefix reuse: loads the saved state that covers more of ``tokens`` than RAM."""
         if self._kv is not None:
-            self._kv.restore(self.llm, tokens)
+            self._kv.restore(self.llm, tokens, in_ram=self._reusable(tokens), trimmable=self.memory.trimmable)
 
     def kv_result(self, result: WorkerResult) -> WorkerResult:
         """The result with this turn's restore and save figures."""
         if self._kv is None:
             return result
-        return dataclasses.replace(result, **self._kv.result_fields(self.llm, result.cached_tokens))
+        return dataclasses.replace(
+            result, **self._kv.result_fields(self.llm, result.cached_tokens, self._saved_checkpoint())
+        )
 
     def kv_save(self) -> None:
         """After the result was sent: copies the state and writes it in the background."""
         if self._kv is not None:
-            self._kv.save(self.llm)
+            self._kv.save(self.llm, self._saved_checkpoint())
+
+    def _saved_checkpoint(self) -> Checkpoint | None:
+        """What a memory that cannot be cut saves: its state at the end of the prompt (a later
+        turn's prompt starts there), not after the reply, whose tokens the next prompt may spell
+        differently. None: the state as it is (a KV cache is cut to any prefix when loaded)."""
+        checkpoint = self.prompt_checkpoint
+        if self.memory.trimmable or checkpoint is None or not checkpoint.full or not self._checkpoint_fresh:
+            return None  # (a turn stopped before its prompt was read saves the state it reached)
+        return checkpoint
 
     def kv_close(self) -> None:
         """Finishes the queued write (before the worker exits)."""
         if self._kv is not None:
             self._kv.close()
 
-    def _reuse_prefix(self, tokens: Sequence[int]) -> int:
-        """Keeps the KV cache for the longest common prefix with the last sequence; returns its length."""
+    def _common_prefix(self, tokens: Sequence[int]) -> int:
+        """The longest common prefix with the last sequence, short of the last token (at least
+        one token must be evaluated to get fresh logits for sampling)."""
         llm = self.llm
         cached = llm._input_ids[: llm.n_tokens]
         prefix = 0
@@ -312,14 +336,41 @@ class _Worker:
             if a != b:
                 break
             prefix += 1
-        # At least one token must be evaluated to get fresh logits for sampling.
-        prefix = min(prefix, len(tokens) - 1)
-        if prefix < llm.n_tokens and not llm._ctx.kv_cache_seq_rm(-1, prefix, -1):
-            # Partial removal unsupported (some sliding-window/recurrent caches): start over.
-            llm._ctx.kv_cache_clear()
-            prefix = 0
+        return min(prefix, len(tokens) - 1)
+
+    def _reusable(self, tokens: Sequence[int]) -> int:
+        """How many leading tokens of ``tokens`` the memory in RAM can keep without evaluating."""
+        prefix = self._common_prefix(tokens)
+        if self.memory.trimmable or prefix >= self.llm.n_tokens:
+            return prefix
+        checkpoint = self.prompt_checkpoint
+        if checkpoint is not None and self.memory.usable(checkpoint, prefix):
+            return checkpoint.n_tokens
+        return 0
+
+    def _reuse_prefix(self, tokens: Sequence[int]) -> int:
+        """Keeps the KV cache for the longest common prefix with the last sequence; returns its length.
+
+        Where the memory cannot be cut there (a recurrent state), the copy at the last prompt's end
+        is restored when the new prompt starts with it; otherwise the memory is cleared."""
+        llm = self.llm
+        prefix = self._common_prefix(tokens)
+        if prefix < llm.n_tokens:
+            prefix = self.memory.rewind(prefix, self.prompt_checkpoint)
         llm.n_tokens = max(prefix, 0)
+        checkpoint = self.prompt_checkpoint
+        if checkpoint is not None and checkpoint.n_tokens > llm.n_tokens:
+            self.prompt_checkpoint = None  # it no longer describes a prefix of this sequence
         return int(llm.n_tokens)
+
+    def _checkpoint_prompt(self) -> None:
+        """With all of a prompt but its last token read, on a memory that cannot be cut: a copy of
+        its state there (the whole state when the KV cache on disk may save it, else the recurrent
+        part). The next turn's prompt starts with it whatever the reply re-tokenizes to, and the
+        same prompt again (a regenerated reply) needs only its last token read."""
+        full = self._kv is not None and self._kv.request is not None
+        self.prompt_checkpoint = self.memory.checkpoint(full=full, keep_tokens=True)
+        self._checkpoint_fresh = True
 
     def generate(
         self,
@@ -339,7 +390,12 @@ class _Worker:
         if params.speculative == "draft" and self.draft is None:
             raise EngineError("speculative decoding with a draft model: no draft model was loaded with this model")
         cached = self._reuse_prefix(tokens)
-        if not prefill(llm, self._llama_cpp, list(tokens[cached:]), self.params.n_batch, cancel, send):
+        # A memory that cannot be cut copies its state before the prompt's last token (see
+        # _checkpoint_prompt); a KV cache reads the prompt in whole chunks.
+        before_last = None if self.memory.trimmable else self._checkpoint_prompt
+        self._checkpoint_fresh = False
+        new = list(tokens[cached:])
+        if not prefill(llm, self._llama_cpp, new, self.params.n_batch, cancel, send, self.memory, before_last):
             return WorkerResult(
                 "cancelled", "", len(tokens), cached, 0, llm.n_tokens, 0.0, (time.perf_counter() - t0) * 1000, 0.0
             )
@@ -357,6 +413,7 @@ class _Worker:
             send,
             self.draft,
             offloaded=self.params.n_gpu_layers != 0 and bool(self._llama_cpp.llama_supports_gpu_offload()),
+            memory=self.memory,
         )
         t_end = time.perf_counter()
         t_first = out.t_first
@@ -373,6 +430,8 @@ class _Worker:
             draft_tokens=out.draft_tokens,
             accepted_tokens=out.accepted_tokens,
             stop_sequence=out.stop_sequence,
+            draft_restores=out.draft_restores,
+            speculation_note=out.speculation_note,
         )
 
 
@@ -423,6 +482,7 @@ def _worker_main(
             elif op == "reset":
                 worker.llm._ctx.kv_cache_clear()
                 worker.llm.n_tokens = 0
+                worker.prompt_checkpoint = None
                 conn.send(("result", None))
             elif op == "generate":
                 _test_cpu_fault("generate", backend)

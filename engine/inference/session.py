@@ -549,6 +549,8 @@ class ChatSession:
             template=f"{self.template.source}:{self.template.name}",
             draft_tokens=result.draft_tokens,
             accepted_tokens=result.accepted_tokens,
+            draft_restores=result.draft_restores,
+            speculation_note=result.speculation_note,
             budget=dict(plan.breakdown),
         )
 

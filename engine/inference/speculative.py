@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import EngineError, ModelLoadError
+from engine.inference.seq_memory import Checkpoint, SeqMemory
 
 # Priors of the per-token acceptance rate by how long the match is (tokens that agree before the
 # draft): a long match is a quote, a short one is often a common phrase.
@@ -138,6 +139,8 @@ class DraftModel:
             raise ModelLoadError(f"{path}: cannot draft for this model: {reason}")
         self._greedy = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
         lc.llama_sampler_chain_add(self._greedy, lc.llama_sampler_init_greedy())
+        self.memory = SeqMemory(lc, self.llm)
+        self._checkpoint: Checkpoint | None = None  # a recurrent draft's state before its last draft
         self.tokens: list[int] = []
         # Drafting a token costs about the draft's share of the target's bytes read per token.
         self.relative_cost = min(1.0, Path(path).stat().st_size / max(int(target._model.size()), 1))
@@ -147,7 +150,10 @@ class DraftModel:
         self.tokens.extend(tokens)
 
     def sync(self, cancel: Any | None = None, chunk: int = 256) -> bool:
-        """Brings the draft's KV cache to the sequence but its last token; False when cancelled."""
+        """Brings the draft's KV cache to the sequence but its last token; False when cancelled.
+
+        A recurrent draft model cannot cut its state back to where the target disagreed: the copy
+        taken before its last draft is restored, and what follows is read again."""
         llm, seq = self.llm, self.tokens
         target = len(seq) - 1
         prefix = 0
@@ -156,9 +162,9 @@ class DraftModel:
                 break
             prefix += 1
         prefix = min(prefix, target)
-        if prefix < llm.n_tokens and not llm._ctx.kv_cache_seq_rm(-1, prefix, -1):
-            llm._ctx.kv_cache_clear()
-            prefix = 0
+        if prefix < llm.n_tokens:
+            prefix = self.memory.rewind(prefix, self._checkpoint)
+        self._checkpoint = None
         llm.n_tokens = prefix
         while llm.n_tokens < target:
             if cancel is not None and cancel.is_set():
@@ -172,6 +178,7 @@ class DraftModel:
         if len(self.tokens) + k >= len(llm.input_ids):
             return [], ""
         self.sync()
+        self._checkpoint = self.memory.checkpoint(keep_tokens=True)  # None for a KV cache
         draft: list[int] = []
         token = self.tokens[-1]
         for _ in range(k):
@@ -229,6 +236,9 @@ class SpeculationPolicy:
             target (about the ratio of their sizes; 0 for prompt lookup).
         fixed: > 0 drafts that many tokens whenever there are drafts, whatever they cost.
         head_share: the output layer's share of the model's weights (n_vocab * n_embd / n_params).
+        restore_cost: a rejected draft is taken back by restoring the state and evaluating the
+            kept tokens again (a recurrent model, engine.inference.seq_memory), not by cutting
+            the KV cache: each rejection costs about one more step of the tokens it kept.
     """
 
     def __init__(
@@ -239,6 +249,7 @@ class SpeculationPolicy:
         draft_cost: float = 0.0,
         fixed: int = 0,
         head_share: float = 0.62,
+        restore_cost: bool = False,
     ) -> None:
         self.draft_max = draft_max
         self.fixed = fixed  # > 0: always draft this many (tests and benchmarks of the mechanics)
@@ -246,6 +257,7 @@ class SpeculationPolicy:
         share = min(max(head_share, 0.0), 1.0)
         self.jump, self.slope = (0.1, 0.03) if offloaded else (1.0, 0.1 + 0.37 * share)
         self.draft_cost = draft_cost
+        self.restore_cost = restore_cost
 
     def cost(self, m: int) -> float:
         """A step that evaluates ``m`` tokens, in one-token steps."""
@@ -272,7 +284,11 @@ class SpeculationPolicy:
         for d in range(1, min(available, self.draft_max) + 1):
             power *= alpha
             expected += power
-            rate = expected / (self.cost(1 + d) + d * self.draft_cost)
+            step = self.cost(1 + d) + d * self.draft_cost
+            if self.restore_cost:
+                # Rejected (1 - alpha**d of the time): the kept tokens are evaluated again.
+                step += (1.0 - power) * self.cost(max(round(expected), 1))
+            rate = expected / step
             if rate > best_rate * 1.05:
                 best, best_rate = d, rate
         if best == 0:

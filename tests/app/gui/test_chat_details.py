@@ -191,6 +191,19 @@ def test_inspector_shows_restored_kv_and_speculative_acceptance(qtbot: Any) -> N
     assert "kv_restored" not in panel.shown and not panel.restore_label.isVisibleTo(panel)
 
 
+def test_inspector_says_how_a_recurrent_model_took_back_its_drafts(qtbot: Any) -> None:
+    panel = InspectorPanel()
+    qtbot.addWidget(panel)
+    panel.set_stats({"completion_tokens": 60, "draft_tokens": 40, "accepted_tokens": 30, "draft_restores": 4})
+    assert "75% of drafted tokens accepted" in panel.shown["draft"]
+    assert "4 rejected drafts undone by restoring the model's recurrent state" in panel.shown["draft"]
+    note = "speculative decoding is off for this model: llama.cpp could not copy this model's sequence state"
+    panel.set_stats({"completion_tokens": 60, "speculation_note": note})
+    assert panel.shown["draft"] == "S" + note[1:] and panel.draft_label.isVisibleTo(panel)
+    panel.set_stats({"completion_tokens": 60})
+    assert "draft" not in panel.shown
+
+
 def test_meters_are_described_to_assistive_technology(qtbot: Any) -> None:
     panel = InspectorPanel()
     qtbot.addWidget(panel)
