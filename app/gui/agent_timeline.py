@@ -12,8 +12,9 @@ from collections.abc import Mapping, Sequence
 
 from PySide6.QtCore import QRectF, QSize, Qt
 from PySide6.QtGui import QColor, QPainter, QPaintEvent
-from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QVBoxLayout, QWidget
 
+from app.gui.display_text import plain_label
 from app.gui.theme import LIGHT, ThemeColors
 
 MIN_SEGMENT_PX = 3.0
@@ -95,12 +96,12 @@ class LoopTimelineWidget(QWidget):
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 4, 0, 0)
         lay.setSpacing(2)
-        title = QLabel("Agent loop")
+        title = plain_label("Agent loop")
         title.setObjectName("metricLabel")
         lay.addWidget(title)
         self.bar = LoopBar()
         lay.addWidget(self.bar)
-        self.caption = QLabel("")
+        self.caption = plain_label("")
         self.caption.setObjectName("explain")
         self.caption.setWordWrap(True)
         lay.addWidget(self.caption)

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QObject, Slot
-from PySide6.QtWidgets import QLabel
 
+from app.gui.display_text import plain_label
 from app.gui.tasks import describe_error, run_in_background
 from app.gui.workers.chat_state import ModelState
 
@@ -99,7 +99,7 @@ class ApiServerControl(QObject):
         self._server_config: tuple[int, str | None] | None = None
         self._generation = 0
         self._closed = False
-        self.server_status = QLabel("")
+        self.server_status = plain_label("")
         self.server_status.setObjectName("apiServerStatus")
         status_bar.addPermanentWidget(self.server_status)
         chat.model_state_changed.connect(self._on_model_state_changed)

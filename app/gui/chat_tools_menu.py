@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QObject, Signal, Slot
 from PySide6.QtGui import QAction
-from PySide6.QtWidgets import QInputDialog, QLabel, QMenu, QToolButton, QWidget, QWidgetAction
+from PySide6.QtWidgets import QInputDialog, QMenu, QToolButton, QWidget, QWidgetAction
 
+from app.gui.display_text import plain_label, shown
 from app.gui.workers.agent_tools import ToolsRequest
 
 if TYPE_CHECKING:
@@ -100,10 +101,10 @@ def describe(settings: Mapping[str, object] | None) -> str:
     """The switch's text: ``Tools: off``, ``Tools: builtin, testtools`` or, when the tool choice is
     not Auto, ``Tools: builtin · required`` (``· none``, ``· calculator``)."""
     on, sources = tools_choice(settings)
-    text = f"Tools: {', '.join(sources) or 'none'}" if on else "Tools: off"
+    text = f"Tools: {shown(', '.join(sources)) or 'none'}" if on else "Tools: off"
     choice = tool_choice(settings)
     if on and choice is not None:
-        text += f" · {choice}"
+        text += f" · {shown(choice)}"
     thinking = thinking_choice(settings)
     if thinking is not None:
         text += f" · thinking {thinking if isinstance(thinking, str) else f'≤ {thinking}'}"
@@ -115,7 +116,7 @@ def add_heading(menu: QMenu, text: str) -> QWidgetAction:
     drawn by few styles (not Fusion, not macOS's native menus), which left "On" and "Off" with no
     word of what they switch; a label is drawn everywhere, and the keyboard skips it."""
     menu.addSeparator()
-    label = QLabel(text)
+    label = plain_label(text)
     label.setObjectName("menuHeading")
     label.setStyleSheet("font-weight: 600; padding: 4px 10px 2px 10px;")
     label.setEnabled(False)  # drawn in the palette's muted colour, like a group title
@@ -191,13 +192,13 @@ class ChatToolsButton(QToolButton):
             *((n, f"MCP server {n}") for n in configured),
             *((n, f"MCP server {n} (not configured any more: untick it)") for n in gone),
         ):
-            action = menu.addAction(label)
+            action = menu.addAction(shown(label).replace("&", "&&"))
             action.setObjectName(f"source_{name}")
             action.setCheckable(True)
             action.setChecked(name in sources)
             action.toggled.connect(lambda checked, n=name: self.set_source(n, checked))
         if self.server_problem:
-            menu.addAction(self.server_problem).setEnabled(False)
+            menu.addAction(shown(self.server_problem).replace("&", "&&")).setEnabled(False)
         self._add_choice_section(menu, sources)
         add_heading(menu, "Thinking")
         thinking = thinking_choice(self.settings)
@@ -232,14 +233,14 @@ class ChatToolsButton(QToolButton):
             action.triggered.connect(lambda _=False, v=value: self.set_tool_choice(v))
         names = self.tool_names(sources)
         named = choice if choice is not None and choice not in ("required", "none") else None
-        sub = menu.addMenu(f"Always call {named}" if named else "Always call one tool")
+        sub = menu.addMenu(f"Always call {shown(named)}".replace("&", "&&") if named else "Always call one tool")
         sub.setObjectName("choice_named")
         sub.setToolTipsVisible(True)
         entries = [(n, n) for n in names]
         if named and named not in names:
             entries.append((named, f"{named} (not on in this chat: Auto is used)"))
         for name, label in entries:
-            action = sub.addAction(label)
+            action = sub.addAction(shown(label).replace("&", "&&"))
             action.setObjectName(f"choice_tool_{name}")
             action.setCheckable(True)
             action.setChecked(name == named)

@@ -31,6 +31,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.gui.display_text import plain_label, plain_tooltip, rich, shown
 from app.gui.markdown_render import COPY_SCHEME, LIGHT_CODE, SAFE_LINK_SCHEMES, CodeColors, plain_html
 from app.gui.reply_blocks import BlockLabel, TextBlocks
 from app.gui.tool_card import AgentPartsWidget, ApprovalCardWidget, StepTextWidget, turn_layout
@@ -73,9 +74,9 @@ def format_stats_line(stats: Mapping[str, object] | None) -> str:
 def format_stats_tooltip(stats: Mapping[str, object] | None, model: str | None) -> str:
     """The full per-message stats shown on hover."""
     if not stats:
-        return model or ""
+        return plain_tooltip(model) if model else ""
     rows = [
-        ("Model", model or "?"),
+        ("Model", rich(model or "?")),
         ("Prompt tokens", f"{stats.get('prompt_tokens', 0)} ({stats.get('cached_tokens', 0)} reused)"),
         ("Reply tokens", str(stats.get("completion_tokens", 0))),
         ("Time to first token", f"{stats.get('ttft_ms', 0):.0f} ms"),
@@ -95,11 +96,11 @@ def source_label(source: Mapping[str, object], number: int) -> str:
     path = str(source.get("path") or source.get("file") or "?")
     name = Path(path).name
     page = source.get("page")
-    where = f", p. {page}" if page not in (None, "", 0) else ""
+    where = f", p. {rich(page)}" if page not in (None, "", 0) else ""
     snippet = " ".join(str(source.get("snippet") or source.get("text") or "").split())
     if len(snippet) > 110:
         snippet = snippet[:110] + "…"
-    return f'[{number}] <a href="{SOURCE_SCHEME}:{number - 1}">{html.escape(name)}{where}</a>' + (
+    return f'[{number}] <a href="{SOURCE_SCHEME}:{number - 1}">{rich(name)}{where}</a>' + (
         f" — “{html.escape(snippet)}”" if snippet else ""
     )
 
@@ -236,7 +237,8 @@ class MessageCard(QFrame):
             bubble.setMaximumWidth(640)
         outer.addWidget(bubble, 0 if is_user else 1)
 
-        role = QLabel("You" if is_user else assistant)
+        # The model's name is a file name someone else chose: plain text, never markup.
+        role = plain_label("You" if is_user else shown(assistant))
         role.setObjectName("roleLabel")
         inner.addWidget(role)
         return inner
@@ -274,12 +276,12 @@ class MessageCard(QFrame):
         actions.setSpacing(2)
         # The stats (or the error) wrap on a line of their own: a long one never widens the card
         # past the transcript (it hid the Edit button).
-        self.stats_label = QLabel()
+        self.stats_label = plain_label()
         self.stats_label.setObjectName("statsLine")
         make_wrapping(self.stats_label)
         self.stats_label.setAccessibleName("Reply details")
         self.prev_button = self._tool("‹", "Previous branch", "prev")
-        self.branch_label = QLabel()
+        self.branch_label = plain_label()
         self.branch_label.setObjectName("statsLine")
         self.next_button = self._tool("›", "Next branch", "next")
         actions.addWidget(self.prev_button)
@@ -501,7 +503,7 @@ class ChatView(QScrollArea):
         self._follow = True
         self._anchor: tuple[int, int] | None = None  # (message id, its y in the viewport) to keep
         self._reveal: tuple[int, list[str]] | None = None  # a search hit to show and mark
-        self.empty = QLabel(
+        self.empty = plain_label(
             "Ask anything.\nThe inspector on the right shows what the model is doing while it answers.\n"
             "Drop files or folders on the window to chat with your documents."
         )
@@ -580,7 +582,7 @@ class ChatView(QScrollArea):
         position = 0
         for index, message in enumerate(messages):
             if evicted and index == evicted:
-                self.marker = QLabel(
+                self.marker = plain_label(
                     f"⤒ {evicted} earlier message{'s' if evicted != 1 else ''} no longer fit in the context "
                     "window and were not sent to the model"
                 )

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal, Slot
 from PySide6.QtGui import QKeyEvent
-from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QFrame, QHBoxLayout, QPlainTextEdit, QPushButton, QVBoxLayout, QWidget
 
+from app.gui.display_text import plain_label
 from app.gui.window_layout import ElidedLabel, make_wrapping
 
 
@@ -55,7 +56,7 @@ class Composer(QWidget):
         layout.setSpacing(4)
 
         banner_row = QHBoxLayout()
-        self.edit_banner = QLabel("Editing a message: sending creates a new branch; the old one stays.")
+        self.edit_banner = plain_label("Editing a message: sending creates a new branch; the old one stays.")
         self.edit_banner.setObjectName("editBanner")
         make_wrapping(self.edit_banner)
         self.cancel_edit_button = QPushButton("Cancel edit")

@@ -14,13 +14,13 @@ from PySide6.QtWidgets import (
     QDoubleSpinBox,
     QFormLayout,
     QGroupBox,
-    QLabel,
     QPlainTextEdit,
     QSpinBox,
     QVBoxLayout,
     QWidget,
 )
 
+from app.gui.display_text import plain_label, shown
 from app.settings import SamplingPreset, Settings
 
 if TYPE_CHECKING:
@@ -65,7 +65,7 @@ class ConversationSettingsDialog(QDialog):
         form.addRow(self.use_default)
         form.addRow("System prompt:", self.prompt)
         layout.addLayout(form)
-        note = QLabel("The system prompt is pinned: it is never evicted from the context window.")
+        note = plain_label("The system prompt is pinned: it is never evicted from the context window.")
         note.setObjectName("explain")
         note.setWordWrap(True)
         layout.addWidget(note)
@@ -76,7 +76,7 @@ class ConversationSettingsDialog(QDialog):
         self.preset = QComboBox()
         self.preset.setAccessibleName("Sampling preset")
         for preset in settings.presets:
-            self.preset.addItem(preset.name, preset.name)
+            self.preset.addItem(shown(preset.name), preset.name)
         current = conv_settings.get("preset") or settings.default_preset
         self.preset.setCurrentIndex(max(self.preset.findData(current), 0))
         sampling.addRow("Start from preset:", self.preset)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from PySide6.QtCore import Slot
+from PySide6.QtCore import Qt, Slot
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -66,6 +66,7 @@ class ConvertDialog(QDialog):
             "refused and custom model code is never run. Other types than F16, BF16 and Q8_0 are converted "
             "to F16 (BF16 for a bfloat16 checkpoint) first, then quantized."
         )
+        note.setTextFormat(Qt.TextFormat.RichText)
         note.setWordWrap(True)
         layout.addWidget(note)
         form = QFormLayout()

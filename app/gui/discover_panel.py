@@ -10,7 +10,6 @@ so where it was made, with a Retry button.
 
 from __future__ import annotations
 
-import html
 from typing import TYPE_CHECKING
 
 from PySide6.QtCore import Qt, Signal, Slot
@@ -22,7 +21,6 @@ from PySide6.QtWidgets import (
     QLineEdit,
     QListWidget,
     QListWidgetItem,
-    QMessageBox,
     QProgressBar,
     QPushButton,
     QSplitter,
@@ -31,6 +29,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.gui.display_text import confirm, plain_label, plain_tooltip, rich, shown
 from app.gui.quantize_dialog import VERDICT_TEXT
 from app.gui.quantize_dialog import table_item as _item
 from app.gui.quantize_dialog import verdict_item as _verdict_item
@@ -101,7 +100,7 @@ class DiscoverWidget(QWidget):
         left = QWidget()
         ll = QVBoxLayout(left)
         ll.setContentsMargins(0, 0, 0, 0)
-        self.results_title = QLabel("")
+        self.results_title = plain_label("")
         self.results_title.setObjectName("sectionTitle")
         ll.addWidget(self.results_title)
         self.results = QListWidget()
@@ -109,7 +108,7 @@ class DiscoverWidget(QWidget):
         self.results.setSpacing(3)  # the two-line entries stay apart
         self.results.currentItemChanged.connect(self._on_results_current_item_changed)
         ll.addWidget(self.results, 1)
-        self.search_error = QLabel("")
+        self.search_error = plain_label("")
         self.search_error.setObjectName("errorBanner")
         self.search_error.setWordWrap(True)
         self.search_error.setTextFormat(Qt.TextFormat.PlainText)
@@ -135,6 +134,7 @@ class DiscoverWidget(QWidget):
         rl = QVBoxLayout(right)
         rl.setContentsMargins(0, 0, 0, 0)
         self.repo_label = QLabel("Pick a suggested model or a search result to see its files.")
+        self.repo_label.setTextFormat(Qt.TextFormat.RichText)  # the repository in bold: its name escaped (rich)
         self.repo_label.setWordWrap(True)
         rl.addWidget(self.repo_label)
         self.files = QTableWidget(0, 4)
@@ -146,7 +146,7 @@ class DiscoverWidget(QWidget):
         self.files.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
         self.files.horizontalHeader().setSectionResizeMode(3, QHeaderView.ResizeMode.ResizeToContents)
         rl.addWidget(self.files, 1)
-        self.files_error = QLabel("")
+        self.files_error = plain_label("")
         self.files_error.setObjectName("errorBanner")
         self.files_error.setWordWrap(True)
         self.files_error.setTextFormat(Qt.TextFormat.PlainText)
@@ -167,7 +167,7 @@ class DiscoverWidget(QWidget):
 
     def _build_queue(self, lay: QVBoxLayout) -> None:
         """The download list under both."""
-        title = QLabel("DOWNLOADS")
+        title = plain_label("DOWNLOADS")
         title.setObjectName("sectionTitle")
         lay.addWidget(title)
         self.queue = QTableWidget(0, 5)
@@ -195,12 +195,13 @@ class DiscoverWidget(QWidget):
             fit = self.adapter.library.fit_for_size(model.size)
             verdict = "checking this machine…" if probing else VERDICT_TEXT.get(getattr(fit, "verdict", ""), "?")
             item = QListWidgetItem(
-                f"{model.label}  ● {verdict}\n{model.params} · Q4_K_M · ≈ {format_bytes(model.size)} · {model.license}"
+                f"{shown(model.label)}  ● {verdict}\n"
+                f"{shown(model.params)} · Q4_K_M · ≈ {format_bytes(model.size)} · {shown(model.license)}"
             )
             tip = f"{model.repo}/{model.file}\n{model.about}\nlicence: {model.license}"
             if fit is not None:
                 tip += f"\n{fit.message}"
-            item.setToolTip(tip)
+            item.setToolTip(plain_tooltip(tip))
             item.setData(REPO_ROLE, model.repo)
             item.setData(FILE_ROLE, model.file)
             self.results.addItem(item)
@@ -218,8 +219,8 @@ class DiscoverWidget(QWidget):
     def _set_search_error(self, message: str | None) -> None:
         self.search_error.setVisible(message is not None)
         self.search_retry.setVisible(message is not None)
-        self.search_error.setText(message or "")
-        self.search_error.setToolTip(message or "")
+        self.search_error.setText(shown(message or ""))
+        self.search_error.setToolTip(plain_tooltip(message or ""))
 
     @Slot()
     def _on_search_return_pressed(self) -> None:
@@ -261,7 +262,7 @@ class DiscoverWidget(QWidget):
             self._add_note("No GGUF repositories found.")
         for hit in hits:
             lock = "  🔒 gated" if hit.gated else ""
-            item = QListWidgetItem(f"{hit.id}{lock}\n↓ {hit.downloads:,}  ♥ {hit.likes:,}")
+            item = QListWidgetItem(f"{shown(hit.id)}{lock}\n↓ {hit.downloads:,}  ♥ {hit.likes:,}")
             item.setData(REPO_ROLE, hit.id)
             self.results.addItem(item)
 
@@ -278,14 +279,14 @@ class DiscoverWidget(QWidget):
     def _set_files_error(self, message: str | None) -> None:
         self.files_error.setVisible(message is not None)
         self.files_retry.setVisible(message is not None)
-        self.files_error.setText(message or "")
-        self.files_error.setToolTip(message or "")
+        self.files_error.setText(shown(message or ""))
+        self.files_error.setToolTip(plain_tooltip(message or ""))
 
     def _list(self, repo: str) -> None:
         self._pending_repo = repo
         self.repo_files = None
         self._set_files_error(None)
-        self.repo_label.setText(f"<b>{html.escape(repo)}</b>: listing files…")
+        self.repo_label.setText(f"<b>{rich(repo)}</b>: listing files…")
         self.files.setRowCount(0)
         self.adapter.downloads.list_files(repo)
 
@@ -309,7 +310,7 @@ class DiscoverWidget(QWidget):
         self.repo_files = files
         extra = " · gated: accept the licence on the website first" if files.gated else ""
         unsafe = f" · {len(files.unsafe_names)} unsafe file names hidden" if files.unsafe_names else ""
-        self.repo_label.setText(f"<b>{html.escape(repo)}</b> — {len(files.choices)} models{extra}{unsafe}")
+        self.repo_label.setText(f"<b>{rich(repo)}</b> — {len(files.choices)} models{extra}{unsafe}")
         self.files.setRowCount(len(files.choices))
         wanted = None
         for row, choice in enumerate(files.choices):
@@ -325,7 +326,7 @@ class DiscoverWidget(QWidget):
             self.files.selectRow(wanted)
         elif self._wanted_file:
             self.repo_label.setText(
-                self.repo_label.text() + f" · the suggested {html.escape(self._wanted_file)} is not there any more"
+                self.repo_label.text() + f" · the suggested {rich(self._wanted_file)} is not there any more"
             )
 
     @Slot(str, str)
@@ -333,7 +334,7 @@ class DiscoverWidget(QWidget):
         if self._pending_repo is not None and repo != self._pending_repo:
             return
         self._pending_repo = repo
-        self.repo_label.setText(f"<b>{html.escape(repo)}</b>")
+        self.repo_label.setText(f"<b>{rich(repo)}</b>")
         self._set_files_error(f"Could not list the files of {repo}: {message}")
 
     @Slot()
@@ -379,9 +380,9 @@ class DiscoverWidget(QWidget):
             header = self.queue.horizontalHeader()
             header.resizeSection(4, max(header.sectionSize(4), hint.width() + 8))
         name_item = self.queue.item(row, 0)
-        if name_item is not None and name_item.text() != transfer.label:  # another transfer took the row over
-            name_item.setText(transfer.label)
-            name_item.setToolTip("\n".join(str(p) for p in transfer.paths))
+        if name_item is not None and name_item.text() != shown(transfer.label):  # another transfer took the row over
+            name_item.setText(shown(transfer.label))
+            name_item.setToolTip(plain_tooltip("\n".join(str(p) for p in transfer.paths)))
         cell = self.queue.cellWidget(row, 1)
         if isinstance(cell, QProgressBar):
             # In permille: QProgressBar takes a 32-bit int, and model files pass 2 GiB.
@@ -410,12 +411,12 @@ class DiscoverWidget(QWidget):
         complete = ""
         if transfer.files_done and len(transfer.paths) > 1:
             complete = f" The {transfer.files_done} file(s) already complete stay in the models folder."
-        answer = QMessageBox.question(
+        if confirm(
             self,
             "Discard download",
-            f"Delete the unfinished download of {transfer.label}{kept}? It cannot be resumed afterwards.{complete}",
-        )
-        if answer == QMessageBox.StandardButton.Yes:
+            f"Delete the unfinished download of {shown(transfer.label)}{kept}? "
+            f"It cannot be resumed afterwards.{complete}",
+        ):
             self.adapter.downloads.discard(transfer)
 
 

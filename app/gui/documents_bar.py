@@ -15,6 +15,9 @@ from PySide6.QtCore import QEvent, QRect, QSize, Qt, Signal, Slot
 from PySide6.QtGui import QAction, QColor, QPainter, QPaintEvent, QPen, QResizeEvent
 from PySide6.QtWidgets import QHBoxLayout, QMenu, QPushButton, QSizePolicy, QWidget
 
+from app.gui import display_text
+from app.gui.display_text import plain_tooltip
+
 #: The widest the button grows (its text elides beyond it), so the header never widens the window.
 MAX_BUTTON_WIDTH = 240
 
@@ -41,8 +44,8 @@ def documents_name(paths: Sequence[Path]) -> str:
 def attached_text(names: Sequence[str], missing: Sequence[str] = ()) -> str:
     """What the button says: ``Documents: off``, ``Documents: notes``, ``Documents: a, b``;
     a knowledge base that no longer exists is ``gone (missing)``."""
-    shown = [f"{name} (missing)" if name in missing else name for name in names]
-    return f"Documents: {', '.join(shown)}" if names else "Documents: off"
+    listed = [f"{name} (missing)" if name in missing else name for name in names]
+    return f"Documents: {display_text.shown(', '.join(listed))}" if names else "Documents: off"
 
 
 class _ElidingButton(QPushButton):
@@ -186,7 +189,7 @@ class DocumentsBarWidget(QWidget):
                 tip += " No longer there (deleted), so skipped: " + ", ".join(missing) + ". Untick it in this menu."
         else:
             tip = "This chat uses no documents. Click to choose knowledge bases, or drop files on the window."
-        self.button.setToolTip(tip)
+        self.button.setToolTip(plain_tooltip(tip))
         self.button.setAccessibleDescription(tip)
 
     def _rebuild_menu(self) -> None:
@@ -196,7 +199,7 @@ class DocumentsBarWidget(QWidget):
         missing = [n for n in self.attached if n not in self.available]
         for name in (*self.available, *missing):
             label = name if name in self.available else f"{name} (missing)"
-            action = self.menu.addAction(label.replace("&", "&&"))
+            action = self.menu.addAction(display_text.shown(label).replace("&", "&&"))
             action.setCheckable(True)
             action.setChecked(name in self.attached)
             action.setData(name)

@@ -20,13 +20,13 @@ from PySide6.QtWidgets import (
     QDialog,
     QDialogButtonBox,
     QFormLayout,
-    QLabel,
     QLineEdit,
     QVBoxLayout,
     QWidget,
 )
 
 from app.compose import RemoteModel
+from app.gui.display_text import plain_label
 from app.gui.tasks import describe_error, run_in_background
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ class AddEndpointDialog(QDialog):
         self.saved: Any = None  # engine.inference.endpoints.Endpoint once saved
         self.model_ids: list[str] = []
         layout = QVBoxLayout(self)
-        intro = QLabel("An OpenAI-compatible server: vLLM, llama.cpp's server, Ollama, LM Studio, glassbox serve…")
+        intro = plain_label("An OpenAI-compatible server: vLLM, llama.cpp's server, Ollama, LM Studio, glassbox serve…")
         intro.setWordWrap(True)
         layout.addWidget(intro)
         form = QFormLayout()
@@ -88,7 +88,7 @@ class AddEndpointDialog(QDialog):
         self.api_key.setPlaceholderText("optional")
         form.addRow("API key:", self.api_key)
         layout.addLayout(form)
-        self.status = QLabel("")
+        self.status = plain_label("")
         self.status.setObjectName("endpointStatus")
         self.status.setWordWrap(True)
         layout.addWidget(self.status)

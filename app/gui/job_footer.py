@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QBoxLayout, QDialogButtonBox, QLabel, QProgressBar, QPushButton
+
+from app.gui.display_text import plain_label
 
 if TYPE_CHECKING:
     from app.gui.workers.transfers import Transfer
@@ -39,8 +40,7 @@ def add_job_footer(layout: QBoxLayout, start_text: str) -> JobFooter:
     policy = progress.sizePolicy()
     policy.setRetainSizeWhenHidden(True)
     progress.setSizePolicy(policy)
-    status = QLabel("")
-    status.setTextFormat(Qt.TextFormat.PlainText)
+    status = plain_label("")
     status.setWordWrap(True)
     layout.addWidget(progress)
     layout.addWidget(status)

@@ -19,7 +19,6 @@ from PySide6.QtWidgets import (
     QLineEdit,
     QListWidget,
     QListWidgetItem,
-    QMessageBox,
     QProgressBar,
     QPushButton,
     QSplitter,
@@ -30,6 +29,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.gui.display_text import confirm, plain_label, plain_tooltip, rich, shown
 from app.gui.window_layout import make_wrapping, set_wrapped_text
 from app.gui.workers.knowledge_worker import IndexJob, KnowledgeAdapter
 from engine.units import format_eta
@@ -160,7 +160,7 @@ class KnowledgePanel(QWidget):
         self.new_button.setObjectName("primary")
         self.new_button.clicked.connect(self._on_new_button_clicked)
         ll.addWidget(self.new_button)
-        title = QLabel("KNOWLEDGE BASES")
+        title = plain_label("KNOWLEDGE BASES")
         title.setObjectName("sectionTitle")
         ll.addWidget(title)
         self.kb_list = QListWidget()
@@ -174,15 +174,16 @@ class KnowledgePanel(QWidget):
     def _build_heading(self, rl: QVBoxLayout) -> None:
         """The selected knowledge base's name, its summary and the damaged-index notice."""
         self.heading = QLabel("<h2>Knowledge</h2>")
+        self.heading.setTextFormat(Qt.TextFormat.RichText)  # a heading: the name in it is escaped (rich)
         rl.addWidget(self.heading)
-        self.summary = QLabel(
+        self.summary = plain_label(
             "Create a knowledge base and add files, then use it in a chat from the chat's Documents button; "
             "or drop files or folders anywhere on the window."
         )
         self.summary.setObjectName("explain")
         make_wrapping(self.summary)
         rl.addWidget(self.summary)
-        self.notice = QLabel("")
+        self.notice = plain_label("")
         self.notice.setObjectName("indexNotice")
         make_wrapping(self.notice)
         self.notice.setToolTip("Your documents and chats are untouched; only the search index is rebuilt.")
@@ -217,7 +218,7 @@ class KnowledgePanel(QWidget):
         self.progress = QProgressBar()
         self.progress.setTextVisible(False)
         self.progress.setFixedHeight(8)
-        self.progress_label = QLabel("")
+        self.progress_label = plain_label("")
         self.progress_label.setObjectName("explain")
         make_wrapping(self.progress_label)  # a long skip report wraps; it never widens the window
         self.pause_button = QPushButton("Pause")
@@ -247,7 +248,7 @@ class KnowledgePanel(QWidget):
 
     def _build_test_retrieval(self, rl: QVBoxLayout) -> None:
         """A query box and the passages a chat would get, with their scores."""
-        test_title = QLabel("TEST RETRIEVAL")
+        test_title = plain_label("TEST RETRIEVAL")
         test_title.setObjectName("sectionTitle")
         rl.addWidget(test_title)
         qrow = QHBoxLayout()
@@ -281,9 +282,11 @@ class KnowledgePanel(QWidget):
             name = summary.info.name
             docs = sum(summary.stats.documents.values())
             noun = "document" if docs == 1 else "documents"
-            item = QListWidgetItem(f"{name}\n{docs} {noun} · {summary.stats.chunks} chunks")
+            item = QListWidgetItem(f"{shown(name)}\n{docs} {noun} · {summary.stats.chunks} chunks")
             item.setData(Qt.ItemDataRole.UserRole, name)
-            item.setToolTip(f"Embedding model: {summary.info.embedder_id} ({summary.info.dimension} dimensions)")
+            item.setToolTip(
+                plain_tooltip(f"Embedding model: {summary.info.embedder_id} ({summary.info.dimension} dimensions)")
+            )
             self.kb_list.addItem(item)
             if name == keep:
                 self.kb_list.setCurrentItem(item)
@@ -305,7 +308,7 @@ class KnowledgePanel(QWidget):
     @Slot(QListWidgetItem, QListWidgetItem)
     def _on_kb_list_current_item_changed(self, item: QListWidgetItem | None, _previous: QListWidgetItem | None) -> None:
         self.current = item.data(Qt.ItemDataRole.UserRole) if item is not None else None
-        self.heading.setText(f"<h2>{html.escape(self.current or 'Knowledge')}</h2>")
+        self.heading.setText(f"<h2>{rich(self.current or 'Knowledge')}</h2>")
         if self.current:
             self.adapter.load_documents(self.current)
         self._update_buttons()
@@ -319,15 +322,17 @@ class KnowledgePanel(QWidget):
         for row, doc in enumerate(docs):
             state = str(doc.state)
             counts[state] = counts.get(state, 0) + 1
-            path_item = QTableWidgetItem(Path(doc.path).name)
-            path_item.setToolTip(doc.path)
+            path_item = QTableWidgetItem(shown(Path(doc.path).name))
+            path_item.setToolTip(plain_tooltip(doc.path))
             path_item.setData(Qt.ItemDataRole.UserRole, doc.path)
             self.docs.setItem(row, 0, path_item)
             self.docs.setItem(row, 1, QTableWidgetItem(STATE_LABELS.get(state, state)))
             chunks = QTableWidgetItem(str(doc.n_chunks))
             chunks.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
             self.docs.setItem(row, 2, chunks)
-            self.docs.setItem(row, 3, QTableWidgetItem(doc.reason or ""))
+            reason = QTableWidgetItem(shown(doc.reason or ""))
+            reason.setToolTip(plain_tooltip(doc.reason or ""))
+            self.docs.setItem(row, 3, reason)
         summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no documents yet"
         noun = "document" if len(docs) == 1 else "documents"
         self.summary.setText(f"{len(docs)} {noun}: {summary}. Drop files or folders on the window to add more.")
@@ -377,9 +382,9 @@ class KnowledgePanel(QWidget):
             where = Path(p.path).name + (f", p. {p.page}" if p.page else "")
             dense = "—" if p.dense_score is None else f"{p.dense_score:.3f}"
             bm25 = "—" if p.bm25_score is None else f"{p.bm25_score:.2f}"
-            snippet = html.escape(" ".join(p.text.split())[:320])
+            snippet = html.escape(" ".join(p.text.split())[:320])  # document text, not a name
             rows.append(
-                f"<p><b>[{i}] {html.escape(where)}</b> &nbsp; <small>dense {dense} · BM25 {bm25} · "
+                f"<p><b>[{i}] {rich(where)}</b> &nbsp; <small>dense {dense} · BM25 {bm25} · "
                 f"fused {p.fused_score:.4f}</small><br>{snippet}</p>"
             )
         self.results.setHtml("".join(rows))
@@ -417,7 +422,7 @@ class KnowledgePanel(QWidget):
         """Creates a knowledge base, saying so while it is made (loading the embedding model takes
         a few seconds the first time), and selects it once it exists."""
         self.creating = name
-        self.heading.setText(f"<h2>{html.escape(name)}</h2>")
+        self.heading.setText(f"<h2>{rich(name)}</h2>")
         self.summary.setText(f"Creating the knowledge base “{name}”: loading the embedding model…")
         self.progress.setRange(0, 0)  # busy
         self.progress.setVisible(True)
@@ -431,7 +436,7 @@ class KnowledgePanel(QWidget):
             self.new_button.setEnabled(True)
             self.summary.setText(f"“{kb.name}” is ready: add files or folders, then use it in a chat "
                                  "from the chat's Documents button.")  # fmt: skip
-            self.heading.setText(f"<h2>{html.escape(kb.name)}</h2>")
+            self.heading.setText(f"<h2>{rich(kb.name)}</h2>")
             self._update_buttons()
 
         def failed(message: str) -> None:
@@ -439,7 +444,7 @@ class KnowledgePanel(QWidget):
             self.progress.setRange(0, 1)
             self._show_job(self.job)
             self.new_button.setEnabled(True)
-            self.heading.setText(f"<h2>{html.escape(self.current or 'Knowledge')}</h2>")
+            self.heading.setText(f"<h2>{rich(self.current or 'Knowledge')}</h2>")
             set_wrapped_text(self.summary, message)
 
         self.adapter.create(name, done, failed)
@@ -448,12 +453,11 @@ class KnowledgePanel(QWidget):
     def _on_drop_button_clicked(self) -> None:
         if self.current is None:
             return
-        answer = QMessageBox.question(
+        if confirm(
             self,
             "Delete knowledge base",
-            f"Delete the knowledge base “{self.current}” and its index? Your files are not touched.",
-        )
-        if answer == QMessageBox.StandardButton.Yes:
+            f"Delete the knowledge base “{shown(self.current)}” and its index? Your files are not touched.",
+        ):
             self.adapter.drop(self.current)
             self.current = None
 

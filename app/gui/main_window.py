@@ -38,6 +38,7 @@ from PySide6.QtWidgets import (
 from app.gui.api_server_control import ApiServerControl
 from app.gui.chat_page import ChatPage
 from app.gui.conversation_controller import ConversationController
+from app.gui.display_text import plain_tooltip, shown
 from app.gui.documents_controller import DocumentsController
 from app.gui.model_bar import ModelController
 from app.gui.page_stack import PageStack
@@ -388,7 +389,7 @@ class MainWindow(QMainWindow):
 
     @Slot(str)
     def _on_status_bar_message_changed(self, message: str) -> None:
-        self.statusBar().setToolTip(message)
+        self.statusBar().setToolTip(plain_tooltip(message))
         self.statusBar().setAccessibleDescription(message)
 
     # ------------------------------------------------------------------ notices (app.gui.window_services.Notices)
@@ -396,12 +397,12 @@ class MainWindow(QMainWindow):
         """Shows an error above the transcript (wrapped, whole) and in the status bar."""
         set_wrapped_text(self.banner, message)
         self.banner.setVisible(True)
-        self.statusBar().showMessage(message, 15000)
+        self.statusBar().showMessage(shown(message), 15000)
         self._banner_timer.start(15000)
 
     def show_status(self, message: str, ms: int = 0) -> None:
         """Shows a line in the status bar for ``ms`` milliseconds (0: until the next one)."""
-        self.statusBar().showMessage(message, ms)
+        self.statusBar().showMessage(shown(message), ms)
 
     def clear_error(self) -> None:
         """Hides the error banner."""

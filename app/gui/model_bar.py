@@ -17,6 +17,7 @@ from PySide6.QtCore import QObject, Qt, Slot
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QPushButton, QWidget
 
 from app.compose import RemoteModel, model_key
+from app.gui.display_text import plain_tooltip, shown
 from app.gui.endpoints_dialog import AddEndpointDialog, list_remote_models
 from app.gui.tasks import describe_error, run_in_background
 from app.gui.window_services import while_alive
@@ -222,8 +223,9 @@ class ModelController(QObject):
         picker.clear()
         entries: list[Path | RemoteModel] = [*found, *self.remote_models]
         for path in entries:
-            picker.addItem(model_label(path), model_key(path))
-            picker.setItemData(picker.count() - 1, model_tooltip(path), Qt.ItemDataRole.ToolTipRole)
+            picker.addItem(shown(model_label(path)), model_key(path))
+            tip = plain_tooltip(model_tooltip(path))
+            picker.setItemData(picker.count() - 1, tip, Qt.ItemDataRole.ToolTipRole)
         if current is not None:
             index = picker.findData(current)
             if index >= 0:
@@ -337,7 +339,7 @@ class ModelController(QObject):
         """Loads a model chosen on the Models page (the picker shows it, even a new file)."""
         index = self.picker.findData(model_key(path))
         if index < 0:
-            self.picker.addItem(model_label(path), model_key(path))
+            self.picker.addItem(shown(model_label(path)), model_key(path))
             index = self.picker.count() - 1
         self.picker.setCurrentIndex(index)
         self.load_model(path)

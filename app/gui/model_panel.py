@@ -20,8 +20,6 @@ from PySide6.QtWidgets import (
     QFileDialog,
     QHBoxLayout,
     QHeaderView,
-    QLabel,
-    QMessageBox,
     QPushButton,
     QTableWidget,
     QTabWidget,
@@ -32,6 +30,7 @@ from PySide6.QtWidgets import (
 from app.gui.discover_panel import (
     DiscoverWidget,
 )
+from app.gui.display_text import confirm, inform, plain_label, plain_tooltip, shown
 from app.gui.quantize_dialog import QualityDialog, QuantizeDialog
 from app.gui.quantize_dialog import table_item as _item
 from app.gui.quantize_dialog import verdict_item as _verdict_item
@@ -103,7 +102,7 @@ class ModelPanel(QWidget):
     def _build_library(self) -> QWidget:
         page = QWidget()
         lay = QVBoxLayout(page)
-        self.hardware_label = QLabel("")
+        self.hardware_label = plain_label("")
         self.hardware_label.setObjectName("explain")
         lay.addWidget(self.hardware_label)
         lay.addWidget(self._build_offer_bar())
@@ -122,7 +121,7 @@ class ModelPanel(QWidget):
         self.library.itemSelectionChanged.connect(self._on_library_item_selection_changed)
         lay.addWidget(self.library, 1)
         lay.addLayout(self._build_library_buttons())
-        self.library_status = QLabel("")
+        self.library_status = plain_label("")
         self.library_status.setObjectName("explain")
         self.library_status.setWordWrap(True)
         self.library_status.setTextFormat(Qt.TextFormat.PlainText)
@@ -135,7 +134,7 @@ class ModelPanel(QWidget):
         self.offer_bar.setObjectName("offerBar")
         bar = QHBoxLayout(self.offer_bar)
         bar.setContentsMargins(0, 0, 0, 0)
-        self.offer_label = QLabel("")
+        self.offer_label = plain_label("")
         self.offer_label.setWordWrap(True)
         self.offer_label.setTextFormat(Qt.TextFormat.PlainText)
         bar.addWidget(self.offer_label, 1)
@@ -205,7 +204,9 @@ class ModelPanel(QWidget):
         if entry is not None:
             self._selected_path = entry.path
         problem = entry.chat_problem() if entry is not None else None
-        self.load_button.setToolTip(f"Cannot load: {problem}" if problem else "Load this model to chat with it")
+        self.load_button.setToolTip(
+            plain_tooltip(f"Cannot load: {problem}") if problem else "Load this model to chat with it"
+        )
         self.quality_button.setEnabled(entry is not None and bool(entry.provenance.get("quantized_from")))
 
     @Slot(object)
@@ -276,7 +277,7 @@ class ModelPanel(QWidget):
             return
         problem = entry.chat_problem()
         if problem:
-            self.library_status.setText(f"{entry.label} cannot be loaded: {problem}")
+            self.library_status.setText(f"{shown(entry.label)} cannot be loaded: {shown(problem)}")
             return
         self.load_requested.emit(entry.path)
 
@@ -286,17 +287,14 @@ class ModelPanel(QWidget):
         if entry is None:
             return
         if not entry.owned:
-            QMessageBox.information(
+            inform(
                 self,
                 "Delete",
-                f"{entry.path} is indexed in place from a folder you added; "
+                f"{shown(entry.path)} is indexed in place from a folder you added; "
                 "Glassbox only deletes files in its own models folder.",
             )
             return
-        answer = QMessageBox.question(
-            self, "Delete model", f"Delete {entry.path.name} ({format_bytes(entry.size)}) from disk?"
-        )
-        if answer == QMessageBox.StandardButton.Yes:
+        if confirm(self, "Delete model", f"Delete {shown(entry.path.name)} ({format_bytes(entry.size)}) from disk?"):
             if self.loaded_path == entry.path:
                 self.unload_requested.emit()
             self.adapter.library.delete(entry.path)
@@ -321,7 +319,9 @@ class ModelPanel(QWidget):
             self.library_status.setText("Pick a model in the list first.")
             return
         if entry.error or not entry.available:
-            self.library_status.setText(f"{entry.label} cannot be quantized: {entry.error or 'it is unavailable'}")
+            self.library_status.setText(
+                f"{shown(entry.label)} cannot be quantized: {shown(entry.error or 'it is unavailable')}"
+            )
             return
         try:
             dialog = QuantizeDialog(self.adapter, entry, self, n_ctx=self.n_ctx)
@@ -355,17 +355,17 @@ class ModelPanel(QWidget):
         if not folders:
             self.offer_bar.setVisible(False)
             return
-        names = "; ".join(f"{f.app} ({f.path})" for f in folders)
+        names = shown("; ".join(f"{f.app} ({f.path})" for f in folders))
         self.offer_label.setText(
             f"Models from other apps were found here: {names}. Use them in place (nothing is copied)?"
         )
-        self.offer_label.setToolTip(names)
+        self.offer_label.setToolTip(plain_tooltip(names))
         self.offer_bar.setVisible(True)
 
     @Slot()
     def _on_offer_add_button_clicked(self) -> None:
         self.adapter.library.add_folders([folder.path for folder in self._offered])
-        self.library_status.setText("Added: " + ", ".join(str(f.path) for f in self._offered))
+        self.library_status.setText("Added: " + shown(", ".join(str(f.path) for f in self._offered)))
         self._offered = []
         self.offer_bar.setVisible(False)
 

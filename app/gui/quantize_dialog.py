@@ -11,7 +11,6 @@ The dialogs only choose and watch: :class:`app.gui.workers.model_jobs.ModelJobsA
 
 from __future__ import annotations
 
-import html
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -30,6 +29,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.gui.display_text import plain_tooltip, rich, shown
 from app.gui.job_footer import add_job_footer
 from app.gui.workers.models_worker import ModelsAdapter
 from app.gui.workers.transfers import JOB_ENDED, Transfer
@@ -46,10 +46,10 @@ UNQUANTIZED = ("F32", "F16", "BF16")
 
 
 def table_item(text: str, tip: str = "", align_right: bool = False) -> QTableWidgetItem:
-    """A read-only cell with an optional tooltip."""
-    item = QTableWidgetItem(text)
+    """A read-only cell with an optional tooltip (both plain: names in them are shown as they are)."""
+    item = QTableWidgetItem(shown(text))
     if tip:
-        item.setToolTip(tip)
+        item.setToolTip(plain_tooltip(tip))
     if align_right:
         item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
     return item
@@ -85,7 +85,7 @@ class QuantizeDialog(QDialog):
         super().__init__(parent)
         from engine.convert.quantize import default_output_path
 
-        self.setWindowTitle(f"Quantize {entry.name}")
+        self.setWindowTitle(f"Quantize {shown(entry.name)}")
         self.setMinimumWidth(720)
         self.resize(780, 600)
         self.adapter = adapter
@@ -98,17 +98,19 @@ class QuantizeDialog(QDialog):
         layout = QVBoxLayout(self)
         source_type = entry.quant or "?"
         note = QLabel(
-            f"Source: <b>{html.escape(entry.name)}</b> ({html.escape(source_type)}, {format_bytes(entry.size)}). "
+            f"Source: <b>{rich(entry.name)}</b> ({rich(source_type)}, {format_bytes(entry.size)}). "
             "Quantizing from F16/F32/BF16 keeps the most quality."
         )
+        note.setTextFormat(Qt.TextFormat.RichText)  # the names in it are escaped (rich)
         note.setWordWrap(True)
         layout.addWidget(note)
         self.requantize = is_quantized(entry.quant)
         self.warning_label = QLabel(
-            f"⚠ <b>This model is already quantized</b> ({html.escape(source_type)}). Quantizing it again loses "
+            f"⚠ <b>This model is already quantized</b> ({rich(source_type)}). Quantizing it again loses "
             "quality on top of what its quantization lost; use the F16/BF16 original when you have it. "
             "A larger type (Q8_0, F16) cannot bring the lost quality back."
         )
+        self.warning_label.setTextFormat(Qt.TextFormat.RichText)
         self.warning_label.setObjectName("warning")
         self.warning_label.setWordWrap(True)
         self.warning_label.setVisible(self.requantize)
@@ -333,16 +335,17 @@ class QualityDialog(QDialog):
         self, adapter: ModelsAdapter, source: Path, result: Path, qtype: str, parent: QWidget | None = None
     ) -> None:
         super().__init__(parent)
-        self.setWindowTitle(f"Check the quality of {result.name}")
+        self.setWindowTitle(f"Check the quality of {shown(result.name)}")
         self.setMinimumWidth(560)
         self.adapter = adapter
         self.source, self.result_path, self.qtype = source, result, qtype  # QDialog.result() is a method
         self.transfer: Transfer | None = None
         layout = QVBoxLayout(self)
         note = QLabel(
-            f"Compares the perplexity of <b>{html.escape(result.name)}</b> with its source "
-            f"<b>{html.escape(source.name)}</b> on a short shipped text (lower is better)."
+            f"Compares the perplexity of <b>{rich(result.name)}</b> with its source "
+            f"<b>{rich(source.name)}</b> on a short shipped text (lower is better)."
         )
+        note.setTextFormat(Qt.TextFormat.RichText)  # the names in it are escaped (rich)
         note.setWordWrap(True)
         layout.addWidget(note)
         self.footer = footer = add_job_footer(layout, "Check")

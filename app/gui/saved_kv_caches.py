@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from PySide6.QtWidgets import QDoubleSpinBox, QFormLayout, QGroupBox, QHBoxLayout, QLabel, QPushButton, QWidget
+from PySide6.QtWidgets import QDoubleSpinBox, QFormLayout, QGroupBox, QHBoxLayout, QPushButton, QWidget
 from shiboken6 import isValid
 
+from app.gui.display_text import plain_label
 from app.settings import Settings
 from engine.units import format_bytes
 
@@ -40,7 +41,7 @@ class SavedKvCachesWidget(QGroupBox):
             "restart) does not compute its prompt again. The least recently used go first."
         )
         form.addRow("Size cap:", self.cap)
-        self.usage = QLabel("")
+        self.usage = plain_label("")
         self.usage.setObjectName("savedKvCachesUsage")
         self.clear_button = QPushButton("Clear saved caches")
         self.clear_button.clicked.connect(self.clear)

@@ -17,7 +17,6 @@ from PySide6.QtWidgets import (
     QFrame,
     QGroupBox,
     QHBoxLayout,
-    QLabel,
     QLineEdit,
     QPlainTextEdit,
     QPushButton,
@@ -29,6 +28,7 @@ from PySide6.QtWidgets import (
 )
 from shiboken6 import isValid
 
+from app.gui.display_text import plain_label
 from app.gui.saved_kv_caches import SavedKvCachesWidget
 from app.gui.speculative_settings import SpeculativeSettingsWidget
 from app.settings import Settings
@@ -152,7 +152,7 @@ class SettingsDialog(QDialog):
         self.n_ctx.setValue(settings.n_ctx)
         self.n_ctx.setSuffix(" tokens")
         self.n_ctx.setAccessibleName("Context length")
-        self.kv_label = QLabel("")
+        self.kv_label = plain_label("")
         self.kv_label.setObjectName("explain")
         self.kv_label.setWordWrap(True)
         ctx_box = QVBoxLayout()
@@ -235,7 +235,7 @@ class SettingsDialog(QDialog):
         self.server_key.setEchoMode(QLineEdit.EchoMode.Password)
         self.server_key.setPlaceholderText("optional: clients must send it as a Bearer token")
         form.addRow("API key:", self.server_key)
-        self.server_url = QLabel(f"Running at {server_url}" if server_url else "Not running")
+        self.server_url = plain_label(f"Running at {server_url}" if server_url else "Not running")
         self.server_url.setObjectName("apiServerUrl")
         self.server_url.setTextInteractionFlags(self.server_url.textInteractionFlags() | _selectable())
         form.addRow("Status:", self.server_url)

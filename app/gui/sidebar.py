@@ -11,7 +11,6 @@ from PySide6.QtGui import QPainter, QPalette, QTextDocument
 from PySide6.QtWidgets import (
     QApplication,
     QInputDialog,
-    QLabel,
     QLineEdit,
     QListWidget,
     QListWidgetItem,
@@ -23,6 +22,8 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
     QWidget,
 )
+
+from app.gui.display_text import plain_label, plain_tooltip, shown
 
 if TYPE_CHECKING:
     from engine.history_schema import Conversation, SearchHit
@@ -117,7 +118,7 @@ class Sidebar(QWidget):
         self.search.setAccessibleName("Search all chats")
         self.search.textChanged.connect(self._on_search_text_changed)
         layout.addWidget(self.search)
-        self.title = QLabel("CHATS")
+        self.title = plain_label("CHATS")
         self.title.setObjectName("sectionTitle")
         layout.addWidget(self.title)
         self.list = QListWidget()
@@ -153,9 +154,9 @@ class Sidebar(QWidget):
         self.title.setText("CHATS")
         self.list.clear()
         for conv in self._conversations:
-            item = QListWidgetItem(conv.title or "New chat")
+            item = QListWidgetItem(shown(conv.title or "New chat"))
             item.setData(CONV_ROLE, conv.id)
-            item.setToolTip(conv.title)
+            item.setToolTip(plain_tooltip(conv.title or ""))
             self.list.addItem(item)
             if conv.id == self._current:
                 item.setSelected(True)
@@ -180,14 +181,14 @@ class Sidebar(QWidget):
         if not query:
             self._fill_conversations()
             return
-        self.title.setText(f"{len(hits)} RESULT{'S' if len(hits) != 1 else ''} FOR “{query.upper()}”")
+        self.title.setText(f"{len(hits)} RESULT{'S' if len(hits) != 1 else ''} FOR “{shown(query.upper())}”")
         self.list.clear()
         for hit in hits:
             snippet = " ".join(str(hit.snippet).split())
-            item = QListWidgetItem(f"{hit.conversation_title}\n{_strip_marks(snippet)}")
+            item = QListWidgetItem(f"{shown(hit.conversation_title)}\n{_strip_marks(snippet)}")
             item.setData(CONV_ROLE, hit.conversation_id)
             item.setData(MSG_ROLE, hit.message_id)
-            item.setToolTip(_strip_marks(snippet))
+            item.setToolTip(plain_tooltip(_strip_marks(snippet)))
             self.list.addItem(item)
             item.setData(HIT_HTML_ROLE, hit_html(str(hit.conversation_title), snippet))
         self.hits_shown.emit(query)

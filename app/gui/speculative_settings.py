@@ -18,9 +18,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypedDict
 
-from PySide6.QtWidgets import QComboBox, QFormLayout, QGroupBox, QLabel, QWidget
+from PySide6.QtWidgets import QComboBox, QFormLayout, QGroupBox, QWidget
 from shiboken6 import isValid
 
+from app.gui.display_text import plain_label, shown
 from app.settings import Settings
 
 if TYPE_CHECKING:
@@ -98,7 +99,7 @@ class SpeculativeSettingsWidget(QGroupBox):
         self.draft = QComboBox()
         self.draft.setAccessibleName("Draft model")
         self.draft.setToolTip("A smaller model of the same vocabulary (the same family), loaded beside the chat model")
-        self.memory = QLabel("")
+        self.memory = plain_label("")
         self.memory.setObjectName("explain")
         self.memory.setWordWrap(True)
         form.addRow("Chat model:", self.chat_model)
@@ -142,7 +143,7 @@ class SpeculativeSettingsWidget(QGroupBox):
         self.chat_model.blockSignals(True)
         self.chat_model.clear()
         for path, entry in self._entries.items():
-            self.chat_model.addItem(entry.label, path)
+            self.chat_model.addItem(shown(entry.label), path)
         if current is not None:
             self.chat_model.setCurrentIndex(max(self.chat_model.findData(current), 0))
         self.chat_model.blockSignals(False)
@@ -160,10 +161,10 @@ class SpeculativeSettingsWidget(QGroupBox):
         self.draft.addItem("None", "")
         for path, entry in self._entries.items():
             if path != target:
-                self.draft.addItem(entry.label, path)
+                self.draft.addItem(shown(entry.label), path)
         chosen = self._choices.get(target or "", "")
         if chosen and self.draft.findData(chosen) < 0:
-            self.draft.addItem(f"{Path(chosen).name} (not in the library)", chosen)
+            self.draft.addItem(f"{shown(Path(chosen).name)} (not in the library)", chosen)
         self.draft.setCurrentIndex(max(self.draft.findData(chosen), 0))
         self.draft.blockSignals(False)
         self.chat_model.setEnabled(bool(self._entries))

@@ -24,6 +24,8 @@ from PySide6.QtCore import Qt, Signal, Slot
 from PySide6.QtGui import QFontDatabase
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QToolButton, QVBoxLayout, QWidget
 
+from app.gui.display_text import plain_label, plain_tooltip
+
 if TYPE_CHECKING:
     from app.gui.workers.agent_turn import ApprovalRequest
 
@@ -84,10 +86,11 @@ def step_summary(step: Mapping[str, object]) -> str:
 
 
 def _label(text: str = "", name: str = "toolText") -> QLabel:
-    label = QLabel(text)
+    """A plain-text label: tool and server names, arguments and results are shown as they are
+    (a character that does not print as itself is escaped: ``app.gui.display_text.shown``)."""
+    label = plain_label(text)
     label.setObjectName(name)
     label.setWordWrap(True)
-    label.setTextFormat(Qt.TextFormat.PlainText)
     label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
     return label
 
@@ -180,7 +183,9 @@ class ApprovalCardWidget(QFrame):
         self.always_button = QPushButton("Always allow this tool")
         self.deny_button = QPushButton("Deny")
         self.once_button.setObjectName("primaryButton")
-        self.always_button.setToolTip(f"Run {request.name} without asking from now on (Settings → Tools lists it)")
+        self.always_button.setToolTip(
+            plain_tooltip(f"Run {request.name} without asking from now on (Settings → Tools lists it)")
+        )
         self.deny_button.setToolTip("The call does not run; the model is told it was refused")
         for button, decision in (
             (self.once_button, "once"),

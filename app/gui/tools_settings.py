@@ -20,9 +20,9 @@ from PySide6.QtWidgets import (
     QDialogButtonBox,
     QGridLayout,
     QHBoxLayout,
-    QLabel,
     QLineEdit,
     QListWidget,
+    QListWidgetItem,
     QPlainTextEdit,
     QProgressBar,
     QPushButton,
@@ -34,6 +34,7 @@ from PySide6.QtWidgets import (
 )
 from shiboken6 import isValid
 
+from app.gui.display_text import plain_label, plain_tooltip, shown
 from app.gui.tasks import describe_error, run_in_background
 from app.tool_config import (
     BUILTIN,
@@ -125,7 +126,7 @@ class ToolsSettingsDialog(QDialog):
     # ------------------------------------------------------------------ layout
     def _build_sources(self, lay: QVBoxLayout) -> None:
         """The intro, the tree of sources and tools, and the checks' busy bar with Stop."""
-        intro = QLabel(
+        intro = plain_label(
             "The tools a chat may offer the model when its Tools switch is on. A call that is not "
             "always allowed asks first, with its exact arguments."
         )
@@ -146,7 +147,7 @@ class ToolsSettingsDialog(QDialog):
         self.progress.setRange(0, 0)
         self.progress.setMaximumHeight(10)
         self.progress.setTextVisible(False)
-        self.progress_label = QLabel("")
+        self.progress_label = plain_label("")
         self.progress_label.setObjectName("explain")
         self.stop_button = QPushButton("Stop checking")
         self.stop_button.clicked.connect(self.stop_checking)
@@ -192,7 +193,7 @@ class ToolsSettingsDialog(QDialog):
         lay.addWidget(self.paste)
         lay.addWidget(self.import_button, 0, Qt.AlignmentFlag.AlignRight)
 
-        self.error_label = QLabel("")
+        self.error_label = plain_label("")
         self.error_label.setObjectName("errorText")
         self.error_label.setWordWrap(True)
         self.error_label.setVisible(False)
@@ -200,7 +201,7 @@ class ToolsSettingsDialog(QDialog):
 
     def _build_allow_list(self, lay: QVBoxLayout) -> None:
         """The tools always allowed, with Ask again."""
-        allow_title = QLabel("Always allowed (these run without asking)")
+        allow_title = plain_label("Always allowed (these run without asking)")
         allow_title.setObjectName("metricLabel")
         lay.addWidget(allow_title)
         allow_row = QHBoxLayout()
@@ -216,7 +217,7 @@ class ToolsSettingsDialog(QDialog):
 
     def _build_limits(self, lay: QVBoxLayout) -> None:
         """The step limit and the per-call timeout, each with its one-line explanation."""
-        title = QLabel("Limits of one reply")
+        title = plain_label("Limits of one reply")
         title.setObjectName("metricLabel")
         lay.addWidget(title)
         grid = QGridLayout()
@@ -234,9 +235,9 @@ class ToolsSettingsDialog(QDialog):
                 ("Timeout per call", self.timeout_spin, "A call that runs longer is stopped; the model is told."),
             )
         ):
-            note = QLabel(explain)
+            note = plain_label(explain)
             note.setObjectName("explain")
-            grid.addWidget(QLabel(label), row, 0)
+            grid.addWidget(plain_label(label), row, 0)
             grid.addWidget(spin, row, 1)
             grid.addWidget(note, row, 2)
             spin.valueChanged.connect(self._on_limit_changed)
@@ -279,14 +280,14 @@ class ToolsSettingsDialog(QDialog):
             self._add_source(name, name, status, self.tools_of.get(name, []), perms)
             top = self.tree.topLevelItem(self.tree.topLevelItemCount() - 1)
             if top is not None:
-                top.setToolTip(COL_NAME, f"{described['transport']}: {where.strip()}")
+                top.setToolTip(COL_NAME, plain_tooltip(f"{described['transport']}: {where.strip()}"))
         self.tree.expandAll()
         for column in (COL_NAME, COL_ON, COL_ALLOW):
             self.tree.resizeColumnToContents(column)
         self._filling = False
         self.allow_list.clear()
         if perms is not None:
-            self.allow_list.addItems(perms.allowed())
+            self._fill_allow_list(perms)
         limits = perms.limits if perms is not None else ToolLimits()
         self._filling = True
         self.steps_spin.setValue(limits.max_steps)
@@ -295,12 +296,20 @@ class ToolsSettingsDialog(QDialog):
         for spin in (self.steps_spin, self.timeout_spin):
             spin.setEnabled(perms is not None)  # a damaged file is not written over
 
+    def _fill_allow_list(self, perms: Permissions) -> None:
+        """The tools always allowed (``source/tool``, each name shown as it is)."""
+        self.allow_list.clear()
+        for key in perms.allowed():
+            item = QListWidgetItem(shown(key))
+            item.setData(Qt.ItemDataRole.UserRole, key)
+            self.allow_list.addItem(item)
+
     def _add_source(
         self, source: str, label: str, status: str, specs: list[ToolSpec], perms: Permissions | None
     ) -> None:
-        top = QTreeWidgetItem([label, "", "", status])
+        top = QTreeWidgetItem([shown(label), "", "", shown(status)])
         top.setData(COL_NAME, ROLE_KEY, (source, "*"))
-        top.setToolTip(COL_STATUS, status)
+        top.setToolTip(COL_STATUS, plain_tooltip(status))
         if source != BUILTIN:
             top.setFlags(top.flags() | Qt.ItemFlag.ItemIsUserCheckable)
             top.setCheckState(
@@ -308,8 +317,8 @@ class ToolsSettingsDialog(QDialog):
             )
         self.tree.addTopLevelItem(top)
         for spec in specs:
-            child = QTreeWidgetItem([spec.name, "", "", spec.description])
-            child.setToolTip(COL_STATUS, spec.description)
+            child = QTreeWidgetItem([shown(spec.name), "", "", shown(" ".join(spec.description.split()))])
+            child.setToolTip(COL_STATUS, plain_tooltip(spec.description))
             child.setData(COL_NAME, ROLE_KEY, (source, spec.name))
             child.setFlags(child.flags() | Qt.ItemFlag.ItemIsUserCheckable)
             off = perms is not None and perms.is_off(source, spec.name)
@@ -337,7 +346,7 @@ class ToolsSettingsDialog(QDialog):
         if top is None:
             return []
         children = (top.child(j) for j in range(top.childCount()))
-        return [child.text(COL_NAME) for child in children if child is not None]
+        return [child.data(COL_NAME, ROLE_KEY)[1] for child in children if child is not None]
 
     @Slot()
     def _on_limit_changed(self) -> None:
@@ -365,8 +374,7 @@ class ToolsSettingsDialog(QDialog):
             self.show_error(f"{self.paths.tool_permissions}: not saved ({describe_error(exc)})")
             return
         self.show_error("")
-        self.allow_list.clear()
-        self.allow_list.addItems(self.permissions.allowed())
+        self._fill_allow_list(self.permissions)
 
     # ------------------------------------------------------------------ servers
     def check_all(self) -> None:
@@ -488,7 +496,7 @@ class ToolsSettingsDialog(QDialog):
         item = self.allow_list.currentItem()
         if item is None or self.permissions is None:
             return
-        source, _, tool = item.text().partition("/")
+        source, _, tool = str(item.data(Qt.ItemDataRole.UserRole)).partition("/")
         try:
             self.permissions.set_always_allow(source, tool, allow=False)
         except OSError as exc:

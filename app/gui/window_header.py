@@ -20,6 +20,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.gui.display_text import plain_label
 from app.gui.model_bar import ModelBarWidget
 from app.gui.theme import RESOURCES
 from app.gui.window_layout import ElidedLabel, FlowLayout, make_wrapping
@@ -116,7 +117,7 @@ class ChatHeaderWidget(QFrame):
         # The second row wraps (FlowLayout) rather than set the window's width: every control that
         # joins the header keeps its whole size and moves to a new line when the column is narrow.
         hl.addLayout(self._build_state_row(paths, show_inspector))
-        self.starter_note = QLabel(
+        self.starter_note = plain_label(
             "Starter model: a tiny base model for trying the app. It continues text rather than following "
             "instructions; load a chat model from Models for real answers."
         )

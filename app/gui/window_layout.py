@@ -19,6 +19,8 @@ from PySide6.QtCore import QByteArray, QPoint, QRect, QSize, Qt
 from PySide6.QtGui import QGuiApplication, QResizeEvent, QScreen
 from PySide6.QtWidgets import QLabel, QLayout, QLayoutItem, QSizePolicy, QSplitter, QWidget
 
+from app.gui.display_text import plain_tooltip, shown, shown_lines
+
 FIRST_SIZE = QSize(1320, 820)
 """The first window's size on a screen with room for it."""
 SCREEN_MARGIN = 0.92
@@ -115,10 +117,12 @@ def make_wrapping(label: QLabel) -> QLabel:
 
 
 def set_wrapped_text(label: QLabel, text: str) -> None:
-    """Shows plain ``text`` in a wrapping label, breakable anywhere; the tooltip keeps it whole."""
+    """Shows plain ``text`` in a wrapping label, breakable anywhere; the tooltip keeps it whole.
+    Characters that do not print as themselves (a name's ESC or U+202E) are shown escaped."""
+    text = shown_lines(text)
     label.setTextFormat(Qt.TextFormat.PlainText)
     label.setText(wrap_anywhere(text))
-    label.setToolTip(text if len(text) > 80 else "")
+    label.setToolTip(plain_tooltip(text) if len(text) > 80 else "")
 
 
 class ElidedLabel(QLabel):
@@ -146,7 +150,7 @@ class ElidedLabel(QLabel):
         self.setText(text)
 
     def setText(self, text: str) -> None:
-        self._full = " ".join(str(text).split()) if "\n" in str(text) else str(text)
+        self._full = shown(" ".join(str(text).split()) if "\n" in str(text) else str(text))
         self.setAccessibleDescription(self._full)
         self.updateGeometry()
         self._elide()
@@ -181,7 +185,7 @@ class ElidedLabel(QLabel):
         width = max(self.contentsRect().width(), 0)
         elided = self.fontMetrics().elidedText(self._full, Qt.TextElideMode.ElideRight, width)
         super().setText(elided)
-        self.setToolTip(self._full if elided != self._full else "")
+        self.setToolTip(plain_tooltip(self._full) if elided != self._full else "")
 
 
 class FlowLayout(QLayout):

@@ -158,7 +158,6 @@ def test_discard_of_a_split_row_removes_every_partial_and_its_queue_item(
     parts: dict[str, bytes],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from PySide6.QtWidgets import QMessageBox
 
     first = len(parts[PART_NAMES[0]])
     hub.faults.throttle_bps = 2 * 2**20
@@ -183,11 +182,11 @@ def test_discard_of_a_split_row_removes_every_partial_and_its_queue_item(
 
     asked: list[str] = []
 
-    def answer(_parent: Any, _title: str, text: str, *_a: Any) -> Any:
+    def answer(_parent: Any, _title: str, text: str) -> bool:
         asked.append(text)
-        return QMessageBox.StandardButton.Yes
+        return True
 
-    monkeypatch.setattr(QMessageBox, "question", answer)
+    monkeypatch.setattr("app.gui.discover_panel.confirm", answer)
     with qtbot.waitSignal(adapter.downloads.transfer_removed, timeout=10000):
         transfer_buttons(panel).discard_button.click()
     assert asked and "already complete stay" in asked[0]

@@ -107,7 +107,6 @@ def test_quitting_mid_download_keeps_the_partial_and_a_restart_resumes_it(
 def test_cancel_keeps_the_partial_with_resume_and_discard_deletes_it(
     qtbot: Any, hub: FakeHub, paths: Paths, open_panel: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from PySide6.QtWidgets import QMessageBox
 
     hub.faults.throttle_bps = 2 * 2**20
     adapter, panel = open_panel()
@@ -124,11 +123,11 @@ def test_cancel_keeps_the_partial_with_resume_and_discard_deletes_it(
 
     asked: list[str] = []
 
-    def answer(_parent: Any, _title: str, text: str, *_a: Any) -> Any:
+    def answer(_parent: Any, _title: str, text: str) -> bool:
         asked.append(text)
-        return QMessageBox.StandardButton.Yes
+        return True
 
-    monkeypatch.setattr(QMessageBox, "question", answer)
+    monkeypatch.setattr("app.gui.discover_panel.confirm", answer)
     with qtbot.waitSignal(adapter.downloads.transfer_removed, timeout=10000):
         row.discard_button.click()
     assert asked and NAME in asked[0]
@@ -140,7 +139,6 @@ def test_cancel_keeps_the_partial_with_resume_and_discard_deletes_it(
 def test_corrupt_metadata_shows_the_reason_and_can_only_be_discarded(
     qtbot: Any, paths: Paths, open_panel: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from PySide6.QtWidgets import QMessageBox
 
     folder = paths.models / "acme__tiny-GGUF"
     folder.mkdir(parents=True)
@@ -154,11 +152,11 @@ def test_corrupt_metadata_shows_the_reason_and_can_only_be_discarded(
     row = transfer_buttons(panel)
     assert not shown(row.resume_button) and shown(row.discard_button)
 
-    monkeypatch.setattr(QMessageBox, "question", lambda *_a: QMessageBox.StandardButton.No)
+    monkeypatch.setattr("app.gui.discover_panel.confirm", lambda *_a: False)
     row.discard_button.click()
     assert partial.exists() and meta_file.exists() and panel.queue.rowCount() == 1
 
-    monkeypatch.setattr(QMessageBox, "question", lambda *_a: QMessageBox.StandardButton.Yes)
+    monkeypatch.setattr("app.gui.discover_panel.confirm", lambda *_a: True)
     with qtbot.waitSignal(adapter.downloads.transfer_removed, timeout=10000):
         row.discard_button.click()
     assert not partial.exists() and not meta_file.exists()
