@@ -30,6 +30,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.gui.agent_timeline import LoopTimelineWidget
+from app.gui.display_text import plain_label, plain_tooltip
 from app.gui.inspector_widgets import (
     OPTIONAL_SEGMENTS,
     SEGMENTS,
@@ -41,6 +42,7 @@ from app.gui.inspector_widgets import (
     format_tps,
 )
 from app.gui.theme import LIGHT, ThemeColors
+from app.gui.window_layout import ElidedLabel, make_wrapping, set_wrapped_text
 from engine.inference.events import Stats
 from engine.units import format_bytes, format_duration
 
@@ -100,20 +102,60 @@ def _entries(value: object) -> list[Mapping[str, object]]:
     return [entry for entry in value if isinstance(entry, Mapping)]
 
 
-def _explain_label(text: str = "") -> QLabel:
-    label = QLabel(text)
-    label.setObjectName("explain")
-    label.setWordWrap(True)
+def _explain_label(text: str = "", name: str = "explain") -> QLabel:
+    """A wrapping line of the inspector: it breaks anywhere (a long URL too), never widens the
+    panel, and keeps a long text whole in its tooltip (``window_layout.set_wrapped_text``)."""
+    label = make_wrapping(plain_label())
+    label.setObjectName(name)
+    set_wrapped_text(label, text)
     return label
 
 
 def _metric(label: str) -> tuple[QLabel, QLabel]:
-    value = QLabel("—")
+    """A big value (one line: elided, the whole of it in its tooltip) over its wrapping caption."""
+    value = ElidedLabel("—", min_chars=4)
     value.setObjectName("metricValue")
     value.setAccessibleName(label)
-    caption = QLabel(label)
-    caption.setObjectName("metricLabel")
+    caption = _explain_label(label, "metricLabel")
     return value, caption
+
+
+def _say(label: QLabel, text: str) -> None:
+    """Puts ``text`` in an inspector label: a wrapping one breaks it anywhere (and keeps it whole
+    in its tooltip), an eliding one elides it."""
+    if label.wordWrap():
+        set_wrapped_text(label, text)
+    else:
+        label.setText(text)
+
+
+def _read_part(budget: Mapping[str, int], read: int) -> dict[str, int]:
+    """The bands of a prompt of which only ``read`` tokens were read, in the order they are read
+    (the reply reserve is not used; the rest of the window is free)."""
+    out: dict[str, int] = {}
+    left = read
+    total = sum(budget.values())
+    for key, _label in SEGMENTS:
+        if key in ("reserve", "free") or key not in budget:
+            continue
+        out[key] = min(budget[key], left)
+        left -= out[key]
+    out["reserve"] = 0
+    out["free"] = max(total - read, 0)
+    return out
+
+
+def _stopped_in_prefill(stats: StatsLike) -> bool:
+    """A reply stopped while the prompt was read: nothing was generated."""
+    return _get(stats, "finish_reason") == "cancelled" and not _int(stats, "completion_tokens")
+
+
+def _server(stats: StatsLike) -> str | None:
+    """The server a remote reply came from (its template is ``remote:URL``), else None."""
+    template = _get(stats, "template")
+    if isinstance(template, str) and template.startswith("remote:"):
+        return template.removeprefix("remote:") or "the server"
+    return None
 
 
 class InspectorPanel(QFrame):
@@ -134,7 +176,10 @@ class InspectorPanel(QFrame):
         self.kv_allocated: int | None = None
         self.reply_limit: int | None = None  # max tokens of the next (or running) reply
         self.live = False
+        self.server: str | None = None  # the server of the loaded model, when it is remote
+        self._turn_shown = False  # a turn's numbers are shown (not only the loaded model's)
         self.metrics: dict[str, QLabel] = {}
+        self.metric_captions: dict[str, QLabel] = {}
 
         outer = QVBoxLayout(self)
         outer.setContentsMargins(0, 0, 0, 0)
@@ -148,16 +193,14 @@ class InspectorPanel(QFrame):
     # ------------------------------------------------------------------ layout
     def _build_header(self, outer: QVBoxLayout) -> None:
         """The title and whose numbers these are."""
-        title = QLabel("INSPECTOR")
+        title = plain_label("INSPECTOR")
         title.setObjectName("sectionTitle")
         title.setContentsMargins(14, 12, 14, 0)
         outer.addWidget(title)
         # Whose numbers these are: this reply live, the last reply of this chat, or none yet. The
         # numbers of another turn are never shown as if they were live.
-        self.freshness = QLabel("No reply yet in this chat")
-        self.freshness.setObjectName("explain")
+        self.freshness = _explain_label("No reply yet in this chat")
         self.freshness.setContentsMargins(14, 0, 14, 0)
-        self.freshness.setWordWrap(True)
         self.freshness.setAccessibleName("Inspector shows")
         outer.addWidget(self.freshness)
 
@@ -182,8 +225,7 @@ class InspectorPanel(QFrame):
     def _build_context_section(self, lay: QVBoxLayout) -> None:
         """The context map: the stacked bar, its legend, the reply reserve and evictions."""
         lay.addWidget(self._section("CONTEXT WINDOW"))
-        self.context_summary = QLabel("no turn yet")
-        self.context_summary.setObjectName("metricLabel")
+        self.context_summary = _explain_label("no turn yet", "metricLabel")
         lay.addWidget(self.context_summary)
         self.context_bar = ContextBar()
         lay.addWidget(self.context_bar)
@@ -201,10 +243,10 @@ class InspectorPanel(QFrame):
         self.legend_labels: dict[str, QLabel] = {}
         self.legend_rows: dict[str, tuple[QLabel, QLabel, QLabel]] = {}
         for i, (key, label) in enumerate(SEGMENTS):
-            swatch = QLabel("■")
+            swatch = plain_label("■")
             swatch.setObjectName(f"swatch_{key}")
-            name = QLabel(label)
-            value = QLabel("—")
+            name = _explain_label(label, "legendName")
+            value = plain_label("—")
             value.setAlignment(Qt.AlignmentFlag.AlignRight)
             self.legend_labels[key] = value
             legend.addWidget(swatch, i, 0)
@@ -225,6 +267,7 @@ class InspectorPanel(QFrame):
         for i, (key, label) in enumerate(metrics):
             value, caption = _metric(label)
             self.metrics[key] = value
+            self.metric_captions[key] = caption
             grid.addWidget(value, (i // 2) * 2, i % 2)
             grid.addWidget(caption, (i // 2) * 2 + 1, i % 2)
         return grid
@@ -253,8 +296,7 @@ class InspectorPanel(QFrame):
         lay.addWidget(self.chart)
         self.loop_timeline = LoopTimelineWidget()  # a turn with tool calls: its steps (app/gui/agent_timeline.py)
         lay.addWidget(self.loop_timeline)
-        self.phase_label = QLabel("")
-        self.phase_label.setObjectName("explain")
+        self.phase_label = _explain_label("")
         lay.addWidget(self.phase_label)
 
     def _build_memory_section(self, lay: QVBoxLayout) -> None:
@@ -270,14 +312,20 @@ class InspectorPanel(QFrame):
                 )
             )
         )
-        wall_title = QLabel("Memory wall")
-        wall_title.setObjectName("metricLabel")
-        lay.addWidget(wall_title)
+        self.wall_title = plain_label("Memory wall")
+        self.wall_title.setObjectName("metricLabel")
+        lay.addWidget(self.wall_title)
         self.wall = WallMeter()
         lay.addWidget(self.wall)
-        lay.addWidget(_explain_label(WALL_EXPLANATION))
+        self.wall_explanation = _explain_label(WALL_EXPLANATION)
+        lay.addWidget(self.wall_explanation)
         self.ceiling_label = _explain_label()
         lay.addWidget(self.ceiling_label)
+        # A remote model's weights and KV cache are in its server's memory: this machine's numbers
+        # (its bandwidth, the wall, the ceiling) say nothing about it, and are hidden.
+        self.remote_note = _explain_label()
+        self.remote_note.setVisible(False)
+        lay.addWidget(self.remote_note)
         # The instructions the decoder runs on are part of its speed: which of llama.cpp's CPU
         # variants this machine got, and what it uses.
         self.cpu_label = _explain_label()
@@ -294,6 +342,7 @@ class InspectorPanel(QFrame):
         tl.addWidget(self.tokens_caption)
         tl.addWidget(self.tokens_view, 1)
         self.tokens_legend = QLabel("")  # the reply's tints: accepted draft tokens, decoded ones
+        self.tokens_legend.setTextFormat(Qt.TextFormat.RichText)  # its tints, drawn in HTML
         self.tokens_legend.setObjectName("tokensLegend")
         self.tokens_legend.setWordWrap(True)
         self.tokens_legend.setVisible(False)
@@ -301,7 +350,7 @@ class InspectorPanel(QFrame):
         return tokens_page
 
     def _section(self, text: str) -> QLabel:
-        label = QLabel(text)
+        label = plain_label(text)
         label.setObjectName("sectionTitle")
         label.setContentsMargins(0, 6, 0, 0)
         return label
@@ -327,25 +376,61 @@ class InspectorPanel(QFrame):
         self.shown[key] = text
         target = label if label is not None else self.metrics.get(key)
         if target is not None:
-            target.setText(text)
+            _say(target, text)
 
-    def set_model(self, model_bytes: int | None, n_ctx: int | None, machine_bandwidth: float | None) -> None:
-        """A model was loaded: weights, window size and the machine's bandwidth."""
-        self.model_bytes = model_bytes
+    def set_model(
+        self, model_bytes: int | None, n_ctx: int | None, machine_bandwidth: float | None, server: str | None = None
+    ) -> None:
+        """A model was loaded: its weights, window size and the machine's bandwidth, or, for a
+        model on ``server``, that its memory is the server's. The numbers of a turn are left to
+        :meth:`set_stats` and :meth:`clear_turn` (the window shows the open chat's again)."""
+        self.server = server
+        self.model_bytes = None if server else model_bytes
         self.machine_bandwidth = machine_bandwidth
-        if n_ctx:
-            self.n_ctx = n_ctx
-        self._show("model_bytes", format_bytes(model_bytes))
-        self._show("machine_bandwidth_gbps", f"{machine_bandwidth:.1f} GB/s" if machine_bandwidth else "not measured")
-        if n_ctx:
-            self.context_summary.setText(f"{n_ctx} tokens in the window")
-            self.context_bar.set_budget({"free": n_ctx})
-            for key, _ in SEGMENTS:
-                self.legend_labels[key].setText(str(n_ctx) if key == "free" else "0")
-        self.wall.set_values(None, machine_bandwidth)
-        if model_bytes and machine_bandwidth:
-            ceiling = machine_bandwidth * 1e9 / model_bytes
-            self.ceiling_label.setText(f"Ceiling for this model on this machine: ≈ {ceiling:.0f} tok/s.")
+        self.n_ctx = n_ctx or None
+        if server:
+            self.kv_allocated = None
+        self._show_memory_of_model()
+
+    def _show_memory_of_model(self) -> None:
+        """The memory section before a turn: the loaded model's weights, its KV cache, this
+        machine's bandwidth and the ceiling they set (or, for a remote model, that they are the server's)."""
+        self._show_backend(self.server)
+        if self.server:
+            return
+        self._show("model_bytes", format_bytes(self.model_bytes) if self.model_bytes else "—")
+        self._show("kv_cache_bytes", format_bytes(self.kv_allocated) if self.kv_allocated else "—")
+        self._show("bandwidth_gbps", "—")
+        bandwidth = self.machine_bandwidth
+        self._show("machine_bandwidth_gbps", f"{bandwidth:.1f} GB/s" if bandwidth else "not measured")
+        self.wall.set_values(None, bandwidth)
+        self.shown["wall_ratio"] = "—"
+        if self.model_bytes and bandwidth:
+            ceiling = bandwidth * 1e9 / self.model_bytes
+            self._show("ceiling", f"Ceiling for this model on this machine: ≈ {ceiling:.0f} tok/s.", self.ceiling_label)
+        else:
+            self._show("ceiling", "", self.ceiling_label)
+
+    def _show_backend(self, server: str | None) -> None:
+        """Shows the memory section of a local model, or hides it for a model on ``server``."""
+        remote = server is not None
+        for key in ("model_bytes", "kv_cache_bytes", "bandwidth_gbps", "machine_bandwidth_gbps"):
+            self.metrics[key].setVisible(not remote)
+            self.metric_captions[key].setVisible(not remote)
+        for widget in (self.wall_title, self.wall, self.wall_explanation, self.ceiling_label, self.cpu_label):
+            widget.setVisible(not remote)
+        self.remote_note.setVisible(remote)
+        if remote:
+            note = (
+                f"This model runs on {server}: its weights and KV cache are in the server's memory, so this "
+                "machine's bandwidth, memory wall and ceiling do not apply."
+            )
+            self._show("remote", note, self.remote_note)
+            for key in ("model_bytes", "kv_cache_bytes", "bandwidth_gbps", "machine_bandwidth_gbps"):
+                self.shown[key] = "on the server"
+            self.shown["wall_ratio"] = "—"
+        else:
+            self.shown.pop("remote", None)
 
     def set_cpu_backend(self, backend: BackendInfo | None, note: str | None = None) -> None:
         """The CPU code llama.cpp runs (``engine.cpu_backend.BackendInfo``; None: not known)."""
@@ -362,76 +447,96 @@ class InspectorPanel(QFrame):
         if note:
             text += f". {note}"
         self._show("cpu_backend", text, self.cpu_label)
-        self.cpu_label.setToolTip(text)
+        self.cpu_label.setToolTip(plain_tooltip(text))
 
     def set_machine_bandwidth(self, gbps: float) -> None:
         """The machine's measured memory bandwidth arrived (probed after the first load)."""
-        self.set_model(self.model_bytes, None, gbps)
+        self.machine_bandwidth = gbps
+        if not self.server and not self._turn_shown:
+            self._show_memory_of_model()
+        elif not self.server:
+            self._show("machine_bandwidth_gbps", f"{gbps:.1f} GB/s")
 
     def set_kv_allocation(self, kv_bytes: int | None) -> None:
         """The KV cache the loaded model allocated (known at load, before any turn)."""
         self.kv_allocated = kv_bytes
-        if kv_bytes:
+        if kv_bytes and not self.server and not self._turn_shown:
             self._show("kv_cache_bytes", format_bytes(kv_bytes))
             tokens = f"{self.n_ctx:,}" if self.n_ctx else "the"
             self.metrics["kv_cache_bytes"].setToolTip(f"{format_bytes(kv_bytes)} allocated for {tokens} tokens")
 
     def set_reply_limit(self, max_tokens: int | None) -> None:
-        """The max tokens of the reply about to run (the chat's sampling): what a reply may use."""
+        """The max tokens of the open chat's replies (its sampling): what a reply may use."""
         self.reply_limit = max_tokens
 
     def clear_turn(self, why: str = "No reply yet in this chat") -> None:
-        """Forgets the last turn's numbers (a new chat, a deleted one): dashes, an empty window map."""
+        """Forgets the last turn's numbers (a new chat, a deleted one, another model): dashes, an
+        empty window map, and the memory section of the loaded model."""
         self.live = False
+        self._turn_shown = False
         self.loop_timeline.set_entries([])
-        self.freshness.setText(why)
-        self.shown["freshness"] = why
-        for key in ("decode_tps", "prefill_tps", "ttft_ms", "cached_tokens", "bandwidth_gbps"):
+        self._show("freshness", why, self.freshness)
+        for key in ("decode_tps", "prefill_tps", "ttft_ms", "cached_tokens"):
             self._show(key, "—")
-        if self.n_ctx:
-            self.context_bar.set_budget({"free": self.n_ctx})
-            self._show("context_used", f"{self.n_ctx:,} tokens in the window", self.context_summary)
-            for key, _ in SEGMENTS:
-                self._show(f"budget.{key}", f"{self.n_ctx:,}" if key == "free" else "0", self.legend_labels[key])
-        else:
-            self.context_bar.set_budget({})
-            self._show("context_used", "no turn yet", self.context_summary)
-            for key, _ in SEGMENTS:
-                self._show(f"budget.{key}", "—", self.legend_labels[key])
-        self.evicted_label.setText("")
-        self.reserve_label.setText("")
+            self.metrics[key].setToolTip("")
+        window = f"{self.n_ctx:,} tokens in the window" if self.n_ctx else "no turn yet"
+        self._show("context_used", window, self.context_summary)
+        self.context_bar.set_budget({"free": self.n_ctx} if self.n_ctx else {})
+        for key, _ in SEGMENTS:
+            value = (f"{self.n_ctx:,}" if key == "free" else "0") if self.n_ctx else "—"
+            self._show(f"budget.{key}", value, self.legend_labels[key])
+        for key in OPTIONAL_SEGMENTS:
+            for widget in self.legend_rows[key]:
+                widget.setVisible(False)
+        self._show("reply_may_use", "", self.reserve_label)
+        self._show("evicted", "", self.evicted_label)
         self.restore_label.setVisible(False)
         self.draft_label.setVisible(False)
         self.chart.set_samples([])
-        self.wall.set_values(None, self.machine_bandwidth)
-        self.shown["wall_ratio"] = "—"
-        self.phase_label.setText("")
+        self._show("phase", "", self.phase_label)
+        self._show_memory_of_model()
 
     def set_stats(self, stats: StatsLike | None, saved: bool = False) -> None:
-        """Shows a turn's stats (``engine.inference.events.Stats`` or its dict).
+        """Shows a turn's stats (``engine.inference.events.Stats`` or its dict, which a stored
+        reply keeps with its ``finish_reason``).
 
         Args:
             stats: the stats.
-            saved: they are a stored reply's (a chat opened), not the reply that just ran.
+            saved: they are a stored reply's (a chat opened), not the reply that just ran; the speed
+                chart, which only a live reply has, is then cleared.
         """
         if stats is None:
             return
-        if isinstance(stats, Mapping):  # a stored reply: its loop, if it had one (live: set_loop)
+        if saved and isinstance(stats, Mapping):  # a stored reply: its loop, if it had one (live: set_loop)
             self.loop_timeline.set_entries(_entries(stats.get("loop")))
         self.live = False
+        self._turn_shown = True
+        if saved:
+            self.chart.set_samples([])
         why = "The last reply in this chat (saved)" if saved else "The reply that just finished"
-        self.freshness.setText(why)
-        self.shown["freshness"] = why
+        self._show("freshness", why, self.freshness)
         self._show_context(stats)
-        self._show("decode_tps", format_tps(_opt_float(stats, "decode_tps")))
-        self._show("prefill_tps", format_tps(_opt_float(stats, "prefill_tps")))
-        self._show("ttft_ms", f"{_float(stats, 'ttft_ms'):.0f} ms")
+        stopped = _stopped_in_prefill(stats)
+        self._show("decode_tps", "—" if stopped else format_tps(_opt_float(stats, "decode_tps")))
+        self._show_prefill_speed(stats, stopped)
+        self._show("ttft_ms", "—" if stopped else f"{_float(stats, 'ttft_ms'):.0f} ms")
+        self.metrics["ttft_ms"].setToolTip("Stopped before the first token" if stopped else "")
         self._show("cached_tokens", f"{_int(stats, 'cached_tokens')} / {_int(stats, 'prompt_tokens')}")
         self._show_restore(stats)
         self._show_draft(stats)
         self._show_memory(stats)
         template = _get(stats, "template")
-        self.phase_label.setText(f"template: {'' if template is None else template}")
+        self._show("phase", f"template: {'' if template is None else template}", self.phase_label)
+
+    def _show_prefill_speed(self, stats: StatsLike, stopped: bool) -> None:
+        """The prefill speed; a reply stopped while reading the prompt reads fewer tokens than it
+        planned, so its speed is what it read (past the reused ones) over the time it took."""
+        if not stopped:
+            self._show("prefill_tps", format_tps(_opt_float(stats, "prefill_tps")))
+            return
+        read = max(_int(stats, "context_used") - _int(stats, "cached_tokens"), 0)
+        seconds = _float(stats, "prefill_ms") / 1000
+        self._show("prefill_tps", format_tps(read / seconds) if read and seconds > 0 else "—")
 
     def _show_context(self, stats: StatsLike) -> None:
         """The context map of a finished turn: its bands, the summary, the reserve, evictions."""
@@ -440,7 +545,20 @@ class InspectorPanel(QFrame):
         # A remote backend adds flags (``estimated``, ``n_ctx_unknown``): not parts of the window.
         budget = {key: _as_int(raw[key]) for key, _ in SEGMENTS if key in raw}
         n_ctx = _int(stats, "n_ctx")
-        used = _int(stats, "context_used")
+        prompt = _int(stats, "prompt_tokens")
+        window = "an unknown window size" if raw.get("n_ctx_unknown") else f"{n_ctx}"
+        if _stopped_in_prefill(stats):
+            # Stopped while reading the prompt: the map shows what was read, in the order it is read.
+            read = min(_int(stats, "context_used"), prompt) if _get(stats, "context_used") is not None else 0
+            budget = _read_part(budget, read)
+            summary = f"Stopped while reading the prompt: {read:,} of {prompt:,} tokens read; no reply was written"
+        else:
+            # What the window holds after the reply: the prompt and every token of the reply (the
+            # engine's context_used leaves out the last token, never fed back).
+            used = prompt + _int(stats, "completion_tokens") if prompt else _int(stats, "context_used")
+            summary = f"{used} of {window} tokens used"
+        if raw.get("estimated"):
+            summary += " (estimated: the server has no tokenizer endpoint)"
         if budget:
             self.context_bar.set_budget(budget)
             for key, _ in SEGMENTS:
@@ -448,59 +566,69 @@ class InspectorPanel(QFrame):
             for key in OPTIONAL_SEGMENTS:
                 for widget in self.legend_rows[key]:
                     widget.setVisible(bool(budget.get(key)))
-        window = "an unknown window size" if raw.get("n_ctx_unknown") else f"{n_ctx}"
-        summary = f"{used} of {window} tokens used"
-        if raw.get("estimated"):
-            summary += " (estimated: the server has no tokenizer endpoint)"
         self._show("context_used", summary, self.context_summary)
-        self._show_reserve(budget, _int(stats, "prompt_tokens"), n_ctx)
+        self._show_reserve(budget, prompt, n_ctx)
         evicted = _int(stats, "evicted_messages")
         self.shown["evicted_messages"] = str(evicted)
-        self.evicted_label.setText(
-            f"⚠ {evicted} older message{'s' if evicted != 1 else ''} evicted to fit (rolling window)" if evicted else ""
+        self._show(
+            "evicted",
+            f"⚠ {evicted} older message{'s' if evicted != 1 else ''} evicted to fit (rolling window)"
+            if evicted
+            else "",
+            self.evicted_label,
         )
 
     def _show_memory(self, stats: StatsLike) -> None:
-        """Weights, the KV cache, the bandwidths, the memory wall and the ceiling of a finished turn."""
-        model_bytes = _opt_float(stats, "model_bytes", keep_zero=True)
-        self._show("model_bytes", format_bytes(model_bytes))
+        """Weights, the KV cache, the bandwidths, the memory wall and the ceiling of a finished
+        turn; a remote reply's are its server's (hidden, said so)."""
+        server = _server(stats)
+        self._show_backend(server)
+        if server is not None:
+            return
+        model_bytes = _opt_float(stats, "model_bytes") or (float(self.model_bytes) if self.model_bytes else None)
+        self._show("model_bytes", format_bytes(model_bytes) if model_bytes else "—")
         kv_used = _opt_float(stats, "kv_used_bytes", keep_zero=True)
-        kv_total = _opt_float(stats, "kv_cache_bytes") or self.kv_allocated
-        self._show("kv_cache_bytes", format_bytes(kv_total))
+        kv_total = _opt_float(stats, "kv_cache_bytes")
+        self._show("kv_cache_bytes", format_bytes(kv_total) if kv_total else "—")
         self.shown["kv_used_bytes"] = format_bytes(kv_used)
         self.metrics["kv_cache_bytes"].setToolTip(f"{format_bytes(kv_used)} in use by this conversation")
         achieved = _float(stats, "bandwidth_gbps")
         machine = _opt_float(stats, "machine_bandwidth_gbps") or self.machine_bandwidth
-        self._show("bandwidth_gbps", f"{achieved:.1f} GB/s")
-        if machine:
-            self._show("machine_bandwidth_gbps", f"{float(machine):.1f} GB/s")
+        self._show("bandwidth_gbps", f"{achieved:.1f} GB/s" if achieved else "—")
+        self._show("machine_bandwidth_gbps", f"{float(machine):.1f} GB/s" if machine else "not measured")
         self.wall.set_values(achieved or None, float(machine) if machine else None)
         ratio = self.wall.ratio
         self.shown["wall_ratio"] = f"{ratio * 100:.0f}%" if ratio is not None else "—"
         decode = _float(stats, "decode_tps")
-        if machine and model_bytes:
+        if machine and model_bytes and decode:
             ceiling = float(machine) * 1e9 / (model_bytes + (kv_used or 0.0))
-            self.ceiling_label.setText(
+            text = (
                 f"Ceiling ≈ {ceiling:.0f} tok/s on this machine; achieved {decode:.1f} tok/s "
                 f"({decode / ceiling * 100:.0f}% of it)."
             )
+        elif machine and model_bytes:
+            text = f"Ceiling for this model on this machine: ≈ {float(machine) * 1e9 / model_bytes:.0f} tok/s."
+        else:
+            text = ""
+        self._show("ceiling", text, self.ceiling_label)
 
     def _show_reserve(self, budget: Mapping[str, int], prompt: int, n_ctx: int) -> None:
         """What a reply may use: its max tokens, within the window left after the prompt. The
         reserve is only the part kept free for it (at most a quarter of a small window)."""
         reserve = int(budget.get("reserve", 0))
         if not n_ctx or not budget:
-            self.reserve_label.setText("")
+            self._show("reply_may_use", "", self.reserve_label)
             return
         room = max(n_ctx - prompt, 0)
-        may_use = min(self.reply_limit, room) if self.reply_limit else room
+        limit = self.reply_limit
+        may_use = min(limit, room) if limit else room
         text = f"A reply may use up to {may_use:,} tokens"
-        if self.reply_limit:
-            text += f" (max tokens {self.reply_limit:,}"
-            text += f", {room:,} left in the window)" if room < self.reply_limit else ")"
-        text += f"; {reserve:,} of them are kept free for it (the reply reserve)."
+        if limit:
+            text += f" (this chat's max tokens {limit:,}"
+            text += f", {room:,} left in the window)" if room < limit else ")"
+        text += f"; {min(reserve, may_use):,} of them are kept free for it (the reply reserve)."
+        self._show("reply_may_use", text, self.reserve_label)
         self.shown["reply_may_use"] = str(may_use)
-        self.reserve_label.setText(text)
 
     def _show_restore(self, stats: StatsLike) -> None:
         restored = _int(stats, "kv_restored_tokens")
@@ -514,7 +642,7 @@ class InspectorPanel(QFrame):
         if prefill_tps > 0:
             text += f" (prefill would take {format_duration(restored / prefill_tps)})"
         self.shown["kv_restored"] = text
-        self.restore_label.setText("KV cache " + text)
+        _say(self.restore_label, "KV cache " + text)
         self.restore_label.setVisible(True)
 
     def _show_draft(self, stats: StatsLike) -> None:
@@ -538,37 +666,41 @@ class InspectorPanel(QFrame):
         if restores:
             text += f"; {restores:,} rejected drafts undone by restoring the model's recurrent state"
         self.shown["draft"] = text
-        self.draft_label.setText(text)
+        _say(self.draft_label, text)
         self.draft_label.setVisible(True)
 
     # ------------------------------------------------------------------ live
     def begin_generation(self) -> None:
         """A reply starts: the last turn's numbers give way to dashes until this one's arrive."""
         self.live = True
+        self._turn_shown = True
         self._live = []
         self._last_sample = None
         self.chart.set_samples([])
         self.loop_timeline.set_entries([])
-        self.freshness.setText("Live: this reply")
-        self.shown["freshness"] = "Live: this reply"
-        for key in ("decode_tps", "prefill_tps", "ttft_ms", "cached_tokens", "bandwidth_gbps"):
+        self._show("freshness", "Live: this reply", self.freshness)
+        for key in ("decode_tps", "prefill_tps", "ttft_ms", "cached_tokens"):
             self._show(key, "…")
+            self.metrics[key].setToolTip("")
+        if not self.server:
+            self._show("bandwidth_gbps", "…")
         self._show("context_used", "this turn's numbers come when the reply ends", self.context_summary)
         self.restore_label.setVisible(False)
         self.draft_label.setVisible(False)
-        self.evicted_label.setText("")
+        self._show("evicted", "", self.evicted_label)
         self.wall.set_values(None, self.machine_bandwidth)
-        self.phase_label.setText("reading the prompt…")
+        self._show("phase", "reading the prompt…", self.phase_label)
 
     def set_loop(self, entries: Sequence[Mapping[str, object]] | None) -> None:
         """The running turn's agent loop so far (generations and tool calls, in order)."""
         self.loop_timeline.set_entries(list(entries or []))
 
     def set_prefill(self, done: int, total: int) -> None:
-        self.phase_label.setText(f"reading the prompt: {done:,} / {total:,} tokens")
+        self._show("phase", f"reading the prompt: {done:,} / {total:,} tokens", self.phase_label)
 
-    def live_sample(self, tokens: int) -> None:
-        """Called ~4 times a second while generating with the tokens received so far."""
+    def live_sample(self, tokens: int, writing_call: bool = False) -> None:
+        """Called ~4 times a second while generating with the tokens generated so far (those of a
+        tool call being written too: ``writing_call``)."""
         now = time.perf_counter()
         if self._last_sample is not None:
             then, before = self._last_sample
@@ -577,7 +709,9 @@ class InspectorPanel(QFrame):
                 self._live.append(rate)
                 self.chart.set_samples(self._live)
                 self.metrics["decode_tps"].setText(f"{rate:.1f} tok/s")
-                self.phase_label.setText(f"generating: {tokens:,} token{'s' if tokens != 1 else ''}")
+                noun = f"token{'s' if tokens != 1 else ''}"
+                phase = f"writing a tool call: {tokens:,} {noun}" if writing_call else f"generating: {tokens:,} {noun}"
+                self._show("phase", phase, self.phase_label)
         self._last_sample = (now, tokens)
 
     def set_prompt_view(self, view: PromptLike) -> None:

@@ -23,7 +23,7 @@ from app.gui.tasks import describe_error, run_in_background
 from app.gui.window_services import while_alive
 from app.gui.workers.chat_state import ModelState
 from app.gui.workers.llm_requests import LoadRequest
-from app.gui.workers.model_routing import model_label, model_tooltip, picker_model
+from app.gui.workers.model_routing import model_label, model_tooltip, parse_remote_model, picker_model
 from app.gui.workers.speculative import draft_for
 
 if TYPE_CHECKING:
@@ -411,8 +411,12 @@ class ModelController(QObject):
         info = loaded.info
         self.starter_note.setVisible(loaded.path.name == STARTER_MODEL_FILE)
         self.chat_view.set_assistant_name(loaded.label)
+        remote = parse_remote_model(loaded.path)
         self.inspector.set_model(
-            getattr(info, "model_bytes", None), getattr(info, "n_ctx", None), loaded.machine_bandwidth_gbps
+            getattr(info, "model_bytes", None),
+            getattr(info, "n_ctx", None),
+            loaded.machine_bandwidth_gbps,
+            server=f"the server “{remote[0]}”" if remote is not None else None,
         )
         self.inspector.set_cpu_backend(getattr(info, "cpu_backend", None), loaded.backend_note)
         note = self._other_apps_note  # said once more, or the load message would hide it

@@ -180,10 +180,20 @@ class TurnController(QObject):
             if last_id is None or last_id != self._inspector_reply:
                 # Another chat (or branch): its saved numbers, said so, or none; never the last turn's.
                 self._inspector_reply = None
-                if stats:
-                    self.inspector.set_stats(stats, saved=True)
-                else:
-                    self.inspector.clear_turn()
+                self.show_saved_numbers(messages)
+
+    def show_saved_numbers(self, messages: Sequence[DisplayMessage] | None = None) -> None:
+        """The inspector shows the open chat's last reply, saved (or none), with this chat's max
+        tokens: never a mix of another chat's, another model's or the last turn's numbers."""
+        if messages is None:
+            messages = self.chat.thread_messages
+        conv_settings = dict(getattr(self.chat.conversation, "settings", None) or {})
+        self.inspector.set_reply_limit(conversation_sampling(self.settings.current, conv_settings).max_tokens)
+        stats = messages[-1].stats if messages and messages[-1].role == "assistant" else None
+        if stats:
+            self.inspector.set_stats(stats, saved=True)
+        else:
+            self.inspector.clear_turn()
 
     @Slot(int)
     def _on_chat_reply_started(self, reply_id: int) -> None:
@@ -251,6 +261,9 @@ class TurnController(QObject):
         takes tens of ms to read); shown before the first turn."""
         from app.gui.workers.model_routing import parse_remote_model
 
+        if not self.chat.busy:  # the numbers shown were of the model before: the chat's saved ones again
+            self._inspector_reply = None
+            self.show_saved_numbers()
         n_ctx = int(getattr(loaded.info, "n_ctx", 0) or 0)
         path = loaded.path
         if not isinstance(path, Path) or parse_remote_model(path) is not None or not n_ctx:

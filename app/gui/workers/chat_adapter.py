@@ -59,7 +59,7 @@ class ChatAdapter(QObject):
         reply_delta(str, int): text delta, number of tokens in it.
         prefill_progressed(int, int): tokens evaluated, total.
         reply_finished(object): the :class:`GenerationOutcome`.
-        stats_updated(object): ``engine.inference.events.Stats`` of the last turn.
+        stats_updated(object): the last turn's ``engine.inference.events.Stats`` as a dict, with its ``finish_reason``.
         prompt_view_updated(object): ``engine.inference.session.PromptView`` of the last prompt.
         error_occurred(str): a one-line message for the user.
         message_not_saved(str, object): the text of a message that could not be saved and the id of

@@ -228,7 +228,8 @@ class TurnRunner(QObject):
             return
         chat = self._chat
         chat.last_stats = outcome.stats
-        chat.stats_updated.emit(outcome.stats)
+        # With the reason, as a saved reply keeps it: the inspector says a reply stopped in prefill was.
+        chat.stats_updated.emit({**outcome.stats.to_dict(), "finish_reason": outcome.reason})
         turn.agent.reasoning_done = outcome.reasoning
         if outcome.documents_dropped:
             turn.documents_dropped = outcome.documents_dropped
