@@ -7,7 +7,8 @@ Qt decides by itself whether a label, a tooltip or a message box holds rich text
 says which it is:
 
 * :func:`shown`: the name with every character that does not print as itself escaped (ESC, CR,
-  bidi overrides, zero-width characters: ``\\x1b``, ``\\u202e``), as the command line prints it;
+  bidi overrides, zero-width characters: ``\\x1b``, ``\\u202e``), as the command line prints it
+  (``engine.display.printable``, the one escaping both use);
 * :func:`plain_label`: a label that never reads its text as markup;
 * :func:`shown_lines`: the same, line by line;
 * :func:`plain_tooltip`: a tooltip that shows its text as it is, whatever it starts with;
@@ -23,29 +24,16 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import Qt as QtGuiText  # Qt's text functions (mightBeRichText) live in QtGui
 from PySide6.QtWidgets import QLabel, QMessageBox, QWidget
 
+from engine.display import printable
+
 __all__ = ["confirm", "inform", "message_box", "plain_label", "plain_tooltip", "rich", "shown", "shown_lines"]
-
-_SHORT = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
-
-
-def _escape(ch: str) -> str:
-    short = _SHORT.get(ch)
-    if short is not None:
-        return short
-    code = ord(ch)
-    if code < 0x100:
-        return f"\\x{code:02x}"
-    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
 def shown(text: object) -> str:
-    """``text`` with every character that does not print as itself escaped (Python's
-    ``str.isprintable``: control characters, bidi controls, zero-width and other format
-    characters, separators other than the space); letters of every script stay as they are."""
-    value = str(text)
-    if value.isprintable():
-        return value
-    return "".join(ch if ch.isprintable() else _escape(ch) for ch in value)
+    """``text`` with every character that does not print as itself escaped, as the command line
+    prints it (``engine.display.printable``: control characters, bidi controls, zero-width and
+    other format characters); letters of every script stay as they are."""
+    return printable(str(text))
 
 
 def rich(text: object) -> str:
