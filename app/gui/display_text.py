@@ -70,7 +70,7 @@ def plain_tooltip(text: str) -> str:
     text = shown_lines(text)
     if not text or not QtGuiText.mightBeRichText(text):
         return text
-    return QtGuiText.convertFromPlainText(text, Qt.WhiteSpaceMode.WhiteSpaceNormal)
+    return QtGuiText.convertFromPlainText(text, Qt.WhiteSpaceMode.WhiteSpacePre)  # lines kept, as a plain one
 
 
 def message_box(

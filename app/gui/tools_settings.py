@@ -2,6 +2,10 @@
 one's status and the tools it offers, on/off per tool and per server, the allow list, and the
 limits of one turn: the step limit and the per-call timeout (issue 12, "The app").
 
+The list of sources and their state is the dialog's main area, on its first tab, with the selected
+row's whole status (a crash line) under it; adding a server selects it. The allow list and the
+limits are on a second tab, the paste box opens on demand (issue 28: at 620×520 the list had one row).
+
 Everything is ``app.tool_config`` (``mcp.json`` and ``tool_permissions.json``, saved at once).
 Starting a server blocks, so each check runs on a background thread (``app.gui.tasks``) with a busy
 bar and *Stop checking*; a server that does not start shows its one-line reason in its row, a bad
@@ -27,6 +31,7 @@ from PySide6.QtWidgets import (
     QProgressBar,
     QPushButton,
     QSpinBox,
+    QTabWidget,
     QTreeWidget,
     QTreeWidgetItem,
     QVBoxLayout,
@@ -36,6 +41,7 @@ from shiboken6 import isValid
 
 from app.gui.display_text import plain_label, plain_tooltip, shown
 from app.gui.tasks import describe_error, run_in_background
+from app.gui.window_layout import make_wrapping, set_wrapped_text
 from app.tool_config import (
     BUILTIN,
     MAX_STEPS_RANGE,
@@ -108,12 +114,21 @@ class ToolsSettingsDialog(QDialog):
         self._checking: set[str] = set()
         self._started: list[McpServer] = []  # servers being checked (closed on Stop and at close)
         self._filling = False
+        self._selected: tuple[str, str] | None = None  # the row the user picked (kept across refills)
 
         lay = QVBoxLayout(self)
-        self._build_sources(lay)
-        self._build_server_rows(lay)
-        self._build_allow_list(lay)
-        self._build_limits(lay)
+        self.tabs = QTabWidget()
+        lay.addWidget(self.tabs, 1)
+        servers = QWidget()
+        servers_lay = QVBoxLayout(servers)
+        self._build_sources(servers_lay)
+        self._build_server_rows(servers_lay)
+        self.tabs.addTab(servers, "Servers and tools")
+        allowed = QWidget()
+        allowed_lay = QVBoxLayout(allowed)
+        self._build_allow_list(allowed_lay)
+        self._build_limits(allowed_lay)
+        self.tabs.addTab(allowed, "Always allowed and limits")
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
         buttons.rejected.connect(self.reject)
         lay.addWidget(buttons)
@@ -139,8 +154,15 @@ class ToolsSettingsDialog(QDialog):
         self.tree.setColumnCount(4)
         self.tree.setHeaderLabels(["Source / tool", "On", "Always allow", "Status"])
         self.tree.setAccessibleName("Tool sources and their tools")
+        self.tree.setMinimumHeight(160)
         self.tree.itemChanged.connect(self._on_tree_item_changed)
+        self.tree.currentItemChanged.connect(self._on_tree_current_item_changed)
         lay.addWidget(self.tree, 1)
+        # The selected row's whole state: a server's status or crash line, a tool's description.
+        self.details = make_wrapping(plain_label(""))
+        self.details.setObjectName("toolDetails")
+        self.details.setAccessibleName("The selected source or tool")
+        lay.addWidget(self.details)
 
         progress_row = QHBoxLayout()
         self.progress = QProgressBar()
@@ -184,14 +206,21 @@ class ToolsSettingsDialog(QDialog):
         add_row.addWidget(self.add_button)
         lay.addLayout(add_row)
 
+        self.paste_toggle = QPushButton("Paste an mcp.json…")
+        self.paste_toggle.setCheckable(True)
+        self.paste_toggle.setToolTip("Add the servers of an mcp.json from Claude Desktop, Cursor, …")
+        row.insertWidget(2, self.paste_toggle)
         self.paste = QPlainTextEdit()
-        self.paste.setPlaceholderText('Or paste an mcp.json: {"mcpServers": {"name": {"command": "...", "args": []}}}')
+        self.paste.setPlaceholderText('Paste an mcp.json: {"mcpServers": {"name": {"command": "...", "args": []}}}')
         self.paste.setMaximumHeight(80)
         self.paste.setAccessibleName("Paste an mcp.json")
         self.import_button = QPushButton("Add the pasted servers")
         self.import_button.clicked.connect(self._on_import_button_clicked)
         lay.addWidget(self.paste)
         lay.addWidget(self.import_button, 0, Qt.AlignmentFlag.AlignRight)
+        for widget in (self.paste, self.import_button):
+            widget.setVisible(False)
+            self.paste_toggle.toggled.connect(widget.setVisible)
 
         self.error_label = plain_label("")
         self.error_label.setObjectName("errorText")
@@ -206,14 +235,13 @@ class ToolsSettingsDialog(QDialog):
         lay.addWidget(allow_title)
         allow_row = QHBoxLayout()
         self.allow_list = QListWidget()
-        self.allow_list.setMaximumHeight(90)
         self.allow_list.setAccessibleName("The allow list")
         self.forget_button = QPushButton("Ask again")
         self.forget_button.setToolTip("Take the selected tool off the allow list: its calls ask first again")
         self.forget_button.clicked.connect(self._on_forget_button_clicked)
         allow_row.addWidget(self.allow_list, 1)
         allow_row.addWidget(self.forget_button, 0, Qt.AlignmentFlag.AlignTop)
-        lay.addLayout(allow_row)
+        lay.addLayout(allow_row, 1)
 
     def _build_limits(self, lay: QVBoxLayout) -> None:
         """The step limit and the per-call timeout, each with its one-line explanation."""
@@ -284,7 +312,12 @@ class ToolsSettingsDialog(QDialog):
         self.tree.expandAll()
         for column in (COL_NAME, COL_ON, COL_ALLOW):
             self.tree.resizeColumnToContents(column)
+        selected = self.item_for(*self._selected) if self._selected is not None else None
+        if selected is not None:
+            self.tree.setCurrentItem(selected)
+            self.tree.scrollToItem(selected)
         self._filling = False
+        self._show_details(self.tree.currentItem())
         self.allow_list.clear()
         if perms is not None:
             self._fill_allow_list(perms)
@@ -326,6 +359,39 @@ class ToolsSettingsDialog(QDialog):
             child.setCheckState(COL_ON, Qt.CheckState.Unchecked if off else Qt.CheckState.Checked)
             child.setCheckState(COL_ALLOW, Qt.CheckState.Checked if allowed else Qt.CheckState.Unchecked)
             top.addChild(child)
+
+    @Slot(QTreeWidgetItem, QTreeWidgetItem)
+    def _on_tree_current_item_changed(self, item: QTreeWidgetItem | None, _previous: QTreeWidgetItem | None) -> None:
+        if not self._filling:
+            self._selected = item.data(COL_NAME, ROLE_KEY) if item is not None else None
+            self._show_details(item)
+
+    def _show_details(self, item: QTreeWidgetItem | None) -> None:
+        """The selected row's whole state under the list: a server's status (a crash line, in full)
+        and how it starts; a tool's description."""
+        key = item.data(COL_NAME, ROLE_KEY) if item is not None else None
+        if key is None:
+            set_wrapped_text(self.details, "Select a source or a tool to see its status in full.")
+            return
+        source, tool = key
+        if tool != "*":
+            spec = next((s for s in self._specs_of(source) if s.name == tool), None)
+            set_wrapped_text(self.details, f"{tool}: {spec.description if spec is not None else ''}".strip())
+            return
+        if source == BUILTIN:
+            set_wrapped_text(self.details, "Built-in tools: always available.")
+            return
+        status = self.status_of.get(source, "checking…" if source in self._checking else "not started")
+        entry = self.servers.get(source)
+        where = ""
+        if entry is not None:
+            described = entry.describe()
+            target = described.get("url") or " ".join([described.get("command") or "", *described.get("args", [])])
+            where = f" ({described['transport']}: {target.strip()})"
+        set_wrapped_text(self.details, f"{source}{where}: {status}")
+
+    def _specs_of(self, source: str) -> list[ToolSpec]:
+        return self._builtin_specs() if source == BUILTIN else self.tools_of.get(source, [])
 
     def item_for(self, source: str, tool: str = "*") -> QTreeWidgetItem | None:
         """The row of a server (``tool="*"``) or of one of its tools."""
@@ -452,6 +518,7 @@ class ToolsSettingsDialog(QDialog):
         self.show_error("")
         self.name_edit.clear()
         self.target_edit.clear()
+        self._selected = (name, "*")  # the new server, its status and its tools are in view
         self.reload()
         self.check(name)
 
@@ -466,6 +533,9 @@ class ToolsSettingsDialog(QDialog):
             return
         self.show_error("")
         self.paste.clear()
+        self.paste_toggle.setChecked(False)
+        if names:
+            self._selected = (names[0], "*")
         self.reload()
         for name in names:
             self.check(name)

@@ -125,7 +125,7 @@ def test_a_plain_tooltip_shows_its_text_whatever_it_starts_with() -> None:
     assert plain_tooltip("a plain line") == "a plain line"
     tip = plain_tooltip(f"{MARKUP}.gguf\n/models/{MARKUP}.gguf")
     # Rich text on purpose, whose markup draws the characters: nothing in it is a tag of the name.
-    assert QtText.mightBeRichText(tip) and RAW not in tip and "&lt;img src=x" in tip
+    assert QtText.mightBeRichText(tip) and RAW not in tip and "&lt;img" in tip
     assert "<br" in tip  # the line break stays one
 
 
