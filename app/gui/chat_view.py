@@ -213,6 +213,7 @@ class MessageCard(QFrame):
         self._text = message.content
         self._streaming_state = False
         self._agent_stats: Mapping[str, object] | None = None  # the turn's steps (stored, or live)
+        self.stream_note = ""  # what the model does while no answer text shows (writing a tool call)
         is_user = message.role == "user"
 
         inner = self._build_bubble(is_user, message.model or assistant_name or "Assistant")
@@ -371,7 +372,7 @@ class MessageCard(QFrame):
         self.agent_parts.show_turn(layout, live=not final)
         self.agent_parts.show_thoughts(self._agent_stats, live=not final)
         if not layout.answer and not final:
-            self._answer.placeholder(self._colors)
+            self._answer.placeholder(self._colors, self.stream_note)
         else:
             self._answer.render(layout.answer, self._colors, final)
         self._code_blocks = tuple(c for part in self._step_texts() for c in part.code_blocks) + self._answer.code_blocks
@@ -651,7 +652,17 @@ class ChatView(QScrollArea):
         if not self._render_timer.isActive():
             self._render_timer.start()
 
+    def set_stream_note(self, note: str) -> None:
+        """What the streaming reply's card says while it has no answer text yet ("" : an ellipsis)."""
+        card = self._streaming
+        if card is not None and card.stream_note != note:
+            card.stream_note = note
+            if not self._render_timer.isActive():
+                self._render_timer.start()
+
     def end_stream(self) -> None:
+        if self._streaming is not None:
+            self._streaming.stream_note = ""
         self._render_timer.stop()
         self._render_stream()
         if self._streaming is not None:

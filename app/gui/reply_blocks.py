@@ -8,6 +8,7 @@ one per step of a turn made with tools (``app.gui.tool_card.StepGroupWidget``).
 
 from __future__ import annotations
 
+import html
 from collections.abc import Callable
 
 from PySide6.QtCore import QEvent
@@ -113,10 +114,10 @@ class TextBlocks:
             label.deleteLater()
         del self.blocks[len(blocks) :]
 
-    def placeholder(self, colors: CodeColors) -> None:
-        """An ellipsis while the text has not started."""
+    def placeholder(self, colors: CodeColors, note: str = "") -> None:
+        """An ellipsis while the text has not started, or a note of what the model is doing."""
         self.render("", colors)
-        self.first.setText(f'<span style="color:{colors.muted};">…</span>')
+        self.first.setText(f'<span style="color:{colors.muted};">{html.escape(note) or "…"}</span>')
         self.blocks[0] = (PLACEHOLDER, self.first, ())
 
     def mark_stale(self) -> None:

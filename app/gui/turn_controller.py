@@ -82,6 +82,7 @@ class TurnController(QObject):
         self._closed = False
         self._inspector_reply: int | None = None  # the reply whose numbers the inspector shows
         self._streaming_reply: int | None = None  # the reply receiving text (its sources go to its card)
+        self._call_tokens = 0  # the tokens of the tool call the model is writing now (0: none)
         self._live_timer = QTimer(self)
         self._live_timer.setInterval(250)
         self._live_timer.timeout.connect(self._on_live_timer_timeout)
@@ -101,6 +102,7 @@ class TurnController(QObject):
         chat.bandwidth_measured.connect(self.inspector.set_machine_bandwidth)
         chat.sources_found.connect(self._on_chat_sources_found)
         chat.loop_updated.connect(self._on_chat_loop_updated)
+        chat.call_progressed.connect(self._on_chat_call_progressed)
         self.composer.send_requested.connect(self._on_composer_send_requested)
         self.composer.stop_requested.connect(chat.stop)
         self.chat_view.edit_requested.connect(self.composer.begin_edit)
@@ -201,6 +203,7 @@ class TurnController(QObject):
         self._streaming_reply = reply_id
         self._inspector_reply = reply_id
         self.inspector.begin_generation()
+        self._call_tokens = 0
         self._live_timer.start()
 
     @Slot(str, int)
@@ -234,10 +237,22 @@ class TurnController(QObject):
         if record is not None:
             self.chat_view.set_live_agent(record)
 
+    @Slot(int)
+    def _on_chat_call_progressed(self, tokens: int) -> None:
+        """The model writes a tool call (its markup is held back until it is one, or turns out to
+        be text): said in the composer's state line and on the reply card, with its tokens."""
+        self._call_tokens = tokens
+        note = f"Writing a tool call… {tokens:,} token{'s' if tokens != 1 else ''}" if tokens else ""
+        self.chat_view.set_stream_note(note)
+        if tokens:
+            self.composer.set_state_text(note)
+        elif self.chat.state is ChatState.GENERATING:
+            self.composer.set_state_text(ChatState.GENERATING.value + "…")
+
     @Slot()
     def _on_live_timer_timeout(self) -> None:
         tokens, _elapsed, _first = self.chat.live_tokens()
-        self.inspector.live_sample(tokens)
+        self.inspector.live_sample(tokens, writing_call=self._call_tokens > 0)
 
     @Slot(object)
     def _on_chat_state_changed(self, state: ChatState) -> None:

@@ -131,4 +131,15 @@ class Finished:
     stop_sequence: str | None = None
 
 
-Event = PrefillProgress | Token | Stats | Finished | Reasoning | ToolCall
+@dataclass(frozen=True)
+class CallProgress:
+    """A generated token that went into what may be a tool call's markup, held back from the
+    answer as the model writes it (engine/inference/tool_calls.py); ``tokens`` counts this
+    generation's held tokens so far. The markup comes out later as a :class:`ToolCall`, or as
+    ``Token`` text once it is plain that it is no call; meanwhile a front end can show that the
+    model is writing a call, and how fast."""
+
+    tokens: int
+
+
+Event = PrefillProgress | Token | Stats | Finished | Reasoning | ToolCall | CallProgress

@@ -19,7 +19,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.errors import ContextOverflow, EngineError
-from engine.inference.events import Event, FinishReason, PrefillProgress, Reasoning, Stats, Token, ToolCall
+from engine.inference.events import (
+    CallProgress,
+    Event,
+    FinishReason,
+    PrefillProgress,
+    Reasoning,
+    Stats,
+    Token,
+    ToolCall,
+)
 from engine.inference.remote_errors import looks_like_context_overflow, message_from_document
 
 
@@ -37,6 +46,7 @@ class StreamedReply:
     done: bool = False
     reasoning: str = ""
     calls: dict[int, dict[str, str]] = field(default_factory=dict)
+    call_deltas: int = 0  # the tool-call deltas so far
 
     def arrived(self) -> None:
         """Notes that a delta arrived now (the first one's time is the time to first token)."""
@@ -122,7 +132,9 @@ def apply_chunk(event: str, reply: StreamedReply, base_url: str) -> list[Event]:
             reply.arrived()
             reply.text += content
             events.append(_token(content, choice.get("logprobs")))
-        _gather_calls(delta.get("tool_calls"), reply)
+        if _gather_calls(delta.get("tool_calls"), reply):
+            reply.call_deltas += 1  # a call streams: the model is writing (CallProgress)
+            events.append(CallProgress(reply.call_deltas))
         if isinstance(choice.get("finish_reason"), str):
             reply.finish = choice["finish_reason"]
     return events
@@ -232,14 +244,16 @@ def _float(value: Any) -> float | None:
     return None
 
 
-def _gather_calls(deltas: Any, reply: StreamedReply) -> None:
+def _gather_calls(deltas: Any, reply: StreamedReply) -> bool:
     """Adds streamed ``tool_calls`` deltas to the calls being gathered (by ``index``; the name and the
-    id come once, the arguments in pieces)."""
+    id come once, the arguments in pieces). Returns whether there was one."""
     if not isinstance(deltas, list):
-        return
+        return False
+    gathered = False
     for number, delta in enumerate(deltas):
         if not isinstance(delta, dict):
             continue
+        gathered = True
         index = delta.get("index", number)
         part = reply.calls.setdefault(index if isinstance(index, int) else number, {})
         if isinstance(delta.get("id"), str) and delta["id"]:
@@ -253,6 +267,7 @@ def _gather_calls(deltas: Any, reply: StreamedReply) -> None:
                 part["arguments"] = part.get("arguments", "") + arguments
             elif isinstance(arguments, dict):  # some servers send the object itself
                 part["arguments"] = json.dumps(arguments)
+    return gathered
 
 
 def _token(text: str, logprobs: Any) -> Token:

@@ -7,7 +7,8 @@ The worker streams raw ``Token`` events. :class:`ReplyShaper` runs each token's 
 
 * ``Reasoning(text)`` for thinking,
 * ``Token`` (the same event with only its answer text) for the answer, as it streams,
-* ``ToolCall(id, name, arguments, raw)`` once per complete call (its markup never shows as text).
+* ``ToolCall(id, name, arguments, raw)`` once per complete call (its markup never shows as text),
+* ``CallProgress(tokens)`` for each token held back as what may be a call's markup, meanwhile.
 
 It keeps the answer, the reasoning (with its token count and time) and the calls, for the
 ``Finished`` event that ends the reply. :func:`shaped` wraps the worker's generator with it, and
@@ -26,7 +27,7 @@ from collections.abc import Callable, Collection, Generator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from engine.inference.events import Event, Finished, FinishReason, Reasoning, Stats, Token, ToolCall
+from engine.inference.events import CallProgress, Event, Finished, FinishReason, Reasoning, Stats, Token, ToolCall
 from engine.inference.harmony import MARKERS as HARMONY_MARKERS
 from engine.inference.harmony import HarmonyPiece, HarmonySplitter
 from engine.inference.reasoning import PieceKind, ReasoningSplitter
@@ -121,6 +122,8 @@ class ReplyShaper:
     reasoning: str = ""
     reasoning_tokens: int = 0
     calls: list[ToolCall] = field(default_factory=list)
+    call_tokens: int = 0
+    """Tokens held back as the markup of the call being written (0 when none is)."""
     _reasoning_start: float | None = None
     _reasoning_end: float | None = None
     _last: Token | None = None
@@ -170,7 +173,13 @@ class ReplyShaper:
                 self._reasoning_start = now
             if not is_reasoning and self._reasoning_end is None:
                 self._reasoning_end = now
-        return self._route(pieces, token)
+        events = self._route(pieces, token)
+        if any(isinstance(event, (Token, ToolCall)) for event in events):
+            self.call_tokens = 0
+        elif self._parser is not None and self._parser.in_call:
+            self.call_tokens += 1  # held back as a call's markup: said, so a front end shows it is written
+            events.append(CallProgress(self.call_tokens))
+        return events
 
     def finish(self) -> list[Event]:
         """The events for what was held back at the end of the reply."""

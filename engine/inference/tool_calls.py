@@ -27,12 +27,14 @@ chat template describes them:
     a reply that is one JSON object ``{"name": "f", "arguments": {...}}`` (also inside a
     ````` ```json ````` fence, or a list of them, or ``{"tool_calls": [...]}``), and Hermes blocks.
 
-A reply that *starts* with ``{``, ``[`` or a fence (``llama3``, ``json``) is held back until the
-generation ends, since only the whole text says whether it is a call: if it is not one, it is
-emitted as text then. Markup that opens a call but does not parse (broken JSON, a name that is not
-a string) is emitted as text too, so nothing the model wrote is lost. In the ``json`` family a bare
-JSON object counts as a call only when its name is one of the tools offered (a model asked for
-JSON must not have its answer taken for a call).
+A reply that *starts* with ``{``, ``[`` or a fence (``llama3``, ``json``) is held back, since only
+the whole text says whether it is a call; as soon as its start says it cannot be one (the JSON
+breaks, a finished value is no call, text follows: :mod:`engine.inference.call_prefix`) it streams
+as text from there, and a reply held to its end that is no call is emitted as text then. Markup
+that opens a call but does not parse (broken JSON, a name that is not a string) is emitted as text
+too, so nothing the model wrote is lost. In the ``json`` family a bare JSON object counts as a call
+only when its name is one of the tools offered (a model asked for JSON must not have its answer
+taken for a call).
 
 Public API: :class:`ToolCallParser` (``feed(text) -> list[Piece]``, ``finish() -> list[Piece]``),
 :func:`parse_tool_calls` (a whole text at once), :func:`detect_family` (from a chat template's
@@ -47,6 +49,8 @@ import re
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from engine.inference.call_prefix import BareCallPrefix
 
 Family = Literal["hermes", "llama3", "mistral", "gemma", "deepseek", "json"]
 FAMILIES: tuple[Family, ...] = ("hermes", "llama3", "mistral", "gemma", "deepseek", "json")
@@ -144,6 +148,8 @@ class ToolCallParser:
     _state: Literal["start", "text", "block", "bare"] = "start"
     _block: _Block | None = None
     _calls: int = field(default=0)
+    _prefix: BareCallPrefix | None = None
+    _prefix_read: int = 0
 
     def __post_init__(self) -> None:
         if self.family not in _BLOCKS:
@@ -154,6 +160,11 @@ class ToolCallParser:
     def calls_found(self) -> int:
         """How many calls were emitted so far."""
         return self._calls
+
+    @property
+    def in_call(self) -> bool:
+        """Whether the text so far ends inside a call's markup (or a reply held as a possible call)."""
+        return self._state in ("block", "bare")
 
     def feed(self, text: str) -> list[Piece]:
         """Takes the next piece of the reply; returns the text and calls now settled."""
@@ -169,8 +180,20 @@ class ToolCallParser:
                 if not self._scan_block(out):
                     break
             elif self._state == "bare":
-                break
+                if self._still_a_call():
+                    break
+                self._state = "text"  # it cannot be a call any more: the held text streams as text
         return _merge(out)
+
+    def _still_a_call(self) -> bool:
+        """Whether the reply held as a bare call can still be one (engine/inference/call_prefix.py)."""
+        if self._prefix is None:
+            family, names = self.family, self.tool_names
+            self._prefix = BareCallPrefix(lambda value: bool(_parse_bare(value, family, names)))
+            self._prefix_read = 0
+        possible = self._prefix.feed(self._buf[self._prefix_read :])
+        self._prefix_read = len(self._buf)
+        return possible
 
     def finish(self) -> list[Piece]:
         """The end of the reply: parses what was held back (or returns it as text)."""

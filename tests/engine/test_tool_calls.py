@@ -200,10 +200,11 @@ def test_json_family_takes_a_bare_object_only_when_it_names_an_offered_tool() ->
     assert parse_tool_calls(call, "json", NAMES)[1][0].arguments == {"a": 1, "b": 2}
 
 
-def test_a_reply_starting_like_json_but_plain_is_released_at_the_end() -> None:
+def test_a_reply_starting_like_json_but_plain_is_released_once_it_cannot_be_a_call() -> None:
     parser = ToolCallParser("llama3", NAMES)
-    assert parser.feed("[1] The first source says") == []
-    assert parser.finish() == ["[1] The first source says"]
+    assert parser.feed("[1") == []  # may still be a list of calls
+    assert parser.feed("] The first source says") == ["[1] The first source says"]  # "[1]" is none
+    assert parser.finish() == []
 
 
 def test_runaway_markup_is_not_parsed() -> None:

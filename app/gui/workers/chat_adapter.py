@@ -72,6 +72,7 @@ class ChatAdapter(QObject):
         tool_step_added(object): a tool call of the running reply was handled (agent_history.step_dict).
         loop_updated(object): the running turn's timeline (generations and calls, list of dicts).
         approval_requested(object): an ``agent_turn.ApprovalRequest`` the user must answer.
+        call_progressed(int): the tokens of the tool call the model is writing (0: it is not now).
         load_requested(object), generate_requested(object), unload_requested(),
         shutdown_requested(): commands to the worker (queued).
     """
@@ -97,6 +98,7 @@ class ChatAdapter(QObject):
     tool_step_added = Signal(object)
     loop_updated = Signal(object)
     approval_requested = Signal(object)
+    call_progressed = Signal(int)
 
     load_requested = Signal(object)
     generate_requested = Signal(object)
@@ -151,6 +153,7 @@ class ChatAdapter(QObject):
         worker.reasoning_received.connect(self.agent.on_reasoning)
         worker.agent_recorded.connect(self.agent.on_record)
         worker.approval_requested.connect(self.agent.on_approval)
+        worker.call_progressed.connect(turns.on_call_progress)
 
     # ------------------------------------------------------------------ state
     def set_state(self, state: ChatState) -> None:

@@ -57,6 +57,7 @@ class ReplyTurn:
     retrieving: bool = False
     last_checkpoint: float = 0.0
     first_token_at: float | None = None
+    call_tokens: int = 0  # the tokens of the tool call being written now (0: none)
     stored: StoredText = field(default_factory=StoredText)
     save_failed: bool = False
     agent: AgentRecord = field(default_factory=AgentRecord)  # tool steps, thinking (agent_turn)

@@ -220,6 +220,14 @@ class TurnRunner(QObject):
         self._chat.reply_delta.emit(text, count)
         self._chat.replies.tick(turn)
 
+    @Slot(int, int)
+    def on_call_progress(self, request_id: int, tokens: int) -> None:
+        """The model writes a tool call (``tokens`` so far; 0: it stopped writing one)."""
+        turn = self.current(request_id)
+        if turn is not None:
+            turn.call_tokens = tokens
+            self._chat.call_progressed.emit(tokens)
+
     @Slot(object)
     def on_finished(self, outcome: GenerationOutcome) -> None:
         """The generation ended (stop, length or cancelled): save the reply with its stats."""

@@ -5,7 +5,9 @@
   (:func:`stream_options`: the KV cache key, the thinking switch and budget).
 * :class:`Coalescer` gathers the text and the thinking on the worker thread and sends them at
   most every :data:`COALESCE_S` (~30 updates a second), so a fast model never floods the GUI's
-  event queue; it also keeps the reply's tokens for the inspector's token view.
+  event queue; it also keeps the reply's tokens for the inspector's token view, and counts the
+  tokens held back as a tool call's markup (``CallProgress``): they are sent as tokens without
+  text, with how many the call has so far, so the GUI shows the call being written, and how fast.
 * :func:`outcome_of` is the frozen :class:`~app.gui.workers.llm_requests.GenerationOutcome` sent
   for the turn's ``Finished``.
 """
@@ -101,6 +103,8 @@ class Coalescer:
         send_text: ``(request id, text, tokens in it)``: the worker's ``tokens_received``.
         send_thinking: ``(request id, text)``: the worker's ``reasoning_received``.
         send_prefill: ``(request id, done, total)``: the worker's ``prefill_progressed``.
+        send_call: ``(request id, tokens)``: the worker's ``call_progressed``: the tokens of the tool
+            call being written (0 once it is written, or turned out to be text).
     """
 
     def __init__(
@@ -109,6 +113,7 @@ class Coalescer:
         send_text: Callable[[int, str, int], None],
         send_thinking: Callable[[int, str], None],
         send_prefill: Callable[[int, int, int], None],
+        send_call: Callable[[int, int], None] | None = None,
     ) -> None:
         from app.gui.workers.speculative import ReplyTokens
 
@@ -116,6 +121,9 @@ class Coalescer:
         self._send_text = send_text
         self._send_thinking = send_thinking
         self._send_prefill = send_prefill
+        self._send_call = send_call
+        self._call_tokens = 0  # the tokens of the call being written (CallProgress)
+        self._call_sent = 0
         self._pending: list[str] = []
         self._pending_tokens = 0
         self._thinking: list[str] = []
@@ -125,10 +133,11 @@ class Coalescer:
         """The reply's tokens, for the inspector's token view (accepted drafts tinted)."""
 
     def take(self, event: Event | TextBreak) -> None:
-        """Gathers a Token, Reasoning or TextBreak, reports a PrefillProgress; ignores the rest."""
+        """Gathers a Token, Reasoning, TextBreak or CallProgress, reports a PrefillProgress; a
+        ToolCall ends the call being written; ignores the rest."""
         from app.gui.workers.agent_turn import TextBreak
         from app.gui.workers.speculative import ReplyTokens
-        from engine.inference.events import PrefillProgress, Reasoning, Token
+        from engine.inference.events import CallProgress, PrefillProgress, Reasoning, Token, ToolCall
 
         now = time.perf_counter()
         if isinstance(event, (Reasoning, TextBreak)):
@@ -139,8 +148,15 @@ class Coalescer:
         elif isinstance(event, Token):
             self._pending.append(event.text)
             self._pending_tokens += 1
+            self._call_tokens = 0
             self.reply.add(event)
             self._flush_due(now)
+        elif isinstance(event, CallProgress):
+            self._pending_tokens += 1  # generated, held back: counted for the speed, shown later
+            self._call_tokens = event.tokens
+            self._flush_due(now)
+        elif isinstance(event, ToolCall):
+            self._call_tokens = 0
         elif isinstance(event, PrefillProgress) and (
             now - self._last_prefill >= COALESCE_S or event.done >= event.total
         ):
@@ -157,10 +173,13 @@ class Coalescer:
         if self._thinking:
             self._send_thinking(self._id, "".join(self._thinking))
             self._thinking.clear()
-        if self._pending:
+        if self._pending or self._pending_tokens:
             self._send_text(self._id, "".join(self._pending), self._pending_tokens)
             self._pending.clear()
         self._pending_tokens = 0
+        if self._send_call is not None and self._call_tokens != self._call_sent:
+            self._send_call(self._id, self._call_tokens)
+            self._call_sent = self._call_tokens
 
 
 def outcome_of(request: GenerateRequest, event: Finished, started: float, dropped: int) -> GenerationOutcome:

@@ -57,6 +57,7 @@ class LlmWorker(QObject):
         reasoning_received(int, str): request id, coalesced thinking text.
         agent_recorded(int, object): request id, a record of the agent loop (agent_turn.agent_events).
         approval_requested(int, object): request id, an ``agent_turn.ApprovalRequest`` to answer.
+        call_progressed(int, int): request id, the tokens of the tool call being written (0: none now).
     """
 
     model_loaded = Signal(object)
@@ -72,6 +73,7 @@ class LlmWorker(QObject):
     reasoning_received = Signal(int, str)
     agent_recorded = Signal(int, object)
     approval_requested = Signal(int, object)
+    call_progressed = Signal(int, int)
 
     def __init__(self, session_factory: SessionFactory | None = None) -> None:
         super().__init__()
@@ -147,7 +149,13 @@ class LlmWorker(QObject):
         from app.gui.workers.llm_generate import Coalescer, outcome_of, turn_events
 
         rid = request.request_id
-        stream = Coalescer(rid, self.tokens_received.emit, self.reasoning_received.emit, self.prefill_progressed.emit)
+        stream = Coalescer(
+            rid,
+            self.tokens_received.emit,
+            self.reasoning_received.emit,
+            self.prefill_progressed.emit,
+            self.call_progressed.emit,
+        )
         try:
             from app.gui.workers.agent_tools import offers_search
             from engine.inference.context import Message
