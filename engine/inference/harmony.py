@@ -1,17 +1,30 @@
-"""OpenAI's harmony format (gpt-oss): a reply made of channel messages, split as it streams.
+"""OpenAI's harmony format (gpt-oss) and Muse's recipient messages: a reply made of addressed
+messages, split as it streams.
 
 A gpt-oss reply is a sequence of messages, each ``<|channel|>NAME[ to=RECIPIENT][ <|constrain|>json]
 <|message|>BODY`` ended by ``<|end|>`` (more follows, from ``<|start|>assistant``), ``<|call|>`` (a
-tool call: the turn waits for its result) or ``<|return|>`` (the reply is over):
+tool call: the turn waits for its result) or ``<|return|>`` (the reply is over). The recipient may
+also stand before the channel (``<|start|>assistant to=functions.f<|channel|>commentary``), and the
+generation prompt ends with ``<|start|>assistant``, so the first header may start with `` to=``:
 
 * ``analysis``: the thinking (never shown as the answer, never sent back);
 * ``final``: the answer;
 * ``commentary`` with ``to=functions.NAME``: a call of tool NAME, its body the JSON arguments;
-  ``commentary`` without a recipient: a preamble the user may see (text).
+  ``commentary`` without a recipient: a preamble the user may see (text);
+* a message to one of gpt-oss's built-in tools (``to=python``, ``to=browser.search``,
+  ``to=container.exec``): Glassbox runs none of them, so it is never the answer; its body goes with
+  the thinking, where the user can still read it;
+* a header with two channel tags (``<|channel|>commentary to=assistant<|channel|>analysis``): the
+  last one is the message's.
+
+Muse (``dialect="muse"``) writes ``<|start|>assistant to=RECIPIENT<|message|>BODY`` ended by
+``<|eom|>`` (more follows) or ``<|eot|>``: ``to=self`` is the thinking, ``to=user`` the answer, any
+other recipient a tool, its body an ``<atem:function_calls>`` block
+(:func:`engine.inference.tool_calls.xml_calls.atem`). Markup quoted inside an answer stays text.
 
 :class:`HarmonySplitter` turns the streaming text into ``("reasoning", text)``, ``("text", text)``
 and :class:`~engine.inference.tool_calls.ParsedCall` pieces; thinking and text stream as they come, a call is
-emitted whole when its message ends. A reply that does not start like a harmony message is plain
+emitted whole when its message ends. A reply that does not start like such a message is plain
 text. The markers are special tokens: the session puts their text back for the worker's output
 (:func:`engine.inference.reply.special_markers`).
 """
@@ -23,7 +36,8 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from engine.inference.tool_calls import MAX_CALL_CHARS, ParsedCall, partial_suffix
+from engine.inference.tool_calls import MAX_CALL_CHARS, ParsedCall, Schemas, SplitPiece, partial_suffix
+from engine.inference.tool_calls.xml_calls import atem
 
 START, CHANNEL, MESSAGE, END, CALL, RETURN, CONSTRAIN = (
     "<|start|>",
@@ -34,26 +48,33 @@ START, CHANNEL, MESSAGE, END, CALL, RETURN, CONSTRAIN = (
     "<|return|>",
     "<|constrain|>",
 )
-MARKERS = (START, CHANNEL, MESSAGE, END, CALL, RETURN, CONSTRAIN)
-_TERMINATORS = (END, CALL, RETURN, START)
+END_OF_MESSAGE, END_OF_TURN = "<|eom|>", "<|eot|>"
+MARKERS = (START, CHANNEL, MESSAGE, END, CALL, RETURN, CONSTRAIN, END_OF_MESSAGE, END_OF_TURN)
+_TERMINATORS = (END, CALL, RETURN, START, END_OF_MESSAGE, END_OF_TURN)
 _HEADER_STARTS = (CHANNEL, START, "to=", "assistant")
 
 _CHANNEL_NAME = re.compile(re.escape(CHANNEL) + r"\s*([A-Za-z_]+)")
 _RECIPIENT = re.compile(r"to=([^\s<]+)")
+_NOT_TOOLS = frozenset({"assistant", "user", "all"})
 
-HarmonyPiece = tuple[Literal["reasoning", "text"], str] | ParsedCall
+Dialect = Literal["harmony", "muse"]
+HarmonyPiece = SplitPiece
 
 
 @dataclass
 class HarmonySplitter:
-    """Splits a streaming harmony reply (see the module docstring).
+    """Splits a streaming harmony (or Muse) reply (see the module docstring).
 
     Args:
-        tools_offered: a message to ``functions.NAME`` is a call only when tools were offered
-            (otherwise it is shown as text).
+        tools_offered: a message to a tool is a call only when tools were offered (otherwise it is
+            shown as text).
+        dialect: ``"harmony"`` (gpt-oss) or ``"muse"``.
+        schemas: the tools' argument schemas (Muse writes arguments as text).
     """
 
     tools_offered: bool = True
+    dialect: Dialect = "harmony"
+    schemas: Schemas | None = None
     _state: Literal["header", "body", "plain"] = "header"
     _buf: str = ""
     _channel: str = ""
@@ -62,8 +83,8 @@ class HarmonySplitter:
 
     @property
     def in_reasoning(self) -> bool:
-        """Whether the text so far ends inside the thinking (the analysis channel)."""
-        return self._state == "body" and self._channel == "analysis"
+        """Whether the text so far ends inside the thinking (the analysis channel, Muse's ``self``)."""
+        return self._state == "body" and self._kind() == "reasoning"
 
     def feed(self, text: str) -> list[HarmonyPiece]:
         """Takes the next piece of the reply; returns what is settled, in order."""
@@ -108,10 +129,13 @@ class HarmonySplitter:
             return False
         header, self._buf = self._buf[:at], self._buf[at + len(MESSAGE) :]
         self._header = header
-        channel = _CHANNEL_NAME.search(header)
-        recipient = _RECIPIENT.search(header)
-        self._channel = channel.group(1) if channel else "final"
-        self._recipient = recipient.group(1) if recipient else ""
+        channels = _CHANNEL_NAME.findall(header)
+        recipients = [r for r in _RECIPIENT.findall(header) if r not in _NOT_TOOLS]
+        self._channel = channels[-1] if channels else ("" if self.dialect == "muse" else "final")
+        self._recipient = recipients[-1] if recipients else ""
+        if self.dialect == "muse":
+            found = _RECIPIENT.findall(header)
+            self._channel = found[-1] if found else "user"
         self._state = "body"
         return True
 
@@ -140,17 +164,37 @@ class HarmonySplitter:
     def _close_body(self, body: str) -> list[HarmonyPiece]:
         if not self._is_call():
             return [(self._kind(), body)] if body else []
+        raw = f"{self._header}{MESSAGE}{body}"
+        if self.dialect == "muse":
+            calls = atem(_strip_wrapper(body), raw, self.schemas or {}) if len(body) <= MAX_CALL_CHARS else None
+            if isinstance(calls, list):
+                return list(calls)
+            return [("text", body)]
         name = self._recipient.removeprefix("functions.")
         arguments = _json_object(body)
         if arguments is None:
             return [("text", body)]
-        return [ParsedCall(name, arguments, f"{self._header}{MESSAGE}{body}")]
+        return [ParsedCall(name, arguments, raw)]
 
     def _is_call(self) -> bool:
-        return self.tools_offered and self._recipient.startswith("functions.")
+        if not self.tools_offered:
+            return False
+        if self.dialect == "muse":
+            return self._channel not in ("self", "user", "")
+        return self._recipient.startswith("functions.")
 
     def _kind(self) -> Literal["reasoning", "text"]:
-        return "reasoning" if self._channel == "analysis" else "text"
+        if self.dialect == "muse":
+            return "reasoning" if self._channel == "self" else "text"
+        if self._channel == "analysis" or (self._recipient and not self._recipient.startswith("functions.")):
+            return "reasoning"  # thinking, or a message to a built-in tool Glassbox does not run
+        return "text"
+
+
+def _strip_wrapper(body: str) -> str:
+    text = body.strip()
+    text = text.removeprefix("<atem:function_calls>")
+    return text.removesuffix("</atem:function_calls>")
 
 
 def _json_object(text: str) -> dict[str, object] | None:

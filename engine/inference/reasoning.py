@@ -1,19 +1,43 @@
 """Reasoning models: their thinking told apart from their answer, and never sent back as history.
 
-Reasoning models (Qwen 3, DeepSeek R1 and its distills, QwQ, Phi-4 reasoning, ...) write their
-thinking between ``<think>`` and ``</think>`` before the answer. Some chat templates open the block
-in the generation prompt themselves (DeepSeek R1's ends with ``<think>\\n``), so the reply starts
-inside it and only ``</think>`` appears: :func:`opened_in_prompt` says so from the rendered prompt.
+Reasoning models write their thinking between markers before the answer. Most write ``<think>`` and
+``</think>`` (Qwen 3, DeepSeek R1/V3.1+, QwQ, GLM, Nemotron, MiniMax M2, Kimi K2 Thinking, ...); the
+others, each a :class:`ThinkFormat` of :data:`THINK_FORMATS`:
 
-:class:`ReasoningSplitter` splits a streaming reply into ``("reasoning", text)`` and
-``("text", text)`` pieces. A ``<think>`` is recognised only at the start of the reply (after
-whitespace): further on it is ordinary text (a model explaining the tags). The whitespace after
-``</think>`` is dropped from the answer.
+=============  ==========================================  =========================================
+format         markers                                     templates
+=============  ==========================================  =========================================
+``mistral``    ``[THINK]`` ... ``[/THINK]``                 Magistral, Ministral 3 Reasoning
+``seed``       ``<seed:think>`` ... ``</seed:think>``       Seed-OSS
+``minimax_m3`` ``<mm:think>`` ... ``</mm:think>``           MiniMax M3
+``gemma4``     ``<|channel>thought`` ... ``<channel|>``     Gemma 4 (also between calls)
+``cohere``     ``<|START_THINKING|>`` ... ``<|END_THINKING|>`` Command R7B, Command A (the answer's
+                                                           ``<|START_RESPONSE|>`` tags dropped)
+``apriel``     (from the start) ... ``[BEGIN FINAL RESPONSE]`` Apriel 1.5 / 1.6
+``hunyuan``    ``<think:opensource>`` ... ``</think:opensource>`` Hunyuan 3
+``solar``      ``<|think|>`` ... ``<|end|>``                Solar Open
+``kimi_vl``    ``◁think▷`` ... ``◁/think▷``                  Kimi VL thinking models
+``apertus``    ``<|inner_prefix|>`` ... ``<|inner_suffix|>``   Apertus
+``granite``    ``<think>`` ... ``</think>``, ``<response>`` tags dropped: Granite 3.x
+=============  ==========================================  =========================================
 
-Templates that can switch thinking on or off name the switch in their text:
-``enable_thinking`` (Qwen 3, and templates written after it) or ``reasoning_effort`` (gpt-oss,
-with ``low``/``medium``/``high``); :func:`thinking_controls` finds them, and the renderer passes
-the value only when the caller set one (:mod:`engine.inference.templates`).
+gpt-oss's channels, Muse's ``to=self`` and Kimi K3's ``think`` section are whole-reply structures
+with their own splitters (:mod:`engine.inference.harmony`, :mod:`engine.inference.tool_calls.kimi_k3`).
+:func:`detect_thinking` finds a template's format from the markers its rendering and its text hold.
+
+Some templates open the block in the generation prompt themselves (DeepSeek R1's ends with
+``<think>\\n``), so the reply starts inside it and only the closing marker appears:
+:func:`opened_in_prompt` says so from the rendered prompt. :class:`ReasoningSplitter` splits a
+streaming reply into ``("reasoning", text)`` and ``("text", text)`` pieces. An opening marker is
+recognised only at the start of the reply (after whitespace): further on it is ordinary text (a
+model explaining the tags), except in Gemma 4, whose thinking may come again later. A closing marker
+at the very start (the model's way of saying it did not think: MiniMax M3's bare ``</mm:think>``)
+is dropped. The whitespace after the closing marker is dropped from the answer.
+
+Templates that can switch thinking on or off name the switch in their text: ``enable_thinking``
+(Qwen 3, and templates written after it) or ``reasoning_effort`` (gpt-oss, with
+``low``/``medium``/``high``); :func:`thinking_controls` finds them, and the renderer passes the value
+only when the caller set one (:mod:`engine.inference.templates`).
 
 :func:`strip_reasoning` removes thinking from an assistant message before it goes back into a
 prompt: old reasoning wastes the window, and the families' own templates drop it too.
@@ -31,13 +55,131 @@ THINK_CLOSE = "</think>"
 PieceKind = Literal["reasoning", "text"]
 EFFORTS = ("low", "medium", "high")
 
+__all__ = [
+    "EFFORTS",
+    "THINK_CLOSE",
+    "THINK_FORMATS",
+    "THINK_OPEN",
+    "PieceKind",
+    "ReasoningSplitter",
+    "ThinkFormat",
+    "detect_thinking",
+    "opened_in_prompt",
+    "strip_reasoning",
+    "thinking_controls",
+]
+
 _THINK_BLOCK = re.compile(r"<think>.*?</think>\s*", re.DOTALL)
 
 
-def opened_in_prompt(prompt: str) -> bool:
-    """Whether the rendered prompt ends inside an open ``<think>`` block (the reply starts there)."""
-    tail = prompt.rstrip()
-    return tail.endswith(THINK_OPEN)
+@dataclass(frozen=True)
+class ThinkFormat:
+    """How one family marks its thinking.
+
+    Attributes:
+        name: the format.
+        open: the opening marker; empty when the whole reply up to ``close`` is thinking.
+        close: the closing marker.
+        signatures: markers that say a template uses this format (its rendering or its text).
+        skip_after_open: text right after the opening marker that belongs to it (Gemma 4's newline).
+        anywhere: a thinking block may also start later in the reply.
+        drop: stray markers removed from the answer.
+        stutter: a prefix of the opening marker a model may write twice (Gemma 4's ``<|channel>``).
+        budget_close: what closes the thinking for the model when its budget runs out.
+    """
+
+    name: str
+    open: str
+    close: str
+    signatures: tuple[str, ...] = ()
+    skip_after_open: str = ""
+    anywhere: bool = False
+    drop: tuple[str, ...] = ()
+    stutter: str = ""
+    budget_close: str = ""
+
+    @property
+    def closing(self) -> str:
+        """The text that closes the thinking when its budget runs out."""
+        return self.budget_close or self.close
+
+    def markers(self) -> tuple[str, ...]:
+        """The control tokens of the format (put back where a vocabulary holds them)."""
+        return tuple(m for m in (self.open, self.close, *self.drop) if m)
+
+
+THINK = ThinkFormat("think", THINK_OPEN, THINK_CLOSE, (THINK_OPEN,), budget_close="\n</think>\n\n")
+
+THINK_FORMATS: dict[str, ThinkFormat] = {
+    fmt.name: fmt
+    for fmt in (
+        ThinkFormat(
+            "gemma4",
+            "<|channel>thought",
+            "<channel|>",
+            ("<|channel>thought",),
+            skip_after_open="\n",
+            anywhere=True,
+            drop=("<channel|>", "<|channel>"),
+            stutter="<|channel>",
+        ),
+        ThinkFormat("mistral", "[THINK]", "[/THINK]", ("[THINK]",)),
+        ThinkFormat("seed", "<seed:think>", "</seed:think>", ("<seed:think>",), budget_close="\n</seed:think>\n"),
+        ThinkFormat("minimax_m3", "<mm:think>", "</mm:think>", ("<mm:think>",)),
+        ThinkFormat("hunyuan", "<think:opensource>", "</think:opensource>", ("<think{}>",)),
+        ThinkFormat(
+            "cohere",
+            "<|START_THINKING|>",
+            "<|END_THINKING|>",
+            ("<|START_THINKING|>",),
+            drop=("<|START_RESPONSE|>", "<|END_RESPONSE|>", "<|START_TEXT|>", "<|END_TEXT|>"),
+        ),
+        ThinkFormat(
+            "apriel",
+            "",
+            "[BEGIN FINAL RESPONSE]",
+            ("[BEGIN FINAL RESPONSE]",),
+            drop=("[END FINAL RESPONSE]",),
+            budget_close="\n[BEGIN FINAL RESPONSE]\n",
+        ),
+        ThinkFormat("solar", "<|think|>", "<|end|>", ("<|think|>",), drop=("<|begin|>assistant", "<|content|>")),
+        ThinkFormat("kimi_vl", "◁think▷", "◁/think▷", ("◁think▷",)),
+        ThinkFormat("apertus", "<|inner_prefix|>", "<|inner_suffix|>", ("<|inner_prefix|>",)),
+        ThinkFormat(
+            "granite", THINK_OPEN, THINK_CLOSE, ("<response>", "<|start_of_role|>"), drop=("<response>", "</response>")
+        ),
+        THINK,
+    )
+}
+"""Every thinking format, in the order :func:`detect_thinking` tries them (the most specific first)."""
+
+
+def detect_thinking(template_text: str | None, rendered: str | None = None) -> str:
+    """The thinking format of a template: the first whose markers its rendering holds, else its
+    text; ``"think"`` when neither says (a ``<think>`` at the start of a reply is thinking anyway).
+
+    Args:
+        template_text: the chat template.
+        rendered: a rendering of a conversation by it, when there is one.
+    """
+    for text in (rendered or "", template_text or ""):
+        for fmt in THINK_FORMATS.values():
+            if fmt.signatures and all(marker in text for marker in fmt.signatures):
+                return fmt.name
+    return THINK.name
+
+
+def think_format(name: str) -> ThinkFormat:
+    """A thinking format by name (``"think"`` for an unknown one)."""
+    return THINK_FORMATS.get(name, THINK)
+
+
+def opened_in_prompt(prompt: str, fmt: str = "think") -> bool:
+    """Whether the rendered prompt ends inside an open thinking block (the reply starts there)."""
+    spec = think_format(fmt)
+    if not spec.open:
+        return True  # the whole reply up to its closing marker is thinking
+    return prompt.rstrip().endswith(spec.open)
 
 
 def thinking_controls(template_text: str | None) -> frozenset[str]:
@@ -66,22 +208,29 @@ class ReasoningSplitter:
     """Splits a streaming reply into its reasoning and its answer.
 
     Args:
-        started: the reply starts inside ``<think>`` (the template opened it in the prompt).
+        started: the reply starts inside the thinking (the template opened it in the prompt).
         enabled: recognise thinking at all (False passes everything through as text).
+        fmt: the thinking format (:data:`THINK_FORMATS`).
     """
 
     started: bool = False
     enabled: bool = True
+    fmt: str = "think"
     _state: Literal["start", "reasoning", "after", "text"] = "start"
     _buf: str = ""
     _saw: bool = False
+    _fresh: bool = False
+    _skip: bool = False
 
     def __post_init__(self) -> None:
+        self._spec = think_format(self.fmt)
+        self._text_holds = (*self._spec.drop, *((self._spec.open,) if self._spec.anywhere else ()))
         if not self.enabled:
             self._state = "text"
-        elif self.started:
+        elif self.started or not self._spec.open:
             self._state = "reasoning"
-            self._saw = True
+            self._saw = self._fresh = True
+            self._skip = bool(self._spec.skip_after_open)
 
     @property
     def in_reasoning(self) -> bool:
@@ -97,35 +246,29 @@ class ReasoningSplitter:
         """Takes the next piece of the reply; returns what is settled, in order."""
         self._buf += text
         out: list[tuple[PieceKind, str]] = []
+        spec = self._spec
         while self._buf:
             if self._state == "text":
-                out.append(("text", self._buf))
-                self._buf = ""
+                if not self._read_text(out):
+                    break
             elif self._state == "start":
                 head = self._buf.lstrip()
-                if not head or (THINK_OPEN.startswith(head) and len(head) < len(THINK_OPEN)):
-                    break  # whitespace or a partial "<think>" so far
-                if head.startswith(THINK_OPEN):
-                    self._buf = head[len(THINK_OPEN) :]
-                    self._state = "reasoning"
-                    self._saw = True
+                if spec.stutter:
+                    while head.startswith(spec.stutter * 2):
+                        head = head[len(spec.stutter) :]
+                if not head or _prefix_of(head, spec.open) or _prefix_of(head, spec.close):
+                    break  # whitespace or a partial marker so far
+                if spec.open and head.startswith(spec.open):
+                    self._buf = head[len(spec.open) :]
+                    self._enter_reasoning()
+                elif head.startswith(spec.close):
+                    self._buf = head[len(spec.close) :]
+                    self._state = "after"  # a bare closing marker: no thinking this time
                 else:
                     self._state = "text"
             elif self._state == "reasoning":
-                end = self._buf.find(THINK_CLOSE)
-                if end >= 0:
-                    if end:
-                        out.append(("reasoning", self._buf[:end]))
-                    self._buf = self._buf[end + len(THINK_CLOSE) :]
-                    self._state = "after"
-                    self._saw = True
-                    continue
-                hold = _held(self._buf, THINK_CLOSE)
-                cut = len(self._buf) - hold
-                if cut:
-                    out.append(("reasoning", self._buf[:cut]))
-                    self._buf = self._buf[cut:]
-                break
+                if not self._read_reasoning(out):
+                    break
             else:  # "after": drop the whitespace between the thinking and the answer
                 head = self._buf.lstrip()
                 if not head:
@@ -144,7 +287,76 @@ class ReasoningSplitter:
             return [("reasoning", buf)]
         if self._state == "after":
             return []
-        return [("text", buf)]
+        text = self._dropped(buf)
+        return [("text", text)] if text else []
+
+    # ---------------------------------------------------------------- states
+    def _enter_reasoning(self) -> None:
+        self._state = "reasoning"
+        self._saw = True
+        self._fresh = True
+        self._skip = bool(self._spec.skip_after_open)
+
+    def _read_reasoning(self, out: list[tuple[PieceKind, str]]) -> bool:
+        spec = self._spec
+        if self._skip:
+            if _prefix_of(self._buf, spec.skip_after_open):
+                return False
+            self._buf = self._buf.removeprefix(spec.skip_after_open)
+            self._skip = False
+            if not self._buf:
+                return False
+        if self._fresh and spec.open:
+            stripped = self._buf.lstrip()
+            if not stripped or _prefix_of(stripped, spec.open):
+                return False  # the model may be opening the block the prompt opened
+            if stripped.startswith(spec.open):
+                self._buf = stripped[len(spec.open) :]
+        self._fresh = False
+        end = self._buf.find(spec.close)
+        if end >= 0:
+            if end:
+                out.append(("reasoning", self._buf[:end]))
+            self._buf = self._buf[end + len(spec.close) :]
+            self._state = "after"
+            self._saw = True
+            return True
+        hold = _held(self._buf, spec.close)
+        cut = len(self._buf) - hold
+        if cut:
+            out.append(("reasoning", self._buf[:cut]))
+            self._buf = self._buf[cut:]
+        return False
+
+    def _read_text(self, out: list[tuple[PieceKind, str]]) -> bool:
+        spec = self._spec
+        if spec.anywhere and spec.open:
+            at = self._buf.find(spec.open)
+            if at >= 0:
+                text = self._dropped(self._buf[:at])
+                if text:
+                    out.append(("text", text))
+                self._buf = self._buf[at + len(spec.open) :]
+                self._enter_reasoning()
+                return True
+        hold = max((_held(self._buf, marker) for marker in self._text_holds), default=0)
+        cut = len(self._buf) - hold
+        if cut:
+            text = self._dropped(self._buf[:cut])
+            if text:
+                out.append(("text", text))
+            self._buf = self._buf[cut:]
+        return False
+
+    def _dropped(self, text: str) -> str:
+        for marker in self._spec.drop:
+            text = text.replace(marker, "")
+        return text
+
+
+def _prefix_of(head: str, marker: str) -> bool:
+    """``head`` is a proper start of ``marker`` (more text may complete it)."""
+    return bool(marker) and len(head) < len(marker) and marker.startswith(head)
 
 
 def _held(text: str, marker: str) -> int:

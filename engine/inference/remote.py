@@ -10,7 +10,10 @@ so the app treats local and remote models alike:
   (``token_id=-1``: the server does not say; with ``logprobs`` its log-probabilities), each
   ``reasoning_content`` (or ``reasoning``) delta a :class:`~engine.inference.events.Reasoning`, and the
   ``tool_calls`` deltas, gathered by index, one :class:`~engine.inference.events.ToolCall` each when the reply
-  ends (:mod:`engine.inference.remote_stream` reads the stream);
+  ends (:mod:`engine.inference.remote_stream` reads the stream). The content is shaped as a local
+  reply is (:class:`~engine.inference.reply.ReplyShaper`): a server without a reasoning parser streams the
+  thinking inline, ``<think>...</think>`` first in the content, and it becomes ``Reasoning`` too, so
+  the answer (``Finished.text``, what the next request sends back) never holds it;
 * what a request asks for goes to the server in OpenAI's terms: tools (:class:`~engine.inference.tools.ToolSpec`)
   and ``tool_choice``, the ``tool`` role and an assistant's ``tool_calls``, ``json_schema`` as
   ``response_format``, ``logit_bias``, ``logprobs``; a GBNF ``grammar`` only to llama.cpp's family
@@ -47,7 +50,7 @@ import httpx
 
 from engine.errors import EngineError, ModelLoadError
 from engine.inference.context import Message, OverflowPolicy, plan_context
-from engine.inference.events import Event, Finished, FinishReason, PrefillProgress
+from engine.inference.events import Event, Finished, FinishReason, PrefillProgress, Token
 from engine.inference.remote_errors import connection_error, raise_for_status
 from engine.inference.remote_request import add_turn_options, chat_payload
 from engine.inference.remote_stream import (
@@ -58,6 +61,7 @@ from engine.inference.remote_stream import (
     sse_events,
     tool_calls,
 )
+from engine.inference.reply import ReplyShaper
 from engine.inference.runtime import GenerationParams
 from engine.inference.session import PromptView
 from engine.inference.tools import ToolSpec, normalize_tool_choice
@@ -390,15 +394,21 @@ class RemoteSession:
             t0 = time.perf_counter()
             yield PrefillProgress(0, plan.prompt_tokens)
             reply = StreamedReply()
+            shaper = ReplyShaper()  # a <think> first in the content is thinking, as in a local reply
             url = f"{self.base_url}/v1/chat/completions"
             headers = {"Accept": "text/event-stream"}
             try:
                 with self._client.stream("POST", url, json=payload, headers=headers) as response:
                     raise_for_status(response, self.base_url, self.model)
                     # Leaving the ``with`` on Stop closes the response: the server stops generating.
-                    yield from sse_events(response.iter_lines(), reply, plan.prompt_tokens, cancel, self.base_url)
+                    for event in sse_events(response.iter_lines(), reply, plan.prompt_tokens, cancel, self.base_url):
+                        if isinstance(event, Token):
+                            yield from shaper.on_token(event)
+                        else:
+                            yield event
             except httpx.HTTPError as exc:
                 raise connection_error(self.base_url, exc) from None
+            yield from shaper.finish()
             cancelled = not reply.done and cancel is not None and cancel.is_set()
             if not reply.done and not cancelled:
                 raise EngineError(f"{self.base_url}: the server closed the stream before the reply finished")
@@ -417,9 +427,10 @@ class RemoteSession:
             yield Finished(
                 reason=reason,
                 stats=stats,
-                text=reply.text,
-                reasoning=reply.reasoning,
-                reasoning_tokens=reasoning_tokens(reply),
+                text=shaper.answer,
+                reasoning=reply.reasoning + shaper.reasoning,
+                reasoning_tokens=reasoning_tokens(reply) or shaper.reasoning_tokens,
+                reasoning_ms=shaper.reasoning_ms,
                 tool_calls=calls,
             )
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from engine.errors import EngineError
 from engine.inference.context import Message
+from engine.inference.reasoning import strip_reasoning
 from engine.inference.runtime import GenerationParams
 from engine.inference.tools import ToolSpec
 
@@ -110,10 +111,12 @@ def add_turn_options(
 
 def wire_message(message: Message) -> dict[str, Any]:
     """One message in OpenAI's shape: an assistant's calls as ``tool_calls``, a tool's result with
-    the ``tool_call_id`` it answers."""
-    document: dict[str, Any] = {"role": message.role, "content": message.content}
+    the ``tool_call_id`` it answers; an assistant's thinking left in its text by an older version
+    is not sent back (engine/inference/reasoning.py)."""
+    content = strip_reasoning(message.content) if message.role == "assistant" else message.content
+    document: dict[str, Any] = {"role": message.role, "content": content}
     if message.tool_calls:
-        document["content"] = message.content or None
+        document["content"] = content or None
         document["tool_calls"] = [
             {
                 "id": call.id,

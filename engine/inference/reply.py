@@ -1,19 +1,27 @@
 """Shapes a reply as it streams: thinking apart from the answer, tool calls out of the text.
 
 The worker streams raw ``Token`` events. :class:`ReplyShaper` runs each token's text through a
-:class:`~engine.inference.reasoning.ReasoningSplitter` and then, when tools are offered, a
-:class:`~engine.inference.tool_calls.ToolCallParser` (for a gpt-oss model, a
-:class:`~engine.inference.harmony.HarmonySplitter` does both), and emits in its place:
+:class:`~engine.inference.reasoning.ReasoningSplitter` (in the template's thinking format) and then,
+when tools are offered, a :class:`~engine.inference.tool_calls.ToolCallParser` (in its call format);
+a reply that is a whole structure of addressed messages or sections (gpt-oss's harmony, Muse, Kimi
+K3, functionary v3.2) goes through its own splitter, which does both. In its place it emits:
 
 * ``Reasoning(text)`` for thinking,
 * ``Token`` (the same event with only its answer text) for the answer, as it streams,
 * ``ToolCall(id, name, arguments, raw)`` once per complete call (its markup never shows as text),
 * ``CallProgress(tokens)`` for each token held back as what may be a call's markup, meanwhile.
 
+A call written inside the thinking (Kimi K2 and Ling call from there, a Qwen 3.5 reply whose
+thinking the prompt opened may call without closing it) is a call when the thinking never closes
+after it: from the call's opening marker on, the thinking is held back; if the thinking then
+closes, the held text was the model musing about a call and streams on as thinking; if the reply
+ends first, the calls in it are parsed out (the rest stays thinking).
+
 It keeps the answer, the reasoning (with its token count and time) and the calls, for the
 ``Finished`` event that ends the reply. :func:`shaped` wraps the worker's generator with it, and
 :func:`within_thinking_budget` also caps the thinking. The session uses them (:mod:`engine.inference.session`,
-through :mod:`engine.inference.turn`); a test can drive them with scripted tokens.
+through :mod:`engine.inference.turn`); the remote backend shapes a server's streamed content the
+same way (:mod:`engine.inference.remote`); a test can drive them with scripted tokens.
 """
 
 from __future__ import annotations
@@ -29,21 +37,24 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from engine.inference.events import CallProgress, Event, Finished, FinishReason, Reasoning, Stats, Token, ToolCall
 from engine.inference.harmony import MARKERS as HARMONY_MARKERS
-from engine.inference.harmony import HarmonyPiece, HarmonySplitter
-from engine.inference.reasoning import PieceKind, ReasoningSplitter
+from engine.inference.harmony import Dialect, HarmonySplitter
+from engine.inference.reasoning import THINK_FORMATS, ReasoningSplitter, think_format
 from engine.inference.tool_calls import (
-    DS_CALL_BEGIN,
-    DS_CALL_END,
-    DS_CALLS_BEGIN,
-    DS_CALLS_END,
-    DS_SEP,
-    LLAMA_PYTHON_TAG,
-    MISTRAL_CALLS,
+    FORMATS,
     Family,
     ParsedCall,
     Piece,
+    Schemas,
+    SplitPiece,
     ToolCallParser,
+    call_markers,
+    partial_suffix,
 )
+from engine.inference.tool_calls.functionary import FunctionarySplitter
+from engine.inference.tool_calls.kimi_k3 import CLOSE as KIMI_CLOSE
+from engine.inference.tool_calls.kimi_k3 import OPEN as KIMI_OPEN
+from engine.inference.tool_calls.kimi_k3 import SEP as KIMI_SEP
+from engine.inference.tool_calls.kimi_k3 import KimiK3Splitter, Section
 
 if TYPE_CHECKING:
     from engine.inference.runtime import GenerationParams, WorkerResult
@@ -51,28 +62,28 @@ if TYPE_CHECKING:
 R = TypeVar("R")
 
 THINK_END = "\n</think>\n\n"
-"""What closes the thinking when its budget runs out (the reply then goes on from there)."""
+"""What closes ``<think>`` thinking when its budget runs out (the reply then goes on from there)."""
+
+_BUDGET_CLOSE = {
+    "harmony": "<|end|><|start|>assistant<|channel|>final<|message|>",
+    "kimi_k3": f"{KIMI_CLOSE}think{KIMI_SEP}{KIMI_OPEN}response{KIMI_SEP}",
+}
 
 _ID_ALPHABET = string.ascii_letters + string.digits
 
+_EXTRA_MARKERS = ("<|role_sep|>", "<|role_end|>", "<|im_end|>")
 
-MARKERS = (
-    "<think>",
-    "</think>",
-    "<tool_call>",
-    "</tool_call>",
-    MISTRAL_CALLS,
-    "[ARGS]",
-    "[CALL_ID]",
-    LLAMA_PYTHON_TAG,
-    DS_CALLS_BEGIN,
-    DS_CALLS_END,
-    DS_CALL_BEGIN,
-    DS_CALL_END,
-    DS_SEP,
-    *HARMONY_MARKERS,
+MARKERS = tuple(
+    dict.fromkeys(
+        [
+            *(marker for fmt in THINK_FORMATS.values() for marker in fmt.markers()),
+            *call_markers(),
+            *HARMONY_MARKERS,
+            *_EXTRA_MARKERS,
+        ]
+    )
 )
-"""The markup the parsers look for that a vocabulary may hold as one special token."""
+"""The markup the splitters and parsers look for that a vocabulary may hold as one special token."""
 
 
 def special_markers(tokenize: Callable[[str], list[int]]) -> dict[int, str]:
@@ -80,7 +91,8 @@ def special_markers(tokenize: Callable[[str], list[int]]) -> dict[int, str]:
 
     The worker renders generated tokens without their special text (so ``<|im_end|>`` and the like
     never show), which would also hide a control token such as Mistral's ``[TOOL_CALLS]`` or Llama's
-    ``<|python_tag|>`` from the parsers; the shaper puts these back (:class:`ReplyShaper`).
+    ``<|python_tag|>`` from the parsers; the shaper puts these back (:class:`ReplyShaper`), those
+    of the template's own formats only (:func:`format_markers`).
     """
     found: dict[int, str] = {}
     for marker in MARKERS:
@@ -90,9 +102,52 @@ def special_markers(tokenize: Callable[[str], list[int]]) -> dict[int, str]:
     return found
 
 
+def format_markers(think: str, syntax: Family | None, harmony: bool) -> frozenset[str]:
+    """The markers of one template's formats: its thinking's, its calls', harmony's if it is one."""
+    found = set(think_format(think).markers())
+    if syntax is not None and syntax in FORMATS:
+        found.update(FORMATS[syntax].all_markers())
+        if FORMATS[syntax].kind == "kimi_k3":
+            found.update((KIMI_OPEN, KIMI_CLOSE, KIMI_SEP))
+    if harmony or syntax in ("harmony", "muse"):
+        found.update(HARMONY_MARKERS)
+    return frozenset(found)
+
+
 def new_call_id() -> str:
     """A call id: 9 letters and digits (Mistral's templates refuse any other shape; others take it)."""
     return "".join(secrets.choice(_ID_ALPHABET) for _ in range(9))
+
+
+class _ThinkingCalls:
+    """The thinking from a call's opening marker on, held until the thinking closes (it was not a
+    call: it streams on as thinking) or the reply ends (the calls in it are parsed out)."""
+
+    def __init__(self, opens: Sequence[str]) -> None:
+        self._opens = tuple(opens)
+        self.held = ""
+        self._tail = ""
+
+    def feed(self, text: str) -> str:
+        """Takes thinking text; returns what can stream as thinking now."""
+        text = self._tail + text
+        self._tail = ""
+        if self.held:
+            self.held += text
+            return ""
+        found = [at for at in (text.find(marker) for marker in self._opens) if at >= 0]
+        if found:
+            at = min(found)
+            self.held = text[at:]
+            return text[:at]
+        hold = partial_suffix(text, self._opens)
+        self._tail = text[len(text) - hold :] if hold else ""
+        return text[: len(text) - hold]
+
+    def release(self) -> str:
+        """All that was held (the thinking closed: it was thinking)."""
+        out, self.held, self._tail = self.held + self._tail, "", ""
+        return out
 
 
 @dataclass
@@ -105,10 +160,14 @@ class ReplyShaper:
             give the thinking, the answer and the calls (``family`` then only says whether tools
             were offered).
         tool_names: the tools offered.
-        think_started: the reply starts inside ``<think>`` (the prompt opened it).
-        thinking: recognise ``<think>`` at all.
+        think_started: the reply starts inside the thinking (the prompt opened it).
+        thinking: recognise thinking at all.
         clock: seconds, for the reasoning time (tests pass their own).
         specials: marker tokens whose text the worker leaves out (:func:`special_markers`).
+        schemas: the tools' argument schemas by name (formats that write arguments as text).
+        think_format: the template's thinking format (engine/inference/reasoning.py).
+        syntax: the template's own call format, for a reply that is a whole structure (Kimi K3,
+            functionary v3.2, Muse), parsed for its thinking and answer even with no tools offered.
     """
 
     family: Family | None = None
@@ -118,6 +177,9 @@ class ReplyShaper:
     thinking: bool = True
     clock: Callable[[], float] = time.perf_counter
     specials: Mapping[int, str] = field(default_factory=dict)
+    schemas: Schemas | None = None
+    think_format: str = "think"
+    syntax: Family | None = None
     answer: str = ""
     reasoning: str = ""
     reasoning_tokens: int = 0
@@ -129,26 +191,81 @@ class ReplyShaper:
     _last: Token | None = None
 
     def __post_init__(self) -> None:
-        self._splitter = ReasoningSplitter(started=self.think_started, enabled=self.thinking)
-        self._harmony = HarmonySplitter(tools_offered=self.family is not None) if self.harmony else None
-        self._parser = (
-            ToolCallParser(self.family, self.tool_names) if self.family is not None and not self.harmony else None
-        )
+        offered = self.family is not None
+        kind = "harmony" if self.harmony else FORMATS[self.family or self.syntax or "json"].kind
+        self._structure = kind
+        self._whole: HarmonySplitter | KimiK3Splitter | FunctionarySplitter | None = None
+        if kind in ("harmony", "muse"):
+            dialect: Dialect = "muse" if kind == "muse" else "harmony"
+            self._whole = HarmonySplitter(tools_offered=offered, dialect=dialect, schemas=self.schemas)
+        elif kind == "kimi_k3":
+            section: Section = "think" if self.think_started and self.thinking else "response"
+            self._whole = KimiK3Splitter(section=section, tools_offered=offered, schemas=self.schemas)
+        elif kind == "functionary_v32":
+            self._whole = FunctionarySplitter(tools_offered=offered)
+        self._splitter = ReasoningSplitter(started=self.think_started, enabled=self.thinking, fmt=self.think_format)
+        blocks = self.family is not None and self._whole is None
+        self._parser = ToolCallParser(self.family, self.tool_names, self.schemas) if blocks and self.family else None
+        opens = [block.open for block in FORMATS[self.family].blocks] if self._parser and self.family else []
+        self._watch = _ThinkingCalls(opens) if opens and self.thinking else None
 
     @property
     def in_reasoning(self) -> bool:
         """Whether the reply so far ends inside the thinking."""
-        return self._harmony.in_reasoning if self._harmony is not None else self._splitter.in_reasoning
+        return self._whole.in_reasoning if self._whole is not None else self._splitter.in_reasoning
 
-    def _feed(self, text: str) -> list[HarmonyPiece]:
-        if self._harmony is not None:
-            return self._harmony.feed(text)
-        return list(self._splitter.feed(text))
+    @property
+    def in_call(self) -> bool:
+        """Whether the reply so far ends inside a call's markup (held back until it is complete)."""
+        return self._parser is not None and self._parser.in_call
 
-    def _finish_split(self) -> list[HarmonyPiece]:
-        if self._harmony is not None:
-            return self._harmony.finish()
-        return list(self._splitter.finish())
+    @property
+    def budget_close(self) -> str:
+        """What closes the thinking for the model when its budget runs out."""
+        return _BUDGET_CLOSE.get(self._structure) or think_format(self.think_format).closing
+
+    def _feed(self, text: str) -> list[SplitPiece]:
+        if self._whole is not None:
+            return self._whole.feed(text)
+        return self._watched(self._splitter.feed(text))
+
+    def _finish_split(self) -> list[SplitPiece]:
+        if self._whole is not None:
+            return self._whole.finish()
+        pieces = self._watched(self._splitter.finish(), end=True)
+        rest = self._watch.release() if self._watch is not None else ""
+        if rest:
+            pieces.extend(self._calls_in_thinking(rest))
+        return pieces
+
+    def _watched(self, pieces: Sequence[tuple[str, str]], end: bool = False) -> list[SplitPiece]:
+        """Thinking through the watch for calls written inside it (see the module docstring)."""
+        out: list[SplitPiece] = []
+        for kind, text in pieces:
+            if kind == "reasoning":
+                shown = self._watch.feed(text) if self._watch is not None else text
+                if shown:
+                    out.append(("reasoning", shown))
+                continue
+            if self._watch is not None:
+                held = self._watch.release()
+                if held:
+                    out.append(("reasoning", held))
+            out.append(("text", text))
+        if not end and self._watch is not None and not self._splitter.in_reasoning:
+            held = self._watch.release()
+            if held:
+                out.append(("reasoning", held))
+        return out
+
+    def _calls_in_thinking(self, held: str) -> list[SplitPiece]:
+        """The reply ended inside the thinking with a call's markup held: its calls, the rest thinking."""
+        assert self.family is not None
+        parser = ToolCallParser(self.family, self.tool_names, self.schemas)
+        pieces = parser.feed(held) + parser.finish()
+        if not any(isinstance(piece, ParsedCall) for piece in pieces):
+            return [("reasoning", held)]
+        return [piece if isinstance(piece, ParsedCall) else ("reasoning", piece) for piece in pieces]
 
     @property
     def reasoning_ms(self) -> float:
@@ -202,7 +319,7 @@ class ReplyShaper:
             tool_calls=tuple(self.calls),
         )
 
-    def _route(self, pieces: Sequence[HarmonyPiece | tuple[PieceKind, str]], token: Token | None) -> list[Event]:
+    def _route(self, pieces: Sequence[SplitPiece], token: Token | None) -> list[Event]:
         events: list[Event] = []
         for piece in pieces:
             if isinstance(piece, ParsedCall):
@@ -276,8 +393,9 @@ def within_thinking_budget(
 ) -> Generator[Event, None, WorkerResult]:
     """Generates with at most ``budget`` tokens of thinking.
 
-    When the thinking reaches the budget, the generation is stopped, :data:`THINK_END` is added
-    after the tokens generated so far, and a second generation goes on from there (its prompt
+    When the thinking reaches the budget, the generation is stopped, the thinking's closing marker
+    (:attr:`ReplyShaper.budget_close`; :data:`THINK_END` for ``<think>``) is added after the tokens
+    generated so far, and a second generation goes on from there (its prompt
     shares the whole first one, so only the closing tag is prefilled); the result adds both up.
     A reply that stops thinking in time, or never thinks, is one generation as usual.
 
@@ -314,10 +432,11 @@ def within_thinking_budget(
     if not over_budget or first.reason != "cancelled" or left < 1:
         yield from shaper.finish()
         return first
-    yield from shaper.on_token(Token(THINK_END, -1))
-    more = [*tokens, *generated, *tokenize(THINK_END)]
+    close = shaper.budget_close
+    yield from shaper.on_token(Token(close, -1))
+    more = [*tokens, *generated, *tokenize(close)]
     second = yield from shaped(generate(more, params.model_copy(update={"max_tokens": left}), cancel), shaper)
-    return _joined(first, second, THINK_END)
+    return _joined(first, second, close)
 
 
 def _joined(first: WorkerResult, second: WorkerResult, glue: str) -> WorkerResult:

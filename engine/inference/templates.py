@@ -56,7 +56,7 @@ from jinja2.utils import generate_lorem_ipsum
 from engine.errors import TemplateError
 from engine.gguf import MAX_CHAT_TEMPLATE_BYTES
 from engine.inference.harmony import is_harmony
-from engine.inference.reasoning import EFFORTS, thinking_controls
+from engine.inference.reasoning import EFFORTS, detect_thinking, thinking_controls
 from engine.inference.tool_calls import Family, detect_family
 from engine.inference.tool_prompt import (
     choice_note,
@@ -406,6 +406,8 @@ class ChatTemplate:
         thinking: the thinking switches the template reads (``enable_thinking``,
             ``reasoning_effort``); empty when it has none.
         harmony: the model writes OpenAI's harmony format (gpt-oss: channels, engine/inference/harmony.py).
+        think_format: how the model marks its thinking (engine/inference/reasoning.py's
+            :data:`~engine.inference.reasoning.THINK_FORMATS`: ``think`` for ``<think>``...).
     """
 
     name: str
@@ -422,6 +424,7 @@ class ChatTemplate:
     tool_family: Family = "json"
     thinking: frozenset[str] = frozenset()
     harmony: bool = False
+    think_format: str = "think"
 
     def render(
         self,
@@ -720,7 +723,8 @@ _PROBE_RESULT = "glassbox probe result 7491"
 def _with_tool_support(template: ChatTemplate, source: str, architecture: str) -> ChatTemplate:
     """Marks the model's template as tool-capable when a test render shows the tool, an earlier call
     and its result; records its call format and thinking switches either way."""
-    function = {"name": "glassbox_probe_tool", "arguments": {"word": "x"}}
+    arguments: dict[str, Any] = {"word": "glassbox-probe-value"}
+    function = {"name": "glassbox_probe_tool", "arguments": arguments}
     call = {"id": "call00001", "type": "function", "function": function}
     sample: list[dict[str, Any]] = [
         {"role": "system", "content": _SAMPLE_SYSTEM},
@@ -729,18 +733,32 @@ def _with_tool_support(template: ChatTemplate, source: str, architecture: str) -
         {"role": "tool", "content": _PROBE_RESULT, "tool_call_id": "call00001", "name": "glassbox_probe_tool"},
     ]
     capable = replace(template, supports_tools=True)
+    rendered = ""
     try:
         rendered = capable.render(sample, tools=[_PROBE_TOOL])
         works = _PROBE_TOOL.name in rendered.split(_PROBE_RESULT)[0] and _PROBE_RESULT in rendered
     except TemplateError:
         works = False
-    family: Family = detect_family(source, architecture) if works else "json"
+    # The call's format is the one whose parser reads the probe call back from this rendering;
+    # None: no parser does, and the fallback prompt (engine/inference/tool_prompt.py) is used.
+    family = (
+        detect_family(
+            source,
+            architecture,
+            rendered=rendered.split(_PROBE_RESULT)[0],
+            probe_name=_PROBE_TOOL.name,
+            probe_arguments=arguments,
+        )
+        if works
+        else None
+    )
     return replace(
         template,
-        supports_tools=works,
-        tool_family=family,
+        supports_tools=works and family is not None,
+        tool_family=family or "json",
         thinking=thinking_controls(source),
         harmony=is_harmony(source),
+        think_format=detect_thinking(source, rendered),
     )
 
 

@@ -17,8 +17,8 @@ the sampler and to shape the reply:
 * ``thinking`` (True/False) sets the template's ``enable_thinking`` and ``reasoning_effort`` its
   ``reasoning_effort``; a template without that switch refuses them (the caller can read
   :attr:`~engine.inference.templates.ChatTemplate.thinking` first).
-* ``thinking_budget`` (tokens) caps the thinking of any model that writes ``<think>``: at the
-  budget the thinking is closed for it and the reply goes on
+* ``thinking_budget`` (tokens) caps the thinking of any model that thinks apart: at the budget
+  the thinking is closed for it, in its own format, and the reply goes on
   (:func:`engine.inference.reply.within_thinking_budget`).
 """
 
@@ -33,9 +33,9 @@ from typing import TYPE_CHECKING, Any
 from engine.errors import EngineError
 from engine.inference.context import Message
 from engine.inference.events import Event
-from engine.inference.harmony import MARKERS as HARMONY_MARKERS
 from engine.inference.reasoning import EFFORTS, opened_in_prompt
-from engine.inference.reply import Generate, ReplyShaper, shaped, within_thinking_budget
+from engine.inference.reply import Generate, ReplyShaper, format_markers, shaped, within_thinking_budget
+from engine.inference.tool_calls.kimi_k3 import prompt_section
 from engine.inference.tool_prompt import call_schema
 from engine.inference.tools import ToolSpec, check_tools, normalize_tool_choice
 
@@ -92,18 +92,30 @@ class TurnShape:
     def shaper(self, prompt: str, specials: Mapping[int, str] | None = None) -> ReplyShaper:
         """A fresh reply shaper for the prompt that was rendered (``specials``: the vocabulary's
         marker tokens, engine/inference/reply.py's :func:`~engine.inference.reply.special_markers`)."""
+        template = self.template
         names = [tool.name for tool in self.tools]
-        # harmony's markers are text only for a harmony model (elsewhere one may be a silent control token)
-        marks = {i: m for i, m in (specials or {}).items() if self.template.harmony or m not in HARMONY_MARKERS}
+        schemas = {tool.name: tool.parameters for tool in self.tools}
+        think = template.think_format
+        syntax = template.tool_family if template.supports_tools else None
+        # Only the template's own markers are put back: elsewhere one may be a silent control token.
+        relevant = format_markers(think, syntax, template.harmony)
+        marks = {i: m for i, m in (specials or {}).items() if m in relevant}
         if self.json_schema is not None:
-            return ReplyShaper(family="json", tool_names=names, thinking=False, specials=marks)
-        family = self.template.tool_family if self.tools and self.choice != "none" else None
+            return ReplyShaper(family="json", tool_names=names, thinking=False, specials=marks, schemas=schemas)
+        family = template.tool_family if self.tools and self.choice != "none" else None
+        if syntax == "kimi_k3":
+            started = prompt_section(prompt) == "think"
+        else:
+            started = opened_in_prompt(prompt, think)
         return ReplyShaper(
             family=family,
-            harmony=self.template.harmony,
+            harmony=template.harmony,
             tool_names=names,
-            think_started=opened_in_prompt(prompt),
+            think_started=started,
             specials=marks,
+            schemas=schemas,
+            think_format=think,
+            syntax=syntax,
         )
 
     def generate(

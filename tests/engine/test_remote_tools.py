@@ -65,6 +65,52 @@ def test_streamed_tool_calls_and_reasoning_become_events(
     assert body["tools"] == [WEATHER.as_openai()] and body["tool_choice"] == "auto"
 
 
+INLINE = ["<thi", "nk>\nThe user ", "wants 2+3.", "\n</th", "ink>\n\n", "It is ", "5."]
+
+
+@pytest.mark.parametrize("pieces", [INLINE, ["".join(INLINE)], list("".join(INLINE))], ids=["tokens", "whole", "chars"])
+def test_inline_thinking_in_the_content_is_folded_and_never_sent_back(
+    scripted: Callable[[dict[str, Route]], ScriptedServer], pieces: list[str]
+) -> None:
+    """A server without a reasoning parser streams ``<think>...</think>`` in the content: it is
+    shaped as a local reply is, thinking apart, and the next request's assistant message is the
+    answer alone."""
+    replies = [
+        sse(chunk({"role": "assistant", "content": ""}), *(chunk({"content": p}) for p in pieces), chunk({}, "stop")),
+        sse(chunk({"content": "It is 10."}), chunk({}, "stop")),
+    ]
+    server = scripted({"/v1/chat/completions": lambda body: (200, replies.pop(0))})
+    session = RemoteSession(server.url, "m1")
+    out = list(session.stream([], "What is 2+3?", GenerationParams(max_tokens=32)))
+    assert "".join(e.text for e in out if isinstance(e, Reasoning)) == "\nThe user wants 2+3.\n"
+    assert "".join(e.text for e in out if isinstance(e, Token)) == "It is 5."
+    finished = out[-1]
+    assert isinstance(finished, Finished)
+    assert finished.text == "It is 5." and finished.reasoning == "\nThe user wants 2+3.\n"
+    assert finished.reasoning_tokens > 0
+    # the next turn sends the answer only, as does a history an older version saved with the thinking in it
+    for kept in (finished.text, "".join(INLINE)):
+        replies.append(sse(chunk({"content": "It is 10."}), chunk({}, "stop")))
+        history = [Message("user", "What is 2+3?"), Message("assistant", kept)]
+        again = list(session.stream(history, "And times 2?", GenerationParams(max_tokens=32)))[-1]
+        assert isinstance(again, Finished) and again.text == "It is 10."
+        sent = server.requests[-1][1]["messages"]
+        assert [m["content"] for m in sent if m["role"] == "assistant"] == ["It is 5."]
+        assert "think" not in json.dumps(sent)
+
+
+def test_server_reasoning_and_inline_thinking_add_up(scripted: Callable[[dict[str, Route]], ScriptedServer]) -> None:
+    events = sse(
+        chunk({"reasoning_content": "From the server. "}),
+        chunk({"content": "<think>Inline.</think>Answer."}),
+        chunk({}, "stop"),
+    )
+    server = scripted({"/v1/chat/completions": lambda body: (200, events)})
+    finished = list(RemoteSession(server.url, "m1").stream([], "hi", GenerationParams(max_tokens=8)))[-1]
+    assert isinstance(finished, Finished)
+    assert finished.reasoning == "From the server. Inline." and finished.text == "Answer."
+
+
 def test_what_the_request_sends(scripted: Callable[[dict[str, Route]], ScriptedServer]) -> None:
     done = sse(chunk({"content": "ok"}, "stop"))
     server = scripted({"/v1/chat/completions": lambda body: (200, done)})

@@ -1,19 +1,13 @@
-"""The streaming tool-call parsers: each family's recorded replies, fed in pieces of every size.
-
-The replies are written from each family's documented chat template and tool-use docs (the text
-a model of that family emits after the template's generation prompt).
-"""
+"""The streaming tool-call parser's mechanics: what streams when, what is held, what comes back as
+text, and detection from a template's own rendering of a call. Every format's replies are in
+``tests/engine/call_format_cases.py`` (run by ``test_call_formats.py``)."""
 
 from __future__ import annotations
 
 import pytest
 
 from engine.inference.tool_calls import (
-    DS_CALL_BEGIN,
-    DS_CALL_END,
-    DS_CALLS_BEGIN,
-    DS_CALLS_END,
-    DS_SEP,
+    FAMILIES,
     MAX_CALL_CHARS,
     Family,
     ParsedCall,
@@ -22,101 +16,9 @@ from engine.inference.tool_calls import (
     detect_family,
     parse_tool_calls,
 )
+from engine.inference.tool_calls.values import typed_value
 
-WEATHER = {"city": "Paris", "unit": "celsius"}
 NAMES = ("get_weather", "add")
-
-# (family, reply, text the user sees, calls as (name, arguments))
-RECORDED: list[tuple[Family, str, str, list[tuple[str, dict[str, object]]]]] = [
-    (  # Qwen 2.5 / Qwen 3 / Hermes: text, then one block per call
-        "hermes",
-        'Let me check the weather.\n<tool_call>\n{"name": "get_weather", "arguments": '
-        '{"city": "Paris", "unit": "celsius"}}\n</tool_call>',
-        "Let me check the weather.\n",
-        [("get_weather", WEATHER)],
-    ),
-    (  # Qwen parallel calls
-        "hermes",
-        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n</tool_call>\n'
-        '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>',
-        "\n",
-        [("get_weather", WEATHER), ("add", {"a": 2, "b": 3})],
-    ),
-    (  # Llama 3.1 JSON tool calling: the whole reply is the call, "parameters" for the arguments
-        "llama3",
-        '{"name": "get_weather", "parameters": {"city": "Paris", "unit": "celsius"}}',
-        "",
-        [("get_weather", WEATHER)],
-    ),
-    (  # Llama 3.1 with the python tag
-        "llama3",
-        '<|python_tag|>{"name": "add", "parameters": {"a": 2, "b": 3}}',
-        "",
-        [("add", {"a": 2, "b": 3})],
-    ),
-    (  # Llama 3.2 lightweight models: a Python-style list
-        "llama3",
-        '[get_weather(city="Paris", unit="celsius"), add(a=2, b=3)]',
-        "",
-        [("get_weather", WEATHER), ("add", {"a": 2, "b": 3})],
-    ),
-    (  # Mistral v3 tokenizer
-        "mistral",
-        '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}]',
-        "",
-        [("get_weather", WEATHER)],
-    ),
-    (  # Mistral v11+: name[ARGS]{...}, several calls
-        "mistral",
-        '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "unit": "celsius"}[TOOL_CALLS]add[ARGS]{"a": 2, "b": 3}',
-        "",
-        [("get_weather", WEATHER), ("add", {"a": 2, "b": 3})],
-    ),
-    (  # Mistral with call ids
-        "mistral",
-        '[TOOL_CALLS]add[CALL_ID]a1b2c3d4e[ARGS]{"a": 2, "b": 3}',
-        "",
-        [("add", {"a": 2, "b": 3})],
-    ),
-    (  # Gemma: a tool_code block with a Python call
-        "gemma",
-        'I will look it up.\n```tool_code\nget_weather(city="Paris", unit="celsius")\n```',
-        "I will look it up.\n",
-        [("get_weather", WEATHER)],
-    ),
-    (  # DeepSeek V3 / R1
-        "deepseek",
-        f"Checking.{DS_CALLS_BEGIN}{DS_CALL_BEGIN}function{DS_SEP}get_weather\n```json\n"
-        f'{{"city": "Paris", "unit": "celsius"}}\n```{DS_CALL_END}{DS_CALLS_END}',
-        "Checking.",
-        [("get_weather", WEATHER)],
-    ),
-    (  # DeepSeek V3.1: no type, no fence; two calls
-        "deepseek",
-        f'{DS_CALLS_BEGIN}{DS_CALL_BEGIN}add{DS_SEP}{{"a": 2, "b": 3}}{DS_CALL_END}'
-        f'{DS_CALL_BEGIN}get_weather{DS_SEP}{{"city": "Paris", "unit": "celsius"}}{DS_CALL_END}{DS_CALLS_END}',
-        "",
-        [("add", {"a": 2, "b": 3}), ("get_weather", WEATHER)],
-    ),
-    (  # the generic fallback: a bare JSON object, in a fence
-        "json",
-        '```json\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n```',
-        "",
-        [("get_weather", WEATHER)],
-    ),
-    (  # the generic fallback: arguments as JSON text (OpenAI's wire shape)
-        "json",
-        '{"name": "add", "arguments": "{\\"a\\": 2, \\"b\\": 3}"}',
-        "",
-        [("add", {"a": 2, "b": 3})],
-    ),
-    (  # plain text: no call
-        "hermes",
-        "The weather in Paris is mild; no tool is needed. A <tool or a < sign is just text.",
-        "The weather in Paris is mild; no tool is needed. A <tool or a < sign is just text.",
-        [],
-    ),
-]
 
 
 def _stream(family: Family, text: str, size: int) -> list[Piece]:
@@ -133,39 +35,28 @@ def _split(pieces: list[Piece]) -> tuple[str, list[tuple[str, dict[str, object]]
     return text, calls
 
 
-@pytest.mark.parametrize(("family", "reply", "text", "calls"), RECORDED)
-def test_recorded_replies_parse_the_same_in_pieces_of_every_size(
-    family: Family, reply: str, text: str, calls: list[tuple[str, dict[str, object]]]
-) -> None:
-    for size in range(1, len(reply) + 1):
-        assert _split(_stream(family, reply, size)) == (text, calls), f"pieces of {size}"
-
-
-@pytest.mark.parametrize(("family", "reply", "text", "calls"), RECORDED)
-def test_whole_text_parse_matches_and_raw_keeps_the_markup(
-    family: Family, reply: str, text: str, calls: list[tuple[str, dict[str, object]]]
-) -> None:
-    plain, parsed = parse_tool_calls(reply, family, NAMES)
-    assert (plain, [(c.name, c.arguments) for c in parsed]) == (text, calls)
-    for call in parsed:
-        assert call.raw in reply or (len(parsed) > 1 and call.name in call.raw)
-
-
 def test_text_before_a_call_streams_before_the_call_is_complete() -> None:
     parser = ToolCallParser("hermes", NAMES)
-    first = parser.feed("Sure, one moment. ")
-    assert first == ["Sure, one moment. "]
+    assert parser.feed("Sure, one moment. ") == ["Sure, one moment."]  # the space waits: a call may follow
     assert parser.feed('<tool_call>\n{"name": "add", ') == []
+    assert parser.in_call
     done = parser.feed('"arguments": {"a": 1, "b": 2}}\n</tool_call>')
     raw = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
     assert done == [ParsedCall("add", {"a": 1, "b": 2}, raw)]
-    assert parser.calls_found == 1
+    assert parser.calls_found == 1 and not parser.in_call
 
 
 def test_a_partial_marker_is_held_back_and_released_when_it_is_not_one() -> None:
     parser = ToolCallParser("hermes", NAMES)
-    assert parser.feed("a <tool_c") == ["a "]
-    assert parser.feed("atalog>") == ["<tool_catalog>"]
+    assert parser.feed("a <tool_c") == ["a"]
+    assert parser.feed("atalog>") == [" <tool_catalog>"]
+
+
+def test_whitespace_around_calls_is_the_formats_but_text_keeps_its_own() -> None:
+    call = '<tool_call>{"name": "add", "arguments": {}}</tool_call>'
+    reply = f"One.\n\n{call}\n\nTwo.\n"
+    assert parse_tool_calls(reply, "hermes") == ("One.Two.\n", [ParsedCall("add", {}, call)])
+    assert parse_tool_calls("Just text.\n\nMore.\n", "hermes")[0] == "Just text.\n\nMore.\n"
 
 
 @pytest.mark.parametrize(
@@ -178,10 +69,10 @@ def test_a_partial_marker_is_held_back_and_released_when_it_is_not_one() -> None
         ("gemma", "```tool_code\nimport os\n```"),
         ("gemma", "```tool_code\nf(__import__('os').system('x'))\n```"),  # positional, not a literal
         ("gemma", "```tool_code\nf(a=open('x'))\n```"),  # not a literal: never evaluated
-        (
-            "deepseek",
-            f"{DS_CALLS_BEGIN}{DS_CALL_BEGIN}function{DS_SEP}add\n```json\n{{oops\n```{DS_CALL_END}{DS_CALLS_END}",
-        ),
+        ("lfm2", "<|tool_call_start|>[f(a=b)]<|tool_call_end|>"),  # a name, not a literal
+        ("qwen_xml", "<tool_call>\n<function=add>\nloose text\n</function>\n</tool_call>"),
+        ("glm", "<tool_call>add<arg_value>1</arg_value></tool_call>"),  # a value without its key
+        ("gemma4", "<|tool_call>call:add{a:notaword}<tool_call|>"),
         ("hermes", '<tool_call>\n{"name": "add", "arguments": {}'),  # never closed
     ],
 )
@@ -192,12 +83,24 @@ def test_broken_markup_comes_back_as_text_not_lost(family: Family, reply: str) -
         assert text == reply
 
 
+def test_a_broken_call_does_not_hide_the_calls_after_it() -> None:
+    reply = '<tool_call>{bad}</tool_call> then <tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>'
+    for size in (1, 5, len(reply)):
+        assert _split(_stream("hermes", reply, size)) == ("<tool_call>{bad}</tool_call> then", [("add", {"a": 1})])
+
+
+def test_a_closing_marker_inside_a_string_is_read_past() -> None:
+    reply = '<tool_call>{"name": "add", "arguments": {"note": "</tool_call>"}}</tool_call>'
+    assert parse_tool_calls(reply, "hermes")[1] == [ParsedCall("add", {"note": "</tool_call>"}, reply)]
+
+
 def test_json_family_takes_a_bare_object_only_when_it_names_an_offered_tool() -> None:
     answer = '{"name": "Ada", "arguments": {"born": 1815}}'
     assert parse_tool_calls(answer, "json", NAMES) == (answer, [])
     assert parse_tool_calls('{"city": "Paris"}', "json", NAMES) == ('{"city": "Paris"}', [])
     call = '{"name": "add", "arguments": {"a": 1, "b": 2}}'
     assert parse_tool_calls(call, "json", NAMES)[1][0].arguments == {"a": 1, "b": 2}
+    assert parse_tool_calls('{"name": "add", "arguments": "{\\"a\\": 2}"}', "json", NAMES)[1][0].arguments == {"a": 2}
 
 
 def test_a_reply_starting_like_json_but_plain_is_released_once_it_cannot_be_a_call() -> None:
@@ -211,25 +114,80 @@ def test_runaway_markup_is_not_parsed() -> None:
     huge = '<tool_call>{"name": "add", "arguments": {"a": "' + "x" * MAX_CALL_CHARS + '"}}</tool_call>'
     text, calls = parse_tool_calls(huge, "hermes", NAMES)
     assert calls == [] and text == huge
+    parser = ToolCallParser("hermes", NAMES)
+    held = parser.feed("<tool_call>" + "x" * (MAX_CALL_CHARS + 100))
+    assert "".join(p for p in held if isinstance(p, str)).startswith("<tool_call>xxx")  # released, not held forever
 
 
-def test_unknown_family_is_refused() -> None:
+def test_unknown_and_whole_reply_families_are_refused() -> None:
     with pytest.raises(ValueError, match="unknown tool-call family"):
         ToolCallParser("cobol")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="whole-reply structure"):
+        ToolCallParser("harmony")
 
 
 @pytest.mark.parametrize(
-    ("template", "architecture", "family"),
+    ("text", "schema", "value"),
     [
-        ("{% if tools %}<tools>{{ tools }}</tools>{% endif %}<tool_call>", "qwen2", "hermes"),
-        ("[AVAILABLE_TOOLS]{{ tools }}[/AVAILABLE_TOOLS][TOOL_CALLS]", "llama", "mistral"),
-        ("<｜tool▁calls▁begin｜>", "deepseek2", "deepseek"),
-        ("<|start_header_id|>ipython{% if tools %}{% endif %}<|python_tag|>", "llama", "llama3"),
-        ("```tool_code\n", "gemma3", "gemma"),
-        ("{{ messages }}", "qwen3", "hermes"),
-        ("{{ messages }}", "phi3", "json"),
-        (None, "llama", "json"),
+        ("42", {"type": "integer"}, 42),
+        ("42", {"type": "string"}, "42"),
+        (" 3.5 ", {"type": "number"}, 3.5),
+        ("true", {"type": "boolean"}, True),
+        ("null", {"type": ["string", "null"]}, None),
+        ("123 Main St", {"type": ["string", "null"]}, "123 Main St"),
+        ("1abc", {"type": ["string", "integer"]}, "1abc"),
+        ('{"a": 1}', {"type": ["string", "object"]}, {"a": 1}),
+        ("{not json", {"type": ["string", "object"]}, "{not json"),
+        ("celsius", {"enum": ["celsius", "fahrenheit"]}, "celsius"),
+        ("7", {"anyOf": [{"type": "integer"}, {"type": "object"}]}, 7),
+        ("True", {"type": "boolean"}, True),
+        ("3", None, 3),
+        ("plain words", None, "plain words"),
     ],
 )
-def test_family_detection_from_template_markers(template: str | None, architecture: str, family: Family) -> None:
-    assert detect_family(template, architecture) == family
+def test_argument_text_is_typed_by_the_tools_schema(text: str, schema: dict[str, object] | None, value: object) -> None:
+    assert typed_value(text, schema) == value
+
+
+QWEN35_CALL = (
+    "<tool_call>\n<function=glassbox_probe_tool>\n<parameter=word>\nglassbox-probe-value\n</parameter>\n</function>"
+    "\n</tool_call>"
+)
+HERMES_CALL = '<tool_call>\n{"name": "glassbox_probe_tool", "arguments": {"word": "glassbox-probe-value"}}</tool_call>'
+
+
+@pytest.mark.parametrize(
+    ("template", "rendered", "family"),
+    [
+        ("{% if tools %}<tool_call>{{ tools }}</tool_call>{% endif %}", HERMES_CALL, "hermes"),
+        # the template holds <tool_call>, but it writes XML inside: not Hermes's JSON parser
+        ("<tool_call>{{ x }}</tool_call> <function=...> <parameter=...>", QWEN35_CALL, "qwen_xml"),
+        ("<tool_call>{{ x }}</tool_call>", QWEN35_CALL, "qwen_xml"),
+        # a call in a syntax no parser reads: no format (the fallback prompt is used)
+        ("<tool_call>{{ x }}</tool_call>", "<tool_call>((glassbox_probe_tool glassbox-probe-value))</tool_call>", None),
+        # a template that drops past calls is judged by its markers
+        ("List of tools: <|tool_list_start|>{{ tools }}<|tool_list_end|>", "<|im_start|>assistant\n", "lfm2"),
+        ("[AVAILABLE_TOOLS]{{ tools }}[/AVAILABLE_TOOLS][TOOL_CALLS]", None, "mistral"),
+        ("<tool_call>{{ tools }} <arg_key>k</arg_key><arg_value>", None, "glm"),
+        ("{{ messages }}", None, None),
+        (None, None, None),
+    ],
+)
+def test_family_detection_from_the_templates_rendering_then_its_markers(
+    template: str | None, rendered: str | None, family: Family | None
+) -> None:
+    found = detect_family(
+        template, rendered=rendered, probe_name="glassbox_probe_tool", probe_arguments={"word": "glassbox-probe-value"}
+    )
+    assert found == family
+
+
+def test_every_family_is_detectable_from_its_markers() -> None:
+    from engine.inference.tool_calls import FORMATS
+
+    for family in FAMILIES:
+        fmt = FORMATS[family]
+        if not fmt.signatures:
+            continue  # the generic fallback: never a template's own
+        template = " ".join(fmt.signatures[0])
+        assert detect_family(template) == family, family

@@ -30,7 +30,7 @@ def test_a_call_streams_as_one_event_after_the_text(
     assert [(c.name, c.arguments) for c in calls] == [("add", {"a": 2, "b": 3})]
     assert calls[0].raw.startswith("<tool_call>") and len(calls[0].id) == 9
     text = "".join(e.text for e in events if isinstance(e, Token))
-    assert text == "Let me add.\n"
+    assert text == "Let me add."  # the newline before the call is the format's
     finished = events[-1]
     assert isinstance(finished, Finished) and finished.tool_calls == tuple(calls) and finished.text == text
     assert "<tools>" in script.prompts[0] and '"name": "add"' in script.prompts[0]

@@ -1,0 +1,51 @@
+"""Every call format through the reply shaper, whole and in pieces of every size: the thinking, the
+answer and the calls come apart the same however the reply streams (the cases:
+``tests/engine/call_format_cases.py`` and ``call_format_xml_cases.py``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.inference.events import Reasoning, Token, ToolCall
+from engine.inference.reply import ReplyShaper
+from engine.inference.tool_calls import FAMILIES, FORMATS
+from tests.engine.call_format_cases import CASES as JSON_CASES
+from tests.engine.call_format_cases import TOOLS, Case
+from tests.engine.call_format_xml_cases import XML_CASES
+
+CASES = JSON_CASES + XML_CASES
+
+
+def _shape(case: Case, size: int) -> tuple[str, str, list[tuple[str, dict[str, object]]]]:
+    shaper = ReplyShaper(
+        family=case.family if case.tools else None,
+        syntax=case.family,
+        tool_names=list(TOOLS),
+        schemas=TOOLS,
+        think_format=case.think,
+        think_started=case.started,
+    )
+    events = []
+    for start in range(0, len(case.reply), size):
+        events += shaper.on_token(Token(case.reply[start : start + size], start))
+    events += shaper.finish()
+    reasoning = "".join(e.text for e in events if isinstance(e, Reasoning))
+    content = "".join(e.text for e in events if isinstance(e, Token))
+    calls = [(e.name, e.arguments) for e in events if isinstance(e, ToolCall)]
+    assert shaper.answer == content and shaper.reasoning == reasoning
+    assert [(c.name, c.arguments) for c in shaper.calls] == calls
+    return reasoning, content, calls
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
+def test_a_reply_comes_apart_the_same_in_pieces_of_every_size(case: Case) -> None:
+    expected = (case.reasoning, case.content, case.calls)
+    assert _shape(case, len(case.reply)) == expected, "whole"
+    for size in range(1, len(case.reply)):
+        assert _shape(case, size) == expected, f"pieces of {size}"
+
+
+def test_every_format_has_cases() -> None:
+    covered = {case.family for case in CASES}
+    assert covered == set(FAMILIES), f"no cases for {sorted(set(FAMILIES) - covered)}"
+    assert set(FORMATS) == set(FAMILIES)
