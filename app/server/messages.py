@@ -37,10 +37,12 @@ from app.server.wire import (
     WireMessage,
     chat_request,
     check_count,
+    forced_call,
     keeps_call,
     parse_tools,
     text_limit,
     tools_chars,
+    truncated_call,
 )
 
 if TYPE_CHECKING:
@@ -272,11 +274,12 @@ def parse_message_request(
 
 def _stop_reason(finished: Finished, calls: bool, stops: Sequence[str]) -> tuple[str, str | None]:
     """Anthropic's ``stop_reason`` and ``stop_sequence``. The engine's stop strings also hold the
-    template's (its end-of-turn text): only one of the request's ``stops`` is a ``stop_sequence``."""
-    if calls:
-        return "tool_use", None
+    template's (its end-of-turn text): only one of the request's ``stops`` is a ``stop_sequence``.
+    A call cut off by ``max_tokens`` is a ``tool_use`` block with ``max_tokens``."""
     if finished.reason == "length":
         return "max_tokens", None
+    if calls:
+        return "tool_use", None
     matched = finished.stop_sequence
     if finished.reason == "stop" and matched is not None and matched in stops:
         return "stop_sequence", matched
@@ -327,7 +330,7 @@ def handle(handler: Handler) -> None:
         if request.stream:
             _stream(handler, request, message_id, cancel)
             return
-        choice = whole_choice(handler, request, 0, None, cancel)
+        choice = whole_choice(handler, request, 0, None, cancel)  # a forced call cut off is a call
         stop = _stop_reason(choice.finished, bool(choice.tool_calls), request.params.stop)
         handler.send_json(
             200, _message(state.model_id, message_id, _content(choice), stop, _usage(choice.finished.stats))
@@ -390,8 +393,11 @@ def _stream(handler: Handler, request: ChatRequest, message_id: str, cancel: thr
             open_kind = kind
             send("content_block_start", index=index, content_block=block)
 
+        held: list[Token] | None = [] if forced_call(request) else None  # see chat's stream
         for event in _prepend(head, events):
-            if isinstance(event, Reasoning) and event.text:
+            if held is not None and isinstance(event, Token):
+                held.append(event)
+            elif isinstance(event, Reasoning) and event.text:
                 if open_kind != "thinking":
                     start("thinking", {"type": "thinking", "thinking": "", "signature": ""})
                 send("content_block_delta", index=index, delta={"type": "thinking_delta", "thinking": event.text})
@@ -405,6 +411,21 @@ def _stream(handler: Handler, request: ChatRequest, message_id: str, cancel: thr
                 partial = json.dumps(event.arguments, ensure_ascii=False)
                 send("content_block_delta", index=index, delta={"type": "input_json_delta", "partial_json": partial})
             elif isinstance(event, Finished):
+                text = "".join(t.text for t in held or [])
+                cut = (
+                    truncated_call(text, request)
+                    if held is not None and not calls and event.reason == "length"
+                    else None
+                )
+                if cut is not None:
+                    calls += 1
+                    start("tool_use", {"type": "tool_use", "id": cut.id, "name": cut.name, "input": {}})
+                    send(
+                        "content_block_delta", index=index, delta={"type": "input_json_delta", "partial_json": cut.raw}
+                    )
+                elif text:
+                    start("text", {"type": "text", "text": ""})
+                    send("content_block_delta", index=index, delta={"type": "text_delta", "text": text})
                 if open_kind is None:
                     start("text", {"type": "text", "text": ""})
                 send("content_block_stop", index=index)

