@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import shiboken6
-from PySide6.QtCore import QObject, Qt, Slot
+from PySide6.QtCore import QEvent, QObject, Qt, Slot
+from PySide6.QtGui import QShowEvent
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QPushButton, QWidget
 
 from app.compose import RemoteModel, model_key
@@ -90,12 +91,34 @@ class ModelBarWidget(QWidget):
         row.addWidget(self.picker, 1)
         self.load_button = QPushButton("Load")
         self.load_button.setToolTip("Load the selected model (Ctrl+L)")
-        self.load_button.setAccessibleDescription("Load the selected model, or eject the loaded one")
+        self.load_button.setAccessibleDescription(
+            "Load the selected model, eject the loaded one, or cancel the load in progress"
+        )
         row.addWidget(self.load_button)
         self.add_endpoint_button = QPushButton("Add endpoint…")
         self.add_endpoint_button.setToolTip("Chat with models on an OpenAI-compatible server (vLLM, Ollama, …)")
         self.add_endpoint_button.setAccessibleDescription(self.add_endpoint_button.toolTip())
         row.addWidget(self.add_endpoint_button)
+
+    def changeEvent(self, event: QEvent) -> None:
+        # The button says Load, Eject or Cancel: as wide as the widest, so the row never moves.
+        super().changeEvent(event)
+        if event.type() in (QEvent.Type.FontChange, QEvent.Type.StyleChange, QEvent.Type.PolishRequest):
+            self._fit_load_button()
+
+    def showEvent(self, event: QShowEvent) -> None:
+        super().showEvent(event)
+        self._fit_load_button()
+
+    def _fit_load_button(self) -> None:
+        button = self.load_button
+        text = button.text()
+        widths = []
+        for word in ("Load", "Eject", "Cancel"):
+            button.setText(word)
+            widths.append(button.sizeHint().width())
+        button.setText(text)
+        button.setMinimumWidth(max(widths))
 
 
 class ModelController(QObject):
@@ -347,6 +370,9 @@ class ModelController(QObject):
     @Slot()
     def load_or_eject(self) -> None:
         """Load (and Ctrl+L): loads the picker's model, or ejects it when it is the one loaded."""
+        if self.chat.model_state is ModelState.LOADING:
+            self.chat.cancel_load()  # the button says Cancel while a model loads
+            return
         loaded = self.chat.loaded
         if (
             self.chat.model_state is ModelState.LOADED
@@ -372,20 +398,25 @@ class ModelController(QObject):
         if state is ModelState.LOADING:
             self.status.setText("⟳ Loading…")
             self.composer.set_ready(False, f"Loading {detail}…")
-            load_button.setText("Load")
+            load_button.setText("Cancel")
+            load_button.setToolTip(plain_tooltip(f"Stop loading {detail}"))
         elif state is ModelState.LOADED:
             self.status.setText("● Loaded")
             self.composer.set_ready(True)
             self.composer.set_state_text("")
             load_button.setText("Eject")
+            load_button.setToolTip("Eject the loaded model, or load the one picked (Ctrl+L)")
         elif state is ModelState.FAILED:
             self.status.setText("✕ Failed")
             self.composer.set_ready(False, detail)
             load_button.setText("Load")
+            load_button.setToolTip("Load the selected model (Ctrl+L)")
         else:
             self.status.setText("No model loaded")
-            self.composer.set_ready(False, "No model loaded")
+            # Why, when it is known (a load the user cancelled), and what to do next.
+            self.composer.set_ready(False, f"{detail}: pick a model and press Load" if detail else "No model loaded")
             load_button.setText("Load")
+            load_button.setToolTip("Load the selected model (Ctrl+L)")
             self.starter_note.setVisible(False)
 
     @Slot(object)

@@ -200,6 +200,10 @@ class ChatAdapter(QObject):
         """Loads a model on the worker (cancels a running turn first)."""
         self.model.load(request)
 
+    def cancel_load(self) -> None:
+        """Cancels the load in progress (the model bar's Cancel); the end is said."""
+        self.model.cancel_load(by_user=True)
+
     def current_session(self) -> ChatBackend | None:
         """The loaded model's session (local or remote), or None when no model is loaded.
 

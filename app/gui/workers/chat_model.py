@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import deque
 from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QObject, Slot
@@ -18,6 +19,11 @@ if TYPE_CHECKING:
 class ModelSlot(QObject):
     """The model the chat talks to: one load at a time; a newer request replaces an older one.
 
+    The worker answers every load it is sent, in order, with a loaded model or a failure; the slot
+    keeps the loads sent and not answered yet, so each answer is matched to its own request: the
+    answer to a load that a newer one replaced (or that the user cancelled) never speaks for the
+    newer one.
+
     Args:
         chat: the adapter (its worker commands, state and signals).
     """
@@ -28,6 +34,8 @@ class ModelSlot(QObject):
         self.state = ModelState.NONE
         self.loaded: LoadedModel | None = None
         self.pending: LoadRequest | None = None
+        self._sent: deque[LoadRequest] = deque()  # loads the worker has not answered yet, oldest first
+        self._cancelled: LoadRequest | None = None  # the load the user cancelled (said once it ends)
 
     def _set(self, state: ModelState, detail: str = "") -> None:
         self.state = state
@@ -40,6 +48,8 @@ class ModelSlot(QObject):
         if self.pending is not None:
             self.pending.cancel.set()
         self.pending = request
+        self._cancelled = None
+        self._sent.append(request)
         self._set(ModelState.LOADING, request.label or request.model_path.name)
         chat.set_state(ChatState.LOADING_MODEL)
         chat.load_requested.emit(request)
@@ -49,10 +59,16 @@ class ModelSlot(QObject):
         self._chat.stop()
         self._chat.unload_requested.emit()
 
-    def cancel_load(self) -> None:
-        """Cancels a load in progress (at shutdown)."""
+    def cancel_load(self, by_user: bool = False) -> None:
+        """Cancels a load in progress (the Cancel button, ``by_user``; or at shutdown)."""
         if self.pending is not None:
             self.pending.cancel.set()
+            if by_user:
+                self._cancelled = self.pending
+
+    def _answered(self) -> LoadRequest | None:
+        """The load the worker's answer is for (the oldest one sent and not answered)."""
+        return self._sent.popleft() if self._sent else None
 
     def session(self) -> ChatBackend | None:
         """The loaded model's session (local or remote), or None when no model is loaded."""
@@ -62,10 +78,16 @@ class ModelSlot(QObject):
 
     @Slot(object)
     def on_loaded(self, loaded: LoadedModel) -> None:
-        """The worker loaded a model (ignored when a newer request replaced it)."""
-        if self.pending is None or loaded.path != self.pending.model_path:
-            return
+        """The worker loaded a model (ignored when a newer request replaced it; closed again when
+        the user cancelled it and it finished loading all the same)."""
+        request = self._answered()
+        if request is None or request is not self.pending:
+            return  # a newer load replaced it: the worker closes this one before that one
         self.pending = None
+        if request.cancel.is_set():
+            self._chat.unload_requested.emit()
+            self._end_cancelled(request)
+            return
         self.loaded = loaded
         self._set(ModelState.LOADED, loaded.label)
         self._chat.set_state(ChatState.IDLE)
@@ -73,18 +95,32 @@ class ModelSlot(QObject):
 
     @Slot(object)
     def on_load_failed(self, exc: BaseException) -> None:
-        """The load failed (or was cancelled: then no message)."""
+        """The load failed, or was cancelled (said when the user cancelled it)."""
         from engine.errors import Cancelled
 
+        request = self._answered()
+        if request is not None and request is not self.pending:
+            return  # a newer load replaced it: that one speaks
         self.pending = None
         self.loaded = None
-        self._chat.set_state(ChatState.IDLE)
-        if isinstance(exc, Cancelled):
-            self._set(ModelState.NONE, "")
+        if isinstance(exc, Cancelled) or (request is not None and request.cancel.is_set()):
+            self._end_cancelled(request)
             return
+        self._chat.set_state(ChatState.IDLE)
         message = describe_error(exc)
         self._set(ModelState.FAILED, message)
         self._chat.error_occurred.emit(f"Could not load the model: {message}")
+
+    def _end_cancelled(self, request: LoadRequest | None) -> None:
+        """A load ended by Cancel: no model, and, when the user asked for it, said so."""
+        self.loaded = None
+        self._chat.set_state(ChatState.IDLE)
+        by_user = request is not None and request is self._cancelled
+        self._cancelled = None
+        label = (request.label or request.model_path.name) if request is not None else "the model"
+        self._set(ModelState.NONE, f"Loading {label} was cancelled" if by_user else "")
+        if by_user:
+            self._chat.notice_posted.emit(f"Loading {label} was cancelled: no model is loaded.")
 
     @Slot()
     def on_unloaded(self) -> None:
