@@ -21,6 +21,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.gui.display_text import plain_label, shown
+from app.gui.wheel_guard import guard_wheel
 from app.settings import SamplingPreset, Settings
 
 if TYPE_CHECKING:
@@ -103,6 +104,7 @@ class ConversationSettingsDialog(QDialog):
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
         layout.addWidget(buttons)
+        guard_wheel(self)
 
     def _fill(self, preset: SamplingPreset) -> None:
         self.temperature.setValue(preset.temperature)

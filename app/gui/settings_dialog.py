@@ -31,6 +31,7 @@ from shiboken6 import isValid
 from app.gui.display_text import plain_label
 from app.gui.saved_kv_caches import SavedKvCachesWidget
 from app.gui.speculative_settings import SpeculativeSettingsWidget
+from app.gui.wheel_guard import guard_wheel
 from app.settings import Settings
 
 if TYPE_CHECKING:
@@ -99,6 +100,7 @@ class SettingsDialog(QDialog):
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
         outer.addWidget(buttons)
+        guard_wheel(self)  # the wheel scrolls the form, never a value under the pointer
         self._fit_to_screen(body, buttons)
 
     # ------------------------------------------------------------------ layout

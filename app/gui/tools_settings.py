@@ -41,6 +41,7 @@ from shiboken6 import isValid
 
 from app.gui.display_text import plain_label, plain_tooltip, shown
 from app.gui.tasks import describe_error, run_in_background
+from app.gui.wheel_guard import guard_wheel
 from app.gui.window_layout import make_wrapping, set_wrapped_text
 from app.tool_config import (
     BUILTIN,
@@ -132,6 +133,7 @@ class ToolsSettingsDialog(QDialog):
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
         buttons.rejected.connect(self.reject)
         lay.addWidget(buttons)
+        guard_wheel(self)
 
         self.reload()
         self._show_progress()
