@@ -106,7 +106,9 @@ class DiscoverWidget(QWidget):
         self.results = QListWidget()
         self.results.setWordWrap(True)
         self.results.setSpacing(3)  # the two-line entries stay apart
-        self.results.currentItemChanged.connect(self._on_results_current_item_changed)
+        # The files listed are those of the row the user selects (a click, the arrow keys): not of
+        # the row a list makes current by itself when it gets the focus with none current.
+        self.results.itemSelectionChanged.connect(self._on_results_item_selection_changed)
         ll.addWidget(self.results, 1)
         self.search_error = plain_label("")
         self.search_error.setObjectName("errorBanner")
@@ -290,8 +292,10 @@ class DiscoverWidget(QWidget):
         self.files.setRowCount(0)
         self.adapter.downloads.list_files(repo)
 
-    @Slot(QListWidgetItem, QListWidgetItem)
-    def _on_results_current_item_changed(self, item: QListWidgetItem | None, _prev: QListWidgetItem | None) -> None:
+    @Slot()
+    def _on_results_item_selection_changed(self) -> None:
+        selected = self.results.selectedItems()
+        item = selected[0] if selected else None
         repo = item.data(REPO_ROLE) if item is not None else None
         if repo:
             self._wanted_file = item.data(FILE_ROLE) if item is not None else None
