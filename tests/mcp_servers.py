@@ -13,6 +13,15 @@ default; ``--junk`` first prints lines that are not JSON-RPC on stdout, as carel
 - ``fail(message)``: a tool error (``isError``) with ``message``.
 - ``big(n)``: ``n`` characters of text.
 - ``header(name)``: the value of an HTTP request header (streamable HTTP only).
+- ``spawn(mode)``: starts a process that sleeps for five minutes and returns its pid: ``group`` in
+  the server's process group, ``session`` in a new session (``setsid``), ``daemon`` by a double
+  fork (its parent exits at once, so it is an orphan in a session of its own).
+
+The modes that start the server: ``--dots`` first prints ``Loading...`` with no newline (the first
+message follows on the same line); ``--garbage`` prints only lines that are not JSON-RPC and then
+sleeps (``--garbage exit``: exits; ``--garbage flood``: prints them forever); ``--chatty`` relays
+the server's output with a log line (not JSON-RPC) before each message. Environment:
+``GLASSBOX_TEST_MCP_HUGE_DESCRIPTION=N`` gives ``echo`` a description of N characters.
 
 The environment variable ``GLASSBOX_TEST_MCP_MARK``, when set, is prefixed to every ``echo``, so a
 test sees that the configured ``env`` reached the server. Used by ``tests/engine/test_mcp_client.py``,
@@ -120,7 +129,60 @@ def build_server() -> object:
     def header(name: str, ctx: Context) -> str:
         return (ctx.headers or {}).get(name.lower(), "")
 
+    @server.tool(description="Starts a long-lived process and returns its pid.")
+    def spawn(mode: str = "group") -> str:
+        return str(_spawn(mode))
+
+    huge = int(os.environ.get("GLASSBOX_TEST_MCP_HUGE_DESCRIPTION", "0"))
+    if huge:
+        server._tool_manager._tools["echo"].description = "d" * huge  # type: ignore[attr-defined]
     return server
+
+
+_DAEMON = """
+import os, sys, time
+r, w = os.pipe()
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        os.write(w, str(os.getpid()).encode())
+        os.close(w)
+        time.sleep(300)
+        os._exit(0)
+    os._exit(0)
+os.close(w)
+print(os.read(r, 32).decode())
+"""
+
+
+def _spawn(mode: str) -> int:
+    import subprocess
+
+    quiet = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    if mode == "group":
+        return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], **quiet).pid  # type: ignore[call-overload]
+    if mode == "session":
+        command = [sys.executable, "-c", "import time; time.sleep(300)"]
+        return subprocess.Popen(command, start_new_session=True, **quiet).pid  # type: ignore[call-overload]
+    if mode == "daemon":
+        done = subprocess.run([sys.executable, "-c", _DAEMON], capture_output=True, text=True, timeout=30, check=True)
+        return int(done.stdout)
+    raise ValueError(f"unknown mode {mode!r}")
+
+
+def _garbage(how: str) -> None:
+    """Prints what is not JSON-RPC, as a program that is not an MCP server does."""
+    print("hello, I am not an MCP server", flush=True)
+    print("usage: tool [--help]", flush=True)
+    if how == "exit":
+        return
+    if how == "flood":
+        while True:
+            print("still not JSON", flush=True)
+    time.sleep(300)
 
 
 #: A tool name with an OSC sequence that retitles a terminal, a BEL and a right-to-left override.
@@ -173,7 +235,29 @@ def add_hostile_tools(server: object) -> None:
     tools["deep"].parameters = nested
 
 
+def _relay_chatty(argv: list[str]) -> None:
+    """Runs the server as a child and relays its output, a log line before each message (the SDK's
+    server guards its own stdout, so the lines a careless server logs there are written here)."""
+    import subprocess
+
+    child = subprocess.Popen([sys.executable, str(SERVER_SCRIPT), *argv], stdout=subprocess.PIPE)
+    assert child.stdout is not None
+    for line in child.stdout:
+        sys.stdout.buffer.write(b"[INFO] handled a request\n" + line)
+        sys.stdout.buffer.flush()
+    sys.exit(child.wait())
+
+
 def main(argv: list[str]) -> None:
+    if argv[:1] == ["--chatty"]:
+        _relay_chatty(argv[1:])
+        return
+    if argv[:1] == ["--garbage"]:
+        _garbage(argv[1] if len(argv) > 1 else "sleep")
+        return
+    if argv[:1] == ["--dots"]:  # progress printed with no newline: the first message follows on its line
+        argv = argv[1:]
+        print("Loading...", end="", flush=True)
     if argv[:1] == ["--junk"]:  # a server that prints things that are not JSON-RPC on stdout first
         argv = argv[1:]
         print("Starting server... not JSON", flush=True)

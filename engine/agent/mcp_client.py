@@ -9,17 +9,20 @@ coroutines to that loop and wait on their futures, watching their own cancel eve
 The server's life:
 
 - It starts on first use (:meth:`McpServer.tools` or :meth:`McpServer.call`), a stdio server as a
-  child process in its own session (the SDK's ``stdio_client``), its stderr kept in a private
-  temporary file so that its last words can explain a crash.
+  child process in its own session (:mod:`engine.agent.mcp_stdio`: on Linux under a supervisor that
+  takes every process the server starts down with it; lines that are not JSON-RPC skipped and
+  counted; at most 8 MiB of one answer read), its stderr kept in a private temporary file so that
+  its last words can explain a crash.
 - A server that dies (the transport's read stream ends) is marked stopped; the next use starts it
   again (a restart), without retrying the call that was running, which may have had effects.
   After :data:`MAX_FAILED_STARTS` failed starts in a row it is not tried again until
   :meth:`McpServer.reset`.
 - A call has a timeout. After a timeout the server is pinged; a server that does not answer the
   ping (its process is stuck) is stopped, and restarts on the next use.
-- :meth:`McpServer.close` stops it (the SDK closes stdin, waits, then terminates the process
-  group); every server still open when the interpreter exits is closed by an ``atexit`` hook, so
-  no child outlives the app.
+- :meth:`McpServer.close` stops it (stdin closed, a grace, then its whole tree terminated, see
+  :mod:`engine.agent.mcp_stdio`); every server still open when the interpreter exits is closed by an
+  ``atexit`` hook, and on Linux a server's tree ends with the app even when the app is killed, so
+  no process a server started outlives the app.
 
 Every failure of a call comes back as an error :class:`engine.inference.tools.ToolResult` with one line
 naming the server and the reason (the chat goes on); :meth:`McpServer.tools` and
@@ -55,8 +58,8 @@ CONNECT_TIMEOUT_S = 30.0
 LIST_TIMEOUT_S = 30.0
 #: Seconds a server gets to answer a ping after a call timed out, before it is stopped.
 PING_TIMEOUT_S = 2.0
-#: Seconds :meth:`McpServer.close` waits for the SDK's shutdown (stdin closed, 2 s grace,
-#: SIGTERM, 2 s, SIGKILL) before abandoning the loop thread.
+#: Seconds :meth:`McpServer.close` waits for the transport's shutdown (stdin closed, 2 s grace,
+#: SIGTERM, 4 s, SIGKILL) before abandoning the loop thread.
 CLOSE_TIMEOUT_S = 10.0
 #: Failed starts in a row after which a server is left stopped until :meth:`McpServer.reset`.
 MAX_FAILED_STARTS = 3
@@ -135,12 +138,15 @@ class McpServerStatus:
             ``running``, ``failed`` (too many failed starts), ``closed``.
         starts: how many times it was started (more than one: it was restarted).
         last_error: the last problem, one line, or ``None``.
+        skipped_lines: lines of its output that were not JSON-RPC, skipped (banners, logs) since
+            its last start (a stdio server).
     """
 
     name: str
     state: ServerState
     starts: int
     last_error: str | None
+    skipped_lines: int = 0
 
 
 # The SDK logs a server's bad output with a traceback (``logger.exception``). A handler of our own on
@@ -244,6 +250,7 @@ class McpServer:
         self._stderr: IO[bytes] | None = None
         self._stderr_path: str | None = None
         self._http_status: str | None = None  # the last HTTP error status an HTTP server answered
+        self._stdio: Any = None  # the stdio transport of the current or last connection
         self._stderr_mark = 0  # where the server's stderr stood when the current call began
         # Read from any thread (plain assignments only).
         self._state: ServerState = "stopped"
@@ -257,7 +264,9 @@ class McpServer:
 
     def status(self) -> McpServerStatus:
         """Its state now; starts nothing."""
-        return McpServerStatus(self.name, self._state, self._starts, self._last_error)
+        stdio = self._stdio
+        skipped = stdio.skipped_lines if stdio is not None else 0
+        return McpServerStatus(self.name, self._state, self._starts, self._last_error, skipped)
 
     def start(self) -> None:
         """Starts the server now (a no-op when it runs) and lists its tools.
@@ -403,13 +412,21 @@ class McpServer:
         """The SDK transport for the config, its read stream watched for the end."""
         config = self.config
         if config.command is not None:
-            from mcp.client.stdio import StdioServerParameters, stdio_client
+            from mcp.client.stdio import get_default_environment
 
-            params = StdioServerParameters(
-                command=config.command, args=list(config.args), env=dict(config.env) or None, cwd=config.cwd
-            )
+            from engine.agent.mcp_stdio import StdioTransport
+
             assert self._stderr is not None
-            async with stdio_client(params, errlog=self._stderr) as (read, write):  # type: ignore[arg-type]
+            stdio = StdioTransport(
+                self.name,
+                config.command,
+                list(config.args),
+                get_default_environment() | dict(config.env),
+                config.cwd,
+                self._stderr,
+            )
+            self._stdio = stdio
+            async with stdio.connect() as (read, write):
                 yield _WatchedReadStream(read, on_end), write
         else:
             import httpx2
@@ -488,6 +505,7 @@ class McpServer:
             await self._stop_holder()
             self._stop_requested = False
             self._wake = asyncio.Event()
+            self._stdio = None
             self._open_stderr()
             self._state = "starting"
             self._starts += 1
@@ -502,7 +520,8 @@ class McpServer:
                 self._state = "failed" if self._failed_starts >= MAX_FAILED_STARTS else "stopped"
                 if isinstance(exc, asyncio.CancelledError):
                     raise
-                if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
+                verdict = self._stdio.not_mcp if self._stdio is not None else None
+                if isinstance(exc, (asyncio.TimeoutError, TimeoutError)) and verdict is None:
                     reason = f"it did not answer within {self._connect_timeout_s:g} s of starting{self._last_words()}"
                 else:
                     reason = self._explain(exc, "it did not start")
@@ -687,6 +706,9 @@ class McpServer:
     def _explain(self, exc: BaseException, what: str) -> str:
         while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
             exc = exc.exceptions[0]
+        verdict = self._stdio.not_mcp if self._stdio is not None else None
+        if verdict is not None:
+            return f"{what}: {verdict}{self._last_words()}"
         cwd = self.config.cwd
         if isinstance(exc, (FileNotFoundError, NotADirectoryError)) and cwd and not os.path.isdir(cwd):
             return f"{what}: its working folder {cwd!r} does not exist"

@@ -128,3 +128,37 @@ def test_the_self_test_launches_its_server_by_itself_when_frozen(monkeypatch: py
 
 def test_the_self_test_mcp_step_passes_from_source() -> None:
     assert selftest._mcp_tools() == "a stdio server (Python) listed 1 tool; add(2, 3) = 5"
+
+
+SUPERVISOR_HOOK = ROOT / "installers" / "hooks" / "rthook_mcp_supervisor.py"
+
+
+def test_the_spec_runs_the_supervisor_hook_on_the_supervisors_flag() -> None:
+    from engine.agent.mcp_supervisor import FROZEN_FLAG
+
+    assert f'"{SUPERVISOR_HOOK.name}"' in SPEC.read_text(encoding="utf-8")
+    tree = ast.parse(SUPERVISOR_HOOK.read_text(encoding="utf-8"))
+    flags = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+    assert FROZEN_FLAG in flags
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the supervisor is Linux's")
+def test_the_frozen_app_supervises_its_servers_through_the_hook(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from tests.mcp_servers import SERVER_SCRIPT, wait_gone
+
+    python = sys.executable  # the server's Python (it needs the SDK); the "bundle" below is the app's
+    bundle = tmp_path / "glassbox"  # a stand-in for the bundle's executable: it runs the runtime hook first
+    bundle.write_text(f'#!/bin/sh\nPYTHONPATH={ROOT} exec {python} {SUPERVISOR_HOOK} "$@"\n')
+    bundle.chmod(0o755)
+    monkeypatch.setattr(sys, "frozen", True, raising=False)
+    monkeypatch.setattr(sys, "executable", str(bundle))
+    config = McpServerConfig("frozen", command=python, args=(str(SERVER_SCRIPT),))
+    with McpServer(config) as server:
+        child = int(server.call("spawn", {"mode": "daemon"}, timeout_s=30).content)
+        supervisor = server._stdio.pid
+        argv = Path(f"/proc/{supervisor}/cmdline").read_bytes().split(b"\0")
+        assert argv[1:3] == [str(SUPERVISOR_HOOK).encode(), b"--glassbox-mcp-supervisor"]
+    assert wait_gone(child, 10)  # the orphan the server made ended with it
