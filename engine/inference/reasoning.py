@@ -349,9 +349,15 @@ class ReasoningSplitter:
         return False
 
     def _dropped(self, text: str) -> str:
-        for marker in self._spec.drop:
+        return drop_markers(text, self._spec.drop)
+
+
+def drop_markers(text: str, markers: tuple[str, ...]) -> str:
+    """``text`` without any of ``markers``, also those that removing one made (``<|END_<x>RESPONSE|>``)."""
+    while markers and any(marker in text for marker in markers):
+        for marker in markers:
             text = text.replace(marker, "")
-        return text
+    return text
 
 
 def _prefix_of(head: str, marker: str) -> bool:

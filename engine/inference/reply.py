@@ -102,14 +102,20 @@ def special_markers(tokenize: Callable[[str], list[int]]) -> dict[int, str]:
     return found
 
 
-def format_markers(think: str, syntax: Family | None, harmony: bool) -> frozenset[str]:
-    """The markers of one template's formats: its thinking's, its calls', harmony's if it is one."""
+def format_markers(think: str, families: Collection[Family | None], harmony: bool) -> frozenset[str]:
+    """The markers of one template's formats: its thinking's, its calls' (the template's own format
+    and the one a turn parses, the fallback prompt's when the template renders no tools), harmony's
+    if it is one."""
     found = set(think_format(think).markers())
-    if syntax is not None and syntax in FORMATS:
-        found.update(FORMATS[syntax].all_markers())
-        if FORMATS[syntax].kind == "kimi_k3":
+    for family in families:
+        if family is None or family not in FORMATS:
+            continue
+        found.update(FORMATS[family].all_markers())
+        if FORMATS[family].kind == "kimi_k3":
             found.update((KIMI_OPEN, KIMI_CLOSE, KIMI_SEP))
-    if harmony or syntax in ("harmony", "muse"):
+        if family in ("harmony", "muse"):
+            found.update(HARMONY_MARKERS)
+    if harmony:
         found.update(HARMONY_MARKERS)
     return frozenset(found)
 

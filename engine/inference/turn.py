@@ -97,12 +97,12 @@ class TurnShape:
         schemas = {tool.name: tool.parameters for tool in self.tools}
         think = template.think_format
         syntax = template.tool_family if template.supports_tools else None
+        family = template.tool_family if self.tools and self.choice != "none" else None
         # Only the template's own markers are put back: elsewhere one may be a silent control token.
-        relevant = format_markers(think, syntax, template.harmony)
+        relevant = format_markers(think, (syntax, family), template.harmony)
         marks = {i: m for i, m in (specials or {}).items() if m in relevant}
         if self.json_schema is not None:
             return ReplyShaper(family="json", tool_names=names, thinking=False, specials=marks, schemas=schemas)
-        family = template.tool_family if self.tools and self.choice != "none" else None
         if syntax == "kimi_k3":
             started = prompt_section(prompt) == "think"
         else:

@@ -4,6 +4,9 @@ answer and the calls come apart the same however the reply streams (the cases:
 
 from __future__ import annotations
 
+import dataclasses
+import random
+
 import pytest
 
 from engine.inference.events import Reasoning, Token, ToolCall
@@ -49,3 +52,33 @@ def test_every_format_has_cases() -> None:
     covered = {case.family for case in CASES}
     assert covered == set(FAMILIES), f"no cases for {sorted(set(FAMILIES) - covered)}"
     assert set(FORMATS) == set(FAMILIES)
+
+
+def _mutations(count: int, seed: int) -> list[tuple[Case, str]]:
+    """Replies of every format, damaged: spans cut, characters and the format's own markers put in."""
+    rng = random.Random(seed)
+    noise = [*'{}[]":,\n <>/=\\ab1', "</think>", "<think>"]
+    out: list[tuple[Case, str]] = []
+    for _ in range(count):
+        case = rng.choice(CASES)
+        fmt = FORMATS[case.family]
+        markers = [m for block in fmt.blocks for m in (block.open, block.close) if m] or ["x"]
+        text = case.reply
+        for _ in range(rng.randint(1, 3)):
+            at = rng.randrange(len(text) + 1)
+            roll = rng.random()
+            if roll < 0.35 and text:
+                text = text[:at] + text[at + rng.randint(1, 6) :]
+            else:
+                text = text[:at] + rng.choice(noise if roll < 0.7 else markers) + text[at:]
+        out.append((case, text))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_damaged_replies_never_raise_and_stream_as_they_parse_whole(seed: int) -> None:
+    for case, text in _mutations(150, seed):
+        damaged = dataclasses.replace(case, reply=text)
+        whole = _shape(damaged, max(len(text), 1))
+        for size in (1, 3):
+            assert _shape(damaged, size) == whole, (case.id, text, size)

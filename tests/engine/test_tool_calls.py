@@ -16,6 +16,7 @@ from engine.inference.tool_calls import (
     detect_family,
     parse_tool_calls,
 )
+from engine.inference.tool_calls.stream import MAX_PARSE_WORK
 from engine.inference.tool_calls.values import typed_value
 
 NAMES = ("get_weather", "add")
@@ -117,6 +118,30 @@ def test_runaway_markup_is_not_parsed() -> None:
     parser = ToolCallParser("hermes", NAMES)
     held = parser.feed("<tool_call>" + "x" * (MAX_CALL_CHARS + 100))
     assert "".join(p for p in held if isinstance(p, str)).startswith("<tool_call>xxx")  # released, not held forever
+
+
+def test_closing_markers_written_over_and_over_inside_an_argument_cost_bounded_work() -> None:
+    inner = "</tool_call>" * 20_000
+    reply = f'<tool_call>{{"name": "add", "arguments": {{"note": "{inner}"}}}}</tool_call> Done.'
+    parser = ToolCallParser("hermes", NAMES)
+    pieces: list[Piece] = []
+    for start in range(0, len(reply), 7):
+        pieces += parser.feed(reply[start : start + 7])
+    pieces += parser.finish()
+    assert _split(pieces) == ("Done.", [("add", {"note": inner})])  # the call, found at the end
+    assert parser.parsed_chars <= MAX_PARSE_WORK
+
+
+def test_many_broken_calls_at_the_end_neither_recurse_nor_take_quadratic_work() -> None:
+    reply = '<tool_call>{"name": "add", "arguments": {"a": "</tool_call>' * 5_000
+    parser = ToolCallParser("hermes", NAMES)
+    text, calls = _split(parser.feed(reply) + parser.finish())
+    assert calls == [] and text == reply
+    assert parser.parsed_chars <= MAX_PARSE_WORK
+    deep = "<|tool_call_start|>" + "[" * 100_000
+    assert parse_tool_calls(deep, "lfm2") == (deep, [])
+    nested = "<tool_call>" + "[" * 100_000 + "</tool_call>"
+    assert parse_tool_calls(nested, "hermes") == (nested, [])
 
 
 def test_unknown_and_whole_reply_families_are_refused() -> None:

@@ -32,6 +32,7 @@ from engine.inference.call_prefix import BareCallPrefix
 from engine.inference.tool_calls.call import (
     INCOMPLETE,
     MAX_CALL_CHARS,
+    Parsed,
     ParsedCall,
     Piece,
     Schemas,
@@ -41,6 +42,14 @@ from engine.inference.tool_calls.call import (
 from engine.inference.tool_calls.formats import FAMILIES, FORMATS, Block, Family
 
 _WS = " \t\r\n"
+
+MAX_TRIES = 16
+"""How many closing markers inside one call's markup are tried as its end while it streams (an
+argument may hold the marker); past them the markup is parsed once, at the end of the reply."""
+
+MAX_PARSE_WORK = 8 * MAX_CALL_CHARS
+"""The most characters one reply's parser gives its body parsers in all: a reply that keeps
+writing closing markers inside an argument cannot make parsing quadratic."""
 
 
 class ToolCallParser:
@@ -85,6 +94,9 @@ class ToolCallParser:
         self._calls = 0
         self._prefix: BareCallPrefix | None = None
         self._prefix_read = 0
+        self._tries = 0
+        self.parsed_chars = 0
+        """The characters given to body parsers so far (bounded by :data:`MAX_PARSE_WORK`)."""
 
     @property
     def calls_found(self) -> int:
@@ -128,9 +140,14 @@ class ToolCallParser:
         """The end of the reply: parses what was held back (or returns it as text)."""
         out: list[Piece] = []
         buf, self._buf = self._buf, ""
-        if self._state == "block" and self._block is not None:
-            self._finish_block(buf, out)
-        elif self._state == "bare":
+        while self._state == "block" and self._block is not None:
+            rest = self._finish_block(buf, out)
+            if rest is None:
+                buf = ""
+                break
+            out.extend(self.feed(rest))  # what followed a broken call's first closing marker
+            buf, self._buf = self._buf, ""
+        if self._state == "bare":
             self._state = "text"
             calls = self._parse_bare(buf)
             if calls:
@@ -182,7 +199,7 @@ class ToolCallParser:
         self._pre, self._ws = self._ws, ""  # whitespace before a call is the format's (kept if it is not one)
         self._buf = self._buf[at + (0 if block.keep_open else len(block.open)) :]
         self._state, self._block = "block", block
-        self._search, self._first_close = (len(block.open) if block.keep_open else 0), -1
+        self._search, self._first_close, self._tries = (len(block.open) if block.keep_open else 0), -1, 0
         return True
 
     def _scan_block(self, out: list[Piece]) -> bool:
@@ -203,7 +220,11 @@ class ToolCallParser:
                 self._first_close = end
             body = self._buf[:end]
             raw = self._raw(body) + block.close
-            parsed = block.parse(body, raw, self.schemas)
+            if self._tries >= MAX_TRIES:
+                self._search = end + 1  # parsed once more at the end of the reply
+                continue
+            self._tries += 1
+            parsed = self._parse(block, body, raw)
             if parsed is INCOMPLETE:
                 self._search = end + 1
                 continue
@@ -216,25 +237,31 @@ class ToolCallParser:
                 out.append(self._pre + raw)
             return True
 
-    def _finish_block(self, buf: str, out: list[Piece]) -> None:
-        """The reply ended inside a call: parse it as it is; else its markup is text, and what
-        followed its first closing marker is read again."""
+    def _finish_block(self, buf: str, out: list[Piece]) -> str | None:
+        """The reply ended inside a call: parse it as it is; else its markup is text up to its
+        first closing marker, and what followed that is returned, to be read again."""
         block = self._block
         assert block is not None
         self._state, self._block = "text", None
-        parsed = block.parse(buf, self._raw(buf, block), self.schemas) if len(buf) <= MAX_CALL_CHARS else None
+        last = buf.rfind(block.close) if block.close else -1
+        if last > self._first_close >= 0 and last <= MAX_CALL_CHARS:
+            # closing markers inside an argument past the ones tried while it streamed: the last one
+            parsed = self._parse(block, buf[:last], self._raw(buf[:last], block) + (block.close or ""))
+            if isinstance(parsed, list):
+                self._emit_calls(parsed, out)
+                return buf[last + len(block.close or "") :]
+        parsed = self._parse(block, buf, self._raw(buf, block)) if len(buf) <= MAX_CALL_CHARS else None
         if isinstance(parsed, list):
             self._emit_calls(parsed, out)
-            return
+            return None
         self._after_call = False
         first = self._first_close
         if first < 0 or block.close is None:
             out.append(self._pre + self._raw(buf, block))
-            return
+            return None
         cut = first + len(block.close)
         out.append(self._pre + self._raw(buf[:cut], block))
-        out.extend(self.feed(buf[cut:]))
-        out.extend(self.finish())
+        return buf[cut:]
 
     def _give_up(self, out: list[Piece]) -> None:
         """A call's markup over the size limit: it is text."""
@@ -254,8 +281,7 @@ class ToolCallParser:
     def _text(self, text: str, out: list[Piece], final: bool = False) -> None:
         """Answer text: the format's stray markers dropped, the whitespace after a call dropped,
         trailing whitespace held (it is dropped too when a call follows)."""
-        for marker in self._drop:
-            text = text.replace(marker, "")
+        text = _drop(text, self._drop)
         if self._after_call:
             text = text.lstrip(_WS)
             if not text:
@@ -270,6 +296,13 @@ class ToolCallParser:
         self._ws = text[len(body) :]
         if body:
             out.append(body)
+
+    def _parse(self, block: Block, body: str, raw: str) -> Parsed:
+        """A body parsed, within the reply's parsing budget (past it, markup is text)."""
+        if self.parsed_chars + len(body) > MAX_PARSE_WORK:
+            return None
+        self.parsed_chars += len(body)
+        return block.parse(body, raw, self.schemas)
 
     def _emit_calls(self, calls: list[ParsedCall], out: list[Piece]) -> None:
         self._ws = ""
@@ -288,12 +321,23 @@ class ToolCallParser:
     def _parse_bare(self, text: str) -> list[ParsedCall]:
         if self._bare is None or len(text) > MAX_CALL_CHARS:
             return []
+        if self.parsed_chars + len(text) > MAX_PARSE_WORK:
+            return []
+        self.parsed_chars += len(text)
         parsed = self._bare(text, text, self.schemas)
         if not isinstance(parsed, list):
             return []
         if self.family == "json" and self.tool_names and any(c.name not in self.tool_names for c in parsed):
             return []
         return parsed
+
+
+def _drop(text: str, markers: tuple[str, ...]) -> str:
+    """``text`` without the format's stray markers (also those that removing one made)."""
+    while markers and any(marker in text for marker in markers):
+        for marker in markers:
+            text = text.replace(marker, "")
+    return text
 
 
 def parse_tool_calls(

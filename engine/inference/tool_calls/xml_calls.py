@@ -266,7 +266,15 @@ _M3_INVOKE = re.compile(re.escape(M3) + r'<invoke\s+name="([^"]*)"\s*>')
 _M3_TAG = re.compile(re.escape(M3) + r"<(/?)([^<>\s/]+)>")
 
 
+_M3_MAX_DEPTH = 32
+"""Nesting deeper than this is no argument (and each level costs a scan of what it holds)."""
+
+
 class _M3Syntax(ValueError):
+    pass
+
+
+class _M3TooDeep(ValueError):
     pass
 
 
@@ -298,18 +306,20 @@ def _m3_children(text: str) -> list[tuple[str, str]] | None:
         at = scan
 
 
-def _m3_value(content: str, schema: Mapping[str, Any] | None) -> Any:
+def _m3_value(content: str, schema: Mapping[str, Any] | None, depth: int = 0) -> Any:
     types = schema_types(schema)
     if "string" in types:
         return content
+    if depth > _M3_MAX_DEPTH:
+        raise _M3TooDeep("nested too deeply")
     children = _m3_children(content)
     if children is None:
         return typed_value(content, schema)
     if children and all(name == "item" for name, _ in children) and (not types or "array" in types):
         items = _array_items(schema)
-        return [_m3_value(child, items) for _, child in children]
+        return [_m3_value(child, items, depth + 1) for _, child in children]
     properties = _object_properties(schema)
-    return {name: _m3_value(child, properties.get(name)) for name, child in children}
+    return {name: _m3_value(child, properties.get(name), depth + 1) for name, child in children}
 
 
 def _array_items(schema: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
@@ -358,12 +368,14 @@ def minimax_m3(body: str, raw: str, schemas: Schemas) -> Parsed:
         if end < 0:
             return INCOMPLETE
         inner = text[head.end() : end]
+        tool = schemas.get(name)
         try:
             children = _m3_children(inner) or []
+            arguments = {key: _m3_value(content, property_schema(tool, key)) for key, content in children}
         except _M3Syntax:
             return INCOMPLETE
-        tool = schemas.get(name)
-        arguments = {key: _m3_value(content, property_schema(tool, key)) for key, content in children}
+        except (_M3TooDeep, RecursionError):
+            return None
         at = end + len(invoke_end)
         calls.append(ParsedCall(name, arguments, text[start:at]))
     return single_raw(calls, raw) if calls else None
