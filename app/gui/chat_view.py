@@ -255,11 +255,11 @@ class MessageCard(QFrame):
         self._body_layout.addWidget(self.body)
         self._answer = TextBlocks(self._body_layout, self.body, self.new_block_label)
         # A turn with tools reads in the order it ran: each step's text and its calls' cards, then
-        # the answer; the thinking is folded under the answer (app/gui/tool_card.py).
+        # the answer; the thinking is folded above the answer it came before (app/gui/tool_card.py).
         self.agent_parts = AgentPartsWidget(new_text=lambda: MarkdownStepText(self))
         inner.addWidget(self.agent_parts)
-        inner.addLayout(self._body_layout)
         inner.addWidget(self.agent_parts.fold)
+        inner.addLayout(self._body_layout)
 
     def _build_sources(self, inner: QVBoxLayout) -> None:
         """The reply's cited sources, as links."""
@@ -695,7 +695,7 @@ class ChatView(QScrollArea):
         return card
 
     def append_reasoning(self, text: str) -> None:
-        """Thinking of the streaming reply (folded under it)."""
+        """Thinking of the streaming reply (folded above its answer)."""
         self._live_reasoning.append(text)
         if self._streaming is not None:
             self._streaming.agent_parts.append_reasoning(text)

@@ -1,5 +1,5 @@
 """The agent's parts of a reply in the transcript: a card per tool call, the approval card, and the
-thinking folded under the answer (issue 12, "The app").
+thinking folded where it came: above the text it preceded (issue 12, "The app"; issue 28).
 
 * :class:`ToolCallCardWidget`: the tool, its source, the exact arguments, the result (folded when
   long), how long it ran and the tokens it added to the context; a call that did not run says why.
@@ -7,7 +7,7 @@ thinking folded under the answer (issue 12, "The app").
   once* / *Always allow this tool* / *Deny*; Stop (or the end of the turn) closes it unanswered.
 * :class:`ReasoningFoldWidget`: the thinking, folded, with its token count and time.
 * :class:`AgentPartsWidget`: a reply's steps in the order the loop ran them (each step's text, then its
-  cards and approvals: :func:`turn_layout`), above the answer; its fold below the answer.
+  cards and approvals: :func:`turn_layout`), above the answer; its fold between them, above the answer.
 
 The data are plain dicts (``app.agent_history.step_dict``, the reply's ``stats``), so a
 stored reply shows the same cards after a restart.
@@ -229,7 +229,8 @@ class ApprovalCardWidget(QFrame):
 
 
 class ReasoningFoldWidget(QFrame):
-    """The thinking, folded under the answer: ``Thought for 1.2 s · 84 tokens``; a click unfolds it."""
+    """The thinking, folded above the answer it came before: ``Thought for 1.2 s · 84 tokens``; a
+    click unfolds it."""
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -389,7 +390,7 @@ def thoughts_of(stats: Mapping[str, object], text: str, *, live: bool = False) -
 
     Returns:
         None when the records do not say (a history written before them, a plain reply) or the
-        lengths do not add up: the thinking then stays in one fold under the answer.
+        lengths do not add up: the thinking then stays in one fold above the answer.
     """
     loop = stats.get("loop")
     gens = [e for e in loop if isinstance(e, Mapping) and e.get("kind") == "generate"] if isinstance(loop, list) else []
@@ -453,9 +454,9 @@ class StepGroupWidget(QWidget):
         lay.setContentsMargins(0, 0, 0, 0)
         lay.setSpacing(4)
         self.text_widget = text_widget
-        lay.addWidget(text_widget)
-        self.fold = ReasoningFoldWidget()  # the thinking of this step's generation, when known
+        self.fold = ReasoningFoldWidget()  # the thinking of this step's generation, when known: it came first
         lay.addWidget(self.fold)
+        lay.addWidget(text_widget)
         self._calls = QVBoxLayout()
         self._calls.setContentsMargins(0, 0, 0, 2)
         self._calls.setSpacing(4)
@@ -495,7 +496,7 @@ class StepGroupWidget(QWidget):
 
 class AgentPartsWidget(QWidget):
     """A reply's steps in order: each step's text, then its cards and approvals; the reply card
-    puts it above its answer, and :attr:`fold` (the thinking) under the answer.
+    puts it above its answer, and :attr:`fold` (the answer's thinking) between them.
 
     Args:
         new_text: makes a step's text widget (the message card gives a Markdown one).
@@ -563,8 +564,8 @@ class AgentPartsWidget(QWidget):
         self.setVisible(bool(self.cards or self.approvals or any((g.text or "").strip() for g in self.groups)))
 
     def show_thoughts(self, stats: Mapping[str, object] | None, live: bool = False) -> None:
-        """Folds each step's thinking under that step's text and the answer's under the answer
-        (:func:`thoughts_of`); when the records do not say whose it is, all of it under the answer.
+        """Folds each step's thinking above that step's text and the answer's above the answer
+        (:func:`thoughts_of`); when the records do not say whose it is, all of it above the answer.
 
         ``live``: the thinking streamed so far (:meth:`append_reasoning`); else the stored one.
         """

@@ -430,7 +430,7 @@ class RemoteSession:
                 text=shaper.answer,
                 reasoning=reply.reasoning + shaper.reasoning,
                 reasoning_tokens=reasoning_tokens(reply) or shaper.reasoning_tokens,
-                reasoning_ms=shaper.reasoning_ms,
+                reasoning_ms=shaper.reasoning_ms or reply.reasoning_ms,
                 tool_calls=calls,
             )
 

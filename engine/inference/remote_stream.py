@@ -47,6 +47,16 @@ class StreamedReply:
     reasoning: str = ""
     calls: dict[int, dict[str, str]] = field(default_factory=dict)
     call_deltas: int = 0  # the tool-call deltas so far
+    t_thinking: float = 0.0  # the first reasoning delta
+    t_thought: float = 0.0  # the first delta of the answer or of a call after it
+
+    @property
+    def reasoning_ms(self) -> float:
+        """From the first reasoning delta to the first answer or call delta after it (or the last
+        delta): how long the server's model thought (``reasoning_content``)."""
+        if not self.t_thinking:
+            return 0.0
+        return round(((self.t_thought or self.t_last) - self.t_thinking) * 1000, 2)
 
     def arrived(self) -> None:
         """Notes that a delta arrived now (the first one's time is the time to first token)."""
@@ -125,15 +135,20 @@ def apply_chunk(event: str, reply: StreamedReply, base_url: str) -> list[Event]:
         thought = delta.get("reasoning_content", delta.get("reasoning"))
         if isinstance(thought, str) and thought:
             reply.arrived()
+            reply.t_thinking = reply.t_thinking or reply.t_last
             reply.reasoning += thought
             events.append(Reasoning(thought))
         content = delta.get("content")
         if isinstance(content, str) and content:
             reply.arrived()
+            if reply.t_thinking and not reply.t_thought:
+                reply.t_thought = reply.t_last
             reply.text += content
             events.append(_token(content, choice.get("logprobs")))
         if _gather_calls(delta.get("tool_calls"), reply):
             reply.call_deltas += 1  # a call streams: the model is writing (CallProgress)
+            if reply.t_thinking and not reply.t_thought:
+                reply.t_thought = time.perf_counter()
             events.append(CallProgress(reply.call_deltas))
         if isinstance(choice.get("finish_reason"), str):
             reply.finish = choice["finish_reason"]

@@ -178,3 +178,17 @@ def test_a_servers_streamed_call_deltas_are_reported() -> None:
     assert [e.tokens for e in events if isinstance(e, CallProgress)] == [1, 2, 3]
     (call,) = tool_calls(reply, "http://server")
     assert call.name == "add" and call.arguments == {"a": 1}
+
+
+def test_a_servers_reasoning_content_is_timed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The thinking fold says how long a remote model thought (issue 28: it showed tokens, no time)."""
+    from engine.inference import remote_stream
+    from engine.inference.remote_stream import StreamedReply, apply_chunk
+
+    clock = iter([10.0, 10.5, 12.0, 12.25, 13.0])
+    monkeypatch.setattr(remote_stream.time, "perf_counter", lambda: next(clock))
+    reply = StreamedReply()
+    for delta in ({"reasoning_content": "Let me"}, {"reasoning_content": " think."}, {"content": "Four."}):
+        apply_chunk(json.dumps({"choices": [{"index": 0, "delta": delta}]}), reply, "http://server")
+    assert reply.reasoning_ms == 2000.0  # from the first thought (10.0) to the answer (12.0)
+    assert StreamedReply().reasoning_ms == 0.0

@@ -150,14 +150,14 @@ def test_a_reopened_two_step_turn_reads_in_order_with_copy_stats_and_search(qtbo
     view.set_thread([message(1, "user", "Weather and time in Paris?"), message(2, "assistant", content, stats)])
     QApplication.processEvents()
     card = view.cards[1]
-    assert reading_order(card) == [
-        "text:" + FIRST,
+    assert reading_order(card) == [  # each thinking above the text it came before (issue 28)
         "thinking 1",
+        "text:" + FIRST,
         "get_weather",
         "text:" + SECOND,
         "local_time",
-        "answer",
         "thinking",
+        "answer",
     ]
     assert "14:05" in answer_html(card) and FIRST not in answer_html(card)  # the answer alone in the body
     assert card.agent_parts.fold.text == THOUGHTS[2] and card.agent_parts.fold.title == "Thought for 30 ms · 3 tokens"
@@ -194,7 +194,7 @@ def test_an_old_reply_with_cards_but_no_messages_looks_as_it_did(qtbot: Any) -> 
     card.resize(700, 800)
     card.show()
     QApplication.processEvents()
-    assert reading_order(card) == ["get_weather", "local_time", "answer", "thinking"]
+    assert reading_order(card) == ["get_weather", "local_time", "thinking", "answer"]
     assert FIRST in answer_html(card) and "14:05" in answer_html(card)  # the whole text, as before
     assert card.agent_parts.fold.text == "\n\n".join(t for t in THOUGHTS if t)  # one fold, all of it
 
@@ -279,7 +279,7 @@ def test_a_call_shown_before_its_step_is_known_stays_in_view(qtbot: Any) -> None
     view.end_stream()
 
 
-def test_thinking_without_its_lengths_stays_in_one_fold_under_the_answer(qtbot: Any) -> None:
+def test_thinking_without_its_lengths_stays_in_one_fold_above_the_answer(qtbot: Any) -> None:
     content, stats = two_step_turn()
     for entry in stats["loop"]:  # a history written before the records kept them
         entry.pop("reasoning_chars", None)  # (tool entries never had it)
@@ -385,3 +385,16 @@ def test_the_worker_sends_a_steps_streamed_text_and_thinking_before_its_approval
 
     LlmWorker._after_flush(stream, Signal(), 7, "ask")  # type: ignore[arg-type]
     assert sent == [("thinking", "I should look it up."), ("text", "Let me check."), ("approval", "ask")]
+
+
+def test_a_plain_replys_thinking_is_folded_above_its_answer_with_its_time(qtbot: Any) -> None:
+    """Issue 28: the fold showed tokens but no time, and sat below the answer although it came first."""
+    stats = {"completion_tokens": 40, "reasoning": {"text": "Two and two make four.", "tokens": 7, "ms": 1234.0}}
+    card = MessageCard(message(2, "assistant", "Four.", stats), LIGHT.code, "Assistant")
+    qtbot.addWidget(card)
+    card.resize(700, 400)
+    card.show()
+    QApplication.processEvents()
+    fold = card.agent_parts.fold
+    assert fold.isVisibleTo(card) and fold.title == "Thought for 1.2 s · 7 tokens"
+    assert top(fold, card) < top(card.body, card)
