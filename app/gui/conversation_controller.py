@@ -234,6 +234,7 @@ class ConversationController(QObject):
 
         conv_id = conversation_id if conversation_id is not None else getattr(self.chat.conversation, "id", None)
         if conv_id is None:
+            self.notices.show_status("Open a chat to export it (Ctrl+E exports the open chat).", 5000)
             return
         title = self.sidebar.title_of(conv_id) or getattr(self.chat.conversation, "title", "")
         path_text, _filter = QFileDialog.getSaveFileName(

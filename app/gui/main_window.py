@@ -49,6 +49,7 @@ from app.gui.turn_controller import TurnController
 from app.gui.window_header import NavRailWidget
 from app.gui.window_layout import apply_first_geometry, restore_geometry, set_wrapped_text
 from app.gui.window_services import SettingsStore
+from app.gui.window_shortcuts import let_shortcuts_through
 from app.gui.workers.chat_adapter import ChatAdapter
 from app.gui.workers.history_service import HistoryService
 from app.gui.workers.knowledge_worker import KnowledgeAdapter
@@ -262,6 +263,8 @@ class MainWindow(QMainWindow):
             self.shortcuts[f"page_{key}"] = add(
                 key, f"Ctrl+{index + 1}", lambda _checked=False, i=index: self.show_page(i)
             )
+        # Ctrl+E exports, Ctrl+K searches… also from a text field (X11 gives them to editing).
+        let_shortcuts_through((self.sidebar.search, self.composer.edit), self.shortcuts.values())
         QWidget.setTabOrder(self.composer.edit, self.composer.send_button)
         QWidget.setTabOrder(self.composer.send_button, self.sidebar.search)
         QWidget.setTabOrder(self.sidebar.search, self.sidebar.list)
