@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -402,31 +403,52 @@ class KnowledgePanel(QWidget):
 
     def _update_buttons(self) -> None:
         has = self.current is not None
-        for button in (
-            self.add_files_button,
-            self.add_folder_button,
-            self.remove_button,
-            self.reindex_button,
-            self.drop_button,
-            self.query_button,
-        ):
+        for button in (self.remove_button, self.reindex_button, self.drop_button, self.query_button):
             button.setEnabled(has)
+        # Adding works with none selected too: the files go into a new knowledge base, named first.
+        for button in (self.add_files_button, self.add_folder_button):
+            button.setEnabled(self.creating is None)
+            button.setToolTip(
+                f"Add documents to “{shown(self.current)}”"
+                if has
+                else "Add documents to a new knowledge base (you name it next)"
+            )
+
+    def ask_name(self, suggested: str = "") -> str | None:
+        """Asks for a new knowledge base's name (None: cancelled), in a dialog wide enough for its
+        title (a narrow one showed "New k…e base")."""
+        dialog = QInputDialog(self)
+        dialog.setObjectName("newKnowledgeBaseDialog")
+        dialog.setWindowTitle("New knowledge base")
+        dialog.setLabelText("Name of the new knowledge base:")
+        dialog.setTextValue(suggested)
+        # Wide enough for the title, the window's buttons and a margin (the dialog's layout sets its
+        # own minimum size from its contents, so the width is asked of the name's box).
+        title = dialog.fontMetrics().horizontalAdvance(dialog.windowTitle())
+        edit = dialog.findChild(QLineEdit)
+        if edit is not None:
+            edit.setMinimumWidth(max(380, title + 180))
+        if not dialog.exec():
+            return None
+        name = dialog.textValue().strip()
+        return name or None
 
     @Slot()
     def _on_new_button_clicked(self) -> None:
-        name, ok = QInputDialog.getText(self, "New knowledge base", "Name:")
-        if ok and name.strip():
-            self.create_kb(name.strip())
+        name = self.ask_name()
+        if name:
+            self.create_kb(name)
 
-    def create_kb(self, name: str) -> None:
+    def create_kb(self, name: str, then: Callable[[str], None] | None = None) -> None:
         """Creates a knowledge base, saying so while it is made (loading the embedding model takes
-        a few seconds the first time), and selects it once it exists."""
+        a few seconds the first time), and selects it once it exists; ``then(name)`` follows."""
         self.creating = name
         self.heading.setText(f"<h2>{rich(name)}</h2>")
         self.summary.setText(f"Creating the knowledge base “{name}”: loading the embedding model…")
         self.progress.setRange(0, 0)  # busy
         self.progress.setVisible(True)
         self.new_button.setEnabled(False)
+        self._update_buttons()
 
         def done(kb: KnowledgeBaseInfo) -> None:
             self.creating = None
@@ -438,6 +460,8 @@ class KnowledgePanel(QWidget):
                                  "from the chat's Documents button.")  # fmt: skip
             self.heading.setText(f"<h2>{rich(kb.name)}</h2>")
             self._update_buttons()
+            if then is not None:
+                then(kb.name)
 
         def failed(message: str) -> None:
             self.creating = None
@@ -446,6 +470,7 @@ class KnowledgePanel(QWidget):
             self.new_button.setEnabled(True)
             self.heading.setText(f"<h2>{rich(self.current or 'Knowledge')}</h2>")
             set_wrapped_text(self.summary, message)
+            self._update_buttons()
 
         self.adapter.create(name, done, failed)
 
@@ -463,19 +488,27 @@ class KnowledgePanel(QWidget):
 
     @Slot()
     def _on_add_files_button_clicked(self) -> None:
-        if self.current is None:
-            return
         files, _ = QFileDialog.getOpenFileNames(self, "Add documents", str(Path.home()), document_file_filter())
         if files:
-            self.adapter.add(self.current, [Path(f) for f in files])
+            self.add_documents([Path(f) for f in files])
 
     @Slot()
     def _on_add_folder_button_clicked(self) -> None:
-        if self.current is None:
-            return
         folder = QFileDialog.getExistingDirectory(self, "Add a folder", str(Path.home()))
         if folder:
-            self.adapter.add(self.current, [Path(folder)])
+            self.add_documents([Path(folder)])
+
+    def add_documents(self, paths: list[Path]) -> None:
+        """Adds ``paths`` to the selected knowledge base; with none selected, to a new one the user
+        names (suggested from what was chosen), made first."""
+        if self.current is not None:
+            self.adapter.add(self.current, paths)
+            return
+        from app.gui.documents_bar import documents_name
+
+        name = self.ask_name(documents_name(paths))
+        if name:
+            self.create_kb(name, then=lambda kb: self.adapter.add(kb, paths))
 
     @Slot()
     def _on_remove_button_clicked(self) -> None:
