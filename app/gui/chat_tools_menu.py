@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from PySide6.QtCore import QObject, Signal, Slot
+from PySide6.QtCore import QObject, Qt, Signal, Slot
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QInputDialog, QMenu, QToolButton, QWidget, QWidgetAction
 
@@ -401,6 +401,9 @@ class ChatToolsController(QObject):
                     f"Running {request.name}…" if d != "deny" else "Telling the model the call was denied…"
                 )
             )
+            # The card's buttons go once answered: the focus goes back to the composer, not to
+            # the next widget in the chain (the rail).
+            card.decided.connect(lambda _d: composer.edit.setFocus(Qt.FocusReason.OtherFocusReason))
 
     @Slot(object)
     def _on_chat_tool_step_added(self, step: Mapping[str, object]) -> None:

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from PySide6.QtCore import Qt, QTimer, QUrl, Signal, Slot
+from PySide6.QtCore import QPoint, Qt, QTimer, QUrl, Signal, Slot
 from PySide6.QtGui import QDesktopServices, QGuiApplication
 from PySide6.QtWidgets import (
     QFrame,
@@ -35,7 +35,7 @@ from app.gui.display_text import plain_label, plain_tooltip, rich, shown
 from app.gui.markdown_render import COPY_SCHEME, LIGHT_CODE, SAFE_LINK_SCHEMES, CodeColors, plain_html
 from app.gui.reply_blocks import BlockLabel, TextBlocks
 from app.gui.tool_card import AgentPartsWidget, ApprovalCardWidget, StepTextWidget, turn_layout
-from app.gui.window_layout import make_wrapping, set_wrapped_text
+from app.gui.window_layout import chain_focus, make_wrapping, set_wrapped_text
 from app.gui.workers.history_reads import DisplayMessage
 
 if TYPE_CHECKING:
@@ -517,6 +517,12 @@ class ChatView(QScrollArea):
         self._render_timer.setSingleShot(True)
         self._render_timer.setInterval(33)
         self._render_timer.timeout.connect(self._render_stream)
+        # Tab reaches the transcript's buttons in reading order, after the header, before focus_after.
+        self.focus_after: QWidget | None = None
+        self._focus_timer = QTimer(self)
+        self._focus_timer.setSingleShot(True)
+        self._focus_timer.setInterval(0)
+        self._focus_timer.timeout.connect(self.order_focus)
 
     def set_colors(self, colors: CodeColors) -> None:
         """The theme's code and link colours; the cards shown are rendered again in them."""
@@ -546,6 +552,23 @@ class ChatView(QScrollArea):
             request.answer("deny")
         self.empty.setVisible(not messages)
         self._scroll_after_rebuild()
+        self._focus_timer.start()
+
+    def order_focus(self) -> None:
+        """Puts the cards' buttons in the Tab order, in reading order, right after the transcript
+        and before :attr:`focus_after` (new widgets otherwise join the end of the chain, and Tab
+        went through every reply's buttons before it reached the header)."""
+        after = self.focus_after
+        if after is None:
+            return
+        stops: list[tuple[int, int, int, QWidget]] = []
+        tab = Qt.FocusPolicy.TabFocus
+        for index, card in enumerate(self.cards):
+            for widget in card.findChildren(QWidget):
+                if widget.focusPolicy() & tab == tab:
+                    at = widget.mapTo(card, QPoint(0, 0))
+                    stops.append((index, at.y(), at.x(), widget))
+        chain_focus([self, *(widget for *_key, widget in sorted(stops, key=lambda s: s[:3])), after])
 
     def _update_cards(self, messages: Sequence[DisplayMessage], streaming_id: int | None) -> None:
         """The same messages (a reply finished, a checkpoint): updates the cards in place instead of
@@ -671,6 +694,7 @@ class ChatView(QScrollArea):
         self._streaming = None
         self._live_agent = None
         self._live_reasoning = []
+        self._focus_timer.start()
 
     def set_live_agent(self, stats: Mapping[str, object]) -> None:
         """The streaming turn's steps so far (``app.agent_history.AgentRecord.stats``: its messages
@@ -683,6 +707,7 @@ class ChatView(QScrollArea):
         """A call of the streaming reply was handled: its card (app/gui/tool_card.py)."""
         if self._streaming is not None:
             self._streaming.agent_parts.add_step(step)
+            self._focus_timer.start()
 
     def show_approval(self, request: ApprovalRequest) -> ApprovalCardWidget | None:
         """A call of the streaming reply waits for the user: its approval card (None: no reply
@@ -692,6 +717,7 @@ class ChatView(QScrollArea):
             return None
         card = self._streaming.agent_parts.add_approval(request)
         QTimer.singleShot(0, self, lambda: self.ensureWidgetVisible(card, 0, 40))
+        self._focus_timer.start()
         return card
 
     def append_reasoning(self, text: str) -> None:

@@ -47,7 +47,7 @@ from app.gui.theme import RESOURCES, apply_theme, resolve_theme
 from app.gui.toast import Toast
 from app.gui.turn_controller import TurnController
 from app.gui.window_header import NavRailWidget
-from app.gui.window_layout import apply_first_geometry, restore_geometry, set_wrapped_text
+from app.gui.window_layout import apply_first_geometry, chain_focus, restore_geometry, set_wrapped_text
 from app.gui.window_services import SettingsStore
 from app.gui.window_shortcuts import let_shortcuts_through
 from app.gui.workers.chat_adapter import ChatAdapter
@@ -265,10 +265,18 @@ class MainWindow(QMainWindow):
             )
         # Ctrl+E exports, Ctrl+K searches… also from a text field (X11 gives them to editing).
         let_shortcuts_through((self.sidebar.search, self.composer.edit), self.shortcuts.values())
-        QWidget.setTabOrder(self.composer.edit, self.composer.send_button)
-        QWidget.setTabOrder(self.composer.send_button, self.sidebar.search)
-        QWidget.setTabOrder(self.sidebar.search, self.sidebar.list)
-        QWidget.setTabOrder(self.sidebar.list, self.header.model_bar.picker)
+        # Tab in reading order: the chats, the header, the transcript (its cards' buttons follow it:
+        # ChatView.order_focus), the composer, then the inspector.
+        bar = self.header.model_bar
+        chain_focus(
+            [
+                self.sidebar.new_button, self.sidebar.search, self.sidebar.list, bar.picker, bar.load_button,
+                bar.add_endpoint_button, self.documents_bar.button, self.header.chat_settings_button,
+                self.tools_button, self.inspector_button, self.chat_view, self.composer.edit,
+                self.composer.send_button, self.composer.stop_button, self.inspector.tabs,
+            ]
+        )  # fmt: skip
+        self.chat_view.focus_after = self.composer.edit
 
     # ------------------------------------------------------------------ start-up (after first paint)
     def start(self) -> None:

@@ -13,7 +13,7 @@ never widen the window, and the chat page that gives way on a narrow window.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from PySide6.QtCore import QByteArray, QPoint, QRect, QSize, Qt
 from PySide6.QtGui import QGuiApplication, QResizeEvent, QScreen
@@ -123,6 +123,15 @@ def set_wrapped_text(label: QLabel, text: str) -> None:
     label.setTextFormat(Qt.TextFormat.PlainText)
     label.setText(wrap_anywhere(text))
     label.setToolTip(plain_tooltip(text) if len(text) > 80 else "")
+
+
+def chain_focus(widgets: Iterable[QWidget]) -> None:
+    """Makes Tab go through ``widgets`` in this order (each right after the one before)."""
+    previous: QWidget | None = None
+    for widget in widgets:
+        if previous is not None:
+            QWidget.setTabOrder(previous, widget)
+        previous = widget
 
 
 class ElidedLabel(QLabel):
