@@ -439,7 +439,7 @@ class KnowledgePanel(QWidget):
         if name:
             self.create_kb(name)
 
-    def create_kb(self, name: str, then: Callable[[str], None] | None = None) -> None:
+    def create_kb(self, name: str, then: Callable[[str], object] | None = None) -> None:
         """Creates a knowledge base, saying so while it is made (loading the embedding model takes
         a few seconds the first time), and selects it once it exists; ``then(name)`` follows."""
         self.creating = name
