@@ -14,9 +14,9 @@ the sampler and to shape the reply:
   arguments validate. Such a reply is parsed as the
   ``json`` call format, thinking is not recognised in it (the grammar leaves no room for it), and
   a ``json_schema`` or ``grammar`` of the caller's own is refused alongside it.
-* ``thinking`` (True/False) sets the template's ``enable_thinking`` and ``reasoning_effort`` its
-  ``reasoning_effort``; a template without that switch refuses them (the caller can read
-  :attr:`~engine.inference.templates.ChatTemplate.thinking` first).
+* ``thinking`` (True/False) and ``reasoning_effort`` set the template's own switches for them,
+  whatever it calls them (engine/inference/thinking_settings.py); a template without one refuses
+  them (the caller can read :attr:`~engine.inference.templates.ChatTemplate.thinking` first).
 * ``thinking_budget`` (tokens) caps the thinking of any model that thinks apart: at the budget
   the thinking is closed for it, in its own format, and the reply goes on
   (:func:`engine.inference.reply.within_thinking_budget`).
@@ -33,8 +33,9 @@ from typing import TYPE_CHECKING, Any
 from engine.errors import EngineError
 from engine.inference.context import Message
 from engine.inference.events import Event
-from engine.inference.reasoning import EFFORTS, opened_in_prompt
+from engine.inference.reasoning import opened_in_prompt
 from engine.inference.reply import Generate, ReplyShaper, format_markers, shaped, within_thinking_budget
+from engine.inference.thinking_settings import thinking_settings
 from engine.inference.tool_calls.kimi_k3 import prompt_section
 from engine.inference.tool_prompt import call_schema
 from engine.inference.tools import ToolSpec, check_tools, normalize_tool_choice
@@ -158,13 +159,7 @@ def shape_turn(
         raise EngineError(
             f"tool_choice {choice!r} constrains the reply itself: it cannot be combined with a json_schema or grammar"
         )
-    if thinking is not None and "enable_thinking" not in template.thinking:
-        raise EngineError("this model's chat template has no thinking switch (enable_thinking)")
-    if reasoning_effort is not None:
-        if "reasoning_effort" not in template.thinking:
-            raise EngineError("this model's chat template has no reasoning_effort switch")
-        if reasoning_effort not in EFFORTS:
-            raise EngineError(f"reasoning_effort must be one of {', '.join(EFFORTS)}, not {reasoning_effort!r}")
+    settings = thinking_settings(template.thinking, (), thinking=thinking, reasoning_effort=reasoning_effort)
     if thinking_budget is not None and (isinstance(thinking_budget, bool) or thinking_budget < 0):
         raise EngineError(f"the thinking budget must be a number of tokens (0 or more), not {thinking_budget!r}")
     if thinking_budget is not None and thinking is False:
@@ -174,7 +169,7 @@ def shape_turn(
         tools=offered,
         choice=choice,
         json_schema=json.dumps(schema) if schema is not None else None,
-        enable_thinking=thinking,
-        reasoning_effort=reasoning_effort,
+        enable_thinking=settings.enable_thinking,
+        reasoning_effort=settings.reasoning_effort,
         thinking_budget=thinking_budget,
     )
