@@ -86,6 +86,11 @@ class HarmonySplitter:
         """Whether the text so far ends inside the thinking (the analysis channel, Muse's ``self``)."""
         return self._state == "body" and self._kind() == "reasoning"
 
+    @property
+    def in_call(self) -> bool:
+        """Whether the text so far ends inside a call's body (held until its message ends)."""
+        return self._state == "body" and self._is_call()
+
     def feed(self, text: str) -> list[HarmonyPiece]:
         """Takes the next piece of the reply; returns what is settled, in order."""
         self._buf += text

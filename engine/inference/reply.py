@@ -223,6 +223,8 @@ class ReplyShaper:
     @property
     def in_call(self) -> bool:
         """Whether the reply so far ends inside a call's markup (held back until it is complete)."""
+        if self._whole is not None:
+            return self._whole.in_call
         return self._parser is not None and self._parser.in_call
 
     @property
@@ -299,7 +301,7 @@ class ReplyShaper:
         events = self._route(pieces, token)
         if any(isinstance(event, (Token, ToolCall)) for event in events):
             self.call_tokens = 0
-        elif self._parser is not None and self._parser.in_call:
+        elif self.in_call:
             self.call_tokens += 1  # held back as a call's markup: said, so a front end shows it is written
             events.append(CallProgress(self.call_tokens))
         return events

@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from engine.inference.events import Reasoning, Token, ToolCall
+from engine.inference.events import CallProgress, Reasoning, Token, ToolCall
 from engine.inference.reply import ReplyShaper
 from engine.inference.tool_calls import FAMILIES, FORMATS
 from tests.engine.call_format_cases import CASES as JSON_CASES
@@ -82,3 +82,19 @@ def test_damaged_replies_never_raise_and_stream_as_they_parse_whole(seed: int) -
         whole = _shape(damaged, max(len(text), 1))
         for size in (1, 3):
             assert _shape(damaged, size) == whole, (case.id, text, size)
+
+
+WRITTEN = [c for c in CASES if c.calls and c.tools and not c.started and "inside" not in c.id]  # not in thinking
+
+
+@pytest.mark.parametrize("case", WRITTEN, ids=[c.id for c in WRITTEN])
+def test_a_call_being_written_is_said_as_it_streams(case: Case) -> None:
+    shaper = ReplyShaper(
+        family=case.family, syntax=case.family, tool_names=list(TOOLS), schemas=TOOLS, think_format=case.think
+    )
+    progress = [
+        e for i, ch in enumerate(case.reply) for e in shaper.on_token(Token(ch, i)) if isinstance(e, CallProgress)
+    ]
+    shaper.finish()
+    assert progress, "no CallProgress while the call's markup streamed"
+    assert [p.tokens for p in progress[:3]] == list(range(1, min(3, len(progress)) + 1))

@@ -35,6 +35,11 @@ class FunctionarySplitter:
         """Functionary does not think apart: never."""
         return False
 
+    @property
+    def in_call(self) -> bool:
+        """Whether the text so far ends inside a message to a tool (held until it ends)."""
+        return self._state == "body" and self._recipient != TO_USER and self.tools_offered
+
     def feed(self, text: str) -> list[SplitPiece]:
         """Takes the next piece of the reply; returns what is settled, in order."""
         self._buf += text

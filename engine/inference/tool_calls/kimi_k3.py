@@ -62,6 +62,11 @@ class KimiK3Splitter:
         """Whether the text so far ends inside the thinking."""
         return self.section == "think" and not self._done
 
+    @property
+    def in_call(self) -> bool:
+        """Whether the text so far ends inside the ``tools`` section (held until it closes)."""
+        return self.section == "tools" and self.tools_offered and not self._done
+
     def feed(self, text: str) -> list[SplitPiece]:
         """Takes the next piece of the reply; returns what is settled, in order."""
         self._buf += text
