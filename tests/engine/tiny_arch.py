@@ -13,9 +13,16 @@ tokenizer trained here matches none of the published ones, so the child tells th
 of llama.cpp's pre-tokenizers the family uses (the one its published model has) instead of letting
 it refuse.
 
+The families (:data:`FAMILIES`): Qwen 2.5 and Qwen 3, Llama 3.1, Mistral Nemo, gpt-oss (harmony),
+DeepSeek (R1-Distill-Qwen, V3.1 and V3.2 templates), Gemma 3 (with Gemma 2's published template),
+Mamba (recurrent) and Granite 4 hybrid (a Mamba-2 layer and an attention layer). Each GGUF is
+0.6 to 0.9 MB (F32).
+
 A model is built once per machine: it is cached in the test cache under a hash of everything it is
-made from (the family, this file, the sdist, the library versions), so ``make test`` converts each
-family once and later runs load the cached file. Each is well under a megabyte.
+made from (the family's row, the corpus and the builder's code, the sdist's version, the
+``transformers`` and ``tokenizers`` versions), so ``make test`` converts each family once (15 to
+20 s each on two cores) and later runs load the cached file. The build is deterministic: the same
+inputs give the same bytes.
 
 Run as a script (``python tiny_arch.py BUILD.json``) it is the child that builds one model.
 """
@@ -26,7 +33,6 @@ import hashlib
 import inspect
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -124,6 +130,26 @@ _DEEPSEEK_SPECIALS = (
     "<｜tool▁output▁end｜>",
 )
 
+_DEEPSEEK_V3 = {
+    **_SMALL,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "moe_intermediate_size": 32,
+    "n_shared_experts": 1,
+    "n_routed_experts": 4,
+    "num_experts_per_tok": 2,
+    "first_k_dense_replace": 1,
+    "n_group": 1,
+    "topk_group": 1,
+    "q_lora_rank": 32,
+    "kv_lora_rank": 32,
+    "qk_rope_head_dim": 16,
+    "qk_nope_head_dim": 16,
+    "v_head_dim": 16,
+    "head_dim": 16,
+    "tie_word_embeddings": False,
+}
+
 FAMILIES: dict[str, Family] = {
     family.name: family
     for family in (
@@ -150,6 +176,149 @@ FAMILIES: dict[str, Family] = {
             added=("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"),
             eos="<|im_end|>",
             pad="<|endoftext|>",
+        ),
+        Family(
+            name="llama3",
+            architecture="LlamaForCausalLM",
+            config="LlamaConfig",
+            hparams={**_SMALL, **_ATTN, "tie_word_embeddings": False},
+            template="meta-llama-Llama-3.1-8B-Instruct.jinja",
+            pre="llama-bpe",
+            specials=(
+                "<|begin_of_text|>",
+                "<|end_of_text|>",
+                "<|start_header_id|>",
+                "<|end_header_id|>",
+                "<|eot_id|>",
+                "<|eom_id|>",
+                "<|python_tag|>",
+                "<|finetune_right_pad_id|>",
+            ),
+            bos="<|begin_of_text|>",
+            eos="<|eot_id|>",
+            add_bos=True,
+            eos_extra=("<|end_of_text|>", "<|eom_id|>"),
+        ),
+        Family(
+            name="mistral-nemo",
+            architecture="MistralForCausalLM",
+            config="MistralConfig",
+            hparams={**_SMALL, **_ATTN, "sliding_window": None, "tie_word_embeddings": False},
+            template="mistralai-Mistral-Nemo-Instruct-2407.jinja",
+            pre="tekken",
+            specials=(
+                "<unk>",
+                "<s>",
+                "</s>",
+                "[INST]",
+                "[/INST]",
+                "[AVAILABLE_TOOLS]",
+                "[/AVAILABLE_TOOLS]",
+                "[TOOL_RESULTS]",
+                "[/TOOL_RESULTS]",
+                "[TOOL_CALLS]",
+            ),
+            bos="<s>",
+            eos="</s>",
+            unk="<unk>",
+            add_bos=True,
+        ),
+        Family(
+            name="gpt-oss",
+            architecture="GptOssForCausalLM",
+            config="GptOssConfig",
+            hparams={
+                **_SMALL,
+                **_ATTN,
+                "intermediate_size": 64,
+                "num_local_experts": 4,
+                "num_experts_per_tok": 2,
+                "sliding_window": 32,
+                "layer_types": ["sliding_attention", "full_attention"],
+                "tie_word_embeddings": False,
+            },
+            template="openai-gpt-oss-120b.jinja",
+            pre="gpt-4o",
+            specials=(
+                "<|startoftext|>",
+                "<|endoftext|>",
+                "<|return|>",
+                "<|constrain|>",
+                "<|channel|>",
+                "<|start|>",
+                "<|end|>",
+                "<|message|>",
+                "<|call|>",
+            ),
+            bos="<|startoftext|>",
+            eos="<|return|>",
+            pad="<|endoftext|>",
+            eos_extra=("<|call|>", "<|endoftext|>"),
+        ),
+        Family(
+            name="deepseek-r1-distill-qwen",
+            architecture="Qwen2ForCausalLM",
+            config="Qwen2Config",
+            hparams={**_SMALL, **_ATTN, "tie_word_embeddings": False},
+            template="deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja",
+            pre="deepseek-r1-qwen",
+            specials=_DEEPSEEK_SPECIALS,
+            added=("<think>", "</think>"),
+            bos="<｜begin▁of▁sentence｜>",
+            eos="<｜end▁of▁sentence｜>",
+            add_bos=True,
+        ),
+        Family(
+            name="deepseek-v3",
+            architecture="DeepseekV3ForCausalLM",
+            config="DeepseekV3Config",
+            hparams=_DEEPSEEK_V3,
+            template="deepseek-ai-DeepSeek-V3.1.jinja",
+            pre="deepseek-v3",
+            specials=_DEEPSEEK_SPECIALS,
+            added=("<think>", "</think>"),
+            bos="<｜begin▁of▁sentence｜>",
+            eos="<｜end▁of▁sentence｜>",
+            add_bos=True,
+        ),
+        Family(
+            # DeepSeek V3.2's template on the V3 architecture: the sdist's converter writes no
+            # expert gating function for V3.2's own (deepseek32), which llama.cpp then refuses.
+            name="deepseek-v3.2",
+            architecture="DeepseekV3ForCausalLM",
+            config="DeepseekV3Config",
+            hparams=_DEEPSEEK_V3,
+            template="deepseek-ai-DeepSeek-V3.2.jinja",
+            pre="deepseek-v3",
+            specials=_DEEPSEEK_SPECIALS,
+            added=("<think>", "</think>"),
+            bos="<｜begin▁of▁sentence｜>",
+            eos="<｜end▁of▁sentence｜>",
+            add_bos=True,
+        ),
+        Family(
+            name="gemma3",
+            architecture="Gemma3ForCausalLM",
+            config="Gemma3TextConfig",
+            hparams={
+                **_SMALL,
+                **_ATTN,
+                "query_pre_attn_scalar": 16,
+                "sliding_window": 32,
+                "layer_types": ["sliding_attention", "full_attention"],
+                "tie_word_embeddings": False,
+            },
+            # Gemma 3's published template is Gemma 2's with the system prompt folded into the
+            # first user turn; the sdist keeps Gemma 2's.
+            template="google-gemma-2-2b-it.jinja",
+            pre="default",
+            specials=("<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"),
+            bos="<bos>",
+            eos="<eos>",
+            pad="<pad>",
+            unk="<unk>",
+            add_bos=True,
+            eos_extra=("<end_of_turn>",),
         ),
         Family(
             name="mamba",
@@ -217,7 +386,7 @@ def _key(family: Family, sdist: Path) -> str:
     digest.update(_CORPUS.encode())
     for part in (_train_tokenizer, _spread_weights, _child):
         digest.update(inspect.getsource(part).encode())
-    digest.update(str(sdist.resolve()).encode())
+    digest.update(sdist.resolve().name.encode())  # the llama-cpp-python version it was unpacked from
     digest.update(f"{transformers.__version__} {tokenizers.__version__}".encode())
     return digest.hexdigest()[:16]
 
@@ -262,7 +431,6 @@ def tiny_gguf(family: Family | str, sdist: Path, cache: Path) -> Path:
         if proc.returncode != 0 or not out.is_file():
             raise RuntimeError(f"building the tiny {spec.name} model failed: {(proc.stdout + proc.stderr)[-3000:]}")
         os.replace(out, target)
-        shutil.copy2(work / "hf" / "tokenizer_config.json", target.with_suffix(".tokenizer_config.json"))
     return target
 
 
