@@ -139,6 +139,12 @@ CASES: list[Case] = [
         calls=[WRITE],
     ),
     Case(
+        "hermes-python-dict-instead-of-json",
+        "hermes",
+        "<tool_call>{'name': 'get_weather', 'arguments': {'city': 'Paris', 'days': 2}}</tool_call>",
+        calls=[PARIS_2],
+    ),
+    Case(
         "hermes-nested-json",
         "hermes",
         '<tool_call>{"name": "set_config", "arguments": {"config": {"theme": "dark", "limits": {"n": [1, 2]}}, '

@@ -8,10 +8,13 @@ parser reads on to the next one).
 
 from __future__ import annotations
 
+import ast
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
+
+from engine.inference.tool_calls.values import NotLiteral, literal
 
 MAX_CALL_CHARS = 256 * 1024
 """A call's markup longer than this is not parsed (it is emitted as text): bounds the JSON and
@@ -104,6 +107,20 @@ def json_values(text: str) -> list[Any] | None:
         values.append(value)
 
 
+def python_values(text: str) -> list[Any] | None:
+    """A Python literal where JSON was asked for: ``{'name': 'f', 'arguments': {'on': True}}`` (single
+    quotes, ``True``/``None``), as a list of values; None unless the whole text is one. Read with
+    :mod:`ast`, never evaluated."""
+    if not text or text[0] not in "{[" or len(text) > MAX_CALL_CHARS:
+        return None
+    try:
+        tree = ast.parse(text, mode="eval")
+        value = literal(tree.body)
+    except (SyntaxError, ValueError, NotLiteral, RecursionError, MemoryError):
+        return None
+    return [value]
+
+
 def json_prefix(text: str) -> tuple[Any, int] | None:
     """The JSON value at the start of ``text`` (after whitespace) and where it ends; None if none."""
     start = len(text) - len(text.lstrip())
@@ -194,6 +211,8 @@ def calls_from_json(text: str, raw: str, *, name_as_key: bool = False) -> Parsed
     """
     stripped = text.strip()
     values = json_values(stripped)
+    if values is None:
+        values = python_values(stripped)
     if values is None:
         return INCOMPLETE if stripped and open_json(stripped) else None
     objects: list[Any] = []
