@@ -17,11 +17,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from PySide6.QtCore import QObject, Qt, Signal, Slot
-from PySide6.QtGui import QAction
-from PySide6.QtWidgets import QInputDialog, QMenu, QToolButton, QWidget, QWidgetAction
+from PySide6.QtCore import QEvent, QObject, QSize, Qt, Signal, Slot
+from PySide6.QtGui import QAction, QResizeEvent
+from PySide6.QtWidgets import QInputDialog, QMenu, QSizePolicy, QToolButton, QWidget, QWidgetAction
 
-from app.gui.display_text import plain_label, shown
+from app.gui.display_text import plain_label, plain_tooltip, shown
 from app.gui.workers.agent_tools import ToolsRequest
 
 if TYPE_CHECKING:
@@ -127,6 +127,11 @@ def add_heading(menu: QMenu, text: str) -> QWidgetAction:
     return action
 
 
+MAX_SWITCH_WIDTH = 260
+"""The widest the Tools switch grows (its text elides beyond it)."""
+TOOLS_TIP = "Let the model call tools in this chat (off by default); its thinking switch"
+
+
 class ChatToolsButton(QToolButton):
     """The Tools switch in the chat header (a menu).
 
@@ -146,7 +151,10 @@ class ChatToolsButton(QToolButton):
         self.paths = paths
         self.setObjectName("toolsSwitch")
         self.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
-        self.setToolTip("Let the model call tools in this chat (off by default); its thinking switch")
+        self._full = ""
+        policy = self.sizePolicy()
+        policy.setHorizontalPolicy(QSizePolicy.Policy.Preferred)  # it may elide (a tool button's is Fixed)
+        self.setSizePolicy(policy)
         self.setAccessibleName("Tools in this chat")
         self.menu_ = QMenu(self)
         self.menu_.aboutToShow.connect(self._on_menu_about_to_show)
@@ -158,7 +166,55 @@ class ChatToolsButton(QToolButton):
 
     def set_conversation_settings(self, settings: Mapping[str, object] | None) -> None:
         self.settings = {k: v for k, v in (settings or {}).items() if k in ("tools", "thinking")}
-        self.setText(describe(self.settings))
+        self._full = describe(self.settings)
+        self.setToolTip(plain_tooltip(f"{self._full}. {TOOLS_TIP}"))
+        self.updateGeometry()
+        self._elide()
+
+    # ------------------------------------------------------------------ its text, elided
+    # "Tools: builtin, testtools · required · thinking on" grows with the choice: the switch elides
+    # to the room the header's row gives it (the whole text in its tooltip) instead of pushing the
+    # Inspector button onto a row of its own.
+    def text(self) -> str:
+        """The whole text (what is shown may be elided)."""
+        return self._full
+
+    def shown_text(self) -> str:
+        """What the button shows now."""
+        return super().text()
+
+    def _chrome(self) -> int:
+        """The width beyond the text (padding, the menu arrow), from the style's own size hint."""
+        natural = super().sizeHint().width() - self.fontMetrics().horizontalAdvance(super().text())
+        return max(natural, 28)
+
+    def sizeHint(self) -> QSize:
+        hint = super().sizeHint()
+        width = self.fontMetrics().horizontalAdvance(self._full) + self._chrome()
+        return QSize(min(width, MAX_SWITCH_WIDTH), hint.height())
+
+    def minimumSizeHint(self) -> QSize:
+        hint = super().minimumSizeHint()
+        width = self.fontMetrics().horizontalAdvance("Tools: …") + self._chrome()
+        return QSize(min(width, self.sizeHint().width()), hint.height())
+
+    def resizeEvent(self, event: QResizeEvent) -> None:
+        super().resizeEvent(event)
+        self._elide()
+
+    def changeEvent(self, event: QEvent) -> None:
+        super().changeEvent(event)
+        if event.type() in (QEvent.Type.FontChange, QEvent.Type.StyleChange):
+            self.updateGeometry()
+            self._elide()
+
+    def _elide(self) -> None:
+        room = max(self.width() - self._chrome(), 20)
+        metrics = self.fontMetrics()
+        fits = metrics.horizontalAdvance(self._full) <= room
+        text = self._full if fits else metrics.elidedText(self._full, Qt.TextElideMode.ElideRight, room)
+        if text != super().text():
+            super().setText(text)
 
     def set_thinking_controls(self, controls: Sequence[str]) -> None:
         self.thinking_controls = tuple(controls)

@@ -201,8 +201,11 @@ class FlowLayout(QLayout):
     """Lays its items out left to right and starts a new line when the next one does not fit: a
     header row that wraps instead of widening the window or cutting a button.
 
-    Each item gets its size hint (never wider than the line); items are centred vertically in
-    their line. The minimum width is that of the widest item.
+    Each item gets its size hint (never wider than the line); an item that can be narrower (an
+    eliding label or button: its minimum width is below its hint) gives up room first, down to its
+    minimum, so a long status or switch text elides before it pushes the next item onto a line of
+    its own. Items are centred vertically in their line. The minimum width is that of the widest
+    item.
 
     Args:
         parent: the widget it lays out (or None).
@@ -255,22 +258,41 @@ class FlowLayout(QLayout):
         margins = self.contentsMargins()
         return size + QSize(margins.left() + margins.right(), margins.top() + margins.bottom())
 
+    @staticmethod
+    def _fit_line(line: list[tuple[QLayoutItem, QSize]], room: int, spacing: int) -> list[tuple[QLayoutItem, QSize]]:
+        """The line's items at their hints where they fit; where not, the items that can shrink
+        give up room in proportion to what each can give, down to their minimum widths."""
+        over = sum(size.width() for _item, size in line) + spacing * max(len(line) - 1, 0) - room
+        if over <= 0:
+            return line
+        spare = [size.width() - min(item.minimumSize().width(), size.width()) for item, size in line]
+        total = sum(spare)
+        if total <= 0:
+            return line
+        out = []
+        for (item, size), can in zip(line, spare, strict=True):
+            give = min(can, -(-over * can // total))  # rounded up: the line fits
+            out.append((item, QSize(size.width() - give, size.height())))
+        return out
+
     def _arrange(self, rect: QRect, apply: bool) -> int:
         margins = self.contentsMargins()
         area = rect.adjusted(margins.left(), margins.top(), -margins.right(), -margins.bottom())
         spacing = self.spacing()
         lines: list[list[tuple[QLayoutItem, QSize]]] = [[]]
-        x = 0
+        x = 0  # the line's width with every item at its smallest
         for item in self._items:
             if item.isEmpty():
                 continue
             hint = item.sizeHint()
-            size = QSize(max(min(hint.width(), area.width()), item.minimumSize().width()), hint.height())
-            if lines[-1] and x + size.width() > area.width():
+            least = min(max(item.minimumSize().width(), 0), hint.width())
+            size = QSize(max(min(hint.width(), area.width()), least), hint.height())
+            if lines[-1] and x + least > area.width():
                 lines.append([])
                 x = 0
             lines[-1].append((item, size))
-            x += size.width() + spacing
+            x += least + spacing
+        lines = [self._fit_line(line, area.width(), spacing) for line in lines]
         y = area.y()
         for line in lines:
             height = max((size.height() for _item, size in line), default=0)
