@@ -136,6 +136,9 @@ class Settings(BaseModel):
     """Speculative decoding for models without a draft model: prompt lookup, or none."""
     draft_models: dict[str, str] = Field(default_factory=dict)
     """Per chat model (its GGUF path): a smaller model of the same vocabulary that drafts for it."""
+    knowledge_idle_minutes: float = Field(default=3.0, ge=0.0, le=1440.0)
+    """The knowledge process (torch, the embedding model, Chroma: ~600 MB) stops after this long
+    with nothing asked of it, and starts again on the next use; 0 keeps it until the app closes."""
 
     @property
     def kv_cache_max_bytes(self) -> int:

@@ -29,6 +29,7 @@ from rag.citations import CitedPassages, ContextBlock, build_context_block, cite
 from rag.embeddings import Embedder, SentenceTransformerEmbedder, default_embedder_path, model_id_for
 from rag.errors import KnowledgeBaseError
 from rag.ingest import Chunker, Ingestor, IngestProgress, IngestReport, Parser
+from rag.layout import CHROMA_FOLDER, REGISTRY_FILE
 from rag.registry import DocumentRecord, KnowledgeBaseInfo, KnowledgeBaseStats, Registry, private_folder
 from rag.retrieval import RRF_K, Passage, Retriever, remove_near_duplicates
 from rag.store import VectorStore
@@ -197,12 +198,6 @@ def _lock_folder(root: Path) -> IO[str] | None:
         handle.close()
         raise KnowledgeBaseError(f"{root}: the knowledge folder is in use by another Glassbox process") from None
     return handle
-
-
-REGISTRY_FILE = "registry.sqlite3"
-"""The document registry (the truth) inside a knowledge folder."""
-CHROMA_FOLDER = "chroma"
-"""The vector index (rebuildable from the registry) inside a knowledge folder."""
 
 
 class KnowledgeBases:

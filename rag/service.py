@@ -10,7 +10,11 @@ caller's ``cancel`` and ``pause`` events are watched by the calling thread and f
 child as messages. Results and errors are the same objects as in-process (dataclasses,
 ``RagError`` subclasses); an error that cannot cross the pipe becomes a one-line
 :class:`KnowledgeBaseError`. When the child dies (out of memory, a native crash) every waiting
-call fails with one line that says so, and the next call starts a new child.
+call fails with one line that says so, and the next call starts a new child. With ``idle_stop_s``
+the child is stopped once no call has been waiting for that long (the app's knowledge process holds
+torch, the embedding model and Chroma, ~600 MB, for nothing between uses); the next call starts it
+again, which costs one load of the embedding model and the store
+(``tests/bench/bench_knowledge_process.py`` measures it).
 
 :class:`LocalService` answers the same calls in this process (the command line, tests that share
 one loaded embedder). :func:`dispatch` is the one table of what may be called, used by both.
@@ -186,17 +190,29 @@ class KnowledgeService:
         root: the knowledge folder.
         embedder_path: the embedding model folder of new knowledge bases (None: the bundled one).
         chroma_url: a Chroma server to keep the vectors on.
+        idle_stop_s: stop the child after this many seconds with no call waiting (None or 0:
+            keep it until :meth:`close`). It may be changed while the service runs.
 
-    The child is started on the first call and stopped by :meth:`close`; it also exits when
-    this process goes away (its end of the pipe closes).
+    The child is started on the first call and stopped by :meth:`close` (or when idle); it also
+    exits when this process goes away (its end of the pipe closes).
     """
 
-    def __init__(self, root: Path, embedder_path: Path | None = None, chroma_url: str | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        embedder_path: Path | None = None,
+        chroma_url: str | None = None,
+        *,
+        idle_stop_s: float | None = None,
+    ) -> None:
         self.root = root
         self.embedder_path = embedder_path
         self.chroma_url = chroma_url
         self._ctx = multiprocessing.get_context("spawn")
-        self._lock = threading.Lock()  # guards the child and the pending table
+        # The child's lifetime: held while one starts or an idle one stops, so that a call never
+        # starts a second child while the first still holds the knowledge folder's lock.
+        self._life = threading.Lock()
+        self._lock = threading.Lock()  # guards the child, the pending table and the idle timer
         self._send_lock = threading.Lock()
         self._conn: Connection | None = None
         self._proc: Any = None
@@ -204,6 +220,11 @@ class KnowledgeService:
         self._ids = itertools.count(1)
         self._closed = False
         self.starts = 0  # how many children were started (a test sees a restart)
+        self.idle_stops = 0  # how many were stopped for being idle
+        self.idle_stop_s = idle_stop_s
+        self._last_done = time.monotonic()
+        self._idle_timer: threading.Timer | None = None
+        self._retiring: Any = None  # the child an idle stop is ending
 
     @property
     def pid(self) -> int | None:
@@ -212,7 +233,7 @@ class KnowledgeService:
         return int(proc.pid) if proc is not None and proc.is_alive() else None
 
     def _child(self) -> Connection:
-        with self._lock:
+        with self._life, self._lock:
             if self._closed:
                 raise KnowledgeBaseError(f"{self.root}: the knowledge service is closed")
             if self._conn is not None and self._proc is not None and self._proc.is_alive():
@@ -272,7 +293,9 @@ class KnowledgeService:
             else:
                 pending.error = payload
             pending.done.set()
-        if not self._closed:  # else close() joins it: two threads waiting on one child race for its status
+        # close() or an idle stop joins a child it ends: two threads waiting on one child race for
+        # its status, and the loser would take the reaped child for a live one.
+        if not self._closed and proc is not self._retiring:
             proc.join(timeout=2)
         code = proc.exitcode
         with self._lock:
@@ -328,20 +351,51 @@ class KnowledgeService:
         finally:
             with self._lock:
                 self._pending.pop(call_id, None)
+                idle = not self._pending
+                self._last_done = time.monotonic()
+            if idle:
+                self._arm_idle_stop()
         if pending.error is not None:
             raise pending.error
         return pending.result
 
-    def query_many(self, names: Sequence[str], text: str, *, k: int = 5) -> list[Any]:
-        """``KnowledgeBases.query_many`` in the child (a ``rag.knowledge.Searcher``)."""
-        return list(self.call("query_many", list(names), text, k=k))
-
-    def close(self) -> None:
-        """Asks the child to finish (running jobs are cancelled) and waits for it; kills it if it
-        does not exit in time."""
+    # ------------------------------------------------------------------ stopping when idle
+    def _arm_idle_stop(self) -> None:
+        """(Re)starts the timer that stops an idle child (the last waiting call just returned)."""
+        delay = self.idle_stop_s
+        if not delay or delay <= 0 or self._closed:
+            return
+        timer = threading.Timer(delay, self._stop_if_idle)
+        timer.daemon = True
+        timer.name = "glassbox-knowledge-idle"
         with self._lock:
-            self._closed = True
-            conn, proc = self._conn, self._proc
+            old, self._idle_timer = self._idle_timer, timer
+        if old is not None:
+            old.cancel()
+        timer.start()
+
+    def _stop_if_idle(self) -> None:
+        """Stops the child if no call is waiting and none returned for ``idle_stop_s``."""
+        delay = self.idle_stop_s
+        if not delay or delay <= 0:
+            return
+        with self._life:
+            with self._lock:
+                quiet = time.monotonic() - self._last_done
+                if self._closed or self._pending or self._proc is None or quiet < delay * 0.99:
+                    return
+                conn, proc = self._conn, self._proc
+                self._retiring = proc
+            log.info("the knowledge process was idle for %.0f s; stopping it", quiet)
+            self._stop_child(conn, proc)
+            with self._lock:
+                if self._proc is proc:
+                    self._conn, self._proc = None, None
+                self._retiring = None
+                self.idle_stops += 1
+
+    def _stop_child(self, conn: Connection | None, proc: Any) -> None:
+        """Asks the child to finish and waits for it; kills it if it does not exit in time."""
         if conn is None or proc is None:
             return
         try:
@@ -354,6 +408,22 @@ class KnowledgeService:
             log.warning("the knowledge process did not stop in %.0f s; killing it", _CLOSE_TIMEOUT_S)
             proc.kill()
             proc.join(2)
+
+    def query_many(self, names: Sequence[str], text: str, *, k: int = 5) -> list[Any]:
+        """``KnowledgeBases.query_many`` in the child (a ``rag.knowledge.Searcher``)."""
+        return list(self.call("query_many", list(names), text, k=k))
+
+    def close(self) -> None:
+        """Asks the child to finish (running jobs are cancelled) and waits for it; kills it if it
+        does not exit in time."""
+        with self._lock:
+            self._closed = True
+            conn, proc = self._conn, self._proc
+            timer, self._idle_timer = self._idle_timer, None
+        if timer is not None:
+            timer.cancel()
+        with self._life:  # an idle stop under way finishes first
+            self._stop_child(conn, proc)
 
     def __enter__(self) -> KnowledgeService:
         return self

@@ -154,7 +154,9 @@ class MainWindow(QMainWindow):
         paths, settings = self.paths, self.settings
         self.history = HistoryService(paths.history_db, history_factory)
         embedder = Path(settings.embedding_model) if settings.embedding_model else None
-        self.knowledge = KnowledgeAdapter(paths.knowledge, embedder, kb_factory, parent=self)
+        self.knowledge = KnowledgeAdapter(
+            paths.knowledge, embedder, kb_factory, parent=self, idle_stop_s=settings.knowledge_idle_minutes * 60
+        )
         folder = settings.models_folder(paths.models)
         self.models_adapter = ModelsAdapter(
             folder, Paths.manifest_of(folder), paths.model_folders, parent=self,
@@ -371,6 +373,7 @@ class MainWindow(QMainWindow):
         self.settings = dialog.result_settings()
         self.store.save()
         self.api_server.apply_settings()
+        self.knowledge.set_idle_stop(self.settings.knowledge_idle_minutes * 60)
         if self.settings.theme != old.theme:
             self.colors = resolve_theme(self.settings.theme)
             self.apply_colors()

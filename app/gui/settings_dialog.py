@@ -185,6 +185,18 @@ class SettingsDialog(QDialog):
         self.embedder.setPlaceholderText("default: the bundled all-MiniLM-L6-v2")
         form.addRow("Embedding model folder:", self.embedder)
 
+        self.knowledge_idle = QSpinBox()
+        self.knowledge_idle.setRange(0, 1440)
+        self.knowledge_idle.setSuffix(" min idle")
+        self.knowledge_idle.setSpecialValueText("never")
+        self.knowledge_idle.setValue(round(settings.knowledge_idle_minutes))
+        self.knowledge_idle.setAccessibleName("Stop the document search process after")
+        self.knowledge_idle.setToolTip(
+            "The documents' search (the embedding model and the index, about 600 MB) runs in a process of "
+            "its own; it stops after this long unused and starts again, in a few seconds, when needed"
+        )
+        form.addRow("Stop document search after:", self.knowledge_idle)
+
         self.theme = QComboBox()
         for label, value in (("Follow the system", "system"), ("Light", "light"), ("Dark", "dark")):
             self.theme.addItem(label, value)
@@ -293,6 +305,7 @@ class SettingsDialog(QDialog):
                 "overflow_policy": self.overflow.currentData(),
                 "default_system_prompt": self.system_prompt.toPlainText().strip(),
                 "embedding_model": self.embedder.text().strip(),
+                "knowledge_idle_minutes": float(self.knowledge_idle.value()),
                 "theme": self.theme.currentData(),
                 "auto_load_model": self.auto_load.isChecked(),
                 "api_server_enabled": self.server_enabled.isChecked(),

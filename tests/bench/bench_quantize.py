@@ -8,7 +8,7 @@ Glassbox's side pays for everything a user gets: header validation, the free-spa
 process (forked from multiprocessing's fork server on POSIX; the server itself starts on the first
 call, which is one of the timed runs) that loads the llama.cpp bindings, stderr piped back and
 parsed per tensor, the result re-validated, fsync and rename. The raw side is one in-process call with
-llama-cpp-python already imported. Runs alternate (ours, raw, ours, ...); the printed ratio is
+llama-cpp-python already imported. Runs alternate (ours then raw, raw then ours, ...); the printed ratio is
 median raw time / median Glassbox time (throughput ratio). Budget (issue 3): >= 0.95.
 """
 
@@ -64,18 +64,27 @@ def test_quantize_vs_raw(tmp_path: Path) -> None:
     ours: list[float] = []
     raw: list[float] = []
     tensors = 0
-    for i in range(RUNS):
+    sizes: dict[str, int] = {}
+
+    def glassbox(i: int) -> None:
         dst = tmp_path / f"ours-{i}.gguf"
         os.sync()  # each run starts with no dirty pages left by the other side's output
         started = time.perf_counter()
-        result = quantize_model(src, dst, qt.name, threads=THREADS)
+        sizes["ours"] = quantize_model(src, dst, qt.name, threads=THREADS).dst_bytes
         ours.append(time.perf_counter() - started)
         dst.unlink()
+
+    def raw_call(i: int) -> None:
         raw_dst = tmp_path / f"raw-{i}.gguf"
         os.sync()
         raw.append(_raw_quantize(src, raw_dst, qt.ftype))
-        assert abs(raw_dst.stat().st_size - result.dst_bytes) < 4096
+        sizes["raw"] = raw_dst.stat().st_size
         raw_dst.unlink()
+
+    for i in range(RUNS):  # alternate which side goes first
+        for run in (glassbox, raw_call) if i % 2 == 0 else (raw_call, glassbox):
+            run(i)
+        assert abs(sizes["raw"] - sizes["ours"]) < 4096
         tensors = 9 * LAYERS + 3
     ratio = statistics.median(raw) / statistics.median(ours)
     size_mb = src.stat().st_size / 1e6
@@ -94,4 +103,3 @@ def test_quantize_vs_raw(tmp_path: Path) -> None:
         at_least=0.95,
         detail=f"{medians['ours_s']:.2f} vs {medians['raw_s']:.2f} s",
     )
-    assert ratio >= 0.95, f"quantization throughput ratio {ratio:.3f} < 0.95"

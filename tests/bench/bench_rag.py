@@ -8,7 +8,7 @@ Run: ``make bench`` or ``python -m pytest tests/bench/bench_rag.py -s``.
 * query latency at 50,000 chunks: the full hybrid path (query embedding, Chroma, FTS5 BM25, RRF,
   near-duplicate removal, registry lookups); the stored vectors are random unit vectors to save
   time, the texts are synthetic; budget p95 <= 50 ms.
-* recall@5 on ``resources/retrieval`` (a CC0 text written for this, 20 questions).
+* recall@5 on ``resources/retrieval`` (a CC0 text written for this, 20 questions); budget >= 0.8.
 """
 
 from __future__ import annotations
@@ -170,7 +170,6 @@ def test_query_latency_at_50k_chunks(tmp_path: Path, minilm: SentenceTransformer
     )
     print(json.dumps({"chunks": n_chunks, "p50_ms": round(p50, 1), "p95_ms": round(p95, 1)}))
     record("query p95 at 50k chunks", p95, unit="ms", at_most=50, detail=f"p50 {p50:.1f} ms, {n_chunks} chunks")
-    assert p95 <= 50, f"query p95 {p95:.1f} ms > 50 ms"
 
 
 @pytest.mark.parametrize("chunk_tokens", [None, 96])
@@ -205,4 +204,6 @@ def test_recall_at_5(tmp_path: Path, minilm: SentenceTransformerEmbedder, chunk_
     print(
         json.dumps({"chunk_tokens": chunk_tokens, "chunks": n_chunks, "recall_at_1": at1 / n, "recall_at_5": at5 / n})
     )
-    assert at5 / n >= 0.8
+    name = "recall@5" if chunk_tokens is None else f"recall@5, {chunk_tokens}-token chunks"
+    detail = f"{at5} of {n} questions; recall@1 {at1 / n:.2f}; {n_chunks} chunks"
+    record(name, at5 / n, unit="", at_least=0.8, detail=detail)

@@ -70,4 +70,3 @@ def test_reply_shaping_vs_decoding(starter_model: Path) -> None:
         at_least=BUDGET,
         detail=f"decode {per_token_decode * 1e3:.2f} ms/token, shaping {per_token_shaping * 1e6:.1f} us/token",
     )
-    assert ratio >= BUDGET

@@ -5,9 +5,10 @@ default 5), or ``python tests/bench/bench_startup.py``.
 
 Each run is a fresh Python process (offscreen platform), measured from just before the process is
 spawned until it prints a line after ``show()`` and one event-loop pass. The two sides alternate
-(empty, Glassbox, empty, ...) so machine load affects both alike; medians and their ratio are
-printed. Glassbox starts with a fresh temporary home and no model auto-load (the model loads
-after the window shows, so it does not belong in this number). Budget (ARCHITECTURE.md): <= 1.0 s.
+(empty then Glassbox, Glassbox then empty, ...) so machine load affects both alike; medians and
+their ratio are printed. Glassbox starts with a fresh temporary home and no model auto-load (the
+model loads after the window shows, so it does not belong in this number). Budgets
+(ARCHITECTURE.md): the window shown within 2x the empty window's time, and <= 1.0 s.
 """
 
 from __future__ import annotations
@@ -76,8 +77,10 @@ def measure(runs: int = RUNS) -> dict[str, float]:
         time_to_shown(EMPTY)  # warm the OS file cache for both sides
         time_to_shown(GLASSBOX, str(Path(tmp) / "warm"))
         for i in range(runs):
-            empty.append(time_to_shown(EMPTY))
-            ours.append(time_to_shown(GLASSBOX, str(Path(tmp) / f"home{i}")))
+            pair = [lambda: empty.append(time_to_shown(EMPTY)),
+                    lambda i=i: ours.append(time_to_shown(GLASSBOX, str(Path(tmp) / f"home{i}")))]  # fmt: skip
+            for run in pair if i % 2 == 0 else reversed(pair):
+                run()
     result = {
         "empty_median_s": statistics.median(empty),
         "glassbox_median_s": statistics.median(ours),
@@ -96,21 +99,22 @@ def report(result: dict[str, float]) -> str:
 def test_startup_time() -> None:
     result = measure()
     print(report(result))
-    from tests.bench.results import record
+    from tests.bench.results import budgets, record
 
-    record(
-        "window vs bare Qt: start-up",
-        result["ratio"],
-        detail=f"{result['glassbox_median_s']:.3f} vs {result['empty_median_s']:.3f} s",
-    )
-    record(
-        "main window shown",
-        result["glassbox_median_s"],
-        unit="s",
-        at_most=1.0,
-        detail=f"median of {RUNS}, fresh home, no model",
-    )
-    assert result["glassbox_median_s"] < 3.0  # budget 1.0 s on a normal machine; generous on shared CI
+    with budgets():
+        record(
+            "window vs bare Qt: start-up",
+            result["ratio"],
+            at_most=2.0,
+            detail=f"{result['glassbox_median_s']:.3f} vs {result['empty_median_s']:.3f} s, median of {RUNS}",
+        )
+        record(
+            "main window shown",
+            result["glassbox_median_s"],
+            unit="s",
+            at_most=1.0,
+            detail=f"median of {RUNS}, fresh home, no model",
+        )
 
 
 if __name__ == "__main__":

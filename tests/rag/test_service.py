@@ -137,3 +137,65 @@ def test_the_caller_never_imports_torch_or_chromadb(tmp_path: Path, embedder_pat
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "heavy: []" in done.stdout
+
+
+def _wait_for(condition: object, seconds: float = 60.0) -> None:
+    """Waits for ``condition()`` (a deadline against a hang, not a timing assertion)."""
+    deadline = time.monotonic() + seconds
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_an_idle_child_is_stopped_with_its_parser_and_the_next_call_starts_another(
+    tmp_path: Path, embedder_path: Path
+) -> None:
+    import psutil
+
+    docs = _docs(tmp_path / "docs", 4)
+    with KnowledgeService(tmp_path / "knowledge", embedder_path, idle_stop_s=0.5) as service:
+        service.call("create", "docs")
+        service.call("add", "docs", [docs])  # starts the parser child too
+        before = service.query_many(["docs"], "When does the train leave?", k=2)
+        pid = service.pid
+        assert pid is not None
+        family = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+        assert len(family) >= 2, "the parser child was not started"
+        proc = service._proc
+        _wait_for(lambda: service.idle_stops == 1)
+        assert service.pid is None
+        assert proc.exitcode == 0  # it finished by itself, it was not killed
+        _wait_for(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in family))
+        # The next call starts a new child, which answers as the first did.
+        after = service.query_many(["docs"], "When does the train leave?", k=2)
+        assert [p.text for p in after] == [p.text for p in before]
+        assert service.starts == 2 and service.pid not in (None, pid)
+
+
+def test_a_waiting_call_keeps_the_child_even_when_it_takes_longer_than_the_idle_time(
+    tmp_path: Path, embedder_path: Path
+) -> None:
+    docs = _docs(tmp_path / "docs", 3)
+    pause = threading.Event()
+    seen: list[object] = []
+
+    def progress(update: object) -> None:
+        if not seen:
+            pause.set()  # the job waits, paused, far longer than the idle time
+        seen.append(update)
+
+    with KnowledgeService(tmp_path / "knowledge", embedder_path, idle_stop_s=0.2) as service:
+        service.call("create", "docs")
+        results: list[object] = []
+        job = threading.Thread(target=lambda: results.append(service.call("add", "docs", [docs], progress=progress,
+                                                                           pause=pause)))  # fmt: skip
+        job.start()
+        _wait_for(lambda: bool(seen))
+        pid = service.pid
+        time.sleep(1.5)  # seven idle times: nothing may stop a child a call waits on
+        assert service.pid == pid and service.idle_stops == 0
+        pause.clear()
+        job.join(120)
+        assert results and getattr(results[0], "indexed", None) == 3
+        _wait_for(lambda: service.idle_stops == 1)  # and once the call returned, it goes
+        assert service.starts == 1

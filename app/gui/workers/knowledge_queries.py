@@ -44,6 +44,8 @@ class KnowledgeQueries(QObject):
         embedder_path: the embedding model folder (None: the bundled one).
         kb_factory: builds the KnowledgeBases in this process (tests share a loaded embedder);
             None runs them in a worker process.
+        idle_stop_s: the worker process stops after this many seconds with no call waiting
+            (Settings' ``knowledge_idle_minutes``; None or 0: it runs until the app closes).
 
     Signals:
         kbs_changed(object): list of ``rag.knowledge.KnowledgeBaseSummary``.
@@ -78,11 +80,13 @@ class KnowledgeQueries(QObject):
         embedder_path: Path | None = None,
         kb_factory: Callable[[], object] | None = None,
         parent: QObject | None = None,
+        *,
+        idle_stop_s: float | None = None,
     ) -> None:
         super().__init__(parent)
         self.root = root
         self.embedder_path = embedder_path
-        self.service: Service = self._make_service(kb_factory)
+        self.service: Service = self._make_service(kb_factory, idle_stop_s)
         self.names: list[str] = []  # the knowledge bases as last listed
         self._index = SerialExecutor("glassbox-index")
         self._query = SerialExecutor("glassbox-kb-query")
@@ -99,12 +103,19 @@ class KnowledgeQueries(QObject):
         """True once :meth:`shutdown` ran (nothing new is submitted)."""
         return self._closed
 
-    def _make_service(self, kb_factory: Callable[[], object] | None) -> Service:
+    def _make_service(self, kb_factory: Callable[[], object] | None, idle_stop_s: float | None) -> Service:
         from rag.service import KnowledgeService, LocalService
 
         if kb_factory is not None:
             return LocalService(kb_factory)
-        return KnowledgeService(self.root, self.embedder_path)
+        return KnowledgeService(self.root, self.embedder_path, idle_stop_s=idle_stop_s)
+
+    def set_idle_stop(self, seconds: float | None) -> None:
+        """How long the knowledge process may stay idle before it stops (None or 0: never)."""
+        from rag.service import KnowledgeService
+
+        if isinstance(self.service, KnowledgeService):
+            self.service.idle_stop_s = seconds
 
     def call(self, method: str, *args: object, **kwargs: Any) -> Any:
         """Runs one ``rag.service`` call (blocks: call from a worker thread only)."""
@@ -140,7 +151,7 @@ class KnowledgeQueries(QObject):
         starting the knowledge process, else by a full :meth:`refresh`."""
 
         def names() -> list[str] | None:
-            from rag.knowledge import REGISTRY_FILE
+            from rag.layout import REGISTRY_FILE
             from rag.registry import Registry
 
             return Registry.kb_names(self.root / REGISTRY_FILE)

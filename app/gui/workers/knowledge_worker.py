@@ -58,6 +58,7 @@ class KnowledgeAdapter(KnowledgeQueries):
         kb_factory: builds the KnowledgeBases in this process (tests share a loaded embedder);
             None runs them in a worker process.
         check_at_start: run :meth:`check_store` once the event loop runs (the app's start-up).
+        idle_stop_s: stop the worker process after this many seconds idle (None or 0: never).
     """
 
     def __init__(
@@ -68,8 +69,9 @@ class KnowledgeAdapter(KnowledgeQueries):
         parent: QObject | None = None,
         *,
         check_at_start: bool = True,
+        idle_stop_s: float | None = None,
     ) -> None:
-        super().__init__(root, embedder_path, kb_factory, parent)
+        super().__init__(root, embedder_path, kb_factory, parent, idle_stop_s=idle_stop_s)
         if check_at_start:
             QTimer.singleShot(0, self.check_store)
 
@@ -80,7 +82,7 @@ class KnowledgeAdapter(KnowledgeQueries):
         store in a child); a damaged store emits ``store_recovered`` and is rebuilt as a job, and
         chunks an interrupted run left unembedded are embedded. Does nothing before the first
         knowledge base exists."""
-        from rag.knowledge import CHROMA_FOLDER, REGISTRY_FILE
+        from rag.layout import CHROMA_FOLDER, REGISTRY_FILE
 
         if not (self.root / REGISTRY_FILE).exists():
             return
