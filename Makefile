@@ -64,15 +64,17 @@ lint: $(VENV)/.dev-deps
 test: lint
 	QT_QPA_PLATFORM=offscreen $(PY) -m pytest
 
-# Every benchmark records its ratios (tests/bench/results.py); the summary prints them in one
-# table at the end, and as Markdown (for the README) into build/bench/summary.md.
+# Every benchmark records its figures (tests/bench/results.py, which fails a test on a budget it
+# misses unless that miss is known and names its issue); the summary prints them in one table at
+# the end, and as Markdown (for the README) into build/bench/summary.md. `make bench` fails when a
+# benchmark failed, a budget was missed unexpectedly or an expected figure was not reported.
 BENCH_RESULTS := build/bench/results.jsonl
 bench: $(VENV)/.dev-deps
 	mkdir -p build/bench && rm -f $(BENCH_RESULTS)
 	GLASSBOX_BENCH_RESULTS=$(abspath $(BENCH_RESULTS)) QT_QPA_PLATFORM=offscreen \
 		$(PY) -m pytest tests/bench/bench_*.py -s -p no:cacheprovider; status=$$?; \
-		$(PY) tests/bench/summary.py $(BENCH_RESULTS); \
-		$(PY) tests/bench/summary.py --markdown $(BENCH_RESULTS) > build/bench/summary.md; exit $$status
+		$(PY) tests/bench/summary.py $(BENCH_RESULTS) || status=1; \
+		$(PY) tests/bench/summary.py --markdown $(BENCH_RESULTS) > build/bench/summary.md || true; exit $$status
 
 # The frozen one-folder app (PyInstaller), its --self-test, then .tar.gz/.deb on Linux.
 installer: $(VENV)/.dev-deps
