@@ -250,7 +250,13 @@ class QuantizeDialog(QDialog):
     def _set_running(self, running: bool) -> None:
         for widget in (self.table, self.requantize_check, self.quality_check):
             widget.setEnabled(not running)
-        self.progress.setVisible(True)
+        if running:
+            self.progress.setVisible(True)
+        elif self.progress.maximum() == 0:
+            # A job that ended before it reported a step (a Cancel, a failure): no busy bar left.
+            self.progress.setRange(0, 1)
+            self.progress.setValue(0)
+            self.progress.setVisible(False)
         self.cancel_button.setText("Cancel" if running else "Close")
         self.cancel_button.setEnabled(True)
         self._update_start()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,8 @@ from engine.errors import Cancelled, EngineError, ModelLoadError
 
 MAX_TEXT_CHARS = 200_000
 _BATCH = 64
+_PROGRESS = "\x1eglassbox-perplexity "
+"""How the child says how far it got: a line ``<mark>SCORED TOTAL`` on its output, read by the parent."""
 
 
 @dataclass(frozen=True)
@@ -136,6 +139,7 @@ def _score(native: Any, ctx: Any, vocab: Any, batch: Any, tokens: list[int], n_c
             for term in _score_batch(native, ctx, vocab, batch, window, b0, first):
                 nll += term  # one token at a time, in order: the sum is the same to the last bit
                 scored += 1
+            os.write(1, f"{_PROGRESS}{scored} {len(tokens) - 1}\n".encode())  # the parent's progress
         done_upto = end - 1
         start = max(end - half, 0)
     return nll, scored
@@ -181,6 +185,7 @@ def perplexity(
     *,
     cancel: threading.Event | None = None,
     timeout: float = 1800.0,
+    on_progress: Callable[[int, int], None] | None = None,
 ) -> float:
     """Perplexity of the GGUF ``model_path`` on ``text`` (lower is better).
 
@@ -191,6 +196,8 @@ def perplexity(
         threads: CPU threads; None means one per physical core.
         cancel: set it to stop (the child is terminated).
         timeout: seconds before the child is killed.
+        on_progress: called with ``(tokens scored, tokens to score)`` as the child goes (after
+            each batch of :data:`_BATCH` tokens), in the calling thread.
 
     Raises:
         ModelLoadError: llama.cpp could not load the model.
@@ -206,9 +213,20 @@ def perplexity(
         raise EngineError(f"the perplexity text is {len(text)} characters; the limit is {MAX_TEXT_CHARS}")
     if not model_path.is_file():
         raise ModelLoadError(f"{model_path}: no such file")
+
+    def on_line(line: str) -> None:
+        if on_progress is not None and line.startswith(_PROGRESS):
+            scored, _, total = line[len(_PROGRESS) :].partition(" ")
+            if scored.isdigit() and total.strip().isdigit():
+                on_progress(int(scored), int(total))
+
     try:
         outcome = run_logged_child(
-            _perplexity_child, (str(model_path), text, n_ctx, threads or 0), cancel=cancel, timeout=timeout
+            _perplexity_child,
+            (str(model_path), text, n_ctx, threads or 0),
+            on_line=on_line,
+            cancel=cancel,
+            timeout=timeout,
         )
     except TimeoutError:
         raise EngineError(f"{model_path}: perplexity took longer than {timeout:g} s and was stopped") from None

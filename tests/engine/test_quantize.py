@@ -268,6 +268,19 @@ def test_perplexity_and_quality_check(tiny_f32: Path, tiny_q8: Path) -> None:
     assert re.fullmatch(r"Q8_0: \d+\.\dx smaller, perplexity [+-]\d+\.\d%", report.summary())
 
 
+@pytest.mark.model
+def test_perplexity_reports_its_progress_as_it_scores(tiny_f32: Path) -> None:
+    """The quality check's bar moves with the tokens scored (issue 28: it sat at 0% for ~50 s)."""
+    seen: list[tuple[int, int]] = []
+    ppl = perplexity(tiny_f32, TEXT, n_ctx=128, threads=1, on_progress=lambda done, total: seen.append((done, total)))
+    assert math.isfinite(ppl)
+    totals = {total for _done, total in seen}
+    assert len(totals) == 1 and len(seen) >= 3  # one per batch of 64 tokens
+    (total,) = totals
+    done = [d for d, _t in seen]
+    assert done == sorted(done) and done[-1] == total and done[0] < total
+
+
 def test_quality_report_summary_format() -> None:
     report = QualityReport("Q4_K_M", 3.62, 10.0, 10.41)
     assert report.summary() == "Q4_K_M: 3.6x smaller, perplexity +4.1%"

@@ -42,6 +42,8 @@ class JobChanges(TypedDict, total=False):
 
 PROGRESS_INTERVAL_S = 0.2
 QUALITY_STEPS = ("the source", "the result")
+QUALITY_UNITS = 1000
+"""A quality check's progress is in thousandths of each step (the tokens scored of each model)."""
 
 
 class _Throttle:
@@ -203,25 +205,31 @@ class ModelJobsAdapter(QObject):
 
         The last snapshot's ``result`` is the ``engine.convert.perplexity.QualityReport``; Cancel kills the child.
         """
-        run = self._start(f"quality:{result}", f"Quality check {result.name}", "quality", total=len(QUALITY_STEPS))
+        steps = len(QUALITY_STEPS)
+        run = self._start(f"quality:{result}", f"Quality check {result.name}", "quality", total=steps * QUALITY_UNITS)
+        last: dict[str, float] = {"at": 0.0, "scored": -1.0}
 
-        def step(index: int) -> None:
-            self._post(
-                run,
-                state="measuring",
-                done=index,
-                message=f"Step {index + 1} of {len(QUALITY_STEPS)}: perplexity of {QUALITY_STEPS[index]}",
-            )
+        def progress(index: int, scored: int, total: int) -> None:
+            """Step ``index`` scored ``scored`` of ``total`` tokens: the bar moves with them (at
+            most ~10 updates a second), not only when a step ends."""
+            now = time.monotonic()
+            if last["scored"] > 0 and 0 < scored < total and now - last["at"] < 0.1:
+                return  # a batch's report within 0.1 s of the step's last one
+            last["at"], last["scored"] = now, float(scored)
+            share = scored * QUALITY_UNITS // total if total else 0
+            what = f"Step {index + 1} of {steps}: perplexity of {QUALITY_STEPS[index]}"
+            message = f"{what} · {scored:,} of {total:,} tokens" if total else what
+            self._post(run, state="measuring", done=index * QUALITY_UNITS + share, message=message)
 
         def work() -> QualityReport:
             from app.paths import resource_path
             from engine.convert.perplexity import QualityReport, perplexity
 
             text = resource_path("perplexity.txt").read_text(encoding="utf-8")
-            step(0)
-            before = perplexity(source, text, 256, cancel=run.cancel)
-            step(1)
-            after = perplexity(result, text, 256, cancel=run.cancel)
+            progress(0, 0, 0)
+            before = perplexity(source, text, 256, cancel=run.cancel, on_progress=lambda s, t: progress(0, s, t))
+            progress(1, 0, 0)
+            after = perplexity(result, text, 256, cancel=run.cancel, on_progress=lambda s, t: progress(1, s, t))
             ratio = source.stat().st_size / max(result.stat().st_size, 1)
             return QualityReport(qtype=qtype, size_ratio=ratio, source_perplexity=before, result_perplexity=after)
 

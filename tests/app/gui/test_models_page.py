@@ -308,8 +308,9 @@ def test_the_quality_check_shows_progress_and_cancels(
         adapter.library.scan()
     started = threading.Event()
 
-    def slow_perplexity(path: Path, text: str, n_ctx: int, threads: Any = None, *, cancel: Any, **_kw: Any) -> float:
+    def slow_perplexity(path: Path, text: str, n_ctx: int, threads: Any = None, *, cancel: Any, **kw: Any) -> float:
         assert text.strip()
+        kw["on_progress"](100, 400)  # a quarter of the source's tokens scored
         started.set()
         if not cancel.wait(30):
             raise AssertionError("never cancelled")
@@ -321,8 +322,11 @@ def test_the_quality_check_shows_progress_and_cancels(
     panel.quality_button.click()
     dialog = panel.dialog
     qtbot.waitUntil(started.is_set, timeout=10000)
-    qtbot.waitUntil(lambda: dialog.status.text().startswith("Step 1 of 2"), timeout=5000)
-    assert dialog.progress.isVisible() and dialog.progress.maximum() == 2
+    qtbot.waitUntil(lambda: "100 of 400 tokens" in dialog.status.text(), timeout=5000)
+    assert dialog.status.text().startswith("Step 1 of 2")
+    # Real progress: a quarter of step 1 of 2 is an eighth of the bar (it sat at 0% until a step ended).
+    assert dialog.progress.isVisible() and dialog.progress.maximum() == 2000
+    assert dialog.progress.value() == 250
     dialog.cancel_button.click()
     assert dialog.isVisible() and dialog.status.text() == "Cancelling…"
     qtbot.waitUntil(lambda: dialog.transfer.state == "cancelled", timeout=10000)
@@ -333,6 +337,32 @@ def test_the_quality_check_shows_progress_and_cancels(
     dialog.start_button.click()
     qtbot.waitUntil(lambda: dialog.transfer.state == "done", timeout=10000)
     assert "perplexity +10.0%" in dialog.status.text()
+    dialog.reject()
+
+
+def test_cancel_before_the_first_tensor_leaves_no_busy_bar(
+    qtbot: Any, open_panel: Any, paths: Paths, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 28: after Cancel the bar kept its busy animation."""
+    write_tiny_llama_gguf(paths.models / "tiny-F16.gguf", dtype="F16")
+    _adapter, _panel, dialog = _dialog(qtbot, open_panel, "tiny-F16.gguf")
+    started = threading.Event()
+
+    def slow(*_a: Any, cancel: Any = None, **_k: Any) -> None:
+        started.set()
+        if not cancel.wait(30):
+            raise AssertionError("never cancelled")
+        raise Cancelled("tiny-F16.gguf: quantization cancelled")
+
+    monkeypatch.setattr("engine.convert.quantize.quantize_model", slow)
+    dialog.start_button.click()
+    qtbot.waitUntil(started.is_set, timeout=10000)
+    assert dialog.progress.maximum() == 0  # busy: no tensor reported yet
+    dialog.cancel_button.click()
+    qtbot.waitUntil(lambda: dialog.transfer.state == "cancelled", timeout=10000)
+    assert dialog.progress.maximum() != 0 or not dialog.progress.isVisible()  # no busy animation left
+    assert not dialog.progress.isVisible()
+    assert dialog.start_button.text() == "Retry" and dialog.cancel_button.text() == "Close"
     dialog.reject()
 
 
