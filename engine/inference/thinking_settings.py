@@ -23,10 +23,13 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from engine.errors import EngineError
 from engine.inference.reasoning import EFFORTS
+
+if TYPE_CHECKING:
+    from engine.inference.templates import ChatTemplate
 
 OFF_VALUES = ("none", "no_think", "off", "disabled")
 """Effort values that mean no thinking at all."""
@@ -103,6 +106,11 @@ def thinking_controls_of(names: Collection[str], switches: Sequence[Switch]) -> 
     if _effort_switch(names, switches) is not None:
         found.add("reasoning_effort")
     return frozenset(found)
+
+
+def template_controls(template: ChatTemplate) -> frozenset[str]:
+    """What a front end may offer for a loaded model's template (:func:`thinking_controls_of`)."""
+    return thinking_controls_of(template.thinking, ())
 
 
 def thinking_settings(

@@ -6,11 +6,17 @@ strings it compares it with), for the templates llama.cpp publishes."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
 from engine.errors import EngineError
-from engine.inference.thinking_settings import ThinkingSettings, thinking_controls_of, thinking_settings
+from engine.inference.thinking_settings import (
+    ThinkingSettings,
+    template_controls,
+    thinking_controls_of,
+    thinking_settings,
+)
 
 
 @dataclass(frozen=True)
@@ -93,3 +99,17 @@ def test_switches_known_by_name_only() -> None:
     assert thinking_settings(names, (), thinking=True, reasoning_effort="medium") == ThinkingSettings(
         enable_thinking=True, reasoning_effort="medium"
     )
+
+
+def test_a_loaded_templates_controls(llama_cpp_source: Path) -> None:
+    from engine.inference.templates import select_template
+
+    folder = llama_cpp_source / "models" / "templates"
+    qwen3 = select_template((folder / "Qwen-Qwen3-0.6B.jinja").read_text(encoding="utf-8"), "qwen3", "", "")
+    assert template_controls(qwen3) == {"enable_thinking"}
+    oss = select_template((folder / "openai-gpt-oss-120b.jinja").read_text(encoding="utf-8"), "gpt-oss", "", "")
+    assert template_controls(oss) == {"reasoning_effort"}
+    llama = select_template(
+        (folder / "meta-llama-Llama-3.1-8B-Instruct.jinja").read_text(encoding="utf-8"), "llama", "", ""
+    )
+    assert template_controls(llama) == frozenset()

@@ -109,7 +109,10 @@ class LlmWorker(QObject):
         load_ms = (time.perf_counter() - started) * 1000
         label = request.label or request.model_path.name
         note = getattr(session, "backend_note", None)
-        controls = tuple(sorted(getattr(getattr(session, "template", None), "thinking", None) or ()))
+        from engine.inference.thinking_settings import template_controls
+
+        template = getattr(session, "template", None)  # a remote server's template is its own business
+        controls = tuple(sorted(template_controls(template))) if template is not None else ()
         self.model_loaded.emit(
             LoadedModel(
                 request.model_path,
