@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from PySide6.QtCore import Qt, Signal, Slot
+from PySide6.QtCore import QEvent, Qt, Signal, Slot
 from PySide6.QtGui import QShowEvent
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -88,6 +88,12 @@ class ModelPanel(QWidget):
         adapter.library.library_changed.connect(self._on_adapter_library_changed)
         adapter.library.hardware_ready.connect(self._on_adapter_hardware_ready)
         adapter.library.other_folders_found.connect(self._on_adapter_other_folders_found)
+
+    def changeEvent(self, event: QEvent) -> None:
+        # Another theme: the verdicts' colours are set in code, so the rows are filled again.
+        super().changeEvent(event)
+        if event.type() == QEvent.Type.PaletteChange and self._rows:
+            self._on_adapter_library_changed(self.adapter.library.entries)
 
     def showEvent(self, event: QShowEvent) -> None:
         super().showEvent(event)

@@ -31,6 +31,7 @@ from PySide6.QtWidgets import (
 
 from app.gui.display_text import plain_tooltip, rich, shown
 from app.gui.job_footer import add_job_footer
+from app.gui.theme import ThemeColors, applied_colors
 from app.gui.workers.models_worker import ModelsAdapter
 from app.gui.workers.transfers import JOB_ENDED, Transfer
 from engine.units import format_bytes
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
     from engine.library import LibraryEntry
 
 VERDICT_TEXT = {"gpu": "fits on GPU", "partial": "partial offload", "ram": "fits in RAM", "no": "won't fit"}
-VERDICT_COLOR = {"gpu": "#16a34a", "partial": "#0891b2", "ram": "#4f46e5", "no": "#dc2626"}
+
 UNQUANTIZED = ("F32", "F16", "BF16")
 
 
@@ -60,8 +61,14 @@ def verdict_item(fit: FitEstimate | None) -> QTableWidgetItem:
     if fit is None:
         return table_item("…", "checking this machine")
     item = table_item(f"● {VERDICT_TEXT.get(fit.verdict, fit.verdict)}", fit.message)
-    item.setForeground(QColor(VERDICT_COLOR.get(fit.verdict, "#6b7280")))
+    item.setForeground(QColor(verdict_color(fit.verdict)))
     return item
+
+
+def verdict_color(verdict: str, colors: ThemeColors | None = None) -> str:
+    """The colour of a verdict's text in the theme shown (4.5:1 on the tables' rows)."""
+    colors = colors or applied_colors()
+    return str(getattr(colors, f"fit_{verdict}", colors.muted))
 
 
 def is_quantized(quant: str | None) -> bool:

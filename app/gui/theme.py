@@ -50,6 +50,12 @@ class ThemeColors:
     """Text on the danger colour (the Stop button, the error banner)."""
     focus: str = "#4f46e5"
     """The keyboard focus ring."""
+    # The "will it fit" verdicts (the Models page, Discover, Quantize): text, 4.5:1 on the surface
+    # and on the alternate rows of a table.
+    fit_gpu: str = "#166534"
+    fit_partial: str = "#0e7490"
+    fit_ram: str = "#4f46e5"
+    fit_no: str = "#b91c1c"
 
     @property
     def code(self) -> CodeColors:
@@ -106,7 +112,18 @@ DARK = ThemeColors(
     toast_action="#3730a3",
     danger_text="#111318",
     focus="#a5b4fc",
+    fit_gpu="#4ade80",
+    fit_partial="#22d3ee",
+    fit_ram="#a5b4fc",
+    fit_no="#f87171",
 )
+
+_applied: list[ThemeColors] = [LIGHT]
+
+
+def applied_colors() -> ThemeColors:
+    """The theme the application shows now (:func:`apply_theme`), for colours set in code."""
+    return _applied[0]
 
 
 def resolve_theme(setting: str) -> ThemeColors:
@@ -165,5 +182,6 @@ def apply_theme(app: QApplication, colors: ThemeColors) -> None:
     palette.setColor(role.Link, QColor(colors.accent))
     palette.setColor(QPalette.ColorGroup.Disabled, role.Text, QColor(colors.muted))
     palette.setColor(QPalette.ColorGroup.Disabled, role.ButtonText, QColor(colors.muted))
+    _applied[0] = colors  # first: widgets that set colours in code read it as the palette changes
     app.setPalette(palette)
     app.setStyleSheet(stylesheet(colors))
