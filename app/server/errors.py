@@ -160,9 +160,9 @@ def http_error_for(exc: BaseException) -> HttpError:
     if isinstance(exc, TemplateError):
         # Only a template's own raise_exception(message) is about the conversation; a template
         # that breaks says Python's words, which stay here.
-        from engine.inference.templates import _TemplateRaised
+        from engine.inference.template_sandbox import TemplateRaised
 
-        if isinstance(exc.__cause__, _TemplateRaised):
+        if isinstance(exc.__cause__, TemplateRaised):
             return HttpError(400, str(exc), code="template_error")
         log.warning("the chat template failed: %s", exc)
         return HttpError(400, "the model's chat template could not render this conversation", code="template_error")

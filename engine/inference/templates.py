@@ -1,34 +1,26 @@
-"""Chat templates: the model's own (sandboxed, time-limited Jinja) or a known fallback.
+"""Chat templates: the model's own (sandboxed Jinja) or a known fallback.
 
-A GGUF file may carry a Jinja chat template (``tokenizer.chat_template``). That text comes from
-whoever published the file, so it is untrusted code. It is rendered only in a
-:class:`jinja2.sandbox.ImmutableSandboxedEnvironment` subclass that also enforces a deadline and size
-limits:
+A GGUF file may carry a Jinja chat template (``tokenizer.chat_template``). It is untrusted code,
+rendered only in the guarded sandbox of :mod:`engine.inference.template_sandbox` (transformers'
+dialect, a deadline and size limits). Given the same messages, tools and switches, the prompt is
+the one transformers' ``render_jinja_template`` renders, except for the differences ARCHITECTURE.md
+lists ("Chat templates: where Glassbox differs from the reference");
+tests/engine/test_published_templates.py checks both on every template llama.cpp publishes.
 
-* every attribute access, item access, call, filter, intercepted operator and loop step checks the
-  deadline (loops are guarded by rewriting each ``{% for %}``'s iterable in the parsed template, so
-  even empty nested loops over long strings are stopped);
-* ``range`` is replaced by a lazy, deadline-checked, capped range, and ``lipsum`` is capped;
-* ``*``, ``+`` and ``~`` count the size of what they would build *before* building it, and so do
-  filter and call results, ``{% set %}...{% endset %}`` captures and the output: one value may not
-  exceed the size limit (1M characters or items, plus 4x the conversation's size) and one render
-  may not build more than :data:`ALLOCATION_FACTOR` times that in all;
-* huge powers, format widths of 7+ digits and integer call arguments above :data:`MAX_INT_ARG`
-  (``"x"|center(10**9)``) are refused;
-* attribute access that the sandbox deems unsafe raises at once (Jinja would print an empty
-  Undefined), so a template probing for an escape is rejected rather than half-rendered.
+:func:`select_template` test-renders the GGUF template on a small conversation. A syntax error, a
+sandbox violation, a timeout, an exception or an output that does not contain the messages makes
+it fall back to a format chosen from the template's own markers or, failing that, the
+architecture; :attr:`ChatTemplate.reason` says which and why. Test renders also find the
+template's facts:
 
-Compiling is bounded too, since it runs in the app's own process: a template over
-:data:`MAX_TEMPLATE_BYTES` (real ones are 1-17 KB) is refused before it is parsed, one that parses to
-more than :data:`MAX_TEMPLATE_NODES` nodes before Jinja generates code for it, and one that would make
-Jinja generate more than :data:`MAX_COMPILED_SOURCE` characters of Python before Python compiles it
-(Python's compiler takes about 130 bytes of memory per character: a 1 MiB template made the app
-peak above 1 GB).
-
-:func:`select_template` test-renders the GGUF template once on a small conversation. A syntax
-error, a sandbox violation, a timeout, an exception or an output that does not contain the messages
-makes it fall back to a format chosen from the template's own markers or, failing that, the
-architecture; :attr:`ChatTemplate.reason` says which and why.
+* whether it renders tools natively (the tool list, an earlier call and its result) and how it
+  wants a call's arguments: a dict (the Hugging Face convention), JSON text (functionary v3.2
+  writes ``'\n' + arguments``), or either (it tests ``arguments is string``);
+* whether it needs a tool list even when no tools are offered (the Hermes and Command-R+
+  ``tool_use`` templates iterate ``tools`` unconditionally): it then gets an empty one;
+* the thinking switches it reads (:mod:`engine.inference.template_switches`);
+* the inputs of other conventions it reads: FireFunction's ``functions`` (the tools as JSON text)
+  and ``datetime`` (today's date), which Glassbox fills.
 
 The rendered prompt includes the BOS token text where the format starts with it (as the GGUF
 templates do), so tokenize it with ``special=True`` and without adding another BOS when
@@ -38,27 +30,30 @@ templates do), so tokenize it with ``special=True`` and without adding another B
 from __future__ import annotations
 
 import json
-import re
-import threading
-import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import date
 from typing import Any, Literal
 
 import jinja2
-from jinja2 import nodes
 from jinja2.exceptions import SecurityError
-from jinja2.runtime import LoopContext
-from jinja2.sandbox import ImmutableSandboxedEnvironment
-from jinja2.utils import generate_lorem_ipsum
 
 from engine.errors import TemplateError
-from engine.gguf import MAX_CHAT_TEMPLATE_BYTES
 from engine.inference.harmony import is_harmony
-from engine.inference.reasoning import EFFORTS, detect_thinking, thinking_controls
+from engine.inference.reasoning import EFFORTS, detect_thinking
+from engine.inference.template_sandbox import (
+    MAX_COMPILED_SOURCE,
+    MAX_TEMPLATE_BYTES,
+    MAX_TEMPLATE_NODES,
+    GuardedEnvironment,
+    TemplateRaised,
+    describe,
+    template_size,
+)
+from engine.inference.template_switches import Switch, find_switches
 from engine.inference.tool_calls import Family, detect_family
 from engine.inference.tool_prompt import (
+    ArgumentsForm,
     choice_note,
     fold_tools,
     has_tool_parts,
@@ -69,32 +64,17 @@ from engine.inference.tool_prompt import (
 )
 from engine.inference.tools import ToolSpec
 
-MAX_TEMPLATE_BYTES = MAX_CHAT_TEMPLATE_BYTES
-"""Longest chat template (UTF-8 bytes) that is compiled; a longer one is refused (the GGUF reader keeps
-no longer one either). Real templates are 1-17 KB."""
-
-MAX_TEMPLATE_NODES = 16_384
-"""Most syntax nodes a template may parse to (the largest known template has 1,286): checked before
-Jinja generates code for it, which costs as much again as parsing."""
-
-MAX_COMPILED_SOURCE = 320 << 10
-"""Most Python source (characters) a template may compile to: real templates make under 5 characters
-per template byte (55 KB for the largest known, 17 KB of template), so this admits any such template
-under :data:`MAX_TEMPLATE_BYTES` and bounds what Python's compiler allocates (about 40 MiB)."""
-
-MAX_RANGE = 100_000
-"""Largest ``range()`` a template may create (the same cap as Jinja's own sandbox)."""
-
-MAX_INT_ARG = 1_000_000
-"""Largest integer argument a template may pass to a call or filter (``center(10**9)``...)."""
-
-ALLOCATION_FACTOR = 64
-"""A render may build at most this many times its size limit in all (strings, lists, joins)."""
-
-MIN_SIZE_LIMIT = 1_000_000
-"""Floor of the per-render size limit (characters or items); it grows with the input size."""
-
-_BIG_WIDTH = re.compile(r"\d{7,}")
+__all__ = [
+    "MAX_COMPILED_SOURCE",
+    "MAX_TEMPLATE_BYTES",
+    "MAX_TEMPLATE_NODES",
+    "ChatTemplate",
+    "FallbackName",
+    "Switch",
+    "fallback_template",
+    "guess_format",
+    "select_template",
+]
 
 _SAMPLE_SYSTEM = "You are a helpful assistant."
 _SAMPLE_TURNS = (
@@ -105,286 +85,9 @@ _SAMPLE_TURNS = (
 
 FallbackName = Literal["chatml", "gemma", "llama3", "mistral", "phi3", "plain"]
 
-
-class _TemplateTimeout(SecurityError):
-    """The render passed its deadline."""
-
-
-class _TemplateTooLarge(SecurityError):
-    """The template, or the code it compiles to, is over its size limit."""
-
-
-class _TemplateRaised(Exception):
-    """The template called ``raise_exception(message)``."""
-
-
-def _raise_exception(message: object) -> None:
-    raise _TemplateRaised(str(message))
-
-
-def _strftime_now(fmt: str) -> str:
-    return datetime.now().strftime(fmt)
-
-
-def _identity(value: Any) -> Any:
-    return value
-
-
-def _lipsum(n: int = 5, html: bool = True, min: int = 20, max: int = 100) -> str:  # noqa: A002 - jinja's names
-    if n > 20 or max > 200:
-        raise SecurityError("the chat template asked for too much lorem ipsum")
-    return generate_lorem_ipsum(n=n, html=html, min=min, max=max)
-
-
-def _tojson(
-    value: Any,
-    ensure_ascii: bool = False,
-    indent: int | None = None,
-    separators: tuple[str, str] | None = None,
-    sort_keys: bool = False,
-) -> str:
-    # The Hugging Face flavour of tojson (its arguments, in its order), which chat templates rely on.
-    # A plain str, not Jinja's Markup: with autoescape off nothing is escaped, but Markup + str
-    # escapes the str, so `'<|tag|>' + x|tojson` would print `&lt;|tag|&gt;`.
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-
-_CHECK_EVERY = 32
-"""The deadline is read every this many sandbox hook calls (each takes microseconds)."""
-
-
-class _GuardedEnvironment(ImmutableSandboxedEnvironment):
-    """The immutable sandbox plus a deadline and size limits (see the module docstring)."""
-
-    intercepted_binops = frozenset({"*", "**", "%", "+"})
-
-    def __init__(self) -> None:
-        super().__init__(
-            extensions=["jinja2.ext.loopcontrols", "jinja2.ext.do"],
-            trim_blocks=True,
-            lstrip_blocks=True,
-            keep_trailing_newline=False,
-            autoescape=False,
-        )
-        # One render at a time per environment (render_guarded holds the lock), so plain attributes.
-        self.lock = threading.Lock()
-        self.deadline = float("inf")
-        self.max_size = MIN_SIZE_LIMIT
-        self._ticks = 0
-        self.produced = 0
-        self.globals["range"] = self._range
-        self.globals["raise_exception"] = _raise_exception
-        self.globals["strftime_now"] = _strftime_now
-        self.globals["lipsum"] = _lipsum
-        self.filters["tojson"] = _tojson
-        self.filters["glassbox_size_guard"] = _identity
-        # Wrap every filter and test so that each application checks the deadline and its arguments.
-        self.filters = {name: self._guard_callable(fn) for name, fn in self.filters.items()}
-        self.tests = {name: self._guard_callable(fn) for name, fn in self.tests.items()}
-
-    # ---------------------------------------------------------------- checks
-    def check(self) -> None:
-        """Raise when the render in progress has passed its deadline."""
-        self._ticks += 1
-        if self._ticks % _CHECK_EVERY == 0 and time.monotonic() > self.deadline:
-            raise _TemplateTimeout("the chat template took too long to render")
-
-    def _check_size(self, value: Any) -> Any:
-        if isinstance(value, (str, list, tuple, dict)):
-            self._count(len(value))
-        return value
-
-    def _count(self, size: int) -> None:
-        """Refuse a value over the size limit, or a render that built too much in all."""
-        if size > self.max_size:
-            raise SecurityError(f"the chat template built a value of {size} items or characters")
-        self.produced += size
-        if self.produced > ALLOCATION_FACTOR * self.max_size:
-            raise SecurityError(f"the chat template built more than {self.produced} characters in all")
-
-    def _check_args(self, args: Iterable[Any]) -> None:
-        for arg in args:
-            if isinstance(arg, int) and not isinstance(arg, bool) and abs(arg) > MAX_INT_ARG:
-                raise SecurityError(f"the chat template passed an integer argument too large ({arg})")
-
-    def _guard_callable(self, fn: Any) -> Callable[..., Any]:
-        def guarded(*args: Any, **kwargs: Any) -> Any:
-            self.check()
-            self._check_args(args[1:])
-            self._check_args(kwargs.values())
-            return self._check_size(fn(*args, **kwargs))
-
-        # Keep jinja's pass_context / pass_environment markers working.
-        guarded.__dict__.update(getattr(fn, "__dict__", {}))
-        return guarded
-
-    def guard_iter(self, iterable: Iterable[Any]) -> Iterator[Any]:
-        """Yield from ``iterable``, checking the deadline before each item."""
-        for item in iterable:
-            self.check()
-            yield item
-
-    def _range(self, *args: int) -> Iterator[int]:
-        self._check_args(args)
-        numbers = range(*args)
-        if len(numbers) > MAX_RANGE:
-            raise SecurityError(f"the chat template asked for a range of {len(numbers)} items")
-        return self.guard_iter(numbers)
-
-    # ---------------------------------------------------------------- sandbox hooks
-    # Reads need no size check: every value a template builds was checked when it was built.
-    def getattr(self, obj: Any, attribute: str) -> Any:
-        self.check()
-        return super().getattr(obj, attribute)
-
-    def getitem(self, obj: Any, argument: Any) -> Any:
-        self.check()
-        return super().getitem(obj, argument)
-
-    def guard_concat(self, *parts: Any) -> str:
-        """The ``~`` operator, refusing a result over the size limit before building it."""
-        texts = [str(part) for part in parts]
-        self._count(sum(map(len, texts)))
-        return "".join(texts)
-
-    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
-        __self.check()
-        if getattr(__obj, "__self__", None) is __self:
-            # Our own guards (range, loops, ~) check their arguments and results themselves.
-            return __context.call(__obj, *args, **kwargs)
-        __self._check_args(args)
-        __self._check_args(kwargs.values())
-        if isinstance(__obj, LoopContext) and args:
-            # A recursive loop's `loop(children)` iterates its argument outside the rewritten For.
-            args = (__self.guard_iter(args[0]), *args[1:])
-        return __self._check_size(super().call(__context, __obj, *args, **kwargs))
-
-    def unsafe_undefined(self, obj: Any, attribute: str) -> jinja2.Undefined:
-        # Jinja returns a silent Undefined here, so `{{ x.__class__ }}` would print nothing and the
-        # template would pass; refusing outright lets select_template() reject it with a reason.
-        raise SecurityError(f"access to attribute {attribute!r} of a {type(obj).__name__!r} object is unsafe")
-
-    def wrap_str_format(self, value: Any) -> Callable[..., str] | None:
-        f_self = getattr(value, "__self__", None)
-        if isinstance(f_self, str) and _BIG_WIDTH.search(f_self):
-            raise SecurityError("the chat template used a huge format width")
-        return super().wrap_str_format(value)
-
-    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
-        self.check()
-        if operator == "*":
-            for seq, times in ((left, right), (right, left)):
-                if isinstance(seq, str | list | tuple) and isinstance(times, int):
-                    self._count(max(len(seq) * times, 0))
-        elif operator == "**":
-            if (
-                isinstance(right, int | float)
-                and abs(right) > 64
-                and not (isinstance(left, int | float) and abs(left) <= 1)
-            ):
-                raise SecurityError("the chat template tried to compute a huge power")
-        elif operator == "%":
-            if isinstance(left, str) and _BIG_WIDTH.search(left):
-                raise SecurityError("the chat template used a huge format width")
-            self._check_args(right if isinstance(right, tuple) else (right,))
-        elif operator == "+":
-            self._count(_seq_len(left) + _seq_len(right))
-            return left + right
-        return super().call_binop(context, operator, left, right)
-
-    # ---------------------------------------------------------------- compiling
-    def compile_guarded(self, source: str) -> jinja2.Template:
-        """Parse ``source``, wrapping loops in :meth:`guard_iter` and ``~`` in :meth:`guard_concat`.
-
-        ``environment.guard_*`` cannot be shadowed by a template variable, and the call goes
-        through :meth:`call`, so it is deadline-checked too.
-
-        Raises:
-            _TemplateTooLarge: ``source`` is over :data:`MAX_TEMPLATE_BYTES`, parses to more than
-                :data:`MAX_TEMPLATE_NODES` nodes, or compiles to more than :data:`MAX_COMPILED_SOURCE`
-                characters of Python (each checked before the next, costlier, step).
-            jinja2.TemplateSyntaxError, RecursionError: the template does not parse.
-        """
-        size = template_size(source)
-        if size > MAX_TEMPLATE_BYTES:
-            raise _TemplateTooLarge(f"it is {size} bytes, over the {MAX_TEMPLATE_BYTES}-byte limit for a chat template")
-        tree = self.parse(source)
-        n_nodes = sum(1 for _ in tree.find_all(nodes.Node))
-        if n_nodes > MAX_TEMPLATE_NODES:
-            raise _TemplateTooLarge(f"it parses to {n_nodes} syntax nodes, over the {MAX_TEMPLATE_NODES} limit")
-        for loop in tree.find_all(nodes.For):
-            loop.iter = nodes.Call(
-                nodes.EnvironmentAttribute("guard_iter"), [loop.iter], [], None, None, lineno=loop.lineno
-            )
-        for block in tree.find_all(nodes.AssignBlock):
-            # `{% set x %}...{% endset %}` captures output without any hook: size-check the capture.
-            if block.filter is None:
-                block.filter = nodes.Filter(None, "glassbox_size_guard", [], [], None, None, lineno=block.lineno)
-        for concat in tree.find_all(nodes.Concat):
-            concat.nodes = [
-                nodes.Call(
-                    nodes.EnvironmentAttribute("guard_concat"),
-                    concat.nodes,
-                    [],
-                    None,
-                    None,
-                    lineno=concat.lineno,
-                )
-            ]
-        # What from_string does, with the generated code's size checked before Python compiles it.
-        python_source = self.compile(tree, raw=True)
-        if len(python_source) > MAX_COMPILED_SOURCE:
-            raise _TemplateTooLarge(
-                f"it compiles to {len(python_source)} characters of code, over the {MAX_COMPILED_SOURCE} limit"
-            )
-        code = compile(python_source, "<template>", "exec")
-        return self.template_class.from_code(self, code, self.make_globals(None), None)
-
-    def render_guarded(self, template: jinja2.Template, context: dict[str, Any], timeout_s: float) -> str:
-        """Render ``template`` with a deadline ``timeout_s`` from now and the size limits."""
-        input_size = sum(len(m.get("content") or "") for m in context.get("messages", ()))
-        input_size += len(json.dumps(context["tools"])) if context.get("tools") else 0  # a server's many tools
-        with self.lock:
-            self.max_size = MIN_SIZE_LIMIT + 4 * input_size
-            self.deadline = time.monotonic() + timeout_s
-            self.produced = 0
-            try:
-                parts: list[str] = []
-                total = 0
-                for chunk in template.generate(context):
-                    self.check()
-                    total += len(chunk)
-                    if total > self.max_size:
-                        raise SecurityError(f"the chat template produced more than {self.max_size} characters")
-                    parts.append(chunk)
-                return "".join(parts)
-            finally:
-                self.deadline = float("inf")
-
-
-def template_size(template: str) -> int:
-    """A template's size in UTF-8 bytes (an ASCII one is measured without being copied)."""
-    return len(template) if template.isascii() else len(template.encode("utf-8", errors="replace"))
-
-
-def _seq_len(value: Any) -> int:
-    return len(value) if isinstance(value, (str, list, tuple)) else 0
-
-
-def _describe(exc: BaseException) -> str:
-    """One line describing why a template failed."""
-    if isinstance(exc, (_TemplateTimeout, _TemplateTooLarge)):
-        return str(exc)
-    if isinstance(exc, _TemplateRaised):
-        return f"the template refused the conversation: {exc}"
-    if isinstance(exc, SecurityError):
-        return f"unsafe operation blocked by the sandbox: {exc}"
-    if isinstance(exc, jinja2.TemplateSyntaxError):
-        return f"syntax error on line {exc.lineno}: {exc.message}"
-    if isinstance(exc, RecursionError):
-        return "the template recursed too deeply"
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return f"{type(exc).__name__}: {text}"[:300]
+CONVENTION_INPUTS = frozenset({"functions", "datetime"})
+"""Inputs outside the Hugging Face convention that Glassbox fills when a template reads them:
+FireFunction's ``functions`` (the offered functions as JSON text) and ``datetime`` (today)."""
 
 
 @dataclass(frozen=True)
@@ -403,11 +106,21 @@ class ChatTemplate:
             render said so); otherwise tools go through the fallback prompt (engine/inference/tool_prompt.py).
         tool_family: the call format the model writes (engine/inference/tool_calls.py); ``json`` with the
             fallback prompt.
-        thinking: the thinking switches the template reads (``enable_thinking``,
-            ``reasoning_effort``); empty when it has none.
+        thinking: the names of the thinking switches the template reads (``enable_thinking``,
+            ``reasoning_effort``, ``thinking``, ``thinking_budget``, ...; see ``switches``); empty
+            when it has none.
         harmony: the model writes OpenAI's harmony format (gpt-oss: channels, engine/inference/harmony.py).
         think_format: how the model marks its thinking (engine/inference/reasoning.py's
             :data:`~engine.inference.reasoning.THINK_FORMATS`: ``think`` for ``<think>``...).
+        switches: the thinking switches the template reads, with their kind, the values it names
+            and its default (engine/inference/template_switches.py).
+        arguments: how the template wants a call's arguments: ``object`` (a dict; JSON text is
+            parsed), ``string`` (JSON text; a dict is written as JSON) or ``either`` (as given).
+        empty_tools: the template needs a tool list: with no tools offered it gets an empty one
+            (transformers passes ``None``, which such a template cannot iterate).
+        conventions: the inputs of :data:`CONVENTION_INPUTS` the template reads (filled by render).
+        renders_calls: with ``supports_tools``, the template also renders an assistant message's
+            ``tool_calls`` (a few show only its text, where the model wrote the call).
     """
 
     name: str
@@ -418,13 +131,22 @@ class ChatTemplate:
     timeout_s: float = 2.0
     bos_token: str = ""
     eos_token: str = ""
-    _env: _GuardedEnvironment | None = field(default=None, repr=False, compare=False)
+    _env: GuardedEnvironment | None = field(default=None, repr=False, compare=False)
     _template: jinja2.Template | None = field(default=None, repr=False, compare=False)
     supports_tools: bool = False
     tool_family: Family = "json"
     thinking: frozenset[str] = frozenset()
     harmony: bool = False
     think_format: str = "think"
+    switches: tuple[Switch, ...] = ()
+    arguments: ArgumentsForm = "object"
+    empty_tools: bool = False
+    conventions: frozenset[str] = frozenset()
+    renders_calls: bool = False
+
+    def switch(self, name: str) -> Switch | None:
+        """The switch of that name the template reads, or None."""
+        return next((s for s in self.switches if s.name == name), None)
 
     def render(
         self,
@@ -435,6 +157,7 @@ class ChatTemplate:
         tool_choice: str = "auto",
         enable_thinking: bool | None = None,
         reasoning_effort: str | None = None,
+        switches: Mapping[str, object] | None = None,
     ) -> str:
         """Render ``messages`` (dicts with ``role`` and ``content``) into one prompt string.
 
@@ -450,15 +173,18 @@ class ChatTemplate:
             tool_choice: ``auto``, ``none``, ``required`` or a function name (passed to the template).
             enable_thinking: the template's thinking switch; None leaves it to the template.
             reasoning_effort: ``low``, ``medium`` or ``high`` for templates that read it; None leaves it.
+            switches: values for any of the template's :attr:`switches` by name (``thinking_budget``,
+                ``thinking_mode``, a ``reasoning_effort`` of the template's own such as ``max``...);
+                they override ``enable_thinking`` and ``reasoning_effort``.
 
         Returns:
             The prompt text, including the BOS token text where the format starts with it.
 
         Raises:
             TemplateError: the model's template refused the conversation, broke a sandbox rule or
-                ran past its time limit.
+                ran past its time limit; a switch it does not read, or a value of the wrong kind.
         """
-        plain = [template_message(m) for m in messages]
+        plain = [template_message(m, self.arguments) for m in messages]
         offered = list(tools or ()) if keeps_tools(tool_choice, plain) else []
         if not self.supports_tools and (offered or any(has_tool_parts(m) for m in plain)):
             plain, offered = fold_tools(plain, offered, tool_choice), []
@@ -468,27 +194,58 @@ class ChatTemplate:
             plain = [{**m, "content": m["content"].strip()} for m in plain]
         if self.fold_system:
             plain = _fold_system(plain)
+        chosen = self._switch_values(enable_thinking, reasoning_effort, switches or {})
         if self._template is None or self._env is None:
             return _render_fallback(self.name, plain, add_generation_prompt, self.bos_token, self.eos_token)
+        entries = tool_entries(offered)
+        # What transformers' render_jinja_template passes (messages, tools, documents,
+        # add_generation_prompt) and apply_chat_template adds (the special tokens, the switches).
         context: dict[str, Any] = {
             "messages": plain,
+            "tools": entries or ([] if self.empty_tools else None),
+            "documents": None,
             "add_generation_prompt": add_generation_prompt,
             "bos_token": self.bos_token,
             "eos_token": self.eos_token,
-            "tools": tool_entries(offered) or None,
+            **_convention_values(self.conventions, entries),
+            **chosen,
         }
         if offered:
             context["tool_choice"] = tool_choice
-        if enable_thinking is not None:
-            context["enable_thinking"] = enable_thinking
-        if reasoning_effort is not None:
-            if reasoning_effort not in EFFORTS:
-                raise TemplateError(f"reasoning_effort must be one of {', '.join(EFFORTS)}, not {reasoning_effort!r}")
-            context["reasoning_effort"] = reasoning_effort
         try:
             return self._env.render_guarded(self._template, context, self.timeout_s)
         except Exception as exc:
-            raise TemplateError(f"chat template: {_describe(exc)}") from exc
+            raise TemplateError(f"chat template: {describe(exc)}") from exc
+
+    def _switch_values(
+        self, enable_thinking: bool | None, reasoning_effort: str | None, switches: Mapping[str, object]
+    ) -> dict[str, object]:
+        chosen: dict[str, object] = {}
+        if enable_thinking is not None:
+            chosen["enable_thinking"] = enable_thinking
+        if reasoning_effort is not None:
+            if reasoning_effort not in EFFORTS:
+                raise TemplateError(f"reasoning_effort must be one of {', '.join(EFFORTS)}, not {reasoning_effort!r}")
+            chosen["reasoning_effort"] = reasoning_effort
+        for name, value in switches.items():
+            switch = self.switch(name)
+            if switch is None:
+                names = ", ".join(s.name for s in self.switches) or "none"
+                raise TemplateError(f"chat template: it reads no switch {name!r} (its switches: {names})")
+            if not switch.accepts(value):
+                raise TemplateError(f"chat template: switch {name!r} takes a {switch.kind}, not {value!r}")
+            chosen[name] = value
+        return chosen
+
+
+def _convention_values(reads: frozenset[str], entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """The :data:`CONVENTION_INPUTS` a template reads, filled in."""
+    values: dict[str, Any] = {}
+    if "functions" in reads:
+        values["functions"] = json.dumps([entry["function"] for entry in entries], ensure_ascii=False, indent=4)
+    if "datetime" in reads:
+        values["datetime"] = date.today().strftime("%b %d %Y")  # llama.cpp's format; a day long, for the KV cache
+    return values
 
 
 def _fold_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -679,24 +436,43 @@ def select_template(
     if size > MAX_TEMPLATE_BYTES:  # refused before anything parses it (compile_guarded checks too)
         why = f"it is {size} bytes, over the {MAX_TEMPLATE_BYTES}-byte limit for a chat template"
         return _reject(gguf_template, architecture, bos, eos, why)
-    env = _GuardedEnvironment()
+    env = GuardedEnvironment()
     try:
-        compiled = env.compile_guarded(gguf_template)
+        compiled, reads = env.compile_reading(gguf_template)
+        switches = find_switches(env.parse(gguf_template), reads)  # the tree as written, not as guarded
     except Exception as exc:  # noqa: BLE001 - any failure to compile untrusted text means "reject it"
-        return _reject(gguf_template, architecture, bos, eos, _describe(exc))
+        return _reject(gguf_template, architecture, bos, eos, describe(exc))
     stop = _stops_for(gguf_template, eos)
     sample = [{"role": "system", "content": _SAMPLE_SYSTEM}, *_SAMPLE_TURNS]
-    own = ChatTemplate("gguf", "gguf", "the model's own chat template", stop, False, timeout_s, bos, eos, env, compiled)
-    try:
-        rendered = own.render(sample)
-    except TemplateError as exc:
-        cause = exc.__cause__
-        if not isinstance(cause, _TemplateRaised):
-            return _reject(gguf_template, architecture, bos, eos, _describe(cause or exc))
-        why = f"it rejects a system role: {cause}"
+    own = ChatTemplate(
+        "gguf",
+        "gguf",
+        "the model's own chat template",
+        stop,
+        False,
+        timeout_s,
+        bos,
+        eos,
+        env,
+        compiled,
+        switches=switches,
+        thinking=frozenset(s.name for s in switches),
+        conventions=reads & CONVENTION_INPUTS,
+    )
+    rendered, error = _attempt(own, sample)
+    if error is not None and not isinstance(error, TemplateRaised | SecurityError):
+        listed = replace(own, empty_tools=True)  # a tool_use template that iterates `tools` unconditionally
+        if _attempt(listed, sample)[1] is None:
+            why = "it needs a tool list: with no tools offered, it gets an empty one"
+            own = replace(listed, reason=f"the model's own chat template ({why})")
+            rendered, error = _attempt(own, sample)
+    if error is not None:
+        if not isinstance(error, TemplateRaised):
+            return _reject(gguf_template, architecture, bos, eos, describe(error))
+        why = f"it rejects a system role: {error}"
     else:
         if _contains_turns(rendered, with_system=True):
-            return _with_tool_support(own, gguf_template, architecture)
+            return _with_facts(own, gguf_template, architecture)
         if not _contains_turns(rendered, with_system=False):
             return _reject(gguf_template, architecture, bos, eos, "its output does not contain the messages")
         why = "it drops the system prompt"
@@ -705,40 +481,85 @@ def select_template(
         reason=f"the model's own chat template ({why}; the system prompt goes into the first user message)",
         fold_system=True,
     )
-    try:
-        rendered = folded.render(sample)
-    except TemplateError as exc:
-        return _reject(gguf_template, architecture, bos, eos, _describe(exc.__cause__ or exc))
+    rendered, error = _attempt(folded, sample)
+    if error is not None:
+        return _reject(gguf_template, architecture, bos, eos, describe(error))
     if not _contains_turns(rendered, with_system=True):
         return _reject(gguf_template, architecture, bos, eos, "its output does not contain the messages")
-    return _with_tool_support(folded, gguf_template, architecture)
+    return _with_facts(folded, gguf_template, architecture)
+
+
+def _attempt(
+    template: ChatTemplate, messages: list[dict[str, Any]], **options: Any
+) -> tuple[str, BaseException | None]:
+    """(the render, None), or ("", why it failed: the template's own exception where there is one)."""
+    try:
+        return template.render(messages, **options), None
+    except TemplateError as exc:
+        return "", exc.__cause__ or exc
 
 
 _PROBE_TOOL = ToolSpec(
-    "glassbox_probe_tool", "Looks up a word.", {"type": "object", "properties": {"word": {"type": "string"}}}
+    "glassbox_probe_tool",
+    "Looks up a word.",
+    {  # complete, as templates expect (Command-R+'s prints each parameter's description)
+        "type": "object",
+        "properties": {"word": {"type": "string", "description": "The word."}},
+        "required": ["word"],
+    },
 )
+_PROBE_VALUE = "glassbox-probe-value"
 _PROBE_RESULT = "glassbox probe result 7491"
+_PROBE_ASK = "Look up x."
 
 
-def _with_tool_support(template: ChatTemplate, source: str, architecture: str) -> ChatTemplate:
-    """Marks the model's template as tool-capable when a test render shows the tool, an earlier call
-    and its result; records its call format and thinking switches either way."""
-    arguments: dict[str, Any] = {"word": "glassbox-probe-value"}
-    function = {"name": "glassbox_probe_tool", "arguments": arguments}
-    call = {"id": "call00001", "type": "function", "function": function}
+def _probe_render(template: ChatTemplate, arguments: dict[str, Any] | str) -> str | None:
+    """A test render of a call and its result (the call's arguments as given), or None when the
+    template failed or did not show the result after the question."""
+    call = {"id": "call00001", "type": "function", "function": {"name": _PROBE_TOOL.name, "arguments": arguments}}
     sample: list[dict[str, Any]] = [
         {"role": "system", "content": _SAMPLE_SYSTEM},
-        {"role": "user", "content": "Look up x."},
+        {"role": "user", "content": _PROBE_ASK},
         {"role": "assistant", "content": "", "tool_calls": [call]},
-        {"role": "tool", "content": _PROBE_RESULT, "tool_call_id": "call00001", "name": "glassbox_probe_tool"},
+        {"role": "tool", "content": _PROBE_RESULT, "tool_call_id": "call00001", "name": _PROBE_TOOL.name},
     ]
-    capable = replace(template, supports_tools=True)
-    rendered = ""
-    try:
-        rendered = capable.render(sample, tools=[_PROBE_TOOL])
-        works = _PROBE_TOOL.name in rendered.split(_PROBE_RESULT)[0] and _PROBE_RESULT in rendered
-    except TemplateError:
-        works = False
+    rendered, error = _attempt(template, sample, tools=[_PROBE_TOOL])
+    _, ask, tail = rendered.rpartition(_PROBE_ASK)
+    if error is not None or not ask or _PROBE_RESULT not in tail:
+        return None
+    return rendered
+
+
+def _call_region(rendered: str | None) -> str | None:
+    """The part of a probe render between the question and the result (where the call is)."""
+    return None if rendered is None else rendered.rpartition(_PROBE_ASK)[2].split(_PROBE_RESULT)[0]
+
+
+def _with_facts(template: ChatTemplate, source: str, architecture: str) -> ChatTemplate:
+    """The template with its tool facts found by test renders.
+
+    It renders tools natively when a render with the tool and one user message names the tool,
+    a render of a call and its result shows the result after the question, and the call is in a
+    format Glassbox reads (the one whose parser reads the probe call back from the rendering,
+    engine/inference/tool_calls's :func:`~engine.inference.tool_calls.detect_family`). It renders
+    calls when the call's tool name shows between the question and the result (LFM2's and Granite
+    3.3's templates show only the assistant's text, where the model wrote its call). The call's
+    arguments are tried as a dict, then as compact JSON text: a dict works when its value shows
+    and no Python dict text (``{'word': ...}``) does; text works only verbatim (not re-encoded as
+    a JSON string).
+    """
+    capable = replace(template, supports_tools=True, arguments="either")
+    listed, error = _attempt(capable, [{"role": "user", "content": _PROBE_ASK}], tools=[_PROBE_TOOL])
+    arguments: dict[str, Any] = {"word": _PROBE_VALUE}
+    text = json.dumps(arguments, separators=(",", ":"))
+    with_dict, with_text = _probe_render(capable, arguments), _probe_render(capable, text)
+    as_dict, as_text = _call_region(with_dict), _call_region(with_text)
+    works = error is None and _PROBE_TOOL.name in listed and (as_dict is not None or as_text is not None)
+    calls = works and any(_PROBE_TOOL.name in region for region in (as_dict, as_text) if region is not None)
+    dict_ok = as_dict is not None and _PROBE_VALUE in as_dict and "'word'" not in as_dict
+    text_ok = as_text is not None and text in as_text
+    form: ArgumentsForm = "either" if dict_ok and text_ok else "string" if text_ok else "object"
+    rendered = (with_text if form == "string" else with_dict) or with_text or ""
     # The call's format is the one whose parser reads the probe call back from this rendering;
     # None: no parser does, and the fallback prompt (engine/inference/tool_prompt.py) is used.
     family = (
@@ -752,11 +573,13 @@ def _with_tool_support(template: ChatTemplate, source: str, architecture: str) -
         if works
         else None
     )
+    native = works and family is not None
     return replace(
         template,
-        supports_tools=works and family is not None,
+        supports_tools=native,
+        renders_calls=native and calls,
+        arguments=form if native and calls else "object",
         tool_family=family or "json",
-        thinking=thinking_controls(source),
         harmony=is_harmony(source),
         think_format=detect_thinking(source, rendered),
     )

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from engine.errors import TemplateError
 from engine.inference.sampling import ENFORCED_FORMATS, ENFORCED_KEYWORDS, SCHEMA_LISTS, SCHEMA_MAPS
@@ -54,33 +54,45 @@ NO_CALL_NOTE = "Do not call a tool now: answer the user with what you have."
 """The note of ``tool_choice="none"`` when the tools stay in the prompt (an agent's step limit)."""
 
 
-def template_message(message: Mapping[str, Any]) -> dict[str, Any]:
-    """A message as templates see it: text fields as strings, tool parts in the Hugging Face shape."""
+ArgumentsForm = Literal["object", "string", "either"]
+"""How a chat template wants a call's arguments: a dict (the Hugging Face convention), JSON text
+(functionary v3.2 writes ``'\\n' + arguments``), or either, as given (it tests ``is string``)."""
+
+
+def template_message(message: Mapping[str, Any], arguments: ArgumentsForm = "object") -> dict[str, Any]:
+    """A message as templates see it: text fields as strings (``None`` content as ``""``, as
+    llama.cpp passes it), tool parts in the Hugging Face shape, arguments in the ``arguments`` form."""
     plain: dict[str, Any] = {"role": str(message["role"]), "content": str(message.get("content") or "")}
     calls = message.get("tool_calls")
     if calls:
-        plain["tool_calls"] = [plain_call(call) for call in calls]
+        plain["tool_calls"] = [plain_call(call, arguments) for call in calls]
     for key in ("tool_call_id", "name"):
         if message.get(key):
             plain[key] = str(message[key])
     return plain
 
 
-def plain_call(call: Mapping[str, Any]) -> dict[str, Any]:
-    """One call in the Hugging Face shape, its arguments a dict (OpenAI's wire sends JSON text).
+def plain_call(call: Mapping[str, Any], form: ArgumentsForm = "object") -> dict[str, Any]:
+    """One call in the Hugging Face shape, its arguments in ``form``: a dict (OpenAI's wire sends
+    JSON text, which is parsed), JSON text (a dict written by :func:`json.dumps`), or as given.
 
     Raises:
         TemplateError: the arguments are not a JSON object.
     """
     function = call.get("function") or call
-    arguments = function.get("arguments") or {}
-    if isinstance(arguments, str):
+    given = function.get("arguments") or {}
+    arguments = given
+    if isinstance(given, str):
         try:
-            arguments = json.loads(arguments)
+            arguments = json.loads(given)
         except json.JSONDecodeError:
             raise TemplateError(f"tool call {function.get('name')!r}: its arguments are not JSON") from None
     if not isinstance(arguments, dict):
         raise TemplateError(f"tool call {function.get('name')!r}: its arguments must be a JSON object")
+    if form == "string":
+        arguments = given if isinstance(given, str) else json.dumps(arguments, ensure_ascii=False)
+    elif form == "either":
+        arguments = given
     return {
         "id": str(call.get("id") or ""),
         "type": "function",

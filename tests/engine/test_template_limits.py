@@ -23,13 +23,13 @@ from jinja2 import nodes
 from jinja2.exceptions import SecurityError
 
 from engine.gguf import MAX_CHAT_TEMPLATE_BYTES
-from engine.inference import templates
+from engine.inference import template_sandbox
+from engine.inference.template_sandbox import GuardedEnvironment
 from engine.inference.templates import (
     MAX_COMPILED_SOURCE,
     MAX_TEMPLATE_BYTES,
     MAX_TEMPLATE_NODES,
     ChatTemplate,
-    _GuardedEnvironment,
     select_template,
 )
 
@@ -50,14 +50,14 @@ class Work:
 def measured(fn: Callable[[], ChatTemplate], monkeypatch: pytest.MonkeyPatch) -> tuple[Work, int, ChatTemplate]:
     """(the work of a first call, the tracemalloc peak of a second one, the result)."""
     work = Work()
-    real_parse = _GuardedEnvironment.parse
-    real_generate = _GuardedEnvironment.compile
+    real_parse = GuardedEnvironment.parse
+    real_generate = GuardedEnvironment.compile
 
-    def parse(self: _GuardedEnvironment, source: str, *args: Any, **kwargs: Any) -> Any:
+    def parse(self: GuardedEnvironment, source: str, *args: Any, **kwargs: Any) -> Any:
         work.parsed.append(len(source))
         return real_parse(self, source, *args, **kwargs)
 
-    def generate(self: _GuardedEnvironment, source: Any, *args: Any, **kwargs: Any) -> Any:
+    def generate(self: GuardedEnvironment, source: Any, *args: Any, **kwargs: Any) -> Any:
         work.generated.append(sum(1 for _ in source.find_all(nodes.Node)) if isinstance(source, nodes.Node) else -1)
         return real_generate(self, source, *args, **kwargs)
 
@@ -66,9 +66,9 @@ def measured(fn: Callable[[], ChatTemplate], monkeypatch: pytest.MonkeyPatch) ->
         return compile(source, *args, **kwargs)
 
     with monkeypatch.context() as patch:
-        patch.setattr(_GuardedEnvironment, "parse", parse)
-        patch.setattr(_GuardedEnvironment, "compile", generate)
-        patch.setattr(templates, "compile", python_compile, raising=False)
+        patch.setattr(GuardedEnvironment, "parse", parse)
+        patch.setattr(GuardedEnvironment, "compile", generate)
+        patch.setattr(template_sandbox, "compile", python_compile, raising=False)
         result = fn()
     tracemalloc.start()
     try:
@@ -166,7 +166,7 @@ def test_templates_under_the_cap_that_compile_to_too_much_are_refused(
 
 def test_compile_guarded_refuses_an_oversized_template_itself() -> None:
     # Whoever compiles without select_template gets the same refusal, before any parsing.
-    env = _GuardedEnvironment()
+    env = GuardedEnvironment()
     with pytest.raises(SecurityError, match=r"^it is 1048576 bytes, over the 65536-byte limit"):
         env.compile_guarded("x" * MIB)
     with pytest.raises(SecurityError, match=r"syntax nodes, over the 16384 limit$"):

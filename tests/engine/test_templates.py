@@ -10,10 +10,10 @@ from types import SimpleNamespace
 import pytest
 
 from engine.errors import TemplateError
-from engine.inference import templates
+from engine.inference import template_sandbox
+from engine.inference.template_sandbox import GuardedEnvironment
 from engine.inference.templates import (
     ChatTemplate,
-    _GuardedEnvironment,
     fallback_template,
     guess_format,
     select_template,
@@ -235,7 +235,7 @@ def test_messages_are_not_mutated_by_a_template(tmp_path: Path) -> None:
     [
         "{% for m in messages %}{{ m.content }}",
         "{{ messages[0].content ",
-        "{% generation %}{{ messages }}{% endgeneration %}",
+        "{% glassbox_unknown_tag %}{{ messages }}{% endglassbox_unknown_tag %}",
         "{% for %}",
     ],
 )
@@ -252,20 +252,20 @@ def template_clock(monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
     checks at every iteration). Past 1,000,000 checks the render is failed: a loop the deadline did
     not stop."""
     clock = SimpleNamespace(now=0.0, step=0.01, checks=0)
-    real_check = _GuardedEnvironment.check
+    real_check = GuardedEnvironment.check
 
     def monotonic() -> float:
         clock.now += clock.step
         return float(clock.now)
 
-    def check(self: _GuardedEnvironment) -> None:
+    def check(self: GuardedEnvironment) -> None:
         clock.checks += 1
         if clock.checks > 1_000_000:
             raise AssertionError("the deadline did not stop the loop")
         real_check(self)
 
-    monkeypatch.setattr(templates, "time", SimpleNamespace(monotonic=monotonic))
-    monkeypatch.setattr(_GuardedEnvironment, "check", check)
+    monkeypatch.setattr(template_sandbox, "time", SimpleNamespace(monotonic=monotonic))
+    monkeypatch.setattr(GuardedEnvironment, "check", check)
     return clock
 
 
@@ -405,18 +405,18 @@ def test_rendering_a_long_conversation_costs_in_proportion_to_it(monkeypatch: py
     ]
     checks = [0]
     counted = [0]
-    real_check, real_count = _GuardedEnvironment.check, _GuardedEnvironment._count
+    real_check, real_count = GuardedEnvironment.check, GuardedEnvironment._count
 
-    def check(self: _GuardedEnvironment) -> None:
+    def check(self: GuardedEnvironment) -> None:
         checks[0] += 1
         real_check(self)
 
-    def count(self: _GuardedEnvironment, size: int) -> None:
+    def count(self: GuardedEnvironment, size: int) -> None:
         counted[0] += size
         real_count(self, size)
 
-    monkeypatch.setattr(_GuardedEnvironment, "check", check)
-    monkeypatch.setattr(_GuardedEnvironment, "_count", count)
+    monkeypatch.setattr(GuardedEnvironment, "check", check)
+    monkeypatch.setattr(GuardedEnvironment, "_count", count)
     rendered = template.render(long)
     assert rendered.count("<start_of_turn>") == 401
     assert checks[0] <= 32 * len(long), checks[0]
