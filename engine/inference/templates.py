@@ -47,6 +47,7 @@ from engine.inference.template_sandbox import (
     MAX_TEMPLATE_NODES,
     GuardedEnvironment,
     TemplateRaised,
+    TemplateTimeout,
     describe,
     template_size,
 )
@@ -550,6 +551,8 @@ def _with_facts(template: ChatTemplate, source: str, architecture: str) -> ChatT
     """
     capable = replace(template, supports_tools=True, arguments="either")
     listed, error = _attempt(capable, [{"role": "user", "content": _PROBE_ASK}], tools=[_PROBE_TOOL])
+    if isinstance(error, TemplateTimeout):  # no more probes of a template that hangs on tools
+        return replace(template, harmony=is_harmony(source), think_format=detect_thinking(source, None))
     arguments: dict[str, Any] = {"word": _PROBE_VALUE}
     text = json.dumps(arguments, separators=(",", ":"))
     with_dict, with_text = _probe_render(capable, arguments), _probe_render(capable, text)

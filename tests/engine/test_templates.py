@@ -305,6 +305,18 @@ def test_time_limit_also_applies_when_rendering_later(template_clock: SimpleName
     assert template_clock.checks <= 2000, f"{template_clock.checks} checks"
 
 
+def test_a_template_that_hangs_on_tools_is_probed_once_and_kept_without_them(template_clock: SimpleNamespace) -> None:
+    # Its chats render; given tools it loops for minutes: one probe runs into the deadline, and
+    # none after it.
+    source = (
+        "{% if tools %}{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}"
+        "{% endif %}" + CHATML
+    )
+    template = select_template(source, "qwen2", None, None, timeout_s=0.3)
+    assert (template.source, template.supports_tools) == ("gguf", False)
+    assert template_clock.checks <= 2000, f"{template_clock.checks} checks"
+
+
 @pytest.mark.parametrize(
     "source",
     [
