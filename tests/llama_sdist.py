@@ -1,7 +1,8 @@
 """llama.cpp's published artifacts, read from the llama-cpp-python sdist the build was made from.
 
 `installers/llama_build.py` keeps the sdist beside the wheel it built. The tests read the chat
-templates llama.cpp keeps (`models/templates/`), its own format tests (`tests/test-chat.cpp`), its
+templates llama.cpp keeps (`models/templates/`), its grammars (`grammars/`), its own format and grammar
+tests (`tests/test-chat.cpp`, `tests/test-grammar-*.cpp`), its
 converters (`convert_hf_to_gguf.py` with `conversion/` and `gguf-py/`, `convert_lora_to_gguf.py`)
 and its server tests from there, never from copies in this repository. The parts the tests use are
 unpacked once per version into the test cache.
@@ -28,6 +29,7 @@ _PARTS = (
     "convert_hf_to_gguf.py",
     "convert_lora_to_gguf.py",
     "tools/server/tests/",
+    "grammars/",
 )
 
 
@@ -54,7 +56,8 @@ def llama_cpp_source() -> Path:
     name = sdist.name.removesuffix(".tar.gz")
     target = _CACHE / "llama-sdist" / name
     done = target / ".unpacked"
-    if not done.is_file():
+    marker = f"{sdist}\n{' '.join(_PARTS)}"  # a part added since: unpacked again
+    if not done.is_file() or done.read_text(encoding="utf-8") != marker:
         prefix = f"{name}/vendor/llama.cpp/"
         with tarfile.open(sdist) as archive:
             members = []
@@ -63,5 +66,5 @@ def llama_cpp_source() -> Path:
                     member.name = member.name[len(prefix) :]
                     members.append(member)
             archive.extractall(target, members=members, filter="data")
-        done.write_text(str(sdist), encoding="utf-8")
+        done.write_text(marker, encoding="utf-8")
     return target

@@ -81,10 +81,13 @@ class ChainSampler:
             lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_logit_bias(self.n_vocab, len(self.bias), array))
         if grammar is not None:
             vocab = self._llm._model.vocab
-            sampler = lc.llama_sampler_init_grammar(vocab, grammar.encode("utf-8"), b"root")
+            sampler, said = _with_stderr(lambda: lc.llama_sampler_init_grammar(vocab, grammar.encode("utf-8"), b"root"))
             if not sampler:
+                from engine.inference.grammar_bounds import describe_parse_error
+
                 what = "json_schema" if params.json_schema is not None else "grammar"
-                raise EngineError(f"{what}: llama.cpp could not parse the grammar (is there a rule named root?)")
+                reason = describe_parse_error(said, grammar) or "llama.cpp refused it (no reason given)"
+                raise EngineError(f"{what}: {reason}")
             self._grammar = sampler  # kept out of the chain: see sample
         if params.temperature == 0.0:
             lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_greedy())
@@ -209,10 +212,12 @@ def _penalty(params: Any, name: str) -> float:
 
 
 def _grammar_text(params: Any) -> str | None:
-    """The GBNF text the reply is constrained by, if any."""
+    """The GBNF text the reply is constrained by, if any, within the limits of
+    :mod:`engine.inference.grammar_bounds` (checked before the converter runs, and on what it made)."""
+    from engine.inference.grammar_bounds import check_grammar, check_json_schema
+
     if params.grammar is not None:
-        if not params.grammar.strip():
-            raise EngineError("grammar: it is empty")
+        check_grammar(str(params.grammar))
         return str(params.grammar)
     if params.json_schema is None:
         return None
@@ -220,14 +225,54 @@ def _grammar_text(params: Any) -> str | None:
 
     from llama_cpp.llama_grammar import json_schema_to_gbnf
 
-    unsupported = _unsupported_keyword(json.loads(params.json_schema), "")
+    check_json_schema(params.json_schema)
+    unsupported = unsupported_keyword(json.loads(params.json_schema), "")
     if unsupported is not None:
         raise EngineError(f"json_schema: {unsupported} cannot be enforced by the grammar it is turned into")
     try:
-        return str(json_schema_to_gbnf(params.json_schema))
+        grammar = str(json_schema_to_gbnf(params.json_schema))
     except Exception as exc:  # noqa: BLE001 - the converter raises many kinds; the user needs one line
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise EngineError(f"json_schema: it cannot be turned into a grammar ({reason})") from None
+    check_grammar(grammar, "json_schema")
+    return grammar
+
+
+def _with_stderr(call: Any) -> tuple[Any, str]:
+    """``call()``'s value and what native code wrote on file descriptor 2 meanwhile: llama.cpp prints
+    a grammar's parse error there, and its log (a left-recursive rule) goes there through
+    llama-cpp-python's callback, opened to every level for the call (WORKAROUND: llama-cpp-python maps
+    ggml's ERROR level to DEBUG, so a quiet Llama drops llama.cpp's errors). Written on to the real
+    stderr as well (its start: the worker's log keeps it)."""
+    import logging
+    import os
+    import sys
+    import tempfile
+
+    sys.stderr.flush()
+    logger = logging.getLogger("llama-cpp-python")
+    level = logger.level
+    saved = os.dup(2)
+    python_stderr = sys.stderr
+    with tempfile.TemporaryFile() as capture:
+        os.dup2(capture.fileno(), 2)
+        # The log callback prints through sys.stderr, which need not be descriptor 2 (a test runner's).
+        sys.stderr = open(capture.fileno(), "w", encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
+        logger.setLevel(logging.DEBUG)
+        try:
+            value = call()
+        finally:
+            logger.setLevel(level)
+            sys.stderr.flush()
+            sys.stderr.close()
+            sys.stderr = python_stderr
+            os.dup2(saved, 2)
+            os.close(saved)
+        capture.seek(0)
+        said = capture.read(4 * 1024 * 1024)  # the reason, then the whole grammar (bounded by its limit)
+    if said:
+        os.write(2, said[:4096])  # the worker's log keeps what llama.cpp said (not a whole grammar)
+    return value, said.decode("utf-8", "replace")
 
 
 # What llama-cpp-python's JSON-schema-to-grammar converter enforces, and the annotations that need
@@ -276,7 +321,7 @@ SCHEMA_LISTS = ("oneOf", "anyOf", "allOf", "prefixItems")
 SCHEMA_MAPS = ("properties", "$defs", "definitions")
 
 
-def _unsupported_keyword(schema: object, where: str) -> str | None:
+def unsupported_keyword(schema: object, where: str) -> str | None:
     """The first keyword of ``schema`` the grammar cannot enforce, as "'minimum' at properties.n"."""
     if not isinstance(schema, dict):
         return None
@@ -297,7 +342,7 @@ def _unsupported_keyword(schema: object, where: str) -> str | None:
         if isinstance(schema.get(key), dict):
             nested.append((schema[key], f"{where}.{key}".lstrip(".")))
     for sub, path in nested:
-        found = _unsupported_keyword(sub, path)
+        found = unsupported_keyword(sub, path)
         if found is not None:
             return found
     return None

@@ -33,6 +33,7 @@ from engine.inference.context import (
     system_message,
 )
 from engine.inference.events import Event, Finished, Stats
+from engine.inference.grammar_bounds import check_constraint
 from engine.inference.kv_cache import KvCacheConfig, KvKey, KvRequest
 from engine.inference.reply import special_markers
 from engine.inference.runtime import (
@@ -339,6 +340,7 @@ class ChatSession:
                 reasoning_effort=reasoning_effort,
                 thinking_budget=thinking_budget,
             )
+            check_constraint(turn.params(params))  # a grammar bomb: refused before the prompt is even read
 
             def count_tokens(messages: Sequence[Message]) -> int:
                 return len(self._tokenize_prompt(turn.render(messages)))
@@ -470,6 +472,7 @@ class ChatSession:
                 variant when the CPU code crashed).
         """
         params = params or GenerationParams()
+        check_constraint(params)  # before the worker reads the prompt
         with self._lock:
             self._ensure_worker()
             assert self.info is not None

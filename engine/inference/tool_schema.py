@@ -32,7 +32,9 @@ __all__ = [
     "MAX_SCHEMA_DEPTH",
     "PATTERN_BUDGET_S",
     "argument_problem",
+    "schema_depth",
     "schema_problem",
+    "subschemas",
 ]
 
 #: The largest argument schema of one tool, as JSON (MCP servers' schemas are a few KiB).
@@ -55,13 +57,13 @@ def schema_problem(schema: object) -> str | None:
     """Why ``schema`` cannot be used as a tool's argument schema (one line), or None when it can."""
     if not isinstance(schema, dict):
         return "its parameters are not a JSON object schema"
-    depth = _depth(schema)
+    depth = schema_depth(schema)
     if depth > MAX_SCHEMA_DEPTH:
         return f"its schema is nested more than {MAX_SCHEMA_DEPTH} levels deep"
     size = len(json.dumps(schema, ensure_ascii=False, default=str).encode("utf-8"))
     if size > MAX_SCHEMA_BYTES:
         return f"its schema is {size:,} bytes as JSON (the limit is {MAX_SCHEMA_BYTES:,})"
-    for where, node in _walk(schema, ""):
+    for where, node in subschemas(schema, ""):
         for keyword in _REF_KEYWORDS:
             ref = node.get(keyword)
             if ref is None:
@@ -126,7 +128,7 @@ def argument_problem(arguments: object, schema: dict[str, Any]) -> str | None:
 # ---------------------------------------------------------------------- the schema's shape
 
 
-def _depth(schema: object) -> int:
+def schema_depth(schema: object) -> int:
     """How deep lists and objects nest in ``schema`` (iterative: a deep schema cannot overflow the stack)."""
     deepest = 0
     stack: list[tuple[object, int]] = [(schema, 1)]
@@ -162,7 +164,7 @@ _SUBSCHEMA_ONE = (
 )
 
 
-def _walk(schema: dict[str, Any], where: str) -> Iterator[tuple[str, dict[str, Any]]]:
+def subschemas(schema: dict[str, Any], where: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
     """Every subschema of ``schema`` (itself included) with its JSON pointer (``/properties/a``)."""
     stack: list[tuple[str, dict[str, Any]]] = [(where, schema)]
     while stack:
@@ -232,7 +234,7 @@ def _endless_loop(schema: dict[str, Any]) -> str | None:
     apply to the same value; ``properties``, ``items`` and the rest move to a part of it. A loop of
     the first kind alone is endless whatever the value.
     """
-    nodes: dict[str, dict[str, Any]] = dict(_walk(schema, ""))
+    nodes: dict[str, dict[str, Any]] = dict(subschemas(schema, ""))
     state: dict[str, int] = {}  # 1: on the current path, 2: done
     for start in nodes:
         if start in state:
