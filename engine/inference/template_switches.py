@@ -62,6 +62,40 @@ class Switch:
         return isinstance(value, str)
 
 
+MAX_SWITCHES = 32
+"""Most switches looked at in one template (real ones read at most four): the rest are ignored, so
+a template naming thousands costs no more than this many passes over its comparisons."""
+
+
+@dataclass(frozen=True)
+class _Index:
+    """The nodes of a template that say what a switch is, gathered in one walk."""
+
+    compares: list[nodes.Compare]
+    filters: list[nodes.Filter]
+    conds: list[nodes.CondExpr]
+    ifs: list[nodes.If]
+    joins: list[nodes.Expr]  # the operands of ``~`` and ``+``
+
+    @classmethod
+    def of(cls, tree: nodes.Template) -> _Index:
+        index = cls([], [], [], [], [])
+        for node in tree.find_all((nodes.Compare, nodes.Filter, nodes.CondExpr, nodes.If, nodes.Concat, nodes.Add)):
+            if isinstance(node, nodes.Compare):
+                index.compares.append(node)
+            elif isinstance(node, nodes.Filter):
+                index.filters.append(node)
+            elif isinstance(node, nodes.CondExpr):
+                index.conds.append(node)
+            elif isinstance(node, nodes.If):
+                index.ifs.append(node)
+            elif isinstance(node, nodes.Concat):
+                index.joins.extend(node.nodes)
+            elif isinstance(node, nodes.Add):
+                index.joins.extend((node.left, node.right))
+        return index
+
+
 def find_switches(tree: nodes.Template, reads: frozenset[str]) -> tuple[Switch, ...]:
     """The thinking switches of a parsed template, in the order the template first names them.
 
@@ -70,7 +104,7 @@ def find_switches(tree: nodes.Template, reads: frozenset[str]) -> tuple[Switch, 
         reads: the names the compiled template looks up in its context.
 
     Returns:
-        The switches.
+        The switches (at most :data:`MAX_SWITCHES`).
     """
     stored = {n.name for n in tree.find_all(nodes.Name) if n.ctx in ("store", "param")}
     probed = set(_defined_probes(tree))
@@ -78,19 +112,18 @@ def find_switches(tree: nodes.Template, reads: frozenset[str]) -> tuple[Switch, 
     for name_node in tree.find_all(nodes.Name):
         name = name_node.name
         thinking = name_node.ctx == "load" and name in reads and _THINKING_NAME.search(name)
-        if thinking and (name not in stored or name in probed):
+        if thinking and (name not in stored or name in probed) and len(order) < MAX_SWITCHES:
             order.setdefault(name)
-    return tuple(_switch(tree, name) for name in order)
+    index = _Index.of(tree) if order else _Index([], [], [], [], [])
+    return tuple(_switch(index, name) for name in order)
 
 
 def _defined_probes(tree: nodes.Template) -> Iterator[str]:
     """Names the template tests for definedness or gives a ``default``: inputs even when it sets them."""
-    for test in tree.find_all(nodes.Test):
-        if test.name in _DEFINED_TESTS and isinstance(test.node, nodes.Name):
-            yield test.node.name
-    for flt in tree.find_all(nodes.Filter):
-        if flt.name in ("default", "d") and isinstance(flt.node, nodes.Name):
-            yield flt.node.name
+    for node in tree.find_all((nodes.Test, nodes.Filter)):
+        probe = node.name in (_DEFINED_TESTS if isinstance(node, nodes.Test) else ("default", "d"))
+        if probe and isinstance(node.node, nodes.Name):
+            yield node.node.name
 
 
 def _is(node: nodes.Node | None, name: str) -> bool:
@@ -109,13 +142,13 @@ def _consts(node: nodes.Node) -> list[Any]:
     return []
 
 
-def _switch(tree: nodes.Template, name: str) -> Switch:
+def _switch(index: _Index, name: str) -> Switch:
     strings: list[str] = []
     numbers = False
-    for compare in tree.find_all(nodes.Compare):
+    for compare in index.compares:
         sides = [compare.expr, *(op.expr for op in compare.ops)]
-        for index, op in enumerate(compare.ops):
-            left, right = sides[index], sides[index + 1]
+        for at, op in enumerate(compare.ops):
+            left, right = sides[at], sides[at + 1]
             other = right if _is(left, name) else left if _is(right, name) else None
             if other is None:
                 continue
@@ -124,10 +157,8 @@ def _switch(tree: nodes.Template, name: str) -> Switch:
                     strings.append(value)
                 elif isinstance(value, int | float) and not isinstance(value, bool) and op.op in _NUMBER_OPS:
                     numbers = True
-    default = _default(tree, name)
-    joined = any(_is(side, name) for concat in tree.find_all(nodes.Concat) for side in concat.nodes) or any(
-        _is(side, name) for add in tree.find_all(nodes.Add) for side in (add.left, add.right)
-    )
+    default = _default(index, name)
+    joined = any(_is(side, name) for side in index.joins)
     if strings or joined or isinstance(default, str):
         return Switch(name, "text", tuple(dict.fromkeys(value for value in strings if value)), default)
     if numbers or (isinstance(default, int | float) and not isinstance(default, bool)):
@@ -135,15 +166,15 @@ def _switch(tree: nodes.Template, name: str) -> Switch:
     return Switch(name, "bool", (), default if isinstance(default, bool) else None)
 
 
-def _default(tree: nodes.Template, name: str) -> Any:
+def _default(index: _Index, name: str) -> Any:
     """The constant the template gives ``name`` when the caller passed none, or None."""
-    for flt in tree.find_all(nodes.Filter):
+    for flt in index.filters:
         if flt.name in ("default", "d") and _is(flt.node, name) and flt.args and isinstance(flt.args[0], nodes.Const):
             return flt.args[0].value
-    for cond in tree.find_all(nodes.CondExpr):
+    for cond in index.conds:
         if _is(cond.expr1, name) and _tests_defined(cond.test, name) and isinstance(cond.expr2, nodes.Const):
             return cond.expr2.value
-    for branch in tree.find_all(nodes.If):
+    for branch in index.ifs:
         if not _tests_undefined(branch.test, name):
             continue
         for assign in branch.body:

@@ -467,7 +467,7 @@ def test_the_listed_differences_are_exactly_those_that_show(llama_cpp_source: Pa
     assert seen | set(EXERCISED_ELSEWHERE) == listed
     assert not seen & set(EXERCISED_ELSEWHERE)
     equal = sum(1 for name in names for o in outcomes(hf, name) if not o.differences)
-    assert equal > 0.8 * sum(len(outcomes(hf, name)) for name in names)
+    assert equal > 0.7 * sum(len(outcomes(hf, name)) for name in names)  # most render exactly as the reference
 
 
 def test_null_content_renders_as_empty_text_where_the_reference_raises(llama_cpp_source: Path, hf: ModuleType) -> None:

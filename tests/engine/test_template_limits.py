@@ -23,7 +23,7 @@ from jinja2 import nodes
 from jinja2.exceptions import SecurityError
 
 from engine.gguf import MAX_CHAT_TEMPLATE_BYTES
-from engine.inference import template_sandbox
+from engine.inference import template_sandbox, template_switches
 from engine.inference.template_sandbox import GuardedEnvironment
 from engine.inference.templates import (
     MAX_COMPILED_SOURCE,
@@ -171,3 +171,18 @@ def test_compile_guarded_refuses_an_oversized_template_itself() -> None:
         env.compile_guarded("x" * MIB)
     with pytest.raises(SecurityError, match=r"syntax nodes, over the 16384 limit$"):
         env.compile_guarded(filled("{{ x(" + ",".join(["1"] * 1000) + ") }}"))
+
+
+def test_a_template_naming_1500_switches_costs_a_bounded_analysis(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each switch costs a pass over the template's comparisons: only MAX_SWITCHES are looked at.
+    names = [f"think_{i}" for i in range(1500)]
+    template = HEAD + "".join(f"{{% if {n} == 'x' %}}{{% endif %}}" for n in names)
+    assert len(template) <= MAX_TEMPLATE_BYTES
+    passes: list[str] = []
+    real = template_switches._switch
+    monkeypatch.setattr(template_switches, "_switch", lambda index, name: passes.append(name) or real(index, name))
+    chosen = select_template(template, "llama", "", "")
+    assert chosen.source == "gguf", chosen.reason
+    assert len(passes) == len(chosen.switches) == template_switches.MAX_SWITCHES
+    assert [s.name for s in chosen.switches] == names[: template_switches.MAX_SWITCHES]
+    assert chosen.switches[0].values == ("x",)
