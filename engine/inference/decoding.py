@@ -106,7 +106,7 @@ def prefill(
     cancel: Any,
     send: Callable[[object], None],
     memory: SeqMemory | None = None,
-    before_last: Callable[[], None] | None = None,
+    pause: tuple[int, Callable[[], None]] | None = None,
 ) -> bool:
     """Evaluates ``tokens`` after the cached prefix, reporting progress; False when cancelled.
 
@@ -120,22 +120,22 @@ def prefill(
 
     An aborted chunk is taken back out of the memory (``memory``, made here when not given): on a
     recurrent model, whose state the aborted graph may have half written, from a copy of the state
-    taken before the chunk. With ``before_last``, the last token is read on its own, after
-    ``before_last()`` is called with every other token read (a recurrent memory copies its state
-    there, which a later prompt starting with all but this one's last token can restore).
+    taken before the chunk. With ``pause=(n, callback)``, a chunk ends after ``n`` of the tokens
+    and ``callback()`` is called there (a recurrent memory copies its state at a point the next
+    prompt will start with).
     """
     memory = memory if memory is not None else SeqMemory(lc, llm)
     total = len(tokens)
     done = 0
     send(PrefillProgress(0, total))
     chunk = min(n_batch, _FIRST_CHUNK)
-    hold = total - 1 if before_last is not None and total else total
+    hold, at_hold = pause if pause is not None and 0 <= pause[0] < total else (total, None)
     with AbortGuard(lc, llm._ctx.ctx, cancel) as guard:
         while done < total:
             if cancel.is_set():
                 return False
-            if done == hold and before_last is not None:
-                before_last()
+            if done == hold and at_hold is not None:
+                at_hold()
             batch = tokens[done : min(done + chunk, hold if done < hold else total)]
             checkpoint = memory.checkpoint() if llm.n_tokens else None  # None for a KV cache
             try:

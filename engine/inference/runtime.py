@@ -215,7 +215,6 @@ class _Worker:
         # A memory that cannot be cut (recurrent) keeps a copy of its state at the end of the last
         # prompt: the next turn's prompt starts with it, whatever the reply re-tokenizes to.
         self.prompt_checkpoint: Checkpoint | None = None
-        self._checkpoint_fresh = False  # taken by this turn (else a turn stopped before it)
 
     @property
     def n_ctx(self) -> int:
@@ -317,8 +316,10 @@ class _Worker:
         turn's prompt starts there), not after the reply, whose tokens the next prompt may spell
         differently. None: the state as it is (a KV cache is cut to any prefix when loaded)."""
         checkpoint = self.prompt_checkpoint
-        if self.memory.trimmable or checkpoint is None or not checkpoint.full or not self._checkpoint_fresh:
-            return None  # (a turn stopped before its prompt was read saves the state it reached)
+        if self.memory.trimmable or checkpoint is None or not checkpoint.full:
+            return None
+        if not self.memory.usable(checkpoint, int(self.llm.n_tokens)):
+            return None  # not a prefix of what the memory holds
         return checkpoint
 
     def kv_close(self) -> None:
@@ -364,13 +365,13 @@ class _Worker:
         return int(llm.n_tokens)
 
     def _checkpoint_prompt(self) -> None:
-        """With all of a prompt but its last token read, on a memory that cannot be cut: a copy of
-        its state there (the whole state when the KV cache on disk may save it, else the recurrent
-        part). The next turn's prompt starts with it whatever the reply re-tokenizes to, and the
-        same prompt again (a regenerated reply) needs only its last token read."""
+        """Partway through a prompt, on a memory that cannot be cut: a copy of its state (the whole
+        state when the KV cache on disk may save it, else the recurrent part). Taken where the
+        conversation so far ends (or before the prompt's last token), the next turn's prompt and
+        the same prompt again (a regenerated reply) start from it, whatever the reply re-tokenizes
+        to and whatever the template does to the reply's header."""
         full = self._kv is not None and self._kv.request is not None
         self.prompt_checkpoint = self.memory.checkpoint(full=full, keep_tokens=True)
-        self._checkpoint_fresh = True
 
     def generate(
         self,
@@ -378,7 +379,14 @@ class _Worker:
         params: GenerationParams,
         cancel: Any,
         send: Any,
+        checkpoint_at: int | None = None,
     ) -> WorkerResult:
+        """One generation: the prefix reuse, the prefill, the decode loop.
+
+        ``checkpoint_at``: where the conversation so far ends in ``tokens`` (before the reply's
+        header), which the next turn's prompt starts with; a memory that cannot be cut keeps a copy
+        of its state there (else before the prompt's last token).
+        """
         llm = self.llm
         t0 = time.perf_counter()
         self.kv_restore(tokens)
@@ -390,12 +398,15 @@ class _Worker:
         if params.speculative == "draft" and self.draft is None:
             raise EngineError("speculative decoding with a draft model: no draft model was loaded with this model")
         cached = self._reuse_prefix(tokens)
-        # A memory that cannot be cut copies its state before the prompt's last token (see
-        # _checkpoint_prompt); a KV cache reads the prompt in whole chunks.
-        before_last = None if self.memory.trimmable else self._checkpoint_prompt
-        self._checkpoint_fresh = False
+        # A memory that cannot be cut copies its state where the next prompt will start from it
+        # (see _checkpoint_prompt); a KV cache reads the prompt in whole chunks.
+        pause = None
+        if not self.memory.trimmable:
+            at = checkpoint_at if checkpoint_at is not None and cached <= checkpoint_at < len(tokens) else None
+            at = at if at is not None else len(tokens) - 1
+            pause = (at - cached, self._checkpoint_prompt) if at >= cached else None
         new = list(tokens[cached:])
-        if not prefill(llm, self._llama_cpp, new, self.params.n_batch, cancel, send, self.memory, before_last):
+        if not prefill(llm, self._llama_cpp, new, self.params.n_batch, cancel, send, self.memory, pause):
             return WorkerResult(
                 "cancelled", "", len(tokens), cached, 0, llm.n_tokens, 0.0, (time.perf_counter() - t0) * 1000, 0.0
             )
@@ -486,7 +497,10 @@ def _worker_main(
                 conn.send(("result", None))
             elif op == "generate":
                 _test_cpu_fault("generate", backend)
-                result = worker.generate(message[1], message[2], cancel, lambda event: conn.send(("event", event)))
+                checkpoint_at = message[3] if len(message) > 3 else None
+                result = worker.generate(
+                    message[1], message[2], cancel, lambda event: conn.send(("event", event)), checkpoint_at
+                )
                 conn.send(("result", worker.kv_result(result)))
                 worker.kv_save()  # after the result: the reply never waits for the disk
             elif op == "kv":
@@ -626,11 +640,19 @@ class InferenceWorker:
         self._call(("kv", request), "KV cache setup")
 
     def generate(
-        self, tokens: Sequence[int], params: GenerationParams, cancel: threading.Event | None = None
+        self,
+        tokens: Sequence[int],
+        params: GenerationParams,
+        cancel: threading.Event | None = None,
+        checkpoint_at: int | None = None,
     ) -> Generator[PrefillProgress | Token, None, WorkerResult]:
-        """Streams events; the generator's return value is the :class:`WorkerResult`."""
+        """Streams events; the generator's return value is the :class:`WorkerResult`.
+
+        ``checkpoint_at``: where the conversation so far ends in ``tokens`` (a recurrent model
+        keeps a copy of its state there for the next turn; see ``ModelInfo.memory``).
+        """
         self._cancel.clear()
-        self._send(("generate", list(tokens), params), "generation")
+        self._send(("generate", list(tokens), params, checkpoint_at), "generation")
         forwarded = False
         finished = False
         shown: list[str] = []  # the text of the tokens passed on

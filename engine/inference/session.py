@@ -12,6 +12,7 @@ fresh worker, so the conversation (kept by the caller) carries on.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import signal
 import threading
@@ -46,7 +47,7 @@ from engine.inference.runtime import (
 )
 from engine.inference.templates import ChatTemplate, select_template
 from engine.inference.tools import ToolSpec
-from engine.inference.turn import shape_turn
+from engine.inference.turn import TurnShape, shape_turn
 
 
 @dataclass(frozen=True)
@@ -366,11 +367,12 @@ class ChatSession:
             stops = tuple(dict.fromkeys((*params.stop, *self.template.stop)))
             run = turn.params(params.model_copy(update={"stop": stops}))
             shaper = turn.shaper(prompt, self._marker_tokens())
+            generate = self._worker.generate
+            if self.info.memory != "kv":
+                generate = functools.partial(generate, checkpoint_at=self._conversation_end(turn, plan, tokens))
             try:
                 self._configure_kv(cache_key)
-                result = yield from turn.generate(
-                    self._worker.generate, tokens, run, cancel, shaper, self._tokenize_special
-                )
+                result = yield from turn.generate(generate, tokens, run, cancel, shaper, self._tokenize_special)
             except EngineCrashed as exc:
                 self._worker = None
                 self.last_prompt = []
@@ -505,6 +507,16 @@ class ChatSession:
             stats = dataclasses.replace(self._stats(result, plan), template="raw")
             yield stats
             yield Finished(reason=result.reason, stats=stats, text=result.text, stop_sequence=result.stop_sequence)  # type: ignore[arg-type]
+
+    def _conversation_end(self, turn: TurnShape, plan: ContextPlan, tokens: list[int]) -> int | None:
+        """Where the conversation so far ends in the prompt's tokens (before the reply's header):
+        the next turn's prompt starts there, so a recurrent model keeps a copy of its state there
+        (engine/inference/seq_memory.py). None when that rendering is not a prefix of the prompt."""
+        try:
+            head = self._tokenize_prompt(turn.render(plan.messages, add_generation_prompt=False))
+        except EngineError:
+            return None
+        return len(head) if 0 < len(head) < len(tokens) and tokens[: len(head)] == head else None
 
     def _configure_kv(self, cache_key: KvKey | None) -> None:
         """Tells the worker which saved KV cache this turn uses (only when that changes)."""

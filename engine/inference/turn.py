@@ -67,10 +67,14 @@ class TurnShape:
     reasoning_effort: str | None = None
     thinking_budget: int | None = None
 
-    def render(self, messages: Sequence[Message], *, with_tools: bool = True) -> str:
-        """The prompt for ``messages`` (ending with the assistant header)."""
+    def render(
+        self, messages: Sequence[Message], *, with_tools: bool = True, add_generation_prompt: bool = True
+    ) -> str:
+        """The prompt for ``messages`` (ending with the assistant header, unless not
+        ``add_generation_prompt``)."""
         return self.template.render(
             [m.template_dict() for m in messages],
+            add_generation_prompt,
             tools=self.tools if with_tools else (),
             tool_choice=self.choice if with_tools else "none",
             enable_thinking=self.enable_thinking,

@@ -1,7 +1,8 @@
 """Recurrent memory under everything that takes tokens back out of the cache: rejected speculative
 drafts, Stop in the middle of a prefill chunk, a second turn that reuses the first one's prefix,
 and the KV cache saved on disk. The models are built in the test (tests/engine/tiny_arch.py): a
-tiny Mamba (recurrent) and a tiny Granite 4 hybrid (a Mamba-2 layer and an attention layer).
+tiny Mamba (recurrent), a tiny Granite 4 hybrid (a Mamba-2 layer and an attention layer) and a
+tiny Qwen 3.5 (a Gated DeltaNet layer and an attention layer).
 
 Their state cannot drop its last tokens (llama.cpp refuses the removal); each case must still
 leave the memory holding exactly the tokens the engine thinks it does, so greedy replies are the
@@ -19,7 +20,7 @@ import numpy as np
 import pytest
 
 from engine.inference.decoding import DecodeOutcome, StopMatcher, decode, prefill
-from engine.inference.events import Finished, Token
+from engine.inference.events import Finished, Reasoning, Token
 from engine.inference.kv_cache import KvCacheConfig, KvKey
 from engine.inference.runtime import GenerationParams, LoadParams
 from engine.inference.seq_memory import SeqMemory
@@ -31,8 +32,12 @@ GREEDY = GenerationParams(max_tokens=40, temperature=0.0, logprobs=1)  # logprob
 
 
 def _greedy(llm: Any, params: GenerationParams = GREEDY) -> GenerationParams:
-    """``params`` with the end-of-generation token banned: a random model may pick it anywhere."""
-    return params.model_copy(update={"logit_bias": ((int(llm.token_eos()), float("-inf")),)})
+    """``params`` with every end-of-generation token banned: a random model may pick one anywhere."""
+    import llama_cpp
+
+    vocab = llm._model.vocab
+    eog = [t for t in range(int(llm.n_vocab())) if llama_cpp.llama_vocab_is_eog(vocab, t)]
+    return params.model_copy(update={"logit_bias": tuple((t, float("-inf")) for t in eog)})
 
 
 # A prompt that repeats itself, so prompt lookup finds n-grams to draft from.
@@ -126,8 +131,8 @@ def _next_logits(llm: Any, token: int) -> np.ndarray:
     return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1), shape=(llm.n_vocab(),)).copy()
 
 
-RECURRENT = ["mamba", "granite4-hybrid"]
-KINDS = {"mamba": "recurrent", "granite4-hybrid": "hybrid", "qwen2.5": "kv"}
+RECURRENT = ["mamba", "granite4-hybrid", "qwen3.5"]
+KINDS = {"mamba": "recurrent", "granite4-hybrid": "hybrid", "qwen3.5": "hybrid", "qwen2.5": "kv"}
 
 
 @pytest.mark.parametrize("family", [*RECURRENT, "qwen2.5"])
@@ -240,10 +245,15 @@ def _turn(session: Any, history: list[Any], user: str, params: GenerationParams,
 
 
 def _no_eos(session: Any, params: GenerationParams) -> GenerationParams:
-    """``params`` with the end-of-generation token banned (a random model may pick it anywhere)."""
-    info = session.load()
-    [eos] = session.worker.tokenize(info.eos_token, add_bos=False, special=True)
-    return params.model_copy(update={"logit_bias": ((eos, float("-inf")),)})
+    """``params`` with the end-of-generation tokens banned (a random model may pick one anywhere):
+    the model's EOS and the template's own end tokens."""
+    from tests.engine.tiny_arch import FAMILIES
+
+    session.load()
+    [family] = [f for f in FAMILIES.values() if session.load_params.model_path.name.startswith(f"{f.name}-")]
+    ends = {session.info.eos_token, family.eos, family.pad, *family.eos_extra} - {None}
+    banned = [session.worker.tokenize(text, add_bos=False, special=True)[0] for text in sorted(ends)]
+    return params.model_copy(update={"logit_bias": tuple((t, float("-inf")) for t in banned)})
 
 
 USER_1 = "Copy this: " + "the river runs past the old town and the boat is by the house. " * 4
@@ -282,15 +292,17 @@ def test_a_second_turn_reuses_the_first_and_replies_as_a_cold_run_and_a_new_proc
         warm = _turn(session, history, USER_2, params, cache_key=KvKey("1", "b"))
         session.worker.reset_cache()
         cold = _turn(session, history, USER_2, params)
-    # The reply's tokens need not spell its text the same way again: the copy of the state before
-    # the first prompt's last token is what the second turn starts from.
-    assert warm.stats.cached_tokens >= first.stats.prompt_tokens - 1
+    # The reply's tokens need not spell its text the same way again, nor the template its header:
+    # the copy of the state where the first conversation ended (before the reply's header) is
+    # what the second turn starts from.
+    header = first.stats.prompt_tokens - warm.stats.cached_tokens
+    assert 0 < header <= 8
     assert cold.stats.cached_tokens == 0
     assert warm.text == cold.text
     # A new worker process: the saved state of the first prompt's end is loaded, not prefilled.
     with _session(tiny_model(family), folder) as session:
         restored = _turn(session, history, USER_2, params, cache_key=KvKey("1", "c"))
-    assert restored.stats.kv_restored_tokens == warm.stats.prompt_tokens - 1  # all but its last token
+    assert restored.stats.kv_restored_tokens == warm.stats.prompt_tokens - header  # all but the header
     assert restored.stats.cached_tokens == restored.stats.kv_restored_tokens
     assert restored.text == warm.text
 
@@ -305,7 +317,7 @@ def test_stop_mid_reply_then_the_same_turn_again_is_the_cold_reply(
         cancel = threading.Event()
         seen = 0
         for event in session.stream([], USER_1, params, cancel=cancel):
-            if isinstance(event, Token):
+            if isinstance(event, Token | Reasoning):  # a thinking model's reply starts as Reasoning
                 seen += 1
                 if seen == 5:
                     cancel.set()

@@ -13,10 +13,10 @@ tokenizer trained here matches none of the published ones, so the child tells th
 of llama.cpp's pre-tokenizers the family uses (the one its published model has) instead of letting
 it refuse.
 
-The families (:data:`FAMILIES`): Qwen 2.5 and Qwen 3, Llama 3.1, Mistral Nemo, gpt-oss (harmony),
-DeepSeek (R1-Distill-Qwen, V3.1 and V3.2 templates), Gemma 3 (with Gemma 2's published template),
-Mamba (recurrent) and Granite 4 hybrid (a Mamba-2 layer and an attention layer). Each GGUF is
-0.6 to 0.9 MB (F32).
+The families (:data:`FAMILIES`): Qwen 2.5, Qwen 3 and Qwen 3.5 (a Gated DeltaNet hybrid), Llama 3.1,
+Mistral Nemo, gpt-oss (harmony), DeepSeek (R1-Distill-Qwen, V3.1 and V3.2 templates), Gemma 3 (with
+Gemma 2's published template), Mamba (recurrent) and Granite 4 hybrid (a Mamba-2 layer and an
+attention layer). Each GGUF is 0.6 to 0.9 MB (F32).
 
 A model is built once per machine: it is cached in the test cache under a hash of everything it is
 made from (the family's row, the corpus and the builder's code, the sdist's version, the
@@ -83,6 +83,7 @@ class Family:
         seed: the weights' and the tokenizer's seed.
         published: config.json fields written as the published model spells them, where this
             ``transformers`` writes them otherwise (the converter reads the published spelling).
+        convert_args: extra arguments of ``convert_hf_to_gguf.py``.
     """
 
     name: str
@@ -103,6 +104,7 @@ class Family:
     eos_extra: tuple[str, ...] = ()
     seed: int = 0
     published: dict[str, Any] = field(default_factory=dict)
+    convert_args: tuple[str, ...] = ()
 
     @property
     def tokens_in_template(self) -> tuple[str, ...]:
@@ -172,6 +174,37 @@ FAMILIES: dict[str, Family] = {
             hparams={**_SMALL, **_ATTN, "tie_word_embeddings": False},
             template="Qwen-Qwen3-0.6B.jinja",
             pre="qwen2",
+            specials=_QWEN_SPECIALS,
+            added=("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"),
+            eos="<|im_end|>",
+            pad="<|endoftext|>",
+        ),
+        Family(
+            # A hybrid: Gated DeltaNet (recurrent) layers and attention, with XML tool calls.
+            name="qwen3.5",
+            architecture="Qwen3_5ForCausalLM",
+            config="Qwen3_5TextConfig",
+            hparams={
+                **_SMALL,
+                **_ATTN,
+                "layer_types": ["linear_attention", "full_attention"],
+                "linear_conv_kernel_dim": 4,
+                "linear_key_head_dim": 16,
+                "linear_value_head_dim": 16,
+                "linear_num_key_heads": 2,
+                "linear_num_value_heads": 4,
+                "rope_parameters": {
+                    "rope_type": "default",
+                    "rope_theta": 10000.0,
+                    "partial_rotary_factor": 0.5,
+                    "mrope_section": [2, 1, 1],
+                    "mrope_interleaved": True,
+                },
+                "tie_word_embeddings": False,
+            },
+            template="Qwen3.5-4B.jinja",
+            pre="qwen35",
+            convert_args=("--no-mtp",),  # the published model has a multi-token-prediction layer; this one not
             specials=_QWEN_SPECIALS,
             added=("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"),
             eos="<|im_end|>",
@@ -540,7 +573,8 @@ def _child(build: dict[str, Any]) -> None:
     import conversion.base
 
     conversion.base.TextModel.get_vocab_base_pre = lambda self, tokenizer: family.pre  # type: ignore[method-assign]
-    sys.argv = ["convert_hf_to_gguf.py", "--outtype", "f32", "--outfile", build["out"], str(folder)]
+    sys.argv = ["convert_hf_to_gguf.py", "--outtype", "f32", "--outfile", build["out"], *family.convert_args]
+    sys.argv.append(str(folder))
     tool.main()
 
 
