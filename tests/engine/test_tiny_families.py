@@ -93,6 +93,20 @@ CASES = [
             RESULT,
         ),
     ),
+    # R1-Distill's and V3.1's published templates render earlier calls but never the tool list: the
+    # fallback tool prompt offers the tools, the call is JSON and its result a user turn.
+    Case(
+        "deepseek-r1-distill-qwen",
+        "get_weather",
+        ("<｜Assistant｜>", _JSON_CITY, "<｜end▁of▁sentence｜><｜User｜>[tool result] get_weather", RESULT),
+        native=False,
+    ),
+    Case(
+        "deepseek-v3",
+        "required",
+        ("<｜Assistant｜><think></think>", _JSON_CITY, "<｜User｜>[tool result] get_weather", RESULT),
+        native=False,
+    ),
     Case("gemma3", "required", ("<start_of_turn>", _JSON_CITY, RESULT, "<end_of_turn>"), native=False),
     Case("mamba", "get_weather", ("<tool_call>", _JSON_CITY, "<tool_response>", RESULT)),
     Case("granite4-hybrid", "required", ("<tool_call>", _JSON_CITY, "<tool_response>", RESULT)),
