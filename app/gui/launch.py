@@ -5,6 +5,7 @@ window, and the exit code."""
 from __future__ import annotations
 
 import sys
+from typing import NoReturn
 
 from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QApplication
@@ -13,6 +14,37 @@ from app.gui.lifecycle import quit_on_signals, safe_mode_reason
 from app.gui.main_window import MainWindow
 from app.paths import Paths
 from app.settings import load_settings
+
+
+def leave_process(code: int) -> NoReturn:
+    """Ends the process after the window has shut everything down, without the interpreter's
+    teardown of every module it imported.
+
+    By then the window has closed the history, written the settings and the window's geometry,
+    stopped the workers, the knowledge process and the model (its KV cache written), and released
+    the single-instance lock. What Python would still do is clear thousands of module objects one
+    by one: 0.4 to 1.5 s of the app's exit, measured. The threads still running are joined, the
+    ``atexit`` hooks run (logging, multiprocessing's children, the MCP servers, temporary files),
+    the output is flushed, then the process leaves with ``code``.
+    """
+    import atexit
+    import logging
+    import os
+    import threading
+    import time
+
+    deadline = time.monotonic() + 2.0  # the window stopped its threads: any left is idle or late
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join(max(deadline - time.monotonic(), 0.0))
+    atexit._run_exitfuncs()
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass  # a closed or broken pipe: nothing more to say
+    os._exit(code)
 
 
 def run_gui(paths: Paths, safe_mode: bool = False) -> int:
