@@ -7,7 +7,8 @@ budget in tokens (``thinking_budget``). Templates read these under their own nam
 * on or off: ``enable_thinking`` (Qwen 3 and most), ``thinking`` (DeepSeek V3.1-V4, Granite 3.3,
   Kimi K3), ``reasoning`` (Command A), ``thinking_mode`` ``enabled``/``disabled`` (MiniMax M3),
   ``thinking_option`` ``on``/``off`` (Ling), a ``thinking_budget`` of 0 (Seed-OSS), or an effort
-  that means none (Hunyuan's ``no_think``, Command A's ``none``); several at once where a template
+  that means none (Hunyuan's ``no_think``, Command A's ``none``, Solar's ``minimal``); several at
+  once where a template
   reads several;
 * the effort: ``reasoning_effort`` (gpt-oss, DeepSeek V4, Hunyuan, Solar), ``thinking_effort``
   (Kimi K3), ``reasoning_strength`` (Muse); the values the template names are accepted besides
@@ -31,7 +32,7 @@ from engine.inference.reasoning import EFFORTS
 if TYPE_CHECKING:
     from engine.inference.templates import ChatTemplate
 
-OFF_VALUES = ("none", "no_think", "off", "disabled")
+OFF_VALUES = ("none", "no_think", "off", "disabled", "minimal")
 """Effort values that mean no thinking at all."""
 EFFORT_SWITCHES = ("reasoning_effort", "thinking_effort", "reasoning_strength")
 ON_OFF_BOOLS = ("enable_thinking", "thinking", "reasoning")
@@ -110,7 +111,7 @@ def thinking_controls_of(names: Collection[str], switches: Sequence[Switch]) -> 
 
 def template_controls(template: ChatTemplate) -> frozenset[str]:
     """What a front end may offer for a loaded model's template (:func:`thinking_controls_of`)."""
-    return thinking_controls_of(template.thinking, ())
+    return thinking_controls_of(template.thinking, template.switches)
 
 
 def thinking_settings(

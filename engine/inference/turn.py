@@ -54,8 +54,10 @@ class TurnShape:
             results, and never parsed for).
         choice: the tool choice (``auto``, ``none``, ``required`` or a function name).
         json_schema: the call schema the reply is constrained to (JSON text), or None.
-        enable_thinking: the template's thinking switch, or None to leave it be.
-        reasoning_effort: the template's effort switch, or None.
+        enable_thinking: the template's ``enable_thinking``, or None to leave it be.
+        reasoning_effort: the template's ``reasoning_effort`` (``low``/``medium``/``high``), or None.
+        switches: the template's other switches the turn sets (``thinking``, ``thinking_mode``,
+            ``thinking_budget``, an effort of its own...: engine/inference/thinking_settings.py).
         thinking_budget: the most thinking tokens, or None for no cap.
     """
 
@@ -65,6 +67,7 @@ class TurnShape:
     json_schema: str | None = None
     enable_thinking: bool | None = None
     reasoning_effort: str | None = None
+    switches: tuple[tuple[str, object], ...] = ()
     thinking_budget: int | None = None
 
     def render(
@@ -79,6 +82,7 @@ class TurnShape:
             tool_choice=self.choice if with_tools else "none",
             enable_thinking=self.enable_thinking,
             reasoning_effort=self.reasoning_effort,
+            switches=dict(self.switches),
         )
 
     def tools_tokens(self, count_prompt: Callable[[str], int]) -> int:
@@ -163,7 +167,13 @@ def shape_turn(
         raise EngineError(
             f"tool_choice {choice!r} constrains the reply itself: it cannot be combined with a json_schema or grammar"
         )
-    settings = thinking_settings(template.thinking, (), thinking=thinking, reasoning_effort=reasoning_effort)
+    settings = thinking_settings(
+        template.thinking,
+        template.switches,
+        thinking=thinking,
+        reasoning_effort=reasoning_effort,
+        thinking_budget=thinking_budget,
+    )
     if thinking_budget is not None and (isinstance(thinking_budget, bool) or thinking_budget < 0):
         raise EngineError(f"the thinking budget must be a number of tokens (0 or more), not {thinking_budget!r}")
     if thinking_budget is not None and thinking is False:
@@ -175,5 +185,6 @@ def shape_turn(
         json_schema=json.dumps(schema) if schema is not None else None,
         enable_thinking=settings.enable_thinking,
         reasoning_effort=settings.reasoning_effort,
+        switches=tuple(settings.switches.items()),
         thinking_budget=thinking_budget,
     )

@@ -209,3 +209,104 @@ def test_a_thinking_budget_closes_the_thinking_in_the_templates_own_marker(
     assert 10 <= finished.reasoning_tokens <= 12
     first, second = script.prompts
     assert second.endswith(close) and second.startswith(first)
+
+
+@pytest.mark.parametrize(
+    ("name", "options", "in_prompt", "reply", "reasoning", "content"),
+    [
+        (
+            "Kimi-K3.jinja",
+            {"thinking": False},
+            "<|open|>response<|sep|>",
+            "It is sunny.<|close|>response<|sep|>",
+            "",
+            "It is sunny.",
+        ),
+        (
+            "Kimi-K3.jinja",
+            {"reasoning_effort": "low"},
+            "thinking_effort=low",
+            "Hm.<|close|>think<|sep|><|open|>response<|sep|>Sunny.",
+            "Hm.",
+            "Sunny.",
+        ),
+        ("MiniMax-M3.jinja", {"thinking": False}, "Current thinking mode: disabled", "</mm:think>Sunny.", "", "Sunny."),
+        (
+            "ByteDance-Seed-OSS.jinja",
+            {"thinking_budget": 64},
+            "thinking budget, which is 64",
+            "<seed:think>Hm.</seed:think>Sunny.",
+            "Hm.",
+            "Sunny.",
+        ),
+        (
+            "tencent-Hy3.jinja",
+            {"thinking": True},
+            "<think:opensource>",
+            "Hm.</think:opensource>Sunny.",
+            "Hm.",
+            "Sunny.",
+        ),
+        ("tencent-Hy3.jinja", {"thinking": False}, "</think:opensource>", "Sunny.", "", "Sunny."),
+        (
+            "deepseek-ai-DeepSeek-V4.jinja",
+            {"thinking": True, "reasoning_effort": "max"},
+            "Reasoning Effort: Absolute maximum",
+            "Hm.</think>Sunny.",
+            "Hm.",
+            "Sunny.",
+        ),
+        ("deepseek-ai-DeepSeek-V3.1.jinja", {"thinking": True}, "<think>", "Hm.</think>Sunny.", "Hm.", "Sunny."),
+        (
+            "Cohere2MoE.jinja",
+            {"thinking": False},
+            "<|START_THINKING|><|END_THINKING|>",
+            "<|START_TEXT|>Sunny.<|END_TEXT|>",
+            "",
+            "Sunny.",
+        ),
+        (
+            "openai-gpt-oss-120b.jinja",
+            {"reasoning_effort": "high"},
+            "Reasoning: high",
+            "<|channel|>final<|message|>Sunny.",
+            "",
+            "Sunny.",
+        ),
+    ],
+)
+def test_thinking_options_reach_each_templates_own_switches(
+    llama_cpp_source: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+    options: dict[str, Any],
+    in_prompt: str,
+    reply: str,
+    reasoning: str,
+    content: str,
+) -> None:
+    source = (llama_cpp_source / "models" / "templates" / name).read_text(encoding="utf-8")
+    script = Script(replies=[reply], piece=2)
+    session = scripted_session(tmp_path, monkeypatch, source, script, architecture="llama", n_ctx=32768)
+    finished = list(session.stream([], "Weather?", **options))[-1]
+    assert in_prompt in script.prompts[0]
+    assert isinstance(finished, Finished)
+    assert (finished.reasoning, finished.text) == (reasoning, content)
+
+
+def test_an_effort_the_template_does_not_name_is_refused(
+    llama_cpp_source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from engine.errors import EngineError
+
+    source = (llama_cpp_source / "models" / "templates" / "Kimi-K3.jinja").read_text(encoding="utf-8")
+    session = scripted_session(tmp_path, monkeypatch, source, Script(), architecture="llama", n_ctx=32768)
+    with pytest.raises(EngineError, match="reasoning_effort must be one of low, medium, high, max"):
+        list(session.stream([], "hi", reasoning_effort="extreme"))
+    source = (llama_cpp_source / "models" / "templates" / "meta-llama-Llama-3.1-8B-Instruct.jinja").read_text(
+        encoding="utf-8"
+    )
+    session = scripted_session(tmp_path, monkeypatch, source, Script(), architecture="llama", n_ctx=32768)
+    with pytest.raises(EngineError, match="no thinking switch"):
+        list(session.stream([], "hi", thinking=True))

@@ -43,7 +43,7 @@ class FakeToolSession(FakeSession):
     def __init__(self, request: Any, bandwidth: float | None, think: bool = False) -> None:
         super().__init__(request, bandwidth)
         self.think = think
-        self.template = SimpleNamespace(thinking=frozenset({"enable_thinking"}))
+        self.template = SimpleNamespace(thinking=frozenset({"enable_thinking"}), switches=())
 
     def stream(
         self,
