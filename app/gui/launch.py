@@ -57,6 +57,13 @@ def run_gui(paths: Paths, safe_mode: bool = False) -> int:
     from app.gui.lifecycle import start_error
     from app.gui.single_instance import SingleInstance
 
+    if QApplication.instance() is None:
+        from app.gui.display_check import display_problem
+
+        problem = display_problem()  # no display, no X libraries: one line, not Qt's abort
+        if problem is not None:
+            print(f"glassbox: error: {problem}", file=sys.stderr)  # noqa: T201
+            return 1
     app = QApplication.instance() or QApplication(sys.argv[:1])
     assert isinstance(app, QApplication)
     app.setApplicationName("Glassbox")

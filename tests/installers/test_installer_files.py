@@ -249,6 +249,50 @@ def test_control_file_fields(build_py: ModuleType) -> None:
     assert text.endswith("\n")
 
 
+def _debian_package(soname: str) -> str:
+    """The Debian package of a shared library, by the library packaging policy: the name and its
+    soversion (``libxcb-icccm.so.4`` → ``libxcb-icccm4``; a name ending in a digit takes a dash:
+    ``libxkbcommon-x11.so.0`` → ``libxkbcommon-x11-0``)."""
+    name, _, version = soname.partition(".so.")
+    name = name.lower()
+    return f"{name}-{version}" if name[-1].isdigit() else f"{name}{version}"
+
+
+@pytest.mark.skipif(shutil.which("readelf") is None, reason="readelf is not installed")
+def test_control_depends_on_every_x_library_qts_xcb_plugin_links(build_py: ModuleType) -> None:
+    """On a bare Linux the window did not start: Qt's xcb plugin needs libxcb-icccm4 and the rest,
+    which the PySide6 wheels do not bundle (issue 28). Depends names each X, xcb, xkb and EGL
+    library the plugin and its Qt library link."""
+    import subprocess
+
+    import PySide6
+
+    qt = Path(PySide6.__file__).parent / "Qt"
+    binaries = [qt / "plugins" / "platforms" / "libqxcb.so", *sorted((qt / "lib").glob("libQt6XcbQpa.so*"))[:1]]
+    needed: set[str] = set()
+    for binary in binaries:
+        dynamic = subprocess.run(["readelf", "-d", str(binary)], capture_output=True, text=True, check=True).stdout
+        needed.update(re.findall(r"\(NEEDED\).*\[(lib(?:xcb|X11|xkbcommon|EGL)[^\]]*)\]", dynamic))
+    assert {"libxcb-icccm.so.4", "libxcb-cursor.so.0", "libxkbcommon-x11.so.0"} <= needed  # what the trial lacked
+    fields = dict(re.findall(r"^([A-Za-z-]+): (.*)$", _control(build_py), flags=re.MULTILINE))
+    depends = {part.split("(")[0].strip() for part in fields["Depends"].split(",")}
+    missing = sorted(_debian_package(soname) for soname in needed if _debian_package(soname) not in depends)
+    assert missing == []
+
+
+def test_the_readme_set_up_line_names_the_same_x_libraries(build_py: ModuleType) -> None:
+    """A source install needs them too: the README's set-up line lists what the .deb declares."""
+    fields = dict(re.findall(r"^([A-Za-z-]+): (.*)$", _control(build_py), flags=re.MULTILINE))
+    x_libraries = {
+        part.strip()
+        for part in fields["Depends"].split(",")
+        if part.strip().startswith(("libxcb-", "libxkbcommon-x11"))
+    }
+    readme = (INSTALLERS.parent / "README.md").read_text(encoding="utf-8")
+    line = next(line for line in readme.splitlines() if "apt install" in line and "libxcb-icccm4" in line)
+    assert x_libraries <= set(line.split()), x_libraries - set(line.split())
+
+
 def test_control_rejects_unknown_placeholder(build_py: ModuleType) -> None:
     with pytest.raises(build_py.BuildError, match="@OOPS@"):
         build_py.render_control("Package: x\nVersion: @OOPS@\n", version="1", arch="amd64", installed_kib=1)
