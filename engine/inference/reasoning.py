@@ -367,7 +367,12 @@ def _prefix_of(head: str, marker: str) -> bool:
 
 def _held(text: str, marker: str) -> int:
     """The length of the end of ``text`` that could be the start of ``marker``."""
-    for size in range(min(len(marker) - 1, len(text)), 0, -1):
-        if marker.startswith(text[-size:]):
-            return size
+    if not marker:
+        return 0
+    first = marker[0]
+    at = text.find(first, max(0, len(text) - len(marker) + 1))
+    while at >= 0:  # the earliest start of a partial marker is the longest one
+        if marker.startswith(text[at:]):
+            return len(text) - at
+        at = text.find(first, at + 1)
     return 0

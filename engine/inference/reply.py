@@ -352,7 +352,10 @@ class ReplyShaper:
                 events.append(call)
             elif piece:
                 self.answer += piece
-                events.append(replace(token, text=piece) if token is not None else Token(piece, -1))
+                if token is None:
+                    events.append(Token(piece, -1))
+                else:
+                    events.append(token if token.text == piece else replace(token, text=piece))
         return events
 
 

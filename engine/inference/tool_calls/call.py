@@ -67,10 +67,15 @@ def partial_suffix(text: str, markers: Iterable[str]) -> int:
     """
     longest = 0
     for marker in markers:
-        for size in range(min(len(marker) - 1, len(text)), longest, -1):
-            if marker.startswith(text[-size:]):
-                longest = size
+        if not marker:
+            continue
+        first = marker[0]
+        at = text.find(first, max(0, len(text) - len(marker) + 1))
+        while at >= 0 and len(text) - at > longest:  # the earliest start is the longest one
+            if marker.startswith(text[at:]):
+                longest = len(text) - at
                 break
+            at = text.find(first, at + 1)
     return longest
 
 
