@@ -69,7 +69,10 @@ def test_reply_streams_is_saved_and_inspector_matches_stats(qtbot: Any, window: 
     assert shown["decode_tps"] == f"{stats.decode_tps:.1f} tok/s"
     assert shown["prefill_tps"] == f"{stats.prefill_tps:.1f} tok/s"
     assert shown["ttft_ms"] == f"{stats.ttft_ms:.0f} ms"
-    assert shown["context_used"] == f"{stats.context_used} of {stats.n_ctx} tokens used"
+    # The window holds the prompt and every token of the reply (the engine's context_used leaves
+    # out the last token, which is fed back only with the next turn): the summary matches the legend.
+    assert stats.context_used == stats.prompt_tokens + stats.completion_tokens - 1
+    assert shown["context_used"] == f"{stats.prompt_tokens + stats.completion_tokens} of {stats.n_ctx} tokens used"
     assert sum(int(shown[f"budget.{k}"]) for k in stats.budget) == stats.n_ctx
     qtbot.waitUntil(lambda: len(window.inspector.tokens_view.token_ids) == stats.prompt_tokens, timeout=10_000)
 
