@@ -7,6 +7,7 @@ from collections.abc import Callable
 from PySide6.QtCore import Qt, QTimer, Slot
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QWidget
 
+from app.gui.display_text import shown_lines
 from app.gui.window_layout import wrap_anywhere
 
 
@@ -41,7 +42,7 @@ class Toast(QFrame):
         parent = self.parentWidget()
         if parent is not None:
             self.setMaximumWidth(max(parent.width() - 48, 200))
-        self.label.setText(wrap_anywhere(text))
+        self.label.setText(wrap_anywhere(shown_lines(text)))  # a name's ESC or U+202E shown escaped
         self.setAccessibleDescription(text)
         self._callback = callback
         self.action.setVisible(action is not None)

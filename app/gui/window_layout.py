@@ -121,7 +121,9 @@ def set_wrapped_text(label: QLabel, text: str) -> None:
     Characters that do not print as themselves (a name's ESC or U+202E) are shown escaped."""
     text = shown_lines(text)
     label.setTextFormat(Qt.TextFormat.PlainText)
-    label.setText(wrap_anywhere(text))
+    # QLabel's own setText: the text is shown already, and the break points are zero-width spaces
+    # (a plain label would show them escaped).
+    QLabel.setText(label, wrap_anywhere(text))
     label.setToolTip(plain_tooltip(text) if len(text) > 80 else "")
 
 

@@ -95,6 +95,9 @@ def test_no_text_widens_the_inspector_for_any_backend(panel: InspectorPanel, ser
     assert panel.phase_label.wordWrap()
     if server:
         assert LONG_URL in panel.phase_label.toolTip()
+    # The break points are zero-width spaces, never shown as escapes.
+    assert all("\\u200b" not in label.text() for label in panel.findChildren(QLabel))
+    assert "\u200b" in panel.phase_label.text() or not server
     for label in panel.tabs.widget(0).widget().findChildren(QLabel):
         if isinstance(label, ElidedLabel) and label.shown_text() != label.text():
             assert label.toolTip(), label.objectName()
