@@ -195,7 +195,7 @@ class ChatToolsButton(QToolButton):
 
     def minimumSizeHint(self) -> QSize:
         hint = super().minimumSizeHint()
-        width = self.fontMetrics().horizontalAdvance("Tools: …") + self._chrome()
+        width = self.fontMetrics().horizontalAdvance("Tools: builtin…") + self._chrome()  # still says something
         return QSize(min(width, self.sizeHint().width()), hint.height())
 
     def resizeEvent(self, event: QResizeEvent) -> None:

@@ -128,7 +128,7 @@ class ChatHeaderWidget(QFrame):
 
     def _build_state_row(self, paths: Paths, show_inspector: bool) -> FlowLayout:
         state_row = FlowLayout(spacing=6)
-        self.model_status = ElidedLabel("No model loaded", max_chars=40)
+        self.model_status = ElidedLabel("No model loaded", min_chars=12, max_chars=40)
         self.model_status.setObjectName("modelStatus")
         self.model_status.setAccessibleName("Model state")
         state_row.addWidget(self.model_status)

@@ -262,20 +262,28 @@ class FlowLayout(QLayout):
 
     @staticmethod
     def _fit_line(line: list[tuple[QLayoutItem, QSize]], room: int, spacing: int) -> list[tuple[QLayoutItem, QSize]]:
-        """The line's items at their hints where they fit; where not, the items that can shrink
-        give up room in proportion to what each can give, down to their minimum widths."""
-        over = sum(size.width() for _item, size in line) + spacing * max(len(line) - 1, 0) - room
-        if over <= 0:
+        """The line's items at their hints where they fit; where not, the widest items that can
+        shrink give up room first (down to a common width, never below their minimums), so a
+        long text elides and a short one ("● Loaded") stays whole."""
+        gaps = spacing * max(len(line) - 1, 0)
+        if sum(size.width() for _item, size in line) + gaps <= room:
             return line
-        spare = [size.width() - min(item.minimumSize().width(), size.width()) for item, size in line]
-        total = sum(spare)
-        if total <= 0:
-            return line
-        out = []
-        for (item, size), can in zip(line, spare, strict=True):
-            give = min(can, -(-over * can // total))  # rounded up: the line fits
-            out.append((item, QSize(size.width() - give, size.height())))
-        return out
+        least = [min(item.minimumSize().width(), size.width()) for item, size in line]
+
+        def total(cap: int) -> int:
+            return sum(max(low, min(size.width(), cap)) for low, (_item, size) in zip(least, line, strict=True))
+
+        low, high = 0, max(size.width() for _item, size in line)
+        while low < high:  # the widest cap at which the line fits
+            cap = (low + high + 1) // 2
+            if total(cap) + gaps <= room:
+                low = cap
+            else:
+                high = cap - 1
+        return [
+            (item, QSize(max(floor, min(size.width(), low)), size.height()))
+            for floor, (item, size) in zip(least, line, strict=True)
+        ]
 
     def _arrange(self, rect: QRect, apply: bool) -> int:
         margins = self.contentsMargins()
