@@ -35,20 +35,24 @@ from pathlib import Path
 
 __all__ = [
     "AMX_TAGS",
+    "AMX_VM_NOTE",
     "BUILD_MARKER",
     "BackendInfo",
     "BackendPolicy",
     "BackendState",
     "CpuVariant",
+    "amx_kernel_problem",
     "build_marker",
     "choose_variant",
     "describe_crash",
     "is_cpu_fault",
+    "is_virtual_machine",
     "lib_dir",
     "load_backends",
     "load_backends_for",
     "safe_variant",
     "variant_files",
+    "xcomp_supported",
 ]
 
 # Variants whose kernels run AMX tiles; guarded until proven on this machine.
@@ -416,6 +420,84 @@ def _gpu_names(ggml: ctypes.CDLL) -> tuple[str, ...]:
         if name not in ("CPU", "BLAS"):
             names.append(name)
     return tuple(names)
+
+
+# ------------------------------------------------------------------------------ AMX: the kernel and the machine
+
+# Linux's x86 ABI for the AMX tile state (arch/x86/include/uapi/asm/prctl.h): the features the kernel
+# saves and restores for a process, and the per-process permission to use tile data.
+_SYS_ARCH_PRCTL = 158  # x86-64
+_ARCH_GET_XCOMP_SUPP = 0x1021
+_ARCH_GET_XCOMP_PERM = 0x1022
+_ARCH_REQ_XCOMP_PERM = 0x1023
+_XFEATURE_XTILEDATA = 18
+
+AMX_VM_NOTE = (
+    "AMX is off on this virtual machine (the CPU reports the hypervisor flag): a hypervisor may not keep "
+    "the tile state across the host's context switches, and llama.cpp's AMX code then dies at random; "
+    "set GLASSBOX_AMX=probe to test it here"
+)
+
+
+def amx_kernel_problem() -> str | None:
+    """Why the kernel would not let this process keep AMX tile state, or None when it does.
+
+    Linux (5.16 and later) saves and restores the tiles only for a process that asked
+    (``arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)``), and only when it supports the
+    feature at all (``ARCH_GET_XCOMP_SUPP``); the permission granted is what ``ARCH_GET_XCOMP_PERM``
+    reports. This asks, in the calling process (the probe's child). Elsewhere (another OS or CPU
+    architecture) there is nothing to ask: None.
+    """
+    import platform
+
+    if not sys.platform.startswith("linux") or platform.machine().lower() not in ("x86_64", "amd64"):
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)
+    mask = ctypes.c_uint64(0)
+    if libc.syscall(ctypes.c_long(_SYS_ARCH_PRCTL), ctypes.c_long(_ARCH_GET_XCOMP_SUPP), ctypes.byref(mask)) != 0:
+        return (
+            f"the kernel cannot report the AMX tile state ({os.strerror(ctypes.get_errno())}; Linux 5.16 or later can)"
+        )
+    if not mask.value & (1 << _XFEATURE_XTILEDATA):
+        return "the kernel does not keep the AMX tile state (no XTILEDATA among the features it saves)"
+    if libc.syscall(
+        ctypes.c_long(_SYS_ARCH_PRCTL), ctypes.c_long(_ARCH_REQ_XCOMP_PERM), ctypes.c_long(_XFEATURE_XTILEDATA)
+    ):
+        return f"the kernel refused the AMX tile permission ({os.strerror(ctypes.get_errno())})"
+    granted = ctypes.c_uint64(0)
+    libc.syscall(ctypes.c_long(_SYS_ARCH_PRCTL), ctypes.c_long(_ARCH_GET_XCOMP_PERM), ctypes.byref(granted))
+    if not granted.value & (1 << _XFEATURE_XTILEDATA):
+        return "the kernel did not grant the AMX tile permission"
+    return None
+
+
+def xcomp_supported() -> int | None:
+    """The XSAVE features the kernel saves for a process (``ARCH_GET_XCOMP_SUPP``), or None where it
+    cannot be asked (not Linux on x86-64, or a kernel before 5.16)."""
+    import platform
+
+    if not sys.platform.startswith("linux") or platform.machine().lower() not in ("x86_64", "amd64"):
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)
+    mask = ctypes.c_uint64(0)
+    if libc.syscall(ctypes.c_long(_SYS_ARCH_PRCTL), ctypes.c_long(_ARCH_GET_XCOMP_SUPP), ctypes.byref(mask)) != 0:
+        return None
+    return int(mask.value)
+
+
+def is_virtual_machine(cpuinfo: str | None = None) -> bool:
+    """Whether this runs in a virtual machine: the ``hypervisor`` flag of ``/proc/cpuinfo`` (Linux;
+    elsewhere, or unreadable: False). ``cpuinfo`` is its text, for the tests."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return False
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "flags":
+            return "hypervisor" in value.split()
+    return False
 
 
 # ------------------------------------------------------------------------------ crashes

@@ -257,10 +257,13 @@ def decode(
     draft_model: DraftModel | None = None,
     offloaded: bool = False,
     memory: SeqMemory | None = None,
+    resume: int = 0,
 ) -> DecodeOutcome:
     """Generates the reply after a prefilled prompt (the logits of its last token are current).
 
     ``memory`` (made here when not given) takes a rejected draft's tail back out of the cache.
+    ``resume``: the prompt's last ``resume`` tokens are the reply so far (begun by a worker that
+    crashed): the grammar takes them as generated before the reply goes on.
     """
     seed = params.seed if params.seed is not None else llm._seed
     max_new = min(params.max_tokens, n_ctx - llm.n_tokens)
@@ -291,6 +294,8 @@ def decode(
     reason = _CONTINUE
     with ChainSampler(lc, llm, params, seed) as sampler:
         sampler.prime(prompt)
+        if resume > 0:
+            sampler.resume(list(prompt)[-resume:])
         token = sampler.sample(-1)
         reason = emitter.push(token, sampler, -1, False)
         while not reason:

@@ -74,6 +74,9 @@ class Stats:
     memory cannot drop its last tokens: engine.inference.seq_memory)."""
     speculation_note: str = ""
     """Why speculative decoding was off for this reply although it was asked for ("" otherwise)."""
+    cpu_note: str = ""
+    """What happened to llama.cpp's CPU code during this reply: it crashed and the reply went on on
+    the safe variant (said on the reply it happened in only; "" otherwise)."""
     budget: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:

@@ -23,6 +23,7 @@ import dataclasses
 import multiprocessing
 import multiprocessing.connection
 import os
+import signal
 import sys
 import tempfile
 import threading
@@ -34,7 +35,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from engine.cpu_backend import BackendInfo, BackendPolicy, describe_crash, is_cpu_fault, load_backends
+from engine.cpu_backend import AMX_TAGS, BackendInfo, BackendPolicy, describe_crash, is_cpu_fault, load_backends
 from engine.errors import Cancelled, EngineCrashed, EngineError, ModelLoadError
 from engine.inference.decoding import StopMatcher as _StopMatcher
 from engine.inference.decoding import decode, prefill
@@ -381,6 +382,7 @@ class _Worker:
         cancel: Any,
         send: Any,
         checkpoint_at: int | None = None,
+        resume: int = 0,
     ) -> WorkerResult:
         """One generation: the prefix reuse, the prefill, the decode loop.
 
@@ -426,6 +428,7 @@ class _Worker:
             self.draft,
             offloaded=self.params.n_gpu_layers != 0 and bool(self._llama_cpp.llama_supports_gpu_offload()),
             memory=self.memory,
+            resume=resume,
         )
         t_end = time.perf_counter()
         t_first = out.t_first
@@ -501,9 +504,9 @@ def _worker_main(
             elif op == "generate":
                 _test_cpu_fault("generate", backend)
                 checkpoint_at = message[3] if len(message) > 3 else None
-                result = worker.generate(
-                    message[1], message[2], cancel, lambda event: conn.send(("event", event)), checkpoint_at
-                )
+                resume = message[4] if len(message) > 4 else 0
+                send = _test_fault_after_tokens(backend, lambda event: conn.send(("event", event)))
+                result = worker.generate(message[1], message[2], cancel, send, checkpoint_at, resume)
                 conn.send(("result", worker.kv_result(result)))
                 worker.kv_save()  # after the result: the reply never waits for the disk
             elif op == "kv":
@@ -517,6 +520,28 @@ def _worker_main(
             conn.send(("error", _WorkerError("engine", f"{type(exc).__name__}: {exc}")))
 
 
+def _test_fault_after_tokens(backend: BackendInfo, send: Any) -> Any:
+    """Lets tests prove that a SIGILL in the middle of a reply is survived:
+    ``GLASSBOX_TEST_SIGILL=token:N`` kills the worker after it sent N tokens (the probe passed, the
+    AMX code died later), unless it runs ``GLASSBOX_TEST_SIGILL_SPARE``."""
+    fault = os.environ.get("GLASSBOX_TEST_SIGILL", "")
+    if not fault.startswith("token:") or backend.variant == os.environ.get("GLASSBOX_TEST_SIGILL_SPARE"):
+        return send
+    after = int(fault.partition(":")[2])
+    sent = 0
+
+    def counting(event: object) -> None:
+        nonlocal sent
+        send(event)
+        if isinstance(event, Token):
+            sent += 1
+            if sent >= after:
+                os.kill(os.getpid(), signal.SIGILL)
+                time.sleep(5)  # the signal is delivered at once; never reached
+
+    return counting
+
+
 def _test_cpu_fault(when: str, backend: BackendInfo) -> None:
     """Lets tests prove that wrong CPU code is diagnosed: ``GLASSBOX_TEST_SIGILL=load|generate``
     kills the worker with SIGILL there, unless it runs ``GLASSBOX_TEST_SIGILL_SPARE`` (a variant
@@ -525,8 +550,6 @@ def _test_cpu_fault(when: str, backend: BackendInfo) -> None:
         return
     if backend.variant is not None and backend.variant == os.environ.get("GLASSBOX_TEST_SIGILL_SPARE"):
         return
-    import signal
-
     os.kill(os.getpid(), signal.SIGILL)
     time.sleep(5)  # the signal is delivered at once; never reached
 
@@ -648,14 +671,17 @@ class InferenceWorker:
         params: GenerationParams,
         cancel: threading.Event | None = None,
         checkpoint_at: int | None = None,
+        resume: int = 0,
     ) -> Generator[PrefillProgress | Token, None, WorkerResult]:
         """Streams events; the generator's return value is the :class:`WorkerResult`.
 
         ``checkpoint_at``: where the conversation so far ends in ``tokens`` (a recurrent model
         keeps a copy of its state there for the next turn; see ``ModelInfo.memory``).
+        ``resume``: the last ``resume`` of ``tokens`` are a reply begun on another worker (whose CPU
+        code crashed): the grammar and the penalties take them as generated, the reply goes on.
         """
         self._cancel.clear()
-        self._send(("generate", list(tokens), params, checkpoint_at), "generation")
+        self._send(("generate", list(tokens), params, checkpoint_at, resume), "generation")
         forwarded = False
         finished = False
         shown: list[str] = []  # the text of the tokens passed on
@@ -759,8 +785,10 @@ class InferenceWorker:
             code = proc.exitcode
         cause = _last_words(self.log_path)
         self.close(kill=True)
-        if is_cpu_fault(code) and self._tokens_out == 0:
-            # On load or before the first token: the CPU code itself is the first suspect.
+        amx_sigill = code == -signal.SIGILL and self.backend is not None and self.backend.variant in AMX_TAGS
+        if is_cpu_fault(code) and (self._tokens_out == 0 or amx_sigill):
+            # On load or before the first token the CPU code itself is the first suspect; a SIGILL
+            # on the AMX variant is its known bug at any time (the tile state lost in a switch).
             return EngineCrashed(code, during, describe_crash(code, self.backend), backend=self.backend, cpu_fault=True)
         return EngineCrashed(code, during, cause)
 
@@ -781,80 +809,3 @@ def _last_words(log_path: Path | None) -> str | None:
         if any(marker in line.lower() for marker in markers):
             return line.strip()[:300]
     return None
-
-
-# --------------------------------------------------------------------------- proving a CPU variant
-
-_PROBE_TIMEOUT_S = 300.0
-_PROBE_TEXT = b"The memory wall: every decoded token reads all the weights once. " * 2
-
-
-def _probe_main(model_path: str, tag: str, n_threads: int | None) -> None:
-    """Child side of :func:`probe_variant`: exit 0 when ``tag`` loaded and decoded; 3 when this
-    CPU cannot run it at all; a signal when its code crashed."""
-    fd = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(fd, 2)
-    os.close(fd)
-    backend = load_backends(BackendPolicy(variant=tag, allow_amx=True))
-    if backend.variant != tag:
-        raise SystemExit(3)
-    if os.environ.get("GLASSBOX_TEST_SIGILL") == "probe":
-        import signal
-
-        os.kill(os.getpid(), signal.SIGILL)
-    import llama_cpp
-
-    llm = llama_cpp.Llama(
-        model_path=model_path,
-        n_ctx=256,
-        n_batch=64,
-        n_ubatch=64,
-        n_threads=n_threads,
-        n_threads_batch=n_threads,
-        verbose=False,
-    )
-    tokens = llm.tokenize(_PROBE_TEXT)[:64]
-    llm.eval(tokens)  # a batch: the matrix-matrix kernels, on every thread
-    for _ in range(2):  # and single tokens: the matrix-vector ones
-        llm.eval([llm.sample(temp=0.0)])
-    llm.close()
-
-
-def probe_variant(
-    model_path: Path, tag: str, n_threads: int | None = None, cancel: threading.Event | None = None
-) -> str:
-    """Loads ``model_path`` on CPU variant ``tag`` in a child and decodes a few tokens.
-
-    Returns:
-        ``"ok"``, or one line saying how it failed (``"crashed (SIGILL)"``, ...).
-
-    Raises:
-        Cancelled: ``cancel`` was set (the child is killed; nothing is concluded).
-    """
-    ctx = multiprocessing.get_context("spawn")
-    proc = ctx.Process(target=_probe_main, args=(str(model_path), tag, n_threads), name="glassbox-cpu-probe")
-    proc.start()
-    deadline = time.monotonic() + _PROBE_TIMEOUT_S
-    while proc.is_alive() and time.monotonic() < deadline:
-        if cancel is not None and cancel.is_set():
-            proc.kill()
-            proc.join(5)
-            raise Cancelled("model load cancelled")
-        proc.join(_POLL_S * 5)
-    if proc.is_alive():
-        proc.kill()
-        proc.join(5)
-        return f"timed out after {_PROBE_TIMEOUT_S:.0f} s"
-    code = proc.exitcode
-    if code == 0:
-        return "ok"
-    if code == 3:
-        return "this CPU cannot run it"
-    if code is not None and code < 0:
-        import signal
-
-        try:
-            return f"crashed ({signal.Signals(-code).name})"
-        except ValueError:
-            return f"crashed (signal {-code})"
-    return f"failed (exit code {code})"

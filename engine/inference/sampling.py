@@ -120,6 +120,14 @@ class ChainSampler:
         for token in list(prompt)[-window:] if window > 0 else []:
             self._lc.llama_sampler_accept(self._chain, int(token))
 
+    def resume(self, reply: Any) -> None:
+        """Takes the tokens of a reply begun elsewhere as generated: the grammar advances over them
+        (the penalties saw them in the prompt), so the reply goes on where it stopped."""
+        if self._grammar is None:
+            return
+        for token in reply:
+            self._lc.llama_sampler_accept(self._grammar, int(token))
+
     def sample(self, idx: int) -> int:
         """Samples the token after row ``idx`` of the last batch's logits (-1: the last row) and
         accepts it into the chain (and the grammar)."""

@@ -12,16 +12,16 @@ fresh worker, so the conversation (kept by the caller) carries on.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
+import os
 import signal
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.cpu_backend import AMX_TAGS, BackendInfo, BackendState, safe_variant
+from engine.cpu_backend import AMX_TAGS, AMX_VM_NOTE, BackendInfo, BackendState, is_virtual_machine, safe_variant
 from engine.errors import ContextOverflow, EngineCrashed, EngineError, ModelLoadError
 from engine.fit import kv_cache_bytes
 from engine.gguf import GgufInfo, read_gguf_info
@@ -33,6 +33,7 @@ from engine.inference.context import (
     plan_context,
     system_message,
 )
+from engine.inference.cpu_probe import probe_variant
 from engine.inference.events import Event, Finished, Stats
 from engine.inference.grammar_bounds import check_constraint
 from engine.inference.kv_cache import KvCacheConfig, KvKey, KvRequest
@@ -43,7 +44,6 @@ from engine.inference.runtime import (
     LoadParams,
     ModelInfo,
     WorkerResult,
-    probe_variant,
 )
 from engine.inference.templates import ChatTemplate, select_template
 from engine.inference.tools import ToolSpec
@@ -102,6 +102,7 @@ class ChatSession:
         self._backend_state: BackendState | None = None
         self.backend: BackendInfo | None = None
         self.backend_note: str | None = None
+        self._cpu_note = ""  # what the CPU code did during the current reply (its Stats.cpu_note)
 
     # lifetime -------------------------------------------------------------------------------
     def load(self, cancel: threading.Event | None = None) -> ModelInfo:
@@ -209,14 +210,21 @@ class ChatSession:
     def _prove_amx(
         self, worker: InferenceWorker, info: ModelInfo, params: LoadParams, cancel: threading.Event | None
     ) -> tuple[InferenceWorker, ModelInfo, LoadParams]:
-        """On a CPU with AMX, once per machine and build: a one-token probe in a child decides
-        whether llama.cpp's AMX variant runs here. Until then (and after a failed probe) the worker
-        runs the best variant without AMX; a passing probe reloads on the AMX variant."""
+        """On a CPU with AMX, once per machine and build: a probe (engine.inference.cpu_probe: the
+        kernel's tile permission, then three runs in fresh children with every core oversubscribed)
+        decides whether llama.cpp's AMX variant runs here. Until then (and after a failed probe) the
+        worker runs the best variant without AMX; a passing probe reloads on the AMX variant. On a
+        virtual machine (the ``hypervisor`` flag) there is no probe unless ``GLASSBOX_AMX=probe``:
+        AMX stays off. Whatever the probe said, a SIGILL on the AMX variant later turns it off for
+        good (:meth:`_after_cpu_fault`, through the reply's resumption)."""
         backend = worker.backend
         state = self._state()
         if backend is None or not backend.amx_untested or state.path is None or state.amx is not None:
             return worker, info, params
         tag = next(tag for tag, _ in backend.skipped if tag in AMX_TAGS)
+        if is_virtual_machine() and os.environ.get("GLASSBOX_AMX") != "probe":
+            self.backend_note = AMX_VM_NOTE  # not remembered: GLASSBOX_AMX=probe later still probes
+            return worker, info, params
         verdict = probe_variant(params.model_path, tag, params.n_threads, cancel)
         state.set_amx(verdict)
         if verdict != "ok":
@@ -367,34 +375,17 @@ class ChatSession:
             stops = tuple(dict.fromkeys((*params.stop, *self.template.stop)))
             run = turn.params(params.model_copy(update={"stop": stops}))
             shaper = turn.shaper(prompt, self._marker_tokens())
-            generate = self._worker.generate
-            if self.info.memory != "kv":
-                generate = functools.partial(generate, checkpoint_at=self._conversation_end(turn, plan, tokens))
+            checkpoint_at = self._conversation_end(turn, plan, tokens) if self.info.memory != "kv" else None
+            self._configure_kv(cache_key)
+            self._cpu_note = ""
             try:
-                self._configure_kv(cache_key)
-                result = yield from turn.generate(generate, tokens, run, cancel, shaper, self._tokenize_special)
-            except EngineCrashed as exc:
+                result = yield from turn.generate(
+                    self._resuming(cache_key, checkpoint_at), tokens, run, cancel, shaper, self._tokenize_special
+                )
+            except EngineCrashed:
                 self._worker = None
                 self.last_prompt = []
-                if not exc.cpu_fault:
-                    raise
-                # Before the first token: once more on the safe CPU variant (raises if that was it).
-                self.load_params = self._after_cpu_fault(exc, self.load_params)
-                self._ensure_worker()
-                worker = self.worker
-                assert worker is not None
-                try:
-                    self._configure_kv(cache_key)
-                    shaper = turn.shaper(prompt, self._marker_tokens())
-                    result = yield from turn.generate(
-                        worker.generate, tokens, run, cancel, shaper, self._tokenize_special
-                    )
-                except EngineCrashed as again:
-                    self._worker = None
-                    if again.cpu_fault:
-                        self._after_cpu_fault(again, self.load_params)
-                    raise
-                self.last_prompt = tokens
+                raise
             stats = self._stats(result, plan)
             stats = dataclasses.replace(
                 stats,
@@ -493,16 +484,13 @@ class ChatSession:
             free = n_ctx - len(tokens) - params.max_tokens
             plan = ContextPlan([], 0, len(tokens), {"current": len(tokens), "reserve": params.max_tokens, "free": free})
             self.last_prompt = tokens
+            self._configure_kv(None)
+            self._cpu_note = ""
             try:
-                worker = self._worker
-                assert worker is not None
-                self._configure_kv(None)
-                result = yield from worker.generate(tokens, params, cancel)
-            except EngineCrashed as exc:
+                result = yield from self._resuming(None)(tokens, params, cancel)
+            except EngineCrashed:
                 self._worker = None
                 self.last_prompt = []
-                if exc.cpu_fault:
-                    self.load_params = self._after_cpu_fault(exc, self.load_params)  # raises on the safe one
                 raise
             stats = dataclasses.replace(self._stats(result, plan), template="raw")
             yield stats
@@ -517,6 +505,68 @@ class ChatSession:
         except EngineError:
             return None
         return len(head) if 0 < len(head) < len(tokens) and tokens[: len(head)] == head else None
+
+    def _resuming(
+        self, cache_key: KvKey | None, checkpoint_at: int | None = None
+    ) -> Callable[[Sequence[int], GenerationParams, threading.Event | None], Generator[Any, None, WorkerResult]]:
+        """The worker's ``generate``, made to outlive its CPU code.
+
+        When the worker dies of a CPU fault (on load or before its first token, or a SIGILL on the
+        AMX variant at any time: engine.inference.runtime), the session moves to the safe variant
+        (:meth:`_after_cpu_fault`: remembered for this machine; it raises when the safe one was what
+        crashed) and the reply goes on there from the tokens already streamed: the new worker reads
+        them after the prompt and its grammar takes them as generated, so nothing shown is lost or
+        shown twice. The reply's stats say so (``cpu_note``), once. ``checkpoint_at``: where the
+        conversation so far ends in the prompt (a recurrent model keeps its state there).
+        """
+
+        def generate(
+            tokens: Sequence[int], params: GenerationParams, cancel: threading.Event | None
+        ) -> Generator[Any, None, WorkerResult]:
+            worker = self._worker
+            assert worker is not None
+            ids: list[int] = []
+            texts: list[str] = []
+            try:
+                return (yield from _recorded(worker.generate(tokens, params, cancel, checkpoint_at), ids, texts))
+            except EngineCrashed as exc:
+                if not exc.cpu_fault:
+                    raise
+                self._worker = None
+                crashed = exc.backend.variant if isinstance(exc.backend, BackendInfo) else None
+                self.load_params = self._after_cpu_fault(exc, self.load_params)  # raises on the safe one
+            self._ensure_worker()
+            self._configure_kv(cache_key)
+            fresh = self.worker
+            assert fresh is not None
+            if ids:
+                self._cpu_note = (
+                    f"llama.cpp's {crashed} CPU code crashed after {len(ids)} tokens of this reply "
+                    f"(SIGILL); the reply went on on the {self.load_params.cpu_variant} variant, and "
+                    f"{crashed} is not used on this machine again"
+                )
+            else:
+                self._cpu_note = self.backend_note or ""
+            rest = params.max_tokens - len(ids)
+            if rest <= 0:  # it died on the last token: the reply is whole
+                return WorkerResult("length", "".join(texts), len(tokens), 0, len(ids), len(tokens) + len(ids), 0, 0, 0)
+            later_params = params.model_copy(update={"max_tokens": rest})
+            try:
+                later = yield from fresh.generate([*tokens, *ids], later_params, cancel, checkpoint_at, resume=len(ids))
+            except EngineCrashed as again:
+                self._worker = None
+                if again.cpu_fault:
+                    self._after_cpu_fault(again, self.load_params)  # the safe variant too: said, raised
+                raise
+            return dataclasses.replace(
+                later,
+                text="".join(texts) + later.text,
+                prompt_tokens=len(tokens),
+                cached_tokens=min(later.cached_tokens, len(tokens)),
+                completion_tokens=len(ids) + later.completion_tokens,
+            )
+
+        return generate
 
     def _configure_kv(self, cache_key: KvKey | None) -> None:
         """Tells the worker which saved KV cache this turn uses (only when that changes)."""
@@ -566,8 +616,27 @@ class ChatSession:
             accepted_tokens=result.accepted_tokens,
             draft_restores=result.draft_restores,
             speculation_note=result.speculation_note,
+            cpu_note=self._cpu_note,
             budget=dict(plan.breakdown),
         )
+
+
+def _recorded(
+    events: Generator[Any, None, WorkerResult], ids: list[int], texts: list[str]
+) -> Generator[Any, None, WorkerResult]:
+    """Passes ``events`` on, noting each token's id and text; returns the generation's result."""
+    from engine.inference.events import Token
+
+    while True:
+        try:
+            event = next(events)
+        except StopIteration as done:
+            result: WorkerResult = done.value
+            return result
+        if isinstance(event, Token):
+            ids.append(event.token_id)
+            texts.append(event.text)
+        yield event
 
 
 def _as_dict(message: Message) -> dict[str, Any]:

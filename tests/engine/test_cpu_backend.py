@@ -18,12 +18,15 @@ from engine.cpu_backend import (
     BackendPolicy,
     BackendState,
     CpuVariant,
+    amx_kernel_problem,
     build_marker,
     choose_variant,
     describe_crash,
     is_cpu_fault,
+    is_virtual_machine,
     safe_variant,
     variant_files,
+    xcomp_supported,
 )
 
 # What llama.cpp's scores look like on an AMX Xeon (sapphirerapids is the best it can run).
@@ -203,3 +206,28 @@ def test_the_engine_reads_the_marker_the_build_script_writes() -> None:
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     assert script.MARKER == BUILD_MARKER
+
+
+def test_the_kernel_is_asked_for_the_amx_tile_state() -> None:
+    supported = xcomp_supported()
+    if supported is None:
+        pytest.skip("not Linux on x86-64 (no arch_prctl to ask)")
+    assert supported & 0b11 == 0b11  # x87 and SSE state: every x86-64 kernel saves them
+    problem = amx_kernel_problem()
+    if not supported & (1 << 18):
+        assert problem == "the kernel does not keep the AMX tile state (no XTILEDATA among the features it saves)"
+    else:
+        assert problem is None or problem.startswith("the kernel refused the AMX tile permission")
+
+
+@pytest.mark.parametrize(
+    ("flags", "virtual"),
+    [
+        ("fpu vme de pse tsc msr pae mce cx8 apic sep hypervisor amx_tile amx_int8", True),
+        ("fpu vme de pse tsc msr amx_tile amx_bf16 amx_int8", False),
+    ],
+)
+def test_a_virtual_machine_is_known_by_its_hypervisor_flag(flags: str, virtual: bool) -> None:
+    cpuinfo = f"processor\t: 0\nvendor_id\t: GenuineIntel\nflags\t\t: {flags}\nbugs\t\t: spectre_v1\n"
+    assert is_virtual_machine(cpuinfo) is virtual
+    assert is_virtual_machine("no flags line here") is False

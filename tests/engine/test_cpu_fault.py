@@ -1,5 +1,7 @@
 """A worker killed by SIGILL (as wrong CPU code kills it), on the real starter model: the crash is
-explained, retried once on the safe CPU variant, remembered, and never retried in a loop."""
+explained, retried once on the safe CPU variant, remembered, and never retried in a loop; the AMX guard:
+a probe of several runs, off on a virtual machine, and a SIGILL on the AMX variant mid-reply (after
+its probe passed) flips the verdict for good while the reply goes on, whole, on the safe variant."""
 
 from __future__ import annotations
 
@@ -11,11 +13,12 @@ from typing import Any
 
 import pytest
 
-from engine.cpu_backend import BackendInfo, CpuVariant, safe_variant, variant_files
+from engine.cpu_backend import AMX_VM_NOTE, BackendInfo, CpuVariant, safe_variant, variant_files
 from engine.errors import EngineCrashed
 from engine.inference import session as session_module
-from engine.inference.events import Finished
-from engine.inference.runtime import GenerationParams, InferenceWorker, LoadParams, probe_variant
+from engine.inference.cpu_probe import PROBE_RUNS, probe_variant
+from engine.inference.events import Finished, Stats, Token
+from engine.inference.runtime import GenerationParams, InferenceWorker, LoadParams
 from engine.inference.session import ChatSession
 
 pytestmark = [
@@ -134,7 +137,10 @@ def test_the_probe_decodes_on_a_variant_and_reports_a_crash(
     if absent is not None:
         assert probe_variant(starter_model, absent, 2) == "this CPU cannot run it"
     monkeypatch.setenv("GLASSBOX_TEST_SIGILL", "probe")
-    assert probe_variant(starter_model, here.variant, 2) == "crashed (SIGILL)"
+    assert probe_variant(starter_model, here.variant, 2) == f"crashed (SIGILL) in run 1 of {PROBE_RUNS}"
+    # One run of several failing is the verdict: a passing first run proves nothing.
+    monkeypatch.setenv("GLASSBOX_TEST_SIGILL", f"probe:{PROBE_RUNS}")
+    assert probe_variant(starter_model, here.variant, 2) == f"crashed (SIGILL) in run {PROBE_RUNS} of {PROBE_RUNS}"
 
 
 def test_amx_is_used_only_after_a_passing_probe(
@@ -164,6 +170,7 @@ def test_amx_is_used_only_after_a_passing_probe(
 
     monkeypatch.setattr(session_module, "InferenceWorker", Worker)
     monkeypatch.setattr(session_module, "probe_variant", probe)
+    monkeypatch.setattr(session_module, "is_virtual_machine", lambda: False)
     state = tmp_path / "cpu_backend.json"
     verdict = "crashed (SIGILL)"
     with ChatSession(params(starter_model), backend_state=state) as chat:
@@ -182,3 +189,111 @@ def test_amx_is_used_only_after_a_passing_probe(
         assert chat.load_params.allow_amx
     assert json.loads(state.read_text())["amx"] == "ok"
     assert probed == ["sapphirerapids", "sapphirerapids"]
+
+
+def _amx_worker(real_safe: str) -> type[InferenceWorker]:
+    """A worker that reports what an AMX Xeon reports: the AMX variant held back until it is
+    allowed, then run (this machine may have none: the worker really runs its best variant, and the
+    injected SIGILL stands for the AMX code's). A forced variant (the safe one) is reported as it is."""
+
+    class Worker(InferenceWorker):
+        def start(self, cancel: Any = None) -> Any:
+            info = super().start(cancel)
+            real = self.backend
+            assert real is not None
+            if self.params.cpu_variant == real_safe:
+                return info
+            if self.params.allow_amx:
+                self.backend = BackendInfo(
+                    real.build, "sapphirerapids", "libggml-cpu-sapphirerapids.so", (*real.features, "AMX_INT8"),
+                    real.available,
+                )  # fmt: skip
+            else:
+                held = (("sapphirerapids", "AMX not yet proven on this machine (llama.cpp bug)"),)
+                self.backend = BackendInfo(real.build, real.variant, real.file, real.features, real.available, held)
+            return info
+
+    return Worker
+
+
+def test_amx_is_off_on_a_virtual_machine_unless_asked(
+    starter_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, here: BackendInfo
+) -> None:
+    safe = safe_variant(here.available)
+    assert safe is not None
+    probed: list[str] = []
+    monkeypatch.setattr(session_module, "InferenceWorker", _amx_worker(safe.tag))
+    monkeypatch.setattr(session_module, "probe_variant", lambda *args, **kwargs: probed.append(args[1]) or "ok")
+    monkeypatch.setattr(session_module, "is_virtual_machine", lambda: True)
+    state = tmp_path / "cpu_backend.json"
+    with ChatSession(params(starter_model), backend_state=state) as chat:
+        chat.load()
+        assert not chat.load_params.allow_amx and chat.backend_note == AMX_VM_NOTE
+    assert probed == [] and not state.exists()  # nothing probed, nothing concluded
+    monkeypatch.setenv("GLASSBOX_AMX", "probe")
+    with ChatSession(params(starter_model), backend_state=state) as chat:
+        chat.load()
+        assert chat.load_params.allow_amx
+    assert probed == ["sapphirerapids"]
+
+
+def test_a_sigill_on_amx_after_its_probe_passed_flips_it_for_good_and_the_reply_goes_on(
+    starter_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, here: BackendInfo, starts: list[str | None]
+) -> None:
+    safe = safe_variant(here.available)
+    assert safe is not None
+    probed: list[str] = []
+    monkeypatch.setattr(session_module, "InferenceWorker", _amx_worker(safe.tag))
+    monkeypatch.setattr(session_module, "probe_variant", lambda *args, **kwargs: probed.append(args[1]) or "ok")
+    monkeypatch.setattr(session_module, "is_virtual_machine", lambda: False)
+    monkeypatch.setenv("GLASSBOX_TEST_SIGILL", "token:3")  # the probe passed; the 3rd token dies of SIGILL
+    monkeypatch.setenv("GLASSBOX_TEST_SIGILL_SPARE", safe.tag)
+    state = tmp_path / "cpu_backend.json"
+    reply = GenerationParams(max_tokens=10, temperature=0.0)
+    with ChatSession(params(starter_model), backend_state=state) as chat:
+        chat.load()
+        assert chat.backend is not None and chat.backend.variant == "sapphirerapids"  # proven, in use
+        events = list(chat.stream([], "Tell me about lighthouses.", reply))
+        finished = events[-1]
+        assert isinstance(finished, Finished) and finished.reason == "length"
+        shown = "".join(event.text for event in events if isinstance(event, Token))
+        assert shown == finished.text and len([e for e in events if isinstance(e, Token)]) == 10  # whole, once
+        assert finished.stats.completion_tokens == 10
+        assert finished.stats.cpu_note == (
+            f"llama.cpp's sapphirerapids CPU code crashed after 3 tokens of this reply (SIGILL); the reply went on "
+            f"on the {safe.tag} variant, and sapphirerapids is not used on this machine again"
+        )
+        assert chat.backend is not None and chat.backend.variant == safe.tag
+        again = list(chat.stream([], "And about the sea?", reply))
+        stats = next(event for event in again if isinstance(event, Stats))
+        assert stats.cpu_note == ""  # said once
+    saved = json.loads(state.read_text())
+    assert saved["amx"] == "SIGILL during generation" and "sapphirerapids" in saved["broken"]
+    with ChatSession(params(starter_model), backend_state=state) as chat:
+        chat.load()  # the verdict holds: no AMX, no second probe
+        assert chat.backend is not None and chat.backend.variant != "sapphirerapids"
+        assert not chat.load_params.allow_amx
+    assert probed == ["sapphirerapids"]
+    assert starts == [None, None, safe.tag, None]  # held back, proven, the retry, the next session
+
+
+def test_a_constrained_reply_resumed_after_a_sigill_keeps_its_grammar(
+    starter_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, here: BackendInfo
+) -> None:
+    safe = safe_variant(here.available)
+    assert safe is not None
+    monkeypatch.setattr(session_module, "InferenceWorker", _amx_worker(safe.tag))
+    monkeypatch.setattr(session_module, "probe_variant", lambda *args, **kwargs: "ok")
+    monkeypatch.setattr(session_module, "is_virtual_machine", lambda: False)
+    monkeypatch.setenv("GLASSBOX_TEST_SIGILL", "token:3")
+    monkeypatch.setenv("GLASSBOX_TEST_SIGILL_SPARE", safe.tag)
+    grammar = 'root ::= "[" ("ab" | "cd"){6,} "]"'  # the reply cannot end before its 7th token
+    reply = GenerationParams(max_tokens=10, temperature=0.0, grammar=grammar)
+    with ChatSession(params(starter_model), backend_state=tmp_path / "cpu_backend.json") as chat:
+        events = list(chat.stream([], "Write the pattern.", reply))
+    finished = events[-1]
+    assert isinstance(finished, Finished) and "crashed after 3 tokens" in finished.stats.cpu_note
+    text = finished.text
+    # The new worker's grammar went on from where the reply was: one "[" (a grammar started over
+    # would open a second), then only the items and the closing bracket.
+    assert text.startswith("[") and text.count("[") == 1 and set(text[1:]) <= set("abcd]"), text

@@ -336,6 +336,8 @@ def _answer(
             print(
                 f"[{finished.stats.evicted_messages} older messages no longer fit the context window]", file=sys.stderr
             )
+    if finished.stats.cpu_note:  # the CPU code crashed mid-reply and the reply went on: said once, on it
+        print(f"glassbox: note: {finished.stats.cpu_note}", file=sys.stderr)
     return finished.text, finished
 
 

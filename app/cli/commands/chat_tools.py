@@ -316,7 +316,7 @@ class _TurnRecorder:
 def _show(event: Event | ToolStep) -> None:
     """Prints an event of the loop: the answer on stdout, the thinking and the calls on stderr."""
     from engine.agent.loop import ToolStep
-    from engine.inference.events import Reasoning, Token
+    from engine.inference.events import Finished, Reasoning, Token
 
     if isinstance(event, Token):
         sys.stdout.write(event.text)
@@ -325,6 +325,8 @@ def _show(event: Event | ToolStep) -> None:
         sys.stderr.write(event.text)
     elif isinstance(event, ToolStep):
         _print_step(event)
+    elif isinstance(event, Finished) and event.stats.cpu_note:
+        print(f"\nglassbox: note: {printable(event.stats.cpu_note)}", file=sys.stderr)  # said once, on its reply
 
 
 @dataclass
