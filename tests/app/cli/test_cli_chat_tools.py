@@ -96,9 +96,11 @@ def test_named_call_reaches_the_server_and_its_result_the_context(starter_model:
 @pytest.mark.model
 @pytest.mark.slow
 def test_without_yes_a_run_with_no_terminal_refuses_the_call(starter_model: Path, home: Path) -> None:
-    result = _chat(starter_model, home, "--tool-choice", "echo", "--prompt", "Say hello")
+    # whoami takes no arguments, so the forced call is complete within the 40 tokens whatever the
+    # sampler draws (echo's text could run past them at temperature 1, leaving no call to refuse).
+    result = _chat(starter_model, home, "--tool-choice", "whoami", "--prompt", "Say hello")
     assert result.returncode == 0, result.stderr
-    assert "glassbox: tool call echo refused: not approved (no terminal to ask; pass --yes" in result.stderr
+    assert "glassbox: tool call whoami refused: not approved (no terminal to ask; pass --yes" in result.stderr
     [call] = json.loads(result.stdout)["tool_calls"]
     assert call["approval"] == "denied" and call["is_error"] and "denied" in call["result"]
 
