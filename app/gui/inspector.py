@@ -695,6 +695,10 @@ class InspectorPanel(QFrame):
         """The running turn's agent loop so far (generations and tool calls, in order)."""
         self.loop_timeline.set_entries(list(entries or []))
 
+    def set_phase(self, text: str) -> None:
+        """What the running reply is doing, in the line under the chart."""
+        self._show("phase", text, self.phase_label)
+
     def set_prefill(self, done: int, total: int) -> None:
         self._show("phase", f"reading the prompt: {done:,} / {total:,} tokens", self.phase_label)
 

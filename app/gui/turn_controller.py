@@ -241,7 +241,9 @@ class TurnController(QObject):
     def _on_chat_call_progressed(self, tokens: int) -> None:
         """The model writes a tool call (its markup is held back until it is one, or turns out to
         be text): said in the composer's state line and on the reply card, with its tokens."""
-        self._call_tokens = tokens
+        written, self._call_tokens = self._call_tokens, tokens
+        if not tokens and written:  # it is written (or was text after all): the phase is not left at it
+            self.inspector.set_phase(f"held {written:,} token{'s' if written != 1 else ''} as a tool call")
         note = f"Writing a tool call… {tokens:,} token{'s' if tokens != 1 else ''}" if tokens else ""
         self.chat_view.set_stream_note(note)
         if tokens:

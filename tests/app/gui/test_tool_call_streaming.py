@@ -85,6 +85,10 @@ def test_a_call_being_written_is_said_with_live_numbers_then_its_text_shows(
         assert '"required"' in w.chat_view.cards[-1].text
         assert "Writing a tool call" not in w.composer.state_label.text()
         assert "Writing a tool call" not in w.chat_view.cards[-1].body.text()
+        # A call written (its tokens end with the ToolCall): the phase no longer says it is written.
+        w.chat.call_progressed.emit(45)
+        w.chat.call_progressed.emit(0)
+        assert w.inspector.shown["phase"] == "held 45 tokens as a tool call"
     finally:
         HeldCallSession.go.set()
         w.shutdown()
