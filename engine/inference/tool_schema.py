@@ -14,7 +14,7 @@ client. It is checked once, when the tool is offered (:func:`schema_problem`, ca
 
 Arguments a model wrote are then checked against the schema (:func:`argument_problem`) with
 ``jsonschema`` and an empty registry (no reference is ever retrieved), regular expressions run by the
-``regex`` engine under a time budget of :data:`PATTERN_BUDGET_S` for the whole check (its matcher
+``regex`` engine under a budget of :data:`PATTERN_BUDGET_S` of CPU time for the whole check (its matcher
 avoids most catastrophic backtracking and stops at the budget otherwise), and a depth guard: the
 answer is one line, never an exception, never a hang.
 """
@@ -43,7 +43,8 @@ MAX_SCHEMA_BYTES = 256 * 1024
 MAX_SCHEMA_DEPTH = 64
 #: The longest regular expression a schema may hold (``pattern``, ``patternProperties``).
 MAX_PATTERN_CHARS = 1000
-#: Seconds every regular expression of one arguments check may take together.
+#: Seconds of CPU time every regular expression of one arguments check may take together (the
+#: ``regex`` engine's timeout counts CPU time, so a loaded machine does not cut a check short).
 PATTERN_BUDGET_S = 0.25
 
 # Keywords whose subschema applies to the same value (not to a part of it): a loop through them
@@ -285,12 +286,14 @@ class _PatternTimeout(Exception):
 
 
 class _Budget:
+    """CPU seconds left for the patterns of one check (this thread's CPU time, as ``regex`` counts)."""
+
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
-        self.deadline = time.monotonic() + seconds
+        self.deadline = time.thread_time() + seconds
 
     def left(self) -> float:
-        return max(self.deadline - time.monotonic(), 0.001)
+        return max(self.deadline - time.thread_time(), 0.001)
 
 
 def _pattern_problem(pattern: object) -> str | None:
@@ -314,7 +317,7 @@ def _search(budget: _Budget, pattern: str, text: str) -> bool:
         return regex.search(pattern, text, timeout=budget.left()) is not None
     except TimeoutError:
         raise _PatternTimeout(
-            f"checking the pattern {_short(pattern)} took more than {budget.seconds:g} s; the call was not run"
+            f"checking the pattern {_short(pattern)} took more than {budget.seconds:g} s of CPU; the call was not run"
         ) from None
 
 
