@@ -438,10 +438,15 @@ class McpServer:
                 if response.status_code >= 400:
                     self._http_status = f"HTTP {response.status_code} {response.reason_phrase}".strip()
 
+            from engine.agent.mcp_http import CappedTransport
+
             timeout = httpx2.Timeout(30.0, read=300.0)
             hooks = {"response": [note_status]}
+            capped = CappedTransport(self.name)  # one answer is read up to 8 MiB, cut past that
             async with (
-                httpx2.AsyncClient(headers=dict(config.headers), timeout=timeout, event_hooks=hooks) as http,
+                httpx2.AsyncClient(
+                    headers=dict(config.headers), timeout=timeout, event_hooks=hooks, transport=capped
+                ) as http,
                 streamable_http_client(str(config.url), http_client=http) as (read, write),
             ):
                 yield _WatchedReadStream(read, on_end), write

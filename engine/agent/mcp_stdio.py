@@ -378,31 +378,17 @@ class StdioTransport:
 
     def _cut(self, line: _Oversized) -> Any:
         """The answer to a request from the start of a line too long to read."""
-        from engine.units import format_bytes
-
-        ident = _line_id(line)
-        method = self._answer_to(ident) if ident is not None else None
-        limit = format_bytes(MAX_MESSAGE_BYTES)
-        size = f"{format_bytes(line.size)}, more than the {limit} Glassbox reads of one answer"
-        if method is None:
-            self._skipped(line.head[:200])
-            log.warning("MCP server %r: a line of %s skipped (it answers nothing of ours)", self.name, size)
-            return None
-        log.warning("MCP server %r: its answer to %s was cut (%s)", self.name, method, size)
-        if method != "tools/call":
-            return self._error(ident, f"its answer was {size}")
         import mcp_types
         from mcp.shared.message import SessionMessage
 
-        text = _text_start(line.head)
-        if text is None:
-            content = f"[the tool's answer was {size}; nothing of it is shown]"
-            result = {"content": [{"type": "text", "text": content}], "isError": True, "resultType": "complete"}
-        else:
-            kept = text[:MAX_CUT_TEXT_CHARS]
-            marker = f"\n[... cut by Glassbox: the answer was {size}; the first {len(kept):,} characters are above]"
-            result = {"content": [{"type": "text", "text": kept + marker}], "isError": False, "resultType": "complete"}
-        envelope = {"jsonrpc": "2.0", "id": ident, "result": result}
+        ident = _line_id(line)
+        method = self._answer_to(ident) if ident is not None else None
+        if method is None:
+            self._skipped(line.head[:200])
+            log.warning("MCP server %r: a line of %s bytes skipped (it answers nothing of ours)", self.name, line.size)
+            return None
+        log.warning("MCP server %r: its answer to %s was cut (%s bytes)", self.name, method, line.size)
+        envelope = cut_answer(ident, method, line.head, line.size)
         return SessionMessage(mcp_types.jsonrpc_message_adapter.validate_python(envelope))
 
     # ------------------------------------------------------------------ the process
@@ -503,6 +489,26 @@ class StdioTransport:
         job, self._job = self._job, None
         if job is not None:  # pragma: no cover - Windows only
             job.close()  # KILL_ON_JOB_CLOSE: whatever is left in it ends now
+
+
+def cut_answer(ident: object, method: str, head: bytes, size: int) -> dict[str, Any]:
+    """The JSON-RPC answer to request ``ident`` (``method``) made from the start (``head``) of an
+    answer of ``size`` bytes too large to read: for ``tools/call`` a result holding the start of
+    its text and a marker saying how much was cut, for any other request an error naming the limit."""
+    from engine.units import format_bytes
+
+    said = f"{format_bytes(size)}, more than the {format_bytes(MAX_MESSAGE_BYTES)} Glassbox reads of one answer"
+    if method != "tools/call":
+        return {"jsonrpc": "2.0", "id": ident, "error": {"code": -32603, "message": f"its answer was {said}"}}
+    text = _text_start(head)
+    if text is None:
+        content = f"[the tool's answer was {said}; nothing of it is shown]"
+        result = {"content": [{"type": "text", "text": content}], "isError": True, "resultType": "complete"}
+    else:
+        kept = text[:MAX_CUT_TEXT_CHARS]
+        marker = f"\n[... cut by Glassbox: the answer was {said}; the first {len(kept):,} characters are above]"
+        result = {"content": [{"type": "text", "text": kept + marker}], "isError": False, "resultType": "complete"}
+    return {"jsonrpc": "2.0", "id": ident, "result": result}
 
 
 def _supervisor_command() -> list[str]:

@@ -407,6 +407,29 @@ def test_a_streamable_http_server(http_server: tuple[str, subprocess.Popen[bytes
         assert "\n" not in result.content
 
 
+@pytest.mark.slow
+def test_a_100_mib_answer_over_http_is_cut_while_it_is_read(http_server: tuple[str, subprocess.Popen[bytes]]) -> None:
+    import tracemalloc
+
+    from engine.agent.mcp_stdio import MAX_CUT_TEXT_CHARS, MAX_MESSAGE_BYTES
+
+    url, _ = http_server
+    with McpServer(McpServerConfig("web", url=url)) as server:
+        server.tools()
+        tracemalloc.start()
+        try:
+            result = server.call("big", {"n": 100 * 1024 * 1024}, timeout_s=120)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert not result.is_error, result.content
+        text, marker = result.content.split("\n[... ", 1)
+        assert text == "x" * MAX_CUT_TEXT_CHARS
+        assert marker.startswith("cut by Glassbox: the answer was 200.0 MiB, more than the 8.0 MiB Glassbox reads")
+        assert peak < 4 * MAX_MESSAGE_BYTES, peak  # bounded by the cap, not by the answer
+        assert server.call("add", {"a": 2, "b": 3}, timeout_s=20).content == "5"
+
+
 def test_an_http_server_that_is_not_there_is_one_line() -> None:
     url = f"http://127.0.0.1:{_free_port()}/mcp"
     with McpServer(McpServerConfig("nowhere", url=url), connect_timeout_s=10) as server:
