@@ -59,7 +59,7 @@ lint: $(VENV)/.dev-deps
 	$(VENV)/bin/ruff check app engine rag tests installers
 	$(VENV)/bin/ruff format --check app engine rag tests installers
 	$(VENV)/bin/lint-imports
-	$(VENV)/bin/mypy engine rag app
+	$(VENV)/bin/mypy engine rag app tests/fake_backend.py
 
 test: lint
 	QT_QPA_PLATFORM=offscreen $(PY) -m pytest

@@ -52,7 +52,6 @@ __all__ = [
     "open_remote",
     "open_remote_session",
     "parse_gpu_layers",
-    "reported_n_ctx",
     "resolve_gpu_layers",
 ]
 
@@ -314,10 +313,3 @@ def open_backend(
     if isinstance(model, RemoteModel):
         return open_remote(model, endpoints_file, options)
     return open_local(load_params(model.path, load), options)
-
-
-def reported_n_ctx(backend: object) -> int | None:
-    """The context window a backend reports (``info.n_ctx``), or None (a remote server may not
-    say)."""
-    n_ctx = getattr(getattr(backend, "info", None), "n_ctx", None)
-    return n_ctx if isinstance(n_ctx, int) and n_ctx > 0 else None

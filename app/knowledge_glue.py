@@ -30,7 +30,10 @@ DEFAULT_N_CTX = 4096
 
 
 class _Counting(Protocol):
-    """What the glue needs from a chat session (local or remote); its window is read from ``info``."""
+    """What the glue needs from a chat session (local or remote): its window and its counter."""
+
+    @property
+    def n_ctx(self) -> int: ...
 
     def count_text(self, text: str) -> int: ...
 
@@ -53,11 +56,9 @@ class Retrieval(NamedTuple):
 Retriever = Callable[[str, _Counting], Retrieval]
 
 
-def session_n_ctx(session: object) -> int:
-    """The context window ``session`` reports (``info.n_ctx``), else :data:`DEFAULT_N_CTX`."""
-    from app.compose import reported_n_ctx
-
-    return reported_n_ctx(session) or DEFAULT_N_CTX
+def session_n_ctx(session: _Counting) -> int:
+    """The context window ``session`` reports, else :data:`DEFAULT_N_CTX`."""
+    return session.n_ctx or DEFAULT_N_CTX
 
 
 def fit_passages(passages: RankedDocuments, session: _Counting) -> DocumentsFit:

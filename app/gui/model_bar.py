@@ -443,13 +443,14 @@ class ModelController(QObject):
         self.starter_note.setVisible(loaded.path.name == STARTER_MODEL_FILE)
         self.chat_view.set_assistant_name(loaded.label)
         remote = parse_remote_model(loaded.path)
+        model_bytes, cpu_backend = (info.model_bytes, info.cpu_backend) if info.kind == "local" else (None, None)
         self.inspector.set_model(
-            getattr(info, "model_bytes", None),
-            getattr(info, "n_ctx", None),
+            model_bytes,
+            info.n_ctx,
             loaded.machine_bandwidth_gbps,
             server=f"the server “{remote[0]}”" if remote is not None else None,
         )
-        self.inspector.set_cpu_backend(getattr(info, "cpu_backend", None), loaded.backend_note)
+        self.inspector.set_cpu_backend(cpu_backend, loaded.backend_note)
         note = self._other_apps_note  # said once more, or the load message would hide it
         self._other_apps_note = ""
         loaded_text = f"Loaded {loaded.label} in {loaded.load_ms / 1000:.1f} s"

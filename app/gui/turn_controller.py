@@ -281,7 +281,7 @@ class TurnController(QObject):
         if not self.chat.busy:  # the numbers shown were of the model before: the chat's saved ones again
             self._inspector_reply = None
             self.show_saved_numbers()
-        n_ctx = int(getattr(loaded.info, "n_ctx", 0) or 0)
+        n_ctx = loaded.info.n_ctx
         path = loaded.path
         if not isinstance(path, Path) or parse_remote_model(path) is not None or not n_ctx:
             return

@@ -10,14 +10,13 @@ with ``stream_options.include_usage``, the ``usage`` chunk (``choices: []``), th
 
 from __future__ import annotations
 
-import inspect
 import json
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from app.server import params as fields
 from app.server.errors import HttpError, map_errors
@@ -51,18 +50,12 @@ if TYPE_CHECKING:
     from engine.inference.events import Event, Stats
 
 
-def n_vocab(backend: object) -> int | None:
-    """The model's vocabulary size, when the backend says (to check ``logit_bias``)."""
-    value = getattr(getattr(backend, "info", None), "n_vocab", None)
-    return value if isinstance(value, int) and value > 0 else None
-
-
 def handle(handler: Handler) -> None:
     """Answers ``POST /v1/chat/completions``."""
     state = handler.state
     body = handler.read_json()
     wanted = state.check_model(body)
-    request = parse_chat(body, state.default_kbs, text_limit(state.n_ctx), n_vocab(state.backend), state.n_ctx)
+    request = parse_chat(body, state.default_kbs, text_limit(state.n_ctx), state.backend.n_vocab, state.n_ctx)
     handler.warnings.extend(request.warnings)
     with handler.use_model(wanted) as cancel:
         check_backend(state.backend, request)
@@ -100,39 +93,22 @@ def _last_user_text(request: ChatRequest) -> str:
 # ---------------------------------------------------------------------------- the engine call
 
 
-def _accepts(fn: Callable[..., object], name: str) -> bool:
-    try:
-        return name in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-
-
 def check_backend(backend: ChatBackend, request: ChatRequest) -> None:
     """Refuses what this backend cannot do, before the model is touched.
 
     A local session checks the turn's options with the engine's own rules (``engine.inference.turn.shape_turn``:
     the tool choice, a forced call with a schema of the caller's, the template's thinking switches),
-    so that they are a 400 naming the reason rather than a failure mid-generation.
+    so that they are a 400 naming the reason rather than a failure mid-generation. A server checks
+    them itself (its 400 is named in the error).
 
     Raises:
-        HttpError: 400 when the request offers tools or carries tool messages and the backend's
-            ``stream`` takes no tools, or when the engine refuses the turn's options.
+        HttpError: 400 when the engine refuses the turn's options.
     """
     from engine.errors import EngineError
 
-    uses_tools = bool(request.tools) or any(m.role == "tool" or m.tool_calls for m in request.messages)
-    for name, wanted in (
-        ("tools", uses_tools),
-        ("thinking", request.thinking is not None),
-        ("reasoning_effort", request.reasoning_effort is not None),
-    ):
-        if wanted and not _accepts(backend.stream, name):
-            param = "chat_template_kwargs" if name == "thinking" else name
-            raise HttpError(
-                400, f"this server's backend does not support {param}", code="unsupported_parameter", param=param
-            )
-    template = getattr(backend, "template", None)
-    if template is None or not hasattr(template, "thinking"):
+    local = backend.local
+    template = local.template if local is not None else None
+    if template is None:
         return
     from engine.inference.turn import shape_turn
 
@@ -156,15 +132,15 @@ def check_backend(backend: ChatBackend, request: ChatRequest) -> None:
 def overflow_allowed(backend: ChatBackend, allowed: bool) -> Iterator[None]:
     """While a request that allows it runs (Responses' ``truncation: "auto"``), a session the server
     owns drops the oldest turns to fit instead of refusing (called under the model's lock)."""
-    policy = getattr(backend, "overflow_policy", None)
+    policy = backend.overflow_policy
     if not allowed or policy != "refuse":
         yield
         return
-    backend.overflow_policy = "rolling"  # type: ignore[attr-defined]
+    backend.overflow_policy = "rolling"
     try:
         yield
     finally:
-        backend.overflow_policy = policy  # type: ignore[attr-defined]
+        backend.overflow_policy = policy
 
 
 def check_fits(backend: ChatBackend, request: ChatRequest, documents: str | None) -> None:
@@ -172,16 +148,16 @@ def check_fits(backend: ChatBackend, request: ChatRequest, documents: str | None
 
     A session the server owns refuses overflow itself (policy ``"refuse"``). The GUI's own session,
     shared through the API-server toggle, keeps the GUI's rolling eviction; for the API its room is
-    measured first (``ChatSession.result_room``: the window less the prompt and the reply reserve).
+    measured first (``ChatBackend.result_room``: the window less the prompt and the reply reserve;
+    a remote server's cannot be, and it refuses an overflow itself).
 
     Raises:
         HttpError: 400 ``context_length_exceeded``.
     """
-    result_room = getattr(backend, "result_room", None)
-    if getattr(backend, "overflow_policy", "refuse") == "refuse" or result_room is None:
+    if backend.overflow_policy == "refuse":
         return
     room = map_errors(
-        lambda: result_room(
+        lambda: backend.result_room(
             engine_messages(request.messages),
             request.params,
             system=request.system,
@@ -192,7 +168,7 @@ def check_fits(backend: ChatBackend, request: ChatRequest, documents: str | None
             reasoning_effort=request.reasoning_effort,
         )
     )
-    if isinstance(room, int) and room < 0:
+    if room is not None and room < 0:
         raise HttpError(
             400,
             f"the conversation needs {-room} tokens more than this model's context window holds "
@@ -231,19 +207,21 @@ def open_stream(
     backend: ChatBackend, request: ChatRequest, index: int, documents: str | None, cancel: threading.Event
 ) -> Iterator[Event]:
     """The backend's events for choice ``index`` of ``request``."""
-    # Only the options the request uses: a backend without tools or thinking switches takes none
-    # (check_backend has refused a request that needs them).
-    kwargs: dict[str, Any] = {"system": request.system, "documents": documents, "cancel": cancel}
-    if request.tools or any(m.role == "tool" or m.tool_calls for m in request.messages):
-        kwargs.update(tools=list(request.tools), tool_choice=request.tool_choice)
-    if request.thinking is not None:
-        kwargs["thinking"] = request.thinking
-    if request.reasoning_effort is not None:
-        kwargs["reasoning_effort"] = request.reasoning_effort
     history = engine_messages(request.history)
     # After a tool's result the reply continues the last turn: no new user message (user=None).
     user = request.user if request.messages[-1].role == "user" else None
-    return backend.stream(history, user, fields.seeded(request.params, index), **kwargs)
+    return backend.stream(
+        history,
+        user,
+        fields.seeded(request.params, index),
+        system=request.system,
+        documents=documents,
+        cancel=cancel,
+        tools=list(request.tools),
+        tool_choice=request.tool_choice if request.tools else None,
+        thinking=request.thinking,
+        reasoning_effort=request.reasoning_effort,
+    )
 
 
 # ---------------------------------------------------------------------------- streaming

@@ -18,16 +18,16 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Protocol, TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 from app.server import params as fields
-from app.server.chat import n_vocab
 from app.server.errors import HttpError, map_errors
 from app.server.handler import openai_error_events
 from app.server.wire import TimingsDocument, text_limit, timings_document
 
 if TYPE_CHECKING:
     from app.server.handler import Handler
+    from engine.inference.backends import LocalBackend
     from engine.inference.events import Event, Finished, Token
     from engine.inference.runtime import GenerationParams
 
@@ -42,18 +42,6 @@ DEFAULT_MAX_TOKENS = 16
 
 MAX_PROMPTS = 16
 """Most prompts in one request (times ``n``: at most :data:`~app.server.params.MAX_N` choices in all)."""
-
-
-class Completer(Protocol):
-    """What ``/v1/completions`` needs of the backend: a local model's raw prompt (a ChatSession)."""
-
-    def tokenize_prompt(self, text: str) -> list[int]: ...
-
-    def pieces(self, tokens: Sequence[int]) -> list[str]: ...
-
-    def complete(
-        self, prompt: str | Sequence[int], params: GenerationParams | None = None, cancel: threading.Event | None = None
-    ) -> Iterator[Event]: ...
 
 
 class LegacyLogprobs(TypedDict):
@@ -112,10 +100,9 @@ def _is_id(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def _tokens(backend: Completer, prompt: _Prompt, limit: int) -> list[int]:
+def _tokens(backend: LocalBackend, prompt: _Prompt, limit: int, vocab: int | None) -> list[int]:
     """A prompt's token ids, as the model reads it (a BOS first where the model wants one)."""
     if prompt.tokens is not None:
-        vocab = n_vocab(backend)
         if vocab is not None and any(t >= vocab for t in prompt.tokens):
             raise HttpError(400, f"'prompt' holds a token id outside the vocabulary of {vocab}", param="prompt")
         return list(prompt.tokens)
@@ -163,16 +150,17 @@ def handle(handler: Handler) -> None:
         )
     extra = {"logprobs": max(top, 1)} if top is not None else {}
     max_new = body.get("max_tokens", DEFAULT_MAX_TOKENS)
-    params = fields.generation_params(body, max_new, n_vocab(state.backend), **extra)
-    if not callable(getattr(state.backend, "complete", None)):
+    params = fields.generation_params(body, max_new, state.backend.n_vocab, **extra)
+    backend = state.backend.local
+    if backend is None:
         raise HttpError(400, "/v1/completions needs a local model; this server serves a remote one", param="prompt")
-    backend: Completer = state.backend
     stream = fields.flag(body, "stream")
     stream_options = body.get("stream_options")
     include_usage = isinstance(stream_options, dict) and bool(stream_options.get("include_usage"))
     with handler.use_model(wanted) as cancel:
         limit = text_limit(state.n_ctx)
-        encoded = [map_errors(partial(_tokens, backend, p, limit)) for p in prompts]
+        vocab = state.backend.n_vocab
+        encoded = [map_errors(partial(_tokens, backend, p, limit, vocab)) for p in prompts]
         n_ctx = state.n_ctx or 0
         for tokens in encoded:
             if not tokens:
@@ -202,7 +190,7 @@ def _top_logprobs(value: object) -> int | None:
     return value
 
 
-def _echo_text(backend: Completer, prompt: _Prompt, tokens: list[int]) -> str:
+def _echo_text(backend: LocalBackend, prompt: _Prompt, tokens: list[int]) -> str:
     if prompt.text is not None:
         return prompt.text
     return "".join(map_errors(lambda: backend.pieces(tokens)))
@@ -233,7 +221,8 @@ class _Run:
         self.prompt_tokens = sum(len(tokens) for tokens in encoded)
 
     def _events(self, choice: int) -> Iterator[Event]:
-        backend: Completer = self.handler.state.backend
+        backend = self.handler.state.backend.local
+        assert backend is not None  # handle() refused a remote backend
         tokens = self.encoded[choice // self.n]
         params = fields.seeded(self.params, choice % self.n)
         # ChatSession.complete holds the session's lock (a GUI sharing it never talks to the worker

@@ -419,13 +419,13 @@ class Handler(BaseHTTPRequestHandler):
         limit = text_limit(self.state.n_ctx)
         if len(content) > limit:
             raise HttpError(400, f"'content' is longer than {limit} characters, the most allowed per request")
-        worker = getattr(self.state.backend, "worker", None)
-        if worker is None:
+        local = self.state.backend.local
+        if local is None:
             raise HttpError(404, "this backend has no tokenizer", code="not_found")
         self.state.enter_queue()
         try:
             with self._model_lock():
-                tokens = map_errors(lambda: worker.tokenize(content, add_bos=False, special=True))
+                tokens = map_errors(lambda: local.tokenize(content))
         finally:
             self.state.leave_queue()
         self.send_json(200, {"tokens": tokens})

@@ -183,12 +183,11 @@ class _Server6(_Server):
     address_family = socket.AF_INET6
 
 
-def _kill_worker(backend: object) -> None:
-    """Ends the inference worker process of a ``ChatSession`` at once: the call waiting on it raises
+def _kill_worker(backend: ChatBackend) -> None:
+    """Ends the inference worker process of a local model at once: the call waiting on it raises
     ``EngineCrashed`` and lets go of the model."""
-    worker = getattr(backend, "worker", None)
-    pid = getattr(worker, "pid", None)
-    if not isinstance(pid, int):
+    pid = backend.local.worker_pid if backend.local is not None else None
+    if pid is None:
         return
     log.warning("the reply in progress did not stop within %.1f s; ending the inference worker", STOP_GRACE_S)
     try:
@@ -262,7 +261,7 @@ def start_server(
         open_session = _owned_sessions(paths, n_ctx, n_threads, n_gpu_layers, machine_bandwidth_gbps)
         backend, model_id, owned = open_session(model_path), model_path.stem, True
     else:
-        model_id = getattr(backend, "model", None) or (model_path.stem if model_path else "glassbox")
+        model_id = backend.model_id or (model_path.stem if model_path else "glassbox")
         owned = False
     server = _bind_and_load(host, port, backend, owned)
     state = ServerState(

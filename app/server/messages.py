@@ -26,7 +26,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from app.server import params as fields
-from app.server.chat import check_backend, check_fits, n_vocab, open_stream, whole_choice
+from app.server.chat import check_backend, check_fits, open_stream, whole_choice
 from app.server.errors import HttpError, map_errors
 from app.server.handler import SseEvent, anthropic_error
 from app.server.wire import (
@@ -321,7 +321,7 @@ def handle(handler: Handler) -> None:
     state = handler.state
     body = handler.read_json()
     wanted = state.check_model(body)
-    request = parse_message_request(body, text_limit(state.n_ctx), n_vocab(state.backend), state.n_ctx)
+    request = parse_message_request(body, text_limit(state.n_ctx), state.backend.n_vocab, state.n_ctx)
     handler.warnings.extend(request.warnings)
     message_id = f"msg_{uuid.uuid4().hex}"
     with handler.use_model(wanted) as cancel:
@@ -347,11 +347,11 @@ def count_tokens(handler: Handler) -> None:
     body = dict(handler.read_json())
     body.setdefault("max_tokens", 1)
     wanted = state.check_model(body)
-    request = parse_message_request(body, text_limit(state.n_ctx), n_vocab(state.backend), state.n_ctx)
+    request = parse_message_request(body, text_limit(state.n_ctx), state.backend.n_vocab, state.n_ctx)
     with handler.use_model(wanted):
         backend = state.backend
-        n_ctx, reserve = state.n_ctx, getattr(backend, "reply_reserve", None)
-        if not hasattr(backend, "result_room") or n_ctx is None or not isinstance(reserve, int):
+        n_ctx = state.n_ctx
+        if backend.local is None or n_ctx is None:  # a server's template renders its prompt
             raise HttpError(400, "this server's backend cannot count tokens", code="unsupported_parameter")
         check_backend(backend, request)
         room = map_errors(
@@ -364,7 +364,9 @@ def count_tokens(handler: Handler) -> None:
                 thinking=request.thinking,
             )
         )
-        kept = effective_reserve(n_ctx, min(reserve, request.params.max_tokens))
+        if room is None:
+            raise HttpError(400, "this server's backend cannot count tokens", code="unsupported_parameter")
+        kept = effective_reserve(n_ctx, min(backend.reply_reserve, request.params.max_tokens))
         handler.send_json(200, {"input_tokens": n_ctx - kept - room})
 
 

@@ -35,7 +35,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Literal, NotRequired, TypedDict
 
 from app.server import params as fields
-from app.server.chat import check_backend, check_fits, n_vocab, open_stream, overflow_allowed, whole_choice
+from app.server.chat import check_backend, check_fits, open_stream, overflow_allowed, whole_choice
 from app.server.errors import HttpError
 from app.server.wire import (
     ChatRequest,
@@ -419,7 +419,7 @@ def handle(handler: Handler) -> None:
     items = _conversation(handler, body)
     wanted = state.check_model(body)
     request = parse_response_request(
-        {**body, "input": items}, text_limit(state.n_ctx), n_vocab(state.backend), state.n_ctx
+        {**body, "input": items}, text_limit(state.n_ctx), state.backend.n_vocab, state.n_ctx
     )
     handler.warnings.extend(request.warnings)
     shape = _Shape(handler, body, request, items if isinstance(items, list) else ())

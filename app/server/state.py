@@ -20,6 +20,7 @@ from app.server.errors import HttpError, model_not_found, overloaded
 if TYPE_CHECKING:
     from app.knowledge_glue import Retrieval
     from app.server.embeddings import Embeddings
+    from engine.inference.backends import ChatBackend
 
 log = logging.getLogger("glassbox.serve")
 
@@ -127,7 +128,7 @@ class ServerState:
     def __init__(
         self,
         paths: Paths,
-        backend: Any,
+        backend: ChatBackend,
         model_id: str,
         api_key: str | None,
         loopback: bool,
@@ -156,12 +157,12 @@ class ServerState:
         self._knowledge = knowledge  # a rag.knowledge.KnowledgeBases, opened on first use
         self._own_knowledge = knowledge is None
         self.catalog: ModelCatalog | None = None
-        self._open_session: Callable[[Path], Any] | None = None
+        self._open_session: Callable[[Path], ChatBackend] | None = None
         self.model_path: Path | None = None
         self._first: tuple[str, Path | None] = (model_id, None)
         self.responses = ResponseStore()
 
-    def allow_switching(self, catalog: ModelCatalog, open_session: Callable[[Path], Any], path: Path) -> None:
+    def allow_switching(self, catalog: ModelCatalog, open_session: Callable[[Path], ChatBackend], path: Path) -> None:
         """Lets requests name the catalog's models: :meth:`switch_model` loads them with ``open_session``."""
         self.catalog, self._open_session, self.model_path = catalog, open_session, path
         self._first = (self.model_id, path)  # the model the server started with stays available
@@ -238,9 +239,7 @@ class ServerState:
     @property
     def n_ctx(self) -> int | None:
         """The chat model's context window, when the backend says."""
-        from app.compose import reported_n_ctx
-
-        return reported_n_ctx(self.backend)
+        return self.backend.n_ctx or None
 
     @property
     def embedder_id(self) -> str | None:

@@ -329,13 +329,12 @@ class Agent:
         """Tokens each of this round's results may take: the window left for them, shared.
 
         Measured exactly when the backend can (``result_room``: the next prompt rendered with the
-        results empty); otherwise estimated from the last generation's stats.
+        results empty; a server's is None); otherwise estimated from the last generation's stats.
         """
-        measure = getattr(self.backend, "result_room", None)
-        if callable(measure):
-            pending = [*messages, *(Message("tool", "", tool_call_id=c.id, name=c.name) for c in calls)]
-            left = int(measure(pending, params, **turn))
-            room = max(left // len(calls) - MEASURED_SLACK_TOKENS, 0)
+        pending = [*messages, *(Message("tool", "", tool_call_id=c.id, name=c.name) for c in calls)]
+        measured = self.backend.result_room(pending, params, **turn)
+        if measured is not None:
+            room = max(measured // len(calls) - MEASURED_SLACK_TOKENS, 0)
         elif finished.stats.n_ctx:
             stats = finished.stats
             left = stats.n_ctx - stats.context_used - stats.budget.get("reserve", 0)

@@ -1,14 +1,10 @@
-"""What the app needs from a chat backend, local or remote.
+"""What the app needs from a chat backend, local or remote (ARCHITECTURE.md, "Engine events").
 
 :class:`~engine.inference.session.ChatSession` (a GGUF in a local worker process) and
 :class:`~engine.inference.remote.RemoteSession` (a model on an OpenAI-compatible server) both satisfy
-:class:`ChatBackend` structurally, so the chat adapter, the CLI, the agent loop
-(:mod:`engine.agent.loop`) and ``glassbox serve`` can hold either and stream the same events
-(:mod:`engine.inference.events`) from it. The assignments at the end of this module make mypy prove it: a
-backend whose ``stream`` drops or renames a keyword fails ``mypy engine``.
-
-What only a local model has (raw-prompt ``complete``, ``result_room``, the worker) is not part of
-the Protocol; callers that use it check for it.
+:class:`ChatBackend`; what only a local model has is :class:`LocalBackend`, reached through
+``ChatBackend.local`` (None for a server). The assignments at the end make mypy prove both
+sessions keep the shape, keyword for keyword; the tests' shared fake is checked the same way.
 """
 
 from __future__ import annotations
@@ -17,12 +13,60 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Protocol, Self, runtime_checkable
 
-from engine.inference.context import Message
+from engine.inference.context import Message, OverflowPolicy
 from engine.inference.events import Event
 from engine.inference.kv_cache import KvKey
-from engine.inference.runtime import GenerationParams
+from engine.inference.runtime import GenerationParams, ModelInfo
 from engine.inference.session import PromptView
 from engine.inference.tools import ToolSpec
+
+if TYPE_CHECKING:
+    from engine.inference.remote import RemoteInfo
+    from engine.inference.templates import ChatTemplate
+
+
+class LocalBackend(Protocol):
+    """What only a model in a local worker process has (``ChatSession.local`` is the session)."""
+
+    backend_note: str | None
+    """One line when the load had to fall back (a CPU variant that crashed, AMX refused)."""
+    machine_bandwidth_gbps: float | None
+    """This machine's measured memory bandwidth, reported in Stats (set once it is measured)."""
+
+    @property
+    def template(self) -> ChatTemplate | None:
+        """The chat template chosen at load (None before)."""
+        ...
+
+    @property
+    def worker_pid(self) -> int | None:
+        """The inference worker's process id (None while none runs)."""
+        ...
+
+    def kill_worker(self, timeout: float = 1.0) -> None:
+        """Ends the worker process now (the last resort at exit; the next call starts another)."""
+        ...
+
+    def tokenize(self, text: str) -> list[int]:
+        """A text's tokens, special tokens parsed and no BOS added (llama.cpp's ``/tokenize``)."""
+        ...
+
+    def tokenize_prompt(self, text: str) -> list[int]:
+        """A raw prompt's tokens as the model reads it (a BOS first where the model wants one)."""
+        ...
+
+    def pieces(self, tokens: Sequence[int]) -> list[str]:
+        """The text of each token."""
+        ...
+
+    def complete(
+        self,
+        prompt: str | Sequence[int],
+        params: GenerationParams | None = None,
+        cancel: threading.Event | None = None,
+    ) -> Iterator[Event]:
+        """Generates from a raw prompt: no chat template, no tools, no reply shaping."""
+        ...
 
 
 @runtime_checkable
@@ -30,11 +74,41 @@ class ChatBackend(Protocol):
     """A model that answers chat turns with a stream of typed events.
 
     ``stream`` ends with :class:`~engine.inference.events.Finished` (preceded by
-    :class:`~engine.inference.events.Stats`); it raises the engine's typed errors. ``load`` is idempotent and
-    reports what it loaded (a ``ModelInfo`` locally, a ``RemoteInfo`` for a server).
+    :class:`~engine.inference.events.Stats`); it raises the engine's typed errors. ``load`` is
+    idempotent and reports what it loaded.
     """
 
-    def load(self, cancel: threading.Event | None = None) -> object:
+    overflow_policy: OverflowPolicy
+    """``"rolling"`` drops the oldest turns that do not fit; ``"refuse"`` raises ContextOverflow."""
+    reply_reserve: int
+    """Tokens kept free for the reply."""
+
+    @property
+    def model_id(self) -> str:
+        """The name a server knows the model by ("" for a local file)."""
+        ...
+
+    @property
+    def n_ctx(self) -> int:
+        """The context window in tokens; 0 while unknown (not loaded, or a server that does not say)."""
+        ...
+
+    @property
+    def n_vocab(self) -> int | None:
+        """The vocabulary size (to check ``logit_bias``); None where the backend does not say."""
+        ...
+
+    @property
+    def thinking_controls(self) -> frozenset[str]:
+        """The template's thinking switches (``enable_thinking``, ``reasoning_effort``...)."""
+        ...
+
+    @property
+    def local(self) -> LocalBackend | None:
+        """The local model's own features, or None for a model on a server."""
+        ...
+
+    def load(self, cancel: threading.Event | None = None) -> ModelInfo | RemoteInfo:
         """Makes the model ready (loads it, or checks the server offers it)."""
         ...
 
@@ -57,11 +131,27 @@ class ChatBackend(Protocol):
         """Generates the reply to ``user`` after ``history`` (``user=None``: continues the last
         turn, after a ``tool`` message).
 
-        ``cache_key`` names the conversation's saved KV cache (a server keeps its own);
+        ``cache_key`` names the conversation's saved KV cache (ignored where none is kept);
         ``tools`` are offered under ``tool_choice`` (``auto``, ``none``, ``required`` or a function
         name); ``thinking`` and ``reasoning_effort`` are the template's switches;
         ``thinking_budget`` caps the thinking in tokens (a backend that cannot raises EngineError).
         """
+        ...
+
+    def result_room(
+        self,
+        messages: Sequence[Message],
+        params: GenerationParams | None = None,
+        *,
+        system: str | None = None,
+        documents: str | None = None,
+        tools: Sequence[ToolSpec] = (),
+        tool_choice: str | None = None,
+        thinking: bool | None = None,
+        reasoning_effort: str | None = None,
+    ) -> int | None:
+        """Tokens left in the window after ``messages`` and the reply reserve (negative: they do
+        not fit); None where the backend cannot measure the prompt (a server's template)."""
         ...
 
     def count_text(self, text: str) -> int:
@@ -89,6 +179,7 @@ if TYPE_CHECKING:
     from engine.inference.remote import RemoteSession
     from engine.inference.session import ChatSession
 
-    # Never run: mypy proves here that both sessions satisfy ChatBackend, keyword for keyword.
+    # Never run: mypy proves here that both sessions satisfy the protocols, keyword for keyword.
     _local: type[ChatBackend] = ChatSession
+    _local_features: type[LocalBackend] = ChatSession
     _remote: type[ChatBackend] = RemoteSession

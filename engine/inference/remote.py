@@ -111,6 +111,8 @@ class RemoteInfo:
     n_ctx: int
     """The context window in tokens; 0 when the server does not say and none was given."""
     tokenizer: TokenizerKind
+    kind: Literal["remote"] = "remote"
+    """ModelInfo's is ``"local"``: which of the two a load reported."""
 
 
 def api_root(base_url: str) -> str:
@@ -236,6 +238,46 @@ class RemoteSession:
         n_ctx = self._n_ctx_override or match.context_length or self._probe_props_n_ctx() or 0
         self.info = RemoteInfo(self.base_url, self.model, n_ctx, self._probe_tokenizer())
         return self.info
+
+    # what the model is (engine.inference.backends.ChatBackend) ----------------------------------
+    @property
+    def model_id(self) -> str:
+        return self.model
+
+    @property
+    def n_ctx(self) -> int:
+        """The window the server reported (or the one given); 0 when it does not say."""
+        return self.info.n_ctx if self.info is not None else 0
+
+    @property
+    def n_vocab(self) -> int | None:
+        """A server does not say its vocabulary."""
+        return None
+
+    @property
+    def thinking_controls(self) -> frozenset[str]:
+        """The template is the server's: its switches are not known here."""
+        return frozenset()
+
+    @property
+    def local(self) -> None:
+        """A model on a server has no local features."""
+        return None
+
+    def result_room(
+        self,
+        messages: Sequence[Message],
+        params: GenerationParams | None = None,
+        *,
+        system: str | None = None,
+        documents: str | None = None,
+        tools: Sequence[ToolSpec] = (),
+        tool_choice: str | None = None,
+        thinking: bool | None = None,
+        reasoning_effort: str | None = None,
+    ) -> None:
+        """The server's template renders the prompt, so the room left cannot be measured here (the
+        keywords are the protocol's, unused)."""
 
     def prompt_view(self) -> PromptView:
         """The last prompt's tokens: a remote server does not show them, so the view is empty."""

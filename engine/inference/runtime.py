@@ -151,6 +151,7 @@ class ModelInfo:
     # The model's sequence memory (engine.inference.seq_memory): "kv" (a transformer's cache, cut
     # at any token), "recurrent" (Mamba, RWKV: one state, restored from copies) or "hybrid".
     memory: str = "kv"
+    kind: Literal["local"] = "local"  # RemoteInfo's is "remote": a LoadedModel's info says which it is
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,7 @@ from engine.inference.runtime import (
     WorkerResult,
 )
 from engine.inference.templates import ChatTemplate, select_template
+from engine.inference.thinking_settings import template_controls
 from engine.inference.tools import ToolSpec
 from engine.inference.turn import TurnShape, shape_turn
 
@@ -257,6 +258,42 @@ class ChatSession:
     def worker(self) -> InferenceWorker | None:
         return self._worker
 
+    # what the model is (engine.inference.backends.ChatBackend) ------------------------------
+    @property
+    def model_id(self) -> str:
+        """A local file has no server name: ""."""
+        return ""
+
+    @property
+    def n_ctx(self) -> int:
+        """The loaded window (0 before the load)."""
+        return self.info.n_ctx if self.info is not None else 0
+
+    @property
+    def n_vocab(self) -> int | None:
+        return self.info.n_vocab if self.info is not None else None
+
+    @property
+    def thinking_controls(self) -> frozenset[str]:
+        return template_controls(self.template) if self.template is not None else frozenset()
+
+    @property
+    def local(self) -> ChatSession:
+        """The session is a local model (engine.inference.backends.LocalBackend)."""
+        return self
+
+    @property
+    def worker_pid(self) -> int | None:
+        worker = self._worker
+        return worker.pid if worker is not None else None
+
+    def kill_worker(self, timeout: float = 1.0) -> None:
+        """Ends the worker process now, without waiting for the session's lock (the last resort at
+        exit, while a turn may still hold it)."""
+        worker = self._worker
+        if worker is not None:
+            worker.close(kill=True, timeout=timeout)
+
     # tokens ---------------------------------------------------------------------------------
     def count_text(self, text: str) -> int:
         assert self._worker is not None
@@ -430,6 +467,14 @@ class ChatSession:
             return self.info.n_ctx - reserve - len(self._tokenize_prompt(prompt))
 
     # raw prompts (the legacy /v1/completions) ---------------------------------------------------
+    def tokenize(self, text: str) -> list[int]:
+        """A text's tokens, special tokens parsed, no BOS added (llama.cpp's ``/tokenize``). Starts
+        the worker if needed."""
+        with self._lock:
+            self._ensure_worker()
+            assert self._worker is not None
+            return self._worker.tokenize(text, add_bos=False, special=True)
+
     def tokenize_prompt(self, text: str) -> list[int]:
         """A raw prompt's tokens as the model reads it: special tokens parsed, and a BOS first where
         the model wants one and the text has none. Starts the worker if needed."""

@@ -4,9 +4,8 @@ happens (ChatTools.answer with ChatLog), with a scripted backend: no model, no Q
 from __future__ import annotations
 
 import argparse
-import threading
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ from engine.errors import EngineCrashed
 from engine.history import HistoryStore
 from engine.inference.context import Message
 from engine.inference.events import Event, Finished, Reasoning, Stats, Token, ToolCall
+from tests.fake_backend import FakeBackend, StreamCall
 
 
 @dataclass
@@ -87,30 +87,19 @@ def test_reply_text_puts_a_blank_line_between_generations_with_text() -> None:
 
 
 # ------------------------------------------------------------------ glassbox chat's saving, in process
-@dataclass
-class ScriptedSession:
+class ScriptedSession(FakeBackend):
     """Two rounds of calculator calls, then an answer; each generation looks at the history on disk
     (through its own connection) before it streams, or fails when ``crash_at`` says so."""
 
-    db: Path
-    crash_at: int | None = None
-    seen_on_disk: list[Any] = field(default_factory=list)
-    keys: list[Any] = field(default_factory=list)
+    def __init__(self, db: Path, crash_at: int | None = None) -> None:
+        super().__init__()
+        self.db = db
+        self.crash_at = crash_at
+        self.seen_on_disk: list[Any] = []
+        self.keys: list[Any] = []
 
-    def count_text(self, text: str) -> int:
-        return len(text.split())
-
-    def stream(
-        self,
-        history: Sequence[Message],
-        user: str | None,
-        params: Any = None,
-        *,
-        cancel: threading.Event | None = None,
-        cache_key: Any = None,
-        **kw: Any,
-    ) -> Iterator[Event]:
-        self.keys.append(cache_key)
+    def script(self, call: StreamCall) -> Iterator[Event]:
+        self.keys.append(call.cache_key)
         with HistoryStore(self.db) as store:
             [conversation] = store.list_conversations()
             self.seen_on_disk.append(store.thread(conversation.id)[-1])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +15,7 @@ from engine.errors import EngineCrashed, EngineError
 from engine.inference.context import TRUNCATION_MARKER, Message
 from engine.inference.events import Event, Finished, Stats, Token, ToolCall
 from engine.inference.tools import ToolResult, ToolSpec
+from tests.fake_backend import FakeBackend, StreamCall
 
 ADD = ToolSpec(
     "add",
@@ -35,34 +36,19 @@ def call(name: str, **arguments: Any) -> ToolCall:
     return ToolCall(f"id{name}{len(arguments)}", name, arguments, f"<{name}>")
 
 
-@dataclass
-class ScriptedBackend:
-    """Streams scripted replies; records what each generation was given."""
+class ScriptedBackend(FakeBackend):
+    """Streams scripted replies; records what each generation was given. The room for results is
+    not measured (``result_room`` is None): the loop estimates it from the last generation's stats."""
 
-    replies: list[Reply]
-    n_ctx: int = 4096
-    used: int = 100
-    seen: list[dict[str, Any]] = field(default_factory=list)
-    crash_at: int | None = None
+    def __init__(self, replies: list[Reply], n_ctx: int = 4096, used: int = 100, crash_at: int | None = None) -> None:
+        super().__init__(n_ctx=n_ctx)
+        self.replies = replies
+        self.used = used
+        self.crash_at = crash_at
+        self.seen: list[dict[str, Any]] = []
 
-    def count_text(self, text: str) -> int:
-        return len(text.split())
-
-    def stream(
-        self,
-        history: Sequence[Message],
-        user: str | None,
-        params: Any = None,
-        *,
-        system: str | None = None,
-        documents: str | None = None,
-        cancel: threading.Event | None = None,
-        tools: Sequence[ToolSpec] = (),
-        tool_choice: str | None = None,
-        thinking: bool | None = None,
-        reasoning_effort: str | None = None,
-    ) -> Iterator[Event]:
-        self.seen.append({"history": list(history), "user": user, "tools": tuple(tools), "choice": tool_choice})
+    def script(self, call: StreamCall) -> Iterator[Event]:
+        self.seen.append({"history": call.history, "user": call.user, "tools": call.tools, "choice": call.tool_choice})
         if self.crash_at == len(self.seen):
             raise EngineCrashed(-9, "generation", "killed")
         reply = self.replies.pop(0) if self.replies else Reply("done")

@@ -5,8 +5,7 @@
 * :class:`ToolsetCache` keeps the worker's open ToolSet between turns (an MCP server is not
   restarted for each one) and opens it again when the sources, the session, ``mcp.json`` or the
   permissions change; :func:`default_open_tools` opens one (``app.tool_setup.open_tools``).
-* :func:`offers_search` and :func:`stream_accepts` are what the generate step asks of a ToolSet
-  and of a session.
+* :func:`offers_search` is what the generate step asks of a ToolSet.
 
 The loop itself, and the approvals, are :mod:`app.gui.workers.agent_turn`.
 """
@@ -55,18 +54,6 @@ class ToolsRequest:
     searcher: Searcher | None = field(default=None, compare=False)
 
 
-def stream_accepts(session: ChatBackend, keyword: str) -> bool:
-    """Whether ``session.stream`` takes ``keyword`` (both engine backends take every ChatBackend
-    keyword, and a remote one refuses a thinking budget itself; a test's fake may take fewer)."""
-    import inspect
-
-    try:
-        parameters = inspect.signature(session.stream).parameters
-    except (TypeError, ValueError):
-        return True
-    return keyword in parameters or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
-
-
 def default_open_tools(request: ToolsRequest, session: ChatBackend) -> ToolSet:
     """The ToolSet for the sources chosen (``app.tool_setup.open_tools``; servers start when listed)."""
     from app.tool_setup import open_tools
@@ -74,7 +61,7 @@ def default_open_tools(request: ToolsRequest, session: ChatBackend) -> ToolSet:
     return open_tools(
         list(request.selection),
         request.paths,
-        count_text=getattr(session, "count_text", None),
+        count_text=session.count_text,
         knowledge_bases=request.knowledge_bases,
         searcher=request.searcher,
     )

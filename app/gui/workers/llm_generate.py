@@ -42,29 +42,17 @@ class StreamOptions(TypedDict, total=False):
     thinking_budget: int
 
 
-def stream_options(request: GenerateRequest, session: ChatBackend) -> StreamOptions:
-    """The KV cache saved with the chat (when the session keeps them), the thinking switch and budget.
-
-    Raises:
-        EngineError: a thinking budget for a backend that cannot honour it.
-    """
-    from app.gui.workers.agent_tools import stream_accepts
-
+def stream_options(request: GenerateRequest) -> StreamOptions:
+    """The KV cache saved with the chat (a backend that keeps none ignores it), the thinking switch
+    and budget (a backend that cannot honour a budget refuses it)."""
     options: StreamOptions = {}
-    if request.cache_key is not None and getattr(session, "kv_cache", None) is not None:
+    if request.cache_key is not None:
         from engine.inference.kv_cache import KvKey
 
         options["cache_key"] = KvKey(*request.cache_key)
     if request.thinking is not None:
         options["thinking"] = request.thinking
     if request.thinking_budget is not None:
-        if not stream_accepts(session, "thinking_budget"):
-            from engine.errors import EngineError
-
-            raise EngineError(
-                "a thinking budget needs a local model (this one decodes on its server): "
-                "choose the model's default in the chat's Tools menu"
-            )
         options["thinking_budget"] = request.thinking_budget
     return options
 
@@ -79,7 +67,7 @@ def turn_events(
     record: Callable[[Record], None],
 ) -> Iterator[Event | TextBreak]:
     """The events of one turn: the agent loop when the request has tools, else a plain generation."""
-    options = stream_options(request, session)
+    options = stream_options(request)
     if request.tools is not None and toolset is not None:
         from app.gui.workers.agent_turn import agent_events
 

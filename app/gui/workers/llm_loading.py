@@ -83,7 +83,7 @@ def measure_bandwidth(cache: Path | None) -> float | None:
         return None
 
 
-def lower_priority(session: object) -> None:
+def lower_priority(session: ChatBackend) -> None:
     """Runs the inference child at a lower CPU priority than the GUI.
 
     Decoding keeps every core busy; at equal priority the GUI thread waits for a time slice and
@@ -91,8 +91,7 @@ def lower_priority(session: object) -> None:
     generation loses almost nothing (the GUI needs little). llama.cpp's compute threads are
     created by the child's main thread, so they inherit its priority. Best effort: POSIX only.
     """
-    worker = getattr(session, "worker", None)
-    pid = getattr(worker, "pid", None)
+    pid = session.local.worker_pid if session.local is not None else None
     if not pid or not hasattr(os, "setpriority"):
         return
     try:

@@ -18,7 +18,8 @@ if TYPE_CHECKING:
     from app.gui.workers.agent_tools import ToolsRequest
     from engine.inference.context import Message, RankedDocuments
     from engine.inference.events import Stats
-    from engine.inference.runtime import GenerationParams
+    from engine.inference.remote import RemoteInfo
+    from engine.inference.runtime import GenerationParams, ModelInfo
 
 
 @dataclass(frozen=True)
@@ -102,13 +103,13 @@ class GenerateRequest:
 class LoadedModel:
     """A loaded model, as the GUI sees it (``path``: its file, or an ``app.compose.RemoteModel``).
 
-    ``info`` is what the backend's ``load`` reported: an ``engine.inference.runtime.ModelInfo``
-    locally, an ``engine.inference.remote.RemoteInfo`` for a server (readers look its fields up).
+    ``info`` is what the backend's ``load`` reported: a ``ModelInfo`` locally, a ``RemoteInfo`` for a
+    server (``info.kind`` says which).
     """
 
     path: Path | RemoteModel
     label: str
-    info: object
+    info: ModelInfo | RemoteInfo
     load_ms: float
     machine_bandwidth_gbps: float | None
     backend_note: str | None = None  # e.g. the CPU variant crashed and the safe one runs

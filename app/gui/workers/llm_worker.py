@@ -108,11 +108,9 @@ class LlmWorker(QObject):
         lower_priority(session)
         load_ms = (time.perf_counter() - started) * 1000
         label = request.label or request.model_path.name
-        note = getattr(session, "backend_note", None)
-        from engine.inference.thinking_settings import template_controls
-
-        template = getattr(session, "template", None)  # a remote server's template is its own business
-        controls = tuple(sorted(template_controls(template))) if template is not None else ()
+        local = session.local
+        note = local.backend_note if local is not None else None
+        controls = tuple(sorted(session.thinking_controls))
         self.model_loaded.emit(
             LoadedModel(
                 request.model_path,
@@ -131,8 +129,8 @@ class LlmWorker(QObject):
             self._bandwidth = measure_bandwidth(request.bandwidth_cache)
             self._bandwidth_done = True
             if self._bandwidth is not None:
-                if hasattr(session, "machine_bandwidth_gbps"):
-                    session.machine_bandwidth_gbps = self._bandwidth
+                if local is not None:
+                    local.machine_bandwidth_gbps = self._bandwidth
                 self.bandwidth_measured.emit(self._bandwidth)
 
     @Slot()
@@ -241,10 +239,9 @@ class LlmWorker(QObject):
 
     def kill_for_shutdown(self) -> None:
         """Last resort at exit when the thread did not stop in time: kill the inference child."""
-        session = self._session
-        worker = getattr(session, "worker", None)
-        if worker is not None:
+        local = self._session.local if self._session is not None else None
+        if local is not None:
             try:
-                worker.close(kill=True, timeout=1.0)
+                local.kill_worker(timeout=1.0)
             except Exception as exc:  # noqa: BLE001 - best effort at exit
                 log.warning("killing the inference worker failed: %s", exc)

@@ -25,6 +25,9 @@ if TYPE_CHECKING:
     from app.settings import Settings
     from engine.inference.backends import ChatBackend
     from engine.inference.events import Token
+    from engine.inference.remote import RemoteInfo
+    from engine.inference.runtime import ModelInfo
+    from engine.inference.session import PromptView
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +59,7 @@ def is_draft_refusal(exc: BaseException, draft: Path) -> bool:
 
 def load_session(
     factory: SessionFactory, request: LoadRequest, bandwidth: float | None
-) -> tuple[ChatBackend, object, LoadRequest, str | None]:
+) -> tuple[ChatBackend, ModelInfo | RemoteInfo, LoadRequest, str | None]:
     """Builds and loads the session for ``request``; without its draft when the draft is refused.
 
     Returns:
@@ -83,7 +86,9 @@ def load_session(
     return *_load(factory, request, bandwidth), request, note
 
 
-def _load(factory: SessionFactory, request: LoadRequest, bandwidth: float | None) -> tuple[ChatBackend, object]:
+def _load(
+    factory: SessionFactory, request: LoadRequest, bandwidth: float | None
+) -> tuple[ChatBackend, ModelInfo | RemoteInfo]:
     session = factory(request, bandwidth)
     try:
         return session, session.load(request.cancel)
@@ -119,13 +124,13 @@ class ReplyTokens:
         """Records an ``engine.inference.events.Token``."""
         self.ids.append(int(token.token_id))
         self.pieces.append(str(token.text))
-        self.drafted.append(bool(getattr(token, "drafted", False)))
+        self.drafted.append(token.drafted)
 
-    def view(self, prompt: object) -> TokensView:
-        """The prompt view (an ``engine.inference.session.PromptView``) with this reply after it."""
+    def view(self, prompt: PromptView) -> TokensView:
+        """The prompt view with this reply after it."""
         return TokensView(
-            list(getattr(prompt, "token_ids", []) or []),
-            list(getattr(prompt, "pieces", []) or []),
+            list(prompt.token_ids),
+            list(prompt.pieces),
             self.ids,
             self.pieces,
             self.drafted,

@@ -5,87 +5,49 @@ not import ``conftest``, which is ambiguous when several folders have one.
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from app.paths import Paths
 from app.settings import Settings
 from engine.inference.events import Finished, PrefillProgress, Stats, Token
+from engine.inference.runtime import ModelInfo
+from engine.inference.session import PromptView
+from tests.fake_backend import FakeBackend, StreamCall, fake_model_info
 
 
-@dataclass(frozen=True)
-class PromptView:
-    """Same shape as engine.inference.session.PromptView."""
-
-    token_ids: list[int]
-    pieces: list[str]
-
-
-class FakeSession:
-    """Streams a canned reply word by word; honours cancel; records what it was asked.
+class FakeSession(FakeBackend):
+    """Streams a canned reply word by word; honours cancel; records what it was asked
+    (``calls``: each ``stream``'s arguments, ``tests.fake_backend.StreamCall``).
 
     Args:
+        request: the LoadRequest it was made for (its ``n_ctx`` is the window).
+        bandwidth: the machine's bandwidth the worker passed.
         reply: the text to stream (split on spaces).
         delay_s: pause between tokens.
     """
 
     def __init__(self, request: Any, bandwidth: float | None, reply: str = "", delay_s: float = 0.0) -> None:
+        super().__init__(n_ctx=request.n_ctx)
         self.request = request
         self.bandwidth = bandwidth
         self.reply = reply or "Hello from the fake model. It streams a few words."
         self.delay_s = delay_s
-        self.calls: list[dict[str, Any]] = []
-        self.closed = False
 
     @property
-    def info(self) -> Any:
-        return self.load()
+    def info(self) -> ModelInfo:
+        return fake_model_info(self.request.n_ctx, path=str(self.request.model_path))
 
-    def count_text(self, text: str) -> int:
-        return len(text.split())
-
-    def load(self, cancel: threading.Event | None = None) -> Any:
-        from engine.inference.runtime import ModelInfo
-
-        return ModelInfo(
-            path=str(self.request.model_path),
-            architecture="fake",
-            n_ctx=self.request.n_ctx,
-            n_ctx_train=2048,
-            n_vocab=100,
-            n_params=1000,
-            model_bytes=123_456_789,
-            n_layers=2,
-            n_gpu_layers=0,
-            gpu_offload_supported=False,
-            bos_token=None,
-            eos_token=None,
-            add_bos=False,
-            chat_template=None,
-        )
-
-    def stream(
-        self,
-        history: Sequence[Any],
-        user: str,
-        params: Any = None,
-        *,
-        system: str | None = None,
-        documents: str | None = None,
-        cancel: threading.Event | None = None,
-    ) -> Iterator[Any]:
-        self.calls.append({"history": list(history), "user": user, "system": system, "documents": documents})
+    def script(self, call: StreamCall) -> Iterator[Any]:
         yield PrefillProgress(5, 10)
         yield PrefillProgress(10, 10)
         words = self.reply.split(" ")
         sent: list[str] = []
         reason = "stop"
         for i, word in enumerate(words):
-            if cancel is not None and cancel.is_set():
+            if call.cancelled:
                 reason = "cancelled"
                 break
             piece = word if i == 0 else " " + word
@@ -125,9 +87,6 @@ class FakeSession:
 
     def prompt_view(self) -> PromptView:
         return PromptView([1, 2, 3], ["<bos>", "Hello", " world"])
-
-    def close(self) -> None:
-        self.closed = True
 
 
 def make_window(paths: Paths, factory: Any = None, settings: Settings | None = None, **kwargs: Any) -> Any:

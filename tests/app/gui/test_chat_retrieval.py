@@ -100,7 +100,7 @@ def test_the_passages_are_searched_on_the_knowledge_thread_and_reach_the_worker_
     # The request carried the passages themselves; the worker ran no search of its own.
     assert len(requests) == 1 and requests[0].passages is not None and requests[0].passages.count == 2
     assert len(service.threads) == 1
-    documents = sessions[-1].calls[-1]["documents"] or ""
+    documents = sessions[-1].calls[-1].documents or ""
     assert "p1w0" in documents and "p2w0" in documents
     assert [s["path"] for s in found[0]] == ["/docs/doc1.md", "/docs/doc2.md"]
     assert reply.state == "complete" and [s["path"] for s in reply.sources] == ["/docs/doc1.md", "/docs/doc2.md"]
@@ -119,7 +119,7 @@ def test_passages_that_do_not_fit_drop_the_lowest_ranked_and_the_reply_says_how_
     adapter.error_occurred.connect(errors.append)
     assert adapter.send("Tell me everything", context())
     reply = finish(qtbot, adapter)
-    documents = sessions[-1].calls[-1]["documents"] or ""
+    documents = sessions[-1].calls[-1].documents or ""
     assert "p1w0" in documents and "p2w0" in documents and "p3w0" not in documents and "p6w0" not in documents
     assert reply.state == "complete" and errors == []
     assert reply.stats["documents_dropped"] == 4
@@ -160,7 +160,7 @@ def test_a_failed_search_is_one_line_and_the_reply_comes_without_documents(
     reply = finish(qtbot, adapter)
     assert errors == ["Documents not used: the index is unreadable"]
     assert reply.state == "complete" and not reply.sources
-    assert sessions[-1].calls[-1]["documents"] is None
+    assert sessions[-1].calls[-1].documents is None
 
 
 def test_with_tools_the_turn_searches_up_front_only_when_the_model_cannot(paths: Paths) -> None:

@@ -27,6 +27,7 @@ from engine.history import HistoryStore
 from engine.units import format_bytes
 from tests.disk_support import fill, mounted_tmpfs
 from tests.engine.gguf_fixtures import build as build_gguf
+from tests.fake_backend import StreamCall
 
 pytestmark = [pytest.mark.gui, pytest.mark.qt_log_ignore("propagateSizeHints")]
 
@@ -115,9 +116,9 @@ class LiveReplySession(FakeSession):
         super().__init__(request, bandwidth)
         self._live = reply
 
-    def stream(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
+    def script(self, call: StreamCall) -> Iterator[Any]:
         self.reply, self.delay_s = self._live["text"], self._live["delay"]
-        return super().stream(*args, **kwargs)
+        return super().script(call)
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from app.paths import Paths
 from app.tool_config import DEFAULT_MAX_STEPS, DEFAULT_TIMEOUT_S, Permissions, ToolLimits
 from engine.inference.events import Finished, PrefillProgress, Stats, Token, ToolCall
 from engine.inference.tools import ToolResult, ToolSpec
+from tests.fake_backend import StreamCall
 
 pytestmark = [pytest.mark.gui, pytest.mark.qt_log_ignore("propagateSizeHints")]
 
@@ -43,26 +44,15 @@ class ChoiceSession(FakeSession):
         super().__init__(request, bandwidth)
         self.eager = eager
 
-    def stream(
-        self,
-        history: Sequence[Any],
-        user: str | None,
-        params: Any = None,
-        *,
-        system: str | None = None,
-        documents: str | None = None,
-        cancel: threading.Event | None = None,
-        **options: Any,
-    ) -> Iterator[Any]:
-        self.calls.append({"history": list(history), "user": user, "options": options})
-        choice = options.get("tool_choice")
+    def script(self, call: StreamCall) -> Iterator[Any]:
+        choice = call.tool_choice
         yield PrefillProgress(10, 10)
         stats = Stats(n_ctx=self.request.n_ctx, prompt_tokens=30, completion_tokens=2, context_used=32)
         must = choice in ("required", "add") or (self.eager and choice != "none")
-        if options.get("tools") and must:
-            call = ToolCall(f"call_{len(self.calls)}", "add", {"a": 2, "b": 3}, "<tool_call>{}</tool_call>")
+        if call.tools and must:
+            made = ToolCall(f"call_{len(self.calls)}", "add", {"a": 2, "b": 3}, "<tool_call>{}</tool_call>")
             yield stats
-            yield Finished("stop", stats, "", tool_calls=(call,))
+            yield Finished("stop", stats, "", tool_calls=(made,))
             return
         yield Token("Done.", 1)
         yield stats
@@ -127,7 +117,7 @@ def send(qtbot: Any, w: Any, text: str) -> None:
 
 
 def choices(w: Any) -> list[Any]:
-    return [call["options"].get("tool_choice") for call in w.sessions[-1].calls]
+    return [call.tool_choice for call in w.sessions[-1].calls]
 
 
 # ---------------------------------------------------------------------- the menu

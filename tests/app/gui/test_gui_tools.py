@@ -7,9 +7,8 @@ Settings → Tools lists a real MCP server's tools."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -23,6 +22,7 @@ from app.paths import Paths
 from engine.inference.context import Message
 from engine.inference.events import Finished, PrefillProgress, Reasoning, Stats, Token, ToolCall
 from engine.inference.tools import ToolResult, ToolSpec
+from tests.fake_backend import StreamCall
 from tests.mcp_servers import register
 
 pytestmark = [pytest.mark.gui, pytest.mark.qt_log_ignore("propagateSizeHints")]
@@ -43,20 +43,13 @@ class FakeToolSession(FakeSession):
     def __init__(self, request: Any, bandwidth: float | None, think: bool = False) -> None:
         super().__init__(request, bandwidth)
         self.think = think
-        self.template = SimpleNamespace(thinking=frozenset({"enable_thinking"}), switches=())
 
-    def stream(
-        self,
-        history: Sequence[Any],
-        user: str | None,
-        params: Any = None,
-        *,
-        system: str | None = None,
-        documents: str | None = None,
-        cancel: threading.Event | None = None,
-        **options: Any,
-    ) -> Iterator[Any]:
-        self.calls.append({"history": list(history), "user": user, "options": options})
+    @property
+    def thinking_controls(self) -> frozenset[str]:
+        return frozenset({"enable_thinking"})
+
+    def script(self, call: StreamCall) -> Iterator[Any]:
+        history, user = call.history, call.user
         yield PrefillProgress(10, 10)
         reasoning = ""
         if self.think:
@@ -65,7 +58,7 @@ class FakeToolSession(FakeSession):
                 yield Reasoning(piece + " ")
         last = history[-1] if history else None
         results = [m for m in history if isinstance(m, Message) and m.role == "tool"]
-        asking = bool(options.get("tools")) and user is not None
+        asking = bool(call.tools) and user is not None
         stats = Stats(
             n_ctx=self.request.n_ctx,
             prompt_tokens=30,
@@ -77,7 +70,7 @@ class FakeToolSession(FakeSession):
         )
         if asking:
             yield Token("Let me add.", 1)
-            call = ToolCall("call_1", "add", {"a": 2, "b": 3}, '<tool_call>{"name": "add"}</tool_call>')
+            made = ToolCall("call_1", "add", {"a": 2, "b": 3}, '<tool_call>{"name": "add"}</tool_call>')
             yield stats
             yield Finished(
                 "stop",
@@ -86,7 +79,7 @@ class FakeToolSession(FakeSession):
                 reasoning=reasoning,
                 reasoning_tokens=len(THOUGHT.split()) if reasoning else 0,
                 reasoning_ms=40.0 if reasoning else 0.0,
-                tool_calls=(call,),
+                tool_calls=(made,),
             )
             return
         answer = f"The tool said {last.content}." if isinstance(last, Message) and last.role == "tool" else "Hi."
@@ -204,7 +197,7 @@ def test_allow_once_runs_the_call_and_its_card_shows_the_result(
     assert "ms" in cards[0].header.text() and "+1 tokens" in cards[0].header.text()
     assert "5" in cards[0].result.text()
     # The second generation got the call and its result; the saved reply keeps both for later turns.
-    second = w.sessions[-1].calls[-1]["history"]
+    second = w.sessions[-1].calls[-1].history
     assert [m.role for m in second[-2:]] == ["assistant", "tool"] and second[-1].content == "5"
     assert [m["role"] for m in reply.stats["agent_messages"]] == ["assistant", "tool", "assistant"]
     # The inspector's Speed section shows the loop: generation, call, generation.
@@ -224,7 +217,7 @@ def test_deny_never_runs_the_call_and_the_model_gets_a_refusal(
     assert toolset.ran == []
     step = w.chat.thread_messages[-1].stats["tool_steps"][0]
     assert step["approval"] == "denied" and not step["ran"] and step["is_error"]
-    refusal = w.sessions[-1].calls[-1]["history"][-1]
+    refusal = w.sessions[-1].calls[-1].history[-1]
     assert refusal.role == "tool" and "denied" in refusal.content
     assert "denied" in w.chat_view.cards[-1].agent_parts.cards[0].header.text()
 
@@ -267,7 +260,7 @@ def test_tools_off_by_default_and_the_switch_is_saved_with_the_chat(
     assert w.tools_button.text() == "Tools: off"
     type_and_send(qtbot, w, "Hello?")
     wait_idle(qtbot, w)
-    assert "tools" not in w.sessions[-1].calls[-1]["options"]  # a plain turn: no tools offered
+    assert not w.sessions[-1].calls[-1].tools  # a plain turn: no tools offered
     w.tools_button.set_tools_on(True)
     qtbot.waitUntil(lambda: (w.chat.conversation.settings or {}).get("tools", {}).get("on") is True, timeout=5000)
     w.tools_button.build_menu()
@@ -298,7 +291,7 @@ def test_tool_cards_survive_a_restart_and_old_replies_read_as_before(
     toolset.allowed.add("add")
     type_and_send(qtbot, w2, "Thanks")
     wait_idle(qtbot, w2)
-    sent = w2.sessions[-1].calls[0]["history"]
+    sent = w2.sessions[-1].calls[0].history
     roles = [m.role for m in sent]
     assert roles == ["user", "assistant", "user", "assistant", "tool", "assistant"]
     assert sent[4].content == "5" and sent[3].tool_calls[0].name == "add"
@@ -309,7 +302,7 @@ def test_reasoning_is_folded_under_the_answer_and_never_sent_back(qtbot: Any, op
     w.tools_button.set_thinking("on")
     type_and_send(qtbot, w, "Think, then answer")
     wait_idle(qtbot, w)
-    assert w.sessions[-1].calls[-1]["options"].get("thinking") is True  # the template has the switch
+    assert w.sessions[-1].calls[-1].thinking is True  # the template has the switch
     reply = w.chat.thread_messages[-1]
     assert reply.content == "Hi." and THOUGHT not in reply.content
     assert reply.stats["reasoning"]["tokens"] == len(THOUGHT.split())
@@ -320,7 +313,7 @@ def test_reasoning_is_folded_under_the_answer_and_never_sent_back(qtbot: Any, op
     assert fold.unfolded and THOUGHT in fold.body.text()
     type_and_send(qtbot, w, "Again")
     wait_idle(qtbot, w)
-    sent = w.sessions[-1].calls[-1]["history"]
+    sent = w.sessions[-1].calls[-1].history
     assert sent and all(THOUGHT not in (m.content if isinstance(m, Message) else m[1]) for m in sent)
 
 
@@ -330,8 +323,8 @@ def test_a_thinking_budget_goes_to_the_session(qtbot: Any, open_window: Any) -> 
     assert "thinking ≤ 256" in w.tools_button.text()
     type_and_send(qtbot, w, "Go")
     wait_idle(qtbot, w)
-    options = w.sessions[-1].calls[-1]["options"]
-    assert options.get("thinking_budget") == 256 and "thinking" not in options
+    call = w.sessions[-1].calls[-1]
+    assert call.thinking_budget == 256 and call.thinking is None
 
 
 def test_settings_tools_lists_a_real_mcp_servers_tools(qtbot: Any, paths: Paths) -> None:
@@ -453,11 +446,17 @@ def test_a_long_result_is_folded_and_unfolds(qtbot: Any) -> None:
     assert "did not run" in short.header.text() and " ms" not in short.header.text()
 
 
-def test_a_thinking_budget_on_a_session_without_one_is_a_clear_error(qtbot: Any, paths: Paths) -> None:
+def test_a_thinking_budget_on_a_remote_model_is_a_clear_error(qtbot: Any, paths: Paths) -> None:
     from app.gui.workers.llm_requests import GenerateRequest, LoadRequest
     from app.gui.workers.llm_worker import LlmWorker
+    from engine.inference.remote import RemoteInfo, RemoteSession
 
-    worker = LlmWorker(lambda request, bandwidth: FakeSession(request, bandwidth))  # no thinking_budget
+    def remote(request: Any, bandwidth: float | None) -> RemoteSession:
+        session = RemoteSession("http://127.0.0.1:9", "m")  # never contacted: loaded already, refused before
+        session.info = RemoteInfo("http://127.0.0.1:9", "m", 4096, "estimate")
+        return session
+
+    worker = LlmWorker(remote)
     failed: list[Any] = []
     worker.generation_failed.connect(lambda _rid, exc: failed.append(exc))
     worker._on_load_requested(LoadRequest(model_path=paths.models / "x.gguf"))

@@ -13,9 +13,8 @@ items on stale values, "Tokens used", and Stop during prefill).
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,7 @@ from app.gui.window_layout import ElidedLabel
 from app.gui.workers.chat_state import ModelState
 from app.paths import Paths
 from engine.inference.events import Finished, PrefillProgress, Stats
+from tests.fake_backend import StreamCall
 
 pytestmark = [pytest.mark.gui, pytest.mark.qt_log_ignore("propagateSizeHints")]
 
@@ -190,12 +190,10 @@ def test_after_a_reload_or_a_restart_the_saved_reply_is_shown_whole(qtbot: Any, 
 class PrefillStopSession(FakeSession):
     """Reads 300 of a 1,000-token prompt, then sees Stop: no token, a cancelled reply."""
 
-    def stream(  # type: ignore[override]
-        self, history: Sequence[Any], user: str, params: Any = None, *, cancel: threading.Event | None = None, **_: Any
-    ) -> Iterator[Any]:
+    def script(self, call: StreamCall) -> Iterator[Any]:
         yield PrefillProgress(300, 1000)
-        assert cancel is not None
-        cancel.wait(10)
+        assert call.cancel is not None
+        call.cancel.wait(10)
         budget = {"system": 100, "documents": 0, "history": 400, "current": 500, "reserve": 512, "free": 2584}
         stats = Stats(n_ctx=4096, prompt_tokens=1000, completion_tokens=0, context_used=300, ttft_ms=0.0,
                       prefill_ms=400.0, prefill_tps=2500.0, template="gguf:gguf", budget=budget)  # fmt: skip

@@ -203,7 +203,7 @@ def test_a_kb_from_the_knowledge_page_is_attached_in_the_header_and_cited(
         assert w.documents_bar.button.full_text() == "Documents: Animals"
         assert "Animals" in w.documents_bar.button.toolTip()
         reply = _ask(qtbot, w, "Why do sea otters hold hands?")
-        assert "hold hands while they sleep" in (sessions[-1].calls[-1]["documents"] or "")
+        assert "hold hands while they sleep" in (sessions[-1].calls[-1].documents or "")
         assert reply.sources and reply.sources[0]["path"] == str(otters)
         assert "otters.md" in w.chat_view.cards[-1].sources_box.text()
 
@@ -212,7 +212,7 @@ def test_a_kb_from_the_knowledge_page_is_attached_in_the_header_and_cited(
         assert w.chat.conversation.knowledge_bases == ["Animals", "Travel"]
         assert w.documents_bar.button.full_text() == "Documents: Animals, Travel"
         reply = _ask(qtbot, w, "When does the night train leave, and why do otters hold hands?")
-        documents = sessions[-1].calls[-1]["documents"] or ""
+        documents = sessions[-1].calls[-1].documents or ""
         assert "eleven o'clock" in documents and "hold hands" in documents
         assert {s["path"] for s in reply.sources} == {str(otters), str(trains)}
 
@@ -222,7 +222,7 @@ def test_a_kb_from_the_knowledge_page_is_attached_in_the_header_and_cited(
         qtbot.waitUntil(lambda: w.chat.conversation.knowledge_bases == ["Travel"], timeout=10000)
         reply = _ask(qtbot, w, "When does the night train leave?")
         assert {s["path"] for s in reply.sources} == {str(trains)}
-        assert "hold hands" not in (sessions[-1].calls[-1]["documents"] or "")
+        assert "hold hands" not in (sessions[-1].calls[-1].documents or "")
     finally:
         w.shutdown()
 

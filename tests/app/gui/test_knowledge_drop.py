@@ -69,7 +69,7 @@ def test_dropped_file_is_indexed_and_cited(
         lambda: bool(w.chat.thread_messages) and w.chat.thread_messages[-1].state == "complete", timeout=10000
     )
 
-    documents = sessions[-1].calls[-1]["documents"]
+    documents = sessions[-1].calls[-1].documents
     assert documents is not None
     assert "hold hands while they sleep" in documents
     reply = w.chat.thread_messages[-1]

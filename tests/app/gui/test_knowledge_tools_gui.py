@@ -19,6 +19,7 @@ from app.gui.workers.chat_state import ChatState
 from app.paths import Paths
 from engine.inference.context import Message
 from engine.inference.events import Finished, PrefillProgress, Stats, Token, ToolCall
+from tests.fake_backend import StreamCall
 
 pytestmark = [pytest.mark.gui, pytest.mark.qt_log_ignore("propagateSizeHints")]
 
@@ -45,19 +46,8 @@ class FakeService:
 class SearchingSession(FakeSession):
     """Calls ``search_knowledge`` when it is offered and no result came back yet, then quotes it."""
 
-    def stream(
-        self,
-        history: Sequence[Any],
-        user: str | None,
-        params: Any = None,
-        *,
-        system: str | None = None,
-        documents: str | None = None,
-        cancel: threading.Event | None = None,
-        **options: Any,
-    ) -> Iterator[Any]:
-        tools = [spec.name for spec in options.get("tools") or ()]
-        self.calls.append({"history": list(history), "user": user, "documents": documents, "tools": tools})
+    def script(self, call: StreamCall) -> Iterator[Any]:
+        history, user, tools = call.history, call.user, call.tool_names
         yield PrefillProgress(10, 10)
         stats = Stats(
             n_ctx=self.request.n_ctx,
@@ -130,9 +120,9 @@ def test_the_models_search_reaches_the_knowledge_service_and_its_card_shows_the_
     assert [q[:2] for q in service.queries] == [(["otters", "notes"], "sea otters")]
     assert service.queries[0][2] != threading.main_thread().name
     first = w.sessions[-1].calls[0]
-    assert "search_knowledge" in first["tools"] and first["documents"] is None
+    assert "search_knowledge" in first.tool_names and first.documents is None
     # The result went back to the model, and the card shows the passages.
-    assert w.sessions[-1].calls[-1]["history"][-1].role == "tool"
+    assert w.sessions[-1].calls[-1].history[-1].role == "tool"
     reply = w.chat.thread_messages[-1]
     assert reply.content.endswith("Found it.")
     step = reply.stats["tool_steps"][0]
@@ -150,7 +140,7 @@ def test_without_knowledge_bases_there_is_no_search_tool_and_without_tools_the_p
     w.composer.edit.setPlainText("Hello")
     qtbot.keyClick(w.composer.edit, Qt.Key.Key_Return)
     qtbot.waitUntil(lambda: not w.chat.busy and w.chat.state is ChatState.IDLE, timeout=10000)
-    assert "search_knowledge" not in w.sessions[-1].calls[-1]["tools"]
+    assert "search_knowledge" not in w.sessions[-1].calls[-1].tool_names
     assert w.knowledge.service.queries == []
     # Tools off, documents attached: the turn retrieves before generating, as before.
     attach(qtbot, w, ["otters"])
@@ -159,4 +149,4 @@ def test_without_knowledge_bases_there_is_no_search_tool_and_without_tools_the_p
     qtbot.keyClick(w.composer.edit, Qt.Key.Key_Return)
     qtbot.waitUntil(lambda: not w.chat.busy and w.chat.state is ChatState.IDLE, timeout=10000)
     assert [q[:2] for q in w.knowledge.service.queries] == [(["otters"], "What do otters do?")]
-    assert OTTERS in (w.sessions[-1].calls[-1]["documents"] or "")
+    assert OTTERS in (w.sessions[-1].calls[-1].documents or "")

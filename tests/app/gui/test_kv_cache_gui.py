@@ -18,23 +18,22 @@ from app.gui.workers.llm_requests import GenerateRequest, LoadRequest
 from app.gui.workers.llm_worker import LlmWorker
 from app.paths import Paths
 from app.settings import Settings
+from tests.fake_backend import StreamCall
 
 
 class KvFakeSession(FakeSession):
     """A fake session that saves KV caches: records each turn's key, reports restore figures."""
 
-    kv_cache = object()
-
     def __init__(self, request: Any, bandwidth: float | None) -> None:
         super().__init__(request, bandwidth, reply="Hello from the cache")
         self.keys: list[Any] = []
 
-    def stream(self, history: Any, user: str, params: Any = None, *, cache_key: Any = None, **kw: Any) -> Iterator[Any]:
+    def script(self, call: StreamCall) -> Iterator[Any]:
         from engine.inference.events import Finished, Stats
 
-        self.keys.append(cache_key)
+        self.keys.append(call.cache_key)
         extra = {"kv_restored_tokens": 35, "kv_restore_ms": 4.5, "kv_saved_bytes": 123_000}
-        for event in super().stream(history, user, params, **kw):
+        for event in super().script(call):
             if isinstance(event, Stats):
                 event = dataclasses.replace(event, **extra)
             elif isinstance(event, Finished):

@@ -13,6 +13,7 @@ from PySide6.QtCore import Qt
 from app.gui.workers.chat_state import ChatState, ModelState
 from app.paths import Paths
 from engine.history import HistoryStore
+from tests.fake_backend import StreamCall
 
 pytestmark = [pytest.mark.gui, pytest.mark.qt_log_ignore("propagateSizeHints")]
 
@@ -47,8 +48,8 @@ def test_send_streams_reply_and_saves_it(qtbot: Any, window: Any, paths: Paths) 
     assert saved[1].stats["completion_tokens"] == 10
     # The session saw the default system prompt and the user text.
     call = window.sessions[-1].calls[-1]
-    assert call["user"] == "Hi there"
-    assert call["system"] == window.settings.default_system_prompt
+    assert call.user == "Hi there"
+    assert call.system == window.settings.default_system_prompt
 
 
 def test_shift_enter_adds_a_line_instead_of_sending(qtbot: Any, window: Any) -> None:
@@ -63,7 +64,7 @@ def test_second_turn_sends_history(qtbot: Any, window: Any) -> None:
     send(qtbot, window, "first")
     send(qtbot, window, "second")
     call = window.sessions[-1].calls[-1]
-    assert [(m.role, m.content) for m in call["history"]] == [
+    assert [(m.role, m.content) for m in call.history] == [
         ("user", "first"),
         ("assistant", "Hello from the fake model. It streams a few words."),
     ]
@@ -229,7 +230,7 @@ def test_per_conversation_system_prompt_and_preset(qtbot: Any, window: Any, monk
     qtbot.waitUntil(lambda: window.chat.conversation.system_prompt == "Answer like a pirate.", timeout=5000)
     send(qtbot, window, "second")
     call = window.sessions[-1].calls[-1]
-    assert call["system"] == "Answer like a pirate."
+    assert call.system == "Answer like a pirate."
     context = window.turns.turn_context()
     assert context.params.temperature == 0.0
     assert window.chat.conversation.settings["preset"] == "Precise (greedy)"
@@ -277,7 +278,7 @@ class CrashingSession(FakeSession):
 
     will_repeat = True
 
-    def stream(self, history: Any, user: str, params: Any = None, **kwargs: Any) -> Any:
+    def script(self, call: StreamCall) -> Any:
         from engine.cpu_backend import BackendInfo, describe_crash
         from engine.errors import EngineCrashed
         from engine.inference.events import PrefillProgress

@@ -5,7 +5,6 @@ shows a retrieval error."""
 from __future__ import annotations
 
 import functools
-import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import SimpleNamespace
@@ -70,25 +69,9 @@ def test_the_searcher_skips_deleted_knowledge_bases_and_says_which() -> None:
         ChatSearcher(lambda: broken, told.append).query_many(["otters"], "x")
 
 
-class RecordingSession(FakeSession):
-    def stream(
-        self,
-        history: Sequence[Any],
-        user: str | None,
-        params: Any = None,
-        *,
-        system: str | None = None,
-        documents: str | None = None,
-        cancel: threading.Event | None = None,
-        **options: Any,
-    ) -> Iterator[Any]:
-        self.calls.append({"documents": documents})
-        yield from super().stream(history, user, params, system=system, documents=documents, cancel=cancel, **options)
-
-
 @pytest.fixture
 def window(qtbot: Any, paths: Paths, fake_model: Path) -> Iterator[Any]:
-    w = start_window(qtbot, paths, RecordingSession, fake_model)
+    w = start_window(qtbot, paths, FakeSession, fake_model)
     w.knowledge.service.close()
     w.knowledge.service = Service(["otters"])
     # The knowledge bases as the registry lists them now: "trains" was deleted.
@@ -116,7 +99,7 @@ def test_a_deleted_knowledge_base_is_skipped_marked_missing_and_said_once(qtbot:
     for question in ("Where do otters sleep?", "And at night?", "Why?"):
         send(qtbot, w, question)
         # The answer still comes from the knowledge base that exists.
-        assert OTTERS in (w.sessions[-1].calls[-1]["documents"] or "")
+        assert OTTERS in (w.sessions[-1].calls[-1].documents or "")
     assert errors == []  # never "Documents not used: ..." on a turn
     assert not w.banner.isVisible()
     said = [n for n in notices if "no longer exists" in n]

@@ -147,7 +147,7 @@ def test_picker_lists_remote_models_and_a_turn_goes_through_the_remote_session(q
     qtbot.keyClick(window.composer.edit, Qt.Key.Key_Return)
     qtbot.waitUntil(lambda: not window.chat.busy and window.chat.state is ChatState.IDLE, timeout=5000)
     qtbot.waitUntil(lambda: window.chat.thread_messages[-1].state != "pending", timeout=5000)
-    assert window.remote_sessions[0].calls[0]["user"] == "Hello remote"
+    assert window.remote_sessions[0].calls[0].user == "Hello remote"
     assert window.chat_view.cards[-1].text == "Remote big-model at http://10.9.8.7:8000 says hi"
     assert window.settings.last_model == compose.model_key(compose.RemoteModel("lab", "big-model"))
     assert compose.LEGACY_REMOTE_ROOT not in window.settings.last_model  # the old pseudo path is never written

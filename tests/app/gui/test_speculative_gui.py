@@ -28,6 +28,8 @@ from engine.errors import ModelLoadError
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "engine"))
 from tiny_models import write_tiny_llama_gguf
 
+from tests.fake_backend import StreamCall
+
 pytestmark = [pytest.mark.gui, pytest.mark.qt_log_ignore("propagateSizeHints")]
 
 DRAFTED = [False, True, True, False, True]  # which of the fake reply's five tokens a draft proposed
@@ -50,16 +52,14 @@ class DraftingSession(FakeSession):
             raise ModelLoadError(f"{draft}: cannot draft for this model: the vocabularies differ (token 5)")
         return super().load(cancel)
 
-    def stream(self, history: Any, user: str, params: Any = None, **kw: Any) -> Iterator[Any]:
+    def script(self, call: StreamCall) -> Iterator[Any]:
         import dataclasses
 
         from engine.inference.events import Finished, Stats, Token
 
-        self.params.append(params)
+        self.params.append(call.params)
         extra = {"draft_tokens": 4, "accepted_tokens": 3}
-        for event in super().stream(
-            history, user, params, **{k: kw[k] for k in ("system", "documents", "cancel") if k in kw}
-        ):
+        for event in super().script(call):
             if isinstance(event, Token):
                 event = dataclasses.replace(event, drafted=DRAFTED[event.token_id])
             elif isinstance(event, Stats):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from app.gui.workers.chat_state import ChatState
 from app.gui.workers.llm_generate import Coalescer
 from app.paths import Paths
 from engine.inference.events import CallProgress, Finished, PrefillProgress, Token, ToolCall
+from tests.fake_backend import StreamCall
 
 pytestmark = [pytest.mark.gui, pytest.mark.qt_log_ignore("propagateSizeHints")]
 
@@ -33,9 +34,7 @@ class HeldCallSession(FakeSession):
 
     go = threading.Event()
 
-    def stream(  # type: ignore[override]
-        self, history: Sequence[Any], user: str, params: Any = None, *, cancel: threading.Event | None = None, **_: Any
-    ) -> Iterator[Any]:
+    def script(self, call: StreamCall) -> Iterator[Any]:
         yield PrefillProgress(17, 17)
         for n in range(1, HELD + 1):
             yield CallProgress(n)

@@ -26,26 +26,9 @@ from app.paths import Paths
 from app.server.http import ServerHandle, start_server
 from engine.inference.events import Event, Finished, PrefillProgress, Reasoning, Stats, Token, ToolCall
 from engine.inference.runtime import GenerationParams, WorkerResult
+from tests.fake_backend import FakeBackend, StreamCall
 
 KEY = "test-key-0123456789"
-
-
-@dataclass(frozen=True)
-class Info:
-    n_ctx: int = 256
-    n_vocab: int = 1000
-    add_bos: bool = False
-    bos_token: str | None = None
-
-
-@dataclass
-class Call:
-    history: list[Any]
-    user: str | None
-    params: GenerationParams
-    system: str | None
-    tools: list[Any] | None
-    tool_choice: str | None
 
 
 def _token(text: str, index: int, params: GenerationParams) -> Token:
@@ -83,58 +66,59 @@ class ScriptedWorker:
         return WorkerResult(reason, text, len(tokens), 0, len(words), len(tokens) + len(words), 1.0, 2.0, 3.0)
 
 
-class ScriptedBackend:
-    """See the module docstring. ``tool_args`` are the arguments of every call it makes."""
-
-    model = "fake-model"
+class ScriptedBackend(FakeBackend):
+    """See the module docstring. ``tool_args`` are the arguments of every call it makes. It is a
+    local model (``local`` is itself): ``/v1/completions`` and ``/tokenize`` run over its worker."""
 
     def __init__(self, n_ctx: int = 256) -> None:
-        self.info = Info(n_ctx=n_ctx)
-        self.calls: list[Call] = []
+        super().__init__(n_ctx=n_ctx, n_vocab=1000, model_id="fake-model")
         self.worker = ScriptedWorker()
         self.tool_args: dict[str, Any] = {"city": "Paris"}
         self.calls_per_reply = 1
-        self._lock = threading.Lock()
+        self.backend_note: str | None = None
+        self.machine_bandwidth_gbps: float | None = None
 
-    def load(self, cancel: threading.Event | None = None) -> object:
-        return self.info
+    # the local model (engine.inference.backends.LocalBackend)
+    @property
+    def local(self) -> ScriptedBackend:
+        return self
 
-    def count_text(self, text: str) -> int:
-        return len(text.split())
+    @property
+    def template(self) -> None:
+        return None
 
-    def close(self) -> None:
+    @property
+    def worker_pid(self) -> int | None:
+        return None
+
+    def kill_worker(self, timeout: float = 1.0) -> None:
         pass
 
+    def tokenize(self, text: str) -> list[int]:
+        return self.worker.tokenize(text, add_bos=False, special=True)
+
     def tokenize_prompt(self, text: str) -> list[int]:
-        return self.worker.tokenize(text, add_bos=self.info.add_bos, special=True)
+        return self.worker.tokenize(text, add_bos=False, special=True)
 
     def pieces(self, tokens: Sequence[int]) -> list[str]:
         return self.worker.pieces(tokens)
 
     def complete(
-        self, prompt: Sequence[int], params: GenerationParams | None = None, cancel: threading.Event | None = None
+        self,
+        prompt: str | Sequence[int],
+        params: GenerationParams | None = None,
+        cancel: threading.Event | None = None,
     ) -> Iterator[Event]:
         """As ``ChatSession.complete``: the worker's events, then Stats and Finished."""
-        result = yield from self.worker.generate(list(prompt), params or GenerationParams(), cancel)
+        tokens = self.tokenize_prompt(prompt) if isinstance(prompt, str) else list(prompt)
+        result = yield from self.worker.generate(tokens, params or GenerationParams(), cancel)
         stats = Stats(prompt_tokens=result.prompt_tokens, completion_tokens=result.completion_tokens, template="raw")
         yield stats
         yield Finished(result.reason, stats, result.text)  # type: ignore[arg-type]
 
-    def stream(
-        self,
-        history: Sequence[Any],
-        user: str | None,
-        params: GenerationParams | None = None,
-        *,
-        system: str | None = None,
-        documents: str | None = None,
-        cancel: threading.Event | None = None,
-        tools: list[Any] | None = None,
-        tool_choice: str | None = None,
-    ) -> Iterator[Event]:
-        params = params or GenerationParams()
-        self.calls.append(Call(list(history), user, params, system, tools, tool_choice))
-        user = user or ""
+    def script(self, call: StreamCall) -> Iterator[Event]:
+        params, tools, tool_choice = call.params, call.tools, call.tool_choice
+        user = call.user or ""
         yield PrefillProgress(0, 1)
         if "think" in user:
             yield Reasoning("Let me see.")
@@ -148,29 +132,13 @@ class ScriptedBackend:
         if tools and tool_choice != "none":
             name = tool_choice if tool_choice not in (None, "auto", "required") else tools[0].name
             for number in range(self.calls_per_reply):
-                call = ToolCall(f"call{number}", name, dict(self.tool_args), "")
-                calls.append(call)
-                yield call
+                made = ToolCall(f"call{number}", name, dict(self.tool_args), "")
+                calls.append(made)
+                yield made
         stats = Stats(prompt_tokens=len(user.split()) + 1, completion_tokens=len(words), decode_tps=10.0)
         yield stats
         reason = "length" if len(words) == params.max_tokens and words else "stop"
         yield Finished(reason, stats, text, reasoning="Let me see." if "think" in user else "", tool_calls=tuple(calls))  # type: ignore[arg-type]
-
-
-class NoToolsBackend(ScriptedBackend):
-    """A backend whose ``stream`` takes no tools (as a remote one might)."""
-
-    def stream(  # type: ignore[override]
-        self,
-        history: Sequence[Any],
-        user: str,
-        params: GenerationParams | None = None,
-        *,
-        system: str | None = None,
-        documents: str | None = None,
-        cancel: threading.Event | None = None,
-    ) -> Iterator[Event]:
-        return super().stream(history, user, params, system=system, documents=documents, cancel=cancel)
 
 
 @pytest.fixture

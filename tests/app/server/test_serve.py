@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -35,55 +35,38 @@ from app.server.wire import MAX_MESSAGES, MIN_TEXT_CHARS
 from engine.errors import ContextOverflow
 from engine.inference.events import Event, Finished, PrefillProgress, Stats, Token
 from engine.inference.runtime import GenerationParams
+from tests.fake_backend import FakeBackend, StreamCall
 
 KEY = "test-key-0123456789"
 ROOT = Path(__file__).resolve().parents[3]
 
 
-class FakeBackend:
+class SlowBackend(FakeBackend):
     """Answers every turn with the user's words reversed, one word per token, slowly.
 
-    Records which requests overlap, so a test can prove that requests queue.
+    Records which requests overlap, so a test can prove that requests queue, and what each reply
+    that reached the model was asked (``asked``: the user's text, the system prompt, the history's
+    length).
     """
 
-    model = "fake-model"
-
     def __init__(self, delay: float = 0.01) -> None:
+        super().__init__(n_ctx=0, n_vocab=None, model_id="fake-model")
         self.delay = delay
         self.active = 0
         self.max_active = 0
-        self.calls: list[tuple[str, str | None, int]] = []
+        self.asked: list[tuple[str, str | None, int]] = []
         self.tokens = 0  # tokens yielded, all requests together
         self.reasons: list[str] = []  # how each reply finished
-        self.closed = False
         self._guard = threading.Lock()
 
-    def load(self, cancel: threading.Event | None = None) -> object:
-        return None
-
-    def count_text(self, text: str) -> int:
-        return len(text.split())
-
-    def close(self) -> None:
-        self.closed = True
-
-    def stream(
-        self,
-        history: Sequence[Any],
-        user: str,
-        params: GenerationParams | None = None,
-        *,
-        system: str | None = None,
-        documents: str | None = None,
-        cancel: threading.Event | None = None,
-    ) -> Iterator[Event]:
-        params = params or GenerationParams()
+    def script(self, call: StreamCall) -> Iterator[Event]:
+        params, user, system, history, cancel = call.params, call.user or "", call.system, call.history, call.cancel
         if "overflow" in user:
             raise ContextOverflow("conversation needs 9999 tokens but the context window is 64")
         with self._guard:
             self.active += 1
             self.max_active = max(self.max_active, self.active)
-            self.calls.append((user, system, len(history)))
+            self.asked.append((user, system, len(history)))
         try:
             yield PrefillProgress(0, 3)
             words = list(reversed(user.split()))[: params.max_tokens]
@@ -108,8 +91,8 @@ class FakeBackend:
 
 
 @pytest.fixture
-def fake_server(tmp_path: Path) -> Iterator[tuple[ServerHandle, FakeBackend]]:
-    backend = FakeBackend()
+def fake_server(tmp_path: Path) -> Iterator[tuple[ServerHandle, SlowBackend]]:
+    backend = SlowBackend()
     handle = start_server(Paths.resolve(tmp_path / "home"), port=0, api_key=KEY, backend=backend)
     yield handle, backend
     handle.stop()
@@ -169,7 +152,7 @@ def test_loopback_detection() -> None:
 
 def test_non_loopback_host_without_key_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ServeError, match="without an API key"):
-        start_server(Paths.resolve(tmp_path), host="0.0.0.0", port=0, backend=FakeBackend())
+        start_server(Paths.resolve(tmp_path), host="0.0.0.0", port=0, backend=SlowBackend())
     with pytest.raises(ServeError, match="too short"):
         check_host("0.0.0.0", "short")
     check_host("0.0.0.0", KEY)  # a real key is enough
@@ -192,7 +175,7 @@ def test_cli_refuses_non_loopback_without_key(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
 
 
-def test_wrong_or_missing_key_gets_401(fake_server: tuple[ServerHandle, FakeBackend]) -> None:
+def test_wrong_or_missing_key_gets_401(fake_server: tuple[ServerHandle, SlowBackend]) -> None:
     handle, backend = fake_server
     with pytest.raises(openai.AuthenticationError) as caught:
         _client(handle, "wrong-key-123456").chat.completions.create(
@@ -204,13 +187,13 @@ def test_wrong_or_missing_key_gets_401(fake_server: tuple[ServerHandle, FakeBack
     status, body = _raw(handle, "GET", "/v1/models")
     assert status == 401
     assert body["error"]["code"] == "invalid_api_key"
-    assert backend.calls == []  # nothing reached the model
+    assert backend.asked == []  # nothing reached the model
     assert [m.id for m in _client(handle).models.list().data] == ["fake-model"]
 
 
 def test_foreign_host_header_refused_without_key(tmp_path: Path) -> None:
     """DNS rebinding: a page on evil.example resolving to 127.0.0.1 must not reach the API."""
-    with start_server(Paths.resolve(tmp_path), port=0, backend=FakeBackend()) as handle:
+    with start_server(Paths.resolve(tmp_path), port=0, backend=SlowBackend()) as handle:
         status, body = _raw(handle, "GET", "/v1/models", headers={"Host": "evil.example:8080"})
         assert status == 403
         assert "loopback only" in body["error"]["message"]
@@ -248,7 +231,7 @@ def test_foreign_host_header_refused_without_key(tmp_path: Path) -> None:
     ],
 )
 def test_bad_requests_get_400_with_a_reason(
-    fake_server: tuple[ServerHandle, FakeBackend], payload: dict[str, Any], fragment: str
+    fake_server: tuple[ServerHandle, SlowBackend], payload: dict[str, Any], fragment: str
 ) -> None:
     handle, _ = fake_server
     status, body = _raw(
@@ -264,7 +247,7 @@ def test_bad_requests_get_400_with_a_reason(
     assert "\n" not in body["error"]["message"]
 
 
-def test_malformed_json_unknown_path_and_huge_body(fake_server: tuple[ServerHandle, FakeBackend]) -> None:
+def test_malformed_json_unknown_path_and_huge_body(fake_server: tuple[ServerHandle, SlowBackend]) -> None:
     handle, _ = fake_server
     auth = {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"}
     status, body = _raw(handle, "POST", "/v1/chat/completions", b"{not json", auth)
@@ -276,7 +259,7 @@ def test_malformed_json_unknown_path_and_huge_body(fake_server: tuple[ServerHand
     assert status == 413
 
 
-def test_messages_map_to_system_history_and_user(fake_server: tuple[ServerHandle, FakeBackend]) -> None:
+def test_messages_map_to_system_history_and_user(fake_server: tuple[ServerHandle, SlowBackend]) -> None:
     handle, backend = fake_server
     reply = _client(handle).chat.completions.create(
         model="fake-model",
@@ -290,10 +273,10 @@ def test_messages_map_to_system_history_and_user(fake_server: tuple[ServerHandle
     assert reply.choices[0].message.content == "beta alpha"
     assert reply.choices[0].finish_reason == "stop"
     assert reply.model == "fake-model"
-    assert backend.calls == [("alpha beta", "be brief", 2)]
+    assert backend.asked == [("alpha beta", "be brief", 2)]
 
 
-def test_requests_queue_one_at_a_time(fake_server: tuple[ServerHandle, FakeBackend]) -> None:
+def test_requests_queue_one_at_a_time(fake_server: tuple[ServerHandle, SlowBackend]) -> None:
     handle, backend = fake_server
     prompts = [f"w{i} x{i} y{i} z{i}" for i in range(6)]
 
@@ -310,7 +293,7 @@ def test_requests_queue_one_at_a_time(fake_server: tuple[ServerHandle, FakeBacke
 
 
 def test_client_disconnect_cancels_the_reply(tmp_path: Path) -> None:
-    backend = FakeBackend(delay=0.05)
+    backend = SlowBackend(delay=0.05)
     with start_server(Paths.resolve(tmp_path), port=0, backend=backend) as handle:
         connection = http.client.HTTPConnection(handle.host, handle.port, timeout=30)
         words = " ".join(f"w{i}" for i in range(200))
@@ -331,9 +314,9 @@ def test_client_disconnect_cancels_the_reply(tmp_path: Path) -> None:
         assert reply.choices[0].message.content == "b a"
 
 
-def test_port_in_use_is_a_clear_error(fake_server: tuple[ServerHandle, FakeBackend], tmp_path: Path) -> None:
+def test_port_in_use_is_a_clear_error(fake_server: tuple[ServerHandle, SlowBackend], tmp_path: Path) -> None:
     handle, _ = fake_server
-    second = FakeBackend()
+    second = SlowBackend()
     with pytest.raises(ServeError) as caught:
         start_server(Paths.resolve(tmp_path), port=handle.port, backend=second)
     assert str(caught.value).startswith(f"127.0.0.1:{handle.port}: cannot listen there")
@@ -341,7 +324,7 @@ def test_port_in_use_is_a_clear_error(fake_server: tuple[ServerHandle, FakeBacke
 
 
 def test_stop_closes_backend_and_port(tmp_path: Path) -> None:
-    backend = FakeBackend()
+    backend = SlowBackend()
     handle = start_server(Paths.resolve(tmp_path), port=0, backend=backend)
     port = handle.port
     handle.stop()
@@ -388,7 +371,7 @@ def _wait_for(condition: Any, timeout: float = 10.0) -> bool:
 
 
 def test_message_count_and_text_are_capped_before_planning(
-    fake_server: tuple[ServerHandle, FakeBackend], monkeypatch: pytest.MonkeyPatch
+    fake_server: tuple[ServerHandle, SlowBackend], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Many tiny messages: past 2,048 messages or the text limit, a 400 before the model is touched.
     Bound: the issue's 500,000 one-letter messages (15 MB) are refused on their count alone, before
@@ -419,7 +402,7 @@ def test_message_count_and_text_are_capped_before_planning(
     assert status == 400
     assert "at most 2048" in body["error"]["message"]
     assert contents_read[0] == 0, f"{contents_read[0]} messages read before the count was checked"
-    assert backend.calls == []
+    assert backend.asked == []
 
     # The text limit (this backend reports no context window: the floor applies).
     system = {"role": "system", "content": "s" * (MIN_TEXT_CHARS // 2)}
@@ -429,16 +412,16 @@ def test_message_count_and_text_are_capped_before_planning(
     assert f"more than {MIN_TEXT_CHARS} characters" in body["error"]["detail"]
     assert body["error"]["message"].startswith("This model's maximum context length is")
     assert "\n" not in body["error"]["message"]
-    assert backend.calls == []
+    assert backend.asked == []
     # At the limits, the request is served.
     at_limit = [{"role": "user" if i % 2 == 0 else "assistant", "content": "a"} for i in range(MAX_MESSAGES - 1)]
     at_limit.append({"role": "user", "content": "w " * ((MIN_TEXT_CHARS - MAX_MESSAGES) // 2)})
     status, body = _post(handle, {"messages": at_limit, "max_tokens": 1})
     assert status == 200, body
-    assert backend.calls == [(at_limit[-1]["content"], None, MAX_MESSAGES - 1)]
+    assert backend.asked == [(at_limit[-1]["content"], None, MAX_MESSAGES - 1)]
 
 
-def test_stop_strings_are_capped(fake_server: tuple[ServerHandle, FakeBackend]) -> None:
+def test_stop_strings_are_capped(fake_server: tuple[ServerHandle, SlowBackend]) -> None:
     handle, backend = fake_server
     user = [{"role": "user", "content": "a b"}]
     status, body = _post(handle, {"messages": user, "stop": ["x"] * (MAX_STOP_STRINGS + 1)})
@@ -453,7 +436,7 @@ def test_stop_strings_are_capped(fake_server: tuple[ServerHandle, FakeBackend]) 
     )
     status, body = _post(handle, {"messages": user, "stop": "z" * (MAX_STOP_CHARS + 1)})
     assert status == 400
-    assert backend.calls == []
+    assert backend.asked == []
     status, body = _post(handle, {"messages": user, "stop": ["z" * MAX_STOP_CHARS] * MAX_STOP_STRINGS})
     assert status == 200
     assert body["choices"][0]["message"]["content"] == "b a"
@@ -462,7 +445,7 @@ def test_stop_strings_are_capped(fake_server: tuple[ServerHandle, FakeBackend]) 
 def test_abandoned_non_streamed_reply_is_cancelled(tmp_path: Path) -> None:
     """A client that leaves a non-streamed request: bound at most 5 more tokens of 400 (counted,
     not timed); before, the reply ran to its end. One that left while queued never reaches the model."""
-    backend = FakeBackend(delay=0.05)
+    backend = SlowBackend(delay=0.05)
     with start_server(Paths.resolve(tmp_path), port=0, backend=backend) as handle:
         words = " ".join(f"w{i}" for i in range(400))
         connection = _send_raw_request(handle, {"messages": [{"role": "user", "content": words}]})
@@ -479,13 +462,13 @@ def test_abandoned_non_streamed_reply_is_cancelled(tmp_path: Path) -> None:
         ab = [{"role": "user", "content": "a b"}]
         reply = _client(handle).chat.completions.create(model=handle.model, messages=ab)
         assert reply.choices[0].message.content == "b a"
-        assert [call[0] for call in backend.calls] == [words, "a b"]
+        assert [call[0] for call in backend.asked] == [words, "a b"]
 
 
 def test_a_burst_of_connections_is_answered_not_reset(tmp_path: Path) -> None:
     """100 streams at once on 127.0.0.1: each gets 200 or 503 with Retry-After, none a TCP reset
     (the listen backlog was socketserver's 5: 75-83 of 100 were reset here)."""
-    backend = FakeBackend(delay=0.02)
+    backend = SlowBackend(delay=0.02)
     with start_server(Paths.resolve(tmp_path), port=0, backend=backend) as handle:
         body = json.dumps({"messages": [{"role": "user", "content": "a b c d e f"}], "stream": True})
         barrier = threading.Barrier(100)
@@ -513,7 +496,7 @@ def test_a_burst_of_connections_is_answered_not_reset(tmp_path: Path) -> None:
 
 def test_stop_cancels_the_reply_in_progress(tmp_path: Path) -> None:
     """Bound: the reply sees its cancel within 3 tokens of stop() (counted, not timed)."""
-    backend = FakeBackend(delay=0.05)
+    backend = SlowBackend(delay=0.05)
     handle = start_server(Paths.resolve(tmp_path), port=0, backend=backend)
     words = " ".join(f"w{i}" for i in range(400))
     connection = _send_raw_request(handle, {"messages": [{"role": "user", "content": words}], "stream": True})
@@ -575,7 +558,7 @@ def test_endpoints_cli_add_list_remove(tmp_path: Path, capsys: pytest.CaptureFix
 
 
 def test_endpoints_add_checks_and_lists_models(
-    fake_server: tuple[ServerHandle, FakeBackend], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    fake_server: tuple[ServerHandle, SlowBackend], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     handle, _ = fake_server
     home = str(tmp_path / "home")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
@@ -27,8 +27,8 @@ from app.paths import Paths
 from app.server.embeddings import CL100K_SHA256
 from app.server.http import ServerHandle, start_server
 from engine.inference.events import Event
-from engine.inference.runtime import GenerationParams
 from tests.app.server.serve_support import KEY, ScriptedBackend, client
+from tests.fake_backend import StreamCall
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::PendingDeprecationWarning")
 
@@ -223,15 +223,9 @@ class Song(BaseModel):
 class JsonBackend(ScriptedBackend):
     """Answers with a Song as JSON, as a capable model asked for one would; records each call."""
 
-    def stream(  # type: ignore[override]
-        self, history: Sequence[Any], user: str | None, params: GenerationParams | None = None, **kwargs: Any
-    ) -> Iterator[Event]:
+    def script(self, call: StreamCall) -> Iterator[Event]:
         from engine.inference.events import Finished, Stats, Token
-        from tests.app.server.serve_support import Call
 
-        params = params or GenerationParams()
-        self.calls.append(Call(list(history), user, params, kwargs.get("system"), kwargs.get("tools"),
-                               kwargs.get("tool_choice")))  # fmt: skip
         text = '{"title": "Rain", "length_seconds": 180}'
         yield Token(text, 0)
         stats = Stats(prompt_tokens=1, completion_tokens=1)

@@ -16,7 +16,7 @@ import http.client
 import json
 import socket
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +28,9 @@ from app.server import state as server_state
 from app.server.http import ServerHandle, start_server
 from app.server.wire import MAX_MESSAGES, MIN_TEXT_CHARS
 from engine.inference.events import Event, Finished, Stats, Token
-from engine.inference.runtime import GenerationParams
 from tests.app.server import serve_support
 from tests.app.server.serve_support import KEY, ScriptedBackend, post
+from tests.fake_backend import StreamCall
 
 served = serve_support.served
 
@@ -152,15 +152,8 @@ class EndlessBackend(ScriptedBackend):
         self.hold = False
         self.release = threading.Event()
 
-    def stream(  # type: ignore[override]
-        self,
-        history: Sequence[Any],
-        user: str | None,
-        params: GenerationParams | None = None,
-        *,
-        cancel: threading.Event | None = None,
-        **kwargs: Any,
-    ) -> Iterator[Event]:
+    def script(self, call: StreamCall) -> Iterator[Event]:
+        cancel = call.cancel
         assert cancel is not None
         self.started.set()
         try:

@@ -9,7 +9,7 @@ words and four 328, so three are kept and three dropped.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +18,9 @@ import pytest
 from app.paths import Paths
 from app.server.http import ServerHandle, start_server
 from engine.inference.events import Event
-from engine.inference.runtime import GenerationParams
 from tests.app.documents_band_support import RankedKnowledgeBases, passages_in, ranked_passages
 from tests.app.server.serve_support import KEY, ScriptedBackend, client, post
+from tests.fake_backend import StreamCall
 
 CHAT = "/v1/chat/completions"
 
@@ -32,17 +32,9 @@ class DocumentsBackend(ScriptedBackend):
         super().__init__(n_ctx)
         self.documents: list[str | None] = []
 
-    def stream(  # type: ignore[override]
-        self,
-        history: Sequence[Any],
-        user: str | None,
-        params: GenerationParams | None = None,
-        *,
-        documents: str | None = None,
-        **kwargs: Any,
-    ) -> Iterator[Event]:
-        self.documents.append(documents)
-        return super().stream(history, user, params, documents=documents, **kwargs)
+    def script(self, call: StreamCall) -> Iterator[Event]:
+        self.documents.append(call.documents)
+        return super().script(call)
 
 
 def _serve(tmp_path: Path, count: int) -> Iterator[tuple[ServerHandle, DocumentsBackend, RankedKnowledgeBases]]:

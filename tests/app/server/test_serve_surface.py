@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
 
-from app.paths import Paths
-from app.server.http import ServerHandle, start_server
+from app.server.http import ServerHandle
 from tests.app.server import serve_support
-from tests.app.server.serve_support import KEY, NoToolsBackend, ScriptedBackend, client, post
+from tests.app.server.serve_support import ScriptedBackend, client, post
 
 CHAT = "/v1/chat/completions"
 HI = [{"role": "user", "content": "alpha beta gamma"}]
@@ -367,15 +365,6 @@ def test_reasoning_comes_apart_from_the_answer(served: tuple[ServerHandle, Scrip
     status, events = post(handle, CHAT, {"messages": [{"role": "user", "content": "think twice"}], "stream": True})
     deltas = [e.data["choices"][0]["delta"] for e in events if e.data != "[DONE]" and e.data["choices"]]
     assert {"reasoning_content": "Let me see."} in deltas
-
-
-def test_a_backend_without_tools_refuses_them(tmp_path: Path) -> None:
-    backend = NoToolsBackend()
-    with start_server(Paths.resolve(tmp_path), port=0, api_key=KEY, backend=backend) as handle:
-        with pytest.raises(openai.BadRequestError) as caught:
-            client(handle).chat.completions.create(model="fake-model", messages=HI, tools=[WEATHER])
-        assert caught.value.body["param"] == "tools"  # type: ignore[index]
-        assert backend.calls == []
 
 
 # ----------------------------------------------------------------------------- /v1/completions
