@@ -195,7 +195,8 @@ class _Emitter:
         tops: tuple[tuple[str, float], ...] = ()
         if self._params.logprobs:
             logprob, tops = sampler.logprobs(idx, token, self._params.logprobs, self._text_of)
-        text = self.text + self._decoder.decode(self._piece(token))
+        raw = self._piece(token)
+        text = self.text + self._decoder.decode(raw)
         hit = self._stops.feed(text[len(self.text) :])
         self.text = text
         if hit is not None:
@@ -206,8 +207,10 @@ class _Emitter:
                 self.emitted = len(self.text)
             return "stop"
         safe = len(self.text) - self._stops.partial
-        if safe > self.emitted or self._params.logprobs:
-            # With logprobs every token is reported, its text possibly empty (held back).
+        if safe > self.emitted or self._params.logprobs or not raw:
+            # With logprobs every token is reported, its text possibly empty (held back). A control
+            # token (no text at all: llama.cpp renders none) is reported too, with its id, so the
+            # reply shaper can give the parsers the markers they read (Mistral's [TOOL_CALLS]).
             piece = self.text[self.emitted : safe] if safe > self.emitted else ""
             self._send(Token(piece, token, logprob, tops, drafted))
             self.emitted = max(self.emitted, safe)
