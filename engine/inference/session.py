@@ -573,7 +573,8 @@ class ChatSession:
             ids: list[int] = []
             texts: list[str] = []
             try:
-                return (yield from _recorded(worker.generate(tokens, params, cancel, checkpoint_at), ids, texts))
+                where = {} if checkpoint_at is None else {"checkpoint_at": checkpoint_at}  # a recurrent model's
+                return (yield from _recorded(worker.generate(tokens, params, cancel, **where), ids, texts))
             except EngineCrashed as exc:
                 if not exc.cpu_fault:
                     raise
@@ -597,7 +598,9 @@ class ChatSession:
                 return WorkerResult("length", "".join(texts), len(tokens), 0, len(ids), len(tokens) + len(ids), 0, 0, 0)
             later_params = params.model_copy(update={"max_tokens": rest})
             try:
-                later = yield from fresh.generate([*tokens, *ids], later_params, cancel, checkpoint_at, resume=len(ids))
+                later = yield from fresh.generate(
+                    [*tokens, *ids], later_params, cancel, checkpoint_at=checkpoint_at, resume=len(ids)
+                )
             except EngineCrashed as again:
                 self._worker = None
                 if again.cpu_fault:
