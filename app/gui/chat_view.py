@@ -18,12 +18,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QPoint, Qt, QTimer, QUrl, Signal, Slot
-from PySide6.QtGui import QDesktopServices, QGuiApplication
+from PySide6.QtGui import QDesktopServices, QGuiApplication, QResizeEvent
 from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
     QLabel,
-    QMessageBox,
     QScrollArea,
     QSizePolicy,
     QToolButton,
@@ -34,6 +33,7 @@ from PySide6.QtWidgets import (
 from app.gui.display_text import plain_label, plain_tooltip, rich, shown
 from app.gui.markdown_render import COPY_SCHEME, LIGHT_CODE, SAFE_LINK_SCHEMES, CodeColors, plain_html
 from app.gui.reply_blocks import BlockLabel, TextBlocks
+from app.gui.reply_links import confirm_link
 from app.gui.tool_card import AgentPartsWidget, ApprovalCardWidget, StepTextWidget, turn_layout
 from app.gui.window_layout import chain_focus, make_wrapping, set_wrapped_text
 from app.gui.workers.history_reads import DisplayMessage
@@ -105,47 +105,6 @@ def source_label(source: Mapping[str, object], number: int) -> str:
     )
 
 
-def link_dialog(parent: QWidget | None, url: QUrl) -> QMessageBox:
-    """The question asked before a link in a reply is opened: the whole address, since a model's
-    link text can say anything (``[your bank](https://elsewhere.example)``). Open, Copy link or
-    Cancel (the default: Enter or Escape open nothing)."""
-    box = QMessageBox(parent)
-    box.setObjectName("linkDialog")
-    box.setIcon(QMessageBox.Icon.Question)
-    box.setWindowTitle("Open link")
-    host = url.host() or url.scheme()
-    box.setText(f"Open this link from the reply in your browser?\n\n{host}")
-    box.setInformativeText(url.toString())
-    box.setTextFormat(Qt.TextFormat.PlainText)
-    box.addButton("Open", QMessageBox.ButtonRole.AcceptRole).setObjectName("linkOpen")
-    box.addButton("Copy link", QMessageBox.ButtonRole.ActionRole).setObjectName("linkCopy")
-    cancel = box.addButton(QMessageBox.StandardButton.Cancel)
-    box.setDefaultButton(cancel)
-    box.setEscapeButton(cancel)
-    return box
-
-
-def confirm_link(parent: QWidget | None, url: QUrl) -> str:
-    """Asks (:func:`link_dialog`) and returns ``"open"``, ``"copy"`` or ``"cancel"``."""
-    box = link_dialog(parent, url)
-    box.exec()
-    clicked = box.clickedButton()
-    name = clicked.objectName() if clicked is not None else ""
-    return {"linkOpen": "open", "linkCopy": "copy"}.get(name, "cancel")
-
-
-def open_source(source: Mapping[str, object]) -> bool:
-    """Opens a cited file with the system viewer (a PDF at its page where the viewer takes #page=)."""
-    path = source.get("path") or source.get("file")
-    if not path:
-        return False
-    url = QUrl.fromLocalFile(str(path))
-    page = source.get("page")
-    if page and str(path).lower().endswith(".pdf"):
-        url.setFragment(f"page={page}")
-    return bool(QDesktopServices.openUrl(url))
-
-
 HIGHLIGHT_STYLE = "background-color:#fde68a; color:#111318;"
 _TAG = re.compile(r"(<[^>]*>)")
 
@@ -214,6 +173,8 @@ class MessageCard(QFrame):
         self._streaming_state = False
         self._agent_stats: Mapping[str, object] | None = None  # the turn's steps (stored, or live)
         self.stream_note = ""  # what the model does while no answer text shows (writing a tool call)
+        self._text_width = 0  # a user message's widest line
+        self._room = 560  # the widest a user message's text may be in the transcript now
         is_user = message.role == "user"
 
         inner = self._build_bubble(is_user, message.model or assistant_name or "Assistant")
@@ -363,10 +324,12 @@ class MessageCard(QFrame):
         self._text = text
         if self.message.role == "user":
             self.body.setText(plain_html(text))
-            # A wrapped label asks for its minimum width; size the bubble to the text instead.
+            # A wrapped label asks for its minimum width; size the bubble to the text instead,
+            # never wider than the transcript has room for (set_room).
             metrics = self.body.fontMetrics()
             longest = max((metrics.horizontalAdvance(line) for line in text.splitlines() or [""]), default=0)
-            self.body.setMinimumWidth(min(longest + 8, 560))
+            self._text_width = longest + 8
+            self._fit_user_text()
             return
         layout = turn_layout(text, self._agent_stats, live=not final)
         self.agent_parts.show_turn(layout, live=not final)
@@ -376,6 +339,18 @@ class MessageCard(QFrame):
         else:
             self._answer.render(layout.answer, self._colors, final)
         self._code_blocks = tuple(c for part in self._step_texts() for c in part.code_blocks) + self._answer.code_blocks
+
+    def set_room(self, width: int) -> None:
+        """The transcript's width: a user message's bubble never asks for more (at 1024 px with the
+        inspector open a long message was cut at the transcript's edge)."""
+        room = max(min(560, width - 60), 120)  # less the card's margins and the bubble's padding
+        if room != self._room:
+            self._room = room
+            if self.message.role == "user":
+                self._fit_user_text()
+
+    def _fit_user_text(self) -> None:
+        self.body.setMinimumWidth(min(self._text_width, self._room))
 
     def set_agent(self, stats: Mapping[str, object] | None) -> None:
         """The running turn's steps so far (its messages and calls, as they are stored): the text
@@ -523,6 +498,10 @@ class ChatView(QScrollArea):
         self._focus_timer.setSingleShot(True)
         self._focus_timer.setInterval(0)
         self._focus_timer.timeout.connect(self.order_focus)
+        self._holding: tuple[int, int] | None = None  # a card kept in place while the layout settles
+        self._hold_timer = QTimer(self)
+        self._hold_timer.setSingleShot(True)
+        self._hold_timer.setInterval(400)
 
     def set_colors(self, colors: CodeColors) -> None:
         """The theme's code and link colours; the cards shown are rendered again in them."""
@@ -648,6 +627,7 @@ class ChatView(QScrollArea):
 
     def _make_card(self, message: DisplayMessage) -> MessageCard:
         card = MessageCard(message, self._colors, self._assistant_name)
+        card.set_room(self.viewport().width())
         card.action_triggered.connect(self._on_card_action_triggered)
         card.source_activated.connect(self.source_activated)
         self.cards.append(card)
@@ -749,6 +729,11 @@ class ChatView(QScrollArea):
     def _scroll_card_to(self, message_id: int, offset: int) -> None:
         card = self.card_for(message_id)
         if card is not None:
+            # Held while the new cards settle their heights (the range grows in steps): a first
+            # value clamped to a short range must not turn into following the bottom.
+            self._holding = (message_id, offset)
+            self._hold_timer.start()
+            self._follow = False
             self.verticalScrollBar().setValue(max(card.y() - offset, 0))
 
     def scroll_to_bottom(self) -> None:
@@ -758,10 +743,24 @@ class ChatView(QScrollArea):
     @Slot(int)
     def _on_scrollbar_value_changed(self, value: int) -> None:
         bar = self.verticalScrollBar()
+        if self._holding is not None and self._hold_timer.isActive():
+            return  # our own hold, not the user's scroll
         self._follow = value >= bar.maximum() - 24
+
+    def resizeEvent(self, event: QResizeEvent) -> None:
+        super().resizeEvent(event)
+        for card in self.cards:
+            card.set_room(self.viewport().width())
 
     @Slot(int, int)
     def _on_scrollbar_range_changed(self, _minimum: int, maximum: int) -> None:
+        if self._holding is not None and self._hold_timer.isActive():
+            message_id, offset = self._holding
+            card = self.card_for(message_id)
+            if card is not None:
+                self._follow = False
+                self.verticalScrollBar().setValue(max(card.y() - offset, 0))
+                return
         if self._follow:
             self.verticalScrollBar().setValue(maximum)
 

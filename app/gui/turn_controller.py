@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 import shiboken6
 from PySide6.QtCore import QObject, QTimer, Slot
 
-from app.gui.chat_view import open_source
 from app.gui.conversation_settings import conversation_sampling
+from app.gui.reply_links import open_source
 from app.gui.tasks import run_in_background
 from app.gui.window_services import while_alive
 from app.gui.workers.chat_state import ChatState, ModelState, TurnContext

@@ -337,3 +337,21 @@ def test_the_stats_tooltip_says_how_many_passages_did_not_fit() -> None:
     assert "<td>Passages left out&nbsp;&nbsp;</td><td><b>4</b></td>" in format_stats_tooltip(stats, "m")
     assert "Passages left out" not in format_stats_tooltip({**stats, "documents_dropped": 0}, "m")
     assert "Passages left out" not in format_stats_tooltip({"prompt_tokens": 3}, "m")
+
+
+def test_a_long_user_message_fits_a_narrow_transcript(qtbot: Any) -> None:
+    """At 1024 px with the inspector open a long message's bubble was cut at the transcript's edge."""
+    view = ChatView()
+    qtbot.addWidget(view)
+    view.resize(520, 500)
+    view.show()
+    long_line = "The lighthouse keeper wrote in his log every evening about the wind and the sea. " * 8
+    view.set_thread([msg(1, "user", long_line), msg(2, "assistant", "ok")])
+    QApplication.processEvents()
+    viewport = view.viewport().width()
+    assert view.widget().minimumSizeHint().width() <= viewport
+    bubble = view.cards[0].body
+    assert bubble.mapTo(view.viewport(), bubble.rect().topRight()).x() <= viewport
+    view.resize(900, 500)  # wider again: the bubble takes the room it had
+    QApplication.processEvents()
+    assert view.cards[0].body.minimumWidth() == 560

@@ -25,6 +25,7 @@ from PySide6.QtWidgets import QLabel
 from app.gui import chat_view
 from app.gui.chat_view import MessageCard
 from app.gui.markdown_render import LIGHT_CODE, render_markdown
+from app.gui.reply_links import link_dialog
 from app.gui.workers.history_reads import DisplayMessage
 
 pytestmark = [pytest.mark.gui, pytest.mark.qt_log_ignore("propagateSizeHints")]
@@ -209,7 +210,7 @@ def test_a_link_opens_only_after_the_user_saw_its_whole_address(qtbot: Any, monk
 def test_the_link_question_names_the_host_and_the_whole_address_and_defaults_to_cancel(qtbot: Any) -> None:
     from PySide6.QtCore import QUrl
 
-    box = chat_view.link_dialog(None, QUrl("https://elsewhere.example/login?x=1"))
+    box = link_dialog(None, QUrl("https://elsewhere.example/login?x=1"))
     qtbot.addWidget(box)
     assert "elsewhere.example" in box.text()
     assert box.informativeText() == "https://elsewhere.example/login?x=1"
