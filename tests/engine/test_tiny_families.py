@@ -1,13 +1,14 @@
 """A whole tool turn per model family, end to end, on tiny random-weight models of the real
 architectures with their published templates (tests/engine/tiny_arch.py).
 
-Each family's turn runs through the real engine: a ChatSession (the worker process, llama.cpp)
-under the agent loop (engine/agent/loop.py). The model's own template renders the prompt; each of
-the template's control tokens in it is one token; the first generation is constrained to a call
-of the offered tool (a named function or ``required``: a JSON-schema grammar); the call is parsed,
-checked and run; its result goes back as a ``tool`` message; the next prompt renders the call and
-the result the family's way, and is generated. The models' answers are noise; the mechanics are
-exact.
+Each family's turn runs through the real engine: a ChatSession (the worker process, llama.cpp),
+and for the first of the two tests the agent loop (engine/agent/loop.py). The model's own template
+renders the prompt; each of the template's control tokens in it is one token. First a call
+constrained by a JSON-schema grammar (a named function or ``required``) is parsed, checked and
+run, its result goes back as a ``tool`` message, and the next prompt renders the call and the
+result the family's way and is generated. Then the model writes a call in the family's own format
+under ``auto``, with the template's control tokens as single tokens, and the parser chosen from
+the template must find it. The models' answers are noise; the mechanics are exact.
 """
 
 from __future__ import annotations
@@ -141,6 +142,18 @@ CASES = [
         native=False,
     ),
     Case("gemma3", "required", ("<start_of_turn>", _JSON_CITY, RESULT, "<end_of_turn>"), native=False),
+    Case(
+        "gemma4",
+        "get_weather",
+        (
+            "<|tool_call>call:get_weather{",
+            'city:<|"|>{city}<|"|>',
+            "<tool_call|><|tool_response>response:get_weather{",
+            RESULT,
+            "<tool_response|>",
+        ),
+        call='<|tool_call>call:get_weather{city:<|"|>{city}<|"|>,unit:<|"|>celsius<|"|>}<tool_call|>',
+    ),
     Case("mamba", "get_weather", ("<tool_call>", _JSON_CITY, "<tool_response>", RESULT), call=_HERMES),
     Case("granite4-hybrid", "required", ("<tool_call>", _JSON_CITY, "<tool_response>", RESULT), call=_HERMES),
 ]

@@ -1,12 +1,12 @@
 """Tiny random-weight GGUFs of real architectures, made the way a published model is converted.
 
 Each :class:`Family` is a Hugging Face checkpoint built here: a ``transformers`` config of the real
-architecture with tiny sizes (hidden 64, two layers), random weights saved as safetensors, a
-byte-level BPE tokenizer trained here (``tokenizers``) whose vocabulary holds the chat template's
-control tokens as single tokens, and a chat template published in llama.cpp's sources (the
-sdist's ``models/templates``) set in ``tokenizer_config.json``. llama.cpp's own converter from the
-same sdist (``convert_hf_to_gguf.py`` with ``conversion/`` and ``gguf-py/``) turns it into a GGUF,
-offline, in a child interpreter.
+architecture with tiny sizes (hidden 64, two layers), random weights saved as safetensors, a BPE
+tokenizer trained here (``tokenizers``: byte-level, or SentencePiece-shaped with byte fallback)
+whose vocabulary holds the chat template's control tokens as single tokens, and a chat template
+published in llama.cpp's sources (the sdist's ``models/templates``) set in ``tokenizer_config.json``.
+llama.cpp's own converter from the same sdist (``convert_hf_to_gguf.py`` with ``conversion/`` and
+``gguf-py/``) turns it into a GGUF, offline, in a child interpreter.
 
 llama.cpp's converter recognises a BPE pre-tokenizer by hashing the tokens of a test string; a
 tokenizer trained here matches none of the published ones, so the child tells the converter which
@@ -15,8 +15,9 @@ it refuse.
 
 The families (:data:`FAMILIES`): Qwen 2.5, Qwen 3 and Qwen 3.5 (a Gated DeltaNet hybrid), Llama 3.1,
 Mistral Nemo, gpt-oss (harmony), DeepSeek (R1-Distill-Qwen, V3.1 and V3.2 templates), Gemma 3 (with
-Gemma 2's published template), Mamba (recurrent) and Granite 4 hybrid (a Mamba-2 layer and an
-attention layer). Each GGUF is 0.6 to 0.9 MB (F32).
+Gemma 2's published template), Gemma 4 (a SentencePiece-shaped tokenizer, as its converter wants),
+Mamba (recurrent) and Granite 4 hybrid (a Mamba-2 layer and an attention layer). Each GGUF is 0.6
+to 0.9 MB (F32).
 
 A model is built once per machine: it is cached in the test cache under a hash of everything it is
 made from (the family's row, the corpus and the builder's code, the sdist's version, the
@@ -84,6 +85,8 @@ class Family:
         published: config.json fields written as the published model spells them, where this
             ``transformers`` writes them otherwise (the converter reads the published spelling).
         convert_args: extra arguments of ``convert_hf_to_gguf.py``.
+        tokenizer: ``byte-level`` (GPT-2 style BPE) or ``sentencepiece`` (``▁`` for spaces, byte
+            fallback: the shape of Gemma's and Llama 2's tokenizer.json).
     """
 
     name: str
@@ -105,6 +108,7 @@ class Family:
     seed: int = 0
     published: dict[str, Any] = field(default_factory=dict)
     convert_args: tuple[str, ...] = ()
+    tokenizer: str = "byte-level"
 
     @property
     def tokens_in_template(self) -> tuple[str, ...]:
@@ -354,6 +358,48 @@ FAMILIES: dict[str, Family] = {
             eos_extra=("<end_of_turn>",),
         ),
         Family(
+            name="gemma4",
+            architecture="Gemma4ForCausalLM",
+            config="Gemma4TextConfig",
+            hparams={
+                **_SMALL,
+                **_ATTN,
+                "sliding_window": 32,
+                "layer_types": ["sliding_attention", "full_attention"],
+                "per_layer_config": {"1": {"head_dim": 32}},
+                "hidden_size_per_layer_input": 0,
+                "num_kv_shared_layers": 0,
+                "tie_word_embeddings": False,
+            },
+            template="google-gemma-4-31B-it.jinja",
+            pre="default",
+            tokenizer="sentencepiece",
+            specials=(
+                "<pad>",
+                "<eos>",
+                "<bos>",
+                "<unk>",
+                "<|turn>",
+                "<turn|>",
+                "<|channel>",
+                "<channel|>",
+                "<|tool>",
+                "<tool|>",
+                "<|tool_call>",
+                "<tool_call|>",
+                "<|tool_response>",
+                "<tool_response|>",
+                '<|"|>',
+                "<|think|>",
+            ),
+            bos="<bos>",
+            eos="<eos>",
+            pad="<pad>",
+            unk="<unk>",
+            add_bos=True,
+            eos_extra=("<turn|>",),
+        ),
+        Family(
             name="mamba",
             architecture="MambaForCausalLM",
             config="MambaConfig",
@@ -417,7 +463,8 @@ def _key(family: Family, sdist: Path) -> str:
     digest.update(json.dumps(asdict(family), sort_keys=True).encode())
     # What makes the model: the corpus and the child's code (not the family table's other rows).
     digest.update(_CORPUS.encode())
-    for part in (_train_tokenizer, _spread_weights, _child):
+    builder = _train_sentencepiece_bpe if family.tokenizer == "sentencepiece" else _train_tokenizer
+    for part in (builder, _spread_weights, _child):
         digest.update(inspect.getsource(part).encode())
     digest.update(sdist.resolve().name.encode())  # the llama-cpp-python version it was unpacked from
     digest.update(f"{transformers.__version__} {tokenizers.__version__}".encode())
@@ -495,6 +542,36 @@ def _train_tokenizer(family: Family, template: str) -> Any:
     return tok
 
 
+def _train_sentencepiece_bpe(family: Family, template: str) -> Any:
+    """A SentencePiece-shaped BPE: spaces as ``▁``, no pre-tokenizer, the 256 ``<0xNN>`` byte tokens
+    after the control tokens (byte fallback), a ``Replace, ByteFallback, Fuse`` decoder."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, processors, trainers
+
+    lines = [*_CORPUS.splitlines(), *template.splitlines()]
+    draft = Tokenizer(models.BPE())
+    draft.normalizer = normalizers.Replace(" ", "\u2581")
+    trainer = trainers.BpeTrainer(vocab_size=family.vocab_size, show_progress=False)
+    draft.train_from_iterator(lines * 4, trainer)
+    trained = json.loads(draft.to_str())["model"]
+    pieces = sorted(trained["vocab"], key=trained["vocab"].__getitem__)
+    bytes_ = [f"<0x{b:02X}>" for b in range(256)]
+    order = [*family.specials, *bytes_, *(p for p in pieces if p not in family.specials)]
+    vocab = {piece: i for i, piece in enumerate(order)}
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in trained["merges"]]
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=family.unk, byte_fallback=True, fuse_unk=True))
+    tok.normalizer = normalizers.Replace(" ", "\u2581")
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in family.specials])
+    if family.added:
+        tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in family.added])
+    if family.add_bos and family.bos is not None:
+        bos_id = tok.token_to_id(family.bos)
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{family.bos} $A", pair=f"{family.bos} $A {family.bos} $B", special_tokens=[(family.bos, bos_id)]
+        )
+    return tok
+
+
 def _spread_weights(model: Any, seed: int) -> None:
     """Redraws every matrix with a variance that keeps activations of order one through the
     layers (1 / fan-in) and the embeddings at 0.5: the default initialisation (0.02) gives a random
@@ -521,7 +598,8 @@ def _child(build: dict[str, Any]) -> None:
     folder.mkdir(parents=True)
     template = (sdist / "models" / "templates" / family.template).read_text(encoding="utf-8")
 
-    tok = _train_tokenizer(family, template)
+    train = _train_sentencepiece_bpe if family.tokenizer == "sentencepiece" else _train_tokenizer
+    tok = train(family, template)
     tok.save(str(folder / "tokenizer.json"))
     n_vocab = tok.get_vocab_size(with_added_tokens=True)
     n_model = -(-n_vocab // family.pad_vocab) * family.pad_vocab
@@ -540,6 +618,8 @@ def _child(build: dict[str, Any]) -> None:
     for role in ("bos", "eos", "pad", "unk"):
         value = getattr(family, role)
         config_json[f"{role}_token"] = value
+    # The template's control tokens are special tokens (CONTROL in the GGUF), whatever the format.
+    config_json["extra_special_tokens"] = list(family.specials)
     (folder / "tokenizer_config.json").write_text(json.dumps(config_json, indent=1), encoding="utf-8")
 
     torch.manual_seed(family.seed)
