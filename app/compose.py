@@ -52,6 +52,7 @@ __all__ = [
     "open_remote",
     "open_remote_session",
     "parse_gpu_layers",
+    "projector_for",
     "resolve_gpu_layers",
 ]
 
@@ -147,12 +148,15 @@ class LoadSettings:
         n_threads: CPU threads (None: llama.cpp decides).
         gpu_layers: layers to offload, or "auto" (resolved by :func:`resolve_gpu_layers`).
         draft_model: the draft model for speculative decoding, loaded beside it (None: none).
+        mmproj: the multimodal projector loaded beside it: a file, "auto" (the one next to the
+            model that fits it: :func:`projector_for`) or None (none: text only).
     """
 
     n_ctx: int = 4096
     n_threads: int | None = None
     gpu_layers: GpuLayers = 0
     draft_model: Path | None = None
+    mmproj: Path | Literal["auto"] | None = "auto"
 
 
 def load_settings_from(settings: Settings, model: Path) -> LoadSettings:
@@ -214,16 +218,44 @@ def resolve_gpu_layers(spec: GpuLayers, model: Path | ModelRef, n_ctx: int, draf
     return auto_gpu_layers_for(ref.path, n_ctx, draft)
 
 
+def projector_for(model: Path) -> Path | None:
+    """The projector (``mmproj``) next to ``model`` that fits it, by the Hub's naming
+    (``engine.mmproj.find_projector``); None when there is none (or none that fits: each
+    candidate's header is read and matched to the model's)."""
+    from engine.errors import ModelFileError
+    from engine.library import read_model_info
+    from engine.mmproj import find_projector, is_projector_name, projector_problem, read_projector
+
+    try:
+        candidates = [p for p in model.parent.iterdir() if is_projector_name(p.name) and p.is_file()]
+        if not candidates:
+            return None
+        info = read_model_info(model)
+    except (OSError, ModelFileError):
+        return None
+    fitting = []
+    for path in candidates:
+        try:
+            if projector_problem(read_projector(path), info) is None:
+                fitting.append(path)
+        except ModelFileError as exc:
+            log.info("%s: not used as a projector: %s", path, exc.reason)
+    return find_projector(model, fitting)
+
+
 def load_params(model: Path, load: LoadSettings) -> LoadParams:
-    """The engine's ``LoadParams`` for ``model`` (GPU layers resolved: see :func:`resolve_gpu_layers`)."""
+    """The engine's ``LoadParams`` for ``model`` (GPU layers resolved: see :func:`resolve_gpu_layers`;
+    the projector found next to it unless ``load.mmproj`` says otherwise)."""
     from engine.inference.runtime import LoadParams
 
+    mmproj = projector_for(model) if load.mmproj == "auto" else load.mmproj
     return LoadParams(
         model_path=model,
         n_ctx=load.n_ctx,
         n_threads=load.n_threads,
         n_gpu_layers=resolve_gpu_layers(load.gpu_layers, model, load.n_ctx, load.draft_model),
         draft_model_path=load.draft_model,
+        mmproj_path=mmproj,
     )
 
 

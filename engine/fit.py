@@ -27,6 +27,10 @@ downloaded (a header read with HTTP range requests) and before it is loaded. The
   when only the last token's logits are needed, so the resident memory is lower (the starter's
   worker peaks near 0.5 GiB where the estimate says 0.95 GiB).
 * **Overhead**: the worker process, llama.cpp contexts and the tokenizer: a flat 150 MiB.
+* **Projector** (a vision or audio model's ``mmproj``, when one loads beside it): its weights, plus
+  its encoder's activations for one image (``patches x (8 x n_embd + 2 x n_ff) x 4`` bytes: llama.cpp
+  encodes with flash attention, so no score matrix); an estimate from its header, counted with the
+  weights' device.
 
 Reserves: RAM keeps ``max(1.5 GiB, 10% of RAM)`` free for the system and the app; each GPU keeps
 0.5 GiB free. Decode speed is memory-bound: each token reads the weights it uses (all but the
@@ -56,6 +60,7 @@ __all__ = [
     "kv_bytes_per_token",
     "kv_cache_bytes",
     "layer_kv_bytes",
+    "projector_bytes",
     "swa_layers",
 ]
 
@@ -112,6 +117,7 @@ class FitEstimate:
     vram_budget: int = 0
     gpu_bytes: int = 0
     approximate: bool = False
+    projector_bytes: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -266,6 +272,7 @@ def estimate_fit(
     swa_full: bool = True,
     n_ubatch: int = N_UBATCH,
     draft: GgufInfo | None = None,
+    projector: GgufInfo | None = None,
 ) -> FitEstimate:
     """Whether ``info`` runs at ``n_ctx`` on ``hw``: on the GPU, partly offloaded, in RAM, or not.
 
@@ -279,6 +286,8 @@ def estimate_fit(
         n_ubatch: the micro-batch size the runtime uses.
         draft: the header of a draft model for speculative decoding, loaded beside the model with
             the same context (its weights, KV cache and buffers are counted in the weights).
+        projector: the header of the model's multimodal projector (mmproj), loaded beside it
+            (:func:`projector_bytes`, counted in the weights too).
 
     Raises:
         ValueError: unknown ``cache_type`` or ``n_ctx < 1``.
@@ -292,13 +301,18 @@ def estimate_fit(
     weights = info.tensor_bytes
     if draft is not None:  # the draft model runs on the same device as the model's weights
         weights += draft_model_bytes(draft, n_ctx, cache_type, swa_full=swa_full)
+    mmproj = projector_bytes(projector) if projector is not None else 0
+    weights += mmproj
     total = weights + kv + compute + OVERHEAD_BYTES
     ram = _ram_budget(hw)
     gpus = _gpus(hw)
     unified = any(g.unified_memory for g in gpus)
     vram = min(_vram_budget(gpus), ram) if unified else _vram_budget(gpus)
     n_layers = len(info.layer_bytes)
-    parts = f"weights {format_bytes(weights)} + KV cache {format_bytes(kv)} + buffers {format_bytes(compute)}"
+    parts = f"weights {format_bytes(weights - mmproj)}"
+    if mmproj:
+        parts += f" + projector {format_bytes(mmproj)}"
+    parts += f" + KV cache {format_bytes(kv)} + buffers {format_bytes(compute)}"
     full_speed = None
     if bandwidth_gbps is not None and bandwidth_gbps > 0:
         full_speed = expected_decode_tps(info, cells, bandwidth_gbps, cache_type, swa_full=swa_full)
@@ -318,6 +332,7 @@ def estimate_fit(
             ram_budget=ram,
             vram_budget=vram,
             gpu_bytes=on_gpu,
+            projector_bytes=mmproj,
         )
 
     if gpus and n_layers:
@@ -380,6 +395,25 @@ def draft_model_bytes(draft: GgufInfo, n_ctx: int, cache_type: str = "f16", *, s
     cells = _pad(n_ctx, CTX_PAD)
     kv = sum(layer_kv_bytes(draft, cells, cache_type, swa_full=swa_full, n_ubatch=256))
     return draft.tensor_bytes + kv + compute_buffer_bytes(draft, cells, n_ubatch=256)
+
+
+def projector_bytes(projector: GgufInfo) -> int:
+    """A multimodal projector's memory: its weights and its encoder's activations for one image
+    (see the module docstring); audio encoders are counted by their weights and a 30 s window."""
+    meta = projector.metadata
+    size = _meta_int(projector, "clip.vision.image_size")
+    patch = _meta_int(projector, "clip.vision.patch_size")
+    activations = 0
+    if size and patch:
+        patches = (size // patch) ** 2
+        n_embd = _meta_int(projector, "clip.vision.embedding_length") or 0
+        n_ff = _meta_int(projector, "clip.vision.feed_forward_length") or 0
+        activations = patches * (8 * n_embd + 2 * n_ff) * 4
+    if meta.get("clip.has_audio_encoder"):
+        n_embd = _meta_int(projector, "clip.audio.embedding_length") or 0
+        n_ff = _meta_int(projector, "clip.audio.feed_forward_length") or 0
+        activations = max(activations, 1500 * (8 * n_embd + 2 * n_ff) * 4)  # whisper: 1,500 frames in 30 s
+    return projector.tensor_bytes + activations
 
 
 def _top_layers_bytes(info: GgufInfo, layer_kv: list[int], n: int) -> int:

@@ -34,6 +34,7 @@ from engine.atomic import write_json_atomic
 from engine.errors import ModelFileError
 from engine.gguf import GgufInfo, read_gguf_info
 from engine.gguf_file import open_model_file
+from engine.mmproj import ProjectorFacts, find_projector, projector_problem, read_projector
 
 __all__ = [
     "EMBEDDING_ARCHITECTURES",
@@ -82,6 +83,9 @@ class LibraryEntry:
     ``info`` is the header summary (None when the header failed; ``error`` says why).
     ``duplicates`` lists other paths holding the same file (same sha256 when the manifest knows it,
     else the same size and first/last MiB). ``parts`` lists the shards of a split GGUF.
+    ``projector`` is the chat model's multimodal projector (``mmproj``): the one chosen by hand
+    (:meth:`ModelLibrary.set_projector`), else one in the same folder by the Hub's naming that fits
+    the model (engine/mmproj.py); ``projector_facts`` says what it reads.
     """
 
     name: str
@@ -101,6 +105,13 @@ class LibraryEntry:
     duplicates: list[Path] = field(default_factory=list)
     parts: list[Path] = field(default_factory=list)
     info: GgufInfo | None = None
+    projector: Path | None = None
+    projector_facts: ProjectorFacts | None = None
+
+    @property
+    def sees(self) -> str:
+        """``"images"``, ``"audio"``, ``"images and audio"``, or ``""`` (text only: no projector)."""
+        return self.projector_facts.sees if self.projector_facts is not None else ""
 
     @property
     def label(self) -> str:
@@ -146,6 +157,8 @@ class LibraryEntry:
             "error": self.error,
             "duplicates": [str(p) for p in self.duplicates],
             "parts": [str(p) for p in self.parts],
+            "mmproj": str(self.projector) if self.projector is not None else None,
+            "sees": self.sees,
         }
 
 
@@ -274,6 +287,7 @@ class ModelLibrary:
                 else:
                     entries += self._remembered(status.path, manifest)
             entries = self._merge_duplicates(entries)
+            entries = self._pair_projectors(entries, manifest)
             if json.dumps(manifest, sort_keys=True) != before:
                 with contextlib.suppress(OSError):
                     self._save_manifest(manifest)
@@ -470,6 +484,54 @@ class ModelLibrary:
             merged.append(head)
         return merged
 
+    def _pair_projectors(self, entries: list[LibraryEntry], manifest: dict[str, Any]) -> list[LibraryEntry]:
+        """Each chat model with the projector that goes with it (see :class:`LibraryEntry`)."""
+        projectors: dict[Path, tuple[GgufInfo, ProjectorFacts]] = {}
+        for entry in entries:
+            if entry.kind == "projector" and entry.available and entry.info is not None:
+                with contextlib.suppress(ModelFileError):
+                    projectors[entry.path] = (entry.info, read_projector(entry.path, entry.info))
+        out = []
+        for entry in entries:
+            if entry.kind != "chat" or entry.info is None:
+                out.append(entry)
+                continue
+            info = entry.info
+            chosen = manifest["models"].get(self._key(entry.path), {}).get("mmproj")
+            path: Path | None = None
+            facts: ProjectorFacts | None = None
+            if isinstance(chosen, str):
+                path = _absolute(Path(chosen))
+                facts = projectors[path][1] if path in projectors else _facts(path)
+            else:
+                fitting = [p for p, (_i, f) in projectors.items() if projector_problem(f, info) is None]
+                path = find_projector(entry.path, fitting)
+                facts = projectors[path][1] if path is not None else None
+            paired = path is not None and facts is not None
+            out.append(_replace(entry, projector=path, projector_facts=facts) if paired else entry)
+        return out
+
+    def set_projector(self, model: Path, projector: Path | None) -> None:
+        """Chooses the projector that goes with ``model`` by hand (None: back to the one found
+        next to it).
+
+        Raises:
+            ModelFileError: ``projector`` is not a projector, or is another model's.
+        """
+        if projector is not None:
+            facts = read_projector(projector)
+            problem = projector_problem(facts, read_model_info(model))
+            if problem is not None:
+                raise ModelFileError(projector, problem)
+        with self._lock:
+            manifest = self._load_manifest()
+            record = manifest["models"].setdefault(self._key(_absolute(model)), {})
+            if projector is None:
+                record.pop("mmproj", None)
+            else:
+                record["mmproj"] = str(_absolute(projector))
+            self._save_manifest(manifest)
+
     # ---------------------------------------------------------------- provenance and removal
     def record_provenance(self, path: Path, **fields: str | None) -> None:
         """Records where a model came from (``repo``, ``revision``, ``sha256``, ``quantized_from``,
@@ -657,6 +719,14 @@ def _make_entry(
         error=error,
         info=info,
     )
+
+
+def _facts(path: Path) -> ProjectorFacts | None:
+    """A hand-chosen projector's facts (None when it is gone or no longer a projector)."""
+    try:
+        return read_projector(path)
+    except ModelFileError:
+        return None
 
 
 def _replace(entry: LibraryEntry, **changes: Any) -> LibraryEntry:

@@ -75,3 +75,16 @@ def tiny_model(llama_cpp_source: Path) -> Callable[[str], Path]:
         return built[name]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def tiny_vision_model(llama_cpp_source: Path) -> tuple[Path, Path]:
+    """A tiny random-weight Gemma 3 vision model and its projector, side by side in one folder
+    (tests/engine/tiny_vision.py: llama.cpp's converter with and without ``--mmproj``), built once
+    per machine into the test cache: ``(model, mmproj)``."""
+    from tests.engine.tiny_vision import tiny_vision_gguf
+
+    try:
+        return tiny_vision_gguf(llama_cpp_source, _CACHE)
+    except RuntimeError as exc:
+        pytest.fail(str(exc))

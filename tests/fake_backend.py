@@ -20,6 +20,7 @@ from engine.inference.kv_cache import KvKey
 from engine.inference.runtime import GenerationParams, ModelInfo
 from engine.inference.session import PromptView
 from engine.inference.tools import ToolSpec
+from engine.media import Media
 
 if TYPE_CHECKING:
     from engine.inference.backends import LocalBackend
@@ -42,6 +43,7 @@ class StreamCall:
     thinking: bool | None = None
     reasoning_effort: str | None = None
     thinking_budget: int | None = None
+    media: tuple[Media, ...] = ()
 
     @property
     def tool_names(self) -> list[str]:
@@ -184,6 +186,7 @@ class FakeBackend:
         thinking: bool | None = None,
         reasoning_effort: str | None = None,
         thinking_budget: int | None = None,
+        media: Sequence[Media] = (),
     ) -> Iterator[Event]:
         call = StreamCall(
             list(history),
@@ -198,6 +201,7 @@ class FakeBackend:
             thinking,
             reasoning_effort,
             thinking_budget,
+            tuple(media),
         )
         self.calls.append(call)
         return self.script(call)

@@ -19,6 +19,7 @@ from engine.inference.kv_cache import KvKey
 from engine.inference.runtime import GenerationParams, ModelInfo
 from engine.inference.session import PromptView
 from engine.inference.tools import ToolSpec
+from engine.media import Media
 
 if TYPE_CHECKING:
     from engine.inference.remote import RemoteInfo
@@ -127,6 +128,7 @@ class ChatBackend(Protocol):
         thinking: bool | None = None,
         reasoning_effort: str | None = None,
         thinking_budget: int | None = None,
+        media: Sequence[Media] = (),
     ) -> Iterator[Event]:
         """Generates the reply to ``user`` after ``history`` (``user=None``: continues the last
         turn, after a ``tool`` message).
@@ -134,7 +136,9 @@ class ChatBackend(Protocol):
         ``cache_key`` names the conversation's saved KV cache (ignored where none is kept);
         ``tools`` are offered under ``tool_choice`` (``auto``, ``none``, ``required`` or a function
         name); ``thinking`` and ``reasoning_effort`` are the template's switches;
-        ``thinking_budget`` caps the thinking in tokens (a backend that cannot raises EngineError).
+        ``thinking_budget`` caps the thinking in tokens (a backend that cannot raises EngineError);
+        ``media`` are the images and clips attached to ``user`` (a local model without a projector
+        raises :class:`~engine.media.MediaError`; a server gets them as content parts).
         """
         ...
 

@@ -27,15 +27,17 @@ large to fit is counted once), and ``count_tokens`` runs O(log n) times. Policy 
 counts the whole conversation once, to say how much it needs.
 
 The ``breakdown`` (keys ``system``, ``documents``, ``tools``, ``history``, ``tool_results``,
-``current``, ``reserve``, ``free``) sums to ``n_ctx`` exactly, and all but ``reserve`` and ``free``
-sum to ``prompt_tokens``:
+``media``, ``current``, ``reserve``, ``free``) sums to ``n_ctx`` exactly, and all but ``reserve`` and
+``free`` sum to ``prompt_tokens``:
 
 * ``system`` and ``documents`` are the two texts tokenized on their own;
 * ``tools`` is what the tool definitions add to the prompt (``tools_tokens``, measured by the caller
   as the prompt with them minus the prompt without them);
 * ``history`` is exactly what the kept history adds to the prompt (its text plus its role headers),
   less ``tool_results``: the tokens of the ``tool`` messages' text in it (and in the turn in
-  progress, when the reply continues after a tool result);
+  progress, when the reply continues after a tool result) and ``media``;
+* ``media`` is the positions the images and clips of the kept history and the new message take,
+  the projector's own count (their wrapping markers, such as ``<start_of_image>``, are text);
 * ``current`` is the rest: the new message plus the template's fixed overhead (BOS, the system
   message's header, the new message's header and the assistant header that starts the reply).
   Where tokenizing the pieces separately gives more tokens than the joined prompt, the excess is
@@ -45,6 +47,7 @@ sum to ``prompt_tokens``:
 from __future__ import annotations
 
 import bisect
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -52,11 +55,18 @@ from typing import Any, Literal, Protocol
 from engine.errors import ContextOverflow, EngineError
 from engine.inference.events import ToolCall
 from engine.inference.reasoning import strip_reasoning
+from engine.media import Media
 
 OverflowPolicy = Literal["rolling", "refuse"]
 Role = Literal["system", "user", "assistant", "tool"]
 
-BREAKDOWN_KEYS = ("system", "documents", "tools", "history", "tool_results", "current", "reserve", "free")
+BREAKDOWN_KEYS = ("system", "documents", "tools", "history", "tool_results", "media", "current", "reserve", "free")
+
+MEDIA_MARKER = "<__glassbox_media:{digest}__>"
+"""Where an image or a clip sits in a rendered prompt: the session splits the prompt there and the
+worker's projector puts the media's tokens in its place (engine/inference/projector.py)."""
+_MARKER_HEAD = "<__glassbox_media:"
+_MARKER_RE = re.compile(r"<__glassbox_media:([0-9a-f]{64})__>")
 
 TRUNCATION_MARKER = "[... tool result truncated: {kept} of {total} tokens kept to fit the context window ...]"
 """Appended to a tool result cut to fit the window (:func:`truncate_to_tokens`): the model and the
@@ -82,6 +92,8 @@ class Message:
         tool_calls: on an assistant message, the calls it made.
         tool_call_id: on a ``tool`` message, the call it answers.
         name: on a ``tool`` message, the tool's name.
+        media: on a ``user`` message, the images and clips attached to it (they come before its
+            text in the prompt, in order, each on a line of its own).
     """
 
     role: Role
@@ -89,11 +101,17 @@ class Message:
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str = ""
     name: str = ""
+    media: tuple[Media, ...] = ()
 
     def template_dict(self) -> dict[str, Any]:
         """The message as chat templates take it (engine/inference/templates.py); reasoning left in the text
-        by an older version is removed (engine/inference/reasoning.py)."""
+        by an older version is removed (engine/inference/reasoning.py); each attached image or clip
+        is a :data:`MEDIA_MARKER` line before the text (text that looks like one is defused)."""
         content = strip_reasoning(self.content) if self.role == "assistant" else self.content
+        if _MARKER_HEAD in content:
+            content = content.replace(_MARKER_HEAD, "<__glassbox\u200bmedia:")
+        if self.media:
+            content = "".join(MEDIA_MARKER.format(digest=m.digest) + "\n" for m in self.media) + content
         out: dict[str, Any] = {"role": self.role, "content": content}
         if self.tool_calls:
             out["tool_calls"] = [
@@ -231,6 +249,24 @@ def _turns(history: Sequence[Message]) -> list[list[Message]]:
     return turns
 
 
+def split_media(prompt: str) -> list[str | tuple[str, str]]:
+    """A rendered prompt cut at its media markers: text parts and ``("media", digest)`` parts, in
+    order (a prompt without media is one text part)."""
+    parts: list[str | tuple[str, str]] = []
+    at = 0
+    for match in _MARKER_RE.finditer(prompt):
+        parts.append(prompt[at : match.start()])
+        parts.append(("media", match.group(1)))
+        at = match.end()
+    parts.append(prompt[at:])
+    return parts
+
+
+def has_media(prompt: str) -> bool:
+    """Whether a rendered prompt holds a media marker."""
+    return _MARKER_RE.search(prompt) is not None
+
+
 def system_message(system: str | None, documents: str | None) -> Message | None:
     """The pinned system message: the system prompt, a blank line, the documents (None when empty)."""
     parts = [part for part in (system, documents) if part]
@@ -249,6 +285,8 @@ def plan_context(
     count_text: Callable[[str], int],
     policy: OverflowPolicy = "rolling",
     tools_tokens: int = 0,
+    media_tokens: Callable[[Message], int] | None = None,
+    user_media: Sequence[Media] = (),
 ) -> ContextPlan:
     """Fit a conversation into the context window.
 
@@ -266,6 +304,9 @@ def plan_context(
         count_text: counts the tokens of a plain text.
         policy: ``"rolling"`` drops the oldest turns when history does not fit; ``"refuse"`` raises.
         tools_tokens: what the tool definitions add to the prompt (``count_tokens`` renders them).
+        media_tokens: the positions a message's images and clips take (the projector's count);
+            ``count_tokens`` counts them in the prompt, this puts them in the ``media`` band.
+        user_media: the images and clips attached to the new message ``user``.
 
     Returns:
         The plan.
@@ -301,7 +342,7 @@ def plan_context(
     lead = [head] if head is not None else []
     turns = _turns(history)
     if user is not None:
-        current = [Message("user", user)]
+        current = [Message("user", user, media=tuple(user_media))]
         what = "new message"
     elif turns:
         current = turns.pop()
@@ -348,6 +389,8 @@ def plan_context(
         tools_tokens=tools_tokens,
         history_results=_result_tokens(kept, count_text),
         current_results=_result_tokens(current, count_text),
+        history_media=sum(media_tokens(m) for m in kept if m.media) if media_tokens else 0,
+        current_media=sum(media_tokens(m) for m in current if m.media) if media_tokens else 0,
         base_tokens=base_tokens,
         prompt_tokens=prompt_tokens,
         reserve=reserve,
@@ -408,6 +451,8 @@ def _breakdown(
     history_results: int,
     current_results: int,
     base_tokens: int,
+    history_media: int = 0,
+    current_media: int = 0,
     prompt_tokens: int,
     reserve: int,
     n_ctx: int,
@@ -415,13 +460,17 @@ def _breakdown(
     """Per-part token counts that add up exactly (see the module docstring)."""
     history = max(prompt_tokens - base_tokens, 0)
     history_results = min(history_results, history)
+    history_media = min(history_media, history - history_results)
     parts = {
         "system": system_tokens,
         "documents": documents_tokens,
         "tools": tools_tokens,
-        "history": history - history_results,
+        "history": history - history_results - history_media,
         "tool_results": history_results + current_results,
-        "current": max(base_tokens - system_tokens - documents_tokens - tools_tokens - current_results, 0),
+        "media": history_media + current_media,
+        "current": max(
+            base_tokens - system_tokens - documents_tokens - tools_tokens - current_results - current_media, 0
+        ),
     }
     # Tokenizing the pieces apart can give more tokens than the joined prompt: take the excess back.
     excess = sum(parts.values()) - prompt_tokens

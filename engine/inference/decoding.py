@@ -24,6 +24,7 @@ may be empty while a possible stop string is held back).
 
 from __future__ import annotations
 
+import bisect
 import codecs
 import os
 import time
@@ -31,7 +32,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from engine.errors import EngineError
 from engine.inference.events import PrefillProgress, Token
+from engine.inference.projector import Projector, is_placeholder
 from engine.inference.sampling import ChainSampler
 from engine.inference.seq_memory import SeqMemory
 from engine.inference.speculative import DraftModel, SpeculationPolicy, make_drafter
@@ -107,6 +110,7 @@ def prefill(
     send: Callable[[object], None],
     memory: SeqMemory | None = None,
     pause: tuple[int, Callable[[], None]] | None = None,
+    media: Projector | None = None,
 ) -> bool:
     """Evaluates ``tokens`` after the cached prefix, reporting progress; False when cancelled.
 
@@ -122,7 +126,9 @@ def prefill(
     recurrent model, whose state the aborted graph may have half written, from a copy of the state
     taken before the chunk. With ``pause=(n, callback)``, a chunk ends after ``n`` of the tokens
     and ``callback()`` is called there (a recurrent memory copies its state at a point the next
-    prompt will start with).
+    prompt will start with). With ``media`` (the worker's projector), a run of placeholder tokens
+    is an image or a clip: it is encoded and read in on its own (``PrefillProgress.encoding`` says
+    so first), between the text batches.
     """
     memory = memory if memory is not None else SeqMemory(lc, llm)
     total = len(tokens)
@@ -130,13 +136,27 @@ def prefill(
     send(PrefillProgress(0, total))
     chunk = min(n_batch, _FIRST_CHUNK)
     hold, at_hold = pause if pause is not None and 0 <= pause[0] < total else (total, None)
+    # Where image and audio chunks sit (their placeholder tokens): text batches stop before them.
+    placed = [i for i, token in enumerate(tokens) if is_placeholder(token)] if media is not None else []
     with AbortGuard(lc, llm._ctx.ctx, cancel) as guard:
         while done < total:
             if cancel.is_set():
                 return False
             if done == hold and at_hold is not None:
                 at_hold()
-            batch = tokens[done : min(done + chunk, hold if done < hold else total)]
+            if placed and is_placeholder(tokens[done]):
+                assert media is not None
+                read = _media_chunk(llm, media, tokens, done, guard, memory, send, total)
+                if read == 0:
+                    return False
+                done += read
+                send(PrefillProgress(done, total))
+                continue
+            end = min(done + chunk, hold if done < hold else total)
+            if placed:
+                after = bisect.bisect_left(placed, done)
+                end = min(end, placed[after]) if after < len(placed) else end
+            batch = tokens[done:end]
             checkpoint = memory.checkpoint() if llm.n_tokens else None  # None for a KV cache
             try:
                 llm.eval(batch)
@@ -151,6 +171,40 @@ def prefill(
             send(PrefillProgress(done, total))
             chunk = n_batch
     return not cancel.is_set()
+
+
+def _media_chunk(
+    llm: Any,
+    media: Projector,
+    tokens: Sequence[int],
+    at: int,
+    guard: AbortGuard,
+    memory: SeqMemory,
+    send: Callable[[object], None],
+    total: int,
+) -> int:
+    """Encodes the image or audio chunk whose placeholders start at ``tokens[at]`` and reads it
+    into the KV cache after the tokens evaluated so far; returns its length, 0 when Stop aborted it
+    (the cache then ends where it did before the chunk).
+
+    Raises:
+        EngineError: no chunk read by this worker has that run, or llama.cpp failed.
+    """
+    found = media.chunk_at(tokens, at)
+    if found is None:
+        raise EngineError("the prompt holds an image or a clip this worker has not read (send it again)")
+    length, chunk = found
+    send(PrefillProgress(at, total, encoding=length))
+    start = int(llm.n_tokens)
+    status = media.evaluate(chunk, start)
+    if status != 0:
+        llm.n_tokens = memory.rewind(start)  # whatever the decode wrote of the chunk goes
+        if guard.fired:
+            return 0
+        raise EngineError(f"llama.cpp could not read the image into the context (error {status})")
+    llm.input_ids[start : start + length] = tokens[at : at + length]
+    llm.n_tokens = start + length
+    return length
 
 
 class _Emitter:

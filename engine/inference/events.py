@@ -14,10 +14,12 @@ FinishReason = Literal["stop", "length", "cancelled", "error"]
 
 @dataclass(frozen=True)
 class PrefillProgress:
-    """Prompt evaluation progress: ``done`` of ``total`` new tokens evaluated."""
+    """Prompt evaluation progress: ``done`` of ``total`` new tokens evaluated; ``encoding`` > 0
+    while an image or a clip of that many tokens is being encoded by the projector."""
 
     done: int
     total: int
+    encoding: int = 0
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,15 @@ class Stats:
     cpu_note: str = ""
     """What happened to llama.cpp's CPU code during this reply: it crashed and the reply went on on
     the safe variant (said on the reply it happened in only; "" otherwise)."""
+    encode_ms: float = 0.0
+    """Time the projector took to encode this turn's images and clips (before ``prefill_ms``, which
+    excludes it: the timeline is encode, prefill, decode)."""
+    media_tokens: int = 0
+    """Of ``prompt_tokens``, the positions images and clips take (mtmd's count)."""
+    media_encoded: int = 0
+    """Image and audio chunks encoded this turn (0 when the KV cache held them all)."""
+    media_dropped: int = 0
+    """Images and clips of earlier messages left out because this model cannot read them (no projector)."""
     budget: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:

@@ -12,7 +12,9 @@ One file per conversation and branch (``<conversation hash>-<branch hash>.kv``):
     b"GBKV-CACHE\\n"  u32 header length (little endian)  header JSON  tokens (int32 LE)  state
 
 The header names the identity the state is valid for (:class:`KvIdentity`: the model file's
-fingerprint, the context size, the cache type, the chat template, the llama-cpp-python version),
+fingerprint (and its projector's, when one is loaded: images are placeholder tokens in the saved
+tokens, :mod:`engine.inference.projector`, and their KV cells are restored like any other), the
+context size, the cache type, the chat template, the llama-cpp-python version),
 the token and state lengths and the SHA-256 of tokens plus state. A file whose identity does not
 match, whose header does not parse, whose length is not exactly what its header says (truncated)
 or whose digest is wrong (corrupt) is never handed to llama.cpp: it is removed.
@@ -486,10 +488,13 @@ class SeqCachePersistence:
     Args:
         model_path: the loaded model file (fingerprinted once, on first use).
         n_ctx: the usable context window.
+        projector_path: the model's projector, when one is loaded: its fingerprint joins the
+            model's, so a state holding image chunks is never restored under another projector.
     """
 
-    def __init__(self, model_path: Path, n_ctx: int) -> None:
+    def __init__(self, model_path: Path, n_ctx: int, projector_path: Path | None = None) -> None:
         self.model_path = model_path
+        self.projector_path = projector_path
         self.n_ctx = n_ctx
         self.request: KvRequest | None = None
         self.restored_tokens = 0
@@ -515,6 +520,8 @@ class SeqCachePersistence:
         if self._fingerprint is None:
             try:
                 self._fingerprint = model_fingerprint(self.model_path)
+                if self.projector_path is not None:
+                    self._fingerprint += f"+mmproj:{model_fingerprint(self.projector_path)}"
             except OSError as exc:
                 log.warning("%s: cannot fingerprint the model (%s); KV caches not saved", self.model_path, exc)
                 return None

@@ -65,12 +65,16 @@ from engine.inference.reply import ReplyShaper
 from engine.inference.runtime import GenerationParams
 from engine.inference.session import PromptView
 from engine.inference.tools import ToolSpec, normalize_tool_choice
+from engine.media import Media
 
 TokenizerKind = Literal["llama.cpp", "llama-cpp-python", "estimate"]
 
 CHARS_PER_TOKEN = 4
 """The estimate used when the server has no tokenizer endpoint."""
 MESSAGE_OVERHEAD = 4
+MEDIA_TOKENS_ESTIMATE = 256
+"""What an image or a clip is counted as on a server (its projector's count is the server's own):
+a guess, so a budget with media is marked estimated."""
 """Tokens a chat template typically spends on one message's role header and separators."""
 _UNKNOWN_CTX = 1 << 30
 _CACHE_LIMIT = 512
@@ -373,7 +377,9 @@ class RemoteSession:
 
     def count_messages(self, messages: Sequence[ChatMessage]) -> int:
         """Tokens of a chat prompt: each message's text plus a fixed per-message template overhead."""
-        return sum(self.count_text(m.content) + MESSAGE_OVERHEAD for m in messages) + MESSAGE_OVERHEAD
+        return (
+            sum(self.count_text(m.content) + MESSAGE_OVERHEAD + _media_estimate(m) for m in messages) + MESSAGE_OVERHEAD
+        )
 
     # generation -------------------------------------------------------------------------------
     def stream(
@@ -391,6 +397,7 @@ class RemoteSession:
         thinking: bool | None = None,
         reasoning_effort: str | None = None,
         thinking_budget: int | None = None,
+        media: Sequence[Media] = (),
     ) -> Iterator[Event]:
         """Streams the server's reply to ``user`` after ``history``; ends with Finished.
 
@@ -398,7 +405,9 @@ class RemoteSession:
         ``tool_choice``, ``thinking`` and ``reasoning_effort`` go to the server (see the module
         docstring); ``cache_key`` names a local KV cache and means nothing here (the server keeps
         its own cache). A ``thinking_budget`` is refused: OpenAI's API has no such field, and the
-        server decodes on its own.
+        server decodes on its own. ``media`` (the new message's images and clips) and the history's
+        go to the server as content parts (``image_url`` with a ``data:`` URL, ``input_audio``):
+        whether it can see them is the server's to say (its error is passed on).
 
         Raises:
             EngineError: the server is unreachable, refuses the key or a field, fails or drops the
@@ -423,6 +432,8 @@ class RemoteSession:
                 documents=documents,
                 history=[_as_message(m) for m in history],
                 user=user,
+                user_media=media,
+                media_tokens=_media_estimate,
                 n_ctx=n_ctx,
                 reply_reserve=min(self.reply_reserve, params.max_tokens),
                 count_tokens=self.count_messages,
@@ -457,7 +468,7 @@ class RemoteSession:
             budget = dict(plan.breakdown)
             if not info.n_ctx:
                 budget.update(free=0, n_ctx_unknown=1)
-            if self.estimated:
+            if self.estimated or budget.get("media"):
                 budget["estimated"] = 1
             calls = () if cancelled else tool_calls(reply, self.base_url)
             yield from calls
@@ -475,6 +486,10 @@ class RemoteSession:
                 reasoning_ms=shaper.reasoning_ms or reply.reasoning_ms,
                 tool_calls=calls,
             )
+
+
+def _media_estimate(message: ChatMessage) -> int:
+    return MEDIA_TOKENS_ESTIMATE * len(getattr(message, "media", ()))
 
 
 def _as_message(message: ChatMessage) -> Message:

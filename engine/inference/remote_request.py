@@ -12,6 +12,7 @@ EngineError.
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -21,6 +22,7 @@ from engine.inference.context import Message
 from engine.inference.reasoning import strip_reasoning
 from engine.inference.runtime import GenerationParams
 from engine.inference.tools import ToolSpec
+from engine.media import Media
 
 
 def chat_payload(
@@ -112,9 +114,13 @@ def add_turn_options(
 def wire_message(message: Message) -> dict[str, Any]:
     """One message in OpenAI's shape: an assistant's calls as ``tool_calls``, a tool's result with
     the ``tool_call_id`` it answers; an assistant's thinking left in its text by an older version
-    is not sent back (engine/inference/reasoning.py)."""
+    is not sent back (engine/inference/reasoning.py); a user's images as ``image_url`` parts with
+    ``data:`` URLs and clips as ``input_audio`` parts, before the text."""
     content = strip_reasoning(message.content) if message.role == "assistant" else message.content
     document: dict[str, Any] = {"role": message.role, "content": content}
+    if message.media:
+        text = [{"type": "text", "text": content}] if content else []
+        document["content"] = [*(_media_part(m) for m in message.media), *text]
     if message.tool_calls:
         document["content"] = content or None
         document["tool_calls"] = [
@@ -130,3 +136,11 @@ def wire_message(message: Message) -> dict[str, Any]:
         if message.name:
             document["name"] = message.name
     return document
+
+
+def _media_part(media: Media) -> dict[str, Any]:
+    """An attachment as an OpenAI content part (the bytes inline: nothing is fetched)."""
+    encoded = base64.b64encode(media.data).decode("ascii")
+    if media.kind == "image":
+        return {"type": "image_url", "image_url": {"url": f"data:{media.media_type};base64,{encoded}"}}
+    return {"type": "input_audio", "input_audio": {"data": encoded, "format": media.format}}

@@ -41,7 +41,9 @@ from engine.inference.decoding import StopMatcher as _StopMatcher
 from engine.inference.decoding import decode, prefill
 from engine.inference.events import PrefillProgress, Token
 from engine.inference.kv_cache import KvRequest, SeqCachePersistence
+from engine.inference.projector import MediaInfo, Projector, ProjectorInfo, is_placeholder
 from engine.inference.seq_memory import Checkpoint, SeqMemory
+from engine.media import Media, MediaError
 
 _POLL_S = 0.02
 _LOAD_TIMEOUT_S = 600.0
@@ -67,6 +69,8 @@ class LoadParams(BaseModel):
     # A smaller model of the same vocabulary, loaded in the same worker to draft tokens for
     # speculative decoding (GenerationParams.speculative="draft"); refused when the vocabularies differ.
     draft_model_path: Path | None = None
+    # The model's multimodal projector (engine.inference.projector): images and/or audio in prompts.
+    mmproj_path: Path | None = None
 
     def backend_policy(self) -> BackendPolicy:
         return BackendPolicy(variant=self.cpu_variant, avoid=self.cpu_avoid, allow_amx=self.allow_amx)
@@ -152,6 +156,7 @@ class ModelInfo:
     # at any token), "recurrent" (Mamba, RWKV: one state, restored from copies) or "hybrid".
     memory: str = "kv"
     kind: Literal["local"] = "local"  # RemoteInfo's is "remote": a LoadedModel's info says which it is
+    projector: ProjectorInfo | None = None  # what the loaded mmproj reads (None: no projector)
 
 
 @dataclass(frozen=True)
@@ -175,6 +180,9 @@ class WorkerResult:
     stop_sequence: str | None = None  # the stop string (of GenerationParams.stop) that ended the reply, if one did
     draft_restores: int = 0  # rejected drafts taken back by restoring a copy of a recurrent state
     speculation_note: str = ""  # why speculation was off although it was asked for ("" when it was not)
+    encode_ms: float = 0.0  # the projector's encoding of images and clips (not in prefill_ms)
+    media_encoded: int = 0  # image and audio chunks encoded
+    media_tokens: int = 0  # of prompt_tokens, the placeholders of images and clips
 
 
 @dataclass(frozen=True)
@@ -215,6 +223,15 @@ class _Worker:
                 llama_cpp, params.draft_model_path, self.llm, self.n_ctx, params.n_threads, params.n_gpu_layers
             )
         self.memory = SeqMemory(llama_cpp, self.llm)
+        self.projector: Projector | None = None
+        if params.mmproj_path is not None:
+            self.projector = Projector(
+                self.llm,
+                params.mmproj_path,
+                params.n_threads,
+                params.n_batch,
+                use_gpu=params.n_gpu_layers != 0 and bool(llama_cpp.llama_supports_gpu_offload()),
+            )
         # A memory that cannot be cut (recurrent) keeps a copy of its state at the end of the last
         # prompt: the next turn's prompt starts with it, whatever the reply re-tokenizes to.
         self.prompt_checkpoint: Checkpoint | None = None
@@ -259,6 +276,7 @@ class _Worker:
             chat_template=meta.get("tokenizer.chat_template"),
             metadata={k: v for k, v in meta.items() if len(v) <= 4096},
             memory=self.memory.kind,
+            projector=self.projector.info() if self.projector is not None else None,
         )
 
     def piece(self, token: int, special: bool) -> bytes:
@@ -283,7 +301,45 @@ class _Worker:
         return list(self.llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=special))
 
     def pieces(self, tokens: Sequence[int]) -> list[str]:
-        return [self.piece(t, special=True).decode("utf-8", errors="replace") for t in tokens]
+        return ["" if is_placeholder(t) else self.piece(t, True).decode("utf-8", errors="replace") for t in tokens]
+
+    # images and clips (engine.inference.projector) ---------------------------------------------
+    def add_media(self, items: Sequence[Media]) -> list[MediaInfo | str]:
+        """Reads each item into the projector; an item it refuses gets its one-line reason."""
+        out: list[MediaInfo | str] = []
+        for media in items:
+            if self.projector is None:
+                out.append(f"{media.name or media.digest[:12]}: this model has no projector (mmproj)")
+                continue
+            if os.environ.get("GLASSBOX_TEST_CRASH_ON_MEDIA") == media.digest:
+                os.abort()  # lets tests prove that a decoder crashing on an image is survived
+            try:
+                out.append(self.projector.add(media))
+            except MediaError as exc:
+                out.append(str(exc))
+        return out
+
+    def tokenize_parts(self, parts: Sequence[str | tuple[str, str]], add_bos: bool) -> list[int] | list[str]:
+        """A prompt split at its media: text parts tokenized (special tokens parsed), each
+        ``("media", digest)`` part replaced by its expansion. When the projector no longer holds
+        some media, their digests are returned instead (the parent sends them again)."""
+        tokens: list[int] = []
+        missing: list[str] = []
+        first = True
+        for part in parts:
+            if isinstance(part, str):
+                if part or (first and add_bos):
+                    tokens += list(self.llm.tokenize(part.encode("utf-8"), add_bos=first and add_bos, special=True))
+            else:
+                expansion = self.projector.expansion(part[1]) if self.projector is not None else None
+                if expansion is None:
+                    missing.append(part[1])
+                else:
+                    if first and add_bos:
+                        tokens += list(self.llm.tokenize(b"", add_bos=True, special=True))
+                    tokens += expansion
+            first = False
+        return missing if missing else tokens
 
     # the KV cache saved with each chat (engine.inference.kv_cache) -------------------------------
     _kv: SeqCachePersistence | None = None
@@ -293,7 +349,7 @@ class _Worker:
         if self._kv is None:
             from engine.inference.kv_cache import SeqCachePersistence
 
-            self._kv = SeqCachePersistence(self.params.model_path, self.n_ctx)
+            self._kv = SeqCachePersistence(self.params.model_path, self.n_ctx, self.params.mmproj_path)
         self._kv.configure(request)
 
     def kv_restore(self, tokens: Sequence[int]) -> None:
@@ -340,7 +396,14 @@ class _Worker:
             if a != b:
                 break
             prefix += 1
-        return min(prefix, len(tokens) - 1)
+        prefix = min(prefix, len(tokens) - 1)
+        # Never inside an image's placeholders: an image is read whole (only a hash collision of
+        # two images' first placeholders could stop a match there).
+        while prefix > 0 and is_placeholder(tokens[prefix]) and is_placeholder(tokens[prefix - 1]):
+            if self.projector is not None and self.projector.chunk_at(tokens, prefix) is not None:
+                break
+            prefix -= 1
+        return prefix
 
     def _reusable(self, tokens: Sequence[int]) -> int:
         """How many leading tokens of ``tokens`` the memory in RAM can keep without evaluating."""
@@ -401,6 +464,21 @@ class _Worker:
             raise EngineError(f"prompt of {len(tokens)} tokens does not fit the context window of {n_ctx}")
         if params.speculative == "draft" and self.draft is None:
             raise EngineError("speculative decoding with a draft model: no draft model was loaded with this model")
+        media_tokens = sum(1 for token in tokens if is_placeholder(token))
+        text_prompt: Sequence[int] = tokens
+        note = ""
+        if media_tokens:
+            self._check_media_prompt(tokens)
+            text_prompt = [token for token in tokens if not is_placeholder(token)]
+            if params.speculative == "draft":
+                params = params.model_copy(update={"speculative": "lookup"})
+                note = (
+                    "the draft model is off for a prompt with images or audio (it cannot read them): "
+                    "prompt lookup instead"
+                )
+        projector = self.projector
+        if projector is not None:
+            projector.reset_counters()
         cached = self._reuse_prefix(tokens)
         # A memory that cannot be cut copies its state where the next prompt will start from it
         # (see _checkpoint_prompt); a KV cache reads the prompt in whole chunks.
@@ -410,17 +488,31 @@ class _Worker:
             at = at if at is not None else len(tokens) - 1
             pause = (at - cached, self._checkpoint_prompt) if at >= cached else None
         new = list(tokens[cached:])
-        if not prefill(llm, self._llama_cpp, new, self.params.n_batch, cancel, send, self.memory, pause):
+        read_media = projector if media_tokens else None
+        if not prefill(llm, self._llama_cpp, new, self.params.n_batch, cancel, send, self.memory, pause, read_media):
+            encode_ms = projector.encode_ms if projector is not None else 0.0
             return WorkerResult(
-                "cancelled", "", len(tokens), cached, 0, llm.n_tokens, 0.0, (time.perf_counter() - t0) * 1000, 0.0
+                "cancelled",
+                "",
+                len(tokens),
+                cached,
+                0,
+                llm.n_tokens,
+                0.0,
+                (time.perf_counter() - t0) * 1000 - encode_ms,
+                0.0,
+                encode_ms=encode_ms,
+                media_encoded=projector.encoded if projector is not None else 0,
+                media_tokens=media_tokens,
             )
         t_prefill = time.perf_counter()
+        encode_ms = projector.encode_ms if projector is not None else 0.0
         out = decode(
             llm,
             self._llama_cpp,
             lambda token: self.piece(token, special=False),
             params,
-            tokens,
+            text_prompt,
             n_ctx,
             self.params.n_batch,
             _StopMatcher(params.stop),
@@ -441,14 +533,29 @@ class _Worker:
             completion_tokens=out.completion_tokens,
             n_past=llm.n_tokens,
             ttft_ms=(t_first - t0) * 1000,
-            prefill_ms=(t_prefill - t0) * 1000,
+            prefill_ms=(t_prefill - t0) * 1000 - encode_ms,
             decode_ms=(t_end - t_first) * 1000,
             draft_tokens=out.draft_tokens,
             accepted_tokens=out.accepted_tokens,
             stop_sequence=out.stop_sequence,
             draft_restores=out.draft_restores,
-            speculation_note=out.speculation_note,
+            speculation_note=out.speculation_note or note,
+            encode_ms=encode_ms,
+            media_encoded=projector.encoded if projector is not None else 0,
+            media_tokens=media_tokens,
         )
+
+    def _check_media_prompt(self, tokens: Sequence[int]) -> None:
+        """A prompt with placeholders: the worker must be able to read it (or it says why not)."""
+        if self.projector is None:
+            raise EngineError("the prompt holds images or audio, but this model was loaded without a projector")
+        if not self.memory.trimmable:
+            raise EngineError(
+                f"images and audio are not supported on a model with {self.memory.kind} memory yet "
+                "(its state cannot be taken back to before an image)"
+            )
+        if is_placeholder(tokens[-1]):
+            raise EngineError("the prompt ends with an image: the model needs text after it to answer")
 
 
 def _worker_main(
@@ -497,6 +604,10 @@ def _worker_main(
                 conn.send(("result", worker.tokenize(message[1], message[2], message[3])))
             elif op == "pieces":
                 conn.send(("result", worker.pieces(message[1])))
+            elif op == "media":
+                conn.send(("result", worker.add_media(message[1])))
+            elif op == "tokenize_parts":
+                conn.send(("result", worker.tokenize_parts(message[1], message[2])))
             elif op == "reset":
                 worker.llm._ctx.kv_cache_clear()
                 worker.llm.n_tokens = 0
@@ -658,6 +769,16 @@ class InferenceWorker:
 
     def pieces(self, tokens: Sequence[int]) -> list[str]:
         return self._call(("pieces", list(tokens)), "detokenization")  # type: ignore[no-any-return]
+
+    def add_media(self, items: Sequence[Media]) -> list[MediaInfo | str]:
+        """Hands images and clips to the worker's projector: each one's info, or why it was refused.
+        A decoder that crashes takes the worker down (EngineCrashed), never this process."""
+        return self._call(("media", list(items)), "reading an image")  # type: ignore[no-any-return]
+
+    def tokenize_parts(self, parts: Sequence[str | tuple[str, str]], add_bos: bool) -> list[int] | list[str]:
+        """A prompt's tokens, its media expanded (see ``_Worker.tokenize_parts``); the digests the
+        worker no longer holds, when some are missing."""
+        return self._call(("tokenize_parts", list(parts), add_bos), "tokenization")  # type: ignore[no-any-return]
 
     def reset_cache(self) -> None:
         self._call(("reset",), "cache reset")

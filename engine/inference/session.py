@@ -30,13 +30,16 @@ from engine.inference.context import (
     Message,
     OverflowPolicy,
     effective_reserve,
+    has_media,
     plan_context,
+    split_media,
     system_message,
 )
 from engine.inference.cpu_probe import probe_variant
 from engine.inference.events import Event, Finished, Stats
 from engine.inference.grammar_bounds import check_constraint
 from engine.inference.kv_cache import KvCacheConfig, KvKey, KvRequest
+from engine.inference.projector import MediaInfo
 from engine.inference.reply import special_markers
 from engine.inference.runtime import (
     GenerationParams,
@@ -49,6 +52,8 @@ from engine.inference.templates import ChatTemplate, select_template
 from engine.inference.thinking_settings import template_controls
 from engine.inference.tools import ToolSpec
 from engine.inference.turn import TurnShape, shape_turn
+from engine.media import Media, MediaError
+from engine.mmproj import ProjectorFacts, projector_problem, read_projector
 
 
 @dataclass(frozen=True)
@@ -90,6 +95,15 @@ class ChatSession:
         self.overflow_policy: OverflowPolicy = overflow_policy
         self.reply_reserve = reply_reserve
         self.gguf: GgufInfo = read_gguf_info(load.model_path)
+        # The projector's header is read (and matched to the model) before llama.cpp sees it.
+        self.projector: ProjectorFacts | None = None
+        if load.mmproj_path is not None:
+            self.projector = read_projector(load.mmproj_path)
+            problem = projector_problem(self.projector, self.gguf)
+            if problem is not None:
+                raise ModelLoadError(f"{load.mmproj_path}: {problem}")
+        self._media: dict[str, MediaInfo] = {}  # what the current worker's projector has read
+        self._media_data: dict[str, Media] = {}
         self._worker: InferenceWorker | None = None
         self.info: ModelInfo | None = None
         self.template: ChatTemplate | None = None
@@ -118,6 +132,7 @@ class ChatSession:
             self._worker.close(kill=True)
         worker, info = self._start_with_fallback(cancel)
         self._worker, self.info = worker, info
+        self._media.clear()
         self.template = select_template(info.chat_template, info.architecture, info.bos_token, info.eos_token)
         self._specials = None
         return info
@@ -301,18 +316,70 @@ class ChatSession:
 
     def _tokenize_prompt(self, prompt: str) -> list[int]:
         """Tokens of a rendered prompt; the last few are remembered, since planning the context
-        renders and counts the very prompt that is then sent (one pipe round trip saved a turn)."""
+        renders and counts the very prompt that is then sent (one pipe round trip saved a turn).
+        A prompt with media markers is tokenized in parts, each image or clip replaced by the
+        projector's tokens for it (placeholders: engine/inference/projector.py)."""
         cached = self._prompt_tokens.get(prompt)
         if cached is not None:
             return cached
         assert self._worker is not None and self.info is not None
         bos = self.info.bos_token
         add_bos = self.info.add_bos and not (bos and prompt.startswith(bos))
-        tokens = self._worker.tokenize(prompt, add_bos=add_bos, special=True)
+        if has_media(prompt):
+            tokens = self._tokenize_media_prompt(prompt, add_bos)
+        else:
+            tokens = self._worker.tokenize(prompt, add_bos=add_bos, special=True)
         if len(self._prompt_tokens) >= 8:
             self._prompt_tokens.pop(next(iter(self._prompt_tokens)))
         self._prompt_tokens[prompt] = tokens
         return tokens
+
+    def _tokenize_media_prompt(self, prompt: str, add_bos: bool) -> list[int]:
+        assert self._worker is not None
+        parts = split_media(prompt)
+        for _attempt in range(2):
+            result = self._worker.tokenize_parts(parts, add_bos)
+            if not result or isinstance(result[0], int):
+                return [int(t) for t in result]
+            # The worker's projector let some go (it keeps the most recent few): send them again.
+            lost = [self._media_data[str(digest)] for digest in result if str(digest) in self._media_data]
+            for digest in result:
+                self._media.pop(str(digest), None)
+            if len(lost) != len(result):
+                raise EngineError("the prompt holds an image or a clip that was never attached to this chat")
+            self._read_media(lost)
+        raise EngineError("the model's projector keeps dropping this prompt's images (more than it holds at once?)")
+
+    # images and clips -----------------------------------------------------------------------
+    def media_info(self, media: Sequence[Media]) -> list[MediaInfo]:
+        """What each image or clip costs this model: the projector's own token count (read by the
+        worker, which starts if needed). Raises MediaError (the model cannot see images, or one
+        cannot be read)."""
+        with self._lock:
+            self._ensure_worker()
+            return self._read_media(media)
+
+    def _read_media(self, media: Sequence[Media]) -> list[MediaInfo]:
+        assert self._worker is not None and self.info is not None
+        if media and self.info.projector is None:
+            what = "images or audio" if any(m.kind == "audio" for m in media) else "images"
+            raise MediaError(
+                media[0].name,
+                f"this model cannot see {what}: {Path(self.load_params.model_path).name} was loaded without a "
+                "projector (mmproj); download its mmproj (glassbox models download --with-mmproj) or choose a "
+                "vision model",
+            )
+        todo = [m for m in dict.fromkeys(media) if m.digest not in self._media]
+        if todo:
+            for item, answer in zip(todo, self._worker.add_media(todo), strict=True):
+                if isinstance(answer, str):
+                    raise MediaError("", answer)
+                self._media[item.digest] = answer
+                self._media_data[item.digest] = item
+        return [self._media[m.digest] for m in media]
+
+    def _media_tokens(self, message: Message) -> int:
+        return sum(self._media[m.digest].tokens for m in message.media if m.digest in self._media)
 
     def _marker_tokens(self) -> dict[int, str]:
         """This vocabulary's tool and thinking markers that are one token (asked once per worker)."""
@@ -352,6 +419,7 @@ class ChatSession:
         thinking: bool | None = None,
         reasoning_effort: str | None = None,
         thinking_budget: int | None = None,
+        media: Sequence[Media] = (),
     ) -> Iterator[Event]:
         """Generates the reply to ``user`` after ``history``; yields events, ends with Finished.
 
@@ -367,7 +435,14 @@ class ChatSession:
         saved KV cache when it covers more of the prompt than the worker's RAM, and its KV state is
         saved after it (in the worker, in the background).
 
+        ``media`` are the images and clips attached to ``user`` (history messages carry their
+        own): the projector reads them in the worker and their tokens are the ``media`` band of the
+        budget; ``Stats.encode_ms`` is the time it took to encode them.
+
         Raises:
+            MediaError: the model has no projector for the new message's media, or one cannot be
+                read (the history's media on a model without a projector are left out, counted in
+                ``Stats.media_dropped``).
             ContextOverflow: the conversation does not fit and the policy is "refuse" (or even the
                 pinned parts do not fit).
             EngineCrashed: the worker died; the next call starts a fresh one.
@@ -391,6 +466,8 @@ class ChatSession:
             def count_tokens(messages: Sequence[Message]) -> int:
                 return len(self._tokenize_prompt(turn.render(messages)))
 
+            history, dropped_media = self._media_history(history)
+            self._read_media([*(m for message in history for m in message.media), *media])
             n_ctx = self.info.n_ctx
             reserve = min(self.reply_reserve, params.max_tokens)
             plan = plan_context(
@@ -398,6 +475,8 @@ class ChatSession:
                 documents=documents,
                 history=list(history),
                 user=user,
+                user_media=media,
+                media_tokens=self._media_tokens,
                 n_ctx=n_ctx,
                 reply_reserve=reserve,
                 count_tokens=count_tokens,
@@ -429,11 +508,23 @@ class ChatSession:
                 kv_restored_tokens=result.kv_restored_tokens,
                 kv_restore_ms=result.kv_restore_ms,
                 kv_saved_bytes=result.kv_saved_bytes,
+                media_dropped=dropped_media,
             )
             yield stats
             reason = result.reason
             finished = shaper.finished(reason, stats)  # type: ignore[arg-type]
             yield dataclasses.replace(finished, stop_sequence=result.stop_sequence)
+
+    def _media_history(self, history: Sequence[Message]) -> tuple[list[Message], int]:
+        """The history as this model can read it: on a model without a projector the media of
+        earlier messages are left out (their text stays), and counted."""
+        assert self.info is not None
+        if self.info.projector is not None:
+            return list(history), 0
+        dropped = sum(len(m.media) for m in history)
+        if not dropped:
+            return list(history), 0
+        return [dataclasses.replace(m, media=()) if m.media else m for m in history], dropped
 
     def result_room(
         self,
@@ -461,6 +552,8 @@ class ChatSession:
                 thinking=thinking,
                 reasoning_effort=reasoning_effort,
             )
+            messages, _dropped = self._media_history(messages)
+            self._read_media([m for message in messages for m in message.media])
             head = system_message(system, documents)
             prompt = turn.render([*([head] if head is not None else []), *messages])
             reserve = effective_reserve(self.info.n_ctx, min(self.reply_reserve, params.max_tokens))
@@ -665,6 +758,9 @@ class ChatSession:
             draft_restores=result.draft_restores,
             speculation_note=result.speculation_note,
             cpu_note=self._cpu_note,
+            encode_ms=round(result.encode_ms, 2),
+            media_tokens=result.media_tokens,
+            media_encoded=result.media_encoded,
             budget=dict(plan.breakdown),
         )
 

@@ -86,6 +86,7 @@ def test_everything_fits_and_the_breakdown_is_exact() -> None:
         "tools": 0,
         "history": 52,
         "tool_results": 0,
+        "media": 0,
         "current": result.prompt_tokens - 2 - 4 - 52,
         "reserve": 100,
         "free": 1000 - result.prompt_tokens - 100,

@@ -61,7 +61,9 @@ def test_reply_streams_and_finishes_with_stats(session: ChatSession) -> None:
         expected = (stats.model_bytes + stats.kv_used_bytes) * stats.decode_tps / 1e9
         assert stats.bandwidth_gbps == pytest.approx(expected, rel=0.01)
     budget = stats.budget
-    assert set(budget) == {"system", "documents", "tools", "history", "tool_results", "current", "reserve", "free"}
+    assert set(budget) == {
+        "system", "documents", "tools", "history", "tool_results", "media", "current", "reserve", "free"
+    }  # fmt: skip
     assert sum(budget.values()) == 1024
     assert stats.template
 
