@@ -166,6 +166,11 @@ class Paths:
         return self.data / "kv_cache"
 
     @property
+    def media(self) -> Path:
+        """The chats' images and clips, one file per content (``engine.media_store``; owner-only)."""
+        return self.data / "media"
+
+    @property
     def bandwidth_cache(self) -> Path:
         return self.cache / "memory_bandwidth.json"
 

@@ -38,6 +38,7 @@ from typing import Any, Literal, cast
 from engine.errors import HistoryError
 from engine.history_db import HistoryDatabase
 from engine.history_schema import ROLES, STATES, Conversation, MessageState, SearchHit, StoredMessage, fts_query
+from engine.media import MediaRef
 
 __all__ = ["HistoryStore"]
 
@@ -50,6 +51,23 @@ def _loads(text: str | None) -> Any:
 
 def _dumps(value: Any) -> str | None:
     return None if value is None else json.dumps(value, ensure_ascii=False, sort_keys=True)
+
+
+def _media_refs(text: str | None) -> tuple[MediaRef, ...]:
+    """A row's attachments; a damaged record is left out (its message's text stays readable)."""
+    if not text:
+        return ()
+    try:
+        records = json.loads(text)
+    except ValueError:
+        return ()
+    refs = []
+    for record in records if isinstance(records, list) else []:
+        try:
+            refs.append(MediaRef.from_dict(record))
+        except (ValueError, TypeError):
+            continue
+    return tuple(refs)
 
 
 class HistoryStore(HistoryDatabase):
@@ -187,7 +205,9 @@ class HistoryStore(HistoryDatabase):
             return cursor.rowcount
 
     # ------------------------------------------------------------------ messages
-    _MESSAGE_COLUMNS = "id, conversation_id, parent_id, role, content, state, created_at, stats, sources, model, error"
+    _MESSAGE_COLUMNS = (
+        "id, conversation_id, parent_id, role, content, state, created_at, stats, sources, model, error, media"
+    )
 
     @staticmethod
     def _message(row: Sequence[Any]) -> StoredMessage:
@@ -203,6 +223,7 @@ class HistoryStore(HistoryDatabase):
             sources=_loads(row[8]),
             model=row[9],
             error=row[10],
+            media=_media_refs(row[11]),
         )
 
     def get_message(self, message_id: int) -> StoredMessage:
@@ -227,6 +248,7 @@ class HistoryStore(HistoryDatabase):
         parent_id: int | Literal["leaf"] | None = "leaf",
         state: str = "complete",
         model: str | None = None,
+        media: Sequence[MediaRef] = (),
     ) -> StoredMessage:
         """Save a message and make it the conversation's current leaf (committed before returning).
 
@@ -242,6 +264,8 @@ class HistoryStore(HistoryDatabase):
                 or the id of a message of the same conversation.
             state: ``complete``, ``partial``, ``pending`` or ``error``.
             model: the model that wrote it (for replies).
+            media: a user message's images and clips (their bytes kept by the caller in an
+                :class:`engine.media_store.MediaStore` first, so a row never names a missing file).
 
         Returns:
             The saved message.
@@ -268,10 +292,11 @@ class HistoryStore(HistoryDatabase):
                     raise HistoryError(
                         self.path, f"message {parent} is not a message of conversation {conversation_id}"
                     )
+            refs = _dumps([ref.to_dict() for ref in media]) if media else None
             cursor = conn.execute(
-                "INSERT INTO messages (conversation_id, parent_id, role, content, state, created_at, model)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (conversation_id, parent, role, content, state, now, model),
+                "INSERT INTO messages (conversation_id, parent_id, role, content, state, created_at, model, media)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (conversation_id, parent, role, content, state, now, model, refs),
             )
             new_id = cast(int, cursor.lastrowid)
             conn.execute(
@@ -290,7 +315,13 @@ class HistoryStore(HistoryDatabase):
             sources=None,
             model=model,
             error=None,
+            media=tuple(media),
         )
+
+    def media_in_use(self) -> set[str]:
+        """The digests of every attachment a message refers to (deleted chats' too, until purged)."""
+        rows = self._query(lambda c: c.execute("SELECT media FROM messages WHERE media IS NOT NULL").fetchall())
+        return {ref.digest for row in rows for ref in _media_refs(row[0])}
 
     def finish_message(
         self,

@@ -12,6 +12,8 @@ import sqlite3
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
+from engine.media import MediaRef
+
 __all__ = [
     "MIGRATIONS",
     "MIN_PREFIX",
@@ -62,6 +64,8 @@ class StoredMessage:
     sources: list[dict[str, Any]] | None
     model: str | None
     error: str | None
+    media: tuple[MediaRef, ...] = ()
+    """A user message's images and clips (their bytes: engine/media_store.py), in order."""
 
 
 @dataclass(frozen=True)
@@ -141,6 +145,12 @@ MIGRATIONS: Final = (
             END""",
             "INSERT INTO messages_fts(messages_fts) VALUES ('rebuild')",
         ),
+    ),
+    Migration(
+        "m003_media",
+        # A user message's attachments: a JSON list of MediaRef records (the bytes are files
+        # named by their SHA-256 under the data folder's media/).
+        ("ALTER TABLE messages ADD COLUMN media TEXT",),
     ),
 )
 """Every schema step ever shipped, oldest first. Append only; never edit a shipped one."""

@@ -40,6 +40,7 @@ __all__ = [
     "Media",
     "MediaError",
     "MediaKind",
+    "MediaRef",
     "load_media",
     "read_media",
 ]
@@ -127,10 +128,79 @@ class Media:
     @property
     def label(self) -> str:
         """What it is, in a few words: ``"PNG 640×480"``, ``"WAV 12.5 s"``."""
+        return self.ref.label
+
+    @property
+    def ref(self) -> MediaRef:
+        """What the history keeps of it: everything but the bytes (kept by content address)."""
+        fields = (self.name, self.width, self.height, self.seconds, self.frames)
+        return MediaRef(self.kind, self.format, self.digest, *fields)
+
+
+@dataclass(frozen=True)
+class MediaRef:
+    """An attachment without its bytes: what a message in the history holds (the bytes are a file
+    named by ``digest``, engine/media_store.py). The fields are :class:`Media`'s."""
+
+    kind: MediaKind
+    format: str
+    digest: str
+    name: str = ""
+    width: int = 0
+    height: int = 0
+    seconds: float = 0.0
+    frames: int = 1
+
+    @property
+    def suffix(self) -> str:
+        return _SUFFIX[self.format]
+
+    @property
+    def media_type(self) -> str:
+        return _MEDIA_TYPES[self.format]
+
+    @property
+    def label(self) -> str:
+        """``"PNG 640×480"``, ``"WAV 12.5 s"``."""
         if self.kind == "image":
             animated = ", first frame" if self.frames > 1 else ""
             return f"{self.format.upper()} {self.width}×{self.height}{animated}"
         return f"{self.format.upper()} {self.seconds:.1f} s"
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "kind": self.kind,
+            "format": self.format,
+            "digest": self.digest,
+            "name": self.name,
+            "width": self.width,
+            "height": self.height,
+            "seconds": self.seconds,
+            "frames": self.frames,
+        }
+
+    @classmethod
+    def from_dict(cls, data: object) -> MediaRef:
+        """The reference a :meth:`to_dict` wrote.
+
+        Raises:
+            ValueError: not such a dict (a damaged row).
+        """
+        if not isinstance(data, dict):
+            raise ValueError("an attachment record must be an object")
+        kind, fmt, digest = data.get("kind"), data.get("format"), data.get("digest")
+        if kind not in ("image", "audio") or fmt not in _MEDIA_TYPES or not _is_digest(digest):
+            raise ValueError(f"not an attachment record: {data!r:.120}")
+        return cls(
+            kind,
+            str(fmt),
+            str(digest),
+            str(data.get("name") or ""),
+            int(data.get("width") or 0),
+            int(data.get("height") or 0),
+            float(data.get("seconds") or 0.0),
+            int(data.get("frames") or 1),
+        )
 
 
 def load_media(path: Path | str, *, name: str | None = None) -> Media:
@@ -550,6 +620,10 @@ _AUDIO_READERS: Final = {"wav": _wav, "flac": _flac, "mp3": _mp3}
 
 def _digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def _is_digest(value: object) -> bool:
+    return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
 
 
 def _mib(n: int) -> str:
