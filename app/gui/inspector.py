@@ -329,6 +329,7 @@ class InspectorPanel(QFrame):
         # The instructions the decoder runs on are part of its speed: which of llama.cpp's CPU
         # variants this machine got, and what it uses.
         self.cpu_label = _explain_label()
+        self._cpu_text = ""  # the CPU line set at load, before any note of a reply
         self.cpu_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         lay.addWidget(self.cpu_label)
 
@@ -446,6 +447,17 @@ class InspectorPanel(QFrame):
             text += f". Not used: {'; '.join(held)}"
         if note:
             text += f". {note}"
+        self._cpu_text = text
+        self._show("cpu_backend", text, self.cpu_label)
+        self.cpu_label.setToolTip(plain_tooltip(text))
+
+    def _show_cpu_note(self, stats: StatsLike) -> None:
+        """What the CPU code did during the reply (it crashed and the reply went on on another
+        variant): said under the CPU line, whose variant it makes stale."""
+        note = str(_get(stats, "cpu_note") or "")
+        if not note:
+            return
+        text = f"{self._cpu_text}. {note[:1].upper()}{note[1:]}" if self._cpu_text else note
         self._show("cpu_backend", text, self.cpu_label)
         self.cpu_label.setToolTip(plain_tooltip(text))
 
@@ -524,6 +536,7 @@ class InspectorPanel(QFrame):
         self._show("cached_tokens", f"{_int(stats, 'cached_tokens')} / {_int(stats, 'prompt_tokens')}")
         self._show_restore(stats)
         self._show_draft(stats)
+        self._show_cpu_note(stats)
         self._show_memory(stats)
         template = _get(stats, "template")
         self._show("phase", f"template: {'' if template is None else template}", self.phase_label)

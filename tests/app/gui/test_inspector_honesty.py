@@ -221,3 +221,20 @@ def test_after_stop_during_prefill_the_inspector_shows_what_was_read(
         assert (shown["budget.system"], shown["budget.history"], shown["budget.current"]) == ("100", "200", "0")
     finally:
         w.shutdown()
+
+
+# ---------------------------------------------------------------------------- the CPU code
+def test_a_reply_that_went_on_after_a_cpu_crash_says_so_under_the_cpu_line(panel: InspectorPanel) -> None:
+    from engine.cpu_backend import BackendInfo
+
+    panel.set_cpu_backend(
+        BackendInfo(build="variants", variant="sapphirerapids", file="libggml-cpu-sapphirerapids.so", features=("AMX",))
+    )
+    before = panel.shown["cpu_backend"]
+    panel.set_stats(local_stats())
+    assert panel.shown["cpu_backend"] == before  # a reply without a note leaves the line alone
+    note = "llama.cpp's sapphirerapids CPU code crashed after 3 tokens of this reply (SIGILL); the reply went on"
+    panel.set_stats(local_stats(cpu_note=note))
+    assert panel.shown["cpu_backend"].startswith(before + ". ")
+    assert "Llama.cpp's sapphirerapids CPU code crashed after 3 tokens" in panel.shown["cpu_backend"]
+    assert panel.cpu_label.toolTip()
