@@ -42,6 +42,7 @@ __all__ = [
     "FolderStatus",
     "LibraryEntry",
     "ModelLibrary",
+    "adapter_base_name",
     "merge_split_infos",
     "model_kind",
     "read_model_info",
@@ -69,7 +70,7 @@ EMBEDDING_ARCHITECTURES = frozenset(
 PROJECTOR_ARCHITECTURES = frozenset({"clip"})
 
 MANIFEST_VERSION = 1
-PROVENANCE_FIELDS = ("repo", "revision", "sha256", "quantized_from", "label", "source")
+PROVENANCE_FIELDS = ("repo", "revision", "sha256", "quantized_from", "label", "source", "base_model")
 MAX_FILES_PER_FOLDER = 10_000
 MAX_DEPTH = 8  # LM Studio: publisher/repo/file; HF cache: models--a--b/snapshots/rev/file
 FINGERPRINT_BYTES = 1 << 20
@@ -113,6 +114,8 @@ class LibraryEntry:
         """``"images"``, ``"audio"``, ``"images and audio"``, or ``""`` (text only: no projector)."""
         return self.projector_facts.sees if self.projector_facts is not None else ""
 
+    base_model: str | None = None  # for a LoRA adapter: the base model it names or was converted for
+
     @property
     def label(self) -> str:
         """What to show the user: the manifest's label, else the file name."""
@@ -120,8 +123,8 @@ class LibraryEntry:
 
     @property
     def kind(self) -> str:
-        """``"chat"``, ``"embedding"`` (an embedder), ``"projector"`` (a vision mmproj), or
-        ``"unknown"`` when the header could not be read."""
+        """``"chat"``, ``"embedding"`` (an embedder), ``"projector"`` (a vision mmproj),
+        ``"adapter"`` (a LoRA adapter), or ``"unknown"`` when the header could not be read."""
         return model_kind(self.info) if self.info is not None else "unknown"
 
     def chat_problem(self) -> str | None:
@@ -134,6 +137,11 @@ class LibraryEntry:
             return f"an embedding model ({self.architecture}): it makes vectors for search, it cannot chat"
         if self.kind == "projector":
             return "a vision projector (mmproj) that goes with a chat model, not a model to chat with"
+        if self.kind == "adapter":
+            base = f" for {self.base_model}" if self.base_model else ""
+            return (
+                f"a LoRA adapter{base}: it changes a chat model's replies (apply it with --lora), it cannot chat alone"
+            )
         return None
 
     def to_dict(self) -> dict[str, Any]:
@@ -152,6 +160,7 @@ class LibraryEntry:
             "context_length": self.context_length,
             "has_chat_template": self.has_chat_template,
             "kind": self.kind,
+            "base_model": self.base_model,
             "title": self.title,
             "provenance": dict(self.provenance),
             "error": self.error,
@@ -535,7 +544,7 @@ class ModelLibrary:
     # ---------------------------------------------------------------- provenance and removal
     def record_provenance(self, path: Path, **fields: str | None) -> None:
         """Records where a model came from (``repo``, ``revision``, ``sha256``, ``quantized_from``,
-        ``label``, ``source``). Fields given as None are removed.
+        ``label``, ``source``; for an adapter, ``base_model``). Fields given as None are removed.
 
         Raises:
             ValueError: an unknown field name.
@@ -633,7 +642,10 @@ class ModelLibrary:
 
 
 def model_kind(info: GgufInfo) -> str:
-    """``"embedding"``, ``"projector"`` or ``"chat"``, from the header's architecture."""
+    """``"adapter"`` (``general.type = adapter``), ``"embedding"``, ``"projector"`` or ``"chat"``,
+    from the header's type and architecture."""
+    if info.metadata.get("general.type") == "adapter":
+        return "adapter"
     arch = info.architecture
     if arch in PROJECTOR_ARCHITECTURES:
         return "projector"
@@ -642,6 +654,20 @@ def model_kind(info: GgufInfo) -> str:
     if f"{arch}.pooling_type" in info.metadata and not info.has_chat_template:
         return "embedding"
     return "chat"
+
+
+def adapter_base_name(info: GgufInfo) -> str | None:
+    """The base model an adapter's header names (``general.base_model.0.*``, from the model card
+    of the PEFT folder it was converted from), or None."""
+    meta = info.metadata
+    url = meta.get("general.base_model.0.repo_url")
+    if isinstance(url, str) and url:
+        return url.removeprefix("https://huggingface.co/").rstrip("/")
+    name = meta.get("general.base_model.0.name")
+    if isinstance(name, str) and name:
+        org = meta.get("general.base_model.0.organization")
+        return f"{org}/{name}" if isinstance(org, str) and org and "/" not in name else name
+    return None
 
 
 # -------------------------------------------------------------------- split models
@@ -718,6 +744,7 @@ def _make_entry(
         provenance=provenance,
         error=error,
         info=info,
+        base_model=provenance.get("base_model") or (adapter_base_name(info) if model_kind(info) == "adapter" else None),
     )
 
 

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ModelPanel", "format_params"]
 PATH_ROLE = Qt.ItemDataRole.UserRole
-KIND_TEXT = {"embedding": "embedder", "projector": "vision projector"}
+KIND_TEXT = {"embedding": "embedder", "projector": "vision projector", "adapter": "LoRA adapter"}
 
 
 def format_params(n: int | None) -> str:

@@ -88,6 +88,13 @@ class Stats:
     """Image and audio chunks encoded this turn (0 when the KV cache held them all)."""
     media_dropped: int = 0
     """Images and clips of earlier messages left out because this model cannot read them (no projector)."""
+    adapters: str = ""
+    """The LoRA adapters the reply ran with, ``file:scale`` each ("" for the base model alone)."""
+    recomputed_tokens: int = 0
+    """Prompt tokens the KV cache held but had to read again because the adapters or their scales
+    changed since the last turn (what the cache holds was computed with the old ones)."""
+    recompute_ms: float = 0.0
+    """What reading those tokens again cost: their share of this turn's prefill."""
     budget: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:

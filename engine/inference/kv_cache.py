@@ -503,6 +503,9 @@ class SeqCachePersistence:
         self._fingerprint: str | None = None
         self._store: KvCacheStore | None = None
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="glassbox-kv-save")
+        # The LoRA adapters the context computes with (engine.inference.adapters), as a digest:
+        # part of the identity, so a state is restored only for the adapters it was made with.
+        self.adapters = ""
         self._latest: dict[str, tuple[int, list[int]]] = {}  # per conversation: the newest queued save
         self._generation = 0
 
@@ -527,7 +530,8 @@ class SeqCachePersistence:
                 return None
         import llama_cpp
 
-        return KvIdentity(self._fingerprint, self.n_ctx, cache_type(llm), self.request.template, llama_cpp.__version__)
+        cache = cache_type(llm) + (f" lora{self.adapters}" if self.adapters else "")
+        return KvIdentity(self._fingerprint, self.n_ctx, cache, self.request.template, llama_cpp.__version__)
 
     def restore(self, llm: Any, tokens: Sequence[int], in_ram: int | None = None, trimmable: bool = True) -> None:
         """Loads this conversation's saved state when it covers more of ``tokens`` than the KV cache

@@ -20,6 +20,7 @@ the prompt is read and no token is sent after it.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -37,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from engine.cpu_backend import AMX_TAGS, BackendInfo, BackendPolicy, describe_crash, is_cpu_fault, load_backends
 from engine.errors import Cancelled, EngineCrashed, EngineError, ModelLoadError
+from engine.inference.adapters import AdapterSlots, LoraAdapter, adapters_label
 from engine.inference.decoding import StopMatcher as _StopMatcher
 from engine.inference.decoding import decode, prefill
 from engine.inference.events import PrefillProgress, Token
@@ -183,6 +185,9 @@ class WorkerResult:
     encode_ms: float = 0.0  # the projector's encoding of images and clips (not in prefill_ms)
     media_encoded: int = 0  # image and audio chunks encoded
     media_tokens: int = 0  # of prompt_tokens, the placeholders of images and clips
+    adapters: str = ""  # the LoRA adapters the reply ran with (engine.inference.adapters), "" for none
+    recomputed_tokens: int = 0  # prompt tokens read again because a change of adapters emptied the cache
+    recompute_ms: float = 0.0  # what reading them again cost (their share of the prefill)
 
 
 @dataclass(frozen=True)
@@ -197,7 +202,7 @@ class _WorkerError:
 class _Worker:
     """Runs in the child process: owns the ``Llama`` object."""
 
-    def __init__(self, params: LoadParams) -> None:
+    def __init__(self, params: LoadParams, log_path: str | None = None) -> None:
         import llama_cpp
 
         self._llama_cpp = llama_cpp
@@ -232,6 +237,7 @@ class _Worker:
                 params.n_batch,
                 use_gpu=params.n_gpu_layers != 0 and bool(llama_cpp.llama_supports_gpu_offload()),
             )
+        self.adapters = AdapterSlots(llama_cpp, self.llm, lambda: _last_words(Path(log_path) if log_path else None))
         # A memory that cannot be cut (recurrent) keeps a copy of its state at the end of the last
         # prompt: the next turn's prompt starts with it, whatever the reply re-tokenizes to.
         self.prompt_checkpoint: Checkpoint | None = None
@@ -350,6 +356,7 @@ class _Worker:
             from engine.inference.kv_cache import SeqCachePersistence
 
             self._kv = SeqCachePersistence(self.params.model_path, self.n_ctx, self.params.mmproj_path)
+            self._kv.adapters = _adapters_identity(self.adapters.active)
         self._kv.configure(request)
 
     def kv_restore(self, tokens: Sequence[int]) -> None:
@@ -380,6 +387,30 @@ class _Worker:
         if not self.memory.usable(checkpoint, int(self.llm.n_tokens)):
             return None  # not a prefix of what the memory holds
         return checkpoint
+
+    def set_adapters(self, adapters: Sequence[LoraAdapter]) -> bool:
+        """Runs the turns that follow with ``adapters`` (engine.inference.adapters); a change
+        empties the KV cache in RAM, and a saved one is only restored for the same adapters."""
+        changed = self.adapters.apply(adapters)
+        if changed:
+            self.prompt_checkpoint = None
+            if self._kv is not None:
+                self._kv.adapters = _adapters_identity(self.adapters.active)
+        return changed
+
+    def kv_park(self, request: KvRequest) -> int:
+        """Before the worker stops: saves the sequence the context holds under ``request``'s key
+        (a model pool's, for a prompt no chat's saved cache holds), so the model's next load
+        restores it instead of prefilling it again. Returns the bytes queued (written before the
+        worker exits)."""
+        if int(self.llm.n_tokens) == 0:
+            return 0
+        self.kv_configure(request)
+        assert self._kv is not None
+        checkpoint = self._saved_checkpoint()
+        self._kv.result_fields(self.llm, 0, checkpoint)
+        self._kv.save(self.llm, checkpoint)
+        return self._kv.saved_bytes
 
     def kv_close(self) -> None:
         """Finishes the queued write (before the worker exits)."""
@@ -525,6 +556,7 @@ class _Worker:
         )
         t_end = time.perf_counter()
         t_first = out.t_first
+        recompute = self.adapters.recompute(tokens, len(tokens) - cached, (t_prefill - t0) * 1000 - encode_ms)
         return WorkerResult(
             reason=out.reason,
             text=out.text,
@@ -543,6 +575,9 @@ class _Worker:
             encode_ms=encode_ms,
             media_encoded=projector.encoded if projector is not None else 0,
             media_tokens=media_tokens,
+            adapters=adapters_label(self.adapters.active),
+            recomputed_tokens=recompute.tokens,
+            recompute_ms=recompute.ms,
         )
 
     def _check_media_prompt(self, tokens: Sequence[int]) -> None:
@@ -556,6 +591,22 @@ class _Worker:
             )
         if is_placeholder(tokens[-1]):
             raise EngineError("the prompt ends with an image: the model needs text after it to answer")
+
+
+def _adapters_identity(adapters: Sequence[LoraAdapter]) -> str:
+    """What the adapters add to a saved KV cache's identity: a state computed with other adapters
+    (or other scales) is never restored. "" for the base model (the identity of older files)."""
+    if not adapters:
+        return ""
+    parts = []
+    for adapter in adapters:
+        try:
+            stat = adapter.path.stat()
+            size, mtime = stat.st_size, stat.st_mtime_ns
+        except OSError:
+            size = mtime = 0
+        parts.append(f"{adapter.path}:{size}:{mtime}:{adapter.scale!r}")
+    return hashlib.sha256("\n".join(parts).encode("utf-8")).hexdigest()[:16]
 
 
 def _worker_main(
@@ -579,7 +630,7 @@ def _worker_main(
         os.abort()  # lets tests prove that a native abort during load is survived
     _test_cpu_fault("load", backend)
     try:
-        worker = _Worker(params)
+        worker = _Worker(params, log_path)
         conn.send(("loaded", worker.info()))
     except ModelLoadError as exc:  # the draft model's refusal says which file and why
         conn.send(("error", _WorkerError("load", str(exc))))
@@ -624,6 +675,10 @@ def _worker_main(
             elif op == "kv":
                 worker.kv_configure(message[1])
                 conn.send(("result", None))
+            elif op == "park":
+                conn.send(("result", worker.kv_park(message[1])))
+            elif op == "adapters":
+                conn.send(("result", worker.set_adapters(message[1])))
             else:
                 conn.send(("error", _WorkerError("protocol", f"unknown request {op!r}")))
         except EngineError as exc:
@@ -786,6 +841,17 @@ class InferenceWorker:
     def configure_kv_cache(self, request: KvRequest | None) -> None:
         """Saves and restores the turns that follow under ``request``'s key (None: neither)."""
         self._call(("kv", request), "KV cache setup")
+
+    def park_kv_cache(self, request: KvRequest) -> int:
+        """Saves the sequence the worker holds under ``request``'s key (before it is stopped);
+        the bytes queued, written before the worker exits."""
+        return int(self._call(("park", request), "saving the KV cache"))
+
+    def set_adapters(self, adapters: Sequence[LoraAdapter]) -> bool:
+        """Runs the turns that follow with these LoRA adapters (empty: the base model), without
+        reloading the model. Returns whether what the model computes changed (its KV cache was
+        then emptied). Raises EngineError naming the file that does not fit."""
+        return bool(self._call(("adapters", list(adapters)), "applying adapters"))
 
     def generate(
         self,

@@ -25,6 +25,7 @@ from engine.cpu_backend import AMX_TAGS, AMX_VM_NOTE, BackendInfo, BackendState,
 from engine.errors import ContextOverflow, EngineCrashed, EngineError, ModelLoadError
 from engine.fit import kv_cache_bytes
 from engine.gguf import GgufInfo, read_gguf_info
+from engine.inference.adapters import LoraAdapter
 from engine.inference.context import (
     ContextPlan,
     Message,
@@ -52,6 +53,7 @@ from engine.inference.templates import ChatTemplate, select_template
 from engine.inference.thinking_settings import template_controls
 from engine.inference.tools import ToolSpec
 from engine.inference.turn import TurnShape, shape_turn
+from engine.lora import check_adapter
 from engine.media import Media, MediaError
 from engine.mmproj import ProjectorFacts, projector_problem, read_projector
 
@@ -118,6 +120,9 @@ class ChatSession:
         self.backend: BackendInfo | None = None
         self.backend_note: str | None = None
         self._cpu_note = ""  # what the CPU code did during the current reply (its Stats.cpu_note)
+        self._adapters: tuple[LoraAdapter, ...] = ()
+        self._adapters_sent: tuple[InferenceWorker, tuple[LoraAdapter, ...]] | None = None
+        self._parked: KvRequest | None = None  # a state saved before the last unload (park)
 
     # lifetime -------------------------------------------------------------------------------
     def load(self, cancel: threading.Event | None = None) -> ModelInfo:
@@ -492,7 +497,7 @@ class ChatSession:
             run = turn.params(params.model_copy(update={"stop": stops}))
             shaper = turn.shaper(prompt, self._marker_tokens())
             checkpoint_at = self._conversation_end(turn, plan, tokens) if self.info.memory != "kv" else None
-            self._configure_kv(cache_key)
+            self._prepare(cache_key)
             self._cpu_note = ""
             try:
                 result = yield from turn.generate(
@@ -622,7 +627,7 @@ class ChatSession:
             free = n_ctx - len(tokens) - params.max_tokens
             plan = ContextPlan([], 0, len(tokens), {"current": len(tokens), "reserve": params.max_tokens, "free": free})
             self.last_prompt = tokens
-            self._configure_kv(None)
+            self._prepare(None)
             self._cpu_note = ""
             try:
                 result = yield from self._resuming(None)(tokens, params, cancel)
@@ -675,7 +680,7 @@ class ChatSession:
                 crashed = exc.backend.variant if isinstance(exc.backend, BackendInfo) else None
                 self.load_params = self._after_cpu_fault(exc, self.load_params)  # raises on the safe one
             self._ensure_worker()
-            self._configure_kv(cache_key)
+            self._prepare(cache_key)
             fresh = self.worker
             assert fresh is not None
             if ids:
@@ -709,14 +714,76 @@ class ChatSession:
 
         return generate
 
+    # LoRA adapters (engine.inference.adapters) ------------------------------------------------
+    @property
+    def adapters(self) -> tuple[LoraAdapter, ...]:
+        """The adapters the next turns run with (empty: the base model)."""
+        return self._adapters
+
+    def set_adapters(self, adapters: Sequence[LoraAdapter]) -> None:
+        """Runs the next turns with ``adapters``, without reloading the model: loaded in the worker
+        on the next turn (and again after a reload). A change of adapters or scales empties the KV
+        cache; the next turn's Stats say how many tokens that made it read again.
+
+        Raises:
+            ModelFileError: a file is not a LoRA adapter.
+            AdapterMismatch: an adapter was made for another model (one line naming both files).
+            EngineError: the same file twice.
+        """
+        wanted = tuple(adapters)
+        if len({a.path for a in wanted}) != len(wanted):
+            raise EngineError("the same adapter is listed twice")
+        for adapter in wanted:
+            check_adapter(adapter.path, self.load_params.model_path)
+        with self._lock:
+            self._adapters = wanted
+
+    def _prepare(self, cache_key: KvKey | None) -> None:
+        """Before a generation: the worker gets this turn's saved KV cache and adapters."""
+        self._configure_kv(cache_key)
+        worker = self._worker
+        assert worker is not None
+        sent = self._adapters_sent
+        if (sent is None and not self._adapters) or (sent is not None and sent == (worker, self._adapters)):
+            return
+        worker.set_adapters(self._adapters)
+        self._adapters_sent = (worker, self._adapters)
+
+    # the KV cache saved on disk --------------------------------------------------------------
+    def park(self, config: KvCacheConfig, key: KvKey) -> int:
+        """Before the model is unloaded (a pool's idle unload or eviction): when the worker holds a
+        prompt that no chat's saved cache holds (the last turn had no ``cache_key``), saves it under
+        ``key``; the first turn without a ``cache_key`` after the next load restores it. Returns the
+        bytes queued (0: nothing to save). Never raises: a failed save costs only a prefill."""
+        with self._lock:
+            worker = self._worker
+            if worker is None or not worker.alive or self.template is None or not self.last_prompt:
+                return 0
+            if config.max_bytes <= 0 or (self._kv_sent is not None and self._kv_sent[1] is not None):
+                return 0  # nothing to keep, or the chat's own saved cache already holds it
+            request = KvRequest(config, key, self._template_identity())
+            try:
+                saved = worker.park_kv_cache(request)
+            except EngineError:
+                return 0
+            self._parked = request if saved else None
+            self._kv_sent = (worker, request)
+            return saved
+
+    def _template_identity(self) -> str:
+        assert self.template is not None and self.info is not None
+        template = hashlib.sha256((self.info.chat_template or "").encode("utf-8")).hexdigest()[:16]
+        return f"{self.template.source}:{self.template.name}:{template}"
+
     def _configure_kv(self, cache_key: KvKey | None) -> None:
         """Tells the worker which saved KV cache this turn uses (only when that changes)."""
         worker = self._worker
         assert worker is not None and self.template is not None and self.info is not None
         request: KvRequest | None = None
         if cache_key is not None and self.kv_cache is not None and self.kv_cache.max_bytes > 0:
-            template = hashlib.sha256((self.info.chat_template or "").encode("utf-8")).hexdigest()[:16]
-            request = KvRequest(self.kv_cache, cache_key, f"{self.template.source}:{self.template.name}:{template}")
+            request = KvRequest(self.kv_cache, cache_key, self._template_identity())
+        elif cache_key is None and self._parked is not None:
+            request, self._parked = self._parked, None  # once: the turn after a reload
         if self._kv_sent is None and request is None:
             return
         if self._kv_sent is not None and self._kv_sent[0] is worker and self._kv_sent[1] == request:
@@ -761,6 +828,9 @@ class ChatSession:
             encode_ms=round(result.encode_ms, 2),
             media_tokens=result.media_tokens,
             media_encoded=result.media_encoded,
+            adapters=result.adapters,
+            recomputed_tokens=result.recomputed_tokens,
+            recompute_ms=result.recompute_ms,
             budget=dict(plan.breakdown),
         )
 

@@ -314,3 +314,27 @@ def test_embedders_and_projectors_are_marked_and_not_offered_for_chat(lib: Model
     assert by_name["mmproj.gguf"].kind == "projector"
     assert "vision projector" in (by_name["mmproj.gguf"].chat_problem() or "")
     assert by_name["minilm.gguf"].to_dict()["kind"] == "embedding"
+
+
+def test_lora_adapters_are_listed_with_their_base_and_never_offered_for_chat(lib: ModelLibrary) -> None:
+    from lora_fixtures import write_gguf_lora
+    from tiny_models import write_tiny_llama_gguf
+
+    from engine.lora import fitting_adapters
+
+    lib.models_dir.mkdir(parents=True)
+    base = write_tiny_llama_gguf(lib.models_dir / "chat.gguf")
+    other = write_tiny_llama_gguf(lib.models_dir / "wide.gguf", n_embd=512, n_ff=1024)
+    adapter = write_gguf_lora(lib.models_dir / "style-lora.gguf", base)
+    lib.record_provenance(adapter, base_model="chat.gguf")
+    by_name = {e.name: e for e in lib.scan()}
+    entry = by_name["style-lora.gguf"]
+    assert entry.kind == "adapter" and entry.architecture == "llama"  # a chat architecture, still not a chat model
+    assert entry.base_model == "chat.gguf"
+    assert entry.chat_problem() == (
+        "a LoRA adapter for chat.gguf: it changes a chat model's replies (apply it with --lora), it cannot chat alone"
+    )
+    assert entry.to_dict()["base_model"] == "chat.gguf"
+    assert by_name["chat.gguf"].base_model is None
+    assert fitting_adapters([adapter], base) == [adapter]
+    assert fitting_adapters([adapter], other) == []

@@ -98,7 +98,7 @@ def _only_model_in(folder: Path, spec: str, paths: Paths, for_chat: bool) -> Pat
 
 
 def _check_chat(path: Path) -> None:
-    """Refuses an embedder or a projector; a header that cannot be read is left to the loader,
+    """Refuses an embedder, a projector or an adapter; a header that cannot be read is left to the loader,
     which says why in its own words."""
     from engine.errors import ModelFileError
     from engine.library import model_kind, read_model_info
@@ -120,12 +120,18 @@ def _check_chat(path: Path) -> None:
             "a vision projector (mmproj) that goes with a chat model, not a model to "
             "chat with; pick a chat model (see `glassbox models list`)",
         )
+    if kind == "adapter":
+        raise ModelFileError(
+            path,
+            "a LoRA adapter: it changes a chat model's replies, it cannot chat alone; "
+            "pick its base model and apply it with --lora FILE[:SCALE]",
+        )
 
 
 def _refuse_non_chat(entry: LibraryEntry) -> None:
     from engine.errors import ModelFileError
 
-    if entry.kind in ("embedding", "projector"):
+    if entry.kind in ("embedding", "projector", "adapter"):
         raise ModelFileError(entry.path, f"{entry.chat_problem()}; pick a chat model (see `glassbox models list`)")
 
 

@@ -255,6 +255,8 @@ def _fit_word(estimate: FitEstimate | None, entry: LibraryEntry) -> str:
         return "embedder"  # not a chat model: chat and serve refuse it
     if entry.kind == "projector":
         return "mmproj"
+    if entry.kind == "adapter":
+        return "LoRA"
     if entry.info is not None and unsupported_reason(entry.info):
         return "unsupported"
     if estimate.verdict == "partial":
