@@ -51,6 +51,7 @@ from engine.units import format_bytes
 __all__ = [
     "CACHE_TYPES",
     "FitEstimate",
+    "ModelMemory",
     "auto_gpu_layers",
     "compute_buffer_bytes",
     "decode_bytes_per_token",
@@ -60,6 +61,8 @@ __all__ = [
     "kv_bytes_per_token",
     "kv_cache_bytes",
     "layer_kv_bytes",
+    "memory_budget",
+    "model_memory",
     "projector_bytes",
     "swa_layers",
 ]
@@ -122,6 +125,24 @@ class FitEstimate:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class ModelMemory:
+    """What one loaded model takes (bytes): the parts :func:`estimate_fit` adds up."""
+
+    weights: int
+    kv: int
+    compute: int
+    overhead: int = OVERHEAD_BYTES
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv + self.compute + self.overhead
+
+    def to_dict(self) -> dict[str, int]:
+        """A JSON-ready dict, with the total."""
+        return {**asdict(self), "total": self.total}
 
 
 # ---------------------------------------------------------------------- KV cache
@@ -245,6 +266,43 @@ def expected_decode_tps(
     """Tokens per second the memory bandwidth allows: bandwidth / (weights + KV read per token)."""
     per_token = decode_bytes_per_token(info) + kv_cache_bytes(info, n_ctx_used, cache_type, swa_full=swa_full)
     return bandwidth_gbps * 1e9 / per_token
+
+
+def model_memory(
+    info: GgufInfo,
+    n_ctx: int,
+    cache_type: str = "f16",
+    *,
+    swa_full: bool = True,
+    n_ubatch: int = N_UBATCH,
+    draft: GgufInfo | None = None,
+    projector: GgufInfo | None = None,
+) -> ModelMemory:
+    """The weights, KV cache, compute buffers and overhead of ``info`` loaded at ``n_ctx`` (padded
+    to 256 like llama.cpp), with a draft model and a projector beside it counted in the weights.
+
+    Raises:
+        ValueError: unknown ``cache_type`` or ``n_ctx < 1``.
+    """
+    if n_ctx < 1:
+        raise ValueError(f"context length must be at least 1, not {n_ctx}")
+    cells = _pad(n_ctx, CTX_PAD)
+    kv = kv_cache_bytes(info, cells, cache_type, swa_full=swa_full, n_ubatch=n_ubatch)
+    weights = info.tensor_bytes
+    if draft is not None:
+        weights += draft_model_bytes(draft, n_ctx, cache_type, swa_full=swa_full)
+    if projector is not None:
+        weights += projector_bytes(projector)
+    return ModelMemory(weights, kv, compute_buffer_bytes(info, cells, n_ubatch=n_ubatch))
+
+
+def memory_budget(hw: HardwareInfo) -> int:
+    """The bytes models may take on this machine now: the RAM that :func:`estimate_fit` counts as
+    usable (free RAM less the reserve) plus the usable VRAM of GPUs the build can offload to."""
+    gpus = _gpus(hw)
+    if any(g.unified_memory for g in gpus):
+        return _ram_budget(hw)  # the GPU's memory is the RAM
+    return _ram_budget(hw) + _vram_budget(gpus)
 
 
 # ---------------------------------------------------------------------- verdict
