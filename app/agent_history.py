@@ -20,7 +20,7 @@ Qt-free: the GUI's LLM worker (``app.gui.workers.agent_turn``) and the CLI
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol
 
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from engine.agent.loop import ToolStep
     from engine.inference.context import Message
     from engine.inference.events import Finished, ToolCall
+    from engine.media import Media
 
 Record = dict[str, object]
 """One JSON record of the loop, as it is stored in a reply's ``stats``."""
@@ -201,17 +202,26 @@ def _answer_every_call(messages: list[Message]) -> list[Message]:
     return out
 
 
-def model_history(messages: Sequence[StoredRow]) -> tuple[Message | PlainTurn, ...]:
+def model_history(
+    messages: Sequence[StoredRow], media: Callable[[StoredRow], tuple[Media, ...]] | None = None
+) -> tuple[Message | PlainTurn, ...]:
     """The messages sent to the model for the earlier turns of a thread (``DisplayMessage`` or
     ``engine.history.StoredMessage`` rows).
 
     Plain turns stay ``(role, content)`` pairs; a reply made with tools is its calls, their
     results and its answer (``agent_messages``), every call answered. Failed replies and empty ones
-    are left out, and thinking never goes back.
+    are left out, and thinking never goes back. ``media`` gives a user row's images and clips (read
+    back from the data folder); such a row is a ``Message`` with them, even without text.
     """
+    from engine.inference.context import Message
+
     out: list[Message | PlainTurn] = []
     for m in messages:
         if m.role not in ("user", "assistant") or m.state == "error":
+            continue
+        attached = media(m) if media is not None and m.role == "user" else ()
+        if attached:
+            out.append(Message("user", m.content, media=attached))
             continue
         agent = (m.stats or {}).get("agent_messages") if m.role == "assistant" else None
         if isinstance(agent, list) and agent:

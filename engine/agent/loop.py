@@ -209,7 +209,8 @@ class Agent:
         """Starts one user turn (``user=None`` continues the last turn of ``history``).
 
         ``options`` go to every ``backend.stream`` call of the turn as they are (a ChatSession's
-        ``cache_key``, for one).
+        ``cache_key``, for one), but ``media`` (the images attached to ``user``): the first call
+        sends them with ``user``, the later ones find them on the user message in the history.
 
         Returns:
             The run: iterate it for the events; its ``result`` is complete when the iteration ends.
@@ -247,8 +248,10 @@ class Agent:
     ) -> Iterator[Event | ToolStep]:
         choice = tool_choice
         offered: Sequence[ToolSpec] = self.specs
+        media = tuple(options.pop("media", ()))
         while True:
             finished: Finished | None = None
+            attached: dict[str, Any] = {"media": media} if user is not None and media else {}
             for event in self.backend.stream(
                 messages,
                 user,
@@ -260,6 +263,7 @@ class Agent:
                 tool_choice=choice if offered else "none",
                 thinking=thinking,
                 reasoning_effort=reasoning_effort,
+                **attached,
                 **options,
             ):
                 if isinstance(event, Finished):
@@ -268,7 +272,7 @@ class Agent:
             if finished is None:
                 raise EngineError("the backend ended a generation without a Finished event")
             if user is not None:
-                messages.append(Message("user", user))
+                messages.append(Message("user", user, media=media))
                 user = None
             result.finished = finished
             result.reasoning = "\n\n".join(part for part in (result.reasoning, finished.reasoning) if part)

@@ -12,6 +12,12 @@ Conversations are saved to the history like the app's (``app.cli.commands.chat_h
 prints its id first (``"conversation_id"`` with ``--json``); ``--conversation ID`` continues it, in
 this process or a later one, from the KV cache saved with it (``engine.inference.kv_cache``) unless
 ``--no-kv-cache``.
+
+``--image FILE`` (repeatable) attaches images (or, for a model whose projector reads audio, WAV,
+MP3 or FLAC clips) to the first turn: each is checked before anything loads (``engine.media``), its
+cost in tokens for this model (the projector's own count) is said on stderr before the turn is sent
+(``"media"`` with ``--json``), and it is kept with the conversation (``app.paths.Paths.media``), so
+``--conversation ID`` sends it again. A model without a projector refuses it in one line.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from app.cli.commands._output import add_json_flag, positive_int, print_json
 from app.cli.commands.model_resolver import resolve_model
 from app.knowledge_glue import Retrieval
 from app.paths import Paths
+from engine.media import load_media
 
 if TYPE_CHECKING:
     from app.cli.commands.chat_history import ChatLog
@@ -37,6 +44,7 @@ if TYPE_CHECKING:
     from engine.inference.backends import ChatBackend
     from engine.inference.context import Message
     from engine.inference.runtime import GenerationParams
+    from engine.media import Media
 
 NOTHING = Retrieval(None, [], 0)
 """A turn without retrieved documents."""
@@ -56,6 +64,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: a
     )
     parser.add_argument("--prompt", help="answer this once (default: read user turns from stdin, one per line)")
     parser.add_argument("--system", help="system prompt")
+    parser.add_argument(
+        "--image",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="attach an image (PNG, JPEG, WebP, GIF, BMP; or a WAV, MP3 or FLAC clip) to the first turn; repeatable",
+    )
     parser.add_argument("--kb", action="append", default=[], metavar="NAME", help="answer from this knowledge base")
     parser.add_argument("--chroma-url", metavar="URL", help="knowledge bases on a Chroma server (http://host:port)")
     parser.add_argument(
@@ -128,13 +143,19 @@ class _Chat:
     system: str | None
     retriever: Retriever | None
     tools: chat_tools.ChatTools | None = None
+    media: tuple[Media, ...] = ()  # what ``--image`` attached to the next turn
 
     def turn(self, history: list[Message], user: str) -> list[Message]:
         """Answers ``user`` after ``history``, saves and prints the turn; returns its messages."""
         from engine.inference.context import Message
 
         args, chat_log, tools = self.args, self.log, self.tools
-        conversation_id, created = chat_log.start_turn(user, self.system)
+        media, self.media = self.media, ()
+        costs = _media_costs(self.session, media)
+        if costs and not args.json:
+            for line in costs:
+                print(f"[{line['name']}: {_cost_words(line)}]", file=sys.stderr)
+        conversation_id, created = chat_log.start_turn(user, self.system, media)
         if created and not args.json:
             print(
                 f"[conversation {conversation_id}: continue it with --conversation {conversation_id}]", file=sys.stderr
@@ -146,11 +167,21 @@ class _Chat:
             key = chat_log.cache_key() if args.endpoint is None and not args.no_kv_cache else None
             if tools is not None:
                 outcome = tools.answer(
-                    history, user, self.params, self.system, documents, args.json, key, progress=chat_log.save_progress
+                    history,
+                    user,
+                    self.params,
+                    self.system,
+                    documents,
+                    args.json,
+                    key,
+                    progress=chat_log.save_progress,
+                    media=media,
                 )  # each step saved as it happens
                 reply, finished = outcome.text, outcome.finished
             else:
                 options = chat_tools.thinking_options(args)
+                if media:
+                    options["media"] = media
                 reply, finished = _answer(
                     self.session, history, user, self.params, self.system, documents, args.json, key, options=options
                 )
@@ -164,6 +195,7 @@ class _Chat:
                 {
                     **_turn_document(reply, finished, sources, dropped),
                     **chat_tools.turn_extras(finished, outcome),
+                    **({"media": costs} if costs else {}),
                     "conversation_id": conversation_id,
                 }
             )
@@ -172,7 +204,7 @@ class _Chat:
                 print(f"[{dropped_line(dropped)}]", file=sys.stderr)
             if sources:
                 _print_sources(sources)
-        return [Message("user", user), *(outcome.messages if outcome else [Message("assistant", reply)])]
+        return [Message("user", user, media=media), *(outcome.messages if outcome else [Message("assistant", reply)])]
 
 
 def run(args: argparse.Namespace, paths: Paths) -> int:
@@ -199,10 +231,11 @@ def run(args: argparse.Namespace, paths: Paths) -> int:
         speculative=_speculative_mode(args),
     )
     retriever = _retriever(args, paths) if args.kb else None
+    media = tuple(load_media(Path(name).expanduser()) for name in args.image)  # one line naming a bad file
     chat_log = ChatLog(paths, args.conversation, args.model or args.endpoint)
     history: list[Message] = chat_log.history()
     system = args.system if args.system is not None else chat_log.system_prompt
-    chat = _Chat(args, session, chat_log, params, system, retriever)
+    chat = _Chat(args, session, chat_log, params, system, retriever, media=media)
     with session, chat_log, contextlib.ExitStack() as stack:
         chat.tools = stack.enter_context(chat_tools.ChatTools(args, paths, session)) if args.tools else None
         session.load()
@@ -339,6 +372,29 @@ def _answer(
     if finished.stats.cpu_note:  # the CPU code crashed mid-reply and the reply went on: said once, on it
         print(f"glassbox: note: {finished.stats.cpu_note}", file=sys.stderr)
     return finished.text, finished
+
+
+def _media_costs(session: ChatBackend, media: tuple[Media, ...]) -> list[dict[str, Any]]:
+    """Each attachment's cost for this model before the turn is sent: the projector's own token
+    count (a local model; a server's is its own, so none is said). Raises MediaError (the model
+    cannot see it)."""
+    if not media:
+        return []
+    measure = getattr(session, "media_info", None)
+    infos = measure(list(media)) if measure is not None else [None] * len(media)
+    out = []
+    for item, info in zip(media, infos, strict=True):
+        line: dict[str, Any] = {"name": item.name, "digest": item.digest, "kind": item.kind, "label": item.label}
+        if info is not None:
+            line.update(tokens=info.tokens, width=info.width, height=info.height, note=info.note)
+        out.append(line)
+    return out
+
+
+def _cost_words(line: dict[str, Any]) -> str:
+    tokens = f"{line['tokens']} tokens" if "tokens" in line else "cost counted by the server"
+    note = f"; {line['note']}" if line.get("note") else ""
+    return f"{tokens} ({line['label']}{note})"
 
 
 def _turn_document(reply: str, finished: Any, sources: list[dict[str, Any]], dropped: int = 0) -> dict[str, Any]:

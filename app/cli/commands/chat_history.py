@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from engine.inference.context import Message
     from engine.inference.events import Finished
     from engine.inference.kv_cache import KvKey
+    from engine.media import Media
 
 _TITLE_CHARS = 60
 
@@ -41,8 +42,10 @@ class ChatLog:
 
     def __init__(self, paths: Paths, conversation_id: int | None, model: str | None) -> None:
         from engine.history import HistoryStore
+        from engine.media_store import MediaStore
 
         self._store = HistoryStore(paths.history_db)
+        self._media = MediaStore(paths.media)
         self.model = model
         self.conversation: Conversation | None = None
         self._reply_id: int | None = None
@@ -84,17 +87,33 @@ class ChatLog:
 
     def history(self) -> list[Message]:
         """The saved branch as ``engine.inference.context.Message``, as the app sends it: a reply made with
-        tools is its calls, their results and its answer; failed replies and empty ones left out."""
+        tools is its calls, their results and its answer; failed replies and empty ones left out; a
+        user message's images read back from the data folder (one that is gone or changed is left
+        out, said on stderr)."""
         from app.agent_history import model_history
         from engine.inference.context import Message
 
         if self.conversation is None:
             return []
         thread = self._store.thread(self.conversation.id)
-        return [m if isinstance(m, Message) else Message(*m) for m in model_history(thread)]
+        return [m if isinstance(m, Message) else Message(*m) for m in model_history(thread, self._read_media)]
 
-    def start_turn(self, user: str, system: str | None) -> tuple[int, bool]:
-        """Saves the user message and a pending reply (creating the conversation on the first turn).
+    def _read_media(self, row: object) -> tuple[Media, ...]:
+        import sys
+
+        from engine.media import MediaError
+
+        loaded = []
+        for ref in getattr(row, "media", ()):
+            try:
+                loaded.append(self._media.load(ref))
+            except MediaError as exc:
+                print(f"glassbox: warning: {exc}; the message is sent without it", file=sys.stderr)
+        return tuple(loaded)
+
+    def start_turn(self, user: str, system: str | None, media: Sequence[Media] = ()) -> tuple[int, bool]:
+        """Saves the user message (its images first, by content: ``engine.media_store``) and a
+        pending reply (creating the conversation on the first turn).
 
         Returns:
             The conversation id, and whether the conversation was created now.
@@ -104,7 +123,8 @@ class ChatLog:
         if conversation is None:
             title = " ".join(user.split())[:_TITLE_CHARS] or "New chat"
             conversation = self.conversation = self._store.create_conversation(title=title, system_prompt=system)
-        self._store.add_message(conversation.id, "user", user)
+        refs = [self._media.put(item) for item in media]
+        self._store.add_message(conversation.id, "user", user, media=refs)
         reply = self._store.add_message(conversation.id, "assistant", "", state="pending", model=self.model)
         self._reply_id, self._progress = reply.id, None
         return conversation.id, created

@@ -22,7 +22,7 @@ import argparse
 import json
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from engine.inference.kv_cache import KvKey
     from engine.inference.runtime import GenerationParams
     from engine.inference.tools import ToolSpec
+    from engine.media import Media
 
 PREVIEW_CHARS = 300
 
@@ -219,6 +220,7 @@ class ChatTools:
         quiet: bool,
         cache_key: KvKey | None = None,
         progress: Callable[[str, AgentRecord], None] | None = None,
+        media: Sequence[Media] = (),
     ) -> ToolTurn:
         """Runs one turn through the agent loop. Ctrl-C stops it.
 
@@ -238,6 +240,8 @@ class ChatTools:
         recorder = _TurnRecorder(progress)
         self.agent.on_step = recorder.on_step
         extra: dict[str, Any] = {"cache_key": cache_key} if cache_key is not None else {}
+        if media:
+            extra["media"] = tuple(media)
         options = thinking_options(self.args)
         run = self.agent.run(
             history,
