@@ -199,7 +199,7 @@ def engine_messages(turns: Sequence[WireMessage]) -> list[Message]:
             messages.append(Message("tool", turn.content, tool_call_id=call_id, name=names.get(call_id, "")))
         else:
             role: Role = "assistant" if turn.role == "assistant" else "user"
-            messages.append(Message(role, turn.content))
+            messages.append(Message(role, turn.content, media=turn.media if role == "user" else ()))
     return messages
 
 
@@ -221,6 +221,7 @@ def open_stream(
         tool_choice=request.tool_choice if request.tools else None,
         thinking=request.thinking,
         reasoning_effort=request.reasoning_effort,
+        media=request.user_media if user is not None else (),
     )
 
 

@@ -18,6 +18,7 @@ from engine.errors import (
     ModelLoadError,
     TemplateError,
 )
+from engine.media import MediaError
 
 log = logging.getLogger("glassbox.serve")
 
@@ -154,6 +155,9 @@ def http_error_for(exc: BaseException) -> HttpError:
         return exc
     if isinstance(exc, ContextOverflow):
         return context_length_error(exc.n_ctx, exc.prompt_tokens, exc.reserve, str(exc))
+    if isinstance(exc, MediaError):
+        # An image the model cannot see (no projector) or cannot read: the request's fault, named.
+        return HttpError(400, str(exc), code="invalid_image")
     field = _request_field(exc)
     if field is not None:
         return HttpError(400, str(exc), code="invalid_value", param=field)

@@ -29,6 +29,7 @@ from app.server import params as fields
 from app.server.chat import check_backend, check_fits, open_stream, whole_choice
 from app.server.errors import HttpError, map_errors
 from app.server.handler import SseEvent, anthropic_error
+from app.server.media_parts import anthropic_image
 from app.server.wire import (
     Arguments,
     ChatRequest,
@@ -48,6 +49,7 @@ from app.server.wire import (
 if TYPE_CHECKING:
     from app.server.handler import Handler
     from engine.inference.events import Event, Finished, Stats
+    from engine.media import Media
 
 MESSAGE_FIELDS = frozenset(
     {
@@ -145,8 +147,13 @@ def _conversation(messages: object, budget: TextBudget) -> list[WireMessage]:
         text: list[str] = []
         calls: list[tuple[str, str, Arguments]] = []
         results: list[WireMessage] = []
+        media: list[Media] = []
         for number, block in enumerate(_blocks(message.get("content"), f"{where}.content")):
-            _read_block(block, role == "assistant", f"{where}.content[{number}]", text, calls, results)
+            spot = f"{where}.content[{number}]"
+            if block.get("type") == "image" and role == "user":
+                media.append(anthropic_image(block, spot))
+                continue
+            _read_block(block, role == "assistant", spot, text, calls, results)
         budget.add(sum(len(result.content) for result in results))
         budget.add(sum(len(json.dumps(arguments, ensure_ascii=False)) for _, _, arguments in calls))
         turns.extend(results)
@@ -154,8 +161,8 @@ def _conversation(messages: object, budget: TextBudget) -> list[WireMessage]:
         budget.add(len(joined))
         if role == "assistant":
             turns.append(WireMessage("assistant", joined, tuple(calls)))
-        elif joined or not turns or turns[-1].role != "tool":
-            turns.append(WireMessage("user", joined))
+        elif joined or media or not turns or turns[-1].role != "tool":
+            turns.append(WireMessage("user", joined, media=tuple(media)))
     if turns[-1].role not in ("user", "tool"):
         raise HttpError(400, "the last message must be from the user", param="messages")
     return turns

@@ -21,11 +21,13 @@ from typing import TYPE_CHECKING, Literal, NotRequired, TypedDict, Unpack
 
 from app.server import params as fields
 from app.server.errors import HttpError
+from app.server.media_parts import audio_part, image_url_part
 
 if TYPE_CHECKING:
     from engine.inference.events import Event, Finished, Stats, Token, ToolCall
     from engine.inference.runtime import GenerationParams
     from engine.inference.tools import ToolSpec
+    from engine.media import Media
 
 Arguments = dict[str, object]
 """A tool call's arguments: a JSON object."""
@@ -147,12 +149,14 @@ class WireMessage:
         content: its text.
         tool_calls: an assistant's calls, as (id, name, arguments).
         tool_call_id: the call a ``tool`` message answers.
+        media: a user message's images and clips (``app.server.media_parts``), in order.
     """
 
     role: str
     content: str
     tool_calls: tuple[tuple[str, str, Arguments], ...] = ()
     tool_call_id: str | None = None
+    media: tuple[Media, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -163,6 +167,7 @@ class ChatRequest:
         system: the system prompt (all system and developer messages, joined), or None.
         history: the messages before the last one.
         user: the last user message's text ("" when the conversation ends with tool results).
+        user_media: the last user message's images and clips.
         messages: every non-system message, in order (``history`` plus the last one).
         params: the GenerationParams of the first choice.
         n: how many choices.
@@ -195,6 +200,7 @@ class ChatRequest:
     warnings: tuple[str, ...] = ()
     max_tool_calls: int | None = None
     truncate: bool = False
+    user_media: tuple[Media, ...] = ()
 
 
 class RequestFields(TypedDict, total=False):
@@ -233,30 +239,35 @@ def chat_request(system: str | None, turns: Sequence[WireMessage], **fields: Unp
         system=system,
         history=list(turns[:-1]) if last.role == "user" else list(turns),
         user=last.content if last.role == "user" else "",
+        user_media=last.media if last.role == "user" else (),
         messages=tuple(turns),
         **fields,
     )
 
 
-def _text_content(content: object, index: int) -> str:
+def _text_content(content: object, index: int, media: list[Media] | None = None) -> str:
+    """A message's text; with ``media`` (a user message), its ``image_url`` and ``input_audio``
+    parts are read into it (``app.server.media_parts``), else they are refused."""
     if isinstance(content, str):
         return content
     if content is None:
         return ""
     if isinstance(content, list):
         parts: list[str] = []
-        for part in content:
-            if (
-                isinstance(part, dict)
-                and part.get("type") in ("text", "input_text", "output_text")
-                and isinstance(part.get("text"), str)
-            ):
-                parts.append(part["text"])
+        for number, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, dict) else None
+            text = part.get("text") if isinstance(part, dict) else None
+            if kind in ("text", "input_text", "output_text") and isinstance(text, str):
+                parts.append(text)
+            elif media is not None and kind in ("image_url", "input_image") and isinstance(part, dict):
+                media.append(image_url_part(part, f"messages[{index}].content[{number}]"))
+            elif media is not None and kind == "input_audio" and isinstance(part, dict):
+                media.append(audio_part(part, f"messages[{index}].content[{number}]"))
             else:
-                kind = part.get("type") if isinstance(part, dict) else None
+                what = "text, image_url and input_audio" if media is not None else "text"
                 raise HttpError(
                     400,
-                    f"messages[{index}]: only text content is supported, not {str(kind)[:40]!r}",
+                    f"messages[{index}]: only {what} content is supported here, not {str(kind)[:40]!r}",
                     code="unsupported_content",
                     param=f"messages[{index}].content",
                 )
@@ -316,12 +327,13 @@ def parse_messages(messages: object, budget: TextBudget) -> tuple[str | None, li
         if not isinstance(message, dict):
             raise HttpError(400, f"messages[{index}] must be an object")
         role = message.get("role")
-        text = _text_content(message.get("content"), index)
+        media: list[Media] = []
+        text = _text_content(message.get("content"), index, media if role == "user" else None)
         budget.add(len(text))
         if role in ("system", "developer"):
             system_parts.append(text)
         elif role == "user":
-            turns.append(WireMessage("user", text))
+            turns.append(WireMessage("user", text, media=tuple(media)))
         elif role == "assistant":
             calls = _tool_calls(message.get("tool_calls"), index)  # checked first, so a bad one is named
             budget.add(sum(len(json.dumps(arguments, ensure_ascii=False)) for _, _, arguments in calls))

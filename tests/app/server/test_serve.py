@@ -222,7 +222,15 @@ def test_foreign_host_header_refused_without_key(tmp_path: Path) -> None:
         ({"messages": [{"role": "function", "content": "x"}]}, "role 'function' is not supported"),
         (
             {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
-            "only text content",
+            "must be a data: URL",
+        ),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "input_file", "file_id": "x"}]}]},
+            "only text, image_url and input_audio content is supported here",
+        ),
+        (
+            {"messages": [{"role": "system", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+            "only text content is supported here",
         ),
         ({"messages": [{"role": "user", "content": "hi"}], "temperature": -1}, "temperature"),
         ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}, "max_tokens"),
@@ -383,9 +391,9 @@ def test_message_count_and_text_are_capped_before_planning(
     real_text_content = wire._text_content
     contents_read = [0]
 
-    def counted_text_content(content: Any, index: int) -> str:
+    def counted_text_content(content: Any, index: int, media: Any = None) -> str:
         contents_read[0] += 1
-        return real_text_content(content, index)
+        return real_text_content(content, index, media)
 
     monkeypatch.setattr(wire, "_text_content", counted_text_content)
     status, body = _post(handle, {"messages": [{"role": "user", "content": "a"}] * (MAX_MESSAGES + 1)})

@@ -229,7 +229,12 @@ def test_messages_errors_in_anthropics_shape(served: tuple[ServerHandle, Scripte
             "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}],
         },
     )
-    assert status == 400 and "'image' blocks are not supported" in body["error"]["message"]
+    assert status == 400 and "content[0].source must be {'type': 'base64'" in body["error"]["message"]
+    status, body = _anthropic(
+        handle,
+        {"model": "fake-model", "max_tokens": 4, "messages": [{"role": "user", "content": [{"type": "document"}]}]},
+    )
+    assert status == 400 and "'document' blocks are not supported" in body["error"]["message"]
     status, body = _anthropic(
         handle, {"model": "claude-x", "max_tokens": 4, "messages": [{"role": "user", "content": "x"}]}
     )
