@@ -41,9 +41,23 @@ def embedder_path() -> Path:
     return path
 
 
-# llama.cpp's OpenMP threads spin while waiting; on a busy 2-core machine that turns a 270M model
-# into a crawl. Tests run beside other processes, so let the threads sleep instead.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+def runs_benchmarks(args: list[str]) -> bool:
+    """Whether pytest was asked for a benchmark file (``tests/bench/bench_*.py``)."""
+    return any(Path(arg.split("::")[0]).name.startswith("bench_") for arg in args)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Benchmarks run in the app's own environment: the OpenMP settings its inference worker sets
+    (engine.inference.runtime.WORKER_ENVIRONMENT), here too for the raw llama-cpp-python sides that
+    run in this process. The other tests run beside other processes on shared machines: there
+    llama.cpp's OpenMP threads sleep instead of spinning at their barriers (slower alone, but they
+    do not starve the tests running beside them)."""
+    if runs_benchmarks(list(config.args)):
+        from engine.inference.runtime import apply_worker_environment
+
+        apply_worker_environment()
+    else:
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 @pytest.fixture(scope="session")

@@ -1,16 +1,17 @@
 """Engine vs raw llama-cpp-python, side by side in one run (ARCHITECTURE.md, "Budgets").
 
-Both sides get the same model, threads, context, prompt tokens and greedy sampling, with the KV
-cache cleared before every run, and the runs are interleaved (engine, raw, engine, raw, ...) so
-that the machine's noise hits both alike. Both are timed the same way from the caller's side:
-prefill = prompt tokens / time to first token; decode = (tokens - 1) / (last token - first token).
-The engine side is the whole product path: the chat session (budget, template), the worker
-process and the pipe.
+Both sides get the same model, context, prompt tokens and greedy sampling, with the KV cache
+cleared before every run, and run in the app's environment: the threads the worker chose (unless
+``threads`` is given) and its OpenMP settings (``runtime.WORKER_ENVIRONMENT``, set in this process
+too before llama.cpp loads). The runs are interleaved and alternate which side goes first
+(engine then raw, raw then engine, ...), so that the machine's noise hits both alike. Both are
+timed the same way from the caller's side: prefill = prompt tokens / time to first token; decode
+= (tokens - 1) / (last token - first token). The engine side is the whole product path: the chat
+session (budget, template), the worker process and the pipe.
 """
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -45,6 +46,8 @@ class BenchReport:
 
     model: str
     threads: int
+    threads_batch: int
+    environment: dict[str, str]
     n_ctx: int
     max_tokens: int
     runs: list[Run] = field(default_factory=list)
@@ -61,6 +64,8 @@ class BenchReport:
         return {
             "model": self.model,
             "threads": self.threads,
+            "threads_batch": self.threads_batch,
+            "environment": dict(self.environment),
             "n_ctx": self.n_ctx,
             "max_tokens": self.max_tokens,
             "engine": {k: self.median("engine", k) for k in ("prefill_tps", "decode_tps", "ttft_ms")},
@@ -98,36 +103,57 @@ def run_bench(
     import llama_cpp
 
     from engine.cpu_backend import load_backends
+    from engine.inference.runtime import apply_worker_environment
 
+    environment = apply_worker_environment()  # the worker's OpenMP settings, before llama.cpp loads here
     load_backends()  # the same CPU variant the worker chooses (no AMX until proven)
 
-    threads = threads or os.cpu_count() or 1
     load = LoadParams(model_path=model, n_ctx=n_ctx, n_threads=threads)
     params = GenerationParams(max_tokens=max_tokens, temperature=0.0)
-    report = BenchReport(model=str(model), threads=threads, n_ctx=n_ctx, max_tokens=max_tokens)
-    raw = llama_cpp.Llama(
-        model_path=str(model),
-        n_ctx=n_ctx,
-        n_batch=load.n_batch,
-        n_ubatch=load.n_batch,
-        n_threads=threads,
-        n_threads_batch=threads,
-        verbose=False,
-    )
-    try:
-        with ChatSession(load) as session:
-            session.load()
-            worker = session.worker
-            assert worker is not None
-            for _ in range(rounds):
+    with ChatSession(load) as session:
+        info = session.load()
+        worker = session.worker
+        assert worker is not None
+        report = BenchReport(
+            model=str(model),
+            threads=info.n_threads,
+            threads_batch=info.n_threads_batch,
+            environment=dict(info.environment),
+            n_ctx=n_ctx,
+            max_tokens=max_tokens,
+        )
+        if report.environment != environment:
+            raise RuntimeError(f"the worker runs {info.environment}, this process {environment}: not like for like")
+        raw = llama_cpp.Llama(
+            model_path=str(model),
+            n_ctx=n_ctx,
+            n_batch=load.n_batch,
+            n_ubatch=load.n_batch,
+            n_threads=info.n_threads,
+            n_threads_batch=info.n_threads_batch,
+            verbose=False,
+        )
+        try:
+            list(session.stream([], prompt, params))  # the prompt's tokens, and warm caches on both sides
+            tokens = list(session.last_prompt)
+            _raw_run(raw, tokens, max_tokens)
+
+            def engine_run() -> Run:
                 worker.reset_cache()
                 t0 = time.perf_counter()
                 stamps = [time.perf_counter() for e in session.stream([], prompt, params) if isinstance(e, Token)]
-                tokens = list(session.last_prompt)
-                report.runs.append(_timed("engine", len(tokens), stamps, t0))
-                report.runs.append(_raw_run(raw, tokens, len(stamps)))
-    finally:
-        raw.close()
+                return _timed("engine", len(session.last_prompt), stamps, t0)
+
+            for i in range(rounds):
+                if i % 2 == 0:
+                    engine = engine_run()
+                    raw_side = _raw_run(raw, tokens, engine.completion_tokens)
+                else:
+                    raw_side = _raw_run(raw, tokens, max_tokens)
+                    engine = engine_run()
+                report.runs += [engine, raw_side]
+        finally:
+            raw.close()
     return report
 
 

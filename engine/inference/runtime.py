@@ -50,6 +50,57 @@ from engine.media import Media, MediaError
 _POLL_S = 0.02
 _LOAD_TIMEOUT_S = 600.0
 
+# --------------------------------------------------------------------------- the worker's CPU settings
+#
+# Measured on the 2-core Zen 5 machine of tests/bench/bench_threads.py (the starter model, the
+# worker process): llama.cpp's OpenMP build waits at every node of the graph on an OpenMP barrier
+# (``ggml_barrier`` is ``#pragma omp barrier``), so OMP_WAIT_POLICY decides how those waits go.
+# PASSIVE sleeps in the kernel at each of the hundreds of barriers per token: decode ran at half
+# speed. ACTIVE spins forever, also between replies: the idle app burned a whole core. libgomp's
+# default spins a while, then sleeps; a short spin (GOMP_SPINCOUNT) keeps the barriers as fast as
+# ACTIVE while a thread whose partner lost its core to another program gives that core up soon.
+# The threads: with as many llama.cpp threads as cores, any other busy thread (the window drawing
+# the reply, a browser) takes a core from one of them and every barrier waits for it: decode fell
+# 4-10x on the shared machine. Decoding reads every weight once per token (memory bound), so one
+# thread fewer than the cores loses little; prefill is compute bound and short, so it takes every
+# physical core, as llama.cpp's own default does (``cpu_get_num_math``: physical cores).
+WORKER_ENVIRONMENT: dict[str, str] = {"OMP_WAIT_POLICY": "", "GOMP_SPINCOUNT": ""}
+"""The environment the worker sets for llama.cpp's OpenMP before loading it (a value the user's
+environment already has is kept); an empty value is not set."""
+
+
+def usable_cores() -> int:
+    """Physical cores this process may run on (its CPU affinity, then SMT siblings left out)."""
+    logical = os.cpu_count() or 1
+    if hasattr(os, "sched_getaffinity"):
+        logical = len(os.sched_getaffinity(0)) or logical
+    try:
+        import psutil
+
+        physical = psutil.cpu_count(logical=False) or logical
+        total = psutil.cpu_count(logical=True) or logical
+    except ImportError:
+        physical = total = logical
+    # An affinity of fewer CPUs than the machine has: scale the physical cores down alike.
+    return max(1, min(physical, round(physical * logical / max(total, 1))))
+
+
+def default_threads(cores: int | None = None) -> tuple[int, int]:
+    """``(decode threads, prefill threads)`` when the settings leave them to Glassbox (see above)."""
+    cores = cores if cores is not None else usable_cores()
+    return max(1, cores - 1), max(1, cores)
+
+
+def apply_worker_environment(env: dict[str, str] | None = None) -> dict[str, str]:
+    """Sets :data:`WORKER_ENVIRONMENT` in ``env`` (default ``os.environ``) where it is not set
+    already; returns what the environment now holds for those names. Must run before llama.cpp's
+    libraries are loaded in the process (libgomp reads it once)."""
+    target: Any = os.environ if env is None else env
+    for name, value in WORKER_ENVIRONMENT.items():
+        if value and name not in target:
+            target[name] = value
+    return {name: target[name] for name in WORKER_ENVIRONMENT if name in target}
+
 
 class LoadParams(BaseModel):
     """How to load a model. Picklable: it crosses to the worker process."""
@@ -58,7 +109,10 @@ class LoadParams(BaseModel):
 
     model_path: Path
     n_ctx: int = Field(default=4096, ge=16)
+    # CPU threads for decoding and for prompt batches; None: default_threads(). n_threads alone
+    # sets both.
     n_threads: int | None = Field(default=None, ge=1)
+    n_threads_batch: int | None = Field(default=None, ge=1)
     n_batch: int = Field(default=512, ge=1)
     n_gpu_layers: int = Field(default=0, ge=-1)
     seed: int = 0xFFFFFFFF
@@ -76,6 +130,13 @@ class LoadParams(BaseModel):
 
     def backend_policy(self) -> BackendPolicy:
         return BackendPolicy(variant=self.cpu_variant, avoid=self.cpu_avoid, allow_amx=self.allow_amx)
+
+    def threads(self, cores: int | None = None) -> tuple[int, int]:
+        """``(decode, prefill)`` threads: as given, else :func:`default_threads`."""
+        decode, batch = default_threads(cores)
+        if self.n_threads is not None:
+            decode = batch = self.n_threads
+        return decode, self.n_threads_batch or batch
 
 
 class GenerationParams(BaseModel):
@@ -154,6 +215,9 @@ class ModelInfo:
     chat_template: str | None
     metadata: dict[str, str] = field(default_factory=dict)
     cpu_backend: BackendInfo | None = None  # the CPU code llama.cpp runs on (set by the parent)
+    n_threads: int = 0  # the CPU threads decoding runs on
+    n_threads_batch: int = 0  # ... and prompt batches
+    environment: dict[str, str] = field(default_factory=dict)  # the OpenMP settings it runs with
     # The model's sequence memory (engine.inference.seq_memory): "kv" (a transformer's cache, cut
     # at any token), "recurrent" (Mamba, RWKV: one state, restored from copies) or "hybrid".
     memory: str = "kv"
@@ -207,14 +271,15 @@ class _Worker:
 
         self._llama_cpp = llama_cpp
         self.params = params
+        self.n_threads, self.n_threads_batch = params.threads()
         # Typed as Any: llama-cpp-python's internals are partly untyped, and we use a few of them.
         self.llm: Any = llama_cpp.Llama(
             model_path=str(params.model_path),
             n_ctx=params.n_ctx,
             n_batch=params.n_batch,
             n_ubatch=params.n_batch,
-            n_threads=params.n_threads,
-            n_threads_batch=params.n_threads,
+            n_threads=self.n_threads,
+            n_threads_batch=self.n_threads_batch,
             n_gpu_layers=params.n_gpu_layers,
             seed=params.seed,
             swa_full=params.swa_full,
@@ -225,7 +290,7 @@ class _Worker:
             from engine.inference.speculative import DraftModel
 
             self.draft = DraftModel(
-                llama_cpp, params.draft_model_path, self.llm, self.n_ctx, params.n_threads, params.n_gpu_layers
+                llama_cpp, params.draft_model_path, self.llm, self.n_ctx, self.n_threads, params.n_gpu_layers
             )
         self.memory = SeqMemory(llama_cpp, self.llm)
         self.projector: Projector | None = None
@@ -233,7 +298,7 @@ class _Worker:
             self.projector = Projector(
                 self.llm,
                 params.mmproj_path,
-                params.n_threads,
+                self.n_threads_batch,  # encoding an image is a batch's work
                 params.n_batch,
                 use_gpu=params.n_gpu_layers != 0 and bool(llama_cpp.llama_supports_gpu_offload()),
             )
@@ -283,6 +348,9 @@ class _Worker:
             metadata={k: v for k, v in meta.items() if len(v) <= 4096},
             memory=self.memory.kind,
             projector=self.projector.info() if self.projector is not None else None,
+            n_threads=self.n_threads,
+            n_threads_batch=self.n_threads_batch,
+            environment={name: os.environ[name] for name in WORKER_ENVIRONMENT if name in os.environ},
         )
 
     def piece(self, token: int, special: bool) -> bytes:
@@ -621,6 +689,7 @@ def _worker_main(
         fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         os.dup2(fd, 2)
         os.close(fd)
+    apply_worker_environment()  # before llama.cpp (and with it libgomp) is loaded
     backend = load_backends(params.backend_policy())
     conn.send(("backend", backend))
     if backend.error is not None:

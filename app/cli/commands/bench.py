@@ -16,7 +16,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: a
     parser.add_argument("--rounds", type=int, default=5, help="interleaved engine/raw pairs (default 5)")
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens generated per run (default 64)")
     parser.add_argument("--n-ctx", type=int, default=2048, help="context window (default 2048)")
-    parser.add_argument("--threads", type=int, help="CPU threads (default: all cores)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        help="CPU threads (default: the app's, one fewer than the cores for decoding, all for prompts)",
+    )
     add_json_flag(parser)
     parser.set_defaults(handler=run)
 
@@ -30,7 +34,10 @@ def run(args: argparse.Namespace, paths: Paths) -> int:
         print_json(report.to_dict())
         return 0
     doc = report.to_dict()
-    print(f"model {model.name}, {report.threads} threads, n_ctx {report.n_ctx}, {args.rounds} interleaved rounds")
+    print(
+        f"model {model.name}, {report.threads} threads ({report.threads_batch} for prompts), n_ctx {report.n_ctx}, "
+        f"{args.rounds} interleaved rounds"
+    )
     print(f"{'':10}{'prefill tok/s':>16}{'decode tok/s':>16}{'TTFT ms':>12}")
     for side in ("engine", "raw"):
         d = doc[side]

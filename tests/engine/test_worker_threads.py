@@ -1,0 +1,51 @@
+"""The worker's CPU settings: the threads it picks, the OpenMP settings it sets before llama.cpp
+loads, and that the worker reports both (the choice itself is measured: tests/bench/bench_threads.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from engine.inference import runtime
+from engine.inference.runtime import (
+    InferenceWorker,
+    LoadParams,
+    apply_worker_environment,
+    default_threads,
+    usable_cores,
+)
+
+
+def test_decoding_leaves_a_core_free_and_prompts_take_them_all() -> None:
+    assert default_threads(1) == (1, 1)
+    assert default_threads(2) == (1, 2)
+    assert default_threads(16) == (15, 16)
+    assert 1 <= usable_cores() <= (__import__("os").cpu_count() or 1)
+
+
+def test_load_params_threads_given_or_chosen() -> None:
+    model = Path("m.gguf")
+    assert LoadParams(model_path=model).threads(8) == (7, 8)
+    assert LoadParams(model_path=model, n_threads=3).threads(8) == (3, 3)  # the setting sets both
+    assert LoadParams(model_path=model, n_threads=3, n_threads_batch=6).threads(8) == (3, 6)
+    assert LoadParams(model_path=model, n_threads_batch=4).threads(8) == (7, 4)
+
+
+def test_the_environment_is_set_where_the_user_did_not_set_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runtime, "WORKER_ENVIRONMENT", {"OMP_WAIT_POLICY": "", "GOMP_SPINCOUNT": "1234"})
+    env: dict[str, str] = {}
+    assert apply_worker_environment(env) == {"GOMP_SPINCOUNT": "1234"}  # an empty value is not set
+    assert env == {"GOMP_SPINCOUNT": "1234"}
+    mine = {"GOMP_SPINCOUNT": "7", "OMP_WAIT_POLICY": "PASSIVE"}
+    assert apply_worker_environment(mine) == {"GOMP_SPINCOUNT": "7", "OMP_WAIT_POLICY": "PASSIVE"}
+
+
+@pytest.mark.model
+def test_the_worker_reports_its_threads_and_environment(starter_model: Path) -> None:
+    with InferenceWorker(LoadParams(model_path=starter_model, n_ctx=256, n_threads_batch=1)) as worker:
+        info = worker.start()
+    decode, _ = default_threads()
+    assert (info.n_threads, info.n_threads_batch) == (decode, 1)
+    expected = apply_worker_environment(dict(__import__("os").environ))
+    assert info.environment == expected
