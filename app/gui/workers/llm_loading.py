@@ -2,15 +2,16 @@
 
 Everything here runs on the ``glassbox-llm`` thread (never on the GUI's): ``"auto"`` GPU layers are
 resolved here because the hardware probe imports llama.cpp and runs ``nvidia-smi``; the breadcrumb
-marks a load in progress so the next launch can tell what crashed; the inference child is niced
-below the GUI; the machine's memory bandwidth is probed once, after the first load.
+marks a load in progress so the next launch can tell what crashed; the machine's memory bandwidth is
+probed once, after the first load. The inference child runs at the GUI's priority: it leaves a core
+free while decoding (``engine.inference.runtime.default_threads``), and a niced worker lost most of
+the CPU to any busy program (``tests/bench/bench_threads.py``).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -27,9 +28,6 @@ log = logging.getLogger(__name__)
 
 SessionFactory = Callable[["LoadRequest", "float | None"], "ChatBackend"]
 """Builds a (not yet loaded) session for a load request and the machine's bandwidth; tests inject fakes."""
-
-INFERENCE_NICENESS = 5
-"""How much lower than the GUI the inference process runs (POSIX nice)."""
 
 
 def default_session_factory(request: LoadRequest, bandwidth: float | None) -> ChatBackend:
@@ -81,24 +79,6 @@ def measure_bandwidth(cache: Path | None) -> float | None:
     except (OSError, ValueError) as exc:
         log.warning("memory bandwidth probe failed: %s", exc)
         return None
-
-
-def lower_priority(session: ChatBackend) -> None:
-    """Runs the inference child at a lower CPU priority than the GUI.
-
-    Decoding keeps every core busy; at equal priority the GUI thread waits for a time slice and
-    the window stutters. With the child niced, the GUI gets the CPU the moment it needs it and
-    generation loses almost nothing (the GUI needs little). llama.cpp's compute threads are
-    created by the child's main thread, so they inherit its priority. Best effort: POSIX only.
-    """
-    pid = session.local.worker_pid if session.local is not None else None
-    if not pid or not hasattr(os, "setpriority"):
-        return
-    try:
-        current = os.getpriority(os.PRIO_PROCESS, pid)
-        os.setpriority(os.PRIO_PROCESS, pid, min(current + INFERENCE_NICENESS, 19))
-    except OSError as exc:
-        log.info("could not lower the inference process's priority: %s", exc)
 
 
 def write_breadcrumb(path: Path, what: str, target: Path | RemoteModel) -> None:

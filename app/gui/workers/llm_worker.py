@@ -19,7 +19,6 @@ from app.gui.workers.llm_loading import (
     SessionFactory,
     clear_breadcrumb,
     default_session_factory,
-    lower_priority,
     measure_bandwidth,
     resolve_layers,
     write_breadcrumb,
@@ -105,7 +104,6 @@ class LlmWorker(QObject):
         if request.breadcrumb is not None:
             clear_breadcrumb(request.breadcrumb)
         self._session = session
-        lower_priority(session)
         load_ms = (time.perf_counter() - started) * 1000
         label = request.label or request.model_path.name
         local = session.local
