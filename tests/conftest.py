@@ -56,8 +56,9 @@ def pytest_configure(config: pytest.Config) -> None:
         from engine.inference.runtime import apply_worker_environment
 
         apply_worker_environment()
-    else:
+    else:  # an explicit GOMP_SPINCOUNT would outweigh PASSIVE: none at all
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        os.environ.setdefault("GOMP_SPINCOUNT", "0")
 
 
 @pytest.fixture(scope="session")

@@ -52,19 +52,22 @@ _LOAD_TIMEOUT_S = 600.0
 
 # --------------------------------------------------------------------------- the worker's CPU settings
 #
-# Measured on the 2-core Zen 5 machine of tests/bench/bench_threads.py (the starter model, the
-# worker process): llama.cpp's OpenMP build waits at every node of the graph on an OpenMP barrier
-# (``ggml_barrier`` is ``#pragma omp barrier``), so OMP_WAIT_POLICY decides how those waits go.
-# PASSIVE sleeps in the kernel at each of the hundreds of barriers per token: decode ran at half
-# speed. ACTIVE spins forever, also between replies: the idle app burned a whole core. libgomp's
-# default spins a while, then sleeps; a short spin (GOMP_SPINCOUNT) keeps the barriers as fast as
-# ACTIVE while a thread whose partner lost its core to another program gives that core up soon.
-# The threads: with as many llama.cpp threads as cores, any other busy thread (the window drawing
-# the reply, a browser) takes a core from one of them and every barrier waits for it: decode fell
-# 4-10x on the shared machine. Decoding reads every weight once per token (memory bound), so one
-# thread fewer than the cores loses little; prefill is compute bound and short, so it takes every
-# physical core, as llama.cpp's own default does (``cpu_get_num_math``: physical cores).
-WORKER_ENVIRONMENT: dict[str, str] = {"OMP_WAIT_POLICY": "", "GOMP_SPINCOUNT": ""}
+# Measured on a 2-core Zen 5 KVM guest (the starter model; tests/bench/bench_threads.py keeps
+# measuring it): llama.cpp's OpenMP build meets at an OpenMP barrier after every node of the graph
+# (``ggml_barrier`` is ``#pragma omp barrier``), hundreds per token, so libgomp's wait decides how
+# fast they pass. OMP_WAIT_POLICY=PASSIVE sleeps in the kernel at each: 2-thread decoding ran at
+# 28 tok/s against 55 spinning. ACTIVE spins forever, also between replies: the idle worker burned
+# 0.96 of a core. libgomp's default spins 300,000 times before it sleeps: as fast as ACTIVE alone,
+# but beside other busy programs a thread spins on its core while the partner it waits for has
+# none: prefill fell to 30 tok/s where one thread made 92. GOMP_SPINCOUNT=10000 (about a quarter of
+# a millisecond here) was the fastest of them at 544 tok/s near quiet and kept 92 under a load of
+# 11 on 2 cores. Decoding is fastest on one thread fewer than the cores: on 2 cores one thread
+# decoded at 69.5 tok/s, two at 46-56 (every node waits for the slower thread, and the window,
+# the pipe and any other program take a core from one of them), while decoding reads every weight
+# once per token and needs little compute. Prompt batches are compute bound: all physical cores,
+# as llama.cpp's own default (``cpu_get_num_math``). GOMP_SPINCOUNT is libgomp's (Linux builds);
+# other OpenMP runtimes keep their own defaults, and many-core machines were not measured.
+WORKER_ENVIRONMENT: dict[str, str] = {"OMP_WAIT_POLICY": "", "GOMP_SPINCOUNT": "10000"}
 """The environment the worker sets for llama.cpp's OpenMP before loading it (a value the user's
 environment already has is kept); an empty value is not set."""
 

@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from app.paths import Paths
 from tests.bench.results import record
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -101,7 +102,7 @@ def test_kv_restore_vs_cold_prefill(starter_model: Path, tmp_path: Path) -> None
             home = tmp_path / f"run-{i}-{side.replace(' ', '-')}"
             shutil.copytree(saved_home, home)
             if side == "cache from disk":
-                dropped = drop_from_page_cache(home / "kv_cache")
+                dropped = drop_from_page_cache(Paths.resolve(home).kv_cache)
                 assert dropped > 0, "no saved KV cache file to drop"
             extra = ("--no-kv-cache",) if side == "no cache" else ()
             doc = _chat(home, starter_model, QUESTION, "--conversation", conversation, *extra)

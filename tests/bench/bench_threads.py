@@ -6,8 +6,8 @@ The app's worker (``engine.inference.runtime``) picks its threads (``default_thr
 than the physical cores for decoding, all of them for prompt batches) and llama.cpp's OpenMP
 settings (``WORKER_ENVIRONMENT``). Here the starter model runs in that very worker, a fresh process
 each time, with the app's choice and with the alternatives: every core for both with libgomp's
-default wait (a 300,000-spin wait, then sleep), with ``OMP_WAIT_POLICY=PASSIVE`` and ``ACTIVE``,
-and one thread. Each is timed on a ~700-token prompt (prefill, the worker's own clock) and 64
+default wait (a 300,000-spin wait, then sleep), with the app's wait, with ``OMP_WAIT_POLICY=PASSIVE``
+and ``ACTIVE``, and one thread. Each is timed on a ~700-token prompt (prefill, the worker's own clock) and 64
 tokens of greedy decoding, alone and beside a busy program (one process spinning on one core, at
 the same priority: a browser, a build), interleaved over rounds that alternate the order. After
 each reply the worker's CPU use while idle is measured too (ACTIVE keeps spinning).
@@ -64,9 +64,10 @@ def configurations() -> dict[str, tuple[dict[str, Any], dict[str, str]]]:
     return {
         "the app's": ({}, {}),
         NICED: ({}, {}),  # as the app ran its worker before issue 28: below the GUI's priority
+        f"{cores} threads, the app's wait": (every, {}),
         f"{cores} threads, libgomp default": (every, {"GOMP_SPINCOUNT": "300000"}),
-        f"{cores} threads, PASSIVE": (every, {"OMP_WAIT_POLICY": "PASSIVE"}),
-        f"{cores} threads, ACTIVE": (every, {"OMP_WAIT_POLICY": "ACTIVE"}),
+        f"{cores} threads, PASSIVE": (every, {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "0"}),
+        f"{cores} threads, ACTIVE": (every, {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "infinite"}),
         "1 thread": ({"n_threads": 1}, {}),
     }
 
