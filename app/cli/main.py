@@ -68,12 +68,35 @@ def _fail(message: str) -> int:
     return 1
 
 
+def gui_launch(argv: Sequence[str]) -> tuple[str | None, bool] | None:
+    """``(home, safe_mode)`` when ``argv`` only starts the app (``--home DIR``, ``--safe-mode``);
+    None for anything else, which the whole parser reads. Building it imports every command's
+    module, about 100 ms the window would wait for at every start."""
+    home: str | None = None
+    safe_mode = False
+    args = list(argv)
+    while args:
+        arg = args.pop(0)
+        if arg == "--safe-mode":
+            safe_mode = True
+        elif arg == "--home" and args and not args[0].startswith("-"):
+            home = args.pop(0)
+        elif arg.startswith("--home=") and len(arg) > len("--home="):
+            home = arg[len("--home=") :]
+        else:
+            return None
+    return home, safe_mode
+
+
 def main(argv: Sequence[str] | None = None, gui: Gui | None = None) -> int:
     """Runs one ``glassbox`` command line; without a subcommand, starts ``gui`` (``app.__main__``
     passes the Qt front end; without one, that is a one-line error)."""
     import multiprocessing
 
     multiprocessing.freeze_support()
+    launch = gui_launch(sys.argv[1:] if argv is None else argv) if gui is not None else None
+    if launch is not None and gui is not None:
+        return gui.run_gui(Paths.resolve(launch[0]), safe_mode=launch[1])
     parser = build_parser()
     args = parser.parse_args(argv)
     paths = Paths.resolve(getattr(args, "home", None))

@@ -4,9 +4,9 @@ Run: ``make bench`` or ``python -m pytest tests/bench/bench_rag.py -s``.
 
 * indexing throughput: ``KnowledgeBases.reindex`` (parse, chunk, embed, store, commit) vs raw
   ``SentenceTransformer.encode`` of the very same chunks at the batch size Glassbox encodes with
-  (``rag.embeddings``: 8 on a CPU), interleaved; budget >= 0.8.
-* the batch size: raw encoding of those chunks at 4, 8, 16, 32 and 64 texts per batch, in the same
-  rounds; Glassbox's batch size against the fastest, budget >= 0.97.
+  (``rag.embeddings``: 8 on a CPU) and the same torch threads, interleaved; budget >= 0.8.
+* the batch size: Glassbox's own indexing of those files with the embedder's batch size at 8, 16
+  and 32, in the same rounds; the app's batch size against the fastest, budget >= 0.97.
 * query latency at 50,000 chunks: the full hybrid path (query embedding, Chroma, FTS5 BM25, RRF,
   near-duplicate removal, registry lookups); the stored vectors are random unit vectors to save
   time, the texts are synthetic; budget p95 <= 50 ms.
@@ -58,12 +58,27 @@ def _corpus(folder: Path, n_docs: int, sentences_per_doc: int) -> None:
         (folder / f"doc{i:03}.md").write_text(f"# Document {i}\n\n" + "\n\n".join(paragraphs), encoding="utf-8")
 
 
-BATCH_SIZES = (4, 8, 16, 32, 64)
+BATCH_SIZES = (8, 16, 32)
 ROUNDS = 2
+
+
+class _BatchedEmbedder:
+    """The bench's embedder with another default batch size: Glassbox's indexing as it would run."""
+
+    def __init__(self, embedder: SentenceTransformerEmbedder, batch_size: int) -> None:
+        self._embedder, self._batch_size = embedder, batch_size
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._embedder, name)
+
+    def encode(self, texts: list[str], *, batch_size: int | None = None) -> object:
+        return self._embedder.encode(texts, batch_size=batch_size or self._batch_size)
 
 
 def test_indexing_throughput_vs_raw_encode(tmp_path: Path, minilm: SentenceTransformerEmbedder) -> None:
     import inspect
+
+    import torch
 
     docs = tmp_path / "docs"
     _corpus(docs, n_docs=15, sentences_per_doc=60)
@@ -74,57 +89,65 @@ def test_indexing_throughput_vs_raw_encode(tmp_path: Path, minilm: SentenceTrans
     assert f"batch_size = {ours_batch} if" in source, "rag.embeddings' CPU batch size changed: update this benchmark"
 
     def raw_encode(texts: list[str], batch_size: int) -> float:
+        torch.set_num_threads(minilm._batch_threads)  # as Glassbox encodes a batch
         started = time.perf_counter()
         model.encode(
             texts, batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
         )
         return time.perf_counter() - started
 
-    raw: dict[int, list[float]] = {size: [] for size in BATCH_SIZES}
-    ours: list[float] = []
-    with _open(tmp_path / "kb", minilm) as kbs:
-        kbs.create("bench")
-        kbs._ingestor(kbs.get("bench")).parser.parse(docs / "doc000.md")  # start the parser child
-        # The chunks are only known after indexing, so index once to learn them; then re-index and
-        # encode them raw at every batch size, in rounds whose order alternates.
-        kbs.add("bench", [docs])
+    times: dict[str, list[float]] = {f"app {size}": [] for size in BATCH_SIZES} | {f"raw {ours_batch}": []}
+    for size in BATCH_SIZES:
+        embedder = _BatchedEmbedder(minilm, size)
+        with KnowledgeBases(tmp_path / f"kb{size}", minilm.folder, embedder_factory=lambda _, e=embedder: e) as kbs:
+            kbs.create("bench")
+            kbs.add("bench", [docs])  # the chunks, and the parser child started
+    with KnowledgeBases(tmp_path / f"kb{ours_batch}", minilm.folder, embedder_factory=lambda _: minilm) as kbs:
         kb = kbs.get("bench")
         ids = sorted(kbs.registry.embedded_ids(kb.id))
         records = kbs.registry.chunks(ids)
         texts = [records[i].text for i in ids]
-        report = None
-        sides: list[int | None] = [None, *BATCH_SIZES]  # None: Glassbox's re-index
-        for r in range(ROUNDS):
-            for side in sides if r % 2 == 0 else reversed(sides):
-                if side is None:
-                    started = time.perf_counter()
-                    report = kbs.reindex("bench")
-                    ours.append(time.perf_counter() - started)
-                else:
-                    raw[side].append(raw_encode(texts, side))
-    assert report is not None and report.chunks_added == len(texts) > 0
-    rate = {size: len(texts) / statistics.median(times) for size, times in raw.items()}
-    mine = len(texts) / statistics.median(ours)
-    ratio = mine / rate[ours_batch]
-    fastest = max(rate, key=lambda size: rate[size])
+    report = None
+    for r in range(ROUNDS):  # the order of the sides alternates
+        for side in list(times) if r % 2 == 0 else list(reversed(times)):
+            kind, size = side.split()
+            if kind == "raw":
+                times[side].append(raw_encode(texts, int(size)))
+                continue
+            embedder = _BatchedEmbedder(minilm, int(size))
+            folder = tmp_path / f"kb{size}"
+            with KnowledgeBases(folder, minilm.folder, embedder_factory=lambda _, e=embedder: e) as kbs:
+                started = time.perf_counter()
+                report = kbs.reindex("bench")
+                times[side].append(time.perf_counter() - started)
+            assert report.chunks_added == len(texts) > 0
+    assert report is not None
+    rate = {side: len(texts) / statistics.median(runs) for side, runs in times.items()}
+    mine, raw = rate[f"app {ours_batch}"], rate[f"raw {ours_batch}"]
+    fastest = max((side for side in rate if side.startswith("app")), key=lambda side: rate[side])
     print(
         f"\nindexing: {len(texts)} chunks from {report.indexed} files; Glassbox {mine:.1f} chunks/s, raw encoding "
-        f"at its batch size {ours_batch} {rate[ours_batch]:.1f} chunks/s; ratio {ratio:.3f} (budget >= 0.8)"
+        f"at its batch size {ours_batch} {raw:.1f} chunks/s; ratio {mine / raw:.3f} (budget >= 0.8)"
     )
-    print("  raw encoding by batch size: " + ", ".join(f"{size}: {rate[size]:.1f}/s" for size in BATCH_SIZES))
-    print(json.dumps({"indexing_ratio": round(ratio, 3), "chunks": len(texts), "rates": rate, "ours": mine}))
+    print(
+        "  Glassbox's indexing by embedding batch size: "
+        + ", ".join(f"{s[4:]}: {rate[s]:.1f}/s" for s in rate if s.startswith("app"))
+    )
+    print(json.dumps({"indexing_ratio": round(mine / raw, 3), "chunks": len(texts), "rates": rate}))
     with budgets():
         record(
             "indexing vs raw encoding",
-            ratio,
+            mine / raw,
             at_least=0.8,
-            detail=f"{mine:.1f} vs {rate[ours_batch]:.1f} chunks/s, both at batch {ours_batch}",
+            detail=f"{mine:.1f} vs {raw:.1f} chunks/s, both at batch {ours_batch}",
         )
         record(
             "embedding batch size: the app's vs the fastest",
-            rate[ours_batch] / rate[fastest],
+            mine / rate[fastest],
             at_least=0.97,
-            detail=", ".join(f"{size}: {rate[size]:.1f}" for size in BATCH_SIZES) + " chunks/s",
+            detail="indexing at batch "
+            + ", ".join(f"{s[4:]}: {rate[s]:.1f}" for s in rate if s.startswith("app"))
+            + " chunks/s",
         )
 
 

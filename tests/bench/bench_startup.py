@@ -4,7 +4,10 @@ Run explicitly: ``pytest tests/bench/bench_startup.py -s`` (``BENCH_STARTUP_RUNS
 default 5), or ``python tests/bench/bench_startup.py``.
 
 Each run is a fresh Python process (offscreen platform), measured from just before the process is
-spawned until it prints a line after ``show()`` and one event-loop pass. The two sides alternate
+spawned until it prints a line after ``show()`` and one event-loop pass. Glassbox's side is the
+real launch, ``python -m app --home DIR`` (the ``glassbox`` command): the command line, the
+single-instance lock, the settings file, the window (``GLASSBOX_TEST_EXIT_WHEN_SHOWN`` makes
+``app.gui.launch.run_gui`` print and leave once it is shown). The two sides alternate
 (empty then Glassbox, Glassbox then empty, ...) so machine load affects both alike; medians and
 their ratio are printed. Glassbox starts with a fresh temporary home and no model auto-load (the
 model loads after the window shows, so it does not belong in this number). Budgets
@@ -34,27 +37,15 @@ app.processEvents()
 print("shown", flush=True)
 """
 
-GLASSBOX = """
-import sys
-from PySide6.QtWidgets import QApplication
-app = QApplication([])
-from app.gui.main_window import MainWindow
-from app.paths import Paths
-from app.settings import Settings
-w = MainWindow(Paths.resolve(sys.argv[1]).ensure(), Settings(auto_load_model=False), probe_bandwidth=False)
-w.show()
-app.processEvents()
-print("shown", flush=True)
-w.shutdown()
-"""
 
-
-def time_to_shown(code: str, *args: str) -> float:
-    """Seconds from spawning a Python process running ``code`` to its "shown" line."""
-    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "PYTHONPATH": str(ROOT)}
+def time_to_shown(code: str | None, *args: str) -> float:
+    """Seconds from spawning a Python process running ``code`` (None: ``python -m app ARGS``, the
+    app's launch) to its "shown" line."""
+    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "PYTHONPATH": str(ROOT), "GLASSBOX_TEST_EXIT_WHEN_SHOWN": "1"}
+    command = [sys.executable, "-m", "app", *args] if code is None else [sys.executable, "-c", code, *args]
     started = time.perf_counter()
     proc = subprocess.Popen(
-        [sys.executable, "-c", code, *args],
+        command,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
@@ -75,10 +66,13 @@ def measure(runs: int = RUNS) -> dict[str, float]:
     ours: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
         time_to_shown(EMPTY)  # warm the OS file cache for both sides
-        time_to_shown(GLASSBOX, str(Path(tmp) / "warm"))
+        time_to_shown(None, "--home", str(Path(tmp) / "warm"), "--safe-mode")
         for i in range(runs):
+            # A fresh home each time, in safe mode: no model is loaded (it would load after the
+            # window shows, so it does not belong in this number).
+            home = str(Path(tmp) / f"home{i}")
             pair = [lambda: empty.append(time_to_shown(EMPTY)),
-                    lambda i=i: ours.append(time_to_shown(GLASSBOX, str(Path(tmp) / f"home{i}")))]  # fmt: skip
+                    lambda h=home: ours.append(time_to_shown(None, "--home", h, "--safe-mode"))]  # fmt: skip
             for run in pair if i % 2 == 0 else reversed(pair):
                 run()
     result = {
