@@ -27,6 +27,7 @@ from __future__ import annotations
 import bisect
 import codecs
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -71,34 +72,85 @@ class DecodeOutcome:
     speculation_note: str = ""  # why speculation was off for this reply although it was asked for
 
 
+_STRLEN: list[int | None] = []
+
+
+def _native_flag_check() -> int | None:
+    """The address of C's ``strlen``, llama.cpp's abort check without Python (see AbortGuard), or None."""
+    if not _STRLEN:
+        import ctypes
+
+        address: int | None = None
+        try:
+            libc = ctypes.CDLL("msvcrt") if os.name == "nt" else ctypes.CDLL(None)
+            address = ctypes.cast(libc.strlen, ctypes.c_void_p).value
+        except (OSError, AttributeError):
+            address = None
+        _STRLEN.append(address)
+    return _STRLEN[0]
+
+
 class AbortGuard:
-    """llama.cpp's abort callback on one context, armed only while prefilling (a Python call per
-    graph node is nothing next to a chunk's compute, but would be felt in single-token decoding).
+    """llama.cpp's abort callback on one context, armed only while prefilling.
+
+    llama.cpp calls it after every node of the graph, from the first compute thread, while the
+    others wait at the node's barrier: about 1,400 calls for a 760-token prompt on the starter
+    model. A Python callback there took 1.4% of the prefill's CPU on one thread and held up every
+    barrier. So the check is C's ``strlen`` on a two-byte flag: it returns nonzero, which
+    llama.cpp reads as "abort", once the first byte is set, and a thread that waits on the
+    request's cancel event sets it. (Where libc's ``strlen`` cannot be found, a Python callback
+    checks the event instead.)
 
     Args:
         lc: the ``llama_cpp`` module.
         ctx: the ``llama_context`` pointer.
-        cancel: the request's cancel event (``is_set()``).
+        cancel: the request's cancel event (``is_set()`` and ``wait(timeout)``).
     """
 
     def __init__(self, lc: Any, ctx: Any, cancel: Any) -> None:
-        self._lc, self._ctx = lc, ctx
-        self.fired = False
+        import ctypes
 
-        def check(_data: Any) -> bool:
-            if cancel.is_set():
-                self.fired = True
-                return True
-            return False
+        self._lc, self._ctx, self._cancel = lc, ctx, cancel
+        self._flag = ctypes.create_string_buffer(2)  # b"\0\0"; b"\1\0" once cancelled
+        self._done = threading.Event()
+        self._watcher: threading.Thread | None = None
+        self._fired = False
+        address = _native_flag_check()
+        if address is not None:
+            self._callback = lc.ggml_abort_callback(address)
+            self._data: Any = ctypes.cast(self._flag, ctypes.c_void_p)
+        else:
 
-        self._callback = lc.ggml_abort_callback(check)  # kept alive while armed
+            def check(_data: Any) -> bool:
+                if cancel.is_set():
+                    self._fired = True
+                    return True
+                return False
+
+            self._callback = lc.ggml_abort_callback(check)  # kept alive while armed
+            self._data = None
+
+    @property
+    def fired(self) -> bool:
+        """Whether the check told llama.cpp to abort (Stop came while it was armed)."""
+        return self._fired or self._flag.raw[0] != 0
+
+    def _watch(self) -> None:
+        while not self._done.is_set():
+            if self._cancel.wait(0.05):
+                self._flag.raw = b"\x01\x00"
+                return
 
     def __enter__(self) -> AbortGuard:
-        self._lc.llama_set_abort_callback(self._ctx, self._callback, None)
+        if self._data is not None:
+            self._watcher = threading.Thread(target=self._watch, name="glassbox-abort-watch", daemon=True)
+            self._watcher.start()
+        self._lc.llama_set_abort_callback(self._ctx, self._callback, self._data)
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._lc.llama_set_abort_callback(self._ctx, self._lc.ggml_abort_callback(), None)
+        self._done.set()  # the watcher leaves at its next look (not waited for: the reply goes on)
 
 
 def prefill(
