@@ -1,100 +1,73 @@
-"""Where the two halves meet: knowledge-base passages (rag) become the documents part of a chat
-turn (engine). This is the only place that knows both; engine and rag never import each other.
+"""Where the two halves meet: knowledge-base passages (rag) become the documents of a chat turn
+(engine). This is the only place that knows both; engine and rag never import each other.
 
-Every front end fits a turn's passages the same way: rag retrieves them ranked and cited, not
-fitted (``rag.knowledge.retrieve_passages``), and the engine's documents band
-(``engine.inference.context.fit_documents``) keeps the best-ranked that fit the session's window,
-dropping the lowest-ranked rather than refusing; :func:`fit_passages` is that one call, and
-:class:`Retrieval` says what was kept and how many were dropped.
+rag retrieves the passages ranked and cited, not fitted (``rag.knowledge.retrieve_passages``); the
+backend's documents band fits them (``ChatBackend.stream(documents=...)``: the best-ranked that fit
+its window, the Stats say how many it kept and dropped). :class:`Passages` is what a turn is given:
+the passages and the source of each, best first; :func:`kept_sources` are the sources of those the
+band kept.
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any
 
 from app.paths import Paths
 
 if TYPE_CHECKING:
-    from engine.inference.context import DocumentsFit, RankedDocuments
+    from engine.inference.context import RankedDocuments
+    from engine.inference.events import Stats
     from rag.knowledge import Searcher
 
 CHAT_PASSAGES = 6
 """Passages retrieved for a chat turn, best first, before the documents band fits them."""
 
-DEFAULT_N_CTX = 4096
-"""The window the documents band assumes for a session that does not say (a remote server may not)."""
 
-
-class _Counting(Protocol):
-    """What the glue needs from a chat session (local or remote): its window and its counter."""
-
-    @property
-    def n_ctx(self) -> int: ...
-
-    def count_text(self, text: str) -> int: ...
-
-
-class Retrieval(NamedTuple):
-    """A turn's documents after the documents band fitted them.
+@dataclass(frozen=True)
+class Passages:
+    """A turn's retrieved passages, not fitted.
 
     Attributes:
-        documents: the documents block to pin after the system prompt (None when nothing was kept).
-        sources: one plain dict per passage kept (n, path, page, snippet, score, heading), best
-            first, ready for JSON and history.
-        dropped: how many of the lowest-ranked passages found did not fit and were left out.
+        documents: the passages, best first (``rag.citations.CitedPassages``): the backend fits them.
+        sources: one plain dict per passage (n, path, page, snippet, score, heading), best first,
+            ready for JSON and history.
     """
 
-    documents: str | None
-    sources: list[dict[str, Any]]
-    dropped: int
+    documents: RankedDocuments
+    sources: tuple[dict[str, Any], ...]
 
 
-Retriever = Callable[[str, _Counting], Retrieval]
+def kept_sources(passages: Passages | None, stats: Stats) -> list[dict[str, Any]]:
+    """The sources of the passages the documents band kept (the best ``stats.documents_kept``)."""
+    return list(passages.sources[: stats.documents_kept]) if passages is not None else []
 
 
-def session_n_ctx(session: _Counting) -> int:
-    """The context window ``session`` reports, else :data:`DEFAULT_N_CTX`."""
-    return session.n_ctx or DEFAULT_N_CTX
+Retriever = Callable[[str], "Passages | None"]
+"""``query -> Passages`` (None when nothing matched)."""
 
 
-def fit_passages(passages: RankedDocuments, session: _Counting) -> DocumentsFit:
-    """The engine's documents band over ``passages`` (best first), with ``session``'s window and its
-    own token counter: the one call every front end makes (it runs where the tokenizer lives).
+def retrieve(searcher: Searcher, names: Sequence[str], query: str) -> Passages | None:
+    """Up to :data:`CHAT_PASSAGES` passages for ``query`` from ``names``, cited, best first (None
+    when nothing matched). ``searcher`` is an open ``KnowledgeBases``, or anything with its
+    ``query_many`` (the app's knowledge process)."""
+    from rag.knowledge import retrieve_passages
 
-    Raises:
-        Exception: what ``session.count_text`` raises (a remote server's tokenizer may fail).
-    """
-    from engine.inference.context import fit_documents
-
-    return fit_documents(passages, session_n_ctx(session), session.count_text)
+    cited = retrieve_passages(searcher, names, query, k=CHAT_PASSAGES)
+    if not cited.count:
+        return None
+    return Passages(cited, tuple(asdict(source) for source in cited.sources))
 
 
 def documents_retriever(searcher: Searcher, names: Sequence[str]) -> Retriever:
     """The retriever of the in-process front ends (``glassbox chat --kb``, ``glassbox serve``):
-    ``fn(query, session) -> Retrieval``.
-
-    ``searcher`` is an open ``KnowledgeBases``, or anything with its ``query_many`` (the app's
-    knowledge process, ``rag.knowledge.Searcher``). The window retrieves on its knowledge thread
-    instead (``app.gui.workers.knowledge_chat.ChatRetriever``) and its LLM worker fits the
-    passages with the same band. Up to :data:`CHAT_PASSAGES` are retrieved and fitted by
-    :func:`fit_passages`; the sources are those of the passages kept.
-    """
+    ``fn(query) -> Passages | None`` over ``names`` (:func:`retrieve`). The window retrieves on its
+    knowledge thread instead (``app.gui.workers.knowledge_chat.ChatRetriever``)."""
     chosen = list(names)
-
-    def retrieve(query: str, session: _Counting) -> Retrieval:
-        from rag.knowledge import retrieve_passages
-
-        cited = retrieve_passages(searcher, chosen, query, k=CHAT_PASSAGES)
-        if not cited.count:
-            return Retrieval(None, [], 0)
-        fit = fit_passages(cited, session)
-        return Retrieval(fit.text, [asdict(source) for source in cited.sources[: fit.kept]], fit.dropped)
-
-    return retrieve
+    return lambda query: retrieve(searcher, chosen, query)
 
 
 def open_knowledge_bases(

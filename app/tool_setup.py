@@ -55,7 +55,7 @@ class KnowledgeSearchTool:
 
     Uses rag's public retrieval (``rag.knowledge.retrieve_context``), fitted to the tool result's own
     budget: a tool result is its own band of the window, not the documents band that passages
-    attached to a turn go through (``app/knowledge_glue.py`` ``fit_passages``). The knowledge bases
+    attached to a turn go through (``ChatBackend.stream(documents=...)``). The knowledge bases
     are opened on the first search (Chroma and the embedder are heavy), unless a ``searcher`` is
     given.
 

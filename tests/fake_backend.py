@@ -9,12 +9,20 @@ and writes only its :meth:`FakeBackend.script`: what one generation streams for 
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from engine.inference.context import Message, OverflowPolicy
+from engine.inference.context import (
+    DEFAULT_DOCUMENTS_WINDOW,
+    NO_DOCUMENTS,
+    Message,
+    OverflowPolicy,
+    RankedDocuments,
+    fit_documents,
+)
 from engine.inference.events import Event, Finished, Stats, Token
 from engine.inference.kv_cache import KvKey
 from engine.inference.runtime import GenerationParams, ModelInfo
@@ -29,7 +37,9 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class StreamCall:
-    """The arguments of one ``stream`` call."""
+    """The arguments of one ``stream`` call; ``documents`` is the block the documents band kept of
+    the passages given (fitted as the engine fits them: ``engine.inference.context.fit_documents``
+    with this backend's window and counter), ``documents_kept`` and ``documents_dropped`` its counts."""
 
     history: list[Message]
     user: str | None
@@ -44,6 +54,8 @@ class StreamCall:
     reasoning_effort: str | None = None
     thinking_budget: int | None = None
     media: tuple[Media, ...] = ()
+    documents_kept: int = 0
+    documents_dropped: int = 0
 
     @property
     def tool_names(self) -> list[str]:
@@ -162,7 +174,7 @@ class FakeBackend:
         params: GenerationParams | None = None,
         *,
         system: str | None = None,
-        documents: str | None = None,
+        documents: RankedDocuments | None = None,
         tools: Sequence[ToolSpec] = (),
         tool_choice: str | None = None,
         thinking: bool | None = None,
@@ -178,7 +190,7 @@ class FakeBackend:
         params: GenerationParams | None = None,
         *,
         system: str | None = None,
-        documents: str | None = None,
+        documents: RankedDocuments | None = None,
         cancel: threading.Event | None = None,
         cache_key: KvKey | None = None,
         tools: Sequence[ToolSpec] = (),
@@ -188,12 +200,14 @@ class FakeBackend:
         thinking_budget: int | None = None,
         media: Sequence[Media] = (),
     ) -> Iterator[Event]:
+        window = self._n_ctx or DEFAULT_DOCUMENTS_WINDOW
+        fit = fit_documents(documents, window, self.count_text) if documents is not None else NO_DOCUMENTS
         call = StreamCall(
             list(history),
             user,
             params or GenerationParams(),
             system,
-            documents,
+            fit.text,
             cancel,
             cache_key,
             tuple(tools),
@@ -202,9 +216,11 @@ class FakeBackend:
             reasoning_effort,
             thinking_budget,
             tuple(media),
+            fit.kept,
+            fit.dropped,
         )
         self.calls.append(call)
-        return self.script(call)
+        return _with_documents(self.script(call), fit.kept, fit.dropped)
 
     def script(self, call: StreamCall) -> Iterator[Event]:
         """What one generation streams: by default "ok" and its Stats (a subclass writes its own)."""
@@ -224,6 +240,17 @@ class FakeBackend:
         }
         base.update(fields)
         return Stats(**base)  # type: ignore[arg-type]
+
+
+def _with_documents(events: Iterator[Event], kept: int, dropped: int) -> Iterator[Event]:
+    """A script's events with the documents band's counts in its Stats, as the engine reports them."""
+    for event in events:
+        if isinstance(event, Stats) and (kept or dropped):
+            event = dataclasses.replace(event, documents_kept=kept, documents_dropped=dropped)
+        elif isinstance(event, Finished) and (kept or dropped):
+            stats = dataclasses.replace(event.stats, documents_kept=kept, documents_dropped=dropped)
+            event = dataclasses.replace(event, stats=stats)
+        yield event
 
 
 if TYPE_CHECKING:

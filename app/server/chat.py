@@ -18,6 +18,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
+from app.knowledge_glue import kept_sources
 from app.server import params as fields
 from app.server.errors import HttpError, map_errors
 from app.server.handler import openai_error_events
@@ -44,9 +45,10 @@ from app.server.wire import (
 )
 
 if TYPE_CHECKING:
+    from app.knowledge_glue import Passages
     from app.server.handler import Handler
     from engine.inference.backends import ChatBackend
-    from engine.inference.context import Message, Role
+    from engine.inference.context import Message, RankedDocuments, Role
     from engine.inference.events import Event, Stats
 
 
@@ -59,27 +61,28 @@ def handle(handler: Handler) -> None:
     handler.warnings.extend(request.warnings)
     with handler.use_model(wanted) as cancel:
         check_backend(state.backend, request)
-        documents: str | None = None
-        sources: list[Source] = []
-        dropped = 0  # passages the documents band left out: the reply's documents_dropped
+        passages: Passages | None = None
         if request.knowledge_bases:
             query = request.user or _last_user_text(request)
-            documents, sources, dropped = map_errors(lambda: state.retrieve(request.knowledge_bases, query))
+            passages = map_errors(lambda: state.retrieve(request.knowledge_bases, query))
+        documents = passages.documents if passages is not None else None
         check_fits(state.backend, request, documents)
         if request.stream:
-            _stream(handler, request, documents, sources, cancel, dropped)
+            _stream(handler, request, passages, cancel)
         else:
             choices = [whole_choice(handler, request, index, documents, cancel) for index in range(request.n)]
+            stats = choices[0].finished.stats  # the same passages for every choice
+            sources: list[Source] = kept_sources(passages, stats)
             completion = completion_document(
                 f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), state.model_id, choices, sources, request.top_logprobs
             )
-            if dropped:
-                completion["documents_dropped"] = dropped
+            if stats.documents_dropped:
+                completion["documents_dropped"] = stats.documents_dropped
             handler.send_json(200, completion)
 
 
 def whole_choice(
-    handler: Handler, request: ChatRequest, index: int, documents: str | None, cancel: threading.Event
+    handler: Handler, request: ChatRequest, index: int, documents: RankedDocuments | None, cancel: threading.Event
 ) -> Choice:
     events = handler.generation(open_stream(handler.state.backend, request, index, documents, cancel), cancel)
     choice: Choice = map_errors(lambda: collect(index, events, request.top_logprobs is not None, request))
@@ -143,7 +146,7 @@ def overflow_allowed(backend: ChatBackend, allowed: bool) -> Iterator[None]:
         backend.overflow_policy = policy
 
 
-def check_fits(backend: ChatBackend, request: ChatRequest, documents: str | None) -> None:
+def check_fits(backend: ChatBackend, request: ChatRequest, documents: RankedDocuments | None) -> None:
     """The API's contract on a session that trims: a conversation that does not fit is a 400.
 
     A session the server owns refuses overflow itself (policy ``"refuse"``). The GUI's own session,
@@ -204,7 +207,7 @@ def engine_messages(turns: Sequence[WireMessage]) -> list[Message]:
 
 
 def open_stream(
-    backend: ChatBackend, request: ChatRequest, index: int, documents: str | None, cancel: threading.Event
+    backend: ChatBackend, request: ChatRequest, index: int, documents: RankedDocuments | None, cancel: threading.Event
 ) -> Iterator[Event]:
     """The backend's events for choice ``index`` of ``request``."""
     history = engine_messages(request.history)
@@ -228,18 +231,11 @@ def open_stream(
 # ---------------------------------------------------------------------------- streaming
 
 
-def _stream(
-    handler: Handler,
-    request: ChatRequest,
-    documents: str | None,
-    sources: list[Source],
-    cancel: threading.Event,
-    dropped: int = 0,
-) -> None:
+def _stream(handler: Handler, request: ChatRequest, passages: Passages | None, cancel: threading.Event) -> None:
+    documents = passages.documents if passages is not None else None
     events = handler.generation(open_stream(handler.state.backend, request, 0, documents, cancel), cancel)
     head = handler.first(events)
-    stream = _ChunkStream(handler, request, documents, sources, cancel)
-    stream.dropped = dropped
+    stream = _ChunkStream(handler, request, passages, cancel)
     handler.sse(lambda: stream.produce(_prepend(head, events)), cancel, openai_error_events)
 
 
@@ -250,15 +246,13 @@ class _ChunkStream:
         self,
         handler: Handler,
         request: ChatRequest,
-        documents: str | None,
-        sources: list[Source],
+        passages: Passages | None,
         cancel: threading.Event,
     ) -> None:
         self.handler = handler
         self.request = request
-        self.documents = documents
-        self.sources = sources
-        self.dropped = 0  # passages the documents band left out, sent with the last choice's end
+        self.passages = passages  # their sources, and how many the band dropped, end the last choice
+        self.documents = passages.documents if passages is not None else None
         self.cancel = cancel
         self.id = f"chatcmpl-{uuid.uuid4().hex}"
         self.created = int(time.time())
@@ -342,10 +336,11 @@ class _ChunkStream:
                 self.completion_tokens += event.stats.completion_tokens
                 last = self.chunk(index, {}, finish_reason(event.reason, calls > 0, cut is not None))
                 last["timings"] = timings_document(event.stats)
-                if self.sources and index == request.n - 1:
-                    last["sources"] = self.sources
-                if self.dropped and index == request.n - 1:
-                    last["documents_dropped"] = self.dropped
+                sources = kept_sources(self.passages, event.stats)
+                if sources and index == request.n - 1:
+                    last["sources"] = sources
+                if event.stats.documents_dropped and index == request.n - 1:
+                    last["documents_dropped"] = event.stats.documents_dropped
                 send(last)
 
 

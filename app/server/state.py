@@ -18,7 +18,7 @@ from app.paths import Paths
 from app.server.errors import HttpError, model_not_found, overloaded
 
 if TYPE_CHECKING:
-    from app.knowledge_glue import Retrieval
+    from app.knowledge_glue import Passages
     from app.server.embeddings import Embeddings
     from engine.inference.backends import ChatBackend
 
@@ -291,11 +291,10 @@ class ServerState:
                 self._embedder = Embeddings(self.embedder_path)
             return self._embedder
 
-    def retrieve(self, names: tuple[str, ...], query: str) -> Retrieval:
-        """The passages for ``query`` from ``names``, fitted to the served model's window by the
-        engine's documents band (called under ``lock``): the documents block, the sources of the
-        passages kept, and how many of the lowest-ranked were dropped (the reply's
-        ``documents_dropped``).
+    def retrieve(self, names: tuple[str, ...], query: str) -> Passages | None:
+        """The passages for ``query`` from ``names``, ranked, not fitted (called under ``lock``):
+        the backend's documents band keeps the best that fit, and its Stats say how many of the
+        lowest-ranked it dropped (the reply's ``documents_dropped``). None when nothing matched.
 
         One ``KnowledgeBases`` serves every request: it holds the knowledge folder's lock, so a
         second one in the same process would be refused.
@@ -316,7 +315,7 @@ class ServerState:
                     400, f"{name[:200]!r}: no such knowledge base", code="knowledge_base_error", param="knowledge_base"
                 ) from None
         retriever = make_retriever(self.paths, names, kbs=self._knowledge)
-        return retriever(query, self.backend)
+        return retriever(query)
 
     def close_knowledge(self) -> None:
         if self._knowledge is not None and self._own_knowledge:

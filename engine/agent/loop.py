@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from engine.errors import EngineError
-from engine.inference.context import Message, truncate_to_tokens
+from engine.inference.context import Message, RankedDocuments, truncate_to_tokens
 from engine.inference.events import Event, Finished, ToolCall
 from engine.inference.tools import ToolProvider, ToolResult, ToolSpec, check_tools
 
@@ -199,7 +199,7 @@ class Agent:
         params: Any = None,
         *,
         system: str | None = None,
-        documents: str | None = None,
+        documents: RankedDocuments | None = None,
         cancel: threading.Event | None = None,
         tool_choice: str | None = None,
         thinking: bool | None = None,
@@ -238,7 +238,7 @@ class Agent:
         user: str | None,
         params: Any,
         system: str | None,
-        documents: str | None,
+        documents: RankedDocuments | None,
         cancel: threading.Event,
         tool_choice: str | None,
         thinking: bool | None,

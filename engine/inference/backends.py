@@ -13,7 +13,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Protocol, Self, runtime_checkable
 
-from engine.inference.context import Message, OverflowPolicy
+from engine.inference.context import Message, OverflowPolicy, RankedDocuments
 from engine.inference.events import Event
 from engine.inference.kv_cache import KvKey
 from engine.inference.runtime import GenerationParams, ModelInfo
@@ -120,7 +120,7 @@ class ChatBackend(Protocol):
         params: GenerationParams | None = None,
         *,
         system: str | None = None,
-        documents: str | None = None,
+        documents: RankedDocuments | None = None,
         cancel: threading.Event | None = None,
         cache_key: KvKey | None = None,
         tools: Sequence[ToolSpec] = (),
@@ -133,6 +133,8 @@ class ChatBackend(Protocol):
         """Generates the reply to ``user`` after ``history`` (``user=None``: continues the last
         turn, after a ``tool`` message).
 
+        ``documents`` are the retrieved passages, best first, not fitted: the backend's documents
+        band keeps the best that fit its window (the Stats say how many it kept and dropped);
         ``cache_key`` names the conversation's saved KV cache (ignored where none is kept);
         ``tools`` are offered under ``tool_choice`` (``auto``, ``none``, ``required`` or a function
         name); ``thinking`` and ``reasoning_effort`` are the template's switches;
@@ -148,7 +150,7 @@ class ChatBackend(Protocol):
         params: GenerationParams | None = None,
         *,
         system: str | None = None,
-        documents: str | None = None,
+        documents: RankedDocuments | None = None,
         tools: Sequence[ToolSpec] = (),
         tool_choice: str | None = None,
         thinking: bool | None = None,

@@ -4,8 +4,9 @@ The prompt is built from, in order:
 
 1. **The system message** (pinned, never dropped): the system prompt, then a blank line, then the
    documents block (retrieved passages) when there is one. The documents band
-   (:data:`DOCUMENTS_SHARE` of the window) is owned here: :func:`fit_documents` keeps the
-   best-ranked passages that fit it and reports how many of the lowest-ranked were dropped.
+   (:data:`DOCUMENTS_SHARE` of the window) is owned here: :func:`plan_context` is given the
+   passages ranked, not fitted, and :func:`fit_documents` keeps the best-ranked that fit the band
+   (counted with the model's own counter) and reports how many of the lowest-ranked were dropped.
    Documents go into the system message because every chat format has a place for it there (the
    formats without a system role fold it into the first user turn), and because a pinned prefix
    keeps the KV cache reusable.
@@ -136,12 +137,16 @@ class ContextPlan:
         prompt_tokens: tokens of the rendered prompt.
         breakdown: tokens per part; keys ``system``, ``documents``, ``history``, ``current``,
             ``reserve``, ``free``; the values sum to the context window size.
+        documents_kept: the passages, the best-ranked, in the documents block.
+        documents_dropped: the lowest-ranked passages the documents band had no room for.
     """
 
     messages: list[Message]
     evicted: int
     prompt_tokens: int
     breakdown: dict[str, int]
+    documents_kept: int = 0
+    documents_dropped: int = 0
 
     @property
     def reserve(self) -> int:
@@ -151,6 +156,9 @@ class ContextPlan:
 
 DOCUMENTS_SHARE = 0.35
 """The share of the context window that retrieved passages may take: the documents band."""
+
+DEFAULT_DOCUMENTS_WINDOW = 4096
+"""The window the documents band is a share of when the model's is not known (a server may not say)."""
 
 MIN_DOCUMENTS_TOKENS = 64
 """The documents band of a tiny window is at least this many tokens."""
@@ -188,6 +196,10 @@ class DocumentsFit:
     kept: int
     dropped: int
     tokens: int
+
+
+NO_DOCUMENTS = DocumentsFit(None, 0, 0, 0)
+"""The fit of a turn without documents."""
 
 
 def documents_band(n_ctx: int) -> int:
@@ -276,7 +288,7 @@ def system_message(system: str | None, documents: str | None) -> Message | None:
 def plan_context(
     *,
     system: str | None,
-    documents: str | None,
+    documents: RankedDocuments | None,
     history: Sequence[Message],
     user: str | None,
     n_ctx: int,
@@ -287,14 +299,15 @@ def plan_context(
     tools_tokens: int = 0,
     media_tokens: Callable[[Message], int] | None = None,
     user_media: Sequence[Media] = (),
+    documents_window: int | None = None,
 ) -> ContextPlan:
     """Fit a conversation into the context window.
 
     Args:
         system: the system prompt (pinned).
-        documents: the retrieved documents block (pinned after the system prompt); retrieved
-            passages are fitted to the documents band first (:func:`fit_documents`, which drops
-            the lowest-ranked rather than refuse), so only a block built elsewhere can be refused.
+        documents: the retrieved passages, best first, not fitted: the best-ranked that fit the
+            documents band are pinned after the system prompt (:func:`fit_documents`, which drops
+            the lowest-ranked rather than refuse; the plan says how many it kept and dropped).
         history: earlier messages, oldest first.
         user: the new user message; None continues the last turn of ``history`` (after a tool
             result), which is then pinned like a new message.
@@ -307,14 +320,17 @@ def plan_context(
         media_tokens: the positions a message's images and clips take (the projector's count);
             ``count_tokens`` counts them in the prompt, this puts them in the ``media`` band.
         user_media: the images and clips attached to the new message ``user``.
+        documents_window: the window the documents band is a share of (default ``n_ctx``; a
+            server that does not say its window gives :data:`DEFAULT_DOCUMENTS_WINDOW`).
 
     Returns:
         The plan.
 
     Raises:
-        ContextOverflow: the documents block, or the system prompt, documents and new message
-            together, do not fit even without history; or history does not fit and the policy is
-            ``"refuse"``. The message gives the numbers and what to do.
+        ContextOverflow: the documents kept (a tiny window's band is larger than its budget), or
+            the system prompt, documents and new message together, do not fit even without
+            history; or history does not fit and the policy is ``"refuse"``. The message gives the
+            numbers and what to do.
         EngineError: ``n_ctx`` is not positive, ``reply_reserve`` is negative, ``policy`` is
             unknown, or ``user`` is None with no history to continue.
         TemplateError: raised by ``count_tokens`` when the chat template refuses the messages.
@@ -329,7 +345,8 @@ def plan_context(
     budget = n_ctx - reserve
     where = f"the context window is {n_ctx} (reserve {reserve})"
 
-    documents_tokens = count_text(documents) if documents else 0
+    fit = fit_documents(documents, documents_window or n_ctx, count_text) if documents is not None else NO_DOCUMENTS
+    documents_tokens = fit.tokens
     if documents_tokens > budget:
         raise ContextOverflow(
             f"the documents block needs {documents_tokens} tokens but {where}: "
@@ -338,7 +355,7 @@ def plan_context(
             prompt_tokens=documents_tokens,
             reserve=reserve,
         )
-    head = system_message(system, documents)
+    head = system_message(system, fit.text)
     lead = [head] if head is not None else []
     turns = _turns(history)
     if user is not None:
@@ -401,6 +418,8 @@ def plan_context(
         evicted=sum(len(turn) for turn in turns[:dropped]),
         prompt_tokens=prompt_tokens,
         breakdown=breakdown,
+        documents_kept=fit.kept,
+        documents_dropped=fit.dropped,
     )
 
 

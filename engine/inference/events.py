@@ -95,10 +95,20 @@ class Stats:
     changed since the last turn (what the cache holds was computed with the old ones)."""
     recompute_ms: float = 0.0
     """What reading those tokens again cost: their share of this turn's prefill."""
+    documents_kept: int = 0
+    """The retrieved passages, the best-ranked, that the documents band kept in the prompt."""
+    documents_dropped: int = 0
+    """The lowest-ranked passages the documents band had no room for (left out, not refused)."""
     budget: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Every field, as JSON; the documents counts only where there are some (a turn without
+        passages, or whose passages all fit, reads as before they existed)."""
+        out = asdict(self)
+        for key in ("documents_kept", "documents_dropped"):
+            if not out[key]:
+                del out[key]
+        return out
 
 
 @dataclass(frozen=True)

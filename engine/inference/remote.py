@@ -38,6 +38,7 @@ so the app treats local and remote models alike:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import threading
@@ -49,7 +50,7 @@ from typing import Any, Literal, Protocol
 import httpx
 
 from engine.errors import EngineError, ModelLoadError
-from engine.inference.context import Message, OverflowPolicy, plan_context
+from engine.inference.context import DEFAULT_DOCUMENTS_WINDOW, Message, OverflowPolicy, RankedDocuments, plan_context
 from engine.inference.events import Event, Finished, FinishReason, PrefillProgress, Token
 from engine.inference.remote_errors import connection_error, raise_for_status
 from engine.inference.remote_request import add_turn_options, chat_payload
@@ -274,7 +275,7 @@ class RemoteSession:
         params: GenerationParams | None = None,
         *,
         system: str | None = None,
-        documents: str | None = None,
+        documents: RankedDocuments | None = None,
         tools: Sequence[ToolSpec] = (),
         tool_choice: str | None = None,
         thinking: bool | None = None,
@@ -389,7 +390,7 @@ class RemoteSession:
         params: GenerationParams | None = None,
         *,
         system: str | None = None,
-        documents: str | None = None,
+        documents: RankedDocuments | None = None,
         cancel: threading.Event | None = None,
         cache_key: object | None = None,
         tools: Sequence[ToolSpec] = (),
@@ -439,6 +440,7 @@ class RemoteSession:
                 count_tokens=self.count_messages,
                 count_text=self.count_text,
                 policy=self.overflow_policy,
+                documents_window=info.n_ctx or DEFAULT_DOCUMENTS_WINDOW,
             )
             payload = chat_payload(
                 self.model, plan.messages, params, llama_family=self.llama_family, base_url=self.base_url
@@ -472,8 +474,10 @@ class RemoteSession:
                 budget["estimated"] = 1
             calls = () if cancelled else tool_calls(reply, self.base_url)
             yield from calls
-            stats = reply_stats(
-                reply, plan.prompt_tokens, plan.evicted, info.n_ctx, budget, t0, f"remote:{self.base_url}"
+            stats = dataclasses.replace(
+                reply_stats(reply, plan.prompt_tokens, plan.evicted, info.n_ctx, budget, t0, f"remote:{self.base_url}"),
+                documents_kept=plan.documents_kept,
+                documents_dropped=plan.documents_dropped,
             )
             yield stats
             reason: FinishReason = "cancelled" if cancelled else finish_reason(reply)

@@ -27,10 +27,14 @@ from engine.fit import kv_cache_bytes
 from engine.gguf import GgufInfo, read_gguf_info
 from engine.inference.adapters import LoraAdapter
 from engine.inference.context import (
+    NO_DOCUMENTS,
     ContextPlan,
+    DocumentsFit,
     Message,
     OverflowPolicy,
+    RankedDocuments,
     effective_reserve,
+    fit_documents,
     has_media,
     plan_context,
     split_media,
@@ -112,6 +116,7 @@ class ChatSession:
         self._specials: dict[int, str] | None = None  # marker tokens the worker renders without text
         self.last_prompt: list[int] = []
         self.last_plan: ContextPlan | None = None
+        self._last_fit: tuple[RankedDocuments, int, DocumentsFit] | None = None
         self.offload_note: str | None = None
         self._prompt_tokens: dict[str, list[int]] = {}
         self._lock = threading.Lock()
@@ -401,6 +406,19 @@ class ChatSession:
         assert self.template is not None
         return len(self._tokenize_prompt(self.template.render([_as_dict(m) for m in messages])))
 
+    def _documents_fit(self, documents: RankedDocuments | None) -> DocumentsFit:
+        """The documents band over ``documents``, as ``stream`` fits them (the last fit is kept: the
+        steps of one turn with tools measure the same passages)."""
+        assert self.info is not None
+        if documents is None:
+            return NO_DOCUMENTS
+        last = self._last_fit
+        if last is not None and last[0] is documents and last[1] == self.info.n_ctx:
+            return last[2]
+        fit = fit_documents(documents, self.info.n_ctx, self.count_text)
+        self._last_fit = (documents, self.info.n_ctx, fit)
+        return fit
+
     def prompt_view(self) -> PromptView:
         """The last prompt's tokens and pieces (empty before the first turn)."""
         with self._lock:
@@ -416,7 +434,7 @@ class ChatSession:
         params: GenerationParams | None = None,
         *,
         system: str | None = None,
-        documents: str | None = None,
+        documents: RankedDocuments | None = None,
         cancel: threading.Event | None = None,
         cache_key: KvKey | None = None,
         tools: Sequence[ToolSpec] = (),
@@ -537,7 +555,7 @@ class ChatSession:
         params: GenerationParams | None = None,
         *,
         system: str | None = None,
-        documents: str | None = None,
+        documents: RankedDocuments | None = None,
         tools: Sequence[ToolSpec] = (),
         tool_choice: str | None = None,
         thinking: bool | None = None,
@@ -559,7 +577,8 @@ class ChatSession:
             )
             messages, _dropped = self._media_history(messages)
             self._read_media([m for message in messages for m in message.media])
-            head = system_message(system, documents)
+            fit = self._documents_fit(documents)
+            head = system_message(system, fit.text)
             prompt = turn.render([*([head] if head is not None else []), *messages])
             reserve = effective_reserve(self.info.n_ctx, min(self.reply_reserve, params.max_tokens))
             return self.info.n_ctx - reserve - len(self._tokenize_prompt(prompt))
@@ -831,6 +850,8 @@ class ChatSession:
             adapters=result.adapters,
             recomputed_tokens=result.recomputed_tokens,
             recompute_ms=result.recompute_ms,
+            documents_kept=plan.documents_kept,
+            documents_dropped=plan.documents_dropped,
             budget=dict(plan.breakdown),
         )
 

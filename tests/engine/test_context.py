@@ -49,6 +49,20 @@ def history_of(n: int, size: int = 10) -> list[Message]:
     return [m for i in range(n) for m in turn(i, size)]
 
 
+class Block:
+    """One passage whose block is ``text``: kept whole or left out by the documents band."""
+
+    def __init__(self, text: str) -> None:
+        self.block = text
+
+    @property
+    def count(self) -> int:
+        return 1
+
+    def text(self, kept: int) -> str:
+        return self.block if kept else ""
+
+
 def plan(history: Sequence[Message], *, n_ctx: int, reserve: int = 0, **kwargs: object) -> ContextPlan:
     tok = kwargs.pop("tok", None) or FakeTokenizer()
     assert isinstance(tok, FakeTokenizer)
@@ -73,7 +87,7 @@ def check_breakdown(result: ContextPlan, n_ctx: int) -> None:
 
 def test_everything_fits_and_the_breakdown_is_exact() -> None:
     history = history_of(2)
-    result = plan(history, n_ctx=1000, reserve=100, documents="doc one two three")
+    result = plan(history, n_ctx=1000, reserve=100, documents=Block("doc one two three"))
     assert result.evicted == 0
     assert result.messages[0] == Message("system", "be kind\n\ndoc one two three")
     assert result.messages[1:-1] == history
@@ -103,7 +117,7 @@ def test_no_system_and_no_documents_means_no_system_message() -> None:
 
 
 def test_documents_without_system_prompt_form_the_system_message() -> None:
-    result = plan([], n_ctx=100, system=None, documents="some passage")
+    result = plan([], n_ctx=100, system=None, documents=Block("some passage"))
     assert result.messages[0] == Message("system", "some passage")
     assert result.breakdown["documents"] == 2
     check_breakdown(result, 100)
@@ -185,10 +199,17 @@ def test_refuse_policy_is_fine_when_everything_fits() -> None:
     assert result.evicted == 0
 
 
-def test_documents_that_cannot_fit_are_refused_with_the_numbers() -> None:
-    documents = " ".join(["passage"] * 200)
-    with pytest.raises(ContextOverflow, match=r"documents block needs 200 tokens but the context window is 128"):
-        plan([], n_ctx=128, reserve=32, documents=documents)
+def test_documents_past_the_band_are_left_out_and_counted_not_refused() -> None:
+    result = plan([], n_ctx=128, reserve=32, documents=Block(" ".join(["passage"] * 200)))
+    assert (result.documents_kept, result.documents_dropped) == (0, 1)
+    assert result.messages[0] == Message("system", "be kind") and result.breakdown["documents"] == 0
+    check_breakdown(result, 128)
+
+
+def test_a_tiny_windows_band_larger_than_its_budget_is_refused_with_the_numbers() -> None:
+    # A 64-token window: the band is its minimum, 64 tokens, but only 48 are left past the reserve.
+    with pytest.raises(ContextOverflow, match=r"documents block needs 60 tokens but the context window is 64"):
+        plan([], n_ctx=64, reserve=16, documents=Block(" ".join(["passage"] * 60)))
 
 
 def test_pinned_parts_that_cannot_fit_are_refused_even_when_rolling() -> None:
@@ -208,7 +229,7 @@ def test_breakdown_stays_exact_when_pieces_tokenize_longer_than_the_prompt() -> 
     tok = FakeTokenizer()
     result = plan_context(
         system="a b c",
-        documents="d e f g",
+        documents=Block("d e f g"),
         history=history_of(1),
         user="h",
         n_ctx=200,
@@ -245,7 +266,7 @@ def test_plan_with_a_real_template_renderer_fits_and_adds_up() -> None:
     history = history_of(30)
     result = plan_context(
         system="You are terse.",
-        documents="[1] notes.md: the sky is blue",
+        documents=Block("[1] notes.md: the sky is blue"),
         history=history,
         user="what colour is the sky?",
         n_ctx=300,
@@ -473,10 +494,10 @@ def test_passages_past_the_band_are_dropped_from_the_lowest_ranked_not_refused()
     assert band == 350 and (fit.kept, fit.dropped) == (3, 3)
     assert fit.text is not None and "p3" in fit.text and "p4" not in fit.text
     assert fit.tokens == _words(fit.text) <= band
-    # The documents fitted this way always fit the plan (the band is inside the budget).
+    # The plan fits them the same way (the band is inside the budget) and says what it kept.
     plan = plan_context(
         system="Be brief.",
-        documents=fit.text,
+        documents=ranked,
         history=[],
         user="hi",
         n_ctx=1000,
@@ -485,6 +506,8 @@ def test_passages_past_the_band_are_dropped_from_the_lowest_ranked_not_refused()
         count_text=_words,
     )
     assert plan.breakdown["documents"] == fit.tokens
+    assert (plan.documents_kept, plan.documents_dropped) == (3, 3)
+    assert plan.messages[0].content == f"Be brief.\n\n{fit.text}"
 
 
 def test_when_not_even_the_best_passage_fits_none_is_kept_and_all_are_reported() -> None:

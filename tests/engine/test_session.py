@@ -87,16 +87,31 @@ def test_follow_up_turn_reuses_the_previous_turn(session: ChatSession) -> None:
     assert second.stats.prompt_tokens - second.stats.cached_tokens < second.stats.prompt_tokens // 2
 
 
+class OneBlock:
+    """One retrieved passage, already a documents block (``engine.inference.context.RankedDocuments``)."""
+
+    def __init__(self, block: str) -> None:
+        self.block = block
+
+    @property
+    def count(self) -> int:
+        return 1
+
+    def text(self, kept: int) -> str:
+        return self.block if kept else ""
+
+
 def test_system_prompt_and_documents_are_counted(session: ChatSession) -> None:
     _, finished, _ = _turn(
         session,
         [],
         "Summarise.",
         system="You are terse.",
-        documents="[1] notes.txt\nThe meeting is on Tuesday.",
+        documents=OneBlock("[1] notes.txt\nThe meeting is on Tuesday."),
     )
     assert finished.stats.budget["system"] > 0
     assert finished.stats.budget["documents"] > 0
+    assert (finished.stats.documents_kept, finished.stats.documents_dropped) == (1, 0)
 
 
 def test_long_conversation_evicts_and_keeps_answering(starter_model: Path) -> None:

@@ -4,9 +4,9 @@ With ``--prompt`` it answers once. Without it, each line of stdin is a user turn
 conversation, so the KV cache of earlier turns is reused. ``--json`` prints one JSON object per
 turn: the reply, ``finish_reason``, every Stats field, ``sources`` and ``documents_dropped``.
 
-With ``--kb`` the passages found are fitted by the engine's documents band, as in the app
-(``app.knowledge_glue.fit_passages``): the lowest-ranked that do not fit are left out, said in one
-line on stderr and recorded as ``documents_dropped`` with the reply's stats.
+With ``--kb`` the passages found go to the backend, whose documents band fits them as in the app:
+the lowest-ranked that do not fit are left out, said in one line on stderr and recorded as
+``documents_dropped`` with the reply's stats.
 
 Conversations are saved to the history like the app's (``app.cli.commands.chat_history``): a new one
 prints its id first (``"conversation_id"`` with ``--json``); ``--conversation ID`` continues it, in
@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from app.cli.commands import chat_tools
 from app.cli.commands._output import add_json_flag, positive_int, print_json
 from app.cli.commands.model_resolver import resolve_model
-from app.knowledge_glue import Retrieval
+from app.knowledge_glue import kept_sources
 from app.paths import Paths
 from engine.media import load_media
 
@@ -42,12 +42,9 @@ if TYPE_CHECKING:
     from app.cli.commands.chat_history import ChatLog
     from app.knowledge_glue import Retriever
     from engine.inference.backends import ChatBackend
-    from engine.inference.context import Message
+    from engine.inference.context import Message, RankedDocuments
     from engine.inference.runtime import GenerationParams
     from engine.media import Media
-
-NOTHING = Retrieval(None, [], 0)
-"""A turn without retrieved documents."""
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:
@@ -163,7 +160,8 @@ class _Chat:
         outcome = None  # the agent loop's result, with --tools
         try:
             search = self.retriever is not None and not (tools is not None and tools.offers_search)
-            documents, sources, dropped = self.retriever(user, self.session) if search and self.retriever else NOTHING
+            passages = self.retriever(user) if search and self.retriever else None
+            documents = passages.documents if passages is not None else None
             key = chat_log.cache_key() if args.endpoint is None and not args.no_kv_cache else None
             if tools is not None:
                 outcome = tools.answer(
@@ -189,7 +187,9 @@ class _Chat:
             chat_log.fail_turn(exc)
             raise
         saved = outcome.saved_text if outcome else reply
-        chat_log.finish_turn(saved, finished, outcome.record if outcome else None, sources, documents_dropped=dropped)
+        assert finished is not None  # a turn that did not finish raised instead (fail_turn saved it)
+        sources, dropped = kept_sources(passages, finished.stats), finished.stats.documents_dropped
+        chat_log.finish_turn(saved, finished, outcome.record if outcome else None, sources)
         if args.json:
             print_json(
                 {
@@ -334,7 +334,7 @@ def _answer(
     user: str,
     params: Any,
     system: str | None,
-    documents: str | None,
+    documents: RankedDocuments | None,
     quiet: bool,
     cache_key: Any = None,
     options: dict[str, Any] | None = None,
@@ -420,8 +420,8 @@ def _print_sources(sources: list[dict[str, Any]]) -> None:
 
 
 def _retriever(args: argparse.Namespace, paths: Paths) -> Retriever:
-    """Returns ``fn(query, session) -> Retrieval`` over the named knowledge bases: the passages found,
-    fitted by the engine's documents band (``app.knowledge_glue.fit_passages``)."""
+    """Returns ``fn(query) -> Passages`` over the named knowledge bases: the passages found, ranked
+    (the backend's documents band fits them)."""
     from app.knowledge_glue import make_retriever
 
     return make_retriever(paths, args.kb, args.chroma_url)

@@ -149,19 +149,16 @@ class ChatLog:
         finished: Finished | None,
         record: AgentRecord | None = None,
         sources: Sequence[Mapping[str, object]] | None = None,
-        documents_dropped: int = 0,
     ) -> None:
-        """Saves the reply: complete, or partial when stopped, with its stats, the turn's tool steps
-        and thinking (``record``; without one, the thinking of ``finished``) and its sources; the
-        passages the documents band left out are ``documents_dropped`` in the stats, as in the app."""
+        """Saves the reply: complete, or partial when stopped, with its stats (the passages the
+        documents band left out among them, as in the app), the turn's tool steps and thinking
+        (``record``; without one, the thinking of ``finished``) and its sources."""
         assert self._reply_id is not None
         assert finished is not None  # a turn that did not finish raised instead (fail_turn saves it)
         state = "partial" if finished.reason == "cancelled" else "complete"
         stats = finished.stats.to_dict()
         stats["finish_reason"] = finished.reason
         stats.update(_record(record, finished).stats())
-        if documents_dropped:
-            stats["documents_dropped"] = documents_dropped
         self._store.finish_message(self._reply_id, text, state=state, stats=stats, sources=sources or None)
         self._reply_id = None
         self._progress = None

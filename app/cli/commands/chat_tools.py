@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from app.agent_history import AgentRecord
     from engine.agent.loop import AgentResult, Decision, ToolStep
     from engine.inference.backends import ChatBackend
-    from engine.inference.context import Message
+    from engine.inference.context import Message, RankedDocuments
     from engine.inference.events import Event, Finished, ToolCall
     from engine.inference.kv_cache import KvKey
     from engine.inference.runtime import GenerationParams
@@ -216,7 +216,7 @@ class ChatTools:
         user: str,
         params: GenerationParams | None,
         system: str | None,
-        documents: str | None,
+        documents: RankedDocuments | None,
         quiet: bool,
         cache_key: KvKey | None = None,
         progress: Callable[[str, AgentRecord], None] | None = None,

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from app.tool_setup import ToolSet
     from engine.agent.loop import Agent, AgentResult, AgentRun, Decision, ToolStep
     from engine.inference.backends import ChatBackend
-    from engine.inference.context import Message
+    from engine.inference.context import Message, RankedDocuments
     from engine.inference.events import Event, Finished, ToolCall
     from engine.inference.tools import ToolSpec
 
@@ -111,7 +111,7 @@ def agent_events(
     toolset: ToolSet,
     request: GenerateRequest,
     history: Sequence[Message],
-    documents: str | None,
+    documents: RankedDocuments | None,
     options: StreamOptions,
     ask: Callable[[ApprovalRequest], None],
     record: Callable[[Record], None],
@@ -123,7 +123,7 @@ def agent_events(
         toolset: the tools (a ToolProvider with ``always_allows`` and ``allow_always``).
         request: the ``GenerateRequest`` (``tools`` set).
         history: the earlier messages (``engine.inference.context.Message``).
-        documents: the documents block, if any.
+        documents: the retrieved passages, if any (the backend fits them).
         options: more ``stream`` keywords (the KV cache key, the thinking switch or budget).
         ask: shows an approval to the user (emits a signal); the call then waits on its gate.
         record: takes each record (emits a signal).

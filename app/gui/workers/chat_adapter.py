@@ -147,7 +147,6 @@ class ChatAdapter(QObject):
         worker.prefill_progressed.connect(turns.on_prefill)
         worker.generation_finished.connect(turns.on_finished)
         worker.generation_failed.connect(turns.on_failed)
-        worker.retrieval_failed.connect(turns.on_fit_failed)
         worker.prompt_view_ready.connect(self.prompt_view_updated)
         worker.bandwidth_measured.connect(self.bandwidth_measured)
         worker.reasoning_received.connect(self.agent.on_reasoning)

@@ -53,7 +53,6 @@ class ReplyTurn:
     text: list[str] = field(default_factory=list)
     tokens: int = 0
     sources: list[dict[str, Any]] = field(default_factory=list)
-    documents_dropped: int = 0
     retrieving: bool = False
     last_checkpoint: float = 0.0
     first_token_at: float | None = None
@@ -81,7 +80,8 @@ class FinalReply:
 
 def final_reply(turn: ReplyTurn, reason: str, text: str, stats: Stats | None, error: str | None) -> FinalReply:
     """The reply's row as the turn ended: ``complete``, ``partial`` (stopped, or failed after some
-    text) or ``error``; its stats with the finish reason, the agent's records, the passages dropped."""
+    text) or ``error``; its stats (the passages the documents band dropped among them) with the
+    finish reason and the agent's records."""
     if reason == "error":
         state = "error" if not text else "partial"
     elif reason == "cancelled":
@@ -92,8 +92,6 @@ def final_reply(turn: ReplyTurn, reason: str, text: str, stats: Stats | None, er
     if stats_dict is not None:
         stats_dict["finish_reason"] = reason
     extra = turn.agent.stats()  # tool calls and results, the loop's timeline, the thinking
-    if turn.documents_dropped:
-        extra["documents_dropped"] = turn.documents_dropped
     if extra:
         stats_dict = {**(stats_dict or {}), **extra}
     return FinalReply(text, state, stats_dict, list(turn.sources) or None, error)

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from app.gui.workers.agent_tools import ToolsRequest
-    from engine.inference.context import RankedDocuments
+    from app.knowledge_glue import Passages
 
 
 @dataclass(frozen=True)
@@ -21,13 +21,12 @@ class Retrieved:
     """What a turn's retrieval found (made on the knowledge thread, read on the GUI thread).
 
     Attributes:
-        passages: the passages, cited, best first, not fitted (None when nothing matched).
-        sources: one dict per passage (n, path, page, snippet, score, heading), for history.
+        passages: the passages, cited, best first, not fitted, and their sources (None when
+            nothing matched).
         skipped: nothing was searched: the model searches the knowledge bases itself.
     """
 
-    passages: RankedDocuments | None
-    sources: tuple[dict[str, Any], ...]
+    passages: Passages | None
     skipped: bool = False
 
 
@@ -48,11 +47,6 @@ class PassageRetriever(Protocol):
 
 RetrieverFactory = Callable[[tuple[str, ...]], PassageRetriever]
 """``kb_names -> retriever``: what the adapter asks for a turn's passages."""
-
-
-def kept_sources(sources: tuple[dict[str, Any], ...], dropped: int) -> list[dict[str, Any]]:
-    """The sources of the passages the documents band kept (the lowest-ranked ``dropped`` went)."""
-    return list(sources[: max(len(sources) - dropped, 0)])
 
 
 def model_searches(tools: ToolsRequest | None) -> Callable[[], bool] | None:

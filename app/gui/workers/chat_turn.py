@@ -21,7 +21,7 @@ from PySide6.QtCore import QObject, Slot
 from app.agent_history import model_history
 from app.gui.tasks import describe_error
 from app.gui.workers.chat_reply import ReplyTurn, final_reply
-from app.gui.workers.chat_retrieval import Retrieved, kept_sources, model_searches
+from app.gui.workers.chat_retrieval import Retrieved, model_searches
 from app.gui.workers.chat_send import (
     ProgressBox,
     Question,
@@ -33,6 +33,7 @@ from app.gui.workers.chat_send import (
 from app.gui.workers.chat_state import ChatState, TurnContext
 from app.gui.workers.history_disk import is_unreadable
 from app.gui.workers.llm_requests import GenerateRequest, GenerationOutcome
+from app.knowledge_glue import kept_sources
 
 if TYPE_CHECKING:
     from app.gui.workers.chat_adapter import ChatAdapter
@@ -158,9 +159,9 @@ class TurnRunner(QObject):
         if self.turn is not turn or not turn.retrieving:
             return  # stopped meanwhile: the turn already ended
         if found.passages is not None:
-            turn.sources = list(found.sources)
+            turn.sources = list(found.passages.sources)
             turn.request = replace(turn.request, passages=found.passages)
-            self._chat.sources_found.emit(list(found.sources))
+            self._chat.sources_found.emit(list(found.passages.sources))
         self._submit(turn)
 
     def _on_retrieval_failed(self, turn: ReplyTurn, exc: BaseException) -> None:
@@ -191,14 +192,6 @@ class TurnRunner(QObject):
             chat.set_state(ChatState.CANCELLING)
 
     # ------------------------------------------------------------------ the worker's signals
-    @Slot(int, object)
-    def on_fit_failed(self, request_id: int, exc: BaseException) -> None:
-        """The passages could not be fitted: the reply goes on without them."""
-        turn = self.current(request_id)
-        if turn is not None:
-            turn.sources = []
-            self._chat.error_occurred.emit(f"Documents not used: {describe_error(exc)}")
-
     @Slot(int, int, int)
     def on_prefill(self, request_id: int, done: int, total: int) -> None:
         """Prompt evaluation progress."""
@@ -239,11 +232,12 @@ class TurnRunner(QObject):
         # With the reason, as a saved reply keeps it: the inspector says a reply stopped in prefill was.
         chat.stats_updated.emit({**outcome.stats.to_dict(), "finish_reason": outcome.reason})
         turn.agent.reasoning_done = outcome.reasoning
-        if outcome.documents_dropped:
-            turn.documents_dropped = outcome.documents_dropped
-            turn.sources = kept_sources(tuple(turn.sources), outcome.documents_dropped)
+        dropped = outcome.stats.documents_dropped
+        if turn.request.passages is not None:
+            turn.sources = kept_sources(turn.request.passages, outcome.stats)
+        if dropped:
             chat.notice_posted.emit(
-                f"{outcome.documents_dropped} of the passages found did not fit the context window and were left out."
+                f"{dropped} of the passages found did not fit the context window and were left out."
             )
         self.finish(outcome.reason, outcome.text, outcome.stats)
         chat.reply_finished.emit(outcome)

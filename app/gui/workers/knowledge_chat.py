@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 from app.gui.workers.chat_retrieval import Retrieved
@@ -109,15 +108,11 @@ class ChatRetriever:
         adapter, names = self._adapter, self.names
 
         def work() -> Retrieved:
-            from app.knowledge_glue import CHAT_PASSAGES
-            from rag.knowledge import retrieve_passages
+            from app.knowledge_glue import retrieve
 
             if skip is not None and skip():
-                return Retrieved(None, (), skipped=True)
-            cited = retrieve_passages(adapter.chat_searcher, names, query, k=CHAT_PASSAGES)
-            if not cited.count:
-                return Retrieved(None, ())
-            return Retrieved(cited, tuple(asdict(source) for source in cited.sources))
+                return Retrieved(None, skipped=True)
+            return Retrieved(retrieve(adapter.chat_searcher, names, query))
 
         if adapter.closed:
             on_error(RuntimeError("the knowledge bases are closed"))

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from app.gui.workers.llm_requests import GenerateRequest
     from app.tool_setup import ToolSet
     from engine.inference.backends import ChatBackend
-    from engine.inference.context import Message
+    from engine.inference.context import Message, RankedDocuments
     from engine.inference.events import Event, Finished
     from engine.inference.kv_cache import KvKey
 
@@ -62,7 +62,7 @@ def turn_events(
     request: GenerateRequest,
     history: Sequence[Message],
     toolset: ToolSet | None,
-    documents: str | None,
+    documents: RankedDocuments | None,
     ask: Callable[[ApprovalRequest], None],
     record: Callable[[Record], None],
 ) -> Iterator[Event | TextBreak]:
@@ -170,7 +170,7 @@ class Coalescer:
             self._call_sent = self._call_tokens
 
 
-def outcome_of(request: GenerateRequest, event: Finished, started: float, dropped: int) -> GenerationOutcome:
+def outcome_of(request: GenerateRequest, event: Finished, started: float) -> GenerationOutcome:
     """The turn's outcome for its ``Finished`` (``started``: its ``time.perf_counter()``)."""
     elapsed = (time.perf_counter() - started) * 1000
     reasoning: ReasoningSummary | None = (
@@ -178,4 +178,4 @@ def outcome_of(request: GenerateRequest, event: Finished, started: float, droppe
         if event.reasoning
         else None
     )
-    return GenerationOutcome(request.request_id, event.reason, event.text, event.stats, elapsed, reasoning, dropped)
+    return GenerationOutcome(request.request_id, event.reason, event.text, event.stats, elapsed, reasoning)

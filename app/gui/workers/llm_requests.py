@@ -16,7 +16,8 @@ if TYPE_CHECKING:
     from app.agent_history import PlainTurn
     from app.compose import GpuLayers, RemoteModel
     from app.gui.workers.agent_tools import ToolsRequest
-    from engine.inference.context import Message, RankedDocuments
+    from app.knowledge_glue import Passages
+    from engine.inference.context import Message
     from engine.inference.events import Stats
     from engine.inference.remote import RemoteInfo
     from engine.inference.runtime import GenerationParams, ModelInfo
@@ -70,11 +71,10 @@ class GenerateRequest:
         user: the new user message.
         params: the sampling and decoding parameters.
         system: the system prompt.
-        documents: a documents block built elsewhere, if any (used as it is).
         cancel: set by the GUI thread to stop.
         passages: the passages retrieved for this turn (on the knowledge thread, before the
-            request came here), best first: the engine's documents band keeps those that fit
-            (``engine.inference.context.fit_documents``) and the outcome says how many it dropped.
+            request came here), best first: the backend's documents band keeps those that fit and
+            its Stats say how many it kept and dropped.
         cache_key: ``(conversation id, branch)`` of the KV cache saved with the chat
             (``engine.inference.kv_cache.KvKey``; the branch is the id of the reply being written).
         tools: the turn runs the agent loop with these tools (None: a plain generation).
@@ -90,9 +90,8 @@ class GenerateRequest:
     user: str
     params: GenerationParams | None
     system: str | None = None
-    documents: str | None = None
     cancel: threading.Event = field(default_factory=threading.Event, compare=False)
-    passages: RankedDocuments | None = field(default=None, compare=False)
+    passages: Passages | None = field(default=None, compare=False)
     cache_key: tuple[str, str] | None = None
     tools: ToolsRequest | None = None
     thinking: bool | None = None
@@ -128,7 +127,8 @@ class ReasoningSummary(TypedDict):
 
 @dataclass(frozen=True)
 class GenerationOutcome:
-    """The end of a generation: the reason, the whole text, and the engine's Stats."""
+    """The end of a generation: the reason, the whole text, and the engine's Stats (the passages
+    the documents band kept and dropped among them)."""
 
     request_id: int
     reason: str
@@ -136,4 +136,3 @@ class GenerationOutcome:
     stats: Stats
     elapsed_ms: float
     reasoning: ReasoningSummary | None = None  # the thinking, when there was some
-    documents_dropped: int = 0  # the lowest-ranked passages the documents band had no room for

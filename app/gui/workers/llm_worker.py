@@ -51,8 +51,6 @@ class LlmWorker(QObject):
         generation_failed(int, object): request id, the exception.
         prompt_view_ready(object): ``app.gui.workers.speculative.TokensView``: the last prompt and its reply.
         bandwidth_measured(float): the machine's memory bandwidth in GB/s (probed once, cached).
-        retrieval_failed(int, object): request id and the exception: the passages could not be
-            fitted (the reply goes on without them).
         reasoning_received(int, str): request id, coalesced thinking text.
         agent_recorded(int, object): request id, a record of the agent loop (agent_turn.agent_events).
         approval_requested(int, object): request id, an ``agent_turn.ApprovalRequest`` to answer.
@@ -68,7 +66,6 @@ class LlmWorker(QObject):
     generation_failed = Signal(int, object)
     prompt_view_ready = Signal(object)
     bandwidth_measured = Signal(float)
-    retrieval_failed = Signal(int, object)
     reasoning_received = Signal(int, str)
     agent_recorded = Signal(int, object)
     approval_requested = Signal(int, object)
@@ -164,7 +161,7 @@ class LlmWorker(QObject):
             toolset = self._toolsets.get(request.tools, session) if request.tools is not None else None
             # With search_knowledge offered the model retrieves when it decides to: no passages up front.
             searches = toolset is not None and offers_search(toolset)
-            documents, dropped = self._documents(request, session, searches)
+            documents = request.passages.documents if request.passages is not None and not searches else None
             events = turn_events(
                 session,
                 request,
@@ -177,7 +174,7 @@ class LlmWorker(QObject):
             for event in events:
                 if isinstance(event, Finished):
                     stream.flush()
-                    self.generation_finished.emit(outcome_of(request, event, started, dropped))
+                    self.generation_finished.emit(outcome_of(request, event, started))
                 else:
                     stream.take(event)
         except Exception as exc:  # noqa: BLE001 - boundary: EngineCrashed, ContextOverflow, ... become a signal
@@ -185,24 +182,6 @@ class LlmWorker(QObject):
             self.generation_failed.emit(rid, exc)
             return
         self._emit_prompt_view(session, stream.reply)
-
-    def _documents(self, request: GenerateRequest, session: ChatBackend, searches: bool) -> tuple[str | None, int]:
-        """The documents block of a turn and how many passages the documents band dropped.
-
-        The passages came with the request; the engine's band fits them with this session's
-        token counter. A fit that fails (the counter raised) is reported and the turn goes on
-        without them.
-        """
-        if request.passages is None or searches:
-            return request.documents, 0
-        from app.knowledge_glue import fit_passages
-
-        try:
-            fit = fit_passages(request.passages, session)
-        except Exception as exc:  # noqa: BLE001 - documents are optional: answer without them
-            self.retrieval_failed.emit(request.request_id, exc)
-            return request.documents, 0
-        return fit.text, fit.dropped
 
     @staticmethod
     def _after_flush(stream: Coalescer, signal: SignalInstance, rid: int, payload: object) -> None:

@@ -51,16 +51,6 @@ class RecordingKnowledgeBases:
         return []
 
 
-class Session:
-    """The served session as the retriever sees it: its window and token counter."""
-
-    class info:
-        n_ctx = 2048
-
-    def count_text(self, text: str) -> int:
-        return len(text.split())
-
-
 @pytest.fixture
 def knowledge(qapp: object, tmp_path: Path) -> Iterator[tuple[SharedKnowledge, RecordingKnowledgeBases]]:
     kbs = RecordingKnowledgeBases()
@@ -77,8 +67,8 @@ def test_the_servers_retrieval_reaches_the_windows_knowledge_bases(
     shared, kbs = knowledge
     shared.get("notes")
     retrieve = make_retriever(Paths.resolve(tmp_path), ["notes"], kbs=shared)
-    found = retrieve("where is the lighthouse?", Session())
-    assert (found.documents, found.sources, found.dropped) == (None, [], 0)  # nothing found: no documents block
+    found = retrieve("where is the lighthouse?")
+    assert found is None  # nothing found: no passages
     assert [name for name, _ in kbs.calls] == ["get", "searchable", "get", "pending", "rebuild", "query_many"]
     assert kbs.calls[-1][1][:2] == (["notes"], "where is the lighthouse?")  # type: ignore[index]
     shared.close()  # the window keeps owning its knowledge process
