@@ -3,7 +3,8 @@
 Run: ``make bench`` or ``pytest tests/bench/bench_threads.py -s``.
 
 The app's worker (``engine.inference.runtime``) picks its threads (``default_threads``: one fewer
-than the physical cores for decoding, all of them for prompt batches) and llama.cpp's OpenMP
+than the physical cores for decoding, for prompt batches all of them less those other programs
+are running on, ``prompt_threads``) and llama.cpp's OpenMP
 settings (``WORKER_ENVIRONMENT``). Here the starter model runs in that very worker, a fresh process
 each time, with the app's choice and with the alternatives: every core for both with libgomp's
 default wait (a 300,000-spin wait, then sleep), with the app's wait, with ``OMP_WAIT_POLICY=PASSIVE``
@@ -46,7 +47,7 @@ from tests.bench.results import budgets, record
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 
-ROUNDS = int(os.environ.get("BENCH_THREADS_ROUNDS", "3"))
+ROUNDS = int(os.environ.get("BENCH_THREADS_ROUNDS", "4"))
 PASSAGE = (
     "The keeper of the lighthouse wrote in his log each evening: the wind, the sea, the ships that "
     "passed, the oil the lamp had burned and the hours he had slept. "

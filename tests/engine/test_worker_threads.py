@@ -13,6 +13,8 @@ from engine.inference.runtime import (
     LoadParams,
     apply_worker_environment,
     default_threads,
+    others_running,
+    prompt_threads,
     usable_cores,
 )
 
@@ -49,3 +51,32 @@ def test_the_worker_reports_its_threads_and_environment(starter_model: Path) -> 
     assert (info.n_threads, info.n_threads_batch) == (decode, 1)
     expected = apply_worker_environment(dict(__import__("os").environ))
     assert info.environment == expected
+
+
+def test_prompt_batches_take_the_cores_nobody_else_uses() -> None:
+    assert prompt_threads(2, 0) == 2
+    assert prompt_threads(2, 1) == 1
+    assert prompt_threads(2, 5) == 1
+    assert prompt_threads(16, 3) == 13
+    assert prompt_threads(4, None) == 4  # cannot tell: every core
+    busy = others_running()
+    assert busy is None or busy >= 0
+
+
+@pytest.mark.model
+def test_the_reply_does_not_depend_on_how_many_threads_read_the_prompt(starter_model: Path) -> None:
+    from engine.inference.runtime import GenerationParams
+
+    replies = []
+    for batch in (1, 2):
+        with InferenceWorker(LoadParams(model_path=starter_model, n_ctx=512, n_threads=1, n_threads_batch=batch)) as w:
+            w.start()
+            tokens = w.tokenize("The lighthouse keeper wrote in his log each evening: " * 8, add_bos=True)
+            gen = w.generate(tokens, GenerationParams(max_tokens=24, temperature=0.0))
+            while True:
+                try:
+                    next(gen)
+                except StopIteration as done:
+                    replies.append(done.value.text)
+                    break
+    assert replies[0] == replies[1] and replies[0]
