@@ -25,7 +25,11 @@ from typing import Any
 
 RESULTS_ENV = "GLASSBOX_BENCH_RESULTS"
 
-KNOWN_MISSES: dict[str, str] = {}
+KNOWN_MISSES: dict[str, str] = {
+    # The Qt-free settings model (pydantic, ~120 ms of CPU) and the chat page's modules, imported
+    # and built before the first paint, are most of what is left (issue 23's report).
+    "window vs bare Qt: start-up": "issue 23 follow-up: settings and the chat page at start",
+}
 """Figures known to miss their budget, by name, with the issue that will close each ("issue 23").
 A known miss is shown as such in the table and does not fail ``make bench``; one that passes
 again is shown as passing (then remove it here)."""
