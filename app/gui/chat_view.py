@@ -30,6 +30,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.gui.attachments import MediaRowWidget
 from app.gui.display_text import plain_label, plain_tooltip, rich, shown
 from app.gui.markdown_render import COPY_SCHEME, LIGHT_CODE, SAFE_LINK_SCHEMES, CodeColors, plain_html
 from app.gui.reply_blocks import BlockLabel, TextBlocks
@@ -178,6 +179,10 @@ class MessageCard(QFrame):
         is_user = message.role == "user"
 
         inner = self._build_bubble(is_user, message.model or assistant_name or "Assistant")
+        self.media_row: MediaRowWidget | None = None
+        if is_user and (message.media or message.media_missing):
+            self.media_row = MediaRowWidget(message.media, message.media_missing)
+            inner.addWidget(self.media_row)
         self._build_body(inner)
         self._build_sources(inner)
         self._build_actions(inner, is_user)

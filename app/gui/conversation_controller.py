@@ -8,6 +8,7 @@ only builds it.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,6 +28,9 @@ if TYPE_CHECKING:
     from app.gui.workers.history_service import HistoryService
     from engine.history import HistoryStore
     from engine.history_schema import Conversation
+
+
+log = logging.getLogger(__name__)
 
 
 class ConversationController(QObject):
@@ -85,8 +89,11 @@ class ConversationController(QObject):
         self._wire_history_safety()
 
     def start(self) -> None:
-        """Finishes replies a crash left pending and opens the newest chat (on the history thread)."""
+        """Finishes replies a crash left pending, purges the chats deleted in an earlier session (an
+        Undo lives only in the session that deleted) with the images only they used, and opens the
+        newest chat (on the history thread)."""
         self.history.call(lambda s: s.recover_pending(), None, lambda e: self.notices.show_error(describe_error(e)))
+        self.history.call(purge_deleted_chats, None, lambda e: log.warning("purging deleted chats: %s", e))
         self.history.call(lambda s: s.list_conversations(), self._on_first_conversations, self.history_failed)
 
     def _on_first_conversations(self, conversations: list[Conversation]) -> None:
@@ -283,3 +290,13 @@ class ConversationController(QObject):
                 settings["preset"] = preset
                 settings["sampling"] = own
                 self.chat.update_conversation(system_prompt=system, settings=settings)
+
+
+def purge_deleted_chats(store: HistoryStore) -> int:
+    """Removes the chats deleted before now for good, then the attachments no message uses any more
+    (``engine.media_store``); returns how many files went."""
+    from app.gui.workers.history_reads import media_folder
+    from engine.media_store import MediaStore
+
+    store.purge_deleted()
+    return MediaStore(media_folder(store.path)).sweep(store.media_in_use())

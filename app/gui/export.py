@@ -1,8 +1,13 @@
 """Export a conversation (its current branch) to Markdown, HTML, JSON or PDF. Qt-free except PDF
-(:mod:`app.gui.export_pdf`, imported only for a PDF)."""
+(:mod:`app.gui.export_pdf`, imported only for a PDF).
+
+A user message's images are embedded in Markdown and HTML (``data:`` URLs: the file stands alone,
+nothing is loaded from elsewhere) and referenced in JSON (their SHA-256, type and size, and where
+the data folder keeps them: ``media/<aa>/<sha256>.<ext>``)."""
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import html
 import json
@@ -17,6 +22,7 @@ from engine.atomic import write_bytes_atomic, write_text_atomic
 
 if TYPE_CHECKING:
     from app.gui.workers.history_reads import DisplayMessage
+    from engine.media import Media
 
 _COPY_LINK = re.compile(rf'(?:&nbsp;)*<a href="{COPY_SCHEME}:\d+"[^>]*>Copy</a>')
 FORMATS = {"md": "Markdown (*.md)", "html": "HTML (*.html)", "json": "JSON (*.json)", "pdf": "PDF (*.pdf)"}
@@ -56,7 +62,14 @@ def to_markdown(title: str, messages: Sequence[DisplayMessage], system_prompt: s
     for m in messages:
         who = _role(m.role) if m.role != "assistant" or not m.model else f"Assistant ({m.model})"
         suffix = _state_note(m)
-        lines += [f"## {who}{suffix}", "", m.content, ""]
+        lines += [f"## {who}{suffix}", ""]
+        for item in m.media:
+            if item.kind == "image":
+                alt = item.name.replace("]", "").replace("[", "") or "image"
+                lines += [f"![{alt}]({_data_url(item)})", ""]
+            else:
+                lines += [f"*(audio clip: {item.name or item.label})*", ""]
+        lines += [m.content, ""]
         for i, source in enumerate(m.sources or [], 1):
             page = f", p. {source['page']}" if source.get("page") else ""
             lines.append(f"{i}. `{source.get('path', '?')}`{page}")
@@ -70,7 +83,8 @@ def to_html(title: str, messages: Sequence[DisplayMessage], system_prompt: str |
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'>",
         f"<title>{html.escape(title)}</title>",
-        "<meta http-equiv='Content-Security-Policy' content=\"default-src 'none'; style-src 'unsafe-inline'\">",
+        "<meta http-equiv='Content-Security-Policy' content=\"default-src 'none'; style-src 'unsafe-inline'; "
+        'img-src data:">',
         "<style>body{font-family:system-ui,sans-serif;max-width:760px;margin:2em auto;color:#1f2328}"
         ".user{background:#eef2ff;border-radius:10px;padding:8px 14px}.role{color:#6b7280;font-weight:600}"
         "pre{background:#f3f4f6;padding:8px;overflow:auto}table{border-collapse:collapse}"
@@ -81,7 +95,13 @@ def to_html(title: str, messages: Sequence[DisplayMessage], system_prompt: str |
         parts.append(f"<p><i>System prompt:</i> {html.escape(system_prompt)}</p>")
     for m in messages:
         if m.role == "user":
-            body = "<p>" + html.escape(m.content).replace("\n", "<br>") + "</p>"
+            images = "".join(
+                f"<p><img src='{_data_url(item)}' alt='{html.escape(item.name, quote=True)}' "
+                "style='max-width:100%;max-height:320px'></p>"
+                for item in m.media
+                if item.kind == "image"
+            )
+            body = images + "<p>" + html.escape(m.content).replace("\n", "<br>") + "</p>"
         else:
             body = _COPY_LINK.sub("", render_markdown(m.content).html)  # no Copy links in a file
         cls = "user" if m.role == "user" else "assistant"
@@ -106,11 +126,26 @@ def to_json(title: str, messages: Sequence[DisplayMessage], system_prompt: str |
                 "model": m.model,
                 "stats": m.stats,
                 "sources": m.sources,
+                **({"media": [_media_record(item) for item in m.media]} if m.media else {}),
             }
             for m in messages
         ],
     }
     return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+
+
+def _data_url(media: Media) -> str:
+    return f"data:{media.media_type};base64,{base64.b64encode(media.data).decode('ascii')}"
+
+
+def _media_record(media: Media) -> dict[str, object]:
+    """An attachment in the JSON export: what it is and where the data folder keeps it."""
+    return {
+        **media.ref.to_dict(),
+        "media_type": media.media_type,
+        "bytes": len(media.data),
+        "file": f"media/{media.digest[:2]}/{media.digest}{media.suffix}",
+    }
 
 
 def export_conversation(

@@ -292,6 +292,11 @@ class InspectorPanel(QFrame):
         self.draft_label = _explain_label()
         self.draft_label.setVisible(False)
         lay.addWidget(self.draft_label)
+        # A turn with images: encoding is its own phase, before the prefill and the decode.
+        self.media_label = _explain_label()
+        self.media_label.setObjectName("mediaPhase")
+        self.media_label.setVisible(False)
+        lay.addWidget(self.media_label)
         self.chart = SpeedChart()
         lay.addWidget(self.chart)
         self.loop_timeline = LoopTimelineWidget()  # a turn with tool calls: its steps (app/gui/agent_timeline.py)
@@ -503,6 +508,7 @@ class InspectorPanel(QFrame):
         self._show("reply_may_use", "", self.reserve_label)
         self._show("evicted", "", self.evicted_label)
         self.restore_label.setVisible(False)
+        self.media_label.setVisible(False)
         self.draft_label.setVisible(False)
         self.chart.set_samples([])
         self._show("phase", "", self.phase_label)
@@ -536,10 +542,34 @@ class InspectorPanel(QFrame):
         self._show("cached_tokens", f"{_int(stats, 'cached_tokens')} / {_int(stats, 'prompt_tokens')}")
         self._show_restore(stats)
         self._show_draft(stats)
+        self._show_media(stats)
         self._show_cpu_note(stats)
         self._show_memory(stats)
         template = _get(stats, "template")
         self._show("phase", f"template: {'' if template is None else template}", self.phase_label)
+
+    def _show_media(self, stats: StatsLike) -> None:
+        """The images' phase of the timeline: encode, then prefill, then decode."""
+        tokens = _int(stats, "media_tokens")
+        dropped = _int(stats, "media_dropped")
+        if not tokens and not dropped:
+            self.media_label.setVisible(False)
+            return
+        parts = []
+        if tokens:
+            encoded = _int(stats, "media_encoded")
+            if encoded:
+                encode = f"encode {_float(stats, 'encode_ms'):.0f} ms"
+            else:
+                encode = "images read from the KV cache (not encoded again)"
+            parts.append(
+                f"Images: {tokens:,} tokens · {encode} → prefill {_float(stats, 'prefill_ms'):.0f} ms"
+                f" → decode {_float(stats, 'decode_ms'):.0f} ms"
+            )
+        if dropped:
+            parts.append(f"{dropped} earlier image{'s' if dropped > 1 else ''} left out: this model cannot see images")
+        self.media_label.setText("\n".join(parts))
+        self.media_label.setVisible(True)
 
     def _show_prefill_speed(self, stats: StatsLike, stopped: bool) -> None:
         """The prefill speed; a reply stopped while reading the prompt reads fewer tokens than it
@@ -699,6 +729,7 @@ class InspectorPanel(QFrame):
             self._show("bandwidth_gbps", "…")
         self._show("context_used", "this turn's numbers come when the reply ends", self.context_summary)
         self.restore_label.setVisible(False)
+        self.media_label.setVisible(False)
         self.draft_label.setVisible(False)
         self._show("evicted", "", self.evicted_label)
         self.wall.set_values(None, self.machine_bandwidth)

@@ -30,12 +30,13 @@ SEGMENTS: tuple[tuple[str, str], ...] = (
     ("tools", "Tool definitions"),
     ("history", "History"),
     ("tool_results", "Tool results"),
+    ("media", "Images"),
     ("current", "Current message"),
     ("reserve", "Reply reserve"),
     ("free", "Free"),
 )
-OPTIONAL_SEGMENTS = ("tools", "tool_results")
-"""Legend rows shown only when the turn used them (a chat with tools)."""
+OPTIONAL_SEGMENTS = ("tools", "tool_results", "media")
+"""Legend rows shown only when the turn used them (a chat with tools, a message with images)."""
 WALL_EXPLANATION = (
     "Decode reads every weight once per token, so memory bandwidth caps the speed: "
     "tokens/s ≤ bandwidth ÷ (weights + KV cache in use)."

@@ -36,7 +36,9 @@ from PySide6.QtWidgets import (
 )
 
 from app.gui.api_server_control import ApiServerControl
+from app.gui.attachments import media_from_mime
 from app.gui.chat_page import ChatPage
+from app.gui.composer import is_media_drop
 from app.gui.conversation_controller import ConversationController
 from app.gui.display_text import plain_tooltip, shown
 from app.gui.documents_controller import DocumentsController
@@ -436,11 +438,17 @@ class MainWindow(QMainWindow):
 
     # ------------------------------------------------------------------ drag and drop (app/gui/documents_controller.py)
     def dragEnterEvent(self, event: QDragEnterEvent) -> None:
-        if event.mimeData().hasUrls() and any(u.isLocalFile() for u in event.mimeData().urls()):
+        mime = event.mimeData()
+        if is_media_drop(mime) or (mime.hasUrls() and any(u.isLocalFile() for u in mime.urls())):
             event.acceptProposedAction()
 
     def dropEvent(self, event: QDropEvent) -> None:
-        paths = [Path(u.toLocalFile()) for u in event.mimeData().urls() if u.isLocalFile()]
+        mime = event.mimeData()
+        if is_media_drop(mime):  # images and clips go to the message being written
+            event.acceptProposedAction()
+            self.composer.attachments.add_sources(media_from_mime(mime))
+            return
+        paths = [Path(u.toLocalFile()) for u in mime.urls() if u.isLocalFile()]
         if paths:
             event.acceptProposedAction()
             self.documents.attach_documents(paths)

@@ -44,6 +44,7 @@ class ThemeColors:
     seg_free: str
     seg_tools: str = "#0ea5e9"
     seg_tool_results: str = "#65a30d"
+    seg_media: str = "#e11d48"  # images and clips: a colour of their own in the context map
     toast_action: str = "#a5b4fc"
     """The toast's action ("Undo") on its inverted background."""
     danger_text: str = "#ffffff"
@@ -109,6 +110,7 @@ DARK = ThemeColors(
     seg_free="#2b303b",
     seg_tools="#38bdf8",
     seg_tool_results="#a3e635",
+    seg_media="#fb7185",
     toast_action="#3730a3",
     danger_text="#111318",
     focus="#a5b4fc",

@@ -38,6 +38,8 @@ if TYPE_CHECKING:
     from engine.history_schema import Conversation
 
 log = logging.getLogger(__name__)
+
+NOT_FIT = "This image does not fit the context window: remove it or start a new chat."
 BUSY_STATES = (ChatState.PROCESSING_PROMPT, ChatState.GENERATING, ChatState.RETRIEVING, ChatState.CANCELLING)
 
 
@@ -105,7 +107,13 @@ class TurnController(QObject):
         chat.call_progressed.connect(self._on_chat_call_progressed)
         self.composer.send_requested.connect(self._on_composer_send_requested)
         self.composer.stop_requested.connect(chat.stop)
+        self.composer.attachments_changed.connect(self.measure_attachments)
+        self.composer.attachment_failed.connect(self.notices.show_error)
+        chat.media_measured.connect(self._on_chat_media_measured)
+        chat.media_not_saved.connect(self._on_chat_media_not_saved)
+        chat.model_loaded.connect(self.measure_attachments)
         self.chat_view.edit_requested.connect(self.composer.begin_edit)
+        self.chat_view.edit_requested.connect(self._on_chat_view_edit_requested)
         self.chat_view.regenerate_requested.connect(self._on_chat_view_regenerate_requested)
         self.chat_view.branch_requested.connect(chat.select_branch)
         self.chat_view.source_activated.connect(self._on_chat_view_source_activated)
@@ -150,8 +158,88 @@ class TurnController(QObject):
 
     @Slot(str, object)
     def _on_composer_send_requested(self, text: str, editing: int | None) -> None:
-        if not self.chat.send(text, self.turn_context(), edit_of=editing):
+        media = self.composer.attachments.media
+        if not self.chat.send(text, self.turn_context(), edit_of=editing, media=media):
             self.notices.show_error("The model is not ready yet.")
+            return
+        self.composer.sent()
+
+    # ------------------------------------------------------------------ attachments (app/gui/attachments.py)
+    @Slot()
+    def measure_attachments(self, *_args: object) -> None:
+        """Asks the model what the composer's attachments cost (the chips say "…" meanwhile)."""
+        media = self.composer.attachments.media
+        self.composer.attachments.set_costs({})
+        if not media:
+            self.composer.set_attachment_block("")
+            return
+        self.chat.measure_media(media)
+
+    @Slot(object)
+    def _on_chat_media_measured(self, answer: object) -> None:
+        from app.gui.attachments import cost_texts, remember
+        from engine.media import MediaError
+
+        media = self.composer.attachments.media
+        loaded = self.chat.loaded
+        if not media:
+            return
+        if loaded is None:
+            self.composer.attachments.set_costs(
+                {m.digest: ("no model", "load a model to count it", False) for m in media}
+            )
+            self.composer.set_attachment_block("")
+            return
+        if answer is None:  # a server counts them itself
+            self.composer.attachments.set_costs(
+                {m.digest: ("sent as is", "the server counts it", False) for m in media}
+            )
+            self.composer.set_attachment_block("")
+            return
+        problem = None
+        infos: dict[str, object] = {}
+        if isinstance(answer, MediaError):
+            problem = answer.reason
+        elif isinstance(answer, BaseException):
+            problem = str(answer)
+        elif isinstance(answer, list):
+            infos = {getattr(info, "digest", ""): info for info in answer}
+            remember(tokens={digest: int(getattr(info, "tokens", 0)) for digest, info in infos.items()})
+        costs = cost_texts(media, infos, problem, self._media_room(loaded))
+        self.composer.attachments.set_costs(costs)
+        if problem is not None:
+            self.composer.set_attachment_block(problem[:1].upper() + problem[1:])
+        elif any(text == "does not fit" for text, _tip, _bad in costs.values()):
+            self.composer.set_attachment_block(
+                "This image does not fit the context window: remove it or start a new chat."
+            )
+        else:
+            self.composer.set_attachment_block("")
+
+    def _media_room(self, loaded: LoadedModel) -> int | None:
+        """The tokens the window has for images however much history is dropped: the window less
+        the reply's reserve and what is pinned (the system prompt, documents, tools) at the last turn."""
+        n_ctx = int(getattr(loaded.info, "n_ctx", 0) or 0)
+        if n_ctx <= 0:
+            return None
+        stats = next((m.stats for m in reversed(self.chat.thread_messages) if m.role == "assistant" and m.stats), None)
+        budget = (stats or {}).get("budget") or {}
+        pinned = sum(int(budget.get(key, 0) or 0) for key in ("system", "documents", "tools"))
+        reserve = int(budget.get("reserve", 0) or 0) or min(512, n_ctx // 4)
+        text = len(self.composer.edit.toPlainText()) // 3 + 16  # the message and its headers, roughly
+        return n_ctx - reserve - pinned - text
+
+    @Slot(object)
+    def _on_chat_media_not_saved(self, media: object) -> None:
+        self.composer.attachments.add_sources([(m.name, m.data) for m in media])  # type: ignore[attr-defined]
+
+    @Slot(int, str)
+    def _on_chat_view_edit_requested(self, message_id: int, _text: str) -> None:
+        """An edited message keeps its images: they come back to the composer with its text."""
+        edited = next((m for m in self.chat.thread_messages if m.id == message_id), None)
+        self.composer.attachments.clear()
+        if edited is not None and edited.media:
+            self.composer.attachments.add_sources([(m.name, m.data) for m in edited.media])
 
     @Slot(int)
     def _on_chat_view_regenerate_requested(self, message_id: int) -> None:

@@ -22,6 +22,7 @@ from engine.inference.tools import ToolSpec
 from engine.media import Media
 
 if TYPE_CHECKING:
+    from engine.inference.projector import MediaInfo
     from engine.inference.remote import RemoteInfo
     from engine.inference.templates import ChatTemplate
 
@@ -67,6 +68,11 @@ class LocalBackend(Protocol):
         cancel: threading.Event | None = None,
     ) -> Iterator[Event]:
         """Generates from a raw prompt: no chat template, no tools, no reply shaping."""
+        ...
+
+    def media_info(self, media: Sequence[Media]) -> list[MediaInfo]:
+        """What each image or clip costs this model (the projector's own count), before a send.
+        Raises ``engine.media.MediaError`` when the model cannot see it (no projector)."""
         ...
 
 

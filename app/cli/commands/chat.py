@@ -380,8 +380,8 @@ def _media_costs(session: ChatBackend, media: tuple[Media, ...]) -> list[dict[st
     cannot see it)."""
     if not media:
         return []
-    measure = getattr(session, "media_info", None)
-    infos = measure(list(media)) if measure is not None else [None] * len(media)
+    local = session.local
+    infos: list[Any] = local.media_info(list(media)) if local is not None else [None] * len(media)
     out = []
     for item, info in zip(media, infos, strict=True):
         line: dict[str, Any] = {"name": item.name, "digest": item.digest, "kind": item.kind, "label": item.label}

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Unpack
 
-from PySide6.QtCore import QCoreApplication, QEvent, QObject, QThread, QTimer, Signal
+from PySide6.QtCore import QCoreApplication, QEvent, QObject, QThread, QTimer, Signal, Slot
 
 from app.gui.workers.chat_agent import AgentSide
 from app.gui.workers.chat_conversations import ConversationChanges, Conversations, Opened, last_stats
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from engine.history_schema import Conversation
     from engine.inference.backends import ChatBackend
     from engine.inference.events import Stats
+    from engine.media import Media
 
 
 class ChatAdapter(QObject):
@@ -73,8 +74,12 @@ class ChatAdapter(QObject):
         loop_updated(object): the running turn's timeline (generations and calls, list of dicts).
         approval_requested(object): an ``agent_turn.ApprovalRequest`` the user must answer.
         call_progressed(int): the tokens of the tool call the model is writing (0: it is not now).
+        media_not_saved(object): the attachments of a message that could not be saved (a tuple of
+            ``engine.media.Media``): they go back to the composer.
+        media_measured(object): each attachment's cost for the loaded model: a list of
+            ``MediaInfo``, None (a server counts them itself) or the exception (it cannot see them).
         load_requested(object), generate_requested(object), unload_requested(),
-        shutdown_requested(): commands to the worker (queued).
+        shutdown_requested(), media_info_requested(object): commands to the worker (queued).
     """
 
     state_changed = Signal(object)
@@ -90,6 +95,8 @@ class ChatAdapter(QObject):
     prompt_view_updated = Signal(object)
     error_occurred = Signal(str)
     message_not_saved = Signal(str, object)
+    media_not_saved = Signal(object)
+    media_measured = Signal(object)
     history_unreadable = Signal(str)
     notice_posted = Signal(str)
     bandwidth_measured = Signal(float)
@@ -102,6 +109,7 @@ class ChatAdapter(QObject):
 
     load_requested = Signal(object)
     generate_requested = Signal(object)
+    media_info_requested = Signal(object)
     unload_requested = Signal()
     shutdown_requested = Signal()
 
@@ -122,6 +130,7 @@ class ChatAdapter(QObject):
         self.thread_messages: list[DisplayMessage] = []
         self.last_stats: Stats | dict[str, Any] | None = None
         self._closed = False
+        self._media_request = 0
         self.model = ModelSlot(self)
         self.conversations = Conversations(self)
         self.replies = ReplyKeeper(self)
@@ -138,6 +147,8 @@ class ChatAdapter(QObject):
         worker, turns = self.worker, self.turns
         self.load_requested.connect(worker._on_load_requested)
         self.generate_requested.connect(worker._on_generate_requested)
+        self.media_info_requested.connect(worker._on_media_info_requested)
+        worker.media_measured.connect(self._on_worker_media_measured)
         self.unload_requested.connect(worker._on_unload_requested)
         self.shutdown_requested.connect(worker._on_shutdown_requested)
         worker.model_loaded.connect(self.model.on_loaded)
@@ -245,18 +256,34 @@ class ChatAdapter(QObject):
         self.conversations.update(**changes)
 
     # ------------------------------------------------------------------ turns
-    def send(self, text: str, context: TurnContext, edit_of: int | None = None) -> bool:
+    def send(self, text: str, context: TurnContext, edit_of: int | None = None, media: tuple[Media, ...] = ()) -> bool:
         """Starts a turn: saves the user message and a pending reply, then generates.
 
         Args:
             text: the user's message.
             context: system prompt, sampling parameters, knowledge bases.
             edit_of: id of a user message this one replaces as a new branch (None: append).
+            media: the images and clips attached to it.
 
         Returns:
-            False when the turn cannot start (no model, already busy, empty text).
+            False when the turn cannot start (no model, already busy, nothing to send).
         """
-        return self.turns.send(text, context, edit_of)
+        return self.turns.send(text, context, edit_of, media)
+
+    def measure_media(self, media: tuple[Media, ...]) -> None:
+        """Asks the loaded model what these attachments cost (answered by ``media_measured``)."""
+        from app.gui.workers.llm_requests import MediaInfoRequest
+
+        self._media_request += 1
+        if not media or self.loaded is None:
+            self.media_measured.emit([] if media == () else None)
+            return
+        self.media_info_requested.emit(MediaInfoRequest(self._media_request, tuple(media)))
+
+    @Slot(int, object)
+    def _on_worker_media_measured(self, request_id: int, answer: object) -> None:
+        if request_id == self._media_request:  # an older question's answer is stale
+            self.media_measured.emit(answer)
 
     def regenerate(self, reply_id: int, context: TurnContext) -> bool:
         """Generates a new sibling of an assistant reply (the old one stays reachable)."""

@@ -15,12 +15,13 @@ from typing import TYPE_CHECKING, Literal
 from app.gui.tasks import describe_error
 from app.gui.workers.chat_conversations import title_from
 from app.gui.workers.history_disk import HistoryDiskFull, is_unreadable
-from app.gui.workers.history_reads import DisplayMessage, display_thread
+from app.gui.workers.history_reads import DisplayMessage, display_thread, media_folder
 
 if TYPE_CHECKING:
     from app.gui.workers.chat_adapter import ChatAdapter
     from engine.history import HistoryStore
     from engine.history_schema import Conversation
+    from engine.media import Media
 
 Saved = tuple["Conversation", int, list[DisplayMessage]]
 """The conversation, the id of the pending reply, and the thread ending with it."""
@@ -35,6 +36,7 @@ class Question:
     conversation: Conversation | None  # None: the save creates the chat
     model: str
     parent: int | Literal["leaf"] | None  # "leaf": after the current branch's last message
+    media: tuple[Media, ...] = ()  # images and clips attached (kept by content before the row)
 
 
 @dataclass(frozen=True)
@@ -55,14 +57,17 @@ class ProgressBox:
 def save_question(question: Question, box: ProgressBox) -> Callable[[HistoryStore], Saved]:
     """The history-thread job that saves the question and a pending reply after it."""
 
+    from engine.media_store import MediaStore
+
     def save(store: HistoryStore) -> Saved:
         conv = question.conversation
         if conv is None:
-            conv = store.create_conversation(title=title_from(question.text))
+            conv = store.create_conversation(title=title_from(question.text or _media_title(question.media)))
             box.latest = SendProgress(conversation=conv)
         elif not store.thread(conv.id) and conv.title in ("New chat", ""):
             store.rename(conv.id, title_from(question.text))
-        store.add_message(conv.id, "user", question.text, parent_id=question.parent)
+        refs = [MediaStore(media_folder(store.path)).put(item) for item in question.media]
+        store.add_message(conv.id, "user", question.text, parent_id=question.parent, media=refs)
         box.latest = SendProgress(box.latest.conversation, user_saved=True)
         reply = store.add_message(conv.id, "assistant", "", state="pending", model=question.model)
         return store.get_conversation(conv.id), reply.id, display_thread(store, conv.id)
@@ -100,6 +105,13 @@ def report_send_failure(chat: ChatAdapter, exc: BaseException, question: Questio
     else:
         then = "press Send again"
     chat.message_not_saved.emit(question.text, question.edit_of)
+    if question.media:
+        chat.media_not_saved.emit(question.media)  # the images go back to the composer too
     chat.error_occurred.emit(f"Your message was not saved: {reason}. It is back in the box: {then}.")
     if is_unreadable(exc):
         chat.history_unreadable.emit(reason)
+
+
+def _media_title(media: tuple[Media, ...]) -> str:
+    """A chat started with images and no text is titled by them."""
+    return ", ".join(m.name for m in media if m.name) or "Images"

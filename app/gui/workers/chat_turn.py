@@ -38,6 +38,7 @@ from app.knowledge_glue import kept_sources
 if TYPE_CHECKING:
     from app.gui.workers.chat_adapter import ChatAdapter
     from engine.inference.events import Stats
+    from engine.media import Media
 
 
 class TurnRunner(QObject):
@@ -59,17 +60,18 @@ class TurnRunner(QObject):
         return turn if turn is not None and turn.request.request_id == request_id else None
 
     # ------------------------------------------------------------------ starting
-    def send(self, text: str, context: TurnContext, edit_of: int | None = None) -> bool:
-        """Saves the user message and a pending reply, then generates (False: cannot start)."""
+    def send(self, text: str, context: TurnContext, edit_of: int | None = None, media: tuple[Media, ...] = ()) -> bool:
+        """Saves the user message (with its images) and a pending reply, then generates (False:
+        cannot start)."""
         chat = self._chat
         text = text.strip()
-        if not text or self.turn is not None or chat.loaded is None:
+        if (not text and not media) or self.turn is not None or chat.loaded is None:
             return False
         parent: int | Literal["leaf"] | None = "leaf"
         if edit_of is not None:
             edited = next((m for m in chat.thread_messages if m.id == edit_of), None)
             parent = edited.parent_id if edited is not None else "leaf"
-        question = Question(text, edit_of, chat.conversation, chat.loaded.label, parent)
+        question = Question(text, edit_of, chat.conversation, chat.loaded.label, parent, media)
         box = ProgressBox()
 
         def failed(exc: BaseException) -> None:
@@ -77,7 +79,7 @@ class TurnRunner(QObject):
             report_send_failure(chat, exc, question, box.latest)
 
         self._begin_placeholder()
-        size = len(text.encode("utf-8", "replace"))
+        size = len(text.encode("utf-8", "replace")) + sum(len(m.data) for m in media)
         chat.history.call(save_question(question, box), lambda r: self._start(r, context), failed, size_hint=size)
         return True
 
@@ -121,8 +123,10 @@ class TurnRunner(QObject):
         # messages ends with [..., user, pending reply]; history is everything before the user turn.
         request = GenerateRequest(
             request_id=next(self._ids),
-            history=model_history(messages[:-2]),  # a reply made with tools: its calls and results too
+            # A reply made with tools: its calls and results too; a user message its images.
+            history=model_history(messages[:-2], lambda row: getattr(row, "media", ())),
             user=messages[-2].content,
+            media=messages[-2].media,
             params=context.params,
             system=context.system,
             cancel=placeholder.request.cancel,

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from engine.inference.context import Message, RankedDocuments
     from engine.inference.events import Event, Finished
     from engine.inference.kv_cache import KvKey
+    from engine.media import Media
 
 COALESCE_S = 1 / 30
 """Minimum time between two text updates sent to the GUI."""
@@ -40,6 +41,7 @@ class StreamOptions(TypedDict, total=False):
     cache_key: KvKey
     thinking: bool
     thinking_budget: int
+    media: tuple[Media, ...]
 
 
 def stream_options(request: GenerateRequest) -> StreamOptions:
@@ -54,6 +56,8 @@ def stream_options(request: GenerateRequest) -> StreamOptions:
         options["thinking"] = request.thinking
     if request.thinking_budget is not None:
         options["thinking_budget"] = request.thinking_budget
+    if request.media:
+        options["media"] = request.media  # the new message's images (the history's are on its messages)
     return options
 
 

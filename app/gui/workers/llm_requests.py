@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from engine.inference.events import Stats
     from engine.inference.remote import RemoteInfo
     from engine.inference.runtime import GenerationParams, ModelInfo
+    from engine.media import Media
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,7 @@ class GenerateRequest:
         tools: the turn runs the agent loop with these tools (None: a plain generation).
         thinking: the template's thinking switch (None: the template's default).
         thinking_budget: the most tokens of thinking (None: no cap).
+        media: the images and clips attached to ``user`` (history messages carry their own).
 
     ``history`` entries are ``(role, content)`` pairs or ``engine.inference.context.Message`` objects (a
     reply made with tools: its calls and their results, ``app.agent_history.model_history``).
@@ -96,6 +98,20 @@ class GenerateRequest:
     tools: ToolsRequest | None = None
     thinking: bool | None = None
     thinking_budget: int | None = None
+    media: tuple[Media, ...] = field(default=(), compare=False)
+
+
+@dataclass(frozen=True)
+class MediaInfoRequest:
+    """Measure what attachments cost the loaded model (the projector's own count), before a send.
+
+    Args:
+        request_id: echoed in the answer (a later request supersedes an earlier one).
+        media: the attachments.
+    """
+
+    request_id: int
+    media: tuple[Media, ...]
 
 
 @dataclass(frozen=True)

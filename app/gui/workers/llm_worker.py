@@ -23,7 +23,7 @@ from app.gui.workers.llm_loading import (
     resolve_layers,
     write_breadcrumb,
 )
-from app.gui.workers.llm_requests import GenerateRequest, LoadedModel, LoadRequest
+from app.gui.workers.llm_requests import GenerateRequest, LoadedModel, LoadRequest, MediaInfoRequest
 
 if TYPE_CHECKING:
     from PySide6.QtCore import SignalInstance
@@ -55,6 +55,8 @@ class LlmWorker(QObject):
         agent_recorded(int, object): request id, a record of the agent loop (agent_turn.agent_events).
         approval_requested(int, object): request id, an ``agent_turn.ApprovalRequest`` to answer.
         call_progressed(int, int): request id, the tokens of the tool call being written (0: none now).
+        media_measured(int, object): request id, and each attachment's ``MediaInfo`` (a list) or
+            the exception (the model cannot see them: ``engine.media.MediaError``).
     """
 
     model_loaded = Signal(object)
@@ -70,6 +72,7 @@ class LlmWorker(QObject):
     agent_recorded = Signal(int, object)
     approval_requested = Signal(int, object)
     call_progressed = Signal(int, int)
+    media_measured = Signal(int, object)
 
     def __init__(self, session_factory: SessionFactory | None = None) -> None:
         super().__init__()
@@ -127,6 +130,21 @@ class LlmWorker(QObject):
                 if local is not None:
                     local.machine_bandwidth_gbps = self._bandwidth
                 self.bandwidth_measured.emit(self._bandwidth)
+
+    @Slot(object)
+    def _on_media_info_requested(self, request: MediaInfoRequest) -> None:
+        """The projector's count for each attachment (a remote model's is its server's: None)."""
+        session = self._session
+        local = session.local if session is not None else None
+        if local is None:
+            self.media_measured.emit(request.request_id, None)
+            return
+        try:
+            infos = local.media_info(list(request.media))
+        except Exception as exc:  # noqa: BLE001 - boundary: the reason goes to the composer
+            self.media_measured.emit(request.request_id, exc)
+            return
+        self.media_measured.emit(request.request_id, list(infos))
 
     @Slot()
     def _on_unload_requested(self) -> None:

@@ -91,3 +91,24 @@ def test_pdf_is_searchable_text_and_is_written_off_the_gui_thread(qapp: Any, tmp
     assert "Paragraph 119 about harbours." in text
     assert reader.metadata is not None and reader.metadata.title == "Maths"
     assert not list(tmp_path.glob(".chat.pdf.tmp-*"))
+
+
+def test_images_are_embedded_in_markdown_and_html_and_referenced_in_json(tmp_path: Path) -> None:
+    import base64
+
+    from engine.media import read_media
+    from tests.engine.media_fixtures import good_image
+
+    image = read_media(good_image("png", (8, 6)), name="dot.png")
+    asked = dataclasses.replace(MESSAGES[0], media=(image,))
+    encoded = base64.b64encode(image.data).decode()
+    markdown = to_markdown("Pic", [asked, MESSAGES[1]])
+    assert f"![dot.png](data:image/png;base64,{encoded})" in markdown
+    page = to_html("Pic", [asked, MESSAGES[1]])
+    assert f"<img src='data:image/png;base64,{encoded}' alt='dot.png'" in page
+    assert "img-src data:" in page and "http" not in page.split("<body>")[1]  # nothing loaded from elsewhere
+    out = tmp_path / "chat.json"
+    export_conversation(out, "json", "Pic", [asked, MESSAGES[1]])
+    (record,) = json.loads(out.read_text())["messages"][0]["media"]
+    assert record["digest"] == image.digest and record["name"] == "dot.png" and record["bytes"] == len(image.data)
+    assert record["file"] == f"media/{image.digest[:2]}/{image.digest}.png" and "data" not in record
