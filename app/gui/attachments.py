@@ -147,6 +147,8 @@ class AttachmentStrip(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self._chips: dict[str, _Chip] = {}
+        self._order: dict[str, int] = {}  # digest -> when its source was added (reads finish in any order)
+        self._sequence = 0
         self._pending = 0
         self._row = QHBoxLayout(self)
         self._row.setContentsMargins(0, 0, 0, 0)
@@ -173,22 +175,36 @@ class AttachmentStrip(QWidget):
                 self.failed.emit(f"at most {MAX_ATTACHMENTS} attachments per message")
                 return
             self._pending += 1
-            run_in_background(functools.partial(read_attachment, source), self._on_read, self._on_read_failed)
+            self._sequence += 1
+            run_in_background(
+                functools.partial(read_attachment, source),
+                functools.partial(self._on_read, self._sequence),
+                self._on_read_failed,
+            )
 
-    def add(self, attached: Attached) -> None:
-        """Adds an attachment read already (a message being edited keeps its images)."""
-        if attached.media.digest in self._chips:
+    def add(self, attached: Attached, order: int | None = None) -> None:
+        """Adds an attachment read already (a message being edited keeps its images), at its place
+        in the order the sources were added."""
+        digest = attached.media.digest
+        if digest in self._chips:
             return
+        if order is None:
+            self._sequence += 1
+            order = self._sequence
         chip = _Chip(attached, self)
         chip.removed.connect(self.remove)
-        self._chips[attached.media.digest] = chip
-        self._row.insertWidget(self._row.count() - 1, chip)
+        before = sorted(self._order[d] for d in self._chips)
+        place = sum(1 for seen in before if seen < order)
+        self._order[digest] = order
+        self._chips = dict(sorted({**self._chips, digest: chip}.items(), key=lambda item: self._order[item[0]]))
+        self._row.insertWidget(place, chip)
         self.setVisible(True)
         self.changed.emit()
 
     @Slot(str)
     def remove(self, digest: str) -> None:
         chip = self._chips.pop(digest, None)
+        self._order.pop(digest, None)
         if chip is None:
             return
         chip.setParent(None)
@@ -211,10 +227,10 @@ class AttachmentStrip(QWidget):
         return chip.cost.text() if chip is not None else ""
 
     # ------------------------------------------------------------------ background results
-    def _on_read(self, attached: Attached) -> None:
+    def _on_read(self, order: int, attached: Attached) -> None:
         self._pending -= 1
         remember(attached)
-        self.add(attached)
+        self.add(attached, order)
 
     def _on_read_failed(self, exc: BaseException) -> None:
         self._pending -= 1

@@ -486,7 +486,8 @@ class ChatView(QScrollArea):
         self._reveal: tuple[int, list[str]] | None = None  # a search hit to show and mark
         self.empty = plain_label(
             "Ask anything.\nThe inspector on the right shows what the model is doing while it answers.\n"
-            "Drop files or folders on the window to chat with your documents."
+            "Drop files or folders on the window to chat with your documents,\n"
+            "or images on the message box to ask about them."
         )
         self.empty.setObjectName("emptyState")
         self.empty.setAlignment(Qt.AlignmentFlag.AlignCenter)

@@ -122,7 +122,7 @@ class Composer(QWidget):
         self.edit.media_pasted.connect(self.attachments.add_sources)
         row.addWidget(self.edit, 1)
         self.attach_button = QToolButton()
-        self.attach_button.setText("📎")
+        self.attach_button.setText("+")
         self.attach_button.setObjectName("attachButton")
         self.attach_button.setToolTip("Attach images (or drop them here, or paste one)")
         self.attach_button.setAccessibleName("Attach images")

@@ -89,6 +89,21 @@ def test_drop_paste_and_a_bad_file_in_the_composer(qtbot: Any, tmp_path: Path) -
     assert [m.name for m in composer.attachments.media] == ["pasted image.png"]
 
 
+def test_attachments_keep_the_order_they_were_added_in(qtbot: Any, tmp_path: Path) -> None:
+    composer = Composer()
+    qtbot.addWidget(composer)
+    big, small = tmp_path / "big.png", tmp_path / "small.png"
+    big.write_bytes(_png((3000, 2000)))  # read and thumbnailed last, added first
+    small.write_bytes(_png((8, 8), (0, 0, 255)))
+    composer.attachments.add_sources([big, small])
+    assert composer.attachments.reading and not composer.send_button.isEnabled()
+    qtbot.waitUntil(lambda: len(composer.attachments.media) == 2, timeout=60_000)
+    assert [m.name for m in composer.attachments.media] == ["big.png", "small.png"]
+    layout = composer.attachments._row
+    shown = [layout.itemAt(i).widget() for i in range(layout.count() - 1)]
+    assert [chip.attached.media.name for chip in shown] == ["big.png", "small.png"]
+
+
 def test_the_cost_label_says_tokens_does_not_fit_or_cannot_see(qtbot: Any) -> None:
     first = read_media(_png((40, 30)), name="a.png")
     second = read_media(_png((40, 30), (1, 2, 3)), name="b.png")
