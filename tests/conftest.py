@@ -103,3 +103,15 @@ def tiny_vision_model(llama_cpp_source: Path) -> tuple[Path, Path]:
         return tiny_vision_gguf(llama_cpp_source, _CACHE)
     except RuntimeError as exc:
         pytest.fail(str(exc))
+
+
+@pytest.fixture(scope="session")
+def tiny_audio_model(llama_cpp_source: Path) -> tuple[Path, Path]:
+    """A tiny random-weight Qwen2-Audio model and its projector (a Whisper-style encoder), side by
+    side (tests/engine/tiny_audio.py), built once per machine into the test cache: ``(model, mmproj)``."""
+    from tests.engine.tiny_audio import tiny_audio_gguf
+
+    try:
+        return tiny_audio_gguf(llama_cpp_source, _CACHE)
+    except RuntimeError as exc:
+        pytest.fail(str(exc))

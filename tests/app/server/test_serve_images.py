@@ -22,6 +22,8 @@ from engine.inference.events import Finished
 from engine.inference.remote import RemoteSession
 from engine.inference.runtime import GenerationParams
 from engine.media import read_media
+from tests.engine.media_fixtures import wav_bytes
+from tests.engine.tiny_audio import WINDOW_TOKENS
 from tests.engine.tiny_vision import IMAGE_TOKENS
 
 pytestmark = pytest.mark.model
@@ -170,3 +172,29 @@ def test_a_remote_backend_passes_images_on(vision_server: ServerHandle) -> None:
     # The server's own count of the prompt (it has the projector): the image's tokens are in it.
     assert seen.stats.prompt_tokens - text.stats.prompt_tokens >= IMAGE_TOKENS
     assert seen.stats.budget.get("estimated") == 1  # here the image's cost was a guess
+
+
+def test_serve_takes_an_input_audio_part(tiny_audio_model: tuple[Path, Path], tmp_path: Path) -> None:
+    folder = tmp_path / "models"
+    folder.mkdir()
+    for path in tiny_audio_model:
+        shutil.copy(path, folder / path.name)
+    model = folder / tiny_audio_model[0].name
+    with start_server(Paths.resolve(tmp_path / "home"), port=0, api_key=KEY, model_path=model, n_ctx=2048) as handle:
+        client = openai.OpenAI(base_url=f"{handle.url}/v1", api_key=KEY, max_retries=0)
+        clip = base64.b64encode(wav_bytes(1.0)).decode()
+        reply = client.chat.completions.create(
+            model=model.stem,
+            messages=[
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "input_audio", "input_audio": {"data": clip, "format": "wav"}},
+                        {"type": "text", "text": "What is it?"},
+                    ],
+                }
+            ],
+            max_tokens=2,
+            temperature=0,
+        )
+        assert reply.usage is not None and reply.usage.prompt_tokens > WINDOW_TOKENS
