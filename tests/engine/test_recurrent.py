@@ -12,6 +12,7 @@ ones a cold run gives. A tiny transformer (Qwen 2.5) runs the same mechanics whe
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -171,7 +172,11 @@ def test_rejected_drafts_are_taken_back_and_the_reply_is_the_plain_one(
 
 class _StopInsideTheGraph:
     """Stop, pressed so that prefill's check between chunks misses it and llama.cpp's abort
-    callback, between the nodes of the next chunk's graph, sees it: that chunk is aborted."""
+    check, between the nodes of the next chunk's graph, sees it: that chunk is aborted.
+
+    Both of AbortGuard's checks see it: the native flag, set by the guard's watcher once
+    ``wait`` says yes, and the Python callback, which asks ``is_set`` (the check before the
+    chunk is the first question after arming: it says no)."""
 
     def __init__(self) -> None:
         self.armed = False
@@ -181,7 +186,12 @@ class _StopInsideTheGraph:
         if not self.armed:
             return False
         self.calls += 1
-        return self.calls > 1  # the check before the chunk says no; the graph's first node says yes
+        return self.calls > 1
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if not self.armed:
+            time.sleep(min(timeout or 0.01, 0.01))
+        return self.armed
 
 
 @pytest.mark.parametrize("family", [*RECURRENT, "qwen2.5"])
@@ -204,9 +214,10 @@ def test_stop_inside_a_prefill_chunk_leaves_the_memory_at_the_chunks_read(
         reads.append(event.done)
         if event.done:
             stop.armed = True  # after the first chunk
+            time.sleep(0.2)  # the guard's watcher sets the native flag before the next chunk
 
     assert not prefill(llm, llama_cpp, prompt, 64, stop, progress, memory)
-    assert stop.calls > 1 and reads == [0, 64]  # the second chunk was aborted inside its graph
+    assert reads == [0, 64]  # the second chunk was aborted inside its graph
     assert llm.n_tokens == memory.held() == 64
     # The next turn reads the rest on top of what was kept and replies as a cold run does.
     if family in RECURRENT:

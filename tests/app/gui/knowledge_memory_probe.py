@@ -100,7 +100,9 @@ def main(argv: list[str]) -> dict[str, Any]:
     found: list[Any] = []
     w.knowledge.chat_retriever(["Notes"]).retrieve("otters", found.append, found.append)
     wait(app, lambda: bool(found))
-    sources = getattr(found[0], "sources", None) or ()
+    assert not isinstance(found[0], BaseException), found[0]
+    passages = found[0].passages
+    sources = passages.sources if passages is not None else ()
     child = getattr(w.knowledge.service, "pid", None)
     in_use = family()  # at once: with a short idle time the knowledge process goes soon
     child_mb = in_use[child][1] if child in in_use else None
