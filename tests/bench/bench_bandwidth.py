@@ -74,3 +74,10 @@ def test_bandwidth_and_decode_prediction(starter_model: Path) -> None:
             f"{predicted:.1f} tok/s ({measured['tps'] / predicted:.0%} of the ceiling)"
         )
         assert measured["tps"] > 0
+        from tests.bench.results import record
+
+        record(
+            f"decode vs the bandwidth ceiling, {threads} thread(s)",
+            measured["tps"] / predicted,
+            detail=f"{measured['tps']:.1f} vs {predicted:.1f} tok/s at {gbps:.1f} GB/s (raw llama-cpp-python)",
+        )
