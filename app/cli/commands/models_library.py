@@ -112,6 +112,8 @@ def run_list(args: argparse.Namespace, paths: Paths) -> int:
                 _out(_clean(f"  {e.name}: {e.error}"))
             if e.duplicates:
                 _out(_clean(f"  {e.name}: also at {', '.join(str(p) for p in e.duplicates)}"))
+            if e.projector is not None and e.sees:
+                _out(_clean(f"  {e.name}: sees {e.sees} (projector {e.projector.name})"))
     for folder in library.folders():
         if not folder.available:
             _out(f"folder unavailable: {folder.path}")
@@ -144,8 +146,12 @@ def run_fit(args: argparse.Namespace, paths: Paths) -> int:
         bandwidth: float | None = cached_memory_bandwidth(paths.bandwidth_cache)
     except (OSError, MemoryError):
         bandwidth = None
+    from app.compose import projector_for
+
+    projector_path = projector_for(Path(info.path))
+    projector = _projector_info(projector_path)
     try:
-        estimate = estimate_fit(info, hw, n_ctx, args.cache_type, bandwidth)
+        estimate = estimate_fit(info, hw, n_ctx, args.cache_type, bandwidth, projector=projector)
     except ValueError as exc:
         from engine.errors import ModelFileError
 
@@ -155,6 +161,7 @@ def run_fit(args: argparse.Namespace, paths: Paths) -> int:
             {
                 "path": str(info.path),
                 **estimate.to_dict(),
+                "mmproj": str(projector_path) if projector is not None else None,
                 "bandwidth_gbps": bandwidth,
                 "unsupported": unsupported,
                 "hardware": hw.to_dict(),
@@ -164,7 +171,11 @@ def run_fit(args: argparse.Namespace, paths: Paths) -> int:
     _out(estimate.message)
     if unsupported:
         _out(f"but: {unsupported}")
-    _out(_key_values(_fit_lines(info, estimate, hw, bandwidth)))
+    lines = _fit_lines(info, estimate, hw, bandwidth)
+    if projector is not None and projector_path is not None:
+        counted = f"{_size(estimate.projector_bytes)} ({projector_path.name}, counted in the weights)"
+        lines.insert(3, ("projector", counted))
+    _out(_key_values(lines))
     return 0
 
 
@@ -235,8 +246,21 @@ def _entry_fit(entry: LibraryEntry, hw: HardwareInfo) -> FitEstimate | None:
 
     n_ctx = min(DEFAULT_FIT_CTX, entry.info.context_length or DEFAULT_FIT_CTX)
     try:
-        return estimate_fit(entry.info, hw, n_ctx)
+        return estimate_fit(entry.info, hw, n_ctx, projector=_projector_info(entry.projector))
     except ValueError:
+        return None
+
+
+def _projector_info(path: Path | None) -> GgufInfo | None:
+    """The header of a model's projector, counted in its fit (None: no projector, or unreadable)."""
+    if path is None:
+        return None
+    from engine.errors import ModelFileError
+    from engine.gguf import read_gguf_info
+
+    try:
+        return read_gguf_info(path)
+    except ModelFileError:
         return None
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from datetime import UTC, datetime
@@ -168,6 +169,42 @@ def test_fit_on_the_starter_model(home: Path, starter_model: Path, capsys: pytes
     text = "\n".join(rest)
     assert "KV cache:          72.0 MiB" in text
     assert "expected decode:" in text
+
+
+@pytest.mark.model
+def test_list_and_fit_know_a_vision_model_by_its_projector(
+    home: Path, tiny_vision_model: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from engine.fit import estimate_fit, projector_bytes
+    from engine.hardware import probe_hardware
+
+    folder = _models(home) / "owner" / "tiny-vision"
+    folder.mkdir(parents=True)
+    for path in tiny_vision_model:
+        shutil.copy(path, folder / path.name)
+    model, mmproj = (folder / p.name for p in tiny_vision_model)
+    code, out, _ = _run(capsys, "models", "list", "--home", str(home))
+    assert code == 0
+    assert f"  {model.name}: sees images (projector {mmproj.name})" in out.splitlines()
+    assert not any(line.startswith(f"  {mmproj.name}: sees") for line in out.splitlines())
+    code, out, _ = _run(capsys, "models", "list", "--json", "--home", str(home))
+    listed = {m["name"]: m for m in json.loads(out)["models"]}[model.name]
+    info, proj = read_gguf_info(model), read_gguf_info(mmproj)
+    assert listed["fit"]["projector_bytes"] == projector_bytes(proj) > proj.tensor_bytes
+    # fit: the projector's memory in the weights, named on its own line, and in the JSON.
+    code, out, _ = _run(capsys, "models", "fit", str(model), "--n-ctx", "512", "--json", "--home", str(home))
+    doc = json.loads(out)
+    alone = estimate_fit(info, probe_hardware(), 512)
+    assert doc["mmproj"] == str(mmproj) and doc["projector_bytes"] == projector_bytes(proj)
+    assert doc["weights_bytes"] == info.tensor_bytes + projector_bytes(proj)
+    assert doc["total_bytes"] == alone.total_bytes + projector_bytes(proj)
+    code, out, _ = _run(capsys, "models", "fit", str(model), "--n-ctx", "512", "--home", str(home))
+    assert code == 0 and "+ projector " in out.splitlines()[0]
+    assert any(line.startswith("projector:") and mmproj.name in line for line in out.splitlines())
+    # A text model beside no projector: nothing said, nothing counted.
+    alone_path = shutil.copy(model, home / "alone.gguf")
+    code, out, _ = _run(capsys, "models", "fit", str(alone_path), "--n-ctx", "512", "--json", "--home", str(home))
+    assert json.loads(out)["mmproj"] is None and json.loads(out)["projector_bytes"] == 0
 
 
 def test_fit_bad_usage_exits_2(home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
