@@ -261,7 +261,14 @@ class ModelPanel(QWidget):
             return
         kind = KIND_TEXT.get(entry.kind)
         arch = entry.architecture or "?"
-        self.library.setItem(row, 1, _item(f"{arch} ({kind})" if kind else arch, entry.chat_problem() or ""))
+        if kind:
+            self.library.setItem(row, 1, _item(f"{arch} ({kind})", entry.chat_problem() or ""))
+        elif entry.sees and entry.projector is not None:
+            seeing = f"sees {entry.sees} through {entry.projector.name}, loaded beside it"
+            self.library.setItem(row, 1, _item(f"{arch}, sees {entry.sees}", seeing))
+        else:
+            blind = entry.chat_problem() or "text only: no projector (mmproj) beside it"
+            self.library.setItem(row, 1, _item(arch, blind))
         self.library.setItem(row, 2, _item(format_params(entry.params), align_right=True))
         self.library.setItem(row, 3, _item(entry.quant or "?"))
         self.library.setItem(row, 4, _item(format_bytes(entry.size), align_right=True))

@@ -154,8 +154,21 @@ class LibraryAdapter(QObject):
         run_in_background(work, done, self.fail("Hardware probe"))
 
     def fit(self, entry: LibraryEntry, n_ctx: int) -> FitEstimate | None:
-        """The fit estimate for a library entry (None when unknown). Cheap: pure arithmetic."""
-        return self.fit_for_info(entry.info, min(n_ctx, entry.context_length or n_ctx))
+        """The fit estimate for a library entry, its projector counted when it has one (None when
+        unknown). Cheap: pure arithmetic on headers the scan read."""
+        return self.fit_for_info(
+            entry.info, min(n_ctx, entry.context_length or n_ctx), projector=self.projector_info(entry)
+        )
+
+    def projector_info(self, entry: LibraryEntry) -> GgufInfo | None:
+        """The header of ``entry``'s projector when the scan listed it (None: none, or a file chosen
+        by hand outside the library, which is not read on the GUI thread)."""
+        if entry.projector is None:
+            return None
+        for other in self.entries:
+            if other.path == entry.projector and other.kind == "projector":
+                return other.info
+        return None
 
     def fit_for_size(self, size: int) -> FitEstimate | None:
         """A rough fit verdict for a file not downloaded yet."""
@@ -165,15 +178,22 @@ class LibraryAdapter(QObject):
 
         return estimate_fit_from_size(size, self.hardware, self.bandwidth_gbps)
 
-    def fit_for_info(self, info: GgufInfo | None, n_ctx: int) -> FitEstimate | None:
-        """The fit estimate for a header (say, of a file a quantization will write); None when unknown."""
+    def fit_for_info(
+        self, info: GgufInfo | None, n_ctx: int, *, projector: GgufInfo | None = None
+    ) -> FitEstimate | None:
+        """The fit estimate for a header (say, of a file a quantization will write), with its
+        projector's header when it has one; None when unknown."""
         if self.hardware is None or info is None:
             return None
         from engine.fit import estimate_fit
 
         try:
             return estimate_fit(
-                info, self.hardware, min(n_ctx, info.context_length or n_ctx), bandwidth_gbps=self.bandwidth_gbps
+                info,
+                self.hardware,
+                min(n_ctx, info.context_length or n_ctx),
+                bandwidth_gbps=self.bandwidth_gbps,
+                projector=projector,
             )
         except (ValueError, ArithmeticError):
             return None

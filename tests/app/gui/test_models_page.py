@@ -4,6 +4,7 @@ embedders, unloadable entries, and other apps' model folders."""
 
 from __future__ import annotations
 
+import shutil
 import socket
 import sys
 import threading
@@ -183,6 +184,47 @@ def test_embedders_and_broken_files_say_why_they_cannot_load(qtbot: Any, paths: 
     assert "broken.gguf cannot be loaded:" in panel.library_status.text()
     assert "incomplete" in panel.library_status.text() or "malformed" in panel.library_status.text()
     assert loads == []
+    w.shutdown()
+
+
+@pytest.mark.model
+def test_a_vision_model_is_marked_and_its_fit_counts_its_projector(
+    qtbot: Any, paths: Paths, tiny_vision_model: tuple[Path, Path]
+) -> None:
+    from engine.fit import projector_bytes
+    from engine.gguf import read_gguf_info
+
+    folder = paths.models / "owner" / "tiny-vision"
+    folder.mkdir(parents=True)
+    for path in tiny_vision_model:
+        shutil.copy(path, folder / path.name)
+    model, mmproj = (folder / p.name for p in tiny_vision_model)
+    write_tiny_llama_gguf(paths.models / "text-F32.gguf")
+    w = make_window(paths, lambda r, b: FakeSession(r, b), probe_bandwidth=False)
+    qtbot.addWidget(w)
+    w.show()
+    w.start()
+    w.show_page(1)
+    panel, adapter = w.models_page, w.models_adapter
+    qtbot.waitUntil(lambda: panel.library.rowCount() == 3 and adapter.hardware is not None, timeout=10000)
+    qtbot.waitUntil(lambda: "●" in (panel.library.item(0, 6).text() if panel.library.item(0, 6) else ""), timeout=5000)
+
+    def row_of(path: Path) -> int:
+        assert panel.select_model(path)
+        return int(panel.library.selectionModel().selectedRows()[0].row())
+
+    seeing = panel.library.item(row_of(model), 1)
+    assert seeing.text() == "gemma3, sees images"
+    assert mmproj.name in seeing.toolTip()
+    verdict = panel.library.item(row_of(model), 6)
+    size = projector_bytes(read_gguf_info(mmproj))
+    assert f"+ projector {format_bytes(size)}" in verdict.toolTip()
+    fit = adapter.library.fit(next(e for e in adapter.entries if e.path == model), panel.n_ctx)
+    assert fit is not None and fit.projector_bytes == size
+    text = panel.library.item(row_of(paths.models / "text-F32.gguf"), 1)
+    assert text.text() == "llama" and "no projector" in text.toolTip()
+    assert "projector" not in panel.library.item(row_of(paths.models / "text-F32.gguf"), 6).toolTip()
+    assert panel.library.item(row_of(mmproj), 1).text().endswith("(vision projector)")
     w.shutdown()
 
 
