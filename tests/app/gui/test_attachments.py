@@ -213,6 +213,62 @@ def test_an_image_is_counted_sent_shown_and_kept(
         w.shutdown()
 
 
+def _wait_reply(qtbot: Any, w: Any) -> None:
+    qtbot.waitUntil(lambda: w.chat.busy, timeout=10_000)
+    qtbot.waitUntil(lambda: not w.chat.busy and w.chat.state is ChatState.IDLE, timeout=120_000)
+    qtbot.waitUntil(lambda: w.chat.thread_messages[-1].state != "pending", timeout=10_000)
+
+
+@pytest.mark.model
+def test_regenerate_edit_and_a_branch_keep_the_image(
+    qtbot: Any, paths: Paths, tiny_vision_model: tuple[Path, Path], tmp_path: Path
+) -> None:
+    folder = tmp_path / "models" / "owner" / "tiny-vision"
+    folder.mkdir(parents=True)
+    for path in tiny_vision_model:
+        shutil.copy(path, folder / path.name)
+    w = _window(qtbot, paths, folder / tiny_vision_model[0].name)
+    try:
+        image = tmp_path / "red.png"
+        image.write_bytes(_png((96, 64)))
+        digest = read_media(image.read_bytes()).digest
+        w.composer.attachments.add_sources([image])
+        qtbot.waitUntil(lambda: w.composer.attachments.chip_text(digest) == f"{IMAGE_TOKENS} tokens", timeout=60_000)
+        w.composer.edit.setPlainText("What is in this image?")
+        qtbot.keyClick(w.composer.edit, Qt.Key.Key_Return)
+        _wait_reply(qtbot, w)
+        user, first = w.chat.thread_messages[-2], w.chat.thread_messages[-1]
+        # Regenerate: the new reply reads the same image again (the model saw it, by its count).
+        w.turns.regenerate_last()
+        _wait_reply(qtbot, w)
+        again = w.chat.thread_messages[-1]
+        assert again.id != first.id and w.chat.thread_messages[-2].id == user.id
+        assert again.stats is not None and again.stats["media_tokens"] == IMAGE_TOKENS
+        assert [m.digest for m in w.chat.thread_messages[-2].media] == [digest]
+        # Edit: the image comes back to the composer and goes with the edited message, a new branch.
+        w.chat_view.edit_requested.emit(user.id, user.content)
+        qtbot.waitUntil(lambda: [m.digest for m in w.composer.attachments.media] == [digest], timeout=10_000)
+        w.composer.edit.setPlainText("And now?")
+        qtbot.keyClick(w.composer.edit, Qt.Key.Key_Return)
+        _wait_reply(qtbot, w)
+        edited, reply = w.chat.thread_messages[-2], w.chat.thread_messages[-1]
+        assert edited.id != user.id and edited.content == "And now?"
+        assert [m.digest for m in edited.media] == [digest]
+        assert reply.stats is not None and reply.stats["media_tokens"] == IMAGE_TOKENS
+        # Back on the first branch: its message still shows the image, read back from the history.
+        with HistoryStore(paths.history_db) as history:
+            assert [m.id for m in history.siblings(user.id)] == [user.id, edited.id]
+        w.chat_view.branch_requested.emit(first.id)
+        qtbot.waitUntil(lambda: any(m.id == user.id for m in w.chat.thread_messages), timeout=10_000)
+        back = next(m for m in w.chat.thread_messages if m.id == user.id)
+        assert [m.digest for m in back.media] == [digest] and back.media[0].data == image.read_bytes()
+        card = next(c for c in w.chat_view.findChildren(MessageCard) if c.message.id == user.id)
+        assert card.media_row is not None and digest in card.media_row.captions
+        assert len(list(paths.media.rglob(f"{digest}.png"))) == 1  # one file for every message naming it
+    finally:
+        w.shutdown()
+
+
 @pytest.mark.model
 def test_a_model_without_a_projector_says_it_cannot_see_images(
     qtbot: Any, paths: Paths, tiny_vision_model: tuple[Path, Path], tmp_path: Path
