@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from engine.agent.loop import ToolStep
@@ -32,9 +32,6 @@ if TYPE_CHECKING:
 
 Record = dict[str, object]
 """One JSON record of the loop, as it is stored in a reply's ``stats``."""
-
-PlainTurn = tuple[Literal["user", "assistant"], str]
-"""A turn without tools, as the model is sent it: (role, content)."""
 
 INTERRUPTED_RESULT = "not run: the reply was interrupted before this call finished"
 """The result a call gets when its reply was saved without one (the app or the CLI was killed)."""
@@ -103,6 +100,13 @@ def generation_record(round_: int, finished: Finished) -> Record:
         "cached_tokens": stats.cached_tokens,
         "kv_restored_tokens": stats.kv_restored_tokens,
     }
+
+
+@dataclass(frozen=True)
+class TextBreak:
+    """Text between two generations of one turn (the streamed reply reads as the saved one)."""
+
+    text: str = TEXT_BREAK
 
 
 def reasoning_dict(text: str, tokens: int, ms: float) -> dict[str, str | int | float]:
@@ -204,18 +208,19 @@ def _answer_every_call(messages: list[Message]) -> list[Message]:
 
 def model_history(
     messages: Sequence[StoredRow], media: Callable[[StoredRow], tuple[Media, ...]] | None = None
-) -> tuple[Message | PlainTurn, ...]:
+) -> tuple[Message, ...]:
     """The messages sent to the model for the earlier turns of a thread (``DisplayMessage`` or
-    ``engine.history.StoredMessage`` rows).
+    ``engine.history.StoredMessage`` rows), as ``engine.inference.context.Message``: the one shape a
+    message has between the history and the engine.
 
-    Plain turns stay ``(role, content)`` pairs; a reply made with tools is its calls, their
-    results and its answer (``agent_messages``), every call answered. Failed replies and empty ones
-    are left out, and thinking never goes back. ``media`` gives a user row's images and clips (read
-    back from the data folder); such a row is a ``Message`` with them, even without text.
+    A reply made with tools is its calls, their results and its answer (``agent_messages``), every
+    call answered. Failed replies and empty ones are left out, and thinking never goes back.
+    ``media`` gives a user row's images and clips (read back from the data folder); such a row is a
+    ``Message`` with them, even without text.
     """
     from engine.inference.context import Message
 
-    out: list[Message | PlainTurn] = []
+    out: list[Message] = []
     for m in messages:
         if m.role not in ("user", "assistant") or m.state == "error":
             continue
@@ -230,7 +235,7 @@ def model_history(
                 out.extend(_answer_every_call(rebuilt))
                 continue
         if m.content:
-            out.append(("user" if m.role == "user" else "assistant", m.content))
+            out.append(Message("user" if m.role == "user" else "assistant", m.content))
     return tuple(out)
 
 

@@ -26,6 +26,10 @@ if TYPE_CHECKING:
 CHAT_PASSAGES = 6
 """Passages retrieved for a chat turn, best first, before the documents band fits them."""
 
+SEARCH_KNOWLEDGE = "search_knowledge"
+"""The built-in tool through which the model searches the knowledge bases itself when it decides
+to (``app.tool_setup.KnowledgeSearchTool``), instead of passages retrieved for every message."""
+
 
 @dataclass(frozen=True)
 class Passages:

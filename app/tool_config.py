@@ -37,9 +37,10 @@ from typing import TypedDict
 from app.paths import Paths
 from engine.agent.mcp_client import McpServer, McpServerConfig, McpServerStatus
 from engine.errors import EngineError
+from engine.inference.tools import BUILTIN_SOURCE
 
 #: The source of the built-in tools, in permission keys and in ``ToolSpec.source``.
-BUILTIN = "builtin"
+BUILTIN = BUILTIN_SOURCE
 #: Selection words that are not server names.
 RESERVED_NAMES = frozenset({BUILTIN, "all", "none"})
 #: The longest ``mcp.json`` read (a pasted config is small; a 1 GB file is a mistake).

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from app.knowledge_glue import SEARCH_KNOWLEDGE
 from app.paths import Paths
 from app.tool_config import (
     BUILTIN,
@@ -40,7 +41,6 @@ __all__ = [
     "parse_selection",
 ]
 
-SEARCH_KNOWLEDGE = "search_knowledge"
 #: Every built-in tool, including the knowledge search (offered when knowledge bases are attached).
 ALL_BUILTINS = (*BUILTIN_NAMES, SEARCH_KNOWLEDGE)
 #: Tokens one knowledge search may return to the model.

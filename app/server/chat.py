@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from app.knowledge_glue import kept_sources
 from app.server import params as fields
@@ -43,6 +43,7 @@ from app.server.wire import (
     truncated_call,
     usage_document,
 )
+from app.turn import TurnRequest, run_turn
 
 if TYPE_CHECKING:
     from app.knowledge_glue import Passages
@@ -70,7 +71,7 @@ def handle(handler: Handler) -> None:
         if request.stream:
             _stream(handler, request, passages, cancel)
         else:
-            choices = [whole_choice(handler, request, index, documents, cancel) for index in range(request.n)]
+            choices = [whole_choice(handler, request, index, passages, cancel) for index in range(request.n)]
             stats = choices[0].finished.stats  # the same passages for every choice
             sources: list[Source] = kept_sources(passages, stats)
             completion = completion_document(
@@ -82,9 +83,9 @@ def handle(handler: Handler) -> None:
 
 
 def whole_choice(
-    handler: Handler, request: ChatRequest, index: int, documents: RankedDocuments | None, cancel: threading.Event
+    handler: Handler, request: ChatRequest, index: int, passages: Passages | None, cancel: threading.Event
 ) -> Choice:
-    events = handler.generation(open_stream(handler.state.backend, request, index, documents, cancel), cancel)
+    events = handler.generation(open_stream(handler.state.backend, request, index, passages, cancel), cancel)
     choice: Choice = map_errors(lambda: collect(index, events, request.top_logprobs is not None, request))
     return choice
 
@@ -207,33 +208,33 @@ def engine_messages(turns: Sequence[WireMessage]) -> list[Message]:
 
 
 def open_stream(
-    backend: ChatBackend, request: ChatRequest, index: int, documents: RankedDocuments | None, cancel: threading.Event
+    backend: ChatBackend, request: ChatRequest, index: int, passages: Passages | None, cancel: threading.Event
 ) -> Iterator[Event]:
-    """The backend's events for choice ``index`` of ``request``."""
-    history = engine_messages(request.history)
+    """The events of choice ``index`` of ``request``: the app's one turn (``app.turn.run_turn``),
+    its tools offered and their calls returned to the client, unrun."""
     # After a tool's result the reply continues the last turn: no new user message (user=None).
     user = request.user if request.messages[-1].role == "user" else None
-    return backend.stream(
-        history,
+    turn = TurnRequest(
+        tuple(engine_messages(request.history)),
         user,
         fields.seeded(request.params, index),
-        system=request.system,
-        documents=documents,
-        cancel=cancel,
-        tools=list(request.tools),
+        request.system,
+        passages=passages,
+        offered=tuple(request.tools),
         tool_choice=request.tool_choice if request.tools else None,
         thinking=request.thinking,
         reasoning_effort=request.reasoning_effort,
         media=request.user_media if user is not None else (),
+        cancel=cancel,
     )
+    return cast("Iterator[Event]", iter(run_turn(backend, turn)))  # a plain turn streams the backend's events
 
 
 # ---------------------------------------------------------------------------- streaming
 
 
 def _stream(handler: Handler, request: ChatRequest, passages: Passages | None, cancel: threading.Event) -> None:
-    documents = passages.documents if passages is not None else None
-    events = handler.generation(open_stream(handler.state.backend, request, 0, documents, cancel), cancel)
+    events = handler.generation(open_stream(handler.state.backend, request, 0, passages, cancel), cancel)
     head = handler.first(events)
     stream = _ChunkStream(handler, request, passages, cancel)
     handler.sse(lambda: stream.produce(_prepend(head, events)), cancel, openai_error_events)
@@ -252,7 +253,6 @@ class _ChunkStream:
         self.handler = handler
         self.request = request
         self.passages = passages  # their sources, and how many the band dropped, end the last choice
-        self.documents = passages.documents if passages is not None else None
         self.cancel = cancel
         self.id = f"chatcmpl-{uuid.uuid4().hex}"
         self.created = int(time.time())
@@ -283,7 +283,7 @@ class _ChunkStream:
                 events = first
             else:
                 events = handler.generation(
-                    open_stream(handler.state.backend, request, index, self.documents, self.cancel), self.cancel
+                    open_stream(handler.state.backend, request, index, self.passages, self.cancel), self.cancel
                 )
             self.choice(index, events)
         if request.include_usage and self.first_stats is not None:

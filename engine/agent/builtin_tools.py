@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from engine.inference.tools import ToolResult, ToolSpec
+from engine.inference.tools import BUILTIN_SOURCE, ToolResult, ToolSpec
 
 CURRENT_TIME = "current_time"
 CALCULATOR = "calculator"
@@ -153,7 +153,7 @@ class BuiltinTools:
                 },
                 "required": ["path"],
             }
-        return ToolSpec(name, _DESCRIPTIONS[name], parameters, source="builtin")
+        return ToolSpec(name, _DESCRIPTIONS[name], parameters, source=BUILTIN_SOURCE)
 
     def _current_time(self, arguments: dict[str, Any]) -> ToolResult:
         now = self._clock()

@@ -23,6 +23,9 @@ from engine.errors import EngineError
 TOOL_CHOICES = ("auto", "none", "required")
 """The keyword values of ``tool_choice``; any other value names one function."""
 
+BUILTIN_SOURCE = "builtin"
+"""The ``source`` of the tools Glassbox itself provides (``engine.agent.builtin_tools``)."""
+
 
 @dataclass(frozen=True)
 class ToolSpec:
@@ -32,13 +35,13 @@ class ToolSpec:
         name: the function name the model calls (letters, digits, ``_``, ``-``, ``.``).
         description: what it does, for the model.
         parameters: the JSON schema of its arguments (``{"type": "object", ...}``).
-        source: ``"builtin"`` or the name of the MCP server that offers it.
+        source: :data:`BUILTIN_SOURCE` or the name of the MCP server that offers it.
     """
 
     name: str
     description: str
     parameters: dict[str, Any]
-    source: str = "builtin"
+    source: str = BUILTIN_SOURCE
 
     def as_openai(self) -> dict[str, Any]:
         """The OpenAI ``tools`` entry (``{"type": "function", "function": {...}}``) that chat

@@ -1,5 +1,5 @@
 """How a turn with tools is stored (app.agent_history) and how ``glassbox chat`` saves it as it
-happens (ChatTools.answer with ChatLog), with a scripted backend: no model, no Qt."""
+happens (``glassbox chat``'s answer with ChatLog), with a scripted backend: no model, no Qt."""
 
 from __future__ import annotations
 
@@ -12,9 +12,11 @@ from typing import Any
 import pytest
 
 from app.agent_history import INTERRUPTED_RESULT, AgentRecord, ReplyText, message_record, model_history
+from app.cli.commands.chat import answer
 from app.cli.commands.chat_history import ChatLog
 from app.cli.commands.chat_tools import ChatTools
 from app.paths import Paths
+from app.turn import TurnRequest
 from engine.errors import EngineCrashed
 from engine.history import HistoryStore
 from engine.inference.context import Message
@@ -45,7 +47,12 @@ def test_plain_turns_read_as_before_and_failed_or_empty_replies_stay_out() -> No
         Row("user", "once more"),
         Row("assistant", ""),
     ]
-    assert model_history(rows) == (("user", "hi"), ("assistant", "hello"), ("user", "again"), ("user", "once more"))
+    assert model_history(rows) == (
+        Message("user", "hi"),
+        Message("assistant", "hello"),
+        Message("user", "again"),
+        Message("user", "once more"),
+    )
 
 
 def test_a_tool_reply_is_its_calls_results_and_answer() -> None:
@@ -56,7 +63,7 @@ def test_a_tool_reply_is_its_calls_results_and_answer() -> None:
     for message in (first, result, answer):
         record.add(message_record(message, None))
     rows = [Row("user", "2+3?"), Row("assistant", "Let me see.\n\nIt is 5.", stats=record.stats())]
-    assert model_history(rows) == (("user", "2+3?"), first, result, answer)
+    assert model_history(rows) == (Message("user", "2+3?"), first, result, answer)
 
 
 def test_a_call_a_crash_left_without_its_result_is_answered_as_interrupted() -> None:
@@ -69,7 +76,7 @@ def test_a_call_a_crash_left_without_its_result_is_answered_as_interrupted() -> 
     history = model_history(rows)
     assert history[1:3] == tuple(saved)
     assert history[3] == Message("tool", INTERRUPTED_RESULT, tool_call_id="c2", name="calculator")
-    assert history[4] == ("user", "and?")
+    assert history[4] == Message("user", "and?")
 
 
 def test_reply_text_puts_a_blank_line_between_generations_with_text() -> None:
@@ -146,9 +153,8 @@ def _turn(paths: Paths, session: ScriptedSession) -> tuple[ChatLog, int, Any]:
     conversation, _ = log.start_turn("What are 2+3 and 6*7?", None)
     tools = ChatTools(_args(), paths, session)
     try:
-        outcome = tools.answer(
-            [], "What are 2+3 and 6*7?", None, None, None, True, log.cache_key(), progress=log.save_progress
-        )
+        request = TurnRequest((), "What are 2+3 and 6*7?", None, tools=tools.turn_tools, cache_key=log.cache_key())
+        outcome = answer(session, request, True, progress=log.save_progress)
     except BaseException as exc:
         log.fail_turn(exc)
         tools.close()
@@ -164,7 +170,7 @@ def test_each_step_is_on_disk_before_the_next_generation_and_the_reply_is_stored
     paths = Paths.resolve(tmp_path / "home").ensure()
     session = ScriptedSession(paths.history_db)
     log, conversation, outcome = _turn(paths, session)
-    log.finish_turn(outcome.saved_text, outcome.finished, outcome.record)
+    log.finish_turn(outcome)
     log.close()
 
     # Every generation of the loop ran under the turn's KV key (the ones after a result too).
@@ -181,7 +187,7 @@ def test_each_step_is_on_disk_before_the_next_generation_and_the_reply_is_stored
         user, reply = store.thread(conversation)
     assert (user.content, reply.state) == ("What are 2+3 and 6*7?", "complete")
     assert reply.content == "Let me add.\n\nThe answers are 5 and 42."
-    assert outcome.text == "The answers are 5 and 42."
+    assert outcome.answer == "The answers are 5 and 42."
     stats = reply.stats
     assert [m["role"] for m in stats["agent_messages"]] == ["assistant", "tool", "assistant", "tool", "assistant"]
     assert [(s["name"], s["approval"], s["round"]) for s in stats["tool_steps"]] == [

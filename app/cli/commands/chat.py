@@ -25,8 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
-import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -34,15 +33,18 @@ from typing import TYPE_CHECKING, Any, Literal
 from app.cli.commands import chat_tools
 from app.cli.commands._output import add_json_flag, positive_int, print_json
 from app.cli.commands.model_resolver import resolve_model
-from app.knowledge_glue import kept_sources
 from app.paths import Paths
+from app.turn import TurnRecord, TurnRequest, run_turn
+from engine.inference.events import Finished, Reasoning, Token
 from engine.media import load_media
 
 if TYPE_CHECKING:
+    from app.agent_history import AgentRecord, Record
     from app.cli.commands.chat_history import ChatLog
     from app.knowledge_glue import Retriever
     from engine.inference.backends import ChatBackend
-    from engine.inference.context import Message, RankedDocuments
+    from engine.inference.context import Message
+    from engine.inference.projector import MediaInfo
     from engine.inference.runtime import GenerationParams
     from engine.media import Media
 
@@ -157,44 +159,32 @@ class _Chat:
             print(
                 f"[conversation {conversation_id}: continue it with --conversation {conversation_id}]", file=sys.stderr
             )
-        outcome = None  # the agent loop's result, with --tools
+        request = TurnRequest(
+            tuple(history),
+            user,
+            self.params,
+            self.system,
+            media=media,
+            retrieve=self.retriever,
+            tools=tools.turn_tools if tools is not None else None,
+            tool_choice=args.tool_choice if tools is not None else None,
+            cache_key=chat_log.cache_key() if args.endpoint is None and not args.no_kv_cache else None,
+            **chat_tools.thinking_options(args),
+        )
         try:
-            search = self.retriever is not None and not (tools is not None and tools.offers_search)
-            passages = self.retriever(user) if search and self.retriever else None
-            documents = passages.documents if passages is not None else None
-            key = chat_log.cache_key() if args.endpoint is None and not args.no_kv_cache else None
-            if tools is not None:
-                outcome = tools.answer(
-                    history,
-                    user,
-                    self.params,
-                    self.system,
-                    documents,
-                    args.json,
-                    key,
-                    progress=chat_log.save_progress,
-                    media=media,
-                )  # each step saved as it happens
-                reply, finished = outcome.text, outcome.finished
-            else:
-                options = chat_tools.thinking_options(args)
-                if media:
-                    options["media"] = media
-                reply, finished = _answer(
-                    self.session, history, user, self.params, self.system, documents, args.json, key, options=options
-                )
+            record = answer(self.session, request, args.json, chat_log.save_progress)  # each step saved as it happens
         except BaseException as exc:
             chat_log.fail_turn(exc)
             raise
-        saved = outcome.saved_text if outcome else reply
+        finished = record.finished
         assert finished is not None  # a turn that did not finish raised instead (fail_turn saved it)
-        sources, dropped = kept_sources(passages, finished.stats), finished.stats.documents_dropped
-        chat_log.finish_turn(saved, finished, outcome.record if outcome else None, sources)
+        chat_log.finish_turn(record)
+        sources, dropped = record.sources, finished.stats.documents_dropped
         if args.json:
             print_json(
                 {
-                    **_turn_document(reply, finished, sources, dropped),
-                    **chat_tools.turn_extras(finished, outcome),
+                    **_turn_document(record.answer, finished, sources, dropped),
+                    **chat_tools.turn_extras(record),
                     **({"media": costs} if costs else {}),
                     "conversation_id": conversation_id,
                 }
@@ -204,7 +194,7 @@ class _Chat:
                 print(f"[{dropped_line(dropped)}]", file=sys.stderr)
             if sources:
                 _print_sources(sources)
-        return [Message("user", user, media=media), *(outcome.messages if outcome else [Message("assistant", reply)])]
+        return [Message("user", user, media=media), *record.messages]
 
 
 def run(args: argparse.Namespace, paths: Paths) -> int:
@@ -328,50 +318,65 @@ def _turns(args: argparse.Namespace) -> Iterator[str]:
             yield text
 
 
-def _answer(
+def answer(
     session: ChatBackend,
-    history: list[Any],
-    user: str,
-    params: Any,
-    system: str | None,
-    documents: RankedDocuments | None,
+    request: TurnRequest,
     quiet: bool,
-    cache_key: Any = None,
-    options: dict[str, Any] | None = None,
-) -> tuple[str, Any]:
-    from engine.inference.events import Finished, Reasoning, Token
+    progress: Callable[[str, AgentRecord], None] | None = None,
+) -> TurnRecord:
+    """Runs one turn (``app.turn.run_turn``) and prints it as it streams: the answer on stdout,
+    the thinking and each tool call on stderr. Ctrl-C stops it.
 
-    cancel = threading.Event()
-    finished: Finished | None = None
-    saved: dict[str, Any] = {"cache_key": cache_key} if cache_key is not None else {}  # the chat's saved KV cache
-    saved.update(options or {})  # the thinking switch or budget (chat_tools)
-    stream = session.stream(history, user, params, system=system, documents=documents, cancel=cancel, **saved)
+    Args:
+        progress: told ``(text so far, record)`` after each new message of the agent loop (the
+            assistant's calls, each result, the answer), to save it as it happens
+            (``ChatLog.save_progress``).
+
+    Returns:
+        The turn's record.
+    """
+    from engine.agent.loop import ToolStep
+
+    def on_record(entry: Record) -> None:
+        if progress is not None and entry.get("kind") == "message":
+            progress(record.shown.text, record.agent)
+
+    turn = run_turn(session, request, on_record)
+    record = turn.record
+    events = iter(turn)
     try:
-        for event in stream:
-            if isinstance(event, Token) and not quiet:
+        for event in events:
+            if quiet:
+                continue
+            if isinstance(event, Token):
                 sys.stdout.write(event.text)
                 sys.stdout.flush()
-            elif isinstance(event, Reasoning) and not quiet:
+            elif isinstance(event, Reasoning):
                 sys.stderr.write(event.text)  # the thinking, apart from the answer
-            elif isinstance(event, Finished):
-                finished = event
+            elif isinstance(event, ToolStep):
+                chat_tools.print_step(event)
     except KeyboardInterrupt:
-        cancel.set()
-        for event in stream:
-            if isinstance(event, Finished):
-                finished = event
+        request.cancel.set()
+        for _ in events:
+            pass
+    finished = record.finished
     assert finished is not None
     if not quiet:
         sys.stdout.write("\n")
         if finished.reason == "cancelled":
             print("[stopped]", file=sys.stderr)
-        if finished.stats.evicted_messages:
+        if request.tools is None and finished.stats.evicted_messages:
             print(
                 f"[{finished.stats.evicted_messages} older messages no longer fit the context window]", file=sys.stderr
             )
+        if record.hit_step_limit and request.tools is not None:
+            print(
+                f"[{request.tools.max_steps} rounds of tool calls: the model had to answer without calling one]",
+                file=sys.stderr,
+            )
     if finished.stats.cpu_note:  # the CPU code crashed mid-reply and the reply went on: said once, on it
         print(f"glassbox: note: {finished.stats.cpu_note}", file=sys.stderr)
-    return finished.text, finished
+    return record
 
 
 def _media_costs(session: ChatBackend, media: tuple[Media, ...]) -> list[dict[str, Any]]:
@@ -381,7 +386,7 @@ def _media_costs(session: ChatBackend, media: tuple[Media, ...]) -> list[dict[st
     if not media:
         return []
     local = session.local
-    infos: list[Any] = local.media_info(list(media)) if local is not None else [None] * len(media)
+    infos: list[MediaInfo | None] = [*local.media_info(list(media))] if local is not None else [None] * len(media)
     out = []
     for item, info in zip(media, infos, strict=True):
         line: dict[str, Any] = {"name": item.name, "digest": item.digest, "kind": item.kind, "label": item.label}
@@ -397,7 +402,7 @@ def _cost_words(line: dict[str, Any]) -> str:
     return f"{tokens} ({line['label']}{note})"
 
 
-def _turn_document(reply: str, finished: Any, sources: list[dict[str, Any]], dropped: int = 0) -> dict[str, Any]:
+def _turn_document(reply: str, finished: Finished, sources: list[dict[str, Any]], dropped: int = 0) -> dict[str, Any]:
     document: dict[str, Any] = {"text": reply, "finish_reason": finished.reason}
     document.update(finished.stats.to_dict())
     document["sources"] = sources

@@ -12,17 +12,16 @@ reply it writes (``engine.inference.kv_cache.KvKey``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from app.paths import Paths
 
 if TYPE_CHECKING:
     from app.agent_history import AgentRecord
+    from app.turn import TurnRecord
     from engine.history_schema import Conversation
     from engine.inference.context import Message
-    from engine.inference.events import Finished
-    from engine.inference.kv_cache import KvKey
     from engine.media import Media
 
 _TITLE_CHARS = 60
@@ -91,12 +90,11 @@ class ChatLog:
         user message's images read back from the data folder (one that is gone or changed is left
         out, said on stderr)."""
         from app.agent_history import model_history
-        from engine.inference.context import Message
 
         if self.conversation is None:
             return []
         thread = self._store.thread(self.conversation.id)
-        return [m if isinstance(m, Message) else Message(*m) for m in model_history(thread, self._read_media)]
+        return list(model_history(thread, self._read_media))
 
     def _read_media(self, row: object) -> tuple[Media, ...]:
         import sys
@@ -129,12 +127,11 @@ class ChatLog:
         self._reply_id, self._progress = reply.id, None
         return conversation.id, created
 
-    def cache_key(self) -> KvKey:
-        """This turn's key for the KV cache saved with the chat."""
-        from engine.inference.kv_cache import KvKey
-
+    def cache_key(self) -> tuple[str, str]:
+        """This turn's key for the KV cache saved with the chat: ``(conversation, reply)``
+        (``engine.inference.kv_cache.KvKey``)."""
         assert self.conversation is not None and self._reply_id is not None
-        return KvKey(str(self.conversation.id), str(self._reply_id))
+        return str(self.conversation.id), str(self._reply_id)
 
     def save_progress(self, text: str, record: AgentRecord) -> None:
         """Saves the turn so far as the app does after each message of the loop: the text shown so
@@ -143,23 +140,17 @@ class ChatLog:
         self._store.finish_message(self._reply_id, text, state="pending", stats=record.stats())
         self._progress = (text, record)
 
-    def finish_turn(
-        self,
-        text: str,
-        finished: Finished | None,
-        record: AgentRecord | None = None,
-        sources: Sequence[Mapping[str, object]] | None = None,
-    ) -> None:
-        """Saves the reply: complete, or partial when stopped, with its stats (the passages the
-        documents band left out among them, as in the app), the turn's tool steps and thinking
-        (``record``; without one, the thinking of ``finished``) and its sources."""
+    def finish_turn(self, record: TurnRecord) -> None:
+        """Saves the turn's reply (``app.turn.TurnRecord``): complete, or partial when stopped, with
+        its stats (the passages the documents band left out among them, as in the app), the turn's
+        tool steps and thinking, and the sources of the passages kept."""
         assert self._reply_id is not None
+        finished = record.finished
         assert finished is not None  # a turn that did not finish raised instead (fail_turn saves it)
         state = "partial" if finished.reason == "cancelled" else "complete"
-        stats = finished.stats.to_dict()
-        stats["finish_reason"] = finished.reason
-        stats.update(_record(record, finished).stats())
-        self._store.finish_message(self._reply_id, text, state=state, stats=stats, sources=sources or None)
+        self._store.finish_message(
+            self._reply_id, finished.text, state=state, stats=record.history_stats(), sources=record.sources or None
+        )
         self._reply_id = None
         self._progress = None
 
@@ -183,15 +174,3 @@ class ChatLog:
             )
         except Exception:  # noqa: BLE001 - the original error is the one to report
             pass
-
-
-def _record(record: AgentRecord | None, finished: Finished) -> AgentRecord:
-    """The turn's record; a plain turn's is only its thinking."""
-    from app.agent_history import AgentRecord, reasoning_dict
-
-    if record is not None:
-        return record
-    plain = AgentRecord()
-    if finished.reasoning:
-        plain.reasoning_done = reasoning_dict(finished.reasoning, finished.reasoning_tokens, finished.reasoning_ms)
-    return plain

@@ -21,26 +21,20 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import threading
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from app.cli.commands._output import positive_int
 from app.paths import Paths
+from app.turn import TurnRecord, TurnTools
 from engine.display import printable
+from engine.inference.tools import check_tools
 
 if TYPE_CHECKING:
-    from app.agent_history import AgentRecord
-    from engine.agent.loop import AgentResult, Decision, ToolStep
+    from engine.agent.loop import Decision, ToolStep
     from engine.inference.backends import ChatBackend
-    from engine.inference.context import Message, RankedDocuments
-    from engine.inference.events import Event, Finished, ToolCall
-    from engine.inference.kv_cache import KvKey
-    from engine.inference.runtime import GenerationParams
+    from engine.inference.events import ToolCall
     from engine.inference.tools import ToolSpec
-    from engine.media import Media
 
 PREVIEW_CHARS = 300
 
@@ -151,7 +145,6 @@ class ChatTools:
 
     def __init__(self, args: argparse.Namespace, paths: Paths, session: ChatBackend) -> None:
         from app.tool_setup import open_tools
-        from engine.agent.loop import Agent
 
         self.args = args
         self.toolset = open_tools(
@@ -161,27 +154,16 @@ class ChatTools:
             specs = self.toolset.tools()
             for problem in self.toolset.problems:
                 print(f"glassbox: warning: {printable(problem)}", file=sys.stderr)
-            allow = {spec.name for spec in specs if self.toolset.always_allows(spec.name)}
-            self.agent = Agent(
-                session,
-                [self.toolset],
-                approve=self._approve,
-                allow=allow,
-                on_allow=self.toolset.allow_always,
-                max_steps=args.max_steps,
-                timeout_s=args.tool_timeout,
-            )
+            check_tools(specs)  # two tools of one name, an unusable schema: before any conversation starts
         except BaseException:
             self.toolset.close()
             raise
         self._interactive = sys.stdin.isatty()
 
     @property
-    def offers_search(self) -> bool:
-        """Whether the model searches the knowledge bases itself (so no passages are added)."""
-        from app.tool_setup import SEARCH_KNOWLEDGE
-
-        return any(spec.name == SEARCH_KNOWLEDGE for spec in self.agent.specs)
+    def turn_tools(self) -> TurnTools:
+        """The tools of a turn: the open ToolSet, approved on the terminal, with the limits asked."""
+        return TurnTools(self.toolset, self._approve, self.args.max_steps, self.args.tool_timeout)
 
     def close(self) -> None:
         self.toolset.close()
@@ -210,159 +192,9 @@ class ChatTools:
             return "always"
         return "once" if answer in ("y", "yes") else "deny"
 
-    def answer(
-        self,
-        history: list[Message],
-        user: str,
-        params: GenerationParams | None,
-        system: str | None,
-        documents: RankedDocuments | None,
-        quiet: bool,
-        cache_key: KvKey | None = None,
-        progress: Callable[[str, AgentRecord], None] | None = None,
-        media: Sequence[Media] = (),
-    ) -> ToolTurn:
-        """Runs one turn through the agent loop. Ctrl-C stops it.
 
-        Args:
-            cache_key: the turn's key for the KV cache saved with the chat; every generation of the
-                loop (the ones after a tool result too) saves and restores under it.
-            progress: told ``(text so far, record)`` after each new message of the loop (the
-                assistant's calls, each result, the answer), to save it as it happens
-                (``ChatLog.save_progress``); the record is an ``app.agent_history.AgentRecord``.
-
-        Returns:
-            The turn: the agent's result, its record and its text as the app saves it.
-        """
-        from app.agent_history import reasoning_dict
-
-        cancel = threading.Event()
-        recorder = _TurnRecorder(progress)
-        self.agent.on_step = recorder.on_step
-        extra: dict[str, Any] = {"cache_key": cache_key} if cache_key is not None else {}
-        if media:
-            extra["media"] = tuple(media)
-        options = thinking_options(self.args)
-        run = self.agent.run(
-            history,
-            user,
-            params,
-            system=system,
-            documents=documents,
-            cancel=cancel,
-            tool_choice=self.args.tool_choice,
-            thinking=options.pop("thinking", None),
-            **options,
-            **extra,
-        )
-        events = iter(run)
-        try:
-            for event in events:
-                recorder.take(event)
-                if not quiet:
-                    _show(event)
-        except KeyboardInterrupt:
-            cancel.set()
-            for event in events:
-                recorder.take(event)
-        result = run.result
-        if result.reasoning:
-            recorder.record.reasoning_done = reasoning_dict(
-                result.reasoning, result.reasoning_tokens, result.reasoning_ms
-            )
-        if not quiet:
-            self._show_end(result)
-        return ToolTurn(result, recorder.record, recorder.shown.text)
-
-    def _show_end(self, result: AgentResult) -> None:
-        sys.stdout.write("\n")
-        if result.finished is not None and result.finished.reason == "cancelled":
-            print("[stopped]", file=sys.stderr)
-        if result.hit_step_limit:
-            print(
-                f"[{self.args.max_steps} rounds of tool calls: the model had to answer without calling one]",
-                file=sys.stderr,
-            )
-
-
-class _TurnRecorder:
-    """What one turn of the loop adds to the reply as it happens: its text, thinking and record."""
-
-    def __init__(self, progress: Callable[[str, AgentRecord], None] | None) -> None:
-        from app.agent_history import AgentRecord, ReplyText
-
-        self.record = AgentRecord()
-        self.shown = ReplyText()
-        self.rounds = 0
-        self._progress = progress
-
-    def on_step(self, message: Message, step: ToolStep | None) -> None:
-        from app.agent_history import message_record
-
-        self.record.add(message_record(message, step))
-        if self._progress is not None:
-            self._progress(self.shown.text, self.record)
-
-    def take(self, event: Event | ToolStep) -> None:
-        from app.agent_history import generation_record
-        from engine.inference.events import Finished, Reasoning, Token
-
-        if isinstance(event, Token):
-            self.shown.add(event.text)
-        elif isinstance(event, Reasoning):
-            self.record.reasoning.append(event.text)
-        elif isinstance(event, Finished):
-            self.rounds += 1
-            self.record.add(generation_record(self.rounds, event))
-            self.shown.end_generation()
-
-
-def _show(event: Event | ToolStep) -> None:
-    """Prints an event of the loop: the answer on stdout, the thinking and the calls on stderr."""
-    from engine.agent.loop import ToolStep
-    from engine.inference.events import Finished, Reasoning, Token
-
-    if isinstance(event, Token):
-        sys.stdout.write(event.text)
-        sys.stdout.flush()
-    elif isinstance(event, Reasoning):
-        sys.stderr.write(event.text)
-    elif isinstance(event, ToolStep):
-        _print_step(event)
-    elif isinstance(event, Finished) and event.stats.cpu_note:
-        print(f"\nglassbox: note: {printable(event.stats.cpu_note)}", file=sys.stderr)  # said once, on its reply
-
-
-@dataclass
-class ToolTurn:
-    """One turn of the agent loop in ``glassbox chat``.
-
-    Attributes:
-        result: the ``engine.agent.loop.AgentResult``.
-        record: the ``app.agent_history.AgentRecord`` saved in the reply's stats.
-        saved_text: every generation's text, as the app saves and shows the reply.
-    """
-
-    result: AgentResult
-    record: AgentRecord
-    saved_text: str
-
-    @property
-    def text(self) -> str:
-        """The final answer (``--json``'s ``text``)."""
-        return str(self.result.text)
-
-    @property
-    def finished(self) -> Finished | None:
-        return self.result.finished
-
-    @property
-    def messages(self) -> list[Message]:
-        """The messages the loop added (what the next turn's history gets)."""
-        return list(self.result.messages)
-
-
-def _print_step(step: ToolStep) -> None:
+def print_step(step: ToolStep) -> None:
+    """One call of the loop, on stderr: its arguments, how it went, a preview of its result."""
     arguments = json.dumps(step.call.arguments, ensure_ascii=False)
     preview = " ".join(step.result.content.split())
     if len(preview) > PREVIEW_CHARS:
@@ -390,19 +222,13 @@ def step_document(step: ToolStep) -> dict[str, object]:
     }
 
 
-def turn_extras(finished: Finished | None, outcome: ToolTurn | None) -> dict[str, object]:
-    """What ``--json`` adds to a turn: its tool calls and its thinking (``outcome``: the turn with
-    ``--tools``, else None)."""
+def turn_extras(record: TurnRecord) -> dict[str, object]:
+    """What ``--json`` adds to a turn: its tool calls and its thinking."""
     from app.agent_history import reasoning_dict
 
-    if outcome is not None:
-        result = outcome.result
-        return {
-            "tool_calls": [step_document(step) for step in result.steps],
-            "reasoning": reasoning_dict(result.reasoning, result.reasoning_tokens, result.reasoning_ms),
-        }
-    assert finished is not None  # a turn without tools always ends in its Finished
+    finished = record.finished
+    assert finished is not None  # a turn that did not finish raised instead
     return {
-        "tool_calls": [],
+        "tool_calls": [step_document(step) for step in record.steps],
         "reasoning": reasoning_dict(finished.reasoning, finished.reasoning_tokens, finished.reasoning_ms),
     }

@@ -5,9 +5,8 @@
 * :class:`ToolsetCache` keeps the worker's open ToolSet between turns (an MCP server is not
   restarted for each one) and opens it again when the sources, the session, ``mcp.json`` or the
   permissions change; :func:`default_open_tools` opens one (``app.tool_setup.open_tools``).
-* :func:`offers_search` is what the generate step asks of a ToolSet.
 
-The loop itself, and the approvals, are :mod:`app.gui.workers.agent_turn`.
+The loop itself is the app's one turn (``app.turn``); the approvals are :mod:`app.gui.workers.agent_turn`.
 """
 
 from __future__ import annotations
@@ -65,14 +64,6 @@ def default_open_tools(request: ToolsRequest, session: ChatBackend) -> ToolSet:
         knowledge_bases=request.knowledge_bases,
         searcher=request.searcher,
     )
-
-
-def offers_search(toolset: ToolSet) -> bool:
-    """Whether the model searches the knowledge bases itself (``search_knowledge`` is offered): the
-    turn then adds no retrieved passages of its own, as ``glassbox chat --tools`` does."""
-    from app.tool_config import BUILTIN
-
-    return any(spec.name == "search_knowledge" and spec.source == BUILTIN for spec in toolset.tools())
 
 
 class ToolsetCache:

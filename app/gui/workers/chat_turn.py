@@ -34,6 +34,7 @@ from app.gui.workers.chat_state import ChatState, TurnContext
 from app.gui.workers.history_disk import is_unreadable
 from app.gui.workers.llm_requests import GenerateRequest, GenerationOutcome
 from app.knowledge_glue import kept_sources
+from app.turn import TurnRequest
 
 if TYPE_CHECKING:
     from app.gui.workers.chat_adapter import ChatAdapter
@@ -98,7 +99,7 @@ class TurnRunner(QObject):
 
     def _begin_placeholder(self) -> None:
         # Busy at once, so a double Enter cannot start two turns while the save is queued.
-        self.turn = ReplyTurn(GenerateRequest(0, (), "", None), -1, -1, time.perf_counter())
+        self.turn = ReplyTurn(GenerateRequest(0, TurnRequest((), "", None)), -1, -1, time.perf_counter())
         self._chat.set_state(ChatState.PROCESSING_PROMPT)
 
     def _end_placeholder(self) -> None:
@@ -121,20 +122,19 @@ class TurnRunner(QObject):
             chat.replies.cancel_unstarted(conversation.id, reply_id)
             return
         # messages ends with [..., user, pending reply]; history is everything before the user turn.
-        request = GenerateRequest(
-            request_id=next(self._ids),
+        ask = TurnRequest(
             # A reply made with tools: its calls and results too; a user message its images.
             history=model_history(messages[:-2], lambda row: getattr(row, "media", ())),
             user=messages[-2].content,
             media=messages[-2].media,
             params=context.params,
             system=context.system,
-            cancel=placeholder.request.cancel,
             cache_key=(str(conversation.id), str(reply_id)),  # the KV cache saved with the chat
-            tools=context.tools,
             thinking=context.thinking,
             thinking_budget=context.thinking_budget,
+            cancel=placeholder.request.cancel,
         )
+        request = GenerateRequest(next(self._ids), ask, context.tools)
         turn = ReplyTurn(request, conversation.id, reply_id, time.perf_counter())
         self.turn = turn
         chat.reply_started.emit(reply_id)
@@ -153,7 +153,7 @@ class TurnRunner(QObject):
         chat.set_state(ChatState.RETRIEVING)
         retriever = chat.retriever_factory(context.knowledge_bases)
         retriever.retrieve(
-            turn.request.user,
+            turn.request.turn.user or "",
             lambda found: self._on_retrieved(turn, found),
             lambda exc: self._on_retrieval_failed(turn, exc),
             skip=model_searches(context.tools),
@@ -164,7 +164,7 @@ class TurnRunner(QObject):
             return  # stopped meanwhile: the turn already ended
         if found.passages is not None:
             turn.sources = list(found.passages.sources)
-            turn.request = replace(turn.request, passages=found.passages)
+            turn.request = replace(turn.request, turn=replace(turn.request.turn, passages=found.passages))
             self._chat.sources_found.emit(list(found.passages.sources))
         self._submit(turn)
 
@@ -237,8 +237,8 @@ class TurnRunner(QObject):
         chat.stats_updated.emit({**outcome.stats.to_dict(), "finish_reason": outcome.reason})
         turn.agent.reasoning_done = outcome.reasoning
         dropped = outcome.stats.documents_dropped
-        if turn.request.passages is not None:
-            turn.sources = kept_sources(turn.request.passages, outcome.stats)
+        if turn.request.turn.passages is not None:
+            turn.sources = kept_sources(turn.request.turn.passages, outcome.stats)
         if dropped:
             chat.notice_posted.emit(
                 f"{dropped} of the passages found did not fit the context window and were left out."

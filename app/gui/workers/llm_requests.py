@@ -13,14 +13,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
 if TYPE_CHECKING:
-    from app.agent_history import PlainTurn
     from app.compose import GpuLayers, RemoteModel
     from app.gui.workers.agent_tools import ToolsRequest
-    from app.knowledge_glue import Passages
-    from engine.inference.context import Message
+    from app.turn import TurnRequest
     from engine.inference.events import Stats
     from engine.inference.remote import RemoteInfo
-    from engine.inference.runtime import GenerationParams, ModelInfo
+    from engine.inference.runtime import ModelInfo
     from engine.media import Media
 
 
@@ -68,37 +66,20 @@ class GenerateRequest:
 
     Args:
         request_id: echoed in every signal about this request.
-        history: earlier turns as ``(role, content)`` pairs, oldest first.
-        user: the new user message.
-        params: the sampling and decoding parameters.
-        system: the system prompt.
-        cancel: set by the GUI thread to stop.
-        passages: the passages retrieved for this turn (on the knowledge thread, before the
-            request came here), best first: the backend's documents band keeps those that fit and
-            its Stats say how many it kept and dropped.
-        cache_key: ``(conversation id, branch)`` of the KV cache saved with the chat
-            (``engine.inference.kv_cache.KvKey``; the branch is the id of the reply being written).
-        tools: the turn runs the agent loop with these tools (None: a plain generation).
-        thinking: the template's thinking switch (None: the template's default).
-        thinking_budget: the most tokens of thinking (None: no cap).
-        media: the images and clips attached to ``user`` (history messages carry their own).
-
-    ``history`` entries are ``(role, content)`` pairs or ``engine.inference.context.Message`` objects (a
-    reply made with tools: its calls and their results, ``app.agent_history.model_history``).
+        turn: the turn (``app.turn.TurnRequest``: the conversation, the new message, its passages,
+            the sampling, the KV cache key, the thinking options, the Stop event).
+        tools: the chat's tools (None: a plain generation): the worker opens them (and keeps them
+            open between turns) and the turn runs the agent loop with them.
     """
 
     request_id: int
-    history: tuple[Message | PlainTurn, ...]
-    user: str
-    params: GenerationParams | None
-    system: str | None = None
-    cancel: threading.Event = field(default_factory=threading.Event, compare=False)
-    passages: Passages | None = field(default=None, compare=False)
-    cache_key: tuple[str, str] | None = None
+    turn: TurnRequest
     tools: ToolsRequest | None = None
-    thinking: bool | None = None
-    thinking_budget: int | None = None
-    media: tuple[Media, ...] = field(default=(), compare=False)
+
+    @property
+    def cancel(self) -> threading.Event:
+        """The turn's Stop."""
+        return self.turn.cancel
 
 
 @dataclass(frozen=True)

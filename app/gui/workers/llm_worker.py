@@ -1,20 +1,26 @@
-"""The LLM worker: one QThread owning the engine's ChatSession (CONTRIBUTING.md rules 2, 8, 9, 11).
+"""The LLM worker: one QThread owning the chat backend (CONTRIBUTING.md rules 2, 8, 9, 11).
 
 Requests arrive as queued signals carrying immutable request objects
 (:mod:`app.gui.workers.llm_requests`); each generation carries its own ``threading.Event`` that
-the GUI sets directly for Stop. Loading a model is :mod:`app.gui.workers.llm_loading`; a turn's
-events and their coalescing into at most ~30 updates per second are
-:mod:`app.gui.workers.llm_generate`. This module owns the session and the signals.
+the GUI sets directly for Stop. Loading a model is :mod:`app.gui.workers.llm_loading`; a turn is
+the app's one turn (``app.turn.run_turn``), its calls approved through
+:mod:`app.gui.workers.agent_turn`; its text and thinking reach the GUI coalesced by
+:class:`Coalescer`, at most ~30 updates per second. This module owns the backend and the signals.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QObject, Signal, Slot
 
+from app.agent_history import TextBreak
+from app.gui.workers.agent_tools import ToolsetCache
+from app.gui.workers.agent_turn import gated_tools
 from app.gui.workers.llm_loading import (
     SessionFactory,
     clear_breadcrumb,
@@ -23,13 +29,22 @@ from app.gui.workers.llm_loading import (
     resolve_layers,
     write_breadcrumb,
 )
-from app.gui.workers.llm_requests import GenerateRequest, LoadedModel, LoadRequest, MediaInfoRequest
+from app.gui.workers.llm_requests import (
+    GenerateRequest,
+    GenerationOutcome,
+    LoadedModel,
+    LoadRequest,
+    MediaInfoRequest,
+    ReasoningSummary,
+)
+from app.gui.workers.speculative import ReplyTokens
+from app.turn import TurnEvent, run_turn
+from engine.errors import EngineError
+from engine.inference.events import CallProgress, Finished, PrefillProgress, Reasoning, Token, ToolCall
 
 if TYPE_CHECKING:
     from PySide6.QtCore import SignalInstance
 
-    from app.gui.workers.llm_generate import Coalescer
-    from app.gui.workers.speculative import ReplyTokens
     from engine.inference.backends import ChatBackend
 
 log = logging.getLogger(__name__)
@@ -52,7 +67,7 @@ class LlmWorker(QObject):
         prompt_view_ready(object): ``app.gui.workers.speculative.TokensView``: the last prompt and its reply.
         bandwidth_measured(float): the machine's memory bandwidth in GB/s (probed once, cached).
         reasoning_received(int, str): request id, coalesced thinking text.
-        agent_recorded(int, object): request id, a record of the agent loop (agent_turn.agent_events).
+        agent_recorded(int, object): request id, a record of the agent loop (``app.agent_history``).
         approval_requested(int, object): request id, an ``agent_turn.ApprovalRequest`` to answer.
         call_progressed(int, int): request id, the tokens of the tool call being written (0: none now).
         media_measured(int, object): request id, and each attachment's ``MediaInfo`` (a list) or
@@ -80,8 +95,6 @@ class LlmWorker(QObject):
         self._session: ChatBackend | None = None
         self._bandwidth: float | None = None
         self._bandwidth_done = False
-        from app.gui.workers.agent_tools import ToolsetCache
-
         self._toolsets = ToolsetCache()
 
     # slots (run on the worker thread) --------------------------------------------------
@@ -155,13 +168,9 @@ class LlmWorker(QObject):
     def _on_generate_requested(self, request: GenerateRequest) -> None:
         session = self._session
         if session is None:
-            from engine.errors import EngineError
-
             self.generation_failed.emit(request.request_id, EngineError("no model is loaded"))
             return
         started = time.perf_counter()
-        from app.gui.workers.llm_generate import Coalescer, outcome_of, turn_events
-
         rid = request.request_id
         stream = Coalescer(
             rid,
@@ -171,28 +180,15 @@ class LlmWorker(QObject):
             self.call_progressed.emit,
         )
         try:
-            from app.gui.workers.agent_tools import offers_search
-            from engine.inference.context import Message
-            from engine.inference.events import Finished
-
-            history = [m if isinstance(m, Message) else Message(*m) for m in request.history]
-            toolset = self._toolsets.get(request.tools, session) if request.tools is not None else None
-            # With search_knowledge offered the model retrieves when it decides to: no passages up front.
-            searches = toolset is not None and offers_search(toolset)
-            documents = request.passages.documents if request.passages is not None and not searches else None
-            events = turn_events(
-                session,
-                request,
-                history,
-                toolset,
-                documents,
-                lambda ask: self._after_flush(stream, self.approval_requested, rid, ask),
-                lambda rec: self._after_flush(stream, self.agent_recorded, rid, rec),
-            )
-            for event in events:
+            turn = request.turn
+            if request.tools is not None:
+                toolset = self._toolsets.get(request.tools, session)
+                ask = partial(self._after_flush, stream, self.approval_requested, rid)
+                turn = gated_tools(rid, turn, request.tools, toolset, ask)
+            for event in run_turn(session, turn, partial(self._after_flush, stream, self.agent_recorded, rid)):
                 if isinstance(event, Finished):
                     stream.flush()
-                    self.generation_finished.emit(outcome_of(request, event, started))
+                    self.generation_finished.emit(outcome_of(rid, event, started))
                 else:
                     stream.take(event)
         except Exception as exc:  # noqa: BLE001 - boundary: EngineCrashed, ContextOverflow, ... become a signal
@@ -202,7 +198,7 @@ class LlmWorker(QObject):
         self._emit_prompt_view(session, stream.reply)
 
     @staticmethod
-    def _after_flush(stream: Coalescer, signal: SignalInstance, rid: int, payload: object) -> None:
+    def _after_flush(stream: Coalescer, signal: SignalInstance, rid: int, payload: Any) -> None:
         """Sends what was streamed so far, then ``signal``: a step's text and thinking reach the
         view before its record or its call's approval question."""
         stream.flush()
@@ -240,3 +236,100 @@ class LlmWorker(QObject):
                 local.kill_worker(timeout=1.0)
             except Exception as exc:  # noqa: BLE001 - best effort at exit
                 log.warning("killing the inference worker failed: %s", exc)
+
+
+COALESCE_S = 1 / 30
+"""Minimum time between two text updates sent to the GUI."""
+
+
+class Coalescer:
+    """One turn's text, thinking and prefill progress, sent to the GUI at most every COALESCE_S.
+
+    Args:
+        request_id: the turn's request.
+        send_text: ``(request id, text, tokens in it)``: the worker's ``tokens_received``.
+        send_thinking: ``(request id, text)``: the worker's ``reasoning_received``.
+        send_prefill: ``(request id, done, total)``: the worker's ``prefill_progressed``.
+        send_call: ``(request id, tokens)``: the worker's ``call_progressed``: the tokens of the tool
+            call being written (0 once it is written, or turned out to be text).
+    """
+
+    def __init__(
+        self,
+        request_id: int,
+        send_text: Callable[[int, str, int], None],
+        send_thinking: Callable[[int, str], None],
+        send_prefill: Callable[[int, int, int], None],
+        send_call: Callable[[int, int], None] | None = None,
+    ) -> None:
+        self._id = request_id
+        self._send_text = send_text
+        self._send_thinking = send_thinking
+        self._send_prefill = send_prefill
+        self._send_call = send_call
+        self._call_tokens = 0  # the tokens of the call being written (CallProgress)
+        self._call_sent = 0
+        self._pending: list[str] = []
+        self._pending_tokens = 0
+        self._thinking: list[str] = []
+        self._last_emit = 0.0
+        self._last_prefill = 0.0
+        self.reply = ReplyTokens()
+        """The reply's tokens, for the inspector's token view (accepted drafts tinted)."""
+
+    def take(self, event: TurnEvent) -> None:
+        """Gathers a Token, Reasoning, TextBreak or CallProgress, reports a PrefillProgress; a
+        ToolCall ends the call being written; ignores the rest (Stats, a ToolStep: the loop's
+        records say it)."""
+        now = time.perf_counter()
+        if isinstance(event, (Reasoning, TextBreak)):
+            (self._thinking if isinstance(event, Reasoning) else self._pending).append(event.text)
+            if isinstance(event, TextBreak):
+                self.reply = ReplyTokens()  # the last prompt holds the generations before it
+            self._flush_due(now)
+        elif isinstance(event, Token):
+            self._pending.append(event.text)
+            self._pending_tokens += 1
+            self._call_tokens = 0
+            self.reply.add(event)
+            self._flush_due(now)
+        elif isinstance(event, CallProgress):
+            self._pending_tokens += 1  # generated, held back: counted for the speed, shown later
+            self._call_tokens = event.tokens
+            self._flush_due(now)
+        elif isinstance(event, ToolCall):
+            self._call_tokens = 0
+        elif isinstance(event, PrefillProgress) and (
+            now - self._last_prefill >= COALESCE_S or event.done >= event.total
+        ):
+            self._send_prefill(self._id, event.done, event.total)
+            self._last_prefill = now
+
+    def _flush_due(self, now: float) -> None:
+        if now - self._last_emit >= COALESCE_S:
+            self.flush()
+            self._last_emit = now
+
+    def flush(self) -> None:
+        """Sends the thinking and the text gathered since the last update."""
+        if self._thinking:
+            self._send_thinking(self._id, "".join(self._thinking))
+            self._thinking.clear()
+        if self._pending or self._pending_tokens:
+            self._send_text(self._id, "".join(self._pending), self._pending_tokens)
+            self._pending.clear()
+        self._pending_tokens = 0
+        if self._send_call is not None and self._call_tokens != self._call_sent:
+            self._send_call(self._id, self._call_tokens)
+            self._call_sent = self._call_tokens
+
+
+def outcome_of(request_id: int, event: Finished, started: float) -> GenerationOutcome:
+    """The turn's outcome for its ``Finished`` (``started``: its ``time.perf_counter()``)."""
+    elapsed = (time.perf_counter() - started) * 1000
+    reasoning: ReasoningSummary | None = (
+        {"text": event.reasoning, "tokens": event.reasoning_tokens, "ms": round(event.reasoning_ms, 2)}
+        if event.reasoning
+        else None
+    )
+    return GenerationOutcome(request_id, event.reason, event.text, event.stats, elapsed, reasoning)

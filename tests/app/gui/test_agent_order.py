@@ -359,12 +359,11 @@ def test_the_worker_sends_a_steps_streamed_text_and_thinking_before_its_approval
     """Text and thinking are coalesced (~30 updates a second); a step's record or its call's
     approval question must not overtake what was streamed before it, or a waiting approval would
     show under a step whose thinking is cut short."""
-    from app.gui.workers import llm_generate
-    from app.gui.workers.llm_generate import Coalescer
-    from app.gui.workers.llm_worker import LlmWorker
+    from app.gui.workers import llm_worker
+    from app.gui.workers.llm_worker import Coalescer, LlmWorker
     from engine.inference.events import Reasoning, Token
 
-    monkeypatch.setattr(llm_generate, "COALESCE_S", 3600.0)  # nothing is due by itself in this test
+    monkeypatch.setattr(llm_worker, "COALESCE_S", 3600.0)  # nothing is due by itself in this test
 
     sent: list[tuple[str, object]] = []
     stream = Coalescer(

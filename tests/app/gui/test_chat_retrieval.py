@@ -98,7 +98,8 @@ def test_the_passages_are_searched_on_the_knowledge_thread_and_reach_the_worker_
     assert service.threads and all(name.startswith("glassbox-kb-query") for name in service.threads)
     assert threading.main_thread().name not in service.threads
     # The request carried the passages themselves; the worker ran no search of its own.
-    assert len(requests) == 1 and requests[0].passages is not None and requests[0].passages.documents.count == 2
+    passages = requests[0].turn.passages if len(requests) == 1 else None
+    assert passages is not None and passages.documents.count == 2
     assert len(service.threads) == 1
     documents = sessions[-1].calls[-1].documents or ""
     assert "p1w0" in documents and "p2w0" in documents

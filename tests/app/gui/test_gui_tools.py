@@ -449,6 +449,7 @@ def test_a_long_result_is_folded_and_unfolds(qtbot: Any) -> None:
 def test_a_thinking_budget_on_a_remote_model_is_a_clear_error(qtbot: Any, paths: Paths) -> None:
     from app.gui.workers.llm_requests import GenerateRequest, LoadRequest
     from app.gui.workers.llm_worker import LlmWorker
+    from app.turn import TurnRequest
     from engine.inference.remote import RemoteInfo, RemoteSession
 
     def remote(request: Any, bandwidth: float | None) -> RemoteSession:
@@ -460,7 +461,7 @@ def test_a_thinking_budget_on_a_remote_model_is_a_clear_error(qtbot: Any, paths:
     failed: list[Any] = []
     worker.generation_failed.connect(lambda _rid, exc: failed.append(exc))
     worker._on_load_requested(LoadRequest(model_path=paths.models / "x.gguf"))
-    worker._on_generate_requested(GenerateRequest(1, (), "hi", None, thinking_budget=64))
+    worker._on_generate_requested(GenerateRequest(1, TurnRequest((), "hi", None, thinking_budget=64)))
     assert len(failed) == 1 and "thinking budget needs a local model" in str(failed[0])
     worker._on_shutdown_requested()
 

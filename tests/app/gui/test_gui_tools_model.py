@@ -13,6 +13,7 @@ from app.gui.workers.agent_tools import ToolsRequest
 from app.gui.workers.llm_requests import GenerateRequest, LoadRequest
 from app.gui.workers.llm_worker import LlmWorker
 from app.paths import Paths
+from app.turn import TurnRequest
 from engine.inference.runtime import GenerationParams
 
 pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.gui]
@@ -54,10 +55,8 @@ def run_turn(worker: LlmWorker, paths: Paths, decision: str) -> dict[str, Any]:
         worker._on_generate_requested(
             GenerateRequest(
                 1,
-                (),
-                "What is 6 times 7?",
-                GenerationParams(max_tokens=96, temperature=0.0, seed=1),
-                tools=tools,
+                TurnRequest((), "What is 6 times 7?", GenerationParams(max_tokens=96, temperature=0.0, seed=1)),
+                tools,
             )
         )
     finally:

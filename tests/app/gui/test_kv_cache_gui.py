@@ -18,6 +18,9 @@ from app.gui.workers.llm_requests import GenerateRequest, LoadRequest
 from app.gui.workers.llm_worker import LlmWorker
 from app.paths import Paths
 from app.settings import Settings
+from app.turn import TurnRequest
+from engine.inference.context import Message
+from engine.inference.kv_cache import KvKey
 from tests.fake_backend import StreamCall
 
 
@@ -71,13 +74,15 @@ def test_a_chat_turn_passes_its_conversation_and_reply_as_the_cache_key(qtbot: A
     assert (stats.kv_restored_tokens, stats.kv_restore_ms, stats.kv_saved_bytes) == (35, 4.5, 123_000)
 
 
-def test_a_session_without_saved_caches_is_not_given_a_key() -> None:
-    worker = LlmWorker(session_factory=lambda r, b: FakeSession(r, b, reply="plain"))
+def test_every_backend_is_given_the_chats_key_and_one_without_saved_caches_ignores_it() -> None:
+    sessions: list[FakeSession] = []
+    worker = LlmWorker(session_factory=lambda r, b: sessions.append(FakeSession(r, b, reply="plain")) or sessions[-1])
     worker._on_load_requested(LoadRequest(model_path=Path("m.gguf")))
     finished: list[Any] = []
     worker.generation_finished.connect(finished.append)
-    worker._on_generate_requested(GenerateRequest(1, (), "Hi", None, cache_key=("1", "2")))
-    assert [o.text for o in finished] == ["plain"]  # FakeSession.stream takes no cache_key
+    worker._on_generate_requested(GenerateRequest(1, TurnRequest((), "Hi", None, cache_key=("1", "2"))))
+    assert [o.text for o in finished] == ["plain"]
+    assert sessions[-1].calls[-1].cache_key == KvKey("1", "2")
 
 
 @pytest.mark.model
@@ -93,13 +98,15 @@ def test_stats_of_the_real_engine_carry_the_restore_across_processes(starter_mod
     first = LlmWorker(session_factory=default_session_factory)
     first.generation_finished.connect(outcomes.append)
     first._on_load_requested(load)
-    first._on_generate_requested(GenerateRequest(1, (), f"Read: {document}", params, cache_key=("5", "9")))
+    first._on_generate_requested(GenerateRequest(1, TurnRequest((), f"Read: {document}", params, cache_key=("5", "9"))))
     first._on_shutdown_requested()  # the worker process ends: only the file remains
     second = LlmWorker(session_factory=default_session_factory)
     second.generation_finished.connect(outcomes.append)
     second._on_load_requested(load)
-    history = (("user", f"Read: {document}"), ("assistant", outcomes[0].text))
-    second._on_generate_requested(GenerateRequest(2, history, "Which room?", params, cache_key=("5", "11")))
+    history = (Message("user", f"Read: {document}"), Message("assistant", outcomes[0].text))
+    second._on_generate_requested(
+        GenerateRequest(2, TurnRequest(history, "Which room?", params, cache_key=("5", "11")))
+    )
     second._on_shutdown_requested()
     saved, restored = outcomes[0].stats, outcomes[1].stats
     assert saved.kv_saved_bytes > 0 and saved.kv_restored_tokens == 0

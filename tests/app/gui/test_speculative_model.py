@@ -18,6 +18,8 @@ from engine.inference.runtime import GenerationParams
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "engine"))
 from tiny_models import write_tiny_llama_gguf
 
+from app.turn import TurnRequest
+
 pytestmark = [pytest.mark.model]
 
 PASSAGE = (
@@ -43,7 +45,7 @@ def _generate(worker: LlmWorker, params: GenerationParams) -> tuple[Any, Any]:
     worker.prompt_view_ready.connect(views.append)
     worker.generation_finished.connect(outcomes.append)
     worker.generation_failed.connect(lambda _rid, exc: errors.append(exc))
-    worker._on_generate_requested(GenerateRequest(1, (), f"Repeat this: {PASSAGE}", params))
+    worker._on_generate_requested(GenerateRequest(1, TurnRequest((), f"Repeat this: {PASSAGE}", params)))
     assert not errors, errors
     return outcomes[-1], views[-1]
 

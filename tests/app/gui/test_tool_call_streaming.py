@@ -18,7 +18,7 @@ import pytest
 from gui_support import FakeSession, start_window
 
 from app.gui.workers.chat_state import ChatState
-from app.gui.workers.llm_generate import Coalescer
+from app.gui.workers.llm_worker import Coalescer
 from app.paths import Paths
 from engine.inference.events import CallProgress, Finished, PrefillProgress, Token, ToolCall
 from tests.fake_backend import StreamCall
