@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import importlib
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,11 +82,3 @@ def starter_embedder_path() -> Path | None:
         return None
     folder = Path(package.__file__).parent / "model"
     return folder if (folder / "config.json").exists() else None
-
-
-def copy_tree_atomic(src: Path, dst: Path) -> None:
-    """Copies a folder to ``dst`` through a temporary sibling, then renames it into place."""
-    tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(src, tmp)
-    os.replace(tmp, dst)

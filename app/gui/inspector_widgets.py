@@ -321,13 +321,6 @@ class TokensView(QTextBrowser):
                 parts.append(_token_link(f"rep:{j}", piece, self.drafted_color if drafted else self.reply_color))
         self.setHtml('<div style="font-family: monospace; line-height: 150%;">' + "".join(parts) + "</div>")
 
-    def token_at(self, pos: QPoint) -> int | None:
-        """Index of the prompt token under a viewport position, or None."""
-        anchor = self.anchorAt(pos)
-        if anchor.startswith("tok:"):
-            return int(anchor[4:])
-        return None
-
     def tooltip_at(self, pos: QPoint) -> str | None:
         """What hovering the piece under a viewport position says, or None."""
         return self.tooltip_from_anchor(self.anchorAt(pos))

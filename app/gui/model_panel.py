@@ -387,10 +387,3 @@ class ModelPanel(QWidget):
         self.adapter.library.decline_folders([f.path for f in self._offered])
         self._offered = []
         self.offer_bar.setVisible(False)
-
-
-def quant_type_names() -> list[str]:
-    """Names of the types Glassbox can write (for menus and tests)."""
-    from engine.convert.quantize import quant_types
-
-    return [t.name for t in quant_types() if t.available]

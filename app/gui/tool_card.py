@@ -138,10 +138,6 @@ class ToolCallCardWidget(QFrame):
         self.expand_button.setVisible(self.foldable)
         lay.addWidget(self.expand_button)
 
-    @property
-    def expanded(self) -> bool:
-        return self.expand_button.isChecked()
-
     @Slot(bool)
     def _on_expand_button_toggled(self, checked: bool) -> None:
         self.result.setText(self._result if checked else self._head)

@@ -218,7 +218,6 @@ class ReasoningSplitter:
     fmt: str = "think"
     _state: Literal["start", "reasoning", "after", "text"] = "start"
     _buf: str = ""
-    _saw: bool = False
     _fresh: bool = False
     _skip: bool = False
 
@@ -229,18 +228,13 @@ class ReasoningSplitter:
             self._state = "text"
         elif self.started or not self._spec.open:
             self._state = "reasoning"
-            self._saw = self._fresh = True
+            self._fresh = True
             self._skip = bool(self._spec.skip_after_open)
 
     @property
     def in_reasoning(self) -> bool:
         """Whether the text fed so far ends inside the thinking."""
         return self._state == "reasoning"
-
-    @property
-    def had_reasoning(self) -> bool:
-        """Whether a thinking block was seen (open or closed)."""
-        return self._saw
 
     def feed(self, text: str) -> list[tuple[PieceKind, str]]:
         """Takes the next piece of the reply; returns what is settled, in order."""
@@ -293,7 +287,6 @@ class ReasoningSplitter:
     # ---------------------------------------------------------------- states
     def _enter_reasoning(self) -> None:
         self._state = "reasoning"
-        self._saw = True
         self._fresh = True
         self._skip = bool(self._spec.skip_after_open)
 
@@ -319,7 +312,6 @@ class ReasoningSplitter:
                 out.append(("reasoning", self._buf[:end]))
             self._buf = self._buf[end + len(spec.close) :]
             self._state = "after"
-            self._saw = True
             return True
         hold = _held(self._buf, spec.close)
         cut = len(self._buf) - hold
