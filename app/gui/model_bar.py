@@ -349,6 +349,8 @@ class ModelController(QObject):
             kv_cache_max_bytes=settings.kv_cache_max_bytes,
             # speculative decoding's draft, from Settings (a remote model decodes on its own)
             draft_model_path=draft_for(settings, path) if isinstance(path, Path) else None,
+            # the projector the library pairs it with (chosen by hand on the Models page, or found)
+            mmproj_path=self.models_adapter.library.projector_of(path) if isinstance(path, Path) else None,
         )
 
     def load_model(self, path: Path | RemoteModel) -> None:

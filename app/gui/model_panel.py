@@ -1,5 +1,6 @@
-"""The Models page: the local library (fit badges, load, delete, quantize, quality, folders) and
-Discover (:mod:`app.gui.discover_panel`: suggestions, Hub search, a repo's files, the download queue).
+"""The Models page: the local library (fit badges, load, delete, quantize, quality, a vision model's
+projector, folders) and Discover (:mod:`app.gui.discover_panel`: suggestions, Hub search, a repo's
+files, the download queue).
 
 The library keeps its selection by model identity (the file's path), not by row: a rescan after a
 quantization, a conversion or a download highlights the same model, and Load, Quantize and Check
@@ -20,6 +21,7 @@ from PySide6.QtWidgets import (
     QFileDialog,
     QHBoxLayout,
     QHeaderView,
+    QMenu,
     QPushButton,
     QTableWidget,
     QTabWidget,
@@ -170,6 +172,14 @@ class ModelPanel(QWidget):
         self.quality_button.clicked.connect(self._on_quality_clicked)
         self.delete_button = QPushButton("Delete…")
         self.delete_button.clicked.connect(self._on_delete_clicked)
+        self.projector_button = QPushButton("Projector")
+        self.projector_button.setToolTip("The vision projector (mmproj) loaded beside the selected model")
+        projector_menu = QMenu(self.projector_button)
+        self.choose_projector_action = projector_menu.addAction("Choose a projector file…")
+        self.choose_projector_action.triggered.connect(self._on_choose_projector_action_triggered)
+        self.found_projector_action = projector_menu.addAction("Use the one found beside it")
+        self.found_projector_action.triggered.connect(self._on_found_projector_action_triggered)
+        self.projector_button.setMenu(projector_menu)
         self.folder_button = QPushButton("Add folder…")
         self.folder_button.setToolTip("Index GGUF files in another folder in place (LM Studio, HF cache …)")
         self.folder_button.clicked.connect(self._on_folder_clicked)
@@ -182,6 +192,7 @@ class ModelPanel(QWidget):
             self.quantize_button,
             self.quality_button,
             self.delete_button,
+            self.projector_button,
         ):
             row.addWidget(button)
         row.addStretch(1)
@@ -354,6 +365,39 @@ class ModelPanel(QWidget):
         self._open(dialog)
         if dialog.start_button.isEnabled():
             dialog.start()
+
+    @Slot()
+    def _on_choose_projector_action_triggered(self) -> None:
+        entry = self._chat_entry_for_projector()
+        if entry is None:
+            return
+        start = entry.projector.parent if entry.projector is not None else entry.path.parent
+        chosen = self.pick_projector_file(start)
+        if chosen is not None:
+            self.library_status.setText(f"{shown(entry.label)}: projector {shown(chosen.name)}")
+            self.adapter.library.set_projector(entry.path, chosen, self.library_status.setText)
+
+    @Slot()
+    def _on_found_projector_action_triggered(self) -> None:
+        entry = self._chat_entry_for_projector()
+        if entry is not None:
+            self.library_status.setText(f"{shown(entry.label)}: the projector found beside it, if any")
+            self.adapter.library.set_projector(entry.path, None, self.library_status.setText)
+
+    def _chat_entry_for_projector(self) -> LibraryEntry | None:
+        entry = self.selected_entry()
+        problem = "pick a model in the list first" if entry is None else entry.chat_problem()
+        if entry is None or problem:
+            self.library_status.setText(f"No projector to choose: {shown(problem or '')}")
+            return None
+        return entry
+
+    def pick_projector_file(self, start: Path) -> Path | None:
+        """Asks for a projector file (a dialog; tests replace this)."""
+        name, _filter = QFileDialog.getOpenFileName(
+            self, "Choose the vision projector (mmproj)", str(start), "GGUF files (*.gguf)"
+        )
+        return Path(name) if name else None
 
     @Slot()
     def _on_folder_clicked(self) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from PySide6.QtCore import QObject, Signal
 
@@ -107,6 +107,27 @@ class LibraryAdapter(QObject):
                 library.add_folder(folder)
 
         run_in_background(work, lambda _r: self.scan(), self.fail("Add folder"))
+
+    def set_projector(self, model: Path, projector: Path | None, on_error: Callable[[str], None] | None = None) -> None:
+        """Chooses ``model``'s projector by hand (None: back to the one found beside it), then
+        rescans; a file that is not a projector, or another model's, is one line on
+        ``error_occurred`` (and to ``on_error``) and changes nothing."""
+
+        def failed(exc: BaseException) -> None:
+            reason = f"Projector: {describe_error(exc)}"
+            self.error_occurred.emit(reason)
+            if on_error is not None:
+                on_error(reason)
+
+        run_in_background(lambda: self.model_library().set_projector(model, projector), lambda _r: self.scan(), failed)
+
+    def projector_of(self, model: Path) -> Path | Literal["auto"] | None:
+        """The projector a load of ``model`` uses: the library's (chosen by hand, else found beside
+        it; None: it sees nothing), or "auto" when the library has not listed ``model`` yet."""
+        for entry in self.entries:
+            if entry.path == model:
+                return entry.projector
+        return "auto"
 
     def delete(self, path: Path) -> None:
         """Deletes a model file the library owns (the caller asked for confirmation)."""

@@ -36,7 +36,9 @@ def default_session_factory(request: LoadRequest, bandwidth: float | None) -> Ch
 
     if not isinstance(request.model_path, Path):
         raise TypeError(f"{request.model_path}: a remote model has no local session")
-    load = LoadSettings(request.n_ctx, request.n_threads, request.n_gpu_layers, request.draft_model_path)
+    load = LoadSettings(
+        request.n_ctx, request.n_threads, request.n_gpu_layers, request.draft_model_path, request.mmproj_path
+    )
     options = BackendOptions(
         overflow_policy=request.overflow_policy,
         reply_reserve=request.reply_reserve,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, Literal, TypedDict
 
 if TYPE_CHECKING:
     from app.compose import GpuLayers, RemoteModel
@@ -42,6 +42,8 @@ class LoadRequest:
         kv_cache_max_bytes: the size cap of those files (0: none saved).
         draft_model_path: a smaller model of the same vocabulary that drafts for speculative
             decoding (``settings.draft_models``); refused by the engine, the model loads without it.
+        mmproj_path: the projector loaded beside it (the library's choice), "auto" (the one found
+            beside it: ``app.compose.projector_for``) or None (text only).
     """
 
     model_path: Path | RemoteModel
@@ -57,6 +59,7 @@ class LoadRequest:
     kv_cache_dir: Path | None = None
     kv_cache_max_bytes: int = 0
     draft_model_path: Path | None = None
+    mmproj_path: Path | Literal["auto"] | None = "auto"
     cancel: threading.Event = field(default_factory=threading.Event, compare=False)
 
 

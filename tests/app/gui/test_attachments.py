@@ -292,6 +292,57 @@ def test_a_model_without_a_projector_says_it_cannot_see_images(
         w.shutdown()
 
 
+@pytest.mark.model
+def test_a_projector_chosen_by_hand_on_the_models_page_is_the_one_loaded(
+    qtbot: Any, paths: Paths, tiny_vision_model: tuple[Path, Path], tmp_path: Path
+) -> None:
+    folder, elsewhere = tmp_path / "models" / "alone", tmp_path / "projectors"
+    folder.mkdir(parents=True)
+    elsewhere.mkdir()
+    model = Path(shutil.copy(tiny_vision_model[0], folder / tiny_vision_model[0].name))
+    projector = Path(shutil.copy(tiny_vision_model[1], elsewhere / "vision-encoder.gguf"))  # not beside it
+    w = _window(qtbot, paths, model)
+    try:
+        panel, adapter = w.models_page, w.models_adapter.library
+        w.show_page(1)
+        qtbot.waitUntil(lambda: panel.select_model(model), timeout=10_000)
+
+        def arch() -> str:
+            panel.select_model(model)
+            row = panel.library.selectionModel().selectedRows()[0].row()
+            return str(panel.library.item(row, 1).text())
+
+        assert arch() == "gemma3" and adapter.projector_of(model) is None
+        # Not a projector: one line, nothing changed.
+        picked: list[Path] = [model]
+        panel.pick_projector_file = lambda _start: picked.pop()
+        panel.choose_projector_action.trigger()
+        qtbot.waitUntil(lambda: panel.library_status.text().startswith("Projector: "), timeout=10_000)
+        assert "not a vision projector" in panel.library_status.text() and arch() == "gemma3"
+        # The projector, from another folder: the row says it sees images, and a load takes it.
+        picked.append(projector)
+        panel.choose_projector_action.trigger()
+        qtbot.waitUntil(lambda: arch() == "gemma3, sees images", timeout=10_000)
+        assert adapter.projector_of(model) == projector
+        assert w.model_control.load_request_for(model).mmproj_path == projector
+        w.model_control.load_model(model)
+        qtbot.waitUntil(lambda: w.chat.model_state is ModelState.LOADED, timeout=120_000)
+        w.show_page(0)
+        image = tmp_path / "red.png"
+        image.write_bytes(_png())
+        w.composer.attachments.add_sources([image])
+        digest = read_media(image.read_bytes()).digest
+        qtbot.waitUntil(lambda: w.composer.attachments.chip_text(digest) == f"{IMAGE_TOKENS} tokens", timeout=60_000)
+        # Back to the one found beside it: none, so the model is text only again.
+        w.show_page(1)
+        assert panel.select_model(model)
+        panel.found_projector_action.trigger()
+        qtbot.waitUntil(lambda: arch() == "gemma3", timeout=10_000)
+        assert w.model_control.load_request_for(model).mmproj_path is None
+    finally:
+        w.shutdown()
+
+
 def test_deleting_a_chat_deletes_the_images_only_it_used(paths: Paths) -> None:
     from app.gui.conversation_controller import purge_deleted_chats
     from engine.media_store import MediaStore
