@@ -541,6 +541,14 @@ class ModelLibrary:
                 record["mmproj"] = str(_absolute(projector))
             self._save_manifest(manifest)
 
+    def chosen_projector(self, model: Path) -> Path | None:
+        """The projector chosen by hand for ``model`` (:meth:`set_projector`), read from the
+        manifest without a scan; None when none was chosen (the one found beside it is used)."""
+        with self._lock:
+            manifest = self._load_manifest()
+        chosen = manifest["models"].get(self._key(_absolute(model)), {}).get("mmproj")
+        return _absolute(Path(chosen)) if isinstance(chosen, str) else None
+
     # ---------------------------------------------------------------- provenance and removal
     def record_provenance(self, path: Path, **fields: str | None) -> None:
         """Records where a model came from (``repo``, ``revision``, ``sha256``, ``quantized_from``,

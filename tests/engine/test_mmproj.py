@@ -83,13 +83,16 @@ def test_the_library_pairs_a_model_with_the_projector_that_fits_it(
     elsewhere = tmp_path / "other" / "projector.gguf"
     elsewhere.parent.mkdir()
     shutil.copy(mmproj, elsewhere)
+    assert library.chosen_projector(repo / model.name) is None
     library.set_projector(repo / model.name, elsewhere)
     assert library.find(model.name).projector == elsewhere  # type: ignore[union-attr]
+    assert library.chosen_projector(repo / model.name) == elsewhere  # read without a scan
     with pytest.raises(ModelFileError) as info:
         library.set_projector(repo / "gemma-3-270m-Q4_K_M.gguf", elsewhere)
     assert "is the projector of another model: it makes embeddings of width 64" in str(info.value)
     library.set_projector(repo / model.name, None)
     assert library.find(model.name).projector == repo / mmproj.name  # type: ignore[union-attr]
+    assert library.chosen_projector(repo / model.name) is None
 
 
 def test_the_fit_verdict_counts_the_projector(tiny_vision_model: tuple[Path, Path]) -> None:

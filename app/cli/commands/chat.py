@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from app.cli.commands import chat_tools
 from app.cli.commands._output import add_json_flag, positive_int, print_json
-from app.cli.commands.model_resolver import resolve_model
+from app.cli.commands.model_resolver import projector_choice, resolve_model
 from app.paths import Paths
 from app.turn import TurnRecord, TurnRequest, run_turn
 from engine.inference.events import Finished, Reasoning, Token
@@ -243,7 +243,8 @@ def _local_session(args: argparse.Namespace, paths: Paths) -> ChatBackend:
         gpu_layers = parse_gpu_layers(args.gpu_layers)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-    load = LoadSettings(args.n_ctx or 4096, args.threads, gpu_layers, _draft_model(args.speculative))
+    mmproj = projector_choice(model, paths)  # chosen by hand in the library, else the one beside it
+    load = LoadSettings(args.n_ctx or 4096, args.threads, gpu_layers, _draft_model(args.speculative), mmproj)
     options = BackendOptions(
         overflow_policy=args.overflow,
         machine_bandwidth_gbps=_bandwidth(paths),

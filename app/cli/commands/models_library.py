@@ -146,9 +146,11 @@ def run_fit(args: argparse.Namespace, paths: Paths) -> int:
         bandwidth: float | None = cached_memory_bandwidth(paths.bandwidth_cache)
     except (OSError, MemoryError):
         bandwidth = None
+    from app.cli.commands.model_resolver import projector_choice
     from app.compose import projector_for
 
-    projector_path = projector_for(Path(info.path))
+    chosen = projector_choice(Path(info.path), paths)  # by hand in the library, else the one beside it
+    projector_path = projector_for(Path(info.path)) if chosen == "auto" else chosen
     projector = _projector_info(projector_path)
     try:
         estimate = estimate_fit(info, hw, n_ctx, args.cache_type, bandwidth, projector=projector)

@@ -113,3 +113,30 @@ def test_bad_images_and_a_blind_model_are_one_line(
         f"glassbox: error: cat.png: this model cannot see images: {blind.name} was loaded without a projector "
         "(mmproj); download its mmproj (glassbox models download --with-mmproj) or choose a vision model"
     )
+
+
+def test_a_projector_chosen_by_hand_in_the_library_is_the_one_loaded(
+    tiny_vision_model: tuple[Path, Path], tmp_path: Path
+) -> None:
+    from app.cli.commands.models_library import open_library
+    from app.paths import Paths
+
+    home = tmp_path / "home"
+    paths = Paths.resolve(home).ensure()
+    model = paths.models / "alone" / tiny_vision_model[0].name
+    model.parent.mkdir(parents=True)
+    shutil.copy(tiny_vision_model[0], model)
+    projector = tmp_path / "projectors" / "vision-encoder.gguf"  # not beside it, not the Hub's naming
+    projector.parent.mkdir()
+    shutil.copy(tiny_vision_model[1], projector)
+    image = _png(tmp_path)
+    blind = _chat(model, home, "--image", str(image), "--prompt", "hi")
+    assert blind.returncode == 1 and "this model cannot see images" in blind.stderr
+    open_library(paths).set_projector(model, projector)  # what the Models page's Projector does
+    seeing = _chat(model, home, "--image", str(image), "--prompt", "What is it?", "--json")
+    assert seeing.returncode == 0, seeing.stderr
+    turn = json.loads(seeing.stdout.splitlines()[-1])
+    assert turn["media"][0]["tokens"] == IMAGE_TOKENS and turn["media_encoded"] == 1
+    fit = glassbox("models", "fit", str(model), "--n-ctx", "512", "--json", home=home)
+    assert fit.returncode == 0, fit.stderr
+    assert json.loads(fit.stdout)["mmproj"] == str(projector) and json.loads(fit.stdout)["projector_bytes"] > 0
