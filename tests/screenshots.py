@@ -193,7 +193,7 @@ def shoot(out: Path, width: int, height: int, with_model: bool) -> int:
             wait_until(app, lambda: window.inspector.tokens_view.token_ids != [], 20)
     else:
         wait_until(app, lambda: window.chat.conversation is not None, 10)
-        window.chat.open_conversation(1)
+        window.chat.conversations.open(1)
         wait_until(app, lambda: len(window.chat_view.cards) == 2, 10)
         stats = window.chat.thread_messages[-1].stats
         window.inspector.set_model(253000000, 4096, 14.2)

@@ -107,7 +107,7 @@ class ApiServerControl(QObject):
     def apply_settings(self) -> None:
         """Starts, restarts or stops the server to match the settings and the loaded model."""
         settings = self.settings.current
-        backend = self.chat.current_session()
+        backend = self.chat.model.session()
         if not settings.api_server_enabled:
             self.stop_server()
             self.server_status.setText("")

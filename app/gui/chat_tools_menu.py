@@ -432,7 +432,7 @@ class ChatToolsController(QObject):
             self._unsaved = dict(choice)  # saved with the chat the first message creates
             return
         settings = {k: v for k, v in dict(conv.settings or {}).items() if k not in ("tools", "thinking")}
-        self.window.chat.update_conversation(settings={**settings, **choice})
+        self.window.chat.conversations.update(settings={**settings, **choice})
 
     @Slot(object, object)
     def _on_chat_conversation_opened(self, conversation: Conversation | None, _messages: object) -> None:

@@ -100,7 +100,7 @@ class ConversationController(QObject):
         self.sidebar.set_conversations(conversations)
         if conversations:
             self.sidebar.set_current(conversations[0].id)
-            self.chat.open_conversation(conversations[0].id)
+            self.chat.conversations.open(conversations[0].id)
 
     def _wire_history_safety(self) -> None:
         """What keeps a message or a reply from being lost when the history cannot take it: the
@@ -141,7 +141,7 @@ class ConversationController(QObject):
             self.notices.show_status(message, 60000)
             if moved is not None:
                 self.toast.show_message(f"New chat history started; the old file is kept as {moved.name}", ms=15000)
-            self.chat.refresh_conversations()
+            self.chat.conversations.refresh()
 
         self.history.start_fresh(
             done, lambda e: self.notices.show_error(f"Could not start a new history: {describe_error(e)}")
@@ -150,7 +150,7 @@ class ConversationController(QObject):
     def new_chat(self) -> None:
         if self.chat.busy:
             return
-        self.chat.new_conversation()
+        self.chat.conversations.new()
         self.composer.edit.setFocus()
 
     @Slot(int)
@@ -158,7 +158,7 @@ class ConversationController(QObject):
         if self.chat.busy:
             self.notices.show_error("Stop the current reply before switching chats.")
             return
-        self.chat.open_conversation(conversation_id)
+        self.chat.conversations.open(conversation_id)
 
     @Slot(int, int)
     def _on_sidebar_hit_selected(self, conversation_id: int, message_id: int) -> None:
@@ -172,7 +172,7 @@ class ConversationController(QObject):
 
         # The hit's message is scrolled to and its matched words marked once the thread shows.
         self.chat_view.reveal(message_id, search_terms(self.sidebar.search.text()))
-        self.history.call(open_branch, lambda _r: self.chat.open_conversation(conversation_id), self.history_failed)
+        self.history.call(open_branch, lambda _r: self.chat.conversations.open(conversation_id), self.history_failed)
 
     @Slot(int, str)
     def _on_sidebar_rename_requested(self, conversation_id: int, title: str) -> None:
@@ -180,9 +180,9 @@ class ConversationController(QObject):
             store.rename(conversation_id, title)
 
         def done(_r: None) -> None:
-            self.chat.refresh_conversations()
+            self.chat.conversations.refresh()
             if self.chat.conversation is not None and self.chat.conversation.id == conversation_id:
-                self.chat.reload_thread()
+                self.chat.conversations.reload()
 
         self.history.call(rename, done, self.history_failed)
 
@@ -190,7 +190,7 @@ class ConversationController(QObject):
         """Soft-deletes a chat; the toast offers Undo. Its saved KV caches go at once, on the history
         thread: they hold the chat's tokens (an undone chat only prefills again)."""
         if self.chat.busy and self.chat.conversation is not None and self.chat.conversation.id == conversation_id:
-            self.chat.stop()
+            self.chat.turns.stop()
         kv_folder = self.kv_cache
 
         def delete(store: HistoryStore) -> None:
@@ -201,7 +201,7 @@ class ConversationController(QObject):
 
         def done(_r: None) -> None:
             self.pending_delete = conversation_id
-            self.chat.refresh_conversations()
+            self.chat.conversations.refresh()
             if self.chat.conversation is not None and self.chat.conversation.id == conversation_id:
                 self.chat.conversation = None
                 self.chat.thread_messages = []
@@ -218,15 +218,15 @@ class ConversationController(QObject):
 
         def done(_r: None) -> None:
             self.pending_delete = None
-            self.chat.refresh_conversations()
-            self.chat.open_conversation(conversation_id)
+            self.chat.conversations.refresh()
+            self.chat.conversations.open(conversation_id)
 
         self.history.call(restore, done, self.history_failed)
 
     @Slot(str)
     def _on_sidebar_search_requested(self, query: str) -> None:
         if not query:
-            self.chat.refresh_conversations()
+            self.chat.conversations.refresh()
             return
         self.history.call(
             lambda s: s.search(query),
@@ -284,12 +284,12 @@ class ConversationController(QObject):
             system, preset = dialog.values()
             own = dialog.sampling()
             if conv is None:
-                self.chat.new_conversation(system_prompt=system, settings={"preset": preset, "sampling": own})
+                self.chat.conversations.new(system_prompt=system, settings={"preset": preset, "sampling": own})
             else:
                 settings = dict(conv.settings or {})
                 settings["preset"] = preset
                 settings["sampling"] = own
-                self.chat.update_conversation(system_prompt=system, settings=settings)
+                self.chat.conversations.update(system_prompt=system, settings=settings)
 
 
 def purge_deleted_chats(store: HistoryStore) -> int:

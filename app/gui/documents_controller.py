@@ -147,9 +147,9 @@ class DocumentsController(QObject):
         chosen = list(dict.fromkeys(names))
         if self.chat.conversation is None:
             self._when_a_chat_opens(lambda: self.set_chat_documents(chosen))
-            self.chat.new_conversation()
+            self.chat.conversations.new()
             return
-        self.chat.update_conversation(knowledge_bases=chosen)
+        self.chat.conversations.update(knowledge_bases=chosen)
         self.documents_bar.set_attached(chosen)
         self.docs_label.setText(f"Documents: {', '.join(chosen)}" if chosen else "")
 
@@ -197,7 +197,7 @@ class DocumentsController(QObject):
         conv = self.chat.conversation
         if conv is None:
             self._when_a_chat_opens(lambda: self.attach_documents(items, to_chat=True))
-            self.chat.new_conversation()
+            self.chat.conversations.new()
             return
         kbs = list(conv.knowledge_bases or [])
         if kbs:

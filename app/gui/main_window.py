@@ -254,7 +254,7 @@ class MainWindow(QMainWindow):
         self.shortcuts = {
             "new": add("New chat", "Ctrl+N", self.conversations.new_chat),
             "search": add("Search chats", "Ctrl+K", self._focus_search),
-            "stop": add("Stop", "Esc", self.chat.stop),
+            "stop": add("Stop", "Esc", self.chat.turns.stop),
             "regenerate": add("Regenerate", "Ctrl+Shift+R", self.turns.regenerate_last),
             "inspector": add("Toggle inspector", "Ctrl+I", self.inspector_button.toggle),
             "settings": add("Settings", "Ctrl+,", self.open_settings),
@@ -319,7 +319,7 @@ class MainWindow(QMainWindow):
 
         page = ModelPanel(self.models_adapter, self.settings.n_ctx)
         page.load_requested.connect(self._on_models_page_load_requested)
-        page.unload_requested.connect(self.chat.unload_model)
+        page.unload_requested.connect(self.chat.model.unload)
         if self.chat.loaded is not None and isinstance(self.chat.loaded.path, Path):
             page.loaded_path = self.chat.loaded.path
         self._models_page = page

@@ -356,7 +356,7 @@ class ModelController(QObject):
     def load_model(self, path: Path | RemoteModel) -> None:
         """Loads ``path`` (a local file or a remote model) and remembers it as the last model."""
         path = picker_model(path)  # an old glassbox-remote/... pseudo path: the remote model it meant
-        self.chat.load_model(self.load_request_for(path))
+        self.chat.model.load(self.load_request_for(path))
         self.settings.current.last_model = model_key(path)
         self.settings.save()
 
@@ -373,7 +373,7 @@ class ModelController(QObject):
     def load_or_eject(self) -> None:
         """Load (and Ctrl+L): loads the picker's model, or ejects it when it is the one loaded."""
         if self.chat.model_state is ModelState.LOADING:
-            self.chat.cancel_load()  # the button says Cancel while a model loads
+            self.chat.model.cancel_load(by_user=True)  # the button says Cancel while a model loads
             return
         loaded = self.chat.loaded
         if (
@@ -381,7 +381,7 @@ class ModelController(QObject):
             and loaded is not None
             and picker_model(self.picker.currentData() or "") == loaded.path
         ):
-            self.chat.unload_model()
+            self.chat.model.unload()
             return
         data = self.picker.currentData()
         if data:

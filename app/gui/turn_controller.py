@@ -106,7 +106,7 @@ class TurnController(QObject):
         chat.loop_updated.connect(self._on_chat_loop_updated)
         chat.call_progressed.connect(self._on_chat_call_progressed)
         self.composer.send_requested.connect(self._on_composer_send_requested)
-        self.composer.stop_requested.connect(chat.stop)
+        self.composer.stop_requested.connect(chat.turns.stop)
         self.composer.attachments_changed.connect(self.measure_attachments)
         self.composer.attachment_failed.connect(self.notices.show_error)
         chat.media_measured.connect(self._on_chat_media_measured)
@@ -115,7 +115,7 @@ class TurnController(QObject):
         self.chat_view.edit_requested.connect(self.composer.begin_edit)
         self.chat_view.edit_requested.connect(self._on_chat_view_edit_requested)
         self.chat_view.regenerate_requested.connect(self._on_chat_view_regenerate_requested)
-        self.chat_view.branch_requested.connect(chat.select_branch)
+        self.chat_view.branch_requested.connect(chat.conversations.select_branch)
         self.chat_view.source_activated.connect(self._on_chat_view_source_activated)
 
     def shutdown(self) -> None:
@@ -159,7 +159,7 @@ class TurnController(QObject):
     @Slot(str, object)
     def _on_composer_send_requested(self, text: str, editing: int | None) -> None:
         media = self.composer.attachments.media
-        if not self.chat.send(text, self.turn_context(), edit_of=editing, media=media):
+        if not self.chat.turns.send(text, self.turn_context(), edit_of=editing, media=media):
             self.notices.show_error("The model is not ready yet.")
             return
         self.composer.sent()
@@ -173,7 +173,7 @@ class TurnController(QObject):
         if not media:
             self.composer.set_attachment_block("")
             return
-        self.chat.measure_media(media)
+        self.chat.model.measure_media(media)
 
     @Slot(object)
     def _on_chat_media_measured(self, answer: object) -> None:
@@ -243,13 +243,13 @@ class TurnController(QObject):
 
     @Slot(int)
     def _on_chat_view_regenerate_requested(self, message_id: int) -> None:
-        self.chat.regenerate(message_id, self.turn_context())
+        self.chat.turns.regenerate(message_id, self.turn_context())
 
     def regenerate_last(self) -> None:
         """Regenerates the open thread's last reply."""
         for message in reversed(self.chat.thread_messages):
             if message.role == "assistant":
-                self.chat.regenerate(message.id, self.turn_context())
+                self.chat.turns.regenerate(message.id, self.turn_context())
                 return
 
     # ------------------------------------------------------------------ showing
@@ -321,7 +321,7 @@ class TurnController(QObject):
     def _on_chat_loop_updated(self, _loop: object) -> None:
         """A message of the running turn was recorded (a step's text with its calls, a call's
         result): the transcript puts the streamed text and the cards in the order they happened."""
-        record = self.chat.live_agent_record(self._streaming_reply)
+        record = self.chat.turns.live_agent_record(self._streaming_reply)
         if record is not None:
             self.chat_view.set_live_agent(record)
 
@@ -341,7 +341,7 @@ class TurnController(QObject):
 
     @Slot()
     def _on_live_timer_timeout(self) -> None:
-        tokens, _elapsed, _first = self.chat.live_tokens()
+        tokens, _elapsed, _first = self.chat.turns.live_tokens()
         self.inspector.live_sample(tokens, writing_call=self._call_tokens > 0)
 
     @Slot(object)

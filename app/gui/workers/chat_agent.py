@@ -1,8 +1,8 @@
 """The running turn's agent side, on the GUI thread: its thinking, tool steps and approvals.
 
-``app.gui.workers.agent_turn`` runs the loop on the LLM thread; :class:`AgentSide` takes the LLM
-worker's ``reasoning_received``, ``approval_requested`` and ``agent_recorded`` signals for the chat
-adapter (which connects them) and keeps each step in the turn's record and the history.
+The app's one turn (``app.turn``) runs the loop on the LLM thread; :class:`AgentSide` takes the LLM
+worker's ``reasoning_received``, ``approval_requested`` and ``agent_recorded`` signals (the chat
+adapter connects them) and keeps each step in the turn's record and the history.
 """
 
 from __future__ import annotations
@@ -13,23 +13,28 @@ from PySide6.QtCore import QObject, Slot
 
 if TYPE_CHECKING:
     from app.gui.workers.agent_turn import ApprovalRequest
-    from app.gui.workers.chat_adapter import ChatAdapter
-    from app.gui.workers.chat_reply import ReplyTurn
+    from app.gui.workers.chat_reply import ReplyKeeper, ReplyTurn
+    from app.gui.workers.chat_state import ChatSignals
+    from app.gui.workers.chat_turn import TurnRunner
 
 
 class AgentSide(QObject):
     """The agent signals of the running turn.
 
     Args:
-        chat: the adapter (the running turn, the reply keeper, the signals).
+        signals: the chat's signals.
+        turns: the running turn.
+        replies: saves the reply as each step happens.
     """
 
-    def __init__(self, chat: ChatAdapter) -> None:
-        super().__init__(chat)
-        self._chat = chat
+    def __init__(self, signals: ChatSignals, turns: TurnRunner, replies: ReplyKeeper) -> None:
+        super().__init__(signals)
+        self._chat = signals
+        self._turns = turns
+        self._replies = replies
 
     def _current(self, request_id: int) -> ReplyTurn | None:
-        return self._chat.turns.current(request_id)
+        return self._turns.current(request_id)
 
     @Slot(int, str)
     def on_reasoning(self, request_id: int, text: str) -> None:
@@ -63,4 +68,4 @@ class AgentSide(QObject):
             chat.tool_step_added.emit(step)
         chat.loop_updated.emit(list(turn.agent.loop))
         if record.get("kind") == "message":
-            chat.replies.save_progress(turn)
+            self._replies.save_progress(turn)

@@ -1,7 +1,8 @@
-"""The chat adapter's conversations: listing, opening, creating, branches and per-chat settings.
+"""The chat's conversations: listing, opening, creating, branches and per-chat settings.
 
 Every read and write runs on the history thread (``HistoryService``); the results come back on the
-GUI thread and become the adapter's open conversation and its thread.
+GUI thread and become the open conversation and its thread (``ChatSignals.conversation`` and
+``thread_messages``, which this part owns).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from app.gui.workers.history_disk import is_unreadable
 from app.gui.workers.history_reads import DisplayMessage, display_thread
 
 if TYPE_CHECKING:
-    from app.gui.workers.chat_adapter import ChatAdapter
+    from app.gui.workers.chat_state import ChatSignals
+    from app.gui.workers.history_service import HistoryService
     from engine.history import HistoryStore
     from engine.history_schema import Conversation
 
@@ -31,19 +33,36 @@ class ConversationChanges(TypedDict, total=False):
 
 
 class Conversations:
-    """The conversation calls of :class:`~app.gui.workers.chat_adapter.ChatAdapter`.
+    """The chat's conversations and the open one.
 
     Args:
-        chat: the adapter (its history service, open conversation and signals).
+        signals: the chat's signals and state (the open conversation and its thread are this part's).
+        history: the history service.
     """
 
-    def __init__(self, chat: ChatAdapter) -> None:
-        self._chat = chat
+    def __init__(self, signals: ChatSignals, history: HistoryService) -> None:
+        self._chat = signals
+        self._history = history
+
+    def show(self, conversation: Conversation, messages: list[DisplayMessage]) -> None:
+        """Makes ``conversation`` the open one, showing ``messages`` (``conversation_opened``)."""
+        chat = self._chat
+        chat.conversation = conversation
+        chat.thread_messages = messages
+        chat.last_stats = last_stats(messages)
+        chat.conversation_opened.emit(conversation, messages)
+
+    def show_of(self, conversation_id: int, messages: list[DisplayMessage]) -> None:
+        """Shows ``messages`` when ``conversation_id`` is still the open conversation."""
+        chat = self._chat
+        if chat.conversation is not None and chat.conversation.id == conversation_id:
+            chat.thread_messages = messages
+            chat.conversation_opened.emit(chat.conversation, messages)
 
     def refresh(self) -> None:
         """Reloads the conversation list (``conversations_changed``)."""
         chat = self._chat
-        chat.history.call(lambda s: s.list_conversations(), chat.conversations_changed.emit, self.on_error)
+        self._history.call(lambda s: s.list_conversations(), chat.conversations_changed.emit, self.on_error)
 
     def open(self, conversation_id: int) -> None:
         """Shows a conversation (its current branch)."""
@@ -51,7 +70,7 @@ class Conversations:
         def load(store: HistoryStore) -> Opened:
             return store.get_conversation(conversation_id), display_thread(store, conversation_id)
 
-        self._chat.history.call(load, self.opened, self.on_error)
+        self._history.call(load, self.opened, self.on_error)
 
     def new(self, system_prompt: str | None = None, settings: Mapping[str, object] | None = None) -> None:
         """Creates and opens an empty conversation."""
@@ -59,7 +78,7 @@ class Conversations:
         def create(store: HistoryStore) -> Opened:
             return store.create_conversation(system_prompt=system_prompt, settings=settings or {}), []
 
-        self._chat.history.call(create, self.created, self.on_error)
+        self._history.call(create, self.created, self.on_error)
 
     def created(self, result: Opened) -> None:
         """A conversation was made: open it and list it."""
@@ -69,7 +88,7 @@ class Conversations:
     def opened(self, result: Opened) -> None:
         """Makes ``result`` the open conversation (``conversation_opened``)."""
         conversation, messages = result
-        self._chat.show_thread(conversation, messages)
+        self.show(conversation, messages)
 
     def reload(self) -> None:
         """Re-reads the open conversation's current branch."""
@@ -87,7 +106,7 @@ class Conversations:
             store.select_branch(message_id)
             return store.get_conversation(conv_id), display_thread(store, conv_id)
 
-        chat.history.call(switch, self.opened, self.on_error)
+        self._history.call(switch, self.opened, self.on_error)
 
     def update(self, **changes: Unpack[ConversationChanges]) -> None:
         """Saves per-conversation settings (system_prompt, settings, knowledge_bases)."""
@@ -104,7 +123,7 @@ class Conversations:
             if chat.conversation is not None and chat.conversation.id == conv.id:
                 chat.conversation = conv
 
-        chat.history.call(update, done, self.on_error)
+        self._history.call(update, done, self.on_error)
 
     def on_error(self, exc: BaseException) -> None:
         """A history call failed: one line for the user (and the unreadable-file offer)."""

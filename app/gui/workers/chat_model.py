@@ -1,19 +1,23 @@
-"""The chat adapter's model: loading, unloading, and what the LLM worker says about it."""
+"""The chat's model: loading, unloading, what the LLM worker says about it, and what attachments
+cost it."""
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QObject, Slot
 
 from app.gui.tasks import describe_error
-from app.gui.workers.chat_state import ChatState, ModelState
+from app.gui.workers.chat_state import ChatSignals, ChatState, ModelState
+from app.gui.workers.llm_requests import MediaInfoRequest
 
 if TYPE_CHECKING:
-    from app.gui.workers.chat_adapter import ChatAdapter
     from app.gui.workers.llm_requests import LoadedModel, LoadRequest
+    from app.gui.workers.model_routing import RoutingSessionFactory
     from engine.inference.backends import ChatBackend
+    from engine.media import Media
 
 
 class ModelSlot(QObject):
@@ -25,26 +29,29 @@ class ModelSlot(QObject):
     newer one.
 
     Args:
-        chat: the adapter (its worker commands, state and signals).
+        signals: the chat's signals and state (``model_state`` and ``loaded`` are this slot's).
+        sessions: the backends the worker opened (the last one is the loaded model's).
+        stop_turn: stops the running turn (before a load or an unload).
     """
 
-    def __init__(self, chat: ChatAdapter) -> None:
-        super().__init__(chat)
-        self._chat = chat
-        self.state = ModelState.NONE
-        self.loaded: LoadedModel | None = None
+    def __init__(self, signals: ChatSignals, sessions: RoutingSessionFactory, stop_turn: Callable[[], None]) -> None:
+        super().__init__(signals)
+        self._chat = signals
+        self._sessions = sessions
+        self._stop_turn = stop_turn
+        self._media_request = 0
         self.pending: LoadRequest | None = None
         self._sent: deque[LoadRequest] = deque()  # loads the worker has not answered yet, oldest first
         self._cancelled: LoadRequest | None = None  # the load the user cancelled (said once it ends)
 
     def _set(self, state: ModelState, detail: str = "") -> None:
-        self.state = state
+        self._chat.model_state = state
         self._chat.model_state_changed.emit(state, detail)
 
     def load(self, request: LoadRequest) -> None:
         """Loads a model on the worker (cancels a running turn and an older load first)."""
         chat = self._chat
-        chat.stop()
+        self._stop_turn()
         if self.pending is not None:
             self.pending.cancel.set()
         self.pending = request
@@ -56,7 +63,7 @@ class ModelSlot(QObject):
 
     def unload(self) -> None:
         """Closes the loaded model."""
-        self._chat.stop()
+        self._stop_turn()
         self._chat.unload_requested.emit()
 
     def cancel_load(self, by_user: bool = False) -> None:
@@ -72,9 +79,9 @@ class ModelSlot(QObject):
 
     def session(self) -> ChatBackend | None:
         """The loaded model's session (local or remote), or None when no model is loaded."""
-        if self.state is not ModelState.LOADED or self.loaded is None:
+        if self._chat.model_state is not ModelState.LOADED or self._chat.loaded is None:
             return None
-        return self._chat.sessions.last_session
+        return self._sessions.last_session
 
     @Slot(object)
     def on_loaded(self, loaded: LoadedModel) -> None:
@@ -88,7 +95,7 @@ class ModelSlot(QObject):
             self._chat.unload_requested.emit()
             self._end_cancelled(request)
             return
-        self.loaded = loaded
+        self._chat.loaded = loaded
         self._set(ModelState.LOADED, loaded.label)
         self._chat.set_state(ChatState.IDLE)
         self._chat.model_loaded.emit(loaded)
@@ -102,7 +109,7 @@ class ModelSlot(QObject):
         if request is not None and request is not self.pending:
             return  # a newer load replaced it: that one speaks
         self.pending = None
-        self.loaded = None
+        self._chat.loaded = None
         if isinstance(exc, Cancelled) or (request is not None and request.cancel.is_set()):
             self._end_cancelled(request)
             return
@@ -113,7 +120,7 @@ class ModelSlot(QObject):
 
     def _end_cancelled(self, request: LoadRequest | None) -> None:
         """A load ended by Cancel: no model, and, when the user asked for it, said so."""
-        self.loaded = None
+        self._chat.loaded = None
         self._chat.set_state(ChatState.IDLE)
         by_user = request is not None and request is self._cancelled
         self._cancelled = None
@@ -125,5 +132,19 @@ class ModelSlot(QObject):
     @Slot()
     def on_unloaded(self) -> None:
         """The worker closed the model."""
-        self.loaded = None
+        self._chat.loaded = None
         self._set(ModelState.NONE, "")
+
+    def measure_media(self, media: tuple[Media, ...]) -> None:
+        """Asks the loaded model what these attachments cost (answered by ``media_measured``)."""
+        self._media_request += 1
+        if not media or self._chat.loaded is None:
+            self._chat.media_measured.emit([] if media == () else None)
+            return
+        self._chat.media_info_requested.emit(MediaInfoRequest(self._media_request, tuple(media)))
+
+    @Slot(int, object)
+    def on_media_measured(self, request_id: int, answer: object) -> None:
+        """The worker's count for the attachments (an older question's answer is stale)."""
+        if request_id == self._media_request:
+            self._chat.media_measured.emit(answer)

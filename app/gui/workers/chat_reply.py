@@ -19,7 +19,9 @@ from app.gui.tasks import describe_error
 from app.gui.workers.history_reads import DisplayMessage, display_thread
 
 if TYPE_CHECKING:
-    from app.gui.workers.chat_adapter import ChatAdapter
+    from app.gui.workers.chat_conversations import Conversations
+    from app.gui.workers.chat_state import ChatSignals
+    from app.gui.workers.history_service import HistoryService
     from app.gui.workers.llm_requests import GenerateRequest
     from engine.history import HistoryStore
     from engine.inference.events import Stats
@@ -98,15 +100,19 @@ def final_reply(turn: ReplyTurn, reason: str, text: str, stats: Stats | None, er
 
 
 class ReplyKeeper(QObject):
-    """Saves replies for the chat adapter: checkpoints, the final save, the retries.
+    """Saves the chat's replies: checkpoints, the final save, the retries.
 
     Args:
-        chat: the adapter (its history, open conversation and signals).
+        signals: the chat's signals and state.
+        history: the history service.
+        conversations: the open conversation (a reply saved is shown in it).
     """
 
-    def __init__(self, chat: ChatAdapter) -> None:
-        super().__init__(chat)
-        self._chat = chat
+    def __init__(self, signals: ChatSignals, history: HistoryService, conversations: Conversations) -> None:
+        super().__init__(signals)
+        self._chat = signals
+        self._history = history
+        self._conversations = conversations
         # Replies the disk refused are tried again on this timer until the history holds them all.
         self.retry_timer = QTimer(self)
         self.retry_timer.setInterval(int(RETRY_S * 1000))
@@ -130,7 +136,7 @@ class ReplyKeeper(QObject):
                 store.append_text(reply_id, text[stored.chars :])
                 stored.chars = len(text)
 
-        self._chat.history.keep(
+        self._history.keep(
             ("reply", reply_id), save, None, lambda exc: self.save_failed(turn, exc), size_hint=len(text)
         )
 
@@ -143,7 +149,7 @@ class ReplyKeeper(QObject):
             store.finish_message(reply_id, text, state="pending", stats=extra)
             stored.chars = len(text)
 
-        self._chat.history.keep(
+        self._history.keep(
             ("reply", reply_id), save, None, lambda exc: self.save_failed(turn, exc), size_hint=len(text)
         )
 
@@ -158,7 +164,7 @@ class ReplyKeeper(QObject):
             return display_thread(store, conv_id)
 
         def saved(messages: list[DisplayMessage]) -> None:
-            chat.show_thread_of(conv_id, messages)
+            self._conversations.show_of(conv_id, messages)
             if turn.save_failed:
                 chat.notice_posted.emit("The reply was saved.")
 
@@ -176,10 +182,10 @@ class ReplyKeeper(QObject):
                 else m
                 for m in chat.thread_messages
             ]
-            chat.show_thread_of(conv_id, shown)
+            self._conversations.show_of(conv_id, shown)
             self.save_failed(turn, exc)
 
-        chat.history.keep(("reply", reply_id), save, saved, failed, size_hint=len(final.text))
+        self._history.keep(("reply", reply_id), save, saved, failed, size_hint=len(final.text))
 
     def cancel_unstarted(self, conversation_id: int, reply_id: int) -> None:
         """Marks a reply whose turn was stopped before its row came back (the question stays)."""
@@ -188,11 +194,11 @@ class ReplyKeeper(QObject):
             store.finish_message(reply_id, "", state="partial", stats={"finish_reason": "cancelled"})
             return display_thread(store, conversation_id)
 
-        self._chat.history.keep(
+        self._history.keep(
             ("reply", reply_id),
             cancel,
-            lambda shown: self._chat.show_thread_of(conversation_id, shown),
-            self._chat.conversations.on_error,
+            lambda shown: self._conversations.show_of(conversation_id, shown),
+            self._conversations.on_error,
         )
 
     def save_failed(self, turn: ReplyTurn, exc: BaseException) -> None:
@@ -208,7 +214,7 @@ class ReplyKeeper(QObject):
 
     @Slot()
     def _on_retry_timer_timeout(self) -> None:
-        self._chat.history.retry_unsaved(self._after_retry)
+        self._history.retry_unsaved(self._after_retry)
 
     def _after_retry(self, unsaved: int) -> None:
         if not unsaved:

@@ -1,17 +1,25 @@
-"""What the chat adapter tells the widgets it is doing, and what a turn is asked with.
+"""What the chat tells the widgets: its signals and the state they read (:class:`ChatSignals`),
+the enums of that state, and what a turn is asked with (:class:`TurnContext`).
 
-Kept apart from :mod:`app.gui.workers.chat_adapter` so the adapter's collaborators (the model
-slot, the conversations, the running turn) share them without importing the adapter.
+The chat's parts (the model slot, the conversations, the running turn, the reply keeper, the agent
+side) are given a :class:`ChatSignals` and their few collaborators, never the adapter
+(:mod:`app.gui.workers.chat_adapter`), which composes them: the composition goes one way.
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from PySide6.QtCore import QObject, Signal
 
 if TYPE_CHECKING:
     from app.gui.workers.agent_tools import ToolsRequest
+    from app.gui.workers.history_reads import DisplayMessage
+    from app.gui.workers.llm_requests import LoadedModel
+    from engine.history_schema import Conversation
+    from engine.inference.events import Stats
     from engine.inference.runtime import GenerationParams
 
 
@@ -33,6 +41,98 @@ class ModelState(enum.Enum):
     LOADING = "Loading"
     LOADED = "Loaded"
     FAILED = "Failed"
+
+
+class ChatSignals(QObject):
+    """The chat's signals, and the state the widgets read; each part sets the state it owns.
+
+    Attributes:
+        state: what the chat is doing (:class:`ChatState`; the running turn and the model slot set it).
+        model_state: whether a model is loaded (the model slot's).
+        loaded: the loaded model, or None (the model slot's).
+        busy: a reply is being produced or stopped (the running turn's).
+        conversation: the open conversation, or None (the conversations').
+        thread_messages: its current branch, as the transcript shows it.
+        last_stats: the stats of its last reply that has some, or of the last turn.
+
+    Signals:
+        state_changed(object): the new :class:`ChatState`.
+        model_state_changed(object, str): :class:`ModelState` and a one-line detail.
+        model_loaded(object): the ``LoadedModel``.
+        conversations_changed(object): list of ``engine.history.Conversation``.
+        conversation_opened(object, object): the Conversation and its thread (list of DisplayMessage).
+        reply_started(int): id of the pending reply message.
+        reply_delta(str, int): text delta, number of tokens in it.
+        prefill_progressed(int, int): tokens evaluated, total.
+        reply_finished(object): the ``GenerationOutcome``.
+        stats_updated(object): the last turn's ``engine.inference.events.Stats`` as a dict, with its ``finish_reason``.
+        prompt_view_updated(object): ``engine.inference.session.PromptView`` of the last prompt.
+        error_occurred(str): a one-line message for the user.
+        message_not_saved(str, object): the text of a message that could not be saved and the id of
+            the message it was editing (or None): it goes back to the composer.
+        media_not_saved(object): the attachments of a message that could not be saved (a tuple of
+            ``engine.media.Media``): they go back to the composer.
+        media_measured(object): each attachment's cost for the loaded model: a list of
+            ``MediaInfo``, None (a server counts them itself) or the exception (it cannot see them).
+        history_unreadable(str): the history file is not SQLite or is corrupt (left untouched).
+        notice_posted(str): a passing note for the status bar (a reply saved late, passages left out).
+        bandwidth_measured(float): the machine's memory bandwidth (GB/s).
+        sources_found(object): the sources (list of dicts) of the passages retrieved for the reply.
+        reasoning_delta(str): thinking text of the running reply (shown folded, never sent back).
+        tool_step_added(object): a tool call of the running reply was handled (agent_history.step_dict).
+        loop_updated(object): the running turn's timeline (generations and calls, list of dicts).
+        approval_requested(object): an ``agent_turn.ApprovalRequest`` the user must answer.
+        call_progressed(int): the tokens of the tool call the model is writing (0: it is not now).
+        load_requested(object), generate_requested(object), unload_requested(),
+        shutdown_requested(), media_info_requested(object): commands to the worker (queued).
+    """
+
+    state_changed = Signal(object)
+    model_state_changed = Signal(object, str)
+    model_loaded = Signal(object)
+    conversations_changed = Signal(object)
+    conversation_opened = Signal(object, object)
+    reply_started = Signal(int)
+    reply_delta = Signal(str, int)
+    prefill_progressed = Signal(int, int)
+    reply_finished = Signal(object)
+    stats_updated = Signal(object)
+    prompt_view_updated = Signal(object)
+    error_occurred = Signal(str)
+    message_not_saved = Signal(str, object)
+    media_not_saved = Signal(object)
+    media_measured = Signal(object)
+    history_unreadable = Signal(str)
+    notice_posted = Signal(str)
+    bandwidth_measured = Signal(float)
+    sources_found = Signal(object)
+    reasoning_delta = Signal(str)
+    tool_step_added = Signal(object)
+    loop_updated = Signal(object)
+    approval_requested = Signal(object)
+    call_progressed = Signal(int)
+
+    load_requested = Signal(object)
+    generate_requested = Signal(object)
+    media_info_requested = Signal(object)
+    unload_requested = Signal()
+    shutdown_requested = Signal()
+
+    def __init__(self, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self.state = ChatState.IDLE
+        self.model_state = ModelState.NONE
+        self.loaded: LoadedModel | None = None
+        self.busy = False
+        self.conversation: Conversation | None = None
+        self.thread_messages: list[DisplayMessage] = []
+        self.last_stats: Stats | dict[str, Any] | None = None
+
+    def set_state(self, state: ChatState) -> None:
+        """Moves to ``state`` (``state_changed`` when it changes)."""
+        if state is not self.state:
+            self.state = state
+            self.state_changed.emit(state)
 
 
 @dataclass(frozen=True)

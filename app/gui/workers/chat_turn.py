@@ -1,59 +1,159 @@
-"""A chat turn, from the saved question to the saved reply (ARCHITECTURE.md, "a chat turn").
+"""A chat turn on the GUI thread, from the saved question to the saved reply (ARCHITECTURE.md,
+"Walk 1: a chat turn").
 
-1. The question and a pending reply row are saved first (:mod:`app.gui.workers.chat_send`).
+1. The question (its images first) and a pending reply row are saved before anything is
+   generated, so nothing is lost: :func:`save_question` runs on the history thread; on a full disk
+   a message the history refuses goes back to the composer (``message_not_saved``), and what the
+   save got to before it failed crosses back as a frozen :class:`SendProgress`.
 2. With knowledge bases attached, the knowledge worker searches on its own thread
    (:class:`~app.gui.workers.chat_retrieval.PassageRetriever`); Stop meanwhile ends the turn.
-3. The request goes to the LLM worker with the passages as data; the engine's documents band keeps
-   the best that fit, and the outcome says how many of the lowest-ranked it dropped.
+3. The request goes to the LLM worker, which runs the app's one turn (``app.turn``) with the
+   passages as data; the backend's documents band keeps the best that fit.
 4. Coalesced text streams back, is shown and checkpointed; on finish, stop or error the reply is
-   saved (partial if stopped) with its stats and the sources of the passages it was given.
+   saved (partial if stopped) with its stats and the sources of the passages kept.
 """
 
 from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
 from PySide6.QtCore import QObject, Slot
 
 from app.agent_history import model_history
 from app.gui.tasks import describe_error
+from app.gui.workers.chat_conversations import title_from
 from app.gui.workers.chat_reply import ReplyTurn, final_reply
 from app.gui.workers.chat_retrieval import Retrieved, model_searches
-from app.gui.workers.chat_send import (
-    ProgressBox,
-    Question,
-    Saved,
-    report_send_failure,
-    save_question,
-    save_regeneration,
-)
 from app.gui.workers.chat_state import ChatState, TurnContext
-from app.gui.workers.history_disk import is_unreadable
+from app.gui.workers.history_disk import HistoryDiskFull, is_unreadable
+from app.gui.workers.history_reads import DisplayMessage, display_thread, media_folder
 from app.gui.workers.llm_requests import GenerateRequest, GenerationOutcome
 from app.knowledge_glue import kept_sources
 from app.turn import TurnRequest
 
 if TYPE_CHECKING:
-    from app.gui.workers.chat_adapter import ChatAdapter
+    from app.gui.workers.chat_conversations import Conversations
+    from app.gui.workers.chat_model import ModelSlot
+    from app.gui.workers.chat_reply import ReplyKeeper
+    from app.gui.workers.chat_retrieval import RetrieverFactory
+    from app.gui.workers.chat_state import ChatSignals
+    from app.gui.workers.history_service import HistoryService
+    from engine.history import HistoryStore
+    from engine.history_schema import Conversation
     from engine.inference.events import Stats
     from engine.media import Media
+
+Saved = tuple["Conversation", int, list[DisplayMessage]]
+"""The conversation, the id of the pending reply, and the thread ending with it."""
+
+
+@dataclass(frozen=True)
+class Question:
+    """A message to save (made on the GUI thread, read on the history thread)."""
+
+    text: str
+    edit_of: int | None  # the user message it replaces as a new branch (None: appended)
+    conversation: Conversation | None  # None: the save creates the chat
+    model: str
+    parent: int | Literal["leaf"] | None  # "leaf": after the current branch's last message
+    media: tuple[Media, ...] = ()  # images and clips attached (kept by content before the row)
+
+
+@dataclass(frozen=True)
+class SendProgress:
+    """How far a question's save got: a chat it created, whether the question itself is saved."""
+
+    conversation: Conversation | None = None
+    user_saved: bool = False
+
+
+class ProgressBox:
+    """The latest :class:`SendProgress`, replaced whole by the history thread (never mutated)."""
+
+    def __init__(self) -> None:
+        self.latest = SendProgress()
+
+
+def save_question(question: Question, box: ProgressBox) -> Callable[[HistoryStore], Saved]:
+    """The history-thread job that saves the question and a pending reply after it."""
+
+    from engine.media_store import MediaStore
+
+    def save(store: HistoryStore) -> Saved:
+        conv = question.conversation
+        if conv is None:
+            conv = store.create_conversation(title=title_from(question.text or _media_title(question.media)))
+            box.latest = SendProgress(conversation=conv)
+        elif not store.thread(conv.id) and conv.title in ("New chat", ""):
+            store.rename(conv.id, title_from(question.text))
+        refs = [MediaStore(media_folder(store.path)).put(item) for item in question.media]
+        store.add_message(conv.id, "user", question.text, parent_id=question.parent, media=refs)
+        box.latest = SendProgress(box.latest.conversation, user_saved=True)
+        reply = store.add_message(conv.id, "assistant", "", state="pending", model=question.model)
+        return store.get_conversation(conv.id), reply.id, display_thread(store, conv.id)
+
+    return save
+
+
+def save_regeneration(conv_id: int, parent_id: int, model: str) -> Callable[[HistoryStore], Saved]:
+    """The history-thread job that adds a new pending sibling of a reply."""
+
+    def save(store: HistoryStore) -> Saved:
+        new = store.add_message(conv_id, "assistant", "", parent_id=parent_id, state="pending", model=model)
+        return store.get_conversation(conv_id), new.id, display_thread(store, conv_id)
+
+    return save
+
+
+def _media_title(media: tuple[Media, ...]) -> str:
+    """A chat started with images and no text is titled by them."""
+    return ", ".join(m.name for m in media if m.name) or "Images"
 
 
 class TurnRunner(QObject):
     """Runs the chat's turns, one at a time.
 
     Args:
-        chat: the adapter (history, worker commands, the open conversation, signals).
+        signals: the chat's signals and state (``busy`` is this part's).
+        history: the history service.
+        conversations: the open conversation (the question and the reply are shown in it).
+        replies: saves the replies.
+        model: the loaded model (its label goes with each reply).
+        retriever_factory: the retriever of a turn's knowledge bases (None: none is searched).
     """
 
-    def __init__(self, chat: ChatAdapter) -> None:
-        super().__init__(chat)
-        self._chat = chat
-        self.turn: ReplyTurn | None = None
+    def __init__(
+        self,
+        signals: ChatSignals,
+        history: HistoryService,
+        conversations: Conversations,
+        replies: ReplyKeeper,
+        model: ModelSlot,
+        retriever_factory: RetrieverFactory | None,
+    ) -> None:
+        super().__init__(signals)
+        self._chat = signals
+        self._history = history
+        self._conversations = conversations
+        self._replies = replies
+        self._model = model
+        self._retriever_factory = retriever_factory
+        self._turn: ReplyTurn | None = None
         self._ids = itertools.count(1)
+
+    @property
+    def turn(self) -> ReplyTurn | None:
+        """The running turn (while it is produced or stopped: the chat is ``busy``)."""
+        return self._turn
+
+    @turn.setter
+    def turn(self, turn: ReplyTurn | None) -> None:
+        self._turn = turn
+        self._chat.busy = turn is not None
 
     def current(self, request_id: int) -> ReplyTurn | None:
         """The running turn when ``request_id`` is its request (a late signal gets None)."""
@@ -77,11 +177,11 @@ class TurnRunner(QObject):
 
         def failed(exc: BaseException) -> None:
             self._end_placeholder()
-            report_send_failure(chat, exc, question, box.latest)
+            self._report_send_failure(exc, question, box.latest)
 
         self._begin_placeholder()
         size = len(text.encode("utf-8", "replace")) + sum(len(m.data) for m in media)
-        chat.history.call(save_question(question, box), lambda r: self._start(r, context), failed, size_hint=size)
+        self._history.call(save_question(question, box), lambda r: self._start(r, context), failed, size_hint=size)
         return True
 
     def regenerate(self, reply_id: int, context: TurnContext) -> bool:
@@ -94,7 +194,7 @@ class TurnRunner(QObject):
             return False
         save = save_regeneration(chat.conversation.id, reply.parent_id, chat.loaded.label)
         self._begin_placeholder()
-        chat.history.call(save, lambda r: self._start(r, context), self._on_regeneration_save_failed)
+        self._history.call(save, lambda r: self._start(r, context), self._on_regeneration_save_failed)
         return True
 
     def _begin_placeholder(self) -> None:
@@ -116,10 +216,10 @@ class TurnRunner(QObject):
         chat = self._chat
         conversation, reply_id, messages = saved
         placeholder = self.turn
-        chat.show_thread(conversation, messages)
-        chat.refresh_conversations()
+        self._conversations.show(conversation, messages)
+        self._conversations.refresh()
         if placeholder is None:  # stopped before the save came back: keep the question, mark the reply
-            chat.replies.cancel_unstarted(conversation.id, reply_id)
+            self._replies.cancel_unstarted(conversation.id, reply_id)
             return
         # messages ends with [..., user, pending reply]; history is everything before the user turn.
         ask = TurnRequest(
@@ -140,18 +240,17 @@ class TurnRunner(QObject):
         chat.reply_started.emit(reply_id)
         if request.cancel.is_set():
             self.finish("cancelled", "", None)
-        elif context.knowledge_bases and chat.retriever_factory is not None:
+        elif context.knowledge_bases and self._retriever_factory is not None:
             self._retrieve(turn, context)
         else:
             self._submit(turn)
 
     # ------------------------------------------------------------------ retrieval (knowledge thread)
     def _retrieve(self, turn: ReplyTurn, context: TurnContext) -> None:
-        chat = self._chat
-        assert chat.retriever_factory is not None
+        assert self._retriever_factory is not None
         turn.retrieving = True
-        chat.set_state(ChatState.RETRIEVING)
-        retriever = chat.retriever_factory(context.knowledge_bases)
+        self._chat.set_state(ChatState.RETRIEVING)
+        retriever = self._retriever_factory(context.knowledge_bases)
         retriever.retrieve(
             turn.request.turn.user or "",
             lambda found: self._on_retrieved(turn, found),
@@ -195,6 +294,48 @@ class TurnRunner(QObject):
         elif chat.state is not ChatState.IDLE:
             chat.set_state(ChatState.CANCELLING)
 
+    def live_agent_record(self, reply_id: int | None) -> dict[str, object] | None:
+        """The agent loop of the running turn so far (its steps and their calls, as a stored reply's
+        stats keep them), when the running turn is ``reply_id``'s; else None."""
+        turn = self.turn
+        if turn is None or reply_id is None or turn.reply_id != reply_id:
+            return None
+        return turn.agent.stats()
+
+    def live_tokens(self) -> tuple[int, float, float | None]:
+        """Tokens received, seconds since the turn started, and when the first token came."""
+        turn = self.turn
+        if turn is None:
+            return 0, 0.0, None
+        return turn.tokens, time.perf_counter() - turn.started, turn.first_token_at
+
+    def _report_send_failure(self, exc: BaseException, question: Question, progress: SendProgress) -> None:
+        """The question could not be saved: it goes back to the composer, never lost."""
+        chat = self._chat
+        reason = describe_error(exc)
+        created = progress.conversation
+        if created is not None and chat.conversation is None:
+            # The chat was made before the disk refused the message: open it, so Send again uses it.
+            self._conversations.show(created, [])
+            self._conversations.refresh()
+        if progress.user_saved:
+            # The question is saved; only its reply's row could not be made.
+            self._conversations.reload()
+            chat.error_occurred.emit(f"Your message is saved, but the reply could not start: {reason}")
+            return
+        if is_unreadable(exc):
+            then = "start a new history, then press Send again"
+        elif isinstance(exc, HistoryDiskFull):
+            then = "free some space, then press Send again"
+        else:
+            then = "press Send again"
+        chat.message_not_saved.emit(question.text, question.edit_of)
+        if question.media:
+            chat.media_not_saved.emit(question.media)  # the images go back to the composer too
+        chat.error_occurred.emit(f"Your message was not saved: {reason}. It is back in the box: {then}.")
+        if is_unreadable(exc):
+            chat.history_unreadable.emit(reason)
+
     # ------------------------------------------------------------------ the worker's signals
     @Slot(int, int, int)
     def on_prefill(self, request_id: int, done: int, total: int) -> None:
@@ -215,7 +356,7 @@ class TurnRunner(QObject):
         turn.text.append(text)
         turn.tokens += count
         self._chat.reply_delta.emit(text, count)
-        self._chat.replies.tick(turn)
+        self._replies.tick(turn)
 
     @Slot(int, int)
     def on_call_progress(self, request_id: int, tokens: int) -> None:
@@ -268,7 +409,7 @@ class TurnRunner(QObject):
         assert turn is not None
         self.turn = None
         turn.retrieving = False
-        self._chat.replies.finish(turn, final_reply(turn, reason, text, stats, error))
+        self._replies.finish(turn, final_reply(turn, reason, text, stats, error))
         self._chat.set_state(ChatState.IDLE)
 
     def finish_at_shutdown(self) -> None:

@@ -159,7 +159,7 @@ def test_inspector_says_whose_numbers_it_shows(qtbot: Any, window: Any) -> None:
     qtbot.waitUntil(lambda: window.chat.conversation.id != conv_id, timeout=5000)
     assert inspector.shown["freshness"] == "No reply yet in this chat"
     assert inspector.shown["ttft_ms"] == "—"
-    window.chat.open_conversation(conv_id)
+    window.chat.conversations.open(conv_id)
     qtbot.waitUntil(lambda: inspector.shown["freshness"].endswith("(saved)"), timeout=5000)
     assert inspector.shown["ttft_ms"] == "12 ms"
     window.conversations.delete_conversation(conv_id)

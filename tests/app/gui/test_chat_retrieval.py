@@ -67,7 +67,7 @@ def chat(qtbot: Any, paths: Paths, fake_model: Path) -> Iterator[tuple[ChatAdapt
         return sessions[-1]
 
     adapter = ChatAdapter(HistoryService(paths.history_db), factory, knowledge.chat_retriever)
-    adapter.load_model(LoadRequest(fake_model, n_ctx=512))
+    adapter.model.load(LoadRequest(fake_model, n_ctx=512))
     qtbot.waitUntil(lambda: adapter.model_state is ModelState.LOADED, timeout=10000)
     yield adapter, knowledge, sessions
     adapter.shutdown()
@@ -93,7 +93,7 @@ def test_the_passages_are_searched_on_the_knowledge_thread_and_reach_the_worker_
     adapter.generate_requested.connect(requests.append)
     found: list[Any] = []
     adapter.sources_found.connect(found.append)
-    assert adapter.send("What is in my notes?", context())
+    assert adapter.turns.send("What is in my notes?", context())
     reply = finish(qtbot, adapter)
     assert service.threads and all(name.startswith("glassbox-kb-query") for name in service.threads)
     assert threading.main_thread().name not in service.threads
@@ -118,7 +118,7 @@ def test_passages_that_do_not_fit_drop_the_lowest_ranked_and_the_reply_says_how_
     adapter.notice_posted.connect(notices.append)
     errors: list[str] = []
     adapter.error_occurred.connect(errors.append)
-    assert adapter.send("Tell me everything", context())
+    assert adapter.turns.send("Tell me everything", context())
     reply = finish(qtbot, adapter)
     documents = sessions[-1].calls[-1].documents or ""
     assert "p1w0" in documents and "p2w0" in documents and "p3w0" not in documents and "p6w0" not in documents
@@ -135,10 +135,10 @@ def test_stop_while_searching_ends_the_turn_before_the_model_is_asked(
     knowledge.service = service = FakeService([passage(1)], hold=True)
     requests: list[GenerateRequest] = []
     adapter.generate_requested.connect(requests.append)
-    assert adapter.send("Search slowly", context())
+    assert adapter.turns.send("Search slowly", context())
     qtbot.waitUntil(lambda: adapter.state is ChatState.RETRIEVING, timeout=5000)
     assert service.entered.wait(5)
-    adapter.stop()
+    adapter.turns.stop()
     assert not adapter.busy and adapter.state is ChatState.IDLE
     reply = finish(qtbot, adapter)
     assert reply.state == "partial" and reply.content == ""
@@ -157,7 +157,7 @@ def test_a_failed_search_is_one_line_and_the_reply_comes_without_documents(
     knowledge.service = FakeService([], fail=RagError("the index is unreadable"))
     errors: list[str] = []
     adapter.error_occurred.connect(errors.append)
-    assert adapter.send("Anything?", context())
+    assert adapter.turns.send("Anything?", context())
     reply = finish(qtbot, adapter)
     assert errors == ["Documents not used: the index is unreadable"]
     assert reply.state == "complete" and not reply.sources

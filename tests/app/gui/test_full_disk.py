@@ -280,7 +280,7 @@ def test_a_reply_written_while_the_disk_fills_is_saved_whole_when_space_returns(
         if len(deltas) == 3:
             disk.full = True  # a few checkpoints got in; the rest, and the final save, are refused
         if stop and len(deltas) == 10:
-            w.chat.stop()
+            w.chat.turns.stop()
 
     w.chat.reply_delta.connect(on_delta)
     press_send(qtbot, w, "tell me everything")
@@ -314,7 +314,7 @@ def test_a_reply_written_while_the_disk_fills_is_saved_whole_when_space_returns(
     assert row.content == expected
     assert row.state == expected_state
     assert row.stats is not None
-    qtbot.waitUntil(lambda: w.history.unsaved == 0 and not w.chat._retry_timer.isActive(), timeout=5000)
+    qtbot.waitUntil(lambda: w.history.unsaved == 0 and not w.chat.replies.retry_timer.isActive(), timeout=5000)
     assert w.statusBar().currentMessage() == "The reply was saved."
 
 

@@ -337,7 +337,7 @@ def test_the_choice_is_kept_per_chat(qtbot: Any, open_window: Any, toolset: Allo
 
     w2 = open_window()  # a restart: each chat's choice comes back with it
     for conv_id, text in ((first, "Tools: builtin · required"), (second, "Tools: builtin"), (first, None)):
-        w2.chat.open_conversation(conv_id)
+        w2.chat.conversations.open(conv_id)
         qtbot.waitUntil(lambda c=conv_id: w2.chat.conversation is not None and w2.chat.conversation.id == c)
         if text is not None:
             qtbot.waitUntil(lambda t=text: w2.tools_button.text() == t, timeout=5000)

@@ -243,7 +243,7 @@ def test_stop_refuses_a_waiting_call(qtbot: Any, open_window: Any, toolset: Fake
     w.tools_button.set_tools_on(True)
     type_and_send(qtbot, w, "What is 2 + 3?")
     pending_approval(qtbot, w)
-    w.chat.stop()
+    w.chat.turns.stop()
     wait_idle(qtbot, w)
     assert toolset.ran == []
     step = w.chat.thread_messages[-1].stats["tool_steps"][0]
@@ -282,7 +282,7 @@ def test_tool_cards_survive_a_restart_and_old_replies_read_as_before(
     w.shutdown()
 
     w2 = open_window()
-    w2.chat.open_conversation(conv_id)
+    w2.chat.conversations.open(conv_id)
     qtbot.waitUntil(lambda: len(w2.chat_view.cards) == 4, timeout=10000)
     assert w2.tools_button.text().startswith("Tools: builtin")  # the chat's switch came back with it
     plain, tooled = w2.chat_view.cards[1], w2.chat_view.cards[3]
@@ -484,7 +484,7 @@ def test_a_waiting_call_survives_a_redrawn_transcript_and_leaving_the_chat_refus
 
     type_and_send(qtbot, w, "Once more?")
     pending_approval(qtbot, w)
-    w.chat.new_conversation()  # another chat is shown: nobody can answer, so the call is refused
+    w.chat.conversations.new()  # another chat is shown: nobody can answer, so the call is refused
     qtbot.waitUntil(lambda: not w.chat.busy, timeout=10000)
     assert len(toolset.ran) == 1
 
@@ -560,7 +560,7 @@ def test_the_reply_reads_in_the_order_the_loop_ran_live_and_after_a_restart(
     conv_id = w.chat.conversation.id
     w.shutdown()
     w2 = open_window()
-    w2.chat.open_conversation(conv_id)
+    w2.chat.conversations.open(conv_id)
     qtbot.waitUntil(lambda: len(w2.chat_view.cards) == 2, timeout=10000)
     assert order(w2.chat_view.cards[-1]) == ["Let me add.", "5", "Let me add.\n\nThe tool said 5."]
 

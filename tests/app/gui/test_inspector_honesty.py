@@ -155,7 +155,7 @@ def test_the_reserve_line_names_the_open_chats_max_tokens(qtbot: Any, paths: Pat
     w = start_window(qtbot, paths)
     try:
         send(qtbot, w, "first")
-        w.chat.update_conversation(settings={"sampling": {"max_tokens": 80}})
+        w.chat.conversations.update(settings={"sampling": {"max_tokens": 80}})
         qtbot.waitUntil(lambda: (w.chat.conversation.settings or {}).get("sampling") is not None, timeout=5000)
         w.turns.show_saved_numbers()
         assert "this chat's max tokens 80" in w.inspector.reserve_label.text()
@@ -209,7 +209,7 @@ def test_after_stop_during_prefill_the_inspector_shows_what_was_read(
         w.composer.edit.setPlainText("a long question")
         w.composer.send_button.click()
         qtbot.waitUntil(lambda: "300 / 1,000" in w.inspector.shown.get("phase", ""), timeout=10000)
-        w.chat.stop()
+        w.chat.turns.stop()
         qtbot.waitUntil(lambda: not w.chat.busy, timeout=10000)
         shown = w.inspector.shown
         assert shown["context_used"].startswith("Stopped while reading the prompt: 300 of 1,000 tokens read")

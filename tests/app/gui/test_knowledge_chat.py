@@ -287,7 +287,7 @@ def test_a_drop_shows_an_overlay_and_makes_a_kb_named_after_the_folder(
         w.show_page(0)
 
         # Another chat, the same folder dropped: a second knowledge base, not a clash.
-        w.chat.new_conversation()
+        w.chat.conversations.new()
         qtbot.waitUntil(lambda: w.chat.conversation is not None and not w.chat.thread_messages, timeout=10000)
         first = w.chat.conversation.id
         qtbot.waitUntil(lambda: w.documents_bar.button.full_text() == "Documents: off", timeout=10000)

@@ -142,7 +142,7 @@ def test_picker_lists_remote_models_and_a_turn_goes_through_the_remote_session(q
         lambda: window.chat.model_state is ModelState.LOADED and window.chat.loaded.label.endswith("(remote)"),
         timeout=5000,
     )
-    assert window.chat.current_session() is window.remote_sessions[0]
+    assert window.chat.model.session() is window.remote_sessions[0]
     window.composer.edit.setPlainText("Hello remote")
     qtbot.keyClick(window.composer.edit, Qt.Key.Key_Return)
     qtbot.waitUntil(lambda: not window.chat.busy and window.chat.state is ChatState.IDLE, timeout=5000)
@@ -196,7 +196,7 @@ def test_server_setting_starts_and_stops_the_local_api(qtbot: Any, window: Any, 
     with pytest.raises(urllib.error.HTTPError) as refused:
         get_json(f"{url}/models", "wrong-key-wrong-key")
     assert refused.value.code == 401
-    assert remote._server_backend is window.chat.current_session()
+    assert remote._server_backend is window.chat.model.session()
 
     window.settings = window.settings.model_copy(update={"api_server_enabled": False})
     remote.apply_settings()
@@ -284,7 +284,7 @@ def test_server_follows_the_loaded_model(qtbot: Any, window: Any) -> None:
     with pytest.raises(urllib.error.URLError):
         get_json(f"{first.url}/v1/models")
     assert get_json(f"{remote.server_url}/models")["data"]
-    window.chat.unload_model()
+    window.chat.model.unload()
     qtbot.waitUntil(lambda: remote.server is None, timeout=5000)
     assert remote.server_status.text() == "API server: waiting for a model"
 
