@@ -185,29 +185,33 @@ def parse_gpu_layers(text: str) -> GpuLayers:
         raise ValueError(f"--gpu-layers must be a number or 'auto', not {text!r}") from None
 
 
-def auto_gpu_layers_for(model: Path, n_ctx: int, draft: Path | None = None) -> int:
+def auto_gpu_layers_for(model: Path, n_ctx: int, draft: Path | None = None, mmproj: Path | None = None) -> int:
     """As many layers of ``model`` as fit in this machine's VRAM at ``n_ctx`` (0 on a CPU-only
     build, or when it cannot tell: the estimate is advisory, the CPU always works).
 
     Reads every part of a split model (``engine.library.read_model_info``) and counts a draft
-    model that exists beside it; probes the hardware (slow: never on the GUI thread).
+    model and a projector that exist beside it; probes the hardware (slow: never on the GUI thread).
     """
     try:
         from engine import hardware
         from engine.fit import auto_gpu_layers
+        from engine.gguf import read_gguf_info
         from engine.library import read_model_info
 
         hw = hardware.probe_hardware()
         if not hw.gpu_offload_supported:
             return 0
         draft_info = read_model_info(draft) if draft is not None and draft.is_file() else None
-        return auto_gpu_layers(read_model_info(model), n_ctx, hw, draft=draft_info)
+        projector = read_gguf_info(mmproj) if mmproj is not None and mmproj.is_file() else None
+        return auto_gpu_layers(read_model_info(model), n_ctx, hw, draft=draft_info, projector=projector)
     except Exception as exc:  # noqa: BLE001 - the estimate is advisory; CPU always works
         log.info("auto GPU layers unavailable for %s: %s", model, exc)
         return 0
 
 
-def resolve_gpu_layers(spec: GpuLayers, model: Path | ModelRef, n_ctx: int, draft: Path | None = None) -> int:
+def resolve_gpu_layers(
+    spec: GpuLayers, model: Path | ModelRef, n_ctx: int, draft: Path | None = None, mmproj: Path | None = None
+) -> int:
     """The layer count a load uses: ``spec`` itself, or for "auto" :func:`auto_gpu_layers_for`
     (0 for a remote model, which loads nothing here)."""
     if spec != "auto":
@@ -215,7 +219,7 @@ def resolve_gpu_layers(spec: GpuLayers, model: Path | ModelRef, n_ctx: int, draf
     ref = model_ref(model)
     if isinstance(ref, RemoteModel):
         return 0
-    return auto_gpu_layers_for(ref.path, n_ctx, draft)
+    return auto_gpu_layers_for(ref.path, n_ctx, draft, mmproj)
 
 
 def projector_for(model: Path) -> Path | None:
@@ -253,7 +257,7 @@ def load_params(model: Path, load: LoadSettings) -> LoadParams:
         model_path=model,
         n_ctx=load.n_ctx,
         n_threads=load.n_threads,
-        n_gpu_layers=resolve_gpu_layers(load.gpu_layers, model, load.n_ctx, load.draft_model),
+        n_gpu_layers=resolve_gpu_layers(load.gpu_layers, model, load.n_ctx, load.draft_model, mmproj),
         draft_model_path=load.draft_model,
         mmproj_path=mmproj,
     )

@@ -481,15 +481,22 @@ def _top_layers_bytes(info: GgufInfo, layer_kv: list[int], n: int) -> int:
 
 
 def auto_gpu_layers(
-    info: GgufInfo, n_ctx: int, hw: HardwareInfo, cache_type: str = "f16", *, draft: GgufInfo | None = None
+    info: GgufInfo,
+    n_ctx: int,
+    hw: HardwareInfo,
+    cache_type: str = "f16",
+    *,
+    draft: GgufInfo | None = None,
+    projector: GgufInfo | None = None,
 ) -> int:
     """``gpu_layers="auto"``: as many layers as fit in VRAM (0 without GPU offload).
 
     The one computation every front end uses (``app.compose.resolve_gpu_layers``). Pass the header
-    of every part of a split model (``engine.library.read_model_info``), and the draft model's
-    header when one loads beside it (its memory goes where the model's layers go).
+    of every part of a split model (``engine.library.read_model_info``), and the headers of a draft
+    model and of a projector that load beside it (their memory goes where the model's layers go:
+    the projector's encoder is offloaded whenever layers are).
     """
-    return estimate_fit(info, hw, n_ctx, cache_type, draft=draft).gpu_layers
+    return estimate_fit(info, hw, n_ctx, cache_type, draft=draft, projector=projector).gpu_layers
 
 
 def estimate_fit_from_size(file_size: int, hw: HardwareInfo, bandwidth_gbps: float | None = None) -> FitEstimate:

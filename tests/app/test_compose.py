@@ -196,6 +196,34 @@ def test_auto_layers_count_the_draft_model_beside_it(tmp_path: Path, probes: Pro
     assert compose.resolve_gpu_layers("auto", model, 512, tmp_path / "missing.gguf") == without
 
 
+@pytest.mark.model
+def test_auto_layers_count_the_projector_beside_it(
+    tiny_vision_model: tuple[Path, Path], tmp_path: Path, probes: Probes
+) -> None:
+    import shutil
+
+    model = Path(shutil.copy(tiny_vision_model[0], tmp_path / tiny_vision_model[0].name))
+    mmproj = Path(shutil.copy(tiny_vision_model[1], tmp_path / tiny_vision_model[1].name))
+    info, projector = read_model_info(model), read_gguf_info(mmproj)
+    alone = fit.estimate_fit(info, machine(1 << 40), 512)
+    probes.answer = machine(alone.gpu_bytes + fit.VRAM_RESERVE + 1024)  # the model, not its projector too
+    without = compose.resolve_gpu_layers("auto", model, 512)
+    with_projector = compose.resolve_gpu_layers("auto", model, 512, None, mmproj)
+    assert with_projector < without == len(info.layer_bytes) + 1
+    assert with_projector == fit.auto_gpu_layers(info, 512, probes.answer, projector=projector)
+    # A load finds the projector beside the model and counts it; text only, it is not counted.
+    assert compose.load_params(model, LoadSettings(n_ctx=512, gpu_layers="auto")).n_gpu_layers == with_projector
+    assert compose.load_params(model, LoadSettings(n_ctx=512, gpu_layers="auto", mmproj=None)).n_gpu_layers == without
+    # The window's load: the projector found once, counted, and handed on to the load as is.
+    from app.gui.workers.llm_loading import resolve_layers
+    from app.gui.workers.llm_requests import LoadRequest
+
+    found = resolve_layers(LoadRequest(model, n_ctx=512, n_gpu_layers="auto"))
+    assert (found.n_gpu_layers, found.mmproj_path) == (with_projector, mmproj)
+    blind = resolve_layers(LoadRequest(model, n_ctx=512, n_gpu_layers="auto", mmproj_path=None))
+    assert (blind.n_gpu_layers, blind.mmproj_path) == (without, None)
+
+
 def test_auto_is_zero_without_offload_for_remote_models_and_when_unknown(tmp_path: Path, probes: Probes) -> None:
     model = model_file(tmp_path)
     probes.answer = machine(80 * GIB, offload=False)

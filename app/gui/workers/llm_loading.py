@@ -55,8 +55,13 @@ def resolve_layers(request: LoadRequest) -> LoadRequest:
         return request
     from app.compose import resolve_gpu_layers
 
-    layers = resolve_gpu_layers("auto", request.model_path, request.n_ctx, request.draft_model_path)
-    return replace(request, n_gpu_layers=layers)
+    mmproj = request.mmproj_path
+    if mmproj == "auto":  # found once, counted here and loaded as is
+        from app.compose import projector_for
+
+        mmproj = projector_for(request.model_path) if isinstance(request.model_path, Path) else None
+    layers = resolve_gpu_layers("auto", request.model_path, request.n_ctx, request.draft_model_path, mmproj)
+    return replace(request, n_gpu_layers=layers, mmproj_path=mmproj)
 
 
 def kv_cache_config(request: LoadRequest) -> KvCacheConfig | None:
