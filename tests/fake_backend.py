@@ -13,7 +13,7 @@ import dataclasses
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Self
 
 from engine.inference.context import (
     DEFAULT_DOCUMENTS_WINDOW,
@@ -155,7 +155,7 @@ class FakeBackend:
     def close(self) -> None:
         self.closed = True
 
-    def __enter__(self) -> FakeBackend:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
