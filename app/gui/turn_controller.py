@@ -207,7 +207,13 @@ class TurnController(QObject):
             remember(tokens={digest: int(getattr(info, "tokens", 0)) for digest, info in infos.items()})
         costs = cost_texts(media, infos, problem, self._media_room(loaded))
         self.composer.attachments.set_costs(costs)
-        if problem is not None:
+        if isinstance(answer, MediaError) and getattr(loaded.info, "projector", False) is None:
+            # Blind: the remedy in this window's terms (the engine's line names the CLI's).
+            what = "images or audio" if any(m.kind == "audio" for m in media) else "images"
+            self.composer.set_attachment_block(
+                f"This model cannot see {what}: it has no projector (mmproj). Choose one in Models → Projector"
+            )
+        elif problem is not None:
             self.composer.set_attachment_block(problem[:1].upper() + problem[1:])
         elif any(text == "does not fit" for text, _tip, _bad in costs.values()):
             self.composer.set_attachment_block(
