@@ -88,7 +88,7 @@ def test_scripted_backend_thinking_is_streamed_apart_and_never_sent_back(
     finished = events[-1]
     assert isinstance(finished, Finished)
     assert finished.text == "It is 5." and finished.reasoning == f"\n{THOUGHT}\n"
-    assert finished.reasoning_tokens > 0 and finished.reasoning_ms >= 0
+    assert finished.reasoning_tokens > 0
     assert "".join(e.text for e in events if isinstance(e, Token)) == "It is 5."
     assert "".join(e.text for e in events if isinstance(e, Reasoning)) == f"\n{THOUGHT}\n"
     # The caller keeps the answer only; a history saved by an older version still has the raw text.

@@ -95,7 +95,7 @@ def test_agent_runs_the_call_and_its_result_reaches_the_prompt(session: ChatSess
     list(run)
     assert len(provider.calls) >= 1 and provider.calls[0][0] == "get_weather"
     step = run.result.steps[0]
-    assert step.ran and step.tokens > 5 and step.ms >= 0
+    assert step.ran and step.tokens > 5
     # the second generation's prompt holds the result, as the model saw it
     assert "Paris: 21 degrees, sunny (tool 7731)" in "".join(session.prompt_view().pieces)
     assert run.result.finished is not None and run.result.finished.stats.budget["tool_results"] >= step.tokens

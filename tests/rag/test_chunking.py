@@ -85,8 +85,11 @@ def test_overlap_between_neighbours(tmp_path: Path) -> None:
 def test_no_overlap_when_disabled(tmp_path: Path) -> None:
     doc = doc_from(tmp_path, "long.txt", LOREM * 20)
     chunks = chunk_document(doc, count_tokens=word_count, max_tokens=60, overlap_tokens=0)
+    assert len(chunks) > 3  # LOREM * 20 is far over 60 words: the pairs below are checked
     for before, after in itertools.pairwise(chunks):
         assert after.start > before.end
+    # Nothing is lost between two chunks: every word of the text is in exactly one of them.
+    assert sum(word_count(c.text) for c in chunks) == word_count(doc.full_text())
 
 
 def test_long_sentence_overlap_repeats_whole_words(tmp_path: Path) -> None:
@@ -94,6 +97,8 @@ def test_long_sentence_overlap_repeats_whole_words(tmp_path: Path) -> None:
     doc = doc_from(tmp_path, "run-on.txt", text)
     chunks = chunk_document(doc, count_tokens=word_count, max_tokens=50, overlap_tokens=10)
     full = doc.full_text()
+    assert len(chunks) >= 400 // 50  # split although it has no sentence end
+    assert all(word_count(c.text) <= 50 for c in chunks)
     for before, after in itertools.pairwise(chunks):
         assert after.start < before.end
         assert full[after.start - 1] == " "
@@ -103,6 +108,7 @@ def test_long_sentence_overlap_repeats_whole_words(tmp_path: Path) -> None:
 def test_splits_at_sentences_not_mid_word(tmp_path: Path) -> None:
     doc = doc_from(tmp_path, "long.txt", LOREM * 30)
     chunks = chunk_document(doc, count_tokens=word_count, max_tokens=50, overlap_tokens=0)
+    assert len(chunks) > 3
     for chunk in chunks:
         assert chunk.text.endswith(".")  # every chunk ends at a sentence end
         assert chunk.text[0].isupper()
@@ -112,7 +118,9 @@ def test_prefers_paragraph_boundaries(tmp_path: Path) -> None:
     paragraphs = [f"Paragraph {n} starts here. It has a middle. And it ends now." for n in range(20)]
     doc = doc_from(tmp_path, "paras.txt", "\n\n".join(paragraphs))
     chunks = chunk_document(doc, count_tokens=word_count, max_tokens=40, overlap_tokens=0)
+    assert len(chunks) > 1  # 20 paragraphs of 12 words do not fit 40 words
     assert all(c.text.startswith("Paragraph") and c.text.endswith("ends now.") for c in chunks)
+    assert sum(c.text.count("Paragraph ") for c in chunks) == 20  # each paragraph in one chunk, whole
 
 
 def test_code_block_kept_whole_when_it_fits(tmp_path: Path) -> None:
