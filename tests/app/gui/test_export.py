@@ -112,3 +112,19 @@ def test_images_are_embedded_in_markdown_and_html_and_referenced_in_json(tmp_pat
     (record,) = json.loads(out.read_text())["messages"][0]["media"]
     assert record["digest"] == image.digest and record["name"] == "dot.png" and record["bytes"] == len(image.data)
     assert record["file"] == f"media/{image.digest[:2]}/{image.digest}.png" and "data" not in record
+
+
+def test_a_pdf_export_carries_the_images(qapp: Any, tmp_path: Path) -> None:
+    from pypdf import PdfReader
+
+    from engine.media import read_media
+    from tests.engine.media_fixtures import good_image
+
+    image = read_media(good_image("png", (80, 60)), name="dot.png")
+    asked = dataclasses.replace(MESSAGES[0], media=(image,))
+    export_conversation(tmp_path / "pic.pdf", "pdf", "Pic", [asked, MESSAGES[1]])
+    export_conversation(tmp_path / "none.pdf", "pdf", "Pic", MESSAGES)
+    (page,) = PdfReader(tmp_path / "pic.pdf").pages
+    (shown,) = page.images  # laid out from the page's data: URL, nothing fetched
+    assert shown.image is not None and shown.image.size == (80, 60)
+    assert [len(p.images) for p in PdfReader(tmp_path / "none.pdf").pages] == [0]
