@@ -26,8 +26,10 @@ import ctypes
 import importlib.util
 import json
 import os
+import platform
 import re
 import signal
+import subprocess
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -44,6 +46,7 @@ __all__ = [
     "amx_kernel_problem",
     "build_marker",
     "choose_variant",
+    "cpu_name",
     "describe_crash",
     "is_cpu_fault",
     "is_virtual_machine",
@@ -356,11 +359,34 @@ def load_backends(policy: BackendPolicy | None = None, folder: Path | None = Non
     return _loaded
 
 
+def cpu_name() -> str:
+    """The CPU's marketing name where the OS says it, else the machine type (what a
+    :class:`BackendState` is kept for: a crash taught on one CPU says nothing of another)."""
+    system = platform.system()
+    if system == "Linux":
+        with contextlib.suppress(OSError):
+            for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+                key, _, value = line.partition(":")
+                if key.strip() in ("model name", "Hardware", "Processor") and value.strip():
+                    return value.strip()
+    elif system == "Darwin":
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            done = subprocess.run(
+                ["sysctl", "-n", "machdep.cpu.brand_string"],
+                capture_output=True,
+                text=True,
+                timeout=3.0,
+                check=False,
+                stdin=subprocess.DEVNULL,
+            )
+            if done.returncode == 0 and done.stdout.strip():
+                return done.stdout.strip()
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
 def load_backends_for(state_file: Path | None) -> BackendInfo:
     """:func:`load_backends` with what this machine taught us (``state_file``: a
     :class:`BackendState`), so an in-process caller reports the variant the worker will run."""
-    from engine.hardware import cpu_name
-
     return load_backends(BackendState.open(state_file, cpu_name()).policy())
 
 

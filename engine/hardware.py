@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.atomic import write_text_atomic
+from engine.cpu_backend import cpu_name, load_backends
 
 __all__ = [
     "GpuInfo",
@@ -142,30 +143,12 @@ def _to_int(value: object) -> int | None:
         return None
 
 
-def cpu_name() -> str:
-    """The CPU's marketing name where the OS says it, else the machine type."""
-    system = platform.system()
-    if system == "Linux":
-        with contextlib.suppress(OSError):
-            for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
-                key, _, value = line.partition(":")
-                if key.strip() in ("model name", "Hardware", "Processor") and value.strip():
-                    return value.strip()
-    elif system == "Darwin":
-        out = _run_tool(["sysctl", "-n", "machdep.cpu.brand_string"])
-        if out and out.strip():
-            return out.strip()
-    return platform.processor() or platform.machine() or "unknown CPU"
-
-
 def llama_supports_gpu_offload() -> bool:
     """Whether the installed llama-cpp-python build can offload layers (CUDA, Metal, Vulkan...).
 
     In the portable build the GPU backends are libraries loaded at run time, so they are loaded
     first (:func:`engine.cpu_backend.load_backends`; nothing runs on them here).
     """
-    from engine.cpu_backend import load_backends
-
     load_backends()
     try:
         import llama_cpp
@@ -178,8 +161,6 @@ def llama_supports_gpu_offload() -> bool:
 
 
 def _backend_dict() -> dict[str, Any]:
-    from engine.cpu_backend import load_backends
-
     return load_backends().to_dict()
 
 
