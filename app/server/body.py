@@ -157,12 +157,22 @@ def parse_json_text(text: str, where: str) -> object:
 
 
 def parse_body(body: bytes) -> dict[str, object]:
-    """A request body as a JSON object, refusing hostile shapes with a 400 that says what is wrong.
+    """A request body as a JSON object, refusing hostile shapes with a 400 that says what is wrong
+    (:func:`parse_document`; anything but an object is refused too)."""
+    document = parse_document(body)
+    if not isinstance(document, dict):
+        raise HttpError(400, "the request body must be a JSON object", code="invalid_json")
+    return document
+
+
+def parse_document(body: bytes) -> object:
+    """A request body as JSON (an object, or the list a few llama.cpp endpoints take), refusing
+    hostile shapes with a 400 that says what is wrong.
 
     Raises:
         HttpError: 400: not UTF-8, not JSON, nested deeper than :data:`MAX_JSON_DEPTH`, a number
             longer than :data:`MAX_NUMBER_CHARS` or out of a float's range, ``NaN``/``Infinity``,
-            not an object, or a string holding a lone surrogate (named in ``param``).
+            or a string holding a lone surrogate (named in ``param``).
     """
     try:
         text = body.decode("utf-8-sig")  # strict: UTF-8-encoded surrogates are refused here
@@ -182,8 +192,6 @@ def parse_body(body: bytes) -> dict[str, object]:
         raise HttpError(400, str(exc), code="invalid_json") from None
     except RecursionError:  # not reached past nesting_exceeds; kept so that a miss is still a 400
         raise HttpError(400, "the request body nests arrays or objects too deeply", code="invalid_json") from None
-    if not isinstance(document, dict):
-        raise HttpError(400, "the request body must be a JSON object", code="invalid_json")
     # Only a surrogate escape can put a surrogate in a string; most are pairs (an emoji from an
     # ensure_ascii client), which the parser joins: a C-speed look at the document tells, and only a
     # lone one pays for the walk that names its field.

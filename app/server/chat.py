@@ -29,6 +29,7 @@ from app.server.wire import (
     DeltaDocument,
     LogprobsDocument,
     Source,
+    TimingsDocument,
     WireMessage,
     collect,
     completion_document,
@@ -259,6 +260,7 @@ class _ChunkStream:
         self.model = handler.state.model_id
         self.first_stats: Stats | None = None
         self.completion_tokens = 0
+        self.clock = _RunningTimings()  # timings_per_token: the figures so far, in each chunk
 
     def chunk(
         self,
@@ -295,20 +297,34 @@ class _ChunkStream:
                 "choices": [],
                 "usage": usage_document(self.first_stats, self.completion_tokens),
             }
+            if request.timings_per_token:
+                usage["timings"] = timings_document(self.first_stats)
             handler.send_event(usage)
         handler.send_event("[DONE]")
 
     def choice(self, index: int, events: Iterator[Event]) -> None:
         """The chunks of one choice: the role, then its tokens, thinking and calls, then its end."""
-        from engine.inference.events import Finished, Reasoning, Token, ToolCall
+        from engine.inference.events import Finished, PrefillProgress, Reasoning, Token, ToolCall
 
-        request, send = self.request, self.handler.send_event
-        send(self.chunk(index, {"role": "assistant", "content": ""}))
+        request = self.request
+        clock = self.clock
+        clock.start()
+
+        def send(document: ChunkDocument | str) -> None:
+            if request.timings_per_token and not isinstance(document, str) and "timings" not in document:
+                document["timings"] = clock.document()
+            self.handler.send_event(document)
+
+        self.handler.send_event(self.chunk(index, {"role": "assistant", "content": ""}))  # no timings yet
         calls = 0
         # A forced call's text is the call's JSON (the parser holds it to the end anyway): kept
         # until the end says whether it is a call cut off by max_tokens (sent as a call) or text.
         held: list[Token] | None = [] if forced_call(request) else None
         for event in events:
+            if isinstance(event, PrefillProgress):
+                clock.prompt_n = event.total
+            elif isinstance(event, Token):
+                clock.token()
             if held is not None and isinstance(event, Token):
                 held.append(event)
             elif isinstance(event, Token) and (event.text or event.logprob is not None):
@@ -342,6 +358,42 @@ class _ChunkStream:
                 if event.stats.documents_dropped and index == request.n - 1:
                     last["documents_dropped"] = event.stats.documents_dropped
                 send(last)
+
+
+class _RunningTimings:
+    """llama.cpp's ``timings`` of a reply so far, by the server's clock (``timings_per_token``):
+    the prompt's tokens and time until the first token, the tokens since and their rate. The
+    reply's last chunk carries the engine's own figures."""
+
+    def __init__(self) -> None:
+        self.start()
+
+    def start(self) -> None:
+        self.t0 = time.perf_counter()
+        self.t_first: float | None = None
+        self.prompt_n = 0
+        self.predicted_n = 0
+
+    def token(self) -> None:
+        if self.t_first is None:
+            self.t_first = time.perf_counter()
+        self.predicted_n += 1
+
+    def document(self) -> TimingsDocument:
+        now = time.perf_counter()
+        first = self.t_first if self.t_first is not None else now
+        prompt_ms = (first - self.t0) * 1000
+        predicted_ms = (now - first) * 1000 if self.t_first is not None else 0.0
+        decoded = max(self.predicted_n - 1, 0)
+        return {
+            "prompt_n": self.prompt_n,
+            "cache_n": 0,
+            "prompt_ms": round(prompt_ms, 2),
+            "prompt_per_second": round(self.prompt_n / (prompt_ms / 1000), 2) if prompt_ms > 0 else 0.0,
+            "predicted_n": self.predicted_n,
+            "predicted_ms": round(predicted_ms, 2),
+            "predicted_per_second": round(decoded / (predicted_ms / 1000), 2) if predicted_ms > 0 else 0.0,
+        }
 
 
 def _prepend(head: Event, events: Iterator[Event]) -> Iterator[Event]:

@@ -134,8 +134,8 @@ def handle(handler: Handler) -> None:
     """Answers ``POST /v1/completions``."""
     state = handler.state
     body = fields.present(handler.read_json())
+    wanted = state.check_model(body)  # first: it takes the server's own fields (keep_alive, lora) out
     fields.check_fields(body, COMPLETION_FIELDS, "/v1/completions")
-    wanted = state.check_model(body)
     if "prompt" not in body:
         raise HttpError(400, "'prompt' is required", code="invalid_value", param="prompt")
     prompts = _prompts(body["prompt"])

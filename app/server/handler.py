@@ -26,13 +26,11 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from app.server.body import encode_text, parse_body
+from app.server.body import encode_text, parse_body, parse_document
 from app.server.errors import HttpError, http_error_for, map_errors, overloaded
 from app.server.state import ServerState
-from app.server.wire import text_limit
 from engine.errors import EngineError
 
 if TYPE_CHECKING:
@@ -121,7 +119,7 @@ class Handler(BaseHTTPRequestHandler):
 
     # routing ----------------------------------------------------------------------------------
     def do_GET(self) -> None:
-        from app.server import models, responses
+        from app.server import lora, models, responses
 
         path = self._path()
         if path.startswith("/v1/models/"):
@@ -130,22 +128,49 @@ class Handler(BaseHTTPRequestHandler):
         if _is_response_path(path):
             self._dispatch({path: lambda: responses.retrieve(self)})
             return
-        self._dispatch({"/v1/models": lambda: models.listing(self), "/props": self._props, "/health": self._health})
+        self._dispatch(
+            {
+                "/v1/models": lambda: models.listing(self),
+                "/models": lambda: models.listing(self),  # llama.cpp's, without /v1
+                "/props": self._props,
+                "/health": self._health,
+                "/v1/health": self._health,
+                "/lora-adapters": lambda: lora.listing(self),
+                "/glassbox/ps": lambda: models.ps(self),
+            }
+        )
 
     def do_POST(self) -> None:
-        from app.server import chat, completions, embeddings, messages, responses
+        from app.server import chat, completions, embeddings, lora, messages, models, responses, tokens
 
         self._dispatch(
             {
                 "/v1/chat/completions": lambda: chat.handle(self),
+                "/chat/completions": lambda: chat.handle(self),  # llama.cpp's, without /v1
                 "/v1/completions": lambda: completions.handle(self),
                 "/v1/embeddings": lambda: embeddings.handle(self),
                 "/v1/responses": lambda: responses.handle(self),
+                "/responses": lambda: responses.handle(self),
                 "/v1/messages": lambda: messages.handle(self),
                 "/v1/messages/count_tokens": lambda: messages.count_tokens(self),
-                "/tokenize": self._tokenize,
+                "/tokenize": lambda: tokens.tokenize(self),
+                "/detokenize": lambda: tokens.detokenize(self),
+                "/lora-adapters": lambda: lora.set_scales(self),
+                "/glassbox/unload": lambda: models.unload(self),
+                "/models/unload": lambda: models.unload(self),  # llama.cpp's router
+                "/models/load": lambda: models.load(self),
             }
         )
+
+    def do_OPTIONS(self) -> None:
+        """A CORS preflight: 200, with the CORS headers when the origin is allowed (app.server.cors)."""
+        self.state.begin_request(self.headers)
+        self._responded = True
+        self.send_response(200)
+        for name, value in self.state.cors.headers(self.headers.get("Origin"), dict(self.headers.items())):
+            self.send_header(name, value)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
 
     def do_DELETE(self) -> None:
         from app.server import responses
@@ -167,6 +192,7 @@ class Handler(BaseHTTPRequestHandler):
         self._live = None
         self.warnings: list[str] = []  # said in the X-Glassbox-Warning header (fields with no effect)
         self.anthropic = path.startswith("/v1/messages")
+        self.state.begin_request(self.headers)
         try:
             self._check_access()
             route = routes.get(path)
@@ -220,6 +246,13 @@ class Handler(BaseHTTPRequestHandler):
     # request and response plumbing -----------------------------------------------------------
     def read_json(self) -> dict[str, object]:
         """The request's JSON body (see the module docstring). Raises HttpError."""
+        return parse_body(self._read_body())
+
+    def read_document(self) -> object:
+        """The request's JSON body, an object or a list (llama.cpp's ``POST /lora-adapters``)."""
+        return parse_document(self._read_body())
+
+    def _read_body(self) -> bytes:
         if self.headers.get("Transfer-Encoding"):
             raise HttpError(411, "send the body with a Content-Length")
         length_text = self.headers.get("Content-Length")
@@ -236,11 +269,17 @@ class Handler(BaseHTTPRequestHandler):
         self._body_read = True
         if content_type != "application/json":
             raise HttpError(415, "the request body must be JSON (Content-Type: application/json)")
-        return parse_body(body)
+        return body
 
     def send_json(
         self, status: int, document: Mapping[str, object], *, close: bool = False, retry_after: int | None = None
     ) -> None:
+        self.send_json_value(status, document, close=close, retry_after=retry_after)
+
+    def send_json_value(
+        self, status: int, document: object, *, close: bool = False, retry_after: int | None = None
+    ) -> None:
+        """A JSON answer whose document may be a list (llama.cpp's ``/lora-adapters``)."""
         data = encode_text(json.dumps(document, ensure_ascii=False))
         self._bound_writes()
         self.send_response(status)
@@ -249,6 +288,7 @@ class Handler(BaseHTTPRequestHandler):
         if retry_after is not None:
             self.send_header("Retry-After", str(retry_after))
         self._send_warnings()
+        self._send_cors()
         if close:
             self.send_header("Connection", "close")
             self.close_connection = True
@@ -263,7 +303,12 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Transfer-Encoding", "chunked")
         self.send_header("X-Accel-Buffering", "no")
         self._send_warnings()
+        self._send_cors()
         self.end_headers()
+
+    def _send_cors(self) -> None:
+        for name, value in self.state.cors.headers(self.headers.get("Origin")):
+            self.send_header(name, value)
 
     def _send_warnings(self) -> None:
         if self.warnings:
@@ -286,12 +331,13 @@ class Handler(BaseHTTPRequestHandler):
 
     # the model --------------------------------------------------------------------------------
     @contextmanager
-    def use_model(self, switch_to: Path | None = None) -> Iterator[threading.Event]:
-        """Holds the model for one request; yields the request's cancel event.
+    def use_model(self, switch_to: str | None = None) -> Iterator[threading.Event]:
+        """Holds the request's model for one request; yields the request's cancel event.
 
-        Args:
-            switch_to: a model of the catalog the request named (``ServerState.check_model``):
-                loaded in place of the one served once this request's turn comes.
+        With the models the server owns (``ServerState.served``), the model ``check_model`` chose
+        (or ``switch_to``) is leased from the pool: loaded if needed, its queue waited (503 with
+        ``Retry-After`` past it), the request's adapters applied. A backend passed in has one queue
+        (:meth:`_model_lock`).
 
         Raises:
             HttpError: 503 when too many requests wait or the server is stopping; the model asked
@@ -302,22 +348,36 @@ class Handler(BaseHTTPRequestHandler):
         cancel = threading.Event()
         state.enter_queue()
         try:
-            with self._model_lock():
-                state.activate(cancel)
-                try:
-                    if self.hung_up():
-                        raise ClientGone
-                    if switch_to is not None:
-                        map_errors(lambda: state.switch_model(switch_to, cancel))
-                    yield cancel
-                except HttpError as exc:
-                    if state.closed and exc.status >= 500:
-                        raise HttpError(503, "the server is shutting down", "server_error") from None
-                    raise
-                finally:
-                    state.deactivate(cancel)
+            served = state.served
+            if served is not None:
+                with self._active(cancel):
+                    name = switch_to or state.request_model
+                    with served.lease(name, cancel, state.request_keep_alive, state.request_lora) as session:
+                        state.set_leased(session)
+                        if self.hung_up():
+                            raise ClientGone
+                        yield cancel
+                return
+            with self._model_lock(), self._active(cancel):
+                if self.hung_up():
+                    raise ClientGone
+                yield cancel
         finally:
             state.leave_queue()
+
+    @contextmanager
+    def _active(self, cancel: threading.Event) -> Iterator[None]:
+        """Registers the request's cancel event, so that stopping the server cancels it."""
+        state = self.state
+        state.activate(cancel)
+        try:
+            yield
+        except HttpError as exc:
+            if state.closed and exc.status >= 500:
+                raise HttpError(503, "the server is shutting down", "server_error") from None
+            raise
+        finally:
+            state.deactivate(cancel)
 
     @contextmanager
     def _model_lock(self) -> Iterator[None]:
@@ -410,25 +470,6 @@ class Handler(BaseHTTPRequestHandler):
     def _props(self) -> None:
         state = self.state
         self.send_json(200, {"model_alias": state.model_id, "default_generation_settings": {"n_ctx": state.n_ctx}})
-
-    def _tokenize(self) -> None:
-        body = self.read_json()
-        content = body.get("content")
-        if not isinstance(content, str):
-            raise HttpError(400, "'content' must be a string")
-        limit = text_limit(self.state.n_ctx)
-        if len(content) > limit:
-            raise HttpError(400, f"'content' is longer than {limit} characters, the most allowed per request")
-        local = self.state.backend.local
-        if local is None:
-            raise HttpError(404, "this backend has no tokenizer", code="not_found")
-        self.state.enter_queue()
-        try:
-            with self._model_lock():
-                tokens = map_errors(lambda: local.tokenize(content))
-        finally:
-            self.state.leave_queue()
-        self.send_json(200, {"tokens": tokens})
 
 
 def openai_error_events(error: HttpError) -> list[SseEvent]:

@@ -30,9 +30,12 @@ Security (ROBUSTNESS.md 4.9): bound to 127.0.0.1 by default. A host that is not 
 unless an API key is set; with a key, every ``/v1`` request needs ``Authorization: Bearer KEY``
 (else 401). Without a key, requests whose ``Host`` header is not a loopback name are refused (a web
 page cannot reach the API through DNS rebinding), and POST bodies must be JSON (a cross-site form
-cannot post one without a CORS preflight, which this server never grants).
+cannot post one without a CORS preflight, which this server grants only to the origins
+``--cors-origin`` allows: :mod:`app.server.cors`).
 
-One model at a time: requests queue on one lock, so concurrent replies never mix. The stack is the
+Each model answers one request at a time: a backend passed in (the window's) queues requests on
+one lock; the models the server owns each have their queue in the pool (:mod:`app.server.served`).
+Concurrent replies never mix. The stack is the
 standard library's threading HTTP server (no new dependencies), HTTP/1.1 with keep-alive and
 chunked streaming, ``TCP_NODELAY`` so each token leaves at once.
 
@@ -72,19 +75,25 @@ import os
 import signal
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from http.server import ThreadingHTTPServer
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from app.paths import Paths
+from app.server.cors import CorsPolicy
 from app.server.handler import Handler
-from app.server.state import ModelCatalog, ServerState
+from app.server.served import AdapterSlot, ModelCatalog, ServedModels
+from app.server.state import ServerState
 from engine.errors import EngineError
+from engine.inference.pool import ModelPool, PoolSettings
 
 if TYPE_CHECKING:
+    from engine.inference.adapters import LoraAdapter
     from engine.inference.backends import ChatBackend
+    from engine.inference.kv_cache import KvCacheConfig
+    from engine.inference.session import ChatSession
 
 log = logging.getLogger("glassbox.serve")
 
@@ -196,6 +205,17 @@ def _kill_worker(backend: ChatBackend) -> None:
         pass
 
 
+def _kill_busy(pool: ModelPool[ChatSession]) -> None:
+    """Ends the worker of every model of the pool still answering."""
+    for resident in pool.resident():
+        if resident.state == "busy" and resident.pid is not None:
+            log.warning("a reply of %s did not stop within %.1f s; ending its worker", resident.name, STOP_GRACE_S)
+            try:
+                os.kill(resident.pid, getattr(signal, "SIGKILL", signal.SIGTERM))
+            except OSError:
+                pass
+
+
 def _nothing() -> None:
     pass
 
@@ -220,6 +240,12 @@ def start_server(
     backend: ChatBackend | None = None,
     machine_bandwidth_gbps: float | None = None,
     catalog: ModelCatalog | None = None,
+    pool_settings: PoolSettings | None = None,
+    aliases: Mapping[str, str] | None = None,
+    default_model: str | None = None,
+    adapters: Sequence[LoraAdapter] = (),
+    cors_origins: Sequence[str] = (),
+    kv_cache: KvCacheConfig | None = None,
 ) -> ServerHandle:
     """Loads the model and serves it on ``host:port`` in a background thread.
 
@@ -242,9 +268,16 @@ def start_server(
             instead of loading ``model_path``, e.g. the GUI's own session: the caller keeps owning
             it (the server never closes it), and its lock keeps the GUI's and the API's turns apart.
         machine_bandwidth_gbps: reported in Stats.
-        catalog: the models a request may name (the library); a request for one of them loads it
-            in place of the model served (one at a time). Only for a model the server loaded itself:
-            a backend passed in stays the one served.
+        catalog: the models a request may name (the library): the server owns them, resident in a
+            model pool (``engine.inference.pool``), several at once, loaded by the first request
+            that names one, ``model_path`` first. Only for models the server loads itself: a
+            backend passed in stays the one served.
+        pool_settings: what stays resident (memory budget, count, idle time, queue per model).
+        aliases: other names for the catalog's models (``gpt-4o`` -> a model's name).
+        default_model: the model for names the server does not know (None: they are a 404).
+        adapters: LoRA adapters offered at ``/lora-adapters``, with their starting scales.
+        cors_origins: the origins browser pages may call from (``app.server.cors``; none: no CORS).
+        kv_cache: where a model's prompt is saved before the pool unloads it (None: not saved).
 
     Returns:
         The running server's handle.
@@ -254,22 +287,62 @@ def start_server(
         ModelFileError, ModelLoadError, EngineCrashed: the model cannot be loaded.
     """
     check_host(host, api_key)
-    open_session: Callable[[Path], ChatBackend] | None = None
+    try:
+        cors = CorsPolicy.parse(cors_origins)
+    except EngineError as exc:
+        raise ServeError(str(exc)) from None
+    served: ServedModels | None = None
     if backend is None:
         if model_path is None:
             raise ServeError("serve: no model given")
         open_session = _owned_sessions(paths, n_ctx, n_threads, n_gpu_layers, machine_bandwidth_gbps)
-        backend, model_id, owned = open_session(model_path), model_path.stem, True
+        model_id, owned = model_path.stem, True
+        if catalog is not None:
+            served = _pool(catalog, (model_id, model_path), open_session, pool_settings, kv_cache)
+            served.aliases, served.default_model = dict(aliases or {}), default_model
+            served.adapters = [AdapterSlot(a.path, a.scale) for a in adapters]
+            _check_names(served)
+            backend = served.session(model_id)
+        else:
+            backend = open_session(model_path)
     else:
         model_id = backend.model_id or (model_path.stem if model_path else "glassbox")
         owned = False
-    server = _bind_and_load(host, port, backend, owned)
+    server = _bind_and_load(host, port, backend, owned, served)
     state = ServerState(
         paths, backend, model_id, api_key, is_loopback(host), embedder_path, knowledge_bases, chroma_url, knowledge
     )
-    if catalog is not None and open_session is not None and model_path is not None:
-        state.allow_switching(catalog, open_session, model_path)
+    state.served, state.cors = served, cors
     return _serve(server, state, host, owned)
+
+
+def _pool(
+    catalog: ModelCatalog,
+    first: tuple[str, Path],
+    open_session: Callable[[Path], ChatSession],
+    settings: PoolSettings | None,
+    kv_cache: KvCacheConfig | None,
+) -> ServedModels:
+    """The pool of the models a server owns: ``first`` and every model of ``catalog`` by name."""
+    holder: list[ServedModels] = []
+
+    def open_name(name: str) -> ChatSession | None:
+        path = holder[0].path_of(name)
+        return None if path is None else open_session(path)
+
+    pool: ModelPool[ChatSession] = ModelPool(open_name, settings, kv_cache=kv_cache)
+    holder.append(ServedModels(pool, catalog, first))
+    return holder[0]
+
+
+def _check_names(served: ServedModels) -> None:
+    """Refuses an alias or a default model that names no model served (before anything loads)."""
+    for alias, target in served.aliases.items():
+        if served.path_of(target) is None:
+            raise ServeError(f"--alias {alias}={target}: no model called {target!r} (see glassbox models list)")
+    default = served.default_model
+    if default is not None and served.path_of(default) is None:
+        raise ServeError(f"--default-model {default}: no model called {default!r} (see glassbox models list)")
 
 
 def _serve(server: _Server, state: ServerState, host: str, owned: bool) -> ServerHandle:
@@ -288,9 +361,9 @@ def _serve(server: _Server, state: ServerState, host: str, owned: bool) -> Serve
 
 def _owned_sessions(
     paths: Paths, n_ctx: int, n_threads: int | None, n_gpu_layers: int, machine_bandwidth_gbps: float | None
-) -> Callable[[Path], ChatBackend]:
+) -> Callable[[Path], ChatSession]:
     """How the server opens a model it owns (the one it starts with, and each one a request names)."""
-    from app.compose import BackendOptions, LoadSettings, LocalModel, open_backend
+    from app.compose import BackendOptions, LoadSettings, load_params, open_local
 
     load = LoadSettings(n_ctx=n_ctx, n_threads=n_threads, gpu_layers=n_gpu_layers)
     # The API's contract: a conversation longer than the window is a 400 context_length_exceeded
@@ -299,21 +372,21 @@ def _owned_sessions(
         overflow_policy="refuse", machine_bandwidth_gbps=machine_bandwidth_gbps, backend_state=paths.cpu_backend_state
     )
 
-    def open_owned(path: Path) -> ChatBackend:
-        return open_backend(LocalModel(path), load, options, None)
+    def open_owned(path: Path) -> ChatSession:
+        return cast("ChatSession", open_local(load_params(path, load), options))
 
     return open_owned
 
 
-def _bind_and_load(host: str, port: int, backend: ChatBackend, owned: bool) -> _Server:
-    """Binds ``host:port``, then loads the model: a taken port fails at once, before a model load.
-    On failure an owned backend is closed.
+def _bind_and_load(host: str, port: int, backend: ChatBackend, owned: bool, served: ServedModels | None) -> _Server:
+    """Binds ``host:port``, then loads the model (with a pool, the first one, through the pool): a
+    taken port fails at once, before a model load. On failure an owned backend is closed.
 
     Raises:
         ServeError: the port cannot be bound.
         ModelFileError, ModelLoadError, EngineCrashed: the model cannot be loaded.
     """
-    release = backend.close if owned else _nothing
+    release = (served.pool.close if served is not None else backend.close) if owned else _nothing
     server_class = _Server6 if ":" in host.strip("[]") else _Server
     try:
         server = server_class((host.strip("[]"), port), Handler)
@@ -321,7 +394,11 @@ def _bind_and_load(host: str, port: int, backend: ChatBackend, owned: bool) -> _
         release()
         raise ServeError(f"{host}:{port}: cannot listen there ({exc.strerror or exc})") from None
     try:
-        backend.load()
+        if served is not None:
+            with served.pool.lease(served.first[0]):
+                pass
+        else:
+            backend.load()
     except BaseException:
         server.server_close()
         release()
@@ -346,7 +423,15 @@ class _Stopper:
         self._server.server_close()
         self._thread.join(5.0)
         if self._owned and not state.wait_idle(STOP_GRACE_S):
-            _kill_worker(state.backend)  # a call that cannot see the cancel still holds the model
+            # A call that cannot see the cancel still holds a model: end its worker.
+            if state.served is not None:
+                _kill_busy(state.served.pool)
+            else:
+                _kill_worker(state.backend)
         if self._owned:
-            state.backend.close()  # waits for the reply in progress to let go of the model
+            # Waits for the reply in progress to let go of the model(s).
+            if state.served is not None:
+                state.served.pool.close()
+            else:
+                state.backend.close()
         state.close_knowledge()

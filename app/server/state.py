@@ -1,6 +1,11 @@
-"""What the request handlers of ``glassbox serve`` share: the backend, the one-model-at-a-time
-queue, the embedding model and the knowledge bases, each opened on first use, and the stored
-``/v1/responses`` (:class:`ResponseStore`: in memory, bounded, forgotten when the server stops).
+"""What the request handlers of ``glassbox serve`` share: the backend (one passed in, such as the
+window's, with its one-model-at-a-time queue; or the models the server owns, several resident:
+:mod:`app.server.served`), the embedding model and the knowledge bases, each opened on first use,
+and the stored ``/v1/responses`` (:class:`ResponseStore`: in memory, bounded, forgotten when the
+server stops).
+
+A request's model is the thread's: the server answers each request on its own thread, and
+:meth:`ServerState.check_model` sets what ``backend`` and ``model_id`` say for the rest of it.
 """
 
 from __future__ import annotations
@@ -10,17 +15,22 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from app.paths import Paths
+from app.server.cors import CorsPolicy
 from app.server.errors import HttpError, model_not_found, overloaded
+from app.server.served import KEEP_ALIVE_HEADER, ServedModels, keep_alive_of
+from app.server.served import ModelCatalog as ModelCatalog  # where the CLI's catalog is typed
+from engine.inference.pool import KEEP_DEFAULT
 
 if TYPE_CHECKING:
     from app.knowledge_glue import Passages
     from app.server.embeddings import Embeddings
     from engine.inference.backends import ChatBackend
+    from engine.inference.session import ChatSession
 
 log = logging.getLogger("glassbox.serve")
 
@@ -35,16 +45,10 @@ BUSY_RETRY_AFTER_S = 5
 """The ``Retry-After`` of a request that waited :data:`QUEUE_WAIT_S` for the model."""
 
 
-class ModelCatalog(Protocol):
-    """The models a request may name, beyond the one served (the CLI passes the library's)."""
+class Headers(Protocol):
+    """A request's headers (``http.client.HTTPMessage``: names in any case)."""
 
-    def find(self, name: str) -> Path | None:
-        """The chat model file called ``name`` (a name, never a path), or None."""
-        ...
-
-    def names(self) -> list[str]:
-        """The ids of the chat models offered, for ``/v1/models``."""
-        ...
+    def get(self, name: str) -> str | None: ...
 
 
 MAX_STORED_RESPONSES = 256
@@ -119,9 +123,11 @@ class ServerState:
     """Everything the request handlers share; one per server.
 
     Attributes:
-        backend: the chat backend (a ``ChatSession`` or a ``RemoteSession``).
-        model_id: the chat model's id in ``/v1/models``; requests naming another get a 404.
-        lock: one model at a time: every request that uses the backend holds it.
+        backend: the chat backend of this request's model (a ``ChatSession`` or a
+            ``RemoteSession``); outside a request, the model the server started with.
+        model_id: this request's model's id in ``/v1/models``; requests naming another get a 404.
+        lock: one model at a time for a backend passed in: every request that uses it holds it.
+        served: the models the server owns, resident in a pool (None: it serves a backend passed in).
         responses: the stored ``/v1/responses`` of this server (:class:`ResponseStore`).
     """
 
@@ -138,8 +144,11 @@ class ServerState:
         knowledge: Any,
     ) -> None:
         self.paths = paths
-        self.backend = backend
-        self.model_id = model_id
+        self._backend = backend
+        self._model_id = model_id
+        self._request = threading.local()  # this request's model: set by check_model
+        self.served: ServedModels | None = None
+        self.cors = CorsPolicy()  # the origins browser pages may call from (app.server.cors)
         self.api_key = api_key
         self.loopback = loopback
         self.embedder_path = embedder_path
@@ -156,48 +165,46 @@ class ServerState:
         self._embed_lock = threading.Lock()
         self._knowledge = knowledge  # a rag.knowledge.KnowledgeBases, opened on first use
         self._own_knowledge = knowledge is None
-        self.catalog: ModelCatalog | None = None
-        self._open_session: Callable[[Path], ChatBackend] | None = None
-        self.model_path: Path | None = None
-        self._first: tuple[str, Path | None] = (model_id, None)
         self.responses = ResponseStore()
 
-    def allow_switching(self, catalog: ModelCatalog, open_session: Callable[[Path], ChatBackend], path: Path) -> None:
-        """Lets requests name the catalog's models: :meth:`switch_model` loads them with ``open_session``."""
-        self.catalog, self._open_session, self.model_path = catalog, open_session, path
-        self._first = (self.model_id, path)  # the model the server started with stays available
+    # this request's model ----------------------------------------------------------------------
+    @property
+    def backend(self) -> ChatBackend:
+        """This request's model (after :meth:`check_model`), else the one the server started with."""
+        backend: ChatBackend | None = getattr(self._request, "backend", None)
+        return backend if backend is not None else self._backend
 
     @property
-    def first_model_id(self) -> str:
-        """The id of the model the server started with."""
-        return self._first[0]
+    def model_id(self) -> str:
+        """This request's model's id, else that of the model the server started with."""
+        name: str | None = getattr(self._request, "model", None)
+        return name if name is not None else self._model_id
 
-    def switch_model(self, path: Path, cancel: threading.Event) -> None:
-        """Serves the model at ``path`` from now on (called under ``lock``, with no reply running).
+    def begin_request(self, headers: Headers | None = None) -> None:
+        """Forgets the last request's model (a keep-alive connection answers several on one
+        thread) and keeps this one's headers (its keep_alive may be one)."""
+        self._request.__dict__.clear()
+        self._request.headers = headers
 
-        The model served is closed first (two models may not fit in memory together); when the new
-        one fails to load, the old one is loaded again and the error raised. Stopping the server
-        (which sets ``cancel``) ends a load in progress.
+    @property
+    def request_model(self) -> str:
+        """The model this request leases from the pool (:meth:`check_model` resolved it)."""
+        return str(getattr(self._request, "model", None) or self._model_id)
 
-        Raises:
-            ModelFileError, ModelLoadError, EngineCrashed: the new model cannot be loaded.
-            HttpError: 503, the server stopped during the load.
-        """
-        if path == self.model_path or self._open_session is None:
-            return
-        old, new = self.backend, self._open_session(path)
-        old.close()
-        try:
-            new.load(cancel)
-        except BaseException:
-            new.close()
-            if cancel.is_set():
-                raise HttpError(503, "the server is shutting down", "server_error") from None
-            log.warning("loading %s failed; serving %s again", path, self.model_path)
-            old.load()
-            raise
-        log.info("now serving %s", path)
-        self.backend, self.model_path, self.model_id = new, path, path.stem
+    @property
+    def request_keep_alive(self) -> float | None:
+        """This request's keep_alive (:func:`app.server.served.keep_alive_of`)."""
+        value: float | None = getattr(self._request, "keep_alive", KEEP_DEFAULT)
+        return value
+
+    @property
+    def request_lora(self) -> object:
+        """This request's ``lora`` field (None: the server's adapter scales)."""
+        return getattr(self._request, "lora", None)
+
+    def set_leased(self, backend: ChatBackend) -> None:
+        """The loaded session this request holds from the pool."""
+        self._request.backend = backend
 
     # the one-model-at-a-time queue -------------------------------------------------------------
     def enter_queue(self) -> None:
@@ -238,7 +245,11 @@ class ServerState:
     # models -----------------------------------------------------------------------------------
     @property
     def n_ctx(self) -> int | None:
-        """The chat model's context window, when the backend says."""
+        """The chat model's context window, when the backend says (a model of the pool not loaded
+        yet: the window it will be loaded with)."""
+        pooled: ChatSession | None = getattr(self._request, "pooled", None)
+        if pooled is not None:
+            return pooled.n_ctx or pooled.load_params.n_ctx
         return self.backend.n_ctx or None
 
     @property
@@ -249,38 +260,51 @@ class ServerState:
         path = self.embedder_path
         return path.parent.name if path.name in ("model", "models") else path.name
 
-    def check_model(self, body: dict[str, Any], *, embeddings: bool = False) -> Path | None:
-        """Refuses a request for a model this server does not serve (OpenAI's 404 ``model_not_found``).
+    def check_model(self, body: dict[str, Any], *, embeddings: bool = False) -> str | None:
+        """Says which model a request gets, or refuses a model this server does not serve (OpenAI's
+        404 ``model_not_found``).
 
-        A request that names no model gets the one served; one that names a model of the catalog
-        (the library, when the server loaded its model itself) gets that model's file, to load
-        under the lock (:meth:`switch_model`).
+        A request that names no model gets the one the server started with. With the models the
+        server owns (:attr:`served`), a name of the library or an alias is that model: ``backend``
+        and ``model_id`` say so for the rest of the request, and its ``keep_alive`` and ``lora``
+        fields (taken out of ``body``, so no dialect sees them) apply when it leases the model.
+
+        Returns:
+            The model to lease (with :attr:`served`), else None.
 
         Raises:
             HttpError: 404 naming the model asked for and the one served; 400 when ``model`` is
-                not a string.
+                not a string, or for a bad ``keep_alive``.
         """
         name = body.get("model")
+        if name is not None and not isinstance(name, str):
+            raise HttpError(400, "'model' must be a string", code="invalid_value", param="model")
+        served = self.served
+        if served is not None and not embeddings:
+            headers: Headers | None = getattr(self._request, "headers", None)
+            header = headers.get(KEEP_ALIVE_HEADER) if headers is not None else None
+            keep = body.pop("keep_alive", None)
+            self._request.keep_alive = keep_alive_of(keep if keep is not None else header)
+            self._request.lora = body.pop("lora", None)
+            resolved = served.resolve(name)
+            self._request.model = resolved
+            self._request.pooled = self._request.backend = served.session(resolved)
+            return resolved
         if name is None or name == "":
             return None
-        if not isinstance(name, str):
-            raise HttpError(400, "'model' must be a string", code="invalid_value", param="model")
-        served = self.embedder_id if embeddings else self.model_id
-        if served is not None and name == served:
+        expected = self.embedder_id if embeddings else self.model_id
+        if expected is not None and name == expected:
             return None
-        if not embeddings and self.catalog is not None and "/" not in name and "\\" not in name:
-            from app.server.errors import map_errors
-
-            if name == self._first[0]:
-                return self._first[1]
-            path = map_errors(lambda: self.catalog.find(name) if self.catalog is not None else None)
-            if path is not None:
-                return Path(path)
         what = "embedding model" if embeddings else "model"
-        offered = f"this server serves {served!r}" if served else "this server serves no embedding model"
+        offered = f"this server serves {expected!r}" if expected else "this server serves no embedding model"
         raise model_not_found(name, f"the {what} {name[:200]!r} does not exist here; {offered}")
 
     # lazily built helpers ---------------------------------------------------------------------
+    @property
+    def embedder_loaded(self) -> bool:
+        """Whether the embedding model is loaded (``/v1/models`` says)."""
+        return self._embedder is not None
+
     def embedder(self) -> Embeddings:
         with self._embed_lock:
             if self._embedder is None:

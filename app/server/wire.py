@@ -130,6 +130,7 @@ CHAT_FIELDS = frozenset(
         "reasoning_effort",
         "chat_template_kwargs",
         "n_probs",
+        "timings_per_token",
         *fields.SAMPLING,
         *fields.CONSTRAINTS,
     }
@@ -180,6 +181,7 @@ class ChatRequest:
         warnings: what the answer says about fields accepted with no effect (``X-Glassbox-Warning``).
         max_tool_calls: the most calls a reply keeps (None: no limit).
         truncate: the oldest turns may be dropped to fit the window (Responses' ``truncation: auto``).
+        timings_per_token: llama.cpp's field: each streamed chunk carries the ``timings`` so far.
     """
 
     system: str | None
@@ -201,6 +203,7 @@ class ChatRequest:
     max_tool_calls: int | None = None
     truncate: bool = False
     user_media: tuple[Media, ...] = ()
+    timings_per_token: bool = False
 
 
 class RequestFields(TypedDict, total=False):
@@ -219,6 +222,7 @@ class RequestFields(TypedDict, total=False):
     reasoning_effort: str | None
     warnings: tuple[str, ...]
     max_tool_calls: int | None
+    timings_per_token: bool
     truncate: bool
 
 
@@ -509,6 +513,7 @@ def parse_chat(
         tools=tools,
         tool_choice=tool_choice,
         parallel_tool_calls=body.get("parallel_tool_calls") is not False,
+        timings_per_token=fields.flag(body, "timings_per_token"),
         thinking=thinking_switch(body),
         reasoning_effort=effort,
         warnings=(*fields.no_effect_warnings(body, CHAT_NO_EFFECT), *warnings),

@@ -13,6 +13,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Protocol, Self, runtime_checkable
 
+from engine.inference.adapters import LoraAdapter
 from engine.inference.context import Message, OverflowPolicy, RankedDocuments
 from engine.inference.events import Event
 from engine.inference.kv_cache import KvKey
@@ -49,8 +50,23 @@ class LocalBackend(Protocol):
         """Ends the worker process now (the last resort at exit; the next call starts another)."""
         ...
 
-    def tokenize(self, text: str) -> list[int]:
-        """A text's tokens, special tokens parsed and no BOS added (llama.cpp's ``/tokenize``)."""
+    def tokenize(self, text: str, *, add_bos: bool = False, special: bool = True) -> list[int]:
+        """A text's tokens (llama.cpp's ``/tokenize``): special tokens parsed unless ``special`` is
+        false, a BOS first when ``add_bos`` and the model wants one."""
+        ...
+
+    def token_bytes(self, tokens: Sequence[int]) -> list[bytes]:
+        """The bytes of each token, special tokens as their text (llama.cpp's ``/detokenize``)."""
+        ...
+
+    @property
+    def adapters(self) -> tuple[LoraAdapter, ...]:
+        """The LoRA adapters the next turns run with (empty: the base model)."""
+        ...
+
+    def set_adapters(self, adapters: Sequence[LoraAdapter]) -> None:
+        """Runs the next turns with ``adapters``, without reloading the model (engine.inference.adapters);
+        raises AdapterMismatch or ModelFileError for a file that does not fit."""
         ...
 
     def tokenize_prompt(self, text: str) -> list[int]:

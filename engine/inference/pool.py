@@ -35,7 +35,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Generic, Literal, Protocol, TypeVar
 
 from engine.errors import Cancelled, EngineError
 from engine.fit import ModelMemory, memory_budget, model_memory
@@ -108,6 +108,9 @@ class PooledSession(Protocol):
     def close(self) -> None: ...
 
 
+S = TypeVar("S", bound=PooledSession)
+
+
 @dataclass(frozen=True)
 class PoolSettings:
     """How the pool decides what stays resident.
@@ -175,7 +178,8 @@ class Resident:
     Attributes:
         name: the model's name.
         path: its file.
-        state: ``loading``, ``ready`` (idle) or ``busy`` (answering).
+        state: ``loading``, ``ready`` (idle), ``busy`` (answering) or ``unloading`` (leaving:
+            its prompt being saved, its worker stopping; it still holds its memory).
         memory: the fit estimator's weights, KV cache, compute buffers and overhead.
         pid: its worker process (None while loading).
         n_ctx: its context window.
@@ -190,7 +194,7 @@ class Resident:
 
     name: str
     path: Path
-    state: Literal["loading", "ready", "busy"]
+    state: Literal["loading", "ready", "busy", "unloading"]
     memory: ModelMemory
     pid: int | None
     n_ctx: int
@@ -223,8 +227,8 @@ class Resident:
 _State = Literal["unloaded", "loading", "ready", "unloading"]
 
 
-class _Entry:
-    def __init__(self, name: str, session: PooledSession, memory: ModelMemory) -> None:
+class _Entry(Generic[S]):
+    def __init__(self, name: str, session: S, memory: ModelMemory) -> None:
         self.name = name
         self.session = session
         self.memory = memory
@@ -243,7 +247,7 @@ class _Entry:
         return worker is not None and worker.alive
 
 
-class ModelPool:
+class ModelPool(Generic[S]):
     """Models loaded by name, kept while they are used and the memory allows.
 
     Args:
@@ -258,7 +262,7 @@ class ModelPool:
 
     def __init__(
         self,
-        open_session: Callable[[str], PooledSession | None],
+        open_session: Callable[[str], S | None],
         settings: PoolSettings | None = None,
         *,
         kv_cache: KvCacheConfig | None = None,
@@ -272,7 +276,7 @@ class ModelPool:
         self.kv_cache = kv_cache
         self._clock = clock
         self._cond = threading.Condition()
-        self._entries: dict[str, _Entry] = {}
+        self._entries: dict[str, _Entry[S]] = {}
         self._loading: str | None = None
         self._closed = False
         self._budget = self.settings.memory_budget
@@ -291,7 +295,7 @@ class ModelPool:
         *,
         cancel: threading.Event | None = None,
         keep_alive: float | None = KEEP_DEFAULT,
-    ) -> Iterator[PooledSession]:
+    ) -> Iterator[S]:
         """The session of model ``name``, loaded if needed, for one request.
 
         The request has the model to itself inside the ``with``; when it leaves, the model's idle
@@ -311,7 +315,14 @@ class ModelPool:
         finally:
             self._release(entry, keep_alive)
 
-    def _entry(self, name: str) -> _Entry:
+    def session(self, name: str) -> S:
+        """The session of ``name``, opened but not loaded (what a caller reads before its request:
+        the load parameters, the header). Raises UnknownModel, or the header's ModelFileError."""
+        with self._cond:
+            self._check_open()
+            return self._entry(name).session
+
+    def _entry(self, name: str) -> _Entry[S]:
         entry = self._entries.get(name)
         if entry is None:
             session = self._open(name)
@@ -326,7 +337,7 @@ class ModelPool:
             entry = self._entries[name] = _Entry(name, session, memory)
         return entry
 
-    def _acquire(self, name: str, cancel: threading.Event | None) -> _Entry:
+    def _acquire(self, name: str, cancel: threading.Event | None) -> _Entry[S]:
         settings = self.settings
         deadline = self._clock() + settings.queue_wait_s
         with self._cond:
@@ -377,7 +388,7 @@ class ModelPool:
                 self._cond.notify_all()
             raise
 
-    def _load(self, entry: _Entry, cancel: threading.Event | None, deadline: float) -> _Entry:
+    def _load(self, entry: _Entry[S], cancel: threading.Event | None, deadline: float) -> _Entry[S]:
         """Makes room and loads ``entry`` (this thread holds the pool's one load)."""
         try:
             self._make_room(entry, cancel, deadline)
@@ -401,7 +412,7 @@ class ModelPool:
             self._cond.notify_all()
         return entry
 
-    def _release(self, entry: _Entry, keep_alive: float | None) -> None:
+    def _release(self, entry: _Entry[S], keep_alive: float | None) -> None:
         unload = False
         with self._cond:
             entry.running = False
@@ -430,7 +441,7 @@ class ModelPool:
             self._budget = memory_budget(probe_hardware())
         return self._budget
 
-    def _make_room(self, entry: _Entry, cancel: threading.Event | None, deadline: float) -> None:
+    def _make_room(self, entry: _Entry[S], cancel: threading.Event | None, deadline: float) -> None:
         """Unloads the least recently used idle models while ``entry`` would not fit beside the
         others under the budget or the count; waits for busy ones, up to ``deadline``."""
         budget = self._budget_now()
@@ -474,7 +485,7 @@ class ModelPool:
                 )
             self._unload(victim, cause, reason)
 
-    def _unload(self, entry: _Entry, cause: EvictionCause, reason: str) -> None:
+    def _unload(self, entry: _Entry[S], cause: EvictionCause, reason: str) -> None:
         """Saves the prompt the worker holds, stops it (outside the pool's lock) and records why."""
         saved = 0
         if self.kv_cache is not None and cause != "crashed":
@@ -486,7 +497,7 @@ class ModelPool:
             self._evictions.append(Eviction(entry.name, cause, reason, time.time(), saved))
             self._cond.notify_all()
 
-    def _crashed(self, entry: _Entry) -> None:
+    def _crashed(self, entry: _Entry[S]) -> None:
         """Called under the lock, for a ready model no request uses: its worker died. The dead
         worker is reaped by the session's next load."""
         entry.state = "unloaded"
@@ -509,7 +520,7 @@ class ModelPool:
     def sweep(self) -> list[str]:
         """Unloads the models idle for their idle time; returns their names."""
         now = self._clock()
-        due: list[_Entry] = []
+        due: list[_Entry[S]] = []
         with self._cond:
             for entry in self._entries.values():
                 if entry.state == "ready" and not entry.running and not entry.alive():
@@ -571,20 +582,20 @@ class ModelPool:
         return entry is not None and entry.state in ("ready", "loading")
 
     def resident(self) -> list[Resident]:
-        """The models loaded or loading, most recently used first."""
+        """The models loaded, loading or unloading, most recently used first."""
         now = self._clock()
         out: list[Resident] = []
         with self._cond:
             for entry in self._entries.values():
                 if entry.state == "ready" and not entry.running and not entry.alive():
                     self._crashed(entry)
-                if entry.state not in ("ready", "loading"):
+                if entry.state == "unloaded":
                     continue
                 keep = self.keep_s(entry.name)
                 idle = now - entry.last_used if entry.state == "ready" else 0.0
                 busy = entry.running or entry.queued > 0
-                state: Literal["loading", "ready", "busy"] = (
-                    "loading" if entry.state == "loading" else "busy" if busy else "ready"
+                state: Literal["loading", "ready", "busy", "unloading"] = (
+                    "busy" if entry.state == "ready" and busy else entry.state
                 )
                 worker = entry.session.worker
                 info = worker.info if worker is not None else None
@@ -595,7 +606,7 @@ class ModelPool:
                         path=params.model_path,
                         state=state,
                         memory=entry.memory,
-                        pid=worker.pid if worker is not None and state != "loading" else None,
+                        pid=worker.pid if worker is not None and state not in ("loading", "unloading") else None,
                         n_ctx=info.n_ctx if info is not None else params.n_ctx,
                         gpu_layers=params.n_gpu_layers,
                         loaded_at=entry.loaded_at,
@@ -640,7 +651,7 @@ class ModelPool:
         if self._reaper is not None:
             self._reaper.join(5.0)
 
-    def __enter__(self) -> ModelPool:
+    def __enter__(self) -> ModelPool[S]:
         return self
 
     def __exit__(self, *exc: object) -> None:

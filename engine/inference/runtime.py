@@ -764,6 +764,8 @@ def _worker_main(
                 conn.send(("result", worker.tokenize(message[1], message[2], message[3])))
             elif op == "pieces":
                 conn.send(("result", worker.pieces(message[1])))
+            elif op == "bytes":
+                conn.send(("result", [worker.piece(token, special=True) for token in message[1]]))
             elif op == "media":
                 conn.send(("result", worker.add_media(message[1])))
             elif op == "tokenize_parts":
@@ -933,6 +935,10 @@ class InferenceWorker:
 
     def pieces(self, tokens: Sequence[int]) -> list[str]:
         return self._call(("pieces", list(tokens)), "detokenization")  # type: ignore[no-any-return]
+
+    def token_bytes(self, tokens: Sequence[int]) -> list[bytes]:
+        """Each token's bytes, special tokens as their text."""
+        return self._call(("bytes", list(tokens)), "detokenization")  # type: ignore[no-any-return]
 
     def add_media(self, items: Sequence[Media]) -> list[MediaInfo | str]:
         """Hands images and clips to the worker's projector: each one's info, or why it was refused.

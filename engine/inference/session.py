@@ -584,13 +584,24 @@ class ChatSession:
             return self.info.n_ctx - reserve - len(self._tokenize_prompt(prompt))
 
     # raw prompts (the legacy /v1/completions) ---------------------------------------------------
-    def tokenize(self, text: str) -> list[int]:
-        """A text's tokens, special tokens parsed, no BOS added (llama.cpp's ``/tokenize``). Starts
-        the worker if needed."""
+    def tokenize(self, text: str, *, add_bos: bool = False, special: bool = True) -> list[int]:
+        """A text's tokens (llama.cpp's ``/tokenize``): special tokens parsed unless ``special`` is
+        false, a BOS first when ``add_bos`` and the model wants one. Starts the worker if needed."""
         with self._lock:
             self._ensure_worker()
-            assert self._worker is not None
-            return self._worker.tokenize(text, add_bos=False, special=True)
+            assert self._worker is not None and self.info is not None
+            return self._worker.tokenize(text, add_bos=add_bos and self.info.add_bos, special=special)
+
+    def token_bytes(self, tokens: Sequence[int]) -> list[bytes]:
+        """The bytes of each token (special tokens as their text; llama.cpp's ``/detokenize``).
+        Starts the worker if needed. Raises EngineError for an id outside the vocabulary."""
+        with self._lock:
+            self._ensure_worker()
+            assert self._worker is not None and self.info is not None
+            bad = next((t for t in tokens if not 0 <= t < self.info.n_vocab), None)
+            if bad is not None:
+                raise EngineError(f"token id {bad} is not in this model's vocabulary of {self.info.n_vocab}")
+            return self._worker.token_bytes(tokens)
 
     def tokenize_prompt(self, text: str) -> list[int]:
         """A raw prompt's tokens as the model reads it: special tokens parsed, and a BOS first where

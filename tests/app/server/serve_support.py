@@ -24,11 +24,14 @@ import pytest
 
 from app.paths import Paths
 from app.server.http import ServerHandle, start_server
+from engine.inference.adapters import LoraAdapter
 from engine.inference.events import Event, Finished, PrefillProgress, Reasoning, Stats, Token, ToolCall
 from engine.inference.runtime import GenerationParams, WorkerResult
 from tests.fake_backend import FakeBackend, StreamCall
 
 KEY = "test-key-0123456789"
+BOS = 256
+"""The scripted model's BOS token (its other tokens are the text's bytes)."""
 
 
 def _token(text: str, index: int, params: GenerationParams) -> Token:
@@ -94,8 +97,16 @@ class ScriptedBackend(FakeBackend):
     def kill_worker(self, timeout: float = 1.0) -> None:
         pass
 
-    def tokenize(self, text: str) -> list[int]:
-        return self.worker.tokenize(text, add_bos=False, special=True)
+    def tokenize(self, text: str, *, add_bos: bool = False, special: bool = True) -> list[int]:
+        return ([BOS] if add_bos else []) + self.worker.tokenize(text, add_bos=False, special=special)
+
+    adapters: tuple[LoraAdapter, ...] = ()
+
+    def set_adapters(self, adapters: Sequence[LoraAdapter]) -> None:
+        self.adapters = tuple(adapters)
+
+    def token_bytes(self, tokens: Sequence[int]) -> list[bytes]:
+        return [b"<s>" if t == BOS else bytes([t]) for t in tokens]
 
     def tokenize_prompt(self, text: str) -> list[int]:
         return self.worker.tokenize(text, add_bos=False, special=True)

@@ -31,6 +31,7 @@ from app.server.body import MAX_JSON_DEPTH, MAX_NUMBER_CHARS, nesting_exceeds
 from app.server.http import ServerHandle, start_server
 from app.server.state import MAX_QUEUED
 from engine.errors import EngineCrashed, EngineError, ModelLoadError
+from engine.inference.adapters import LoraAdapter
 from engine.inference.events import Event, Finished, PrefillProgress, Stats, Token
 from tests.fake_backend import FakeBackend, StreamCall
 
@@ -90,8 +91,16 @@ class HostileBackend(FakeBackend):
     def kill_worker(self, timeout: float = 1.0) -> None:
         pass
 
-    def tokenize(self, text: str) -> list[int]:
+    def tokenize(self, text: str, *, add_bos: bool = False, special: bool = True) -> list[int]:
         return self.worker.tokenize(text)
+
+    adapters: tuple[LoraAdapter, ...] = ()
+
+    def set_adapters(self, adapters: Sequence[LoraAdapter]) -> None:
+        self.adapters = tuple(adapters)
+
+    def token_bytes(self, tokens: Sequence[int]) -> list[bytes]:
+        raise EngineError("this backend shows no pieces")
 
     def tokenize_prompt(self, text: str) -> list[int]:
         return self.worker.tokenize(text)

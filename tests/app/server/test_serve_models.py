@@ -1,7 +1,8 @@
 """``glassbox serve`` and the library: a request naming another chat model of the library loads it
-in place of the one served (one at a time); a name the library does not have is a 404; a model that
-fails to load is an error, and the previous model is served again. The starter model, copied under
-other names, stands for the library's models."""
+beside the one served (the model pool); a name the library does not have is a 404; a model that
+fails to load is an error, and the other models go on answering. The starter model, copied under
+other names, stands for the library's models. (Two different models resident at once, aliases,
+keep_alive, the queue and the adapters: ``test_serve_pool.py``.)"""
 
 from __future__ import annotations
 
@@ -48,14 +49,15 @@ def test_a_library_model_is_loaded_when_asked_for(starter_model: Path, tmp_path:
         ask = [{"role": "user", "content": "Hello"}]
         reply = api.chat.completions.create(model="other-model", messages=ask, max_tokens=2, temperature=0)  # type: ignore[arg-type]
         assert reply.model == "other-model"
-        assert [m.id for m in api.models.list().data] == ["other-model", first, "broken"]
+        loaded = {m.id: m.model_extra["loaded"] for m in api.models.list().data if m.model_extra}
+        assert loaded == {first: True, "other-model": True, "broken": False}  # both resident
         with pytest.raises(openai.NotFoundError) as caught:
             api.chat.completions.create(model="../etc/passwd", messages=ask)  # type: ignore[arg-type]
         assert caught.value.code == "model_not_found"
         assert "../etc/passwd" not in catalog.asked  # a path is never looked up
         with pytest.raises(openai.APIStatusError) as failed:
             api.chat.completions.create(model="broken", messages=ask, max_tokens=2)  # type: ignore[arg-type]
-        assert failed.value.status_code in (400, 503)
+        assert failed.value.status_code in (400, 500, 503)
         again = api.chat.completions.create(model=first, messages=ask, max_tokens=2, temperature=0)  # type: ignore[arg-type]
         assert again.model == first and again.choices[0].message.content is not None
     finally:
@@ -72,7 +74,7 @@ def test_the_cli_catalog_is_the_librarys_chat_models(starter_model: Path, tmp_pa
     assert catalog.find("no-such-model") is None
 
 
-def test_stopping_during_a_model_switch_leaves_no_worker(starter_model: Path, tmp_path: Path) -> None:
+def test_stopping_during_a_model_load_leaves_no_worker(starter_model: Path, tmp_path: Path) -> None:
     """A request that asked for another model, stopped while (or just after) it loads: stop()
     returns, the client is answered, and no inference worker outlives the server."""
     import threading
@@ -108,7 +110,7 @@ def test_stopping_during_a_model_switch_leaves_no_worker(starter_model: Path, tm
     stopper.start()
     # A hang guard, not a speed target: stop() takes ~1 s here; 30 s is far past that on any machine.
     stopper.join(30)
-    assert not stopper.is_alive(), "stop() hung during the model switch"
+    assert not stopper.is_alive(), "stop() hung during the model load"
     thread.join(30)
     assert answers, "the client got no answer"
     time.sleep(0.5)
