@@ -45,7 +45,7 @@ def _common() -> argparse.ArgumentParser:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from app.cli.commands import bench, chat, kb, mcp, models, serve
+    from app.cli.commands import bench, chat, kb, mcp, models, residents, serve
 
     common = _common()
     parser = _Parser(prog="glassbox", description="Chat with local language models.", parents=[common])
@@ -55,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--json", dest="self_test_json", action="store_true", help="with --self-test: one JSON object on stdout"
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for module in (chat, models, kb, bench, serve, mcp):
+    for module in (chat, models, kb, bench, serve, residents, mcp):
         module.register(sub, common)
     return parser
 

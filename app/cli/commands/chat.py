@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from app.cli.commands import chat_tools
 from app.cli.commands._output import add_json_flag, positive_int, print_json
-from app.cli.commands.model_resolver import projector_choice, resolve_model
+from app.cli.commands.model_resolver import projector_choice, resolve_lora, resolve_model
 from app.paths import Paths
 from app.turn import TurnRecord, TurnRequest, run_turn
 from engine.inference.events import Finished, Reasoning, Token
@@ -105,6 +105,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: a
         help="speculative decoding: 'lookup' drafts from the prompt and the reply (the default), "
         "a GGUF path drafts with that smaller model of the same vocabulary, 'off' disables it",
     )
+    parser.add_argument(
+        "--lora",
+        action="append",
+        default=[],
+        metavar="FILE[:SCALE]",
+        help="apply this LoRA adapter (a file or a library adapter's name) at SCALE (default 1); repeatable",
+    )
     chat_tools.add_arguments(parser)
     add_json_flag(parser)
     parser.set_defaults(handler=run)
@@ -128,6 +135,8 @@ def _usage_error(args: argparse.Namespace) -> str | None:
         return usage
     if args.endpoint is not None and args.speculative is not None:
         return "--speculative applies to local models, not to --endpoint"
+    if args.endpoint is not None and args.lora:
+        return "--lora applies to local models, not to --endpoint"
     return None
 
 
@@ -251,7 +260,11 @@ def _local_session(args: argparse.Namespace, paths: Paths) -> ChatBackend:
         backend_state=paths.cpu_backend_state,
         kv_cache=None if args.no_kv_cache else _kv_cache(paths),
     )
-    return open_backend(LocalModel(model), load, options, None)
+    backend = open_backend(LocalModel(model), load, options, None)
+    local = backend.local
+    if args.lora and local is not None:
+        local.set_adapters([resolve_lora(value, paths) for value in args.lora])  # AdapterMismatch: one line
+    return backend
 
 
 def _speculative_setting(args: argparse.Namespace, paths: Paths) -> str:

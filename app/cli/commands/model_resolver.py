@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Literal
 from app.paths import Paths
 
 if TYPE_CHECKING:
+    from engine.inference.adapters import LoraAdapter
     from engine.library import LibraryEntry
 
 
@@ -149,3 +150,37 @@ def _within(path: Path, folder: Path) -> bool:
     except (ValueError, OSError):
         return False
     return True
+
+
+def resolve_lora(value: str, paths: Paths) -> LoraAdapter:
+    """``--lora FILE[:SCALE]``: an adapter file (or a library adapter's name) and its scale (1 when
+    not given).
+
+    Raises:
+        ModelFileError: no such file or library adapter, or a file that is not a LoRA adapter.
+        EngineError: a scale that is not a number from -100 to 100.
+    """
+    from engine.errors import EngineError, ModelFileError
+    from engine.inference.adapters import LoraAdapter
+    from engine.lora import read_adapter
+
+    spec, scale = value, 1.0
+    head, sep, tail = value.rpartition(":")
+    if sep and head and not Path(value).expanduser().exists():
+        try:
+            scale = float(tail)
+        except ValueError:
+            raise EngineError(f"--lora {value!r}: the scale after ':' must be a number") from None
+        spec = head
+    path = Path(spec).expanduser()
+    if not path.exists() and "/" not in spec and "\\" not in spec:
+        from app.cli.commands.models_library import open_library
+
+        entry = open_library(paths).find(spec)
+        if entry is not None and entry.kind == "adapter":
+            path = Path(entry.path)
+    if not path.exists():
+        raise ModelFileError(path, "no such adapter file, and no LoRA adapter by that name in the library")
+    adapter = LoraAdapter(path, scale)
+    read_adapter(adapter.path)  # one line naming the file when it is no adapter
+    return adapter

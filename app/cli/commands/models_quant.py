@@ -63,6 +63,29 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: a
     add_json_flag(conv)
     conv.set_defaults(handler=run_convert)
 
+    lora = sub.add_parser("convert-lora", parents=[common], help="convert a PEFT LoRA adapter folder to a GGUF adapter")
+    lora.add_argument(
+        "peft_dir", metavar="PEFT_DIR", help="folder with adapter_config.json and adapter_model.safetensors"
+    )
+    lora.add_argument(
+        "--base",
+        required=True,
+        metavar="MODEL",
+        help="the base model: a GGUF (path or library name; the adapter is checked against it) or its "
+        "Hugging Face folder (config.json)",
+    )
+    lora.add_argument("--outtype", choices=["f32", "f16", "bf16", "q8_0"], default="f16", help="(default f16)")
+    lora.add_argument("--out", metavar="DST", help="output .gguf (default: the models folder, PEFT_DIR's name)")
+    lora.add_argument(
+        "--converter",
+        metavar="DIR",
+        help="a llama.cpp folder holding convert_lora_to_gguf.py (default: the pinned one)",
+    )
+    lora.add_argument("--timeout", type=positive_int, default=3600, help="seconds before giving up (default 1 h)")
+    lora.add_argument("--overwrite", action="store_true", help="replace DST if it exists")
+    add_json_flag(lora)
+    lora.set_defaults(handler=run_convert_lora)
+
     types = sub.add_parser("quant-types", parents=[common], help="list the quantization types on offer")
     add_json_flag(types)
     types.set_defaults(handler=run_quant_types)
@@ -204,6 +227,51 @@ def run_convert(args: argparse.Namespace, paths: Paths) -> int:
     _say(
         f"{result.architecture} -> GGUF {result.outtype}: {result.n_tensors} tensors, "
         f"{format_bytes(result.dst_bytes)}, in {result.seconds:.1f} s"
+    )
+    return 0
+
+
+def run_convert_lora(args: argparse.Namespace, paths: Paths) -> int:
+    """``models convert-lora PEFT_DIR --base MODEL``: llama.cpp's converter, then the check."""
+    from app.cli.commands.models_library import open_library
+    from engine.convert.lora_to_gguf import convert_lora, find_lora_converter
+
+    folder = Path(args.peft_dir).expanduser()
+    base = Path(args.base).expanduser()
+    if not base.exists() and "/" not in args.base and "\\" not in args.base:
+        entry = open_library(paths).find(args.base)
+        if entry is not None:
+            base = Path(entry.path)
+    dst = (
+        Path(args.out).expanduser() if args.out else paths.models / f"{folder.resolve().name}-lora-{args.outtype}.gguf"
+    )
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    converter = find_lora_converter(paths.cache, Path(args.converter).expanduser() if args.converter else None)
+    if not args.json:
+        _say(f"converting {folder} with {converter}")
+    result = convert_lora(
+        folder,
+        dst,
+        base=base,
+        converter=converter,
+        outtype=args.outtype,
+        timeout=float(args.timeout),
+        overwrite=args.overwrite,
+    )
+    _record(
+        paths,
+        result.path,
+        source=f"converted from {folder.resolve()}",
+        base_model=base.stem if base.suffix else base.name,
+    )
+    if args.json:
+        print_json(result.to_dict())
+        return 0
+    _say(f"wrote {result.path}")
+    checked = f", checked against {result.checked_against.name}" if result.checked_against else ""
+    _say(
+        f"LoRA for {result.architecture}: rank {result.rank}, alpha {result.alpha:g}, {result.n_tensors} tensors, "
+        f"{format_bytes(result.dst_bytes)}, in {result.seconds:.1f} s{checked}"
     )
     return 0
 

@@ -1,8 +1,11 @@
-"""``glassbox serve`` (an OpenAI-compatible API over a local model) and ``glassbox endpoints``
+"""``glassbox serve`` (an OpenAI-compatible API over the library's models) and ``glassbox endpoints``
 (saved remote OpenAI-compatible servers).
 
-``glassbox serve`` prints the URL (or, with ``--json``, one JSON object with ``url`` and ``model``)
-once the model is loaded and the port is open, then serves until interrupted (Ctrl-C or SIGTERM).
+``glassbox serve`` serves every chat model of the library by name (and the ``--alias`` names),
+several resident at once (a model pool: ``--max-models``, ``--memory-budget``, ``--keep-alive``,
+``--queue``); ``--model`` is loaded first and answers requests that name no model. It prints the URL
+(or, with ``--json``, one JSON object with ``url`` and ``model``) once that model is loaded and the
+port is open, then serves until interrupted (Ctrl-C or SIGTERM).
 """
 
 from __future__ import annotations
@@ -44,7 +47,53 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: a
         help=f"require 'Authorization: Bearer KEY' on every request (or set ${API_KEY_ENV}: unlike a "
         "command-line argument, other users cannot read it in the process list)",
     )
-    serve.add_argument("--model", default="starter", help="a GGUF path, a model name from the library, or 'starter'")
+    serve.add_argument(
+        "--model",
+        default="starter",
+        help="the model loaded first, for requests that name none: a GGUF path, a library name, or 'starter'",
+    )
+    serve.add_argument(
+        "--alias",
+        action="append",
+        default=[],
+        metavar="NAME=MODEL",
+        help="another name for a model (e.g. gpt-4o=qwen2.5-7b-instruct), for tools that hard-code one (repeatable)",
+    )
+    serve.add_argument(
+        "--default-model",
+        metavar="MODEL",
+        help="answer requests naming an unknown model with this one (default: they are a 404)",
+    )
+    serve.add_argument("--max-models", type=positive_int, default=3, help="most models loaded at once (default 3)")
+    serve.add_argument(
+        "--memory-budget",
+        type=_gib,
+        metavar="GIB",
+        help="memory the loaded models may take, in GiB (default: the RAM and VRAM free at the first load)",
+    )
+    serve.add_argument(
+        "--keep-alive",
+        default="5m",
+        metavar="TIME",
+        help="how long a model stays loaded without a request: seconds, 30s, 5m, 1h, or 'never' (default 5m)",
+    )
+    serve.add_argument(
+        "--queue", type=int, default=8, metavar="N", help="requests that may wait for one model (default 8)"
+    )
+    serve.add_argument(
+        "--lora",
+        action="append",
+        default=[],
+        metavar="FILE[:SCALE]",
+        help="offer this LoRA adapter at /lora-adapters, applied at SCALE (default 1) to the models it fits",
+    )
+    serve.add_argument(
+        "--cors-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="let browser pages from ORIGIN call the API (https://host[:port], 'localhost' or '*'; default none)",
+    )
     serve.add_argument(
         "--kb",
         action="append",
@@ -127,7 +176,8 @@ def _embedder_path(paths: Paths) -> Path | None:
 
 class LibraryCatalog:
     """The library's chat models, as ``glassbox serve`` offers them: a request naming one (by file
-    name, name without ``.gguf`` or label; never a path) loads it in place of the model served."""
+    name, name without ``.gguf`` or label; never a path) is answered by it, loaded in the server's
+    model pool."""
 
     def __init__(self, paths: Paths) -> None:
         self.paths = paths
@@ -148,12 +198,76 @@ class LibraryCatalog:
         return [Path(e.path).stem for e in entries if e.chat_problem() is None]
 
 
+def _gib(text: str) -> int:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of GiB, not {text!r}") from None
+    if not 0 < value < 1 << 20:
+        raise argparse.ArgumentTypeError(f"must be a positive number of GiB, not {text}")
+    return int(value * (1 << 30))
+
+
+def _pool_settings(args: argparse.Namespace) -> Any:
+    from app.server.served import keep_alive_of
+    from engine.errors import EngineError
+    from engine.inference.pool import KEEP_DEFAULT, PoolSettings
+
+    if args.queue < 0:
+        raise EngineError(f"--queue {args.queue}: give 0 or more")
+    keep: float | None = None
+    if args.keep_alive.strip().lower() != "never":
+        try:
+            keep = keep_alive_of(args.keep_alive)
+        except Exception:  # noqa: BLE001 - the server's 400 becomes the flag's one line
+            raise EngineError(f"--keep-alive {args.keep_alive!r}: give seconds, 30s, 5m, 1h or 'never'") from None
+        keep = None if keep == KEEP_DEFAULT else keep
+    return PoolSettings(
+        max_resident=args.max_models, idle_unload_s=keep, memory_budget=args.memory_budget, queue_depth=args.queue
+    )
+
+
+def _aliases(values: list[str]) -> dict[str, str]:
+    from engine.errors import EngineError
+
+    aliases: dict[str, str] = {}
+    for value in values:
+        alias, sep, target = value.partition("=")
+        if not sep or not alias.strip() or not target.strip():
+            raise EngineError(f"--alias {value!r}: give NAME=MODEL")
+        aliases[alias.strip()] = target.strip()
+    return aliases
+
+
+def _adapters(args: argparse.Namespace, paths: Paths) -> list[Any]:
+    """``--lora`` adapters, then the library's other adapters at scale 0 (offered, not applied)."""
+    from app.cli.commands.model_resolver import resolve_lora
+    from app.cli.commands.models_library import open_library
+    from engine.inference.adapters import LoraAdapter
+
+    chosen = [resolve_lora(value, paths) for value in args.lora]
+    given = {a.path.resolve() for a in chosen}
+    for entry in open_library(paths).scan():
+        if entry.kind == "adapter" and entry.available and Path(entry.path).resolve() not in given:
+            chosen.append(LoraAdapter(Path(entry.path), 0.0))
+    return chosen
+
+
 def run_serve(args: argparse.Namespace, paths: Paths) -> int:
     from app.cli.commands.model_resolver import resolve_model
     from app.server.http import check_host, start_server
+    from app.settings import load_settings
+    from engine.inference.kv_cache import KvCacheConfig
 
     check_host(args.host, args.api_key)  # before loading anything: refusing must be instant
+    settings = _pool_settings(args)
+    aliases = _aliases(args.alias)
+    adapters = _adapters(args, paths)
     model = resolve_model(args.model, paths, for_chat=True)
+    try:
+        kv_max = load_settings(paths.settings_file).settings.kv_cache_max_bytes
+    except (OSError, ValueError):
+        kv_max = 0
     handle = start_server(
         paths,
         host=args.host,
@@ -167,6 +281,12 @@ def run_serve(args: argparse.Namespace, paths: Paths) -> int:
         chroma_url=args.chroma_url,
         embedder_path=None if args.no_embeddings else _embedder_path(paths),
         catalog=LibraryCatalog(paths),
+        pool_settings=settings,
+        aliases=aliases,
+        default_model=args.default_model,
+        adapters=adapters,
+        cors_origins=args.cors_origin,
+        kv_cache=KvCacheConfig(paths.kv_cache, kv_max) if kv_max > 0 else None,
     )
     stop = threading.Event()
 
