@@ -224,7 +224,7 @@ class TurnRunner(QObject):
         # messages ends with [..., user, pending reply]; history is everything before the user turn.
         ask = TurnRequest(
             # A reply made with tools: its calls and results too; a user message its images.
-            history=model_history(messages[:-2], lambda row: getattr(row, "media", ())),
+            history=model_history(messages[:-2], lambda row: row.media if isinstance(row, DisplayMessage) else ()),
             user=messages[-2].content,
             media=messages[-2].media,
             params=context.params,
