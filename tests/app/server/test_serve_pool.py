@@ -3,23 +3,28 @@ answering interleaved requests of the official ``openai`` client without reloadi
 loaded flags; ``keep_alive``; aliases and the default model for unknown names; the queue's 503
 with ``Retry-After``; an embedding request beside a chat one; LoRA adapters at ``/lora-adapters``
 and per request; llama.cpp's ``/tokenize`` and ``/detokenize``, ``/chat/completions`` without
-``/v1`` and CORS."""
+``/v1`` and CORS; a worker killed mid-reply or idle, failing nothing but its own model; LRU
+eviction under a small budget; a prompt saved before an unload and restored after the reload."""
 
 from __future__ import annotations
 
 import http.client
 import json
+import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import openai
+import psutil
 import pytest
 
 from app.paths import Paths
 from app.server.http import ServerHandle, start_server
 from engine.inference.adapters import LoraAdapter
+from engine.inference.kv_cache import KvCacheConfig
 from engine.inference.pool import PoolSettings
 from tests.engine.lora_fixtures import write_gguf_lora
 
@@ -271,3 +276,103 @@ def test_llama_cpp_tokenize_detokenize_and_chat_without_v1(serve: Callable[..., 
     assert status == 200 and chat["object"] == "chat.completion"  # type: ignore[index]
     status, _, _ = _post(handle, "/tokenize", {"content": "hi", "model": "tiny"})
     assert status == 200 and "tiny" in _resident(handle)  # the model a tokenize names
+
+
+def _dead(pid: int) -> bool:
+    return not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_worker_killed_mid_reply_fails_that_reply_only_and_the_next_request_reloads_it(
+    serve: Callable[..., ServerHandle],
+) -> None:
+    handle = serve()
+    api = _api(handle)
+    first = handle.model
+
+    def reply(model: str) -> str:
+        answer = api.chat.completions.create(model=model, messages=ASK, max_tokens=6, temperature=0)  # type: ignore[arg-type]
+        return answer.choices[0].message.content or ""
+
+    tiny_before = reply("tiny")
+    resident = _resident(handle)
+    first_pid, tiny_pid = resident[first]["pid"], resident["tiny"]["pid"]
+    count = [{"role": "user", "content": "Count from 1 to 300, one number per line."}]
+    stream = api.chat.completions.create(model=first, messages=count, max_tokens=300, temperature=0, stream=True)  # type: ignore[arg-type]
+    chunks = iter(stream)
+    next(chunks)  # the starter is answering
+    os.kill(first_pid, signal.SIGKILL)
+    with pytest.raises(openai.APIError) as caught:
+        for _ in chunks:
+            pass
+    assert "crashed" in str(caught.value)
+    _wait_for(lambda: _dead(first_pid))
+    assert reply("tiny") == tiny_before  # the other model's worker never noticed
+    resident = _resident(handle)
+    assert set(resident) == {"tiny"} and resident["tiny"]["pid"] == tiny_pid
+    assert [(e["name"], e["cause"]) for e in _get(handle, "/glassbox/ps")["evictions"]] == [(first, "crashed")]
+    assert _get(handle, f"/v1/models/{first}")["loaded"] is False
+    assert reply(first)  # loaded again by the next request
+    resident = _resident(handle)
+    assert resident[first]["pid"] not in (None, first_pid) and resident["tiny"]["pid"] == tiny_pid
+
+
+def test_an_idle_worker_killed_is_seen_and_the_other_model_answers_on(serve: Callable[..., ServerHandle]) -> None:
+    handle = serve()
+    api = _api(handle)
+    first = handle.model
+    before = api.chat.completions.create(model=first, messages=ASK, max_tokens=6, temperature=0)  # type: ignore[arg-type]
+    api.chat.completions.create(model="tiny", messages=ASK, max_tokens=2)  # type: ignore[arg-type]
+    resident = _resident(handle)
+    first_pid, tiny_pid = resident[first]["pid"], resident["tiny"]["pid"]
+    os.kill(tiny_pid, signal.SIGKILL)
+    _wait_for(lambda: _dead(tiny_pid))
+    again = api.chat.completions.create(model=first, messages=ASK, max_tokens=6, temperature=0)  # type: ignore[arg-type]
+    assert again.choices[0].message.content == before.choices[0].message.content
+    _wait_for(lambda: "tiny" not in _resident(handle))  # the pool saw the dead worker
+    assert _resident(handle)[first]["pid"] == first_pid
+    assert [(e["name"], e["cause"]) for e in _get(handle, "/glassbox/ps")["evictions"]] == [("tiny", "crashed")]
+    assert api.chat.completions.create(model="tiny", messages=ASK, max_tokens=2).model == "tiny"  # type: ignore[arg-type]
+    assert _resident(handle)["tiny"]["pid"] not in (None, tiny_pid)
+
+
+def test_under_a_small_budget_the_least_recently_used_model_makes_room(serve: Callable[..., ServerHandle]) -> None:
+    probe = serve()
+    _api(probe).chat.completions.create(model="tiny", messages=ASK, max_tokens=2)  # type: ignore[arg-type]
+    totals = {name: r["memory"]["total"] for name, r in _resident(probe).items()}
+    probe.stop()
+    assert len(totals) == 2
+    handle = serve(pool_settings=PoolSettings(memory_budget=sum(totals.values()) - 1))  # one at a time
+    api = _api(handle)
+    first = handle.model
+    assert set(_resident(handle)) == {first}
+    api.chat.completions.create(model="tiny", messages=ASK, max_tokens=2)  # type: ignore[arg-type]
+    assert set(_resident(handle)) == {"tiny"}
+    api.chat.completions.create(model=first, messages=ASK, max_tokens=2)  # type: ignore[arg-type]
+    assert set(_resident(handle)) == {first}
+    evictions = _get(handle, "/glassbox/ps")["evictions"]
+    assert [(e["name"], e["cause"]) for e in evictions] == [(first, "memory"), ("tiny", "memory")]
+    assert "make room for tiny" in evictions[0]["reason"] and f"make room for {first}" in evictions[1]["reason"]
+    listed = {m["id"]: m for m in _get(handle, "/v1/models")["data"]}
+    assert listed[first]["loaded"] is True and listed["tiny"]["loaded"] is False
+
+
+def test_a_prompt_saved_before_an_unload_is_restored_after_the_reload(
+    serve: Callable[..., ServerHandle], tmp_path: Path
+) -> None:
+    handle = serve(kv_cache=KvCacheConfig(tmp_path / "kv"))
+    api = _api(handle)
+    question = [{"role": "user", "content": "Tell me about the river that runs past the old town. " * 20}]
+    cold = api.chat.completions.create(model="tiny", messages=question, max_tokens=4, temperature=0)  # type: ignore[arg-type]
+    assert cold.usage is not None and cold.usage.prompt_tokens > 200
+    assert cold.usage.prompt_tokens_details.cached_tokens == 0  # type: ignore[union-attr]
+    tiny_pid = _resident(handle)["tiny"]["pid"]
+    status, _, _ = _post(handle, "/glassbox/unload", {"model": "tiny"})
+    assert status == 200 and "tiny" not in _resident(handle)
+    eviction = _get(handle, "/glassbox/ps")["evictions"][-1]
+    assert eviction["name"] == "tiny" and eviction["cause"] == "request" and eviction["kv_saved_bytes"] > 0
+    warm = api.chat.completions.create(model="tiny", messages=question, max_tokens=4, temperature=0)  # type: ignore[arg-type]
+    assert _resident(handle)["tiny"]["pid"] != tiny_pid  # a new worker: the weights were loaded again
+    assert warm.usage is not None and warm.usage.prompt_tokens == cold.usage.prompt_tokens
+    # every prompt token but the last came from the state saved before the unload
+    assert warm.usage.prompt_tokens_details.cached_tokens == warm.usage.prompt_tokens - 1  # type: ignore[union-attr]
+    assert warm.choices[0].message.content == cold.choices[0].message.content
