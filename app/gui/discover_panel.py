@@ -319,11 +319,15 @@ class DiscoverWidget(QWidget):
         wanted = None
         for row, choice in enumerate(files.choices):
             parts = f" ({len(choice.files)} parts)" if len(choice.files) > 1 else ""
-            vision = " + vision projector" if choice.mmproj else ""
-            self.files.setItem(row, 0, _item(choice.name + parts + vision))
+            projector = choice.projector
+            vision = " + vision projector" if projector is not None else ""
+            tip = f"sees images with {projector.filename}, downloaded beside it" if projector is not None else ""
+            size = choice.total_size + (projector.size if projector is not None else 0)
+            self.files.setItem(row, 0, _item(choice.name + parts + vision, tip))
             self.files.setItem(row, 1, _item(choice.quant or "?"))
-            self.files.setItem(row, 2, _item(format_bytes(choice.total_size), align_right=True))
-            self.files.setItem(row, 3, _verdict_item(self.adapter.library.fit_for_size(choice.total_size)))
+            split = f"{format_bytes(choice.total_size)} + projector {format_bytes(projector.size)}" if projector else ""
+            self.files.setItem(row, 2, _item(format_bytes(size), split, align_right=True))
+            self.files.setItem(row, 3, _verdict_item(self.adapter.library.fit_for_size(size)))
             if self._wanted_file and any(f.filename == self._wanted_file for f in choice.files):
                 wanted = row
         if wanted is not None:

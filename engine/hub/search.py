@@ -17,6 +17,7 @@ import re
 import urllib.parse
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
+from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 from engine.errors import DownloadError
@@ -207,7 +208,8 @@ class ModelFile:
 class ModelChoice:
     """One downloadable model: a single GGUF, or all parts of a split GGUF.
 
-    ``mmproj`` lists the vision projector files that go with it (same folder, or the repo root).
+    ``mmproj`` lists the vision projector files that go with it (same folder, or the repo root);
+    ``projector`` is the one of them a load uses, and the one a download fetches.
     ``complete`` is False when a split part is missing from the listing.
     """
 
@@ -221,7 +223,24 @@ class ModelChoice:
     def total_size(self) -> int:
         return sum(f.size for f in self.files)
 
+    @property
+    def projector(self) -> ModelFile | None:
+        """The projector of ``mmproj`` that a load of this model would pick once downloaded beside
+        it (``engine.mmproj.find_projector``: the closest name, then F16, BF16, F32, Q8_0); None
+        without any. A repository often offers one projector in several types: one is enough."""
+        if not self.mmproj:
+            return None
+        from engine.mmproj import find_projector
+
+        def beside(filename: str) -> Path:  # every candidate in the model's folder, as downloaded
+            return Path("model") / PurePosixPath(filename).name
+
+        by_path = {beside(m.filename): m for m in self.mmproj}
+        chosen = find_projector(beside(self.files[0].filename), list(by_path))
+        return by_path[chosen] if chosen is not None else self.mmproj[0]
+
     def to_dict(self) -> dict[str, Any]:
+        projector = self.projector
         return {
             "name": self.name,
             "quant": self.quant,
@@ -229,6 +248,7 @@ class ModelChoice:
             "complete": self.complete,
             "files": [f.to_dict() for f in self.files],
             "mmproj": [f.to_dict() for f in self.mmproj],
+            "projector": projector.filename if projector is not None else None,
         }
 
 

@@ -20,6 +20,8 @@ from engine.hub.http import (
     retry_after_seconds,
 )
 from engine.hub.search import (
+    ModelChoice,
+    ModelFile,
     check_filename,
     check_repo_id,
     list_repo_files,
@@ -230,6 +232,28 @@ def test_listing_gives_sizes_hashes_and_quants(hub: FakeHub) -> None:
     assert all(c.complete and len(c.files) == 1 for c in files.choices)
     # the tree is read at the resolved commit, so the listing is consistent
     assert any(f"/tree/{files.commit}" in path for _, path, _ in hub.requests)
+
+
+@pytest.mark.parametrize(
+    ("model", "offered", "chosen"),
+    [
+        ("gemma-3-4b-it-Q4_K_M.gguf", ["mmproj-F32.gguf", "mmproj-BF16.gguf", "mmproj-F16.gguf"], "mmproj-F16.gguf"),
+        (
+            "Q4/SmolVLM2-2.2B-Instruct-Q4_K_M.gguf",
+            ["mmproj-SmolVLM2-500M-f16.gguf", "mmproj-SmolVLM2-2.2B-Instruct-Q8_0.gguf"],
+            "mmproj-SmolVLM2-2.2B-Instruct-Q8_0.gguf",  # the closer name wins over the better type
+        ),
+        ("model-Q4_K_M.gguf", ["mmproj-Q8_0.gguf"], "mmproj-Q8_0.gguf"),
+        ("model-Q4_K_M.gguf", [], None),
+    ],
+    ids=["best-type", "closest-name", "only-one", "none"],
+)
+def test_a_choice_downloads_the_one_projector_a_load_picks(model: str, offered: list[str], chosen: str | None) -> None:
+    files = (ModelFile(model, 1000, None),)
+    choice = ModelChoice(model, "Q4_K_M", files, tuple(ModelFile(n, 10, None, is_mmproj=True) for n in offered))
+    assert (choice.projector.filename if choice.projector else None) == chosen
+    assert choice.to_dict()["projector"] == chosen
+    assert len(choice.to_dict()["mmproj"]) == len(offered)  # all still listed
 
 
 def test_split_parts_are_grouped_and_mmproj_paired(hub: FakeHub) -> None:

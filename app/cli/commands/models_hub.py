@@ -25,7 +25,7 @@ from engine.units import format_bytes, format_eta, format_speed
 if TYPE_CHECKING:
     from engine.fit import FitEstimate
     from engine.hub.download_job import DownloadResult
-    from engine.hub.search import ModelFile, RepoFiles
+    from engine.hub.search import ModelChoice, ModelFile, RepoFiles
     from engine.hub.transfer import DownloadProgress
 
 
@@ -159,7 +159,7 @@ def run_files(args: argparse.Namespace, paths: Paths) -> int:
                 format_bytes(choice.total_size),
                 parts,
                 _FIT_LABELS[fit.verdict] if fit else "?",
-                ", ".join(m.filename for m in choice.mmproj),
+                _projector_cell(choice),
             ]
         )
     _table(rows, out)
@@ -239,8 +239,18 @@ class ProgressPrinter:
         return "  ".join(parts)
 
 
+def _projector_cell(choice: ModelChoice) -> str:
+    """The projector ``--with-mmproj`` fetches, and how many others the repository offers."""
+    projector = choice.projector
+    if projector is None:
+        return ""
+    others = len(choice.mmproj) - 1
+    return projector.filename + (f" (of {others + 1})" if others else "")
+
+
 def select_files(listing: RepoFiles, wanted: str, with_mmproj: bool) -> list[ModelFile]:
-    """The files ``wanted`` names: one file, or every part of a split model; plus its mmproj.
+    """The files ``wanted`` names: one file, or every part of a split model; plus its mmproj (the
+    one a load would pick: ``ModelChoice.projector``).
 
     Raises:
         DownloadError: not in the repository, or a split part is missing there.
@@ -263,8 +273,8 @@ def select_files(listing: RepoFiles, wanted: str, with_mmproj: bool) -> list[Mod
             missing = min(set(range(1, total + 1)) - have)
             raise DownloadError(f"{choice.name}: part {missing} of {total} is missing in {listing.repo}")
         files = list(choice.files)
-    if with_mmproj and choice is not None:
-        files += [m for m in choice.mmproj if m not in files]
+    if with_mmproj and choice is not None and choice.projector is not None and choice.projector not in files:
+        files.append(choice.projector)  # the one a load picks, not every type the repository offers
     return files
 
 

@@ -4,7 +4,7 @@ The downloads adapter keeps the latest snapshot of each download on the GUI thre
 makes the next one with :func:`dataclasses.replace` from a frozen engine report, never changing
 one in place:
 
-* :func:`new_download`: a model choice (every file: split parts and mmproj included) becomes its
+* :func:`new_download`: a model choice (every part of a split model, and the one mmproj a load would use) becomes its
   first snapshot and the download-queue item that remembers it across restarts.
 * :func:`after_progress`: one throttled ``FilesProgress``.
 * :func:`after_outcome` and :func:`after_failure`: the end of a run (complete, cancelled or
@@ -37,7 +37,7 @@ def new_download(
     from engine.hub.model_download import FileJob, model_folder
     from engine.hub.queue import QueueFile, make_item
 
-    listed = (*choice.files, *choice.mmproj)
+    listed = (*choice.files, *((choice.projector,) if choice.projector is not None else ()))  # one projector
     dest = model_folder(models_dir, repo, [f.filename for f in listed])
     files = tuple(FileJob(repo, f.filename, dest, commit or "main", endpoint, f.sha256, f.size or None) for f in listed)
     item = make_item(

@@ -21,6 +21,7 @@ from engine.hub.transfer import DownloadProgress
 
 ROOT = Path(__file__).resolve().parents[3]
 REPO = "acme/tiny-GGUF"
+VISION_REPO = "vera/see-GGUF"
 Q4 = random_bytes(2 * 2**20 + 7, 1)
 PARTS = [random_bytes(300_000, 10 + i) for i in range(3)]
 # Names a Hub answer may carry: a right-to-left override (``…gguf.exe`` disguised), terminal controls.
@@ -43,6 +44,15 @@ def hub() -> Iterator[FakeHub]:
             },
             downloads=9,
             likes=4,
+        )
+        server.add_repo(
+            VISION_REPO,
+            {
+                "see-Q4_K_M.gguf": b"m" * 64,
+                "mmproj-see-F32.gguf": b"3" * 40,
+                "mmproj-see-F16.gguf": b"1" * 20,
+                "mmproj-see-BF16.gguf": b"b" * 20,
+            },
         )
         server.add_repo("acme/other-GGUF", {"o-Q8_0.gguf": b"x" * 10}, downloads=99)
         server.add_repo("acme/pickled", {"pytorch_model.bin": b"pickle"})
@@ -119,6 +129,26 @@ def test_download_of_a_split_model_fetches_every_part_and_the_mmproj(hub: FakeHu
     assert document["path"] == str(tmp_path / "out" / "big" / "tiny-F16-00001-of-00003.gguf")
     for part, data in zip(document["files"], PARTS, strict=False):
         assert Path(part["path"]).read_bytes() == data
+
+
+def test_with_mmproj_fetches_the_one_projector_a_load_picks(hub: FakeHub, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = glassbox(
+        "models", "download", VISION_REPO, "see-Q4_K_M.gguf", "--with-mmproj", "--json", "--to", str(out),
+        home=tmp_path, endpoint=hub.url,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert [Path(f["path"]).name for f in json.loads(result.stdout)["files"]] == [
+        "see-Q4_K_M.gguf",
+        "mmproj-see-F16.gguf",
+    ]
+    assert sorted(p.name for p in out.iterdir()) == ["mmproj-see-F16.gguf", "see-Q4_K_M.gguf"]
+    listing = glassbox("models", "files", VISION_REPO, home=tmp_path, endpoint=hub.url)
+    assert listing.returncode == 0, listing.stderr
+    assert any(line.startswith("see-Q4_K_M.gguf") and line.endswith("mmproj-see-F16.gguf (of 3)")
+               for line in listing.stdout.splitlines())  # fmt: skip
+    document = json.loads(glassbox("models", "files", VISION_REPO, "--json", home=tmp_path, endpoint=hub.url).stdout)
+    assert document["choices"][0]["projector"] == "mmproj-see-F16.gguf"
 
 
 def test_download_finds_a_model_in_the_models_pages_old_folder(hub: FakeHub, tmp_path: Path) -> None:

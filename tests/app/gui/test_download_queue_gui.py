@@ -25,6 +25,7 @@ from app.gui.workers.transfers import Transfer
 from app.paths import Paths
 from engine.hub.partials import partial_paths, read_partial_meta
 from engine.hub.queue import DownloadQueue, QueueFile, make_item
+from engine.units import format_bytes
 
 pytestmark = [pytest.mark.gui, pytest.mark.qt_log_ignore("propagateSizeHints")]
 REPO = "acme/split-GGUF"
@@ -49,7 +50,8 @@ def parts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
 def hub(monkeypatch: pytest.MonkeyPatch, parts: dict[str, bytes]) -> Iterator[FakeHub]:
     with FakeHub() as server:
         server.add_repo(REPO, {**parts, "README.md": b"hi"})
-        server.add_repo(VISION_REPO, {**parts, MMPROJ: MMPROJ_BYTES})
+        # The projector in two types: a download fetches the one a load picks (F16), not both.
+        server.add_repo(VISION_REPO, {**parts, MMPROJ: MMPROJ_BYTES, "mmproj-tiny-F32.gguf": MMPROJ_BYTES * 2})
         monkeypatch.setenv("HF_ENDPOINT", server.url)
         yield server
 
@@ -164,6 +166,9 @@ def test_discard_of_a_split_row_removes_every_partial_and_its_queue_item(
     old_adapter, old_panel = open_panel()
     transfer = start_download(qtbot, old_adapter, old_panel, VISION_REPO)
     assert transfer.label == f"{STEM}.gguf (3 parts + mmproj, {VISION_REPO})"
+    size = old_panel.files.item(0, 2)  # what the download takes: the parts and that projector
+    assert size.text() == format_bytes(sum(len(d) for d in parts.values()) + len(MMPROJ_BYTES))
+    assert MMPROJ in old_panel.files.item(0, 0).toolTip()
     # part 1 done, part 2 running
     qtbot.waitUntil(lambda: latest(old_adapter, transfer).done >= first + 2**19, timeout=20000)
     quit_app(old_adapter, old_panel)
