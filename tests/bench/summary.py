@@ -41,6 +41,7 @@ EXPECTED = (
     "GUI stall while a reply streams and a folder indexes",
     "whole app RSS, idle after the Knowledge page",
     "prefill with Stop armed vs whole chunks",
+    "pool: switch to a resident model vs loading it: TTFT",
 )
 """The budgeted comparisons every full run reports, in this order (others reported follow them)."""
 
