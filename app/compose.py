@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 from urllib.parse import quote, unquote
 
 if TYPE_CHECKING:
+    from app.paths import Paths
     from app.settings import Settings
     from engine.inference.backends import ChatBackend
     from engine.inference.endpoints import Endpoint
@@ -52,6 +53,7 @@ __all__ = [
     "open_remote",
     "open_remote_session",
     "parse_gpu_layers",
+    "projector_choice",
     "projector_for",
     "resolve_gpu_layers",
 ]
@@ -245,6 +247,16 @@ def projector_for(model: Path) -> Path | None:
         except ModelFileError as exc:
             log.info("%s: not used as a projector: %s", path, exc.reason)
     return find_projector(model, fitting)
+
+
+def projector_choice(model: Path, paths: Paths) -> Path | Literal["auto"]:
+    """The projector to load beside ``model``: the one chosen by hand in the profile's library
+    (``engine.library.ModelLibrary.set_projector``: the Models page's Projector), read from its
+    manifest without a scan; else "auto" (the one found beside it: :func:`projector_for`)."""
+    from engine.library import ModelLibrary
+
+    library = ModelLibrary(paths.models, manifest_path=paths.models_manifest, folders_file=paths.model_folders)
+    return library.chosen_projector(model) or "auto"
 
 
 def load_params(model: Path, load: LoadSettings) -> LoadParams:

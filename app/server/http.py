@@ -76,7 +76,7 @@ import signal
 import socket
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
@@ -363,7 +363,7 @@ def _owned_sessions(
     paths: Paths, n_ctx: int, n_threads: int | None, n_gpu_layers: int, machine_bandwidth_gbps: float | None
 ) -> Callable[[Path], ChatSession]:
     """How the server opens a model it owns (the one it starts with, and each one a request names)."""
-    from app.compose import BackendOptions, LoadSettings, load_params, open_local
+    from app.compose import BackendOptions, LoadSettings, load_params, open_local, projector_choice
 
     load = LoadSettings(n_ctx=n_ctx, n_threads=n_threads, gpu_layers=n_gpu_layers)
     # The API's contract: a conversation longer than the window is a 400 context_length_exceeded
@@ -373,7 +373,9 @@ def _owned_sessions(
     )
 
     def open_owned(path: Path) -> ChatSession:
-        return cast("ChatSession", open_local(load_params(path, load), options))
+        # the projector chosen by hand in the library (the Models page's Projector), else the one beside it
+        with_projector = replace(load, mmproj=projector_choice(path, paths))
+        return cast("ChatSession", open_local(load_params(path, with_projector), options))
 
     return open_owned
 

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from app.cli.commands import chat_tools
 from app.cli.commands._output import add_json_flag, positive_int, print_json
-from app.cli.commands.model_resolver import projector_choice, resolve_lora, resolve_model
+from app.cli.commands.model_resolver import resolve_lora, resolve_model
 from app.paths import Paths
 from app.turn import TurnRecord, TurnRequest, run_turn
 from engine.inference.events import Finished, Reasoning, Token
@@ -245,7 +245,7 @@ def run(args: argparse.Namespace, paths: Paths) -> int:
 
 def _local_session(args: argparse.Namespace, paths: Paths) -> ChatBackend:
     """A ChatSession for ``--model`` (a path, a library name or 'starter'). Raises ModelFileError."""
-    from app.compose import BackendOptions, LoadSettings, LocalModel, open_backend, parse_gpu_layers
+    from app.compose import BackendOptions, LoadSettings, LocalModel, open_backend, parse_gpu_layers, projector_choice
 
     model = resolve_model(args.model, paths, for_chat=True)
     try:

@@ -10,21 +10,13 @@ or label.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 from app.paths import Paths
 
 if TYPE_CHECKING:
     from engine.inference.adapters import LoraAdapter
     from engine.library import LibraryEntry
-
-
-def projector_choice(model: Path, paths: Paths) -> Path | Literal["auto"]:
-    """The projector a command loads beside ``model``: the one chosen by hand in the library
-    (the Models page's Projector), else "auto" (the one found beside it: ``app.compose.projector_for``)."""
-    from app.cli.commands.models_library import open_library
-
-    return open_library(paths).chosen_projector(model) or "auto"
 
 
 def resolve_model(spec: str, paths: Paths, *, for_chat: bool = False) -> Path:

@@ -146,8 +146,7 @@ def run_fit(args: argparse.Namespace, paths: Paths) -> int:
         bandwidth: float | None = cached_memory_bandwidth(paths.bandwidth_cache)
     except (OSError, MemoryError):
         bandwidth = None
-    from app.cli.commands.model_resolver import projector_choice
-    from app.compose import projector_for
+    from app.compose import projector_choice, projector_for
 
     chosen = projector_choice(Path(info.path), paths)  # by hand in the library, else the one beside it
     projector_path = projector_for(Path(info.path)) if chosen == "auto" else chosen

@@ -160,6 +160,31 @@ def test_a_model_without_a_projector_answers_400_naming_it(
         assert _ask(client, "still answers text").choices[0].message.content is not None
 
 
+def test_serve_loads_the_projector_chosen_by_hand_in_the_library(
+    tiny_vision_model: tuple[Path, Path], tmp_path: Path
+) -> None:
+    from engine.library import ModelLibrary
+
+    model = _folder(tmp_path / "alone", (tiny_vision_model[0],))
+    projector = tmp_path / "projectors" / "vision-encoder.gguf"  # not beside it: only the choice finds it
+    projector.parent.mkdir()
+    shutil.copy(tiny_vision_model[1], projector)
+    paths = Paths.resolve(tmp_path / "home").ensure()
+    library = ModelLibrary(paths.models, manifest_path=paths.models_manifest, folders_file=paths.model_folders)
+    library.set_projector(model, projector)  # what the Models page's Projector does
+    with start_server(paths, port=0, api_key=KEY, model_path=model, n_ctx=512) as handle:
+        client = _openai(handle)
+        text_only = _ask(client, "What is in this image?")
+        with_image = _ask(
+            client,
+            [
+                {"type": "text", "text": "What is in this image?"},
+                {"type": "image_url", "image_url": {"url": _data_url(_png())}},
+            ],
+        )
+        assert with_image.usage.prompt_tokens - text_only.usage.prompt_tokens >= IMAGE_TOKENS
+
+
 def test_a_remote_backend_passes_images_on(vision_server: ServerHandle) -> None:
     remote = RemoteSession(vision_server.url, None, KEY)
     image = read_media(_png(), name="green.png")
