@@ -270,6 +270,46 @@ def test_regenerate_edit_and_a_branch_keep_the_image(
 
 
 @pytest.mark.model
+def test_a_chats_image_survives_a_restart_and_its_kv_cache_holds_it(
+    qtbot: Any, paths: Paths, tiny_vision_model: tuple[Path, Path], tmp_path: Path
+) -> None:
+    folder = tmp_path / "models" / "owner" / "tiny-vision"
+    folder.mkdir(parents=True)
+    for path in tiny_vision_model:
+        shutil.copy(path, folder / path.name)
+    image = tmp_path / "red.png"
+    image.write_bytes(_png((90, 60)))
+    digest = read_media(image.read_bytes()).digest
+    w = _window(qtbot, paths, folder / tiny_vision_model[0].name)
+    try:
+        w.composer.attachments.add_sources([image])
+        qtbot.waitUntil(lambda: w.composer.attachments.chip_text(digest) == f"{IMAGE_TOKENS} tokens", timeout=60_000)
+        w.composer.edit.setPlainText("What is in this image?")
+        qtbot.keyClick(w.composer.edit, Qt.Key.Key_Return)
+        _wait_reply(qtbot, w)
+        user_id = w.chat.thread_messages[-2].id
+    finally:
+        w.shutdown()
+    # A new session: the chat opens with its image read back from the data folder, shown, and
+    # the next turn's prompt holds it again from the saved KV cache (nothing encoded again).
+    w = _window(qtbot, paths, folder / tiny_vision_model[0].name)
+    try:
+        qtbot.waitUntil(lambda: any(m.id == user_id for m in w.chat.thread_messages), timeout=10_000)
+        user = next(m for m in w.chat.thread_messages if m.id == user_id)
+        assert [m.digest for m in user.media] == [digest] and user.media[0].data == image.read_bytes()
+        card = next(c for c in w.chat_view.findChildren(MessageCard) if c.message.id == user_id)
+        assert card.media_row is not None and digest in card.media_row.captions
+        w.composer.edit.setPlainText("And the colour?")
+        qtbot.keyClick(w.composer.edit, Qt.Key.Key_Return)
+        _wait_reply(qtbot, w)
+        follow = w.chat.thread_messages[-1].stats
+        assert follow is not None and follow["media_tokens"] == IMAGE_TOKENS
+        assert follow["kv_restored_tokens"] > 0 and follow["media_encoded"] == 0
+    finally:
+        w.shutdown()
+
+
+@pytest.mark.model
 def test_a_model_without_a_projector_says_it_cannot_see_images(
     qtbot: Any, paths: Paths, tiny_vision_model: tuple[Path, Path], tmp_path: Path
 ) -> None:
