@@ -512,7 +512,7 @@ class ModelLibrary:
             if isinstance(chosen, str):
                 path = _absolute(Path(chosen))
                 facts = projectors[path][1] if path in projectors else _facts(path)
-            else:
+            if facts is None:  # none chosen, or the chosen file is gone: the one found beside it
                 fitting = [p for p, (_i, f) in projectors.items() if projector_problem(f, info) is None]
                 path = find_projector(entry.path, fitting)
                 facts = projectors[path][1] if path is not None else None
@@ -543,11 +543,13 @@ class ModelLibrary:
 
     def chosen_projector(self, model: Path) -> Path | None:
         """The projector chosen by hand for ``model`` (:meth:`set_projector`), read from the
-        manifest without a scan; None when none was chosen (the one found beside it is used)."""
+        manifest without a scan; None when none was chosen, or the file chosen is gone (the one
+        found beside the model is used then, as :meth:`scan` pairs it)."""
         with self._lock:
             manifest = self._load_manifest()
         chosen = manifest["models"].get(self._key(_absolute(model)), {}).get("mmproj")
-        return _absolute(Path(chosen)) if isinstance(chosen, str) else None
+        path = _absolute(Path(chosen)) if isinstance(chosen, str) else None
+        return path if path is not None and path.is_file() else None
 
     # ---------------------------------------------------------------- provenance and removal
     def record_provenance(self, path: Path, **fields: str | None) -> None:

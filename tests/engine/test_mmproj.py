@@ -93,6 +93,11 @@ def test_the_library_pairs_a_model_with_the_projector_that_fits_it(
     library.set_projector(repo / model.name, None)
     assert library.find(model.name).projector == repo / mmproj.name  # type: ignore[union-attr]
     assert library.chosen_projector(repo / model.name) is None
+    # A chosen file that is gone: the one found beside the model again, in the scan and for a load.
+    library.set_projector(repo / model.name, elsewhere)
+    elsewhere.unlink()
+    assert library.find(model.name).projector == repo / mmproj.name  # type: ignore[union-attr]
+    assert library.chosen_projector(repo / model.name) is None
 
 
 def test_the_fit_verdict_counts_the_projector(tiny_vision_model: tuple[Path, Path]) -> None:
