@@ -121,13 +121,48 @@ def run_list(args: argparse.Namespace, paths: Paths) -> int:
 
 
 def run_info(args: argparse.Namespace, paths: Paths) -> int:
-    """``models info PATH``."""
+    """``models info PATH``: a projector says what it reads; a chat model what it sees, and through
+    which projector."""
     info = _read(args.path, paths)
+    sees, projector = _seeing(info, paths)
     if args.json:
-        print_json(info.to_dict())
+        print_json({**info.to_dict(), "sees": sees, "mmproj": str(projector) if projector else None})
         return 0
-    _out(_key_values(_info_lines(info)))
+    lines = _info_lines(info)
+    where = next(i for i, (key, _v) in enumerate(lines) if key == "runs here")
+    if info.architecture == "clip":
+        lines.insert(where, ("reads", sees or "nothing it can use here"))
+    elif projector is not None:
+        lines.insert(where, ("sees", f"{sees} (through {projector.name})"))
+    elif _is_chat(info):
+        lines.insert(where, ("sees", "text only (no projector beside it)"))
+    _out(_key_values(lines))
     return 0
+
+
+def _seeing(info: GgufInfo, paths: Paths) -> tuple[str, Path | None]:
+    """What ``info`` reads if it is a projector (``("images", None)``), or what a chat model sees and
+    the projector it loads (chosen by hand in the library, else the one beside it); ``""`` for none."""
+    from app.compose import projector_choice, projector_for
+    from engine.errors import ModelFileError
+    from engine.mmproj import read_projector
+
+    try:
+        if info.architecture == "clip":
+            return read_projector(info.path, info).sees, None
+        if not _is_chat(info):
+            return "", None
+        chosen = projector_choice(Path(info.path), paths)
+        projector = projector_for(Path(info.path)) if chosen == "auto" else chosen
+        return (read_projector(projector).sees, projector) if projector is not None else ("", None)
+    except ModelFileError:
+        return "", None
+
+
+def _is_chat(info: GgufInfo) -> bool:
+    from engine.library import model_kind
+
+    return model_kind(info) == "chat"
 
 
 def run_fit(args: argparse.Namespace, paths: Paths) -> int:

@@ -201,10 +201,19 @@ def test_list_and_fit_know_a_vision_model_by_its_projector(
     code, out, _ = _run(capsys, "models", "fit", str(model), "--n-ctx", "512", "--home", str(home))
     assert code == 0 and "+ projector " in out.splitlines()[0]
     assert any(line.startswith("projector:") and mmproj.name in line for line in out.splitlines())
+    # info: the model sees images through its projector; the projector says what it reads.
+    code, out, _ = _run(capsys, "models", "info", str(model), "--home", str(home))
+    assert code == 0 and f"sees:              images (through {mmproj.name})" in out.splitlines()
+    code, out, _ = _run(capsys, "models", "info", str(mmproj), "--home", str(home))
+    assert code == 0 and "reads:             images" in out.splitlines()
+    code, out, _ = _run(capsys, "models", "info", str(model), "--json", "--home", str(home))
+    assert (json.loads(out)["sees"], json.loads(out)["mmproj"]) == ("images", str(mmproj))
     # A text model beside no projector: nothing said, nothing counted.
     alone_path = shutil.copy(model, home / "alone.gguf")
     code, out, _ = _run(capsys, "models", "fit", str(alone_path), "--n-ctx", "512", "--json", "--home", str(home))
     assert json.loads(out)["mmproj"] is None and json.loads(out)["projector_bytes"] == 0
+    code, out, _ = _run(capsys, "models", "info", str(alone_path), "--home", str(home))
+    assert "sees:              text only (no projector beside it)" in out.splitlines()
 
 
 def test_fit_bad_usage_exits_2(home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
