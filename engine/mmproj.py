@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
@@ -46,6 +46,7 @@ class ProjectorFacts:
         projection_dim: the width of the embeddings it makes (the language model's).
         file_size: bytes on disk.
         tensor_bytes: its weights' bytes (loaded beside the model).
+        header: the header it was read from (``engine.fit.projector_bytes`` counts its memory).
     """
 
     path: Path
@@ -58,6 +59,7 @@ class ProjectorFacts:
     projection_dim: int
     file_size: int
     tensor_bytes: int
+    header: GgufInfo | None = field(default=None, compare=False, repr=False)
 
     @property
     def sees(self) -> str:
@@ -112,6 +114,7 @@ def read_projector(path: Path | str, info: GgufInfo | None = None) -> ProjectorF
         projection_dim=width,
         file_size=info.file_size,
         tensor_bytes=info.tensor_bytes,
+        header=info,
     )
 
 

@@ -282,7 +282,8 @@ def _entry_fit(entry: LibraryEntry, hw: HardwareInfo) -> FitEstimate | None:
 
     n_ctx = min(DEFAULT_FIT_CTX, entry.info.context_length or DEFAULT_FIT_CTX)
     try:
-        return estimate_fit(entry.info, hw, n_ctx, projector=_projector_info(entry.projector))
+        projector = entry.projector_facts.header if entry.projector_facts is not None else None
+        return estimate_fit(entry.info, hw, n_ctx, projector=projector)
     except ValueError:
         return None
 

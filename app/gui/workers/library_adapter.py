@@ -182,14 +182,8 @@ class LibraryAdapter(QObject):
         )
 
     def projector_info(self, entry: LibraryEntry) -> GgufInfo | None:
-        """The header of ``entry``'s projector when the scan listed it (None: none, or a file chosen
-        by hand outside the library, which is not read on the GUI thread)."""
-        if entry.projector is None:
-            return None
-        for other in self.entries:
-            if other.path == entry.projector and other.kind == "projector":
-                return other.info
-        return None
+        """The header of ``entry``'s projector, as the scan read it (None: it has none)."""
+        return entry.projector_facts.header if entry.projector_facts is not None else None
 
     def fit_for_size(self, size: int) -> FitEstimate | None:
         """A rough fit verdict for a file not downloaded yet."""

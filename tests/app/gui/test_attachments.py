@@ -339,6 +339,10 @@ def test_a_model_without_a_projector_says_it_cannot_see_images(
 def test_a_projector_chosen_by_hand_on_the_models_page_is_the_one_loaded(
     qtbot: Any, paths: Paths, tiny_vision_model: tuple[Path, Path], tmp_path: Path
 ) -> None:
+    from engine.fit import projector_bytes
+    from engine.gguf import read_gguf_info
+    from engine.units import format_bytes
+
     folder, elsewhere = tmp_path / "models" / "alone", tmp_path / "projectors"
     folder.mkdir(parents=True)
     elsewhere.mkdir()
@@ -367,6 +371,9 @@ def test_a_projector_chosen_by_hand_on_the_models_page_is_the_one_loaded(
         panel.choose_projector_action.trigger()
         qtbot.waitUntil(lambda: arch() == "gemma3, sees images", timeout=10_000)
         assert adapter.projector_of(model) == projector
+        row = panel.library.selectionModel().selectedRows()[0].row()  # its fit counts it, from outside the library
+        size = projector_bytes(read_gguf_info(projector))
+        assert f"+ projector {format_bytes(size)}" in panel.library.item(row, 6).toolTip()
         assert w.model_control.load_request_for(model).mmproj_path == projector
         w.model_control.load_model(model)
         qtbot.waitUntil(lambda: w.chat.model_state is ModelState.LOADED, timeout=120_000)
