@@ -42,23 +42,23 @@ class SharedKnowledge:
 
     def get(self, name: str) -> object:
         """The knowledge base called ``name`` (``KnowledgeBaseError`` when there is none)."""
-        return self._adapter.call("get", name)
+        return self._adapter.calls.get(name)
 
     def searchable(self, names: Sequence[str]) -> list[str]:
         """The names that are this home's own (raises for one that cannot be searched)."""
-        return list(self._adapter.call("searchable", list(names)))
+        return self._adapter.calls.searchable(names)
 
     def pending(self, names: Sequence[str] | None = None) -> int:
         """How many stored chunks of ``names`` wait for their embedding."""
-        return int(self._adapter.call("pending", None if names is None else list(names)))
+        return self._adapter.calls.pending(names)
 
     def rebuild(self, names: Sequence[str] | None = None) -> object:
         """Embeds the chunks of ``names`` still waiting (blocks the server's thread)."""
-        return self._adapter.call("rebuild", None if names is None else list(names))
+        return self._adapter.calls.rebuild(names)
 
     def query_many(self, names: Sequence[str], text: str, *, k: int = 5) -> list[object]:
         """The passages of ``names`` nearest ``text`` (a ``rag.knowledge.Searcher``)."""
-        return list(self._adapter.call("query_many", list(names), text, k=k))
+        return list(self._adapter.calls.query_many(names, text, k=k))
 
     def close(self) -> None:
         """Nothing: the window owns its knowledge process."""

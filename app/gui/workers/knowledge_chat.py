@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from app.gui.workers.chat_retrieval import Retrieved
+from rag.calls import KnowledgeCalls
 
 if TYPE_CHECKING:
     from app.gui.workers.knowledge_queries import KnowledgeQueries
@@ -64,12 +65,12 @@ class ChatSearcher:
         gone = []
         for name in names:
             try:
-                service.call("get", name)
+                KnowledgeCalls(service).get(name)
             except KnowledgeBaseError:
                 gone.append(name)
         if gone:
             try:
-                foreign = set(service.call("foreign"))
+                foreign = set(KnowledgeCalls(service).foreign())
             except KnowledgeBaseError:
                 foreign = set()
             gone = [name for name in gone if name not in foreign]

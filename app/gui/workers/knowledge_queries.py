@@ -17,12 +17,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from PySide6.QtCore import QObject, Signal
 
 from app.gui.tasks import SerialExecutor, describe_error
 from app.gui.workers.knowledge_chat import ChatRetriever, ChatSearcher
+from rag.calls import KnowledgeCalls
 
 if TYPE_CHECKING:
     from app.gui.workers.knowledge_worker import IndexJob
@@ -117,9 +118,10 @@ class KnowledgeQueries(QObject):
         if isinstance(self.service, KnowledgeService):
             self.service.idle_stop_s = seconds
 
-    def call(self, method: str, *args: object, **kwargs: Any) -> Any:
-        """Runs one ``rag.service`` call (blocks: call from a worker thread only)."""
-        return self.service.call(method, *args, **kwargs)
+    @property
+    def calls(self) -> KnowledgeCalls:
+        """The knowledge process's calls, typed (each blocks: call them from a worker thread only)."""
+        return KnowledgeCalls(self.service)
 
     def _submit(
         self,
@@ -144,7 +146,7 @@ class KnowledgeQueries(QObject):
     # ------------------------------------------------------------------ reads
     def refresh(self) -> None:
         """Reloads the KB list."""
-        self._submit(self._query, lambda: self.call("list"), self._on_listed, self._fail("Knowledge"))
+        self._submit(self._query, lambda: self.calls.list(), self._on_listed, self._fail("Knowledge"))
 
     def list_names(self) -> None:
         """Lists the knowledge bases' names (``names_listed``): read from the registry file without
@@ -176,7 +178,7 @@ class KnowledgeQueries(QObject):
         def loaded(docs: list[DocumentRecord]) -> None:
             self.documents_changed.emit(name, docs)
 
-        self._submit(self._query, lambda: self.call("documents", name), loaded, self._fail(name))
+        self._submit(self._query, lambda: self.calls.documents(name), loaded, self._fail(name))
 
     def test_query(self, names: Sequence[str], text: str, k: int = 8) -> None:
         """Runs a retrieval and reports passages with their scores (query_finished)."""
@@ -185,9 +187,7 @@ class KnowledgeQueries(QObject):
         def found(passages: list[Passage]) -> None:
             self.query_finished.emit(text, passages)
 
-        self._submit(
-            self._query, lambda: self.call("query_many", chosen, text, k=k), found, self._fail("Test retrieval")
-        )
+        self._submit(self._query, lambda: self.calls.query_many(chosen, text, k=k), found, self._fail("Test retrieval"))
 
     # ------------------------------------------------------------------ chat
     def chat_retriever(self, names: Sequence[str]) -> ChatRetriever:

@@ -96,8 +96,7 @@ class KnowledgeAdapter(KnowledgeQueries):
             # model loading) waits for their first use.
             if known_healthy(self.root / CHROMA_FOLDER) and not Registry.has_pending(self.root / REGISTRY_FILE):
                 return None, 0
-            recovered, pending = self.call("status")
-            return recovered, int(pending)
+            return self.calls.status()
 
         def done(result: tuple[StoreRecovery | None, int]) -> None:
             recovery, pending = result
@@ -114,7 +113,7 @@ class KnowledgeAdapter(KnowledgeQueries):
         label = "Rebuilding the document index" if self.recovery is not None else "Finishing the document index"
         job = IndexJob("", label)
         return self._run_job(
-            job, lambda progress: self.call("rebuild", progress=progress, cancel=job.cancel, pause=job.pause), None
+            job, lambda progress: self.calls.rebuild(progress=progress, cancel=job.cancel, pause=job.pause), None
         )
 
     # ------------------------------------------------------------------ writes (ordered)
@@ -147,18 +146,16 @@ class KnowledgeAdapter(KnowledgeQueries):
             if on_error is not None:
                 on_error(message)
 
-        method = "create_unique" if unique else "create"
-        self._submit(self._index, lambda: self.call(method, name), done, failed)
+        create = self.calls.create_unique if unique else self.calls.create
+        self._submit(self._index, lambda: create(name), done, failed)
 
     def ensure(self, name: str) -> None:
         """Creates ``name`` if it does not exist (queued before the jobs that need it)."""
-        self._submit(self._index, lambda: self.call("ensure", name), None, self._fail(f"Create {name}"))
+        self._submit(self._index, lambda: self.calls.ensure(name), None, self._fail(f"Create {name}"))
 
     def drop(self, name: str) -> None:
         """Deletes a knowledge base's index (never the user's files)."""
-        self._submit(
-            self._index, lambda: self.call("drop", name), lambda _r: self.refresh(), self._fail(f"Drop {name}")
-        )
+        self._submit(self._index, lambda: self.calls.drop(name), lambda _r: self.refresh(), self._fail(f"Drop {name}"))
 
     def add(self, name: str, paths: Sequence[Path], on_done: Callable[[IngestReport], None] | None = None) -> IndexJob:
         """Indexes files or folders into ``name``; returns the job (pause/cancel it through its events)."""
@@ -167,7 +164,7 @@ class KnowledgeAdapter(KnowledgeQueries):
         job = IndexJob(name, f"Adding {label} to {name}")
         return self._run_job(
             job,
-            lambda progress: self.call("add", name, files, progress=progress, cancel=job.cancel, pause=job.pause),
+            lambda progress: self.calls.add(name, files, progress=progress, cancel=job.cancel, pause=job.pause),
             on_done,
         )
 
@@ -176,7 +173,7 @@ class KnowledgeAdapter(KnowledgeQueries):
         job = IndexJob(name, f"Re-indexing {name}")
         return self._run_job(
             job,
-            lambda progress: self.call("reindex", name, progress=progress, cancel=job.cancel, pause=job.pause),
+            lambda progress: self.calls.reindex(name, progress=progress, cancel=job.cancel, pause=job.pause),
             None,
         )
 
@@ -187,7 +184,7 @@ class KnowledgeAdapter(KnowledgeQueries):
             self.load_documents(name)
             self.refresh()
 
-        self._submit(self._index, lambda: self.call("remove", name, path), done, self._fail(f"Remove {path.name}"))
+        self._submit(self._index, lambda: self.calls.remove(name, path), done, self._fail(f"Remove {path.name}"))
 
     def _run_job(
         self,
