@@ -143,7 +143,10 @@ def test_stop_while_searching_ends_the_turn_before_the_model_is_asked(
     reply = finish(qtbot, adapter)
     assert reply.state == "partial" and reply.content == ""
     service.release.set()  # the search ends after the stop: its passages are ignored
-    qtbot.wait(200)
+    # The query thread answers in order: once a job queued after the search is back, so is the search.
+    behind: list[object] = []
+    knowledge.submit_query(lambda: "after the search", behind.append, behind.append)
+    qtbot.waitUntil(lambda: behind == ["after the search"], timeout=5000)
     assert requests == [] and sessions[-1].calls == []
     assert not adapter.busy and adapter.state is ChatState.IDLE
 

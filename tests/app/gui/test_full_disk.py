@@ -304,8 +304,7 @@ def test_a_reply_written_while_the_disk_fills_is_saved_whole_when_space_returns(
     assert expected.startswith(row.content)
     assert w.history.unsaved == 1
     refused = disk.refused
-    qtbot.wait(500)
-    assert disk.refused > refused  # it keeps trying while the disk is full
+    qtbot.waitUntil(lambda: disk.refused > refused, timeout=5000)  # it keeps trying while the disk is full
     assert stored_messages(paths)[-1].state == "pending"  # and is not marked saved meanwhile
 
     disk.full = False  # space comes back: the timer saves it

@@ -65,11 +65,14 @@ def test_breadcrumb_from_a_crashed_load_starts_safe_mode(qtbot: Any, paths: Path
         probe_bandwidth=False,
     )
     qtbot.addWidget(w)
+    requested: list[object] = []
+    w.chat.load_requested.connect(requested.append)
     w.show()
     w.start()
     qtbot.waitUntil(lambda: w.header.model_bar.picker.count() == 1, timeout=5000)
-    qtbot.wait(200)
-    assert loaded == []  # nothing was auto-loaded
+    # The picker is filled and the start-up load decided in one slot: by now a load would be asked.
+    qtbot.waitUntil(lambda: "Safe mode" in w.composer.state_label.text(), timeout=5000)
+    assert requested == [] and loaded == []  # nothing was auto-loaded
     assert w.banner.isVisible()
     assert "fake-model.gguf" in w.banner.text()
     assert "Safe mode" in w.composer.state_label.text()
