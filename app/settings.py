@@ -136,6 +136,10 @@ class Settings(BaseModel):
     """Speculative decoding for models without a draft model: prompt lookup, or none."""
     draft_models: dict[str, str] = Field(default_factory=dict)
     """Per chat model (its GGUF path): a smaller model of the same vocabulary that drafts for it."""
+    models_kept_loaded: int = Field(default=1, ge=1, le=8)
+    """Local chat models the window keeps loaded, the chat's included: choosing one of them again
+    is a switch, not a load (each holds its memory; the least recently used goes first, and when
+    the next model would not fit). 1 keeps only the chat's model."""
     knowledge_idle_minutes: float = Field(default=3.0, ge=0.0, le=1440.0)
     """The knowledge process (torch, the embedding model, Chroma: ~600 MB) stops after this long
     with nothing asked of it, and starts again on the next use; 0 keeps it until the app closes."""

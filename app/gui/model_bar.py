@@ -89,6 +89,10 @@ class ModelBarWidget(QWidget):
         self.picker.setAccessibleDescription("The model to chat with; choosing one loads it")
         self.picker.setPlaceholderText("No models yet")
         row.addWidget(self.picker, 1)
+        self.resident = QLabel()  # the models kept loaded beside the chat's (hidden when none)
+        self.resident.setObjectName("residentModels")
+        self.resident.setVisible(False)
+        row.addWidget(self.resident)
         self.load_button = QPushButton("Load")
         self.load_button.setToolTip("Load the selected model (Ctrl+L)")
         self.load_button.setAccessibleDescription(
@@ -186,6 +190,7 @@ class ModelController(QObject):
         chat.model_state_changed.connect(self._on_chat_model_state_changed)
         chat.model_loaded.connect(self._on_chat_model_loaded)
         chat.bandwidth_measured.connect(self._on_chat_bandwidth_measured)
+        chat.resident_models_changed.connect(self._on_chat_resident_models_changed)
         models.library_changed.connect(self._on_models_library_changed)
 
     def start(self) -> None:
@@ -351,6 +356,7 @@ class ModelController(QObject):
             draft_model_path=draft_for(settings, path) if isinstance(path, Path) else None,
             # the projector the library pairs it with (chosen by hand on the Models page, or found)
             mmproj_path=self.models_adapter.library.projector_of(path) if isinstance(path, Path) else None,
+            keep_loaded=settings.models_kept_loaded,
         )
 
     def load_model(self, path: Path | RemoteModel) -> None:
@@ -433,6 +439,24 @@ class ModelController(QObject):
             self._other_apps_note = f"Models from {names} were found here: open Models → Library to use them."
             self.notices.show_status(self._other_apps_note, 20000)
 
+    @Slot(object)
+    def _on_chat_resident_models_changed(self, labels: list[str]) -> None:
+        """The models kept loaded beside the chat's, named after the picker: choosing one is a switch."""
+        label = self.bar.resident
+        label.setVisible(bool(labels))
+        if not labels:
+            label.clear()
+            return
+        names = ", ".join(labels)
+        more = f" and {len(labels) - 1} more" if len(labels) > 1 else ""
+        label.setText(shown(f"Also loaded: {labels[0]}{more}"))
+        label.setToolTip(
+            plain_tooltip(
+                f"Kept loaded: {names}. Choosing one of them is instant; each holds its memory "
+                "(Settings → Models kept loaded). Eject unloads them all."
+            )
+        )
+
     @Slot(float)
     def _on_chat_bandwidth_measured(self, gbps: float) -> None:
         self.models_adapter.library.bandwidth_gbps = gbps
@@ -455,7 +479,10 @@ class ModelController(QObject):
         self.inspector.set_cpu_backend(cpu_backend, loaded.backend_note)
         note = self._other_apps_note  # said once more, or the load message would hide it
         self._other_apps_note = ""
-        loaded_text = f"Loaded {loaded.label} in {loaded.load_ms / 1000:.1f} s"
+        if loaded.kept:
+            loaded_text = f"Switched to {loaded.label} in {loaded.load_ms:.0f} ms: it was kept loaded"
+        else:
+            loaded_text = f"Loaded {loaded.label} in {loaded.load_ms / 1000:.1f} s"
         if loaded.draft_path is not None:
             loaded_text += f", {loaded.draft_path.name} drafting for it"
         self.notices.show_status(f"{loaded_text} · {note}" if note else loaded_text, 20000 if note else 8000)

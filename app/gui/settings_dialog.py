@@ -197,6 +197,16 @@ class SettingsDialog(QDialog):
         )
         form.addRow("Stop document search after:", self.knowledge_idle)
 
+        self.kept_loaded = QSpinBox()
+        self.kept_loaded.setRange(1, 8)
+        self.kept_loaded.setValue(settings.models_kept_loaded)
+        self.kept_loaded.setAccessibleName("Models kept loaded")
+        self.kept_loaded.setToolTip(
+            "Local models kept loaded, the chat's included: choosing one of them again is instant. Each "
+            "holds its memory; the least recently used is unloaded first, and when the next would not fit"
+        )
+        form.addRow("Models kept loaded:", self.kept_loaded)
+
         self.theme = QComboBox()
         for label, value in (("Follow the system", "system"), ("Light", "light"), ("Dark", "dark")):
             self.theme.addItem(label, value)
@@ -306,6 +316,7 @@ class SettingsDialog(QDialog):
                 "default_system_prompt": self.system_prompt.toPlainText().strip(),
                 "embedding_model": self.embedder.text().strip(),
                 "knowledge_idle_minutes": float(self.knowledge_idle.value()),
+                "models_kept_loaded": self.kept_loaded.value(),
                 "theme": self.theme.currentData(),
                 "auto_load_model": self.auto_load.isChecked(),
                 "api_server_enabled": self.server_enabled.isChecked(),

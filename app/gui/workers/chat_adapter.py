@@ -81,6 +81,7 @@ class ChatAdapter(ChatSignals):
         worker.generation_failed.connect(turns.on_failed)
         worker.prompt_view_ready.connect(self.prompt_view_updated)
         worker.bandwidth_measured.connect(self.bandwidth_measured)
+        worker.resident_changed.connect(self.resident_models_changed)
         worker.reasoning_received.connect(self.agent.on_reasoning)
         worker.agent_recorded.connect(self.agent.on_record)
         worker.approval_requested.connect(self.agent.on_approval)

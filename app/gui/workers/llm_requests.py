@@ -44,6 +44,9 @@ class LoadRequest:
             decoding (``settings.draft_models``); refused by the engine, the model loads without it.
         mmproj_path: the projector loaded beside it (the library's choice), "auto" (the one found
             beside it: ``app.compose.projector_for``) or None (text only).
+        keep_loaded: how many local models the worker keeps loaded, this one included (Settings'
+            ``models_kept_loaded``; ``app.gui.workers.resident_models``): the chat's model until now
+            stays loaded beside this one when it fits, and loading it again is a switch.
     """
 
     model_path: Path | RemoteModel
@@ -60,6 +63,7 @@ class LoadRequest:
     kv_cache_max_bytes: int = 0
     draft_model_path: Path | None = None
     mmproj_path: Path | Literal["auto"] | None = "auto"
+    keep_loaded: int = field(default=1, compare=False)
     cancel: threading.Event = field(default_factory=threading.Event, compare=False)
 
 
@@ -115,6 +119,7 @@ class LoadedModel:
     thinking_controls: tuple[str, ...] = ()  # the template's switches (enable_thinking, reasoning_effort)
     draft_path: Path | None = None  # the draft model loaded with it (speculative decoding)
     draft_note: str | None = None  # one line: why the draft model asked for was not used
+    kept: bool = False  # it was kept loaded: switched to (``load_ms`` is the switch), not loaded again
 
 
 class ReasoningSummary(TypedDict):

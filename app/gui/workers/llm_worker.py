@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +38,8 @@ from app.gui.workers.llm_requests import (
     MediaInfoRequest,
     ReasoningSummary,
 )
+from app.gui.workers.model_routing import RoutingSessionFactory
+from app.gui.workers.resident_models import Kept, ResidentModels
 from app.gui.workers.speculative import ReplyTokens
 from app.turn import TurnEvent, run_turn
 from engine.errors import EngineError
@@ -59,7 +62,9 @@ class LlmWorker(QObject):
     Signals:
         model_loaded(object): a :class:`LoadedModel`.
         model_load_failed(object): the exception (EngineError, OSError, ...).
-        model_unloaded(): the session was closed.
+        model_unloaded(): the session was closed (and every model kept loaded beside it).
+        resident_changed(object): the labels of the models kept loaded beside the chat's
+            (``resident_models.ResidentModels``), most recently used first.
         prefill_progressed(int, int, int): request id, tokens evaluated, total new tokens.
         tokens_received(int, str, int): request id, coalesced text delta, number of tokens in it.
         generation_finished(object): a :class:`GenerationOutcome`.
@@ -77,6 +82,7 @@ class LlmWorker(QObject):
     model_loaded = Signal(object)
     model_load_failed = Signal(object)
     model_unloaded = Signal()
+    resident_changed = Signal(object)
     prefill_progressed = Signal(int, int, int)
     tokens_received = Signal(int, str, int)
     generation_finished = Signal(object)
@@ -93,6 +99,8 @@ class LlmWorker(QObject):
         super().__init__()
         self._factory = session_factory or default_session_factory
         self._session: ChatBackend | None = None
+        self._current: Kept | None = None  # the chat's model, as it would be kept
+        self._resident = ResidentModels()
         self._bandwidth: float | None = None
         self._bandwidth_done = False
         self._toolsets = ToolsetCache()
@@ -100,8 +108,10 @@ class LlmWorker(QObject):
     # slots (run on the worker thread) --------------------------------------------------
     @Slot(object)
     def _on_load_requested(self, request: LoadRequest) -> None:
-        self._close_session()
         started = time.perf_counter()
+        asked = request
+        if self._switch_to_kept(request, started):
+            return
         if request.breadcrumb is not None:
             write_breadcrumb(request.breadcrumb, "load model", request.model_path)
         try:
@@ -122,19 +132,20 @@ class LlmWorker(QObject):
         local = session.local
         note = local.backend_note if local is not None else None
         controls = tuple(sorted(session.thinking_controls))
-        self.model_loaded.emit(
-            LoadedModel(
-                request.model_path,
-                label,
-                info,
-                load_ms,
-                self._bandwidth,
-                note,
-                controls,
-                request.draft_model_path,
-                draft_note,
-            )
+        loaded = LoadedModel(
+            request.model_path,
+            label,
+            info,
+            load_ms,
+            self._bandwidth,
+            note,
+            controls,
+            request.draft_model_path,
+            draft_note,
         )
+        memory = self._resident.memory_of(asked) if asked.keep_loaded > 1 and local is not None else None
+        self._current = Kept(asked, session, loaded, memory or 0) if memory is not None else None
+        self.model_loaded.emit(loaded)
         if not self._bandwidth_done and request.bandwidth_cache is not None:
             # After the load, so the first reply is not delayed; cached for later runs.
             self._bandwidth = measure_bandwidth(request.bandwidth_cache)
@@ -143,6 +154,25 @@ class LlmWorker(QObject):
                 if local is not None:
                     local.machine_bandwidth_gbps = self._bandwidth
                 self.bandwidth_measured.emit(self._bandwidth)
+
+    def _switch_to_kept(self, request: LoadRequest, started: float) -> bool:
+        """Lets the chat's model go (kept loaded, when the setting allows and it fits, else closed);
+        when ``request`` names a model kept loaded, makes it the chat's at once and says so."""
+        self._close_tools()
+        kept = self._resident.take(request)
+        current, self._current = self._current, None
+        if current is None:
+            self._close_session()
+        self._session = None
+        self._resident.keep(current, request.keep_loaded, None if kept is not None else request)
+        if kept is not None:
+            self._session, self._current = kept.session, kept
+            if isinstance(self._factory, RoutingSessionFactory):
+                self._factory.last_session = kept.session  # the chat's session (ModelSlot.session)
+            switch_ms = (time.perf_counter() - started) * 1000
+            self.model_loaded.emit(replace(kept.loaded, load_ms=switch_ms, kept=True))
+        self.resident_changed.emit(self._resident.labels())
+        return kept is not None
 
     @Slot(object)
     def _on_media_info_requested(self, request: MediaInfoRequest) -> None:
@@ -161,8 +191,9 @@ class LlmWorker(QObject):
 
     @Slot()
     def _on_unload_requested(self) -> None:
-        self._close_session()
+        self._close_all()
         self.model_unloaded.emit()
+        self.resident_changed.emit([])
 
     @Slot(object)
     def _on_generate_requested(self, request: GenerateRequest) -> None:
@@ -214,13 +245,22 @@ class LlmWorker(QObject):
 
     @Slot()
     def _on_shutdown_requested(self) -> None:
-        self._close_session()
+        self._close_all()
 
-    def _close_session(self) -> None:
+    def _close_all(self) -> None:
+        """Closes the chat's model and every model kept loaded beside it."""
+        self._close_tools()
+        self._close_session()
+        self._resident.close_all()
+
+    def _close_tools(self) -> None:
         try:
             self._toolsets.close()  # the MCP servers the chat's tools started
         except Exception as exc:  # noqa: BLE001 - closing must never raise into Qt
             log.warning("closing the tools failed: %s", exc)
+
+    def _close_session(self) -> None:
+        self._current = None
         session, self._session = self._session, None
         if session is not None:
             try:
@@ -230,8 +270,10 @@ class LlmWorker(QObject):
 
     def kill_for_shutdown(self) -> None:
         """Last resort at exit when the thread did not stop in time: kill the inference child."""
-        local = self._session.local if self._session is not None else None
-        if local is not None:
+        sessions = [self._session, *self._resident.sessions()]
+        for local in (s.local for s in sessions if s is not None):
+            if local is None:
+                continue
             try:
                 local.kill_worker(timeout=1.0)
             except Exception as exc:  # noqa: BLE001 - best effort at exit

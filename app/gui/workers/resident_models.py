@@ -1,0 +1,168 @@
+"""The local models the LLM worker keeps loaded beside the chat's, so that switching back to one
+is instant (Settings → "Models kept loaded"; 1, the default, keeps none).
+
+Runs on the ``glassbox-llm`` thread only (no lock). A model leaves, least recently used first, when
+more are kept than the setting allows or when, with the one about to load, their memory (the fit
+estimator's, as ``engine.inference.pool`` counts it) would exceed what the machine has free
+(``engine.fit.memory_budget``, probed then) plus what the kept models hold. A kept
+model whose worker died is closed when it is asked for, and the load goes on as if it were not kept.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from app.gui.workers.llm_requests import LoadedModel, LoadRequest
+    from engine.inference.backends import ChatBackend
+
+log = logging.getLogger(__name__)
+
+MemoryOf = Callable[["LoadRequest"], "int | None"]
+"""A model's memory in bytes for its load request (None: unknown, the model is not kept)."""
+
+
+@dataclass
+class Kept:
+    """One model kept loaded: the request that loaded it, its session and what its load said."""
+
+    request: LoadRequest
+    session: ChatBackend
+    loaded: LoadedModel
+    memory: int
+
+
+def _same_load(a: LoadRequest, b: LoadRequest) -> bool:
+    """The same model loaded the same way (the parameters that change what is loaded)."""
+    return (
+        a.model_path,
+        a.n_ctx,
+        a.n_threads,
+        a.n_gpu_layers,
+        a.overflow_policy,
+        a.reply_reserve,
+        a.draft_model_path,
+        a.mmproj_path,
+        a.kv_cache_dir,
+        a.kv_cache_max_bytes,
+    ) == (
+        b.model_path,
+        b.n_ctx,
+        b.n_threads,
+        b.n_gpu_layers,
+        b.overflow_policy,
+        b.reply_reserve,
+        b.draft_model_path,
+        b.mmproj_path,
+        b.kv_cache_dir,
+        b.kv_cache_max_bytes,
+    )
+
+
+def _alive(session: ChatBackend) -> bool:
+    local = session.local
+    worker = getattr(local, "worker", None)
+    return bool(worker is not None and worker.alive)
+
+
+class ResidentModels:
+    """The models kept loaded besides the chat's, least recently used first.
+
+    Args:
+        memory_of: a model's memory for its load request (default: the fit estimator's).
+        budget: the memory free now (default: the machine's, probed each time a model is kept
+            beside a load).
+    """
+
+    def __init__(self, memory_of: MemoryOf | None = None, budget: Callable[[], int] | None = None) -> None:
+        self._memory_of = memory_of or estimated_memory
+        self._budget = budget or machine_budget
+        self._kept: list[Kept] = []
+        self.closed: list[str] = []  # the labels of the models let go, and why (for the log and tests)
+
+    def memory_of(self, request: LoadRequest) -> int | None:
+        """The memory a model takes loaded by ``request`` (None: unknown; it is not kept)."""
+        return self._memory_of(request)
+
+    def labels(self) -> list[str]:
+        """The models kept, most recently used first (for the model bar)."""
+        return [k.loaded.label for k in reversed(self._kept)]
+
+    def take(self, request: LoadRequest) -> Kept | None:
+        """The kept model ``request`` loads, taken out of the set (None: it is not kept, or its
+        worker died: then it is closed)."""
+        for kept in self._kept:
+            if _same_load(kept.request, request):
+                self._kept.remove(kept)
+                if _alive(kept.session):
+                    return kept
+                self._close(kept, "its worker process died")
+                return None
+        return None
+
+    def keep(self, kept: Kept | None, limit: int, coming: LoadRequest | None) -> None:
+        """Keeps ``kept`` (the chat's model until now) if ``limit`` allows, then lets the least
+        recently used go while more than ``limit - 1`` are kept or, with ``coming`` (the model about
+        to load), their memory would exceed the budget."""
+        if kept is not None:
+            if limit > 1 and _alive(kept.session):
+                self._kept.append(kept)
+            else:
+                self._close(kept, "Settings keep no other model loaded" if limit <= 1 else "its worker process died")
+        need = 0
+        if coming is not None and self._kept:
+            known = self._memory_of(coming)
+            need = known if known is not None else 0
+        # what is free now, plus what the kept models hold (letting them go frees it)
+        budget = self._budget() + sum(k.memory for k in self._kept) if self._kept else 0
+        while self._kept and (len(self._kept) > max(limit - 1, 0) or sum(k.memory for k in self._kept) + need > budget):
+            oldest = self._kept[0]
+            why = "more than the models kept loaded" if len(self._kept) > limit - 1 else "memory for the next one"
+            self._kept.remove(oldest)
+            self._close(oldest, why)
+
+    def sessions(self) -> list[ChatBackend]:
+        return [k.session for k in self._kept]
+
+    def close_all(self, why: str = "unloaded") -> None:
+        while self._kept:
+            self._close(self._kept.pop(), why)
+
+    def _close(self, kept: Kept, why: str) -> None:
+        self.closed.append(f"{kept.loaded.label}: {why}")
+        log.info("unloading %s: %s", kept.loaded.label, why)
+        try:
+            kept.session.close()
+        except Exception as exc:  # noqa: BLE001 - closing must never raise into the worker's slot
+            log.warning("closing %s failed: %s", kept.loaded.label, exc)
+
+
+def estimated_memory(request: LoadRequest) -> int | None:
+    """The fit estimator's memory for a local model's load (None for a remote one or an unreadable
+    file: it is not kept)."""
+    from pathlib import Path
+
+    if not isinstance(request.model_path, Path):
+        return None
+    from app.compose import LoadSettings, load_params
+    from engine.errors import EngineError
+    from engine.inference.pool import estimate_memory
+
+    mmproj = request.mmproj_path if isinstance(request.mmproj_path, Path) else None
+    load = LoadSettings(request.n_ctx, request.n_threads, 0, request.draft_model_path, mmproj)
+    try:
+        return estimate_memory(load_params(request.model_path, load)).total
+    except (EngineError, OSError, ValueError) as exc:
+        log.info("the memory of %s is unknown: %s", request.model_path, exc)
+        return None
+
+
+def machine_budget() -> int:
+    """The RAM and VRAM free now, less the fit estimator's reserve (``engine.fit.memory_budget``)."""
+    from engine.fit import memory_budget
+    from engine.hardware import probe_hardware
+
+    return memory_budget(probe_hardware())

@@ -1,0 +1,227 @@
+"""Models kept loaded in the window (issue 26; Settings' ``models_kept_loaded``): the LLM worker on
+the real engine keeps the chat's model loaded beside the next one, so choosing it again is a
+switch (the same worker process, no load); the least recently used goes past the count or when the
+next would not fit; a kept model whose worker died is loaded again; Eject unloads them all. The
+window's model bar lists what is kept, and the status bar says a switch was one."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from gui_support import make_window
+
+from app.gui.workers.chat_state import ModelState
+from app.gui.workers.llm_loading import default_session_factory
+from app.gui.workers.llm_requests import GenerateRequest, LoadedModel, LoadRequest
+from app.gui.workers.llm_worker import LlmWorker
+from app.gui.workers.model_routing import model_label
+from app.gui.workers.resident_models import ResidentModels
+from app.paths import Paths
+from app.settings import Settings
+from app.turn import TurnRequest
+from engine.inference.runtime import GenerationParams
+
+pytestmark = [pytest.mark.model]
+
+GREEDY = GenerationParams(max_tokens=6, temperature=0.0)
+
+
+class Recorder:
+    """The worker's signals, and the sessions its factory built."""
+
+    def __init__(self, worker: LlmWorker) -> None:
+        self.loaded: list[LoadedModel] = []
+        self.failed: list[BaseException] = []
+        self.resident: list[list[str]] = []
+        self.texts: list[str] = []
+        worker.model_loaded.connect(self.loaded.append)
+        worker.model_load_failed.connect(self.failed.append)
+        worker.resident_changed.connect(self.resident.append)
+        worker.generation_finished.connect(lambda outcome: self.texts.append(outcome.text))
+        worker.generation_failed.connect(lambda _rid, exc: self.failed.append(exc))
+
+
+@pytest.fixture
+def make_worker() -> Iterator[Callable[..., tuple[LlmWorker, Recorder, list[Any]]]]:
+    workers: list[LlmWorker] = []
+
+    def make(**resident: Any) -> tuple[LlmWorker, Recorder, list[Any]]:
+        built: list[Any] = []
+
+        def factory(request: LoadRequest, bandwidth: float | None) -> Any:
+            session = default_session_factory(request, bandwidth)
+            built.append(session)
+            return session
+
+        worker = LlmWorker(factory)
+        if resident:
+            worker._resident = ResidentModels(**resident)
+        workers.append(worker)
+        return worker, Recorder(worker), built
+
+    yield make
+    for worker in workers:
+        worker._on_shutdown_requested()
+
+
+def _request(path: Path, keep: int) -> LoadRequest:
+    label = path.stem
+    return LoadRequest(model_path=path, n_ctx=512, reply_reserve=64, label=label, keep_loaded=keep, mmproj_path=None)
+
+
+def _pid(session: Any) -> int:
+    pid = session.local.worker_pid
+    assert pid is not None
+    return int(pid)
+
+
+def _dead(pid: int) -> bool:
+    return not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def _wait_dead(pid: int) -> None:
+    deadline = time.monotonic() + 30
+    while not _dead(pid):
+        assert time.monotonic() < deadline, f"worker {pid} still running"
+        time.sleep(0.05)
+
+
+def _reply(worker: LlmWorker, rec: Recorder) -> str:
+    worker._on_generate_requested(GenerateRequest(1, TurnRequest((), "Name a river.", GREEDY)))
+    assert not rec.failed, rec.failed
+    return rec.texts[-1]
+
+
+def test_a_model_kept_loaded_is_switched_to_without_a_load(
+    make_worker: Callable[..., Any], starter_model: Path, tiny_model: Callable[[str], Path]
+) -> None:
+    tiny = tiny_model("qwen3")
+    worker, rec, built = make_worker()
+    worker._on_load_requested(_request(starter_model, 2))
+    first = _reply(worker, rec)
+    starter_pid = _pid(built[0])
+    worker._on_load_requested(_request(tiny, 2))
+    assert not rec.failed, rec.failed
+    assert rec.resident[-1] == [starter_model.stem]  # kept beside the tiny one
+    assert not _dead(starter_pid)
+    tiny_pid = _pid(built[1])
+    worker._on_load_requested(_request(starter_model, 2))
+    assert len(built) == 2  # nothing was loaded: the kept session is the chat's again
+    switched = rec.loaded[-1]
+    assert switched.kept and not rec.loaded[0].kept and switched.label == starter_model.stem
+    assert switched.info == rec.loaded[0].info
+    assert rec.resident[-1] == [tiny.stem]
+    assert _pid(built[0]) == starter_pid and not _dead(tiny_pid)
+    assert _reply(worker, rec) == first  # the same model answers, greedy
+    worker._on_unload_requested()  # Eject: every model
+    assert rec.resident[-1] == []
+    _wait_dead(starter_pid)
+    _wait_dead(tiny_pid)
+
+
+def test_with_one_model_kept_the_last_one_is_closed_as_before(
+    make_worker: Callable[..., Any], starter_model: Path, tiny_model: Callable[[str], Path]
+) -> None:
+    tiny = tiny_model("qwen3")
+    worker, rec, built = make_worker()
+    worker._on_load_requested(_request(starter_model, 1))
+    starter_pid = _pid(built[0])
+    worker._on_load_requested(_request(tiny, 1))
+    _wait_dead(starter_pid)
+    assert rec.resident[-1] == []
+    worker._on_load_requested(_request(starter_model, 1))
+    assert len(built) == 3 and not rec.loaded[-1].kept  # loaded again
+
+
+def test_the_least_recently_used_goes_past_the_count_and_when_the_next_would_not_fit(
+    make_worker: Callable[..., Any], starter_model: Path, tiny_model: Callable[[str], Path]
+) -> None:
+    qwen, llama = tiny_model("qwen3"), tiny_model("llama3")
+    worker, rec, built = make_worker()
+    pids = []
+    for path in (starter_model, qwen, llama):
+        worker._on_load_requested(_request(path, 2))
+        pids.append(_pid(built[-1]))
+    assert not rec.failed, rec.failed
+    assert rec.resident[-1] == [qwen.stem]  # two kept at most: the starter went
+    _wait_dead(pids[0])
+    assert not _dead(pids[1])
+    assert worker._resident.closed == [f"{starter_model.stem}: more than the models kept loaded"]
+
+    tight, rec, built = make_worker(budget=lambda: 0)  # nothing free: the next never fits beside one
+    tight._on_load_requested(_request(starter_model, 3))
+    starter_pid = _pid(built[0])
+    tight._on_load_requested(_request(qwen, 3))
+    assert not rec.failed, rec.failed
+    assert rec.resident[-1] == []
+    assert tight._resident.closed == [f"{starter_model.stem}: memory for the next one"]
+    _wait_dead(starter_pid)
+
+
+def test_a_kept_model_whose_worker_died_is_loaded_again(
+    make_worker: Callable[..., Any], starter_model: Path, tiny_model: Callable[[str], Path]
+) -> None:
+    tiny = tiny_model("qwen3")
+    worker, rec, built = make_worker()
+    worker._on_load_requested(_request(starter_model, 2))
+    first = _reply(worker, rec)
+    worker._on_load_requested(_request(tiny, 2))
+    starter_pid = _pid(built[0])
+    os.kill(starter_pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while built[0].local.worker.alive:  # reaped once all its threads are gone, not at once
+        assert time.monotonic() < deadline, "the killed worker never ended"
+        time.sleep(0.05)
+    worker._on_load_requested(_request(starter_model, 2))
+    assert not rec.failed, rec.failed
+    assert len(built) == 3 and not rec.loaded[-1].kept
+    assert _pid(built[2]) != starter_pid
+    assert f"{starter_model.stem}: its worker process died" in worker._resident.closed
+    assert rec.resident[-1] == [tiny.stem]
+    assert _reply(worker, rec) == first
+
+
+@pytest.mark.gui
+@pytest.mark.qt_log_ignore("propagateSizeHints")
+def test_the_model_bar_lists_the_kept_models_and_a_switch_says_so(
+    qtbot: Any, paths: Paths, starter_model: Path, tiny_model: Callable[[str], Path], tmp_path: Path
+) -> None:
+    folder = tmp_path / "models"
+    folder.mkdir()
+    for path in (starter_model, tiny_model("qwen3")):
+        (folder / path.name).symlink_to(path)
+    starter, tiny = folder / starter_model.name, folder / tiny_model("qwen3").name
+    settings = Settings(
+        theme="light", models_dir=folder, n_ctx=512, reply_reserve=64, models_kept_loaded=2, auto_load_model=False
+    )
+    w = make_window(paths, None, settings, probe_bandwidth=False)
+    qtbot.addWidget(w)
+    w.show()
+    try:
+        loads: list[LoadedModel] = []
+        w.chat.model_loaded.connect(loads.append)
+        w.model_control.load_model(starter)
+        qtbot.waitUntil(lambda: len(loads) == 1, timeout=120_000)
+        bar = w.header.model_bar
+        assert not bar.resident.isVisible()
+        w.model_control.load_model(tiny)
+        qtbot.waitUntil(lambda: len(loads) == 2, timeout=120_000)
+        assert w.chat.model_state is ModelState.LOADED
+        assert bar.resident.isVisible() and bar.resident.text() == f"Also loaded: {model_label(starter)}"
+        w.model_control.load_model(starter)
+        qtbot.waitUntil(lambda: len(loads) == 3, timeout=30_000)
+        assert loads[-1].kept and loads[-1].path == starter
+        assert bar.resident.text() == f"Also loaded: {tiny.stem}"
+        assert w.statusBar().currentMessage().startswith(f"Switched to {model_label(starter)} in ")
+        w.chat.model.unload()  # Eject
+        qtbot.waitUntil(lambda: w.chat.loaded is None, timeout=30_000)
+        qtbot.waitUntil(lambda: not bar.resident.isVisible(), timeout=10_000)
+    finally:
+        w.shutdown()
