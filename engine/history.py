@@ -45,17 +45,25 @@ __all__ = ["HistoryStore"]
 _UNSET: Any = object()
 
 
-def _loads(text: str | None) -> Any:
-    return None if text is None else json.loads(text)
+def _loads(text: object, kind: type[dict[str, Any]] | type[list[Any]]) -> Any:
+    """A row's JSON column (``stats``, ``sources``); a damaged one is None (its message's text stays
+    readable), as a damaged ``media`` record is left out."""
+    if not isinstance(text, str):  # a flipped bit in the record can make the column a number or a blob
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, kind) else None
 
 
 def _dumps(value: Any) -> str | None:
     return None if value is None else json.dumps(value, ensure_ascii=False, sort_keys=True)
 
 
-def _media_refs(text: str | None) -> tuple[MediaRef, ...]:
+def _media_refs(text: object) -> tuple[MediaRef, ...]:
     """A row's attachments; a damaged record is left out (its message's text stays readable)."""
-    if not text:
+    if not text or not isinstance(text, str):
         return ()
     try:
         records = json.loads(text)
@@ -219,8 +227,8 @@ class HistoryStore(HistoryDatabase):
             content=row[4],
             state=row[5],
             created_at=row[6],
-            stats=_loads(row[7]),
-            sources=_loads(row[8]),
+            stats=_loads(row[7], dict),
+            sources=_loads(row[8], list),
             model=row[9],
             error=row[10],
             media=_media_refs(row[11]),
