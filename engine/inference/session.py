@@ -376,8 +376,8 @@ class ChatSession:
             raise MediaError(
                 media[0].name,
                 f"this model cannot see {what}: {Path(self.load_params.model_path).name} was loaded without a "
-                "projector (mmproj); download its mmproj (glassbox models download --with-mmproj) or choose a "
-                "vision model",
+                "projector (mmproj); download its mmproj (glassbox models download --with-mmproj), choose one "
+                "(glassbox models projector MODEL FILE) or choose a vision model",
             )
         todo = [m for m in dict.fromkeys(media) if m.digest not in self._media]
         if todo:

@@ -1,4 +1,4 @@
-"""``glassbox models list | info | fit | remove | folders``: the local model library.
+"""``glassbox models list | info | fit | projector | remove | folders``: the local model library.
 
 Human output is an aligned table or ``key: value`` lines on stdout; ``--json`` prints one JSON
 document instead. Bad input raises an ``EngineError``, which ``app.cli.main`` prints as one line,
@@ -47,6 +47,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: a
     fit.add_argument("--cache-type", default="f16", choices=_cache_types(), help="KV cache type")
     add_json_flag(fit)
     fit.set_defaults(handler=run_fit)
+
+    projector = sub.add_parser(
+        "projector", parents=[common], help="the vision projector (mmproj) a model loads: show or choose it"
+    )
+    projector.add_argument("model", metavar="MODEL", help="a .gguf file, or the name of a model in the library")
+    projector.add_argument("file", metavar="FILE", nargs="?", help="the projector to load with it from now on")
+    projector.add_argument("--auto", action="store_true", help="back to the one found beside the model")
+    add_json_flag(projector)
+    projector.set_defaults(handler=run_projector)
 
     remove = sub.add_parser("remove", parents=[common], help="delete a model from the models folder")
     remove.add_argument("name", metavar="NAME", help="file name, name without .gguf, label or path")
@@ -212,6 +221,31 @@ def run_fit(args: argparse.Namespace, paths: Paths) -> int:
         counted = f"{_size(estimate.projector_bytes)} ({projector_path.name}, counted in the weights)"
         lines.insert(3, ("projector", counted))
     _out(_key_values(lines))
+    return 0
+
+
+def run_projector(args: argparse.Namespace, paths: Paths) -> int:
+    """``models projector MODEL [FILE | --auto]``: what the Models page's Projector does."""
+    from app.cli.commands.model_resolver import resolve_model
+    from engine.errors import ModelFileError
+    from engine.library import read_model_info
+
+    if args.file and args.auto:
+        raise ModelFileError(args.file, "give a projector FILE or --auto, not both")
+    model = resolve_model(args.model, paths, for_chat=True)
+    library = open_library(paths)
+    if args.file or args.auto:
+        library.set_projector(model, Path(args.file).expanduser() if args.file else None)
+    sees, projector = _seeing(read_model_info(model), paths)
+    chosen = library.chosen_projector(model) is not None
+    if args.json:
+        print_json({"model": str(model), "mmproj": str(projector) if projector else None, "sees": sees,
+                    "chosen": chosen})  # fmt: skip
+    elif projector is None:
+        _out(f"{model.name}: text only (no projector beside it; choose one: glassbox models projector MODEL FILE)")
+    else:
+        how = "chosen by hand" if chosen else "found beside it"
+        _out(f"{model.name}: sees {sees} through {projector} ({how})")
     return 0
 
 

@@ -111,7 +111,8 @@ def test_bad_images_and_a_blind_model_are_one_line(
     assert result.returncode == 1
     assert result.stderr.strip() == (
         f"glassbox: error: cat.png: this model cannot see images: {blind.name} was loaded without a projector "
-        "(mmproj); download its mmproj (glassbox models download --with-mmproj) or choose a vision model"
+        "(mmproj); download its mmproj (glassbox models download --with-mmproj), choose one "
+        "(glassbox models projector MODEL FILE) or choose a vision model"
     )
 
 
@@ -132,7 +133,16 @@ def test_a_projector_chosen_by_hand_in_the_library_is_the_one_loaded(
     image = _png(tmp_path)
     blind = _chat(model, home, "--image", str(image), "--prompt", "hi")
     assert blind.returncode == 1 and "this model cannot see images" in blind.stderr
-    open_library(paths).set_projector(model, projector)  # what the Models page's Projector does
+    shown = glassbox("models", "projector", str(model), home=home)
+    assert shown.returncode == 0 and shown.stdout.startswith(f"{model.name}: text only (no projector beside it")
+    wrong = glassbox("models", "projector", str(model), str(model), home=home)  # a model is not a projector
+    assert wrong.returncode == 1
+    reason = "not a vision projector (mmproj): its architecture is gemma3"
+    assert wrong.stderr.strip() == f"glassbox: error: {model}: {reason}"
+    chosen = glassbox("models", "projector", str(model), str(projector), home=home)  # the Models page's Projector
+    assert chosen.returncode == 0, chosen.stderr
+    assert chosen.stdout.strip() == f"{model.name}: sees images through {projector} (chosen by hand)"
+    assert open_library(paths).chosen_projector(model) == projector
     seeing = _chat(model, home, "--image", str(image), "--prompt", "What is it?", "--json")
     assert seeing.returncode == 0, seeing.stderr
     turn = json.loads(seeing.stdout.splitlines()[-1])
@@ -140,3 +150,6 @@ def test_a_projector_chosen_by_hand_in_the_library_is_the_one_loaded(
     fit = glassbox("models", "fit", str(model), "--n-ctx", "512", "--json", home=home)
     assert fit.returncode == 0, fit.stderr
     assert json.loads(fit.stdout)["mmproj"] == str(projector) and json.loads(fit.stdout)["projector_bytes"] > 0
+    back = glassbox("models", "projector", str(model), "--auto", "--json", home=home)
+    assert back.returncode == 0, back.stderr
+    assert json.loads(back.stdout) == {"model": str(model), "mmproj": None, "sees": "", "chosen": False}
