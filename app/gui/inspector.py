@@ -48,6 +48,7 @@ from engine.units import format_bytes, format_duration
 
 if TYPE_CHECKING:
     from engine.cpu_backend import BackendInfo
+    from engine.fit import ModelMemory
 
 __all__ = ["InspectorPanel"]
 
@@ -337,6 +338,10 @@ class InspectorPanel(QFrame):
         self._cpu_text = ""  # the CPU line set at load, before any note of a reply
         self.cpu_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         lay.addWidget(self.cpu_label)
+        # The other models kept loaded (Settings: Models kept loaded): what each holds.
+        self.resident_label = _explain_label()
+        self.resident_label.setVisible(False)
+        lay.addWidget(self.resident_label)
 
     def _build_tokens_page(self) -> QWidget:
         """The Tokens tab: the last prompt (and reply) in coloured pieces."""
@@ -416,6 +421,23 @@ class InspectorPanel(QFrame):
             self._show("ceiling", f"Ceiling for this model on this machine: ≈ {ceiling:.0f} tok/s.", self.ceiling_label)
         else:
             self._show("ceiling", "", self.ceiling_label)
+
+    def set_resident(self, kept: Sequence[tuple[str, ModelMemory]]) -> None:
+        """The models kept loaded beside the chat's and the memory each holds, as the fit
+        estimator counts it (weights, KV cache, compute buffers; an upper bound), and their sum."""
+        if not kept:
+            self._show("resident", "", self.resident_label)
+            self.resident_label.setVisible(False)
+            return
+        lines = [
+            f"{name}: {format_bytes(m.total)} ({format_bytes(m.weights)} weights, {format_bytes(m.kv)} KV cache, "
+            f"{format_bytes(m.compute)} compute buffers)"
+            for name, m in kept
+        ]
+        total = sum(m.total for _, m in kept)
+        head = f"Also kept loaded, {format_bytes(total)} in all (estimated):"
+        self._show("resident", "\n".join([head, *lines]), self.resident_label)
+        self.resident_label.setVisible(True)
 
     def _show_backend(self, server: str | None) -> None:
         """Shows the memory section of a local model, or hides it for a model on ``server``."""

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from app.gui.workers.models_worker import ModelsAdapter
     from app.model_folders import OtherAppFolder
     from app.paths import Paths
+    from engine.fit import ModelMemory
     from engine.library import LibraryEntry
     from engine.starter import StarterModel
 
@@ -440,8 +441,11 @@ class ModelController(QObject):
             self.notices.show_status(self._other_apps_note, 20000)
 
     @Slot(object)
-    def _on_chat_resident_models_changed(self, labels: list[str]) -> None:
-        """The models kept loaded beside the chat's, named after the picker: choosing one is a switch."""
+    def _on_chat_resident_models_changed(self, kept: list[tuple[str, ModelMemory]]) -> None:
+        """The models kept loaded beside the chat's, named after the picker (choosing one is a
+        switch), and their memory in the inspector."""
+        self.inspector.set_resident(kept)
+        labels = [name for name, _ in kept]
         label = self.bar.resident
         label.setVisible(bool(labels))
         if not labels:

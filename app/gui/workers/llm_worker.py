@@ -63,8 +63,8 @@ class LlmWorker(QObject):
         model_loaded(object): a :class:`LoadedModel`.
         model_load_failed(object): the exception (EngineError, OSError, ...).
         model_unloaded(): the session was closed (and every model kept loaded beside it).
-        resident_changed(object): the labels of the models kept loaded beside the chat's
-            (``resident_models.ResidentModels``), most recently used first.
+        resident_changed(object): the models kept loaded beside the chat's, most recently used
+            first: a list of ``(label, engine.fit.ModelMemory)`` (``resident_models.ResidentModels``).
         prefill_progressed(int, int, int): request id, tokens evaluated, total new tokens.
         tokens_received(int, str, int): request id, coalesced text delta, number of tokens in it.
         generation_finished(object): a :class:`GenerationOutcome`.
@@ -144,7 +144,7 @@ class LlmWorker(QObject):
             draft_note,
         )
         memory = self._resident.memory_of(asked) if asked.keep_loaded > 1 and local is not None else None
-        self._current = Kept(asked, session, loaded, memory or 0) if memory is not None else None
+        self._current = Kept(asked, session, loaded, memory) if memory is not None else None
         self.model_loaded.emit(loaded)
         if not self._bandwidth_done and request.bandwidth_cache is not None:
             # After the load, so the first reply is not delayed; cached for later runs.
@@ -171,7 +171,7 @@ class LlmWorker(QObject):
                 self._factory.last_session = kept.session  # the chat's session (ModelSlot.session)
             switch_ms = (time.perf_counter() - started) * 1000
             self.model_loaded.emit(replace(kept.loaded, load_ms=switch_ms, kept=True))
-        self.resident_changed.emit(self._resident.labels())
+        self.resident_changed.emit(self._resident.listing())
         return kept is not None
 
     @Slot(object)

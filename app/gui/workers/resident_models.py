@@ -17,12 +17,13 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from app.gui.workers.llm_requests import LoadedModel, LoadRequest
+    from engine.fit import ModelMemory
     from engine.inference.backends import ChatBackend
 
 log = logging.getLogger(__name__)
 
-MemoryOf = Callable[["LoadRequest"], "int | None"]
-"""A model's memory in bytes for its load request (None: unknown, the model is not kept)."""
+MemoryOf = Callable[["LoadRequest"], "ModelMemory | None"]
+"""A model's memory for its load request (None: unknown, the model is not kept)."""
 
 
 @dataclass
@@ -32,7 +33,7 @@ class Kept:
     request: LoadRequest
     session: ChatBackend
     loaded: LoadedModel
-    memory: int
+    memory: ModelMemory
 
 
 def _same_load(a: LoadRequest, b: LoadRequest) -> bool:
@@ -83,13 +84,18 @@ class ResidentModels:
         self._kept: list[Kept] = []
         self.closed: list[str] = []  # the labels of the models let go, and why (for the log and tests)
 
-    def memory_of(self, request: LoadRequest) -> int | None:
+    def memory_of(self, request: LoadRequest) -> ModelMemory | None:
         """The memory a model takes loaded by ``request`` (None: unknown; it is not kept)."""
         return self._memory_of(request)
 
     def labels(self) -> list[str]:
         """The models kept, most recently used first (for the model bar)."""
         return [k.loaded.label for k in reversed(self._kept)]
+
+    def listing(self) -> list[tuple[str, ModelMemory]]:
+        """The models kept and the memory of each, most recently used first (the worker's
+        ``resident_changed``: the model bar names them, the inspector shows their memory)."""
+        return [(k.loaded.label, k.memory) for k in reversed(self._kept)]
 
     def take(self, request: LoadRequest) -> Kept | None:
         """The kept model ``request`` loads, taken out of the set (None: it is not kept, or its
@@ -115,10 +121,12 @@ class ResidentModels:
         need = 0
         if coming is not None and self._kept:
             known = self._memory_of(coming)
-            need = known if known is not None else 0
+            need = known.total if known is not None else 0
         # what is free now, plus what the kept models hold (letting them go frees it)
-        budget = self._budget() + sum(k.memory for k in self._kept) if self._kept else 0
-        while self._kept and (len(self._kept) > max(limit - 1, 0) or sum(k.memory for k in self._kept) + need > budget):
+        budget = self._budget() + sum(k.memory.total for k in self._kept) if self._kept else 0
+        while self._kept and (
+            len(self._kept) > max(limit - 1, 0) or sum(k.memory.total for k in self._kept) + need > budget
+        ):
             oldest = self._kept[0]
             why = "more than the models kept loaded" if len(self._kept) > limit - 1 else "memory for the next one"
             self._kept.remove(oldest)
@@ -140,7 +148,7 @@ class ResidentModels:
             log.warning("closing %s failed: %s", kept.loaded.label, exc)
 
 
-def estimated_memory(request: LoadRequest) -> int | None:
+def estimated_memory(request: LoadRequest) -> ModelMemory | None:
     """The fit estimator's memory for a local model's load (None for a remote one or an unreadable
     file: it is not kept)."""
     from pathlib import Path
@@ -154,7 +162,7 @@ def estimated_memory(request: LoadRequest) -> int | None:
     mmproj = request.mmproj_path if isinstance(request.mmproj_path, Path) else None
     load = LoadSettings(request.n_ctx, request.n_threads, 0, request.draft_model_path, mmproj)
     try:
-        return estimate_memory(load_params(request.model_path, load)).total
+        return estimate_memory(load_params(request.model_path, load))
     except (EngineError, OSError, ValueError) as exc:
         log.info("the memory of %s is unknown: %s", request.model_path, exc)
         return None

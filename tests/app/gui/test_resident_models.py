@@ -26,7 +26,9 @@ from app.gui.workers.resident_models import ResidentModels
 from app.paths import Paths
 from app.settings import Settings
 from app.turn import TurnRequest
-from engine.inference.runtime import GenerationParams
+from engine.fit import ModelMemory
+from engine.inference.pool import estimate_memory
+from engine.inference.runtime import GenerationParams, LoadParams
 
 pytestmark = [pytest.mark.model]
 
@@ -39,7 +41,7 @@ class Recorder:
     def __init__(self, worker: LlmWorker) -> None:
         self.loaded: list[LoadedModel] = []
         self.failed: list[BaseException] = []
-        self.resident: list[list[str]] = []
+        self.resident: list[list[tuple[str, ModelMemory]]] = []
         self.texts: list[str] = []
         worker.model_loaded.connect(self.loaded.append)
         worker.model_load_failed.connect(self.failed.append)
@@ -93,6 +95,11 @@ def _wait_dead(pid: int) -> None:
         time.sleep(0.05)
 
 
+def _names(rec: Recorder) -> list[str]:
+    """The models the worker said it keeps loaded, last time."""
+    return [name for name, _memory in rec.resident[-1]]
+
+
 def _reply(worker: LlmWorker, rec: Recorder) -> str:
     worker._on_generate_requested(GenerateRequest(1, TurnRequest((), "Name a river.", GREEDY)))
     assert not rec.failed, rec.failed
@@ -109,7 +116,10 @@ def test_a_model_kept_loaded_is_switched_to_without_a_load(
     starter_pid = _pid(built[0])
     worker._on_load_requested(_request(tiny, 2))
     assert not rec.failed, rec.failed
-    assert rec.resident[-1] == [starter_model.stem]  # kept beside the tiny one
+    assert _names(rec) == [starter_model.stem]  # kept beside the tiny one
+    memory = rec.resident[-1][0][1]  # the fit estimator's, for the starter at this context
+    expected = estimate_memory(LoadParams(model_path=starter_model, n_ctx=512))
+    assert memory == expected and memory.weights > 100 * 2**20 and memory.kv > 0
     assert not _dead(starter_pid)
     tiny_pid = _pid(built[1])
     worker._on_load_requested(_request(starter_model, 2))
@@ -117,11 +127,11 @@ def test_a_model_kept_loaded_is_switched_to_without_a_load(
     switched = rec.loaded[-1]
     assert switched.kept and not rec.loaded[0].kept and switched.label == starter_model.stem
     assert switched.info == rec.loaded[0].info
-    assert rec.resident[-1] == [tiny.stem]
+    assert _names(rec) == [tiny.stem]
     assert _pid(built[0]) == starter_pid and not _dead(tiny_pid)
     assert _reply(worker, rec) == first  # the same model answers, greedy
     worker._on_unload_requested()  # Eject: every model
-    assert rec.resident[-1] == []
+    assert _names(rec) == []
     _wait_dead(starter_pid)
     _wait_dead(tiny_pid)
 
@@ -135,7 +145,7 @@ def test_with_one_model_kept_the_last_one_is_closed_as_before(
     starter_pid = _pid(built[0])
     worker._on_load_requested(_request(tiny, 1))
     _wait_dead(starter_pid)
-    assert rec.resident[-1] == []
+    assert _names(rec) == []
     worker._on_load_requested(_request(starter_model, 1))
     assert len(built) == 3 and not rec.loaded[-1].kept  # loaded again
 
@@ -150,7 +160,7 @@ def test_the_least_recently_used_goes_past_the_count_and_when_the_next_would_not
         worker._on_load_requested(_request(path, 2))
         pids.append(_pid(built[-1]))
     assert not rec.failed, rec.failed
-    assert rec.resident[-1] == [qwen.stem]  # two kept at most: the starter went
+    assert _names(rec) == [qwen.stem]  # two kept at most: the starter went
     _wait_dead(pids[0])
     assert not _dead(pids[1])
     assert worker._resident.closed == [f"{starter_model.stem}: more than the models kept loaded"]
@@ -160,7 +170,7 @@ def test_the_least_recently_used_goes_past_the_count_and_when_the_next_would_not
     starter_pid = _pid(built[0])
     tight._on_load_requested(_request(qwen, 3))
     assert not rec.failed, rec.failed
-    assert rec.resident[-1] == []
+    assert _names(rec) == []
     assert tight._resident.closed == [f"{starter_model.stem}: memory for the next one"]
     _wait_dead(starter_pid)
 
@@ -184,7 +194,7 @@ def test_a_kept_model_whose_worker_died_is_loaded_again(
     assert len(built) == 3 and not rec.loaded[-1].kept
     assert _pid(built[2]) != starter_pid
     assert f"{starter_model.stem}: its worker process died" in worker._resident.closed
-    assert rec.resident[-1] == [tiny.stem]
+    assert _names(rec) == [tiny.stem]
     assert _reply(worker, rec) == first
 
 
@@ -215,6 +225,9 @@ def test_the_model_bar_lists_the_kept_models_and_a_switch_says_so(
         qtbot.waitUntil(lambda: len(loads) == 2, timeout=120_000)
         assert w.chat.model_state is ModelState.LOADED
         assert bar.resident.isVisible() and bar.resident.text() == f"Also loaded: {model_label(starter)}"
+        memory = w.inspector.shown["resident"]
+        assert memory.startswith("Also kept loaded, ") and f"{model_label(starter)}: " in memory
+        assert "weights" in memory and "KV cache" in memory and "compute buffers" in memory
         w.model_control.load_model(starter)
         qtbot.waitUntil(lambda: len(loads) == 3, timeout=30_000)
         assert loads[-1].kept and loads[-1].path == starter
@@ -223,5 +236,6 @@ def test_the_model_bar_lists_the_kept_models_and_a_switch_says_so(
         w.chat.model.unload()  # Eject
         qtbot.waitUntil(lambda: w.chat.loaded is None, timeout=30_000)
         qtbot.waitUntil(lambda: not bar.resident.isVisible(), timeout=10_000)
+        assert w.inspector.shown["resident"] == ""
     finally:
         w.shutdown()
