@@ -1,5 +1,6 @@
-"""The model pool (issue 26): answering a request for another model when it is resident vs when it
-has to be loaded, and the memory the pool reports vs what its workers hold.
+"""The model pool and live adapters (issue 26): answering a request for another model when it is
+resident vs when it has to be loaded, the memory the pool reports vs what its workers hold, and a
+LoRA adapter switched in the loaded model vs the model loaded again (the last test's docstring).
 
 Run: ``make bench`` or ``pytest tests/bench/bench_pool.py -s`` (``BENCH_POOL_ROUNDS``, default 4).
 
@@ -33,8 +34,13 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from app.paths import Paths
 from app.server.http import ServerHandle, start_server
+from engine.inference.adapters import LoraAdapter
+from engine.inference.events import Finished, Token
 from engine.inference.pool import PoolSettings
+from engine.inference.runtime import GenerationParams, LoadParams
+from engine.inference.session import ChatSession
 from tests.bench.results import budgets, record
+from tests.engine.lora_fixtures import write_gguf_lora
 
 ROUNDS = int(os.environ.get("BENCH_POOL_ROUNDS", "4"))
 BUDGET = 0.10
@@ -136,3 +142,68 @@ def test_switching_to_a_resident_model_vs_loading_it(
             reported / rss,
             detail=f"{reported / 2**20:.0f} MiB estimated for the two resident models, {rss / 2**20:.0f} MiB RSS",
         )
+
+
+def _first_token(session: ChatSession, start: float) -> tuple[float, str, str]:
+    """Seconds from ``start`` to the turn's first token, the reply and the adapters it ran with."""
+    first: float | None = None
+    finished: Finished | None = None
+    for event in session.stream([], "Name a river.", GenerationParams(max_tokens=8, temperature=0.0)):
+        if isinstance(event, Token) and first is None:
+            first = time.perf_counter()
+        elif isinstance(event, Finished):
+            finished = event
+    assert first is not None and finished is not None
+    return first - start, finished.text, finished.stats.adapters
+
+
+def test_switching_an_adapter_vs_reloading_the_base_model(starter_model: Path, tmp_path: Path) -> None:
+    """A LoRA adapter (made in the test for the starter's shapes, ``lora_fixtures``) switched on
+    and off in the loaded model (``ChatSession.set_adapters``: the KV cache is read again) vs the
+    same change made by loading the model again with or without it, as a server without live
+    adapters does. Time to the first token of a short turn, the load included. Budget: the switch
+    <= 10% of the reload; greedy, the replies of each configuration identical both ways."""
+    adapter = write_gguf_lora(tmp_path / "starter-lora.gguf", starter_model, strength=1.0)
+    configs: dict[str, tuple[LoraAdapter, ...]] = {"base": (), "adapter": (LoraAdapter(adapter, 1.0),)}
+    params = LoadParams(model_path=starter_model, n_ctx=512)
+    live = ChatSession(params, reply_reserve=64)
+    sides = ("switch", "reload")
+    times: dict[tuple[str, str], list[float]] = {(s, c): [] for s in sides for c in configs}
+    replies: dict[str, set[str]] = {c: set() for c in configs}
+    try:
+        live.load()
+        _first_token(live, time.perf_counter())  # warm
+        for i in range(ROUNDS):
+            for side in sides[i % 2 :] + sides[: i % 2]:
+                for name in ("adapter", "base"):  # each turn changes the adapters
+                    start = time.perf_counter()
+                    if side == "switch":
+                        live.set_adapters(configs[name])
+                        seconds, text, used = _first_token(live, start)
+                    else:
+                        fresh = ChatSession(params, reply_reserve=64)
+                        try:
+                            fresh.set_adapters(configs[name])
+                            fresh.load()
+                            seconds, text, used = _first_token(fresh, start)
+                        finally:
+                            fresh.close()
+                    assert (used != "") == (name == "adapter"), used
+                    times[(side, name)].append(seconds)
+                    replies[name].add(text)
+    finally:
+        live.close()
+    assert all(len(texts) == 1 for texts in replies.values()), f"greedy replies differ: {replies}"
+    assert replies["base"] != replies["adapter"], "the adapter changed nothing"
+    for key, values in times.items():
+        print(f"{key[0]:7} -> {key[1]:8} TTFT ms {[round(v * 1000) for v in values]}")
+    median = {key: statistics.median(values) * 1000 for key, values in times.items()}
+    switch = statistics.median(times[("switch", "adapter")] + times[("switch", "base")]) * 1000
+    reload = statistics.median(times[("reload", "adapter")] + times[("reload", "base")]) * 1000
+    record(
+        "adapter switch vs base reload: TTFT",
+        switch / reload,
+        at_most=BUDGET,
+        detail=f"switch {switch:.0f} ms (on {median[('switch', 'adapter')]:.0f}, off {median[('switch', 'base')]:.0f}) "
+        f"vs reload {reload:.0f} ms",
+    )

@@ -42,6 +42,7 @@ EXPECTED = (
     "whole app RSS, idle after the Knowledge page",
     "prefill with Stop armed vs whole chunks",
     "pool: switch to a resident model vs loading it: TTFT",
+    "adapter switch vs base reload: TTFT",
 )
 """The budgeted comparisons every full run reports, in this order (others reported follow them)."""
 
