@@ -140,6 +140,8 @@ class Settings(BaseModel):
     """Local chat models the window keeps loaded, the chat's included: choosing one of them again
     is a switch, not a load (each holds its memory; the least recently used goes first, and when
     the next model would not fit). 1 keeps only the chat's model."""
+    models_idle_minutes: float = Field(default=5.0, ge=0.0, le=1440.0)
+    """A model kept loaded and unused this long is unloaded (0: kept until another needs the room)."""
     knowledge_idle_minutes: float = Field(default=3.0, ge=0.0, le=1440.0)
     """The knowledge process (torch, the embedding model, Chroma: ~600 MB) stops after this long
     with nothing asked of it, and starts again on the next use; 0 keeps it until the app closes."""

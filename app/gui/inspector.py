@@ -47,8 +47,8 @@ from engine.inference.events import Stats
 from engine.units import format_bytes, format_duration
 
 if TYPE_CHECKING:
+    from app.gui.workers.resident_models import ResidentState
     from engine.cpu_backend import BackendInfo
-    from engine.fit import ModelMemory
 
 __all__ = ["InspectorPanel"]
 
@@ -422,22 +422,27 @@ class InspectorPanel(QFrame):
         else:
             self._show("ceiling", "", self.ceiling_label)
 
-    def set_resident(self, kept: Sequence[tuple[str, ModelMemory]]) -> None:
-        """The models kept loaded beside the chat's and the memory each holds, as the fit
-        estimator counts it (weights, KV cache, compute buffers; an upper bound), and their sum."""
-        if not kept:
-            self._show("resident", "", self.resident_label)
-            self.resident_label.setVisible(False)
-            return
-        lines = [
-            f"{name}: {format_bytes(m.total)} ({format_bytes(m.weights)} weights, {format_bytes(m.kv)} KV cache, "
-            f"{format_bytes(m.compute)} compute buffers)"
-            for name, m in kept
-        ]
-        total = sum(m.total for _, m in kept)
-        head = f"Also kept loaded, {format_bytes(total)} in all (estimated):"
-        self._show("resident", "\n".join([head, *lines]), self.resident_label)
-        self.resident_label.setVisible(True)
+    def set_resident(self, state: ResidentState) -> None:
+        """The models kept loaded beside the chat's: the memory each holds, as the fit estimator
+        counts it (weights, KV cache, compute buffers; an upper bound), their sum, the time until
+        each one's idle unload, and why the last one to go was unloaded."""
+        lines = []
+        if state.models:
+            total = sum(k.memory.total for k in state.models)
+            lines.append(f"Also kept loaded, {format_bytes(total)} in all (estimated):")
+        for kept in state.models:
+            m = kept.memory
+            line = (
+                f"{kept.label}: {format_bytes(m.total)} ({format_bytes(m.weights)} weights, "
+                f"{format_bytes(m.kv)} KV cache, {format_bytes(m.compute)} compute buffers)"
+            )
+            if kept.unload_in_s is not None:
+                line += f", unloaded if unused for {format_duration(kept.unload_in_s)} more"
+            lines.append(line)
+        if state.last_unloaded:
+            lines.append(f"Last unloaded: {state.last_unloaded}")
+        self._show("resident", "\n".join(lines), self.resident_label)
+        self.resident_label.setVisible(bool(lines))
 
     def _show_backend(self, server: str | None) -> None:
         """Shows the memory section of a local model, or hides it for a model on ``server``."""

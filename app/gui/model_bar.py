@@ -35,9 +35,9 @@ if TYPE_CHECKING:
     from app.gui.workers.chat_adapter import ChatAdapter
     from app.gui.workers.llm_requests import LoadedModel
     from app.gui.workers.models_worker import ModelsAdapter
+    from app.gui.workers.resident_models import ResidentState
     from app.model_folders import OtherAppFolder
     from app.paths import Paths
-    from engine.fit import ModelMemory
     from engine.library import LibraryEntry
     from engine.starter import StarterModel
 
@@ -358,6 +358,7 @@ class ModelController(QObject):
             # the projector the library pairs it with (chosen by hand on the Models page, or found)
             mmproj_path=self.models_adapter.library.projector_of(path) if isinstance(path, Path) else None,
             keep_loaded=settings.models_kept_loaded,
+            kept_idle_s=settings.models_idle_minutes * 60 or None,
         )
 
     def load_model(self, path: Path | RemoteModel) -> None:
@@ -441,11 +442,11 @@ class ModelController(QObject):
             self.notices.show_status(self._other_apps_note, 20000)
 
     @Slot(object)
-    def _on_chat_resident_models_changed(self, kept: list[tuple[str, ModelMemory]]) -> None:
+    def _on_chat_resident_models_changed(self, kept: ResidentState) -> None:
         """The models kept loaded beside the chat's, named after the picker (choosing one is a
         switch), and their memory in the inspector."""
         self.inspector.set_resident(kept)
-        labels = [name for name, _ in kept]
+        labels = list(kept.names)
         label = self.bar.resident
         label.setVisible(bool(labels))
         if not labels:

@@ -206,6 +206,14 @@ class SettingsDialog(QDialog):
             "holds its memory; the least recently used is unloaded first, and when the next would not fit"
         )
         form.addRow("Models kept loaded:", self.kept_loaded)
+        self.kept_idle = QSpinBox()
+        self.kept_idle.setRange(0, 1440)
+        self.kept_idle.setSuffix(" min idle")
+        self.kept_idle.setSpecialValueText("never")
+        self.kept_idle.setValue(round(settings.models_idle_minutes))
+        self.kept_idle.setAccessibleName("Unload a kept model after")
+        self.kept_idle.setToolTip("A model kept loaded beside the chat's is unloaded after this long unused")
+        form.addRow("Unload a kept model after:", self.kept_idle)
 
         self.theme = QComboBox()
         for label, value in (("Follow the system", "system"), ("Light", "light"), ("Dark", "dark")):
@@ -317,6 +325,7 @@ class SettingsDialog(QDialog):
                 "embedding_model": self.embedder.text().strip(),
                 "knowledge_idle_minutes": float(self.knowledge_idle.value()),
                 "models_kept_loaded": self.kept_loaded.value(),
+                "models_idle_minutes": float(self.kept_idle.value()),
                 "theme": self.theme.currentData(),
                 "auto_load_model": self.auto_load.isChecked(),
                 "api_server_enabled": self.server_enabled.isChecked(),

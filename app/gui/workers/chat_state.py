@@ -77,9 +77,8 @@ class ChatSignals(QObject):
         history_unreadable(str): the history file is not SQLite or is corrupt (left untouched).
         notice_posted(str): a passing note for the status bar (a reply saved late, passages left out).
         bandwidth_measured(float): the machine's memory bandwidth (GB/s).
-        resident_models_changed(object): the models kept loaded beside the chat's (a list of
-            ``(label, engine.fit.ModelMemory)``, most recently used first; Settings'
-            ``models_kept_loaded``).
+        resident_models_changed(object): the models kept loaded beside the chat's (a
+            ``resident_models.ResidentState``; Settings' ``models_kept_loaded``).
         sources_found(object): the sources (list of dicts) of the passages retrieved for the reply.
         reasoning_delta(str): thinking text of the running reply (shown folded, never sent back).
         tool_step_added(object): a tool call of the running reply was handled (agent_history.step_dict).

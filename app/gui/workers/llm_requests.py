@@ -47,6 +47,8 @@ class LoadRequest:
         keep_loaded: how many local models the worker keeps loaded, this one included (Settings'
             ``models_kept_loaded``; ``app.gui.workers.resident_models``): the chat's model until now
             stays loaded beside this one when it fits, and loading it again is a switch.
+        kept_idle_s: a kept model unused this long is unloaded (Settings' ``models_idle_minutes``;
+            None: never).
     """
 
     model_path: Path | RemoteModel
@@ -64,6 +66,7 @@ class LoadRequest:
     draft_model_path: Path | None = None
     mmproj_path: Path | Literal["auto"] | None = "auto"
     keep_loaded: int = field(default=1, compare=False)
+    kept_idle_s: float | None = field(default=300.0, compare=False)
     cancel: threading.Event = field(default_factory=threading.Event, compare=False)
 
 

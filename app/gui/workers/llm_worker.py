@@ -17,7 +17,7 @@ from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from PySide6.QtCore import QObject, Signal, Slot
+from PySide6.QtCore import QObject, QTimer, Signal, Slot
 
 from app.agent_history import TextBreak
 from app.gui.workers.agent_tools import ToolsetCache
@@ -52,6 +52,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+SWEEP_MS = 15_000
+"""How often the models kept loaded are checked for their idle unload (and their countdown said)."""
+
 
 class LlmWorker(QObject):
     """Owns the ChatSession; lives on the ``glassbox-llm`` thread.
@@ -63,8 +66,9 @@ class LlmWorker(QObject):
         model_loaded(object): a :class:`LoadedModel`.
         model_load_failed(object): the exception (EngineError, OSError, ...).
         model_unloaded(): the session was closed (and every model kept loaded beside it).
-        resident_changed(object): the models kept loaded beside the chat's, most recently used
-            first: a list of ``(label, engine.fit.ModelMemory)`` (``resident_models.ResidentModels``).
+        resident_changed(object): the models kept loaded beside the chat's: a
+            ``resident_models.ResidentState`` (after each load, and every few seconds while some
+            are kept: their idle countdown).
         prefill_progressed(int, int, int): request id, tokens evaluated, total new tokens.
         tokens_received(int, str, int): request id, coalesced text delta, number of tokens in it.
         generation_finished(object): a :class:`GenerationOutcome`.
@@ -101,6 +105,7 @@ class LlmWorker(QObject):
         self._session: ChatBackend | None = None
         self._current: Kept | None = None  # the chat's model, as it would be kept
         self._resident = ResidentModels()
+        self._sweeper: QTimer | None = None  # unloads idle kept models (made on this thread)
         self._bandwidth: float | None = None
         self._bandwidth_done = False
         self._toolsets = ToolsetCache()
@@ -159,6 +164,7 @@ class LlmWorker(QObject):
         """Lets the chat's model go (kept loaded, when the setting allows and it fits, else closed);
         when ``request`` names a model kept loaded, makes it the chat's at once and says so."""
         self._close_tools()
+        self._resident.idle_s = request.kept_idle_s
         kept = self._resident.take(request)
         current, self._current = self._current, None
         if current is None:
@@ -171,8 +177,19 @@ class LlmWorker(QObject):
                 self._factory.last_session = kept.session  # the chat's session (ModelSlot.session)
             switch_ms = (time.perf_counter() - started) * 1000
             self.model_loaded.emit(replace(kept.loaded, load_ms=switch_ms, kept=True))
-        self.resident_changed.emit(self._resident.listing())
+        if self._resident.labels() and self._sweeper is None:
+            self._sweeper = QTimer(self)
+            self._sweeper.setInterval(SWEEP_MS)
+            self._sweeper.timeout.connect(self._sweep_kept)
+            self._sweeper.start()
+        self.resident_changed.emit(self._resident.state())
         return kept is not None
+
+    @Slot()
+    def _sweep_kept(self) -> None:
+        """Unloads the kept models idle past Settings' time; says what is kept (the countdown)."""
+        if self._resident.sweep() or self._resident.labels():
+            self.resident_changed.emit(self._resident.state())
 
     @Slot(object)
     def _on_media_info_requested(self, request: MediaInfoRequest) -> None:
@@ -193,7 +210,7 @@ class LlmWorker(QObject):
     def _on_unload_requested(self) -> None:
         self._close_all()
         self.model_unloaded.emit()
-        self.resident_changed.emit([])
+        self.resident_changed.emit(self._resident.state())
 
     @Slot(object)
     def _on_generate_requested(self, request: GenerateRequest) -> None:
@@ -249,6 +266,9 @@ class LlmWorker(QObject):
 
     def _close_all(self) -> None:
         """Closes the chat's model and every model kept loaded beside it."""
+        if self._sweeper is not None:
+            self._sweeper.stop()
+            self._sweeper = None
         self._close_tools()
         self._close_session()
         self._resident.close_all()

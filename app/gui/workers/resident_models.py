@@ -11,8 +11,9 @@ model whose worker died is closed when it is asked for, and the load goes on as 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -34,6 +35,30 @@ class Kept:
     session: ChatBackend
     loaded: LoadedModel
     memory: ModelMemory
+    since: float = 0.0  # when it was last the chat's (the resident set's clock)
+
+
+@dataclass(frozen=True)
+class KeptModel:
+    """A model kept loaded, as the window shows it: its name, its memory (the fit estimator's)
+    and the seconds until its idle unload (None: never)."""
+
+    label: str
+    memory: ModelMemory
+    unload_in_s: float | None
+
+
+@dataclass(frozen=True)
+class ResidentState:
+    """What the worker says after each change (``resident_changed``): the models kept loaded,
+    most recently used first, and why the last one to go was unloaded (None: none went yet)."""
+
+    models: tuple[KeptModel, ...] = ()
+    last_unloaded: str | None = None
+    names: tuple[str, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "names", tuple(m.label for m in self.models))
 
 
 def _same_load(a: LoadRequest, b: LoadRequest) -> bool:
@@ -76,12 +101,21 @@ class ResidentModels:
         memory_of: a model's memory for its load request (default: the fit estimator's).
         budget: the memory free now (default: the machine's, probed each time a model is kept
             beside a load).
+        clock: the monotonic clock of the idle times (tests pass their own).
     """
 
-    def __init__(self, memory_of: MemoryOf | None = None, budget: Callable[[], int] | None = None) -> None:
+    def __init__(
+        self,
+        memory_of: MemoryOf | None = None,
+        budget: Callable[[], int] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._memory_of = memory_of or estimated_memory
         self._budget = budget or machine_budget
+        self._clock = clock
+        self.idle_s: float | None = None  # a kept model's idle time before it is unloaded (None: never)
         self._kept: list[Kept] = []
+        self._last: str | None = None  # why the last model to go went (an Eject forgets it)
         self.closed: list[str] = []  # the labels of the models let go, and why (for the log and tests)
 
     def memory_of(self, request: LoadRequest) -> ModelMemory | None:
@@ -92,10 +126,29 @@ class ResidentModels:
         """The models kept, most recently used first (for the model bar)."""
         return [k.loaded.label for k in reversed(self._kept)]
 
-    def listing(self) -> list[tuple[str, ModelMemory]]:
-        """The models kept and the memory of each, most recently used first (the worker's
-        ``resident_changed``: the model bar names them, the inspector shows their memory)."""
-        return [(k.loaded.label, k.memory) for k in reversed(self._kept)]
+    def state(self) -> ResidentState:
+        """The models kept, their memory and idle countdown, most recently used first, and why the
+        last one went (the worker's ``resident_changed``: the model bar names them, the inspector
+        shows their memory)."""
+        now = self._clock()
+        idle = self.idle_s
+        models = tuple(
+            KeptModel(k.loaded.label, k.memory, None if idle is None else max(0.0, k.since + idle - now))
+            for k in reversed(self._kept)
+        )
+        return ResidentState(models, self._last)
+
+    def sweep(self) -> bool:
+        """Unloads the kept models idle longer than :attr:`idle_s`; says whether one went."""
+        idle = self.idle_s
+        if idle is None:
+            return False
+        now = self._clock()
+        gone = [k for k in self._kept if now - k.since >= idle]
+        for kept in gone:
+            self._kept.remove(kept)
+            self._close(kept, f"unused for {_minutes(idle)}")
+        return bool(gone)
 
     def take(self, request: LoadRequest) -> Kept | None:
         """The kept model ``request`` loads, taken out of the set (None: it is not kept, or its
@@ -115,6 +168,7 @@ class ResidentModels:
         to load), their memory would exceed the budget."""
         if kept is not None:
             if limit > 1 and _alive(kept.session):
+                kept.since = self._clock()
                 self._kept.append(kept)
             else:
                 self._close(kept, "Settings keep no other model loaded" if limit <= 1 else "its worker process died")
@@ -138,14 +192,20 @@ class ResidentModels:
     def close_all(self, why: str = "unloaded") -> None:
         while self._kept:
             self._close(self._kept.pop(), why)
+        self._last = None
 
     def _close(self, kept: Kept, why: str) -> None:
-        self.closed.append(f"{kept.loaded.label}: {why}")
+        self._last = f"{kept.loaded.label}: {why}"
+        self.closed.append(self._last)
         log.info("unloading %s: %s", kept.loaded.label, why)
         try:
             kept.session.close()
         except Exception as exc:  # noqa: BLE001 - closing must never raise into the worker's slot
             log.warning("closing %s failed: %s", kept.loaded.label, exc)
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 60 else f"{seconds:.0f} s"
 
 
 def estimated_memory(request: LoadRequest) -> ModelMemory | None:

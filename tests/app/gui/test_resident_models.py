@@ -1,8 +1,9 @@
 """Models kept loaded in the window (issue 26; Settings' ``models_kept_loaded``): the LLM worker on
 the real engine keeps the chat's model loaded beside the next one, so choosing it again is a
 switch (the same worker process, no load); the least recently used goes past the count or when the
-next would not fit; a kept model whose worker died is loaded again; Eject unloads them all. The
-window's model bar lists what is kept, and the status bar says a switch was one."""
+next would not fit; one unused past Settings' idle time is unloaded, its countdown said before; a
+kept model whose worker died is loaded again; Eject unloads them all. The window's model bar lists
+what is kept, the inspector their memory, and the status bar says a switch was one."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +22,12 @@ from gui_support import make_window
 from app.gui.workers.chat_state import ModelState
 from app.gui.workers.llm_loading import default_session_factory
 from app.gui.workers.llm_requests import GenerateRequest, LoadedModel, LoadRequest
-from app.gui.workers.llm_worker import LlmWorker
+from app.gui.workers.llm_worker import SWEEP_MS, LlmWorker
 from app.gui.workers.model_routing import model_label
-from app.gui.workers.resident_models import ResidentModels
+from app.gui.workers.resident_models import ResidentModels, ResidentState
 from app.paths import Paths
 from app.settings import Settings
 from app.turn import TurnRequest
-from engine.fit import ModelMemory
 from engine.inference.pool import estimate_memory
 from engine.inference.runtime import GenerationParams, LoadParams
 
@@ -41,7 +42,7 @@ class Recorder:
     def __init__(self, worker: LlmWorker) -> None:
         self.loaded: list[LoadedModel] = []
         self.failed: list[BaseException] = []
-        self.resident: list[list[tuple[str, ModelMemory]]] = []
+        self.resident: list[ResidentState] = []
         self.texts: list[str] = []
         worker.model_loaded.connect(self.loaded.append)
         worker.model_load_failed.connect(self.failed.append)
@@ -51,7 +52,7 @@ class Recorder:
 
 
 @pytest.fixture
-def make_worker() -> Iterator[Callable[..., tuple[LlmWorker, Recorder, list[Any]]]]:
+def make_worker(qapp: Any) -> Iterator[Callable[..., tuple[LlmWorker, Recorder, list[Any]]]]:
     workers: list[LlmWorker] = []
 
     def make(**resident: Any) -> tuple[LlmWorker, Recorder, list[Any]]:
@@ -97,7 +98,7 @@ def _wait_dead(pid: int) -> None:
 
 def _names(rec: Recorder) -> list[str]:
     """The models the worker said it keeps loaded, last time."""
-    return [name for name, _memory in rec.resident[-1]]
+    return list(rec.resident[-1].names)
 
 
 def _reply(worker: LlmWorker, rec: Recorder) -> str:
@@ -117,7 +118,7 @@ def test_a_model_kept_loaded_is_switched_to_without_a_load(
     worker._on_load_requested(_request(tiny, 2))
     assert not rec.failed, rec.failed
     assert _names(rec) == [starter_model.stem]  # kept beside the tiny one
-    memory = rec.resident[-1][0][1]  # the fit estimator's, for the starter at this context
+    memory = rec.resident[-1].models[0].memory  # the fit estimator's, for the starter at this context
     expected = estimate_memory(LoadParams(model_path=starter_model, n_ctx=512))
     assert memory == expected and memory.weights > 100 * 2**20 and memory.kv > 0
     assert not _dead(starter_pid)
@@ -196,6 +197,49 @@ def test_a_kept_model_whose_worker_died_is_loaded_again(
     assert f"{starter_model.stem}: its worker process died" in worker._resident.closed
     assert _names(rec) == [tiny.stem]
     assert _reply(worker, rec) == first
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_kept_model_unused_past_its_idle_time_is_unloaded_and_the_countdown_said(
+    make_worker: Callable[..., Any], starter_model: Path, tiny_model: Callable[[str], Path]
+) -> None:
+    tiny = tiny_model("qwen3")
+    clock = Clock()
+    worker, rec, built = make_worker(clock=clock)
+    worker._on_load_requested(replace(_request(starter_model, 2), kept_idle_s=300.0))
+    starter_pid = _pid(built[0])
+    worker._on_load_requested(replace(_request(tiny, 2), kept_idle_s=300.0))
+    assert [m.unload_in_s for m in rec.resident[-1].models] == [300.0]
+    assert worker._sweeper is not None and worker._sweeper.interval() == SWEEP_MS
+    clock.now += 120
+    worker._sweep_kept()  # what the worker's timer runs
+    counting = rec.resident[-1]
+    assert counting.names == (starter_model.stem,)
+    assert counting.models[0].unload_in_s == 180.0 and counting.last_unloaded is None
+    assert not _dead(starter_pid)
+    clock.now += 180
+    worker._sweep_kept()
+    gone = rec.resident[-1]
+    assert gone.names == () and gone.last_unloaded == f"{starter_model.stem}: unused for 5 min"
+    _wait_dead(starter_pid)
+    count = len(rec.resident)
+    worker._sweep_kept()  # nothing kept, nothing to say
+    assert len(rec.resident) == count
+    assert not _dead(_pid(built[1]))  # the chat's own model is never unloaded for idling
+
+    never, rec, built = make_worker(clock=clock)  # Settings: never
+    never._on_load_requested(replace(_request(starter_model, 2), kept_idle_s=None))
+    never._on_load_requested(replace(_request(tiny, 2), kept_idle_s=None))
+    clock.now += 10**6
+    never._sweep_kept()
+    assert rec.resident[-1].names == (starter_model.stem,) and rec.resident[-1].models[0].unload_in_s is None
 
 
 @pytest.mark.gui
