@@ -24,10 +24,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from engine.inference.events import ToolCall
+
 if TYPE_CHECKING:
     from engine.agent.loop import ToolStep
     from engine.inference.context import Message
-    from engine.inference.events import Finished, ToolCall
+    from engine.inference.events import Finished
     from engine.media import Media
 
 Record = dict[str, object]
@@ -160,8 +162,8 @@ class StoredRow(Protocol):
 
 def _message_from(data: object) -> Message | None:
     """A stored ``agent_messages`` entry back as an ``engine.inference.context.Message`` (None if unusable)."""
+    # engine.inference.context loads with the first turn, not with the window (ARCHITECTURE.md).
     from engine.inference.context import Message
-    from engine.inference.events import ToolCall
 
     role = data.get("role") if isinstance(data, dict) else None
     if not isinstance(data, dict) or (role != "assistant" and role != "tool"):
@@ -183,6 +185,7 @@ def _message_from(data: object) -> Message | None:
 def _answer_every_call(messages: list[Message]) -> list[Message]:
     """Each assistant message's calls followed by a result for each: a call whose result was never
     saved (a crash mid-call) gets :data:`INTERRUPTED_RESULT`, so the history stays well formed."""
+    # engine.inference.context loads with the first turn, not with the window (ARCHITECTURE.md).
     from engine.inference.context import Message
 
     out: list[Message] = []
@@ -218,6 +221,7 @@ def model_history(
     ``media`` gives a user row's images and clips (read back from the data folder); such a row is a
     ``Message`` with them, even without text.
     """
+    # engine.inference.context loads with the first turn, not with the window (ARCHITECTURE.md).
     from engine.inference.context import Message
 
     out: list[Message] = []

@@ -12,6 +12,7 @@ from PySide6.QtCore import QObject, Slot
 from app.gui.tasks import describe_error
 from app.gui.workers.chat_state import ChatSignals, ChatState, ModelState
 from app.gui.workers.llm_requests import MediaInfoRequest
+from engine.errors import Cancelled
 
 if TYPE_CHECKING:
     from app.gui.workers.llm_requests import LoadedModel, LoadRequest
@@ -103,8 +104,6 @@ class ModelSlot(QObject):
     @Slot(object)
     def on_load_failed(self, exc: BaseException) -> None:
         """The load failed, or was cancelled (said when the user cancelled it)."""
-        from engine.errors import Cancelled
-
         request = self._answered()
         if request is not None and request is not self.pending:
             return  # a newer load replaced it: that one speaks

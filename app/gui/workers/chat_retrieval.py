@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from app.knowledge_glue import SEARCH_KNOWLEDGE
+
 if TYPE_CHECKING:
     from app.gui.workers.agent_tools import ToolsRequest
     from app.knowledge_glue import Passages
@@ -57,8 +59,8 @@ def model_searches(tools: ToolsRequest | None) -> Callable[[], bool] | None:
         return None
 
     def searches() -> bool:
+        # app.tool_config imports the MCP client: it loads with a turn with tools, not with the window.
         from app.tool_config import BUILTIN, Permissions, ToolSetupError
-        from app.tool_setup import SEARCH_KNOWLEDGE
 
         try:
             return not Permissions.load(tools.paths).is_off(BUILTIN, SEARCH_KNOWLEDGE)

@@ -34,6 +34,7 @@ from app.gui.workers.history_reads import DisplayMessage, display_thread, media_
 from app.gui.workers.llm_requests import GenerateRequest, GenerationOutcome
 from app.knowledge_glue import kept_sources
 from app.turn import TurnRequest
+from engine.errors import EngineCrashed
 
 if TYPE_CHECKING:
     from app.gui.workers.chat_conversations import Conversations
@@ -80,7 +81,7 @@ class ProgressBox:
 
 def save_question(question: Question, box: ProgressBox) -> Callable[[HistoryStore], Saved]:
     """The history-thread job that saves the question and a pending reply after it."""
-
+    # The media store loads with the first message saved, not with the window (ARCHITECTURE.md).
     from engine.media_store import MediaStore
 
     def save(store: HistoryStore) -> Saved:
@@ -393,8 +394,6 @@ class TurnRunner(QObject):
         turn = self.current(request_id)
         if turn is None:
             return
-        from engine.errors import EngineCrashed
-
         message = describe_error(exc)
         self.finish("error", turn.reply_text, None, error=message)
         if isinstance(exc, EngineCrashed) and not exc.will_repeat:
