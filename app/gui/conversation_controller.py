@@ -283,12 +283,16 @@ class ConversationController(QObject):
         if dialog.exec():
             system, preset = dialog.values()
             own = dialog.sampling()
+            adapters = dialog.adapters()
             if conv is None:
-                self.chat.conversations.new(system_prompt=system, settings={"preset": preset, "sampling": own})
+                self.chat.conversations.new(
+                    system_prompt=system, settings={"preset": preset, "sampling": own, "adapters": adapters}
+                )
             else:
                 settings = dict(conv.settings or {})
                 settings["preset"] = preset
                 settings["sampling"] = own
+                settings["adapters"] = adapters
                 self.chat.conversations.update(system_prompt=system, settings=settings)
 
 

@@ -1,20 +1,29 @@
-"""Per-conversation settings: the system prompt and the sampling (a preset as the starting point,
-then temperature, top-p, top-k, min-p, repeat penalty, max tokens and seed of this chat's own)."""
+"""Per-conversation settings: the system prompt, the sampling (a preset as the starting point,
+then temperature, top-p, top-k, min-p, repeat penalty, max tokens and seed of this chat's own) and
+a LoRA adapter with its scale (set on the loaded model before each turn, without a reload)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
     QDialog,
     QDialogButtonBox,
     QDoubleSpinBox,
+    QFileDialog,
     QFormLayout,
     QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
     QPlainTextEdit,
+    QPushButton,
+    QSlider,
     QSpinBox,
     QVBoxLayout,
     QWidget,
@@ -28,6 +37,21 @@ if TYPE_CHECKING:
     from engine.history_schema import Conversation
 
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "max_tokens", "seed")
+SCALE_STEPS = 100  # the scale slider's steps per 1.0 (it runs from 0 to 2)
+
+
+def conversation_adapters(conversation_settings: Mapping[str, object] | None) -> tuple[tuple[Path, float], ...]:
+    """A chat's LoRA adapters, ``(file, scale)`` each, from its settings (``"adapters"``: a list of
+    ``{"path", "scale"}``); entries that are not of that shape are left out."""
+    raw = dict(conversation_settings or {}).get("adapters")
+    out: list[tuple[Path, float]] = []
+    for item in raw if isinstance(raw, list) else []:
+        if not isinstance(item, dict):
+            continue
+        path, scale = item.get("path"), item.get("scale", 1.0)
+        if isinstance(path, str) and path and isinstance(scale, (int, float)) and not isinstance(scale, bool):
+            out.append((Path(path), float(scale)))
+    return tuple(out)
 
 
 def conversation_sampling(settings: Settings, conversation_settings: Mapping[str, object] | None) -> SamplingPreset:
@@ -98,6 +122,7 @@ class ConversationSettingsDialog(QDialog):
         self.seed.setSpecialValueText("random")
         sampling.addRow("Seed:", self.seed)
         layout.addWidget(box)
+        layout.addWidget(self._adapter_box(conversation_adapters(conv_settings)))
         self._fill(conversation_sampling(settings, conv_settings))
         self.preset.currentIndexChanged.connect(self._on_preset_current_index_changed)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
@@ -105,6 +130,53 @@ class ConversationSettingsDialog(QDialog):
         buttons.rejected.connect(self.reject)
         layout.addWidget(buttons)
         guard_wheel(self)
+
+    def _adapter_box(self, adapters: tuple[tuple[Path, float], ...]) -> QGroupBox:
+        box = QGroupBox("LoRA adapter")
+        form = QFormLayout(box)
+        row = QHBoxLayout()
+        self.adapter_path = QLineEdit(str(adapters[0][0]) if adapters else "")
+        self.adapter_path.setPlaceholderText("none: the base model")
+        self.adapter_path.setAccessibleName("LoRA adapter file")
+        row.addWidget(self.adapter_path, 1)
+        browse = QPushButton("Choose…")
+        browse.clicked.connect(self._choose_adapter)
+        row.addWidget(browse)
+        form.addRow("Adapter:", row)
+        scale_row = QHBoxLayout()
+        self.adapter_scale = QSlider(Qt.Orientation.Horizontal)
+        self.adapter_scale.setRange(0, 2 * SCALE_STEPS)
+        self.adapter_scale.setValue(round((adapters[0][1] if adapters else 1.0) * SCALE_STEPS))
+        self.adapter_scale.setAccessibleName("LoRA adapter scale")
+        self.scale_text = QLabel()
+        self.adapter_scale.valueChanged.connect(self._show_scale)
+        self._show_scale(self.adapter_scale.value())
+        scale_row.addWidget(self.adapter_scale, 1)
+        scale_row.addWidget(self.scale_text)
+        form.addRow("Scale:", scale_row)
+        note = plain_label(
+            "Set on the loaded model before this chat's next reply, without reloading it; a change "
+            "makes the model read the chat again (the inspector says how much)."
+        )
+        note.setObjectName("explain")
+        note.setWordWrap(True)
+        form.addRow(note)
+        return box
+
+    def _show_scale(self, value: int) -> None:
+        self.scale_text.setText(f"{value / SCALE_STEPS:.2f}")
+
+    def _choose_adapter(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "LoRA adapter", self.adapter_path.text(), "GGUF (*.gguf)")
+        if path:
+            self.adapter_path.setText(path)
+
+    def adapters(self) -> list[dict[str, object]]:
+        """The chat's adapters as its settings keep them (empty: the base model)."""
+        path = self.adapter_path.text().strip()
+        if not path:
+            return []
+        return [{"path": str(Path(path).expanduser()), "scale": self.adapter_scale.value() / SCALE_STEPS}]
 
     def _fill(self, preset: SamplingPreset) -> None:
         self.temperature.setValue(preset.temperature)

@@ -297,7 +297,10 @@ class InspectorPanel(QFrame):
         self.media_label = _explain_label()
         self.media_label.setObjectName("mediaPhase")
         self.media_label.setVisible(False)
+        self.adapter_label = _explain_label()  # the chat's LoRA adapters, and what changing them cost
+        self.adapter_label.setVisible(False)
         lay.addWidget(self.media_label)
+        lay.addWidget(self.adapter_label)
         self.chart = SpeedChart()
         lay.addWidget(self.chart)
         self.loop_timeline = LoopTimelineWidget()  # a turn with tool calls: its steps (app/gui/agent_timeline.py)
@@ -570,10 +573,25 @@ class InspectorPanel(QFrame):
         self._show_restore(stats)
         self._show_draft(stats)
         self._show_media(stats)
+        self._show_adapters(stats)
         self._show_cpu_note(stats)
         self._show_memory(stats)
         template = _get(stats, "template")
         self._show("phase", f"template: {'' if template is None else template}", self.phase_label)
+
+    def _show_adapters(self, stats: StatsLike) -> None:
+        """The LoRA adapters the reply ran with, and the prompt tokens read again because they changed."""
+        adapters = _get(stats, "adapters")
+        recomputed = _int(stats, "recomputed_tokens")
+        if not adapters and not recomputed:
+            self._show("adapters", "", self.adapter_label)
+            self.adapter_label.setVisible(False)
+            return
+        text = f"LoRA adapters: {adapters}" if adapters else "No LoRA adapter (the base model)"
+        if recomputed:
+            text += f" · changed since the last reply: {recomputed:,} cached prompt tokens read again"
+        self._show("adapters", text, self.adapter_label)
+        self.adapter_label.setVisible(True)
 
     def _show_media(self, stats: StatsLike) -> None:
         """The images' phase of the timeline: encode, then prefill, then decode."""

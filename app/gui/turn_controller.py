@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import shiboken6
 from PySide6.QtCore import QObject, QTimer, Slot
 
-from app.gui.conversation_settings import conversation_sampling
+from app.gui.conversation_settings import conversation_adapters, conversation_sampling
 from app.gui.reply_links import open_source
 from app.gui.tasks import run_in_background
 from app.gui.window_services import while_alive
@@ -153,7 +153,13 @@ class TurnController(QObject):
         self.inspector.set_reply_limit(params.max_tokens)
         tools, thinking, budget = self.tools.turn_options()
         return TurnContext(
-            system=system, params=params, knowledge_bases=kbs, tools=tools, thinking=thinking, thinking_budget=budget
+            system=system,
+            params=params,
+            knowledge_bases=kbs,
+            tools=tools,
+            thinking=thinking,
+            thinking_budget=budget,
+            adapters=conversation_adapters(conv_settings),
         )
 
     @Slot(str, object)

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 from PySide6.QtCore import QObject, Signal
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from app.gui.workers.agent_tools import ToolsRequest
     from app.gui.workers.history_reads import DisplayMessage
     from app.gui.workers.llm_requests import LoadedModel
@@ -149,6 +151,7 @@ class TurnContext:
         tools: set when the turn runs the agent loop.
         thinking: the template's thinking switch (None: its default).
         thinking_budget: the most thinking tokens (None: no cap).
+        adapters: the chat's LoRA adapters, ``(file, scale)`` each (the chat settings' own).
     """
 
     system: str | None
@@ -157,3 +160,4 @@ class TurnContext:
     tools: ToolsRequest | None = None
     thinking: bool | None = None
     thinking_budget: int | None = None
+    adapters: tuple[tuple[Path, float], ...] = ()

@@ -235,7 +235,7 @@ class TurnRunner(QObject):
             thinking_budget=context.thinking_budget,
             cancel=placeholder.request.cancel,
         )
-        request = GenerateRequest(next(self._ids), ask, context.tools)
+        request = GenerateRequest(next(self._ids), ask, context.tools, context.adapters)
         turn = ReplyTurn(request, conversation.id, reply_id, time.perf_counter())
         self.turn = turn
         chat.reply_started.emit(reply_id)

@@ -80,11 +80,14 @@ class GenerateRequest:
             the sampling, the KV cache key, the thinking options, the Stop event).
         tools: the chat's tools (None: a plain generation): the worker opens them (and keeps them
             open between turns) and the turn runs the agent loop with them.
+        adapters: the chat's LoRA adapters, ``(file, scale)`` each: the worker sets them on the
+            loaded model before the turn (no reload; a change empties the KV cache).
     """
 
     request_id: int
     turn: TurnRequest
     tools: ToolsRequest | None = None
+    adapters: tuple[tuple[Path, float], ...] = ()
 
     @property
     def cancel(self) -> threading.Event:

@@ -46,6 +46,8 @@ from engine.errors import EngineError
 from engine.inference.events import CallProgress, Finished, PrefillProgress, Reasoning, Token, ToolCall
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from PySide6.QtCore import SignalInstance
 
     from engine.inference.backends import ChatBackend
@@ -106,6 +108,7 @@ class LlmWorker(QObject):
         self._current: Kept | None = None  # the chat's model, as it would be kept
         self._resident = ResidentModels()
         self._sweeper: QTimer | None = None  # unloads idle kept models (made on this thread)
+        self._adapters_set: tuple[ChatBackend, tuple[tuple[Path, float], ...]] | None = None  # set on it
         self._bandwidth: float | None = None
         self._bandwidth_done = False
         self._toolsets = ToolsetCache()
@@ -228,6 +231,7 @@ class LlmWorker(QObject):
             self.call_progressed.emit,
         )
         try:
+            self._set_adapters(session, request.adapters)
             turn = request.turn
             if request.tools is not None:
                 toolset = self._toolsets.get(request.tools, session)
@@ -244,6 +248,23 @@ class LlmWorker(QObject):
             self.generation_failed.emit(rid, exc)
             return
         self._emit_prompt_view(session, stream.reply)
+
+    def _set_adapters(self, session: ChatBackend, adapters: tuple[tuple[Path, float], ...]) -> None:
+        """The chat's LoRA adapters on the loaded model, when they changed (no reload). Raises
+        AdapterMismatch or ModelFileError (one line naming the files), or EngineError for a model
+        on a server."""
+        local = session.local
+        if local is None:
+            if adapters:
+                raise EngineError("a LoRA adapter applies to a local model; this chat's model runs on a server")
+            return
+        done = self._adapters_set
+        if done is not None and done[0] is session and done[1] == adapters:
+            return
+        from engine.inference.adapters import LoraAdapter
+
+        local.set_adapters([LoraAdapter(path, scale) for path, scale in adapters])
+        self._adapters_set = (session, adapters)
 
     @staticmethod
     def _after_flush(stream: Coalescer, signal: SignalInstance, rid: int, payload: Any) -> None:
