@@ -10,47 +10,38 @@ with ``stream_options.include_usage``, the ``usage`` chunk (``choices: []``), th
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, cast
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from app.knowledge_glue import kept_sources
-from app.server import params as fields
-from app.server.errors import HttpError, map_errors
-from app.server.handler import openai_error_events
+from app.server.errors import map_errors
+from app.server.sse import openai_error_events
+from app.server.turn import check_fits, hold_model, open_stream, read_turn, whole_choice
 from app.server.wire import (
     ChatRequest,
-    Choice,
     ChunkDocument,
     DeltaDocument,
     LogprobsDocument,
     Source,
     TimingsDocument,
-    WireMessage,
-    collect,
     completion_document,
     finish_reason,
     forced_call,
     keeps_call,
     logprob_entry,
     parse_chat,
-    text_limit,
     timings_document,
     tool_call_document,
     truncated_call,
     usage_document,
 )
-from app.turn import TurnRequest, run_turn
 
 if TYPE_CHECKING:
     from app.knowledge_glue import Passages
     from app.server.handler import Handler
-    from engine.inference.backends import ChatBackend
-    from engine.inference.context import Message, RankedDocuments, Role
     from engine.inference.events import Event, Stats
 
 
@@ -58,11 +49,10 @@ def handle(handler: Handler) -> None:
     """Answers ``POST /v1/chat/completions``."""
     state = handler.state
     body = handler.read_json()
-    wanted = state.check_model(body)
-    request = parse_chat(body, state.default_kbs, text_limit(state.n_ctx), state.backend.n_vocab, state.n_ctx)
-    handler.warnings.extend(request.warnings)
-    with handler.use_model(wanted) as cancel:
-        check_backend(state.backend, request)
+    request, wanted = read_turn(
+        handler, body, lambda b, chars, vocab, ctx: parse_chat(b, state.default_kbs, chars, vocab, ctx)
+    )
+    with hold_model(handler, wanted, request) as cancel:
         passages: Passages | None = None
         if request.knowledge_bases:
             query = request.user or _last_user_text(request)
@@ -83,162 +73,20 @@ def handle(handler: Handler) -> None:
             handler.send_json(200, completion)
 
 
-def whole_choice(
-    handler: Handler, request: ChatRequest, index: int, passages: Passages | None, cancel: threading.Event
-) -> Choice:
-    events = handler.generation(open_stream(handler.state.backend, request, index, passages, cancel), cancel)
-    choice: Choice = map_errors(lambda: collect(index, events, request.top_logprobs is not None, request))
-    return choice
-
-
 def _last_user_text(request: ChatRequest) -> str:
     return next((m.content for m in reversed(request.messages) if m.role == "user"), "")
-
-
-# ---------------------------------------------------------------------------- the engine call
-
-
-def check_backend(backend: ChatBackend, request: ChatRequest) -> None:
-    """Refuses what this backend cannot do, before the model is touched.
-
-    A local session checks the turn's options with the engine's own rules (``engine.inference.turn.shape_turn``:
-    the tool choice, a forced call with a schema of the caller's, the template's thinking switches),
-    so that they are a 400 naming the reason rather than a failure mid-generation. A server checks
-    them itself (its 400 is named in the error).
-
-    Raises:
-        HttpError: 400 when the engine refuses the turn's options.
-    """
-    from engine.errors import EngineError
-
-    local = backend.local
-    template = local.template if local is not None else None
-    if template is None:
-        return
-    from engine.inference.turn import shape_turn
-
-    try:
-        shape_turn(
-            template,
-            request.params,
-            tools=request.tools,
-            tool_choice=request.tool_choice,
-            thinking=request.thinking,
-            reasoning_effort=request.reasoning_effort,
-        )
-    except EngineError as exc:
-        param = "reasoning_effort" if "reasoning_effort" in str(exc) else "tool_choice"
-        if "thinking switch" in str(exc):
-            param = "chat_template_kwargs"
-        raise HttpError(400, str(exc), code="invalid_value", param=param) from None
-
-
-@contextmanager
-def overflow_allowed(backend: ChatBackend, allowed: bool) -> Iterator[None]:
-    """While a request that allows it runs (Responses' ``truncation: "auto"``), a session the server
-    owns drops the oldest turns to fit instead of refusing (called under the model's lock)."""
-    policy = backend.overflow_policy
-    if not allowed or policy != "refuse":
-        yield
-        return
-    backend.overflow_policy = "rolling"
-    try:
-        yield
-    finally:
-        backend.overflow_policy = policy
-
-
-def check_fits(backend: ChatBackend, request: ChatRequest, documents: RankedDocuments | None) -> None:
-    """The API's contract on a session that trims: a conversation that does not fit is a 400.
-
-    A session the server owns refuses overflow itself (policy ``"refuse"``). The GUI's own session,
-    shared through the API-server toggle, keeps the GUI's rolling eviction; for the API its room is
-    measured first (``ChatBackend.result_room``: the window less the prompt and the reply reserve;
-    a remote server's cannot be, and it refuses an overflow itself).
-
-    Raises:
-        HttpError: 400 ``context_length_exceeded``.
-    """
-    if backend.overflow_policy == "refuse":
-        return
-    room = map_errors(
-        lambda: backend.result_room(
-            engine_messages(request.messages),
-            request.params,
-            system=request.system,
-            documents=documents,
-            tools=request.tools,
-            tool_choice=request.tool_choice,
-            thinking=request.thinking,
-            reasoning_effort=request.reasoning_effort,
-        )
-    )
-    if room is not None and room < 0:
-        raise HttpError(
-            400,
-            f"the conversation needs {-room} tokens more than this model's context window holds "
-            "(with the reply's reserve): shorten it",
-            code="context_length_exceeded",
-            param="messages",
-        )
-
-
-def engine_messages(turns: Sequence[WireMessage]) -> list[Message]:
-    """The engine's Messages for a conversation; a ``tool`` message gets its tool's name from the call."""
-    from engine.inference.context import Message
-
-    messages: list[Message] = []
-    names: dict[str, str] = {}
-    for turn in turns:
-        if turn.role == "assistant" and turn.tool_calls:
-            from engine.inference.events import ToolCall
-
-            calls = tuple(
-                ToolCall(call_id, name, arguments, json.dumps({"name": name, "arguments": arguments}))
-                for call_id, name, arguments in turn.tool_calls
-            )
-            names.update((call_id, name) for call_id, name, _ in turn.tool_calls)
-            messages.append(Message("assistant", turn.content, tool_calls=calls))
-        elif turn.role == "tool":
-            call_id = turn.tool_call_id or ""
-            messages.append(Message("tool", turn.content, tool_call_id=call_id, name=names.get(call_id, "")))
-        else:
-            role: Role = "assistant" if turn.role == "assistant" else "user"
-            messages.append(Message(role, turn.content, media=turn.media if role == "user" else ()))
-    return messages
-
-
-def open_stream(
-    backend: ChatBackend, request: ChatRequest, index: int, passages: Passages | None, cancel: threading.Event
-) -> Iterator[Event]:
-    """The events of choice ``index`` of ``request``: the app's one turn (``app.turn.run_turn``),
-    its tools offered and their calls returned to the client, unrun."""
-    # After a tool's result the reply continues the last turn: no new user message (user=None).
-    user = request.user if request.messages[-1].role == "user" else None
-    turn = TurnRequest(
-        tuple(engine_messages(request.history)),
-        user,
-        fields.seeded(request.params, index),
-        request.system,
-        passages=passages,
-        offered=tuple(request.tools),
-        tool_choice=request.tool_choice if request.tools else None,
-        thinking=request.thinking,
-        reasoning_effort=request.reasoning_effort,
-        media=request.user_media if user is not None else (),
-        cancel=cancel,
-    )
-    return cast("Iterator[Event]", iter(run_turn(backend, turn)))  # a plain turn streams the backend's events
 
 
 # ---------------------------------------------------------------------------- streaming
 
 
 def _stream(handler: Handler, request: ChatRequest, passages: Passages | None, cancel: threading.Event) -> None:
-    events = handler.generation(open_stream(handler.state.backend, request, 0, passages, cancel), cancel)
-    head = handler.first(events)
-    stream = _ChunkStream(handler, request, passages, cancel)
-    handler.sse(lambda: stream.produce(_prepend(head, events)), cancel, openai_error_events)
+    def produce(first: Iterator[Event]) -> None:
+        _ChunkStream(handler, request, passages, cancel).produce(first)
+
+    handler.stream(
+        open_stream(handler.state.backend, request, 0, passages, cancel), cancel, produce, openai_error_events
+    )
 
 
 class _ChunkStream:
@@ -394,8 +242,3 @@ class _RunningTimings:
             "predicted_ms": round(predicted_ms, 2),
             "predicted_per_second": round(decoded / (predicted_ms / 1000), 2) if predicted_ms > 0 else 0.0,
         }
-
-
-def _prepend(head: Event, events: Iterator[Event]) -> Iterator[Event]:
-    yield head
-    yield from events

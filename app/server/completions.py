@@ -22,13 +22,13 @@ from typing import TYPE_CHECKING, TypedDict
 
 from app.server import params as fields
 from app.server.errors import HttpError, map_errors
-from app.server.handler import openai_error_events
+from app.server.sse import openai_error_events
 from app.server.wire import TimingsDocument, text_limit, timings_document
+from engine.inference.events import Event, Finished, Token
 
 if TYPE_CHECKING:
     from app.server.handler import Handler
     from engine.inference.backends import LocalBackend
-    from engine.inference.events import Event, Finished, Token
     from engine.inference.runtime import GenerationParams
 
 COMPLETION_FIELDS = frozenset(
@@ -221,13 +221,16 @@ class _Run:
         self.prompt_tokens = sum(len(tokens) for tokens in encoded)
 
     def _events(self, choice: int) -> Iterator[Event]:
+        return self.handler.generation(self._completion(choice), self.cancel)
+
+    def _completion(self, choice: int) -> Iterator[Event]:
         backend = self.handler.state.backend.local
         assert backend is not None  # handle() refused a remote backend
         tokens = self.encoded[choice // self.n]
         params = fields.seeded(self.params, choice % self.n)
         # ChatSession.complete holds the session's lock (a GUI sharing it never talks to the worker
         # at the same time) and sends no conversation's saved KV cache with the prompt.
-        return self.handler.generation(backend.complete(tokens, params, self.cancel), self.cancel)
+        return backend.complete(tokens, params, self.cancel)
 
     def _document(
         self, choices: list[TextChoice], usage: Usage | None = None, timings: TimingsDocument | None = None
@@ -242,8 +245,6 @@ class _Run:
         return document
 
     def whole(self) -> None:
-        from engine.inference.events import Finished, Token
-
         choices: list[TextChoice] = []
         first = None
         completion_tokens = 0
@@ -275,16 +276,11 @@ class _Run:
         self.handler.send_json(200, document)
 
     def stream(self, include_usage: bool) -> None:
-        from engine.inference.events import Finished, Token
-
-        events = self._events(0)
-        head = self.handler.first(events)
-
-        def produce() -> None:
+        def produce(events: Iterator[Event]) -> None:
             first = None
             completion_tokens = 0
             for choice in range(len(self.encoded) * self.n):
-                source = _prepend(head, events) if choice == 0 else self._events(choice)
+                source = events if choice == 0 else self._events(choice)
                 echo = self.echoes[choice // self.n]
                 if echo:
                     self.handler.send_event(self._document([_text_choice(choice, echo)]))
@@ -304,7 +300,7 @@ class _Run:
                 self.handler.send_event(self._document([], usage=_usage(completion_tokens, self.prompt_tokens)))
             self.handler.send_event("[DONE]")
 
-        self.handler.sse(produce, self.cancel, openai_error_events)
+        self.handler.stream(self._completion(0), self.cancel, produce, openai_error_events)
 
 
 def _listed(events: Callable[[int], Iterator[Event]], choice: int) -> list[Event]:
@@ -323,8 +319,3 @@ def _usage(completion_tokens: int, prompt_tokens: int) -> Usage:
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
-
-
-def _prepend(head: Event, events: Iterator[Event]) -> Iterator[Event]:
-    yield head
-    yield from events

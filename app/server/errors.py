@@ -1,4 +1,6 @@
-"""The errors ``glassbox serve`` answers with: a status and an OpenAI-style ``{"error": {...}}`` body.
+"""The errors ``glassbox serve`` answers with: a status and an OpenAI-style ``{"error": {...}}`` body
+(Anthropic's ``{"type": "error", ...}`` on ``/v1/messages``), and the typed errors of the engine and
+rag mapped to them.
 
 Answers never carry Python exception text: the server's own failures are a fixed message, and the
 detail goes to the server log (:func:`http_error_for`).
@@ -19,6 +21,7 @@ from engine.errors import (
     TemplateError,
 )
 from engine.media import MediaError
+from rag.errors import RagError
 
 log = logging.getLogger("glassbox.serve")
 
@@ -61,6 +64,32 @@ class HttpError(Exception):
         if self.detail is not None:
             error["detail"] = self.detail
         return {"error": error}
+
+
+class ClientGone(Exception):
+    """The client closed its connection while its request waited: nobody to answer."""
+
+
+def anthropic_status(error: HttpError) -> int:
+    """The status of ``error`` in Anthropic's API (an overload is its 529)."""
+    return error.anthropic[0] if error.anthropic is not None else error.status
+
+
+def anthropic_error(error: HttpError) -> dict[str, object]:
+    """Anthropic's error body (``{"type": "error", "error": {"type", "message"}}``; Glassbox's own
+    explanation, where the message is Anthropic's wording, in ``detail``)."""
+    if error.anthropic is not None:
+        _, kind, message = error.anthropic
+    else:
+        kinds = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error"}
+        kinds.update({404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error"})
+        kinds[503] = "overloaded_error"
+        kind = kinds.get(error.status, "api_error" if error.status >= 500 else "invalid_request_error")
+        message = error.message
+    body: dict[str, object] = {"type": kind, "message": message}
+    if error.detail is not None:
+        body["detail"] = error.detail
+    return {"type": "error", "error": body}
 
 
 def context_length_error(
@@ -121,8 +150,6 @@ def overloaded(detail: str, retry_after: int) -> HttpError:
 
 def map_errors(fn: Callable[[], T]) -> T:
     """Runs ``fn``, turning the engine's and rag's typed errors into HTTP errors (:func:`http_error_for`)."""
-    from rag.errors import RagError
-
     try:
         return fn()
     except (EngineError, RagError) as exc:
@@ -149,8 +176,6 @@ def http_error_for(exc: BaseException) -> HttpError:
     which may hold file paths or Python exception text (the inference worker passes those on as
     ``EngineError``), goes to the server log.
     """
-    from rag.errors import RagError
-
     if isinstance(exc, HttpError):
         return exc
     if isinstance(exc, ContextOverflow):

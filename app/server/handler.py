@@ -29,7 +29,16 @@ from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING
 
 from app.server.body import encode_text, parse_body, parse_document
-from app.server.errors import HttpError, http_error_for, map_errors, overloaded
+from app.server.errors import (
+    ClientGone,
+    HttpError,
+    anthropic_error,
+    anthropic_status,
+    http_error_for,
+    map_errors,
+    overloaded,
+)
+from app.server.sse import END_OF_BODY, SseEvent, event_chunk, with_head
 from app.server.state import ServerState
 from engine.errors import EngineError
 
@@ -37,9 +46,6 @@ if TYPE_CHECKING:
     from http.server import ThreadingHTTPServer
 
     from engine.inference.events import Event
-
-SseEvent = tuple[str | None, Mapping[str, object] | str]
-"""One server-sent event to send: its ``event:`` name (None: unnamed) and its data."""
 
 log = logging.getLogger("glassbox.serve")
 
@@ -54,32 +60,6 @@ STREAM_SEND_BUFFER = 64 * 1024
 """The kernel send buffer of a streamed reply, in bytes: with the client's receive buffer, how far
 generation may run ahead of a client that stopped reading before a write blocks."""
 _LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1", "[::1]")
-
-
-class ClientGone(Exception):
-    """The client closed its connection while its request waited: nobody to answer."""
-
-
-def anthropic_status(error: HttpError) -> int:
-    """The status of ``error`` in Anthropic's API (an overload is its 529)."""
-    return error.anthropic[0] if error.anthropic is not None else error.status
-
-
-def anthropic_error(error: HttpError) -> dict[str, object]:
-    """Anthropic's error body (``{"type": "error", "error": {"type", "message"}}``; Glassbox's own
-    explanation, where the message is Anthropic's wording, in ``detail``)."""
-    if error.anthropic is not None:
-        _, kind, message = error.anthropic
-    else:
-        kinds = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error"}
-        kinds.update({404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error"})
-        kinds[503] = "overloaded_error"
-        kind = kinds.get(error.status, "api_error" if error.status >= 500 else "invalid_request_error")
-        message = error.message
-    body: dict[str, object] = {"type": kind, "message": message}
-    if error.detail is not None:
-        body["detail"] = error.detail
-    return {"type": "error", "error": body}
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -317,13 +297,10 @@ class Handler(BaseHTTPRequestHandler):
 
     def send_event(self, payload: str | Mapping[str, object], event: str | None = None) -> None:
         """One server-sent event: ``data:`` (a JSON document or text), after ``event:`` when named."""
-        text = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
-        head = f"event: {event}\n" if event else ""
-        data = encode_text(f"{head}data: {text}\n\n")
-        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))  # one write per chunk
+        self.wfile.write(event_chunk(payload, event))  # one write per chunk
 
     def end_sse(self) -> None:
-        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.write(END_OF_BODY)
 
     def hung_up(self) -> bool:
         """True when the client has closed (or reset) its connection; reads nothing it sent."""
@@ -422,6 +399,19 @@ class Handler(BaseHTTPRequestHandler):
         """The first event: planning errors become HTTP errors here, before any 200."""
         return map_errors(lambda: next(events))
 
+    def stream(
+        self,
+        events: Iterator[Event],
+        cancel: threading.Event,
+        produce: Callable[[Iterator[Event]], None],
+        error_events: Callable[[HttpError], list[SseEvent]],
+    ) -> None:
+        """Streams the reply of ``events`` (:meth:`generation`): its first event is pulled before the
+        200 (:meth:`first`), then ``produce`` sends the events of all of them (:meth:`sse`)."""
+        watched = self.generation(events, cancel)
+        head = self.first(watched)
+        self.sse(lambda: produce(with_head(head, watched)), cancel, error_events)
+
     def sse(
         self,
         produce: Callable[[], None],
@@ -470,11 +460,6 @@ class Handler(BaseHTTPRequestHandler):
     def _props(self) -> None:
         state = self.state
         self.send_json(200, {"model_alias": state.model_id, "default_generation_settings": {"n_ctx": state.n_ctx}})
-
-
-def openai_error_events(error: HttpError) -> list[SseEvent]:
-    """The events that end an OpenAI stream after a failure: the error, then ``[DONE]``."""
-    return [(None, {"error": {"message": error.message, "type": error.kind, "code": error.code}}), (None, "[DONE]")]
 
 
 def _peer_closed(sock: socket.socket) -> bool:

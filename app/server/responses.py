@@ -35,8 +35,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Literal, NotRequired, TypedDict
 
 from app.server import params as fields
-from app.server.chat import check_backend, check_fits, open_stream, overflow_allowed, whole_choice
 from app.server.errors import HttpError
+from app.server.turn import check_fits, hold_model, open_stream, read_turn, whole_choice
 from app.server.wire import (
     ChatRequest,
     Choice,
@@ -50,13 +50,13 @@ from app.server.wire import (
     logprob_entry,
     logprobs_document,
     parse_tools,
-    text_limit,
     tools_chars,
 )
+from engine.inference.events import Event, Finished, Reasoning, Token, ToolCall
 
 if TYPE_CHECKING:
-    from app.server.handler import Handler, SseEvent
-    from engine.inference.events import Event, Finished, ToolCall
+    from app.server.handler import Handler
+    from app.server.sse import SseEvent
 
 RESPONSE_FIELDS = frozenset(
     {
@@ -417,14 +417,11 @@ def handle(handler: Handler) -> None:
     if store is not None and not isinstance(store, bool):
         raise HttpError(400, "'store' must be true or false", code="invalid_value", param="store")
     items = _conversation(handler, body)
-    wanted = state.check_model(body)
-    request = parse_response_request(
-        {**body, "input": items}, text_limit(state.n_ctx), state.backend.n_vocab, state.n_ctx
+    request, wanted = read_turn(
+        handler, body, lambda b, chars, vocab, ctx: parse_response_request({**b, "input": items}, chars, vocab, ctx)
     )
-    handler.warnings.extend(request.warnings)
     shape = _Shape(handler, body, request, items if isinstance(items, list) else ())
-    with handler.use_model(wanted) as cancel, overflow_allowed(state.backend, request.truncate):
-        check_backend(state.backend, request)
+    with hold_model(handler, wanted, request, truncate=request.truncate) as cancel:
         if not request.truncate:
             check_fits(state.backend, request, None)
         if request.stream:
@@ -489,10 +486,10 @@ def delete(handler: Handler) -> None:
 
 
 def _stream(handler: Handler, shape: _Shape, request: ChatRequest, cancel: threading.Event) -> None:
-    events = handler.generation(open_stream(handler.state.backend, request, 0, None, cancel), cancel)
-    head = handler.first(events)
     stream = _ResponseStream(handler, shape, request)
-    handler.sse(lambda: stream.produce(_prepend(head, events)), cancel, stream.error_events)
+    handler.stream(
+        open_stream(handler.state.backend, request, 0, None, cancel), cancel, stream.produce, stream.error_events
+    )
 
 
 class _ResponseStream:
@@ -514,8 +511,6 @@ class _ResponseStream:
         self.sequence += 1
 
     def produce(self, events: Iterator[Event]) -> None:
-        from engine.inference.events import Finished, Reasoning, Token, ToolCall
-
         self.send("response.created", response=self.shape.response("in_progress", []))
         self.send("response.in_progress", response=self.shape.response("in_progress", []))
         for event in events:
@@ -601,8 +596,3 @@ class _ResponseStream:
     def error_events(self, error: HttpError) -> list[SseEvent]:
         return [("error", {"type": "error", "sequence_number": self.sequence, "code": error.code or error.kind,
                            "message": error.message, "param": error.param})]  # fmt: skip
-
-
-def _prepend(head: Event, events: Iterator[Event]) -> Iterator[Event]:
-    yield head
-    yield from events
