@@ -41,11 +41,11 @@ from app.server.wire import (
 
 if TYPE_CHECKING:
     from app.knowledge_glue import Passages
-    from app.server.handler import Handler
+    from app.server.exchange import Exchange
     from engine.inference.events import Event, Stats
 
 
-def handle(handler: Handler) -> None:
+def handle(handler: Exchange) -> None:
     """Answers ``POST /v1/chat/completions``."""
     state = handler.state
     body = handler.read_json()
@@ -80,7 +80,7 @@ def _last_user_text(request: ChatRequest) -> str:
 # ---------------------------------------------------------------------------- streaming
 
 
-def _stream(handler: Handler, request: ChatRequest, passages: Passages | None, cancel: threading.Event) -> None:
+def _stream(handler: Exchange, request: ChatRequest, passages: Passages | None, cancel: threading.Event) -> None:
     def produce(first: Iterator[Event]) -> None:
         _ChunkStream(handler, request, passages, cancel).produce(first)
 
@@ -94,7 +94,7 @@ class _ChunkStream:
 
     def __init__(
         self,
-        handler: Handler,
+        handler: Exchange,
         request: ChatRequest,
         passages: Passages | None,
         cancel: threading.Event,

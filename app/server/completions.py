@@ -27,7 +27,7 @@ from app.server.wire import TimingsDocument, text_limit, timings_document
 from engine.inference.events import Event, Finished, Token
 
 if TYPE_CHECKING:
-    from app.server.handler import Handler
+    from app.server.exchange import Exchange
     from engine.inference.backends import LocalBackend
     from engine.inference.runtime import GenerationParams
 
@@ -130,7 +130,7 @@ def _logprobs(tokens: Sequence[Token], top: int, offset: int) -> LegacyLogprobs:
     return document
 
 
-def handle(handler: Handler) -> None:
+def handle(handler: Exchange) -> None:
     """Answers ``POST /v1/completions``."""
     state = handler.state
     body = fields.present(handler.read_json())
@@ -201,7 +201,7 @@ class _Run:
 
     def __init__(
         self,
-        handler: Handler,
+        handler: Exchange,
         encoded: list[list[int]],
         echoes: list[str],
         n: int,

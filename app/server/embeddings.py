@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from numpy.typing import NDArray
     from transformers import PreTrainedTokenizerBase
 
-    from app.server.handler import Handler
+    from app.server.exchange import Exchange
 
 MAX_EMBED_INPUTS = 2048
 """Most inputs in one request."""
@@ -264,7 +264,7 @@ def _texts(inputs: list[Prompt]) -> list[str]:
     return texts
 
 
-def handle(handler: Handler) -> None:
+def handle(handler: Exchange) -> None:
     """Answers ``POST /v1/embeddings``."""
     state = handler.state
     body = fields.present(handler.read_json())

@@ -1,146 +1,88 @@
-"""The HTTP request handler of ``glassbox serve``: routing, access, bodies, server-sent events, and
-the one-model-at-a-time queue.
-
-Each endpoint is a function of the handler in its own module (:mod:`app.server.chat`,
-:mod:`app.server.completions`, :mod:`app.server.embeddings`, :mod:`app.server.responses`,
-:mod:`app.server.messages`); this module holds what they share:
-
-* :meth:`Handler.read_json` (Content-Length only, at most :data:`MAX_BODY_BYTES`, JSON only, the
-  hostile-body checks of :mod:`app.server.body`);
-* :meth:`Handler.use_model`: waits its turn for the model (503 past
-  :data:`~app.server.state.MAX_QUEUED` waiting), registers the reply's cancel event so that
-  stopping the server cancels it, and skips a client that left while it waited;
-* :meth:`Handler.generation`: the backend's events, cancelled as soon as the client is found gone
-  between two of them; :meth:`Handler.sse` streams a reply and ends it with an error event (in the
-  endpoint's dialect) when something fails mid-stream.
+"""The router of ``glassbox serve``: which endpoint answers a method and a path (:data:`ROUTES`), who
+may call it (the API key, loopback hosts), and the answer when a request fails before or outside
+its endpoint. Each endpoint is a ``handle(handler)`` in its own module, given the request as an
+:class:`~app.server.exchange.Exchange` (ARCHITECTURE.md, "The HTTP contract").
 """
 
 from __future__ import annotations
 
 import hmac
-import json
 import logging
-import select
-import socket
-import threading
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
-from app.server.body import encode_text, parse_body, parse_document
-from app.server.errors import (
-    ClientGone,
-    HttpError,
-    anthropic_error,
-    anthropic_status,
-    http_error_for,
-    map_errors,
-    overloaded,
-)
-from app.server.sse import END_OF_BODY, SseEvent, event_chunk, with_head
-from app.server.state import ServerState
-from engine.errors import EngineError
-
-if TYPE_CHECKING:
-    from http.server import ThreadingHTTPServer
-
-    from engine.inference.events import Event
+from app.server import chat, completions, embeddings, lora, messages, models, responses, tokens
+from app.server.errors import ClientGone, HttpError, anthropic_error, anthropic_status, http_error_for
+from app.server.exchange import Exchange
 
 log = logging.getLogger("glassbox.serve")
 
-MAX_BODY_BYTES = 16 * 2**20
-
-WRITE_STALL_S = 15.0
-"""How long one write to a client may block (its socket full, because it stopped reading) before
-the reply is cancelled and the model let go: a client that opens a stream and never reads it does
-not hold the model for others."""
-
-STREAM_SEND_BUFFER = 64 * 1024
-"""The kernel send buffer of a streamed reply, in bytes: with the client's receive buffer, how far
-generation may run ahead of a client that stopped reading before a write blocks."""
 _LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1", "[::1]")
 
+Endpoint = Callable[[Exchange], None]
+"""An endpoint: answers the request it is given."""
 
-class Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server_version = "Glassbox"
-    sys_version = ""
-    timeout = 120  # seconds an idle keep-alive connection may hold a thread
-    server: ThreadingHTTPServer
-    _body_read = False
-    _responded = False  # a status line is on its way: an error can no longer be a fresh answer
-    _live: Iterator[Event] | None = None  # the generation being streamed, drained after a failure
-    anthropic = False  # the endpoint answers errors in Anthropic's shape
 
-    def setup(self) -> None:
-        super().setup()
-        # Each token is one small write: without this, Nagle's algorithm delays them.
-        self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+def _health(handler: Exchange) -> None:
+    handler.send_json(200, {"status": "ok"})
 
-    def handle_one_request(self) -> None:
-        # A keep-alive connection waits for its next request with the idle timeout, whatever a
-        # reply's writes were bounded by (_bound_writes).
-        self.connection.settimeout(self.timeout)
-        super().handle_one_request()
 
-    def _bound_writes(self, stream: bool = False) -> None:
-        """Bounds how long a write may block (:data:`WRITE_STALL_S`) and, for a stream, how much it
-        may buffer (:data:`STREAM_SEND_BUFFER`)."""
-        self.connection.settimeout(WRITE_STALL_S)
-        if stream:
-            try:
-                self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, STREAM_SEND_BUFFER)
-            except OSError:
-                pass
+def _props(handler: Exchange) -> None:
+    state = handler.state
+    handler.send_json(200, {"model_alias": state.model_id, "default_generation_settings": {"n_ctx": state.n_ctx}})
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (the stdlib's name)
-        log.debug("%s %s", self.address_string(), format % args)
 
-    # routing ----------------------------------------------------------------------------------
+ROUTES: dict[str, dict[str, Endpoint]] = {
+    "GET": {
+        "/v1/models": models.listing,
+        "/models": models.listing,  # llama.cpp's, without /v1
+        "/props": _props,
+        "/health": _health,
+        "/v1/health": _health,
+        "/lora-adapters": lora.listing,
+        "/glassbox/ps": models.ps,
+    },
+    "POST": {
+        "/v1/chat/completions": chat.handle,
+        "/chat/completions": chat.handle,  # llama.cpp's, without /v1
+        "/v1/completions": completions.handle,
+        "/v1/embeddings": embeddings.handle,
+        "/v1/responses": responses.handle,
+        "/responses": responses.handle,
+        "/v1/messages": messages.handle,
+        "/v1/messages/count_tokens": messages.count_tokens,
+        "/tokenize": tokens.tokenize,
+        "/detokenize": tokens.detokenize,
+        "/lora-adapters": lora.set_scales,
+        "/glassbox/unload": models.unload,
+        "/models/unload": models.unload,  # llama.cpp's router
+        "/models/load": models.load,
+    },
+    "DELETE": {},
+}
+"""The endpoints with a fixed path, by method; :func:`route` adds ``/v1/models/{id}`` and
+``/v1/responses/{id}``."""
+
+
+def route(method: str, path: str) -> Endpoint | None:
+    """The endpoint that answers ``method`` on ``path`` (without its query and trailing ``/``), or None."""
+    if method == "GET" and path.startswith("/v1/models/"):
+        return lambda handler: models.one(handler, path[len("/v1/models/") :])
+    if _is_response_path(path) and method in ("GET", "DELETE"):
+        return responses.retrieve if method == "GET" else responses.delete
+    return ROUTES.get(method, {}).get(path)
+
+
+class Handler(Exchange):
+    """The request handler the server is made with: each request routed to its endpoint."""
+
     def do_GET(self) -> None:
-        from app.server import lora, models, responses
-
-        path = self._path()
-        if path.startswith("/v1/models/"):
-            self._dispatch({path: lambda: models.one(self, path[len("/v1/models/") :])})
-            return
-        if _is_response_path(path):
-            self._dispatch({path: lambda: responses.retrieve(self)})
-            return
-        self._dispatch(
-            {
-                "/v1/models": lambda: models.listing(self),
-                "/models": lambda: models.listing(self),  # llama.cpp's, without /v1
-                "/props": self._props,
-                "/health": self._health,
-                "/v1/health": self._health,
-                "/lora-adapters": lambda: lora.listing(self),
-                "/glassbox/ps": lambda: models.ps(self),
-            }
-        )
+        self._dispatch()
 
     def do_POST(self) -> None:
-        from app.server import chat, completions, embeddings, lora, messages, models, responses, tokens
+        self._dispatch()
 
-        self._dispatch(
-            {
-                "/v1/chat/completions": lambda: chat.handle(self),
-                "/chat/completions": lambda: chat.handle(self),  # llama.cpp's, without /v1
-                "/v1/completions": lambda: completions.handle(self),
-                "/v1/embeddings": lambda: embeddings.handle(self),
-                "/v1/responses": lambda: responses.handle(self),
-                "/responses": lambda: responses.handle(self),
-                "/v1/messages": lambda: messages.handle(self),
-                "/v1/messages/count_tokens": lambda: messages.count_tokens(self),
-                "/tokenize": lambda: tokens.tokenize(self),
-                "/detokenize": lambda: tokens.detokenize(self),
-                "/lora-adapters": lambda: lora.set_scales(self),
-                "/glassbox/unload": lambda: models.unload(self),
-                "/models/unload": lambda: models.unload(self),  # llama.cpp's router
-                "/models/load": lambda: models.load(self),
-            }
-        )
+    def do_DELETE(self) -> None:
+        self._dispatch()
 
     def do_OPTIONS(self) -> None:
         """A CORS preflight: 200, with the CORS headers when the origin is allowed (app.server.cors)."""
@@ -152,33 +94,18 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", "0")
         self.end_headers()
 
-    def do_DELETE(self) -> None:
-        from app.server import responses
-
-        path = self._path()
-        self._dispatch({path: lambda: responses.delete(self)} if _is_response_path(path) else {})
-
-    def send_response(self, code: int, message: str | None = None) -> None:
-        self._responded = True
-        super().send_response(code, message)
-
     def _path(self) -> str:
         return self.path.split("?", 1)[0].rstrip("/") or "/"
 
-    def _dispatch(self, routes: dict[str, Callable[[], None]]) -> None:
+    def _dispatch(self) -> None:
         path = self._path()
-        self._body_read = False
-        self._responded = False
-        self._live = None
-        self.warnings: list[str] = []  # said in the X-Glassbox-Warning header (fields with no effect)
-        self.anthropic = path.startswith("/v1/messages")
-        self.state.begin_request(self.headers)
+        endpoint = route(self.command, path)
+        self.begin(anthropic=path.startswith("/v1/messages"))
         try:
             self._check_access()
-            route = routes.get(path)
-            if route is None:
+            if endpoint is None:
                 raise HttpError(404, f"no such endpoint: {self.command} {path[:200]}", code="not_found")
-            route()
+            endpoint(self)
         except HttpError as exc:
             # A body left unread would be taken for the next request: close instead.
             unread = self.command == "POST" and not self._body_read
@@ -203,10 +130,6 @@ class Handler(BaseHTTPRequestHandler):
                 except OSError:
                     pass
 
-    @property
-    def state(self) -> ServerState:
-        return self.server.state  # type: ignore[attr-defined, no-any-return]
-
     def _check_access(self) -> None:
         state = self.state
         if state.api_key is None:
@@ -222,261 +145,6 @@ class Handler(BaseHTTPRequestHandler):
             given = self.headers.get("x-api-key") or ""  # Anthropic's clients send the key so
         if not hmac.compare_digest(given.strip().encode(), state.api_key.encode()):
             raise HttpError(401, "invalid or missing API key", code="invalid_api_key")
-
-    # request and response plumbing -----------------------------------------------------------
-    def read_json(self) -> dict[str, object]:
-        """The request's JSON body (see the module docstring). Raises HttpError."""
-        return parse_body(self._read_body())
-
-    def read_document(self) -> object:
-        """The request's JSON body, an object or a list (llama.cpp's ``POST /lora-adapters``)."""
-        return parse_document(self._read_body())
-
-    def _read_body(self) -> bytes:
-        if self.headers.get("Transfer-Encoding"):
-            raise HttpError(411, "send the body with a Content-Length")
-        length_text = self.headers.get("Content-Length")
-        if length_text is None:
-            raise HttpError(411, "send the body with a Content-Length")
-        try:
-            length = int(length_text)
-        except ValueError:
-            raise HttpError(400, "bad Content-Length") from None
-        if length < 0 or length > MAX_BODY_BYTES:
-            raise HttpError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes")
-        content_type = (self.headers.get("Content-Type") or "").split(";", 1)[0].strip().lower()
-        body = self.rfile.read(length)
-        self._body_read = True
-        if content_type != "application/json":
-            raise HttpError(415, "the request body must be JSON (Content-Type: application/json)")
-        return body
-
-    def send_json(
-        self, status: int, document: Mapping[str, object], *, close: bool = False, retry_after: int | None = None
-    ) -> None:
-        self.send_json_value(status, document, close=close, retry_after=retry_after)
-
-    def send_json_value(
-        self, status: int, document: object, *, close: bool = False, retry_after: int | None = None
-    ) -> None:
-        """A JSON answer whose document may be a list (llama.cpp's ``/lora-adapters``)."""
-        data = encode_text(json.dumps(document, ensure_ascii=False))
-        self._bound_writes()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        if retry_after is not None:
-            self.send_header("Retry-After", str(retry_after))
-        self._send_warnings()
-        self._send_cors()
-        if close:
-            self.send_header("Connection", "close")
-            self.close_connection = True
-        self.end_headers()
-        self.wfile.write(data)
-
-    def start_sse(self) -> None:
-        self._bound_writes(stream=True)
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Cache-Control", "no-cache")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.send_header("X-Accel-Buffering", "no")
-        self._send_warnings()
-        self._send_cors()
-        self.end_headers()
-
-    def _send_cors(self) -> None:
-        for name, value in self.state.cors.headers(self.headers.get("Origin")):
-            self.send_header(name, value)
-
-    def _send_warnings(self) -> None:
-        if self.warnings:
-            text = "; ".join(self.warnings).encode("ascii", "replace").decode("ascii")
-            self.send_header("X-Glassbox-Warning", text.replace("\r", " ").replace("\n", " ")[:2000])
-
-    def send_event(self, payload: str | Mapping[str, object], event: str | None = None) -> None:
-        """One server-sent event: ``data:`` (a JSON document or text), after ``event:`` when named."""
-        self.wfile.write(event_chunk(payload, event))  # one write per chunk
-
-    def end_sse(self) -> None:
-        self.wfile.write(END_OF_BODY)
-
-    def hung_up(self) -> bool:
-        """True when the client has closed (or reset) its connection; reads nothing it sent."""
-        return _peer_closed(self.connection)
-
-    # the model --------------------------------------------------------------------------------
-    @contextmanager
-    def use_model(self, switch_to: str | None = None) -> Iterator[threading.Event]:
-        """Holds the request's model for one request; yields the request's cancel event.
-
-        With the models the server owns (``ServerState.served``), the model ``check_model`` chose
-        (or ``switch_to``) is leased from the pool: loaded if needed, its queue waited (503 with
-        ``Retry-After`` past it), the request's adapters applied. A backend passed in has one queue
-        (:meth:`_model_lock`).
-
-        Raises:
-            HttpError: 503 when too many requests wait or the server is stopping; the model asked
-                for cannot be loaded.
-            ClientGone: the client left while the request waited.
-        """
-        state = self.state
-        cancel = threading.Event()
-        state.enter_queue()
-        try:
-            served = state.served
-            if served is not None:
-                with self._active(cancel):
-                    name = switch_to or state.request_model
-                    with served.lease(name, cancel, state.request_keep_alive, state.request_lora) as session:
-                        state.set_leased(session)
-                        if self.hung_up():
-                            raise ClientGone
-                        yield cancel
-                return
-            with self._model_lock(), self._active(cancel):
-                if self.hung_up():
-                    raise ClientGone
-                yield cancel
-        finally:
-            state.leave_queue()
-
-    @contextmanager
-    def _active(self, cancel: threading.Event) -> Iterator[None]:
-        """Registers the request's cancel event, so that stopping the server cancels it."""
-        state = self.state
-        state.activate(cancel)
-        try:
-            yield
-        except HttpError as exc:
-            if state.closed and exc.status >= 500:
-                raise HttpError(503, "the server is shutting down", "server_error") from None
-            raise
-        finally:
-            state.deactivate(cancel)
-
-    @contextmanager
-    def _model_lock(self) -> Iterator[None]:
-        """The model's lock, waited for at most :data:`~app.server.state.QUEUE_WAIT_S` (then a 503
-        with ``Retry-After``: an answer, not a connection its client gives up on)."""
-        from app.server import state as server_state
-
-        lock = self.state.lock
-        if not lock.acquire(timeout=server_state.QUEUE_WAIT_S):
-            if self.hung_up():
-                raise ClientGone
-            raise overloaded(
-                f"the model was busy with other requests for {server_state.QUEUE_WAIT_S:g} s",
-                server_state.BUSY_RETRY_AFTER_S,
-            )
-        try:
-            yield
-        finally:
-            lock.release()
-
-    def generation(self, events: Iterator[Event], cancel: threading.Event) -> Iterator[Event]:
-        """``events``, watched for a client that leaves; kept so that a failure can drain it."""
-        self._live = self._watched(events, cancel)
-        return self._live
-
-    def _watched(self, events: Iterator[Event], cancel: threading.Event) -> Iterator[Event]:
-        try:
-            for event in events:
-                if not cancel.is_set() and self.hung_up():
-                    log.debug("client %s went away; cancelling its reply", self.address_string())
-                    cancel.set()
-                yield event
-        except GeneratorExit:
-            cancel.set()  # closed before its end (its reader failed): nobody wants the rest
-            raise
-        finally:
-            close = getattr(events, "close", None)
-            if close is not None:
-                close()
-
-    def first(self, events: Iterator[Event]) -> Event:
-        """The first event: planning errors become HTTP errors here, before any 200."""
-        return map_errors(lambda: next(events))
-
-    def stream(
-        self,
-        events: Iterator[Event],
-        cancel: threading.Event,
-        produce: Callable[[Iterator[Event]], None],
-        error_events: Callable[[HttpError], list[SseEvent]],
-    ) -> None:
-        """Streams the reply of ``events`` (:meth:`generation`): its first event is pulled before the
-        200 (:meth:`first`), then ``produce`` sends the events of all of them (:meth:`sse`)."""
-        watched = self.generation(events, cancel)
-        head = self.first(watched)
-        self.sse(lambda: produce(with_head(head, watched)), cancel, error_events)
-
-    def sse(
-        self,
-        produce: Callable[[], None],
-        cancel: threading.Event,
-        error_events: Callable[[HttpError], list[SseEvent]],
-    ) -> None:
-        """Streams a reply: ``produce`` sends its events; a failure mid-stream cancels the model,
-        lets the worker settle, and ends the stream with ``error_events`` (the endpoint's dialect)."""
-        self.start_sse()
-        try:
-            produce()
-            self.end_sse()
-        except (BrokenPipeError, ConnectionResetError, TimeoutError):
-            # The client went away (its Stop button), or stopped reading for WRITE_STALL_S: stop the
-            # model and let the worker settle.
-            log.debug("client %s went away or stopped reading; cancelling its reply", self.address_string())
-            cancel.set()
-            self._drain()
-            self.close_connection = True
-        except Exception as exc:  # noqa: BLE001 - the stream ends with an error event; the log has the detail
-            error = http_error_for(exc)  # a fixed message for the server's own failures; logs them
-            log.warning("generation failed mid-stream: %s", error.message)
-            cancel.set()  # when this code, not the model, failed: stop the model and let it settle
-            self._drain()
-            try:
-                for name, payload in error_events(error):
-                    self.send_event(payload, name)
-                self.end_sse()
-            except OSError:
-                self.close_connection = True
-
-    def _drain(self) -> None:
-        events, self._live = self._live, None
-        if events is None:
-            return
-        try:
-            for _ in events:
-                pass
-        except EngineError as exc:
-            log.warning("after a client disconnect: %s", exc)
-
-    # small endpoints --------------------------------------------------------------------------
-    def _health(self) -> None:
-        self.send_json(200, {"status": "ok"})
-
-    def _props(self) -> None:
-        state = self.state
-        self.send_json(200, {"model_alias": state.model_id, "default_generation_settings": {"n_ctx": state.n_ctx}})
-
-
-def _peer_closed(sock: socket.socket) -> bool:
-    """True when the other end of ``sock`` has closed or reset it (data waiting to be read says it has not)."""
-    try:
-        if hasattr(select, "poll"):
-            poller = select.poll()
-            poller.register(sock, select.POLLIN)
-            if not poller.poll(0):
-                return False
-        elif not select.select([sock], [], [], 0)[0]:
-            return False
-        return sock.recv(1, socket.MSG_PEEK) == b""
-    except (BlockingIOError, InterruptedError):
-        return False
-    except OSError:  # reset, or closed here
-        return True
 
 
 def _host_name(header: str) -> str:

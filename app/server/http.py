@@ -51,8 +51,8 @@ Bounded work per request, in every dialect: at most :data:`~app.server.wire.MAX_
 window, at least 256 Ki: the system prompt, instructions, tool definitions and call arguments count
 too), at most 16 stop strings of 256 characters; anything more is a 400 before the model is touched.
 A call's arguments sent as JSON text are parsed under a body's limits. A client that stops reading
-a reply cannot hold the model: a stream's send buffer is small (:data:`~app.server.handler.STREAM_SEND_BUFFER`)
-and a write blocked for :data:`~app.server.handler.WRITE_STALL_S` cancels the reply; a request that
+a reply cannot hold the model: a stream's send buffer is small (:data:`~app.server.exchange.STREAM_SEND_BUFFER`)
+and a write blocked for :data:`~app.server.exchange.WRITE_STALL_S` cancels the reply; a request that
 waits :data:`~app.server.state.QUEUE_WAIT_S` for the model is answered 503 with ``Retry-After``.
 A client that closes its connection cancels its reply (checked before the reply starts and between
 its events; a client that half-closes its sending side counts as gone). Past

@@ -13,16 +13,16 @@ from typing import TYPE_CHECKING
 from app.server.errors import HttpError
 
 if TYPE_CHECKING:
-    from app.server.handler import Handler
+    from app.server.exchange import Exchange
 
 
-def listing(handler: Handler) -> None:
+def listing(handler: Exchange) -> None:
     """Answers ``GET /lora-adapters``."""
     served = handler.state.served
     handler.send_json_value(200, served.adapter_documents() if served is not None else [])
 
 
-def set_scales(handler: Handler) -> None:
+def set_scales(handler: Exchange) -> None:
     """Answers ``POST /lora-adapters``."""
     served = handler.state.served
     body = handler.read_document()

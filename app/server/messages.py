@@ -47,7 +47,7 @@ from app.server.wire import (
 from engine.inference.events import Event, Finished, Reasoning, Token, ToolCall
 
 if TYPE_CHECKING:
-    from app.server.handler import Handler
+    from app.server.exchange import Exchange
     from engine.inference.events import Stats
     from engine.media import Media
 
@@ -323,7 +323,7 @@ def _message(
             "stop_reason": stop[0], "stop_sequence": stop[1], "usage": dict(usage)}  # fmt: skip
 
 
-def handle(handler: Handler) -> None:
+def handle(handler: Exchange) -> None:
     """Answers ``POST /v1/messages``."""
     state = handler.state
     request, wanted = read_turn(handler, handler.read_json(), parse_message_request)
@@ -340,7 +340,7 @@ def handle(handler: Handler) -> None:
         )
 
 
-def count_tokens(handler: Handler) -> None:
+def count_tokens(handler: Exchange) -> None:
     """Answers ``POST /v1/messages/count_tokens``: the prompt's tokens as the model reads it (its
     chat template, the tools included), ``{"input_tokens": N}``."""
     from engine.inference.context import effective_reserve  # measured: 70 ms of start-up; a request loads it
@@ -371,7 +371,7 @@ def count_tokens(handler: Handler) -> None:
         handler.send_json(200, {"input_tokens": n_ctx - kept - room})
 
 
-def _stream(handler: Handler, request: ChatRequest, message_id: str, cancel: threading.Event) -> None:
+def _stream(handler: Exchange, request: ChatRequest, message_id: str, cancel: threading.Event) -> None:
     model = handler.state.model_id
 
     def send(kind: str, **data: object) -> None:

@@ -19,10 +19,10 @@ from app.server.errors import HttpError, model_not_found
 from engine.inference.pool import ModelBusy
 
 if TYPE_CHECKING:
-    from app.server.handler import Handler
+    from app.server.exchange import Exchange
 
 
-def _entry(handler: Handler, model_id: str, *, loaded: bool, **more: object) -> dict[str, object]:
+def _entry(handler: Exchange, model_id: str, *, loaded: bool, **more: object) -> dict[str, object]:
     document: dict[str, object] = {
         "id": model_id,
         "object": "model",
@@ -35,7 +35,7 @@ def _entry(handler: Handler, model_id: str, *, loaded: bool, **more: object) -> 
     return document
 
 
-def _documents(handler: Handler) -> list[dict[str, object]]:
+def _documents(handler: Exchange) -> list[dict[str, object]]:
     state = handler.state
     served = state.served
     data: list[dict[str, object]] = []
@@ -56,12 +56,12 @@ def _documents(handler: Handler) -> list[dict[str, object]]:
     return data
 
 
-def listing(handler: Handler) -> None:
+def listing(handler: Exchange) -> None:
     """Answers ``GET /v1/models``."""
     handler.send_json(200, {"object": "list", "data": _documents(handler)})
 
 
-def one(handler: Handler, model_id: str) -> None:
+def one(handler: Exchange, model_id: str) -> None:
     """Answers ``GET /v1/models/{id}``: the model (loaded or not), or 404 ``model_not_found``."""
     wanted = unquote(model_id)
     for document in _documents(handler):
@@ -71,7 +71,7 @@ def one(handler: Handler, model_id: str) -> None:
     raise model_not_found(wanted, f"the model {wanted[:200]!r} does not exist here")
 
 
-def ps(handler: Handler) -> None:
+def ps(handler: Exchange) -> None:
     """Answers ``GET /glassbox/ps``: the resident models, the budget, and why models left."""
     served = handler.state.served
     if served is None:
@@ -88,7 +88,7 @@ def ps(handler: Handler) -> None:
     )
 
 
-def unload(handler: Handler) -> None:
+def unload(handler: Exchange) -> None:
     """Answers ``POST /glassbox/unload``: ``{"model": NAME}`` (a name or an alias) or ``{"all": true}``."""
     served = handler.state.served
     body = fields.present(handler.read_json())
@@ -111,7 +111,7 @@ def unload(handler: Handler) -> None:
     handler.send_json(200, {"unloaded": [target] if done else []})
 
 
-def load(handler: Handler) -> None:
+def load(handler: Exchange) -> None:
     """Answers llama.cpp's ``POST /models/load`` (``{"model": NAME}``): loads it now, as a request
     naming it would, and says whether it is resident."""
     state = handler.state

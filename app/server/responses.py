@@ -55,7 +55,7 @@ from app.server.wire import (
 from engine.inference.events import Event, Finished, Reasoning, Token, ToolCall
 
 if TYPE_CHECKING:
-    from app.server.handler import Handler
+    from app.server.exchange import Exchange
     from app.server.sse import SseEvent
 
 RESPONSE_FIELDS = frozenset(
@@ -311,7 +311,7 @@ class _Shape:
     """The ``response`` document and its items, for one request."""
 
     def __init__(
-        self, handler: Handler, body: Mapping[str, object], request: ChatRequest, items: Sequence[object] = ()
+        self, handler: Exchange, body: Mapping[str, object], request: ChatRequest, items: Sequence[object] = ()
     ) -> None:
         self.id = f"resp_{uuid.uuid4().hex}"
         self.created = int(time.time())
@@ -409,7 +409,7 @@ class _Shape:
         return items
 
 
-def handle(handler: Handler) -> None:
+def handle(handler: Exchange) -> None:
     """Answers ``POST /v1/responses``."""
     state = handler.state
     body = handler.read_json()
@@ -434,7 +434,7 @@ def handle(handler: Handler) -> None:
         handler.send_json(200, document)
 
 
-def _conversation(handler: Handler, body: Mapping[str, object]) -> object:
+def _conversation(handler: Exchange, body: Mapping[str, object]) -> object:
     """The request's ``input`` as items, after the conversation of its ``previous_response_id``
     (the input as it is when there is none, or when it is not a string or a list: the parser then
     says what is wrong). Raises HttpError: 404 when that response is not stored."""
@@ -456,7 +456,7 @@ def _not_found(response_id: str, param: str | None = None) -> HttpError:
     return HttpError(404, f"Response with id {response_id[:200]!r} not found.", param=param)
 
 
-def _response_id(handler: Handler) -> str:
+def _response_id(handler: Exchange) -> str:
     """The ``{id}`` of ``/v1/responses/{id}``; a query string is refused (none is supported)."""
     path, _, query = handler.path.partition("?")
     if query:
@@ -466,7 +466,7 @@ def _response_id(handler: Handler) -> str:
     return path.rstrip("/")[len("/v1/responses/") :]
 
 
-def retrieve(handler: Handler) -> None:
+def retrieve(handler: Exchange) -> None:
     """Answers ``GET /v1/responses/{id}``: the stored response, as it was answered."""
     response_id = _response_id(handler)
     stored = handler.state.responses.get(response_id)
@@ -475,7 +475,7 @@ def retrieve(handler: Handler) -> None:
     handler.send_json(200, stored[0])
 
 
-def delete(handler: Handler) -> None:
+def delete(handler: Exchange) -> None:
     """Answers ``DELETE /v1/responses/{id}``: forgets the stored response."""
     if (handler.headers.get("Content-Length") or "0").strip() != "0" or handler.headers.get("Transfer-Encoding"):
         handler.close_connection = True  # a body no one reads would be taken for the next request
@@ -485,7 +485,7 @@ def delete(handler: Handler) -> None:
     handler.send_json(200, {"id": response_id, "object": "response", "deleted": True})
 
 
-def _stream(handler: Handler, shape: _Shape, request: ChatRequest, cancel: threading.Event) -> None:
+def _stream(handler: Exchange, shape: _Shape, request: ChatRequest, cancel: threading.Event) -> None:
     stream = _ResponseStream(handler, shape, request)
     handler.stream(
         open_stream(handler.state.backend, request, 0, None, cancel), cancel, stream.produce, stream.error_events
@@ -495,7 +495,7 @@ def _stream(handler: Handler, shape: _Shape, request: ChatRequest, cancel: threa
 class _ResponseStream:
     """The typed events of one streamed response: items open, grow by deltas and close in order."""
 
-    def __init__(self, handler: Handler, shape: _Shape, request: ChatRequest) -> None:
+    def __init__(self, handler: Exchange, shape: _Shape, request: ChatRequest) -> None:
         self.handler = handler
         self.shape = shape
         self.request = request

@@ -17,7 +17,7 @@ from app.server.errors import HttpError, map_errors
 from app.server.wire import text_limit
 
 if TYPE_CHECKING:
-    from app.server.handler import Handler
+    from app.server.exchange import Exchange
 
 MAX_DETOKENIZE = 1 << 20
 """Most token ids one ``/detokenize`` may send."""
@@ -30,7 +30,7 @@ def _flag(body: dict[str, object], name: str, default: bool) -> bool:
     return value
 
 
-def tokenize(handler: Handler) -> None:
+def tokenize(handler: Exchange) -> None:
     """Answers ``POST /tokenize``."""
     state = handler.state
     body = fields.present(handler.read_json())
@@ -64,7 +64,7 @@ def tokenize(handler: Handler) -> None:
     handler.send_json(200, {"tokens": pieces})
 
 
-def detokenize(handler: Handler) -> None:
+def detokenize(handler: Exchange) -> None:
     """Answers ``POST /detokenize``."""
     state = handler.state
     body = fields.present(handler.read_json())

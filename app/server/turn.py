@@ -21,7 +21,7 @@ from engine.inference.events import Event, ToolCall
 
 if TYPE_CHECKING:
     from app.knowledge_glue import Passages
-    from app.server.handler import Handler
+    from app.server.exchange import Exchange
     from engine.inference.backends import ChatBackend
     from engine.inference.context import Message, RankedDocuments, Role
 
@@ -29,12 +29,12 @@ Parse = Callable[[Mapping[str, object], int, "int | None", "int | None"], ChatRe
 """A dialect's request parser: the body, the most characters of text, the vocabulary, the window."""
 
 
-def read_turn(handler: Handler, body: dict[str, object], parse: Parse) -> tuple[ChatRequest, str | None]:
+def read_turn(handler: Exchange, body: dict[str, object], parse: Parse) -> tuple[ChatRequest, str | None]:
     """The request's model (:meth:`~app.server.state.ServerState.check_model`, which takes the
     server's own fields out of ``body``) and the request read by ``parse`` with that model's limits.
 
     Returns:
-        The request, and the model to lease (:meth:`~app.server.handler.Handler.use_model`).
+        The request, and the model to lease (:meth:`~app.server.exchange.Exchange.use_model`).
 
     Raises:
         HttpError: 404 for a model not served; 400 for what ``parse`` refuses.
@@ -47,9 +47,9 @@ def read_turn(handler: Handler, body: dict[str, object], parse: Parse) -> tuple[
 
 @contextmanager
 def hold_model(
-    handler: Handler, wanted: str | None, request: ChatRequest, *, truncate: bool = False
+    handler: Exchange, wanted: str | None, request: ChatRequest, *, truncate: bool = False
 ) -> Iterator[threading.Event]:
-    """Holds the request's model (:meth:`~app.server.handler.Handler.use_model`) with the turn's
+    """Holds the request's model (:meth:`~app.server.exchange.Exchange.use_model`) with the turn's
     options checked (:func:`check_backend`); yields the request's cancel event. The request's
     warnings go in the answer's header. ``truncate``: :func:`overflow_allowed`."""
     state = handler.state
@@ -60,7 +60,7 @@ def hold_model(
 
 
 def whole_choice(
-    handler: Handler, request: ChatRequest, index: int, passages: Passages | None, cancel: threading.Event
+    handler: Exchange, request: ChatRequest, index: int, passages: Passages | None, cancel: threading.Event
 ) -> Choice:
     """Choice ``index`` of ``request``, generated whole."""
     events = handler.generation(open_stream(handler.state.backend, request, index, passages, cancel), cancel)

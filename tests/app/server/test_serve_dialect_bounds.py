@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from app.paths import Paths
-from app.server import handler as server_handler
+from app.server import exchange as server_exchange
 from app.server import state as server_state
 from app.server.http import ServerHandle, start_server
 from app.server.wire import MAX_MESSAGES, MIN_TEXT_CHARS
@@ -205,7 +205,7 @@ def test_a_stream_nobody_reads_is_cancelled_and_frees_the_model(
     endless: tuple[ServerHandle, EndlessBackend], monkeypatch: pytest.MonkeyPatch, path: str, body: dict[str, Any]
 ) -> None:
     handle, backend = endless
-    monkeypatch.setattr(server_handler, "WRITE_STALL_S", 0.5)
+    monkeypatch.setattr(server_exchange, "WRITE_STALL_S", 0.5)
     sock = _open_unread_stream(handle, path, body)
     try:
         assert backend.cancelled.wait(60), f"the unread stream was never cancelled ({backend.produced} tokens)"
