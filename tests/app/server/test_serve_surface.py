@@ -17,6 +17,8 @@ import openai
 import pytest
 
 from app.server.http import ServerHandle
+from engine.errors import ContextOverflow, EngineError
+from engine.media import MediaError
 from tests.app.server import serve_support
 from tests.app.server.serve_support import ScriptedBackend, client, post
 
@@ -436,6 +438,50 @@ def test_a_conversation_over_the_window_is_context_length_exceeded(
     with pytest.raises(openai.BadRequestError) as caught:
         client(handle).chat.completions.create(model="fake-model", messages=HI)
     assert caught.value.code == "context_length_exceeded"
+
+
+@pytest.mark.parametrize(
+    ("failure", "code"),
+    [
+        (ContextOverflow("the conversation needs 9000 tokens; the context window is 256"), "context_length_exceeded"),
+        (MediaError("messages[0].content[1]", "this model has no projector: it sees no images"), "invalid_image"),
+        (EngineError("json_schema: 'minimum' at $.age cannot be enforced"), "invalid_value"),
+    ],
+    ids=["overflow", "image", "grammar"],
+)
+def test_a_stream_refused_while_it_is_planned_is_an_http_error(
+    served: tuple[ServerHandle, ScriptedBackend], failure: Exception, code: str
+) -> None:
+    """3 streamed requests per failure (chat, Responses, Messages): the engine refuses the turn with
+    its first event (planning: the window, the images, the grammar), and each client gets a 400 it
+    raises as such, not a 200 whose stream holds an error event (the openai SDK would raise a bare
+    APIError mid-iteration, with no status; the anthropic SDK likewise)."""
+    import anthropic
+
+    handle, backend = served
+
+    def refusing(call: Any) -> Any:
+        raise failure
+        yield  # a generator: the failure comes with its first event, as the engine's planner raises it
+
+    backend.script = refusing  # type: ignore[method-assign]
+    api = client(handle)
+    with pytest.raises(openai.BadRequestError) as caught:
+        for _ in api.chat.completions.create(model="fake-model", messages=HI, stream=True):  # type: ignore[arg-type]
+            pass
+    assert caught.value.status_code == 400 and caught.value.code == code
+    with pytest.raises(openai.BadRequestError) as caught:
+        for _ in api.responses.create(model="fake-model", input="alpha beta", stream=True):
+            pass
+    assert caught.value.status_code == 400 and caught.value.code == code
+    claude = anthropic.Anthropic(base_url=handle.url, api_key=serve_support.KEY, max_retries=0, timeout=60)
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        for _ in claude.messages.create(
+            model="fake-model", max_tokens=16, messages=[{"role": "user", "content": "alpha"}], stream=True
+        ):
+            pass
+    assert refused.value.status_code == 400
+    assert refused.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
 
 
 def test_a_shared_rolling_session_is_measured_before_it_trims(served: tuple[ServerHandle, ScriptedBackend]) -> None:
