@@ -38,11 +38,11 @@ from app.server.wire import (
     truncated_call,
     usage_document,
 )
+from engine.inference.events import Event, Finished, PrefillProgress, Reasoning, Stats, Token, ToolCall
 
 if TYPE_CHECKING:
     from app.knowledge_glue import Passages
     from app.server.exchange import Exchange
-    from engine.inference.events import Event, Stats
 
 
 def handle(handler: Exchange) -> None:
@@ -152,8 +152,6 @@ class _ChunkStream:
 
     def choice(self, index: int, events: Iterator[Event]) -> None:
         """The chunks of one choice: the role, then its tokens, thinking and calls, then its end."""
-        from engine.inference.events import Finished, PrefillProgress, Reasoning, Token, ToolCall
-
         request = self.request
         clock = self.clock
         clock.start()

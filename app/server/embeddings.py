@@ -23,7 +23,9 @@ encoding file is not installed, are a 400 that says to send text (LangChain:
 from __future__ import annotations
 
 import base64
+import hashlib
 import threading
+from importlib.resources import files
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -131,9 +133,6 @@ def cl100k_table() -> dict[int, bytes] | None:
     global _cl100k
     with _cl100k_lock:
         if _cl100k is None:
-            import hashlib
-            from importlib.resources import files
-
             try:
                 data = (files("tiktoken_ext") / "data" / "cl100k_base.tiktoken").read_bytes()
             except (ImportError, OSError, ValueError):

@@ -74,6 +74,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -177,8 +178,6 @@ class _Server(ThreadingHTTPServer):
 
     def handle_error(self, request: object, client_address: object) -> None:
         """Logs instead of printing a traceback on stderr; a client hanging up is routine."""
-        import sys
-
         del request
 
         exc = sys.exc_info()[1]

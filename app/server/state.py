@@ -19,12 +19,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from app.knowledge_glue import make_retriever, open_knowledge_bases
 from app.paths import Paths
 from app.server.cors import CorsPolicy
 from app.server.errors import HttpError, model_not_found, overloaded
 from app.server.served import KEEP_ALIVE_HEADER, ServedModels, keep_alive_of
 from app.server.served import ModelCatalog as ModelCatalog  # where the CLI's catalog is typed
 from engine.inference.pool import KEEP_DEFAULT
+from rag.errors import KnowledgeBaseError
 
 if TYPE_CHECKING:
     from app.knowledge_glue import Passages
@@ -323,14 +325,10 @@ class ServerState:
         One ``KnowledgeBases`` serves every request: it holds the knowledge folder's lock, so a
         second one in the same process would be refused.
         """
-        from app.knowledge_glue import make_retriever, open_knowledge_bases
-
         if self._knowledge is None:
             self._knowledge = open_knowledge_bases(
                 self.paths, self.embedder_path, self.chroma_url, report=lambda line: log.warning("%s", line)
             )
-        from rag.errors import KnowledgeBaseError
-
         for name in names:
             try:
                 self._knowledge.get(name)
