@@ -37,6 +37,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -491,27 +492,59 @@ def tiny_gguf(family: Family | str, sdist: Path, cache: Path) -> Path:
         work = Path(scratch)
         out = work / "model.gguf"
         build = {"family": asdict(spec), "sdist": str(sdist), "folder": str(work / "hf"), "out": str(out)}
-        (work / "build.json").write_text(json.dumps(build), encoding="utf-8")
-        env = {
-            **os.environ,
-            "HF_HUB_OFFLINE": "1",
-            "TRANSFORMERS_OFFLINE": "1",
-            "HF_HUB_DISABLE_TELEMETRY": "1",
-            "TOKENIZERS_PARALLELISM": "false",
-        }
-        env.pop("NO_LOCAL_GGUF", None)
-        proc = subprocess.run(
-            [sys.executable, str(Path(__file__).resolve()), str(work / "build.json")],
-            capture_output=True,
-            text=True,
-            timeout=600,
-            env=env,
-            check=False,
-        )
-        if proc.returncode != 0 or not out.is_file():
-            raise RuntimeError(f"building the tiny {spec.name} model failed: {(proc.stdout + proc.stderr)[-3000:]}")
+        run_builder(Path(__file__), build, work, [out], spec.name)
         os.replace(out, target)
     return target
+
+
+def run_builder(script: Path, build: dict[str, Any], work: Path, outputs: Sequence[Path], name: str) -> None:
+    """Runs ``script``'s child side on ``build`` (written to ``work/build.json``) in a fresh
+    interpreter, offline.
+
+    Raises:
+        RuntimeError: the child failed or left one of ``outputs`` unwritten (with its last output).
+    """
+    (work / "build.json").write_text(json.dumps(build), encoding="utf-8")
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    env.pop("NO_LOCAL_GGUF", None)
+    proc = subprocess.run(
+        [sys.executable, str(script), str(work / "build.json")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        check=False,
+    )
+    if proc.returncode != 0 or not all(path.is_file() for path in outputs):
+        raise RuntimeError(f"building the tiny {name} model failed: {(proc.stdout + proc.stderr)[-3000:]}")
+
+
+def tiny_pair(script: Path, kind: str, name: str, key: str, sdist: Path, cache: Path) -> tuple[Path, Path]:
+    """A tiny model and its projector (``script``'s child side builds both), built on first use
+    into ``cache/kind/key`` (then reused): ``(model, mmproj)``, side by side in one folder.
+
+    Raises:
+        RuntimeError: the build failed (with the child's last output).
+    """
+    folder = cache / kind / key
+    model, mmproj = folder / f"{name}-F32.gguf", folder / f"mmproj-{name}-F32.gguf"
+    if model.is_file() and mmproj.is_file():
+        return model, mmproj
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f"tiny-{name}-", dir=folder.parent) as scratch:
+        work = Path(scratch)
+        out = work / "out"
+        build = {"sdist": str(sdist), "folder": str(work / "hf"), "out": str(out)}
+        run_builder(script, build, work, [out / model.name, out / mmproj.name], name)
+        if not folder.exists():  # else a build beside this one finished first, with the same bytes
+            os.replace(out, folder)
+    return model, mmproj
 
 
 # --------------------------------------------------------------------------- the child side

@@ -20,17 +20,15 @@ import dataclasses
 import hashlib
 import inspect
 import json
-import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.engine.tiny_arch import _CORPUS, FAMILIES, _spread_weights, _train_tokenizer
+from tests.engine.tiny_arch import _CORPUS, FAMILIES, _spread_weights, _train_tokenizer, tiny_pair
 
 NAME = "qwen2-audio"
 WINDOW_TOKENS = 750
@@ -67,37 +65,7 @@ def tiny_audio_gguf(sdist: Path, cache: Path) -> tuple[Path, Path]:
     Raises:
         RuntimeError: the build failed (with the child's last output).
     """
-    folder = cache / "tiny-audio" / _key(sdist)
-    model, mmproj = folder / f"{NAME}-F32.gguf", folder / f"mmproj-{NAME}-F32.gguf"
-    if model.is_file() and mmproj.is_file():
-        return model, mmproj
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=f"tiny-{NAME}-", dir=folder.parent) as scratch:
-        work = Path(scratch)
-        out = work / "out"
-        build = {"sdist": str(sdist), "folder": str(work / "hf"), "out": str(out)}
-        (work / "build.json").write_text(json.dumps(build), encoding="utf-8")
-        env = {
-            **os.environ,
-            "HF_HUB_OFFLINE": "1",
-            "TRANSFORMERS_OFFLINE": "1",
-            "HF_HUB_DISABLE_TELEMETRY": "1",
-            "TOKENIZERS_PARALLELISM": "false",
-        }
-        env.pop("NO_LOCAL_GGUF", None)
-        proc = subprocess.run(
-            [sys.executable, str(Path(__file__).resolve()), str(work / "build.json")],
-            capture_output=True,
-            text=True,
-            timeout=600,
-            env=env,
-            check=False,
-        )
-        if proc.returncode != 0 or not all((out / p.name).is_file() for p in (model, mmproj)):
-            raise RuntimeError(f"building the tiny {NAME} model failed: {(proc.stdout + proc.stderr)[-3000:]}")
-        if not folder.exists():  # else a build beside this one finished first, with the same bytes
-            os.replace(out, folder)
-    return model, mmproj
+    return tiny_pair(Path(__file__).resolve(), "tiny-audio", NAME, _key(sdist), sdist, cache)
 
 
 def _child(build: dict[str, Any]) -> None:
