@@ -10,12 +10,12 @@ sessions keep the shape, keyword for keyword; the tests' shared fake is checked 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Protocol, Self, runtime_checkable
 
 from engine.inference.adapters import LoraAdapter
 from engine.inference.context import Message, OverflowPolicy, RankedDocuments
-from engine.inference.events import Event
+from engine.inference.events import Event, PrefillProgress
 from engine.inference.kv_cache import KvKey
 from engine.inference.runtime import GenerationParams, ModelInfo
 from engine.inference.session import PromptView
@@ -23,6 +23,7 @@ from engine.inference.tools import ToolSpec
 from engine.media import Media
 
 if TYPE_CHECKING:
+    from engine.inference.base_compare import BaseComparison
     from engine.inference.projector import MediaInfo
     from engine.inference.remote import RemoteInfo
     from engine.inference.templates import ChatTemplate
@@ -71,6 +72,24 @@ class LocalBackend(Protocol):
 
     def tokenize_prompt(self, text: str) -> list[int]:
         """A raw prompt's tokens as the model reads it (a BOS first where the model wants one)."""
+        ...
+
+    def compare_base(
+        self,
+        history: Sequence[Message],
+        user: str | None,
+        params: GenerationParams | None = None,
+        *,
+        system: str | None = None,
+        documents: RankedDocuments | None = None,
+        cancel: threading.Event | None = None,
+        thinking: bool | None = None,
+        reasoning_effort: str | None = None,
+        media: Sequence[Media] = (),
+        progress: Callable[[PrefillProgress], None] | None = None,
+    ) -> BaseComparison:
+        """The reply to ``user`` decoded greedily with the adapters and without them, the state put
+        back after (engine.inference.base_compare); raises ``Cancelled`` when stopped first."""
         ...
 
     def pieces(self, tokens: Sequence[int]) -> list[str]:

@@ -471,7 +471,7 @@ def _verify(
     """
     batch = [token, *draft]
     n_past = llm.n_tokens
-    _settle(llm, memory, n_past)
+    settle(llm, memory, n_past)
     checkpoint = memory.checkpoint()  # None for a KV cache, which cuts
     llm._batch.set_batch(batch, n_past, logits_all=True)
     llm._ctx.decode(llm._batch)
@@ -493,11 +493,11 @@ def _verify(
     # The cache keeps the batch up to the row whose prediction was taken last.
     llm.n_tokens = n_past + len(batch)
     if kept < len(batch):
-        _settle(llm, memory, n_past + kept, checkpoint)
+        settle(llm, memory, n_past + kept, checkpoint)
     return token, reason, accepted
 
 
-def _settle(llm: Any, memory: SeqMemory, keep: int, checkpoint: Any = None) -> None:
+def settle(llm: Any, memory: SeqMemory, keep: int, checkpoint: Any = None) -> None:
     """Makes the memory hold exactly the sequence's first ``keep`` tokens (``llm.input_ids``):
     the tail is taken out and, where the memory could only go back further, the rest is
     evaluated again."""

@@ -39,6 +39,14 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from engine.cpu_backend import AMX_TAGS, BackendInfo, BackendPolicy, describe_crash, is_cpu_fault, load_backends
 from engine.errors import Cancelled, EngineCrashed, EngineError, ModelLoadError
 from engine.inference.adapters import AdapterSlots, LoraAdapter, adapters_label
+from engine.inference.base_compare import (
+    TOP_ALTERNATIVES,
+    BaseComparison,
+    ComparedToken,
+    first_divergence,
+    first_logprob,
+    score_token,
+)
 from engine.inference.decoding import StopMatcher as _StopMatcher
 from engine.inference.decoding import decode, prefill
 from engine.inference.events import PrefillProgress, Token
@@ -688,6 +696,135 @@ class _Worker:
             recompute_ms=recompute.ms,
         )
 
+    def compare_base(
+        self, tokens: Sequence[int], params: GenerationParams, adapters: Sequence[LoraAdapter], cancel: Any, send: Any
+    ) -> BaseComparison | None:
+        """The prompt ``tokens`` decoded greedily with ``adapters``, then with none
+        (engine.inference.base_compare); None when Stop came first.
+
+        Both runs read the whole prompt from an empty memory, in the same batches: llama.cpp's
+        arithmetic depends on the batch shape (a prompt's last token read alone or in its batch
+        gives logits apart by more than a near tie on a quantized model), so only the adapters
+        differ between them. Then the adapters the context had are set again and its KV cache put
+        back as it was (a full copy of the state taken before), so the next turn starts where it
+        would have: nothing of the runs is kept, nothing is saved to disk, and the next turn's
+        stats count no recompute.
+        """
+        llm = self.llm
+        if not tokens:
+            raise EngineError("empty prompt")
+        if len(tokens) >= self.n_ctx:
+            raise EngineError(f"prompt of {len(tokens)} tokens does not fit the context window of {self.n_ctx}")
+        run = params.model_copy(
+            update={
+                "temperature": 0.0,
+                "speculative": "off",
+                "logprobs": max(params.logprobs, TOP_ALTERNATIVES),
+                "seed": None,
+            }
+        )
+        slots = self.adapters
+        before, invalidated, prompt_checkpoint = slots.active, slots.invalidated, self.prompt_checkpoint
+        held = [int(t) for t in llm.input_ids[: llm.n_tokens]]
+        saved = self.memory.checkpoint(full=True, keep_tokens=True) if held else None
+        outcome: BaseComparison | None = None
+        try:
+            self.set_adapters(adapters)
+            label = adapters_label(self.adapters.active)
+            adapted = self._greedy_run(tokens, run, cancel, send)
+            if adapted is None:
+                return None
+            self.set_adapters([])
+            a_ids = [t.token_id for t in adapted[0]]
+            base = self._greedy_run(tokens, run, cancel, send, probe=a_ids[0] if a_ids else None)
+            if base is None:
+                return None
+            b_ids = [t.token_id for t in base[0]]
+            d = first_divergence(a_ids, b_ids)
+            known = len(a_ids) if d is None else min(d + 1, len(a_ids))
+            base_logprobs: list[float | None] = [base[0][i].logprob if i < len(b_ids) else None for i in range(known)]
+            if d is not None and d < len(a_ids):
+                # The base's probability of the adapter's token where they part (they agree on
+                # everything before it): at the first token, read from the prefill's logits; later,
+                # one evaluation of the base's own sequence there, its token read alone as decoding did.
+                sequence = [*tokens, *b_ids]
+                at = len(tokens) + d
+                base_logprobs[d] = (
+                    base[3] if d == 0 else score_token(llm, self._llama_cpp, self.memory, sequence, at, a_ids[d], run)
+                )
+            outcome = BaseComparison(
+                adapters=label,
+                adapted=adapted[0],
+                base=base[0],
+                adapted_reason=adapted[1],
+                base_reason=base[1],
+                divergence=d,
+                base_logprobs=tuple(base_logprobs),
+                prompt_tokens=len(tokens),
+                adapted_ms=adapted[2],
+                base_ms=base[2],
+            )
+        finally:
+            t0 = time.perf_counter()
+            self.set_adapters(before)
+            restored = self.memory.put_back(saved) if saved is not None else False
+            if not restored:
+                llm._ctx.kv_cache_clear()
+                llm.n_tokens = 0
+            self.prompt_checkpoint = prompt_checkpoint if restored else None
+            # The next turn's stats say what the comparison cost it, only when the cache was lost.
+            slots.invalidated = invalidated if restored or not held else held
+            restore_ms = (time.perf_counter() - t0) * 1000
+        assert outcome is not None
+        return dataclasses.replace(outcome, restore_ms=restore_ms, restored=restored or not held)
+
+    def _greedy_run(
+        self, tokens: Sequence[int], params: GenerationParams, cancel: Any, send: Any, probe: int | None = None
+    ) -> tuple[tuple[ComparedToken, ...], str, float, float | None] | None:
+        """One run of :meth:`compare_base`: the whole prompt read from an empty memory, then the
+        greedy decode, its tokens kept here (with their log-probabilities), its finish reason, what
+        it took, and the log-probability of ``probe`` as the first token (None: not asked); None
+        when Stop came first."""
+        llm = self.llm
+        t0 = time.perf_counter()
+        media_tokens = sum(1 for token in tokens if is_placeholder(token))
+        if media_tokens:
+            self._check_media_prompt(tokens)
+        llm._ctx.kv_cache_clear()
+        llm.n_tokens = 0
+        self.prompt_checkpoint = None
+        self._fit_batch_threads()
+        read_media = self.projector if media_tokens else None
+        whole = list(tokens)
+        if not prefill(llm, self._llama_cpp, whole, self.params.n_batch, cancel, send, self.memory, None, read_media):
+            return None
+        probed = first_logprob(llm, self._llama_cpp, probe, params) if probe is not None else None
+        events: list[object] = []
+        out = decode(
+            llm,
+            self._llama_cpp,
+            lambda token: self.piece(token, special=False),
+            params,
+            [token for token in tokens if not is_placeholder(token)],
+            self.n_ctx,
+            self.params.n_batch,
+            _StopMatcher(params.stop),
+            cancel,
+            events.append,
+            None,
+            offloaded=self.params.n_gpu_layers != 0 and bool(self._llama_cpp.llama_supports_gpu_offload()),
+            memory=self.memory,
+        )
+        if out.reason == "cancelled":
+            return None
+        chosen = [e for e in events if isinstance(e, Token) and e.token_id >= 0]
+        texts = self.pieces([t.token_id for t in chosen])
+        compared = tuple(
+            ComparedToken(t.token_id, text, t.logprob if t.logprob is not None else 0.0, t.top_logprobs)
+            for t, text in zip(chosen, texts, strict=True)
+        )
+        return compared, out.reason, (time.perf_counter() - t0) * 1000, probed
+
     def _check_media_prompt(self, tokens: Sequence[int]) -> None:
         """A prompt with placeholders: the worker must be able to read it (or it says why not)."""
         if self.projector is None:
@@ -790,6 +927,9 @@ def _worker_main(
                 conn.send(("result", worker.kv_park(message[1])))
             elif op == "adapters":
                 conn.send(("result", worker.set_adapters(message[1])))
+            elif op == "compare":
+                progress = _test_fault_after_tokens(backend, lambda event: conn.send(("event", event)))
+                conn.send(("result", worker.compare_base(message[1], message[2], message[3], cancel, progress)))
             else:
                 conn.send(("error", _WorkerError("protocol", f"unknown request {op!r}")))
         except EngineError as exc:
@@ -967,6 +1107,45 @@ class InferenceWorker:
         reloading the model. Returns whether what the model computes changed (its KV cache was
         then emptied). Raises EngineError naming the file that does not fit."""
         return bool(self._call(("adapters", list(adapters)), "applying adapters"))
+
+    def compare_base(
+        self,
+        tokens: Sequence[int],
+        params: GenerationParams,
+        adapters: Sequence[LoraAdapter],
+        cancel: threading.Event | None = None,
+    ) -> Generator[PrefillProgress, None, BaseComparison | None]:
+        """Decodes ``tokens`` greedily with ``adapters`` and without them, then puts the worker's
+        adapters and KV cache back as they were (engine.inference.base_compare). Streams each run's
+        prefill progress; the generator's return value is the comparison, None when ``cancel``
+        stopped it."""
+        during = "comparing with the base model"
+        self._cancel.clear()
+        self._send(("compare", list(tokens), params, list(adapters)), during)
+        forwarded = False
+        finished = False
+        try:
+            while True:
+                if cancel is not None and cancel.is_set() and not forwarded:
+                    self._cancel.set()
+                    forwarded = True
+                if not self._poll(_POLL_S):
+                    continue
+                kind, payload = self._recv(during)
+                if kind == "event":
+                    yield payload
+                elif kind == "result":
+                    finished = True
+                    return payload  # type: ignore[no-any-return]
+                else:
+                    finished = True
+                    raise EngineError(payload.message)
+        except EngineCrashed:
+            finished = True
+            raise
+        finally:
+            if not finished:
+                self._abandon()
 
     def generate(
         self,

@@ -140,6 +140,23 @@ class SeqMemory:
         held = self._llm.input_ids[: checkpoint.n_tokens]
         return len(held) == checkpoint.n_tokens and tuple(int(t) for t in held) == checkpoint.tokens
 
+    def put_back(self, checkpoint: Checkpoint) -> bool:
+        """Makes the memory hold exactly what a full checkpoint kept with its tokens holds (a
+        state put back after other work on the context: a comparison with the base model).
+
+        Returns:
+            Whether it does; when not, the memory is empty (the next prompt is read again).
+        """
+        llm = self._llm
+        llm._ctx.kv_cache_clear()
+        llm.n_tokens = 0
+        if not checkpoint.full or checkpoint.tokens is None or not self._restore(checkpoint):
+            llm._ctx.kv_cache_clear()
+            return False
+        llm.input_ids[: checkpoint.n_tokens] = checkpoint.tokens
+        llm.n_tokens = checkpoint.n_tokens
+        return True
+
     def _restore(self, checkpoint: Checkpoint) -> bool:
         """Loads the checkpoint's state, then trims the cells after it (a hybrid's attention part)."""
         lc, llm = self._lc, self._llm

@@ -22,10 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from engine.cpu_backend import AMX_TAGS, AMX_VM_NOTE, BackendInfo, BackendState, is_virtual_machine, safe_variant
-from engine.errors import ContextOverflow, EngineCrashed, EngineError, ModelLoadError
+from engine.errors import Cancelled, ContextOverflow, EngineCrashed, EngineError, ModelLoadError
 from engine.fit import kv_cache_bytes
 from engine.gguf import GgufInfo, read_gguf_info
 from engine.inference.adapters import LoraAdapter
+from engine.inference.base_compare import BaseComparison
 from engine.inference.context import (
     NO_DOCUMENTS,
     ContextPlan,
@@ -41,7 +42,7 @@ from engine.inference.context import (
     system_message,
 )
 from engine.inference.cpu_probe import probe_variant
-from engine.inference.events import Event, Finished, Stats
+from engine.inference.events import Event, Finished, PrefillProgress, Stats
 from engine.inference.grammar_bounds import check_constraint
 from engine.inference.kv_cache import KvCacheConfig, KvKey, KvRequest
 from engine.inference.projector import MediaInfo
@@ -484,35 +485,11 @@ class ChatSession:
                 reasoning_effort=reasoning_effort,
                 thinking_budget=thinking_budget,
             )
-            check_constraint(turn.params(params))  # a grammar bomb: refused before the prompt is even read
-
-            def count_tokens(messages: Sequence[Message]) -> int:
-                return len(self._tokenize_prompt(turn.render(messages)))
-
-            history, dropped_media = self._media_history(history)
-            self._read_media([*(m for message in history for m in message.media), *media])
-            n_ctx = self.info.n_ctx
-            reserve = min(self.reply_reserve, params.max_tokens)
-            plan = plan_context(
-                system=system,
-                documents=documents,
-                history=list(history),
-                user=user,
-                user_media=media,
-                media_tokens=self._media_tokens,
-                n_ctx=n_ctx,
-                reply_reserve=reserve,
-                count_tokens=count_tokens,
-                count_text=self.count_text,
-                policy=self.overflow_policy,
-                tools_tokens=turn.tools_tokens(lambda text: len(self._tokenize_prompt(text))),
+            plan, prompt, tokens, run, dropped_media = self._render_turn(
+                turn, history, user, params, system, documents, media
             )
             self.last_plan = plan
-            prompt = turn.render(plan.messages)
-            tokens = self._tokenize_prompt(prompt)
             self.last_prompt = tokens
-            stops = tuple(dict.fromkeys((*params.stop, *self.template.stop)))
-            run = turn.params(params.model_copy(update={"stop": stops}))
             shaper = turn.shaper(prompt, self._marker_tokens())
             checkpoint_at = self._conversation_end(turn, plan, tokens) if self.info.memory != "kv" else None
             self._prepare(cache_key)
@@ -537,6 +514,99 @@ class ChatSession:
             reason = result.reason
             finished = shaper.finished(reason, stats)  # type: ignore[arg-type]
             yield dataclasses.replace(finished, stop_sequence=result.stop_sequence)
+
+    def _render_turn(
+        self,
+        turn: TurnShape,
+        history: Sequence[Message],
+        user: str | None,
+        params: GenerationParams,
+        system: str | None,
+        documents: RankedDocuments | None,
+        media: Sequence[Media],
+    ) -> tuple[ContextPlan, str, list[int], GenerationParams, int]:
+        """A turn's prompt (under the lock, the worker started): its plan, its text, its tokens,
+        the parameters it runs with (the template's stop strings added), and the history's media
+        left out (a model without a projector)."""
+        assert self.info is not None and self.template is not None
+        check_constraint(turn.params(params))  # a grammar bomb: refused before the prompt is even read
+
+        def count_tokens(messages: Sequence[Message]) -> int:
+            return len(self._tokenize_prompt(turn.render(messages)))
+
+        history, dropped_media = self._media_history(history)
+        self._read_media([*(m for message in history for m in message.media), *media])
+        plan = plan_context(
+            system=system,
+            documents=documents,
+            history=list(history),
+            user=user,
+            user_media=media,
+            media_tokens=self._media_tokens,
+            n_ctx=self.info.n_ctx,
+            reply_reserve=min(self.reply_reserve, params.max_tokens),
+            count_tokens=count_tokens,
+            count_text=self.count_text,
+            policy=self.overflow_policy,
+            tools_tokens=turn.tools_tokens(lambda text: len(self._tokenize_prompt(text))),
+        )
+        prompt = turn.render(plan.messages)
+        tokens = self._tokenize_prompt(prompt)
+        stops = tuple(dict.fromkeys((*params.stop, *self.template.stop)))
+        return plan, prompt, tokens, turn.params(params.model_copy(update={"stop": stops})), dropped_media
+
+    def compare_base(
+        self,
+        history: Sequence[Message],
+        user: str | None,
+        params: GenerationParams | None = None,
+        *,
+        system: str | None = None,
+        documents: RankedDocuments | None = None,
+        cancel: threading.Event | None = None,
+        thinking: bool | None = None,
+        reasoning_effort: str | None = None,
+        media: Sequence[Media] = (),
+        progress: Callable[[PrefillProgress], None] | None = None,
+    ) -> BaseComparison:
+        """The reply to ``user`` after ``history`` (the prompt :meth:`stream` renders, without
+        tools) decoded greedily with this session's adapters and with none, ``params.max_tokens``
+        each: where the two first differ and how far the adapters moved the chosen token's
+        probability (engine.inference.base_compare). The worker's adapters and KV cache are put back
+        as they were; nothing is saved, and the last prompt (:meth:`prompt_view`) stays the last turn's.
+
+        Args:
+            progress: called with each run's prefill progress (on the caller's thread).
+
+        Raises:
+            Cancelled: ``cancel`` was set first.
+            ContextOverflow: the conversation does not fit and the policy is "refuse".
+            EngineCrashed: the worker died; the next call starts a fresh one.
+            EngineError: an adapter does not fit any more, or the prompt is empty.
+        """
+        params = params or GenerationParams()
+        with self._lock:
+            self._ensure_worker()
+            assert self._worker is not None and self.template is not None
+            turn = shape_turn(self.template, params, thinking=thinking, reasoning_effort=reasoning_effort)
+            _plan, _prompt, tokens, run, _dropped = self._render_turn(
+                turn, history, user, params, system, documents, media
+            )
+            runs = self._worker.compare_base(tokens, run, self._adapters, cancel)
+            try:
+                while True:
+                    event = next(runs)
+                    if progress is not None:
+                        progress(event)
+            except StopIteration as done:
+                result: BaseComparison | None = done.value
+            except EngineCrashed:
+                self._worker = None
+                self.last_prompt = []
+                raise
+            if result is None:
+                raise Cancelled("the comparison with the base model was stopped")
+            return result
 
     def _media_history(self, history: Sequence[Message]) -> tuple[list[Message], int]:
         """The history as this model can read it: on a model without a projector the media of
