@@ -90,7 +90,8 @@ class HistoryStore(HistoryDatabase):
 
     # ------------------------------------------------------------------ conversations
     _CONVERSATION_COLUMNS = (
-        "id, title, created_at, updated_at, system_prompt, settings, knowledge_bases, deleted_at, current_leaf_id"
+        "id, title, created_at, updated_at, system_prompt, settings, knowledge_bases, deleted_at, current_leaf_id,"
+        " model"
     )
 
     @staticmethod
@@ -105,6 +106,7 @@ class HistoryStore(HistoryDatabase):
             knowledge_bases=json.loads(row[6]),
             deleted_at=row[7],
             current_leaf_id=row[8],
+            model=row[9] if isinstance(row[9], str) and row[9] else None,  # a damaged value costs only itself
         )
 
     def create_conversation(
@@ -112,6 +114,7 @@ class HistoryStore(HistoryDatabase):
         title: str = "New chat",
         system_prompt: str | None = None,
         settings: Mapping[str, Any] | None = None,
+        model: str | None = None,
     ) -> Conversation:
         """Create and save a conversation.
 
@@ -119,6 +122,7 @@ class HistoryStore(HistoryDatabase):
             title: its title.
             system_prompt: its system prompt.
             settings: per-conversation settings (JSON-serialisable).
+            model: the model it uses (:attr:`Conversation.model`; None: none yet).
 
         Returns:
             The new conversation.
@@ -126,9 +130,9 @@ class HistoryStore(HistoryDatabase):
         now = time.time()
         with self._transaction() as conn:
             cursor = conn.execute(
-                "INSERT INTO conversations (title, created_at, updated_at, system_prompt, settings)"
-                " VALUES (?, ?, ?, ?, ?)",
-                (title, now, now, system_prompt, _dumps(dict(settings or {}))),
+                "INSERT INTO conversations (title, created_at, updated_at, system_prompt, settings, model)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (title, now, now, system_prompt, _dumps(dict(settings or {})), model),
             )
             new_id = cast(int, cursor.lastrowid)
         return self.get_conversation(new_id)
@@ -175,8 +179,10 @@ class HistoryStore(HistoryDatabase):
         system_prompt: str | None = _UNSET,
         settings: Mapping[str, Any] = _UNSET,
         knowledge_bases: Sequence[str] = _UNSET,
+        model: str | None = _UNSET,
     ) -> None:
-        """Change the given fields of a conversation; the others stay as they are."""
+        """Change the given fields of a conversation; the others stay as they are (``model``: the
+        model it uses, :attr:`Conversation.model`). Its place in the list does not change."""
         columns: list[str] = []
         values: list[Any] = []
         if system_prompt is not _UNSET:
@@ -188,6 +194,9 @@ class HistoryStore(HistoryDatabase):
         if knowledge_bases is not _UNSET:
             columns.append("knowledge_bases = ?")
             values.append(_dumps(list(knowledge_bases)))
+        if model is not _UNSET:
+            columns.append("model = ?")
+            values.append(model)
         if columns:
             self._update(conversation_id, ", ".join(columns), values)
 

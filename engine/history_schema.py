@@ -47,6 +47,9 @@ class Conversation:
     knowledge_bases: list[str]
     deleted_at: float | None
     current_leaf_id: int | None
+    model: str | None = None
+    """The model the chat uses, as the window names a choice (``app.compose.model_key``: a library
+    file's path, or a saved endpoint's model); None: none recorded yet (a chat an older version wrote)."""
 
 
 @dataclass(frozen=True)
@@ -151,6 +154,12 @@ MIGRATIONS: Final = (
         # A user message's attachments: a JSON list of MediaRef records (the bytes are files
         # named by their SHA-256 under the data folder's media/).
         ("ALTER TABLE messages ADD COLUMN media TEXT",),
+    ),
+    Migration(
+        "m004_conversation_model",
+        # The model a chat uses (its model_key text), written on each reply and when the user picks
+        # one while the chat is open; older chats have none.
+        ("ALTER TABLE conversations ADD COLUMN model TEXT",),
     ),
 )
 """Every schema step ever shipped, oldest first. Append only; never edit a shipped one."""

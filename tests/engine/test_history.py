@@ -18,6 +18,7 @@ from engine.errors import HistoryError
 from engine.history import HistoryStore
 from engine.history_db import SQLITE_MAGIC
 from engine.history_schema import MIGRATIONS, fts_query
+from tests.engine.history_fixtures import previous_version_history
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -373,6 +374,54 @@ def test_migrating_an_old_schema_backs_it_up_first(db_path: Path) -> None:
     with HistoryStore(db_path) as store:
         assert store.schema_version == len(MIGRATIONS)
     assert sorted(p.name for p in db_path.parent.glob("*.bak-*")) == ["history.sqlite3.bak-v1"]
+
+
+def test_a_chat_remembers_its_model_across_a_restart(db_path: Path) -> None:
+    with HistoryStore(db_path) as store:
+        local = store.create_conversation("Local", model="/models/qwen3-0.6b-q4_k_m.gguf")
+        remote = store.create_conversation("Remote")
+        assert remote.model is None
+        store.update_conversation(remote.id, model="remote:lab/llama-3.1-8b")
+        store.update_conversation(local.id, settings={"preset": "precise"})  # another field leaves it alone
+    with HistoryStore(db_path) as store:
+        assert store.get_conversation(local.id).model == "/models/qwen3-0.6b-q4_k_m.gguf"
+        assert store.get_conversation(local.id).settings == {"preset": "precise"}
+        assert store.get_conversation(remote.id).model == "remote:lab/llama-3.1-8b"
+        assert [c.id for c in store.list_conversations()] == [remote.id, local.id]  # not moved by the write
+        store.update_conversation(remote.id, model=None)
+        assert store.get_conversation(remote.id).model is None
+
+
+def test_a_history_of_the_previous_version_opens_without_a_model_and_takes_one(db_path: Path) -> None:
+    previous_version_history(db_path)
+    with HistoryStore(db_path) as store:
+        old = store.get_conversation(1)
+        assert old.model is None and old.settings == {"adapters": [], "preset": "precise"}
+        assert [m.content for m in store.thread(1)] == ["an answer"]
+        store.update_conversation(1, model="/models/a.gguf")
+    backup = db_path.with_name("history.sqlite3.bak-v3")
+    assert backup.exists()  # the previous version's file, kept before the step
+    old_file = sqlite3.connect(backup)
+    try:
+        columns = [row[1] for row in old_file.execute("PRAGMA table_info(conversations)")]
+        assert "model" not in columns
+    finally:
+        old_file.close()
+    with HistoryStore(db_path) as store:
+        assert store.get_conversation(1).model == "/models/a.gguf"
+
+
+def test_a_damaged_model_value_costs_only_itself(db_path: Path) -> None:
+    with HistoryStore(db_path) as store:
+        chat = store.create_conversation("Chat", system_prompt="Be brief.")
+    conn = sqlite3.connect(db_path)
+    # a blob where the text was, as a flipped bit in the record can make it
+    conn.execute("UPDATE conversations SET model = x'fffe00' WHERE id = ?", (chat.id,))
+    conn.commit()
+    conn.close()
+    with HistoryStore(db_path) as store:
+        read = store.get_conversation(chat.id)
+        assert read.model is None and read.system_prompt == "Be brief." and read.title == "Chat"
 
 
 def test_new_database_needs_no_backup(db_path: Path) -> None:
