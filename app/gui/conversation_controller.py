@@ -97,7 +97,7 @@ class ConversationController(QObject):
         self.history.call(lambda s: s.list_conversations(), self._on_first_conversations, self.history_failed)
 
     def _on_first_conversations(self, conversations: list[Conversation]) -> None:
-        self.sidebar.set_conversations(conversations)
+        self.chat.conversations_changed.emit(conversations)  # the chat list; the model bar's first load
         if conversations:
             self.sidebar.set_current(conversations[0].id)
             self.chat.conversations.open(conversations[0].id)

@@ -1,6 +1,7 @@
 """The model bar: the picker, Load/Eject and Add endpoint (:class:`ModelBarWidget`), and what
 drives it (:class:`ModelController`): scanning the models folder, the starter model, the saved
-endpoints' remote models, loading and ejecting, and the model's state in the header.
+endpoints' remote models, loading and ejecting, the model's state in the header, and the open
+chat's own model (switched to when it is kept loaded, else offered in one line under the bar).
 
 The controller is given every collaborator in its constructor and connects their signals itself;
 the main window only builds it.
@@ -13,14 +14,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import shiboken6
-from PySide6.QtCore import QEvent, QObject, Qt, Slot
+from PySide6.QtCore import QEvent, QObject, Qt, QTimer, Slot
 from PySide6.QtGui import QShowEvent
-from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QPushButton, QWidget
+from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
 from app.compose import RemoteModel, model_key
 from app.gui.display_text import plain_tooltip, shown
 from app.gui.endpoints_dialog import AddEndpointDialog, list_remote_models
 from app.gui.tasks import describe_error, run_in_background
+from app.gui.window_layout import ElidedLabel
 from app.gui.window_services import while_alive
 from app.gui.workers.chat_state import ModelState
 from app.gui.workers.llm_requests import LoadRequest
@@ -38,10 +40,14 @@ if TYPE_CHECKING:
     from app.gui.workers.resident_models import ResidentState
     from app.model_folders import OtherAppFolder
     from app.paths import Paths
+    from engine.history_schema import Conversation
     from engine.library import LibraryEntry
     from engine.starter import StarterModel
 
 log = logging.getLogger(__name__)
+
+START_WAIT_MS = 1500
+"""How long the first load waits for the history's list of chats (its first chat's model wins)."""
 
 
 def list_model_files(folder: Path) -> list[Path]:
@@ -72,14 +78,52 @@ def chat_model_files(folder: Path) -> list[Path]:
     return out
 
 
-class ModelBarWidget(QWidget):
-    """The chat header's first row: the model picker, Load (Eject once loaded) and Add endpoint."""
+class ChatModelOfferWidget(QWidget):
+    """One line under the model bar, shown while the open chat used another model than the loaded
+    one: its name and Load it, or that it is no longer in the library (then no button)."""
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         row = QHBoxLayout(self)
         row.setContentsMargins(0, 0, 0, 0)
         row.setSpacing(6)
+        self.text = ElidedLabel("", min_chars=20)
+        self.text.setObjectName("chatModelNote")
+        self.text.setAccessibleName("This chat's model")
+        row.addWidget(self.text, 1)
+        self.load_button = QPushButton("Load it")
+        self.load_button.setObjectName("chatModelLoad")
+        row.addWidget(self.load_button)
+        self.setVisible(False)
+
+    def say(self, text: str, button: str | None, tooltip: str = "") -> None:
+        """Shows ``text``, with a button saying ``button`` (None: no button)."""
+        self.text.setText(text)
+        self.load_button.setVisible(button is not None)
+        if button is not None:
+            self.load_button.setText(button)
+            self.load_button.setToolTip(plain_tooltip(tooltip))
+            self.load_button.setAccessibleDescription(tooltip)
+        self.setVisible(True)
+
+    def clear(self) -> None:
+        self.setVisible(False)
+        self.text.setText("")
+
+
+class ModelBarWidget(QWidget):
+    """The chat header's first row: the model picker, Load (Eject once loaded) and Add endpoint;
+    under it, while needed, the open chat's own model (:class:`ChatModelOfferWidget`)."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        rows = QVBoxLayout(self)
+        rows.setContentsMargins(0, 0, 0, 0)
+        rows.setSpacing(4)
+        row = QHBoxLayout()
+        row.setContentsMargins(0, 0, 0, 0)
+        row.setSpacing(6)
+        rows.addLayout(row)
         self.picker = QComboBox()
         self.picker.setObjectName("modelPicker")
         self.picker.setMinimumWidth(120)
@@ -104,6 +148,8 @@ class ModelBarWidget(QWidget):
         self.add_endpoint_button.setToolTip("Chat with models on an OpenAI-compatible server (vLLM, Ollama, …)")
         self.add_endpoint_button.setAccessibleDescription(self.add_endpoint_button.toolTip())
         row.addWidget(self.add_endpoint_button)
+        self.chat_model = ChatModelOfferWidget()
+        rows.addWidget(self.chat_model)
 
     def changeEvent(self, event: QEvent) -> None:
         # The button says Load, Eject or Cancel: as wide as the widest, so the row never moves.
@@ -185,7 +231,20 @@ class ModelController(QObject):
         self.endpoints_file = paths.endpoints_file
         self._closed = False
         self._other_apps_note = ""  # the offer of other apps' model folders, until a load message repeats it
+        self._kept: tuple[Path | RemoteModel, ...] = ()  # the models kept loaded beside the chat's
+        self._scanned = False  # the library was scanned (before, a chat's model is never said to be gone)
+        self._remotes_listed = False  # the same for the endpoints' models
+        self._open_chat: int | None = None  # the open chat's id (opening another one may switch models)
+        self._picked: tuple[Path | RemoteModel, int] | None = None  # a model the user picked, and the open chat
+        # At start the chat the history opens first goes on with its own model: the first load
+        # waits for the history's list (or START_WAIT_MS, if the history does not answer).
+        self._history_listed = False
+        self._start_chat_model: Path | RemoteModel | None = None
+        self._auto_load_due = False
         bar.load_button.clicked.connect(self.load_or_eject)
+        bar.chat_model.load_button.clicked.connect(self._on_chat_model_load_clicked)
+        chat.conversation_opened.connect(self._on_chat_conversation_opened)
+        chat.conversations_changed.connect(self._on_chat_conversations_changed)
         bar.add_endpoint_button.clicked.connect(lambda: self.add_endpoint())
         bar.picker.activated.connect(self._on_model_picker_activated)
         chat.model_state_changed.connect(self._on_chat_model_state_changed)
@@ -230,6 +289,7 @@ class ModelController(QObject):
         self.composer.set_ready(False, "No model folder")
 
     def _on_models_scanned(self, found: list[Path], first_start: bool) -> None:
+        self._scanned = True
         self.set_models(found)
         if first_start:  # the Hugging Face cache and LM Studio's folder are hidden: offer them by name
             self.models_adapter.library.other_folders_found.connect(self._on_models_other_folders_found)
@@ -238,7 +298,11 @@ class ModelController(QObject):
             self._install_starter()
             return
         if first_start:
-            self._auto_load()
+            self._auto_load_due = True
+            if self._history_listed:
+                self._auto_load_once()
+            else:
+                QTimer.singleShot(START_WAIT_MS, self, self._auto_load_once)
         elif self.chat.model_state is not ModelState.LOADED:
             self.composer.set_ready(False, "Pick a model and press Load")
 
@@ -260,6 +324,7 @@ class ModelController(QObject):
             if index >= 0:
                 picker.setCurrentIndex(index)
         self.bar.load_button.setEnabled(picker.count() > 0)
+        self._say_chat_model()
 
     def refresh_remote_models(self) -> None:
         """Lists the saved endpoints' models on a worker, then refreshes the picker."""
@@ -271,6 +336,7 @@ class ModelController(QObject):
 
     def _on_remote_models_listed(self, result: tuple[list[RemoteModel], list[str]]) -> None:
         self.remote_models, problems = result
+        self._remotes_listed = True
         self.set_models(self.models)
         if problems:
             self.notices.show_status("Endpoint unavailable: " + "; ".join(problems), 10000)
@@ -315,6 +381,24 @@ class ModelController(QObject):
             while_alive(self.widgets_alive, lambda e: self.notices.show_error(f"Starter model: {describe_error(e)}")),
         )
 
+    @Slot(object)
+    def _on_chat_conversations_changed(self, conversations: list[Conversation]) -> None:
+        if self._history_listed:
+            return
+        self._history_listed = True  # the first list: its first chat is the one opened at start
+        first = conversations[0] if conversations else None
+        self._start_chat_model = picker_model(first.model) if first is not None and first.model else None
+        self._auto_load_once()
+
+    @Slot()
+    def _auto_load_once(self) -> None:
+        """The first load, once both the library and the history's first list are known (or the
+        history is late); none when a model was asked for meanwhile (the user's choice stands)."""
+        if self._auto_load_due and self.widgets_alive():
+            self._auto_load_due = False
+            if self.chat.model_state is ModelState.NONE:
+                self._auto_load()
+
     def _auto_load(self, prefer: Path | None = None) -> None:
         settings = self.settings.current
         if self.safe_mode:
@@ -325,6 +409,9 @@ class ModelController(QObject):
             self.composer.set_ready(False, "Pick a model and press Load")
             return
         target = prefer
+        wanted = self._chat_model() or self._start_chat_model  # the chat open at start: its own model
+        if target is None and isinstance(wanted, Path) and wanted in self.models:
+            target = wanted
         if target is None and settings.last_model:
             last = picker_model(settings.last_model)  # a remote model is not loaded at start
             target = last if isinstance(last, Path) and last in self.models else None
@@ -368,14 +455,26 @@ class ModelController(QObject):
         self.settings.current.last_model = model_key(path)
         self.settings.save()
 
+    def pick(self, path: Path | RemoteModel) -> None:
+        """Loads a model the user chose (the picker, Load, the Models page): once it is loaded, the
+        chat open now remembers it."""
+        path = picker_model(path)
+        conv = self.chat.conversation
+        self._picked = (path, conv.id) if conv is not None else None
+        self.load_model(path)
+
     def load_from_page(self, path: Path) -> None:
         """Loads a model chosen on the Models page (the picker shows it, even a new file)."""
+        self._select(path)
+        self.pick(path)
+
+    def _select(self, path: Path | RemoteModel) -> None:
+        """Shows ``path`` in the picker (added when the picker does not list it yet)."""
         index = self.picker.findData(model_key(path))
         if index < 0:
             self.picker.addItem(shown(model_label(path)), model_key(path))
             index = self.picker.count() - 1
         self.picker.setCurrentIndex(index)
-        self.load_model(path)
 
     @Slot()
     def load_or_eject(self) -> None:
@@ -393,14 +492,84 @@ class ModelController(QObject):
             return
         data = self.picker.currentData()
         if data:
-            self.load_model(picker_model(data))
+            self.pick(picker_model(data))
 
     @Slot(int)
     def _on_model_picker_activated(self, index: int) -> None:
         data = self.picker.itemData(index)
         loaded = self.chat.loaded
         if data and (loaded is None or loaded.path != picker_model(data)):
-            self.load_model(picker_model(data))
+            self.pick(picker_model(data))
+
+    # ------------------------------------------------------------------ the open chat's own model
+    def _chat_model(self) -> Path | RemoteModel | None:
+        """The model the open chat used (None: no chat open, or it never named one)."""
+        conv = self.chat.conversation
+        return picker_model(conv.model) if conv is not None and conv.model else None
+
+    def _current_model(self) -> Path | RemoteModel | None:
+        """The model the chat talks to, or the one loading for it."""
+        pending = self.chat.model.pending
+        if self.chat.model_state is ModelState.LOADING and pending is not None:
+            return pending.model_path
+        loaded = self.chat.loaded
+        return loaded.path if loaded is not None and self.chat.model_state is ModelState.LOADED else None
+
+    def _listed(self, model: Path | RemoteModel) -> bool | None:
+        """Whether the picker offers ``model`` (None: not known yet, its list is still coming)."""
+        if isinstance(model, Path):
+            return model in self.models if self._scanned else None
+        return model in self.remote_models if self._remotes_listed else None
+
+    @Slot(object, object)
+    def _on_chat_conversation_opened(self, conversation: Conversation | None, _messages: object) -> None:
+        """Another chat was opened: when the model it used is kept loaded, it is switched to (no
+        load); otherwise its model is offered in one line (:meth:`_say_chat_model`)."""
+        opened = conversation is not None and conversation.id != self._open_chat
+        self._open_chat = conversation.id if conversation is not None else None
+        wanted = self._chat_model()
+        if opened and wanted is not None and wanted in self._kept and wanted != self._current_model():
+            self._select(wanted)
+            self.load_model(wanted)  # a switch: the worker makes the kept session the chat's
+        self._say_chat_model()
+
+    def _say_chat_model(self) -> None:
+        """The line under the model bar: the open chat used another model than the loaded one."""
+        offer = self.bar.chat_model
+        wanted = self._chat_model()
+        current = self._current_model()
+        if wanted is None or wanted == current:
+            offer.clear()
+            return
+        listed = self._listed(wanted)
+        if listed is None:
+            offer.clear()
+            return
+        label = model_label(wanted)
+        if listed:
+            kept = wanted in self._kept
+            offer.say(
+                f"This chat used {label}.",
+                "Switch to it" if kept else "Load it",
+                f"{'Switch to' if kept else 'Load'} {label} for this chat"
+                + (" (it is kept loaded: instant)" if kept else ""),
+            )
+            return
+        # a remote model may only be out of reach: its endpoint did not list it this time
+        gone = (
+            "which its endpoint does not list now"
+            if isinstance(wanted, RemoteModel)
+            else "which is no longer in the library"
+        )
+        goes_on = f"; it goes on with {model_label(current)}" if current is not None else ""
+        offer.say(f"This chat used {label}, {gone}{goes_on}.", None)
+
+    @Slot()
+    def _on_chat_model_load_clicked(self) -> None:
+        wanted = self._chat_model()
+        if wanted is not None:
+            self._select(wanted)
+            self.load_model(wanted)
 
     @Slot(object, str)
     def _on_chat_model_state_changed(self, state: ModelState, detail: str) -> None:
@@ -428,9 +597,11 @@ class ModelController(QObject):
             load_button.setText("Load")
             load_button.setToolTip("Load the selected model (Ctrl+L)")
             self.starter_note.setVisible(False)
+        self._say_chat_model()
 
     @Slot(object)
     def _on_models_library_changed(self, entries: list[LibraryEntry]) -> None:
+        self._scanned = True
         self.set_models([e.path for e in entries if e.chat_problem() is None])  # no embedders, no mmproj
 
     @Slot(object)
@@ -443,9 +614,11 @@ class ModelController(QObject):
 
     @Slot(object)
     def _on_chat_resident_models_changed(self, kept: ResidentState) -> None:
-        """The models kept loaded beside the chat's, named after the picker (choosing one is a
-        switch), and their memory in the inspector."""
+        """The models kept loaded beside the chat's (opening a chat that used one switches to it),
+        named after the picker (choosing one is a switch), and their memory in the inspector."""
         self.inspector.set_resident(kept)
+        self._kept = kept.kept
+        self._say_chat_model()
         labels = list(kept.names)
         label = self.bar.resident
         label.setVisible(bool(labels))
@@ -471,6 +644,11 @@ class ModelController(QObject):
         from engine.starter import STARTER_MODEL_FILE
 
         info = loaded.info
+        picked, self._picked = self._picked, None
+        conv = self.chat.conversation
+        if picked is not None and picked[0] == loaded.path and conv is not None and conv.id == picked[1]:
+            self.chat.conversations.remember_model(model_key(loaded.path))  # the user chose it for this chat
+            self._say_chat_model()
         self.starter_note.setVisible(loaded.path.name == STARTER_MODEL_FILE)
         self.chat_view.set_assistant_name(loaded.label)
         remote = parse_remote_model(loaded.path)

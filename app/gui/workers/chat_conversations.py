@@ -8,8 +8,10 @@ GUI thread and become the open conversation and its thread (``ChatSignals.conver
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
+from app.compose import model_key
 from app.gui.tasks import describe_error
 from app.gui.workers.history_disk import is_unreadable
 from app.gui.workers.history_reads import DisplayMessage, display_thread
@@ -30,6 +32,7 @@ class ConversationChanges(TypedDict, total=False):
     system_prompt: str | None
     settings: Mapping[str, object]
     knowledge_bases: Sequence[str]
+    model: str | None
 
 
 class Conversations:
@@ -73,10 +76,12 @@ class Conversations:
         self._history.call(load, self.opened, self.on_error)
 
     def new(self, system_prompt: str | None = None, settings: Mapping[str, object] | None = None) -> None:
-        """Creates and opens an empty conversation."""
+        """Creates and opens an empty conversation; it starts with the loaded model."""
+        loaded = self._chat.loaded
+        model = model_key(loaded.path) if loaded is not None else None
 
         def create(store: HistoryStore) -> Opened:
-            return store.create_conversation(system_prompt=system_prompt, settings=settings or {}), []
+            return store.create_conversation(system_prompt=system_prompt, settings=settings or {}, model=model), []
 
         self._history.call(create, self.created, self.on_error)
 
@@ -108,8 +113,17 @@ class Conversations:
 
         self._history.call(switch, self.opened, self.on_error)
 
+    def remember_model(self, key: str) -> None:
+        """Records ``key`` (``app.compose.model_key``) as the open chat's model: the user picked it
+        while the chat was open. Known at once on this thread, then saved."""
+        chat = self._chat
+        if chat.conversation is None or chat.conversation.model == key:
+            return
+        chat.conversation = replace(chat.conversation, model=key)
+        self.update(model=key)
+
     def update(self, **changes: Unpack[ConversationChanges]) -> None:
-        """Saves per-conversation settings (system_prompt, settings, knowledge_bases)."""
+        """Saves per-conversation settings (system_prompt, settings, knowledge_bases, model)."""
         chat = self._chat
         if chat.conversation is None:
             return

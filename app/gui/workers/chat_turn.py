@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Literal
 from PySide6.QtCore import QObject, Slot
 
 from app.agent_history import model_history
+from app.compose import model_key
 from app.gui.tasks import describe_error
 from app.gui.workers.chat_conversations import title_from
 from app.gui.workers.chat_reply import ReplyTurn, final_reply
@@ -62,6 +63,7 @@ class Question:
     model: str
     parent: int | Literal["leaf"] | None  # "leaf": after the current branch's last message
     media: tuple[Media, ...] = ()  # images and clips attached (kept by content before the row)
+    model_key: str | None = None  # the model that replies (app.compose.model_key): the chat remembers it
 
 
 @dataclass(frozen=True)
@@ -87,10 +89,12 @@ def save_question(question: Question, box: ProgressBox) -> Callable[[HistoryStor
     def save(store: HistoryStore) -> Saved:
         conv = question.conversation
         if conv is None:
-            conv = store.create_conversation(title=title_from(question.text or _media_title(question.media)))
+            title = title_from(question.text or _media_title(question.media))
+            conv = store.create_conversation(title=title, model=question.model_key)
             box.latest = SendProgress(conversation=conv)
         elif not store.thread(conv.id) and conv.title in ("New chat", ""):
             store.rename(conv.id, title_from(question.text))
+        remember_model(store, conv.id, question.model_key)
         refs = [MediaStore(media_folder(store.path)).put(item) for item in question.media]
         store.add_message(conv.id, "user", question.text, parent_id=question.parent, media=refs)
         box.latest = SendProgress(box.latest.conversation, user_saved=True)
@@ -100,14 +104,25 @@ def save_question(question: Question, box: ProgressBox) -> Callable[[HistoryStor
     return save
 
 
-def save_regeneration(conv_id: int, parent_id: int, model: str) -> Callable[[HistoryStore], Saved]:
-    """The history-thread job that adds a new pending sibling of a reply."""
+def save_regeneration(
+    conv_id: int, parent_id: int, model: str, model_key: str | None = None
+) -> Callable[[HistoryStore], Saved]:
+    """The history-thread job that adds a new pending sibling of a reply (``model_key``: the model
+    that replies, remembered by the chat)."""
 
     def save(store: HistoryStore) -> Saved:
+        remember_model(store, conv_id, model_key)
         new = store.add_message(conv_id, "assistant", "", parent_id=parent_id, state="pending", model=model)
         return store.get_conversation(conv_id), new.id, display_thread(store, conv_id)
 
     return save
+
+
+def remember_model(store: HistoryStore, conv_id: int, model_key: str | None) -> None:
+    """Records ``model_key`` as the model chat ``conv_id`` uses (on the history thread; nothing when
+    no model is named or the chat already has it)."""
+    if model_key is not None and store.get_conversation(conv_id).model != model_key:
+        store.update_conversation(conv_id, model=model_key)
 
 
 def _media_title(media: tuple[Media, ...]) -> str:
@@ -173,7 +188,8 @@ class TurnRunner(QObject):
         if edit_of is not None:
             edited = next((m for m in chat.thread_messages if m.id == edit_of), None)
             parent = edited.parent_id if edited is not None else "leaf"
-        question = Question(text, edit_of, chat.conversation, chat.loaded.label, parent, media)
+        key = model_key(chat.loaded.path)
+        question = Question(text, edit_of, chat.conversation, chat.loaded.label, parent, media, key)
         box = ProgressBox()
 
         def failed(exc: BaseException) -> None:
@@ -193,7 +209,7 @@ class TurnRunner(QObject):
         reply = next((m for m in chat.thread_messages if m.id == reply_id), None)
         if reply is None or reply.role != "assistant" or reply.parent_id is None:
             return False
-        save = save_regeneration(chat.conversation.id, reply.parent_id, chat.loaded.label)
+        save = save_regeneration(chat.conversation.id, reply.parent_id, chat.loaded.label, model_key(chat.loaded.path))
         self._begin_placeholder()
         self._history.call(save, lambda r: self._start(r, context), self._on_regeneration_save_failed)
         return True

@@ -17,6 +17,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
+    from app.compose import RemoteModel
     from app.gui.workers.llm_requests import LoadedModel, LoadRequest
     from engine.fit import ModelMemory
     from engine.inference.backends import ChatBackend
@@ -40,12 +43,14 @@ class Kept:
 
 @dataclass(frozen=True)
 class KeptModel:
-    """A model kept loaded, as the window shows it: its name, its memory (the fit estimator's)
-    and the seconds until its idle unload (None: never)."""
+    """A model kept loaded, as the window shows it: its name, its memory (the fit estimator's),
+    the seconds until its idle unload (None: never) and the model (its file: what the picker and a
+    chat's remembered model name)."""
 
     label: str
     memory: ModelMemory
     unload_in_s: float | None
+    model: Path | RemoteModel
 
 
 @dataclass(frozen=True)
@@ -56,9 +61,12 @@ class ResidentState:
     models: tuple[KeptModel, ...] = ()
     last_unloaded: str | None = None
     names: tuple[str, ...] = field(init=False)
+    kept: tuple[Path | RemoteModel, ...] = field(init=False)
+    """The models themselves, in the same order (choosing one of them is a switch)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "names", tuple(m.label for m in self.models))
+        object.__setattr__(self, "kept", tuple(m.model for m in self.models))
 
 
 def _same_load(a: LoadRequest, b: LoadRequest) -> bool:
@@ -133,7 +141,9 @@ class ResidentModels:
         now = self._clock()
         idle = self.idle_s
         models = tuple(
-            KeptModel(k.loaded.label, k.memory, None if idle is None else max(0.0, k.since + idle - now))
+            KeptModel(
+                k.loaded.label, k.memory, None if idle is None else max(0.0, k.since + idle - now), k.request.model_path
+            )
             for k in reversed(self._kept)
         )
         return ResidentState(models, self._last)
