@@ -474,7 +474,6 @@ def amx_kernel_problem() -> str | None:
     reports. This asks, in the calling process (the probe's child). Elsewhere (another OS or CPU
     architecture) there is nothing to ask: None.
     """
-    import platform
 
     if not sys.platform.startswith("linux") or platform.machine().lower() not in ("x86_64", "amd64"):
         return None
@@ -500,7 +499,6 @@ def amx_kernel_problem() -> str | None:
 def xcomp_supported() -> int | None:
     """The XSAVE features the kernel saves for a process (``ARCH_GET_XCOMP_SUPP``), or None where it
     cannot be asked (not Linux on x86-64, or a kernel before 5.16)."""
-    import platform
 
     if not sys.platform.startswith("linux") or platform.machine().lower() not in ("x86_64", "amd64"):
         return None
@@ -591,6 +589,7 @@ class BackendState:
     def _save(self) -> None:
         if self.path is None:
             return
+        # lazy: start-up (+17 ms)
         from engine.atomic import write_text_atomic
 
         text = json.dumps({"key": self.key, "broken": self.broken, "amx": self.amx}, indent=2)
@@ -609,6 +608,7 @@ def library_fingerprint(folder: Path | None = None) -> str:
             with contextlib.suppress(OSError):
                 st = path.stat()
                 parts.append(f"{path.name}:{st.st_size}:{st.st_mtime_ns}")
+    # lazy: start-up (+5 ms)
     import hashlib
 
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]

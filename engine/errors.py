@@ -62,6 +62,7 @@ class EngineCrashed(EngineError):
         self.cpu_fault = cpu_fault
         self.will_repeat = will_repeat
         if exitcode is not None and exitcode < 0:
+            # lazy: start-up (+2 ms)
             import signal
 
             try:

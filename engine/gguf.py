@@ -43,6 +43,7 @@ alignment (the same rule llama.cpp's ``gguf.cpp`` enforces).
 
 from __future__ import annotations
 
+import io
 import os
 import re
 from dataclasses import asdict, dataclass, field, fields
@@ -253,7 +254,6 @@ def parse_gguf_prefix(prefix: bytes, file_size: int, source: Path | str) -> Gguf
             least; call again with more).
         ModelFileError: the header is bad.
     """
-    import io
 
     return _parse(
         io.BytesIO(prefix), file_size, Path(str(source)), prefix_only=True, prefix_len=len(prefix), parser_class=_Parser

@@ -151,6 +151,7 @@ def llama_supports_gpu_offload() -> bool:
     """
     load_backends()
     try:
+        # lazy: heavy (llama_cpp), optional
         import llama_cpp
     except ImportError:
         return False
@@ -179,6 +180,7 @@ def probe_hardware(
         machine: ``platform.machine()`` override (tests).
         offload: whether the llama.cpp build supports GPU offload; None asks llama-cpp-python.
     """
+    # lazy: start-up (+14 ms: psutil)
     import psutil
 
     memory = psutil.virtual_memory()
@@ -226,17 +228,20 @@ def measure_memory_bandwidth(seconds: float = 0.5, size_bytes: int = 256 * MIB, 
         size_bytes: the array size; keep it well above the last-level cache.
         threads: threads for the parallel half; None uses the physical cores (at most 8).
     """
+    # lazy: start-up (+97 ms: numpy)
     import numpy as np
 
     src = np.ones(max(1, size_bytes // 8), dtype=np.float64)
     dst = np.empty_like(src)
     np.copyto(dst, src)  # touch every page before timing
     if threads is None:
+        # lazy: start-up (+20 ms: psutil)
         import psutil
 
         threads = min(8, psutil.cpu_count(logical=False) or os.cpu_count() or 1)
     best = _best_copy_time(lambda: np.copyto(dst, src), seconds / 2 if threads > 1 else seconds)
     if threads > 1:
+        # lazy: start-up (+4 ms)
         from concurrent.futures import ThreadPoolExecutor
 
         bounds = [(len(src) * i // threads, len(src) * (i + 1) // threads) for i in range(threads)]

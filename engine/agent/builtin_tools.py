@@ -159,6 +159,7 @@ class BuiltinTools:
         now = self._clock()
         zone = arguments.get("timezone")
         if zone not in (None, ""):
+            # lazy: start-up (+7 ms)
             from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
             if not isinstance(zone, str):

@@ -410,6 +410,7 @@ def _tool_message(step: ToolStep) -> Message:
 def _schema_problem(arguments: dict[str, Any], schema: dict[str, Any]) -> str | None:
     """Why ``arguments`` break ``schema`` (one line), or None when they match (bounded: no reference
     is fetched, patterns run under a time budget; ``engine.inference.tool_schema``)."""
+    # lazy: start-up (+6 ms)
     from engine.inference.tool_schema import argument_problem
 
     return argument_problem(arguments, schema)

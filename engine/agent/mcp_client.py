@@ -199,6 +199,7 @@ class _WatchedReadStream:
         return self
 
     async def __anext__(self) -> Any:
+        # lazy: start-up (+4 ms: anyio)
         import anyio
 
         try:
@@ -412,8 +413,10 @@ class McpServer:
         """The SDK transport for the config, its read stream watched for the end."""
         config = self.config
         if config.command is not None:
+            # lazy: start-up (+849 ms: mcp, pydantic)
             from mcp.client.stdio import get_default_environment
 
+            # lazy: start-up (+13 ms)
             from engine.agent.mcp_stdio import StdioTransport
 
             assert self._stderr is not None
@@ -429,6 +432,7 @@ class McpServer:
             async with stdio.connect() as (read, write):
                 yield _WatchedReadStream(read, on_end), write
         else:
+            # lazy: start-up (+922 ms: httpx2, mcp, pydantic)
             import httpx2
             from mcp.client.streamable_http import streamable_http_client
 
@@ -438,6 +442,7 @@ class McpServer:
                 if response.status_code >= 400:
                     self._http_status = f"HTTP {response.status_code} {response.reason_phrase}".strip()
 
+            # lazy: start-up (+64 ms: httpx2)
             from engine.agent.mcp_http import CappedTransport
 
             timeout = httpx2.Timeout(30.0, read=300.0)
@@ -467,6 +472,7 @@ class McpServer:
             wake.set()
 
         try:
+            # lazy: start-up (+742 ms: mcp, pydantic)
             from mcp import Client
 
             transport = self._transport(on_end)
@@ -571,6 +577,7 @@ class McpServer:
         return specs
 
     async def _call(self, name: str, arguments: dict[str, Any], timeout_s: float) -> ToolResult:
+        # lazy: start-up (+742 ms: mcp, pydantic)
         from mcp.shared.exceptions import MCPError
 
         try:
@@ -591,6 +598,7 @@ class McpServer:
             self._last_error = f"{name} timed out after {timeout_s:g} s"
             return ToolResult(f"MCP server {self.name!r}: {name} timed out after {timeout_s:g} s{tail}", is_error=True)
         except MCPError as exc:
+            # lazy: start-up (+312 ms: pydantic, mcp_types)
             from mcp_types import CONNECTION_CLOSED
 
             if exc.error.code == CONNECTION_CLOSED:

@@ -191,6 +191,7 @@ class StdioTransport:
             PermissionError: the command cannot be run.
             OSError: the process cannot be started.
         """
+        # lazy: start-up (+779 ms: anyio, mcp, pydantic)
         import anyio
         from mcp.shared.message import SessionMessage
 
@@ -269,6 +270,7 @@ class StdioTransport:
     async def _deliver_all(self, lines: list[bytes | _Oversized], to_session: Any, first_message: Any) -> bool:
         """Passes each line on as a message, or skips it; False once the session is gone (it left, or
         the program is not an MCP server and the stream was ended)."""
+        # lazy: start-up (+4 ms: anyio)
         import anyio
 
         for line in lines:
@@ -290,6 +292,7 @@ class StdioTransport:
     def _message(self, line: bytes | _Oversized) -> Any:
         """The SDK message ``line`` holds (a cut or an error for an oversized or unreadable answer),
         or None when it is not one (it is counted and logged)."""
+        # lazy: start-up (+274 ms: pydantic, mcp_types)
         import mcp_types
 
         if isinstance(line, _Oversized):
@@ -319,6 +322,7 @@ class StdioTransport:
         result against its tool's ``outputSchema`` with Python's ``re`` and no time bound (a pattern
         of ``^(a+)+$`` there hangs a call): a listing's output schemas are dropped as it arrives.
         """
+        # lazy: start-up (+748 ms: mcp, pydantic)
         from mcp.shared.message import SessionMessage
 
         ident = getattr(envelope, "id", None)
@@ -354,6 +358,7 @@ class StdioTransport:
         return self._pending.pop(ident, None)
 
     def _error(self, ident: object, text: str) -> Any:
+        # lazy: start-up (+1091 ms: pydantic, mcp_types, mcp)
         import mcp_types
         from mcp.shared.message import SessionMessage
 
@@ -378,6 +383,7 @@ class StdioTransport:
 
     def _cut(self, line: _Oversized) -> Any:
         """The answer to a request from the start of a line too long to read."""
+        # lazy: start-up (+1158 ms: pydantic, mcp_types, mcp)
         import mcp_types
         from mcp.shared.message import SessionMessage
 
@@ -394,6 +400,7 @@ class StdioTransport:
     # ------------------------------------------------------------------ the process
 
     async def _start(self) -> Any:
+        # lazy: start-up (+5 ms: anyio)
         import anyio
 
         self._check_command()
@@ -429,6 +436,7 @@ class StdioTransport:
 
     async def _stop(self, process: Any) -> None:
         """Closes stdin, waits :data:`EXIT_GRACE_S`, then ends the tree (SIGTERM, then SIGKILL)."""
+        # lazy: start-up (+5 ms: anyio)
         import anyio
 
         with contextlib.suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
@@ -461,8 +469,10 @@ class StdioTransport:
 
     async def _start_windows(self) -> Any:  # pragma: no cover - Windows only
         """Spawns the server suspended, puts it in a kill-on-close job, resumes it."""
+        # lazy: start-up (+8 ms)
         import subprocess
 
+        # lazy: start-up (+5 ms: anyio)
         import anyio
 
         flags = getattr(subprocess, "CREATE_NO_WINDOW", 0) | _CREATE_SUSPENDED
@@ -495,6 +505,7 @@ def cut_answer(ident: object, method: str, head: bytes, size: int) -> dict[str, 
     """The JSON-RPC answer to request ``ident`` (``method``) made from the start (``head``) of an
     answer of ``size`` bytes too large to read: for ``tools/call`` a result holding the start of
     its text and a marker saying how much was cut, for any other request an error naming the limit."""
+    # lazy: start-up (+2 ms)
     from engine.units import format_bytes
 
     said = f"{format_bytes(size)}, more than the {format_bytes(MAX_MESSAGE_BYTES)} Glassbox reads of one answer"
@@ -515,6 +526,7 @@ def _supervisor_command() -> list[str]:
     """How to run :mod:`engine.agent.mcp_supervisor`: the frozen app runs it on a flag (its runtime
     hook); from source, Python runs the file in isolated mode (standard library only, fast)."""
     if getattr(sys, "frozen", False):
+        # lazy: start-up (+8 ms)
         from engine.agent.mcp_supervisor import FROZEN_FLAG
 
         return [sys.executable, FROZEN_FLAG]
@@ -533,6 +545,7 @@ def _signal(target: int, signum: int) -> None:
 async def _wait_exit(process: Any, timeout_s: float) -> bool:
     """Whether the process exited within ``timeout_s`` (by its return code: ``wait()`` would also
     wait for the pipes, which a surviving child may hold)."""
+    # lazy: start-up (+5 ms: anyio)
     import anyio
 
     deadline = time.monotonic() + timeout_s
@@ -613,6 +626,7 @@ class _WindowsJob:  # pragma: no cover - Windows only
             OSError: the job cannot be made or the process cannot join it (the process is resumed
                 by the caller then, outside any job).
         """
+        # lazy: start-up (+12 ms)
         import ctypes
         from ctypes import wintypes
 
@@ -689,6 +703,7 @@ class _WindowsJob:  # pragma: no cover - Windows only
     @classmethod
     def resume(cls, pid: int) -> None:
         """Resumes a process created suspended (``NtResumeProcess``: the thread handle is not kept)."""
+        # lazy: start-up (+12 ms)
         import ctypes
         from ctypes import wintypes
 
@@ -710,6 +725,7 @@ class _WindowsJob:  # pragma: no cover - Windows only
 
     def terminate(self) -> None:
         """Ends every process in the job now."""
+        # lazy: start-up (+11 ms)
         import ctypes
         from ctypes import wintypes
 
@@ -719,6 +735,7 @@ class _WindowsJob:  # pragma: no cover - Windows only
 
     def close(self) -> None:
         """Closes the job's handle: with KILL_ON_JOB_CLOSE, every process still in it ends."""
+        # lazy: start-up (+10 ms)
         import ctypes
         from ctypes import wintypes
 

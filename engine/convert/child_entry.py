@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import os
 import sys
+import traceback
+import types
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -38,6 +40,7 @@ def child_main(
     os.chdir(cwd)
     fd = log_conn.fileno()
     if sys.platform == "win32":  # pragma: no cover - the pipe end is a handle there
+        # lazy: Windows only
         import msvcrt
 
         fd = msvcrt.open_osfhandle(fd, os.O_WRONLY)
@@ -56,8 +59,6 @@ def child_main(
         sys.stderr.flush()
         raise SystemExit(code) from None
     except BaseException as exc:  # noqa: BLE001 - the boundary: everything goes back to the parent as text
-        import traceback
-
         traceback.print_exc()  # into the log pipe, for the log tail
         result_conn.send(("error", " ".join(f"{type(exc).__name__}: {exc}".split())))
         sys.stderr.flush()
@@ -76,10 +77,11 @@ def import_native_bindings() -> Any:
     (an unusual installer layout), the normal import is used. llama.cpp's CPU backend is loaded
     first (:func:`engine.cpu_backend.load_backends`).
     """
+    # lazy: child process (+2 ms)
     import importlib
     import importlib.util
-    import types
 
+    # lazy: child process (+34 ms)
     from engine.cpu_backend import load_backends
 
     # The portable build's CPU code is a library chosen at run time: load it before any model.
@@ -102,6 +104,7 @@ def import_native_bindings() -> Any:
 
 def quantize_child(src: str, dst: str, ftype: int, allow_requantize: bool, nthread: int) -> int:
     """Child side: one ``llama_model_quantize`` call, logging straight to fd 2."""
+    # lazy: child process (+5 ms)
     import ctypes
 
     native = import_native_bindings()

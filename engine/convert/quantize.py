@@ -152,6 +152,7 @@ def expected_bytes(src: Path, qtype: QuantType, n_params: int = 0) -> int:
     """The expected output size of quantizing ``src`` to ``qtype``: per tensor, from the real
     shapes and the types llama.cpp picks (:mod:`engine.convert.quant_estimate`); the file-level bits per
     weight of ``qtype`` only when the header cannot be read again."""
+    # lazy: start-up (+9 ms)
     from engine.convert.quant_estimate import estimate_quantized, read_tensor_shapes
 
     try:
@@ -202,6 +203,7 @@ def quant_types() -> list[QuantType]:
 
     Types that need an importance matrix are included with ``needs_imatrix=True``.
     """
+    # lazy: heavy (llama_cpp)
     import llama_cpp.llama_cpp as native
 
     offered: list[QuantType] = []
@@ -503,6 +505,7 @@ def check_free_space(folder: Path, needed: int) -> None:
 
     The free space is measured by the downloads' check (``engine.disk.missing_space``).
     """
+    # lazy: start-up (+1 ms)
     from engine.disk import missing_space
 
     missing, free = missing_space(folder, needed + _SPACE_MARGIN)
@@ -539,6 +542,7 @@ def space_after_failure(folder: Path, partial: Path, needed: int, done: int = 0,
         and whether the volume is full now (less than the margin left), which tells a full disk
         from other failures that end a write.
     """
+    # lazy: start-up (+1 ms)
     from engine.disk import missing_space
 
     try:

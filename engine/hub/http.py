@@ -13,6 +13,7 @@ are ``engine.errors.DownloadError``.
 
 from __future__ import annotations
 
+import base64
 import http.client
 import json
 import os
@@ -25,6 +26,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from email.utils import parsedate_to_datetime
 from typing import Any
 
 from engine.errors import DownloadError
@@ -157,8 +159,6 @@ def _connect(parts: urllib.parse.SplitResult, timeout: float) -> tuple[http.clie
         return http.client.HTTPConnection(host, port, timeout=timeout), False
     proxy_headers: dict[str, str] = {}
     if proxy.username:
-        import base64
-
         raw = f"{urllib.parse.unquote(proxy.username)}:{urllib.parse.unquote(proxy.password or '')}"
         proxy_headers["Proxy-Authorization"] = "Basic " + base64.b64encode(raw.encode()).decode()
     if parts.scheme == "https":
@@ -255,8 +255,6 @@ def retry_after_seconds(headers: Mapping[str, str]) -> float | None:
     try:
         seconds = float(value)
     except ValueError:
-        from email.utils import parsedate_to_datetime
-
         try:
             when = parsedate_to_datetime(value)
         except (TypeError, ValueError):

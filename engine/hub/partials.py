@@ -114,10 +114,12 @@ def locked_partial(partial: Path, filename: str) -> Iterator[int]:
 
 def _try_lock(fd: int) -> None:
     if sys.platform == "win32":
+        # lazy: Windows only
         import msvcrt
 
         msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
     else:
+        # lazy: start-up (+1 ms)
         import fcntl
 
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

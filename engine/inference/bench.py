@@ -18,8 +18,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.cpu_backend import load_backends
 from engine.inference.events import Token
-from engine.inference.runtime import GenerationParams, LoadParams
+from engine.inference.runtime import GenerationParams, LoadParams, apply_worker_environment
 from engine.inference.session import ChatSession
 
 DEFAULT_PROMPT = (
@@ -100,10 +101,8 @@ def run_bench(
     prompt: str = DEFAULT_PROMPT,
 ) -> BenchReport:
     """Runs ``rounds`` interleaved pairs and returns the report."""
+    # lazy: heavy (llama_cpp)
     import llama_cpp
-
-    from engine.cpu_backend import load_backends
-    from engine.inference.runtime import apply_worker_environment
 
     environment = apply_worker_environment()  # the worker's OpenMP settings, before llama.cpp loads here
     load_backends()  # the same CPU variant the worker chooses (no AMX until proven)
@@ -159,6 +158,7 @@ def run_bench(
 
 def _raw_run(llm: Any, tokens: list[int], n_tokens: int) -> Run:
     """The same prompt tokens through ``Llama.generate``, greedy, stopping after as many tokens."""
+    # lazy: heavy (llama_cpp)
     import llama_cpp
 
     llm.reset()

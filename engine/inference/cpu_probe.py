@@ -22,6 +22,7 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.connection
 import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -60,9 +61,8 @@ def _probe_main(model_path: str, tag: str, threads: int, run: int, said: multipr
             raise SystemExit(_KERNEL_REFUSED)
     fault = os.environ.get("GLASSBOX_TEST_SIGILL", "")
     if fault == "probe" or fault == f"probe:{run}":  # tests: a crash in every run, or in run N only
-        import signal
-
         os.kill(os.getpid(), signal.SIGILL)
+    # lazy: heavy (llama_cpp)
     import llama_cpp
 
     llm: Any = llama_cpp.Llama(
@@ -144,8 +144,6 @@ def _probe_once(model_path: Path, tag: str, threads: int, run: int, cancel: thre
         if code == _KERNEL_REFUSED:
             return str(receive.recv()) if receive.poll() else "the kernel would not keep the AMX tile state"
         if code is not None and code < 0:
-            import signal
-
             try:
                 return f"crashed ({signal.Signals(-code).name})"
             except ValueError:

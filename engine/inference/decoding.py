@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import bisect
 import codecs
+import ctypes
 import os
 import threading
 import time
@@ -78,8 +79,6 @@ _STRLEN: list[int | None] = []
 def _native_flag_check() -> int | None:
     """The address of C's ``strlen``, llama.cpp's abort check without Python (see AbortGuard), or None."""
     if not _STRLEN:
-        import ctypes
-
         address: int | None = None
         try:
             libc = ctypes.CDLL("msvcrt") if os.name == "nt" else ctypes.CDLL(None)
@@ -108,8 +107,6 @@ class AbortGuard:
     """
 
     def __init__(self, lc: Any, ctx: Any, cancel: Any) -> None:
-        import ctypes
-
         self._lc, self._ctx, self._cancel = lc, ctx, cancel
         self._flag = ctypes.create_string_buffer(2)  # b"\0\0"; b"\1\0" once cancelled
         self._done = threading.Event()

@@ -436,8 +436,10 @@ def cache_type(llm: Any) -> str:
 
 def snapshot_seq(llm: Any) -> bytearray:
     """Sequence 0's state of a ``llama_cpp.Llama`` (a copy of its KV cells)."""
+    # lazy: start-up (+5 ms)
     import ctypes
 
+    # lazy: heavy (llama_cpp)
     import llama_cpp
 
     ctx = llm._ctx.ctx
@@ -453,6 +455,7 @@ def snapshot_seq(llm: Any) -> bytearray:
 
 def state_size(llm: Any) -> int:
     """The bytes :func:`snapshot_seq` would copy (computed by llama.cpp without copying)."""
+    # lazy: heavy (llama_cpp)
     import llama_cpp
 
     return int(llama_cpp.llama_state_seq_get_size(llm._ctx.ctx, 0))
@@ -461,8 +464,10 @@ def state_size(llm: Any) -> int:
 def restore_seq(llm: Any, state: bytearray, tokens: Sequence[int]) -> bool:
     """Replaces the context's KV cache with ``state`` (made for ``tokens``); False when llama.cpp
     refused it (the cache is then empty)."""
+    # lazy: start-up (+5 ms)
     import ctypes
 
+    # lazy: heavy (llama_cpp)
     import llama_cpp
 
     llm._ctx.kv_cache_clear()
@@ -528,6 +533,7 @@ class SeqCachePersistence:
             except OSError as exc:
                 log.warning("%s: cannot fingerprint the model (%s); KV caches not saved", self.model_path, exc)
                 return None
+        # lazy: heavy (llama_cpp)
         import llama_cpp
 
         cache = cache_type(llm) + (f" lora{self.adapters}" if self.adapters else "")

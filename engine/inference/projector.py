@@ -123,6 +123,7 @@ class Projector:
     """
 
     def __init__(self, llm: Any, path: Path, n_threads: int | None, n_batch: int, use_gpu: bool) -> None:
+        # lazy: heavy (llama_cpp)
         from llama_cpp import mtmd_cpp
 
         self._m = mtmd_cpp

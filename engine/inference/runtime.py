@@ -19,8 +19,10 @@ the prompt is read and no token is sent after it.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import hashlib
+import json
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -53,6 +55,7 @@ from engine.inference.events import PrefillProgress, Token
 from engine.inference.kv_cache import KvRequest, SeqCachePersistence
 from engine.inference.projector import MediaInfo, Projector, ProjectorInfo, is_placeholder
 from engine.inference.seq_memory import Checkpoint, SeqMemory
+from engine.inference.speculative import DraftModel
 from engine.media import Media, MediaError
 
 _POLL_S = 0.02
@@ -87,6 +90,7 @@ def usable_cores() -> int:
     if hasattr(os, "sched_getaffinity"):
         logical = len(os.sched_getaffinity(0)) or logical
     try:
+        # lazy: optional dependency (psutil)
         import psutil
 
         physical = psutil.cpu_count(logical=False) or logical
@@ -214,8 +218,6 @@ class GenerationParams(BaseModel):
         if self.grammar is not None and self.json_schema is not None:
             raise ValueError("grammar and json_schema cannot both be given")
         if self.json_schema is not None:
-            import json
-
             try:
                 schema = json.loads(self.json_schema)
             except ValueError as exc:
@@ -300,6 +302,7 @@ class _Worker:
     """Runs in the child process: owns the ``Llama`` object."""
 
     def __init__(self, params: LoadParams, log_path: str | None = None) -> None:
+        # lazy: heavy (llama_cpp)
         import llama_cpp
 
         self._llama_cpp = llama_cpp
@@ -325,8 +328,6 @@ class _Worker:
         )
         self.draft: Any = None  # engine.inference.speculative.DraftModel
         if params.draft_model_path is not None:
-            from engine.inference.speculative import DraftModel
-
             self.draft = DraftModel(
                 llama_cpp, params.draft_model_path, self.llm, self.n_ctx, self.n_threads, params.n_gpu_layers
             )
@@ -397,7 +398,6 @@ class _Worker:
         WORKAROUND: ``LlamaModel.token_to_piece`` in llama-cpp-python 0.3.36 returns its whole
         32-byte buffer, NUL padding included; use the length llama.cpp returns instead.
         """
-        import ctypes
 
         lc = self._llama_cpp
         vocab = self.llm._model.vocab
@@ -459,8 +459,6 @@ class _Worker:
     def kv_configure(self, request: KvRequest | None) -> None:
         """Sets (or, with None, turns off) the saved cache for the turns that follow."""
         if self._kv is None:
-            from engine.inference.kv_cache import SeqCachePersistence
-
             self._kv = SeqCachePersistence(self.params.model_path, self.n_ctx, self.params.mmproj_path)
             self._kv.adapters = _adapters_identity(self.adapters.active)
         self._kv.configure(request)

