@@ -210,6 +210,7 @@ def sniff_encoding(sample: bytes) -> str | None:
     bad = decoded.count("\ufffd")
     if bad == 0 or sum(ch > "\x7f" for ch in decoded) - bad >= bad:
         return "utf-8"  # valid, or mostly valid UTF-8 with a few broken bytes (those become U+FFFD)
+    # lazy: start-up (+20 ms: charset_normalizer)
     from charset_normalizer import from_bytes
 
     matches = list(from_bytes(sample))

@@ -124,6 +124,7 @@ class SentenceTransformerEmbedder:
         """
         if self._device not in (None, "cpu") or self._model is None or self._model.device.type != "cpu":
             return
+        # lazy: heavy (torch)
         import torch
 
         wanted = 1 if n_texts <= QUERY_TEXTS else self._batch_threads
@@ -136,11 +137,13 @@ class SentenceTransformerEmbedder:
                 os.environ.setdefault("HF_HUB_OFFLINE", "1")
                 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
                 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+                # lazy: heavy (torch, huggingface_hub, transformers)
                 import torch
                 from transformers.utils import logging as hf_logging
 
                 # The CLI prints its own progress.
                 hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+                # lazy: heavy (huggingface_hub, sentence_transformers, torch)
                 from sentence_transformers import SentenceTransformer
 
                 device = self._device or ("cuda" if torch.cuda.is_available() else "cpu")

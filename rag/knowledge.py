@@ -189,6 +189,7 @@ def _lock_folder(root: Path) -> IO[str] | None:
     """Takes an exclusive, crash-safe lock on ``root`` (released by the OS if we die)."""
     handle = (root / "knowledge.lock").open("a+")
     try:
+        # lazy: POSIX only
         import fcntl
     except ImportError:  # Windows: the app's single-instance lock is the guard there
         return handle
@@ -347,10 +348,12 @@ class KnowledgeBases:
 
     def _ingestor(self, kb: KnowledgeBaseInfo) -> Ingestor:
         if self._parser is None:
+            # lazy: start-up (+5 ms)
             from rag.parsing import ParserPool
 
             self._parser = ParserPool()
         if self._chunker is None:
+            # lazy: start-up (+7 ms)
             from rag.chunking import chunk_document
 
             self._chunker = chunk_document

@@ -63,6 +63,7 @@ class ParseCancelled(DocumentError):
 def _limit_memory(max_memory_bytes: int) -> None:
     """Cap the child's address space where the OS supports it (Linux; not Windows, not enforced on macOS)."""
     try:
+        # lazy: POSIX only
         import resource
     except ImportError:
         return

@@ -26,6 +26,7 @@ PDF_MAX_STREAM_BYTES = 64 * MB
 
 def _pdf_outline(reader: Any) -> list[tuple[int, str]]:
     """(page index, heading path) for each outline (bookmark) entry, sorted by page; [] if none."""
+    # lazy: start-up (+111 ms: pypdf, fontTools)
     from pypdf.errors import PyPdfError
 
     found: list[tuple[int, str]] = []
@@ -49,6 +50,7 @@ def _pdf_outline(reader: Any) -> list[tuple[int, str]]:
 
 
 def load_pdf(path: Path, build: SectionBuilder) -> int:
+    # lazy: start-up (+225 ms: pypdf, fontTools)
     from pypdf import PasswordType, PdfReader, apply_configuration
     from pypdf.errors import DependencyError, FileNotDecryptedError, LimitReachedError, PyPdfError
 

@@ -485,6 +485,7 @@ class _Child:
     def kbs(self) -> Any:
         with self._open_lock:
             if self._kbs is None:
+                # lazy: start-up (+156 ms: numpy)
                 from rag.knowledge import KnowledgeBases
 
                 self._kbs = KnowledgeBases(self.root, self.embedder_path, self.chroma_url)

@@ -91,6 +91,7 @@ class VectorStore:
             if self._client_instance is not None:
                 return
             with self._guard("cannot open the Chroma store"):
+                # lazy: heavy (chromadb)
                 import chromadb
                 from chromadb.config import Settings
 

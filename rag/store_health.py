@@ -181,6 +181,7 @@ def _probe_main(conn: Connection, folder: str) -> None:
 
 
 def _probe(folder: Path) -> None:
+    # lazy: heavy (chromadb); start-up (+95 ms: numpy)
     import chromadb
     import numpy as np
     from chromadb.config import Settings
