@@ -7,7 +7,8 @@
 * Memory: KV cache and weights, and the memory wall meter: achieved decode bandwidth against this
   machine's measured bandwidth. Decode reads every weight once per token, so tokens per second can
   never beat bandwidth / model size.
-* Tokens: the last prompt as the model saw it, in coloured pieces with their ids on hover.
+* Tokens: the last prompt as the model saw it, in coloured pieces with their ids on hover; with a
+  LoRA adapter, the last reply compared with the base model (:mod:`app.gui.compare_view`).
 
 The painted pieces are in :mod:`app.gui.inspector_widgets`; nothing here computes more than a few numbers.
 """
@@ -22,15 +23,19 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QFrame,
     QGridLayout,
+    QHBoxLayout,
     QLabel,
+    QPushButton,
     QScrollArea,
+    QStackedWidget,
     QTabWidget,
     QVBoxLayout,
     QWidget,
 )
 
 from app.gui.agent_timeline import LoopTimelineWidget
-from app.gui.display_text import plain_label, plain_tooltip
+from app.gui.compare_view import CompareView
+from app.gui.display_text import plain_label, plain_tooltip, shown_lines
 from app.gui.inspector_widgets import (
     OPTIONAL_SEGMENTS,
     SEGMENTS,
@@ -49,6 +54,7 @@ from engine.units import format_bytes, format_duration
 if TYPE_CHECKING:
     from app.gui.workers.resident_models import ResidentState
     from engine.cpu_backend import BackendInfo
+    from engine.inference.base_compare import BaseComparison
 
 __all__ = ["InspectorPanel"]
 
@@ -349,18 +355,47 @@ class InspectorPanel(QFrame):
     def _build_tokens_page(self) -> QWidget:
         """The Tokens tab: the last prompt (and reply) in coloured pieces."""
         self.tokens_view = TokensView()
-        tokens_page = QWidget()
+        tokens_page = self.tokens_page = QWidget()
         tl = QVBoxLayout(tokens_page)
         tl.setContentsMargins(8, 8, 8, 8)
         self.tokens_caption = _explain_label("The last prompt, exactly as the model saw it. Hover a piece for its id.")
         tl.addWidget(self.tokens_caption)
-        tl.addWidget(self.tokens_view, 1)
+        # Compare with base (a chat with a LoRA adapter): the last reply decoded greedily with the
+        # adapter and without it, shown in place of the prompt until the prompt is asked for again.
+        row = QHBoxLayout()
+        self.compare_button = QPushButton("Compare with base")
+        self.compare_button.setObjectName("compareBaseButton")
+        self.compare_button.setEnabled(False)
+        self.compare_stop = QPushButton("Stop")
+        self.compare_stop.setVisible(False)
+        self.compare_back = QPushButton("Show the prompt")
+        self.compare_back.setVisible(False)
+        self.compare_back.clicked.connect(self.show_prompt_tokens)
+        row.addWidget(self.compare_button)
+        row.addWidget(self.compare_stop)
+        row.addWidget(self.compare_back)
+        row.addStretch(1)
+        tl.addLayout(row)
+        self.compare_summary = _explain_label()
+        self.compare_summary.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.compare_summary.setVisible(False)
+        tl.addWidget(self.compare_summary)
+        self.compare_view = CompareView()
+        self.tokens_stack = QStackedWidget()
+        self.tokens_stack.addWidget(self.tokens_view)
+        self.tokens_stack.addWidget(self.compare_view)
+        tl.addWidget(self.tokens_stack, 1)
         self.tokens_legend = QLabel("")  # the reply's tints: accepted draft tokens, decoded ones
         self.tokens_legend.setTextFormat(Qt.TextFormat.RichText)  # its tints, drawn in HTML
         self.tokens_legend.setObjectName("tokensLegend")
         self.tokens_legend.setWordWrap(True)
         self.tokens_legend.setVisible(False)
         tl.addWidget(self.tokens_legend)
+        self.compare_legend = QLabel("")  # the comparison's tints
+        self.compare_legend.setTextFormat(Qt.TextFormat.RichText)
+        self.compare_legend.setWordWrap(True)
+        self.compare_legend.setVisible(False)
+        tl.addWidget(self.compare_legend)
         return tokens_page
 
     def _section(self, text: str) -> QLabel:
@@ -380,10 +415,13 @@ class InspectorPanel(QFrame):
             swatch = self.findChild(QLabel, f"swatch_{key}")
             if swatch is not None:
                 swatch.setStyleSheet(f"color: {colors.segment(key)}; font-size: 13pt;")
-        self.tokens_view.dark = colors.name == "dark"
+        self.tokens_view.dark = self.compare_view.dark = colors.name == "dark"
         if self.tokens_view.token_ids or self.tokens_view.reply_ids:
             self.tokens_view.rerender()
+        if self.compare_view.comparison is not None:
+            self.compare_view.rerender()
         self.tokens_legend.setText(self.tokens_view.legend_html())
+        self.compare_legend.setText(self.compare_view.legend_html())
 
     # ------------------------------------------------------------------ data
     def _show(self, key: str, text: str, label: QLabel | None = None) -> None:
@@ -807,8 +845,62 @@ class InspectorPanel(QFrame):
                 self._show("phase", phase, self.phase_label)
         self._last_sample = (now, tokens)
 
+    # ------------------------------------------------------------------ compare with base
+    def set_compare_state(self, available: str | None, running: bool) -> None:
+        """The Compare button: enabled when ``available`` is None (else its tooltip says why not);
+        Stop shown while a comparison runs."""
+        self.compare_button.setEnabled(available is None and not running)
+        self.compare_button.setToolTip(
+            plain_tooltip(
+                "Decode the last reply's prompt greedily with the chat's LoRA adapter and without it, "
+                "and mark where the two replies part"
+                if available is None
+                else available
+            )
+        )
+        self.compare_button.setText("Comparing…" if running else "Compare with base")
+        self.compare_stop.setVisible(running)
+        if running:
+            self._show("compare", "Comparing with the base model: two greedy replies…", self.compare_summary)
+            self.compare_summary.setVisible(True)
+
+    def show_comparison(self, comparison: BaseComparison | None, elapsed_ms: float = 0.0) -> None:
+        """Shows a comparison in place of the prompt (None: it was stopped)."""
+        if comparison is None:
+            self._show("compare", "Comparison stopped.", self.compare_summary)
+            self.compare_summary.setVisible(True)
+            return
+        lines = [comparison.summary() + "."]
+        moved = comparison.move_line()
+        if moved:
+            lines.append(moved + ".")
+        cost = f"Two greedy replies of at most {max(len(comparison.adapted), len(comparison.base))} tokens"
+        cost += f" in {format_duration(elapsed_ms / 1000)}" if elapsed_ms > 0 else ""
+        if not comparison.restored:
+            cost += "; the chat's KV cache could not be kept, its next reply reads the prompt again"
+        lines.append(cost + ". Hover a piece for its probabilities.")
+        self._show("compare", shown_lines("\n".join(lines)), self.compare_summary)
+        self.compare_summary.setVisible(True)
+        self.compare_view.set_comparison(comparison)
+        self.tokens_stack.setCurrentWidget(self.compare_view)
+        self.compare_back.setVisible(True)
+        self.tokens_caption.setVisible(False)
+        self.tokens_legend.setVisible(False)
+        self.compare_legend.setVisible(True)
+        self.tabs.setCurrentWidget(self.tokens_page)
+
+    def show_prompt_tokens(self) -> None:
+        """Back to the last prompt's tokens (the comparison is kept until the next one)."""
+        self.tokens_stack.setCurrentWidget(self.tokens_view)
+        self.compare_back.setVisible(False)
+        self.compare_summary.setVisible(False)
+        self.compare_legend.setVisible(False)
+        self.tokens_caption.setVisible(True)
+        self.tokens_legend.setVisible(bool(self.tokens_view.reply_ids))
+
     def set_prompt_view(self, view: PromptLike) -> None:
         """Shows the last prompt (and the reply after it, when the view has one) on the Tokens tab."""
+        self.show_prompt_tokens()
         ids = list(view.token_ids or [])
         pieces = list(view.pieces or [])
         # app.gui.workers.speculative.TokensView adds the reply; a bare PromptView has none.

@@ -38,6 +38,7 @@ from PySide6.QtWidgets import (
 from app.gui.api_server_control import ApiServerControl
 from app.gui.attachments import media_from_mime
 from app.gui.chat_page import ChatPage
+from app.gui.compare_controller import CompareController
 from app.gui.composer import is_media_drop
 from app.gui.conversation_controller import ConversationController
 from app.gui.display_text import plain_tooltip, shown
@@ -228,6 +229,9 @@ class MainWindow(QMainWindow):
         self.turns = TurnController(
             chat=chat, chat_view=self.chat_view, composer=self.composer, inspector=self.inspector,
             sidebar=self.sidebar, tools=self.chat_tools, settings=store, notices=self, window=self,
+        )  # fmt: skip
+        self.compare = CompareController(
+            chat=chat, inspector=self.inspector, turn_context=self.turns.turn_context, window=self
         )  # fmt: skip
         self.conversations = ConversationController(
             chat=chat, history=self.history, sidebar=self.sidebar, chat_view=self.chat_view,

@@ -35,6 +35,7 @@ from app.cli.commands._output import add_json_flag, positive_int, print_json
 from app.cli.commands.model_resolver import resolve_lora, resolve_model
 from app.paths import Paths
 from app.turn import TurnRecord, TurnRequest, run_turn
+from engine.display import printable
 from engine.inference.events import Finished, Reasoning, Token
 from engine.media import load_media
 
@@ -112,6 +113,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: a
         metavar="FILE[:SCALE]",
         help="apply this LoRA adapter (a file or a library adapter's name) at SCALE (default 1); repeatable",
     )
+    parser.add_argument(
+        "--compare-base",
+        action="store_true",
+        help="after each reply, decode its prompt greedily with the --lora adapters and without them, and print "
+        "where the two replies first differ and how far the adapters moved that token's probability",
+    )
     chat_tools.add_arguments(parser)
     add_json_flag(parser)
     parser.set_defaults(handler=run)
@@ -137,6 +144,10 @@ def _usage_error(args: argparse.Namespace) -> str | None:
         return "--speculative applies to local models, not to --endpoint"
     if args.endpoint is not None and args.lora:
         return "--lora applies to local models, not to --endpoint"
+    if args.compare_base and not args.lora:
+        return "--compare-base compares the --lora adapters with the base model: give --lora FILE[:SCALE]"
+    if args.compare_base and (args.json or args.tools):
+        return "--compare-base prints a line of text: not with --json or --tools"
     return None
 
 
@@ -239,8 +250,22 @@ def run(args: argparse.Namespace, paths: Paths) -> int:
         chat.tools = stack.enter_context(chat_tools.ChatTools(args, paths, session)) if args.tools else None
         session.load()
         for user in _turns(args):
+            before = list(history)
             history += chat.turn(history, user)
+            if args.compare_base:
+                _compare_base(session, before, user, params, system)
     return 0
+
+
+def _compare_base(session: ChatBackend, history: list[Message], user: str, params: Any, system: str | None) -> None:
+    """Prints where the reply to ``user`` changes with the adapters (greedy both ways): the line the
+    window's inspector shows (``engine.inference.base_compare``)."""
+    local = session.local
+    assert local is not None  # --compare-base needs --lora, which needs a local model
+    comparison = local.compare_base(history, user, params, system=system)
+    print(f"compare with base: {printable(comparison.summary())}")
+    if comparison.move_line():
+        print(f"compare with base: {printable(comparison.move_line())}")
 
 
 def _local_session(args: argparse.Namespace, paths: Paths) -> ChatBackend:

@@ -6,8 +6,9 @@ collaborators, never the adapter: the model (``model``: :class:`~app.gui.workers
 the conversations (``conversations``: :class:`~app.gui.workers.chat_conversations.Conversations`),
 the running turn (``turns``: :class:`~app.gui.workers.chat_turn.TurnRunner`), the saving of replies
 (``replies``: :class:`~app.gui.workers.chat_reply.ReplyKeeper`) and the agent side of a turn with
-tools (``agent``: :class:`~app.gui.workers.chat_agent.AgentSide`). Controllers call the part they
-use; the adapter forwards nothing.
+tools (``agent``: :class:`~app.gui.workers.chat_agent.AgentSide`), and the last reply compared
+with the base model (``compare``: :class:`~app.gui.workers.chat_compare.BaseComparer`).
+Controllers call the part they use; the adapter forwards nothing.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 from PySide6.QtCore import QCoreApplication, QEvent, QObject, QThread
 
 from app.gui.workers.chat_agent import AgentSide
+from app.gui.workers.chat_compare import BaseComparer
 from app.gui.workers.chat_conversations import Conversations
 from app.gui.workers.chat_model import ModelSlot
 from app.gui.workers.chat_reply import ReplyKeeper
@@ -57,6 +59,7 @@ class ChatAdapter(ChatSignals):
         self.model = ModelSlot(self, self.sessions, lambda: self.turns.stop())
         self.turns = TurnRunner(self, history, self.conversations, self.replies, self.model, retriever_factory)
         self.agent = AgentSide(self, self.turns, self.replies)
+        self.compare = BaseComparer(self)
         self._thread = QThread()
         self._thread.setObjectName("glassbox-llm")
         self.worker = LlmWorker(self.sessions)
@@ -86,6 +89,9 @@ class ChatAdapter(ChatSignals):
         worker.agent_recorded.connect(self.agent.on_record)
         worker.approval_requested.connect(self.agent.on_approval)
         worker.call_progressed.connect(turns.on_call_progress)
+        self.compare_requested.connect(worker._on_compare_requested)
+        worker.comparison_finished.connect(self.compare.on_finished)
+        worker.comparison_failed.connect(self.compare.on_failed)
 
     # ------------------------------------------------------------------ shutdown
     def shutdown(self, deadline_s: float = 5.0) -> bool:
@@ -95,6 +101,7 @@ class ChatAdapter(ChatSignals):
             True when everything stopped in time (else the inference child was killed).
         """
         self.turns.stop()
+        self.compare.stop()
         self.replies.retry_timer.stop()  # the history tries the unsaved replies once more as it closes
         self.model.cancel_load()
         self.shutdown_requested.emit()

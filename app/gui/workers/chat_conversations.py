@@ -136,6 +136,7 @@ class Conversations:
         def done(conv: Conversation) -> None:
             if chat.conversation is not None and chat.conversation.id == conv.id:
                 chat.conversation = conv
+                chat.conversation_updated.emit(conv)
 
         self._history.call(update, done, self.on_error)
 

@@ -63,6 +63,7 @@ class ChatSignals(QObject):
         model_loaded(object): the ``LoadedModel``.
         conversations_changed(object): list of ``engine.history.Conversation``.
         conversation_opened(object, object): the Conversation and its thread (list of DisplayMessage).
+        conversation_updated(object): the open Conversation, its settings saved anew.
         reply_started(int): id of the pending reply message.
         reply_delta(str, int): text delta, number of tokens in it.
         prefill_progressed(int, int): tokens evaluated, total.
@@ -87,8 +88,12 @@ class ChatSignals(QObject):
         loop_updated(object): the running turn's timeline (generations and calls, list of dicts).
         approval_requested(object): an ``agent_turn.ApprovalRequest`` the user must answer.
         call_progressed(int): the tokens of the tool call the model is writing (0: it is not now).
+        comparison_changed(bool): a comparison with the base model started (True) or ended.
+        comparison_finished(object): its ``llm_requests.CompareOutcome`` (the comparison None
+            when it was stopped).
         load_requested(object), generate_requested(object), unload_requested(),
-        shutdown_requested(), media_info_requested(object): commands to the worker (queued).
+        shutdown_requested(), media_info_requested(object), compare_requested(object): commands
+            to the worker (queued).
     """
 
     state_changed = Signal(object)
@@ -96,6 +101,7 @@ class ChatSignals(QObject):
     model_loaded = Signal(object)
     conversations_changed = Signal(object)
     conversation_opened = Signal(object, object)
+    conversation_updated = Signal(object)
     reply_started = Signal(int)
     reply_delta = Signal(str, int)
     prefill_progressed = Signal(int, int)
@@ -116,12 +122,15 @@ class ChatSignals(QObject):
     loop_updated = Signal(object)
     approval_requested = Signal(object)
     call_progressed = Signal(int)
+    comparison_changed = Signal(bool)
+    comparison_finished = Signal(object)
 
     load_requested = Signal(object)
     generate_requested = Signal(object)
     media_info_requested = Signal(object)
     unload_requested = Signal()
     shutdown_requested = Signal()
+    compare_requested = Signal(object)
 
     def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from app.compose import GpuLayers, RemoteModel
     from app.gui.workers.agent_tools import ToolsRequest
     from app.turn import TurnRequest
+    from engine.inference.base_compare import BaseComparison
     from engine.inference.events import Stats
     from engine.inference.remote import RemoteInfo
     from engine.inference.runtime import ModelInfo
@@ -147,3 +148,37 @@ class GenerationOutcome:
     stats: Stats
     elapsed_ms: float
     reasoning: ReasoningSummary | None = None  # the thinking, when there was some
+
+
+@dataclass(frozen=True)
+class CompareRequest:
+    """Decode a reply's prompt greedily with the chat's adapters and without them
+    (``engine.inference.base_compare``): nothing is saved, the chat's state is put back after.
+
+    Args:
+        request_id: echoed in the answer.
+        reply_id: the reply whose prompt is compared (its history row).
+        turn: the reply's turn as it was asked (the conversation before it, its question, the
+            sampling: greedy both ways, ``max_tokens`` as the reply's), and the Stop event.
+        adapters: the chat's LoRA adapters, ``(file, scale)`` each.
+    """
+
+    request_id: int
+    reply_id: int
+    turn: TurnRequest
+    adapters: tuple[tuple[Path, float], ...] = ()
+
+    @property
+    def cancel(self) -> threading.Event:
+        """The comparison's Stop."""
+        return self.turn.cancel
+
+
+@dataclass(frozen=True)
+class CompareOutcome:
+    """A comparison's end: the comparison (None: it was stopped) and how long it took."""
+
+    request_id: int
+    reply_id: int
+    comparison: BaseComparison | None
+    elapsed_ms: float

@@ -31,6 +31,8 @@ from app.gui.workers.llm_loading import (
     write_breadcrumb,
 )
 from app.gui.workers.llm_requests import (
+    CompareOutcome,
+    CompareRequest,
     GenerateRequest,
     GenerationOutcome,
     LoadedModel,
@@ -42,7 +44,7 @@ from app.gui.workers.model_routing import RoutingSessionFactory
 from app.gui.workers.resident_models import Kept, ResidentModels
 from app.gui.workers.speculative import ReplyTokens
 from app.turn import TurnEvent, run_turn
-from engine.errors import EngineError
+from engine.errors import Cancelled, EngineError
 from engine.inference.events import CallProgress, Finished, PrefillProgress, Reasoning, Token, ToolCall
 
 if TYPE_CHECKING:
@@ -83,6 +85,8 @@ class LlmWorker(QObject):
         call_progressed(int, int): request id, the tokens of the tool call being written (0: none now).
         media_measured(int, object): request id, and each attachment's ``MediaInfo`` (a list) or
             the exception (the model cannot see them: ``engine.media.MediaError``).
+        comparison_finished(object): a :class:`CompareOutcome` (its comparison None when stopped).
+        comparison_failed(int, object): request id, the exception.
     """
 
     model_loaded = Signal(object)
@@ -100,6 +104,8 @@ class LlmWorker(QObject):
     approval_requested = Signal(int, object)
     call_progressed = Signal(int, int)
     media_measured = Signal(int, object)
+    comparison_finished = Signal(object)
+    comparison_failed = Signal(int, object)
 
     def __init__(self, session_factory: SessionFactory | None = None) -> None:
         super().__init__()
@@ -248,6 +254,36 @@ class LlmWorker(QObject):
             self.generation_failed.emit(rid, exc)
             return
         self._emit_prompt_view(session, stream.reply)
+
+    @Slot(object)
+    def _on_compare_requested(self, request: CompareRequest) -> None:
+        """A reply's prompt decoded greedily with the chat's adapters and without them, on this
+        thread; the chat's adapters and KV cache are put back after (``ChatSession.compare_base``)."""
+        started = time.perf_counter()
+        session = self._session
+        local = session.local if session is not None else None
+        try:
+            if session is None or local is None:
+                raise EngineError("comparing with the base model needs a local model loaded")
+            self._set_adapters(session, request.adapters)
+            turn = request.turn
+            comparison = local.compare_base(
+                list(turn.history),
+                turn.user,
+                turn.params,
+                system=turn.system,
+                cancel=turn.cancel,
+                thinking=turn.thinking,
+                reasoning_effort=turn.reasoning_effort,
+                media=turn.media,
+            )
+        except Cancelled:
+            comparison = None
+        except Exception as exc:  # noqa: BLE001 - boundary: every failure becomes a signal (CONTRIBUTING.md rule 18)
+            self.comparison_failed.emit(request.request_id, exc)
+            return
+        elapsed = (time.perf_counter() - started) * 1000
+        self.comparison_finished.emit(CompareOutcome(request.request_id, request.reply_id, comparison, elapsed))
 
     def _set_adapters(self, session: ChatBackend, adapters: tuple[tuple[Path, float], ...]) -> None:
         """The chat's LoRA adapters on the loaded model, when they changed (no reload). Raises
