@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from app.gui.inspector import InspectorPanel
     from app.gui.workers.chat_adapter import ChatAdapter
     from app.gui.workers.chat_state import TurnContext
+    from app.gui.workers.history_reads import DisplayMessage
     from app.gui.workers.llm_requests import CompareOutcome
 
 
@@ -42,7 +43,9 @@ class CompareController(QObject):
         self.chat = chat
         self.inspector = inspector
         self.turn_context = turn_context
+        self._shown_reply: int | None = None  # the reply whose comparison the inspector shows
         inspector.compare_button.clicked.connect(self._on_compare_clicked)
+        chat.conversation_opened.connect(self._on_chat_conversation_opened)
         inspector.compare_stop.clicked.connect(chat.compare.stop)
         chat.comparison_finished.connect(self._on_chat_comparison_finished)
         for signal in (
@@ -68,4 +71,15 @@ class CompareController(QObject):
 
     @Slot(object)
     def _on_chat_comparison_finished(self, outcome: CompareOutcome) -> None:
+        if outcome.reply_id not in {m.id for m in self.chat.thread_messages}:
+            return  # another chat (or branch) is open now: not its reply
         self.inspector.show_comparison(outcome.comparison, outcome.elapsed_ms)
+        if outcome.comparison is not None:
+            self._shown_reply = outcome.reply_id
+
+    @Slot(object, object)
+    def _on_chat_conversation_opened(self, _conversation: object, messages: list[DisplayMessage]) -> None:
+        """Another chat or branch: the comparison of a reply it does not show goes."""
+        if self._shown_reply is not None and self._shown_reply not in {m.id for m in messages}:
+            self._shown_reply = None
+            self.inspector.show_prompt_tokens()

@@ -59,6 +59,9 @@ if TYPE_CHECKING:
 __all__ = ["InspectorPanel"]
 
 
+COMPARING = "Comparing with the base model: two greedy replies…"
+"""What the Tokens tab says while a comparison runs."""
+
 StatsLike = Stats | Mapping[str, object]
 """A turn's stats: the engine's, live, or the dict a stored reply keeps (``Stats.to_dict``)."""
 
@@ -861,8 +864,11 @@ class InspectorPanel(QFrame):
         self.compare_button.setText("Comparing…" if running else "Compare with base")
         self.compare_stop.setVisible(running)
         if running:
-            self._show("compare", "Comparing with the base model: two greedy replies…", self.compare_summary)
+            self._show("compare", COMPARING, self.compare_summary)
             self.compare_summary.setVisible(True)
+        elif self.shown.get("compare") == COMPARING:  # it ended without a result to show (it failed)
+            self._show("compare", "", self.compare_summary)
+            self.compare_summary.setVisible(self.tokens_stack.currentWidget() is self.compare_view)
 
     def show_comparison(self, comparison: BaseComparison | None, elapsed_ms: float = 0.0) -> None:
         """Shows a comparison in place of the prompt (None: it was stopped)."""

@@ -127,3 +127,15 @@ def test_compare_with_base_marks_where_the_adapter_changed_the_reply(
     assert stats is not None and stats.cached_tokens > 0 and stats.recomputed_tokens == 0
     # the new prompt's tokens are shown again
     qtbot.waitUntil(lambda: inspector.tokens_stack.currentWidget() is inspector.tokens_view, timeout=10_000)
+
+    # Compared again, then another chat opened: its Tokens tab no longer shows that reply's comparison.
+    qtbot.waitUntil(inspector.compare_button.isEnabled, timeout=10_000)
+    with qtbot.waitSignal(window.chat.comparison_finished, timeout=120_000) as again:
+        qtbot.mouseClick(inspector.compare_button, Qt.MouseButton.LeftButton)
+    assert again.args[0].comparison is not None
+    assert inspector.tokens_stack.currentWidget() is inspector.compare_view
+    opened = window.chat.conversation
+    window.chat.conversations.new()
+    qtbot.waitUntil(lambda: window.chat.conversation is not opened, timeout=10_000)
+    assert inspector.tokens_stack.currentWidget() is inspector.tokens_view
+    assert inspector.compare_back.isHidden() and not inspector.compare_button.isEnabled()
