@@ -11,7 +11,9 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn, Protocol
 
-from app.paths import Paths
+from app.paths import Paths, ReadOnlyFolder
+from engine.display import printable
+from engine.errors import EngineError
 
 Handler = Callable[[argparse.Namespace, Paths], int]
 
@@ -45,6 +47,7 @@ def _common() -> argparse.ArgumentParser:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # lazy: start-up (+170 ms: every command's module; the window's start skips it, see gui_launch)
     from app.cli.commands import bench, chat, kb, mcp, models, residents, serve
 
     common = _common()
@@ -61,8 +64,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _fail(message: str) -> int:
-    from engine.display import printable
-
     # Errors name files, models and servers others named: no control or bidi character reaches the terminal.
     print(f"glassbox: error: {printable(message)}", file=sys.stderr)
     return 1
@@ -91,6 +92,7 @@ def gui_launch(argv: Sequence[str]) -> tuple[str | None, bool] | None:
 def main(argv: Sequence[str] | None = None, gui: Gui | None = None) -> int:
     """Runs one ``glassbox`` command line; without a subcommand, starts ``gui`` (``app.__main__``
     passes the Qt front end; without one, that is a one-line error)."""
+    # lazy: start-up (+13 ms)
     import multiprocessing
 
     multiprocessing.freeze_support()
@@ -109,8 +111,7 @@ def main(argv: Sequence[str] | None = None, gui: Gui | None = None) -> int:
         if args.self_test:
             return gui.run_self_test(paths, as_json=args.self_test_json)
         return gui.run_gui(paths, safe_mode=args.safe_mode)
-    from app.paths import ReadOnlyFolder
-    from engine.errors import EngineError
+    # lazy: start-up (+1 ms: the window's start loads no rag module)
     from rag.errors import RagError
 
     try:

@@ -26,6 +26,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: a
 
 
 def run(args: argparse.Namespace, paths: Paths) -> int:
+    # lazy: start-up (+306 ms: pydantic, jinja2)
     from engine.inference.bench import run_bench
 
     model = resolve_model(args.model, paths)

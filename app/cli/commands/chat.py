@@ -33,9 +33,12 @@ from typing import TYPE_CHECKING, Any, Literal
 from app.cli.commands import chat_tools
 from app.cli.commands._output import add_json_flag, positive_int, print_json
 from app.cli.commands.model_resolver import resolve_lora, resolve_model
+from app.knowledge_glue import make_retriever
 from app.paths import Paths
 from app.turn import TurnRecord, TurnRequest, run_turn
 from engine.display import printable
+from engine.gguf import read_gguf_info
+from engine.hardware import cached_memory_bandwidth
 from engine.inference.events import Finished, Reasoning, Token
 from engine.media import load_media
 
@@ -125,8 +128,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: a
 
 
 def _bandwidth(paths: Paths) -> float | None:
-    from engine.hardware import cached_memory_bandwidth
-
     try:
         return cached_memory_bandwidth(paths.bandwidth_cache)
     except OSError:
@@ -166,6 +167,7 @@ class _Chat:
 
     def turn(self, history: list[Message], user: str) -> list[Message]:
         """Answers ``user`` after ``history``, saves and prints the turn; returns its messages."""
+        # lazy: start-up (+13 ms)
         from engine.inference.context import Message
 
         args, chat_log, tools = self.args, self.log, self.tools
@@ -218,6 +220,7 @@ class _Chat:
 
 
 def run(args: argparse.Namespace, paths: Paths) -> int:
+    # lazy: start-up (+177 ms: pydantic)
     from app.cli.commands.chat_history import ChatLog
     from engine.inference.runtime import GenerationParams
 
@@ -270,6 +273,7 @@ def _compare_base(session: ChatBackend, history: list[Message], user: str, param
 
 def _local_session(args: argparse.Namespace, paths: Paths) -> ChatBackend:
     """A ChatSession for ``--model`` (a path, a library name or 'starter'). Raises ModelFileError."""
+    # lazy: start-up (+7 ms)
     from app.compose import BackendOptions, LoadSettings, LocalModel, open_backend, parse_gpu_layers, projector_choice
 
     model = resolve_model(args.model, paths, for_chat=True)
@@ -296,6 +300,7 @@ def _speculative_setting(args: argparse.Namespace, paths: Paths) -> str:
     """Without ``--speculative``: the draft model set for this model in Settings, else the
     setting's mode (``lookup`` unless changed: tests/bench/bench_speculative.py measured ordinary
     chat no slower with it)."""
+    # lazy: start-up (+140 ms: pydantic)
     from app.settings import load_settings
 
     settings = load_settings(paths.settings_file).settings
@@ -317,7 +322,6 @@ def _draft_model(spec: str | None) -> Path | None:
     """The draft model ``--speculative MODEL_PATH`` names. Raises ModelFileError when it is no GGUF."""
     if spec is None or spec in ("off", "lookup"):
         return None
-    from engine.gguf import read_gguf_info
 
     path = Path(spec).expanduser()
     read_gguf_info(path)  # a missing or broken file is a one-line error naming it, before any load
@@ -326,6 +330,7 @@ def _draft_model(spec: str | None) -> Path | None:
 
 def _kv_cache(paths: Paths) -> Any:
     """Where the KV cache saved with each chat lives, under the settings' size cap."""
+    # lazy: start-up (+143 ms: pydantic)
     from app.settings import load_settings
     from engine.inference.kv_cache import KvCacheConfig
 
@@ -334,6 +339,7 @@ def _kv_cache(paths: Paths) -> Any:
 
 def _remote_session(args: argparse.Namespace, paths: Paths) -> ChatBackend:
     """A RemoteSession on the saved endpoint ``--endpoint``. Raises EngineError for an unknown name."""
+    # lazy: start-up (+9 ms)
     from app.compose import BackendOptions, LoadSettings, RemoteModel, open_backend
 
     options = BackendOptions(overflow_policy=args.overflow, n_ctx=args.n_ctx)
@@ -374,6 +380,7 @@ def answer(
     Returns:
         The turn's record.
     """
+    # lazy: start-up (+18 ms)
     from engine.agent.loop import ToolStep
 
     def on_record(entry: Record) -> None:
@@ -466,6 +473,5 @@ def _print_sources(sources: list[dict[str, Any]]) -> None:
 def _retriever(args: argparse.Namespace, paths: Paths) -> Retriever:
     """Returns ``fn(query) -> Passages`` over the named knowledge bases: the passages found, ranked
     (the backend's documents band fits them)."""
-    from app.knowledge_glue import make_retriever
 
     return make_retriever(paths, args.kb, args.chroma_url)

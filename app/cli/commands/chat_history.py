@@ -12,10 +12,13 @@ reply it writes (``engine.inference.kv_cache.KvKey``).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from app.agent_history import model_history
 from app.paths import Paths
+from engine.media import MediaError
 
 if TYPE_CHECKING:
     from app.agent_history import AgentRecord
@@ -40,6 +43,7 @@ class ChatLog:
     """
 
     def __init__(self, paths: Paths, conversation_id: int | None, model: str | None) -> None:
+        # lazy: start-up (+22 ms)
         from engine.history import HistoryStore
         from engine.media_store import MediaStore
 
@@ -89,7 +93,6 @@ class ChatLog:
         tools is its calls, their results and its answer; failed replies and empty ones left out; a
         user message's images read back from the data folder (one that is gone or changed is left
         out, said on stderr)."""
-        from app.agent_history import model_history
 
         if self.conversation is None:
             return []
@@ -97,10 +100,6 @@ class ChatLog:
         return list(model_history(thread, self._read_media))
 
     def _read_media(self, row: object) -> tuple[Media, ...]:
-        import sys
-
-        from engine.media import MediaError
-
         loaded = []
         for ref in getattr(row, "media", ()):
             try:

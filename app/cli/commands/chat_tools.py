@@ -24,10 +24,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from app.agent_history import reasoning_dict
 from app.cli.commands._output import positive_int
 from app.paths import Paths
 from app.turn import TurnRecord, TurnTools
 from engine.display import printable
+from engine.errors import EngineError
 from engine.inference.tools import check_tools
 
 if TYPE_CHECKING:
@@ -97,7 +99,6 @@ def read_json_schema(path: str) -> str:
     Raises:
         EngineError: the file cannot be read or is not a JSON object (one line naming it).
     """
-    from engine.errors import EngineError
 
     file = Path(path).expanduser()
     try:
@@ -144,6 +145,7 @@ class ChatTools:
     """
 
     def __init__(self, args: argparse.Namespace, paths: Paths, session: ChatBackend) -> None:
+        # lazy: start-up (+42 ms)
         from app.tool_setup import open_tools
 
         self.args = args
@@ -224,7 +226,6 @@ def step_document(step: ToolStep) -> dict[str, object]:
 
 def turn_extras(record: TurnRecord) -> dict[str, object]:
     """What ``--json`` adds to a turn: its tool calls and its thinking."""
-    from app.agent_history import reasoning_dict
 
     finished = record.finished
     assert finished is not None  # a turn that did not finish raised instead

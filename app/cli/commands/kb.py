@@ -89,6 +89,7 @@ def register(
 
 
 def _setting_embedder(paths: Paths) -> Path | None:
+    # lazy: start-up (+119 ms: pydantic)
     from app.settings import load_settings
 
     value = load_settings(paths.settings_file).settings.embedding_model
@@ -101,6 +102,7 @@ def _embedder(args: argparse.Namespace, paths: Paths) -> Path | None:
 
 
 def _open(args: argparse.Namespace, paths: Paths) -> KnowledgeBases:
+    # lazy: start-up (+201 ms: numpy)
     from rag.knowledge import KnowledgeBases
 
     kbs = KnowledgeBases(paths.knowledge, _embedder(args, paths), args.chroma_url)
@@ -112,6 +114,7 @@ def _open(args: argparse.Namespace, paths: Paths) -> KnowledgeBases:
             f"it was moved to {kbs.recovered.moved_to} and is being rebuilt\n"
         )
         sys.stderr.flush()
+        # lazy: start-up (+1 ms)
         from rag.errors import KnowledgeBaseError
 
         try:
@@ -156,6 +159,7 @@ class _Progress:
 
     def __call__(self, p: IngestProgress) -> None:
         if self.verbose and p.finished_file is not None:
+            # lazy: start-up (+157 ms: numpy)
             from rag.ingest import display_path
 
             self._clear()
@@ -219,7 +223,8 @@ def _report(report: IngestReport, name: str, as_json: bool) -> int:
         document["failures"] = [{"path": p, "reason": r} for p, r in report.failures]
         print_json({"kb": name, **document})
     else:
-        from rag.ingest import display_path  # one line per file, even for a name with a line break
+        # lazy: start-up (+168 ms: numpy); display_path: one line per file, even for a name with a line break
+        from rag.ingest import display_path
 
         for path, reason in report.failures:
             _out(f"  {reason}: {display_path(path)}")
@@ -258,6 +263,7 @@ def _list(args: argparse.Namespace, paths: Paths) -> int:
         summaries = kbs.list()
         foreign = kbs.foreign()
     if foreign:
+        # lazy: start-up (+231 ms: numpy)
         from rag.knowledge import ONE_HOME
 
         sys.stderr.write(

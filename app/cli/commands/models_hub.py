@@ -11,6 +11,8 @@ and, with ``--json``, one document with the final path and sha256 on stdout. ``H
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import sys
 import time
 from collections.abc import Callable
@@ -20,6 +22,9 @@ from typing import TYPE_CHECKING, TextIO
 from app.cli.commands._output import add_json_flag, print_json
 from app.paths import Paths
 from engine.display import printable
+from engine.errors import DownloadError, EngineError
+from engine.fit import estimate_fit_from_size
+from engine.hardware import probe_hardware
 from engine.units import format_bytes, format_eta, format_speed
 
 if TYPE_CHECKING:
@@ -104,6 +109,7 @@ def _table(rows: list[list[str]], out: TextIO) -> None:
 
 def run_search(args: argparse.Namespace, paths: Paths) -> int:  # noqa: ARG001 - the handler signature
     """``models search``."""
+    # lazy: start-up (+22 ms)
     from engine.hub.search import search_models
 
     results = search_models(args.query, args.sort, args.limit, args.endpoint)
@@ -127,6 +133,7 @@ def run_search(args: argparse.Namespace, paths: Paths) -> int:  # noqa: ARG001 -
 
 def run_files(args: argparse.Namespace, paths: Paths) -> int:
     """``models files``."""
+    # lazy: start-up (+21 ms)
     from engine.hub.search import list_repo_files
 
     listing = list_repo_files(args.repo, args.revision, args.endpoint)
@@ -255,7 +262,6 @@ def select_files(listing: RepoFiles, wanted: str, with_mmproj: bool) -> list[Mod
     Raises:
         DownloadError: not in the repository, or a split part is missing there.
     """
-    from engine.errors import DownloadError
 
     single = listing.find(wanted)
     choice = next((c for c in listing.choices if c.name == wanted or (single and single in c.files)), None)
@@ -280,7 +286,7 @@ def select_files(listing: RepoFiles, wanted: str, with_mmproj: bool) -> list[Mod
 
 def _record_provenance(paths: Paths, result: DownloadResult) -> None:
     """Tells the model library where a download came from (repo, commit, sha256)."""
-    from engine.errors import EngineError
+    # lazy: start-up (+25 ms)
     from engine.library import ModelLibrary
 
     try:
@@ -299,11 +305,6 @@ def fit_checker(paths: Paths) -> Callable[[int], FitEstimate]:
     The hardware is probed once; the memory bandwidth is taken only if measured before (``models
     fit`` caches it), never measured here.
     """
-    import contextlib
-    import json
-
-    from engine.fit import estimate_fit_from_size
-    from engine.hardware import probe_hardware
 
     hardware = probe_hardware()
     bandwidth = None
@@ -314,12 +315,14 @@ def fit_checker(paths: Paths) -> Callable[[int], FitEstimate]:
 
 def run_download(args: argparse.Namespace, paths: Paths) -> int:
     """``models download``."""
+    # lazy: start-up (+75 ms)
     from engine.hub.model_download import FileJob, download_files, model_folder
     from engine.hub.partials import check_disk_space
     from engine.hub.search import check_filename, check_repo_id
 
     check_repo_id(args.repo)
     check_filename(args.file)
+    # lazy: start-up (+16 ms)
     from engine.hub.search import list_repo_files
 
     listing = list_repo_files(args.repo, args.revision, args.endpoint)
@@ -331,8 +334,6 @@ def run_download(args: argparse.Namespace, paths: Paths) -> int:
     check_disk_space(dest, sum(f.size for f in files) + margin, args.file)
     model_size = sum(f.size for f in files if not f.is_mmproj)
     if model_size and not args.force:
-        from engine.errors import DownloadError
-
         fit = fit_checker(paths)(model_size)
         if fit.verdict == "no":
             raise DownloadError(f"{args.file}: {fit.message}; pass --force to download it anyway")

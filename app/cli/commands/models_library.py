@@ -14,13 +14,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from app.cli.commands._output import add_json_flag, positive_int, print_json
+from app.cli.commands.model_resolver import open_library, resolve_model
 from app.paths import Paths
+from engine.cpu_backend import load_backends_for
+from engine.display import printable
+from engine.errors import ModelFileError
+from engine.fit import CACHE_TYPES, estimate_fit
+from engine.gguf import read_gguf_info, unsupported_reason
+from engine.hardware import cached_memory_bandwidth, probe_hardware
+from engine.units import format_bytes
 
 if TYPE_CHECKING:
     from engine.fit import FitEstimate
     from engine.gguf import GgufInfo
     from engine.hardware import HardwareInfo
-    from engine.library import LibraryEntry, ModelLibrary
+    from engine.library import LibraryEntry
 
 DEFAULT_FIT_CTX = 4096
 
@@ -70,18 +78,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: a
     folders.set_defaults(handler=run_folders)
 
 
-def open_library(paths: Paths) -> ModelLibrary:
-    """The library of this profile: ``models/`` plus the folders in ``config/model_folders.json``."""
-    from engine.library import ModelLibrary
-
-    return ModelLibrary(paths.models, [], paths.models_manifest, folders_file=paths.model_folders)
-
-
 # ---------------------------------------------------------------------- handlers
 def run_list(args: argparse.Namespace, paths: Paths) -> int:
     """``models list``."""
+    # lazy: start-up (+52 ms)
     from engine.convert.quantize import sweep_work_files
-    from engine.hardware import probe_hardware
 
     for stale in sweep_work_files(paths.models):
         print(f"glassbox: removed {stale}, left by a quantization or conversion that was killed", file=sys.stderr)
@@ -152,8 +153,8 @@ def run_info(args: argparse.Namespace, paths: Paths) -> int:
 def _seeing(info: GgufInfo, paths: Paths) -> tuple[str, Path | None]:
     """What ``info`` reads if it is a projector (``("images", None)``), or what a chat model sees and
     the projector it loads (chosen by hand in the library, else the one beside it); ``""`` for none."""
+    # lazy: start-up (+14 ms)
     from app.compose import projector_choice, projector_for
-    from engine.errors import ModelFileError
     from engine.mmproj import read_projector
 
     try:
@@ -169,6 +170,7 @@ def _seeing(info: GgufInfo, paths: Paths) -> tuple[str, Path | None]:
 
 
 def _is_chat(info: GgufInfo) -> bool:
+    # lazy: start-up (+18 ms)
     from engine.library import model_kind
 
     return model_kind(info) == "chat"
@@ -176,10 +178,6 @@ def _is_chat(info: GgufInfo) -> bool:
 
 def run_fit(args: argparse.Namespace, paths: Paths) -> int:
     """``models fit PATH``."""
-    from engine.cpu_backend import load_backends_for
-    from engine.fit import estimate_fit
-    from engine.gguf import unsupported_reason
-    from engine.hardware import cached_memory_bandwidth, probe_hardware
 
     info = _read(args.path, paths)
     unsupported = unsupported_reason(info)
@@ -190,6 +188,7 @@ def run_fit(args: argparse.Namespace, paths: Paths) -> int:
         bandwidth: float | None = cached_memory_bandwidth(paths.bandwidth_cache)
     except (OSError, MemoryError):
         bandwidth = None
+    # lazy: start-up (+11 ms)
     from app.compose import projector_choice, projector_for
 
     chosen = projector_choice(Path(info.path), paths)  # by hand in the library, else the one beside it
@@ -198,8 +197,6 @@ def run_fit(args: argparse.Namespace, paths: Paths) -> int:
     try:
         estimate = estimate_fit(info, hw, n_ctx, args.cache_type, bandwidth, projector=projector)
     except ValueError as exc:
-        from engine.errors import ModelFileError
-
         raise ModelFileError(info.path, str(exc)) from None
     if args.json:
         print_json(
@@ -226,8 +223,7 @@ def run_fit(args: argparse.Namespace, paths: Paths) -> int:
 
 def run_projector(args: argparse.Namespace, paths: Paths) -> int:
     """``models projector MODEL [FILE | --auto]``: what the Models page's Projector does."""
-    from app.cli.commands.model_resolver import resolve_model
-    from engine.errors import ModelFileError
+    # lazy: start-up (+23 ms)
     from engine.library import read_model_info
 
     if args.file and args.auto:
@@ -251,7 +247,6 @@ def run_projector(args: argparse.Namespace, paths: Paths) -> int:
 
 def run_remove(args: argparse.Namespace, paths: Paths) -> int:
     """``models remove NAME``: only files inside the models folder."""
-    from engine.errors import ModelFileError
 
     library = open_library(paths)
     entry = library.find(args.name)
@@ -297,7 +292,7 @@ def run_folders(args: argparse.Namespace, paths: Paths) -> int:
 # ---------------------------------------------------------------------- helpers
 def _read(spec: str, paths: Paths) -> GgufInfo:
     """A path, else a library name (a path that exists always wins); all parts of a split model."""
-    from engine.errors import ModelFileError
+    # lazy: start-up (+21 ms)
     from engine.library import read_model_info
 
     path = Path(spec).expanduser()
@@ -312,7 +307,6 @@ def _read(spec: str, paths: Paths) -> GgufInfo:
 def _entry_fit(entry: LibraryEntry, hw: HardwareInfo) -> FitEstimate | None:
     if entry.info is None or not entry.available:
         return None
-    from engine.fit import estimate_fit
 
     n_ctx = min(DEFAULT_FIT_CTX, entry.info.context_length or DEFAULT_FIT_CTX)
     try:
@@ -326,8 +320,6 @@ def _projector_info(path: Path | None) -> GgufInfo | None:
     """The header of a model's projector, counted in its fit (None: no projector, or unreadable)."""
     if path is None:
         return None
-    from engine.errors import ModelFileError
-    from engine.gguf import read_gguf_info
 
     try:
         return read_gguf_info(path)
@@ -340,8 +332,6 @@ def _fit_dict(estimate: FitEstimate | None) -> dict[str, object] | None:
 
 
 def _fit_word(estimate: FitEstimate | None, entry: LibraryEntry) -> str:
-    from engine.gguf import unsupported_reason
-
     if not entry.available:
         return "unavailable"
     if entry.error or estimate is None:
@@ -360,8 +350,6 @@ def _fit_word(estimate: FitEstimate | None, entry: LibraryEntry) -> str:
 
 
 def _info_lines(info: GgufInfo) -> list[tuple[str, str]]:
-    from engine.gguf import unsupported_reason
-
     unsupported = unsupported_reason(info)
     heads = "-" if info.n_heads is None else f"{info.n_heads} (KV {info.n_kv_heads})"
     dims = "-" if info.head_dim_k is None else f"{info.head_dim_k} / {info.head_dim_v}"
@@ -430,8 +418,6 @@ def _cpu_code(backend: dict[str, Any]) -> str:
 
 
 def _cache_types() -> Sequence[str]:
-    from engine.fit import CACHE_TYPES
-
     return CACHE_TYPES
 
 
@@ -447,15 +433,12 @@ def _params(n: int | None) -> str:
 
 
 def _size(n: int) -> str:
-    from engine.units import format_bytes
-
     return format_bytes(n)
 
 
 def _clean(text: str) -> str:
     """Escapes control and bidi characters: names and tokens come from untrusted files and must not
     drive the terminal (ANSI escapes), break lines or reorder them (``engine.display.printable``)."""
-    from engine.display import printable
 
     return printable(text)
 

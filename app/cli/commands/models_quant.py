@@ -14,7 +14,9 @@ import time
 from pathlib import Path
 
 from app.cli.commands._output import add_json_flag, positive_int, print_json
-from app.paths import Paths
+from app.cli.commands.model_resolver import open_library, resolve_model
+from app.paths import Paths, resource_path
+from engine.errors import EngineError
 from engine.units import format_bytes
 
 
@@ -124,15 +126,12 @@ def _say(line: str) -> None:
 
 def perplexity_text_path() -> Path:
     """The shipped quality-check text (``resources/perplexity.txt``), frozen app included."""
-    from app.paths import resource_path
 
     return resource_path("perplexity.txt")
 
 
 def _record(paths: Paths, path: Path, **fields: str) -> None:
     """Notes in the library's manifest where a new model came from; a failure is only a warning."""
-    from app.cli.commands.models_library import open_library
-    from engine.errors import EngineError
 
     try:
         open_library(paths).record_provenance(path, **fields)
@@ -141,7 +140,7 @@ def _record(paths: Paths, path: Path, **fields: str) -> None:
 
 
 def run_quantize(args: argparse.Namespace, paths: Paths) -> int:
-    from app.cli.commands.model_resolver import resolve_model
+    # lazy: start-up (+42 ms)
     from engine.convert.quantize import (
         QuantizeProgress,
         default_output_path,
@@ -174,6 +173,7 @@ def run_quantize(args: argparse.Namespace, paths: Paths) -> int:
     document: dict[str, object] = result.to_dict()
     quality = None
     if args.check_quality:
+        # lazy: start-up (+60 ms)
         from engine.convert.perplexity import quality_check
 
         text = perplexity_text_path().read_text(encoding="utf-8")
@@ -196,6 +196,7 @@ def run_quantize(args: argparse.Namespace, paths: Paths) -> int:
 
 
 def run_convert(args: argparse.Namespace, paths: Paths) -> int:
+    # lazy: start-up (+64 ms)
     from engine.convert.hf_to_gguf import ConvertProgress, convert_checkpoint, default_convert_path
 
     if args.quantize:
@@ -233,7 +234,7 @@ def run_convert(args: argparse.Namespace, paths: Paths) -> int:
 
 def run_convert_lora(args: argparse.Namespace, paths: Paths) -> int:
     """``models convert-lora PEFT_DIR --base MODEL``: llama.cpp's converter, then the check."""
-    from app.cli.commands.models_library import open_library
+    # lazy: start-up (+56 ms)
     from engine.convert.lora_to_gguf import convert_lora, find_lora_converter
 
     folder = Path(args.peft_dir).expanduser()
@@ -277,7 +278,7 @@ def run_convert_lora(args: argparse.Namespace, paths: Paths) -> int:
 
 
 def _run_convert_and_quantize(args: argparse.Namespace, paths: Paths) -> int:
-    from app.cli.commands.models_library import open_library
+    # lazy: start-up (+44 ms)
     from engine.convert.hf_to_gguf import PipelineProgress, convert_and_quantize
 
     bar = _Progress("")
@@ -321,6 +322,7 @@ def _run_convert_and_quantize(args: argparse.Namespace, paths: Paths) -> int:
 
 
 def run_quant_types(args: argparse.Namespace, _paths: Paths) -> int:
+    # lazy: start-up (+31 ms)
     from engine.convert.quantize import quant_types
 
     types = quant_types()

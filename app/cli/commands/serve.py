@@ -20,7 +20,9 @@ from types import FrameType
 from typing import Any
 
 from app.cli.commands._output import add_json_flag, positive_int, print_json
+from app.cli.commands.model_resolver import open_library, resolve_lora, resolve_model
 from app.paths import Paths
+from engine.errors import EngineError
 
 API_KEY_ENV = "GLASSBOX_SERVE_API_KEY"
 
@@ -152,6 +154,7 @@ def _port(text: str) -> int:
 
 def endpoint_store(paths: Paths) -> Any:
     """The saved endpoints of this profile (``paths.endpoints_file``)."""
+    # lazy: start-up (+5 ms)
     from engine.inference.endpoints import EndpointStore
 
     return EndpointStore(paths.endpoints_file)
@@ -159,6 +162,7 @@ def endpoint_store(paths: Paths) -> Any:
 
 def _embedder_path(paths: Paths) -> Path | None:
     """The settings' embedding model folder, else the bundled starter embedder."""
+    # lazy: start-up (+132 ms: pydantic)
     from app.settings import load_settings
     from engine.starter import starter_embedder_path
 
@@ -183,8 +187,6 @@ class LibraryCatalog:
         self.paths = paths
 
     def _library(self) -> Any:
-        from app.cli.commands.models_library import open_library
-
         return open_library(self.paths)
 
     def find(self, name: str) -> Path | None:
@@ -209,8 +211,8 @@ def _gib(text: str) -> int:
 
 
 def _pool_settings(args: argparse.Namespace) -> Any:
+    # lazy: start-up (+458 ms: pydantic)
     from app.server.served import keep_alive_of
-    from engine.errors import EngineError
     from engine.inference.pool import KEEP_DEFAULT, PoolSettings
 
     if args.queue < 0:
@@ -228,8 +230,6 @@ def _pool_settings(args: argparse.Namespace) -> Any:
 
 
 def _aliases(values: list[str]) -> dict[str, str]:
-    from engine.errors import EngineError
-
     aliases: dict[str, str] = {}
     for value in values:
         alias, sep, target = value.partition("=")
@@ -241,8 +241,7 @@ def _aliases(values: list[str]) -> dict[str, str]:
 
 def _adapters(args: argparse.Namespace, paths: Paths) -> list[Any]:
     """``--lora`` adapters, then the library's other adapters at scale 0 (offered, not applied)."""
-    from app.cli.commands.model_resolver import resolve_lora
-    from app.cli.commands.models_library import open_library
+    # lazy: start-up (+30 ms)
     from engine.inference.adapters import LoraAdapter
 
     chosen = [resolve_lora(value, paths) for value in args.lora]
@@ -254,7 +253,7 @@ def _adapters(args: argparse.Namespace, paths: Paths) -> list[Any]:
 
 
 def run_serve(args: argparse.Namespace, paths: Paths) -> int:
-    from app.cli.commands.model_resolver import resolve_model
+    # lazy: start-up (+545 ms: pydantic)
     from app.server.http import check_host, start_server
     from app.settings import load_settings
     from engine.inference.kv_cache import KvCacheConfig
@@ -324,6 +323,7 @@ def run_serve(args: argparse.Namespace, paths: Paths) -> int:
 
 
 def run_endpoints_add(args: argparse.Namespace, paths: Paths) -> int:
+    # lazy: start-up (+421 ms: rich, pydantic)
     from engine.inference.endpoints import normalize_url
     from engine.inference.remote import list_models
 
@@ -366,6 +366,7 @@ def run_endpoints_remove(args: argparse.Namespace, paths: Paths) -> int:
 
 
 def run_endpoints_models(args: argparse.Namespace, paths: Paths) -> int:
+    # lazy: start-up (+382 ms: rich, pydantic)
     from engine.inference.remote import list_models
 
     endpoint = endpoint_store(paths).get(args.name)

@@ -119,7 +119,7 @@ def test_bad_images_and_a_blind_model_are_one_line(
 def test_a_projector_chosen_by_hand_in_the_library_is_the_one_loaded(
     tiny_vision_model: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    from app.cli.commands.models_library import open_library
+    from app.cli.commands.model_resolver import open_library
     from app.paths import Paths
 
     home = tmp_path / "home"

@@ -74,7 +74,7 @@ def test_quantize_into_the_models_folder_with_quality_check(
     assert document["qtype"] == "Q8_0"
     assert document["source_type"] == "F16"
     # The library knows where it came from.
-    from app.cli.commands.models_library import open_library
+    from app.cli.commands.model_resolver import open_library
     from app.paths import Paths
 
     entry = open_library(Paths.resolve(home)).find(path)
@@ -132,7 +132,7 @@ def test_convert_and_quantize_in_one_command(capsys: pytest.CaptureFixture[str],
     assert document["seconds"] >= document["convert_seconds"] + document["quantize_seconds"]
     assert document["warnings"] == []
     assert sorted(p.name for p in models.iterdir()) == ["manifest.json", kept.name, path.name]
-    from app.cli.commands.models_library import open_library
+    from app.cli.commands.model_resolver import open_library
     from app.paths import Paths
 
     library = open_library(Paths.resolve(home))

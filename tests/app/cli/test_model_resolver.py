@@ -13,8 +13,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "engine"))
 from tiny_models import write_tiny_llama_gguf
 
-from app.cli.commands.model_resolver import resolve_model
-from app.cli.commands.models_library import open_library
+from app.cli.commands.model_resolver import open_library, resolve_model
 from app.paths import Paths
 from engine.errors import ModelFileError
 
