@@ -56,6 +56,7 @@ class Embeddings:
     """
 
     def __init__(self, folder: Path) -> None:
+        # lazy: start-up (+100 ms: numpy)
         from rag.embeddings import SentenceTransformerEmbedder
 
         self.embedder = SentenceTransformerEmbedder(folder)
@@ -66,6 +67,7 @@ class Embeddings:
 
     def _tokenizer_for(self) -> PreTrainedTokenizerBase:
         if self._tokenizer is None:
+            # lazy: heavy (huggingface_hub, torch, transformers)
             from transformers import AutoTokenizer
 
             self._tokenizer = AutoTokenizer.from_pretrained(str(self.folder), local_files_only=True)
@@ -91,6 +93,7 @@ class Embeddings:
 
     def embed(self, texts: list[str]) -> tuple[NDArray[np.float32], list[int], list[int]]:
         """Vectors for ``texts`` (one row each, normalized), their tokens and their windows."""
+        # lazy: start-up (+91 ms: numpy)
         import numpy as np
 
         pieces: list[tuple[int, str, int]] = []

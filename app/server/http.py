@@ -362,6 +362,7 @@ def _owned_sessions(
     paths: Paths, n_ctx: int, n_threads: int | None, n_gpu_layers: int, machine_bandwidth_gbps: float | None
 ) -> Callable[[Path], ChatSession]:
     """How the server opens a model it owns (the one it starts with, and each one a request names)."""
+    # lazy: start-up (+8 ms)
     from app.compose import BackendOptions, LoadSettings, load_params, open_local, projector_choice
 
     load = LoadSettings(n_ctx=n_ctx, n_threads=n_threads, gpu_layers=n_gpu_layers)

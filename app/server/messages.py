@@ -343,7 +343,7 @@ def handle(handler: Exchange) -> None:
 def count_tokens(handler: Exchange) -> None:
     """Answers ``POST /v1/messages/count_tokens``: the prompt's tokens as the model reads it (its
     chat template, the tools included), ``{"input_tokens": N}``."""
-    from engine.inference.context import effective_reserve  # measured: 70 ms of start-up; a request loads it
+    from engine.inference.context import effective_reserve  # lazy: start-up (measured 70 ms); a request loads it
 
     state = handler.state
     body = dict(handler.read_json())

@@ -21,12 +21,12 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Collection, Mapping
-from typing import TYPE_CHECKING
+
+from pydantic import ValidationError
 
 from app.server.errors import HttpError
-
-if TYPE_CHECKING:
-    from engine.inference.runtime import GenerationParams
+from engine.inference import sampling
+from engine.inference.runtime import GenerationParams
 
 MAX_STOP_STRINGS = 16
 """Most stop strings per request (OpenAI allows 4)."""
@@ -313,7 +313,6 @@ def _check_enforceable(schema_text: str, param: str) -> None:
     Raises:
         HttpError: 400 naming the keyword and where it is.
     """
-    from engine.inference import sampling
 
     # WORKAROUND: the engine's check has no public name yet (engine/inference/sampling.py); the decode loop
     # runs the same check, so a miss here still ends as a 400 (errors.REQUEST_FIELDS).
@@ -342,9 +341,6 @@ def generation_params(
     Raises:
         HttpError: 400 naming the field GenerationParams refuses.
     """
-    from pydantic import ValidationError
-
-    from engine.inference.runtime import GenerationParams
 
     options: dict[str, object] = {
         "max_tokens": max_new,

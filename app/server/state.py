@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from app.knowledge_glue import make_retriever, open_knowledge_bases
 from app.paths import Paths
 from app.server.cors import CorsPolicy
+from app.server.embeddings import Embeddings
 from app.server.errors import HttpError, model_not_found, overloaded
 from app.server.served import KEEP_ALIVE_HEADER, ServedModels, keep_alive_of
 from app.server.served import ModelCatalog as ModelCatalog  # where the CLI's catalog is typed
@@ -30,7 +31,6 @@ from rag.errors import KnowledgeBaseError
 
 if TYPE_CHECKING:
     from app.knowledge_glue import Passages
-    from app.server.embeddings import Embeddings
     from engine.inference.backends import ChatBackend
     from engine.inference.session import ChatSession
 
@@ -312,7 +312,6 @@ class ServerState:
             if self._embedder is None:
                 if self.embedder_path is None:
                     raise HttpError(501, "no embedding model is installed", "server_error")
-                from app.server.embeddings import Embeddings
 
                 self._embedder = Embeddings(self.embedder_path)
             return self._embedder

@@ -83,7 +83,7 @@ def check_backend(backend: ChatBackend, request: ChatRequest) -> None:
     template = local.template if local is not None else None
     if template is None:
         return
-    from engine.inference.turn import shape_turn  # measured: 60 ms of start-up; a local model's turn loads it
+    from engine.inference.turn import shape_turn  # lazy: start-up (measured 60 ms); a local model's turn loads it
 
     try:
         shape_turn(
@@ -153,7 +153,7 @@ def check_fits(backend: ChatBackend, request: ChatRequest, documents: RankedDocu
 
 def engine_messages(turns: Sequence[WireMessage]) -> list[Message]:
     """The engine's Messages for a conversation; a ``tool`` message gets its tool's name from the call."""
-    from engine.inference.context import Message  # measured: 70 ms of start-up; a request loads it
+    from engine.inference.context import Message  # lazy: start-up (measured 70 ms); a request loads it
 
     messages: list[Message] = []
     names: dict[str, str] = {}

@@ -570,7 +570,7 @@ def truncated_call(text: str, request: ChatRequest) -> ToolCall | None:
     ``arguments`` with ``finish_reason: "length"``); its ``arguments`` are what of them parses
     once the open strings, arrays and objects are closed (``{}`` when nothing does).
     """
-    from engine.inference.reply import new_call_id  # measured: 35 ms of start-up; only a cut-off call needs it
+    from engine.inference.reply import new_call_id  # lazy: start-up (measured 35 ms); only a cut-off call needs it
 
     if not forced_call(request) or not text.lstrip().startswith("{"):
         return None
