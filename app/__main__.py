@@ -22,6 +22,7 @@ class _QtFrontEnd:
     def run_gui(paths: Paths, *, safe_mode: bool) -> int:
         # The Qt-free modules the window needs come first: once PySide6 is imported it reads the
         # source of every module imported after it (to see whether it uses PySide6), ~0.2 ms each.
+        # lazy: child process (see the module docstring)
         import app.settings  # noqa: F401
         from app.gui.launch import leave_process, run_gui
 
@@ -31,6 +32,7 @@ class _QtFrontEnd:
 
     @staticmethod
     def run_self_test(paths: Paths, *, as_json: bool) -> int:
+        # lazy: child process (see the module docstring)
         from app.gui.selftest import run_self_test
 
         return run_self_test(paths, as_json=as_json)
@@ -38,6 +40,7 @@ class _QtFrontEnd:
 
 def main() -> int:
     """Runs the command line (or the GUI without a command)."""
+    # lazy: child process (see the module docstring)
     from app.cli.main import main as cli_main
 
     return cli_main(gui=_QtFrontEnd())

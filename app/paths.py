@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,6 +66,7 @@ class Paths:
         if root is not None:
             base = Path(root).expanduser().resolve()
             return cls(data=base / "data", cache=base / "cache", config=base / "config", logs=base / "logs")
+        # lazy: start-up (+6 ms: platformdirs)
         import platformdirs
 
         dirs = platformdirs.PlatformDirs(APP_NAME, appauthor=False)
@@ -196,7 +198,6 @@ class Paths:
 def resource_path(name: str) -> Path:
     """A file shipped in ``resources/`` (``perplexity.txt``, ``curated_models.json``): in the
     source tree, or in the frozen bundle's ``_MEIPASS`` (``installers/glassbox.spec`` lists it)."""
-    import sys
 
     base = getattr(sys, "_MEIPASS", None)
     root = Path(base) if base else Path(__file__).resolve().parent.parent

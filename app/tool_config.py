@@ -36,6 +36,7 @@ from typing import TypedDict
 
 from app.paths import Paths
 from engine.agent.mcp_client import McpServer, McpServerConfig, McpServerStatus
+from engine.atomic import PRIVATE_FILE_MODE, write_text_atomic
 from engine.errors import EngineError
 from engine.inference.tools import BUILTIN_SOURCE
 
@@ -304,8 +305,6 @@ def _raw_document(paths: Paths) -> tuple[dict[str, object], dict[str, object]]:
 
 
 def _save(paths: Paths, document: Mapping[str, object]) -> None:
-    from engine.atomic import PRIVATE_FILE_MODE, write_text_atomic
-
     write_text_atomic(
         paths.mcp_config, json.dumps(document, indent=2, ensure_ascii=False) + "\n", mode=PRIVATE_FILE_MODE
     )
@@ -568,7 +567,6 @@ class Permissions:
         """Writes the file. The limits and the servers' tools seen are the file's as it is now unless
         they were set through this object: a ToolSet's copy saving an "Always allow" keeps what
         Settings → Tools set meanwhile."""
-        from engine.atomic import PRIVATE_FILE_MODE, write_text_atomic
 
         try:
             on_disk: Permissions | None = Permissions.load_file(self.path) if len(self._set_here) < 2 else None
