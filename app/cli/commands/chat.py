@@ -147,8 +147,8 @@ def _usage_error(args: argparse.Namespace) -> str | None:
         return "--lora applies to local models, not to --endpoint"
     if args.compare_base and not args.lora:
         return "--compare-base compares the --lora adapters with the base model: give --lora FILE[:SCALE]"
-    if args.compare_base and (args.json or args.tools):
-        return "--compare-base prints a line of text: not with --json or --tools"
+    if args.compare_base and (args.json or args.tools or args.kb):
+        return "--compare-base compares the reply's prompt alone: not with --json, --tools or --kb"
     return None
 
 

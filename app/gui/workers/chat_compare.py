@@ -59,6 +59,9 @@ class BaseComparer(QObject):
             return "Needs a local model loaded"
         if not any(scale != 0 for _path, scale in context.adapters):
             return "This chat has no LoRA adapter applied (Chat settings → LoRA adapter)"
+        if context.tools is not None or context.knowledge_bases:
+            # The comparison reads the reply's prompt as the chat's history and question alone.
+            return "Compare with base reads the prompt without tools or documents: switch them off to compare"
         if chat.busy:
             return "Wait for the reply to finish"
         if self.last_reply() is None:

@@ -53,3 +53,12 @@ def test_compare_base_needs_an_adapter(tmp_path: Path) -> None:
     assert result.stderr.strip() == (
         "glassbox: error: --compare-base compares the --lora adapters with the base model: give --lora FILE[:SCALE]"
     )
+
+
+def test_compare_base_is_not_for_a_reply_with_tools_or_documents(tmp_path: Path) -> None:
+    result = glassbox(
+        "chat", "--model", "starter", "--lora", "a.gguf", "--compare-base", "--kb", "notes", "--prompt", "hi",
+        home=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "not with --json, --tools or --kb" in result.stderr
