@@ -123,6 +123,7 @@ class ApiServerControl(QObject):
         self._start_server(backend, config)
 
     def _start_server(self, backend: ChatBackend, config: tuple[int, str | None]) -> None:
+        # lazy: start-up (+235 ms)
         from app.server.http import start_server
 
         self._generation += 1

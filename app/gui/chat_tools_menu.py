@@ -79,6 +79,7 @@ def turn_options(
     on, sources = tools_choice(settings)
     tools = None
     if on and sources:
+        # lazy: start-up (+46 ms)
         from app.tool_config import load_limits
 
         limits = load_limits(paths)
@@ -221,6 +222,7 @@ class ChatToolsButton(QToolButton):
 
     def server_names(self) -> list[str]:
         """The MCP servers of ``mcp.json`` (a damaged file: none, and the reason is kept)."""
+        # lazy: start-up (+45 ms)
         from app.tool_config import ToolSetupError, load_servers
 
         try:
@@ -309,6 +311,7 @@ class ChatToolsButton(QToolButton):
         built-ins (``read_file`` and ``search_knowledge`` only with files or knowledge bases
         attached, so they are not listed) and the tools Settings → Tools last found on each
         server; the tools turned off there are left out."""
+        # lazy: start-up (+43 ms)
         from app.tool_config import Permissions, ToolSetupError
 
         try:
@@ -318,6 +321,7 @@ class ChatToolsButton(QToolButton):
         names: list[str] = []
         for source in sources:
             if source == BUILTIN:
+                # lazy: start-up (+7 ms)
                 from engine.agent.builtin_tools import CALCULATOR, CURRENT_TIME
 
                 found = [CURRENT_TIME, CALCULATOR]
@@ -472,6 +476,7 @@ class ChatToolsController(QObject):
 
     @Slot()
     def open_tools_settings(self) -> None:
+        # lazy: start-up (+53 ms)
         from app.gui.tools_settings import ToolsSettingsDialog
 
         ToolsSettingsDialog(self.window.paths, self.window).exec()

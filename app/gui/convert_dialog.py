@@ -34,6 +34,7 @@ DEFAULT_TYPE = "Q4_K_M"
 def convert_targets() -> list[tuple[str, str]]:
     """``(type, description)`` for every target: F16, BF16 and Q8_0, which the converter writes,
     then the quantization types that need no importance matrix, best quality first."""
+    # lazy: start-up (+107 ms)
     from engine.convert.hf_to_gguf import CONVERT_OUTTYPES
     from engine.convert.quantize import quant_types
 
@@ -116,6 +117,7 @@ class ConvertDialog(QDialog):
 
     @Slot()
     def _on_type_combo_current_index_changed(self) -> None:
+        # lazy: start-up (+60 ms)
         from engine.convert.hf_to_gguf import CONVERT_OUTTYPES
 
         two_stages = self.selected_type().lower() not in CONVERT_OUTTYPES

@@ -55,6 +55,7 @@ class DiscoverWidget(QWidget):
 
     def __init__(self, adapter: ModelsAdapter, parent: QWidget | None = None) -> None:
         super().__init__(parent)
+        # lazy: start-up (+4 ms)
         from app.curated_models import load_curated
 
         self.adapter = adapter

@@ -15,6 +15,8 @@ import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from PySide6.QtCore import QLibraryInfo
+
 __all__ = ["X_PACKAGES", "display_problem"]
 
 X_PACKAGES = (
@@ -27,7 +29,6 @@ X_PACKAGES = (
 
 def xcb_plugin() -> Path | None:
     """Qt's xcb platform plugin in this installation (None: not found)."""
-    from PySide6.QtCore import QLibraryInfo
 
     plugin = Path(QLibraryInfo.path(QLibraryInfo.LibraryPath.PluginsPath)) / "platforms" / "libqxcb.so"
     return plugin if plugin.is_file() else None

@@ -28,6 +28,7 @@ from PySide6.QtWidgets import (
 from app.compose import RemoteModel
 from app.gui.display_text import plain_label
 from app.gui.tasks import describe_error, run_in_background
+from engine.errors import EngineError
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,7 @@ def list_remote_models(store_file: Path) -> tuple[list[RemoteModel], list[str]]:
 
     Runs on a worker (it talks to the servers).
     """
-    from engine.errors import EngineError
+    # lazy: start-up (+370 ms: rich, httpx)
     from engine.inference.endpoints import EndpointStore
     from engine.inference.remote import list_models
 
@@ -101,7 +102,7 @@ class AddEndpointDialog(QDialog):
     @Slot()
     def check_and_save(self) -> None:
         """Validates the URL, lists the server's models on a worker, then saves (or shows why not)."""
-        from engine.errors import EngineError
+        # lazy: start-up (+5 ms)
         from engine.inference.endpoints import normalize_url
 
         try:
@@ -114,6 +115,7 @@ class AddEndpointDialog(QDialog):
         self.save_button.setEnabled(False)
 
         def check() -> list[str]:
+            # lazy: start-up (+358 ms: rich, httpx)
             from engine.inference.remote import list_models
 
             return [model.id for model in list_models(url, key)]
@@ -125,7 +127,7 @@ class AddEndpointDialog(QDialog):
         self.status.setText(describe_error(exc))
 
     def _save(self, url: str, key: str | None, ids: list[str]) -> None:
-        from engine.errors import EngineError
+        # lazy: start-up (+6 ms)
         from engine.inference.endpoints import EndpointStore
 
         self.save_button.setEnabled(True)

@@ -164,6 +164,7 @@ def export_conversation(
     if fmt != "pdf":
         write_text_atomic(path, text)  # owner-only, like every file that holds a chat
         return
+    # lazy: start-up (+6 ms)
     from app.gui.export_pdf import write_pdf
 
     # QPdfWriter writes a file of its own: lay it out beside the target, then replace atomically.

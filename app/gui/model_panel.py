@@ -332,6 +332,7 @@ class ModelPanel(QWidget):
 
     @Slot()
     def _on_convert_clicked(self) -> None:
+        # lazy: start-up (+5 ms)
         from app.gui.convert_dialog import ConvertDialog
 
         self._open(ConvertDialog(self.adapter, parent=self))

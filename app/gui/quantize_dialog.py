@@ -31,6 +31,7 @@ from PySide6.QtWidgets import (
 
 from app.gui.display_text import plain_tooltip, rich, shown
 from app.gui.job_footer import add_job_footer
+from app.gui.tasks import describe_error
 from app.gui.theme import ThemeColors, applied_colors
 from app.gui.workers.models_worker import ModelsAdapter
 from app.gui.workers.transfers import JOB_ENDED, Transfer
@@ -90,6 +91,7 @@ class QuantizeDialog(QDialog):
         self, adapter: ModelsAdapter, entry: LibraryEntry, parent: QWidget | None = None, n_ctx: int = 4096
     ) -> None:
         super().__init__(parent)
+        # lazy: start-up (+67 ms)
         from engine.convert.quantize import default_output_path
 
         self.setWindowTitle(f"Quantize {shown(entry.name)}")
@@ -151,6 +153,7 @@ class QuantizeDialog(QDialog):
     # ------------------------------------------------------------------ the table
     def _build_table(self) -> QTableWidget:
         """The types on offer (Q4_K_M selected); sizes, speeds and fit come with the estimates."""
+        # lazy: start-up (+63 ms)
         from engine.convert.quantize import quant_types
 
         table = QTableWidget(0, 5)
@@ -182,12 +185,11 @@ class QuantizeDialog(QDialog):
         self._fill_estimates()
 
     def _on_estimates_failed(self, exc: BaseException) -> None:
-        from app.gui.tasks import describe_error
-
         if shiboken6.isValid(self) and not self.running():
             self.status.setText(f"Sizes are rough (bits per weight): {describe_error(exc)}")
 
     def _fill_estimates(self) -> None:
+        # lazy: start-up (+47 ms)
         from engine.fit import decode_bytes_per_token
 
         bandwidth = self.adapter.library.bandwidth_gbps

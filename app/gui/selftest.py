@@ -63,6 +63,7 @@ def _since(started: float) -> float:
 
 
 def _generate(home: Paths, report: _Report) -> str:
+    # lazy: child process (the self-test's MCP server imports this module: no Qt); start-up (+453 ms: jinja2)
     from engine.inference.events import Token
     from engine.inference.runtime import GenerationParams, LoadParams
     from engine.inference.session import ChatSession
@@ -91,6 +92,7 @@ def _generate(home: Paths, report: _Report) -> str:
 
 
 def _index_and_query(home: Paths) -> str:
+    # lazy: start-up (+224 ms: numpy)
     from engine.starter import starter_embedder_path
     from rag.knowledge import KnowledgeBases
 
@@ -112,6 +114,7 @@ def _index_and_query(home: Paths) -> str:
 
 def serve_self_test_mcp_server() -> None:
     """Runs the self-test's MCP server on stdin and stdout (one tool, ``add``) until its client leaves."""
+    # lazy: start-up (+894 ms: mcp, httpx2)
     from mcp.server.mcpserver import MCPServer
 
     server = MCPServer("glassbox-self-test")
@@ -137,6 +140,7 @@ def mcp_server_command() -> tuple[str, tuple[str, ...], str | None]:
 
 
 def _mcp_tools() -> str:
+    # lazy: start-up (+46 ms)
     from engine.agent.mcp_client import McpServer, McpServerConfig
 
     command, args, cwd = mcp_server_command()
@@ -153,8 +157,10 @@ def _mcp_tools() -> str:
 
 def _window(home: Paths) -> str:
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    # lazy: child process (the self-test's MCP server imports this module: no Qt)
     from PySide6.QtWidgets import QApplication
 
+    # lazy: child process (the self-test's MCP server imports this module: no Qt)
     from app.gui.main_window import MainWindow
     from app.settings import Settings
 
@@ -195,6 +201,7 @@ def run_self_test(paths: Paths, as_json: bool = False) -> int:
         except SelfTestError as exc:
             failure = str(exc)
     if as_json:
+        # lazy: start-up (+29 ms)
         from engine.hardware import cpu_name
 
         print(  # noqa: T201
@@ -220,6 +227,7 @@ def run_self_test(paths: Paths, as_json: bool = False) -> int:
 
 def _llama_build() -> dict[str, Any] | None:
     """The flags the installed llama.cpp was built with (the marker installers/llama_build.py leaves)."""
+    # lazy: start-up (+20 ms)
     from engine.cpu_backend import build_marker
 
     return build_marker()

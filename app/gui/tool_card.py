@@ -24,6 +24,7 @@ from PySide6.QtCore import Qt, Signal, Slot
 from PySide6.QtGui import QFontDatabase
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QToolButton, QVBoxLayout, QWidget
 
+from app.agent_history import ReplyText
 from app.gui.display_text import plain_label, plain_tooltip
 
 if TYPE_CHECKING:
@@ -326,7 +327,6 @@ def turn_layout(content: str, stats: Mapping[str, object] | None, *, live: bool 
     answer. ``live``: the text may lag behind the messages (the worker sends text in batches), so a
     text shorter than the steps' is an empty answer, not a mismatch.
     """
-    from app.agent_history import ReplyText
 
     stats = stats or {}
     steps = _saved_steps(stats)

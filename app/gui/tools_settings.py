@@ -51,7 +51,13 @@ from app.tool_config import (
     ServerEntry,
     ToolLimits,
     ToolSetupError,
+    add_server,
+    import_servers_text,
+    load_servers,
+    parse_server,
+    remove_server,
 )
+from engine.agent.mcp_client import McpServer, McpServerError
 
 if TYPE_CHECKING:
     from app.paths import Paths
@@ -82,7 +88,6 @@ def server_entry_for(name: str, target: str) -> dict[str, str | list[str]]:
 
 def _check_server(config: McpServerConfig, keep: list[McpServer]) -> tuple[list[ToolSpec], McpServerStatus]:
     """Starts one server, lists its tools, stops it (on a background thread)."""
-    from engine.agent.mcp_client import McpServer, McpServerError
 
     server = McpServer(config)
     keep.append(server)
@@ -282,7 +287,6 @@ class ToolsSettingsDialog(QDialog):
 
     def reload(self) -> None:
         """Reads ``mcp.json`` and the permissions again and fills the tree and the allow list."""
-        from app.tool_config import load_servers
 
         try:
             self.permissions = Permissions.load(self.paths)
@@ -293,6 +297,7 @@ class ToolsSettingsDialog(QDialog):
         self._fill()
 
     def _builtin_specs(self) -> list[ToolSpec]:
+        # lazy: start-up (+8 ms)
         from engine.agent.builtin_tools import BUILTIN_NAMES, BuiltinTools
 
         # read_file is offered only with attached files: a placeholder lists it (nothing is read).
@@ -508,8 +513,6 @@ class ToolsSettingsDialog(QDialog):
 
     @Slot()
     def _on_add_button_clicked(self) -> None:
-        from app.tool_config import add_server, parse_server
-
         name = self.name_edit.text().strip()
         try:
             entry = parse_server(name, server_entry_for(name, self.target_edit.text()))
@@ -526,8 +529,6 @@ class ToolsSettingsDialog(QDialog):
 
     @Slot()
     def _on_import_button_clicked(self) -> None:
-        from app.tool_config import import_servers_text
-
         try:
             names = import_servers_text(self.paths, self.paste.toPlainText())
         except (ToolSetupError, OSError) as exc:
@@ -544,8 +545,6 @@ class ToolsSettingsDialog(QDialog):
 
     @Slot()
     def _on_remove_button_clicked(self) -> None:
-        from app.tool_config import remove_server
-
         item = self.tree.currentItem()
         while item is not None and item.parent() is not None:
             item = item.parent()

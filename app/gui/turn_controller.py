@@ -17,11 +17,15 @@ from typing import TYPE_CHECKING
 import shiboken6
 from PySide6.QtCore import QObject, QTimer, Slot
 
+from app.gui.attachments import cost_texts, remember
 from app.gui.conversation_settings import conversation_adapters, conversation_sampling
 from app.gui.reply_links import open_source
 from app.gui.tasks import run_in_background
 from app.gui.window_services import while_alive
 from app.gui.workers.chat_state import ChatState, ModelState, TurnContext
+from app.gui.workers.model_routing import parse_remote_model
+from app.gui.workers.speculative import speculative_mode
+from engine.media import MediaError
 
 if TYPE_CHECKING:
     from PySide6.QtWidgets import QWidget
@@ -129,7 +133,7 @@ class TurnController(QObject):
     # ------------------------------------------------------------------ sending
     def turn_context(self) -> TurnContext:
         """What the next turn of the open chat is sent with (and the inspector's reply limit)."""
-        from app.gui.workers.speculative import speculative_mode
+        # lazy: start-up (+128 ms)
         from engine.inference.runtime import GenerationParams
 
         settings = self.settings.current
@@ -183,9 +187,6 @@ class TurnController(QObject):
 
     @Slot(object)
     def _on_chat_media_measured(self, answer: object) -> None:
-        from app.gui.attachments import cost_texts, remember
-        from engine.media import MediaError
-
         media = self.composer.attachments.media
         loaded = self.chat.loaded
         if not media:
@@ -376,7 +377,6 @@ class TurnController(QObject):
     def _on_chat_model_loaded(self, loaded: LoadedModel) -> None:
         """The KV cache the model allocated, from its header (off the GUI thread: a big vocabulary
         takes tens of ms to read); shown before the first turn."""
-        from app.gui.workers.model_routing import parse_remote_model
 
         if not self.chat.busy:  # the numbers shown were of the model before: the chat's saved ones again
             self._inspector_reply = None
@@ -387,6 +387,7 @@ class TurnController(QObject):
             return
 
         def estimate() -> int:
+            # lazy: start-up (+61 ms)
             from engine.fit import kv_cache_bytes
             from engine.gguf import read_gguf_info
 

@@ -150,6 +150,7 @@ class ChatHeaderWidget(QFrame):
         self.chat_settings_button.setToolTip("This chat's system prompt and sampling (temperature, top-p, seed, …)")
         self.chat_settings_button.setAccessibleDescription(self.chat_settings_button.toolTip())
         state_row.addWidget(self.chat_settings_button)
+        # lazy: start-up (+10 ms)
         from app.gui.chat_tools_menu import ChatToolsButton
 
         self.tools_button = ChatToolsButton(paths)  # this chat's Tools switch (app/gui/chat_tools_menu.py)

@@ -55,6 +55,7 @@ class ToolsRequest:
 
 def default_open_tools(request: ToolsRequest, session: ChatBackend) -> ToolSet:
     """The ToolSet for the sources chosen (``app.tool_setup.open_tools``; servers start when listed)."""
+    # lazy: start-up (+58 ms)
     from app.tool_setup import open_tools
 
     return open_tools(

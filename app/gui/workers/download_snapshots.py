@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from app.gui.tasks import describe_error
 from app.gui.workers.transfers import Transfer, download_label
+from engine.errors import Cancelled
 
 if TYPE_CHECKING:
     from engine.hub.model_download import FilesOutcome, FilesProgress
@@ -34,6 +35,7 @@ def new_download(
 ) -> tuple[Transfer, QueueItem]:
     """The first snapshot of a download of ``choice`` into ``<models>/<owner>/<repo>/``
     (``engine.hub.model_download.model_folder``), and its download-queue item."""
+    # lazy: start-up (+99 ms)
     from engine.hub.model_download import FileJob, model_folder
     from engine.hub.queue import QueueFile, make_item
 
@@ -93,7 +95,6 @@ def after_outcome(current: Transfer, outcome: FilesOutcome) -> Transfer:
 
 def after_failure(current: Transfer, exc: BaseException) -> Transfer:
     """``current`` once its run raised: ``cancelled`` (Stop) or ``error`` with the one-line reason."""
-    from engine.errors import Cancelled
 
     cancelled = isinstance(exc, Cancelled)
     return dataclasses.replace(

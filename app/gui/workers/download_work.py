@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from app.gui.tasks import SerialExecutor, call_on_gui_thread, describe_error
+from app.gui.workers.library_adapter import record_provenance
+from engine.errors import Cancelled
 
 if TYPE_CHECKING:
     from app.gui.workers.transfers import Transfer
@@ -75,7 +77,7 @@ class DownloadRun:
 
     def work(self) -> FilesOutcome:
         """Downloads every file of the run (the download thread's job)."""
-        from engine.errors import Cancelled
+        # lazy: start-up (+59 ms)
         from engine.hub.model_download import download_files
 
         transfer = self.transfer
@@ -125,6 +127,7 @@ class QueueIO:
 
     def queue(self) -> DownloadQueue:
         """The queue (its file is read on first use: call it off the GUI thread)."""
+        # lazy: start-up (+38 ms)
         from engine.hub.queue import DownloadQueue
 
         with self._lock:
@@ -175,7 +178,7 @@ def look_for_unfinished(
         were complete (killed right after their last file) and so dropped, their provenance
         recorded.
     """
-    from app.gui.workers.library_adapter import record_provenance
+    # lazy: start-up (+96 ms)
     from engine.convert.quantize import sweep_work_files
     from engine.hub.queue import check_on_disk, find_partials
 

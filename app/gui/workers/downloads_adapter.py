@@ -93,6 +93,7 @@ class DownloadsAdapter(QObject):
     # ------------------------------------------------------------------ Hub
     def search(self, query: str) -> None:
         def work() -> list[RepoSummary]:
+            # lazy: start-up (+36 ms)
             from engine.hub.search import search_models
 
             return search_models(query, limit=30, endpoint=self.endpoint)
@@ -105,6 +106,7 @@ class DownloadsAdapter(QObject):
 
     def list_files(self, repo: str) -> None:
         def work() -> RepoFiles:
+            # lazy: start-up (+28 ms)
             from engine.hub.search import list_repo_files
 
             return list_repo_files(repo, endpoint=self.endpoint)
@@ -204,6 +206,7 @@ class DownloadsAdapter(QObject):
         queue_key = current.queue_key
 
         def work() -> None:
+            # lazy: start-up (+4 ms)
             from engine.hub.partials import discard_partial
 
             for path in paths:

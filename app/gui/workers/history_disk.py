@@ -86,6 +86,7 @@ def explain(exc: BaseException, path: Path, size_hint: int = 0) -> BaseException
     says = says_full(exc)
     if says is False:
         return exc
+    # lazy: start-up (+2 ms)
     from engine.disk import missing_space
 
     need = SAVE_MARGIN + 4 * size_hint  # the text, its search index and the log frames, roomily

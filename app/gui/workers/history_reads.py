@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from engine.media import MediaError
+
 if TYPE_CHECKING:
     from engine.history import HistoryStore
     from engine.media import Media, MediaRef
@@ -86,7 +88,7 @@ def read_media_refs(folder: Path, refs: tuple[MediaRef, ...]) -> tuple[tuple[Med
     """The attachments a message names, read back and checked (a few recent ones kept in memory)."""
     if not refs:
         return (), ()
-    from engine.media import MediaError
+    # lazy: start-up (+3 ms)
     from engine.media_store import MediaStore
 
     store = MediaStore(folder)

@@ -82,12 +82,14 @@ class KnowledgeAdapter(KnowledgeQueries):
         store in a child); a damaged store emits ``store_recovered`` and is rebuilt as a job, and
         chunks an interrupted run left unembedded are embedded. Does nothing before the first
         knowledge base exists."""
+        # lazy: start-up (+1 ms)
         from rag.layout import CHROMA_FOLDER, REGISTRY_FILE
 
         if not (self.root / REGISTRY_FILE).exists():
             return
 
         def opened() -> tuple[StoreRecovery | None, int]:
+            # lazy: start-up (+46 ms)
             from rag.registry import Registry
             from rag.store_health import known_healthy
 

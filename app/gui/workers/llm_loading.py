@@ -18,6 +18,17 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from app.compose import (
+    BackendOptions,
+    LoadSettings,
+    load_params,
+    model_key,
+    open_local,
+    projector_for,
+    resolve_gpu_layers,
+)
+from engine.atomic import write_text_atomic
+
 if TYPE_CHECKING:
     from app.compose import RemoteModel
     from app.gui.workers.llm_requests import LoadRequest
@@ -32,7 +43,6 @@ SessionFactory = Callable[["LoadRequest", "float | None"], "ChatBackend"]
 
 def default_session_factory(request: LoadRequest, bandwidth: float | None) -> ChatBackend:
     """Builds the real engine session (imports the engine lazily; llama_cpp stays in the child)."""
-    from app.compose import BackendOptions, LoadSettings, load_params, open_local
 
     if not isinstance(request.model_path, Path):
         raise TypeError(f"{request.model_path}: a remote model has no local session")
@@ -53,12 +63,9 @@ def resolve_layers(request: LoadRequest) -> LoadRequest:
     """``request`` with ``n_gpu_layers="auto"`` replaced by the count (computed once per load)."""
     if request.n_gpu_layers != "auto":
         return request
-    from app.compose import resolve_gpu_layers
 
     mmproj = request.mmproj_path
     if mmproj == "auto":  # found once, counted here and loaded as is
-        from app.compose import projector_for
-
         mmproj = projector_for(request.model_path) if isinstance(request.model_path, Path) else None
     layers = resolve_gpu_layers("auto", request.model_path, request.n_ctx, request.draft_model_path, mmproj)
     return replace(request, n_gpu_layers=layers, mmproj_path=mmproj)
@@ -68,6 +75,7 @@ def kv_cache_config(request: LoadRequest) -> KvCacheConfig | None:
     """The engine's KvCacheConfig for a load, or None when chats' KV caches are not saved."""
     if request.kv_cache_dir is None or request.kv_cache_max_bytes <= 0:
         return None
+    # lazy: start-up (+13 ms)
     from engine.inference.kv_cache import KvCacheConfig
 
     return KvCacheConfig(request.kv_cache_dir, request.kv_cache_max_bytes)
@@ -78,6 +86,7 @@ def measure_bandwidth(cache: Path | None) -> float | None:
     if cache is None:
         return None
     try:
+        # lazy: start-up (+24 ms)
         from engine.hardware import cached_memory_bandwidth
     except ImportError:
         return None
@@ -90,8 +99,6 @@ def measure_bandwidth(cache: Path | None) -> float | None:
 
 def write_breadcrumb(path: Path, what: str, target: Path | RemoteModel) -> None:
     """Records risky work about to start, so the next launch can tell what crashed."""
-    from app.compose import model_key
-    from engine.atomic import write_text_atomic
 
     document = {"attempting": what, "path": model_key(target), "at": time.time()}
     write_text_atomic(path, json.dumps(document), durable=False)  # cheap to lose: no fsync, as before

@@ -42,7 +42,7 @@ from app.gui.workers.llm_requests import (
 )
 from app.gui.workers.model_routing import RoutingSessionFactory
 from app.gui.workers.resident_models import Kept, ResidentModels
-from app.gui.workers.speculative import ReplyTokens
+from app.gui.workers.speculative import ReplyTokens, load_session
 from app.turn import TurnEvent, run_turn
 from engine.errors import Cancelled, EngineError
 from engine.inference.events import CallProgress, Finished, PrefillProgress, Reasoning, Token, ToolCall
@@ -129,8 +129,6 @@ class LlmWorker(QObject):
         if request.breadcrumb is not None:
             write_breadcrumb(request.breadcrumb, "load model", request.model_path)
         try:
-            from app.gui.workers.speculative import load_session
-
             request = resolve_layers(request)  # "auto" probes the hardware: here, never on the GUI thread
             session, info, request, draft_note = load_session(self._factory, request, self._bandwidth)
         except Exception as exc:  # noqa: BLE001 - boundary: every failure becomes a signal (CONTRIBUTING.md rule 18)
@@ -297,6 +295,7 @@ class LlmWorker(QObject):
         done = self._adapters_set
         if done is not None and done[0] is session and done[1] == adapters:
             return
+        # lazy: start-up (+39 ms)
         from engine.inference.adapters import LoraAdapter
 
         local.set_adapters([LoraAdapter(path, scale) for path, scale in adapters])

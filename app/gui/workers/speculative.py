@@ -19,6 +19,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from app.gui.workers.model_routing import parse_remote_model
+from engine.errors import ModelLoadError
+
 if TYPE_CHECKING:
     from app.gui.workers.llm_loading import SessionFactory
     from app.gui.workers.llm_requests import LoadedModel, LoadRequest
@@ -40,7 +43,6 @@ def draft_for(settings: Settings, model: Path) -> Path | None:
 
 def speculative_mode(loaded: LoadedModel | None, settings: Settings) -> Literal["off", "lookup", "draft"]:
     """``GenerationParams.speculative`` for a chat turn on ``loaded``."""
-    from app.gui.workers.model_routing import parse_remote_model
 
     if loaded is None or parse_remote_model(loaded.path) is not None:
         return "off"  # a remote server decodes on its own
@@ -52,7 +54,6 @@ def speculative_mode(loaded: LoadedModel | None, settings: Settings) -> Literal[
 def is_draft_refusal(exc: BaseException, draft: Path) -> bool:
     """Whether a load failed because of its draft model (the engine names the draft's file first:
     ``engine.inference.speculative.DraftModel``), not because of the chat model itself."""
-    from engine.errors import ModelLoadError
 
     return isinstance(exc, ModelLoadError) and str(exc).startswith(f"{draft}: ") and "draft" in str(exc)
 
