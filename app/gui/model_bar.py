@@ -1,7 +1,8 @@
 """The model bar: the picker, Load/Eject and Add endpoint (:class:`ModelBarWidget`), and what
 drives it (:class:`ModelController`): scanning the models folder, the starter model, the saved
-endpoints' remote models, loading and ejecting, the model's state in the header, and the open
-chat's own model (switched to when it is kept loaded, else offered in one line under the bar).
+endpoints' remote models (what is in memory listed first, marked), loading and ejecting, the
+model's state in the header, and the open chat's own model (switched to when it is kept loaded,
+else offered in one line under the bar).
 
 The controller is given every collaborator in its constructor and connects their signals itself;
 the main window only builds it.
@@ -14,8 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import shiboken6
-from PySide6.QtCore import QEvent, QObject, Qt, QTimer, Slot
-from PySide6.QtGui import QShowEvent
+from PySide6.QtCore import QEvent, QObject, QPointF, Qt, QTimer, Slot
+from PySide6.QtGui import QColor, QIcon, QPainter, QPen, QPixmap, QShowEvent
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
 from app.compose import RemoteModel, model_key
@@ -78,6 +79,29 @@ def chat_model_files(folder: Path) -> list[Path]:
     return out
 
 
+_MARKS: dict[str, QIcon] = {}
+
+
+def picker_mark(kind: str) -> QIcon:
+    """The picker's mark: a dot for the chat's model (``"in use"``), a ring for one kept loaded
+    (``"kept"``), blank otherwise (so that the names stay aligned)."""
+    icon = _MARKS.get(kind)
+    if icon is None:
+        size = 12
+        pixmap = QPixmap(size, size)
+        pixmap.fill(Qt.GlobalColor.transparent)
+        if kind:
+            painter = QPainter(pixmap)
+            painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+            green = QColor("#2e9d57")
+            painter.setPen(QPen(green, 2))
+            painter.setBrush(green if kind == "in use" else Qt.GlobalColor.transparent)
+            painter.drawEllipse(QPointF(size / 2, size / 2), size / 2 - 1.5, size / 2 - 1.5)
+            painter.end()
+        icon = _MARKS[kind] = QIcon(pixmap)
+    return icon
+
+
 class ChatModelOfferWidget(QWidget):
     """One line under the model bar, shown while the open chat used another model than the loaded
     one: its name and Load it, or that it is no longer in the library (then no button)."""
@@ -98,6 +122,7 @@ class ChatModelOfferWidget(QWidget):
 
     def say(self, text: str, button: str | None, tooltip: str = "") -> None:
         """Shows ``text``, with a button saying ``button`` (None: no button)."""
+        self.setToolTip("")
         self.text.setText(text)
         self.load_button.setVisible(button is not None)
         if button is not None:
@@ -109,6 +134,7 @@ class ChatModelOfferWidget(QWidget):
     def clear(self) -> None:
         self.setVisible(False)
         self.text.setText("")
+        self.setToolTip("")
 
 
 class ModelBarWidget(QWidget):
@@ -315,10 +341,30 @@ class ModelController(QObject):
         self.models = list(found)
         picker.clear()
         entries: list[Path | RemoteModel] = [*found, *self.remote_models]
-        for path in entries:
-            picker.addItem(shown(model_label(path)), model_key(path))
-            tip = plain_tooltip(model_tooltip(path))
-            picker.setItemData(picker.count() - 1, tip, Qt.ItemDataRole.ToolTipRole)
+        loaded = self.chat.loaded.path if self.chat.loaded is not None else None
+        # What is in memory first: the chat's model, then the ones kept loaded (choosing one is a
+        # switch), then the rest of the library; a blank mark keeps the names aligned.
+        in_memory = [m for m in (loaded, *self._kept) if m is not None and m in entries]
+        rest = [m for m in entries if m not in in_memory]
+        for path in in_memory + rest:
+            if path == loaded:
+                mark, state, why = "in use", "Loaded", "the chat's model"
+            elif path in in_memory:
+                mark, state, why = "kept", "Kept loaded", "switching to it is instant"
+            else:
+                mark, state, why = "", "", ""
+            label = shown(model_label(path))
+            picker.addItem(picker_mark(mark), label, model_key(path))
+            index = picker.count() - 1
+            tip = model_tooltip(path)
+            picker.setItemData(
+                index, plain_tooltip(f"{state}: {why}\n{tip}" if state else tip), Qt.ItemDataRole.ToolTipRole
+            )
+            picker.setItemData(
+                index, f"{label}, {state.lower()}" if state else label, Qt.ItemDataRole.AccessibleTextRole
+            )
+            if in_memory and path is in_memory[-1] and rest:
+                picker.insertSeparator(picker.count())
         if current is not None:
             index = picker.findData(current)
             if index >= 0:
@@ -555,14 +601,12 @@ class ModelController(QObject):
                 + (" (it is kept loaded: instant)" if kept else ""),
             )
             return
-        # a remote model may only be out of reach: its endpoint did not list it this time
-        gone = (
-            "which its endpoint does not list now"
-            if isinstance(wanted, RemoteModel)
-            else "which is no longer in the library"
-        )
-        goes_on = f"; it goes on with {model_label(current)}" if current is not None else ""
-        offer.say(f"This chat used {label}, {gone}{goes_on}.", None)
+        # Short, so that it fits at 1024 px; the picker above names the model that goes on. A remote
+        # model may only be out of reach: its endpoint did not list it this time.
+        gone = "its endpoint does not list it now" if isinstance(wanted, RemoteModel) else "no longer in the library"
+        tip = f"The loaded model, {model_label(current)}, answers here." if current is not None else ""
+        offer.say(f"This chat used {label}, {gone}.", None)
+        offer.setToolTip(plain_tooltip(f"This chat used {label}, {gone}. {tip}".strip()))
 
     @Slot()
     def _on_chat_model_load_clicked(self) -> None:
@@ -597,6 +641,8 @@ class ModelController(QObject):
             load_button.setText("Load")
             load_button.setToolTip("Load the selected model (Ctrl+L)")
             self.starter_note.setVisible(False)
+        if state is not ModelState.LOADING:
+            self.set_models(self.models)  # the marks of what is loaded
         self._say_chat_model()
 
     @Slot(object)
@@ -615,10 +661,12 @@ class ModelController(QObject):
     @Slot(object)
     def _on_chat_resident_models_changed(self, kept: ResidentState) -> None:
         """The models kept loaded beside the chat's (opening a chat that used one switches to it),
-        named after the picker (choosing one is a switch), and their memory in the inspector."""
+        marked in the picker and named after it (choosing one is a switch), and their memory in the
+        inspector."""
         self.inspector.set_resident(kept)
-        self._kept = kept.kept
-        self._say_chat_model()
+        if kept.kept != self._kept:
+            self._kept = kept.kept
+            self.set_models(self.models)
         labels = list(kept.names)
         label = self.bar.resident
         label.setVisible(bool(labels))
@@ -626,12 +674,13 @@ class ModelController(QObject):
             label.clear()
             return
         names = ", ".join(labels)
-        more = f" and {len(labels) - 1} more" if len(labels) > 1 else ""
-        label.setText(shown(f"Also loaded: {labels[0]}{more}"))
+        # Short: the picker lists them, marked; a name here took the picker's room at 1024 px.
+        label.setText(f"+{len(labels)} loaded")
+        label.setAccessibleName(f"{len(labels)} more kept loaded: {names}")
         label.setToolTip(
             plain_tooltip(
-                f"Kept loaded: {names}. Choosing one of them is instant; each holds its memory "
-                "(Settings → Models kept loaded). Eject unloads them all."
+                f"Kept loaded: {names} (marked with a ring in the list of models). Choosing one of them "
+                "is instant; each holds its memory (Settings → Models kept loaded). Eject unloads them all."
             )
         )
 

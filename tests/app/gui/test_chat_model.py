@@ -2,7 +2,8 @@
 while the chat is open, kept in the history across a restart; a new chat starts with the loaded
 model; opening a chat whose model is kept loaded switches to it without a load, one that is in the
 library is offered in one line (Load it; nothing loads by itself), one no longer in the library is
-said in one line and the loaded model goes on; a history of the previous version opens as it was."""
+said in one line and the loaded model goes on; a history of the previous version opens as it was.
+The picker lists what is in memory first, marked."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 
 import pytest
 from gui_support import make_window, send, start_window
+from PySide6.QtCore import Qt
 
 from app.compose import model_key
 from app.gui.workers.llm_loading import default_session_factory
@@ -108,9 +110,8 @@ def test_a_chat_whose_model_is_gone_says_so_and_the_loaded_one_goes_on(
         qtbot.waitUntil(lambda: w.chat.conversation is not None and w.chat.conversation.id == chat.id)
         offer = w.header.model_bar.chat_model
         qtbot.waitUntil(offer.isVisible)
-        assert offer.text.text() == (
-            "This chat used removed-model, which is no longer in the library; it goes on with fake-model."
-        )
+        assert offer.text.text() == "This chat used removed-model, no longer in the library."
+        assert "The loaded model, fake-model, answers here." in offer.toolTip()
         assert not offer.load_button.isVisible()
         assert w.chat.loaded.path == fake_model and len(w.sessions) == 1
         send(qtbot, w, "go on")
@@ -132,6 +133,25 @@ def test_a_history_of_the_previous_version_opens_and_its_chat_takes_the_loaded_m
         assert not w.header.model_bar.chat_model.isVisible()  # nothing to say about a model never named
         send(qtbot, w, "and now?")
         assert w.chat.conversation.model == model_key(fake_model)
+    finally:
+        w.shutdown()
+
+
+def test_the_picker_lists_the_loaded_model_first_and_marks_it(qtbot: Any, paths: Paths, fake_model: Path) -> None:
+    other = _model(paths, "another-model")  # first in the library's order
+    w = start_window(qtbot, paths, model=fake_model)
+    try:
+        picker = w.header.model_bar.picker
+        role = Qt.ItemDataRole.AccessibleTextRole
+        qtbot.waitUntil(lambda: picker.count() == 3)
+        assert [picker.itemData(i) for i in range(3)] == [model_key(fake_model), None, model_key(other)]
+        assert picker.itemData(0, role) == "fake-model, loaded" and picker.itemData(2, role) == "another-model"
+        assert picker.itemData(0, Qt.ItemDataRole.ToolTipRole).startswith("Loaded: the chat's model")
+        assert not picker.itemIcon(0).isNull()
+        _pick(w, other)
+        qtbot.waitUntil(lambda: picker.itemData(0) == model_key(other))
+        assert [picker.itemData(i) for i in range(3)] == [model_key(other), None, model_key(fake_model)]
+        assert picker.currentData() == model_key(other) and picker.itemData(2, role) == "fake-model"
     finally:
         w.shutdown()
 
@@ -173,7 +193,12 @@ def test_opening_a_chat_whose_model_is_kept_loaded_switches_without_a_load(
         _pick(w, tiny)
         qtbot.waitUntil(lambda: len(loads) == 2, timeout=120_000)
         assert w.chat.conversation.model == model_key(tiny)
-        qtbot.waitUntil(lambda: bar.resident.isVisible(), timeout=10_000)  # the starter is kept loaded
+        # What is in memory first: the chat's model, then the one kept loaded, each marked.
+        qtbot.waitUntil(lambda: picker.itemData(1) == model_key(starter), timeout=10_000)
+        assert [picker.itemData(i) for i in range(picker.count())] == [model_key(tiny), model_key(starter)]
+        role = Qt.ItemDataRole.AccessibleTextRole
+        assert picker.itemData(0, role) == f"{model_label(tiny)}, loaded"
+        assert picker.itemData(1, role) == f"{model_label(starter)}, kept loaded"
         assert len(built) == 2
 
         _open(qtbot, w, first)
@@ -182,7 +207,8 @@ def test_opening_a_chat_whose_model_is_kept_loaded_switches_without_a_load(
         assert switched.kept and switched.path == starter
         assert len(built) == 2  # no load: the kept session is the chat's again
         assert not bar.chat_model.isVisible()
-        assert picker.currentData() == model_key(starter)
+        assert picker.currentData() == model_key(starter) and picker.itemData(0) == model_key(starter)
+        assert picker.itemData(0, role) == f"{model_label(starter)}, loaded"
         assert w.statusBar().currentMessage().startswith(f"Switched to {model_label(starter)} in ")
         print(f"\nloaded the starter in {loads[0].load_ms:.0f} ms; switched back to it in {switched.load_ms:.1f} ms")
     finally:

@@ -268,14 +268,15 @@ def test_the_model_bar_lists_the_kept_models_and_a_switch_says_so(
         w.model_control.load_model(tiny)
         qtbot.waitUntil(lambda: len(loads) == 2, timeout=120_000)
         assert w.chat.model_state is ModelState.LOADED
-        assert bar.resident.isVisible() and bar.resident.text() == f"Also loaded: {model_label(starter)}"
+        assert bar.resident.isVisible() and bar.resident.text() == "+1 loaded"
+        assert f"Kept loaded: {model_label(starter)} " in bar.resident.toolTip()
         memory = w.inspector.shown["resident"]
         assert memory.startswith("Also kept loaded, ") and f"{model_label(starter)}: " in memory
         assert "weights" in memory and "KV cache" in memory and "compute buffers" in memory
         w.model_control.load_model(starter)
         qtbot.waitUntil(lambda: len(loads) == 3, timeout=30_000)
         assert loads[-1].kept and loads[-1].path == starter
-        assert bar.resident.text() == f"Also loaded: {tiny.stem}"
+        assert bar.resident.text() == "+1 loaded" and f"Kept loaded: {tiny.stem} " in bar.resident.toolTip()
         assert w.statusBar().currentMessage().startswith(f"Switched to {model_label(starter)} in ")
         w.chat.model.unload()  # Eject
         qtbot.waitUntil(lambda: w.chat.loaded is None, timeout=30_000)
