@@ -1,10 +1,12 @@
 """Engine vs raw llama-cpp-python, side by side in one run (ARCHITECTURE.md, "Budgets").
 
 Both sides get the same model, context, prompt tokens and greedy sampling, with the KV cache
-cleared before every run, and run in the app's environment: the threads the worker chose (unless
-``threads`` is given) and its OpenMP settings (``runtime.WORKER_ENVIRONMENT``, set in this process
-too before llama.cpp loads). The runs are interleaved and alternate which side goes first
-(engine then raw, raw then engine, ...), so that the machine's noise hits both alike. Both are
+cleared before every run, and run in the app's environment: the threads the worker starts with
+(every core unless ``threads`` is given; the worker then keeps the decode threads it times fastest,
+``engine.inference.decode_threads``, where the raw side keeps them all) and its OpenMP settings
+(``runtime.WORKER_ENVIRONMENT``, set in this process too before llama.cpp loads). The runs are
+interleaved and alternate which side goes first (engine then raw, raw then engine, ...), so that
+the machine's noise hits both alike. Both are
 timed the same way from the caller's side: prefill = prompt tokens / time to first token; decode
 = (tokens - 1) / (last token - first token). The engine side is the whole product path: the chat
 session (budget, template), the worker process and the pipe.

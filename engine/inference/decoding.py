@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from engine.errors import EngineError
+from engine.inference.decode_threads import DecodeThreads
 from engine.inference.events import PrefillProgress, Token
 from engine.inference.projector import Projector, is_placeholder
 from engine.inference.sampling import ChainSampler
@@ -364,12 +365,14 @@ def decode(
     offloaded: bool = False,
     memory: SeqMemory | None = None,
     resume: int = 0,
+    threads: DecodeThreads | None = None,
 ) -> DecodeOutcome:
     """Generates the reply after a prefilled prompt (the logits of its last token are current).
 
     ``memory`` (made here when not given) takes a rejected draft's tail back out of the cache.
     ``resume``: the prompt's last ``resume`` tokens are the reply so far (begun by a worker that
-    crashed): the grammar takes them as generated before the reply goes on.
+    crashed): the grammar takes them as generated before the reply goes on. ``threads`` sets and
+    times the threads of each single-token step (:mod:`engine.inference.decode_threads`).
     """
     seed = params.seed if params.seed is not None else llm._seed
     max_new = min(params.max_tokens, n_ctx - llm.n_tokens)
@@ -427,7 +430,12 @@ def decode(
                     if candidates:
                         draft = candidates[: policy.choose(bucket, len(candidates))]
             if not draft:
+                if threads is not None:
+                    threads.before_step()
+                step_start = time.perf_counter()
                 llm.eval([token])
+                if threads is not None:
+                    threads.after_step(time.perf_counter() - step_start)
                 token = sampler.sample(-1)
                 reason = emitter.push(token, sampler, -1, False)
                 continue

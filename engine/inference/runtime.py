@@ -49,6 +49,7 @@ from engine.inference.base_compare import (
     first_logprob,
     score_token,
 )
+from engine.inference.decode_threads import DecodeThreads, candidates
 from engine.inference.decoding import StopMatcher as _StopMatcher
 from engine.inference.decoding import decode, prefill
 from engine.inference.events import PrefillProgress, Token
@@ -72,10 +73,11 @@ _LOAD_TIMEOUT_S = 600.0
 # but beside other busy programs a thread spins on its core while the partner it waits for has
 # none: prefill fell to 30 tok/s where one thread made 92. GOMP_SPINCOUNT=10000 (about a quarter of
 # a millisecond here) was the fastest of them at 544 tok/s near quiet and kept 92 under a load of
-# 11 on 2 cores. Decoding is fastest on one thread fewer than the cores: on 2 cores one thread
-# decoded at 69.5 tok/s, two at 46-56 (every node waits for the slower thread, and the window,
-# the pipe and any other program take a core from one of them), while decoding reads every weight
-# once per token and needs little compute. Prompt batches are compute bound: all physical cores,
+# 11 on 2 cores. How many threads decode fastest differs by machine: on a 2-core Xeon one thread
+# decoded at 69.5 tok/s and two at 46-56 (every node waits for the slower thread, and the window,
+# the pipe and any other program take a core from one of them), on a 2-core Zen 5 two made 75
+# where one made 63. So the worker times the candidates in its first replies and keeps the
+# fastest (``engine.inference.decode_threads``). Prompt batches are compute bound: all physical cores,
 # as llama.cpp's own default (``cpu_get_num_math``), less those other programs are running on when
 # the prompt is read (``prompt_threads``). GOMP_SPINCOUNT is libgomp's (Linux builds);
 # other OpenMP runtimes keep their own defaults, and many-core machines were not measured.
@@ -102,9 +104,11 @@ def usable_cores() -> int:
 
 
 def default_threads(cores: int | None = None) -> tuple[int, int]:
-    """``(decode threads, prefill threads)`` when the settings leave them to Glassbox (see above)."""
-    cores = cores if cores is not None else usable_cores()
-    return max(1, cores - 1), max(1, cores)
+    """``(decode threads, prefill threads)`` when the settings leave them to Glassbox: every
+    physical core for both; these are the most a reply uses (see above: the worker times fewer
+    decode threads and prompt batches take the cores nobody else uses)."""
+    cores = max(1, cores if cores is not None else usable_cores())
+    return cores, cores
 
 
 def others_running() -> int | None:
@@ -287,6 +291,7 @@ class WorkerResult:
     adapters: str = ""  # the LoRA adapters the reply ran with (engine.inference.adapters), "" for none
     recomputed_tokens: int = 0  # prompt tokens read again because a change of adapters emptied the cache
     recompute_ms: float = 0.0  # what reading them again cost (their share of the prefill)
+    decode_threads: int = 0  # the threads its last single-token step ran on (engine.inference.decode_threads)
 
 
 @dataclass(frozen=True)
@@ -313,6 +318,13 @@ class _Worker:
         # does not change the arithmetic, so replies do not depend on it.
         self._adapt_batch_threads = params.n_threads is None and params.n_threads_batch is None
         self._batch_threads_now = self.n_threads_batch
+        self._decode_threads_now = self.n_threads
+        # Unless the settings fix them, the decode threads are timed in the first replies and the
+        # fastest kept (engine.inference.decode_threads: which is fastest differs by machine).
+        self.decode_threads = DecodeThreads(
+            self._set_decode_threads,
+            candidates(self.n_threads) if params.n_threads is None else [self.n_threads],
+        )
         # Typed as Any: llama-cpp-python's internals are partly untyped, and we use a few of them.
         self.llm: Any = llama_cpp.Llama(
             model_path=str(params.model_path),
@@ -550,14 +562,22 @@ class _Worker:
             return checkpoint.n_tokens
         return 0
 
-    def _fit_batch_threads(self) -> None:
-        """Before a prompt is read: as many batch threads as there are cores nobody else uses."""
+    def _fit_threads(self) -> None:
+        """Before a prompt is read: as many batch threads as there are cores nobody else uses,
+        and the decode threads measured fastest at this level of other programs' use."""
+        busy = others_running()
+        self.decode_threads.begin_reply(busy)
         if not self._adapt_batch_threads:
             return
-        wanted = min(self.n_threads_batch, prompt_threads(self.n_threads_batch, others_running()))
+        wanted = min(self.n_threads_batch, prompt_threads(self.n_threads_batch, busy))
         if wanted != self._batch_threads_now:
-            self._llama_cpp.llama_set_n_threads(self.llm._ctx.ctx, self.n_threads, wanted)
+            self._llama_cpp.llama_set_n_threads(self.llm._ctx.ctx, self._decode_threads_now, wanted)
             self._batch_threads_now = wanted
+
+    def _set_decode_threads(self, n_threads: int) -> None:
+        if n_threads != self._decode_threads_now:
+            self._llama_cpp.llama_set_n_threads(self.llm._ctx.ctx, n_threads, self._batch_threads_now)
+            self._decode_threads_now = n_threads
 
     def _reuse_prefix(self, tokens: Sequence[int]) -> int:
         """Keeps the KV cache for the longest common prefix with the last sequence; returns its length.
@@ -633,7 +653,7 @@ class _Worker:
             pause = (at - cached, self._checkpoint_prompt) if at >= cached else None
         new = list(tokens[cached:])
         read_media = projector if media_tokens else None
-        self._fit_batch_threads()
+        self._fit_threads()
         if not prefill(llm, self._llama_cpp, new, self.params.n_batch, cancel, send, self.memory, pause, read_media):
             encode_ms = projector.encode_ms if projector is not None else 0.0
             return WorkerResult(
@@ -667,6 +687,7 @@ class _Worker:
             offloaded=self.params.n_gpu_layers != 0 and bool(self._llama_cpp.llama_supports_gpu_offload()),
             memory=self.memory,
             resume=resume,
+            threads=self.decode_threads,
         )
         t_end = time.perf_counter()
         t_first = out.t_first
@@ -692,6 +713,7 @@ class _Worker:
             adapters=adapters_label(self.adapters.active),
             recomputed_tokens=recompute.tokens,
             recompute_ms=recompute.ms,
+            decode_threads=self._decode_threads_now,
         )
 
     def compare_base(
@@ -791,7 +813,7 @@ class _Worker:
         llm._ctx.kv_cache_clear()
         llm.n_tokens = 0
         self.prompt_checkpoint = None
-        self._fit_batch_threads()
+        self._fit_threads()
         read_media = self.projector if media_tokens else None
         whole = list(tokens)
         if not prefill(llm, self._llama_cpp, whole, self.params.n_batch, cancel, send, self.memory, None, read_media):

@@ -2,22 +2,22 @@
 
 Run: ``make bench`` or ``pytest tests/bench/bench_threads.py -s``.
 
-The app's worker (``engine.inference.runtime``) picks its threads (``default_threads``: one fewer
-than the physical cores for decoding, for prompt batches all of them less those other programs
-are running on, ``prompt_threads``) and llama.cpp's OpenMP
+The app's worker (``engine.inference.runtime``) picks its threads (for decoding the fastest of
+the candidates it times in its first replies, ``engine.inference.decode_threads``; for prompt
+batches all physical cores less those other programs are running on, ``prompt_threads``) and llama.cpp's OpenMP
 settings (``WORKER_ENVIRONMENT``). Here the starter model runs in that very worker, a fresh process
 each time, with the app's choice and with the alternatives: every core for both with libgomp's
 default wait (a 300,000-spin wait, then sleep), with the app's wait, with ``OMP_WAIT_POLICY=PASSIVE``
 and ``ACTIVE``, and one thread. Each is timed on a ~700-token prompt (prefill, the worker's own clock) and 64
-tokens of greedy decoding, alone and beside a busy program (one process spinning on one core, at
+tokens of greedy decoding (the better of two replies: the first also holds the app's timing of
+its decode threads), alone and beside a busy program (one process spinning on one core, at
 the same priority: a browser, a build), interleaved over rounds that alternate the order. After
 each reply the worker's CPU use while idle is measured too (ACTIVE keeps spinning).
 
 Budgets: the app's choice >= 0.97 x the fastest alternative for decode and prefill, alone and
 beside the busy program; its idle worker <= 0.05 cores. The app's choice with the worker niced
 (+5, as the app ran it before) is printed beside: niced, a busy program takes most of the cores.
-On a 2-core machine "every core" is 2 threads; on a many-core one this compares the app's n-1
-decode threads with n.
+On a 2-core machine "every core" is 2 threads, which the app's worker times against 1.
 """
 
 from __future__ import annotations
@@ -134,6 +134,7 @@ def _measure(model: Path, load: dict[str, Any], env: dict[str, str], nice: int =
             result = _generate(worker, tokens, params)
             prefill = max(prefill, len(tokens) / (result.prefill_ms / 1000))
             decode = max(decode, (result.completion_tokens - 1) / (result.decode_ms / 1000))
+        chosen = result.decode_threads  # the second reply's: after the app's trial
         assert worker.pid is not None
         proc = psutil.Process(worker.pid)
         before = sum(proc.cpu_times()[:2])
@@ -143,7 +144,7 @@ def _measure(model: Path, load: dict[str, Any], env: dict[str, str], nice: int =
         "prefill": prefill,
         "decode": decode,
         "idle": idle,
-        "threads": info.n_threads,
+        "threads": chosen,
         "batch": info.n_threads_batch,
     }
 
@@ -163,9 +164,11 @@ def test_the_app_runs_the_fastest_cpu_settings(starter_model: Path) -> None:
         return statistics.median(r[key] for r in results[(name, busy)])
 
     app = next(iter(configs))
-    decode, batch = default_threads()
+    _, batch = default_threads()
+    chose = sorted({int(r["threads"]) for busy in (False, True) for r in results[(app, busy)]})
+    decode = "/".join(map(str, chose))
     settings = ", ".join(f"{k}={v}" for k, v in WORKER_ENVIRONMENT.items() if v) or "libgomp's default wait"
-    print(f"\nthe app's worker: {decode} decode / {batch} prompt threads on {usable_cores()} cores; {settings}")
+    print(f"\nthe app's worker: {decode} decode (timed) / {batch} prompt threads on {usable_cores()} cores; {settings}")
     print(f"{'':34}{'prefill tok/s':>14}{'decode tok/s':>14}{'idle cores':>11}   beside a busy program")
     for name in configs:
         row = f"{name:34}{med(name, False, 'prefill'):14.0f}{med(name, False, 'decode'):14.1f}"

@@ -19,19 +19,19 @@ from engine.inference.runtime import (
 )
 
 
-def test_decoding_leaves_a_core_free_and_prompts_take_them_all() -> None:
+def test_every_core_is_the_most_a_reply_uses() -> None:
     assert default_threads(1) == (1, 1)
-    assert default_threads(2) == (1, 2)
-    assert default_threads(16) == (15, 16)
+    assert default_threads(2) == (2, 2)
+    assert default_threads(16) == (16, 16)
     assert 1 <= usable_cores() <= (__import__("os").cpu_count() or 1)
 
 
 def test_load_params_threads_given_or_chosen() -> None:
     model = Path("m.gguf")
-    assert LoadParams(model_path=model).threads(8) == (7, 8)
+    assert LoadParams(model_path=model).threads(8) == (8, 8)
     assert LoadParams(model_path=model, n_threads=3).threads(8) == (3, 3)  # the setting sets both
     assert LoadParams(model_path=model, n_threads=3, n_threads_batch=6).threads(8) == (3, 6)
-    assert LoadParams(model_path=model, n_threads_batch=4).threads(8) == (7, 4)
+    assert LoadParams(model_path=model, n_threads_batch=4).threads(8) == (8, 4)
 
 
 def test_the_environment_is_set_where_the_user_did_not_set_it(monkeypatch: pytest.MonkeyPatch) -> None:
