@@ -92,10 +92,11 @@ def gui_launch(argv: Sequence[str]) -> tuple[str | None, bool] | None:
 def main(argv: Sequence[str] | None = None, gui: Gui | None = None) -> int:
     """Runs one ``glassbox`` command line; without a subcommand, starts ``gui`` (``app.__main__``
     passes the Qt front end; without one, that is a one-line error)."""
-    # lazy: start-up (+13 ms)
-    import multiprocessing
+    if getattr(sys, "frozen", False):  # only a frozen app's children need it
+        # lazy: start-up (+13 ms)
+        import multiprocessing
 
-    multiprocessing.freeze_support()
+        multiprocessing.freeze_support()
     launch = gui_launch(sys.argv[1:] if argv is None else argv) if gui is not None else None
     if launch is not None and gui is not None:
         return gui.run_gui(Paths.resolve(launch[0]), safe_mode=launch[1])

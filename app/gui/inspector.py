@@ -168,6 +168,18 @@ def _server(stats: StatsLike) -> str | None:
     return None
 
 
+_CONTENTS = frozenset(
+    {
+        *("metrics", "metric_captions", "context_summary", "context_bar", "legend_labels", "legend_rows"),
+        *("reserve_label", "evicted_label", "restore_label", "draft_label", "media_label", "adapter_label"),
+        *("chart", "loop_timeline", "phase_label", "wall_title", "wall", "wall_explanation", "ceiling_label"),
+        *("remote_note", "cpu_label", "resident_label", "tokens_view", "tokens_caption", "tokens_legend"),
+        *("compare_summary", "compare_view", "tokens_stack", "compare_legend"),
+    }
+)
+"""The attributes :meth:`InspectorPanel.ensure_contents` makes."""
+
+
 class InspectorPanel(QFrame):
     """The side panel. Every number shown is kept in ``shown`` (for tests and screenshots)."""
 
@@ -188,17 +200,46 @@ class InspectorPanel(QFrame):
         self.live = False
         self.server: str | None = None  # the server of the loaded model, when it is remote
         self._turn_shown = False  # a turn's numbers are shown (not only the loaded model's)
-        self.metrics: dict[str, QLabel] = {}
-        self.metric_captions: dict[str, QLabel] = {}
+        self._cpu_text = ""  # the CPU line set at load, before any note of a reply
+        self._contents_built = False
 
         outer = QVBoxLayout(self)
         outer.setContentsMargins(0, 0, 0, 0)
         self._build_header(outer)
         self.tabs = QTabWidget()
         outer.addWidget(self.tabs, 1)
-        self.tabs.addTab(self._build_live_page(), "Live")
-        self.tabs.addTab(self._build_tokens_page(), "Tokens")
-        self.set_colors(LIGHT)
+        # The tabs' contents (about half the window's widgets) are built after the window's first
+        # frame (ensure_contents), or when one of them is first used: a measured start-up cost.
+        # Built now: the tabs themselves, and the Compare buttons a controller connects to.
+        self._live_scroll = QScrollArea()
+        self._live_scroll.setWidgetResizable(True)
+        self._live_scroll.setFrameShape(QFrame.Shape.NoFrame)
+        self._live_scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.tabs.addTab(self._live_scroll, "Live")
+        self.tokens_page = QWidget()
+        self._tokens_layout = QVBoxLayout(self.tokens_page)
+        self._tokens_layout.setContentsMargins(8, 8, 8, 8)
+        self._build_compare_row(self._tokens_layout)
+        self.tabs.addTab(self.tokens_page, "Tokens")
+
+    def ensure_contents(self) -> None:
+        """Builds the Live and Tokens tabs' contents, once."""
+        if self._contents_built:
+            return
+        self._contents_built = True
+        self.metrics: dict[str, QLabel] = {}
+        self.metric_captions: dict[str, QLabel] = {}
+        self._live_scroll.setWidget(self._build_live_page())
+        self._build_tokens_page(self._tokens_layout)
+        self.set_colors(self.colors)
+
+    def __getattr__(self, name: str) -> object:
+        # Only reached for an attribute not set yet: a widget of the tabs, asked for before they
+        # were built (a call before the first frame, a test), builds them.
+        if name in _CONTENTS and not self.__dict__.get("_contents_built", True):
+            self.ensure_contents()
+            return getattr(self, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     # ------------------------------------------------------------------ layout
     def _build_header(self, outer: QVBoxLayout) -> None:
@@ -214,8 +255,8 @@ class InspectorPanel(QFrame):
         self.freshness.setAccessibleName("Inspector shows")
         outer.addWidget(self.freshness)
 
-    def _build_live_page(self) -> QScrollArea:
-        """The Live tab: the context window, speed and memory sections, scrolled."""
+    def _build_live_page(self) -> QWidget:
+        """The Live tab's contents (it scrolls them): the context window, speed and memory sections."""
         live = QWidget()
         lay = QVBoxLayout(live)
         lay.setContentsMargins(14, 8, 14, 14)
@@ -224,13 +265,7 @@ class InspectorPanel(QFrame):
         self._build_speed_section(lay)
         self._build_memory_section(lay)
         lay.addStretch(1)
-
-        scroll = QScrollArea()
-        scroll.setWidgetResizable(True)
-        scroll.setFrameShape(QFrame.Shape.NoFrame)
-        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        scroll.setWidget(live)
-        return scroll
+        return live
 
     def _build_context_section(self, lay: QVBoxLayout) -> None:
         """The context map: the stacked bar, its legend, the reply reserve and evictions."""
@@ -347,7 +382,6 @@ class InspectorPanel(QFrame):
         # The instructions the decoder runs on are part of its speed: which of llama.cpp's CPU
         # variants this machine got, and what it uses.
         self.cpu_label = _explain_label()
-        self._cpu_text = ""  # the CPU line set at load, before any note of a reply
         self.cpu_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         lay.addWidget(self.cpu_label)
         # The other models kept loaded (Settings: Models kept loaded): what each holds.
@@ -355,14 +389,8 @@ class InspectorPanel(QFrame):
         self.resident_label.setVisible(False)
         lay.addWidget(self.resident_label)
 
-    def _build_tokens_page(self) -> QWidget:
-        """The Tokens tab: the last prompt (and reply) in coloured pieces."""
-        self.tokens_view = TokensView()
-        tokens_page = self.tokens_page = QWidget()
-        tl = QVBoxLayout(tokens_page)
-        tl.setContentsMargins(8, 8, 8, 8)
-        self.tokens_caption = _explain_label("The last prompt, exactly as the model saw it. Hover a piece for its id.")
-        tl.addWidget(self.tokens_caption)
+    def _build_compare_row(self, tl: QVBoxLayout) -> None:
+        """The Tokens tab's Compare with base, Stop and Show the prompt buttons."""
         # Compare with base (a chat with a LoRA adapter): the last reply decoded greedily with the
         # adapter and without it, shown in place of the prompt until the prompt is asked for again.
         row = QHBoxLayout()
@@ -379,6 +407,12 @@ class InspectorPanel(QFrame):
         row.addWidget(self.compare_back)
         row.addStretch(1)
         tl.addLayout(row)
+
+    def _build_tokens_page(self, tl: QVBoxLayout) -> None:
+        """The Tokens tab: the last prompt (and reply) in coloured pieces, around the Compare row."""
+        self.tokens_view = TokensView()
+        self.tokens_caption = _explain_label("The last prompt, exactly as the model saw it. Hover a piece for its id.")
+        tl.insertWidget(0, self.tokens_caption)  # above the Compare row
         self.compare_summary = _explain_label()
         self.compare_summary.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.compare_summary.setVisible(False)
@@ -399,7 +433,6 @@ class InspectorPanel(QFrame):
         self.compare_legend.setWordWrap(True)
         self.compare_legend.setVisible(False)
         tl.addWidget(self.compare_legend)
-        return tokens_page
 
     def _section(self, text: str) -> QLabel:
         label = plain_label(text)
@@ -410,6 +443,8 @@ class InspectorPanel(QFrame):
     # ------------------------------------------------------------------ theme
     def set_colors(self, colors: ThemeColors) -> None:
         self.colors = colors
+        if not self._contents_built:
+            return  # ensure_contents paints them in these colours
         for widget in (self.context_bar, self.chart, self.wall):
             widget.colors = colors
             widget.update()

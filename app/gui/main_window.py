@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer, Slot
+from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer, Signal, Slot
 from PySide6.QtGui import (
     QAction,
     QCloseEvent,
@@ -26,6 +26,7 @@ from PySide6.QtGui import (
     QDropEvent,
     QIcon,
     QKeySequence,
+    QPaintEvent,
     QResizeEvent,
 )
 from PySide6.QtWidgets import (
@@ -91,7 +92,15 @@ class MainWindow(QMainWindow):
         kb_factory: KnowledgeBases builder (tests share one loaded embedder).
         settings_warning: why the settings file was not read as it is (shown at start).
         probe_bandwidth: measure the memory bandwidth when a model loads.
+
+    Signals:
+        first_frame_shown(): the window's first frame is on screen; what it left out (the
+            inspector's tabs) is built next.
+        completed(): what the first frame left out is built.
     """
+
+    first_frame_shown = Signal()
+    completed = Signal()
 
     def __init__(
         self,
@@ -112,6 +121,7 @@ class MainWindow(QMainWindow):
         self.safe_reason = safe_reason
         self.settings_warning = settings_warning
         self._closing = False
+        self._first_frame = True  # the next paint is the first (paintEvent)
         # The Models and Knowledge pages are built the first time they are shown (start-up cost).
         self._models_page: ModelPanel | None = None
         self._knowledge_page: KnowledgePanel | None = None
@@ -287,6 +297,19 @@ class MainWindow(QMainWindow):
         self.chat_view.focus_after = self.composer.edit
 
     # ------------------------------------------------------------------ start-up (after first paint)
+    def paintEvent(self, event: QPaintEvent) -> None:
+        super().paintEvent(event)
+        if self._first_frame:
+            self._first_frame = False
+            # Once this frame is on screen (its paint is flushed before the loop's next turn), the
+            # rest is built: the first frame does not wait for what it does not show.
+            QTimer.singleShot(0, self, self._complete)
+
+    def _complete(self) -> None:
+        self.first_frame_shown.emit()
+        self.inspector.ensure_contents()
+        self.completed.emit()
+
     def start(self) -> None:
         """Loads the history, finds the models and (unless in safe mode) loads one, all on workers."""
         if self.safe_reason:

@@ -15,6 +15,7 @@ indexing jobs on ``glassbox-index`` are its subclass, ``knowledge_worker.Knowled
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
@@ -87,7 +88,10 @@ class KnowledgeQueries(QObject):
         super().__init__(parent)
         self.root = root
         self.embedder_path = embedder_path
-        self.service: Service = self._make_service(kb_factory, idle_stop_s)
+        self._kb_factory = kb_factory
+        self._idle_stop_s = idle_stop_s
+        self._service: Service | None = None  # made on first use (:attr:`service`)
+        self._service_lock = threading.Lock()
         self.names: list[str] = []  # the knowledge bases as last listed
         self._index = SerialExecutor("glassbox-index")
         self._query = SerialExecutor("glassbox-kb-query")
@@ -104,21 +108,41 @@ class KnowledgeQueries(QObject):
         """True once :meth:`shutdown` ran (nothing new is submitted)."""
         return self._closed
 
-    def _make_service(self, kb_factory: Callable[[], object] | None, idle_stop_s: float | None) -> Service:
-        # lazy: start-up (+24 ms)
+    @property
+    def service(self) -> Service:
+        """The knowledge service, made on first use (from any thread): the window's start does not
+        wait for ``rag.service`` and ``multiprocessing`` to import (a measured start-up cost). Its
+        process starts later still, on its first call."""
+        with self._service_lock:
+            if self._service is None:
+                self._service = self._make_service()
+            return self._service
+
+    @service.setter
+    def service(self, service: Service) -> None:
+        with self._service_lock:
+            self._service = service
+
+    def _make_service(self) -> Service:
+        # lazy: start-up (+24 ms: rag.service, multiprocessing)
         from rag.service import KnowledgeService, LocalService
 
-        if kb_factory is not None:
-            return LocalService(kb_factory)
-        return KnowledgeService(self.root, self.embedder_path, idle_stop_s=idle_stop_s)
+        if self._kb_factory is not None:
+            return LocalService(self._kb_factory)
+        return KnowledgeService(self.root, self.embedder_path, idle_stop_s=self._idle_stop_s)
 
     def set_idle_stop(self, seconds: float | None) -> None:
         """How long the knowledge process may stay idle before it stops (None or 0: never)."""
-        # lazy: start-up (+32 ms)
+        with self._service_lock:
+            self._idle_stop_s = seconds
+            service = self._service
+        if service is None:
+            return  # the service is made with it
+        # lazy: start-up (+24 ms); imported already once the service exists
         from rag.service import KnowledgeService
 
-        if isinstance(self.service, KnowledgeService):
-            self.service.idle_stop_s = seconds
+        if isinstance(service, KnowledgeService):
+            service.idle_stop_s = seconds
 
     @property
     def calls(self) -> KnowledgeCalls:
@@ -213,7 +237,11 @@ class KnowledgeQueries(QObject):
             job.cancel.set()
         self._query.shutdown(wait=wait)
         self._index.shutdown(wait=wait)
+        with self._service_lock:
+            service = self._service
+        if service is None:
+            return  # never used: nothing to close
         try:
-            self.service.close()
+            service.close()
         except Exception as exc:  # noqa: BLE001 - closing must not raise at exit
             log.warning("closing the knowledge bases failed: %s", exc)
