@@ -429,6 +429,9 @@ class ModelController(QObject):
 
     @Slot(object)
     def _on_chat_conversations_changed(self, conversations: list[Conversation]) -> None:
+        if self.chat.conversation is None:  # the open chat was deleted: its line goes with it
+            self._open_chat = None
+            self._say_chat_model()
         if self._history_listed:
             return
         self._history_listed = True  # the first list: its first chat is the one opened at start

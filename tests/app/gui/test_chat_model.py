@@ -117,6 +117,13 @@ def test_a_chat_whose_model_is_gone_says_so_and_the_loaded_one_goes_on(
         send(qtbot, w, "go on")
         assert w.chat.conversation.model == model_key(fake_model)
         assert not offer.isVisible()
+        with HistoryStore(paths.history_db) as store:
+            other = store.create_conversation("Another old chat", model=model_key(gone))
+        w.chat.conversations.refresh()
+        _open(qtbot, w, other.id)
+        qtbot.waitUntil(offer.isVisible)
+        w.conversations.delete_conversation(other.id)  # the open chat goes, and its line with it
+        qtbot.waitUntil(lambda: w.chat.conversation is None and not offer.isVisible())
     finally:
         w.shutdown()
 

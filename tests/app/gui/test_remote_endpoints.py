@@ -29,6 +29,7 @@ from app.gui.workers.model_routing import RoutingSessionFactory, model_label, pa
 from app.paths import Paths
 from app.settings import Settings, load_settings, save_settings
 from engine.errors import EngineError
+from engine.history import HistoryStore
 from engine.inference.endpoints import EndpointStore
 from engine.inference.events import Stats
 from engine.inference.remote import RemoteModel
@@ -151,6 +152,28 @@ def test_picker_lists_remote_models_and_a_turn_goes_through_the_remote_session(q
     assert window.chat_view.cards[-1].text == "Remote big-model at http://10.9.8.7:8000 says hi"
     assert window.settings.last_model == compose.model_key(compose.RemoteModel("lab", "big-model"))
     assert compose.LEGACY_REMOTE_ROOT not in window.settings.last_model  # the old pseudo path is never written
+
+
+def test_a_chat_remembers_its_remote_model_and_says_when_its_endpoint_no_longer_lists_it(
+    qtbot: Any, window: Any, paths: Paths
+) -> None:
+    qtbot.waitUntil(lambda: "big-model · lab (remote)" in picker_entries(window), timeout=5000)
+    big, old = compose.RemoteModel("lab", "big-model"), compose.RemoteModel("lab", "old-model")
+    with HistoryStore(paths.history_db) as store:
+        listed = store.create_conversation("Remote chat", model=compose.model_key(big))
+        unlisted = store.create_conversation("Older remote chat", model=compose.model_key(old))
+    offer = window.header.model_bar.chat_model
+    window.chat.conversations.open(listed.id)
+    qtbot.waitUntil(offer.isVisible, timeout=5000)
+    assert offer.text.text() == "This chat used big-model · lab (remote)."
+    assert window.chat.loaded.path != big and not window.remote_sessions  # nothing was asked of the server
+    offer.load_button.click()
+    qtbot.waitUntil(lambda: window.chat.loaded is not None and window.chat.loaded.path == big, timeout=5000)
+    assert not offer.isVisible() and len(window.remote_sessions) == 1
+    window.chat.conversations.open(unlisted.id)
+    qtbot.waitUntil(offer.isVisible, timeout=5000)
+    assert offer.text.text() == "This chat used old-model · lab (remote), its endpoint does not list it now."
+    assert not offer.load_button.isVisible() and window.chat.loaded.path == big
 
 
 def test_add_endpoint_dialog_checks_then_saves(qtbot: Any, paths: Paths, monkeypatch: pytest.MonkeyPatch) -> None:
