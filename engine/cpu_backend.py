@@ -1,22 +1,6 @@
 """Which CPU code llama.cpp runs: the portable build's variants, the choice among them, the AMX guard.
 
-Glassbox builds llama.cpp the way llama.cpp's own releases are built (``installers/llama_build.py``):
-``GGML_BACKEND_DL`` with ``GGML_CPU_ALL_VARIANTS``, so the CPU backend is not linked into
-``libggml`` but shipped as one library per CPU generation (``libggml-cpu-haswell.so``,
-``libggml-cpu-zen4.so``, ...) and loaded at run time. llama-cpp-python 0.3.36 loads none of them,
-so this module does, once per process, before any model is loaded:
-
-1. every CPU variant in the package's ``lib`` folder is asked for its score
-   (``ggml_backend_score``: 0 when this CPU lacks an instruction the variant needs, else higher
-   for newer instruction sets);
-2. the best one is chosen, except variants this machine is known to crash on, and except AMX
-   variants until AMX has been proven to work here (llama.cpp requests the AMX tile permission on
-   the main thread only while its worker threads run the tiles: a SIGILL on some Xeons);
-3. the GPU backends present (CUDA, Vulkan, ...) are loaded too; one whose driver is missing is
-   reported as unavailable, never fatal.
-
-A build with the CPU backend linked in (macOS, or a user's own rebuild) needs nothing loaded: it is
-reported as a single build. Standard library only: the worker and the quantize children import it.
+Contract: ARCHITECTURE.md, 'engine.cpu_backend'.
 """
 
 from __future__ import annotations

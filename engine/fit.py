@@ -1,41 +1,6 @@
 """Will it fit? Memory needed by a GGUF model at a context length, against this machine.
 
-Everything here comes from the GGUF header (see :mod:`engine.gguf`), so it works before a model is
-downloaded (a header read with HTTP range requests) and before it is loaded. The parts:
-
-* **Weights**: the tensor data bytes. llama.cpp memory-maps the file; the pages count against RAM
-  (or are copied to VRAM for offloaded layers).
-* **KV cache**: per layer ``cells x n_kv_heads x (head_dim_k x bytes_k + head_dim_v x bytes_v)``,
-  where ``bytes`` depends on the cache type (f16: 2 per element, q8_0: 34 per 32, q4_0: 18 per
-  32). Layers that use sliding-window attention (SWA) can keep only
-  ``pad256(min(n_ctx, window + n_ubatch))`` cells - llama.cpp's rule - *when the SWA cache is not
-  full-size*. llama-cpp-python's default keeps it full-size (``swa_full=True``, so the KV cache of a
-  conversation can be reused), so that is the default here too; pass ``swa_full=False`` when the
-  runtime does. Which layers use SWA follows the pinned llama.cpp: an explicit
-  ``{arch}.attention.sliding_window_pattern`` in the file, else a per-architecture pattern (Gemma 3:
-  five local layers then one global; Gemma 2 and gpt-oss: alternating; Cohere 2, Llama 4: 3 of 4).
-  An unknown architecture with a window is counted as all-global, which over-estimates. MLA models
-  (DeepSeek 2/3) cache ``kv_lora_rank + rope dims`` per token and layer.
-* **Compute and output buffers**: llama.cpp reserves the graph for a full micro-batch of
-  ``n_ubatch`` tokens, all producing logits, and its allocator reuses memory between stages, so
-  the compute buffer is the larger of the logits stage, ``n_ubatch x n_vocab x 4`` bytes, and the
-  attention stage, ``n_ubatch x n_ctx x n_heads x 4`` (scores, without flash attention) plus
-  ``n_ubatch x (4 x n_embd + 2 x n_ff) x 4`` (activations); plus two hidden-state copies,
-  ``2 x n_ubatch x n_embd x 4``, and the output buffer, ``n_vocab x 4``. For the starter model at
-  4096 tokens this gives 515.5 MiB; llama.cpp logs 514.5 + 1.0 MiB (checked in
-  ``tests/engine/test_fit.py``). It is a reservation: most of the logits buffer is never touched
-  when only the last token's logits are needed, so the resident memory is lower (the starter's
-  worker peaks near 0.5 GiB where the estimate says 0.95 GiB).
-* **Overhead**: the worker process, llama.cpp contexts and the tokenizer: a flat 150 MiB.
-* **Projector** (a vision or audio model's ``mmproj``, when one loads beside it): its weights, plus
-  its encoder's activations for one image (``patches x (8 x n_embd + 2 x n_ff) x 4`` bytes: llama.cpp
-  encodes with flash attention, so no score matrix); an estimate from its header, counted with the
-  weights' device.
-
-Reserves: RAM keeps ``max(1.5 GiB, 10% of RAM)`` free for the system and the app; each GPU keeps
-0.5 GiB free. Decode speed is memory-bound: each token reads the weights it uses (all but the
-token embedding table; for mixture-of-experts only the active experts) plus the KV cache in use, so
-the expected tokens per second is ``bandwidth / bytes per token``.
+Contract: ARCHITECTURE.md, 'engine.fit'.
 """
 
 from __future__ import annotations

@@ -6,39 +6,7 @@ on it, it checks every offset and size against the file's real size with exact i
 and it never loads tensor data. Large arrays (a 262,144-token vocabulary) are walked, not
 materialised: only small scalars, the chat template and a few token strings (BOS/EOS) are kept.
 
-What one header may cost is bounded, whatever it claims (hostile files, ROBUSTNESS.md):
-
-* **memory**: a metadata string is kept only up to its first :data:`MAX_KEPT_STRING_BYTES` (the
-  rest is seeked past, never read), the chat template only up to :data:`MAX_CHAT_TEMPLATE_BYTES`
-  (a longer one is not kept, and :attr:`GgufInfo.notes` says so), integer arrays only while
-  :data:`MAX_KEPT_ARRAY_ITEMS` entries are kept in all; everything kept (keys included) is counted,
-  and a header that would make the reader hold more than :data:`MAX_METADATA_BYTES` is refused;
-* **time**: fixed-size arrays are seeked past without being read, and a header may make the reader
-  walk at most :data:`MAX_ARRAY_STRINGS` strings of string arrays in all (a vocabulary and its
-  merges are a few hundred thousand); an array that would go past either the budget or the end of
-  the file is refused before it is walked; the read-ahead shrinks after a seek, and all reads of
-  one header together are capped at :data:`engine.gguf_reader.MAX_HEADER_READ_BYTES`; at most :data:`MAX_KV` keys;
-* **file type**: the path is checked with ``stat`` before it is opened, and opened non-blocking,
-  so a named pipe, socket or device called ``*.gguf`` is refused at once instead of blocking.
-
-Every problem raises :class:`engine.errors.ModelFileError` whose ``str()`` is one line,
-``"<file>: <reason>"``. The reasons a user may meet:
-
-* ``the file is empty (0 bytes): download it again``
-* ``this is a Git LFS pointer, not the model: download the real file``
-* ``this is an HTML page, not a model (wrong URL?): download the file itself``
-* ``this is a safetensors file, not GGUF: convert it first (glassbox models convert)``
-* ``old GGML format (ggjt), not supported: convert it to GGUF``
-* ``model needs a newer engine (GGUF v4)``
-* ``model file is incomplete (X of Y bytes): download it again``
-* ``model file is malformed: <what exactly>``
-* ``not a regular file (a named pipe)`` (or a socket, a device file); ``is a folder, not a model file``
-
-The layout (GGUF v2/v3, little-endian): magic ``GGUF``, ``u32`` version, ``u64`` tensor count,
-``u64`` key/value count, the key/value pairs, one info record per tensor (name, dims, type,
-offset), padding to ``general.alignment`` (default 32), then the tensor data, where each tensor's
-offset is relative to the data start and the tensors follow each other, each padded to the
-alignment (the same rule llama.cpp's ``gguf.cpp`` enforces).
+Contract: ARCHITECTURE.md, 'engine.gguf'.
 """
 
 from __future__ import annotations

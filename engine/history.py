@@ -6,25 +6,7 @@ flight. The schema is versioned by named migrations (a ``migrations`` table, as 
 migrating a database that already has a schema, it is copied with SQLite's backup API to
 ``<name>.bak-v<N>`` next to it, where N is the number of migrations it had.
 
-Messages form a tree so that editing and regenerating never destroy anything: each message has a
-``parent_id`` (``None`` for a first message); editing a user message or regenerating a reply adds a
-sibling; a conversation's ``current_leaf_id`` names the branch on screen, and :meth:`thread` walks
-from it back to the root. Full-text search uses an FTS5 table kept in sync by triggers.
-
-One connection serves all threads (``check_same_thread=False``), guarded by a lock. A file that is
-not an SQLite database, or is corrupt, raises :class:`~engine.errors.HistoryError` naming the file;
-it is never overwritten.
-
-The file itself (opening, privacy, migrations, the lock) is :mod:`engine.history_db`; the
-records, the schema steps and the search syntax are :mod:`engine.history_schema`.
-
-A history written by a newer Glassbox (migrations this version does not know) is refused with a
-:class:`~engine.errors.HistoryError` that says so, before anything is written: it is read through a
-read-only connection first, which never checkpoints the ``-wal`` into the file nor deletes it.
-
-The history is private: a new database (and a migration backup) is created owner-only (0600) before
-SQLite opens it, so its ``-wal``, ``-shm`` and journal files get the same mode; a new folder is 0700.
-Files an older version left readable by others are made owner-only when the store opens (logged).
+Contract: ARCHITECTURE.md, 'engine.history'.
 """
 
 from __future__ import annotations

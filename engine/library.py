@@ -5,14 +5,7 @@ land there, and only files there can be deleted from the app); added folders (an
 the Hugging Face cache) are only read. A folder that is missing (an unplugged drive) stays in the
 library, shown as unavailable, with the models last seen in it.
 
-Two small JSON files, both written atomically (temp file, fsync, rename):
-
-* the **manifest** (``models/manifest.json``): per model, where it came from (repo, revision,
-  sha256, quantized_from, label) and a cache of its header summary keyed by size and mtime, so a
-  scan re-reads only files that changed and can still describe files on a missing drive;
-* the **folder list** (``config/model_folders.json``): the added folders.
-
-A corrupt manifest is moved aside (``manifest.json.corrupt-<time>``), never silently overwritten.
+Contract: ARCHITECTURE.md, 'engine.library'.
 """
 
 from __future__ import annotations

@@ -1,21 +1,6 @@
 """Images and audio clips attached to a message, checked in Python before any decoder sees them.
 
-:func:`read_media` (bytes) and :func:`load_media` (a file) return a :class:`Media`: the bytes, their
-SHA-256 (the content address the history stores them under), the format found *by content* (a PNG
-called ``photo.jpg`` is a PNG; an HTML page called ``cat.png`` is refused) and the size read from
-the header. Everything that would make a decoder allocate or spin is refused here with one line
-naming the file and the reason (:class:`MediaError`): a file that is not an image or a clip, a
-format not supported (HEIC, TIFF, SVG, ...), a header whose size is over :data:`MAX_IMAGE_SIDE` or
-:data:`MAX_IMAGE_PIXELS` (a 50,000 × 50,000 PNG of a few hundred bytes), a file that ends before
-its structure does (truncated), more than :data:`MAX_MEDIA_BYTES`, a clip over
-:data:`MAX_AUDIO_SECONDS`. The checks walk the format's structure (PNG chunks, JPEG markers, GIF
-blocks, RIFF chunks, FLAC metadata blocks), each step bounded by the file's length, so their cost
-is linear in the bytes and never allocates more than the file.
-
-The pixels are decoded later, in the inference worker (:mod:`engine.inference.projector`, with
-Pillow under these limits), so a decoder that crashes on a file that passed takes the worker down,
-never the app. The formats: PNG, JPEG, WebP, GIF (its first frame) and BMP images; WAV, MP3 and
-FLAC clips.
+Contract: ARCHITECTURE.md, 'engine.media'.
 """
 
 from __future__ import annotations

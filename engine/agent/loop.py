@@ -1,39 +1,6 @@
 """The agent loop: the model calls a tool, the user approves, the tool runs, the result goes back.
 
-One :meth:`Agent.run` is one user turn::
-
-    generate -> calls? -> for each: check, approve, run (timeout, cancel) -> a ``tool`` message
-             -> generate again (no new user message) -> ... until a reply without calls
-
-* **Approval**: a call runs only when its tool is on the allow list or the ``approve`` callback
-  answers ``"once"`` or ``"always"`` (which adds the tool to the allow list and tells
-  ``on_allow``). ``"deny"``, or no callback at all, sends a refusal back to the model as the
-  call's result; the tool never runs. A call to a tool that is not offered, or whose arguments do
-  not match the tool's schema (checked with ``jsonschema``, bounded by ``engine.inference.tool_schema``:
-  no reference fetched, patterns under a time budget), is answered with an error and never reaches
-  approval.
-* **Limits**: each call runs with ``timeout_s`` (the provider gets it and a cancel event; a
-  provider that ignores both is abandoned when the time is up, and the result says so); a result
-  larger than the room left in the window is cut to fit with a visible marker
-  (:func:`engine.inference.context.truncate_to_tokens`); after ``max_steps`` rounds of calls the model gets
-  one last generation under ``tool_choice="none"``, so the turn ends with an answer: the tools stay
-  in its prompt as they were, with a note not to call one, and its reply is not parsed for calls.
-* **Tool choice**: ``required`` or a named function applies to the first generation only (then
-  ``auto``), or the loop could never end.
-* **One prefix per turn**: the steps differ only in their tool choice, which the prompt states at
-  its end (engine/inference/tool_prompt.py), so each step's prompt starts with the previous one's and reuses
-  its KV cache: only the calls and their results are prefilled.
-* **Stop**: the ``cancel`` event is checked while generating, while waiting for approval is the
-  callback's job, while a tool runs, and between steps; calls not yet run get a "cancelled" result
-  so the history stays well formed.
-* **History as it happens**: ``on_step(message, step)`` is called with each new message as soon as
-  it exists (the assistant message with its calls, each ``tool`` message with its
-  :class:`ToolStep`, the final answer), so a caller that saves them loses nothing in a crash.
-  The user message itself is the caller's to save, before the run, as for a plain turn.
-
-The loop yields the backend's events (``Token``, ``Reasoning``, ``ToolCall``, ``Stats``,
-``Finished`` for each generation) and a :class:`ToolStep` after each call; :class:`AgentRun`
-keeps the :class:`AgentResult`.
+Contract: ARCHITECTURE.md, 'engine.agent.loop'.
 """
 
 from __future__ import annotations

@@ -6,27 +6,7 @@ thread per server, and by holding the SDK's ``Client`` inside one long-lived tas
 (the SDK's cancel scopes must be entered and left in the same task). Callers on any thread submit
 coroutines to that loop and wait on their futures, watching their own cancel event.
 
-The server's life:
-
-- It starts on first use (:meth:`McpServer.tools` or :meth:`McpServer.call`), a stdio server as a
-  child process in its own session (:mod:`engine.agent.mcp_stdio`: on Linux under a supervisor that
-  takes every process the server starts down with it; lines that are not JSON-RPC skipped and
-  counted; at most 8 MiB of one answer read), its stderr kept in a private temporary file so that
-  its last words can explain a crash.
-- A server that dies (the transport's read stream ends) is marked stopped; the next use starts it
-  again (a restart), without retrying the call that was running, which may have had effects.
-  After :data:`MAX_FAILED_STARTS` failed starts in a row it is not tried again until
-  :meth:`McpServer.reset`.
-- A call has a timeout. After a timeout the server is pinged; a server that does not answer the
-  ping (its process is stuck) is stopped, and restarts on the next use.
-- :meth:`McpServer.close` stops it (stdin closed, a grace, then its whole tree terminated, see
-  :mod:`engine.agent.mcp_stdio`); every server still open when the interpreter exits is closed by an
-  ``atexit`` hook, and on Linux a server's tree ends with the app even when the app is killed, so
-  no process a server started outlives the app.
-
-Every failure of a call comes back as an error :class:`engine.inference.tools.ToolResult` with one line
-naming the server and the reason (the chat goes on); :meth:`McpServer.tools` and
-:meth:`McpServer.start` raise :class:`McpServerError` with the same kind of line.
+Contract: ARCHITECTURE.md, 'engine.agent.mcp_client'.
 """
 
 from __future__ import annotations

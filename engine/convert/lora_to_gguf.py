@@ -1,18 +1,6 @@
 """A PEFT LoRA adapter folder converted to a GGUF adapter, by llama.cpp's ``convert_lora_to_gguf.py``.
 
-The converter is llama.cpp's, of the pinned version: the ``convert_lora_to_gguf.py`` of the
-llama-cpp-python sdist the installed build was made from (``installers/llama_build.py`` keeps it
-beside the wheel; its script, ``conversion/`` and ``gguf-py/`` are unpacked once into the cache
-folder), or the one in a llama.cpp folder the caller names. It runs in a killable child
-(:func:`engine.convert.quantize.run_logged_child`) with the same guards as the checkpoint
-converter (no remote code, no pickle, the Hub offline).
-
-The converter needs the base model's Hugging Face config. The base may be given as that folder or
-as the GGUF the adapter is for: then a ``config.json`` is written from the GGUF's header (the
-architectures of :data:`HF_ARCHITECTURES`), and the adapter written is checked against that GGUF
-(:func:`engine.lora.check_adapter`) before it is kept. The folder is checked first: an
-``adapter_config.json`` of a LoRA, and safetensors weights only (``adapter_model.bin`` is pickle,
-which can run code: refused).
+Contract: ARCHITECTURE.md, 'engine.convert.lora_to_gguf'.
 """
 
 from __future__ import annotations

@@ -1,20 +1,6 @@
 """Quantizing a GGUF model with llama.cpp, in a killable child process.
 
-``llama_model_quantize`` is one native call that cannot be interrupted and can abort the process.
-So it runs in a spawned child (:func:`run_logged_child`, which :mod:`engine.convert.hf_to_gguf` and
-:mod:`engine.convert.perplexity` use too): Cancel terminates the child, a native crash becomes a
-:class:`~engine.errors.QuantizeError` with the exit signal, and the parent reads the child's
-stderr through a pipe to report per-tensor progress. llama.cpp prints one line per tensor::
-
-    [  12/ 111] blk.0.attn_q.weight        - [ 2048,  2048,     1,     1], type =    f16, converting ...
-
-The result is written to ``<dst>.tmp-<pid>``, checked with the safe header reader, flushed to disk
-and renamed into place, so no half-written ``.gguf`` ever appears at the final path.
-
-Free space is checked before starting, from the expected output size, by the downloads' check
-(``engine.disk.missing_space``). When the disk fills anyway (llama.cpp then only says
-"basic_ios::clear: iostream error"), the space is checked again and the error says
-``the disk is full: N MiB more are needed on <folder>`` (ROBUSTNESS.md L6).
+Contract: ARCHITECTURE.md, 'engine.convert.quantize'.
 """
 
 from __future__ import annotations

@@ -1,48 +1,6 @@
 """The context-window budget: what goes into the prompt, what is dropped, and where the tokens go.
 
-The prompt is built from, in order:
-
-1. **The system message** (pinned, never dropped): the system prompt, then a blank line, then the
-   documents block (retrieved passages) when there is one. The documents band
-   (:data:`DOCUMENTS_SHARE` of the window) is owned here: :func:`plan_context` is given the
-   passages ranked, not fitted, and :func:`fit_documents` keeps the best-ranked that fit the band
-   (counted with the model's own counter) and reports how many of the lowest-ranked were dropped.
-   Documents go into the system message because every chat format has a place for it there (the
-   formats without a system role fold it into the first user turn), and because a pinned prefix
-   keeps the KV cache reusable.
-2. **History**, kept newest first. When it does not fit, policy ``"rolling"`` drops the oldest whole
-   turns (a user message and the replies after it) and reports how many messages went; policy
-   ``"refuse"`` raises :class:`~engine.errors.ContextOverflow`. Nothing is ever truncated silently.
-3. **The new user message.**
-4. **The reply reserve**: tokens kept free for the answer, at most a quarter of a tiny window.
-
-``count_tokens`` renders the chat template and tokenizes the whole prompt, which costs more than
-linear time in the prompt's size (llama.cpp splits the text at every special token, and some
-vocabularies make each newline one). So history is never counted in one piece when it is long:
-the probes grow from the newest turns. The first takes about a window's worth of text (all of
-the history when it is shorter, as a chat usually is: then one probe decides), each further one
-at most doubles the text that fitted (or adds one turn), and a binary search between the last
-probe that fitted and the first that did not finds how many oldest turns to drop. The text
-tokenized is then proportional to what fits the window, not to the whole history (one turn too
-large to fit is counted once), and ``count_tokens`` runs O(log n) times. Policy ``"refuse"``
-counts the whole conversation once, to say how much it needs.
-
-The ``breakdown`` (keys ``system``, ``documents``, ``tools``, ``history``, ``tool_results``,
-``media``, ``current``, ``reserve``, ``free``) sums to ``n_ctx`` exactly, and all but ``reserve`` and
-``free`` sum to ``prompt_tokens``:
-
-* ``system`` and ``documents`` are the two texts tokenized on their own;
-* ``tools`` is what the tool definitions add to the prompt (``tools_tokens``, measured by the caller
-  as the prompt with them minus the prompt without them);
-* ``history`` is exactly what the kept history adds to the prompt (its text plus its role headers),
-  less ``tool_results``: the tokens of the ``tool`` messages' text in it (and in the turn in
-  progress, when the reply continues after a tool result) and ``media``;
-* ``media`` is the positions the images and clips of the kept history and the new message take,
-  the projector's own count (their wrapping markers, such as ``<start_of_image>``, are text);
-* ``current`` is the rest: the new message plus the template's fixed overhead (BOS, the system
-  message's header, the new message's header and the assistant header that starts the reply).
-  Where tokenizing the pieces separately gives more tokens than the joined prompt, the excess is
-  taken back from ``current`` first, then ``documents``, then ``system``, so the sum stays exact.
+Contract: ARCHITECTURE.md, 'engine.inference.context'.
 """
 
 from __future__ import annotations

@@ -1,20 +1,6 @@
 """Proving a CPU variant of llama.cpp on this machine, in children, before the worker may run it.
 
-The AMX variant (``sapphirerapids``) is the one that needs proof: llama.cpp's AMX kernels need the
-kernel to save and restore the tile state at every context switch, and on some Xeons, and on
-virtual machines whose hypervisor advertises AMX without keeping the tiles, they die with SIGILL
-at random, depending on thread scheduling, long after a one-token test passed. So a probe here is
-:data:`PROBE_RUNS` runs, each in a fresh child that:
-
-1. loads the variant (a CPU that cannot run it says so) and, for an AMX variant, asks the kernel for
-   the tile state (``engine.cpu_backend.amx_kernel_problem``: the feature must be among those the
-   kernel saves, and the permission granted);
-2. loads the model on it with twice as many threads as there are cores (every core busy,
-   each thread preempted mid-kernel, so the tile state is saved and restored again and again);
-3. decodes a batch and single tokens, again and again, for at least :data:`PROBE_MIN_S`.
-
-Any failure of any run is the verdict. Whatever passes, a later SIGILL on the AMX variant still
-flips the verdict for good (``engine.inference.session``).
+Contract: ARCHITECTURE.md, 'engine.inference.cpu_probe'.
 """
 
 from __future__ import annotations

@@ -1,25 +1,6 @@
 """The worker's prompt evaluation and decode loop (child side of :mod:`engine.inference.runtime`).
 
-Prefill evaluates the new prompt tokens in a small first chunk (so progress moves early) and then
-whole ``n_batch`` chunks, with llama.cpp's abort callback armed: it is checked between the nodes of
-the compute graph, so Stop lands within a few milliseconds at any point of a chunk (on the CPU:
-a GPU backend does not check the callback, and there one ``n_batch`` chunk bounds Stop). An aborted
-chunk leaves nothing behind: whatever it wrote past the tokens already evaluated is removed from
-the KV cache, and the next turn reuses the cache up to there.
-
-Taking tokens back (a rejected draft's tail, an aborted chunk) goes through
-:class:`engine.inference.seq_memory.SeqMemory`, which checks that the memory let them go: a
-recurrent or hybrid model's state cannot be cut, so a copy of it taken before the batch is
-restored instead and the kept tokens are evaluated again.
-
-The decode loop samples with the reply's sampler chain (:mod:`engine.inference.sampling`) and, when asked,
-verifies speculative drafts (:mod:`engine.inference.speculative`) in one batch: row ``i`` of the batch is
-sampled by the same chain, the draft token is kept only when it is what was sampled, and the KV
-cache of the rejected tail is removed. Every token, drafted or not, passes the same checks in the
-same order (Stop, end of generation, stop strings, the token budget), so the reply is the one
-plain decoding gives (see engine.inference.speculative for llama.cpp's batch-shape arithmetic), and no
-token is sent once Stop is set. With logprobs, every token is sent as its own Token (its text
-may be empty while a possible stop string is held back).
+Contract: ARCHITECTURE.md, 'engine.inference.decoding'.
 """
 
 from __future__ import annotations

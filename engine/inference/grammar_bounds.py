@@ -1,31 +1,6 @@
 """What a reply's grammar or JSON schema may cost, checked before llama.cpp (or the converter) sees it.
 
-A grammar (GBNF) or a JSON schema comes from whoever asks for the reply: an API client, a file
-given to ``glassbox chat``. llama.cpp parses a grammar recursively (40,000 nested groups overflow
-its stack and kill the worker), expands every repetition into rules, and at each token checks the
-candidates against every live parse of the grammar (a rule repeated inside a repeated rule is
-ambiguous enough to hold the model for minutes). llama-cpp-python's schema converter turns
-``maxLength: 100000`` into 100,000 nested groups. So, before either runs:
-
-- :func:`check_json_schema` walks the schema: each of ``minLength``, ``maxLength``, ``minItems``,
-  ``maxItems`` and a pattern's repetition at most :data:`MAX_SCHEMA_REPETITION`; an ``enum``,
-  ``anyOf``, ``oneOf``, ``prefixItems`` or ``properties`` at most :data:`MAX_SCHEMA_CHOICES`
-  entries; all of these together at most :data:`MAX_SCHEMA_TOTAL`; the size and depth limits of
-  tool schemas (:mod:`engine.inference.tool_schema`).
-- :func:`check_grammar` parses the GBNF the way llama.cpp does (the same syntax and the same
-  messages, with a line and column instead of the rest of the text) and bounds it: at most
-  :data:`MAX_GRAMMAR_CHARS` characters, groups nested at most :data:`MAX_GRAMMAR_NESTING` deep, at
-  most :data:`MAX_GRAMMAR_ALTERNATIVES` alternatives in one rule or group, llama.cpp's own
-  repetition limits (2,000), at most :data:`MAX_GRAMMAR_RULES` rules once repetitions are
-  expanded, and texts at most :data:`MAX_GRAMMAR_EXPANSION` characters long with every counted
-  repetition written out and every rule reference expanded in place (what repetitions nested
-  through rules multiply; no reply is that long). A grammar converted from a
-  schema is checked the same way.
-
-Every refusal is an :class:`engine.errors.EngineError` of one line that starts with ``grammar:``
-or ``json_schema:`` (``glassbox serve`` answers it as a 400 naming that field) and names the limit.
-Both checks are pure Python, linear in the text, and run in the parent before the prompt is read
-and again in the worker.
+Contract: ARCHITECTURE.md, 'engine.inference.grammar_bounds'.
 """
 
 from __future__ import annotations

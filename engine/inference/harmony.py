@@ -1,32 +1,7 @@
 """OpenAI's harmony format (gpt-oss) and Muse's recipient messages: a reply made of addressed
 messages, split as it streams.
 
-A gpt-oss reply is a sequence of messages, each ``<|channel|>NAME[ to=RECIPIENT][ <|constrain|>json]
-<|message|>BODY`` ended by ``<|end|>`` (more follows, from ``<|start|>assistant``), ``<|call|>`` (a
-tool call: the turn waits for its result) or ``<|return|>`` (the reply is over). The recipient may
-also stand before the channel (``<|start|>assistant to=functions.f<|channel|>commentary``), and the
-generation prompt ends with ``<|start|>assistant``, so the first header may start with `` to=``:
-
-* ``analysis``: the thinking (never shown as the answer, never sent back);
-* ``final``: the answer;
-* ``commentary`` with ``to=functions.NAME``: a call of tool NAME, its body the JSON arguments;
-  ``commentary`` without a recipient: a preamble the user may see (text);
-* a message to one of gpt-oss's built-in tools (``to=python``, ``to=browser.search``,
-  ``to=container.exec``): Glassbox runs none of them, so it is never the answer; its body goes with
-  the thinking, where the user can still read it;
-* a header with two channel tags (``<|channel|>commentary to=assistant<|channel|>analysis``): the
-  last one is the message's.
-
-Muse (``dialect="muse"``) writes ``<|start|>assistant to=RECIPIENT<|message|>BODY`` ended by
-``<|eom|>`` (more follows) or ``<|eot|>``: ``to=self`` is the thinking, ``to=user`` the answer, any
-other recipient a tool, its body an ``<atem:function_calls>`` block
-(:func:`engine.inference.tool_calls.xml_calls.atem`). Markup quoted inside an answer stays text.
-
-:class:`HarmonySplitter` turns the streaming text into ``("reasoning", text)``, ``("text", text)``
-and :class:`~engine.inference.tool_calls.ParsedCall` pieces; thinking and text stream as they come, a call is
-emitted whole when its message ends. A reply that does not start like such a message is plain
-text. The markers are special tokens: the session puts their text back for the worker's output
-(:func:`engine.inference.reply.special_markers`).
+Contract: ARCHITECTURE.md, 'engine.inference.harmony'.
 """
 
 from __future__ import annotations

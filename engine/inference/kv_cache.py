@@ -1,36 +1,6 @@
 """The KV cache saved with each chat: llama.cpp's sequence state on disk, keyed by conversation.
 
-Reopening a long conversation after a restart (or after another chat used the worker) would
-prefill the whole prompt again. Instead, after each turn the inference worker saves the state of
-its sequence (``llama_state_seq_get_data``: the KV cells of the tokens evaluated) with those tokens;
-when a turn of the same conversation starts and its saved tokens share a longer prefix with the new
-prompt than the worker's RAM does, it loads the state (``llama_state_seq_set_data``) and prefills
-only the rest.
-
-One file per conversation and branch (``<conversation hash>-<branch hash>.kv``)::
-
-    b"GBKV-CACHE\\n"  u32 header length (little endian)  header JSON  tokens (int32 LE)  state
-
-The header names the identity the state is valid for (:class:`KvIdentity`: the model file's
-fingerprint (and its projector's, when one is loaded: images are placeholder tokens in the saved
-tokens, :mod:`engine.inference.projector`, and their KV cells are restored like any other), the
-context size, the cache type, the chat template, the llama-cpp-python version),
-the token and state lengths and the SHA-256 of tokens plus state. A file whose identity does not
-match, whose header does not parse, whose length is not exactly what its header says (truncated)
-or whose digest is wrong (corrupt) is never handed to llama.cpp: it is removed.
-
-The model's identity is a fingerprint, not a full hash: the file size and SHA-256 of three 1 MiB
-windows (start, middle, end). Hashing a multi-GB model fully would cost seconds on every load; the
-windows cover the header (architecture, vocabulary, tensor layout) and tensor data at both ends, and
-llama.cpp itself checks layer counts and sizes when it reads a state.
-
-Writes are atomic (temporary sibling, fsync, rename) and happen on a background thread of the worker
-after the turn's result was sent, so the reply never waits for the disk. A size cap evicts the
-least recently used files (a restore counts as a use). A turn's file supersedes the conversation's
-files whose tokens are a prefix of its own (the earlier turns of the same branch).
-
-Core code: paths and the cap are passed in (CONTRIBUTING.md rule 7). ``llama_cpp`` is imported only
-by the functions that touch a context, which run in the inference worker.
+Contract: ARCHITECTURE.md, 'engine.inference.kv_cache'.
 """
 
 from __future__ import annotations

@@ -6,23 +6,7 @@ a time; at most :attr:`PoolSettings.queue_depth` more may wait for it, and a req
 one that waited :attr:`PoolSettings.queue_wait_s`, gets :class:`ModelBusy` (a server's 503 with
 ``Retry-After``). Loads are one at a time.
 
-What stays resident: a model is unloaded once idle for its idle time (a setting per model,
-:attr:`PoolSettings.idle_unload_s` by default, ``None`` for never; a request's ``keep_alive``
-replaces it, 0 unloading right after the reply); before a load the least recently used idle models
-are unloaded while the models resident and the new one would exceed the memory budget
-(:attr:`PoolSettings.memory_budget`; by default what :func:`engine.fit.memory_budget` finds free
-when the pool first loads) or :attr:`PoolSettings.max_resident`. Each model's memory is the fit
-estimator's (:func:`engine.fit.model_memory`: weights, KV cache, compute buffers, overhead). A
-model that is answering, or that requests wait for, is never unloaded; a load that cannot make
-room waits for one to finish. Why each model left is kept (:meth:`ModelPool.evictions`).
-
-Before a model is unloaded, the prompt its worker holds is saved with the KV caches of the chats
-(:meth:`engine.inference.session.ChatSession.park`, under the pool's key for that model), so the
-first request after the reload restores it rather than prefilling it again; a chat with its own
-saved cache has it saved after every turn anyway. A crashed worker touches no other model: it is
-found dead, recorded, and loaded again by the next request.
-
-Qt-free; the pool's idle unloads run on one daemon thread (``glassbox-pool``).
+Contract: ARCHITECTURE.md, 'engine.inference.pool'.
 """
 
 from __future__ import annotations

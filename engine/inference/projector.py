@@ -1,27 +1,6 @@
 """The multimodal projector in the inference worker: llama.cpp's libmtmd over the loaded model.
 
-The worker owns one :class:`Projector` when the model was loaded with an ``mmproj``
-(``LoadParams.mmproj_path``). An image or a clip is handed to it once (:meth:`Projector.add`): the
-image is decoded here, in the child (Pillow, :mod:`engine.media_decode`, scaled down to what the
-projector reads), a clip by llama.cpp's own helper (miniaudio: WAV, MP3, FLAC, resampled to the
-encoder's rate), and tokenized by ``mtmd_tokenize_from_parts`` on its own. What comes back is its
-*expansion*: the text tokens mtmd wraps it in (``<start_of_image>`` ... ``<end_of_image>``, a
-tiled image's row markers) and, for each image or audio chunk, a run of **placeholder tokens**, one
-per position the chunk takes. Placeholders are negative ints (no real token is), drawn from the
-SHA-256 of the media and the chunk's index (30 bits each, a run of hundreds), so a prompt's token
-list stays a list of ints: the prefix reuse of the KV cache, the chat's KV cache on disk and the
-budget all compare and count it as before, and the same image in the same place reuses its KV
-cells; another image never matches.
-
-While prefilling, a run of placeholders is evaluated by :meth:`Projector.evaluate`: the chunk is
-encoded (``mtmd_encode_chunk``, timed: ``encode_ms``) and its embeddings read into the KV cache
-(``mtmd_helper_decode_image_chunk``, with llama.cpp's abort callback armed as for text: Stop lands
-there; the encode itself cannot be interrupted). Projectors whose image tokens take 2-D positions
-(M-RoPE: Qwen2-VL and its kin) are refused with the reason: the worker places tokens one position
-each.
-
-``llama_cpp`` and Pillow are imported here lazily (this module is imported by the parent too, for
-its dataclasses).
+Contract: ARCHITECTURE.md, 'engine.inference.projector'.
 """
 
 from __future__ import annotations

@@ -1,46 +1,6 @@
 """Reasoning models: their thinking told apart from their answer, and never sent back as history.
 
-Reasoning models write their thinking between markers before the answer. Most write ``<think>`` and
-``</think>`` (Qwen 3, DeepSeek R1/V3.1+, QwQ, GLM, Nemotron, MiniMax M2, Kimi K2 Thinking, ...); the
-others, each a :class:`ThinkFormat` of :data:`THINK_FORMATS`:
-
-=============  ==========================================  =========================================
-format         markers                                     templates
-=============  ==========================================  =========================================
-``mistral``    ``[THINK]`` ... ``[/THINK]``                 Magistral, Ministral 3 Reasoning
-``seed``       ``<seed:think>`` ... ``</seed:think>``       Seed-OSS
-``minimax_m3`` ``<mm:think>`` ... ``</mm:think>``           MiniMax M3
-``gemma4``     ``<|channel>thought`` ... ``<channel|>``     Gemma 4 (also between calls)
-``cohere``     ``<|START_THINKING|>`` ... ``<|END_THINKING|>`` Command R7B, Command A (the answer's
-                                                           ``<|START_RESPONSE|>`` tags dropped)
-``apriel``     (from the start) ... ``[BEGIN FINAL RESPONSE]`` Apriel 1.5 / 1.6
-``hunyuan``    ``<think:opensource>`` ... ``</think:opensource>`` Hunyuan 3
-``solar``      ``<|think|>`` ... ``<|end|>``                Solar Open
-``kimi_vl``    ``◁think▷`` ... ``◁/think▷``                  Kimi VL thinking models
-``apertus``    ``<|inner_prefix|>`` ... ``<|inner_suffix|>``   Apertus
-``granite``    ``<think>`` ... ``</think>``, ``<response>`` tags dropped: Granite 3.x
-=============  ==========================================  =========================================
-
-gpt-oss's channels, Muse's ``to=self`` and Kimi K3's ``think`` section are whole-reply structures
-with their own splitters (:mod:`engine.inference.harmony`, :mod:`engine.inference.tool_calls.kimi_k3`).
-:func:`detect_thinking` finds a template's format from the markers its rendering and its text hold.
-
-Some templates open the block in the generation prompt themselves (DeepSeek R1's ends with
-``<think>\\n``), so the reply starts inside it and only the closing marker appears:
-:func:`opened_in_prompt` says so from the rendered prompt. :class:`ReasoningSplitter` splits a
-streaming reply into ``("reasoning", text)`` and ``("text", text)`` pieces. An opening marker is
-recognised only at the start of the reply (after whitespace): further on it is ordinary text (a
-model explaining the tags), except in Gemma 4, whose thinking may come again later. A closing marker
-at the very start (the model's way of saying it did not think: MiniMax M3's bare ``</mm:think>``)
-is dropped. The whitespace after the closing marker is dropped from the answer.
-
-Templates that can switch thinking on or off name the switch in their text: ``enable_thinking``
-(Qwen 3, and templates written after it) or ``reasoning_effort`` (gpt-oss, with
-``low``/``medium``/``high``); :func:`thinking_controls` finds them, and the renderer passes the value
-only when the caller set one (:mod:`engine.inference.templates`).
-
-:func:`strip_reasoning` removes thinking from an assistant message before it goes back into a
-prompt: old reasoning wastes the window, and the families' own templates drop it too.
+Contract: ARCHITECTURE.md, 'engine.inference.reasoning'.
 """
 
 from __future__ import annotations

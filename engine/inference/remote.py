@@ -1,39 +1,7 @@
 """A chat backend for any OpenAI-compatible server (llama.cpp's server, llama-cpp-python's server,
 vLLM, Ollama, LM Studio, ``glassbox serve``).
 
-:class:`RemoteSession` has the same ``load`` / ``stream`` / ``close`` shape as the local
-:class:`~engine.inference.session.ChatSession` (see :mod:`engine.inference.backends`) and streams the same typed events,
-so the app treats local and remote models alike:
-
-* the reply streams over SSE from ``/v1/chat/completions`` (``stream: true`` and
-  ``stream_options.include_usage``); each content delta becomes a :class:`~engine.inference.events.Token`
-  (``token_id=-1``: the server does not say; with ``logprobs`` its log-probabilities), each
-  ``reasoning_content`` (or ``reasoning``) delta a :class:`~engine.inference.events.Reasoning`, and the
-  ``tool_calls`` deltas, gathered by index, one :class:`~engine.inference.events.ToolCall` each when the reply
-  ends (:mod:`engine.inference.remote_stream` reads the stream). The content is shaped as a local
-  reply is (:class:`~engine.inference.reply.ReplyShaper`): a server without a reasoning parser streams the
-  thinking inline, ``<think>...</think>`` first in the content, and it becomes ``Reasoning`` too, so
-  the answer (``Finished.text``, what the next request sends back) never holds it;
-* what a request asks for goes to the server in OpenAI's terms: tools (:class:`~engine.inference.tools.ToolSpec`)
-  and ``tool_choice``, the ``tool`` role and an assistant's ``tool_calls``, ``json_schema`` as
-  ``response_format``, ``logit_bias``, ``logprobs``; a GBNF ``grammar`` only to llama.cpp's family
-  (the one that reads it), else an EngineError says so; the thinking switch as
-  ``chat_template_kwargs.enable_thinking`` (llama.cpp, vLLM) and ``reasoning_effort`` as is
-  (:mod:`engine.inference.remote_request` builds the body). A server that refuses one answers with its own
-  400, which the error names; a thinking budget in tokens has no OpenAI field and is refused here;
-* Stop closes the response: the cancel event is checked between SSE chunks, and the server sees the
-  disconnect and stops generating;
-* HTTP failures become the engine's typed errors: an unreachable server and a 5xx are
-  :class:`~engine.errors.EngineError`, an unknown model :class:`~engine.errors.ModelLoadError`, a
-  context-length refusal :class:`~engine.errors.ContextOverflow`. Every message is one line and
-  starts with the server's URL (:mod:`engine.inference.remote_errors`);
-* :class:`~engine.inference.events.Stats` come from what the server reports (``usage`` token counts, and
-  llama.cpp's ``timings`` when present) plus what the client measures (time to first token, decode
-  tokens per second);
-* the context map (``Stats.budget``) uses the server's tokenizer where it has one (``/tokenize`` on
-  llama.cpp's server, ``/extras/tokenize`` on llama-cpp-python's) and falls back to ~4 characters per
-  token otherwise, marked ``"estimated": 1``. The chat template is the server's business, so a fixed
-  per-message overhead stands in for its role headers.
+Contract: ARCHITECTURE.md, 'engine.inference.remote'.
 """
 
 from __future__ import annotations

@@ -1,27 +1,6 @@
 """Shapes a reply as it streams: thinking apart from the answer, tool calls out of the text.
 
-The worker streams raw ``Token`` events. :class:`ReplyShaper` runs each token's text through a
-:class:`~engine.inference.reasoning.ReasoningSplitter` (in the template's thinking format) and then,
-when tools are offered, a :class:`~engine.inference.tool_calls.ToolCallParser` (in its call format);
-a reply that is a whole structure of addressed messages or sections (gpt-oss's harmony, Muse, Kimi
-K3, functionary v3.2) goes through its own splitter, which does both. In its place it emits:
-
-* ``Reasoning(text)`` for thinking,
-* ``Token`` (the same event with only its answer text) for the answer, as it streams,
-* ``ToolCall(id, name, arguments, raw)`` once per complete call (its markup never shows as text),
-* ``CallProgress(tokens)`` for each token held back as what may be a call's markup, meanwhile.
-
-A call written inside the thinking (Kimi K2 and Ling call from there, a Qwen 3.5 reply whose
-thinking the prompt opened may call without closing it) is a call when the thinking never closes
-after it: from the call's opening marker on, the thinking is held back; if the thinking then
-closes, the held text was the model musing about a call and streams on as thinking; if the reply
-ends first, the calls in it are parsed out (the rest stays thinking).
-
-It keeps the answer, the reasoning (with its token count and time) and the calls, for the
-``Finished`` event that ends the reply. :func:`shaped` wraps the worker's generator with it, and
-:func:`within_thinking_budget` also caps the thinking. The session uses them (:mod:`engine.inference.session`,
-through :mod:`engine.inference.turn`); the remote backend shapes a server's streamed content the
-same way (:mod:`engine.inference.remote`); a test can drive them with scripted tokens.
+Contract: ARCHITECTURE.md, 'engine.inference.reply'.
 """
 
 from __future__ import annotations

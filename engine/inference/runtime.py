@@ -6,15 +6,7 @@ one per loaded model) and the parent talks to it over a pipe. When the child die
 raises :class:`~engine.errors.EngineCrashed` with the exit signal, and the next request can start a
 fresh worker.
 
-The worker offers primitives only: tokenize, token pieces, and generate-from-tokens with prefix
-reuse of its KV cache. Templates, the context budget and stats live in the parent
-(:mod:`engine.inference.session`). The prompt's evaluation and the decode loop (sampling, constrained output,
-logprobs, speculative decoding) are :mod:`engine.inference.decoding`.
-
-Cancellation: each request carries a ``threading.Event`` in the parent. The parent forwards it to a
-shared ``multiprocessing`` event that the child checks inside llama.cpp's graph compute while
-prefilling (the abort callback) and before every token, so Stop lands within milliseconds while
-the prompt is read and no token is sent after it.
+Contract: ARCHITECTURE.md, 'engine.inference.runtime'.
 """
 
 from __future__ import annotations

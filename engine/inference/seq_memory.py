@@ -1,28 +1,7 @@
 """Taking tokens back out of a sequence's memory: rejected draft tokens, an aborted prefill chunk,
 a cached prompt the next one leaves.
 
-A transformer's KV cache holds one cell per token, and llama.cpp removes the cells past a position
-(``llama_memory_seq_rm``). Recurrent memory (Mamba, RWKV) and the recurrent half of a hybrid
-(Jamba, Granite 4 hybrid, Falcon-H1, Nemotron-H, Qwen3-Next) hold one state per sequence, folded
-over all of its tokens: it cannot forget the last few, so llama.cpp refuses such a removal (it
-returns false and changes nothing). A caller that ignores the refusal keeps the rejected tokens in
-the state: the next batch at the kept position then fails llama.cpp's position check, and a state
-half-written by an aborted chunk would be read as the prompt's.
-
-:class:`SeqMemory` knows which kind of memory the model has and takes tokens back either way:
-
-* before a batch that may be taken back on a memory that cannot be cut, :meth:`SeqMemory.checkpoint`
-  copies the sequence's recurrent state (``llama_state_seq_get_data_ext`` with
-  ``LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY``: the recurrent part only, from kilobytes for a tiny
-  model to tens of megabytes for a large one; a hybrid's attention cells still trim);
-* :meth:`SeqMemory.rewind` removes the tail, and where the memory refuses, restores the
-  checkpoint, trims the attention cells after it, and says how many tokens the memory then holds,
-  so the caller evaluates the kept ones again; with no usable checkpoint it clears the memory
-  (the caller evaluates them all).
-
-Every removal's result is checked, so a memory that refuses one unexpectedly (a future cache type)
-is taken back correctly too, and checkpointed from then on. Child side only (the inference
-worker): nothing here is imported by the parent process.
+Contract: ARCHITECTURE.md, 'engine.inference.seq_memory'.
 """
 
 from __future__ import annotations

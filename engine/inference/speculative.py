@@ -1,36 +1,6 @@
 """Speculative decoding: where the draft tokens come from, and how many to verify.
 
-Decoding is memory bound: every step reads all the weights to produce one token. The decode loop
-(:mod:`engine.inference.decoding`) can instead verify several guessed tokens in one batch and keep the
-prefix the model agrees with: each accepted token is one read of the weights saved. Two sources of
-guesses:
-
-* :class:`LookupDrafter` (prompt lookup, no second model): the last n-gram of the sequence is
-  looked up in the prompt and the reply so far, and what followed it there is the draft. It pays
-  where the reply quotes its context (answers from documents, code edits, summaries).
-* :class:`DraftModel`: a smaller model of the same vocabulary, in the same worker, drafts greedily.
-
-:class:`SpeculationPolicy` decides how many tokens to draft from what verifying a batch costs
-(a fixed model of the hardware, so that replies do not depend on the machine's load) and how often
-drafts have been accepted (per kind of match): it drafts only when the expected tokens per unit of
-time beat plain decoding, so a conversation that never quotes decodes as it would without it.
-
-Verification is exact: each position of the batch is sampled by the reply's own sampler chain
-and a draft token is kept only if it is what was sampled. For greedy decoding the output is the
-output without speculation; under sampling the draft is a point guess, for which "sample, accept
-if equal" is standard speculative sampling (acceptance probability p(draft), the residual is the
-target distribution without the draft), so the target distribution is kept, and a seeded reply
-draws the same random numbers at the same positions.
-
-One caveat, which is llama.cpp's and not the method's: its CPU arithmetic depends on the shape
-of the batch (on the starter model, logits of a 10-token batch and of ten one-token steps differ
-by up to ~1.0), so where the two best tokens are nearly tied a verified batch can pick the other
-one, exactly as a reused prompt prefix already can. The reply then differs from the plain one
-from that token on; it is still deterministic (the draft lengths depend on the tokens only, never
-on timings), and tests/bench/bench_speculative.py checks that every such divergence is at a near
-tie.
-
-Child side only: nothing here is imported by the parent process.
+Contract: ARCHITECTURE.md, 'engine.inference.speculative'.
 """
 
 from __future__ import annotations

@@ -4,43 +4,7 @@ A GGUF file's chat template comes from whoever published the file, so it is untr
 rendered only in :class:`GuardedEnvironment`, a :class:`jinja2.sandbox.ImmutableSandboxedEnvironment`
 subclass.
 
-**The dialect is transformers'** (``render_jinja_template``, the renderer behind Hugging Face's
-``apply_chat_template``, which the templates are written for): ``trim_blocks``, ``lstrip_blocks``, no
-autoescape, loop controls, the ``{% generation %}`` tag (its body is rendered as it is: Glassbox
-does not track assistant tokens), ``raise_exception``, ``strftime_now``, a ``tojson`` that returns
-plain text with ``ensure_ascii``/``indent``/``separators``/``sort_keys``, ``dict()``, and a
-``namespace`` that refuses ``_``-prefixed attributes. Where Glassbox differs, deliberately:
-
-* ``tojson`` also writes what Jinja's ``map``/``select`` filters return (generators) as lists, where
-  transformers raises "Object of type generator is not JSON serializable" (llama.cpp's own DeepSeek
-  R1 template writes ``tools | map(attribute='function') | tojson``);
-* a template may change the lists and dicts it built itself (list and dict literals, ``dict()``:
-  Kimi-K2's ``tool_response_queue.ids.append(...)``), size-checked; what it was given (messages,
-  tools) stays immutable, as in transformers' sandbox, which refuses both;
-* ``{% do %}`` is accepted.
-
-**Limits.** On top of the sandbox:
-
-* every attribute access, item access, call, filter, intercepted operator and loop step checks the
-  deadline (loops are guarded by rewriting each ``{% for %}``'s iterable in the parsed template, so
-  even empty nested loops over long strings are stopped);
-* ``range`` is replaced by a lazy, deadline-checked, capped range, and ``lipsum`` is capped;
-* ``*``, ``+`` and ``~`` count the size of what they would build *before* building it, and so do
-  filter and call results, what a template adds to its own lists and dicts, ``{% set %}...{% endset %}``
-  captures and the output: one value may not exceed the size limit (1M characters or items, plus 4x
-  the conversation's size) and one render may not build more than :data:`ALLOCATION_FACTOR` times
-  that in all;
-* huge powers, format widths of 7+ digits and integer call arguments above :data:`MAX_INT_ARG`
-  (``"x"|center(10**9)``) are refused;
-* attribute access that the sandbox deems unsafe raises at once (Jinja would print an empty
-  Undefined), so a template probing for an escape is rejected rather than half-rendered.
-
-Compiling is bounded too, since it runs in the app's own process: a template over
-:data:`MAX_TEMPLATE_BYTES` (real ones are 1-17 KB) is refused before it is parsed, one that parses to
-more than :data:`MAX_TEMPLATE_NODES` nodes before Jinja generates code for it, and one that would make
-Jinja generate more than :data:`MAX_COMPILED_SOURCE` characters of Python before Python compiles it
-(Python's compiler takes about 130 bytes of memory per character: a 1 MiB template made the app
-peak above 1 GB).
+Contract: ARCHITECTURE.md, 'engine.inference.template_sandbox'.
 """
 
 from __future__ import annotations

@@ -1,21 +1,6 @@
 """The thinking switches a chat template reads, found in its syntax tree.
 
-Templates take their thinking settings as variables the caller passes (``apply_chat_template``'s
-keyword arguments): Qwen 3's ``enable_thinking``, gpt-oss's ``reasoning_effort``, DeepSeek V3.1's
-``thinking``, Seed-OSS's ``thinking_budget``, MiniMax-M3's ``thinking_mode``, GLM-4.7's
-``clear_thinking``, Kimi-K3's ``thinking_effort``... :func:`find_switches` lists the ones a template
-reads: a variable whose name speaks of thinking, reasoning, thoughts or effort, that the template
-reads from its context (it never sets it, or it tests whether it is defined, or gives it a
-``default``), with
-
-* its kind: ``text`` when the template compares it with strings, joins it into text or defaults it
-  to a string (``values``: the strings it compares it with); ``number`` when it
-  compares it with numbers; ``bool`` otherwise (it is only tested for truth);
-* its default where the template sets one when the caller passed none.
-
-The switches that change how earlier thinking is rendered (``clear_thinking``, ``preserve_thinking``)
-are listed too: Glassbox sends no earlier thinking back (engine/inference/reasoning.py), so they change
-nothing in its prompts, but they are what the template reads.
+Contract: ARCHITECTURE.md, 'engine.inference.template_switches'.
 """
 
 from __future__ import annotations

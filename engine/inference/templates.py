@@ -1,30 +1,6 @@
 """Chat templates: the model's own (sandboxed Jinja) or a known fallback.
 
-A GGUF file may carry a Jinja chat template (``tokenizer.chat_template``). It is untrusted code,
-rendered only in the guarded sandbox of :mod:`engine.inference.template_sandbox` (transformers'
-dialect, a deadline and size limits). Given the same messages, tools and switches, the prompt is
-the one transformers' ``render_jinja_template`` renders, except for the differences ARCHITECTURE.md
-lists ("Chat templates: where Glassbox differs from the reference");
-tests/engine/test_published_templates.py checks both on every template llama.cpp publishes.
-
-:func:`select_template` test-renders the GGUF template on a small conversation. A syntax error, a
-sandbox violation, a timeout, an exception or an output that does not contain the messages makes
-it fall back to a format chosen from the template's own markers or, failing that, the
-architecture; :attr:`ChatTemplate.reason` says which and why. Test renders also find the
-template's facts:
-
-* whether it renders tools natively (the tool list, an earlier call and its result) and how it
-  wants a call's arguments: a dict (the Hugging Face convention), JSON text (functionary v3.2
-  writes ``'\n' + arguments``), or either (it tests ``arguments is string``);
-* whether it needs a tool list even when no tools are offered (the Hermes and Command-R+
-  ``tool_use`` templates iterate ``tools`` unconditionally): it then gets an empty one;
-* the thinking switches it reads (:mod:`engine.inference.template_switches`);
-* the inputs of other conventions it reads: FireFunction's ``functions`` (the tools as JSON text)
-  and ``datetime`` (today's date), which Glassbox fills.
-
-The rendered prompt includes the BOS token text where the format starts with it (as the GGUF
-templates do), so tokenize it with ``special=True`` and without adding another BOS when
-``prompt.startswith(bos_token)``.
+Contract: ARCHITECTURE.md, 'engine.inference.templates'.
 """
 
 from __future__ import annotations

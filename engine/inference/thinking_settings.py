@@ -1,23 +1,6 @@
 """A turn's thinking options in the terms of the model's own chat template.
 
-A turn asks for thinking on or off (``thinking``), an effort level (``reasoning_effort``) and a
-budget in tokens (``thinking_budget``). Templates read these under their own names and values
-(the switches :mod:`engine.inference.templates` finds in a template):
-
-* on or off: ``enable_thinking`` (Qwen 3 and most), ``thinking`` (DeepSeek V3.1-V4, Granite 3.3,
-  Kimi K3), ``reasoning`` (Command A), ``thinking_mode`` ``enabled``/``disabled`` (MiniMax M3),
-  ``thinking_option`` ``on``/``off`` (Ling), a ``thinking_budget`` of 0 (Seed-OSS), or an effort
-  that means none (Hunyuan's ``no_think``, Command A's ``none``, Solar's ``minimal``); several at
-  once where a template
-  reads several;
-* the effort: ``reasoning_effort`` (gpt-oss, DeepSeek V4, Hunyuan, Solar), ``thinking_effort``
-  (Kimi K3), ``reasoning_strength`` (Muse); the values the template names are accepted besides
-  ``low``/``medium``/``high`` (DeepSeek V4's ``max``);
-* the budget: Glassbox caps the thinking itself (:func:`engine.inference.reply.within_thinking_budget`);
-  a template that reads ``thinking_budget`` (Seed-OSS, which tells the model its budget) gets it too.
-
-:func:`thinking_settings` turns the options into the values to render with, or says plainly that
-the template has no such switch; :func:`thinking_controls_of` is what a front end may offer.
+Contract: ARCHITECTURE.md, 'engine.inference.thinking_settings'.
 """
 
 from __future__ import annotations

@@ -1,37 +1,7 @@
 """Tools in a prompt: the chat-template context for templates that know tools, and the documented
 fallback prompt for those that do not.
 
-**Templates with tool support** (Qwen 2.5/3, Hermes, Llama 3.1+, Mistral, DeepSeek, ...) get the
-Hugging Face conventions in their context: ``tools`` is a list of OpenAI-shaped entries
-(``{"type": "function", "function": {"name", "description", "parameters"}}``), ``tool_choice``
-is passed through, an assistant message that called tools carries ``tool_calls`` (each
-``{"id", "type": "function", "function": {"name", "arguments": <dict>}}``), and a result is a
-message with role ``tool``, its ``content``, ``tool_call_id`` and ``name``.
-
-**The fallback prompt**, for the built-in formats and for templates with no tool support: the
-tools are described in the system message, and the model is asked to answer with one JSON object
-(the format :mod:`engine.inference.tool_calls` parses as family ``json``, and the one grammar-constrained
-calls produce)::
-
-    You can call tools. To call one, answer with only a JSON object on one line, and nothing else:
-    {"name": "<tool name>", "arguments": {<the arguments, as the tool's schema says>}}
-    After the call you will get its result; then answer the user, or call another tool.
-
-    Tools (JSON schema of each one's arguments):
-    {"name": "get_weather", "description": "...", "parameters": {...}}
-
-An earlier call is shown as the assistant's JSON object, and its result as a user message
-``[tool result] NAME (call ID):`` followed by the content (several results in a row share one
-message, so formats that need user and assistant turns to alternate still do).
-
-**One turn, one prefix.** The steps of an agent's turn (engine/agent/loop.py) differ only in their tool
-choice, so what the choice adds goes at the end of the prompt, never into the tool description:
-the steps then share their prefix and each one reuses the previous step's KV cache. The choice's
-note (:func:`choice_note`) is appended to the last message: ``required`` adds "You must call one
-of these tools now.", a named function "You must call the tool NAME now." (the fallback prompt
-only: with native tool support the grammar alone forces the call), and ``none`` in a conversation
-that already holds calls or results (an agent's step limit) keeps the tools rendered as they were
-and adds :data:`NO_CALL_NOTE` (:func:`keeps_tools`; the reply is then not parsed for calls).
+Contract: ARCHITECTURE.md, 'engine.inference.tool_prompt'.
 """
 
 from __future__ import annotations

@@ -1,22 +1,6 @@
 """A tool's argument schema, checked before it is used, and arguments checked against it, both bounded.
 
-A tool's schema comes from whoever offers the tool: an MCP server (third-party code) or an API
-client. It is checked once, when the tool is offered (:func:`schema_problem`, called by
-``engine.inference.tools.check_tools``), and refused with a one-line reason when it is:
-
-- larger than :data:`MAX_SCHEMA_BYTES` as JSON, or nested deeper than :data:`MAX_SCHEMA_DEPTH`;
-- holding a ``$ref`` that is not a pointer into the schema itself (``#`` or ``#/...``): an http,
-  https or file URL is never fetched, a relative name never resolved; a pointer that leads nowhere;
-- holding a loop of references that never reaches a value (``{"$ref": "#"}`` at the root, two
-  definitions that refer to each other through ``allOf``): validation would never end;
-- holding a ``pattern`` (or a ``patternProperties`` name) longer than :data:`MAX_PATTERN_CHARS` or
-  that does not compile.
-
-Arguments a model wrote are then checked against the schema (:func:`argument_problem`) with
-``jsonschema`` and an empty registry (no reference is ever retrieved), regular expressions run by the
-``regex`` engine under a budget of :data:`PATTERN_BUDGET_S` of CPU time for the whole check (its matcher
-avoids most catastrophic backtracking and stops at the budget otherwise), and a depth guard: the
-answer is one line, never an exception, never a hang.
+Contract: ARCHITECTURE.md, 'engine.inference.tool_schema'.
 """
 
 from __future__ import annotations

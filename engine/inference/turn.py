@@ -1,25 +1,6 @@
 """What one turn asks of the template and the sampler: tools, tool choice, thinking.
 
-:func:`shape_turn` validates a turn's options against the model's chat template and returns a
-:class:`TurnShape`, which the session (engine/inference/session.py) uses to render the prompt, to constrain
-the sampler and to shape the reply:
-
-* ``tool_choice="none"`` (or no tools) offers no tools (in a conversation that already holds calls
-  or results the tools stay rendered, with a note not to call one, and the reply is not parsed
-  for calls: an agent's step limit keeps its prompt prefix, engine/inference/tool_prompt.py); ``auto``
-  renders them and lets the model choose; ``required`` and a named function render them and also
-  constrain the reply with a JSON schema (``{"name": <const>, "arguments": <the tool's schema>}``,
-  ``anyOf`` over the tools for ``required``: engine/inference/tool_prompt.py's
-  :func:`~engine.inference.tool_prompt.call_schema`), so that even a small base model produces a call whose
-  arguments validate. Such a reply is parsed as the
-  ``json`` call format, thinking is not recognised in it (the grammar leaves no room for it), and
-  a ``json_schema`` or ``grammar`` of the caller's own is refused alongside it.
-* ``thinking`` (True/False) and ``reasoning_effort`` set the template's own switches for them,
-  whatever it calls them (engine/inference/thinking_settings.py); a template without one refuses
-  them (the caller can read :attr:`~engine.inference.templates.ChatTemplate.thinking` first).
-* ``thinking_budget`` (tokens) caps the thinking of any model that thinks apart: at the budget
-  the thinking is closed for it, in its own format, and the reply goes on
-  (:func:`engine.inference.reply.within_thinking_budget`).
+Contract: ARCHITECTURE.md, 'engine.inference.turn'.
 """
 
 from __future__ import annotations

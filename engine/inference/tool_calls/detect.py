@@ -6,13 +6,7 @@ whether it renders tools at all), and the format whose parser reads that probe c
 rendering, name and arguments alike, is the one the model was trained on. When several read it
 (a Hermes block is also a bare JSON object), the one whose markers the template holds wins.
 
-A template that does not render past calls (LFM2's drops them; Granite 3.3 only describes the
-format in its system prompt) is judged by the markers it holds: each format lists the sets of
-markers that together mean it (``<tool_call>`` with ``<function=`` and ``<parameter=`` is the XML
-format, ``<tool_call>`` alone is Hermes JSON). A template that renders the probe's arguments in a
-way no parser reads gets no format (None): the caller then uses the fallback JSON prompt
-(:mod:`engine.inference.tool_prompt`), so the model is told a format Glassbox reads and the user
-never sees call markup as the answer.
+Contract: ARCHITECTURE.md, 'engine.inference.tool_calls.detect'.
 """
 
 from __future__ import annotations

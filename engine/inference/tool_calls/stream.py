@@ -1,26 +1,6 @@
 """The streaming parser of every block-shaped call format (:class:`ToolCallParser`).
 
-It reads the reply as it streams and splits it into text (which streams on as usual) and
-:class:`~engine.inference.tool_calls.call.ParsedCall` objects, each emitted once, when its markup is
-complete:
-
-* text up to a call's opening marker streams at once; a partial marker at the end is held back
-  until the next piece says whether it is one; whitespace between text and a call, or between two
-  calls, is the format's, not the answer's, and is dropped;
-* inside a call the text is held until a closing marker; when what is inside does not parse yet
-  because that closing marker was inside an argument (a string holding ``</tool_call>``, a
-  parameter holding ``</parameter>``), the parser reads on to the next one; a call that runs to the
-  end of the reply (``[TOOL_CALLS]``) is parsed at the end;
-* markup that opens a call but does not parse (broken JSON, a name that is not a string) is
-  emitted as text, so nothing the model wrote is lost; so is a call cut off by the end of the
-  reply that is not whole. A call's markup longer than :data:`MAX_CALL_CHARS` is not parsed;
-* a reply that *starts* with ``{``, ``[`` or a fence, in a format whose call may be the whole
-  reply (Llama 3's JSON, the generic ``json`` family), is held back, since only the whole text
-  says whether it is a call; as soon as its start says it cannot be one (the JSON breaks, a
-  finished value is no call, text follows: :mod:`engine.inference.call_prefix`) it streams as text
-  from there, and a reply held to its end that is no call is emitted as text then. In the ``json``
-  family a bare JSON object counts as a call only when its name is one of the tools offered (a
-  model asked for JSON must not have its answer taken for a call).
+Contract: ARCHITECTURE.md, 'engine.inference.tool_calls.stream'.
 """
 
 from __future__ import annotations

@@ -1,19 +1,7 @@
 """Body parsers of the formats that write each argument between tags, typed by the tool's schema
 (:func:`engine.inference.tool_calls.values.typed_value`):
 
-* ``<function=NAME><parameter=KEY>VALUE</parameter></function>`` (Qwen3-Coder, Qwen3.5, Nemotron 3,
-  StepFun; Seed-OSS inside ``<seed:tool_call>``); a value may hold any text, even
-  ``</parameter>``: it ends at a ``</parameter>`` followed by the next parameter or the function's
-  end. One newline on each side of a value is the format's, not the value's;
-* ``NAME<arg_key>KEY</arg_key><arg_value>VALUE</arg_value>`` (GLM 4.5-4.7, Spark, Ling, Laguna;
-  Hunyuan's suffixed tags);
-* ``<invoke name="NAME"><parameter name="KEY">VALUE</parameter></invoke>`` with a namespace
-  prefix: none (MiniMax M2), ``｜DSML｜`` (DeepSeek V3.2/V4, with ``string="true|false"``),
-  ``atem:`` (Muse);
-* MiniMax M3's nested elements ``]<]minimax[>[<KEY>VALUE]<]minimax[>[</KEY>`` (objects by key,
-  arrays as ``<item>``s);
-* ``<function name="NAME"><param name="KEY">VALUE</param></function>`` (MiniCPM 5; a value may be
-  ``<![CDATA[...]]>``).
+Contract: ARCHITECTURE.md, 'engine.inference.tool_calls.xml_calls'.
 """
 
 from __future__ import annotations
