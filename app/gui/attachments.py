@@ -12,9 +12,10 @@ says "does not fit" when the images are more than the window has room for.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import shiboken6
 from PySide6.QtCore import QBuffer, QIODevice, QMimeData, QSize, Qt, Signal, Slot
@@ -24,6 +25,9 @@ from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QToolButton, QVBoxLay
 from app.gui.display_text import plain_label
 from app.gui.tasks import describe_error, run_in_background
 from engine.media import AUDIO_SUFFIXES, IMAGE_SUFFIXES, Media, MediaError, load_media, read_media
+
+if TYPE_CHECKING:
+    from engine.inference.projector import MediaInfo
 
 __all__ = [
     "THUMBNAIL_SIDE",
@@ -241,7 +245,7 @@ class AttachmentStrip(QWidget):
 
 def cost_texts(
     media: Sequence[Media],
-    infos: dict[str, object],
+    infos: Mapping[str, MediaInfo],
     problem: str | None,
     room: int | None,
 ) -> dict[str, tuple[str, str, bool]]:
@@ -260,12 +264,12 @@ def cost_texts(
             out[item.digest] = ("cannot see it", problem, True)
             continue
         info = infos.get(item.digest)
-        tokens = getattr(info, "tokens", None)
-        if tokens is None:
+        if info is None:
             out[item.digest] = ("…", "counting its tokens", False)
             continue
-        used += int(tokens)
-        note = str(getattr(info, "note", "") or "")
+        tokens = info.tokens
+        used += tokens
+        note = info.note
         if room is not None and used > room:
             out[item.digest] = (
                 "does not fit",

@@ -422,7 +422,7 @@ class ChatToolsController(QObject):
         gets ``search_knowledge`` (it decides when to retrieve).
         """
         loaded = self.window.chat.loaded
-        controls = getattr(loaded, "thinking_controls", ()) if loaded is not None else ()
+        controls = loaded.thinking_controls if loaded is not None else ()
         tools, thinking, budget = turn_options(self.button.settings, self.window.paths, controls)
         kbs = tuple(getattr(self.window.chat.conversation, "knowledge_bases", None) or ())
         if tools is not None and kbs and BUILTIN in tools.selection:
@@ -472,7 +472,7 @@ class ChatToolsController(QObject):
 
     @Slot(object)
     def _on_chat_model_loaded(self, loaded: LoadedModel | None) -> None:
-        self.button.set_thinking_controls(getattr(loaded, "thinking_controls", ()))
+        self.button.set_thinking_controls(loaded.thinking_controls if loaded is not None else ())
 
     @Slot()
     def open_tools_settings(self) -> None:

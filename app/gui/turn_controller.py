@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from app.gui.workers.history_reads import DisplayMessage
     from app.gui.workers.llm_requests import LoadedModel
     from engine.history_schema import Conversation
+    from engine.inference.projector import MediaInfo
 
 log = logging.getLogger(__name__)
 
@@ -204,17 +205,17 @@ class TurnController(QObject):
             self.composer.set_attachment_block("")
             return
         problem = None
-        infos: dict[str, object] = {}
+        infos: dict[str, MediaInfo] = {}
         if isinstance(answer, MediaError):
             problem = answer.reason
         elif isinstance(answer, BaseException):
             problem = str(answer)
         elif isinstance(answer, list):
-            infos = {getattr(info, "digest", ""): info for info in answer}
-            remember(tokens={digest: int(getattr(info, "tokens", 0)) for digest, info in infos.items()})
+            infos = {info.digest: info for info in answer}
+            remember(tokens={digest: info.tokens for digest, info in infos.items()})
         costs = cost_texts(media, infos, problem, self._media_room(loaded))
         self.composer.attachments.set_costs(costs)
-        if isinstance(answer, MediaError) and getattr(loaded.info, "projector", False) is None:
+        if isinstance(answer, MediaError) and loaded.info.kind == "local" and loaded.info.projector is None:
             # Blind: the remedy in this window's terms (the engine's line names the CLI's).
             what = "images or audio" if any(m.kind == "audio" for m in media) else "images"
             self.composer.set_attachment_block(
@@ -232,7 +233,7 @@ class TurnController(QObject):
     def _media_room(self, loaded: LoadedModel) -> int | None:
         """The tokens the window has for images however much history is dropped: the window less
         the reply's reserve and what is pinned (the system prompt, documents, tools) at the last turn."""
-        n_ctx = int(getattr(loaded.info, "n_ctx", 0) or 0)
+        n_ctx = loaded.info.n_ctx or 0
         if n_ctx <= 0:
             return None
         stats = next((m.stats for m in reversed(self.chat.thread_messages) if m.role == "assistant" and m.stats), None)
