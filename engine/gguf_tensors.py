@@ -7,6 +7,7 @@ so it stays small). What needs each tensor's shape reads it here: the quantizati
 
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from engine.gguf import GgufInfo
 from engine.gguf_reader import HeaderReader
 from engine.library import merge_split_infos, split_parts
 
-__all__ = ["TensorShape", "read_tensor_shapes"]
+__all__ = ["TensorShape", "parse_tensor_shapes_prefix", "read_tensor_shapes"]
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,20 @@ class _ShapeParser(_gguf._Parser):
 
 def _read_one(path: Path) -> tuple[GgufInfo, list[TensorShape]]:
     info, parser = _gguf._read_file(path, _ShapeParser)
+    return info, parser.shapes
+
+
+def parse_tensor_shapes_prefix(prefix: bytes, file_size: int, source: str) -> tuple[GgufInfo, list[TensorShape]]:
+    """The header and every tensor's shape from the first bytes of a (remote) file, as
+    :func:`engine.gguf.parse_gguf_prefix` reads them (an HTTP range request before a download).
+
+    Raises:
+        GgufHeaderNeedsMoreBytes: the header goes past ``prefix`` (``needed`` says how far).
+        ModelFileError: the header is bad.
+    """
+    info, parser = _gguf._parse(
+        io.BytesIO(prefix), file_size, Path(source), prefix_only=True, prefix_len=len(prefix), parser_class=_ShapeParser
+    )
     return info, parser.shapes
 
 

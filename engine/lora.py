@@ -21,7 +21,18 @@ from engine.gguf import GgufInfo
 from engine.gguf_tensors import TensorShape, read_tensor_shapes
 from engine.library import adapter_base_name
 
-__all__ = ["AdapterInfo", "AdapterMismatch", "check_adapter", "fitting_adapters", "is_adapter", "read_adapter"]
+__all__ = [
+    "AdapterInfo",
+    "AdapterMismatch",
+    "adapter_from_header",
+    "check_adapter",
+    "check_adapter_header",
+    "fitting_adapters",
+    "is_adapter",
+    "read_adapter",
+]
+
+Pairs = dict[str, tuple[TensorShape | None, TensorShape | None]]
 
 _NORM_SUFFIX = "_norm.weight"  # llama.cpp skips the norm vectors mergekit adds
 
@@ -84,8 +95,19 @@ def _pairs(path: Path, shapes: list[TensorShape]) -> dict[str, tuple[TensorShape
     return pairs
 
 
-def _read(path: Path) -> tuple[AdapterInfo, dict[str, tuple[TensorShape | None, TensorShape | None]]]:
+def _read(path: Path) -> tuple[AdapterInfo, Pairs]:
     info, shapes = read_tensor_shapes(path)
+    return adapter_from_header(path, info, shapes)
+
+
+def adapter_from_header(path: Path, info: GgufInfo, shapes: list[TensorShape]) -> tuple[AdapterInfo, Pairs]:
+    """What an adapter's header says, and its pairs by base tensor, from a header already read
+    (a local file's, or the first bytes of one on the Hub before it is downloaded).
+
+    Raises:
+        ModelFileError: a model rather than an adapter, an adapter that is not a LoRA, or a pair
+            missing one of its matrices.
+    """
     kind = info.metadata.get("general.type")
     if kind != "adapter":
         raise ModelFileError(path, f"not a LoRA adapter (general.type is {kind or 'model'!r}): a model file")
@@ -142,6 +164,21 @@ def check_adapter(adapter: Path | str, base: Path | str) -> AdapterInfo:
     adapter, base = Path(adapter), Path(base)
     info, pairs = _read(adapter)
     model, shapes = read_tensor_shapes(base)
+    check_adapter_header(info, pairs, base, model, shapes)
+    return info
+
+
+def check_adapter_header(
+    info: AdapterInfo, pairs: Pairs, base: Path, model: GgufInfo, shapes: list[TensorShape]
+) -> None:
+    """:func:`check_adapter` on headers already read: ``info`` and ``pairs`` from
+    :func:`adapter_from_header`, ``model`` and ``shapes`` the model ``base``'s.
+
+    Raises:
+        ModelFileError: ``base`` is an adapter too.
+        AdapterMismatch: the adapter was made for another model (one line naming both).
+    """
+    adapter = info.path
     if model.metadata.get("general.type") == "adapter":
         raise ModelFileError(base, "this is a LoRA adapter, not a model to apply one to")
     if info.architecture != model.architecture:
@@ -168,7 +205,6 @@ def check_adapter(adapter: Path | str, base: Path | str) -> AdapterInfo:
             )
         if not name.endswith("token_embd.weight") and a_dims[1] != b_dims[0]:
             raise AdapterMismatch(adapter, base, f"{name}: lora_a {_dims(a)} and lora_b {_dims(b)} differ in rank")
-    return info
 
 
 def fitting_adapters(adapters: Sequence[Path], base: Path) -> list[Path]:

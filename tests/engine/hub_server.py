@@ -2,7 +2,9 @@
 
 It speaks the endpoints Glassbox uses, the way the real Hub answers them:
 
-- ``GET /api/models?search=&filter=gguf&sort=&limit=&expand=...`` (repos with a ``.gguf`` file);
+- ``GET /api/models?search=&filter=gguf&sort=&limit=&expand=...`` (repos with a ``.gguf`` file;
+  each further ``filter`` is a tag the repo must have, e.g. ``lora`` or ``base_model:adapter:X``;
+  each hit lists its ``tags`` and ``cardData``);
 - ``GET /api/models/{repo}/revision/{rev}`` (``sha``, ``gated``, ``siblings``);
 - ``GET /api/models/{repo}/tree/{rev}?recursive=true`` (``path``, ``size``, ``oid``, ``lfs.oid``,
   paginated with a ``Link: <...>; rel="next"`` header when ``page_size`` is small);
@@ -49,6 +51,8 @@ class FakeRepo:
     lfs: bool = True  # small text files (json, md) are never LFS, like on the Hub
     declared_sha: dict[str, str] = field(default_factory=dict)  # override the listed LFS sha256
     declared_size: dict[str, int] = field(default_factory=dict)  # override the listed size
+    tags: list[str] = field(default_factory=list)  # the Hub's tags (``lora``, ``base_model:adapter:X``)
+    card_data: dict[str, Any] = field(default_factory=dict)  # the model card's metadata
 
     def is_lfs(self, path: str) -> bool:
         return self.lfs and not path.endswith((".json", ".md", ".txt"))
@@ -235,10 +239,11 @@ def _make_handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             words = query.get("search", [""])[0].lower()
             sort = query.get("sort", ["downloads"])[0]
             limit = int(query.get("limit", ["20"])[0])
+            tags = [t for t in query.get("filter", []) if t != "gguf"]
             hits = [
                 (rid, r)
                 for rid, r in hub.repos.items()
-                if words in rid.lower() and any(p.endswith(".gguf") for p in r.files)
+                if words in rid.lower() and any(p.endswith(".gguf") for p in r.files) and all(t in r.tags for t in tags)
             ]
             key = {
                 "downloads": lambda h: h[1].downloads,
@@ -256,6 +261,8 @@ def _make_handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                         "lastModified": r.last_modified,
                         "gated": "manual" if r.gated else False,
                         "private": False,
+                        "tags": ["gguf", *r.tags],
+                        "cardData": r.card_data,
                     }
                     for rid, r in hits[:limit]
                 ]

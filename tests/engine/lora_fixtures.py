@@ -27,11 +27,13 @@ def write_gguf_lora(
     seed: int = 0,
     architecture: str | None = None,
     shape_of: dict[str, tuple[int, int]] | None = None,
+    base_model: str | None = None,
 ) -> Path:
     """An adapter for every ``blk.N.<target>.weight`` of ``base``, random, written with ``gguf``.
 
     ``architecture`` overrides the base's (a mismatched adapter); ``shape_of`` overrides a
-    target's (n_in, n_out) (a wrong shape).
+    target's (n_in, n_out) (a wrong shape). ``base_model`` (``owner/name``) is written as the
+    converter writes its model card's ``base_model`` (``general.base_model.0.repo_url``).
     """
     import gguf
 
@@ -42,6 +44,10 @@ def write_gguf_lora(
     writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
     writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, alpha)
     writer.add_name(f"test lora for {base.name}")
+    if base_model is not None:
+        writer.add_base_model_count(1)
+        writer.add_base_model_name(0, base_model.split("/")[-1])
+        writer.add_base_model_repo_url(0, f"https://huggingface.co/{base_model}")
     rng = np.random.default_rng(seed)
     for shape in shapes:
         parts = shape.name.split(".")
