@@ -1,22 +1,6 @@
 """Structure-aware chunking sized in tokens of the embedding model, with overlap and exact spans.
 
-How a document becomes chunks:
-
-1. Sections are grouped into runs with the same page and heading; a chunk never crosses a group,
-   so each chunk has one page and one heading to cite.
-2. Each section becomes *pieces*, the smallest units a chunk is built from: sentences for prose;
-   whole blocks for code, tables and headings when they fit (else blank-line blocks, then lines).
-   A piece over ``max_tokens`` is halved at the whitespace nearest its middle; only a single
-   over-long word is cut between characters.
-3. Pieces are packed greedily up to ``max_tokens``. When the next piece does not fit, the chunk
-   ends at the strongest boundary (section > paragraph > line > sentence > word) in its second
-   half. The next chunk starts with the last pieces of the previous one, about ``overlap_tokens``.
-
-Counting is the expensive part (a tokenizer call costs ~0.1–0.5 ms), so it is done once per
-paragraph or block, not per sentence: a paragraph's count is spread over its sentences by their
-length. Every chunk is then counted exactly once, and pieces are dropped from its end (or a lone
-piece split with exact counts) until it fits, so ``count_tokens(chunk.text) <= max_tokens`` always
-holds, even for tokenizers whose counts are not additive.
+Contract: ARCHITECTURE.md, 'rag.chunking'.
 """
 
 from __future__ import annotations

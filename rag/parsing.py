@@ -6,14 +6,7 @@ for each file; the parent waits with a timeout and kills the child when it is ex
 a parse can fail ends as a one-line :class:`~rag.errors.DocumentError` for that file, and the
 next file gets a fresh child, so a batch always goes on.
 
-Typical use::
-
-    with ParserPool() as pool:
-        for path in paths:
-            try:
-                doc = pool.parse(path)
-            except DocumentError as exc:
-                record_skipped(path, exc.reason)
+Contract: ARCHITECTURE.md, 'Walk 2: a dropped file'.
 """
 
 from __future__ import annotations
@@ -109,7 +102,14 @@ class ParserPool:
     """One reusable parser child process (spawning costs about 0.5 s), restarted after a crash or timeout.
 
     Calls from several threads are serialised by a lock (one child parses one file at a time);
-    :meth:`close` may be called from any thread. Use it as a context manager, or call :meth:`close`.
+    :meth:`close` may be called from any thread. Use it as a context manager, or call :meth:`close`::
+
+        with ParserPool() as pool:
+            for path in paths:
+                try:
+                    doc = pool.parse(path)
+                except DocumentError as exc:
+                    record_skipped(path, exc.reason)
 
     Args:
         max_file_bytes: Files larger than this are skipped before any parsing.

@@ -5,17 +5,7 @@ It records knowledge bases (embedding model, chunking parameters, Chroma collect
 with an FTS5 index over the chunks for BM25. Chroma only mirrors the ``embedded`` chunks here and
 can always be rebuilt from this file.
 
-Identical files inside one knowledge base share one ``contents`` row, so the same text is chunked,
-embedded and stored once however many paths point at it.
-
-The registry holds every indexed document's text, so it is private: a new file is created
-owner-only (0600) before SQLite opens it (its ``-wal`` and ``-shm`` files then get the same mode), a
-new folder 0700, and files an older version left readable by others are made owner-only on open.
-
-A registry written by a newer Glassbox (a ``schema_version`` above :data:`SCHEMA_VERSION`) is refused
-before anything is written to it: it is read through a read-only connection first, so neither the
-file nor its ``-wal`` changes. Rows are read by column name, so a column this version does not know
-is never taken for one it does.
+Contract: ARCHITECTURE.md, 'rag.registry'.
 """
 
 from __future__ import annotations

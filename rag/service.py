@@ -1,26 +1,7 @@
 """Knowledge bases in a worker process, so that a long-lived client keeps torch, the embedding model
-and Chroma out of its own memory (the desktop app: ARCHITECTURE.md, "Idle app < 250 MB").
+and Chroma out of its own memory (the desktop app idles under 250 MB: ARCHITECTURE.md, "Budgets").
 
-:class:`KnowledgeService` spawns one child (``multiprocessing`` spawn context, not a daemon: the
-child starts parsing children of its own) that opens a :class:`rag.knowledge.KnowledgeBases` on
-its first call and answers calls on it over a pipe. Every call carries an id; the child runs each
-job on its own thread and short calls on a small pool, so a query is answered while an ingest
-runs (``KnowledgeBases`` serialises the writers itself). Progress comes back as data; the
-caller's ``cancel`` and ``pause`` events are watched by the calling thread and forwarded to the
-child as messages. Results and errors are the same objects as in-process (dataclasses,
-``RagError`` subclasses); an error that cannot cross the pipe becomes a one-line
-:class:`KnowledgeBaseError`. When the child dies (out of memory, a native crash) every waiting
-call fails with one line that says so, and the next call starts a new child. With ``idle_stop_s``
-the child is stopped once no call has been waiting for that long (the app's knowledge process holds
-torch, the embedding model and Chroma, ~600 MB, for nothing between uses); the next call starts it
-again, which costs one load of the embedding model and the store
-(``tests/bench/bench_knowledge_process.py`` measures it).
-
-:class:`LocalService` answers the same calls in this process (the command line, tests that share
-one loaded embedder). :func:`dispatch` is the one table of what may be called, used by both.
-
-Nothing heavy is imported here: the child imports ``rag.knowledge`` (and with it torch and
-chromadb) only when it opens the knowledge bases.
+Contract: ARCHITECTURE.md, 'rag.service'.
 """
 
 from __future__ import annotations

@@ -1,19 +1,6 @@
 """Is the local Chroma folder readable? Checked in a killable child process, cached by a fingerprint.
 
-A Chroma folder that was truncated, half-written by a crash or edited by hand can make chromadb
-raise, return garbage, hang or crash natively (chroma #7238, #5925), so the check never opens it
-in the caller's process: a spawned child opens the ``PersistentClient`` and counts, reads and
-queries every collection, and the parent kills it past a time limit. Before that, cheap file
-checks catch what Chroma itself would not notice yet (a small collection is served from
-Chroma's log, so a truncated HNSW file only fails later, once the index is flushed).
-
-A passing check is remembered as a fingerprint (names, sizes and mtimes of the files) in a small
-JSON file beside the folder; while it matches, the check costs a few ``stat`` calls and no child.
-The owner of the store also records the fingerprint after it closed the store cleanly, so its
-own writes do not make the next start pay for a check.
-
-Chroma is only an index: the registry holds every chunk's text, so a damaged folder is moved
-aside (:func:`set_aside`) and rebuilt, never repaired in place.
+Contract: ARCHITECTURE.md, 'rag.store_health'.
 """
 
 from __future__ import annotations
