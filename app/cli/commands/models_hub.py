@@ -37,7 +37,13 @@ if TYPE_CHECKING:
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:
     """Adds ``search``, ``files`` and ``download`` to the ``models`` group."""
     search = sub.add_parser("search", parents=[common], help="search Hugging Face for GGUF models")
-    search.add_argument("query", metavar="QUERY", help="words in the repository name")
+    search.add_argument("query", metavar="QUERY", nargs="?", default="", help="words in the repository name")
+    search.add_argument(
+        "--adapters",
+        action="store_true",
+        help="search GGUF LoRA adapters (repos tagged lora) instead of models, each with the base it adapts",
+    )
+    search.add_argument("--base", metavar="REPO", help="with --adapters: only adapters of this base model (owner/name)")
     search.add_argument(
         "--sort",
         choices=["downloads", "likes", "recent"],
@@ -109,6 +115,10 @@ def _table(rows: list[list[str]], out: TextIO) -> None:
 
 def run_search(args: argparse.Namespace, paths: Paths) -> int:  # noqa: ARG001 - the handler signature
     """``models search``."""
+    if args.adapters or args.base:
+        return _run_adapter_search(args)
+    if not args.query.strip():
+        raise DownloadError("models search: say what to search for (or use --adapters)")
     # lazy: start-up (+22 ms)
     from engine.hub.search import search_models
 
@@ -124,6 +134,29 @@ def run_search(args: argparse.Namespace, paths: Paths) -> int:  # noqa: ARG001 -
         rows.append(
             [r.id, f"{r.downloads:,}", f"{r.likes:,}", (r.last_modified or "")[:10], "gated" if r.gated else ""]
         )
+    _table(rows, sys.stdout)
+    return 0
+
+
+def _run_adapter_search(args: argparse.Namespace) -> int:
+    """``models search --adapters``: the Discover page's adapter search."""
+    # lazy: start-up (+25 ms, as the model search)
+    from engine.hub.adapters import search_adapters
+
+    results = search_adapters(
+        args.query, base_model=args.base, sort=args.sort, limit=args.limit, endpoint=args.endpoint
+    )
+    if args.json:
+        print_json(
+            {"query": args.query, "base": args.base, "sort": args.sort, "results": [r.to_dict() for r in results]}
+        )
+        return 0
+    if not results:
+        sys.stdout.write("no GGUF LoRA adapters found\n")
+        return 0
+    rows = [["ADAPTER", "BASE MODEL", "DOWNLOADS", "LIKES", ""]]
+    for r in results:
+        rows.append([r.id, r.base_model or "?", f"{r.downloads:,}", f"{r.likes:,}", "gated" if r.gated else ""])
     _table(rows, sys.stdout)
     return 0
 

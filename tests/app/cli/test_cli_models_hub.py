@@ -60,6 +60,13 @@ def hub() -> Iterator[FakeHub]:
         server.add_repo(HOSTILE_REPO, {"x-Q4_0.gguf": b"x"}, downloads=1)
         server.add_repo(HOSTILE_CLEAR, {"x-Q4_0.gguf": b"x"}, downloads=0)
         server.add_repo("names/names-GGUF", {HOSTILE_FILE: b"x" * 10, "ok-Q8_0.gguf": b"y" * 10})
+        server.add_repo(
+            "loras/style-lora-GGUF",
+            {"style-lora-f16.gguf": b"a" * 10},
+            tags=["lora", "base_model:adapter:google/gemma-3-270m"],
+            downloads=3,
+        )
+        server.add_repo("loras/pirate-lora-GGUF", {"p.gguf": b"p"}, tags=["lora"], card_data={"base_model": "x/y"})
         yield server
 
 
@@ -209,6 +216,22 @@ def test_search_json_and_table(hub: FakeHub, tmp_path: Path) -> None:
     assert lines[0].split() == ["REPOSITORY", "DOWNLOADS", "LIKES", "UPDATED"]
     assert lines[1].split()[0] == "acme/tiny-GGUF"
     assert len(lines) == 2
+
+
+def test_search_adapters_lists_each_with_its_base(hub: FakeHub, tmp_path: Path) -> None:
+    result = glassbox("models", "search", "lora", "--adapters", "--json", home=tmp_path, endpoint=hub.url)
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert [(r["id"], r["base_model"]) for r in document["results"]] == [
+        ("loras/style-lora-GGUF", "google/gemma-3-270m"),
+        ("loras/pirate-lora-GGUF", "x/y"),
+    ]
+    table = glassbox("models", "search", "--base", "google/gemma-3-270m", home=tmp_path, endpoint=hub.url)
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert lines[0].split() == ["ADAPTER", "BASE", "MODEL", "DOWNLOADS", "LIKES"]
+    assert lines[1].split()[:2] == ["loras/style-lora-GGUF", "google/gemma-3-270m"] and len(lines) == 2
+    assert "say what to search for" in one_line_error(glassbox("models", "search", home=tmp_path, endpoint=hub.url))
 
 
 def test_search_bad_usage_exits_2(hub: FakeHub, tmp_path: Path) -> None:
