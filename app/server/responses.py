@@ -1,28 +1,6 @@
 """``POST /v1/responses``: OpenAI's Responses API over the same core as chat completions.
 
-The coding agents that LM Studio, Ollama and Jan launch against local models speak it. The request's
-``instructions`` and ``input`` (a string, or items: messages with ``input_text``/``output_text``
-parts, ``function_call`` and ``function_call_output``; ``reasoning`` items are dropped, since old
-reasoning is never sent back) become a :class:`~app.server.wire.ChatRequest`; function tools use
-the Responses shape (``{"type": "function", "name", "parameters"}``), ``text.format`` is the
-constrained output, ``reasoning.effort`` the template's effort switch. A field this server does
-not implement is a 400; ``include: ["reasoning.encrypted_content"]`` (what stateless agents ask
-for) is accepted and the reasoning items carry none, since reasoning never goes back into the next
-turn.
-
-Stored responses, as OpenAI's: a response is stored unless the request says ``store: false``
-(:class:`~app.server.state.ResponseStore`, in this server's memory: the last 256 responses, at
-most 64 MiB of JSON in all, the oldest forgotten first; a server restart forgets them all).
-``previous_response_id`` continues from a stored response: its input (with the input of the ones
-it continued) and its output come before the new input; its ``instructions`` do not carry over
-(OpenAI's rule: send them again). ``GET /v1/responses/{id}`` answers a stored response and
-``DELETE /v1/responses/{id}`` forgets it; an id not stored (unknown, forgotten, deleted, or made
-with ``store: false``) is a 404 in OpenAI's error shape.
-
-The answer is a ``response`` whose ``output`` holds a ``reasoning`` item (the thinking), a
-``message`` (``output_text``) and one ``function_call`` per call; streamed, the typed events
-``response.created`` ... ``response.output_text.delta`` ... ``response.completed``, each with its
-``sequence_number``.
+Contract: ARCHITECTURE.md, 'app.server.responses'.
 """
 
 from __future__ import annotations
