@@ -4,20 +4,7 @@ With ``--prompt`` it answers once. Without it, each line of stdin is a user turn
 conversation, so the KV cache of earlier turns is reused. ``--json`` prints one JSON object per
 turn: the reply, ``finish_reason``, every Stats field, ``sources`` and ``documents_dropped``.
 
-With ``--kb`` the passages found go to the backend, whose documents band fits them as in the app:
-the lowest-ranked that do not fit are left out, said in one line on stderr and recorded as
-``documents_dropped`` with the reply's stats.
-
-Conversations are saved to the history like the app's (``app.cli.commands.chat_history``): a new one
-prints its id first (``"conversation_id"`` with ``--json``); ``--conversation ID`` continues it, in
-this process or a later one, from the KV cache saved with it (``engine.inference.kv_cache``) unless
-``--no-kv-cache``.
-
-``--image FILE`` (repeatable) attaches images (or, for a model whose projector reads audio, WAV,
-MP3 or FLAC clips) to the first turn: each is checked before anything loads (``engine.media``), its
-cost in tokens for this model (the projector's own count) is said on stderr before the turn is sent
-(``"media"`` with ``--json``), and it is kept with the conversation (``app.paths.Paths.media``), so
-``--conversation ID`` sends it again. A model without a projector refuses it in one line.
+Contract: ARCHITECTURE.md, 'app.cli.commands.chat'.
 """
 
 from __future__ import annotations

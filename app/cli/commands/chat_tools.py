@@ -1,19 +1,6 @@
 """``glassbox chat``'s tools, structured output and thinking switch (its ``--tools`` side).
 
-``--tools NAME[,NAME...]|builtin|all`` offers the built-in tools and the MCP servers of
-``mcp.json`` (``app.tool_setup``) to the model; each turn then runs the agent loop
-(``engine.agent.loop``): a call on the allow list runs, any other is asked about on an interactive
-terminal (``y`` once, ``a`` always, anything else no), and refused with a clear line on stderr
-when there is no terminal to ask, unless ``--yes``. ``--tool-choice auto|required|none|FUNCTION``
-(``required`` and a function name constrain the first reply to a valid call), ``--max-steps N``
-rounds of calls, ``--tool-timeout S`` per call. ``--json-schema FILE`` constrains every reply to
-the schema; ``--thinking on|off`` sets the model's thinking switch where its template has one, and
-``--thinking N`` caps the thinking at N tokens (local models only: with ``--endpoint`` it is a usage
-error, before any conversation is created).
-
-With ``--json`` each turn's document gains ``"tool_calls"`` (``name``, ``arguments``, ``result``,
-``ms``, ``tokens``, and ``approval``, ``is_error``, ``truncated``, ``source``) and
-``"reasoning"`` (``text``, ``tokens``, ``ms``).
+Contract: ARCHITECTURE.md, 'app.cli.commands.chat_tools'.
 """
 
 from __future__ import annotations
