@@ -1,19 +1,6 @@
 """Text someone else chose, shown as text: model files, repositories, tools, servers, documents.
 
-A model file named ``<img src=x width=900><b>You</b> said.gguf`` must read as that name, not as an
-image and a bold "You"; a Hub file named with U+202E must not show ``…gpj.exe`` as ``…exe.jpg``.
-Qt decides by itself whether a label, a tooltip or a message box holds rich text
-(``Qt.mightBeRichText``: a tag on the first line is enough), so every place that shows such a name
-says which it is:
-
-* :func:`shown`: the name with every character that does not print as itself escaped (ESC, CR,
-  bidi overrides, zero-width characters: ``\\x1b``, ``\\u202e``), as the command line prints it
-  (``engine.display.printable``, the one escaping both use);
-* :func:`plain_label`: a label that never reads its text as markup;
-* :func:`shown_lines`: the same, line by line;
-* :func:`plain_tooltip`: a tooltip that shows its text as it is, whatever it starts with;
-* :func:`rich`: a name escaped for a label that is rich text on purpose (a heading, a link);
-* :func:`message_box`, :func:`confirm`, :func:`inform`: message boxes whose text is plain.
+Contract: ARCHITECTURE.md, 'app.gui.display_text'.
 """
 
 from __future__ import annotations

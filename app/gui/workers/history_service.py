@@ -5,14 +5,7 @@ a search) runs on the ``glassbox-history`` thread in submission order; results c
 thread through callbacks (:mod:`app.gui.tasks`). Writes of a user message happen before generation
 starts, so nothing the user typed is lost.
 
-A full disk (ROBUSTNESS.md P8): a write that fails because the disk is full raises
-:class:`~app.gui.workers.history_disk.HistoryDiskFull`, which says how much more space is needed
-and where (:mod:`app.gui.workers.history_disk`). A write that must not
-be lost (a reply) goes through :meth:`HistoryService.keep`: it stays in memory until it is saved,
-and is tried again before every later call, on :meth:`HistoryService.retry_unsaved` and at close.
-A history file that is not SQLite (or is corrupt) is left untouched; :meth:`HistoryService.start_fresh`
-moves it aside, with its side files, and starts a new history in its place. What the chat view
-reads (:class:`~app.gui.workers.history_reads.DisplayMessage`) is :mod:`app.gui.workers.history_reads`.
+Contract: ARCHITECTURE.md, 'app.gui.workers.history_service'.
 """
 
 from __future__ import annotations
