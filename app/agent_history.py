@@ -1,21 +1,6 @@
 """How a turn made with tools is stored in the history, for the app and ``glassbox chat`` alike.
 
-A reply made with tools is one assistant row of ``engine.history`` whose ``stats`` column carries
-the turn (no schema change; a history written before tools existed reads as it did):
-
-* ``agent_messages``: every message the agent loop added, in order (the assistant replies with
-  their ``tool_calls``, each ``tool`` result), as JSON (:func:`message_dict`);
-* ``tool_steps``: what each call's card shows (:func:`step_dict`);
-* ``loop``: the timeline, one entry per generation and per call (the inspector's Speed section);
-* ``reasoning``: the turn's thinking (``text``, ``tokens``, ``ms``), shown folded, never sent back.
-
-Its ``content`` is what was shown: every generation's text, a blank line between two
-(:class:`ReplyText`). The row is rewritten as each message happens (state ``pending``), so a crash
-mid-loop keeps every step before it; :func:`model_history` turns a thread back into what the model
-is sent, answering a call the crash left without a result.
-
-Qt-free: the GUI's LLM worker (``app.gui.workers.agent_turn``) and the CLI
-(``app.cli.commands.chat_history``) both build their records here.
+Contract: ARCHITECTURE.md, 'app.agent_history'.
 """
 
 from __future__ import annotations

@@ -1,21 +1,7 @@
 """The composition root: how every front end (the window, ``glassbox chat``, ``glassbox serve``)
 turns settings or flags and a model into a chat backend. Qt-free; it imports the engine lazily.
 
-* A model is named by a typed reference, :data:`ModelRef`: :class:`LocalModel` (a GGUF file) or
-  :class:`RemoteModel` (a model id on a saved OpenAI-compatible endpoint). :func:`model_key` is
-  its text (the model picker's data, ``settings.last_model``); :func:`model_ref` reads that text
-  back, and also the ``glassbox-remote/ENDPOINT/MODEL`` pseudo path that older versions saved, so
-  a saved model still opens after an upgrade (it is never written again).
-* :func:`load_params` maps :class:`LoadSettings` (from Settings: :func:`load_settings_from`, or
-  from a command's flags) and a model file to the engine's ``LoadParams``. ``gpu_layers="auto"``
-  is computed by :func:`resolve_gpu_layers`, once per load, with the engine's one computation
-  (``engine.fit.auto_gpu_layers``) over the split-aware header (all parts of a split model, and
-  the draft model beside it). It probes the hardware (imports llama_cpp, runs nvidia-smi): never
-  call it on the GUI thread; the window resolves it on the LLM worker thread.
-* :func:`open_backend` opens the ``ChatBackend`` a reference names: a local ``ChatSession`` or a
-  ``RemoteSession`` on the saved endpoint (:func:`open_local`, :func:`open_remote`).
-
-The retriever the front ends share is built in one place, ``app.knowledge_glue``.
+Contract: ARCHITECTURE.md, 'app.compose'.
 """
 
 from __future__ import annotations

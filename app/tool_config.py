@@ -1,27 +1,6 @@
 """The tools' configuration: the MCP servers (``mcp.json``) and the user's permissions.
 
-Two files under the config folder (``app/paths.py``):
-
-- ``mcp.json``: the servers, in the standard shape that Claude Desktop, Cursor and LM Studio use,
-  so a user can paste theirs: ``{"mcpServers": {NAME: {"command", "args", "env", "cwd"} |
-  {"url", "headers"}}}``. Keys Glassbox does not use are kept as they are. It may hold API keys
-  (in ``env`` or ``headers``): it is written atomically and owner-only (0600).
-- ``tool_permissions.json``: ``{"format": 1, "always_allow": [KEY...], "off": [KEY...],
-  "max_steps": N, "timeout_s": S}`` where a KEY is ``SOURCE/TOOL`` (``builtin/calculator``,
-  ``files/read_file``) or ``SOURCE/*`` (every tool of a server). ``always_allow``: calls that run
-  without asking (the approval's "Always allow this tool"); ``off``: tools, or whole servers, never
-  offered to the model; ``max_steps`` and ``timeout_s``: the app's step limit and per-call timeout
-  (:class:`ToolLimits`; a file without them, an older one, means the defaults); ``seen_tools``:
-  ``{SERVER: [TOOL...]}``, the tools Settings → Tools last found on each server (the chat's Tools
-  menu lists them for a named tool choice without starting the server).
-
-Every problem with either file is a :class:`ToolSetupError` whose ``str()`` is one line naming the
-file, the field and the reason; a damaged file is reported and never written over. The GUI's
-Settings -> Tools page and ``glassbox mcp`` use the same functions: :func:`load_servers`,
-:func:`get_server`, :func:`add_server`, :func:`remove_server`, :func:`import_servers`,
-:func:`import_servers_text`,
-:func:`parse_mcp_json` (a pasted config), :class:`Permissions`. Running the servers is
-``app.tool_setup``'s part.
+Contract: ARCHITECTURE.md, 'app.tool_config'.
 """
 
 from __future__ import annotations
