@@ -47,6 +47,11 @@ class LocalBackend(Protocol):
         """The inference worker's process id (None while none runs)."""
         ...
 
+    @property
+    def worker_alive(self) -> bool:
+        """Whether its worker process runs (False before the load and after a crash)."""
+        ...
+
     def kill_worker(self, timeout: float = 1.0) -> None:
         """Ends the worker process now (the last resort at exit; the next call starts another)."""
         ...

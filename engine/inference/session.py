@@ -312,6 +312,11 @@ class ChatSession:
         worker = self._worker
         return worker.pid if worker is not None else None
 
+    @property
+    def worker_alive(self) -> bool:
+        worker = self._worker
+        return worker is not None and worker.alive
+
     def kill_worker(self, timeout: float = 1.0) -> None:
         """Ends the worker process now, without waiting for the session's lock (the last resort at
         exit, while a turn may still hold it)."""

@@ -98,8 +98,7 @@ def _same_load(a: LoadRequest, b: LoadRequest) -> bool:
 
 def _alive(session: ChatBackend) -> bool:
     local = session.local
-    worker = getattr(local, "worker", None)
-    return bool(worker is not None and worker.alive)
+    return local is not None and local.worker_alive
 
 
 class ResidentModels:

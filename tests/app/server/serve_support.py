@@ -94,6 +94,10 @@ class ScriptedBackend(FakeBackend):
     def worker_pid(self) -> int | None:
         return None
 
+    @property
+    def worker_alive(self) -> bool:
+        return False  # no worker process
+
     def kill_worker(self, timeout: float = 1.0) -> None:
         pass
 

@@ -88,6 +88,10 @@ class HostileBackend(FakeBackend):
     def worker_pid(self) -> None:
         return None
 
+    @property
+    def worker_alive(self) -> bool:
+        return False  # no worker process
+
     def kill_worker(self, timeout: float = 1.0) -> None:
         pass
 
