@@ -63,7 +63,7 @@ class CompareController(QObject):
     def refresh(self, *_args: object) -> None:
         """Enables Compare when the open chat's last reply can be compared (its tooltip says why not)."""
         compare = self.chat.compare
-        self.inspector.set_compare_state(compare.unavailable(self.turn_context()), compare.running)
+        self.inspector.set_compare_state(compare.unavailable(self.turn_context), compare.running)
 
     @Slot()
     def _on_compare_clicked(self) -> None:

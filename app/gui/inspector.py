@@ -34,7 +34,6 @@ from PySide6.QtWidgets import (
 )
 
 from app.gui.agent_timeline import LoopTimelineWidget
-from app.gui.compare_view import CompareView
 from app.gui.display_text import plain_label, plain_tooltip, shown_lines
 from app.gui.inspector_widgets import (
     OPTIONAL_SEGMENTS,
@@ -417,6 +416,9 @@ class InspectorPanel(QFrame):
         self.compare_summary.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.compare_summary.setVisible(False)
         tl.addWidget(self.compare_summary)
+        # lazy: start-up (+45 ms: engine.inference.base_compare, decoding and the projector's modules)
+        from app.gui.compare_view import CompareView
+
         self.compare_view = CompareView()
         self.tokens_stack = QStackedWidget()
         self.tokens_stack.addWidget(self.tokens_view)

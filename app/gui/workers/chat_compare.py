@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QObject, Slot
@@ -50,13 +51,21 @@ class BaseComparer(QObject):
             return None
         return messages[-1] if messages[-1].state != "pending" else None
 
-    def unavailable(self, context: TurnContext) -> str | None:
-        """Why the last reply cannot be compared now (a tooltip's line), or None when it can."""
+    def unavailable(self, context: TurnContext | Callable[[], TurnContext]) -> str | None:
+        """Why the last reply cannot be compared now (a tooltip's line), or None when it can.
+
+        Args:
+            context: the open chat's next turn context, or what makes it: called only once a local
+                model is loaded (making one imports the engine's runtime, which the window's first
+                frame does not wait for).
+        """
         chat = self._chat
         if self.running:
             return "A comparison is running"
         if chat.loaded is None or getattr(chat.loaded.info, "kind", "") != "local":
             return "Needs a local model loaded"
+        if callable(context):
+            context = context()
         if not any(scale != 0 for _path, scale in context.adapters):
             return "This chat has no LoRA adapter applied (Chat settings → LoRA adapter)"
         if context.tools is not None or context.knowledge_bases:
