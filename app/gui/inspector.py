@@ -504,20 +504,30 @@ class InspectorPanel(QFrame):
             self._show("ceiling", "", self.ceiling_label)
 
     def set_resident(self, state: ResidentState) -> None:
-        """The models kept loaded beside the chat's: the memory each holds, as the fit estimator
-        counts it (weights, KV cache, compute buffers; an upper bound), their sum, the time until
-        each one's idle unload, and why the last one to go was unloaded."""
+        """Every model in memory against this machine's RAM: their sum as the fit estimator counts
+        it (weights, KV cache, compute buffers: what llama.cpp reserves, an upper bound) beside
+        what their worker processes hold now (measured), then the chat's model and each one kept
+        loaded beside it with its parts, the time until its idle unload, and why the last one to
+        go was unloaded."""
         lines = []
-        if state.models:
-            total = sum(k.memory.total for k in state.models)
-            lines.append(f"Also kept loaded, {format_bytes(total)} in all (estimated):")
-        for kept in state.models:
+        everything = ([state.chat] if state.chat is not None else []) + list(state.models)
+        if everything:
+            total = sum(k.memory.total for k in everything)
+            count = f"{len(everything)} models" if len(everything) > 1 else "1 model"
+            line = f"In memory: {count}, {format_bytes(total)} reserved (estimated)"
+            if state.machine_ram:
+                line += f" of {format_bytes(state.machine_ram)} RAM"
+            if state.rss is not None:
+                line += f"; their workers hold {format_bytes(state.rss)} now"
+            lines.append(line)
+        for kept in everything:
             m = kept.memory
+            whose = "this chat's" if kept is state.chat else "kept loaded"
             line = (
-                f"{kept.label}: {format_bytes(m.total)} ({format_bytes(m.weights)} weights, "
+                f"{kept.label} ({whose}): {format_bytes(m.total)} ({format_bytes(m.weights)} weights, "
                 f"{format_bytes(m.kv)} KV cache, {format_bytes(m.compute)} compute buffers)"
             )
-            if kept.unload_in_s is not None:
+            if kept.unload_in_s is not None and kept is not state.chat:
                 line += f", unloaded if unused for {format_duration(kept.unload_in_s)} more"
             lines.append(line)
         if state.last_unloaded:

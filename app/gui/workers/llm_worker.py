@@ -41,7 +41,7 @@ from app.gui.workers.llm_requests import (
     ReasoningSummary,
 )
 from app.gui.workers.model_routing import RoutingSessionFactory
-from app.gui.workers.resident_models import Kept, ResidentModels
+from app.gui.workers.resident_models import Kept, KeptModel, ResidentModels, ResidentState
 from app.gui.workers.speculative import ReplyTokens, load_session
 from app.turn import TurnEvent, run_turn
 from engine.errors import Cancelled, EngineError
@@ -112,6 +112,7 @@ class LlmWorker(QObject):
         self._factory = session_factory or default_session_factory
         self._session: ChatBackend | None = None
         self._current: Kept | None = None  # the chat's model, as it would be kept
+        self._chat_memory: KeptModel | None = None  # the chat's model's memory (None: remote, unknown)
         self._resident = ResidentModels()
         self._sweeper: QTimer | None = None  # unloads idle kept models (made on this thread)
         self._adapters_set: tuple[ChatBackend, tuple[tuple[Path, float], ...]] | None = None  # set on it
@@ -155,9 +156,11 @@ class LlmWorker(QObject):
             request.draft_model_path,
             draft_note,
         )
-        memory = self._resident.memory_of(asked) if asked.keep_loaded > 1 and local is not None else None
-        self._current = Kept(asked, session, loaded, memory) if memory is not None else None
+        memory = self._resident.memory_of(asked) if local is not None else None
+        self._chat_memory = KeptModel(label, memory, None, request.model_path) if memory is not None else None
+        self._current = Kept(asked, session, loaded, memory) if memory is not None and asked.keep_loaded > 1 else None
         self.model_loaded.emit(loaded)
+        self.resident_changed.emit(self._resident_state())  # the chat's model counted in memory
         if not self._bandwidth_done and request.bandwidth_cache is not None:
             # After the load, so the first reply is not delayed; cached for later runs.
             self._bandwidth = measure_bandwidth(request.bandwidth_cache)
@@ -178,8 +181,10 @@ class LlmWorker(QObject):
             self._close_session()
         self._session = None
         self._resident.keep(current, request.keep_loaded, None if kept is not None else request)
+        self._chat_memory = None
         if kept is not None:
             self._session, self._current = kept.session, kept
+            self._chat_memory = KeptModel(kept.loaded.label, kept.memory, None, kept.request.model_path)
             if isinstance(self._factory, RoutingSessionFactory):
                 self._factory.last_session = kept.session  # the chat's session (ModelSlot.session)
             switch_ms = (time.perf_counter() - started) * 1000
@@ -189,14 +194,19 @@ class LlmWorker(QObject):
             self._sweeper.setInterval(SWEEP_MS)
             self._sweeper.timeout.connect(self._sweep_kept)
             self._sweeper.start()
-        self.resident_changed.emit(self._resident.state())
+        self.resident_changed.emit(self._resident_state())
         return kept is not None
+
+    def _resident_state(self) -> ResidentState:
+        """The models in memory: those kept, the chat's, and what their workers hold now."""
+        chat = self._session
+        return self._resident.state(self._chat_memory, [chat] if chat is not None else [])
 
     @Slot()
     def _sweep_kept(self) -> None:
         """Unloads the kept models idle past Settings' time; says what is kept (the countdown)."""
         if self._resident.sweep() or self._resident.labels():
-            self.resident_changed.emit(self._resident.state())
+            self.resident_changed.emit(self._resident_state())
 
     @Slot(object)
     def _on_media_info_requested(self, request: MediaInfoRequest) -> None:
@@ -217,7 +227,7 @@ class LlmWorker(QObject):
     def _on_unload_requested(self) -> None:
         self._close_all()
         self.model_unloaded.emit()
-        self.resident_changed.emit(self._resident.state())
+        self.resident_changed.emit(self._resident_state())
 
     @Slot(object)
     def _on_generate_requested(self, request: GenerateRequest) -> None:
@@ -337,6 +347,7 @@ class LlmWorker(QObject):
 
     def _close_session(self) -> None:
         self._current = None
+        self._chat_memory = None
         session, self._session = self._session, None
         if session is not None:
             try:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -56,10 +56,15 @@ class KeptModel:
 @dataclass(frozen=True)
 class ResidentState:
     """What the worker says after each change (``resident_changed``): the models kept loaded,
-    most recently used first, and why the last one to go was unloaded (None: none went yet)."""
+    most recently used first, and why the last one to go was unloaded (None: none went yet); the
+    chat's own model (None: none, or a remote one), this machine's RAM and what the models' worker
+    processes hold in it now (their resident set, measured; None: not measured)."""
 
     models: tuple[KeptModel, ...] = ()
     last_unloaded: str | None = None
+    chat: KeptModel | None = None
+    machine_ram: int = 0
+    rss: int | None = None
     names: tuple[str, ...] = field(init=False)
     kept: tuple[Path | RemoteModel, ...] = field(init=False)
     """The models themselves, in the same order (choosing one of them is a switch)."""
@@ -133,10 +138,11 @@ class ResidentModels:
         """The models kept, most recently used first (for the model bar)."""
         return [k.loaded.label for k in reversed(self._kept)]
 
-    def state(self) -> ResidentState:
+    def state(self, chat: KeptModel | None = None, others: Sequence[ChatBackend] = ()) -> ResidentState:
         """The models kept, their memory and idle countdown, most recently used first, and why the
         last one went (the worker's ``resident_changed``: the model bar names them, the inspector
-        shows their memory)."""
+        shows their memory), with ``chat`` (the chat's model) and the resident memory of every
+        model's worker, the kept ones' and ``others``' (the chat's session)."""
         now = self._clock()
         idle = self.idle_s
         models = tuple(
@@ -145,7 +151,10 @@ class ResidentModels:
             )
             for k in reversed(self._kept)
         )
-        return ResidentState(models, self._last)
+        import psutil  # lazy: start-up (psutil: about 30 ms measured, not needed before a model loads)
+
+        sessions = [*others, *self.sessions()]
+        return ResidentState(models, self._last, chat, psutil.virtual_memory().total, workers_rss(sessions))
 
     def sweep(self) -> bool:
         """Unloads the kept models idle longer than :attr:`idle_s`; says whether one went."""
@@ -211,6 +220,26 @@ class ResidentModels:
             kept.session.close()
         except Exception as exc:  # noqa: BLE001 - closing must never raise into the worker's slot
             log.warning("closing %s failed: %s", kept.loaded.label, exc)
+
+
+def workers_rss(sessions: Sequence[ChatBackend]) -> int | None:
+    """What the local models' worker processes hold in RAM now (their resident set, ``psutil``;
+    the weights' pages count once read, the reserved buffers once touched); None when none runs."""
+    import psutil  # lazy: start-up (psutil: about 30 ms measured, not needed before a model loads)
+
+    total = 0
+    counted = False
+    for session in sessions:
+        local = session.local
+        pid = local.worker_pid if local is not None else None
+        if pid is None:
+            continue
+        try:
+            total += psutil.Process(pid).memory_info().rss
+            counted = True
+        except (psutil.Error, OSError):
+            continue  # it ended meanwhile
+    return total if counted else None
 
 
 def _minutes(seconds: float) -> str:

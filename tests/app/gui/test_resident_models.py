@@ -24,12 +24,13 @@ from app.gui.workers.llm_loading import default_session_factory
 from app.gui.workers.llm_requests import GenerateRequest, LoadedModel, LoadRequest
 from app.gui.workers.llm_worker import SWEEP_MS, LlmWorker
 from app.gui.workers.model_routing import model_label
-from app.gui.workers.resident_models import ResidentModels, ResidentState
+from app.gui.workers.resident_models import ResidentModels, ResidentState, workers_rss
 from app.paths import Paths
 from app.settings import Settings
 from app.turn import TurnRequest
 from engine.inference.pool import estimate_memory
 from engine.inference.runtime import GenerationParams, LoadParams
+from engine.units import format_bytes
 
 pytestmark = [pytest.mark.model]
 
@@ -271,7 +272,10 @@ def test_the_model_bar_lists_the_kept_models_and_a_switch_says_so(
         assert bar.resident.isVisible() and bar.resident.text() == "+1 loaded"
         assert f"Kept loaded: {model_label(starter)} " in bar.resident.toolTip()
         memory = w.inspector.shown["resident"]
-        assert memory.startswith("Also kept loaded, ") and f"{model_label(starter)}: " in memory
+        first = memory.splitlines()[0]
+        assert first.startswith("In memory: 2 models, ") and " reserved (estimated)" in first
+        assert f" of {format_bytes(psutil.virtual_memory().total)} RAM; their workers hold " in first
+        assert f"{model_label(starter)} (kept loaded): " in memory and f"{loads[-1].label} (this chat's): " in memory
         assert "weights" in memory and "KV cache" in memory and "compute buffers" in memory
         w.model_control.load_model(starter)
         qtbot.waitUntil(lambda: len(loads) == 3, timeout=30_000)
@@ -284,3 +288,22 @@ def test_the_model_bar_lists_the_kept_models_and_a_switch_says_so(
         assert w.inspector.shown["resident"] == ""
     finally:
         w.shutdown()
+
+
+class _Local:
+    def __init__(self, pid: int | None) -> None:
+        self.worker_pid = pid
+
+
+class _Session:
+    def __init__(self, pid: int | None) -> None:
+        self.local = _Local(pid)
+
+
+def test_the_workers_resident_memory_is_measured_and_none_without_a_worker() -> None:
+    me = psutil.Process().memory_info().rss
+    measured = workers_rss([_Session(os.getpid()), _Session(None)])  # type: ignore[list-item]
+    assert measured is not None and 0.8 * me <= measured <= 1.25 * me
+    assert workers_rss([_Session(None)]) is None  # type: ignore[list-item]
+    twice = workers_rss([_Session(os.getpid()), _Session(os.getpid())])  # type: ignore[list-item]
+    assert twice is not None and 1.6 * me <= twice <= 2.5 * me
