@@ -1,16 +1,6 @@
 """A model's multimodal projector (``mmproj``): finding it next to the model, and what it can do.
 
-A vision (or audio) model on the Hub is two GGUFs in one folder: the language model and its
-projector, named ``mmproj-<model>-<type>.gguf`` (or ``<model>-mmproj-<type>.gguf``,
-``mmproj-F16.gguf``). :func:`find_projector` picks, among the projector files in a model's folder,
-the one whose name shares the most with the model's and whose type is the best (F16, BF16, F32, then
-quantized), and :func:`read_projector` reads its header with the bounded GGUF reader (before
-llama.cpp ever sees the file) into :class:`ProjectorFacts`: vision and/or audio, the projector
-type, what size of image it reads (:attr:`ProjectorFacts.max_side` / ``max_pixels``, which
-Glassbox scales images down to) and its memory.
-
-A projector made for another model is refused here, naming both widths: its ``projection_dim`` must
-be the model's embedding length (llama.cpp would abort on the mismatch).
+Contract: ARCHITECTURE.md, 'engine.mmproj'.
 """
 
 from __future__ import annotations

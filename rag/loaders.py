@@ -4,13 +4,7 @@ Everything here runs in-process and trusts nothing about the file: callers that 
 documents run :func:`load_document` in a killable child (``rag.parsing``). Every failure is a
 :class:`~rag.errors.DocumentError` whose reason starts with ``"skipped: "``.
 
-The document's full text is the concatenation of its section texts separated by ``"\\n\\n"``; each
-:class:`~rag.sections.Section` records its character span in it, so chunks and citations can point at exact text.
-
-This module owns the entry point (:func:`load_document`, :func:`check_size`) and the plain-text
-family of loaders (text, code, Markdown, reStructuredText, HTML, CSV, JSON). Detection and safe
-opening are :mod:`rag.detect`, reading text :mod:`rag.text_files`, DOCX and EPUB
-:mod:`rag.zip_formats`, PDF :mod:`rag.pdf_loader`, the sections and their builder :mod:`rag.sections`.
+Contract: ARCHITECTURE.md, 'rag.loaders'.
 """
 
 from __future__ import annotations

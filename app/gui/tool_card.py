@@ -1,16 +1,7 @@
 """The agent's parts of a reply in the transcript: a card per tool call, the approval card, and the
 thinking folded where it came: above the text it preceded (issue 12, "The app"; issue 28).
 
-* :class:`ToolCallCardWidget`: the tool, its source, the exact arguments, the result (folded when
-  long), how long it ran and the tokens it added to the context; a call that did not run says why.
-* :class:`ApprovalCardWidget`: a call waiting for the user, with its exact arguments and *Allow
-  once* / *Always allow this tool* / *Deny*; Stop (or the end of the turn) closes it unanswered.
-* :class:`ReasoningFoldWidget`: the thinking, folded, with its token count and time.
-* :class:`AgentPartsWidget`: a reply's steps in the order the loop ran them (each step's text, then its
-  cards and approvals: :func:`turn_layout`), above the answer; its fold between them, above the answer.
-
-The data are plain dicts (``app.agent_history.step_dict``, the reply's ``stats``), so a
-stored reply shows the same cards after a restart.
+Contract: ARCHITECTURE.md, 'app.gui.tool_card'.
 """
 
 from __future__ import annotations

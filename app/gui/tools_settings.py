@@ -6,11 +6,7 @@ The list of sources and their state is the dialog's main area, on its first tab,
 row's whole status (a crash line) under it; adding a server selects it. The allow list and the
 limits are on a second tab, the paste box opens on demand (issue 28: at 620×520 the list had one row).
 
-Everything is ``app.tool_config`` (``mcp.json`` and ``tool_permissions.json``, saved at once).
-Starting a server blocks, so each check runs on a background thread (``app.gui.tasks``) with a busy
-bar and *Stop checking*; a server that does not start shows its one-line reason in its row, a bad
-entry or paste its reason under the buttons. Closing the dialog stops the servers it started
-(``McpServer.close`` ends a start in progress at once).
+Contract: ARCHITECTURE.md, 'app.gui.tools_settings'.
 """
 
 from __future__ import annotations

@@ -1,16 +1,7 @@
 """Tools that need no server: the current date and time, a calculator, and reading a file the
 user attached. None of them writes a file or runs a command.
 
-:class:`BuiltinTools` is an :class:`engine.inference.tools.ToolProvider`. Each tool is bounded: the
-calculator walks the expression's syntax tree (no ``eval``) with caps on its length, its nodes
-and the size of every number it makes; ``read_file`` reads only the files it was given, only
-regular text files, at most :data:`READ_MAX_CHARS` characters a call, and only the file that was
-attached: each is resolved to its real path when attached, and read by walking that path with
-``O_NOFOLLOW`` at every component, so a symbolic link swapped in afterwards (for the file or a
-folder above it) is refused, never followed (where there is no ``O_NOFOLLOW``, the opened file's
-device and inode must be those it had when it was attached). Bad arguments give an error
-result with one line, never an exception. (The knowledge-base search tool needs ``rag``, so the
-app adds it, in ``app/tool_setup.py``.)
+Contract: ARCHITECTURE.md, 'engine.agent.builtin_tools'.
 """
 
 from __future__ import annotations

@@ -1,17 +1,6 @@
 """What a quantization will write, tensor by tensor, before it runs.
 
-A file-level "bits per weight" figure is wrong for small models with a large vocabulary: the
-starter (Gemma 3 270M) spends 168 M of its 268 M parameters on a token-embedding table whose rows
-(640) are not a multiple of the K-quant block (256), so llama.cpp keeps that table at Q8_0 and the
-Q4_K_M file is 241 MiB, not the 157 MiB that 4.9 bits per weight predicts. So the estimate here
-reads every tensor's real shape and type from the header and applies the choices llama.cpp's
-quantizer makes per tensor (``src/llama-quant.cpp`` of the pinned version: which tensors are
-quantized at all, ``llama_tensor_get_type``'s higher precision for the output head, ``attn_v``,
-``ffn_down`` and friends, and the fallback types for rows that do not fit a block). The rules are
-re-expressed from reading that code; the mixes that need an importance matrix are approximated.
-
-The result is a :class:`~engine.gguf.GgufInfo` of the file to be, so the fit estimator
-(:mod:`engine.fit`) can give its verdict and decode speed as for any model on disk.
+Contract: ARCHITECTURE.md, 'engine.convert.quant_estimate'.
 """
 
 from __future__ import annotations

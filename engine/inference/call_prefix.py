@@ -1,16 +1,6 @@
 """Whether a reply that starts like a bare tool call can still be one, as it streams.
 
-A reply that starts with ``{``, ``[`` or a JSON fence may be a call written without markup (the
-``json`` and ``llama3`` formats), so the tool-call parser holds it back. Only the whole text says
-for sure that it *is* a call, but a prefix often says that it is *not*: the JSON breaks
-(``{"name": "add"}, "required": …``), or a value ends that is no call (``{"answer": 42}``), or text
-follows the closing fence. :class:`BareCallPrefix` reads the held text as it grows, in one pass
-(a small pushdown automaton over JSON, RFC 8259), and says as soon as it can no longer be a call,
-so the parser lets it stream as the text it is instead of holding it to the end.
-
-It decides only what it is sure of: a prefix that is valid JSON, or a Python-style call list
-(``[f(a=1)]``, Llama 3.2), stays possible until the end; whether a finished value is a call is the
-parser's own ``is_call`` (the same test it applies at the end).
+Contract: ARCHITECTURE.md, 'engine.inference.call_prefix'.
 """
 
 from __future__ import annotations

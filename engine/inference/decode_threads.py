@@ -1,6 +1,6 @@
 """How many threads decode a token: chosen by timing the candidates on this machine, in the reply.
 
-Which is fastest differs by machine (ARCHITECTURE.md, "CPU threads"): a decoded token reads every
+Which is fastest differs by machine (ARCHITECTURE.md, "Threads and processes"): a decoded token reads every
 weight once and needs little compute, so a thread more can gain bandwidth or lose it to the
 barriers of a thread whose core is shared. So the worker does not guess: while the first tokens
 of a reply are decoded, the candidates take turns in short blocks, and once each has enough

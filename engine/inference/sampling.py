@@ -1,17 +1,6 @@
 """The sampler the decode loop runs in the worker: llama.cpp's sampler chain, built from GenerationParams.
 
-Child side only (imports llama_cpp lazily, through the ``llama_cpp`` module handed in). The chain is
-built with llama.cpp's own samplers, in the order llama-cpp-python uses: the penalties (repetition,
-frequency, presence), the logit bias, then greedy, or top-k / typical / top-p / min-p / temperature /
-a seeded draw (with Mirostat 1 or 2: the temperature, then Mirostat's own draw); the
-grammar (GBNF, or one built from a JSON schema) checks the chosen token and resamples only when it
-refuses it (ChainSampler._sample_constrained). ``llama_sampler_sample`` samples *and* accepts the token
-into the chain (the grammar and the penalties advance), so the chain's state always follows the
-tokens actually kept: speculative verification samples row after row and stops at the first
-mismatch, and a rejected draft never reaches it.
-
-Log-probabilities are the model's own distribution after the logit bias, before the grammar and
-the truncating samplers (what OpenAI's ``logprobs`` reports).
+Contract: ARCHITECTURE.md, 'engine.inference.sampling'.
 """
 
 from __future__ import annotations

@@ -1,16 +1,13 @@
-"""A chat turn on the GUI thread, from the saved question to the saved reply (ARCHITECTURE.md,
-"Walk 1: a chat turn").
+"""A chat turn on the GUI thread, from the saved question to the saved reply.
 
-1. The question (its images first) and a pending reply row are saved before anything is
-   generated, so nothing is lost: :func:`save_question` runs on the history thread; on a full disk
-   a message the history refuses goes back to the composer (``message_not_saved``), and what the
-   save got to before it failed crosses back as a frozen :class:`SendProgress`.
-2. With knowledge bases attached, the knowledge worker searches on its own thread
-   (:class:`~app.gui.workers.chat_retrieval.PassageRetriever`); Stop meanwhile ends the turn.
-3. The request goes to the LLM worker, which runs the app's one turn (``app.turn``) with the
-   passages as data; the backend's documents band keeps the best that fit.
-4. Coalesced text streams back, is shown and checkpointed; on finish, stop or error the reply is
-   saved (partial if stopped) with its stats and the sources of the passages kept.
+:func:`save_question` saves the question (its images first) and a pending reply row on the history
+thread before anything is generated (a message the history refuses on a full disk goes back to the
+composer, ``message_not_saved``; what the save got to crosses back as a frozen :class:`SendProgress`);
+:class:`~app.gui.workers.chat_retrieval.PassageRetriever` searches the attached knowledge bases; the
+coalesced reply streams back, is checkpointed, and is saved (partial if stopped) with its stats and
+the sources of the passages kept.
+
+Contract: ARCHITECTURE.md, 'Walk 1: a chat turn'.
 """
 
 from __future__ import annotations

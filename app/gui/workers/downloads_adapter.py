@@ -1,16 +1,6 @@
 """The downloads adapter: Hugging Face search, and downloads that survive a restart.
 
-Hub queries run on the shared background pool; their failures come back as ``search_failed`` and
-``files_failed``, so Discover shows them where the search was made. Downloads run one at a time
-on ``glassbox-download`` through ``engine.hub.model_download.download_files`` (each with its own
-cancel and pause events). Progress crosses to the GUI thread as the engine's frozen
-``FilesProgress`` reports, throttled; the adapter turns each into a new frozen
-:class:`~app.gui.workers.transfers.Transfer` there (:mod:`app.gui.workers.download_snapshots`).
-
-Every requested download is remembered in an ``engine.hub.queue.DownloadQueue`` (one item
-per model choice, all its files) until all its files are complete or the user discards it, so a
-restart brings back a split model whole, parts not yet started included. The queue file is read
-and written in order on ``glassbox-download-queue``.
+Contract: ARCHITECTURE.md, 'app.gui.workers.downloads_adapter'.
 """
 
 from __future__ import annotations

@@ -6,11 +6,7 @@ re-index) are sent in order from the ``glassbox-index`` thread with a per-job ca
 event (an :class:`IndexJob`), which the service forwards to the child. Progress is throttled to
 ~10 updates a second before it reaches the GUI.
 
-At start-up (the first turn of the event loop) :meth:`KnowledgeAdapter.check_store` looks at the
-local Chroma folder on the index thread: unless it is exactly as last found good and nothing waits
-to be embedded, it opens the knowledge bases, which check the folder in a child process
-(ROBUSTNESS P5); a damaged folder is moved aside and its chunks are re-embedded from the
-registry as an ordinary job with progress.
+Contract: ARCHITECTURE.md, 'app.gui.workers.knowledge_worker'.
 """
 
 from __future__ import annotations
