@@ -213,3 +213,82 @@ def test_checker_finds_an_unexplained_local_import(tmp_path: Path) -> None:
         "engine/mod.py:12: an import cycle is removed, not commented",
         "engine/mod.py:16: no '# lazy: <reason>' comment",
     ]
+
+
+# CONTRIBUTING.md rule 17: a module's docstring says what the module is in a few lines and points
+# to ARCHITECTURE.md for the contract rather than restating it.
+DOCSTRING_MAX_LINES = 12
+
+# Being changed in parallel; shorten later (remove an entry once its docstring fits).
+LONG_DOCSTRING_IN_PROGRESS = frozenset(
+    {
+        "app/settings.py",
+        "engine/hub/downloads.py",
+        "app/gui/inspector.py",
+    }
+)
+# Being changed in parallel; point it at an ARCHITECTURE.md heading later.
+POINTER_IN_PROGRESS = frozenset({"engine/hub/adapters.py"})
+
+_POINTER = re.compile(r"""ARCHITECTURE\.md,\s+(?:'(?P<single>[^']+)'|"(?P<double>[^"]+)")""")
+
+
+def _module_docstrings(root: Path) -> list[tuple[str, str]]:
+    found = []
+    for package in PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            rel = path.relative_to(root).as_posix()
+            doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"), rel), clean=False)
+            if doc is not None:
+                found.append((rel, doc))
+    return found
+
+
+def long_docstrings(root: Path = ROOT, limit: int = DOCSTRING_MAX_LINES) -> list[str]:
+    """``path: N lines`` for each module docstring longer than ``limit`` lines, longest first."""
+    long = [
+        (len(doc.splitlines()), rel)
+        for rel, doc in _module_docstrings(root)
+        if rel not in LONG_DOCSTRING_IN_PROGRESS and len(doc.splitlines()) > limit
+    ]
+    return [f"{rel}: {lines} lines" for lines, rel in sorted(long, key=lambda row: (-row[0], row[1]))]
+
+
+def dangling_pointers(root: Path = ROOT) -> list[str]:
+    """``path: 'title'`` for each ARCHITECTURE.md section a module docstring names that is not a heading."""
+    text = (root / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    headings = {line.lstrip("#").strip() for line in text.splitlines() if line.startswith("#")}
+    return [
+        f"{rel}: '{title}'"
+        for rel, doc in _module_docstrings(root)
+        if rel not in POINTER_IN_PROGRESS
+        for match in _POINTER.finditer(doc)
+        if (title := match["single"] or match["double"]) not in headings
+    ]
+
+
+def test_module_docstrings_are_short() -> None:
+    long = long_docstrings()
+    assert not long, (
+        f"module docstrings over {DOCSTRING_MAX_LINES} lines (CONTRIBUTING.md rule 17: say what the module is "
+        "and point to ARCHITECTURE.md, 'Module notes', for the contract):\n" + "\n".join(long)
+    )
+
+
+def test_module_docstrings_point_to_sections_that_exist() -> None:
+    bad = dangling_pointers()
+    assert not bad, "module docstrings name ARCHITECTURE.md sections that are not headings there:\n" + "\n".join(bad)
+
+
+def test_docstring_checkers_see_a_long_docstring_and_a_dangling_pointer(tmp_path: Path) -> None:
+    package = tmp_path / "rag"
+    package.mkdir()
+    (tmp_path / "ARCHITECTURE.md").write_text("# Title\n\n## Module notes\n\n### rag.short\n", encoding="utf-8")
+    (package / "short.py").write_text(
+        '"""One line.\n\nContract: ARCHITECTURE.md, \'rag.short\'.\n"""\n', encoding="utf-8"
+    )
+    (package / "long.py").write_text('"""' + "line\n" * 13 + '"""\n', encoding="utf-8")
+    (package / "limit.py").write_text('"""' + "line\n" * 12 + '"""\n', encoding="utf-8")
+    (package / "lost.py").write_text('"""One line (ARCHITECTURE.md, "Gone").\n"""\n', encoding="utf-8")
+    assert long_docstrings(tmp_path) == ["rag/long.py: 13 lines"]
+    assert dangling_pointers(tmp_path) == ["rag/lost.py: 'Gone'"]
