@@ -1,5 +1,7 @@
 """The Discover tab of the Models page: suggested models, Hub search, a repository's files with
-size and fit, and the download queue.
+size and fit, and the download queue. The "LoRA adapters" toggle beside the search looks for GGUF
+LoRA adapters instead: each hit names the base it adapts, and each file says which chat model of
+the library it fits (its header read before download); it downloads as a model does.
 
 Before any search the list holds the suggested chat models shipped in
 ``resources/curated_models.json`` (:mod:`app.curated_models`), each with its fit verdict for this
@@ -38,11 +40,16 @@ from app.gui.workers.transfers import Transfer
 from engine.units import format_bytes, format_eta, format_speed
 
 if TYPE_CHECKING:
+    from engine.hub.adapters import AdapterHit, AdapterRepo, RemoteAdapter
     from engine.hub.search import RepoFiles, RepoSummary
 
 REPO_ROLE = Qt.ItemDataRole.UserRole
 FILE_ROLE = Qt.ItemDataRole.UserRole + 1
+ADAPTER_ROLE = Qt.ItemDataRole.UserRole + 2  # on an adapter search's rows: the base its tags name, or ""
 SEARCH_HINT = "Search Hugging Face for GGUF models (e.g. qwen 0.5b instruct)"
+ADAPTER_HINT = "Search Hugging Face for GGUF LoRA adapters (empty: the most downloaded)"
+MODEL_COLUMNS = ["File", "Quant", "Size", "Fit on this machine"]
+ADAPTER_COLUMNS = ["File", "Architecture", "Size", "Fits in your library"]
 
 
 class DiscoverWidget(QWidget):
@@ -64,6 +71,8 @@ class DiscoverWidget(QWidget):
         self._pending_repo: str | None = None  # the repository whose files were asked for last
         self._wanted_file: str | None = None  # the suggested file to select once they are listed
         self._failed_query: str | None = None
+        self._listing_adapters = False  # the files asked for last are an adapter repository's
+        self._listing_base: str | None = None  # the base that repository's tags name
         lay = QVBoxLayout(self)
         lay.addLayout(self._build_search_row())
         splitter = QSplitter(Qt.Orientation.Horizontal)
@@ -77,6 +86,8 @@ class DiscoverWidget(QWidget):
         downloads.search_failed.connect(self._on_adapter_search_failed)
         downloads.files_listed.connect(self._on_adapter_files_listed)
         downloads.files_failed.connect(self._on_adapter_files_failed)
+        downloads.adapters_found.connect(self._on_adapter_adapters_found)
+        downloads.adapter_files_listed.connect(self._on_adapter_adapter_files_listed)
         adapter.library.hardware_ready.connect(self._on_adapter_hardware_ready)
         downloads.transfer_changed.connect(self._on_adapter_transfer_changed)
         downloads.transfer_removed.connect(self._on_adapter_transfer_removed)
@@ -92,7 +103,15 @@ class DiscoverWidget(QWidget):
         self.search.returnPressed.connect(self._on_search_return_pressed)
         self.search_button = QPushButton("Search")
         self.search_button.clicked.connect(self._on_search_return_pressed)
+        self.adapters_toggle = QPushButton("LoRA adapters")
+        self.adapters_toggle.setCheckable(True)
+        self.adapters_toggle.setToolTip(
+            "Search LoRA adapters instead of models: each names the base model it changes, and each file "
+            "says which model of your library it fits"
+        )
+        self.adapters_toggle.toggled.connect(self._on_adapters_toggle_toggled)
         row.addWidget(self.search, 1)
+        row.addWidget(self.adapters_toggle)
         row.addWidget(self.search_button)
         return row
 
@@ -141,7 +160,7 @@ class DiscoverWidget(QWidget):
         self.repo_label.setWordWrap(True)
         rl.addWidget(self.repo_label)
         self.files = QTableWidget(0, 4)
-        self.files.setHorizontalHeaderLabels(["File", "Quant", "Size", "Fit on this machine"])
+        self.files.setHorizontalHeaderLabels(MODEL_COLUMNS)
         self.files.verticalHeader().setVisible(False)
         self.files.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
         self.files.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
@@ -225,19 +244,32 @@ class DiscoverWidget(QWidget):
         self.search_error.setText(shown(message or ""))
         self.search_error.setToolTip(plain_tooltip(message or ""))
 
+    def searching_adapters(self) -> bool:
+        """True while the search looks for LoRA adapters (the toggle beside it is on)."""
+        return self.adapters_toggle.isChecked()
+
+    @Slot(bool)
+    def _on_adapters_toggle_toggled(self, on: bool) -> None:
+        self.search.setPlaceholderText(ADAPTER_HINT if on else SEARCH_HINT)
+        self._on_search_return_pressed()
+
     @Slot()
     def _on_search_return_pressed(self) -> None:
         text = self.search.text().strip()
-        if not text:
+        adapters = self.searching_adapters()
+        if not text and not adapters:
             self.show_suggestions()
             return
         self._set_search_error(None)
         self._failed_query = None
-        self.results_title.setText("SEARCH RESULTS")
-        self.back_to_suggestions.setVisible(bool(self.curated))
+        self.results_title.setText("LORA ADAPTERS" if adapters else "SEARCH RESULTS")
+        self.back_to_suggestions.setVisible(bool(self.curated) and not adapters)
         self.results.clear()
         self._add_note("Searching…")
-        self.adapter.downloads.search(text)
+        if adapters:
+            self.adapter.downloads.search_adapters(text)
+        else:
+            self.adapter.downloads.search(text)
 
     def _add_note(self, text: str) -> None:
         """A line in the results list that says what is happening: not a model, so not selectable."""
@@ -257,8 +289,24 @@ class DiscoverWidget(QWidget):
         self._on_search_return_pressed()
 
     @Slot(str, object)
+    def _on_adapter_adapters_found(self, query: str, hits: list[AdapterHit]) -> None:
+        if query != self.search.text().strip() or not self.searching_adapters():
+            return
+        self.results.clear()
+        if not hits:
+            self._add_note("No GGUF LoRA adapters found.")
+        for hit in hits:
+            lock = "  🔒 gated" if hit.gated else ""
+            base = f"for {hit.base_model}" if hit.base_model else "base model not named"
+            item = QListWidgetItem(f"{shown(hit.id)}{lock}\n{shown(base)} · ↓ {hit.downloads:,}  ♥ {hit.likes:,}")
+            item.setToolTip(plain_tooltip(f"{hit.id}\nA LoRA adapter {base}: it changes that model's replies"))
+            item.setData(REPO_ROLE, hit.id)
+            item.setData(ADAPTER_ROLE, hit.base_model or "")
+            self.results.addItem(item)
+
+    @Slot(str, object)
     def _on_adapter_search_finished(self, query: str, hits: list[RepoSummary]) -> None:
-        if query != self.search.text().strip():
+        if query != self.search.text().strip() or self.searching_adapters():
             return
         self.results.clear()
         if not hits:
@@ -285,31 +333,57 @@ class DiscoverWidget(QWidget):
         self.files_error.setText(shown(message or ""))
         self.files_error.setToolTip(plain_tooltip(message or ""))
 
-    def _list(self, repo: str) -> None:
+    def _list(self, repo: str, adapters: bool = False) -> None:
         self._pending_repo = repo
+        self._listing_adapters = adapters
         self.repo_files = None
         self._set_files_error(None)
-        self.repo_label.setText(f"<b>{rich(repo)}</b>: listing files…")
+        self.repo_label.setText(f"<b>{rich(repo)}</b>: {'reading the adapters' if adapters else 'listing files'}…")
         self.files.setRowCount(0)
-        self.adapter.downloads.list_files(repo)
+        self.files.setHorizontalHeaderLabels(ADAPTER_COLUMNS if adapters else MODEL_COLUMNS)
+        if adapters:
+            self.adapter.downloads.list_adapter_files(repo)
+        else:
+            self.adapter.downloads.list_files(repo)
 
     @Slot()
     def _on_results_item_selection_changed(self) -> None:
         selected = self.results.selectedItems()
         item = selected[0] if selected else None
         repo = item.data(REPO_ROLE) if item is not None else None
-        if repo:
-            self._wanted_file = item.data(FILE_ROLE) if item is not None else None
-            self._list(repo)
+        if repo and item is not None:
+            self._wanted_file = item.data(FILE_ROLE)
+            base = item.data(ADAPTER_ROLE)
+            self._listing_base = base or None
+            self._list(repo, isinstance(base, str))
 
     @Slot()
     def _on_files_retry_clicked(self) -> None:
         if self._pending_repo:
-            self._list(self._pending_repo)
+            self._list(self._pending_repo, self._listing_adapters)
+
+    @Slot(str, object)
+    def _on_adapter_adapter_files_listed(self, repo: str, found: AdapterRepo) -> None:
+        if repo != self._pending_repo or not self._listing_adapters:
+            return  # an answer for a repository picked before the current one
+        self.repo_files = files = found.files
+        n = sum(a.is_adapter for a in found.adapters)
+        extra = " · gated: accept the licence on the website first" if files.gated else ""
+        self.repo_label.setText(f"<b>{rich(repo)}</b> — {n} LoRA adapter{'s' if n != 1 else ''}{extra}")
+        self.files.setRowCount(len(found.adapters))
+        for row, remote in enumerate(found.adapters):
+            arch = remote.architecture or "?"
+            rank = f" · rank {remote.rank}" if remote.rank else ""
+            named = remote.base_model or self._listing_base
+            tip = f"made for {named}" if named else ""
+            self.files.setItem(row, 0, _item(remote.choice.name, tip))
+            self.files.setItem(row, 1, _item(arch + rank))
+            self.files.setItem(row, 2, _item(format_bytes(remote.choice.total_size), align_right=True))
+            self.files.setItem(row, 3, _item(*adapter_fit_text(remote, self._listing_base)))
 
     @Slot(str, object)
     def _on_adapter_files_listed(self, repo: str, files: RepoFiles) -> None:
-        if self._pending_repo is not None and repo != self._pending_repo:
+        if (self._pending_repo is not None and repo != self._pending_repo) or self._listing_adapters:
             return  # an answer for a repository picked before the current one
         self._pending_repo = repo
         self.repo_files = files
@@ -427,6 +501,19 @@ class DiscoverWidget(QWidget):
             f"It cannot be resumed afterwards.{complete}",
         ):
             self.adapter.downloads.discard(transfer)
+
+
+def adapter_fit_text(remote: RemoteAdapter, repo_base: str | None = None) -> tuple[str, str]:
+    """The "Fits in your library" cell of an adapter file, and its tooltip; the base named is the
+    file's own (its header), else ``repo_base`` (its repository's tags)."""
+    if not remote.is_adapter:
+        return f"✕ {remote.note or 'not a LoRA adapter'}", remote.note or ""
+    if remote.fits:
+        names = ", ".join(p.name for p in remote.fits)
+        return f"● fits {names}", "\n".join(str(p) for p in remote.fits)
+    named = remote.base_model or repo_base
+    base = f" (made for {named})" if named else ""
+    return f"no {remote.architecture} model in your library fits{base}", "download its base model first"
 
 
 def format_progress(done: int, total: int) -> str:

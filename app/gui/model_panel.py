@@ -272,7 +272,9 @@ class ModelPanel(QWidget):
             return
         kind = KIND_TEXT.get(entry.kind)
         arch = entry.architecture or "?"
-        if kind:
+        if kind and entry.kind == "adapter" and entry.base_model:  # the base it changes, in the row
+            self.library.setItem(row, 1, _item(f"{arch} ({kind} for {entry.base_model})", entry.chat_problem() or ""))
+        elif kind:
             self.library.setItem(row, 1, _item(f"{arch} ({kind})", entry.chat_problem() or ""))
         elif entry.sees and entry.projector is not None:
             seeing = f"sees {entry.sees} through {entry.projector.name}, loaded beside it"

@@ -23,6 +23,7 @@ from app.gui.workers.transfers import Transfer, from_partial, from_queue
 
 if TYPE_CHECKING:
     from app.gui.workers.library_adapter import LibraryAdapter
+    from engine.hub.adapters import AdapterHit, AdapterRepo
     from engine.hub.model_download import FilesOutcome, FilesProgress
     from engine.hub.queue import DownloadQueue, PartialDownload, QueuedOnDisk
     from engine.hub.search import ModelChoice, RepoFiles, RepoSummary
@@ -43,6 +44,9 @@ class DownloadsAdapter(QObject):
         search_failed(str, str): the query and why it failed (offline, an HTTP error), one line.
         files_listed(str, object): a repo and its ``RepoFiles``.
         files_failed(str, str): a repo and why its files could not be listed, one line.
+        adapters_found(str, object): the query and its ``AdapterHit`` list (a LoRA adapter search).
+        adapter_files_listed(str, object): an adapter repo and its ``AdapterRepo`` (each GGUF
+            file's header read by range request, matched against the library's chat models).
         transfer_changed(object): the new :class:`Transfer` snapshot of a download.
         transfer_removed(object): a stopped :class:`Transfer` whose partial files were discarded.
         unfinished_found(int): how many unfinished downloads from an earlier session were found.
@@ -53,6 +57,8 @@ class DownloadsAdapter(QObject):
     search_failed = Signal(str, str)
     files_listed = Signal(str, object)
     files_failed = Signal(str, str)
+    adapters_found = Signal(str, object)
+    adapter_files_listed = Signal(str, object)
     transfer_changed = Signal(object)
     transfer_removed = Signal(object)
     unfinished_found = Signal(int)
@@ -104,6 +110,38 @@ class DownloadsAdapter(QObject):
         run_in_background(
             work,
             lambda files: self.files_listed.emit(repo, files),
+            lambda exc: self.files_failed.emit(repo, describe_error(exc)),
+        )
+
+    def search_adapters(self, query: str) -> None:
+        """Searches GGUF LoRA adapters (``adapters_found``, or ``search_failed``)."""
+
+        def work() -> list[AdapterHit]:
+            # lazy: start-up (+36 ms, as the model search)
+            from engine.hub.adapters import search_adapters
+
+            return search_adapters(query, limit=30, endpoint=self.endpoint)
+
+        run_in_background(
+            work,
+            lambda hits: self.adapters_found.emit(query, hits),
+            lambda exc: self.search_failed.emit(query, describe_error(exc)),
+        )
+
+    def list_adapter_files(self, repo: str) -> None:
+        """Lists an adapter repo's files with their headers, matched against the library's chat
+        models (``adapter_files_listed``, or ``files_failed``)."""
+        models = [e.path for e in self.library.entries if e.kind == "chat" and e.available and not e.error]
+
+        def work() -> AdapterRepo:
+            # lazy: start-up (+36 ms, as the model search)
+            from engine.hub.adapters import inspect_adapter_repo
+
+            return inspect_adapter_repo(repo, models, endpoint=self.endpoint)
+
+        run_in_background(
+            work,
+            lambda found: self.adapter_files_listed.emit(repo, found),
             lambda exc: self.files_failed.emit(repo, describe_error(exc)),
         )
 
