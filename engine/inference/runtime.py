@@ -105,15 +105,34 @@ def default_threads(cores: int | None = None) -> tuple[int, int]:
 
 def others_running() -> int | None:
     """Threads of other programs running on the CPUs right now (Linux: ``/proc/stat``'s
-    ``procs_running``, less the one reading it), or None where it cannot be told."""
+    ``procs_running``, less this process's own running threads: the one reading it, and any other
+    of the worker's, such as the KV cache's writer or an OpenMP thread still spinning), or None
+    where it cannot be told."""
     try:
         with open("/proc/stat", "rb") as stat:
             for line in stat:
                 if line.startswith(b"procs_running "):
-                    return max(0, int(line.split()[1]) - 1)
+                    return max(0, int(line.split()[1]) - max(1, _own_running()))
     except (OSError, ValueError):
         return None
     return None
+
+
+def _own_running() -> int:
+    """This process's threads in the running state now (``/proc/self/task/*/stat``; 1 where unreadable)."""
+    running = 0
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return 1
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/stat", "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[-1].split()
+        except OSError:
+            continue  # the thread ended meanwhile
+        running += bool(fields) and fields[0] == b"R"
+    return running
 
 
 def prompt_threads(cores: int, busy: int | None) -> int:

@@ -3,6 +3,9 @@ loads, and that the worker reports both (the choice itself is measured: tests/be
 
 from __future__ import annotations
 
+import hashlib
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -61,6 +64,38 @@ def test_prompt_batches_take_the_cores_nobody_else_uses() -> None:
     assert prompt_threads(4, None) == 4  # cannot tell: every core
     busy = others_running()
     assert busy is None or busy >= 0
+
+
+def _spin(stop: threading.Event) -> None:
+    data = bytes(8 << 20)
+    while not stop.is_set():
+        hashlib.sha256(data).digest()  # hashing releases the GIL: the thread runs beside the others
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="Linux's /proc tells which threads run")
+def test_the_workers_own_threads_are_not_counted_as_other_programs() -> None:
+    # Two threads of this process spinning (as the KV cache's writer or an OpenMP thread still
+    # spinning after a batch would): procs_running counts them, others_running must not.
+    stop = threading.Event()
+    spinners = [threading.Thread(target=_spin, args=(stop,), daemon=True) for _ in range(2)]
+    for thread in spinners:
+        thread.start()
+    try:
+        time.sleep(0.05)
+        seen = []
+        for _ in range(20):
+            own = runtime._own_running()
+            with open("/proc/stat", "rb") as stat:
+                total = next(int(line.split()[1]) for line in stat if line.startswith(b"procs_running "))
+            seen.append((own, total, others_running()))
+    finally:
+        stop.set()
+        for thread in spinners:
+            thread.join()
+    # Both hash without the GIL, so they run as the reader does: all three counted as its own.
+    assert max(own for own, _total, _others in seen) >= 3
+    for _own, total, others in seen:
+        assert others is not None and others <= max(0, total - 1)
 
 
 @pytest.mark.model
