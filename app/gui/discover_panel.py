@@ -166,6 +166,7 @@ class DiscoverWidget(QWidget):
         self.files.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
         self.files.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.files.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        self.files.horizontalHeader().setSectionResizeMode(1, QHeaderView.ResizeMode.ResizeToContents)
         self.files.horizontalHeader().setSectionResizeMode(3, QHeaderView.ResizeMode.ResizeToContents)
         rl.addWidget(self.files, 1)
         self.files_error = plain_label("")
@@ -341,6 +342,9 @@ class DiscoverWidget(QWidget):
         self.repo_label.setText(f"<b>{rich(repo)}</b>: {'reading the adapters' if adapters else 'listing files'}…")
         self.files.setRowCount(0)
         self.files.setHorizontalHeaderLabels(ADAPTER_COLUMNS if adapters else MODEL_COLUMNS)
+        # An adapter's fit names library models: it shares the width with the file name, elided.
+        fit_mode = QHeaderView.ResizeMode.Stretch if adapters else QHeaderView.ResizeMode.ResizeToContents
+        self.files.horizontalHeader().setSectionResizeMode(3, fit_mode)
         if adapters:
             self.adapter.downloads.list_adapter_files(repo)
         else:
@@ -375,7 +379,7 @@ class DiscoverWidget(QWidget):
             arch = remote.architecture or "?"
             rank = f" · rank {remote.rank}" if remote.rank else ""
             named = remote.base_model or self._listing_base
-            tip = f"made for {named}" if named else ""
+            tip = remote.choice.name + (f"\nmade for {named}" if named else "")
             self.files.setItem(row, 0, _item(remote.choice.name, tip))
             self.files.setItem(row, 1, _item(arch + rank))
             self.files.setItem(row, 2, _item(format_bytes(remote.choice.total_size), align_right=True))
@@ -509,7 +513,7 @@ def adapter_fit_text(remote: RemoteAdapter, repo_base: str | None = None) -> tup
     if not remote.is_adapter:
         return f"✕ {remote.note or 'not a LoRA adapter'}", remote.note or ""
     if remote.fits:
-        names = ", ".join(p.name for p in remote.fits)
+        names = ", ".join(p.stem for p in remote.fits)
         return f"● fits {names}", "\n".join(str(p) for p in remote.fits)
     named = remote.base_model or repo_base
     base = f" (made for {named})" if named else ""

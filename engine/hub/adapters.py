@@ -8,7 +8,7 @@ else from the card's ``base_model``. ``inspect_adapter_repo`` lists a repository
 reads the first bytes of each by HTTP range request: a header that says ``general.type = adapter``
 is checked against the given library models as a load would check it (``engine.lora``), so
 Discover can say which model of the library an adapter fits before anything is downloaded.
-A download is a model's (``engine.hub.model_download``); see ARCHITECTURE.md, "Models page".
+A download is a model's (``engine.hub.model_download``); ARCHITECTURE.md, "engine.hub.adapters".
 """
 
 from __future__ import annotations

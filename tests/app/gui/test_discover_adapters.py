@@ -67,7 +67,7 @@ def test_adapters_are_found_matched_and_downloaded_into_the_library(
         d.results.setCurrentRow(0)
         qtbot.waitUntil(lambda: d.files.rowCount() == 1 and "pirate" in d.files.item(0, 0).text(), timeout=15000)
         qtbot.waitUntil(lambda: d.files.item(0, 3) is not None, timeout=15000)
-        assert d.files.item(0, 3).text() == "● fits tiny-chat.gguf"
+        assert d.files.item(0, 3).text() == "● fits tiny-chat"
         assert "1 LoRA adapter" in d.repo_label.text()
         d.files.selectRow(0)
         d.download_button.click()
