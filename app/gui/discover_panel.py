@@ -73,6 +73,7 @@ class DiscoverWidget(QWidget):
         self._failed_query: str | None = None
         self._listing_adapters = False  # the files asked for last are an adapter repository's
         self._listing_base: str | None = None  # the base that repository's tags name
+        self._adapter_repo: AdapterRepo | None = None  # its files' headers, once read
         lay = QVBoxLayout(self)
         lay.addLayout(self._build_search_row())
         splitter = QSplitter(Qt.Orientation.Horizontal)
@@ -338,6 +339,7 @@ class DiscoverWidget(QWidget):
         self._pending_repo = repo
         self._listing_adapters = adapters
         self.repo_files = None
+        self._adapter_repo = None
         self._set_files_error(None)
         self.repo_label.setText(f"<b>{rich(repo)}</b>: {'reading the adapters' if adapters else 'listing files'}…")
         self.files.setRowCount(0)
@@ -371,6 +373,7 @@ class DiscoverWidget(QWidget):
         if repo != self._pending_repo or not self._listing_adapters:
             return  # an answer for a repository picked before the current one
         self.repo_files = files = found.files
+        self._adapter_repo = found
         n = sum(a.is_adapter for a in found.adapters)
         extra = " · gated: accept the licence on the website first" if files.gated else ""
         self.repo_label.setText(f"<b>{rich(repo)}</b> — {n} LoRA adapter{'s' if n != 1 else ''}{extra}")
@@ -433,7 +436,11 @@ class DiscoverWidget(QWidget):
             self.repo_label.setText(self.repo_label.text().split(" · pick")[0] + " · pick a file to download first")
             return
         choice = self.repo_files.choices[rows[0].row()]
-        self.adapter.downloads.download(self.repo_files.repo, choice, self.repo_files.commit)
+        base = None
+        if self._listing_adapters and self._adapter_repo is not None:
+            remote = self._adapter_repo.adapters[rows[0].row()]
+            base = self._listing_base if remote.is_adapter and not remote.base_model else None
+        self.adapter.downloads.download(self.repo_files.repo, choice, self.repo_files.commit, base_model=base)
 
     # ------------------------------------------------------------------ the download queue
     def _queue_row(self, key: str) -> int | None:

@@ -75,6 +75,7 @@ class DownloadsAdapter(QObject):
         self._queue_io = QueueIO(queue_file, self._fail("Download queue"))
         self.queue_file = queue_file
         self._running: list[Future[FilesOutcome]] = []
+        self._adapter_bases: dict[str, str] = {}  # a download's key -> the base its adapter repo's tags name
         self._closed = False
 
     def _fail(self, prefix: str) -> Callable[[BaseException], None]:
@@ -146,12 +147,18 @@ class DownloadsAdapter(QObject):
         )
 
     # ------------------------------------------------------------------ downloads
-    def download(self, repo: str, choice: ModelChoice, commit: str | None = None) -> Transfer:
+    def download(
+        self, repo: str, choice: ModelChoice, commit: str | None = None, *, base_model: str | None = None
+    ) -> Transfer:
         """Queues every file of a model choice (split parts and mmproj included) into
-        ``<models>/<owner>/<repo>/`` (``engine.hub.model_download.model_folder``)."""
+        ``<models>/<owner>/<repo>/`` (``engine.hub.model_download.model_folder``). ``base_model``:
+        for a LoRA adapter whose header names no base, the base its repository's tags name,
+        recorded in the library once it is downloaded (in this session)."""
         existing = self.transfers.get(f"{repo}/{choice.name}")
         if existing is not None and existing.running:
             return existing
+        if base_model:
+            self._adapter_bases[f"{repo}/{choice.name}"] = base_model
         transfer, item = new_download(repo, choice, commit, self.library.models_dir, self.endpoint)
         self._take_over(transfer)
         self.transfers[transfer.key] = transfer
@@ -213,8 +220,9 @@ class DownloadsAdapter(QObject):
         current = self._current(run) or run
         self._put(after_outcome(current, outcome))
         records = provenance(outcome)
+        base_model = self._adapter_bases.pop(current.key, None) if outcome.complete else None
         if records:
-            self.library.record(current.repo, records)
+            self.library.record(current.repo, records, base_model=base_model)
 
     def _on_run_failed(self, run: Transfer, exc: BaseException) -> None:
         self._put(after_failure(self._current(run) or run, exc))

@@ -91,9 +91,12 @@ class LibraryAdapter(QObject):
 
         run_in_background(lambda: self.model_library().scan(), done, self.fail("Model library"))
 
-    def record(self, repo: str, records: list[tuple[Path, str, str | None]]) -> None:
-        """Records where downloaded files came from (``(path, revision, sha256)`` each), then rescans."""
-        run_in_background(lambda: record_provenance(self.model_library(), repo, records), lambda _r: self.scan())
+    def record(self, repo: str, records: list[tuple[Path, str, str | None]], *, base_model: str | None = None) -> None:
+        """Records where downloaded files came from (``(path, revision, sha256)`` each; for a LoRA
+        adapter, the base its repository names), then rescans."""
+        run_in_background(
+            lambda: record_provenance(self.model_library(), repo, records, base_model), lambda _r: self.scan()
+        )
 
     def add_folder(self, folder: Path) -> None:
         self.add_folders([folder])
@@ -220,10 +223,15 @@ class LibraryAdapter(QObject):
             return None
 
 
-def record_provenance(library: ModelLibrary, repo: str, records: list[tuple[Path, str, str | None]]) -> None:
-    """Records where downloaded files came from: ``(path, revision, sha256)`` each."""
+def record_provenance(
+    library: ModelLibrary, repo: str, records: list[tuple[Path, str, str | None]], base_model: str | None = None
+) -> None:
+    """Records where downloaded files came from: ``(path, revision, sha256)`` each, and for a LoRA
+    adapter the ``base_model`` its repository names (None: keep what was recorded)."""
     for path, revision, sha256 in records:
         fields = {"repo": repo, "revision": revision}
         if sha256:  # unknown for a skipped file without a listed hash: keep what was recorded
             fields["sha256"] = sha256
+        if base_model:
+            fields["base_model"] = base_model
         library.record_provenance(path, **fields)

@@ -29,7 +29,7 @@ def test_adapters_are_found_matched_and_downloaded_into_the_library(
     qtbot: Any, open_panel: Any, monkeypatch: pytest.MonkeyPatch, paths: Paths, starter_model: Path, tmp_path: Path
 ) -> None:
     tiny = write_tiny_llama_gguf(paths.models / "tiny-chat.gguf", n_layer=2)
-    pirate = write_gguf_lora(tmp_path / "pirate-lora.gguf", tiny, base_model="acme/tiny-chat")
+    pirate = write_gguf_lora(tmp_path / "pirate-lora.gguf", tiny)  # its header names no base: its tags do
     style = write_gguf_lora(tmp_path / "style-lora.gguf", starter_model)
     with FakeHub() as hub:
         hub.add_repo(
@@ -80,7 +80,7 @@ def test_adapters_are_found_matched_and_downloaded_into_the_library(
     entry = downloaded()
     assert entry.path.read_bytes() == pirate.read_bytes()
     assert entry.path.parent == paths.models / "acme" / "tiny-pirate-lora-GGUF"
-    assert entry.kind == "adapter" and entry.base_model == "acme/tiny-chat"
+    assert entry.kind == "adapter" and entry.base_model == "acme/tiny-chat"  # recorded from the repo's tag
     assert entry.chat_problem() is not None  # the model bar offers only entries without one
     names = [panel.library.item(r, 0).text() for r in range(panel.library.rowCount())]
     row = names.index("pirate-lora-f32")
