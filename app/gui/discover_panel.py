@@ -168,6 +168,7 @@ class DiscoverWidget(QWidget):
         self.files.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.files.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
         self.files.horizontalHeader().setSectionResizeMode(1, QHeaderView.ResizeMode.ResizeToContents)
+        self.files.horizontalHeader().setSectionResizeMode(2, QHeaderView.ResizeMode.ResizeToContents)
         self.files.horizontalHeader().setSectionResizeMode(3, QHeaderView.ResizeMode.ResizeToContents)
         rl.addWidget(self.files, 1)
         self.files_error = plain_label("")
@@ -344,8 +345,8 @@ class DiscoverWidget(QWidget):
         self.repo_label.setText(f"<b>{rich(repo)}</b>: {'reading the adapters' if adapters else 'listing files'}…")
         self.files.setRowCount(0)
         self.files.setHorizontalHeaderLabels(ADAPTER_COLUMNS if adapters else MODEL_COLUMNS)
-        # An adapter's fit names library models: it shares the width with the file name, elided.
-        fit_mode = QHeaderView.ResizeMode.Stretch if adapters else QHeaderView.ResizeMode.ResizeToContents
+        # An adapter's fit names library models: sized to them once listed, at most a third of the table.
+        fit_mode = QHeaderView.ResizeMode.Interactive if adapters else QHeaderView.ResizeMode.ResizeToContents
         self.files.horizontalHeader().setSectionResizeMode(3, fit_mode)
         if adapters:
             self.adapter.downloads.list_adapter_files(repo)
@@ -387,6 +388,8 @@ class DiscoverWidget(QWidget):
             self.files.setItem(row, 1, _item(arch + rank))
             self.files.setItem(row, 2, _item(format_bytes(remote.choice.total_size), align_right=True))
             self.files.setItem(row, 3, _item(*adapter_fit_text(remote, self._listing_base)))
+        wanted = max(self.files.sizeHintForColumn(3), self.files.horizontalHeader().sectionSizeHint(3))
+        self.files.horizontalHeader().resizeSection(3, min(wanted + 8, self.files.viewport().width() // 3))
 
     @Slot(str, object)
     def _on_adapter_files_listed(self, repo: str, files: RepoFiles) -> None:
