@@ -1,21 +1,11 @@
-"""The one settings model (STYLE.md rule 14): Qt-free, typed, versioned, saved atomically.
+"""The one settings model (CONTRIBUTING.md rule 14): Qt-free, typed, versioned, saved atomically.
 
 ``Settings`` is a pydantic model with a ``schema_version``. ``load_settings`` reads
-``paths.settings_file``, runs the registered migrations for older versions, and falls back to the
-defaults (keeping a copy of the unreadable file) when the file is damaged. A value that does not fit
-its setting is replaced by that setting's default alone; every other value is kept. ``save_settings``
-writes a temporary file, fsyncs it and renames it over the old one, so a crash or a full disk never
-leaves a half-written file. ``QSettings`` keeps only window geometry.
+``paths.settings_file``, runs the migrations for older versions and falls back to the defaults
+(keeping a copy of a damaged file); ``save_settings`` writes a temporary file, fsyncs it and
+renames it over the old one. ``QSettings`` keeps only window geometry.
 
-What another version wrote is never lost: keys this version does not know are written back as they
-were, a newer file keeps its ``schema_version``, and a newer file's values this version cannot read
-are written back as they were unless the user changes that setting.
-
-The file can hold ``api_server_key``, so it and the kept copies of a damaged one are owner-only
-(0600) from their first byte; older ones left readable by others are made owner-only when read.
-Each damaged file is kept under its own name, ``settings.json.<date>-<time>.bad`` beside it, the
-newest :data:`MAX_BAD_COPIES` of them (a copy identical to one kept is not made twice), so a second
-bad edit never costs the first one's values.
+Contract: ARCHITECTURE.md, 'app.settings'.
 """
 
 from __future__ import annotations

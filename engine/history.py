@@ -1,8 +1,8 @@
 """Conversation history in SQLite: conversations, a tree of messages, full-text search.
 
-Durability (DESIGN.md "Data layout", ROBUSTNESS.md P2/P3/P7): WAL journal, ``synchronous=FULL``
+Durability (ARCHITECTURE.md "Data layout", ROBUSTNESS.md P2/P3/P7): WAL journal, ``synchronous=FULL``
 and every write committed at once, so a ``kill -9`` or a power cut loses at most the write in
-flight. The schema is versioned by named migrations (a ``migrations`` table, as in simonw/llm); before
+flight. The schema is versioned by named migrations (a ``migrations`` table); before
 migrating a database that already has a schema, it is copied with SQLite's backup API to
 ``<name>.bak-v<N>`` next to it, where N is the number of migrations it had.
 

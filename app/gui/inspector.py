@@ -4,9 +4,8 @@
   reply reserve, free) with token counts.
 * Speed: prefill and decode tokens per second, a live decode chart, time to first token, tokens
   reused from the KV cache.
-* Memory: KV cache and weights, and the memory wall meter: achieved decode bandwidth against this
-  machine's measured bandwidth. Decode reads every weight once per token, so tokens per second can
-  never beat bandwidth / model size.
+* Memory: KV cache and weights, the models in memory against the machine's RAM, and the memory
+  wall: decode bandwidth against this machine's (tokens per second <= bandwidth / model size).
 * Tokens: the last prompt as the model saw it, in coloured pieces with their ids on hover; with a
   LoRA adapter, the last reply compared with the base model (:mod:`app.gui.compare_view`).
 

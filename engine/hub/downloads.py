@@ -1,29 +1,12 @@
 """The downloader: one Hugging Face file to a folder, resumable, verified, never half-written.
 
 ``download_file`` streams ``{endpoint}/{repo}/resolve/{revision}/{filename}`` into
-``<dest>/<filename>.partial`` with a JSON sidecar ``<filename>.partial.json`` (repo, revision, the
-commit it resolved to, URL, expected size/sha256/etag, bytes done). Calling it again with the same
-arguments, in this process or a new one after a crash, resumes with ``Range: bytes=N-`` from the
-last checkpoint after re-hashing the bytes already on disk. Once pinned, a resume always asks for
-the same commit, so bytes of two versions of a file are never mixed.
+``<dest>/<filename>.partial`` with a JSON sidecar (repo, revision, the commit it resolved to, URL,
+expected size/sha256/etag, bytes done); called again, in this process or a new one after a crash,
+it resumes from the last checkpoint. The helper threads live in ``engine.hub.transfer``, the
+remembered queue in ``engine.hub.queue``, HTTP in ``engine.hub.http``.
 
-What it guards against (USERS.md 1-2, ROBUSTNESS.md D1-D7, R4):
-- dropped connections and short bodies: retry with exponential backoff and jitter; the failure
-  counter resets whenever an attempt made progress, so a long download over a flaky link finishes;
-- stalls: a watchdog thread cuts the socket after ``stall_timeout_s`` without a byte and the
-  download reconnects; it also cuts it at once on cancel or pause;
-- servers that ignore ``Range`` (200 instead of 206): start over from byte 0, safely;
-- disk space: a hard check (remaining bytes + margin) before starting, on resume and once the
-  size is known; ENOSPC while writing gives the same clear error and keeps the partial;
-- corruption: sha256 computed while writing, checked against the LFS sha256; a mismatch deletes
-  the partial and downloads once more, then fails with a clear message;
-- no half file at the final path: fsync, then ``os.replace``;
-- unsafe names (``..``, absolute, drive letters, UNC, backslashes, NUL) are refused before any
-  request; pickle weights are refused outright;
-- two downloads of the same file at once: the second one fails fast with a clear message.
-
-The helper threads (progress, watchdog, hashing, fdatasync) live in ``engine.hub.transfer``; the
-remembered queue and leftover partials in ``engine.hub.queue``; HTTP in ``engine.hub.http``.
+Contract: ARCHITECTURE.md, 'engine.hub.downloads'.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A chat session: one loaded model, its chat template, the context budget and the stats.
 
-This is the headless heart of a chat turn (DESIGN.md, "How data flows through a chat turn", steps
-2–4): fit the conversation into the window, render the template, tokenize, stream from the worker
+This is the headless heart of a chat turn (ARCHITECTURE.md, "Walk 1: a chat turn", steps
+3–4): fit the conversation into the window, render the template, tokenize, stream from the worker
 (reusing the KV cache for the common prefix), and measure what it cost.
 
 ``ChatSession.stream`` is a plain generator of typed events (:mod:`engine.inference.events`), ending with
