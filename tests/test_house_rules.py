@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -280,3 +281,39 @@ def test_docstring_checkers_see_a_long_docstring_and_a_dangling_pointer(tmp_path
     (package / "lost.py").write_text('"""One line (ARCHITECTURE.md, "Gone").\n"""\n', encoding="utf-8")
     assert long_docstrings(tmp_path) == ["rag/long.py: 13 lines"]
     assert dangling_pointers(tmp_path) == ["rag/lost.py: 'Gone'"]
+
+
+# The repository's own documents are the truth: nothing in it points to a document outside it (the
+# design notes the project started from are in ARCHITECTURE.md and CONTRIBUTING.md now).
+_OUTSIDE = re.compile(r"\b(?:DESIGN|STYLE|USERS)\.md\b|\.\./shared/")
+
+
+def outside_pointers(root: Path = ROOT) -> list[str]:
+    """``path:line`` of each mention of a document outside the repository, in its tracked text files."""
+    listed = subprocess.run(["git", "ls-files"], cwd=root, capture_output=True, text=True, check=True).stdout
+    found = []
+    for rel in listed.splitlines():
+        path = root / rel
+        if (
+            path.suffix not in {".py", ".md", ".toml", ".txt", ".yml", ".yaml", ".cfg", ".spec", ""}
+            or not path.is_file()
+        ):
+            continue
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except (UnicodeDecodeError, OSError):
+            continue
+        found += [f"{rel}:{n}" for n, line in enumerate(lines, 1) if _OUTSIDE.search(line) and rel != THIS_FILE]
+    return found
+
+
+THIS_FILE = "tests/test_house_rules.py"
+
+
+def test_nothing_points_outside_the_repository() -> None:
+    assert outside_pointers() == []
+
+
+def test_the_outside_check_finds_a_pointer() -> None:
+    assert _OUTSIDE.search("as " + "DESIGN" + ".md says") and _OUTSIDE.search("see ../" + "shared/x")
+    assert not _OUTSIDE.search("see ARCHITECTURE.md and ROBUSTNESS.md")
