@@ -4,14 +4,18 @@ window, and the exit code."""
 
 from __future__ import annotations
 
+import atexit
+import logging
 import os
 import sys
+import threading
+import time
 from typing import NoReturn
 
 from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QApplication
 
-from app.gui.lifecycle import quit_on_signals, safe_mode_reason
+from app.gui.lifecycle import quit_on_signals, safe_mode_reason, start_error
 from app.gui.main_window import MainWindow
 from app.gui.single_instance import SingleInstance
 from app.paths import Paths
@@ -29,12 +33,6 @@ def leave_process(code: int) -> NoReturn:
     ``atexit`` hooks run (logging, multiprocessing's children, the MCP servers, temporary files),
     the output is flushed, then the process leaves with ``code``.
     """
-    import atexit
-    import logging
-    import os
-    import threading
-    import time
-
     deadline = time.monotonic() + 2.0  # the window stopped its threads: any left is idle or late
     for thread in threading.enumerate():
         if thread is not threading.current_thread() and not thread.daemon:
@@ -76,10 +74,8 @@ def run_gui(paths: Paths, safe_mode: bool = False) -> int:
         paths: where data lives (``--home`` already applied).
         safe_mode: do not load a model automatically.
     """
-    from app.gui.lifecycle import start_error
-
     if QApplication.instance() is None:
-        from app.gui.display_check import display_problem
+        from app.gui.display_check import display_problem  # lazy: start-up (+4 ms: ctypes); only without a QApplication
 
         problem = display_problem()  # no display, no X libraries: one line, not Qt's abort
         if problem is not None:

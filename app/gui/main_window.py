@@ -39,11 +39,13 @@ from PySide6.QtWidgets import (
 from app.gui.api_server_control import ApiServerControl
 from app.gui.attachments import media_from_mime
 from app.gui.chat_page import ChatPage
+from app.gui.chat_tools_menu import ChatToolsController
 from app.gui.compare_controller import CompareController
 from app.gui.composer import is_media_drop
 from app.gui.conversation_controller import ConversationController
 from app.gui.display_text import plain_tooltip, shown
 from app.gui.documents_controller import DocumentsController
+from app.gui.markdown_render import render_markdown
 from app.gui.model_bar import ModelController
 from app.gui.page_stack import PageStack
 from app.gui.tasks import run_in_background, shutdown_background
@@ -58,7 +60,9 @@ from app.gui.workers.chat_adapter import ChatAdapter
 from app.gui.workers.history_service import HistoryService
 from app.gui.workers.knowledge_worker import KnowledgeAdapter
 from app.gui.workers.llm_loading import SessionFactory
+from app.gui.workers.model_routing import parse_remote_model
 from app.gui.workers.models_worker import ModelsAdapter
+from app.gui.workers.speculative import draft_for
 from app.paths import Paths
 from app.settings import Settings
 
@@ -74,8 +78,6 @@ CHAT_PAGE, MODELS_PAGE, KNOWLEDGE_PAGE = 0, 1, 2
 
 def warm_up_rendering() -> None:
     """Imports the Markdown parser off the GUI thread, so the first reply does not pay for it."""
-    from app.gui.markdown_render import render_markdown
-
     render_markdown("*warm* `up`")
 
 
@@ -217,8 +219,6 @@ class MainWindow(QMainWindow):
     def _build_controllers(self, safe_mode: bool, probe_bandwidth: bool) -> None:
         """The controllers, each given what it drives and what it tells (in the order the adapters'
         signals reach them)."""
-        from app.gui.chat_tools_menu import ChatToolsController
-
         chat, store, header = self.chat, self.store, self.header
         self.api_server = ApiServerControl(
             settings=store, chat=chat, knowledge=self.knowledge, paths=self.paths,
@@ -342,7 +342,7 @@ class MainWindow(QMainWindow):
         return self._knowledge_page
 
     def _build_models_page(self) -> QWidget:
-        from app.gui.model_panel import ModelPanel
+        from app.gui.model_panel import ModelPanel  # lazy: start-up (built on first use; +16 ms)
 
         page = ModelPanel(self.models_adapter, self.settings.n_ctx)
         page.load_requested.connect(self._on_models_page_load_requested)
@@ -353,7 +353,7 @@ class MainWindow(QMainWindow):
         return page
 
     def _build_knowledge_page(self) -> QWidget:
-        from app.gui.knowledge_panel import KnowledgePanel
+        from app.gui.knowledge_panel import KnowledgePanel  # lazy: start-up (built on first use; +8 ms)
 
         self._knowledge_page = KnowledgePanel(self.knowledge)
         return self._knowledge_page
@@ -381,9 +381,7 @@ class MainWindow(QMainWindow):
 
     # ------------------------------------------------------------------ settings & theme
     def open_settings(self) -> None:
-        from app.gui.settings_dialog import SettingsDialog
-        from app.gui.workers.model_routing import parse_remote_model
-        from app.gui.workers.speculative import draft_for
+        from app.gui.settings_dialog import SettingsDialog  # lazy: start-up (built on first use; +8 ms)
 
         loaded = self.chat.loaded.path if self.chat.loaded is not None else None
         local = loaded if isinstance(loaded, Path) and parse_remote_model(loaded) is None else None

@@ -14,11 +14,13 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from pathlib import Path
+from app.compose import LoadSettings, load_params
+from engine.errors import EngineError
 
+if TYPE_CHECKING:
     from app.compose import RemoteModel
     from app.gui.workers.llm_requests import LoadedModel, LoadRequest
     from engine.fit import ModelMemory
@@ -249,13 +251,9 @@ def _minutes(seconds: float) -> str:
 def estimated_memory(request: LoadRequest) -> ModelMemory | None:
     """The fit estimator's memory for a local model's load (None for a remote one or an unreadable
     file: it is not kept)."""
-    from pathlib import Path
-
     if not isinstance(request.model_path, Path):
         return None
-    from app.compose import LoadSettings, load_params
-    from engine.errors import EngineError
-    from engine.inference.pool import estimate_memory
+    from engine.inference.pool import estimate_memory  # lazy: start-up (+110 ms: the inference engine)
 
     mmproj = request.mmproj_path if isinstance(request.mmproj_path, Path) else None
     load = LoadSettings(request.n_ctx, request.n_threads, 0, request.draft_model_path, mmproj)
@@ -268,6 +266,7 @@ def estimated_memory(request: LoadRequest) -> ModelMemory | None:
 
 def machine_budget() -> int:
     """The RAM and VRAM free now, less the fit estimator's reserve (``engine.fit.memory_budget``)."""
+    # lazy: start-up (+30 ms: the hardware probe)
     from engine.fit import memory_budget
     from engine.hardware import probe_hardware
 
