@@ -159,8 +159,10 @@ class LlmWorker(QObject):
         memory = self._resident.memory_of(asked) if local is not None else None
         self._chat_memory = KeptModel(label, memory, None, request.model_path) if memory is not None else None
         self._current = Kept(asked, session, loaded, memory) if memory is not None and asked.keep_loaded > 1 else None
+        # The chat's model counted in memory, said before the load: whoever sees it loaded sees
+        # the memory it holds too (the two signals reach the GUI thread in order).
+        self.resident_changed.emit(self._resident_state())
         self.model_loaded.emit(loaded)
-        self.resident_changed.emit(self._resident_state())  # the chat's model counted in memory
         if not self._bandwidth_done and request.bandwidth_cache is not None:
             # After the load, so the first reply is not delayed; cached for later runs.
             self._bandwidth = measure_bandwidth(request.bandwidth_cache)
@@ -187,14 +189,15 @@ class LlmWorker(QObject):
             self._chat_memory = KeptModel(kept.loaded.label, kept.memory, None, kept.request.model_path)
             if isinstance(self._factory, RoutingSessionFactory):
                 self._factory.last_session = kept.session  # the chat's session (ModelSlot.session)
-            switch_ms = (time.perf_counter() - started) * 1000
-            self.model_loaded.emit(replace(kept.loaded, load_ms=switch_ms, kept=True))
         if self._resident.labels() and self._sweeper is None:
             self._sweeper = QTimer(self)
             self._sweeper.setInterval(SWEEP_MS)
             self._sweeper.timeout.connect(self._sweep_kept)
             self._sweeper.start()
-        self.resident_changed.emit(self._resident_state())
+        self.resident_changed.emit(self._resident_state())  # before model_loaded, as after a load
+        if kept is not None:
+            switch_ms = (time.perf_counter() - started) * 1000
+            self.model_loaded.emit(replace(kept.loaded, load_ms=switch_ms, kept=True))
         return kept is not None
 
     def _resident_state(self) -> ResidentState:
