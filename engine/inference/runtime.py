@@ -103,11 +103,28 @@ def default_threads(cores: int | None = None) -> tuple[int, int]:
     return cores, cores
 
 
-def others_running() -> int | None:
-    """Threads of other programs running on the CPUs right now (Linux: ``/proc/stat``'s
+BUSY_SAMPLES = 5  # readings of others_running, the median kept
+BUSY_GAP_S = 0.0002  # between them: about a millisecond in all
+
+
+def others_running(samples: int = BUSY_SAMPLES, gap_s: float = BUSY_GAP_S) -> int | None:
+    """Threads of other programs running on the CPUs now (Linux: ``/proc/stat``'s
     ``procs_running``, less this process's own running threads: the one reading it, and any other
     of the worker's, such as the KV cache's writer or an OpenMP thread still spinning), or None
-    where it cannot be told."""
+    where it cannot be told. The median of ``samples`` readings ``gap_s`` apart: a thread that runs
+    for a moment (the app that just sent the prompt, a kernel worker) is not a busy program."""
+    readings = []
+    for i in range(max(1, samples)):
+        if i:
+            time.sleep(gap_s)
+        reading = _others_now()
+        if reading is None:
+            return None
+        readings.append(reading)
+    return sorted(readings)[len(readings) // 2]
+
+
+def _others_now() -> int | None:
     try:
         with open("/proc/stat", "rb") as stat:
             for line in stat:
@@ -303,6 +320,7 @@ class WorkerResult:
     recomputed_tokens: int = 0  # prompt tokens read again because a change of adapters emptied the cache
     recompute_ms: float = 0.0  # what reading them again cost (their share of the prefill)
     decode_threads: int = 0  # the threads its last single-token step ran on (engine.inference.decode_threads)
+    prompt_threads: int = 0  # the threads its prompt was read on (prompt_threads)
 
 
 @dataclass(frozen=True)
@@ -725,6 +743,7 @@ class _Worker:
             recomputed_tokens=recompute.tokens,
             recompute_ms=recompute.ms,
             decode_threads=self._decode_threads_now,
+            prompt_threads=self._batch_threads_now,
         )
 
     def compare_base(

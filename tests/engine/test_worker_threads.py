@@ -115,3 +115,20 @@ def test_the_reply_does_not_depend_on_how_many_threads_read_the_prompt(starter_m
                     replies.append(done.value.text)
                     break
     assert replies[0] == replies[1] and replies[0]
+
+
+@pytest.mark.parametrize(
+    ("readings", "busy"),
+    [
+        ([1, 0, 0, 3, 0], 0),  # a thread that ran for a moment (the app sending the prompt)
+        ([1, 1, 0, 1, 1], 1),  # a program busy all along, off its core for one reading
+        ([2, 2, 2, 2, 2], 2),
+        ([0, None, 0, 0, 0], None),  # cannot be told
+    ],
+)
+def test_other_programs_are_the_median_of_a_few_readings(
+    monkeypatch: pytest.MonkeyPatch, readings: list[int | None], busy: int | None
+) -> None:
+    feed = iter(readings)
+    monkeypatch.setattr(runtime, "_others_now", lambda: next(feed))
+    assert others_running(samples=5, gap_s=0.0) == busy
