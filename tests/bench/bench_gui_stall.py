@@ -50,7 +50,10 @@ def run_probe(home: Path, model: Path, embedder: Path, docs: Path, *extra: str) 
     env = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "PYTHONPATH": str(ROOT)}
     command = [sys.executable, str(PROBE), str(home), str(model), str(embedder), str(docs), *extra]
     done = subprocess.run(command, capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
-    assert done.returncode == 0, f"the probe failed: {done.stderr[-3000:]}"
+    # The head and the tail of its stderr: a native abort says why in its first lines, and its
+    # threads' stacks follow.
+    err = done.stderr if len(done.stderr) <= 6000 else f"{done.stderr[:3000]}\n[...]\n{done.stderr[-3000:]}"
+    assert done.returncode == 0, f"the probe failed (exit {done.returncode}): {err}"
     line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
     return dict(json.loads(line[len("RESULT ") :]))
 
