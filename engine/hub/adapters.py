@@ -29,6 +29,7 @@ from engine.hub.search import (
     RepoFiles,
     SortKey,
     check_repo_id,
+    check_search,
     list_repo_files,
 )
 from engine.lora import adapter_from_header, check_adapter_header
@@ -160,10 +161,7 @@ def search_adapters(
     Raises:
         DownloadError: bad arguments, or a typed HTTP/offline error.
     """
-    if sort not in _SORT_FIELDS:
-        raise DownloadError(f"{sort}: unknown sort order (use downloads, likes or recent)")
-    if not 1 <= limit <= 1000:
-        raise DownloadError(f"{limit}: the search limit must be between 1 and 1000")
+    check_search(sort, limit)
     if base_model is not None:
         check_repo_id(base_model)
     base = resolve_endpoint(endpoint)

@@ -48,6 +48,16 @@ __all__ = [
 
 SortKey = Literal["downloads", "likes", "recent"]
 _SORT_FIELDS: dict[str, str] = {"downloads": "downloads", "likes": "likes", "recent": "lastModified"}
+
+
+def check_search(sort: str, limit: int) -> None:
+    """A Hub search's sort order and limit; raises DownloadError in one line for a bad one."""
+    if sort not in _SORT_FIELDS:
+        raise DownloadError(f"{sort}: unknown sort order (use downloads, likes or recent)")
+    if not 1 <= limit <= 1000:
+        raise DownloadError(f"{limit}: the search limit must be between 1 and 1000")
+
+
 _MAX_TREE_PAGES = 200
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 _REVISION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$")
@@ -322,10 +332,7 @@ def search_models(
     Raises:
         DownloadError: bad arguments, or a typed HTTP/offline error.
     """
-    if sort not in _SORT_FIELDS:
-        raise DownloadError(f"{sort}: unknown sort order (use downloads, likes or recent)")
-    if not 1 <= limit <= 1000:
-        raise DownloadError(f"{limit}: the search limit must be between 1 and 1000")
+    check_search(sort, limit)
     base = resolve_endpoint(endpoint)
     params: list[tuple[str, str]] = [
         ("search", query.strip()),
