@@ -49,10 +49,11 @@ def test_deleting_a_chat_removes_its_saved_kv_caches_off_the_gui_thread(
         other = store.path_for(KvKey(str(conversation + 1), "9"))
         store.save(KvKey(str(conversation + 1), "9"), IDENTITY, [1, 2], bytes(1000))
         assert store.usage()[0] == 3
+        qtbot.waitUntil(lambda: w.sidebar.list.count() == 1, timeout=10000)  # the list is filled off-thread
 
         w.conversations.delete_conversation(conversation)
         qtbot.waitUntil(lambda: w.sidebar.list.count() == 0, timeout=10000)
-        assert store.files() == [other]  # only another chat's cache is left
+        qtbot.waitUntil(lambda: store.files() == [other], timeout=10000)  # only another chat's cache is left
         assert removed_on and threading.main_thread().name not in removed_on
 
         w.toast.action.click()  # Undo: the chat comes back, without a saved cache

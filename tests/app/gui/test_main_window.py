@@ -137,9 +137,10 @@ def test_search_finds_words_across_chats(qtbot: Any, window: Any) -> None:
 def test_delete_and_undo(qtbot: Any, window: Any) -> None:
     send(qtbot, window, "keep me")
     conv_id = window.chat.conversation.id
+    qtbot.waitUntil(lambda: window.sidebar.list.count() == 1, timeout=5000)  # the list is filled off-thread
     window.conversations.delete_conversation(conv_id)
     qtbot.waitUntil(lambda: window.sidebar.list.count() == 0, timeout=5000)
-    assert window.toast.isVisible()
+    qtbot.waitUntil(window.toast.isVisible, timeout=5000)
     window.toast.action.click()
     qtbot.waitUntil(lambda: window.sidebar.list.count() == 1, timeout=5000)
     qtbot.waitUntil(lambda: len(window.chat_view.cards) == 2, timeout=5000)
