@@ -20,10 +20,7 @@ class _QtFrontEnd:
 
     @staticmethod
     def run_gui(paths: Paths, *, safe_mode: bool) -> int:
-        # The Qt-free modules the window needs come first: once PySide6 is imported it reads the
-        # source of every module imported after it (to see whether it uses PySide6), ~0.2 ms each.
         # lazy: child process (see the module docstring)
-        import app.settings  # noqa: F401
         from app.gui.launch import leave_process, run_gui
 
         # The window shut everything down as it closed: the process leaves without Python's

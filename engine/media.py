@@ -5,7 +5,6 @@ Contract: ARCHITECTURE.md, 'engine.media'.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import struct
 from dataclasses import dataclass, field
@@ -604,6 +603,8 @@ _AUDIO_READERS: Final = {"wav": _wav, "flac": _flac, "mp3": _mp3}
 
 
 def _digest(data: bytes) -> str:
+    import hashlib  # lazy: start-up (the window's first frame imports this module's suffixes)
+
     return hashlib.sha256(data).hexdigest()
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from PySide6.QtCore import QByteArray, Slot
+from PySide6.QtCore import QByteArray, Signal, Slot
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
 from app.gui.chat_view import ChatView
@@ -22,7 +22,6 @@ from app.gui.window_header import ChatHeaderWidget
 from app.gui.window_layout import ChatSplitter, make_wrapping
 
 if TYPE_CHECKING:
-    from app.gui.window_services import SettingsStore
     from app.paths import Paths
 
 CHAT_COLUMN_MIN_WIDTH = 460
@@ -33,16 +32,20 @@ class ChatPage(ChatSplitter):
 
     Args:
         paths: the data folders (the header's Tools switch lists ``mcp.json``'s servers).
-        settings: the window's settings (``show_inspector``: the inspector's state at start, and
-            the user's choice, kept when the window has room for it).
+        show_inspector: the inspector's state at start (the ``show_inspector`` setting).
+
+    Signals:
+        inspector_choice_changed(bool): the user showed or hid the inspector while the window had
+            room for it: the choice to keep for the next start (``show_inspector``).
     """
 
-    def __init__(self, paths: Paths, settings: SettingsStore) -> None:
+    inspector_choice_changed = Signal(bool)
+
+    def __init__(self, paths: Paths, show_inspector: bool) -> None:
         super().__init__(lambda narrow: self._collapse_when_narrow(narrow))
-        self._settings = settings
+        self.inspector_choice = show_inspector  # the user's choice, kept when the window has room
         self._auto_toggle = False  # the inspector toggle is being set by the layout, not the user
         self._inspector_collapsed = False  # collapsed because the window is narrow
-        show_inspector = settings.current.show_inspector
         self.setHandleWidth(1)
         self.sidebar = Sidebar()
         self.sidebar.setMinimumWidth(200)
@@ -91,6 +94,14 @@ class ChatPage(ChatSplitter):
         self.sidebar.setVisible(True)
         self.inspector.setVisible(self.inspector_button.isChecked())
 
+    def set_inspector_choice(self, show: bool) -> None:
+        """Takes ``show`` as the user's choice (the settings, once read in full, said so)."""
+        self.inspector_choice = show
+        if self.narrow:  # collapsed for now: it comes back when the window widens
+            self._inspector_collapsed = show
+        elif self.inspector_button.isChecked() != show:
+            self.inspector_button.setChecked(show)
+
     def focus_search(self) -> None:
         """Puts the cursor in the chat search (on a narrow window the chat list comes back)."""
         if not self.sidebar.isVisible() and self.inspector_button.isChecked():
@@ -102,8 +113,9 @@ class ChatPage(ChatSplitter):
     def _on_inspector_button_toggled(self, checked: bool) -> None:
         if not self._auto_toggle:
             # The user's choice: kept for the next start only when the window has room for it.
-            if not self.narrow:
-                self._settings.current.show_inspector = checked
+            if not self.narrow and checked != self.inspector_choice:
+                self.inspector_choice = checked
+                self.inspector_choice_changed.emit(checked)
             self._inspector_collapsed = False
         self._apply_side_panels()
 
@@ -126,7 +138,7 @@ class ChatPage(ChatSplitter):
                 self.inspector_button.setChecked(False)
             elif not narrow and self._inspector_collapsed:
                 self._inspector_collapsed = False
-                self.inspector_button.setChecked(self._settings.current.show_inspector)
+                self.inspector_button.setChecked(self.inspector_choice)
         finally:
             self._auto_toggle = False
         self._apply_side_panels()

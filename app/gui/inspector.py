@@ -46,22 +46,25 @@ from app.gui.inspector_widgets import (
 )
 from app.gui.theme import LIGHT, ThemeColors
 from app.gui.window_layout import ElidedLabel, make_wrapping, set_wrapped_text
-from engine.inference.events import Stats
 from engine.units import format_bytes, format_duration
 
 if TYPE_CHECKING:
+    from typing import TypeAlias
+
     from app.gui.workers.resident_models import ResidentState
     from engine.cpu_backend import BackendInfo
     from engine.inference.base_compare import BaseComparison
+    from engine.inference.events import Stats
+
+    # A turn's stats: the engine's, live, or the dict a stored reply keeps (``Stats.to_dict``).
+    # A type only (the window's first frame builds this panel before any engine event exists).
+    StatsLike: TypeAlias = Stats | Mapping[str, object]
 
 __all__ = ["InspectorPanel"]
 
 
 COMPARING = "Comparing with the base model: two greedy replies…"
 """What the Tokens tab says while a comparison runs."""
-
-StatsLike = Stats | Mapping[str, object]
-"""A turn's stats: the engine's, live, or the dict a stored reply keeps (``Stats.to_dict``)."""
 
 
 class PromptLike(Protocol):

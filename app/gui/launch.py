@@ -10,7 +10,7 @@ import os
 import sys
 import threading
 import time
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QApplication
@@ -19,7 +19,9 @@ from app.gui.lifecycle import quit_on_signals, safe_mode_reason, start_error
 from app.gui.main_window import MainWindow
 from app.gui.single_instance import SingleInstance
 from app.paths import Paths
-from app.settings import load_settings
+
+if TYPE_CHECKING:
+    from app.settings import SettingsLoad
 
 
 def leave_process(code: int) -> NoReturn:
@@ -89,7 +91,7 @@ def run_gui(paths: Paths, safe_mode: bool = False) -> int:
     try:
         paths.ensure()
         instance = SingleInstance(paths.lock_file)
-        acquired = instance.acquire()
+        acquired = instance.acquire(listen=False)  # it listens once the first frame is shown
     except OSError as exc:  # ReadOnlyFolder among them: one line, exit code 1, no traceback
         print(f"glassbox: error: {start_error(exc)}", file=sys.stderr)  # noqa: T201
         return 1
@@ -100,21 +102,23 @@ def run_gui(paths: Paths, safe_mode: bool = False) -> int:
         print(f"glassbox: error: {paths.lock_file}: another Glassbox holds this data folder", file=sys.stderr)  # noqa: T201
         return 1
     reason = safe_mode_reason(paths)
-    loaded = load_settings(paths.settings_file)
-    window = MainWindow(
-        paths,
-        loaded.settings,
-        safe_mode=safe_mode or reason is not None,
-        safe_reason=reason,
-        settings_warning=loaded.warning,
-    )
+
+    def read_settings() -> SettingsLoad:
+        from app.settings import load_settings  # lazy: start-up (pydantic, ~0.1 s: after the first frame)
+
+        return load_settings(paths.settings_file)
+
+    # Two steps: the first frame shows the window, then the settings are read and the rest is built.
+    window = MainWindow(paths, read_settings, safe_mode=safe_mode or reason is not None, safe_reason=reason)
     instance.activation_requested.connect(window.activate_from_second_launch)
+    window.first_frame_shown.connect(instance.listen)
     quit_on_signals(app)
     if os.environ.get("GLASSBOX_TEST_EXIT_WHEN_SHOWN"):
         return _exit_when_complete(app, window, instance)
+    # The history, the models and the model load start once the window is complete.
+    window.completed.connect(lambda: QTimer.singleShot(0, window.start))
     window.show()
     window.composer.edit.setFocus()  # a user can type at once
-    QTimer.singleShot(0, window.start)
     try:
         return int(app.exec())
     finally:

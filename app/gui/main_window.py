@@ -1,9 +1,10 @@
 """The main window (started by ``app.gui.launch.run_gui``, the ``glassbox`` command without a subcommand).
 
-The window is built from light widgets only and shown before anything slow happens: history,
-the model scan, the starter model and the model load all start after the first paint, on workers.
-Importing this module imports no llama_cpp, torch, sentence_transformers, chromadb or
-huggingface_hub (a test checks it).
+The window is built from light widgets only and shown before anything slow happens: at launch it
+is built in two steps (ARCHITECTURE.md, "The window's start"): the first frame from a glance at the
+settings, then the settings read in full and what drives the widgets. History, the model scan, the
+starter model and the model load all start after that, on workers. Importing this module imports no
+pydantic, llama_cpp, torch, sentence_transformers, chromadb or huggingface_hub (a test checks it).
 
 The window builds the adapters, the widgets and the controllers that drive them, and wires them:
 the chat list (``conversation_controller``), a turn as it runs (``turn_controller``), the
@@ -36,44 +37,46 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.gui.api_server_control import ApiServerControl
-from app.gui.attachments import media_from_mime
 from app.gui.chat_page import ChatPage
-from app.gui.chat_tools_menu import ChatToolsController
-from app.gui.compare_controller import CompareController
 from app.gui.composer import is_media_drop
-from app.gui.conversation_controller import ConversationController
 from app.gui.display_text import plain_tooltip, shown
-from app.gui.documents_controller import DocumentsController
 from app.gui.markdown_render import render_markdown
-from app.gui.model_bar import ModelController
 from app.gui.page_stack import PageStack
 from app.gui.tasks import run_in_background, shutdown_background
 from app.gui.theme import RESOURCES, apply_theme, resolve_theme
 from app.gui.toast import Toast
-from app.gui.turn_controller import TurnController
 from app.gui.window_header import NavRailWidget
 from app.gui.window_layout import apply_first_geometry, chain_focus, restore_geometry, set_wrapped_text
-from app.gui.window_services import SettingsStore
-from app.gui.window_shortcuts import let_shortcuts_through
-from app.gui.workers.chat_adapter import ChatAdapter
-from app.gui.workers.history_service import HistoryService
-from app.gui.workers.knowledge_worker import KnowledgeAdapter
-from app.gui.workers.llm_loading import SessionFactory
-from app.gui.workers.model_routing import parse_remote_model
-from app.gui.workers.models_worker import ModelsAdapter
-from app.gui.workers.speculative import draft_for
 from app.paths import Paths
-from app.settings import Settings
+from app.settings_glance import SettingsGlance, glance_settings
 
 if TYPE_CHECKING:
+    from app.gui.api_server_control import ApiServerControl
+    from app.gui.chat_tools_menu import ChatToolsController
+    from app.gui.compare_controller import CompareController
+    from app.gui.conversation_controller import ConversationController
+    from app.gui.documents_controller import DocumentsController
     from app.gui.knowledge_panel import KnowledgePanel
+    from app.gui.model_bar import ModelController
     from app.gui.model_panel import ModelPanel
+    from app.gui.turn_controller import TurnController
+    from app.gui.window_services import SettingsStore
+    from app.gui.workers.chat_adapter import ChatAdapter
+    from app.gui.workers.history_service import HistoryService
+    from app.gui.workers.knowledge_worker import KnowledgeAdapter
+    from app.gui.workers.llm_loading import SessionFactory
     from app.gui.workers.llm_requests import LoadedModel
+    from app.gui.workers.models_worker import ModelsAdapter
+    from app.settings import Settings, SettingsLoad
 
 log = logging.getLogger(__name__)
 SHUTDOWN_DEADLINE_S = 5.0
 CHAT_PAGE, MODELS_PAGE, KNOWLEDGE_PAGE = 0, 1, 2
+
+
+FIRST_FRAME_WAIT_MS = 1000
+"""A window built in two steps builds the rest this long after it was made if no frame was painted
+by then (a window shown minimized paints none)."""
 
 
 def warm_up_rendering() -> None:
@@ -84,30 +87,51 @@ def warm_up_rendering() -> None:
 class MainWindow(QMainWindow):
     """Glassbox's window: navigation rail, chat page (sidebar, transcript, inspector), models, knowledge.
 
+    Built in one step from ``Settings``, or in two from a function that reads them (the app's
+    launch): first what the first frame shows (the rail and the chat page's widgets, from the two
+    settings :func:`app.settings_glance.glance_settings` reads without pydantic), then, once that
+    frame is on screen, the settings read in full and everything that drives the widgets (the
+    adapters and their workers, the controllers, the shortcuts). :meth:`start` builds the rest
+    first if it is not built yet.
+
     Args:
         paths: where data lives.
-        settings: the loaded settings.
+        settings: the loaded settings, or a function that loads them (two steps).
         safe_mode: do not auto-load a model.
         safe_reason: why safe mode is on (shown to the user).
         session_factory: engine session builder (tests inject fakes).
         history_factory: history store builder (tests may inject fakes).
         kb_factory: KnowledgeBases builder (tests share one loaded embedder).
-        settings_warning: why the settings file was not read as it is (shown at start).
+        settings_warning: why the settings file was not read as it is (shown at start; a function
+            in ``settings`` says it itself).
         probe_bandwidth: measure the memory bandwidth when a model loads.
 
     Signals:
-        first_frame_shown(): the window's first frame is on screen; what it left out (the
-            inspector's tabs) is built next.
+        first_frame_shown(): the window's first frame is on screen; what it left out is built next.
         completed(): what the first frame left out is built.
     """
 
     first_frame_shown = Signal()
     completed = Signal()
+    # Built with the settings read in full (at once, or after the first frame: _finish).
+    store: SettingsStore
+    history: HistoryService
+    knowledge: KnowledgeAdapter
+    models_adapter: ModelsAdapter
+    chat: ChatAdapter
+    api_server: ApiServerControl
+    documents: DocumentsController
+    model_control: ModelController
+    chat_tools: ChatToolsController
+    turns: TurnController
+    compare: CompareController
+    conversations: ConversationController
+    shortcuts: dict[str, QAction]
 
     def __init__(
         self,
         paths: Paths,
-        settings: Settings,
+        settings: Settings | Callable[[], SettingsLoad],
         *,
         safe_mode: bool = False,
         safe_reason: str | None = None,
@@ -119,11 +143,12 @@ class MainWindow(QMainWindow):
     ) -> None:
         super().__init__()
         self.paths = paths
-        self.store = SettingsStore(settings, paths.settings_file, self)
         self.safe_reason = safe_reason
         self.settings_warning = settings_warning
         self._closing = False
         self._first_frame = True  # the next paint is the first (paintEvent)
+        self._complete_done = False
+        self._built = False
         # The Models and Knowledge pages are built the first time they are shown (start-up cost).
         self._models_page: ModelPanel | None = None
         self._knowledge_page: KnowledgePanel | None = None
@@ -133,22 +158,61 @@ class MainWindow(QMainWindow):
             self.setWindowIcon(QIcon(str(icon)))
         apply_first_geometry(self)
         self.setAcceptDrops(True)
-        self._build_adapters(session_factory, history_factory, kb_factory)
-        self.colors = resolve_theme(settings.theme)
-        self._build_pages()
+        if callable(settings):  # two steps: the first frame from a glance at the file
+            read: Callable[[], SettingsLoad] | None = settings
+            glance = glance_settings(paths.settings_file)
+        else:
+            read, glance = None, SettingsGlance(theme=settings.theme, show_inspector=settings.show_inspector)
+        self.colors = resolve_theme(glance.theme)
+        self._build_pages(glance.show_inspector)
         self.toast = Toast(self)
         # A long status message is cut at the window's edge: its whole text is the bar's tooltip.
         self.statusBar().messageChanged.connect(self._on_status_bar_message_changed)
         self.statusBar().showMessage("Starting…")
-        self._build_controllers(safe_mode, probe_bandwidth)
-        self._wire()
-        self._build_shortcuts()
         self.apply_colors()
         self._restore_geometry()
         # A timer owned by the window, so it dies with it (a bare singleShot would outlive it).
         self._banner_timer = QTimer(self)
         self._banner_timer.setSingleShot(True)
         self._banner_timer.timeout.connect(self.clear_error)
+        self._parts = (safe_mode, probe_bandwidth, session_factory, history_factory, kb_factory)
+        self._read_settings = read
+        if not callable(settings):
+            self._finish(settings, settings_warning)
+        else:
+            QTimer.singleShot(FIRST_FRAME_WAIT_MS, self, self._complete)  # no frame painted: build anyway
+
+    def _finish(self, settings: Settings, warning: str | None) -> None:
+        """The second step: the settings, the adapters, the controllers, the wiring, the shortcuts."""
+        # lazy: start-up (they drive the widgets, so they come after the first frame: ~0.1 s)
+        from app.gui.window_services import SettingsStore
+
+        self.store = SettingsStore(settings, self.paths.settings_file, self)
+        self.settings_warning = warning
+        self.chat_page.inspector_choice_changed.connect(self._on_inspector_choice_changed)
+        if settings.show_inspector != self.chat_page.inspector_choice:
+            self.chat_page.set_inspector_choice(settings.show_inspector)
+        safe_mode, probe_bandwidth, session_factory, history_factory, kb_factory = self._parts
+        self._build_adapters(session_factory, history_factory, kb_factory)
+        self._build_controllers(safe_mode, probe_bandwidth)
+        self._wire()
+        self._build_shortcuts()
+        self._built = True
+        colors = resolve_theme(settings.theme)
+        if colors != self.colors:  # the file held a theme only the full read accepts
+            self.colors = colors
+            self.apply_colors()
+
+    def _ensure_built(self) -> None:
+        """Builds the second step now if it waits for the first frame (:meth:`_finish`)."""
+        read, self._read_settings = self._read_settings, None
+        if read is not None:
+            loaded = read()
+            self._finish(loaded.settings, loaded.warning)
+
+    @Slot(bool)
+    def _on_inspector_choice_changed(self, show: bool) -> None:
+        self.store.current.show_inspector = show
 
     @property
     def settings(self) -> Settings:
@@ -166,6 +230,12 @@ class MainWindow(QMainWindow):
         history_factory: Callable[[Path], object] | None,
         kb_factory: Callable[[], object] | None,
     ) -> None:
+        # lazy: start-up (the adapters and their workers come after the first frame, _finish)
+        from app.gui.workers.chat_adapter import ChatAdapter
+        from app.gui.workers.history_service import HistoryService
+        from app.gui.workers.knowledge_worker import KnowledgeAdapter
+        from app.gui.workers.models_worker import ModelsAdapter
+
         paths, settings = self.paths, self.settings
         self.history = HistoryService(paths.history_db, history_factory)
         embedder = Path(settings.embedding_model) if settings.embedding_model else None
@@ -185,7 +255,7 @@ class MainWindow(QMainWindow):
             endpoints_file=paths.endpoints_file,
         )
 
-    def _build_pages(self) -> None:
+    def _build_pages(self, show_inspector: bool) -> None:
         root = QWidget()
         root_layout = QHBoxLayout(root)
         root_layout.setContentsMargins(0, 0, 0, 0)
@@ -196,13 +266,13 @@ class MainWindow(QMainWindow):
         self.pages = PageStack(self.nav_rail.nav_group)  # app/gui/page_stack.py
         root_layout.addWidget(self.pages, 1)
         self.setCentralWidget(root)
-        self.pages.addWidget(self._build_chat_page())
+        self.pages.addWidget(self._build_chat_page(show_inspector))
         self.pages.add_lazy(self._build_models_page)  # MODELS_PAGE, built on first use
         self.pages.add_lazy(self._build_knowledge_page)  # KNOWLEDGE_PAGE, built on first use
 
-    def _build_chat_page(self) -> QWidget:
+    def _build_chat_page(self, show_inspector: bool) -> QWidget:
         """The chat page (``app.gui.chat_page.ChatPage``); its widgets keep a name on the window."""
-        page = ChatPage(self.paths, self.store)
+        page = ChatPage(self.paths, show_inspector)
         self.chat_page = self.splitter = page
         self.header = page.header  # the model bar, the state row (app/gui/window_header.py)
         self.sidebar, self.chat_view, self.composer, self.inspector = (
@@ -219,6 +289,15 @@ class MainWindow(QMainWindow):
     def _build_controllers(self, safe_mode: bool, probe_bandwidth: bool) -> None:
         """The controllers, each given what it drives and what it tells (in the order the adapters'
         signals reach them)."""
+        # lazy: start-up (the controllers come after the first frame, _finish)
+        from app.gui.api_server_control import ApiServerControl
+        from app.gui.chat_tools_menu import ChatToolsController
+        from app.gui.compare_controller import CompareController
+        from app.gui.conversation_controller import ConversationController
+        from app.gui.documents_controller import DocumentsController
+        from app.gui.model_bar import ModelController
+        from app.gui.turn_controller import TurnController
+
         chat, store, header = self.chat, self.store, self.header
         self.api_server = ApiServerControl(
             settings=store, chat=chat, knowledge=self.knowledge, paths=self.paths,
@@ -257,6 +336,8 @@ class MainWindow(QMainWindow):
         self.header.chat_settings_button.clicked.connect(self.conversations.open_conversation_settings)
 
     def _build_shortcuts(self) -> None:
+        from app.gui.window_shortcuts import let_shortcuts_through  # lazy: start-up (after the first frame)
+
         def add(name: str, keys: QKeySequence | str, slot: Callable[..., object]) -> QAction:
             action = QAction(name, self)
             action.setShortcut(QKeySequence(keys))
@@ -306,12 +387,17 @@ class MainWindow(QMainWindow):
             QTimer.singleShot(0, self, self._complete)
 
     def _complete(self) -> None:
+        if self._complete_done:
+            return
+        self._complete_done = True
         self.first_frame_shown.emit()
+        self._ensure_built()
         self.inspector.ensure_contents()
         self.completed.emit()
 
     def start(self) -> None:
         """Loads the history, finds the models and (unless in safe mode) loads one, all on workers."""
+        self._ensure_built()
         if self.safe_reason:
             self.show_error(self.safe_reason)
         if self.settings_warning:
@@ -344,6 +430,8 @@ class MainWindow(QMainWindow):
     def _build_models_page(self) -> QWidget:
         from app.gui.model_panel import ModelPanel  # lazy: start-up (built on first use; +16 ms)
 
+        self._ensure_built()
+
         page = ModelPanel(self.models_adapter, self.settings.n_ctx)
         page.load_requested.connect(self._on_models_page_load_requested)
         page.unload_requested.connect(self.chat.model.unload)
@@ -354,6 +442,8 @@ class MainWindow(QMainWindow):
 
     def _build_knowledge_page(self) -> QWidget:
         from app.gui.knowledge_panel import KnowledgePanel  # lazy: start-up (built on first use; +8 ms)
+
+        self._ensure_built()
 
         self._knowledge_page = KnowledgePanel(self.knowledge)
         return self._knowledge_page
@@ -382,6 +472,10 @@ class MainWindow(QMainWindow):
     # ------------------------------------------------------------------ settings & theme
     def open_settings(self) -> None:
         from app.gui.settings_dialog import SettingsDialog  # lazy: start-up (built on first use; +8 ms)
+        from app.gui.workers.model_routing import parse_remote_model  # lazy: start-up (with the dialog)
+        from app.gui.workers.speculative import draft_for  # lazy: start-up (with the dialog)
+
+        self._ensure_built()
 
         loaded = self.chat.loaded.path if self.chat.loaded is not None else None
         local = loaded if isinstance(loaded, Path) and parse_remote_model(loaded) is None else None
@@ -420,7 +514,7 @@ class MainWindow(QMainWindow):
             apply_theme(app, self.colors)
         self.chat_view.set_colors(self.colors.code)
         self.inspector.set_colors(self.colors)
-        if self.chat.thread_messages:
+        if self._built and self.chat.thread_messages:
             self.chat_view.set_thread(self.chat.thread_messages)
 
     # ------------------------------------------------------------------ misc UI
@@ -470,11 +564,14 @@ class MainWindow(QMainWindow):
     def dropEvent(self, event: QDropEvent) -> None:
         mime = event.mimeData()
         if is_media_drop(mime):  # images and clips go to the message being written
+            from app.gui.attachments import media_from_mime  # lazy: start-up (on the first drop)
+
             event.acceptProposedAction()
             self.composer.attachments.add_sources(media_from_mime(mime))
             return
         paths = [Path(u.toLocalFile()) for u in mime.urls() if u.isLocalFile()]
         if paths:
+            self._ensure_built()
             event.acceptProposedAction()
             self.documents.attach_documents(paths)
 
@@ -497,6 +594,10 @@ class MainWindow(QMainWindow):
         if self._closing:
             return True
         self._closing = True
+        if not self._built:  # closed before the rest was built: nothing runs yet
+            self._read_settings = None
+            self._save_geometry()
+            return True
         self.turns.shutdown()
         self.model_control.shutdown()
         self._save_geometry()

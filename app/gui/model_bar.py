@@ -1,5 +1,5 @@
-"""The model bar: the picker, Load/Eject and Add endpoint (:class:`ModelBarWidget`), and what
-drives it (:class:`ModelController`): scanning the models folder, the starter model, the saved
+"""What drives the model bar (``app.gui.model_bar_widget.ModelBarWidget``: the picker, Load/Eject
+and Add endpoint), :class:`ModelController`: scanning the models folder, the starter model, the saved
 endpoints' remote models (what is in memory listed first, marked), loading and ejecting, the
 model's state in the header, and the open chat's own model (switched to when it is kept loaded,
 else offered in one line under the bar).
@@ -15,15 +15,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import shiboken6
-from PySide6.QtCore import QEvent, QObject, QPointF, Qt, QTimer, Slot
-from PySide6.QtGui import QColor, QIcon, QPainter, QPen, QPixmap, QShowEvent
-from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
+from PySide6.QtCore import QObject, QPointF, Qt, QTimer, Slot
+from PySide6.QtGui import QColor, QIcon, QPainter, QPen, QPixmap
+from PySide6.QtWidgets import QLabel, QWidget
 
 from app.compose import RemoteModel, model_key
 from app.gui.display_text import plain_tooltip, shown
 from app.gui.endpoints_dialog import AddEndpointDialog, list_remote_models
 from app.gui.tasks import describe_error, run_in_background
-from app.gui.window_layout import ElidedLabel
 from app.gui.window_services import while_alive
 from app.gui.workers.chat_state import ModelState
 from app.gui.workers.llm_requests import LoadRequest
@@ -35,6 +34,7 @@ if TYPE_CHECKING:
     from app.gui.chat_view import ChatView
     from app.gui.composer import Composer
     from app.gui.inspector import InspectorPanel
+    from app.gui.model_bar_widget import ModelBarWidget
     from app.gui.window_services import Notices, SettingsStore
     from app.gui.workers.chat_adapter import ChatAdapter
     from app.gui.workers.llm_requests import LoadedModel
@@ -100,102 +100,6 @@ def picker_mark(kind: str) -> QIcon:
             painter.end()
         icon = _MARKS[kind] = QIcon(pixmap)
     return icon
-
-
-class ChatModelOfferWidget(QWidget):
-    """One line under the model bar, shown while the open chat used another model than the loaded
-    one: its name and Load it, or that it is no longer in the library (then no button)."""
-
-    def __init__(self, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        row = QHBoxLayout(self)
-        row.setContentsMargins(0, 0, 0, 0)
-        row.setSpacing(6)
-        self.text = ElidedLabel("", min_chars=20)
-        self.text.setObjectName("chatModelNote")
-        self.text.setAccessibleName("This chat's model")
-        row.addWidget(self.text, 1)
-        self.load_button = QPushButton("Load it")
-        self.load_button.setObjectName("chatModelLoad")
-        row.addWidget(self.load_button)
-        self.setVisible(False)
-
-    def say(self, text: str, button: str | None, tooltip: str = "") -> None:
-        """Shows ``text``, with a button saying ``button`` (None: no button)."""
-        self.setToolTip("")
-        self.text.setText(text)
-        self.load_button.setVisible(button is not None)
-        if button is not None:
-            self.load_button.setText(button)
-            self.load_button.setToolTip(plain_tooltip(tooltip))
-            self.load_button.setAccessibleDescription(tooltip)
-        self.setVisible(True)
-
-    def clear(self) -> None:
-        self.setVisible(False)
-        self.text.setText("")
-        self.setToolTip("")
-
-
-class ModelBarWidget(QWidget):
-    """The chat header's first row: the model picker, Load (Eject once loaded) and Add endpoint;
-    under it, while needed, the open chat's own model (:class:`ChatModelOfferWidget`)."""
-
-    def __init__(self, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        rows = QVBoxLayout(self)
-        rows.setContentsMargins(0, 0, 0, 0)
-        rows.setSpacing(4)
-        row = QHBoxLayout()
-        row.setContentsMargins(0, 0, 0, 0)
-        row.setSpacing(6)
-        rows.addLayout(row)
-        self.picker = QComboBox()
-        self.picker.setObjectName("modelPicker")
-        self.picker.setMinimumWidth(120)
-        self.picker.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
-        self.picker.setMinimumContentsLength(12)
-        self.picker.setToolTip("The model to chat with")
-        self.picker.setAccessibleName("Model")
-        self.picker.setAccessibleDescription("The model to chat with; choosing one loads it")
-        self.picker.setPlaceholderText("No models yet")
-        row.addWidget(self.picker, 1)
-        self.resident = QLabel()  # the models kept loaded beside the chat's (hidden when none)
-        self.resident.setObjectName("residentModels")
-        self.resident.setVisible(False)
-        row.addWidget(self.resident)
-        self.load_button = QPushButton("Load")
-        self.load_button.setToolTip("Load the selected model (Ctrl+L)")
-        self.load_button.setAccessibleDescription(
-            "Load the selected model, eject the loaded one, or cancel the load in progress"
-        )
-        row.addWidget(self.load_button)
-        self.add_endpoint_button = QPushButton("Add endpoint…")
-        self.add_endpoint_button.setToolTip("Chat with models on an OpenAI-compatible server (vLLM, Ollama, …)")
-        self.add_endpoint_button.setAccessibleDescription(self.add_endpoint_button.toolTip())
-        row.addWidget(self.add_endpoint_button)
-        self.chat_model = ChatModelOfferWidget()
-        rows.addWidget(self.chat_model)
-
-    def changeEvent(self, event: QEvent) -> None:
-        # The button says Load, Eject or Cancel: as wide as the widest, so the row never moves.
-        super().changeEvent(event)
-        if event.type() in (QEvent.Type.FontChange, QEvent.Type.StyleChange, QEvent.Type.PolishRequest):
-            self._fit_load_button()
-
-    def showEvent(self, event: QShowEvent) -> None:
-        super().showEvent(event)
-        self._fit_load_button()
-
-    def _fit_load_button(self) -> None:
-        button = self.load_button
-        text = button.text()
-        widths = []
-        for word in ("Load", "Eject", "Cancel"):
-            button.setText(word)
-            widths.append(button.sizeHint().width())
-        button.setText(text)
-        button.setMinimumWidth(max(widths))
 
 
 class ModelController(QObject):

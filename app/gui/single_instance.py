@@ -5,24 +5,34 @@ after that folder. A second launch fails to take the lock, tells the first one t
 and exits before touching any data. A lock left by a crashed process is stale (its PID is gone) and
 is removed by ``QLockFile`` itself. A lock that cannot be created at all (a read-only data folder)
 is an error, never taken for another instance.
+
+The app takes the lock before its first frame and listens after it (``acquire(listen=False)``, then
+:meth:`SingleInstance.listen`: Qt's network module and the name's hash are not on the way to the
+first frame); a second launch in between keeps trying to reach the first for a while
+(:meth:`SingleInstance.notify_running`), so it still raises that window.
 """
 
 from __future__ import annotations
 
 import errno
-import hashlib
+import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QLockFile, QObject, Signal, Slot
-from PySide6.QtNetwork import QLocalServer, QLocalSocket
 
 from app.paths import ReadOnlyFolder
+
+if TYPE_CHECKING:
+    from PySide6.QtNetwork import QLocalServer
 
 ACTIVATE = b"activate\n"
 
 
 def server_name(lock_path: Path) -> str:
     """A local-socket name unique to a data folder (short enough for every OS)."""
+    import hashlib  # lazy: start-up (the name is needed once the first frame is shown)
+
     digest = hashlib.sha256(str(lock_path.resolve()).encode()).hexdigest()[:16]
     return f"glassbox-{digest}"
 
@@ -54,10 +64,15 @@ class SingleInstance(QObject):
         self._lock = QLockFile(str(lock_path))
         self._lock.setStaleLockTime(0)
         self._server: QLocalServer | None = None
-        self.name = server_name(lock_path)
 
-    def acquire(self) -> bool:
-        """Takes the lock and starts listening; False when another instance holds it.
+    @property
+    def name(self) -> str:
+        """The local socket's name (:func:`server_name`)."""
+        return server_name(self.lock_path)
+
+    def acquire(self, listen: bool = True) -> bool:
+        """Takes the lock and, unless ``listen`` is false (then :meth:`listen` later), starts
+        listening; False when another instance holds it.
 
         Raises:
             ReadOnlyFolder: the lock file cannot be created for lack of permission (a read-only
@@ -75,12 +90,22 @@ class SingleInstance(QObject):
             if error == QLockFile.LockError.UnknownError:
                 raise OSError(errno.EIO, "the lock file cannot be created", str(self.lock_path))
             return False
+        if listen:
+            self.listen()
+        return True
+
+    def listen(self) -> None:
+        """Answers other launches from now on (the lock is held: :meth:`acquire`)."""
+        from PySide6.QtNetwork import QLocalServer  # lazy: start-up (after the first frame)
+
+        if self._server is not None or not self._lock.isLocked():
+            return
+        name = self.name
         server = QLocalServer(self)
-        QLocalServer.removeServer(self.name)  # a socket file left by a crash
-        server.listen(self.name)
+        QLocalServer.removeServer(name)  # a socket file left by a crash
+        server.listen(name)
         server.newConnection.connect(self._on_server_new_connection)
         self._server = server
-        return True
 
     @Slot()
     def _on_server_new_connection(self) -> None:
@@ -93,12 +118,22 @@ class SingleInstance(QObject):
             if data.startswith(ACTIVATE.strip()):
                 self.activation_requested.emit()
 
-    def notify_running(self, timeout_ms: int = 1000) -> bool:
-        """Asks the running instance to raise its window. True when it answered."""
-        socket = QLocalSocket()
-        socket.connectToServer(self.name)
-        if not socket.waitForConnected(timeout_ms):
-            return False
+    def notify_running(self, timeout_ms: int = 3000) -> bool:
+        """Asks the running instance to raise its window. True when it answered within
+        ``timeout_ms`` (it listens once its window is shown: until then, this tries again)."""
+        from PySide6.QtNetwork import QLocalSocket  # lazy: start-up (a second launch only)
+
+        name = self.name
+        deadline = time.monotonic() + timeout_ms / 1000
+        while True:
+            socket = QLocalSocket()
+            socket.connectToServer(name)
+            left_ms = max(int((deadline - time.monotonic()) * 1000), 1)
+            if socket.waitForConnected(min(left_ms, 250)):
+                break
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
         socket.write(ACTIVATE)
         socket.waitForBytesWritten(timeout_ms)
         socket.disconnectFromServer()

@@ -15,7 +15,6 @@ from PySide6.QtCore import Qt, Signal, Slot
 from PySide6.QtGui import QFontDatabase
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QToolButton, QVBoxLayout, QWidget
 
-from app.agent_history import ReplyText
 from app.gui.display_text import plain_label, plain_tooltip
 
 if TYPE_CHECKING:
@@ -331,6 +330,9 @@ def turn_layout(content: str, stats: Mapping[str, object] | None, *, live: bool 
         if not steps:
             return TurnLayout((), content)
         return TurnLayout((TurnStep("", tuple(str(s.get("id", "")) for s in steps), tuple(steps)),), content, False)
+    # lazy: start-up (the window's first frame imports this module; the agent's events come later)
+    from app.agent_history import ReplyText
+
     by_id = {str(s.get("id", "")): s for s in steps}
     joined = ReplyText()
     out: list[TurnStep] = []

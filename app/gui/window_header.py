@@ -21,7 +21,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.gui.display_text import plain_label
-from app.gui.model_bar import ModelBarWidget
+from app.gui.model_bar_widget import ModelBarWidget
 from app.gui.theme import RESOURCES
 from app.gui.window_layout import ElidedLabel, FlowLayout, make_wrapping
 
@@ -94,7 +94,7 @@ class NavRailWidget(QFrame):
 class ChatHeaderWidget(QFrame):
     """The chat header: two rows, so that it never sets the window's width.
 
-    The first row is the model bar (:class:`app.gui.model_bar.ModelBarWidget`: the picker, Load,
+    The first row is the model bar (:class:`app.gui.model_bar_widget.ModelBarWidget`: the picker, Load,
     Add endpoint); the second wraps (``FlowLayout``): the model's state, the chat's documents
     (``documents_slot``, filled by the window with ``app.gui.documents_bar``'s control), indexing,
     this chat's settings, its Tools switch and the inspector toggle. Every text in it elides (the

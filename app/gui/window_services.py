@@ -12,10 +12,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from app.gui.tasks import describe_error
-from app.settings import Settings, save_settings
+
+if TYPE_CHECKING:
+    from app.settings import Settings
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -50,6 +52,9 @@ class SettingsStore:
 
     def save(self) -> None:
         """Writes the current settings (a failure is shown, never raised)."""
+        # lazy: start-up (the first frame imports this module; pydantic comes after it)
+        from app.settings import save_settings
+
         try:
             save_settings(self.current, self._file)
         except OSError as exc:

@@ -6,16 +6,18 @@ default 5), or ``python tests/bench/bench_startup.py``.
 Each run is a fresh Python process (offscreen platform), measured from just before the process is
 spawned until it prints a line once its window's first frame is painted (the empty window: after
 ``show()`` and one event-loop pass). Glassbox's side is the real launch, ``python -m app --home
-DIR`` (the ``glassbox`` command): the command line, the single-instance lock, the settings file,
-the window (``GLASSBOX_TEST_EXIT_WHEN_SHOWN`` makes ``app.gui.launch.run_gui`` print "shown" once
-the first frame is on screen, then "complete" once what that frame left out, the inspector's tabs,
-is built and painted, and leave). The two sides alternate (empty then Glassbox, Glassbox then
-empty, ...) so machine load affects both alike; medians and their ratio are printed. Glassbox
-starts with a fresh temporary home and no model auto-load (the model loads after the window shows,
-so it does not belong in this number). The children write their bytecode cache, as an installed
-app has one (``PYTHONDONTWRITEBYTECODE`` in the caller's environment would have Glassbox's side
-compile its modules at every run). Budgets (ARCHITECTURE.md): the window shown within 2x the empty
-window's time, and <= 1.0 s; the complete window is reported without one.
+DIR`` (the ``glassbox`` command): the command line, the single-instance lock, a glance at the
+settings file, the window's first step (``GLASSBOX_TEST_EXIT_WHEN_SHOWN`` makes
+``app.gui.launch.run_gui`` print "shown" once the first frame is on screen, then "complete" once
+what that frame left out, the settings read in full, the controllers and adapters and the
+inspector's tabs, is built and painted, and leave: ARCHITECTURE.md, "The window's start"). The two
+sides alternate (empty then Glassbox, Glassbox then empty, ...) so machine load affects both alike;
+medians and their ratio are printed. Glassbox starts with a fresh temporary home and no model
+auto-load (the model loads after the window shows, so it does not belong in this number). The
+children write their bytecode cache, as an installed app has one (``PYTHONDONTWRITEBYTECODE`` in
+the caller's environment would have Glassbox's side compile its modules at every run). Budgets
+(ARCHITECTURE.md): the window shown within 2x the empty window's time, and <= 1.0 s; the complete
+window is reported without one.
 """
 
 from __future__ import annotations
