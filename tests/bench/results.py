@@ -25,13 +25,7 @@ from typing import Any
 
 RESULTS_ENV = "GLASSBOX_BENCH_RESULTS"
 
-KNOWN_MISSES: dict[str, str] = {
-    # Before the first frame, beyond the empty window: pydantic and the settings model (about 0.7x
-    # the empty window by itself), PySide6 making its Python enums for each Qt class first used
-    # (the Qt namespace alone ~0.15x), the chat page's modules and widgets, their stylesheet
-    # polish and paint; the controllers and adapters are built before it too (issue 23's report).
-    "window vs bare Qt: start-up": "issue 23 follow-up: pydantic, Qt's enums and the chat page before the first frame",
-}
+KNOWN_MISSES: dict[str, str] = {}
 """Figures known to miss their budget, by name, with the issue that will close each ("issue 23").
 A known miss is shown as such in the table and does not fail ``make bench``; one that passes
 again is shown as passing (then remove it here)."""
