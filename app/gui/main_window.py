@@ -199,7 +199,7 @@ class MainWindow(QMainWindow):
         self._build_shortcuts()
         self._built = True
         colors = resolve_theme(settings.theme)
-        if colors != self.colors:  # the file held a theme only the full read accepts
+        if colors != self.colors:  # a migration of an older file changed it (the glance runs none)
             self.colors = colors
             self.apply_colors()
 
