@@ -26,17 +26,10 @@ from typing import Any
 RESULTS_ENV = "GLASSBOX_BENCH_RESULTS"
 
 KNOWN_MISSES: dict[str, str] = {
-    # Measured on a 2-core Zen 5 (2026-12-02), each with what is left to do:
-    # beyond the empty window, PySide6's Python enums for the Qt classes the chat page uses (the Qt
-    # namespace alone 14-22 ms), the chat page's modules (~30 ms) and widgets (~30 ms).
+    # Measured on a 2-core Zen 5 (2026-12-02): beyond the empty window, PySide6's Python enums for
+    # the Qt classes the chat page uses (the Qt namespace alone 14-22 ms), the chat page's modules
+    # (~30 ms) and widgets (~30 ms).
     "window vs bare Qt: start-up": "issue 23: Qt's enums, the chat page's modules and widgets",
-    # llama.cpp's score picks zen4 on Zen 5, where icelake reads prompts 1.17x faster and haswell
-    # decodes 1.04x faster: the product should time the top variants once per machine.
-    "chosen CPU variant vs fastest: prefill": "issue 23: the variant is chosen by score, not timed (Zen 5)",
-    "chosen CPU variant vs fastest: decode": "issue 23: the variant is chosen by score, not timed (Zen 5)",
-    # One thread fixed beat the worker's own choices beside a busy program on Zen 5 (9% and 13%).
-    "worker CPU settings vs the fastest: prefill beside a busy program": "issue 23: threads beside a busy one (Zen 5)",
-    "worker CPU settings vs the fastest: decode beside a busy program": "issue 23: threads beside a busy one (Zen 5)",
 }
 """Figures known to miss their budget, by name, with the issue that will close each ("issue 23").
 A known miss is shown as such in the table and does not fail ``make bench``; one that passes
