@@ -6,7 +6,8 @@ Usage: ``python gui_stall_probe.py HOME MODEL EMBEDDER DOCS [THREADS [NICENESS]]
 the inference process below the GUI's priority (default 0, the product's).
 
 The window loads the model and warms the knowledge process (a one-file knowledge base), then
-starts the two at once: a chat reply (the starter writes its whole ``max_tokens``) and indexing the
+starts the two at once: a greedy chat reply of up to 200 tokens (the same reply every run: a sampled
+one from the base starter sometimes ended after 57 tokens) and indexing the
 folder DOCS into another knowledge base. A 5 ms precise timer on the GUI thread records when the
 event loop runs it, and the GUI thread's own CPU time then; the longest gap between two of its
 turns, while both ran, is the stall, and the CPU time says how much of it the GUI thread worked
@@ -48,11 +49,15 @@ def main(argv: list[str]) -> dict[str, Any]:
     from app.gui.main_window import MainWindow
     from app.gui.workers.chat_state import ChatState, ModelState
     from app.paths import Paths
-    from app.settings import Settings
+    from app.settings import SamplingPreset, Settings
 
     app = QApplication([])
     paths = Paths.resolve(home).ensure()
-    settings = Settings(theme="light", embedding_model=str(embedder), auto_load_model=False, n_threads=threads)
+    greedy = SamplingPreset(name="Bench", temperature=0.0, top_k=1, top_p=1.0, min_p=0.0, max_tokens=200)
+    settings = Settings(
+        theme="light", embedding_model=str(embedder), auto_load_model=False, n_threads=threads,
+        presets=[greedy], default_preset=greedy.name,
+    )  # fmt: skip
     w = MainWindow(paths, settings, probe_bandwidth=False)
     w.show()
     w.start()
