@@ -15,6 +15,7 @@ first frame); a second launch in between keeps trying to reach the first for a w
 from __future__ import annotations
 
 import errno
+import functools
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -65,9 +66,9 @@ class SingleInstance(QObject):
         self._lock.setStaleLockTime(0)
         self._server: QLocalServer | None = None
 
-    @property
+    @functools.cached_property
     def name(self) -> str:
-        """The local socket's name (:func:`server_name`)."""
+        """The local socket's name (:func:`server_name`: a hash of the resolved path, made once)."""
         return server_name(self.lock_path)
 
     def acquire(self, listen: bool = True) -> bool:

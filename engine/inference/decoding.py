@@ -165,7 +165,6 @@ def prefill(
     total = len(tokens)
     done = 0
     send(PrefillProgress(0, total))
-    chunk = n_batch
     hold, at_hold = pause if pause is not None and 0 <= pause[0] < total else (total, None)
     # Where image and audio chunks sit (their placeholder tokens): text batches stop before them.
     placed = [i for i, token in enumerate(tokens) if is_placeholder(token)] if media is not None else []
@@ -183,7 +182,7 @@ def prefill(
                 done += read
                 send(PrefillProgress(done, total))
                 continue
-            end = min(done + chunk, hold if done < hold else total)
+            end = min(done + n_batch, hold if done < hold else total)
             if placed:
                 after = bisect.bisect_left(placed, done)
                 end = min(end, placed[after]) if after < len(placed) else end
