@@ -336,6 +336,7 @@ def test_the_choice_is_kept_per_chat(qtbot: Any, open_window: Any, toolset: Allo
     w.shutdown()
 
     w2 = open_window()  # a restart: each chat's choice comes back with it
+    qtbot.waitUntil(lambda: w2.sidebar.list.count() == 2, timeout=10000)  # the list is filled off-thread
     for conv_id, text in ((first, "Tools: builtin · required"), (second, "Tools: builtin"), (first, None)):
         w2.chat.conversations.open(conv_id)
         qtbot.waitUntil(lambda c=conv_id: w2.chat.conversation is not None and w2.chat.conversation.id == c)
