@@ -111,7 +111,7 @@ def run_gui(paths: Paths, safe_mode: bool = False) -> int:
     # Two steps: the first frame shows the window, then the settings are read and the rest is built.
     window = MainWindow(paths, read_settings, safe_mode=safe_mode or reason is not None, safe_reason=reason)
     instance.activation_requested.connect(window.activate_from_second_launch)
-    window.first_frame_shown.connect(instance.listen)
+    window.completed.connect(instance.listen)  # after the first frame, with the rest of the window
     quit_on_signals(app)
     if os.environ.get("GLASSBOX_TEST_EXIT_WHEN_SHOWN"):
         return _exit_when_complete(app, window, instance)
