@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 from PySide6.QtCore import QObject, Slot
 from PySide6.QtWidgets import QFileDialog, QWidget
 
-from app.gui.chat_view import search_terms
 from app.gui.conversation_settings import ConversationSettingsDialog
+from app.gui.message_card import search_terms
 from app.gui.tasks import describe_error
 from app.gui.workers.history_disk import is_unreadable
 from app.gui.workers.history_reads import display_thread, media_folder

@@ -6,22 +6,8 @@ import html
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from PySide6.QtCore import QModelIndex, QPersistentModelIndex, QPoint, QSize, Qt, QTimer, Signal, Slot
-from PySide6.QtGui import QPainter, QPalette, QTextDocument
-from PySide6.QtWidgets import (
-    QApplication,
-    QInputDialog,
-    QLineEdit,
-    QListWidget,
-    QListWidgetItem,
-    QMenu,
-    QPushButton,
-    QStyle,
-    QStyledItemDelegate,
-    QStyleOptionViewItem,
-    QVBoxLayout,
-    QWidget,
-)
+from PySide6.QtCore import QPoint, Qt, QTimer, Signal, Slot
+from PySide6.QtWidgets import QLineEdit, QListWidget, QListWidgetItem, QMenu, QPushButton, QVBoxLayout, QWidget
 
 from app.gui.display_text import plain_label, plain_tooltip, shown
 
@@ -31,50 +17,6 @@ if TYPE_CHECKING:
 CONV_ROLE = Qt.ItemDataRole.UserRole
 MSG_ROLE = Qt.ItemDataRole.UserRole + 1
 HIT_HTML_ROLE = Qt.ItemDataRole.UserRole + 2
-
-
-class HitDelegate(QStyledItemDelegate):
-    """Paints a search hit as rich text (the title, the snippet with its matched words marked); other
-    items as usual. The item's plain text stays what assistive technology reads."""
-
-    def _document(self, option: QStyleOptionViewItem, markup: str) -> QTextDocument:
-        doc = QTextDocument()
-        doc.setDefaultFont(option.font)
-        doc.setDocumentMargin(6)
-        doc.setDefaultStyleSheet(f"body {{ color: {option.palette.color(QPalette.ColorRole.Text).name()}; }}")
-        doc.setHtml(f"<body>{markup}</body>")
-        doc.setTextWidth(max(option.rect.width(), 120))
-        return doc
-
-    def paint(
-        self, painter: QPainter, option: QStyleOptionViewItem, index: QModelIndex | QPersistentModelIndex
-    ) -> None:
-        markup = index.data(HIT_HTML_ROLE)
-        if not markup:
-            super().paint(painter, option, index)
-            return
-        opt = QStyleOptionViewItem(option)
-        self.initStyleOption(opt, index)
-        opt.text = ""
-        widget = opt.widget
-        style = widget.style() if widget is not None else QApplication.style()
-        style.drawControl(QStyle.ControlElement.CE_ItemViewItem, opt, painter, widget)
-        doc = self._document(option, str(markup))
-        painter.save()
-        painter.translate(option.rect.topLeft())
-        painter.setClipRect(0, 0, option.rect.width(), option.rect.height())
-        doc.drawContents(painter)
-        painter.restore()
-
-    def sizeHint(self, option: QStyleOptionViewItem, index: QModelIndex | QPersistentModelIndex) -> QSize:
-        markup = index.data(HIT_HTML_ROLE)
-        if not markup:
-            return super().sizeHint(option, index)
-        width = option.widget.viewport().width() if isinstance(option.widget, QListWidget) else option.rect.width()
-        opt = QStyleOptionViewItem(option)
-        opt.rect.setWidth(max(width - 12, 120))
-        doc = self._document(opt, str(markup))
-        return QSize(int(doc.idealWidth()), int(doc.size().height()) + 2)
 
 
 class Sidebar(QWidget):
@@ -130,7 +72,7 @@ class Sidebar(QWidget):
         self.list.setTextElideMode(Qt.TextElideMode.ElideRight)
         self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
-        self.list.setItemDelegate(HitDelegate(self.list))
+        self._hits_painted = False  # the delegate that paints hits comes with the first search
         self.list.customContextMenuRequested.connect(self._on_list_context_menu_requested)
         self.list.itemClicked.connect(self._on_list_item_activated)
         self.list.itemActivated.connect(self._on_list_item_activated)
@@ -181,6 +123,12 @@ class Sidebar(QWidget):
         if not query:
             self._fill_conversations()
             return
+        if not self._hits_painted:
+            # lazy: start-up (QStyle and the item-view classes, ~10 ms: the first frame shows no hit)
+            from app.gui.hit_delegate import HitDelegate
+
+            self.list.setItemDelegate(HitDelegate(HIT_HTML_ROLE, self.list))
+            self._hits_painted = True
         self.title.setText(f"{len(hits)} RESULT{'S' if len(hits) != 1 else ''} FOR “{shown(query.upper())}”")
         self.list.clear()
         for hit in hits:
@@ -245,6 +193,8 @@ class Sidebar(QWidget):
             self.export_requested.emit(conv_id, exports[chosen])
 
     def ask_rename(self, conv_id: int, current: str) -> None:
+        from PySide6.QtWidgets import QInputDialog  # lazy: start-up (a rename only)
+
         title, ok = QInputDialog.getText(self, "Rename chat", "Title:", QLineEdit.EchoMode.Normal, current)
         if ok and title.strip():
             self.rename_requested.emit(conv_id, title.strip())

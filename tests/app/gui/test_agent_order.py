@@ -15,7 +15,8 @@ from PySide6.QtCore import QPoint
 from PySide6.QtWidgets import QApplication, QWidget
 
 from app.agent_history import AgentRecord, ReplyText, generation_record, message_record, reasoning_dict
-from app.gui.chat_view import ChatView, MessageCard
+from app.gui.chat_view import ChatView
+from app.gui.message_card import MessageCard
 from app.gui.theme import LIGHT, stylesheet
 from app.gui.tool_card import TurnLayout, thoughts_of, turn_layout
 from app.gui.workers.agent_turn import ApprovalGate, ApprovalRequest

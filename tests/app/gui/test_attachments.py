@@ -17,9 +17,9 @@ from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
 from PySide6.QtGui import QDropEvent, QImage
 
 from app.gui.attachments import cost_texts
-from app.gui.chat_view import MessageCard
 from app.gui.composer import Composer, is_media_drop
 from app.gui.inspector_widgets import ContextBar
+from app.gui.message_card import MessageCard
 from app.gui.workers.chat_state import ChatState, ModelState
 from app.paths import Paths
 from app.settings import SamplingPreset, Settings

@@ -11,8 +11,9 @@ import pytest
 from gui_support import send, start_window
 from PySide6.QtWidgets import QApplication, QPushButton
 
-from app.gui.chat_view import ChatView, format_stats_line, format_stats_tooltip, highlight_html, search_terms
+from app.gui.chat_view import ChatView
 from app.gui.inspector import InspectorPanel
+from app.gui.message_card import format_stats_line, format_stats_tooltip, highlight_html, search_terms
 from app.gui.theme import DARK, LIGHT, contrast_ratio
 from app.gui.workers.history_reads import DisplayMessage
 from app.paths import Paths

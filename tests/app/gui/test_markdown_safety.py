@@ -1,7 +1,7 @@
 """A model reply cannot load a local file into the chat view or open anything but a web or mail
 link (ROBUSTNESS U3, I11; OWASP LLM05).
 
-Each hostile reply is rendered by the real card (``app.gui.chat_view.MessageCard``) offscreen. Two
+Each hostile reply is rendered by the real card (``app.gui.message_card.MessageCard``) offscreen. Two
 things are checked on the HTML its labels hold: a ``QTextDocument`` that records every resource it
 is asked for lays the HTML out and is asked for nothing (the spy is shown to work on an ``<img>``
 first, so the check can fail), and the only link targets are http(s), mailto and the card's own
@@ -22,9 +22,9 @@ from PySide6.QtCore import QUrl
 from PySide6.QtGui import QTextDocument
 from PySide6.QtWidgets import QLabel
 
-from app.gui import chat_view
-from app.gui.chat_view import MessageCard
+from app.gui import message_card
 from app.gui.markdown_render import LIGHT_CODE, render_markdown
+from app.gui.message_card import MessageCard
 from app.gui.reply_links import link_dialog
 from app.gui.workers.history_reads import DisplayMessage
 
@@ -119,8 +119,8 @@ def test_a_hostile_reply_loads_nothing_and_links_only_to_the_web(
     qtbot: Any, monkeypatch: pytest.MonkeyPatch, reply: str
 ) -> None:
     opened: list[str] = []
-    monkeypatch.setattr(chat_view.QDesktopServices, "openUrl", lambda url: opened.append(url.toString()) or True)
-    monkeypatch.setattr(chat_view, "confirm_link", lambda parent, url: "open")  # the user says Open
+    monkeypatch.setattr(message_card.QDesktopServices, "openUrl", lambda url: opened.append(url.toString()) or True)
+    monkeypatch.setattr(message_card, "confirm_link", lambda parent, url: "open")  # the user says Open
     card = _card(qtbot, f"Before.\n\n{reply}\n\nAfter [ok](https://example.org/page).")
     labels = _labels(card)
     assert labels
@@ -146,8 +146,8 @@ def test_the_view_refuses_to_open_other_schemes_even_if_a_link_got_through(
     qtbot: Any, monkeypatch: pytest.MonkeyPatch, link: str
 ) -> None:
     opened: list[str] = []
-    monkeypatch.setattr(chat_view.QDesktopServices, "openUrl", lambda url: opened.append(url.toString()) or True)
-    monkeypatch.setattr(chat_view, "confirm_link", lambda parent, url: "open")  # the user says Open
+    monkeypatch.setattr(message_card.QDesktopServices, "openUrl", lambda url: opened.append(url.toString()) or True)
+    monkeypatch.setattr(message_card, "confirm_link", lambda parent, url: "open")  # the user says Open
     card = _card(qtbot, "A reply with a [web link](https://example.org).")
     (label,) = _labels(card)
     label.linkActivated.emit(link)
@@ -159,8 +159,8 @@ def test_the_view_refuses_to_open_other_schemes_even_if_a_link_got_through(
 
 def test_a_copy_link_copies_and_opens_nothing(qtbot: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     opened: list[str] = []
-    monkeypatch.setattr(chat_view.QDesktopServices, "openUrl", lambda url: opened.append(url.toString()) or True)
-    monkeypatch.setattr(chat_view, "confirm_link", lambda parent, url: "open")  # the user says Open
+    monkeypatch.setattr(message_card.QDesktopServices, "openUrl", lambda url: opened.append(url.toString()) or True)
+    monkeypatch.setattr(message_card, "confirm_link", lambda parent, url: "open")  # the user says Open
     card = _card(qtbot, "```\nprint('hi')\n```")
     (label,) = _labels(card)
     label.linkActivated.emit("gb-copy:0")
@@ -187,7 +187,7 @@ def test_a_link_opens_only_after_the_user_saw_its_whole_address(qtbot: Any, monk
     """A model's link text can say anything: the question shows the real address, and only Open
     opens it; Copy link copies it; Cancel (the default) does nothing."""
     opened: list[str] = []
-    monkeypatch.setattr(chat_view.QDesktopServices, "openUrl", lambda url: opened.append(url.toString()) or True)
+    monkeypatch.setattr(message_card.QDesktopServices, "openUrl", lambda url: opened.append(url.toString()) or True)
     answers = iter(["cancel", "copy", "open"])
     asked: list[str] = []
 
@@ -195,14 +195,14 @@ def test_a_link_opens_only_after_the_user_saw_its_whole_address(qtbot: Any, monk
         asked.append(url.toString())
         return next(answers)
 
-    monkeypatch.setattr(chat_view, "confirm_link", confirm)
+    monkeypatch.setattr(message_card, "confirm_link", confirm)
     card = _card(qtbot, "Log in at [your bank](https://elsewhere.example/login?x=1).")
     (label,) = _labels(card)
     target = "https://elsewhere.example/login?x=1"
     label.linkActivated.emit(target)
     assert opened == []
     label.linkActivated.emit(target)
-    assert opened == [] and chat_view.QGuiApplication.clipboard().text() == target
+    assert opened == [] and message_card.QGuiApplication.clipboard().text() == target
     label.linkActivated.emit(target)
     assert opened == [target] and asked == [target] * 3
 
