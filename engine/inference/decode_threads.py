@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 BLOCK = 3  # steps per turn of a candidate; the first of each is not counted (the switch)
-ROUNDS = 3  # turns per candidate before choosing
+ROUNDS = 6  # turns per candidate before choosing
 
 
 def candidates(cores: int) -> list[int]:
