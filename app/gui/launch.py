@@ -18,6 +18,7 @@ from PySide6.QtWidgets import QApplication
 from app.gui.lifecycle import quit_on_signals, safe_mode_reason, start_error
 from app.gui.main_window import MainWindow
 from app.gui.single_instance import SingleInstance
+from app.gui.theme import new_application
 from app.paths import Paths
 
 if TYPE_CHECKING:
@@ -83,7 +84,7 @@ def run_gui(paths: Paths, safe_mode: bool = False) -> int:
         if problem is not None:
             print(f"glassbox: error: {problem}", file=sys.stderr)  # noqa: T201
             return 1
-    app = QApplication.instance() or QApplication(sys.argv[:1])
+    app = QApplication.instance() or new_application(sys.argv[:1])
     assert isinstance(app, QApplication)
     app.setApplicationName("Glassbox")
     app.setOrganizationName("Glassbox")
