@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QEvent, QObject, QSize, Qt, Signal, Slot
 from PySide6.QtGui import QAction, QResizeEvent
-from PySide6.QtWidgets import QInputDialog, QMenu, QSizePolicy, QToolButton, QWidget, QWidgetAction
+from PySide6.QtWidgets import QMenu, QSizePolicy, QToolButton, QWidget, QWidgetAction
 
 from app.gui.display_text import plain_label, plain_tooltip, shown
 from app.gui.workers.agent_tools import ToolsRequest
@@ -379,6 +379,8 @@ class ChatToolsButton(QToolButton):
 
     @Slot()
     def _on_budget_action_triggered(self) -> None:
+        from PySide6.QtWidgets import QInputDialog  # lazy: start-up (the window's first frame shows this button)
+
         current = thinking_choice(self.settings)
         value, ok = QInputDialog.getInt(
             self,

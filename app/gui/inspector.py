@@ -32,18 +32,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.gui.agent_timeline import LoopTimelineWidget
 from app.gui.display_text import plain_label, plain_tooltip, shown_lines
-from app.gui.inspector_widgets import (
-    OPTIONAL_SEGMENTS,
-    SEGMENTS,
-    WALL_EXPLANATION,
-    ContextBar,
-    SpeedChart,
-    TokensView,
-    WallMeter,
-    format_tps,
-)
+from app.gui.inspector_terms import OPTIONAL_SEGMENTS, SEGMENTS, WALL_EXPLANATION, format_tps
 from app.gui.theme import LIGHT, ThemeColors
 from app.gui.window_layout import ElidedLabel, make_wrapping, set_wrapped_text
 from engine.units import format_bytes, format_duration
@@ -270,6 +260,8 @@ class InspectorPanel(QFrame):
 
     def _build_context_section(self, lay: QVBoxLayout) -> None:
         """The context map: the stacked bar, its legend, the reply reserve and evictions."""
+        from app.gui.inspector_widgets import ContextBar  # lazy: start-up (after the first frame: ensure_contents)
+
         lay.addWidget(self._section("CONTEXT WINDOW"))
         self.context_summary = _explain_label("no turn yet", "metricLabel")
         lay.addWidget(self.context_summary)
@@ -320,6 +312,9 @@ class InspectorPanel(QFrame):
 
     def _build_speed_section(self, lay: QVBoxLayout) -> None:
         """Speeds, the KV restore and draft lines, the live chart, the loop timeline, the phase."""
+        from app.gui.agent_timeline import LoopTimelineWidget  # lazy: start-up (after the first frame: ensure_contents)
+        from app.gui.inspector_widgets import SpeedChart  # lazy: start-up (as above)
+
         lay.addWidget(self._section("SPEED"))
         lay.addLayout(
             self._metric_grid(
@@ -355,6 +350,8 @@ class InspectorPanel(QFrame):
 
     def _build_memory_section(self, lay: QVBoxLayout) -> None:
         """Weights, KV cache, bandwidths, the memory wall and the CPU code."""
+        from app.gui.inspector_widgets import WallMeter  # lazy: start-up (after the first frame: ensure_contents)
+
         lay.addWidget(self._section("MEMORY"))
         lay.addLayout(
             self._metric_grid(
@@ -411,6 +408,8 @@ class InspectorPanel(QFrame):
 
     def _build_tokens_page(self, tl: QVBoxLayout) -> None:
         """The Tokens tab: the last prompt (and reply) in coloured pieces, around the Compare row."""
+        from app.gui.inspector_widgets import TokensView  # lazy: start-up (after the first frame: ensure_contents)
+
         self.tokens_view = TokensView()
         self.tokens_caption = _explain_label("The last prompt, exactly as the model saw it. Hover a piece for its id.")
         tl.insertWidget(0, self.tokens_caption)  # above the Compare row

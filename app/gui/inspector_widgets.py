@@ -1,5 +1,6 @@
 """The inspector's painted pieces: the context map, the decode-speed chart, the memory wall meter
-and the token view, with the tokens/s format they share (sizes and durations: ``engine.units``).
+and the token view (their names and the tokens/s format: :mod:`app.gui.inspector_terms`; sizes and
+durations: ``engine.units``).
 Each tells assistive technology what it shows (an accessible name, and a description that follows
 its values)."""
 
@@ -22,29 +23,8 @@ from PySide6.QtGui import (
 )
 from PySide6.QtWidgets import QTextBrowser, QToolTip, QWidget
 
+from app.gui.inspector_terms import SEGMENTS
 from app.gui.theme import LIGHT
-
-SEGMENTS: tuple[tuple[str, str], ...] = (
-    ("system", "System prompt"),
-    ("documents", "Documents"),
-    ("tools", "Tool definitions"),
-    ("history", "History"),
-    ("tool_results", "Tool results"),
-    ("media", "Images"),
-    ("current", "Current message"),
-    ("reserve", "Reply reserve"),
-    ("free", "Free"),
-)
-OPTIONAL_SEGMENTS = ("tools", "tool_results", "media")
-"""Legend rows shown only when the turn used them (a chat with tools, a message with images)."""
-WALL_EXPLANATION = (
-    "Decode reads every weight once per token, so memory bandwidth caps the speed: "
-    "tokens/s ≤ bandwidth ÷ (weights + KV cache in use)."
-)
-
-
-def format_tps(value: float | None) -> str:
-    return "—" if not value else f"{value:.1f} tok/s"
 
 
 def _describe(widget: QWidget, text: str) -> None:

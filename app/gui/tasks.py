@@ -13,12 +13,14 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from PySide6.QtCore import QCoreApplication, QObject, Qt, Signal, Slot
 
 from engine.errors import EngineError
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -81,6 +83,10 @@ class SerialExecutor:
     """
 
     def __init__(self, name: str, workers: int = 1) -> None:
+        # lazy: start-up (concurrent.futures, ~2 ms: the window's first frame imports this module
+        # and starts no job)
+        from concurrent.futures import ThreadPoolExecutor
+
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name)
         self._closed = False
 

@@ -1,7 +1,8 @@
 """Start-up time: launch to "main window shown" for Glassbox vs an empty PySide6 window.
 
 Run explicitly: ``pytest tests/bench/bench_startup.py -s`` (``BENCH_STARTUP_RUNS`` runs per side,
-default 9), or ``python tests/bench/bench_startup.py``.
+default 21: a run takes 0.1-0.3 s, and medians of 9 moved the ratio by 0.3 from one run of the
+benchmark to the next), or ``python tests/bench/bench_startup.py``.
 
 Each run is a fresh Python process (offscreen platform), measured from just before the process is
 spawned until it prints a line once its window's first frame is painted (the empty window: after
@@ -31,7 +32,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-RUNS = int(os.environ.get("BENCH_STARTUP_RUNS", "9"))
+RUNS = int(os.environ.get("BENCH_STARTUP_RUNS", "21"))
 
 EMPTY = """
 from PySide6.QtWidgets import QApplication, QMainWindow

@@ -108,7 +108,8 @@ def read():
     return load_settings(paths.settings_file)
 w = MainWindow(paths, read, safe_mode=True, probe_bandwidth=False)
 late = ("pydantic", "app.settings", "app.gui.turn_controller", "app.gui.conversation_controller",
-        "app.gui.workers.chat_adapter", "PySide6.QtNetwork")
+        "app.gui.workers.chat_adapter", "PySide6.QtNetwork", "app.gui.message_card", "app.gui.tool_card",
+        "app.gui.hit_delegate", "app.gui.inspector_widgets")
 w.first_frame_shown.connect(lambda: print("first", [m for m in late if m in sys.modules], flush=True))
 w.completed.connect(lambda: (print("complete", [m for m in late if m in sys.modules], flush=True), app.quit()))
 w.show()
