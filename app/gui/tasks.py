@@ -83,9 +83,7 @@ class SerialExecutor:
     """
 
     def __init__(self, name: str, workers: int = 1) -> None:
-        # lazy: start-up (concurrent.futures, ~2 ms: the window's first frame imports this module
-        # and starts no job)
-        from concurrent.futures import ThreadPoolExecutor
+        from concurrent.futures import ThreadPoolExecutor  # lazy: start-up (the first frame starts no job)
 
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name)
         self._closed = False
