@@ -25,12 +25,7 @@ from typing import Any
 
 RESULTS_ENV = "GLASSBOX_BENCH_RESULTS"
 
-KNOWN_MISSES: dict[str, str] = {
-    # Measured on a 2-core Zen 5 (2026-12-02): beyond the empty window, PySide6's Python enums for
-    # the Qt classes the chat page uses (the Qt namespace alone 14-22 ms), the chat page's modules
-    # (~30 ms) and widgets (~30 ms).
-    "window vs bare Qt: start-up": "issue 23: Qt's enums, the chat page's modules and widgets",
-}
+KNOWN_MISSES: dict[str, str] = {}
 """Figures known to miss their budget, by name, with the issue that will close each ("issue 23").
 A known miss is shown as such in the table and does not fail ``make bench``; one that passes
 again is shown as passing (then remove it here)."""
