@@ -8,7 +8,10 @@ the product's own worker process (``engine.inference.runtime.InferenceWorker``, 
 and OpenMP settings the app runs) on the chosen variant, the next two by score that are not held
 back and the AVX2 baseline, a fresh process each, interleaved over several rounds, and measures
 prefill (a 256-token prompt) and decode (32 tokens). It prints each variant's speed as a ratio to
-the fastest, and asserts that the chosen variant reaches 0.97 of it on both. The variants held
+the fastest, and asserts that the chosen variant reaches 0.97 of it on both: the fastest is
+picked on some rounds and compared on the others (``SELECTION``), since the best of four noisy
+medians, picked and compared on the same rounds, is faster than that variant really is (a run
+here had the AVX2 baseline "beat" zen4 at decode that way). The variants held
 back are named in the table's row, not run.
 
 With ``GLASSBOX_BENCH_NATIVE_LIB=<a llama_cpp/lib folder of a -march=native build>`` the native
@@ -37,7 +40,9 @@ from engine.cpu_backend import variant_files
 from engine.inference.runtime import GenerationParams, InferenceWorker, LoadParams, WorkerResult
 from tests.bench.results import budgets, record
 
-ROUNDS = 5
+ROUNDS = 6
+SELECTION = (0, 3)
+"""Of every 4 rounds, those that pick the fastest variant (one in each order); the others compare."""
 BUDGET = 0.97
 PROMPT = "The history of the river town begins with a ferry, a mill and a market square. " * 20
 
@@ -135,12 +140,17 @@ def test_the_chosen_variant_is_as_fast_as_the_best(starter_model: Path) -> None:
         f"choosing the variant (scoring {len(choice['scores'])} libraries, loading one): {choice['choose_ms']:.1f} ms"
     )
     held = "; held back, not run: " + ", ".join(f"{tag} ({why})" for tag, why in held_back.items()) if held_back else ""
-    prefill, decode = medians[chosen]
+
+    def half(side: str, key: int, picking: bool) -> float:
+        return statistics.median(r[key] for i, r in enumerate(sides[side]) if (i % 4 in SELECTION) == picking)
+
     with budgets():
-        for label, mine, best in (("prefill", prefill, best_prefill), ("decode", decode, best_decode)):
+        for key, label in ((0, "prefill"), (1, "decode")):
+            fastest = max(sides, key=lambda side: half(side, key, True))
+            mine, best = half(chosen, key, False), half(fastest, key, False)
             record(
                 f"chosen CPU variant vs fastest: {label}",
                 mine / best,
                 at_least=BUDGET,
-                detail=f"{chosen} {mine:.1f} vs {best:.1f} tok/s of {', '.join(sides)}{held}",
+                detail=f"{chosen} {mine:.1f} vs {best:.1f} tok/s ({fastest}, picked apart) of {', '.join(sides)}{held}",
             )
