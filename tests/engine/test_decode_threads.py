@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.inference.decode_threads import BLOCK, ROUNDS, DecodeThreads, candidates
+from engine.inference.decode_threads import BLOCK, ROUNDS, SURE_ROUNDS, DecodeThreads, candidates
 from engine.inference.runtime import GenerationParams, InferenceWorker, LoadParams, WorkerResult, usable_cores
 
 
@@ -52,11 +52,14 @@ class _Machine:
 
 @pytest.mark.parametrize("fast", [1, 2])
 def test_the_fastest_candidate_is_kept_after_the_trial(fast: int) -> None:
+    # Every step of one candidate beats every step of the other: beyond doubt after SURE_ROUNDS.
     machine = _Machine({fast: 0.010, 3 - fast: 0.014}, switch=0.050)
     tuner = DecodeThreads(machine.apply, candidates(2))
     tuner.begin_reply(0)
-    trial = ROUNDS * 2 * BLOCK
-    ran = machine.steps(tuner, trial)
+    trial = SURE_ROUNDS * 2 * BLOCK
+    ran = machine.steps(tuner, trial - 1)
+    assert _chosen(tuner) is None
+    ran += machine.steps(tuner, 1)
     assert _chosen(tuner) == fast
     # Each candidate ran the same number of steps, in blocks, in turn.
     assert ran.count(1) == ran.count(2) == trial // 2
@@ -76,13 +79,45 @@ def test_the_switch_after_a_change_of_threads_is_not_counted() -> None:
     assert _chosen(tuner) == 2
 
 
+class _NoisyMachine(_Machine):
+    """Steps whose times overlap between candidates: each step's cost cycles through ``noise``."""
+
+    def __init__(self, cost: dict[int, float], noise: list[float]) -> None:
+        super().__init__(cost)
+        self.noise = noise
+        self.count = 0
+
+    def steps(self, tuner: DecodeThreads, n: int) -> list[int]:
+        ran = []
+        for _ in range(n):
+            tuner.before_step()
+            seconds = self.cost[self.threads] + self.noise[self.count % len(self.noise)]
+            self.count += 1
+            ran.append(self.threads)
+            tuner.after_step(seconds)
+        return ran
+
+
+def test_a_close_call_is_timed_for_every_round() -> None:
+    # Two threads are faster by their medians, but some of their steps are slower than one
+    # thread's: not beyond doubt, so the trial runs all ROUNDS before it keeps two.
+    machine = _NoisyMachine({2: 0.010, 1: 0.011}, noise=[0.0, 0.004, 0.0, 0.001, 0.0])
+    tuner = DecodeThreads(machine.apply, [2, 1])
+    tuner.begin_reply(0)
+    machine.steps(tuner, ROUNDS * 2 * BLOCK - 1)
+    assert _chosen(tuner) is None
+    machine.steps(tuner, 1)
+    assert _chosen(tuner) == 2
+    assert tuner.timings()[2] < tuner.timings()[1]
+
+
 def test_a_trial_goes_on_across_short_replies_and_each_busy_level_has_its_own() -> None:
     machine = _Machine({2: 0.010, 1: 0.012})
     tuner = DecodeThreads(machine.apply, [2, 1])
-    trial = ROUNDS * 2 * BLOCK
+    trial = SURE_ROUNDS * 2 * BLOCK  # the costs below never overlap: beyond doubt this soon
     # Replies of 4 tokens: each completes one block (a reply's first step follows a prompt batch,
     # which may have changed the threads, so a block does not run on into the next reply).
-    for reply in range(ROUNDS * 2):
+    for reply in range(SURE_ROUNDS * 2):
         assert _chosen(tuner) is None, reply
         tuner.begin_reply(0)
         machine.steps(tuner, BLOCK + 1)
