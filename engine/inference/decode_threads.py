@@ -116,12 +116,10 @@ class DecodeThreads:
         self._in_block = 0
         trial.turns += 1
         rounds = trial.turns / len(self.choices)
-        if rounds >= ROUNDS or (rounds >= SURE_ROUNDS and self._beyond_doubt()):
-            medians = self.timings()
-            trial.chosen = min(medians, key=lambda n: (medians[n], -n))
-
-    def _beyond_doubt(self) -> bool:
-        """Whether the fastest candidate's slowest timed step beats every other candidate's fastest."""
-        steps = self._trial.steps
-        fastest = min(steps, key=lambda n: statistics.median(steps[n]))
-        return all(max(steps[fastest]) < min(times) for n, times in steps.items() if n != fastest)
+        if rounds < SURE_ROUNDS:
+            return
+        medians = self.timings()
+        fastest = min(medians, key=lambda n: (medians[n], -n))
+        # Beyond doubt: the fastest's slowest timed step beats every other candidate's fastest.
+        if rounds >= ROUNDS or all(max(trial.steps[fastest]) < min(t) for n, t in trial.steps.items() if n != fastest):
+            trial.chosen = fastest
