@@ -9,7 +9,7 @@ and OpenMP settings the app runs) on the chosen variant, the next two by score t
 back and the AVX2 baseline, a fresh process each, interleaved over several rounds, and measures
 prefill (a 256-token prompt) and decode (32 tokens). It prints each variant's speed as a ratio to
 the fastest, and asserts that the chosen variant reaches 0.97 of it on both: the fastest is
-picked on some rounds and compared on the others (``SELECTION``), since the best of four noisy
+picked on some rounds and compared on the others (``results.PICKING_ROUNDS``), since the best of four noisy
 medians, picked and compared on the same rounds, is faster than that variant really is (a run
 here had the AVX2 baseline "beat" zen4 at decode that way). The variants held
 back are named in the table's row, not run.
@@ -38,11 +38,9 @@ import pytest
 
 from engine.cpu_backend import variant_files
 from engine.inference.runtime import GenerationParams, InferenceWorker, LoadParams, WorkerResult
-from tests.bench.results import budgets, record
+from tests.bench.results import budgets, picking_round, record
 
 ROUNDS = 6
-SELECTION = (0, 3)
-"""Of every 4 rounds, those that pick the fastest variant (one in each order); the others compare."""
 BUDGET = 0.97
 PROMPT = "The history of the river town begins with a ferry, a mill and a market square. " * 20
 
@@ -142,7 +140,7 @@ def test_the_chosen_variant_is_as_fast_as_the_best(starter_model: Path) -> None:
     held = "; held back, not run: " + ", ".join(f"{tag} ({why})" for tag, why in held_back.items()) if held_back else ""
 
     def half(side: str, key: int, picking: bool) -> float:
-        return statistics.median(r[key] for i, r in enumerate(sides[side]) if (i % 4 in SELECTION) == picking)
+        return statistics.median(r[key] for i, r in enumerate(sides[side]) if picking_round(i) == picking)
 
     with budgets():
         for key, label in ((0, "prefill"), (1, "decode")):

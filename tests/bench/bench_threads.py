@@ -16,7 +16,7 @@ each reply the worker's CPU use while idle is measured too (ACTIVE keeps spinnin
 
 Budgets: the app's choice >= 0.97 x the fastest alternative for decode and prefill, alone and
 beside the busy program; its idle worker <= 0.05 cores. The fastest alternative is chosen on half
-of the rounds and the two are compared on the other half (``SELECTION``): the best of six noisy
+of the rounds and the two are compared on the other half (``results.PICKING_ROUNDS``): the best of six noisy
 medians, chosen and compared on the same rounds, is faster than that setting really is, and the
 app lost to its own setting once that way. The app's choice with the worker niced
 (+5, as the app ran it before) is printed beside: niced, a busy program takes most of the cores.
@@ -46,14 +46,11 @@ from engine.inference.runtime import (
     default_threads,
     usable_cores,
 )
-from tests.bench.results import budgets, record
+from tests.bench.results import budgets, picking_round, record
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 
 ROUNDS = int(os.environ.get("BENCH_THREADS_ROUNDS", "4"))
-SELECTION = (0, 3)
-"""Of every 4 rounds, those that choose the fastest alternative (one in each order); the others
-compare it with the app's choice."""
 PASSAGE = (
     "The keeper of the lighthouse wrote in his log each evening: the wind, the sea, the ships that "
     "passed, the oil the lamp had burned and the hours he had slept. "
@@ -171,7 +168,7 @@ def test_the_app_runs_the_fastest_cpu_settings(starter_model: Path) -> None:
         """The median over all rounds, the selection rounds ("choose") or the others ("compare")."""
         runs = results[(name, busy)]
         if rounds != "all":
-            runs = [r for i, r in enumerate(runs) if (i % 4 in SELECTION) == (rounds == "choose")]
+            runs = [r for i, r in enumerate(runs) if picking_round(i) == (rounds == "choose")]
         return statistics.median(r[key] for r in runs)
 
     app = next(iter(configs))

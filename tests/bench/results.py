@@ -31,6 +31,18 @@ A known miss is shown as such in the table and does not fail ``make bench``; one
 again is shown as passing (then remove it here)."""
 
 
+PICKING_ROUNDS = (0, 3)
+"""Of every 4 rounds of a benchmark that holds the app's choice to the fastest of several
+alternatives, those that pick the fastest (one in each order); the others compare the two. Picked
+and compared on the same rounds, the best of several noisy medians is faster than that
+alternative really is."""
+
+
+def picking_round(index: int) -> bool:
+    """Whether round ``index`` picks the fastest alternative (:data:`PICKING_ROUNDS`) or compares."""
+    return index % 4 in PICKING_ROUNDS
+
+
 class BudgetMissed(AssertionError):
     """A figure missed its budget and is not a known miss."""
 
